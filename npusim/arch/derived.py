@@ -1,0 +1,83 @@
+"""Figures derived from an arch description: peak compute, memory sizes, bandwidths."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from npusim.arch.schema import Arch
+
+
+@dataclass(frozen=True)
+class ArchSummary:
+    """What a user checks first about a chip. TFLOPS count a MAC as 2 FLOPs."""
+
+    name: str
+    cores: int
+    mesh: str
+    clock_ghz: float
+    peak_tflops: dict[str, float]
+    sram_mb_per_core: float
+    sram_mb_total: float
+    hbm_channels: int
+    hbm_gb: float
+    hbm_bandwidth_gbps: float
+    hbm_attach_routers: list[int]
+    noc_link_gbps: float
+    noc_bisection_gbps: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def hbm_attach_routers(arch: Arch) -> np.ndarray:
+    """Router (core) id where each HBM channel meets the mesh.
+
+    ``edge``: channels alternate between the west (x=0) and east (x=W-1) edges,
+    spread evenly over the rows; ``per_core``: channel i at router i.
+    """
+    w, h = arch.cores.grid.width, arch.cores.grid.height
+    attach = arch.hbm.attach
+    n = arch.hbm.channels
+    if attach == "per_core":
+        return np.arange(n, dtype=np.int64)
+    if isinstance(attach, list):
+        return np.asarray(attach, dtype=np.int64)
+    routers = np.empty(n, dtype=np.int64)
+    per_side = (n + 1) // 2
+    for ch in range(n):
+        side, idx = ch % 2, ch // 2
+        y = min(h - 1, (idx * h) // per_side) if per_side else 0
+        x = 0 if side == 0 else w - 1
+        routers[ch] = y * w + x
+    return routers
+
+
+def summarize(arch: Arch) -> ArchSummary:
+    sa = arch.cores.systolic_array
+    n = arch.num_cores
+    peak = {
+        dtype: n * sa.rows * sa.cols * k * 2 * arch.clock_ghz / 1e3
+        for dtype, k in sorted(sa.macs_per_pe_per_cycle.items())
+    }
+    w, h = arch.cores.grid.width, arch.cores.grid.height
+    link_gbps = arch.noc.link_bytes_per_cycle * arch.clock_ghz
+    # The narrowest cut through the middle of a W x H mesh crosses min(W, H) links,
+    # each carrying traffic in both directions.
+    bisection_links = min(w, h) if max(w, h) > 1 else 0
+    return ArchSummary(
+        name=arch.name,
+        cores=n,
+        mesh=f"{w}x{h}",
+        clock_ghz=arch.clock_ghz,
+        peak_tflops=peak,
+        sram_mb_per_core=arch.cores.sram.capacity_mb,
+        sram_mb_total=arch.cores.sram.capacity_mb * n,
+        hbm_channels=arch.hbm.channels,
+        hbm_gb=arch.hbm.capacity_gb,
+        hbm_bandwidth_gbps=arch.hbm.total_bandwidth_gbps,
+        hbm_attach_routers=hbm_attach_routers(arch).tolist(),
+        noc_link_gbps=link_gbps,
+        noc_bisection_gbps=2 * bisection_links * link_gbps,
+    )

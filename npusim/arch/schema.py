@@ -1,0 +1,192 @@
+"""The hardware description schema (``arch/*.yaml``).
+
+Units are in the key names: ``_ghz``, ``_cycles`` (core clock cycles unless the
+section says otherwise), ``_bytes``, ``_mb`` (MiB = 2**20 bytes), ``_gb``
+(GiB = 2**30 bytes), ``_gbps`` (10**9 bytes per second), ``_ns``.
+DRAM timings are given in DRAM clock cycles (tCK) or in ns (``timing.unit``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, NonNegativeInt, model_validator
+
+from npusim.config import StrictModel
+
+DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+VECTOR_OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide")
+
+
+class Grid(StrictModel):
+    """The 2D mesh of cores: core id = y * width + x."""
+
+    width: PositiveInt
+    height: PositiveInt
+
+
+class SystolicArray(StrictModel):
+    """A rows x cols PE array; each PE does ``macs_per_pe_per_cycle[dtype]`` MACs per cycle
+    along the reduction (K) dimension (1 for a classic array; 16 for a 16x16x16 cube)."""
+
+    rows: PositiveInt
+    cols: PositiveInt
+    dataflow: Literal["ws", "os"] = "ws"
+    macs_per_pe_per_cycle: dict[str, PositiveInt] = Field(default_factory=lambda: {"fp16": 1, "bf16": 1, "int8": 2})
+    weight_injection_cycles: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _known_dtypes(self):
+        unknown = sorted(set(self.macs_per_pe_per_cycle) - set(DTYPES))
+        if unknown:
+            raise ValueError(f"unknown dtype(s) {unknown} in macs_per_pe_per_cycle; known: {list(DTYPES)}")
+        return self
+
+
+class VectorUnit(StrictModel):
+    """SIMD vector unit: ``lanes`` elements per cycle at 1 op/lane/cycle; slower op
+    classes (exp, divide) have fractional ``ops_per_cycle_per_lane``."""
+
+    lanes: PositiveInt
+    ops_per_cycle_per_lane: dict[str, PositiveFloat] = Field(
+        default_factory=lambda: {"elementwise": 1.0, "activation": 0.5, "exp": 0.25, "reduction": 1.0, "divide": 0.25}
+    )
+
+    @model_validator(mode="after")
+    def _known_classes(self):
+        unknown = sorted(set(self.ops_per_cycle_per_lane) - set(VECTOR_OP_CLASSES))
+        if unknown:
+            raise ValueError(f"unknown op class(es) {unknown}; known: {list(VECTOR_OP_CLASSES)}")
+        return self
+
+
+class Sram(StrictModel):
+    """Core-local SRAM (scratchpad): banked, each bank serves ``bytes_per_cycle_per_bank``."""
+
+    capacity_mb: PositiveFloat
+    banks: PositiveInt = 16
+    bytes_per_cycle_per_bank: PositiveInt = 64
+    access_latency_cycles: NonNegativeInt = 2
+    bank_interleave_bytes: PositiveInt = 64
+
+
+class Dma(StrictModel):
+    """DMA engines of a core; each keeps up to ``max_outstanding`` transactions in flight
+    (TLM tags) and splits transfers into ``transaction_bytes`` requests."""
+
+    engines: PositiveInt = 2
+    max_outstanding: PositiveInt = 16
+    transaction_bytes: PositiveInt = 64
+    bytes_per_cycle: PositiveFloat | None = Field(default=None, description="per-core DMA port limit; None = unlimited")
+
+
+class Cores(StrictModel):
+    grid: Grid
+    systolic_array: SystolicArray
+    vector_unit: VectorUnit
+    sram: Sram
+    dma: Dma = Dma()
+
+
+class DramTiming(StrictModel):
+    """JEDEC-style DRAM timings. ``unit: cycles`` means DRAM clock cycles (tCK)."""
+
+    unit: Literal["cycles", "ns"] = "cycles"
+    tRCD: PositiveFloat
+    tCL: PositiveFloat
+    tRP: PositiveFloat
+    tRAS: PositiveFloat
+    tCCD: PositiveFloat = 2
+    tWL: float = Field(default=2, ge=0)
+    tWR: float = Field(default=8, ge=0)
+    tWTR: float = Field(default=4, ge=0)
+    tRTW: float = Field(default=4, ge=0)
+    tREFI: float = Field(default=0, ge=0, description="0 disables refresh")
+    tRFC: float = Field(default=0, ge=0)
+
+
+class Hbm(StrictModel):
+    """HBM (or per-core DRAM) channels.
+
+    ``attach`` says where channels meet the NoC: ``edge`` spreads them over the west and
+    east mesh edges, ``per_core`` gives every core its own channel (NpuSim-style
+    distributed memory; needs channels == cores), or an explicit list of router ids.
+    Data-bus bandwidth defaults to DDR: ``bus_width_bits/8 * 2 / tck_ns`` GB/s; set
+    ``channel_bandwidth_gbps`` to override the I/O rate while keeping core timings.
+    """
+
+    channels: PositiveInt
+    capacity_gb: PositiveFloat
+    attach: Literal["edge", "per_core"] | list[NonNegativeInt] = "edge"
+    tck_ns: PositiveFloat = 1.0
+    bus_width_bits: PositiveInt = 64
+    channel_bandwidth_gbps: PositiveFloat | None = None
+    burst_length: PositiveInt = 4
+    banks: PositiveInt = 16
+    row_bytes: PositiveInt = 1024
+    request_queue_depth: PositiveInt = 32
+    interleave_bytes: PositiveInt = 256
+    frontend_latency_ns: float = Field(default=10.0, ge=0, description="controller + PHY fixed latency, each way")
+    timing: DramTiming
+
+    def timing_cycles(self, name: str) -> int:
+        """A timing parameter in tCK cycles (ns values rounded up)."""
+        value = getattr(self.timing, name)
+        return int(math.ceil(value / self.tck_ns - 1e-9)) if self.timing.unit == "ns" else int(math.ceil(value))
+
+    @property
+    def burst_bytes(self) -> int:
+        return self.bus_width_bits // 8 * self.burst_length
+
+    @property
+    def bandwidth_per_channel_gbps(self) -> float:
+        if self.channel_bandwidth_gbps is not None:
+            return self.channel_bandwidth_gbps
+        return self.bus_width_bits / 8 * 2 / self.tck_ns
+
+    @property
+    def total_bandwidth_gbps(self) -> float:
+        return self.channels * self.bandwidth_per_channel_gbps
+
+
+class Noc(StrictModel):
+    """2D-mesh network-on-chip parameters (used by the NoC models)."""
+
+    link_bytes_per_cycle: PositiveInt = 64
+    router_pipeline_cycles: PositiveInt = 4
+    link_latency_cycles: PositiveInt = 1
+    buffer_depth_flits: PositiveInt = 8
+    virtual_channels: PositiveInt = 2
+    routing: Literal["xy", "yx"] = "xy"
+    max_packet_flits: PositiveInt = 16
+
+
+class Arch(StrictModel):
+    """A whole NPU: clock, a grid of identical cores, HBM channels and the NoC."""
+
+    name: str
+    description: str = ""
+    clock_ghz: PositiveFloat
+    cores: Cores
+    hbm: Hbm
+    noc: Noc = Noc()
+
+    @property
+    def num_cores(self) -> int:
+        return self.cores.grid.width * self.cores.grid.height
+
+    @model_validator(mode="after")
+    def _attach_consistent(self):
+        n = self.num_cores
+        attach = self.hbm.attach
+        if attach == "per_core" and self.hbm.channels != n:
+            raise ValueError(f"hbm.attach 'per_core' needs hbm.channels == number of cores ({n}), got {self.hbm.channels}")
+        if isinstance(attach, list):
+            if len(attach) != self.hbm.channels:
+                raise ValueError(f"hbm.attach lists {len(attach)} routers but hbm.channels is {self.hbm.channels}")
+            bad = [r for r in attach if r >= n]
+            if bad:
+                raise ValueError(f"hbm.attach router ids {bad} are outside the {n}-core mesh (0..{n - 1})")
+        return self

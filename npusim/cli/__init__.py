@@ -1,0 +1,55 @@
+"""The ``npusim`` command: one entry point, a subcommand per job.
+
+Each subcommand lives in its own module ``npusim/cli/<name>.py`` exposing
+``add_parser(subparsers)`` (registers the parser with its --help) and
+``run(args) -> int`` (exit code). Errors that are the user's input
+(:class:`~npusim.errors.NpusimError`) are printed as one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from npusim import __version__
+from npusim.errors import NpusimError
+
+SUBCOMMANDS = ("info", "mem")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npusim",
+        description="Simulate multi-core NPUs (systolic arrays, SRAM, 2D-mesh NoC, HBM) running LLMs.",
+    )
+    parser.add_argument("--version", action="version", version=f"npusim {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"npusim.cli.{name}")
+        cmd = module.add_parser(sub)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args._run(args) or 0)
+    except NpusimError as exc:
+        print(f"npusim {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `npusim mem | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print(f"npusim {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

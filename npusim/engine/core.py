@@ -1,0 +1,118 @@
+"""Numba primitives of the task engine: adding tasks, starting and finishing them.
+
+These functions know nothing about what a task does; the simulation kernel
+(``npusim.sim.kernel``) calls them and dispatches on ``kind`` to hardware models.
+See :mod:`npusim.engine.tasks` for the table layout and queue semantics.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from npusim.engine.tasks import (
+    DONE,
+    PENDING,
+    RUNNING,
+    SC_NDONE,
+    SC_NEDGES,
+    SC_NTASKS,
+    SC_READY_HEAD,
+    SC_READY_TAIL,
+)
+
+
+@njit(cache=True, inline="always")
+def _can_start(tt, task):
+    if tt.state[task] != PENDING or tt.deps_left[task] != 0:
+        return False
+    q = tt.queue[task]
+    return q < 0 or (tt.q_running[q] < 0 and tt.q_head[q] == task)
+
+
+@njit(cache=True, inline="always")
+def _push_ready(tt, task):
+    tail = tt.sc[SC_READY_TAIL]
+    tt.ready[tail] = task
+    tt.sc[SC_READY_TAIL] = tail + 1
+
+
+@njit(cache=True)
+def pop_ready(tt):
+    """Next task that may start now, or -1. Tasks made ready twice are returned once."""
+    while tt.sc[SC_READY_HEAD] < tt.sc[SC_READY_TAIL]:
+        task = tt.ready[tt.sc[SC_READY_HEAD]]
+        tt.sc[SC_READY_HEAD] += 1
+        if _can_start(tt, task):
+            return task
+    return -1
+
+
+@njit(cache=True)
+def add_tasks(tt, first, count, dep_ptr, dep_idx):
+    """Link tasks ``first .. first+count-1`` (kind/queue/param already written) into
+    their queues and the dependency graph. ``dep_idx[dep_ptr[i]:dep_ptr[i+1]]`` are the
+    predecessors of task ``first + i`` (absolute ids; done predecessors are skipped)."""
+    n_edges = tt.sc[SC_NEDGES]
+    for i in range(count):
+        task = first + i
+        tt.state[task] = PENDING
+        tt.start[task] = -1
+        tt.end[task] = -1
+        tt.qnext[task] = -1
+        tt.succ_head[task] = -1
+        q = tt.queue[task]
+        if q >= 0:
+            if tt.q_tail[q] >= 0 and tt.state[tt.q_tail[q]] != DONE:
+                tt.qnext[tt.q_tail[q]] = task
+            if tt.q_head[q] < 0:
+                tt.q_head[q] = task
+            tt.q_tail[q] = task
+        deps = 0
+        for k in range(dep_ptr[i], dep_ptr[i + 1]):
+            pred = dep_idx[k]
+            if pred >= task or tt.state[pred] != DONE:
+                deps += 1
+                tt.e_dst[n_edges] = task
+                tt.e_next[n_edges] = tt.succ_head[pred]
+                tt.succ_head[pred] = n_edges
+                n_edges += 1
+        tt.deps_left[task] = deps
+    tt.sc[SC_NEDGES] = n_edges
+    tt.sc[SC_NTASKS] = first + count
+    for i in range(count):
+        if _can_start(tt, first + i):
+            _push_ready(tt, first + i)
+
+
+@njit(cache=True)
+def mark_started(tt, task, now):
+    tt.state[task] = RUNNING
+    tt.start[task] = now
+    q = tt.queue[task]
+    if q >= 0:
+        tt.q_running[q] = task
+        tt.q_head[q] = tt.qnext[task]
+
+
+@njit(cache=True)
+def mark_finished(tt, task, now):
+    """Finish ``task`` at ``now``: free its queue, release successors into ``ready``."""
+    tt.state[task] = DONE
+    tt.end[task] = now
+    tt.sc[SC_NDONE] += 1
+    q = tt.queue[task]
+    if q >= 0:
+        tt.q_busy[q] += now - tt.start[task]
+        tt.q_running[q] = -1
+        head = tt.q_head[q]
+        if head >= 0 and _can_start(tt, head):
+            _push_ready(tt, head)
+        if tt.q_tail[q] == task:
+            tt.q_tail[q] = -1
+    e = tt.succ_head[task]
+    while e >= 0:
+        succ = tt.e_dst[e]
+        tt.deps_left[succ] -= 1
+        if tt.deps_left[succ] == 0 and _can_start(tt, succ):
+            _push_ready(tt, succ)
+        e = tt.e_next[e]

@@ -1,0 +1,186 @@
+"""Python side of the engine: submitting work, growing arrays, reading results.
+
+The Numba loop that advances time lives in :mod:`npusim.sim.kernel` (it drives the
+hardware models); this class owns the task table and event heap between runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from npusim.engine.core import add_tasks
+from npusim.engine.heap import HS_SIZE, new_heap
+from npusim.engine.tasks import (
+    DONE,
+    KIND_FIXED,
+    NPARAM,
+    PENDING,
+    RUNNING,
+    SC_NDONE,
+    SC_NEDGES,
+    SC_NOW,
+    SC_NTASKS,
+    ensure_capacity,
+    new_task_table,
+)
+from npusim.errors import ConfigError, DeadlockError
+
+
+class Engine:
+    """Tasks, queues and events of one simulation.
+
+    ``queue_names[i]`` names resource queue ``i`` (e.g. ``"core3.cube"``); they appear in
+    traces and deadlock reports. Task names are optional and kept only in Python.
+    """
+
+    def __init__(self, queue_names: Sequence[str], task_capacity: int = 1024):
+        self.queue_names = list(queue_names)
+        self.tt = new_task_table(len(self.queue_names), task_capacity, 2 * task_capacity)
+        self.heap, self.hs = new_heap(1024)
+        self.task_names: dict[int, str] = {}
+
+    # -- submission ---------------------------------------------------------------
+    @property
+    def num_tasks(self) -> int:
+        return int(self.tt.sc[SC_NTASKS])
+
+    @property
+    def num_done(self) -> int:
+        return int(self.tt.sc[SC_NDONE])
+
+    @property
+    def now(self) -> int:
+        """Current simulated time in cycles."""
+        return int(self.tt.sc[SC_NOW])
+
+    def submit_batch(
+        self,
+        kind: np.ndarray,
+        queue: np.ndarray,
+        param: np.ndarray,
+        dep_ptr: np.ndarray,
+        dep_idx: np.ndarray,
+        names: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        """Add ``n`` tasks at once; returns their ids (consecutive).
+
+        ``param`` is ``(n, k)`` with ``k <= NPARAM``; ``dep_idx[dep_ptr[i]:dep_ptr[i+1]]``
+        lists task ``i``'s predecessors as absolute ids (earlier tasks or tasks of this
+        batch). Raises ConfigError for an out-of-range queue or dependency.
+        """
+        kind = np.asarray(kind, dtype=np.int64).ravel()
+        n = kind.shape[0]
+        queue = np.broadcast_to(np.asarray(queue, dtype=np.int64), (n,))
+        param = np.asarray(param, dtype=np.int64).reshape(n, -1)
+        dep_ptr = np.asarray(dep_ptr, dtype=np.int64)
+        dep_idx = np.asarray(dep_idx, dtype=np.int64)
+        first = self.num_tasks
+        self._check_batch(first, n, queue, param, dep_ptr, dep_idx)
+        self.tt = ensure_capacity(self.tt, first + n, int(self.tt.sc[SC_NEDGES]) + dep_idx.shape[0])
+        tt = self.tt
+        tt.kind[first : first + n] = kind
+        tt.queue[first : first + n] = queue
+        tt.param[first : first + n] = 0
+        tt.param[first : first + n, : param.shape[1]] = param
+        add_tasks(tt, first, n, dep_ptr, dep_idx)
+        if names is not None:
+            for i, name in enumerate(names):
+                if name:
+                    self.task_names[first + i] = name
+        return np.arange(first, first + n, dtype=np.int64)
+
+    def submit(
+        self,
+        kind: int = KIND_FIXED,
+        queue: int = -1,
+        param: Sequence[int] = (0,),
+        deps: Sequence[int] = (),
+        name: str | None = None,
+    ) -> int:
+        """Add one task (convenience wrapper of :meth:`submit_batch`)."""
+        deps = np.asarray(list(deps), dtype=np.int64)
+        ids = self.submit_batch(
+            np.array([kind]), np.array([queue]), np.asarray([list(param)]),
+            np.array([0, deps.shape[0]]), deps, [name] if name else None,
+        )
+        return int(ids[0])
+
+    def _check_batch(self, first, n, queue, param, dep_ptr, dep_idx):
+        nq = len(self.queue_names)
+        if param.shape[1] > NPARAM:
+            raise ConfigError(f"task parameters: at most {NPARAM} per task, got {param.shape[1]}")
+        if n and (queue.min() < -1 or queue.max() >= nq):
+            bad = int(queue[(queue < -1) | (queue >= nq)][0])
+            raise ConfigError(f"task queue {bad} out of range (0..{nq - 1}, or -1 for none)")
+        if dep_ptr.shape[0] != n + 1 or dep_ptr[0] != 0 or dep_ptr[-1] != dep_idx.shape[0] or np.any(np.diff(dep_ptr) < 0):
+            raise ConfigError("dependencies: dep_ptr must be a non-decreasing CSR index of length n+1 ending at len(dep_idx)")
+        if dep_idx.shape[0]:
+            if dep_idx.min() < 0 or dep_idx.max() >= first + n:
+                raise ConfigError(f"dependencies: task ids must be in 0..{first + n - 1}")
+            owner = np.repeat(np.arange(first, first + n), np.diff(dep_ptr))
+            if np.any(owner == dep_idx):
+                raise ConfigError(f"dependencies: task {int(owner[owner == dep_idx][0])} depends on itself")
+
+    # -- heap ---------------------------------------------------------------------
+    def grow_heap(self) -> None:
+        size = int(self.hs[HS_SIZE])
+        bigger = np.zeros((2 * self.heap.shape[0], 4), dtype=np.int64)
+        bigger[:size] = self.heap[:size]
+        self.heap = bigger
+
+    # -- results ------------------------------------------------------------------
+    def task_name(self, task: int) -> str:
+        name = self.task_names.get(task, f"task{task}")
+        q = int(self.tt.queue[task])
+        return f"{name} [{self.queue_names[q]}]" if q >= 0 else name
+
+    def blocked_report(self, limit: int = 10) -> str:
+        """Describe tasks that have not started and what each is waiting for."""
+        tt = self.tt
+        n = self.num_tasks
+        pending = np.flatnonzero(tt.state[:n] == PENDING)
+        waiting_on: dict[int, list[int]] = {}
+        # predecessors of pending tasks: walk edges of every unfinished task
+        for src in np.flatnonzero(tt.state[:n] != DONE):
+            e = tt.succ_head[src]
+            while e >= 0:
+                waiting_on.setdefault(int(tt.e_dst[e]), []).append(int(src))
+                e = tt.e_next[e]
+        lines = []
+        for task in pending[:limit]:
+            task = int(task)
+            reasons = []
+            preds = waiting_on.get(task, [])
+            if preds:
+                reasons.append("waits for " + ", ".join(self.task_name(p) for p in preds[:3]) + (" ..." if len(preds) > 3 else ""))
+            q = int(tt.queue[task])
+            if q >= 0 and tt.q_head[q] != task:
+                head = int(tt.q_head[q])
+                running = int(tt.q_running[q])
+                ahead = running if running >= 0 else head
+                if ahead >= 0 and ahead != task:
+                    reasons.append(f"is queued behind {self.task_name(ahead)}")
+            lines.append(f"  {self.task_name(task)}: " + ("; ".join(reasons) or "never released"))
+        more = f"\n  ... and {len(pending) - limit} more" if len(pending) > limit else ""
+        running = int(np.count_nonzero(tt.state[:n] == RUNNING))
+        return (
+            f"{len(pending)} task(s) can never start ({running} still running, event queue empty) "
+            f"at cycle {self.now}:\n" + "\n".join(lines) + more
+        )
+
+    def check_deadlock(self) -> None:
+        """Raise DeadlockError if tasks are left but no event can ever start them."""
+        if self.num_done < self.num_tasks and int(self.hs[HS_SIZE]) == 0:
+            raise DeadlockError(self.blocked_report())
+
+    def busy_cycles(self) -> np.ndarray:
+        return self.tt.q_busy.copy()
+
+    def task_times(self) -> tuple[np.ndarray, np.ndarray]:
+        n = self.num_tasks
+        return self.tt.start[:n].copy(), self.tt.end[:n].copy()
+
+    def is_done(self, task: int) -> bool:
+        return int(self.tt.state[task]) == DONE

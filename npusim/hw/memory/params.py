@@ -1,0 +1,80 @@
+"""HBM model parameters: the arch's DRAM section flattened into an int64 array (ps).
+
+The memory models run in picoseconds internally (integer), so DRAM timings in tCK
+and data-bus transfer times stay exact whatever the core clock; only the boundary
+with the engine (core cycles) rounds: requests start at ``cycle * period_ps`` and
+completions are reported at ``ceil(ps / period_ps)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from npusim.arch.schema import Arch
+
+(
+    P_CHANNELS, P_BANKS, P_QDEPTH, P_INTERLEAVE, P_ROW_BYTES, P_BURST_BYTES, P_BURST_PS,
+    P_TRCD, P_TCL, P_TRP, P_TRAS, P_TCCD, P_TWL, P_TWR, P_TWTR, P_TRTW, P_TREFI, P_TRFC,
+    P_FRONTEND, P_ACCEPT, P_TCK, P_TXN_BYTES, P_MAX_OUT, P_ISSUE_GAP, P_MODE, P_LOOKAHEAD,
+    P_CAPACITY_BYTES, P_LAT_BIN_PS,
+) = range(28)
+N_PARAMS = 28
+
+MODE_TLM, MODE_ANALYTICAL = 0, 1
+MODES = {"tlm": MODE_TLM, "analytical": MODE_ANALYTICAL}
+LAT_BINS = 4096
+
+
+def memory_params(arch: Arch, mode: str = "tlm", transaction_bytes: int | None = None,
+                  max_outstanding: int | None = None) -> tuple[np.ndarray, float]:
+    """Return ``(params int64[N_PARAMS], core_period_ps)`` for the arch's HBM."""
+    if mode not in MODES:
+        from npusim.errors import ConfigError
+        raise ConfigError(f"memory mode '{mode}': expected one of {sorted(MODES)}")
+    hbm, dma = arch.hbm, arch.cores.dma
+    tck_ps = hbm.tck_ns * 1000.0
+    period_ps = 1000.0 / arch.clock_ghz
+    txn = transaction_bytes or dma.transaction_bytes
+    p = np.zeros(N_PARAMS, dtype=np.int64)
+
+    def cyc(name: str) -> int:
+        return int(round(hbm.timing_cycles(name) * tck_ps))
+
+    p[P_CHANNELS] = hbm.channels
+    p[P_BANKS] = hbm.banks
+    p[P_QDEPTH] = hbm.request_queue_depth
+    p[P_INTERLEAVE] = hbm.interleave_bytes
+    p[P_ROW_BYTES] = hbm.row_bytes
+    p[P_BURST_BYTES] = hbm.burst_bytes
+    p[P_BURST_PS] = int(round(hbm.burst_bytes / hbm.bandwidth_per_channel_gbps * 1000.0))
+    for idx, name in ((P_TRCD, "tRCD"), (P_TCL, "tCL"), (P_TRP, "tRP"), (P_TRAS, "tRAS"), (P_TCCD, "tCCD"),
+                      (P_TWL, "tWL"), (P_TWR, "tWR"), (P_TWTR, "tWTR"), (P_TRTW, "tRTW"),
+                      (P_TREFI, "tREFI"), (P_TRFC, "tRFC")):
+        p[idx] = cyc(name)
+    p[P_FRONTEND] = int(round(hbm.frontend_latency_ns * 1000.0))
+    p[P_TCK] = int(round(tck_ps))
+    p[P_ACCEPT] = p[P_TCK]
+    p[P_TXN_BYTES] = min(txn, hbm.interleave_bytes)
+    p[P_MAX_OUT] = max_outstanding or dma.max_outstanding
+    bytes_per_cycle = dma.bytes_per_cycle or float(txn)
+    p[P_ISSUE_GAP] = int(round(p[P_TXN_BYTES] / bytes_per_cycle * period_ps))
+    p[P_MODE] = MODES[mode]
+    # The scheduler commits a request once the data bus is within this horizon, so a
+    # row conflict on another bank can be prepared while the bus is busy.
+    p[P_LOOKAHEAD] = p[P_TRP] + p[P_TRCD] + p[P_TCL]
+    p[P_CAPACITY_BYTES] = int(hbm.capacity_gb * 2**30)
+    p[P_LAT_BIN_PS] = max(1, int(math.ceil(tck_ps)))
+    return p, period_ps
+
+
+def unloaded_read_latency_ps(p: np.ndarray, row_state: str = "conflict") -> int:
+    """Latency of one burst-sized read on an idle channel, by the open-row state of its bank.
+
+    ``conflict`` (another row open): tRP + tRCD + tCL; ``closed``: tRCD + tCL; ``hit``: tCL;
+    plus the fixed overheads: accept handshake is not on the path, the frontend latency
+    is paid each way, and the burst's data transfer.
+    """
+    core = {"conflict": p[P_TRP] + p[P_TRCD] + p[P_TCL], "closed": p[P_TRCD] + p[P_TCL], "hit": p[P_TCL]}[row_state]
+    return int(core + 2 * p[P_FRONTEND] + p[P_BURST_PS])

@@ -1,0 +1,88 @@
+"""The simulation loop: the engine's event heap driving the hardware models, in Numba.
+
+One ``@njit`` function, :func:`run_loop`, advances time: it starts every task that
+may start (dispatching on the task's kind to the model that times it) and pops
+events in (time, sequence) order, routing each to its model. It returns to Python
+when the clock would pass ``until``, when the watched task completes, after
+``max_events`` events (so Python can update a progress bar), when the heap needs
+to grow, or when nothing is left to do.
+
+Task kinds and their parameters (``param[:, i]``):
+
+* ``KIND_FIXED`` (0): duration ``param[0]`` cycles (compute tasks: the duration comes
+  from the compute model when the task is built).
+* ``KIND_DMA`` (1): an HBM transfer timed by :mod:`npusim.hw.memory.hbm`:
+  ``bytes, address, is_write, initiator, pattern, stride``.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from npusim.engine.core import mark_finished, mark_started, pop_ready
+from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
+from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOW
+from npusim.hw.memory.hbm import hbm_handle, hbm_start_dma
+
+KIND_DMA = 1
+
+EV_TASK_END = 1
+
+STATUS_IDLE, STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_GROW, STATUS_EVENT_LIMIT = 0, 1, 2, 3, 4
+
+# most events one task start or one event handler can push (heap headroom)
+HEADROOM = 8
+
+
+@njit(cache=True)
+def _start(tt, heap, hs, mem, task, now, period_ps):
+    mark_started(tt, task, now)
+    kind = tt.kind[task]
+    if kind == KIND_FIXED:
+        heap_push(heap, hs, now + tt.param[task, 0], EV_TASK_END, task)
+    elif kind == KIND_DMA:
+        prm = tt.param[task]
+        done = hbm_start_dma(mem, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now, period_ps)
+        if done >= 0:
+            heap_push(heap, hs, done, EV_TASK_END, task)
+    else:
+        # unknown kinds are rejected at submission; finish at once to stay safe
+        heap_push(heap, hs, now, EV_TASK_END, task)
+
+
+@njit(cache=True)
+def run_loop(tt, heap, hs, mem, period_ps, until, watch, max_events):
+    """Advance the simulation; returns a ``STATUS_*`` code (see module docstring)."""
+    events = 0
+    while True:
+        # start everything that may start now
+        while True:
+            if heap_room(heap, hs) < HEADROOM:
+                return STATUS_GROW
+            task = pop_ready(tt)
+            if task < 0:
+                break
+            _start(tt, heap, hs, mem, task, tt.sc[SC_NOW], period_ps)
+        if hs[HS_SIZE] == 0:
+            return STATUS_IDLE
+        if heap[0, 0] > until:
+            tt.sc[SC_NOW] = max(tt.sc[SC_NOW], until)
+            return STATUS_TIME_LIMIT
+        if events >= max_events:
+            return STATUS_EVENT_LIMIT
+        if heap_room(heap, hs) < HEADROOM:
+            return STATUS_GROW
+        time, etype, eid = heap_pop(heap, hs)
+        now = max(time, tt.sc[SC_NOW])
+        tt.sc[SC_NOW] = now
+        tt.sc[SC_NEVENTS] += 1
+        events += 1
+        finished = -1
+        if etype == EV_TASK_END:
+            finished = eid
+        else:
+            finished = hbm_handle(mem, heap, hs, etype, eid, now, period_ps)
+        if finished >= 0:
+            mark_finished(tt, finished, now)
+            if finished == watch:
+                return STATUS_WATCH

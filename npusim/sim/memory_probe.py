@@ -1,0 +1,117 @@
+"""Measure what the HBM model delivers: bandwidth and latency under access patterns.
+
+``stream``: one linear sweep of the address range shared by the initiators (DMA
+engines of all cores): initiator ``i`` of ``n`` reads transactions ``i, i+n, i+2n, ...``,
+so together they walk the channels in address order, as a well-laid-out weight
+load does; ``random``: every transaction goes to a random
+transaction-aligned address; ``strided``: each initiator reads transaction-sized
+chunks ``stride`` bytes apart (a stride that is a multiple of
+``channels x interleave`` puts every request on one channel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from npusim.arch.schema import Arch
+from npusim.errors import ConfigError
+from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM, PATTERN_STRIDED
+from npusim.hw.memory.params import LAT_BINS, P_LAT_BIN_PS, unloaded_read_latency_ps
+from npusim.sim.simulator import Simulator
+
+PATTERNS = {"stream": PATTERN_LINEAR, "random": PATTERN_RANDOM, "strided": PATTERN_STRIDED}
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    pattern: str
+    mode: str
+    write: bool
+    bytes: int
+    initiators: int
+    cycles: int
+    time_ns: float
+    bandwidth_gbps: float
+    peak_bandwidth_gbps: float
+    efficiency: float
+    latency_ns_mean: float | None
+    latency_ns_p99: float | None
+    unloaded_latency_ns: float
+    row_hit_rate: float | None
+    per_channel: list[dict]
+    checks: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _percentile_from_hist(hist: np.ndarray, q: float, bin_ns: float) -> float | None:
+    total = hist.sum()
+    if total == 0:
+        return None
+    idx = int(np.searchsorted(np.cumsum(hist), q * total))
+    return (idx + 1) * bin_ns if idx < LAT_BINS else float("inf")
+
+
+def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, mode: str = "tlm",
+                   initiators: int | None = None, write: bool = False, stride: int = 4096) -> MemoryReport:
+    if pattern not in PATTERNS:
+        raise ConfigError(f"pattern '{pattern}': expected one of {sorted(PATTERNS)}")
+    if nbytes <= 0:
+        raise ConfigError(f"--bytes must be positive, got {nbytes}")
+    sim = Simulator(arch, memory_mode=mode)
+    max_init = arch.num_cores * sim.dma_engines
+    n_init = max_init if initiators is None else initiators
+    if not 1 <= n_init <= max_init:
+        raise ConfigError(f"initiators must be in 1..{max_init} (cores x DMA engines), got {n_init}")
+    txn = arch.cores.dma.transaction_bytes
+    share = -(-nbytes // n_init)
+    share = -(-share // txn) * txn
+    for i in range(n_init):
+        core, eng = divmod(i, sim.dma_engines)
+        if pattern == "stream":
+            address, code, step = i * txn, PATTERN_STRIDED, n_init * txn
+        else:
+            address, code, step = i * share, PATTERNS[pattern], stride
+        size = min(share, nbytes - i * share)
+        if size <= 0:
+            break
+        sim.add_dma(core, size, address=address, write=write, dma_engine=eng, pattern=code, stride=step,
+                    name=f"{pattern}{i}")
+    sim.run()
+    cycles = sim.now
+    time_ns = cycles / arch.clock_ghz
+    mem = sim.mem
+    bin_ns = mem.p[P_LAT_BIN_PS] / 1000.0
+    peak = arch.hbm.total_bandwidth_gbps
+    per_channel = []
+    lat_mean = lat_p99 = hit_rate = None
+    if mode == "tlm":
+        per_ch_bw = mem.ch_bytes / time_ns if time_ns else mem.ch_bytes * 0.0
+        for ch in range(arch.hbm.channels):
+            n = int(mem.ch_nreq[ch])
+            per_channel.append({
+                "channel": ch,
+                "bytes": int(mem.ch_bytes[ch]),
+                "bandwidth_gbps": float(per_ch_bw[ch]),
+                "latency_ns_mean": float(mem.ch_lat_sum[ch] / n / 1000.0) if n else None,
+                "latency_ns_p99": _percentile_from_hist(mem.ch_lat_hist[ch], 0.99, bin_ns),
+                "row_hits": int(mem.ch_rowstat[ch, 0]),
+                "row_misses": int(mem.ch_rowstat[ch, 1]),
+                "row_conflicts": int(mem.ch_rowstat[ch, 2]),
+            })
+        nreq = int(mem.ch_nreq.sum())
+        lat_mean = float(mem.ch_lat_sum.sum() / nreq / 1000.0) if nreq else None
+        lat_p99 = _percentile_from_hist(mem.ch_lat_hist.sum(axis=0), 0.99, bin_ns)
+        accesses = int(mem.ch_rowstat.sum())
+        hit_rate = float(mem.ch_rowstat[:, 0].sum() / accesses) if accesses else None
+    bw = nbytes / time_ns if time_ns else 0.0
+    return MemoryReport(
+        pattern=pattern, mode=mode, write=write, bytes=nbytes, initiators=n_init, cycles=cycles, time_ns=time_ns,
+        bandwidth_gbps=bw, peak_bandwidth_gbps=peak, efficiency=bw / peak,
+        latency_ns_mean=lat_mean, latency_ns_p99=lat_p99,
+        unloaded_latency_ns=unloaded_read_latency_ps(mem.p, "conflict") / 1000.0,
+        row_hit_rate=hit_rate, per_channel=per_channel, checks=sim.memory_checks(),
+    )

@@ -1,0 +1,151 @@
+"""The simulator: an :class:`~npusim.engine.Engine` wired to an arch's hardware models.
+
+Resource queues per core, in this order: ``cube``, ``vector``, ``dma0`` ..
+``dma{E-1}`` (one per DMA engine of ``cores.dma.engines``; each is also an HBM
+initiator with its own tags), ``noc``. Queue id = ``core * queues_per_core + unit``.
+
+Use: build tasks with :meth:`add_compute` / :meth:`add_dma` (or
+:meth:`submit_batch` for many at once), then :meth:`run` — until a time, until a
+task completes, or to the end — look at results, submit more, run again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from npusim.arch.schema import Arch
+from npusim.engine import Engine
+from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS
+from npusim.errors import ConfigError, DeadlockError
+from npusim.hw.memory.hbm import C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, new_hbm_state
+from npusim.hw.memory.params import memory_params
+from npusim.sim.kernel import (
+    KIND_DMA,
+    STATUS_EVENT_LIMIT,
+    STATUS_GROW,
+    STATUS_IDLE,
+    STATUS_TIME_LIMIT,
+    STATUS_WATCH,
+    run_loop,
+)
+
+KINDS = (KIND_FIXED, KIND_DMA)
+FOREVER = 2**62
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """Why :meth:`Simulator.run` returned: ``finished`` (all tasks done), ``time_limit``,
+    or ``task_done`` (the watched task completed)."""
+
+    reason: str
+    cycle: int
+
+
+class Simulator:
+    """One simulation of work on one chip (see module docstring)."""
+
+    def __init__(self, arch: Arch, memory_mode: str = "tlm", txlog_rows: int = 0):
+        self.arch = arch
+        self.memory_mode = memory_mode
+        self.dma_engines = arch.cores.dma.engines
+        self.units = ["cube", "vector", *[f"dma{i}" for i in range(self.dma_engines)], "noc"]
+        self.queues_per_core = len(self.units)
+        names = [f"core{c}.{u}" for c in range(arch.num_cores) for u in self.units]
+        self.engine = Engine(names)
+        params, self.period_ps = memory_params(arch, memory_mode)
+        self.mem = new_hbm_state(params, arch.num_cores * self.dma_engines, txlog_rows)
+
+    # -- addressing -----------------------------------------------------------------
+    def queue(self, core: int, unit: str) -> int:
+        if not 0 <= core < self.arch.num_cores:
+            raise ConfigError(f"core {core} out of range (0..{self.arch.num_cores - 1})")
+        try:
+            return core * self.queues_per_core + self.units.index(unit)
+        except ValueError:
+            raise ConfigError(f"unit '{unit}': expected one of {self.units}") from None
+
+    def initiator(self, core: int, dma_engine: int = 0) -> int:
+        return core * self.dma_engines + dma_engine
+
+    # -- submission -------------------------------------------------------------------
+    def add_compute(self, core: int, unit: str, cycles: int, deps: Sequence[int] = (), name: str | None = None) -> int:
+        """A task occupying ``unit`` of ``core`` for ``cycles`` (from a compute model)."""
+        if cycles < 0:
+            raise ConfigError(f"task duration must be >= 0 cycles, got {cycles}")
+        return self.engine.submit(KIND_FIXED, self.queue(core, unit), (int(cycles),), deps, name)
+
+    def add_dma(self, core: int, nbytes: int, address: int = 0, write: bool = False, deps: Sequence[int] = (),
+                dma_engine: int = 0, pattern: int = 0, stride: int = 0, name: str | None = None) -> int:
+        """An HBM read (or write) of ``nbytes`` at ``address`` by one DMA engine of ``core``."""
+        if not 0 <= dma_engine < self.dma_engines:
+            raise ConfigError(f"dma_engine {dma_engine} out of range (0..{self.dma_engines - 1})")
+        if nbytes < 0:
+            raise ConfigError(f"DMA size must be >= 0 bytes, got {nbytes}")
+        q = self.queue(core, f"dma{dma_engine}")
+        prm = (int(nbytes), int(address), int(bool(write)), self.initiator(core, dma_engine), pattern, stride)
+        return self.engine.submit(KIND_DMA, q, prm, deps, name)
+
+    def submit_batch(self, kind, queue, param, dep_ptr, dep_idx, names=None) -> np.ndarray:
+        kind = np.asarray(kind, dtype=np.int64)
+        if kind.size and not np.isin(kind, KINDS).all():
+            raise ConfigError(f"unknown task kind(s) {sorted(set(kind.tolist()) - set(KINDS))}; known: {KINDS}")
+        return self.engine.submit_batch(kind, queue, param, dep_ptr, dep_idx, names)
+
+    # -- running ----------------------------------------------------------------------
+    @property
+    def now(self) -> int:
+        return self.engine.now
+
+    @property
+    def events(self) -> int:
+        return int(self.engine.tt.sc[SC_NEVENTS])
+
+    def run(self, until: int | None = None, until_task: int | None = None,
+            progress: Callable[[int, int, int], None] | None = None, chunk_events: int = 1_000_000) -> RunOutcome:
+        """Advance until cycle ``until``, until task ``until_task`` completes, or until all
+        submitted tasks are done. Raises DeadlockError if tasks remain that can never run.
+        ``progress(now_cycles, tasks_done, tasks_total)`` is called every ``chunk_events``."""
+        eng = self.engine
+        limit = FOREVER if until is None else int(until)
+        watch = -1 if until_task is None else int(until_task)
+        if watch >= 0 and eng.is_done(watch):
+            return RunOutcome("task_done", self.now)
+        while True:
+            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.period_ps, limit, watch,
+                              chunk_events if progress else FOREVER)
+            if status == STATUS_GROW:
+                eng.grow_heap()
+            elif status == STATUS_EVENT_LIMIT:
+                progress(self.now, eng.num_done, eng.num_tasks)
+            elif status == STATUS_WATCH:
+                return RunOutcome("task_done", self.now)
+            elif status == STATUS_TIME_LIMIT:
+                return RunOutcome("time_limit", self.now)
+            elif status == STATUS_IDLE:
+                if eng.num_done < eng.num_tasks:
+                    raise DeadlockError(eng.blocked_report())
+                if progress:
+                    progress(self.now, eng.num_done, eng.num_tasks)
+                return RunOutcome("finished", self.now)
+
+    # -- results ----------------------------------------------------------------------
+    def task_times(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.engine.task_times()
+
+    def busy_cycles(self) -> np.ndarray:
+        """Busy cycles per queue, shape (cores, queues_per_core)."""
+        return self.engine.busy_cycles().reshape(self.arch.num_cores, self.queues_per_core)
+
+    def memory_checks(self) -> dict[str, int]:
+        """TLM protocol checks: both counts must be zero."""
+        return {
+            "exclusion_rule_violations": int(self.mem.counters[C_EXCLUSION_VIOLATIONS]),
+            "phase_order_violations": int(self.mem.counters[C_PHASE_VIOLATIONS]),
+        }
+
+
+__all__ = ["DeadlockError", "KIND_DMA", "KIND_FIXED", "RunOutcome", "Simulator"]
