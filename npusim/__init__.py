@@ -6,6 +6,6 @@ engine -> hw (compute, memory, noc) -> model -> mapping -> serving -> scaleup ->
 
 __version__ = "0.1.0"
 
-from npusim._jitcache import refresh_if_source_changed as _refresh_jit_cache
+from npusim._jitcache import install as _install_jit_cache_locators
 
-_refresh_jit_cache()
+_install_jit_cache_locators()

@@ -1,41 +1,57 @@
 """Keep Numba's on-disk cache honest while the source is being edited.
 
-Numba's ``cache=True`` checks only the timestamp of the file that defines a
-function, not of the files whose ``@njit`` functions it calls; editing
-``npusim/hw/memory/hbm.py`` would silently leave the cached kernel loop (in
-``npusim/sim/kernel.py``) running the old memory model. At import we hash every
-npusim source file; when the hash differs from the one recorded last time, we
-touch all of them so Numba recompiles everything once.
+Numba's ``cache=True`` stamps a cached function with a hash of *its own* source
+file only, not of the files whose ``@njit`` functions it calls and compiles in:
+editing ``npusim/hw/memory/hbm.py`` would silently leave the cached kernel loop
+(``npusim/sim/kernel.py``) running the old memory model. We register cache
+locators that, for npusim's files, add a digest of every npusim module that uses
+Numba to the stamp, so any such edit recompiles all of them once.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
 
 
-def _stamp_file() -> Path:
-    root = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "npusim-numba")
-    return Path(root) / f"npusim-source-{hashlib.blake2b(str(_PACKAGE).encode(), digest_size=8).hexdigest()}.hash"
-
-
-def refresh_if_source_changed() -> None:
-    sources = sorted(_PACKAGE.rglob("*.py"))
+def _numba_sources_digest() -> str:
     digest = hashlib.blake2b(digest_size=16)
-    for path in sources:
-        digest.update(path.read_bytes())
-    current = digest.hexdigest()
-    stamp = _stamp_file()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        data = path.read_bytes()
+        if b"numba" in data:
+            digest.update(path.relative_to(_PACKAGE).as_posix().encode())
+            digest.update(data)
+    return digest.hexdigest()
+
+
+def install() -> None:
     try:
-        if stamp.is_file() and stamp.read_text() == current:
-            return
-        for path in sources:
-            os.utime(path)
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(current)
-    except OSError:
-        pass  # read-only install or cache dir: nothing can be stale there either
+        from numba.core import caching
+    except ImportError:  # pragma: no cover - numba is a hard dependency
+        return
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    if impl is None or not hasattr(impl, "_locator_classes"):
+        return
+    if any(getattr(c, "_npusim", False) for c in impl._locator_classes):
+        return
+    digest = _numba_sources_digest()
+    package = str(_PACKAGE)
+
+    def wrap(base):
+        def get_source_stamp(self):
+            return (digest, base.get_source_stamp(self))
+
+        def from_function(cls, py_func, py_file):
+            if not str(Path(py_file).resolve()).startswith(package):
+                return None
+            return base.from_function.__func__(cls, py_func, py_file)
+
+        return type(f"Npusim{base.__name__}", (base,), {
+            "_npusim": True,
+            "get_source_stamp": get_source_stamp,
+            "from_function": classmethod(from_function),
+        })
+
+    impl._locator_classes = [wrap(b) for b in impl._locator_classes] + list(impl._locator_classes)

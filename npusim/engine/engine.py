@@ -72,6 +72,8 @@ class Engine:
         """
         kind = np.asarray(kind, dtype=np.int64).ravel()
         n = kind.shape[0]
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
         queue = np.broadcast_to(np.asarray(queue, dtype=np.int64), (n,))
         param = np.asarray(param, dtype=np.int64).reshape(n, -1)
         dep_ptr = np.asarray(dep_ptr, dtype=np.int64)

@@ -5,7 +5,7 @@ engines of all cores): initiator ``i`` of ``n`` reads transactions ``i, i+n, i+2
 so together they walk the channels in address order, as a well-laid-out weight
 load does; ``random``: every transaction goes to a random
 transaction-aligned address; ``strided``: each initiator reads transaction-sized
-chunks ``stride`` bytes apart (a stride that is a multiple of
+chunks ``stride`` bytes apart in a region of its own (a stride that is a multiple of
 ``channels x interleave`` puts every request on one channel).
 """
 
@@ -73,6 +73,8 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
         core, eng = divmod(i, sim.dma_engines)
         if pattern == "stream":
             address, code, step = i * txn, PATTERN_STRIDED, n_init * txn
+        elif pattern == "strided":  # disjoint strided regions, one per initiator
+            address, code, step = i * (share // txn) * stride, PATTERN_STRIDED, stride
         else:
             address, code, step = i * share, PATTERNS[pattern], stride
         size = min(share, nbytes - i * share)

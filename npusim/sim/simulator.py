@@ -18,7 +18,7 @@ import numpy as np
 
 from npusim.arch.schema import Arch
 from npusim.engine import Engine
-from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS
+from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOW
 from npusim.errors import ConfigError, DeadlockError
 from npusim.hw.memory.hbm import C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, new_hbm_state
 from npusim.hw.memory.params import memory_params
@@ -130,6 +130,9 @@ class Simulator:
                     raise DeadlockError(eng.blocked_report())
                 if progress:
                     progress(self.now, eng.num_done, eng.num_tasks)
+                if until is not None:  # nothing left to do: the clock still moves to `until`
+                    eng.tt.sc[SC_NOW] = max(self.now, limit)
+                    return RunOutcome("time_limit", self.now)
                 return RunOutcome("finished", self.now)
 
     # -- results ----------------------------------------------------------------------

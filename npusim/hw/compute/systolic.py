@@ -28,7 +28,13 @@ Operands enter skewed: PE(i, j) performs its t-th MAC of a fold in cycle
 array edge).  The last MAC is therefore in cycle ``(S-1) + (rows-1) + (cols-1)``,
 and the fold's streaming phase lasts
 
-    S + F  cycles,  F = rows + cols - 2   (pipeline fill + drain skew)
+    S + F  cycles,  F = (rows - 1) + (cols - 1)   (pipeline fill + drain skew)
+
+(in WS ``rows - 1`` is the input skew across the rows and ``cols - 1`` the
+propagation of the last input across the columns; in OS both are the operand
+skew that delays the last PE).  This is exactly what SCALE-Sim v2/v3 simulate:
+their per-fold demand matrices have ``T + R + C - 2`` rows for OS and
+``2R + C + T - 2`` for WS (R rows of weight load first), with T = S.
 
 **npusim counts durations, i.e. cycles inclusive of both ends** (a cycle index +
 1).  For a 4x4x4 GEMM on a 4x4 output-stationary array that is ``4+4+4-2 = 10``
@@ -67,10 +73,13 @@ generalised with fill/drain):
 folds: serially (no overlap of fill/drain between GEMMs) in serial mode, as one
 continuous stream (fill/drain overlapped between GEMMs too) when double-buffered.
 
-Comparison with the public NPU-SIM performance mode: its ``matmul_forward`` costs
-``(2X + max(M, X)) * ceil(K/X) * ceil(N/Y)`` (weight load X + fill X + stream M,
-M padded to X, no horizontal skew); npusim adds the ``cols - 1`` skew and does not
-pad M, matching SCALE-Sim's cycle-level trace instead.
+Comparison with NpuSim's public code (NPU-SIM, ``matmul_forward.cpp``,
+``PERFORMANCE_MODE``): it costs an X x Y array at
+``(2X + max(M, X)) * ceil(K/X) * ceil(N/Y)`` cycles (weight load X + fill X +
+stream M, M padded up to X, no horizontal skew, no separate T_inj); npusim adds
+the ``cols - 1`` skew and does not pad M, which is SCALE-Sim's cycle-level
+schedule; with ``weight_injection_cycles = rows`` the two differ per fold by
+``cols - 2 - max(0, rows - M)`` cycles.
 
 SRAM traffic (bytes; unpadded elements only, zero padding is not read)
 ---------------------------------------------------------------------
@@ -196,6 +205,11 @@ class GemmCost:
         t_stream: stream length S of one fold.
         fill_drain: F = rows + cols - 2.
         sram_read_bytes / sram_write_bytes: operand and partial-sum SRAM traffic.
+        a_read_elems, b_read_elems: A and B elements read from SRAM (re-reads
+            across folds included).
+        psum_elems: partial-sum elements written and read back between K-folds
+            (ws; 0 for os).
+        c_write_elems: final C elements written.
         formula: the instantiated formula, for logs.
     """
 
@@ -219,25 +233,21 @@ class GemmCost:
     fill_drain: int
     sram_read_bytes: int
     sram_write_bytes: int
+    a_read_elems: int
+    b_read_elems: int
+    psum_elems: int
+    c_write_elems: int
     formula: str
 
 
-def _sram_traffic(m, k, n, rows, cols, df, k_per_pe, batch, in_b, out_b, psum_b):
-    """(read_bytes, write_bytes) of one call; see module docstring."""
+def _sram_elems(m, k, n, rows, cols, df, k_per_pe):
+    """SRAM element counts of one GEMM: (A reads, B reads, partial-sum round trips, C writes)."""
     col_folds = -(-n // cols)
     a_reads = m * k * col_folds
     if df == _WS:
         k_folds = -(-k // (rows * k_per_pe))
-        b_reads = k * n
-        psum = m * n * (k_folds - 1)
-        reads = (a_reads + b_reads) * in_b + psum * psum_b
-        writes = psum * psum_b + m * n * out_b
-    else:
-        row_folds = -(-m // rows)
-        b_reads = k * n * row_folds
-        reads = (a_reads + b_reads) * in_b
-        writes = m * n * out_b
-    return batch * reads, batch * writes
+        return a_reads, k * n, m * n * (k_folds - 1), m * n
+    return a_reads, k * n * -(-m // rows), 0, m * n
 
 
 def gemm_cost(
@@ -302,15 +312,16 @@ def gemm_cost(
         formula = (f"T = N_tile*(T_inj + S + F) = {n_tile}*({t_inj} + {s} + {fill_drain})"
                    f" = {cycles}")
     macs = batch * m * k * n
-    reads, writes = _sram_traffic(m, k, n, rows, cols, df, k_per_pe, batch,
-                                  int(bytes_per_elem), int(out_bytes_per_elem),
-                                  int(psum_bytes_per_elem))
+    a_el, b_el, psum_el, c_el = (batch * x for x in _sram_elems(m, k, n, rows, cols, df, k_per_pe))
+    reads = (a_el + b_el) * int(bytes_per_elem) + psum_el * int(psum_bytes_per_elem)
+    writes = psum_el * int(psum_bytes_per_elem) + c_el * int(out_bytes_per_elem)
     return GemmCost(
         m=m, k=k, n=n, batch=batch, rows=rows, cols=cols, k_per_pe=k_per_pe,
         dataflow="ws" if df == _WS else "os", double_buffer=double_buffer,
         cycles=cycles, macs=macs, utilization=macs / (cycles * rows * cols * k_per_pe),
         folds=n_tile, t_tile=t_tile, n_tile=n_tile, t_inj=t_inj, t_stream=s,
         fill_drain=fill_drain, sram_read_bytes=reads, sram_write_bytes=writes,
+        a_read_elems=a_el, b_read_elems=b_el, psum_elems=psum_el, c_write_elems=c_el,
         formula=formula,
     )
 

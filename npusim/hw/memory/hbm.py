@@ -29,8 +29,9 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
   consecutive interleave chunks fill a row, then move to the next bank.
 
 Analytical mode: a transfer takes the unloaded closed-row latency plus
-``bytes / min(port bandwidth, spanned channels' bandwidth, tags·txn/latency)``, with
-no queueing or contention between transfers.
+``bytes / min(port bandwidth, spanned channels' bandwidth, tags·txn/latency)`` (the
+latency of a streaming transaction: a row hit plus the row opening amortised over
+the row), with no queueing or contention between transfers.
 
 Not modelled: bank groups (one tCCD), tFAW/tRRD, per-bank refresh, ECC, write
 buffering, NoC traversal to the channel's router (added by the NoC models).
@@ -174,14 +175,20 @@ def hbm_start_dma(st, heap, hs, init, task, nbytes, addr, is_write, pattern, str
 
 @njit(cache=True)
 def analytical_cycles(p, nbytes, period_ps):
-    """Unloaded latency + bytes / min(port, spanned channels, tags x txn / latency)."""
-    lat_ps = p[P_TRCD] + p[P_TCL] + 2 * p[P_FRONTEND] + p[P_BURST_PS]
+    """First-access latency + bytes / min(port, spanned channels, tags x txn / latency).
+
+    The per-transaction latency of a stream is a row hit (tCL) plus the row opening
+    (tRP + tRCD) amortised over the transactions that share a row."""
+    first_ps = p[P_TRCD] + p[P_TCL] + 2 * p[P_FRONTEND] + p[P_BURST_PS]
+    txn = p[P_TXN_BYTES]
+    bursts = (txn + p[P_BURST_BYTES] - 1) // p[P_BURST_BYTES]
+    stream_lat_ps = p[P_TCL] + 2 * p[P_FRONTEND] + bursts * p[P_BURST_PS] + (p[P_TRP] + p[P_TRCD]) * txn / p[P_ROW_BYTES]
     chan_bw = p[P_BURST_BYTES] / p[P_BURST_PS]  # bytes per ps
     spanned = min(p[P_CHANNELS], (nbytes + p[P_INTERLEAVE] - 1) // p[P_INTERLEAVE])
-    port_bw = p[P_TXN_BYTES] / max(p[P_ISSUE_GAP], 1)
-    tag_bw = p[P_MAX_OUT] * p[P_TXN_BYTES] / lat_ps
+    port_bw = txn / max(p[P_ISSUE_GAP], 1)
+    tag_bw = p[P_MAX_OUT] * txn / stream_lat_ps
     bw = min(port_bw, spanned * chan_bw, tag_bw)
-    return np.int64(np.ceil((lat_ps + nbytes / bw) / period_ps - 1e-9))
+    return np.int64(np.ceil((first_ps + nbytes / bw) / period_ps - 1e-9))
 
 
 # --- initiator side ----------------------------------------------------------------------

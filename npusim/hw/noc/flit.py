@@ -91,14 +91,16 @@ cycle), :func:`run_cycles`, :func:`network_idle`; completions are read with
 
 from __future__ import annotations
 
+import time
 from collections import namedtuple
 
 import numba
 import numpy as np
 
 from npusim.errors import ConfigError, DeadlockError
-from npusim.hw.noc.routing import Routing
-from npusim.hw.noc.topology import PORT_DIM, PORT_LOCAL, Topology
+from npusim.hw.noc.routing import Routing, build_routing
+from npusim.hw.noc.topology import PORT_DIM, PORT_LOCAL, Topology, to_arrays
+from npusim.hw.noc.traffic import DEST_HOTSPOT, DEST_TABLE, NocParams, NocResult, SyntheticTraffic, make_pattern
 
 # ---- indices into st.cfg (constants of a state) ------------------------------------
 C_R, C_P, C_V, C_B, C_S, C_NCLS, C_SQ, C_MAXPKT, C_RECORD_DONE, C_DONE_CAP, C_NLINKS = range(11)
@@ -233,7 +235,7 @@ def send_packet(st, src, dst, nflits, cycle, tag, measure):
     return pkt
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True)
 def _push_flit(st, r, ip, iv, pkt, seq, ready):
     """Append a flit to input VC ``iv`` (port ``ip`` of router ``r``); caller checked room."""
     B = st.cfg[C_B]
@@ -348,7 +350,7 @@ def _allocate_vc(st, r, p, v, iv, pkt):
     return -1
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True)
 def _has_credit(st, ov, cycle):
     """Collect credits that have arrived by ``cycle`` for output VC ``ov``; any left?"""
     cnt = st.cq_cnt[ov]
@@ -545,7 +547,6 @@ def run_cycles(st, first_cycle, ncycles, stop_when_idle):
 
 
 # ---- synthetic traffic --------------------------------------------------------------
-DEST_UNIFORM, DEST_TABLE, DEST_HOTSPOT = 0, 1, 2
 # indices into the ``out`` array of run_synthetic
 (O_CYCLES, O_WIN_FLITS_CREATED, O_WIN_FLITS_EJ, O_WIN_BACKLOG_START, O_WIN_BACKLOG_END, O_DRAINED,
  O_OVERFLOW, O_DEADLOCK, O_MAX_QUEUE) = range(9)
@@ -699,3 +700,88 @@ def _downstream_counts(st: FlitState) -> np.ndarray:
     unused = np.repeat(~has, V)
     counts[unused] = st.cfg[C_B] - st.credits[unused] - st.cq_cnt[unused]
     return counts
+
+
+#: cycles without any flit moving, with flits in the network, that count as a deadlock
+DEADLOCK_CYCLES = 10_000
+#: a window backlog growth above this fraction of the flits offered in it means saturation
+BACKLOG_GROWTH_LIMIT = 0.05
+
+
+def simulate_flit(params: NocParams, traffic: SyntheticTraffic) -> NocResult:
+    """Run one synthetic-traffic experiment on the flit-level model (the ``flit`` fidelity).
+
+    Saturation is declared (``saturated=True`` with a reason) when a source queue
+    overflows, when the measured packets do not drain within ``drain_cycles_max``, or
+    when the backlog of created-but-undelivered flits grows during the measurement
+    window by more than 5 % of the flits offered in it (plus ``2 * nodes * F`` flits of
+    slack for fluctuations). Raises DeadlockError if the network stops moving.
+    """
+    topo = to_arrays(params.build_graph())
+    routing = build_routing(topo, params.routing)
+    pattern = make_pattern(traffic.pattern, topo, traffic.hotspot_nodes, traffic.hotspot_fraction)
+    st = make_state(topo, routing, params.vcs, params.buffer_flits, params.router_stages, traffic.source_queue_packets)
+    link_window = np.zeros(topo.num_links, np.int64)
+    out = np.zeros(_NOUT, np.int64)
+    t0 = time.perf_counter()
+    run_synthetic(st, pattern.kind, pattern.cand_ptr, pattern.cand_idx, pattern.hot_nodes, pattern.hot_fraction,
+                  traffic.packet_probability, traffic.packet_flits, traffic.warmup_cycles, traffic.measure_cycles,
+                  traffic.drain_cycles, DEADLOCK_CYCLES, traffic.seed, link_window, out)
+    wall = time.perf_counter() - t0
+    check = conservation(st)
+    if not check["ok"]:
+        raise AssertionError(f"flit NoC lost or duplicated flits (a bug): {check}")
+    if out[O_DEADLOCK]:
+        raise DeadlockError(f"flit NoC: no flit moved for {DEADLOCK_CYCLES} cycles with "
+                            f"{int(flits_in_network(st))} flits in the network ({params.routing} routing on {params.label})")
+    return _result(params, traffic, topo, routing, pattern, st, out, link_window, wall)
+
+
+def _saturation_reason(traffic: SyntheticTraffic, n: int, out: np.ndarray) -> str:
+    if out[O_OVERFLOW]:
+        return f"a source queue overflowed ({traffic.source_queue_packets} packets)"
+    if out[O_WIN_FLITS_CREATED] == 0 and out[O_CYCLES] < traffic.warmup_cycles + traffic.measure_cycles:
+        return "stopped before the measurement window"
+    growth = int(out[O_WIN_BACKLOG_END] - out[O_WIN_BACKLOG_START])
+    if growth > BACKLOG_GROWTH_LIMIT * out[O_WIN_FLITS_CREATED] + 2 * n * traffic.packet_flits:
+        return f"undelivered flits grew by {growth} during the measurement window"
+    if not out[O_DRAINED]:
+        return f"measured packets did not drain within {traffic.drain_cycles} cycles"
+    return ""
+
+
+def _result(params, traffic, topo, routing, pattern, st, out, link_window, wall) -> NocResult:
+    n, ctr = topo.num_routers, st.ctr
+    window = n * traffic.measure_cycles
+    done = int(ctr[K_MEAS_DONE])
+    avg = (lambda key: float(ctr[key]) / done) if done else (lambda key: float("nan"))
+    hops = routing.hop_matrix()
+    t0 = zero_load_latency_cycles(hops, traffic.packet_flits, params.router_stages, params.link_latency_cycles)
+    reason = _saturation_reason(traffic, n, out)
+    return NocResult(
+        fidelity="flit",
+        topology=params.label,
+        pattern=pattern.name,
+        packet_flits=traffic.packet_flits,
+        offered_flits_per_node_cycle=float(traffic.rate),
+        generated_flits_per_node_cycle=float(out[O_WIN_FLITS_CREATED]) / window,
+        accepted_flits_per_node_cycle=float(out[O_WIN_FLITS_EJ]) / window,
+        avg_packet_latency_cycles=avg(K_SUM_PKT_LAT),
+        avg_network_latency_cycles=avg(K_SUM_NET_LAT),
+        max_packet_latency_cycles=float(ctr[K_MAX_PKT_LAT]) if done else float("nan"),
+        avg_hops=avg(K_SUM_HOPS),
+        zero_load_latency_cycles=float((pattern.destination_probabilities() * t0).sum() / n),
+        packets_measured=int(ctr[K_MEAS_CREATED]),
+        packets_delivered=done,
+        saturated=bool(reason),
+        saturation_reason=reason,
+        cycles_simulated=int(out[O_CYCLES]),
+        wall_seconds=wall,
+        link_utilization=link_window / float(traffic.measure_cycles),
+        link_names=[topo.link_name(k) for k in range(topo.num_links)],
+        params=dict(routers=n, vcs=params.vcs, buffer_flits=params.buffer_flits, router_stages=params.router_stages,
+                    link_latency_cycles=params.link_latency_cycles, flit_bytes=params.flit_bytes,
+                    routing=params.routing, warmup_cycles=traffic.warmup_cycles,
+                    measure_cycles=traffic.measure_cycles, seed=traffic.seed,
+                    max_source_queue_packets=int(out[O_MAX_QUEUE])),
+    )

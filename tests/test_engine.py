@@ -1,0 +1,157 @@
+"""The event engine: queue order, dependencies, incremental runs, determinism, deadlocks."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npusim.errors import ConfigError, DeadlockError
+from npusim.sim import Simulator
+
+
+def test_in_order_queue_and_dependencies(small_arch):
+    sim = Simulator(small_arch)
+    a = sim.add_compute(0, "cube", 100, name="a")
+    b = sim.add_compute(0, "cube", 50, name="b")  # same queue: starts when a ends
+    c = sim.add_compute(1, "vector", 10, deps=[a], name="c")  # other core, waits for a
+    d = sim.add_compute(1, "vector", 5, name="d")  # behind c in its queue although free
+    sim.run()
+    start, end = sim.task_times()
+    assert (start[a], end[a]) == (0, 100)
+    assert (start[b], end[b]) == (100, 150)
+    assert (start[c], end[c]) == (100, 110)
+    assert (start[d], end[d]) == (110, 115)
+    busy = sim.busy_cycles()
+    assert busy[0, 0] == 150 and busy[1, 1] == 15
+
+
+def test_unqueued_barrier_task(small_arch):
+    sim = Simulator(small_arch)
+    a = sim.add_compute(0, "cube", 30)
+    b = sim.add_compute(1, "cube", 70)
+    barrier = sim.engine.submit(queue=-1, param=(0,), deps=[a, b])
+    after = sim.add_compute(0, "vector", 1, deps=[barrier])
+    sim.run()
+    start, end = sim.task_times()
+    assert end[barrier] == 70 and start[after] == 70
+
+
+def _random_dag(rng, n, n_queues):
+    queues = rng.integers(0, n_queues, n)
+    durations = rng.integers(0, 50, n)
+    deps = [sorted(set(rng.integers(0, i, rng.integers(0, 3)).tolist())) if i else [] for i in range(n)]
+    return queues, durations, deps
+
+
+def _submit_all(sim, queues, durations, deps, lo, hi):
+    ptr = np.zeros(hi - lo + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(deps[i]) for i in range(lo, hi)])
+    idx = np.array([d for i in range(lo, hi) for d in deps[i]], dtype=np.int64)
+    return sim.submit_batch(np.zeros(hi - lo), queues[lo:hi], durations[lo:hi, None], ptr, idx)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 300), pieces=st.integers(1, 5))
+def test_incremental_submit_before_time_advances_equals_one_shot(small_arch, seed, n, pieces):
+    """Submitting in batches (with runs that stop before any time passes) is the same as one shot."""
+    rng = np.random.default_rng(seed)
+    queues, durations, deps = _random_dag(rng, n, 5 * 4)
+    one = Simulator(small_arch)
+    _submit_all(one, queues, durations, deps, 0, n)
+    one.run()
+    inc = Simulator(small_arch)
+    bounds = np.linspace(0, n, pieces + 1).astype(int)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        _submit_all(inc, queues, durations, deps, lo, hi)
+        inc.run(until=0)
+    inc.run()
+    np.testing.assert_array_equal(one.task_times()[0], inc.task_times()[0])
+    np.testing.assert_array_equal(one.task_times()[1], inc.task_times()[1])
+
+
+def test_run_until_time_and_task_then_continue(small_arch):
+    sim = Simulator(small_arch)
+    tasks = [sim.add_compute(0, "cube", 10) for _ in range(10)]
+    out = sim.run(until=35)
+    assert out.reason == "time_limit" and sim.now == 35
+    assert sim.engine.num_done == 3
+    out = sim.run(until_task=tasks[6])
+    assert out.reason == "task_done" and out.cycle == 70
+    late = sim.add_compute(1, "cube", 5, deps=[tasks[9]])
+    out = sim.run()
+    assert out.reason == "finished"
+    assert sim.task_times()[0][late] == 100
+
+
+def test_submitting_later_starts_no_earlier_than_now(small_arch):
+    sim = Simulator(small_arch)
+    sim.add_compute(0, "cube", 10)
+    sim.run(until=500)
+    t = sim.add_compute(1, "cube", 10)
+    sim.run()
+    assert sim.task_times()[0][t] == 500
+
+
+def test_determinism(arch64):
+    def once():
+        sim = Simulator(arch64)
+        rng = np.random.default_rng(7)
+        prev = []
+        for i in range(200):
+            core = int(rng.integers(0, 64))
+            deps = prev[-2:] if i % 3 else []
+            if i % 2:
+                prev.append(sim.add_dma(core, int(rng.integers(1, 64)) * 1024, address=i * 65536, deps=deps))
+            else:
+                prev.append(sim.add_compute(core, "cube", int(rng.integers(1, 500)), deps=deps))
+        sim.run()
+        return sim.task_times(), sim.mem.ch_bytes.copy()
+
+    (s1, e1), b1 = once()
+    (s2, e2), b2 = once()
+    assert (s1 == s2).all() and (e1 == e2).all() and (b1 == b2).all()
+
+
+def test_deadlock_cycle_is_detected_and_named(small_arch):
+    sim = Simulator(small_arch)
+    ids = sim.submit_batch([0, 0], [0, 1], [[5], [5]], [0, 1, 2], [1, 0], names=["alpha", "beta"])
+    with pytest.raises(DeadlockError) as err:
+        sim.run()
+    msg = str(err.value)
+    assert "alpha" in msg and "beta" in msg and "can never start" in msg
+    assert len(ids) == 2
+
+
+def test_deadlock_through_queue_order_is_detected(small_arch):
+    """a (queue q1) waits for d, which is queued behind c (queue q2), which waits for b, behind a."""
+    sim = Simulator(small_arch)
+    q1, q2 = sim.queue(0, "cube"), sim.queue(1, "cube")
+    # a: q1 deps [d]; b: q1; c: q2 deps [b]; d: q2
+    sim.submit_batch([0] * 4, [q1, q1, q2, q2], [[1]] * 4, [0, 1, 1, 2, 2], [3, 1], names=list("abcd"))
+    with pytest.raises(DeadlockError) as err:
+        sim.run()
+    assert "queued behind" in str(err.value)
+
+
+def test_bad_submissions_are_clear_errors(small_arch):
+    sim = Simulator(small_arch)
+    with pytest.raises(ConfigError, match="out of range"):
+        sim.submit_batch([0], [999], [[1]], [0, 0], [])
+    with pytest.raises(ConfigError, match="depends on itself"):
+        sim.submit_batch([0], [0], [[1]], [0, 1], [0])
+    with pytest.raises(ConfigError, match="task ids"):
+        sim.submit_batch([0], [0], [[1]], [0, 1], [5])
+    with pytest.raises(ConfigError, match="unknown task kind"):
+        sim.submit_batch([9], [0], [[1]], [0, 0], [])
+    with pytest.raises(ConfigError, match="unit"):
+        sim.add_compute(0, "tensor", 1)
+
+
+def test_large_fanout_grows_heap(small_arch):
+    sim = Simulator(small_arch)
+    root = sim.add_compute(0, "cube", 1)
+    n = 5000
+    ids = sim.submit_batch(np.zeros(n), np.full(n, -1), np.arange(n)[:, None] % 97, np.arange(n + 1), np.full(n, root))
+    sim.run()
+    start, end = sim.task_times()
+    assert (start[ids] == 1).all() and (end[ids] == 1 + np.arange(n) % 97).all()

@@ -1,0 +1,136 @@
+"""HBM transaction-level model: latency, bandwidth, TLM protocol, conservation, fidelities."""
+
+import numpy as np
+import pytest
+
+from npusim.config import deep_merge
+from npusim.arch.schema import Arch
+from npusim.hw.memory.hbm import map_address
+from npusim.hw.memory.params import memory_params, unloaded_read_latency_ps
+from npusim.sim import Simulator
+from npusim.sim.memory_probe import measure_memory
+
+
+def _variant(arch, **overrides):
+    return Arch.model_validate(deep_merge(arch.model_dump(), overrides))
+
+
+def test_unloaded_row_conflict_read_latency(small_arch):
+    """(tRP + tRCD + tCL) * tCK + the model's fixed overheads (2 x frontend + one burst)."""
+    p, _ = memory_params(small_arch)
+    a, b = 0, 32768
+    ch_a, bank_a, row_a = map_address(p, a)
+    ch_b, bank_b, row_b = map_address(p, b)
+    assert (ch_a, bank_a) == (ch_b, bank_b) and row_a != row_b
+    sim = Simulator(small_arch)
+    first = sim.add_dma(0, 32, address=a)
+    sim.run()
+    sim.run(until=sim.now + 1000)  # idle: tRAS long satisfied
+    second = sim.add_dma(0, 32, address=b)
+    sim.run()
+    start, end = sim.task_times()
+    t = small_arch.hbm.timing
+    expected_ns = (t.tRP + t.tRCD + t.tCL) * small_arch.hbm.tck_ns + 2 * small_arch.hbm.frontend_latency_ns + 2.0
+    assert end[second] - start[second] == expected_ns  # 1 GHz: cycles == ns
+    assert unloaded_read_latency_ps(p, "conflict") == expected_ns * 1000
+    # the first access found the bank closed: no tRP
+    assert end[first] - start[first] == expected_ns - t.tRP
+
+
+def test_stream_reaches_85_to_95_percent_of_peak(arch64):
+    """Refresh (tRFC/tREFI = 6.7%), row switches and request scheduling cost the rest."""
+    r = measure_memory(arch64, "stream", 16 << 20)
+    assert 0.85 <= r.efficiency <= 0.95, r.efficiency
+    assert all(c["bandwidth_gbps"] <= arch64.hbm.bandwidth_per_channel_gbps * 1.0001 for c in r.per_channel)
+    assert r.checks == {"exclusion_rule_violations": 0, "phase_order_violations": 0}
+
+
+def test_stream_without_refresh_is_faster_but_never_above_peak(arch64):
+    no_ref = _variant(arch64, hbm={"timing": {"tREFI": 0, "tRFC": 0}})
+    with_ref = measure_memory(arch64, "stream", 8 << 20)
+    without = measure_memory(no_ref, "stream", 8 << 20)
+    assert without.bandwidth_gbps > with_ref.bandwidth_gbps
+    assert without.efficiency <= 1.0
+
+
+def test_random_is_slower_than_stream(arch64):
+    stream = measure_memory(arch64, "stream", 4 << 20)
+    rand = measure_memory(arch64, "random", 4 << 20)
+    assert rand.bandwidth_gbps < stream.bandwidth_gbps
+    assert rand.row_hit_rate < stream.row_hit_rate
+
+
+def test_single_channel_stride_is_channel_bound(arch64):
+    stride = arch64.hbm.channels * arch64.hbm.interleave_bytes
+    r = measure_memory(arch64, "strided", 1 << 20, stride=stride)
+    assert sum(1 for c in r.per_channel if c["bytes"]) == 1
+    assert r.bandwidth_gbps <= arch64.hbm.bandwidth_per_channel_gbps * 1.0001
+
+
+def test_tlm_phase_order_and_exclusion_rule_from_the_log(small_arch):
+    sim = Simulator(small_arch, txlog_rows=4096)
+    for core in range(4):
+        for eng in range(2):
+            sim.add_dma(core, 16 * 1024, address=(core * 2 + eng) * 65536, dma_engine=eng, write=bool(eng))
+    sim.run()
+    log = sim.mem.txlog[: sim.mem.counters[3]]
+    assert len(log) == 8 * 16 * 1024 // 64
+    begin_req, end_req, begin_resp, end_resp, _, init = log.T
+    assert (begin_req <= end_req).all() and (end_req <= begin_resp).all() and (begin_resp <= end_resp).all()
+    for i in np.unique(init):
+        rows = log[init == i]
+        rows = rows[np.argsort(rows[:, 0])]
+        # no BEGIN_REQ before the previous request's END_REQ on the same socket
+        assert (rows[1:, 0] >= rows[:-1, 1]).all()
+    assert sim.memory_checks() == {"exclusion_rule_violations": 0, "phase_order_violations": 0}
+
+
+def test_bytes_are_conserved(small_arch):
+    sim = Simulator(small_arch)
+    sizes = [1, 63, 64, 65, 1000, 4096, 12345]
+    for i, n in enumerate(sizes):
+        sim.add_dma(i % 4, n, address=i * 100_003)
+    sim.run()
+    assert int(sim.mem.ch_bytes.sum()) == sum(sizes)
+    assert (sim.mem.in_outstanding == 0).all() and (sim.mem.in_free_top == small_arch.cores.dma.max_outstanding).all()
+
+
+def test_outstanding_tags_set_the_single_stream_bandwidth(small_arch):
+    one_tag = _variant(small_arch, cores={"dma": {"max_outstanding": 1}})
+    r1 = measure_memory(one_tag, "stream", 64 * 1024, initiators=1)
+    r8 = measure_memory(small_arch, "stream", 64 * 1024, initiators=1)
+    assert r8.bandwidth_gbps > 4 * r1.bandwidth_gbps
+    # one tag: one transaction per round trip (Little's law)
+    assert r1.bandwidth_gbps == pytest.approx(64 / r1.latency_ns_mean, rel=0.05)
+
+
+def test_request_queue_backpressure_keeps_protocol(small_arch):
+    shallow = _variant(small_arch, hbm={"request_queue_depth": 1})
+    r = measure_memory(shallow, "random", 64 * 1024)
+    assert r.checks == {"exclusion_rule_violations": 0, "phase_order_violations": 0}
+    deep = measure_memory(small_arch, "random", 64 * 1024)
+    assert r.bandwidth_gbps < deep.bandwidth_gbps
+
+
+def test_writes_complete_and_turnaround_costs(small_arch):
+    reads = measure_memory(small_arch, "stream", 256 * 1024)
+    writes = measure_memory(small_arch, "stream", 256 * 1024, write=True)
+    assert writes.bytes == reads.bytes and writes.cycles > 0
+    mixed = Simulator(small_arch)
+    for core in range(4):
+        mixed.add_dma(core, 64 * 1024, address=core * (1 << 20), dma_engine=0)
+        mixed.add_dma(core, 64 * 1024, address=core * (1 << 20) + (1 << 19), dma_engine=1, write=True)
+    mixed.run()
+    assert mixed.now > reads.cycles  # twice the bytes plus turnarounds
+
+
+def test_analytical_matches_tlm_for_a_lone_stream(small_arch):
+    tlm = measure_memory(small_arch, "stream", 256 * 1024, initiators=1)
+    ana = measure_memory(small_arch, "stream", 256 * 1024, initiators=1, mode="analytical")
+    assert ana.cycles == pytest.approx(tlm.cycles, rel=0.15)
+
+
+def test_analytical_ignores_contention(arch64):
+    tlm = measure_memory(arch64, "stream", 8 << 20)
+    ana = measure_memory(arch64, "stream", 8 << 20, mode="analytical")
+    assert ana.cycles < tlm.cycles
