@@ -1,0 +1,64 @@
+"""Perfetto / Chrome trace-event JSON: one process per core, one track per queue.
+
+Open the file at https://ui.perfetto.dev (or chrome://tracing). Times are in
+microseconds of simulated time; each task is a complete ("X") event.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from npusim.report.files import atomic_path
+
+
+def write_perfetto(path: str | Path, *, queue_names: list[str], task_queue: np.ndarray, start: np.ndarray,
+                   end: np.ndarray, clock_ghz: float, task_names: dict[int, str] | None = None,
+                   max_events: int = 2_000_000) -> dict:
+    """Write the trace; returns ``{"events": n_written, "dropped": n_not_written}``.
+
+    Tasks without a queue or that never ran are skipped; beyond ``max_events`` the
+    latest-starting tasks are dropped (the count is returned and recorded in the file).
+    """
+    task_names = task_names or {}
+    us_per_cycle = 1e-3 / clock_ghz
+    ran = np.flatnonzero((task_queue >= 0) & (start >= 0) & (end >= start))
+    order = ran[np.argsort(start[ran], kind="stable")]
+    dropped = max(0, len(order) - max_events)
+    order = order[:max_events]
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write('{"displayTimeUnit": "ns", "otherData": {"dropped_tasks": %d}, "traceEvents": [\n' % dropped)
+        first = True
+
+        def emit(event: dict) -> None:
+            nonlocal first
+            f.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":")))
+            first = False
+
+        used_queues = np.unique(task_queue[order]) if len(order) else np.zeros(0, dtype=np.int64)
+        seen_pids = set()
+        for q in used_queues.tolist():
+            proc, _, thread = queue_names[q].partition(".")
+            pid = _pid(proc, q)
+            if pid not in seen_pids:
+                seen_pids.add(pid)
+                emit({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": proc}})
+                emit({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+            emit({"ph": "M", "name": "thread_name", "pid": pid, "tid": q, "args": {"name": thread or proc}})
+        for t in order.tolist():
+            q = int(task_queue[t])
+            proc = queue_names[q].partition(".")[0]
+            emit({
+                "ph": "X", "name": task_names.get(t, f"task{t}"), "pid": _pid(proc, q), "tid": q,
+                "ts": round(float(start[t]) * us_per_cycle, 6), "dur": round(float(end[t] - start[t]) * us_per_cycle, 6),
+                "args": {"task": t, "start_cycle": int(start[t]), "end_cycle": int(end[t])},
+            })
+        f.write("\n]}\n")
+    return {"events": len(order), "dropped": dropped}
+
+
+def _pid(proc: str, queue: int) -> int:
+    digits = "".join(ch for ch in proc if ch.isdigit())
+    return int(digits) if digits else 100_000 + queue
