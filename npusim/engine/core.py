@@ -21,7 +21,7 @@ from npusim.engine.tasks import (
 )
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _can_start(tt, task):
     if tt.state[task] != PENDING or tt.deps_left[task] != 0:
         return False
@@ -29,14 +29,14 @@ def _can_start(tt, task):
     return q < 0 or (tt.q_running[q] < 0 and tt.q_head[q] == task)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _push_ready(tt, task):
     tail = tt.sc[SC_READY_TAIL]
     tt.ready[tail] = task
     tt.sc[SC_READY_TAIL] = tail + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def pop_ready(tt):
     """Next task that may start now, or -1. Tasks made ready twice are returned once."""
     while tt.sc[SC_READY_HEAD] < tt.sc[SC_READY_TAIL]:
@@ -47,7 +47,7 @@ def pop_ready(tt):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def add_tasks(tt, first, count, dep_ptr, dep_idx):
     """Link tasks ``first .. first+count-1`` (kind/queue/param already written) into
     their queues and the dependency graph. ``dep_idx[dep_ptr[i]:dep_ptr[i+1]]`` are the
@@ -84,7 +84,7 @@ def add_tasks(tt, first, count, dep_ptr, dep_idx):
             _push_ready(tt, first + i)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def mark_started(tt, task, now):
     tt.state[task] = RUNNING
     tt.start[task] = now
@@ -94,7 +94,7 @@ def mark_started(tt, task, now):
         tt.q_head[q] = tt.qnext[task]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def mark_finished(tt, task, now):
     """Finish ``task`` at ``now``: free its queue, release successors into ``ready``."""
     tt.state[task] = DONE

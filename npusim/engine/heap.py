@@ -22,7 +22,7 @@ def new_heap(capacity: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros((capacity, 4), dtype=np.int64), np.zeros(2, dtype=np.int64)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _less(heap, i, j):
     ti, tj = heap[i, TIME], heap[j, TIME]
     if ti != tj:
@@ -30,7 +30,7 @@ def _less(heap, i, j):
     return heap[i, SEQ] < heap[j, SEQ]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _swap(heap, i, j):
     for c in range(4):
         tmp = heap[i, c]
@@ -38,7 +38,7 @@ def _swap(heap, i, j):
         heap[j, c] = tmp
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def heap_push(heap, hs, time, etype, eid):
     i = hs[HS_SIZE]
     heap[i, TIME] = time
@@ -56,7 +56,7 @@ def heap_push(heap, hs, time, etype, eid):
             break
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def heap_pop(heap, hs):
     """Remove the earliest event; returns (time, etype, id). Caller checks size > 0."""
     time, etype, eid = heap[0, TIME], heap[0, ETYPE], heap[0, EID]
@@ -82,6 +82,6 @@ def heap_pop(heap, hs):
     return time, etype, eid
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def heap_room(heap, hs):
     return heap.shape[0] - hs[HS_SIZE]

@@ -34,7 +34,7 @@ STATUS_IDLE, STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_GROW, STATUS_EVENT_LIMIT = 
 HEADROOM = 8
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def _start(tt, heap, hs, mem, task, now, period_ps):
     mark_started(tt, task, now)
     kind = tt.kind[task]
@@ -50,7 +50,7 @@ def _start(tt, heap, hs, mem, task, now, period_ps):
         heap_push(heap, hs, now, EV_TASK_END, task)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def run_loop(tt, heap, hs, mem, period_ps, until, watch, max_events):
     """Advance the simulation; returns a ``STATUS_*`` code (see module docstring)."""
     events = 0

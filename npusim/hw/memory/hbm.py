@@ -116,27 +116,27 @@ def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0) -> Hb
 
 # --- time conversion -----------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def to_cycle(ps, period_ps):
     """Engine cycle at which an event at ``ps`` is seen (rounded up)."""
     return np.int64(np.ceil(ps / period_ps - 1e-9))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def to_ps(cycle, period_ps):
     return np.int64(np.round(cycle * period_ps))
 
 
 # --- address mapping -----------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _hash64(x):
     x = (x ^ (x >> 30)) * np.int64(-4658895280553007687)
     x = (x ^ (x >> 27)) * np.int64(-7723592293110705685)
     return x ^ (x >> 31)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def map_address(p, addr):
     """(channel, bank, row) of a byte address."""
     il = p[P_INTERLEAVE]
@@ -151,7 +151,7 @@ def map_address(p, addr):
 
 # --- DMA start ---------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def hbm_start_dma(st, heap, hs, init, task, nbytes, addr, is_write, pattern, stride, now_cycle, period_ps):
     """Begin a DMA task on initiator ``init``. Returns the finish cycle if it is known now
     (analytical mode or zero bytes), else -1 (completion comes through events)."""
@@ -173,7 +173,7 @@ def hbm_start_dma(st, heap, hs, init, task, nbytes, addr, is_write, pattern, str
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def analytical_cycles(p, nbytes, period_ps):
     """First-access latency + bytes / min(port, spanned channels, tags x txn / latency).
 
@@ -193,7 +193,7 @@ def analytical_cycles(p, nbytes, period_ps):
 
 # --- initiator side ----------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _txn_address(st, init):
     """Address and size of the initiator's next transaction."""
     p = st.p
@@ -214,7 +214,7 @@ def _txn_address(st, init):
     return addr, size
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _issue(st, heap, hs, init, t_ps, period_ps):
     """Issue the initiator's next transaction at ``t_ps`` if a tag, the socket and the
     port allow; otherwise arrange to be woken when the port allows."""
@@ -260,7 +260,7 @@ def _issue(st, heap, hs, init, t_ps, period_ps):
         st.ch_wait_tail[ch] = slot
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _accept(st, heap, hs, slot, t_ps, period_ps):
     """The controller takes ``slot`` into its queue at ``t_ps``; END_REQ one tCK later."""
     p = st.p
@@ -274,7 +274,7 @@ def _accept(st, heap, hs, slot, t_ps, period_ps):
     _wake(st, heap, hs, ch, st.sl_arrive[slot], period_ps)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _wake(st, heap, hs, ch, t_ps, period_ps):
     """Make sure the channel scheduler runs at or before ``t_ps``."""
     t = max(t_ps, st.ch_cmd_ps[ch])
@@ -285,7 +285,7 @@ def _wake(st, heap, hs, ch, t_ps, period_ps):
 
 # --- controller side ---------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _earliest_column(st, ch, slot):
     """When ``slot``'s first column command could issue, from its bank's state."""
     p = st.p
@@ -298,7 +298,7 @@ def _earliest_column(st, ch, slot):
     return max(st.bk_pre_ok[ch, bank] + p[P_TRP], st.bk_act_ok[ch, bank]) + p[P_TRCD]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _pick(st, ch, t_ps):
     """FR-FCFS with bank awareness: among requests arrived by ``t_ps``, the one whose
     column command can issue first (row hits and idle banks win), oldest on ties; a
@@ -320,7 +320,7 @@ def _pick(st, ch, t_ps):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _refresh(st, ch, t_ps):
     """All-bank refresh due by ``t_ps``: precharge all, block the channel for tRFC.
 
@@ -341,7 +341,7 @@ def _refresh(st, ch, t_ps):
     st.ch_refresh_next[ch] = due + p[P_TREFI]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _serve(st, heap, hs, ch, idx, t_ps, period_ps):
     """Commit the queued request at ``idx``: issue its commands, reserve the data bus,
     schedule its response; free its queue entry (admitting a waiting request)."""
@@ -400,7 +400,7 @@ def _serve(st, heap, hs, ch, idx, t_ps, period_ps):
         _accept(st, heap, hs, w, t_ps, period_ps)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _schedule(st, heap, hs, ch, now_cycle, period_ps):
     """Run the channel scheduler at the current time; re-arm its wake-up."""
     t = to_ps(now_cycle, period_ps)
@@ -424,7 +424,7 @@ def _schedule(st, heap, hs, ch, now_cycle, period_ps):
         _serve(st, heap, hs, ch, idx, t, period_ps)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _respond(st, heap, hs, slot, now_cycle, period_ps):
     """BEGIN_RESP and END_RESP of ``slot``; returns the DMA task finished, or -1."""
     p = st.p
@@ -462,7 +462,7 @@ def _respond(st, heap, hs, slot, now_cycle, period_ps):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def hbm_handle(st, heap, hs, etype, eid, now_cycle, period_ps):
     """Handle one memory event; returns the DMA task that completed, or -1."""
     if etype == EV_MEM_SCHED:
