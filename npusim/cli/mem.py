@@ -47,8 +47,8 @@ def run(args) -> int:
     if r.row_hit_rate is not None:
         print(f"  row-buffer hits   {100 * r.row_hit_rate:.1f}%")
     if r.mode == "analytical":
-        print("  note: the analytical model has no queueing or contention between DMA engines,")
-        print("        so the aggregate can exceed what the channels can deliver")
+        print("  note: the analytical model shares channel bandwidth between transfers but has no DRAM")
+        print("        timing, request queues or row-buffer effects; latencies are not simulated")
     if r.per_channel:
         print("  channel  GB/s    lat mean  lat p99  hits/miss/conflict")
         for c in r.per_channel:

@@ -90,20 +90,20 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
     peak = arch.hbm.total_bandwidth_gbps
     per_channel = []
     lat_mean = lat_p99 = hit_rate = None
+    per_ch_bw = mem.ch_bytes / time_ns if time_ns else mem.ch_bytes * 0.0
+    for ch in range(arch.hbm.channels):
+        n = int(mem.ch_nreq[ch])
+        per_channel.append({
+            "channel": ch,
+            "bytes": int(mem.ch_bytes[ch]),
+            "bandwidth_gbps": float(per_ch_bw[ch]),
+            "latency_ns_mean": float(mem.ch_lat_sum[ch] / n / 1000.0) if n else None,
+            "latency_ns_p99": _percentile_from_hist(mem.ch_lat_hist[ch], 0.99, bin_ns),
+            "row_hits": int(mem.ch_rowstat[ch, 0]),
+            "row_misses": int(mem.ch_rowstat[ch, 1]),
+            "row_conflicts": int(mem.ch_rowstat[ch, 2]),
+        })
     if mode == "tlm":
-        per_ch_bw = mem.ch_bytes / time_ns if time_ns else mem.ch_bytes * 0.0
-        for ch in range(arch.hbm.channels):
-            n = int(mem.ch_nreq[ch])
-            per_channel.append({
-                "channel": ch,
-                "bytes": int(mem.ch_bytes[ch]),
-                "bandwidth_gbps": float(per_ch_bw[ch]),
-                "latency_ns_mean": float(mem.ch_lat_sum[ch] / n / 1000.0) if n else None,
-                "latency_ns_p99": _percentile_from_hist(mem.ch_lat_hist[ch], 0.99, bin_ns),
-                "row_hits": int(mem.ch_rowstat[ch, 0]),
-                "row_misses": int(mem.ch_rowstat[ch, 1]),
-                "row_conflicts": int(mem.ch_rowstat[ch, 2]),
-            })
         nreq = int(mem.ch_nreq.sum())
         lat_mean = float(mem.ch_lat_sum.sum() / nreq / 1000.0) if nreq else None
         lat_p99 = _percentile_from_hist(mem.ch_lat_hist.sum(axis=0), 0.99, bin_ns)

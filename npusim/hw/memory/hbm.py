@@ -28,10 +28,11 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
 * Address map: channel = (addr / interleave) mod channels; within a channel,
   consecutive interleave chunks fill a row, then move to the next bank.
 
-Analytical mode: a transfer takes the unloaded closed-row latency plus
-``bytes / min(port bandwidth, spanned channels' bandwidth, tags·txn/latency)`` (the
-latency of a streaming transaction: a row hit plus the row opening amortised over
-the row), with no queueing or contention between transfers.
+Analytical mode (:func:`analytical_finish`): latency + bytes / bandwidth. One event
+per transfer; the initiator's rate is its port and its tags over a streaming
+transaction's latency, and each spanned channel's data bus is reserved for the
+transfer's share of bytes at peak rate, first come first served, so concurrent
+transfers share bandwidth but see no DRAM timing, request queueing or row effects.
 
 Not modelled: bank groups (one tCCD), tFAW/tRRD, per-bank refresh, ECC, write
 buffering, NoC traversal to the channel's router (added by the NoC models).
@@ -159,7 +160,7 @@ def hbm_start_dma(st, heap, hs, init, task, nbytes, addr, is_write, pattern, str
     if nbytes <= 0:
         return now_cycle
     if p[P_MODE] == MODE_ANALYTICAL:
-        return now_cycle + analytical_cycles(p, nbytes, period_ps)
+        return analytical_finish(st, addr, nbytes, pattern, stride, now_cycle, period_ps)
     st.in_task[init] = task
     st.in_base[init] = addr
     st.in_next_off[init] = 0
@@ -174,21 +175,60 @@ def hbm_start_dma(st, heap, hs, init, task, nbytes, addr, is_write, pattern, str
 
 
 @njit(cache=True, _nrt=False)
-def analytical_cycles(p, nbytes, period_ps):
-    """First-access latency + bytes / min(port, spanned channels, tags x txn / latency).
-
-    The per-transaction latency of a stream is a row hit (tCL) plus the row opening
-    (tRP + tRCD) amortised over the transactions that share a row."""
-    first_ps = p[P_TRCD] + p[P_TCL] + 2 * p[P_FRONTEND] + p[P_BURST_PS]
+def stream_latency_ps(p):
+    """Latency of one transaction of a stream: a row hit plus the row opening
+    (tRP + tRCD) amortised over the transactions that share a row, both frontends
+    and the transaction's bursts."""
     txn = p[P_TXN_BYTES]
     bursts = (txn + p[P_BURST_BYTES] - 1) // p[P_BURST_BYTES]
-    stream_lat_ps = p[P_TCL] + 2 * p[P_FRONTEND] + bursts * p[P_BURST_PS] + (p[P_TRP] + p[P_TRCD]) * txn / p[P_ROW_BYTES]
-    chan_bw = p[P_BURST_BYTES] / p[P_BURST_PS]  # bytes per ps
-    spanned = min(p[P_CHANNELS], (nbytes + p[P_INTERLEAVE] - 1) // p[P_INTERLEAVE])
-    port_bw = txn / max(p[P_ISSUE_GAP], 1)
-    tag_bw = p[P_MAX_OUT] * txn / stream_lat_ps
-    bw = min(port_bw, spanned * chan_bw, tag_bw)
-    return np.int64(np.ceil((first_ps + nbytes / bw) / period_ps - 1e-9))
+    return p[P_TCL] + 2 * p[P_FRONTEND] + bursts * p[P_BURST_PS] + (p[P_TRP] + p[P_TRCD]) * txn // p[P_ROW_BYTES]
+
+
+@njit(cache=True, _nrt=False)
+def analytical_finish(st, addr, nbytes, pattern, stride, now_cycle, period_ps):
+    """Finish cycle of a transfer in the analytical model.
+
+    ``latency + bytes / bandwidth``: the first access's closed-row latency, then the
+    bytes at the lower of the initiator's rate (port, and tags x txn / stream
+    latency) and the channels' rate, where each channel's data bus is reserved
+    first-come first-served for this transfer's share of bytes at the channel's
+    peak bandwidth. No DRAM timing, no request queues, no row-buffer effects."""
+    p = st.p
+    t0 = to_ps(now_cycle, period_ps)
+    first_ps = p[P_TRCD] + p[P_TCL] + 2 * p[P_FRONTEND] + p[P_BURST_PS]
+    txn = p[P_TXN_BYTES]
+    port_bw = min(txn / max(p[P_ISSUE_GAP], 1), p[P_MAX_OUT] * txn / stream_latency_ps(p))  # bytes/ps
+    initiator_done = t0 + first_ps + nbytes / port_bw
+    # share of bytes per channel
+    n_ch = p[P_CHANNELS]
+    il = p[P_INTERLEAVE]
+    if pattern == PATTERN_RANDOM:
+        first_ch, step, used = 0, 1, n_ch
+    else:
+        first_ch = (addr // il) % n_ch
+        step_chunks = 1 if pattern == PATTERN_LINEAR else max(1, stride // il)
+        step = step_chunks % n_ch
+        g = n_ch
+        a = step
+        while a:
+            g, a = a, g % a
+        used = n_ch // g if step else 1
+        if pattern == PATTERN_LINEAR:
+            used = min(n_ch, (nbytes + il - 1) // il)
+    base, extra = nbytes // used, nbytes % used
+    burst_ps_per_byte = p[P_BURST_PS] / p[P_BURST_BYTES]
+    channels_done = t0
+    ch = first_ch
+    for i in range(used):
+        share = base + (1 if i < extra else 0)
+        start = max(t0 + first_ps - p[P_FRONTEND], st.ch_data_free[ch])
+        busy = np.int64(np.ceil(share * burst_ps_per_byte))
+        st.ch_data_free[ch] = start + busy
+        st.ch_busy_ps[ch] += busy
+        st.ch_bytes[ch] += share
+        channels_done = max(channels_done, start + busy + p[P_FRONTEND])
+        ch = (ch + step) % n_ch
+    return to_cycle(max(initiator_done, channels_done), period_ps)
 
 
 # --- initiator side ----------------------------------------------------------------------
