@@ -1,0 +1,85 @@
+"""The npusim command: help everywhere, JSON contracts, clean errors, output files."""
+
+import json
+import subprocess
+import sys
+
+import h5py
+import pytest
+
+from npusim.cli import SUBCOMMANDS, main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_on_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    for name in SUBCOMMANDS:
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0
+        assert name in capsys.readouterr().out
+
+
+def test_info_json_contract(capsys):
+    code, out, _ = run_cli(capsys, "info", "npusim-64c", "--json")
+    d = json.loads(out)
+    assert code == 0
+    assert {"peak_tflops", "sram_mb_total", "hbm_gb", "hbm_bandwidth_gbps"} <= d.keys()
+    assert d["peak_tflops"]["fp16"] > 0
+
+
+def test_gemm_json_contract(capsys):
+    code, out, _ = run_cli(capsys, "gemm", "--m", "256", "--k", "512", "--n", "384", "--array", "64x64",
+                           "--dataflow", "os", "--json")
+    d = json.loads(out)
+    assert code == 0 and {"cycles", "utilization", "macs"} <= d.keys()
+    assert d["macs"] == 256 * 512 * 384 and 0 < d["utilization"] <= 1
+
+
+def test_mem_json_contract(capsys):
+    code, out, _ = run_cli(capsys, "mem", "--pattern", "stream", "--bytes", "1MiB", "--json")
+    d = json.loads(out)
+    assert code == 0
+    assert {"bandwidth_gbps", "peak_bandwidth_gbps", "latency_ns_mean", "latency_ns_p99"} <= d.keys()
+    assert 0 < d["bandwidth_gbps"] <= d["peak_bandwidth_gbps"]
+
+
+def test_run_writes_outputs(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "run", "--m", "256", "--n", "2048", "--out", str(tmp_path), "--json",
+                           "--no-progress")
+    d = json.loads(out)
+    assert code == 0 and d["cycles"] > 0 and 0 < d["compute_utilization"] <= 1
+    assert d["hbm_bandwidth_gbps"] <= d["hbm_peak_gbps"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cycles"] == d["cycles"]
+    trace = json.loads((tmp_path / "timeline.json").read_text())
+    assert any(e["ph"] == "X" for e in trace["traceEvents"])
+    with h5py.File(tmp_path / "tasks.h5") as f:
+        assert f["tasks/end_cycle"][:].max() == d["cycles"]
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_bad_inputs_are_one_line_errors(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nclock_ghz: 1\ncores: {grid: {width: 2, hieght: 2}}\n")
+    code, _, err = run_cli(capsys, "info", str(bad))
+    assert code == 2 and "did you mean 'height'" in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, "gemm", "--m", "0", "--k", "1", "--n", "1")
+    assert code == 2 and "error" in err
+    code, _, err = run_cli(capsys, "run", "--m", "100000000", "--no-progress")
+    assert code == 2 and "SRAM" in err
+    with pytest.raises(SystemExit) as e:
+        main(["mem", "--bytes", "lots"])
+    assert e.value.code == 2
+
+
+def test_console_script_runs_as_module():
+    out = subprocess.run([sys.executable, "-m", "npusim", "info", "--json"], capture_output=True, text=True)
+    assert out.returncode == 0 and "peak_tflops" in out.stdout
