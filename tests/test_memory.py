@@ -45,6 +45,16 @@ def test_stream_reaches_85_to_95_percent_of_peak(arch64):
     assert r.checks == {"exclusion_rule_violations": 0, "phase_order_violations": 0}
 
 
+@pytest.mark.parametrize("preset", ["npusim-64c", "npusim-256c", "ascend-910b"])
+def test_every_preset_streams_near_peak(preset):
+    """Guard against presets that silently reach a fraction of their HBM peak (too few tags,
+    a port too narrow, a bad address map): a stream by all DMA engines must reach >= 85%."""
+    from npusim.arch import load_arch
+
+    r = measure_memory(load_arch(preset), "stream", 16 << 20)
+    assert 0.85 <= r.efficiency <= 1.0, (preset, r.efficiency)
+
+
 def test_stream_without_refresh_is_faster_but_never_above_peak(arch64):
     no_ref = _variant(arch64, hbm={"timing": {"tREFI": 0, "tRFC": 0}})
     with_ref = measure_memory(arch64, "stream", 8 << 20)

@@ -79,7 +79,7 @@ class Dma(StrictModel):
     engines: PositiveInt = 2
     max_outstanding: PositiveInt = 16
     transaction_bytes: PositiveInt = 64
-    bytes_per_cycle: PositiveFloat | None = Field(default=None, description="per-core DMA port limit; None = unlimited")
+    bytes_per_cycle: PositiveFloat | None = Field(default=None, description="per DMA engine port limit; None = one transaction per cycle")
 
 
 class Cores(StrictModel):
