@@ -13,6 +13,9 @@ Task kinds and their parameters (``param[:, i]``):
   from the compute model when the task is built).
 * ``KIND_DMA`` (1): an HBM transfer timed by :mod:`npusim.hw.memory.hbm`:
   ``bytes, address, is_write, initiator, pattern, stride``.
+* ``KIND_NOC`` (2): a message over the NoC, timed by the path-level model
+  (:mod:`npusim.hw.noc.path`): ``src_router, dst_router, bytes``. (The analytical NoC
+  fidelity builds ``KIND_FIXED`` tasks instead.)
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from numba import njit
 from npusim.engine.core import mark_finished, mark_started, pop_ready
 from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
 from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOW
-from npusim.hw.memory.hbm import hbm_handle, hbm_start_dma
+from npusim.hw.memory.hbm import EV_MEM_END_REQ, EV_MEM_ISSUE, hbm_handle, hbm_start_dma
+from npusim.hw.noc.path import path_handle, path_start
 
 KIND_DMA = 1
+KIND_NOC = 2
 
 EV_TASK_END = 1
 
@@ -35,7 +40,7 @@ HEADROOM = 8
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _start(tt, heap, hs, mem, task, now, period_ps):
+def _start(tt, heap, hs, mem, noc, task, now, period_ps):
     mark_started(tt, task, now)
     kind = tt.kind[task]
     if kind == KIND_FIXED:
@@ -45,13 +50,16 @@ def _start(tt, heap, hs, mem, task, now, period_ps):
         done = hbm_start_dma(mem, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now, period_ps)
         if done >= 0:
             heap_push(heap, hs, done, EV_TASK_END, task)
+    elif kind == KIND_NOC:
+        prm = tt.param[task]
+        path_start(noc, heap, hs, tt.queue[task], task, prm[0], prm[1], prm[2], now)
     else:
         # unknown kinds are rejected at submission; finish at once to stay safe
         heap_push(heap, hs, now, EV_TASK_END, task)
 
 
 @njit(cache=True, _nrt=False)
-def run_loop(tt, heap, hs, mem, period_ps, until, watch, max_events):
+def run_loop(tt, heap, hs, mem, noc, period_ps, until, watch, max_events):
     """Advance the simulation; returns a ``STATUS_*`` code (see module docstring)."""
     events = 0
     while True:
@@ -62,7 +70,7 @@ def run_loop(tt, heap, hs, mem, period_ps, until, watch, max_events):
             task = pop_ready(tt)
             if task < 0:
                 break
-            _start(tt, heap, hs, mem, task, tt.sc[SC_NOW], period_ps)
+            _start(tt, heap, hs, mem, noc, task, tt.sc[SC_NOW], period_ps)
         if hs[HS_SIZE] == 0:
             return STATUS_IDLE
         if heap[0, 0] > until:
@@ -80,8 +88,12 @@ def run_loop(tt, heap, hs, mem, period_ps, until, watch, max_events):
         finished = -1
         if etype == EV_TASK_END:
             finished = eid
-        else:
+        elif etype <= EV_MEM_ISSUE and etype >= EV_MEM_END_REQ:
             finished = hbm_handle(mem, heap, hs, etype, eid, now, period_ps)
+        else:
+            task, end = path_handle(noc, heap, hs, etype, eid, now)
+            if end >= 0:
+                heap_push(heap, hs, end, EV_TASK_END, task)
         if finished >= 0:
             mark_finished(tt, finished, now)
             if finished == watch:

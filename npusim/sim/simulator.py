@@ -2,7 +2,9 @@
 
 Resource queues per core, in this order: ``cube``, ``vector``, ``dma0`` ..
 ``dma{E-1}`` (one per DMA engine of ``cores.dma.engines``; each is also an HBM
-initiator with its own tags), ``noc``. Queue id = ``core * queues_per_core + unit``.
+initiator with its own tags), ``noc`` (messages to other cores, one at a time).
+Queue id = ``core * queues_per_core + unit``. The NoC is the arch's 2D mesh at the
+``path`` fidelity (message-level contention) or ``analytical`` (zero-load latency).
 
 Use: build tasks with :meth:`add_compute` / :meth:`add_dma` (or
 :meth:`submit_batch` for many at once), then :meth:`run` — until a time, until a
@@ -22,8 +24,13 @@ from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOW
 from npusim.errors import ConfigError, DeadlockError
 from npusim.hw.memory.hbm import C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, new_hbm_state
 from npusim.hw.memory.params import memory_params
+from npusim.hw.noc.flit import zero_load_latency_cycles
+from npusim.hw.noc.path import new_path_state
+from npusim.hw.noc.routing import build_routing
+from npusim.hw.noc.topology import mesh, to_arrays
 from npusim.sim.kernel import (
     KIND_DMA,
+    KIND_NOC,
     STATUS_EVENT_LIMIT,
     STATUS_GROW,
     STATUS_IDLE,
@@ -32,7 +39,8 @@ from npusim.sim.kernel import (
     run_loop,
 )
 
-KINDS = (KIND_FIXED, KIND_DMA)
+KINDS = (KIND_FIXED, KIND_DMA, KIND_NOC)
+NOC_MODES = ("path", "analytical")
 FOREVER = 2**62
 
 
@@ -48,9 +56,12 @@ class RunOutcome:
 class Simulator:
     """One simulation of work on one chip (see module docstring)."""
 
-    def __init__(self, arch: Arch, memory_mode: str = "tlm", txlog_rows: int = 0):
+    def __init__(self, arch: Arch, memory_mode: str = "tlm", noc_mode: str = "path", txlog_rows: int = 0):
+        if noc_mode not in NOC_MODES:
+            raise ConfigError(f"NoC fidelity '{noc_mode}' in the engine: expected one of {NOC_MODES}")
         self.arch = arch
         self.memory_mode = memory_mode
+        self.noc_mode = noc_mode
         self.dma_engines = arch.cores.dma.engines
         self.units = ["cube", "vector", *[f"dma{i}" for i in range(self.dma_engines)], "noc"]
         self.queues_per_core = len(self.units)
@@ -58,6 +69,12 @@ class Simulator:
         self.engine = Engine(names)
         params, self.period_ps = memory_params(arch, memory_mode)
         self.mem = new_hbm_state(params, arch.num_cores * self.dma_engines, txlog_rows)
+        noc = arch.noc
+        self.topology = to_arrays(mesh(arch.cores.grid.width, arch.cores.grid.height, noc.link_bytes_per_cycle,
+                                       noc.link_latency_cycles))
+        self.routing = build_routing(self.topology, noc.routing)
+        self.noc = new_path_state(self.topology, self.routing, noc.router_pipeline_cycles, noc.link_latency_cycles,
+                                  noc.link_bytes_per_cycle, len(names))
 
     # -- addressing -----------------------------------------------------------------
     def queue(self, core: int, unit: str) -> int:
@@ -89,6 +106,25 @@ class Simulator:
         prm = (int(nbytes), int(address), int(bool(write)), self.initiator(core, dma_engine), pattern, stride)
         return self.engine.submit(KIND_DMA, q, prm, deps, name)
 
+    def add_send(self, src_core: int, dst_core: int, nbytes: int, deps: Sequence[int] = (),
+                 name: str | None = None) -> int:
+        """A NoC message of ``nbytes`` from ``src_core``'s router to ``dst_core``'s, on the source's
+        ``noc`` queue; ends when its tail reaches the destination."""
+        if nbytes < 0:
+            raise ConfigError(f"message size must be >= 0 bytes, got {nbytes}")
+        q = self.queue(src_core, "noc")
+        self.queue(dst_core, "noc")  # range check
+        if self.noc_mode == "analytical":
+            return self.engine.submit(KIND_FIXED, q, (self.noc_zero_load_cycles(src_core, dst_core, nbytes),), deps, name)
+        return self.engine.submit(KIND_NOC, q, (src_core, dst_core, int(nbytes)), deps, name)
+
+    def noc_zero_load_cycles(self, src: int, dst: int, nbytes: int) -> int:
+        """Uncontended latency of a message: ``(H + 1) * S + H * L + F - 1`` cycles."""
+        noc = self.arch.noc
+        flits = max(1, -(-int(nbytes) // noc.link_bytes_per_cycle))
+        return int(zero_load_latency_cycles(self.routing.hops(src, dst), flits, noc.router_pipeline_cycles,
+                                            noc.link_latency_cycles))
+
     def submit_batch(self, kind, queue, param, dep_ptr, dep_idx, names=None) -> np.ndarray:
         kind = np.asarray(kind, dtype=np.int64)
         if kind.size and not np.isin(kind, KINDS).all():
@@ -115,7 +151,7 @@ class Simulator:
         if watch >= 0 and eng.is_done(watch):
             return RunOutcome("task_done", self.now)
         while True:
-            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.period_ps, limit, watch,
+            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.period_ps, limit, watch,
                               chunk_events if progress else FOREVER)
             if status == STATUS_GROW:
                 eng.grow_heap()
@@ -151,4 +187,4 @@ class Simulator:
         }
 
 
-__all__ = ["DeadlockError", "KIND_DMA", "KIND_FIXED", "RunOutcome", "Simulator"]
+__all__ = ["DeadlockError", "KIND_DMA", "KIND_FIXED", "KIND_NOC", "RunOutcome", "Simulator"]

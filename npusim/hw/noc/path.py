@@ -1,0 +1,163 @@
+"""Path-level NoC model (NpuSim's model): contention at message granularity, inside the kernel.
+
+A *message* (a DMA transfer of ``F`` flits, ``F = ceil(bytes / link width)``) from
+router ``src`` to ``dst``:
+
+1. **Path setup, hop by hop.** Its header leaves the source router after the router
+   pipeline ``S`` and claims the output link of each router on its route in turn
+   (one hop = ``S + L`` cycles: pipeline plus link latency). A link held by another
+   message makes the header wait there, in first-come first-served order (ties by
+   event order, so deterministic), while it keeps the links it already holds.
+   At the destination it claims the router's ejection port the same way.
+2. **Streaming.** Behind the header the flits move one per cycle on the held path:
+   the head is ejected when the ejection port is claimed, the tail ``F - 1`` cycles
+   later (``t_tail``), and the message's task ends then.
+3. **Release.** Each link is freed when the tail has crossed it:
+   ``t_tail - L - S + 1 - (H - 1 - k) * (S + L)`` for link ``k`` of ``H`` (the
+   uncontended tail timing, counted back from the tail's arrival); the ejection port
+   at ``t_tail + 1``. A freed link goes to the first waiting header.
+
+Uncontended, the tail is ejected ``(H + 1) * S + H * L + F - 1`` cycles after the
+message starts: exactly the flit-level model's zero-load latency. Each message costs
+``2H + 3`` events whatever its size: a 1 MB transfer is a handful of events.
+
+What it leaves out (and the flit model has): finite buffers and the back-pressure
+they cause mid-message, virtual channels, per-flit switch arbitration (a held link is
+not interleaved with other messages' flits). Under dimension-order routing on a mesh
+the link-wait graph has no cycles, so path setup cannot deadlock; on rings/tori it
+could, and the engine then reports the stuck messages.
+
+NpuSim's router has a documented defect where two acknowledgements returning in
+adjacent cycles lock routers for no reason; here no acknowledgement holds anything:
+a link is only ever held by the one message that claimed it, until its tail passes.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from npusim.engine.heap import heap_push
+
+EV_NOC_HOP, EV_NOC_RELEASE = 20, 21
+
+PathState = namedtuple(
+    "PathState",
+    [
+        # topology and routing
+        "next_port", "link_id", "nbr_router", "n_links", "prm",
+        # per link (mesh links, then one ejection port per router)
+        "link_owner", "link_wait_head", "link_wait_tail", "link_flits",
+        # per message slot (= the queue the message's task runs on)
+        "m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops",
+        "counters",
+    ],
+)
+PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH = 0, 1, 2
+C_MESSAGES, C_FLITS, C_WAITS = 0, 1, 2
+
+
+def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, link_bytes: int,
+                   num_slots: int) -> PathState:
+    n_links = topo.num_links
+    total = n_links + topo.num_routers
+    z = lambda n: np.zeros(n, np.int64)  # noqa: E731
+    full = lambda n: np.full(n, -1, np.int64)  # noqa: E731
+    return PathState(
+        next_port=routing.next_port.astype(np.int64), link_id=topo.link_id.astype(np.int64),
+        nbr_router=topo.nbr_router.astype(np.int64), n_links=np.int64(n_links),
+        prm=np.array([router_stages, link_latency_cycles, link_bytes], dtype=np.int64),
+        link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total),
+        link_flits=z(total),
+        m_task=full(num_slots), m_src=z(num_slots), m_dst=z(num_slots), m_flits=z(num_slots),
+        m_cur=z(num_slots), m_wait_next=full(num_slots), m_hops=z(num_slots),
+        counters=z(4),
+    )
+
+
+@njit(cache=True, _nrt=False)
+def flits_of(ps, nbytes):
+    w = ps.prm[PRM_WIDTH]
+    return max(np.int64(1), (nbytes + w - 1) // w)
+
+
+@njit(cache=True, _nrt=False)
+def path_start(ps, heap, hs, slot, task, src, dst, nbytes, now):
+    """Start a message on ``slot``; its header tries its first hop after the source router."""
+    ps.m_task[slot] = task
+    ps.m_src[slot] = src
+    ps.m_dst[slot] = dst
+    ps.m_flits[slot] = flits_of(ps, nbytes)
+    ps.m_cur[slot] = src
+    ps.m_hops[slot] = 0
+    ps.counters[C_MESSAGES] += 1
+    heap_push(heap, hs, now + ps.prm[PRM_STAGES], EV_NOC_HOP, slot)
+
+
+@njit(cache=True, _nrt=False)
+def _next_link(ps, slot):
+    """The link (or ejection port) the header at ``m_cur`` needs next."""
+    cur, dst = ps.m_cur[slot], ps.m_dst[slot]
+    if cur == dst:
+        return ps.n_links + dst
+    return ps.link_id[cur, ps.next_port[cur, dst]]
+
+
+@njit(cache=True, _nrt=False)
+def _claim(ps, heap, hs, slot, link, now):
+    """``slot`` owns ``link`` from ``now``: advance the header, or finish the setup.
+    Returns the task's end cycle when the message is fully set up, else -1."""
+    ps.link_owner[link] = slot
+    cur, dst = ps.m_cur[slot], ps.m_dst[slot]
+    S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
+    if link < ps.n_links:
+        ps.m_cur[slot] = ps.nbr_router[cur, ps.next_port[cur, dst]]
+        ps.m_hops[slot] += 1
+        heap_push(heap, hs, now + L + S, EV_NOC_HOP, slot)
+        return -1
+    # ejection port claimed: head ejected now, tail F-1 cycles later
+    flits = ps.m_flits[slot]
+    t_tail = now + flits - 1
+    hops = ps.m_hops[slot]
+    r = ps.m_src[slot]
+    for k in range(hops):
+        lk = ps.link_id[r, ps.next_port[r, dst]]
+        release = t_tail - L - S + 1 - (hops - 1 - k) * (S + L)
+        ps.link_flits[lk] += flits
+        heap_push(heap, hs, release, EV_NOC_RELEASE, lk)
+        r = ps.nbr_router[r, ps.next_port[r, dst]]
+    ps.link_flits[link] += flits
+    heap_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
+    ps.counters[C_FLITS] += flits
+    return t_tail
+
+
+@njit(cache=True, _nrt=False)
+def path_handle(ps, heap, hs, etype, eid, now):
+    """Handle a NoC event. Returns ``(task, end_cycle)`` of a message whose setup completed
+    (its task ends at ``end_cycle``), or ``(-1, -1)``."""
+    if etype == EV_NOC_HOP:
+        slot = eid
+        link = _next_link(ps, slot)
+        if ps.link_owner[link] < 0:
+            return ps.m_task[slot], _claim(ps, heap, hs, slot, link, now)
+        ps.counters[C_WAITS] += 1
+        ps.m_wait_next[slot] = -1
+        if ps.link_wait_tail[link] >= 0:
+            ps.m_wait_next[ps.link_wait_tail[link]] = slot
+        else:
+            ps.link_wait_head[link] = slot
+        ps.link_wait_tail[link] = slot
+        return -1, -1
+    # EV_NOC_RELEASE: the tail has passed; hand the link to the first waiting header
+    link = eid
+    ps.link_owner[link] = -1
+    waiter = ps.link_wait_head[link]
+    if waiter < 0:
+        return -1, -1
+    ps.link_wait_head[link] = ps.m_wait_next[waiter]
+    if ps.link_wait_head[link] < 0:
+        ps.link_wait_tail[link] = -1
+    return ps.m_task[waiter], _claim(ps, heap, hs, waiter, link, now)
