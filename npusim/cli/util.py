@@ -27,3 +27,23 @@ def parse_grid(text: str) -> tuple[int, int]:
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
         raise argparse.ArgumentTypeError(f"'{text}' is not a grid like 8x8 (positive integers)")
     return int(m.group(1)), int(m.group(2))
+
+
+def parse_int_list(text: str) -> list[int]:
+    """``0,1,2,3`` or ``0-3`` (ranges allowed) -> [0, 1, 2, 3]."""
+    out: list[int] = []
+    try:
+        for part in str(text).split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                out.extend(range(lo, hi + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of core ids like 0,1,2,3 or 0-7") from None
+    if not out:
+        raise argparse.ArgumentTypeError("the list of core ids is empty")
+    return out

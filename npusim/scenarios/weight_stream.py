@@ -147,7 +147,7 @@ def _split_tiles(k: int, k_tile: int) -> list[int]:
 
 def summarize_layer(sim: Simulator, layout: dict, m: int, k: int, n: int, dtype: str) -> LayerResult:
     arch: Arch = sim.arch
-    cycles = sim.now
+    cycles = sim.makespan()
     seconds = cycles / (arch.clock_ghz * 1e9)
     sa = arch.cores.systolic_array
     flops = 2 * m * k * n

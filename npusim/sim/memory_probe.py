@@ -83,7 +83,7 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
         sim.add_dma(core, size, address=address, write=write, dma_engine=eng, pattern=code, stride=step,
                     name=f"{pattern}{i}")
     sim.run()
-    cycles = sim.now
+    cycles = sim.makespan()
     time_ns = cycles / arch.clock_ghz
     mem = sim.mem
     bin_ns = mem.p[P_LAT_BIN_PS] / 1000.0

@@ -175,6 +175,12 @@ class Simulator:
     def task_times(self) -> tuple[np.ndarray, np.ndarray]:
         return self.engine.task_times()
 
+    def makespan(self) -> int:
+        """Cycle at which the last finished task ended (``now`` may be later: models keep
+        bookkeeping events, e.g. a NoC link is released one cycle after a tail passes)."""
+        n = self.engine.num_tasks
+        return int(self.engine.tt.end[:n].max(initial=0))
+
     def busy_cycles(self) -> np.ndarray:
         """Busy cycles per queue, shape (cores, queues_per_core)."""
         return self.engine.busy_cycles().reshape(self.arch.num_cores, self.queues_per_core)
