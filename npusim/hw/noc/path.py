@@ -15,11 +15,16 @@ router ``src`` to ``dst``:
 3. **Release.** Each link is freed when the tail has crossed it:
    ``t_tail - L - S + 1 - (H - 1 - k) * (S + L)`` for link ``k`` of ``H`` (the
    uncontended tail timing, counted back from the tail's arrival); the ejection port
-   at ``t_tail + 1``. A freed link goes to the first waiting header.
+   at ``t_tail + 1``. A freed link goes to the first waiting header. The source's
+   ``noc`` queue is freed when the first link is (the tail has been injected), so the
+   next message from the same core can start while this one is still in flight.
+
+Analytical mode (same state, ``mode="analytical"``): zero-load latency, the source
+busy for ``F`` cycles, no contention.
 
 Uncontended, the tail is ejected ``(H + 1) * S + H * L + F - 1`` cycles after the
 message starts: exactly the flit-level model's zero-load latency. Each message costs
-``2H + 3`` events whatever its size: a 1 MB transfer is a handful of events.
+``2H + 4`` events whatever its size: a 1 MB transfer is a handful of events.
 
 What it leaves out (and the flit model has): finite buffers and the back-pressure
 they cause mid-message, virtual channels, per-flit switch arbitration (a held link is
@@ -40,8 +45,11 @@ import numpy as np
 from numba import njit
 
 from npusim.engine.heap import heap_push
+from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 
 EV_NOC_HOP, EV_NOC_RELEASE = 20, 21
+MODE_PATH, MODE_ANALYTICAL = 0, 1
+MODES = {"path": MODE_PATH, "analytical": MODE_ANALYTICAL}
 
 PathState = namedtuple(
     "PathState",
@@ -55,12 +63,12 @@ PathState = namedtuple(
         "counters",
     ],
 )
-PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH = 0, 1, 2
+PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH, PRM_MODE = 0, 1, 2, 3
 C_MESSAGES, C_FLITS, C_WAITS = 0, 1, 2
 
 
 def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, link_bytes: int,
-                   num_slots: int) -> PathState:
+                   num_slots: int, mode: str = "path") -> PathState:
     n_links = topo.num_links
     total = n_links + topo.num_routers
     z = lambda n: np.zeros(n, np.int64)  # noqa: E731
@@ -68,7 +76,7 @@ def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, 
     return PathState(
         next_port=routing.next_port.astype(np.int64), link_id=topo.link_id.astype(np.int64),
         nbr_router=topo.nbr_router.astype(np.int64), n_links=np.int64(n_links),
-        prm=np.array([router_stages, link_latency_cycles, link_bytes], dtype=np.int64),
+        prm=np.array([router_stages, link_latency_cycles, link_bytes, MODES[mode]], dtype=np.int64),
         link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total),
         link_flits=z(total),
         m_task=full(num_slots), m_src=z(num_slots), m_dst=z(num_slots), m_flits=z(num_slots),
@@ -85,14 +93,31 @@ def flits_of(ps, nbytes):
 
 @njit(cache=True, _nrt=False)
 def path_start(ps, heap, hs, slot, task, src, dst, nbytes, now):
-    """Start a message on ``slot``; its header tries its first hop after the source router."""
+    """Start a message on ``slot`` (its queue). Path mode: its header tries its first hop
+    after the source router. Analytical mode: it frees its source after injecting its
+    ``F`` flits and ends at the zero-load latency, with no contention."""
+    flits = flits_of(ps, nbytes)
+    ps.counters[C_MESSAGES] += 1
+    ps.counters[C_FLITS] += flits
+    if ps.prm[PRM_MODE] == MODE_ANALYTICAL:
+        S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
+        hops = 0
+        r = src
+        while r != dst:
+            lk = ps.link_id[r, ps.next_port[r, dst]]
+            ps.link_flits[lk] += flits
+            r = ps.nbr_router[r, ps.next_port[r, dst]]
+            hops += 1
+        ps.link_flits[ps.n_links + dst] += flits
+        heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
+        heap_push(heap, hs, now + (hops + 1) * S + hops * L + flits - 1, EV_TASK_END, task)
+        return
     ps.m_task[slot] = task
     ps.m_src[slot] = src
     ps.m_dst[slot] = dst
-    ps.m_flits[slot] = flits_of(ps, nbytes)
+    ps.m_flits[slot] = flits
     ps.m_cur[slot] = src
     ps.m_hops[slot] = 0
-    ps.counters[C_MESSAGES] += 1
     heap_push(heap, hs, now + ps.prm[PRM_STAGES], EV_NOC_HOP, slot)
 
 
@@ -107,8 +132,8 @@ def _next_link(ps, slot):
 
 @njit(cache=True, _nrt=False)
 def _claim(ps, heap, hs, slot, link, now):
-    """``slot`` owns ``link`` from ``now``: advance the header, or finish the setup.
-    Returns the task's end cycle when the message is fully set up, else -1."""
+    """``slot`` owns ``link`` from ``now``: advance the header, or — when the link is the
+    ejection port — schedule the tail, the link releases and the end of the task."""
     ps.link_owner[link] = slot
     cur, dst = ps.m_cur[slot], ps.m_dst[slot]
     S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
@@ -116,33 +141,37 @@ def _claim(ps, heap, hs, slot, link, now):
         ps.m_cur[slot] = ps.nbr_router[cur, ps.next_port[cur, dst]]
         ps.m_hops[slot] += 1
         heap_push(heap, hs, now + L + S, EV_NOC_HOP, slot)
-        return -1
+        return
     # ejection port claimed: head ejected now, tail F-1 cycles later
     flits = ps.m_flits[slot]
+    task = ps.m_task[slot]
     t_tail = now + flits - 1
     hops = ps.m_hops[slot]
+    source_free = t_tail + 1  # 0 hops: the tail leaves the source router when ejected
     r = ps.m_src[slot]
     for k in range(hops):
         lk = ps.link_id[r, ps.next_port[r, dst]]
         release = t_tail - L - S + 1 - (hops - 1 - k) * (S + L)
+        if k == 0:
+            source_free = release
         ps.link_flits[lk] += flits
         heap_push(heap, hs, release, EV_NOC_RELEASE, lk)
         r = ps.nbr_router[r, ps.next_port[r, dst]]
     ps.link_flits[link] += flits
     heap_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
-    ps.counters[C_FLITS] += flits
-    return t_tail
+    heap_push(heap, hs, source_free, EV_QUEUE_FREE, task)
+    heap_push(heap, hs, t_tail, EV_TASK_END, task)
 
 
 @njit(cache=True, _nrt=False)
 def path_handle(ps, heap, hs, etype, eid, now):
-    """Handle a NoC event. Returns ``(task, end_cycle)`` of a message whose setup completed
-    (its task ends at ``end_cycle``), or ``(-1, -1)``."""
+    """Handle a NoC event (a header's hop, or a link's release)."""
     if etype == EV_NOC_HOP:
         slot = eid
         link = _next_link(ps, slot)
         if ps.link_owner[link] < 0:
-            return ps.m_task[slot], _claim(ps, heap, hs, slot, link, now)
+            _claim(ps, heap, hs, slot, link, now)
+            return
         ps.counters[C_WAITS] += 1
         ps.m_wait_next[slot] = -1
         if ps.link_wait_tail[link] >= 0:
@@ -150,14 +179,14 @@ def path_handle(ps, heap, hs, etype, eid, now):
         else:
             ps.link_wait_head[link] = slot
         ps.link_wait_tail[link] = slot
-        return -1, -1
+        return
     # EV_NOC_RELEASE: the tail has passed; hand the link to the first waiting header
     link = eid
     ps.link_owner[link] = -1
     waiter = ps.link_wait_head[link]
     if waiter < 0:
-        return -1, -1
+        return
     ps.link_wait_head[link] = ps.m_wait_next[waiter]
     if ps.link_wait_head[link] < 0:
         ps.link_wait_tail[link] = -1
-    return ps.m_task[waiter], _claim(ps, heap, hs, waiter, link, now)
+    _claim(ps, heap, hs, waiter, link, now)

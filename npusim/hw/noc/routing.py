@@ -96,18 +96,20 @@ def build_routing(topo: Topology, name: str = "xy") -> Routing:
 
 
 def _hop_matrix(topo: Topology, table: np.ndarray) -> np.ndarray:
+    """Hop counts by pointer doubling over ``nxt[r, d]`` (next router towards ``d``):
+    after round ``i`` each entry has advanced ``2**i`` hops (stopping at ``d``)."""
     n = topo.num_routers
-    cur = np.repeat(np.arange(n), n).reshape(n, n)
-    dst = np.tile(np.arange(n), n).reshape(n, n)
-    hops = np.zeros((n, n), dtype=np.int64)
-    for _ in range(n):
-        moving = cur != dst
-        if not moving.any():
-            return hops
-        ports = table[cur[moving], dst[moving]]
-        cur[moving] = topo.nbr_router[cur[moving], ports]
-        hops[moving] += 1
-    raise ConfigError("routing table has a loop: some packets never reach their destination")
+    dst = np.arange(n)[None, :]
+    here = np.arange(n)[:, None]
+    at_dest = here == dst
+    nxt = np.where(at_dest, here, topo.nbr_router[here, table])
+    dist = (~at_dest).astype(np.int64)
+    for _ in range(max(1, int(np.ceil(np.log2(n))) + 1)):
+        dist = dist + dist[nxt, dst]
+        nxt = nxt[nxt, dst]
+    if np.any(nxt != dst):
+        raise ConfigError("routing table has a loop: some packets never reach their destination")
+    return dist
 
 
 def route(src: int, dst: int, routing: Routing) -> list[int]:

@@ -1,0 +1,572 @@
+"""Numba kernels of the flit-level NoC model; the model itself is described in
+:mod:`npusim.hw.noc.flit` (read that first). Everything here works on the
+:class:`FlitState` tables, all int64 unless noted, indexed as follows
+(``P`` ports, ``V`` VCs per port, ``B`` flits per VC buffer):
+
+``cfg[C_*]``                constants of the network (sizes, pipeline depth...)
+``ctr[K_*]``                cumulative counters (flits, packets, latency sums...)
+``vc[(r*P+p)*V+v, VC_*]``   per VC of port ``p`` of router ``r``: as an *input* VC its FIFO
+                            (head, count) and the output port / downstream VC held by the
+                            packet at its front; as an *output* VC (``p`` an output port)
+                            whether it is claimed and its credits, with a FIFO of credits
+                            still on their way back (``OV_CQ_*``)
+``slot[vcid*B+i, SL_*]``    input-buffer flit slots (packet, sequence number, ready cycle)
+                            and, in ``SL_CQ_TIME``, the credit-return FIFO of output VC ``vcid``
+``port[r*P+p, PT_*]``       link wiring (downstream input port, upstream output port,
+                            latencies, dateline flag), non-empty-VC bitmask, round-robin
+                            pointers, flits sent on the output link
+``node[r, ND_*]``           flits buffered in the router, the earliest cycle the router can act
+                            (``ND_WAKE``), NI state, source-queue ring pointers
+``sq[r*SQ+i]``              source-queue rings of packet ids
+``pkt[k, PK_*]``            packet table (recycled rows; ``free`` is the stack of free rows)
+``next_port[r, d]``         int8 routing table
+``done[i, 0|1]``            (tag, tail-ejection cycle) of completed packets, when recorded
+
+Performance notes (found by inspecting the LLVM IR and profiling with perf):
+
+- Kernels are compiled with ``_nrt=False``: they never allocate, and Numba's
+  reference counting of array arguments (which its pruning pass fails to remove in
+  functions with branches) cost two atomic operations per array per call -- it made the
+  model 3x slower. Hot leaf helpers are inlined at the Numba IR level.
+- A router is only visited in cycles where a flit at one of its VC fronts can be ready
+  (``ND_WAKE``; pushing a flit into an empty VC lowers it). In the cycles skipped no flit
+  could move there; the only difference from visiting every cycle is that the VA priority
+  rotation (``ND_ROT``) advances per visit rather than per cycle. Worth ~15 % at low
+  load (what the event engine mostly sees), nothing measurable at mid load.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numba
+import numpy as np
+
+from npusim.hw.noc.topology import PORT_DIM, PORT_LOCAL
+
+# ---- cfg: constants ------------------------------------------------------------------
+C_R, C_P, C_V, C_B, C_S, C_NCLS, C_SQ, C_MAXPKT, C_RECORD_DONE, C_DONE_CAP = range(10)
+NCFG = 10
+# ---- ctr: counters, cumulative since make_state ----------------------------------------
+(K_FLITS_CREATED, K_FLITS_INJ, K_FLITS_EJ, K_PKTS_CREATED, K_PKTS_DONE, K_ERRORS, K_SQ_OVERFLOW,
+ K_DONE_OVERFLOW, K_LAST_CYCLE, K_LAST_PROGRESS, K_DONE_CNT, K_FREE_TOP, K_MEAS_CREATED,
+ K_MEAS_DONE, K_SUM_PKT_LAT, K_SUM_NET_LAT, K_SUM_HOPS, K_MAX_PKT_LAT) = range(18)
+NCTR = 18
+# ---- vc columns ------------------------------------------------------------------------
+VC_HEAD, VC_COUNT, VC_OUTPORT, VC_OUTVC, OV_BUSY, OV_CREDITS, OV_CQ_HEAD, OV_CQ_CNT = range(8)
+NVCF = 8
+# ---- slot columns ----------------------------------------------------------------------
+SL_PKT, SL_SEQ, SL_READY, SL_CQ_TIME = range(4)
+NSLF = 4
+# ---- port columns ----------------------------------------------------------------------
+(PT_DOWN_IN, PT_LINK, PT_LAT, PT_DATELINE, PT_UP_OUT, PT_UP_LAT, PT_MASK, PT_IN_RR, PT_VA_RR,
+ PT_OUT_RR, PT_FLITS) = range(11)
+NPTF = 11
+# ---- node columns ----------------------------------------------------------------------
+ND_FLITS, ND_ROT, ND_SQ_HEAD, ND_SQ_CNT, ND_NI_PKT, ND_NI_SEQ, ND_NI_VC, ND_NI_RR, ND_WAKE = range(9)
+NNDF = 9
+# ---- pkt columns -----------------------------------------------------------------------
+PK_SRC, PK_DST, PK_NFLITS, PK_CREATE, PK_INJECT, PK_TAG, PK_MEASURE, PK_HOPS, PK_EJECTED = range(9)
+NPKF = 9
+NEVER = np.int64(2**62)  # a wake-up cycle that never comes
+# a switch request of input port p: bits [REQ_BITS*p, REQ_BITS*(p+1)) = valid | out << 1 | vc << 4
+REQ_BITS = 10
+
+FlitState = namedtuple("FlitState", ["cfg", "ctr", "vc", "slot", "port", "node", "sq", "pkt", "free",
+                                     "next_port", "done"])
+
+
+# =====================================================================================
+# Source queues and injection
+# =====================================================================================
+
+@numba.njit(cache=True, _nrt=False)
+def enqueue_packet(cfg, ctr, node, sq, pkt, free, src, dst, nflits, cycle, tag, measure):
+    """Append a new packet to NI ``src``'s source queue; return its row or -1 if full."""
+    sqcap = cfg[C_SQ]
+    top = ctr[K_FREE_TOP]
+    cnt = node[src, ND_SQ_CNT]
+    if cnt >= sqcap or top == 0:
+        ctr[K_SQ_OVERFLOW] += 1
+        return -1
+    top -= 1
+    ctr[K_FREE_TOP] = top
+    k = free[top]
+    pkt[k, PK_SRC] = src
+    pkt[k, PK_DST] = dst
+    pkt[k, PK_NFLITS] = nflits
+    pkt[k, PK_CREATE] = cycle
+    pkt[k, PK_INJECT] = -1
+    pkt[k, PK_TAG] = tag
+    pkt[k, PK_MEASURE] = measure
+    pkt[k, PK_HOPS] = 0
+    pkt[k, PK_EJECTED] = 0
+    pos = node[src, ND_SQ_HEAD] + cnt
+    if pos >= sqcap:
+        pos -= sqcap
+    sq[src * sqcap + pos] = k
+    node[src, ND_SQ_CNT] = cnt + 1
+    ctr[K_PKTS_CREATED] += 1
+    ctr[K_FLITS_CREATED] += nflits
+    if measure:
+        ctr[K_MEAS_CREATED] += 1
+    return k
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _push_flit(vc, slot, port, node, B, r, ip, v, iv, k, seq, ready):
+    """Append flit ``seq`` of packet ``k`` to input VC ``iv`` (VC ``v`` of input port ``ip``
+    of router ``r``), ready for switch allocation in cycle ``ready``; room was checked."""
+    cnt = vc[iv, VC_COUNT]
+    pos = vc[iv, VC_HEAD] + cnt
+    if pos >= B:
+        pos -= B
+    s = iv * B + pos
+    slot[s, SL_PKT] = k
+    slot[s, SL_SEQ] = seq
+    slot[s, SL_READY] = ready
+    vc[iv, VC_COUNT] = cnt + 1
+    port[ip, PT_MASK] |= np.int64(1) << v
+    node[r, ND_FLITS] += 1
+    if cnt == 0 and ready < node[r, ND_WAKE]:
+        node[r, ND_WAKE] = ready  # the flit is at its VC's front: the router must look at it then
+
+
+@numba.njit(cache=True, _nrt=False)
+def _ni_pick_vc(vc, V, B, base, start):
+    """Local-port VC for a new packet: the first empty VC from ``start`` (round-robin),
+    else the first with room; -1 if all are full."""
+    best = -1
+    for j in range(V):
+        v = start + j
+        if v >= V:
+            v -= V
+        cnt = vc[base + v, VC_COUNT]
+        if cnt == 0:
+            return v
+        if best < 0 and cnt < B:
+            best = v
+    return best
+
+
+@numba.njit(cache=True, _nrt=False)
+def _ni_next_packet(node, sq, sqcap, r):
+    """Pop the next packet of NI ``r``'s source queue into the NI (-1 if none)."""
+    if node[r, ND_SQ_CNT] == 0:
+        return -1
+    h = node[r, ND_SQ_HEAD]
+    k = sq[r * sqcap + h]
+    node[r, ND_SQ_HEAD] = h + 1 if h + 1 < sqcap else 0
+    node[r, ND_SQ_CNT] -= 1
+    node[r, ND_NI_PKT] = k
+    node[r, ND_NI_SEQ] = 0
+    return k
+
+
+@numba.njit(cache=True, _nrt=False)
+def _inject_phase(st, cycle):
+    """Each NI writes at most one flit of its current packet into its local input port."""
+    cfg, ctr, vc, slot, port, node, sq, pkt = st.cfg, st.ctr, st.vc, st.slot, st.port, st.node, st.sq, st.pkt
+    R, P, V, B, S, sqcap = cfg[C_R], cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_S], cfg[C_SQ]
+    for r in range(R):
+        k = node[r, ND_NI_PKT]
+        if k < 0:
+            k = _ni_next_packet(node, sq, sqcap, r)
+            if k < 0:
+                continue
+        seq = node[r, ND_NI_SEQ]
+        ip = r * P + PORT_LOCAL
+        if seq == 0:
+            v = _ni_pick_vc(vc, V, B, ip * V, node[r, ND_NI_RR])
+            if v < 0:
+                continue
+            node[r, ND_NI_VC] = v
+            node[r, ND_NI_RR] = v + 1 if v + 1 < V else 0
+            pkt[k, PK_INJECT] = cycle
+        else:
+            v = node[r, ND_NI_VC]
+            if vc[ip * V + v, VC_COUNT] >= B:
+                continue
+        _push_flit(vc, slot, port, node, B, r, ip, v, ip * V + v, k, seq, cycle + S)
+        ctr[K_FLITS_INJ] += 1
+        ctr[K_LAST_PROGRESS] = cycle
+        seq += 1
+        node[r, ND_NI_SEQ] = seq
+        if seq == pkt[k, PK_NFLITS]:
+            node[r, ND_NI_PKT] = -1
+
+
+# =====================================================================================
+# Router: VC allocation, switch allocation, traversal
+# =====================================================================================
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _allocate_vc(vc, port, next_port, P, V, ncls, r, p, v, iv, dst):
+    """Route the head flit at the front of input VC ``iv`` and claim a downstream VC
+    (round-robin from the output's pointer, within the allowed dateline class).
+    Returns the output port, or -1 if every allowed VC is claimed."""
+    o = np.int64(next_port[r, dst])
+    if o == PORT_LOCAL:
+        vc[iv, VC_OUTPORT] = o
+        vc[iv, VC_OUTVC] = 0
+        return o
+    op = r * P + o
+    lo, hi = 0, V
+    if ncls > 1:
+        half = V // 2
+        upper = port[op, PT_DATELINE] != 0 or (p != PORT_LOCAL and PORT_DIM[p] == PORT_DIM[o] and v >= half)
+        if upper:
+            lo = half
+        else:
+            hi = half
+    n = hi - lo
+    start = port[op, PT_VA_RR]
+    if start < lo or start >= hi:
+        start = lo
+    base = op * V
+    for j in range(n):
+        dv = start + j
+        if dv >= hi:
+            dv -= n
+        if vc[base + dv, OV_BUSY] == 0:
+            vc[base + dv, OV_BUSY] = 1
+            port[op, PT_VA_RR] = dv + 1 if dv + 1 < V else 0
+            vc[iv, VC_OUTPORT] = o
+            vc[iv, VC_OUTVC] = dv
+            return o
+    return -1
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _has_credit(vc, slot, B, ov, cycle):
+    """Collect the credits of output VC ``ov`` that have arrived by ``cycle``; any left?"""
+    cnt = vc[ov, OV_CQ_CNT]
+    if cnt > 0:
+        h = vc[ov, OV_CQ_HEAD]
+        while cnt > 0 and slot[ov * B + h, SL_CQ_TIME] <= cycle:
+            h += 1
+            if h == B:
+                h = 0
+            cnt -= 1
+            vc[ov, OV_CREDITS] += 1
+        vc[ov, OV_CQ_HEAD] = h
+        vc[ov, OV_CQ_CNT] = cnt
+    return vc[ov, OV_CREDITS] > 0
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _input_request(vc, slot, port, pkt, next_port, P, V, B, ncls, r, p, cycle):
+    """Input stage of the separable allocator for input port ``p`` of router ``r``.
+
+    Every ready head flit at a VC front gets VC allocation; the first VC (round-robin
+    from the port's pointer) whose front flit is ready, holds a downstream VC and has a
+    credit for it becomes the port's switch request, returned as
+    ``1 | out_port << 1 | vc << 4`` (0 = no request). Also returns the earliest cycle a
+    front flit of this port becomes ready (``cycle`` if one is ready now).
+    """
+    ip = r * P + p
+    m = port[ip, PT_MASK]
+    start = port[ip, PT_IN_RR]
+    req = 0
+    wake = NEVER
+    for j in range(V):
+        v = start + j
+        if v >= V:
+            v -= V
+        if (m >> v) & 1 == 0:
+            continue
+        iv = ip * V + v
+        s = iv * B + vc[iv, VC_HEAD]
+        ready = slot[s, SL_READY]
+        if ready > cycle:
+            if ready < wake:
+                wake = ready
+            continue
+        wake = cycle
+        o = vc[iv, VC_OUTPORT]
+        if o < 0:
+            o = _allocate_vc(vc, port, next_port, P, V, ncls, r, p, v, iv, pkt[slot[s, SL_PKT], PK_DST])
+            if o < 0:
+                continue
+        if req != 0:
+            continue  # request already chosen; kept scanning only for VC allocation
+        if o != PORT_LOCAL and not _has_credit(vc, slot, B, (r * P + o) * V + vc[iv, VC_OUTVC], cycle):
+            continue
+        req = 1 | (o << 1) | (v << 4)
+    return req, wake
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _grant_output(port, reqs, P, op, o):
+    """Output stage: the first input port (round-robin from the output's pointer) that
+    requests output ``o``; advances the pointer past it. Returns the input port."""
+    start = port[op, PT_OUT_RR]
+    for j in range(P):
+        p = start + j
+        if p >= P:
+            p -= P
+        e = (reqs >> (REQ_BITS * p)) & 1023
+        if (e & 1) and ((e >> 1) & 7) == o:
+            port[op, PT_OUT_RR] = p + 1 if p + 1 < P else 0
+            return p
+    return -1
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _pop_flit(vc, port, node, B, r, ip, v, iv):
+    """Remove the front flit of input VC ``iv``; returns its slot index."""
+    h = vc[iv, VC_HEAD]
+    vc[iv, VC_HEAD] = h + 1 if h + 1 < B else 0
+    cnt = vc[iv, VC_COUNT] - 1
+    vc[iv, VC_COUNT] = cnt
+    if cnt == 0:
+        port[ip, PT_MASK] &= ~(np.int64(1) << v)
+    node[r, ND_FLITS] -= 1
+    return iv * B + h
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _return_credit(vc, slot, port, B, V, ip, v, cycle):
+    """Send a credit for VC ``v`` of input port ``ip`` back to the upstream output VC;
+    it becomes usable there after the link latency."""
+    ov = port[ip, PT_UP_OUT] * V + v
+    pos = vc[ov, OV_CQ_HEAD] + vc[ov, OV_CQ_CNT]
+    if pos >= B:
+        pos -= B
+    slot[ov * B + pos, SL_CQ_TIME] = cycle + port[ip, PT_UP_LAT]
+    vc[ov, OV_CQ_CNT] += 1
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _forward(vc, slot, port, node, pkt, P, V, B, S, op, iv, k, seq, tail, cycle):
+    """Put a flit on output link ``op``: it is written into the downstream input VC now
+    (the credit reserved its slot) and is ready there after link latency + pipeline."""
+    dv = vc[iv, VC_OUTVC]
+    ov = op * V + dv
+    dip = port[op, PT_DOWN_IN]
+    _push_flit(vc, slot, port, node, B, dip // P, dip, dv, dip * V + dv, k, seq, cycle + port[op, PT_LAT] + S)
+    vc[ov, OV_CREDITS] -= 1
+    port[op, PT_FLITS] += 1
+    if seq == 0:
+        pkt[k, PK_HOPS] += 1
+    if tail:
+        vc[ov, OV_BUSY] = 0  # the next packet may claim this VC (wait_for_tail_credit = 0)
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _eject(cfg, ctr, pkt, free, done, r, k, seq, tail, cycle):
+    """Eject a flit at router ``r``; on the tail, account the packet and free its row.
+    Flits out of order, duplicated or at the wrong router count as errors."""
+    if seq != pkt[k, PK_EJECTED] or pkt[k, PK_DST] != r:
+        ctr[K_ERRORS] += 1
+    pkt[k, PK_EJECTED] += 1
+    ctr[K_FLITS_EJ] += 1
+    if not tail:
+        return
+    ctr[K_PKTS_DONE] += 1
+    if pkt[k, PK_MEASURE]:
+        lat = cycle - pkt[k, PK_CREATE]
+        ctr[K_MEAS_DONE] += 1
+        ctr[K_SUM_PKT_LAT] += lat
+        ctr[K_SUM_NET_LAT] += cycle - pkt[k, PK_INJECT]
+        ctr[K_SUM_HOPS] += pkt[k, PK_HOPS]
+        if lat > ctr[K_MAX_PKT_LAT]:
+            ctr[K_MAX_PKT_LAT] = lat
+    if cfg[C_RECORD_DONE]:
+        n = ctr[K_DONE_CNT]
+        if n < cfg[C_DONE_CAP]:
+            done[n, 0] = pkt[k, PK_TAG]
+            done[n, 1] = cycle
+            ctr[K_DONE_CNT] = n + 1
+        else:
+            ctr[K_DONE_OVERFLOW] += 1
+    pkt[k, PK_SRC] = -1
+    top = ctr[K_FREE_TOP]
+    free[top] = k
+    ctr[K_FREE_TOP] = top + 1
+
+
+@numba.njit(cache=True, _nrt=False)
+def _routers_phase(st, cycle):
+    """Allocation and traversal in every router holding flits (order-independent)."""
+    cfg, ctr, vc, slot, port, node, pkt = st.cfg, st.ctr, st.vc, st.slot, st.port, st.node, st.pkt
+    R, P, V, B, S, ncls = cfg[C_R], cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_S], cfg[C_NCLS]
+    for r in range(R):
+        if node[r, ND_WAKE] > cycle:  # no front flit is ready: nothing can happen here
+            continue
+        rot = node[r, ND_ROT]  # rotate which input port gets VC allocation first
+        node[r, ND_ROT] = rot + 1 if rot + 1 < P else 0
+        reqs, outs, wake = 0, 0, NEVER
+        for j in range(P):
+            p = rot + j
+            if p >= P:
+                p -= P
+            if port[r * P + p, PT_MASK] == 0:
+                continue
+            req, port_wake = _input_request(vc, slot, port, pkt, st.next_port, P, V, B, ncls, r, p, cycle)
+            wake = min(wake, port_wake)
+            if req:
+                reqs |= req << (REQ_BITS * p)
+                outs |= 1 << ((req >> 1) & 7)
+        # a ready flit that stays (blocked, or behind the one that leaves) retries next cycle;
+        # flits arriving later lower ND_WAKE in _push_flit
+        node[r, ND_WAKE] = cycle + 1 if wake <= cycle else wake
+        for o in range(P):
+            if (outs >> o) & 1 == 0:
+                continue
+            p = _grant_output(port, reqs, P, r * P + o, o)
+            v = (reqs >> (REQ_BITS * p + 4)) & 63
+            ip = r * P + p
+            iv = ip * V + v
+            port[ip, PT_IN_RR] = v + 1 if v + 1 < V else 0
+            s = _pop_flit(vc, port, node, B, r, ip, v, iv)
+            k, seq = slot[s, SL_PKT], slot[s, SL_SEQ]
+            if p != PORT_LOCAL:
+                _return_credit(vc, slot, port, B, V, ip, v, cycle)
+            tail = seq == pkt[k, PK_NFLITS] - 1
+            if o == PORT_LOCAL:
+                _eject(cfg, ctr, pkt, st.free, st.done, r, k, seq, tail, cycle)
+            else:
+                _forward(vc, slot, port, node, pkt, P, V, B, S, r * P + o, iv, k, seq, tail, cycle)
+            if tail:
+                vc[iv, VC_OUTPORT] = -1
+                vc[iv, VC_OUTVC] = -1
+            ctr[K_LAST_PROGRESS] = cycle
+
+
+# =====================================================================================
+# Public kernels
+# =====================================================================================
+
+@numba.njit(cache=True, _nrt=False)
+def step(st, cycle):
+    """Advance the network by exactly one cycle (call with cycle = previous + 1)."""
+    _inject_phase(st, cycle)
+    _routers_phase(st, cycle)
+    st.ctr[K_LAST_CYCLE] = cycle
+
+
+@numba.njit(cache=True, _nrt=False)
+def send_packet(st, src, dst, nflits, cycle, tag):
+    """Enqueue a packet of ``nflits`` flits at NI ``src`` for ``dst`` created in ``cycle``;
+    returns its packet row or -1 if the source queue (or packet table) is full."""
+    return enqueue_packet(st.cfg, st.ctr, st.node, st.sq, st.pkt, st.free, src, dst, nflits, cycle, tag, 0)
+
+
+@numba.njit(cache=True, _nrt=False)
+def flits_in_network(st):
+    """Flits in input buffers (including flits still crossing a link)."""
+    return st.ctr[K_FLITS_INJ] - st.ctr[K_FLITS_EJ]
+
+
+@numba.njit(cache=True, _nrt=False)
+def network_idle(st):
+    """True when no packet is queued, being injected or in the network."""
+    return st.ctr[K_PKTS_CREATED] == st.ctr[K_PKTS_DONE]
+
+
+@numba.njit(cache=True, _nrt=False)
+def run_cycles(st, first_cycle, ncycles, stop_when_idle):
+    """Step cycles ``first_cycle .. first_cycle + ncycles - 1`` and return the next cycle;
+    with ``stop_when_idle``, return as soon as the network is idle."""
+    cycle = first_cycle
+    end = first_cycle + ncycles
+    while cycle < end:
+        if stop_when_idle and st.ctr[K_PKTS_CREATED] == st.ctr[K_PKTS_DONE]:
+            break
+        step(st, cycle)
+        cycle += 1
+    return cycle
+
+
+# =====================================================================================
+# Synthetic traffic
+# =====================================================================================
+
+DEST_UNIFORM, DEST_TABLE, DEST_HOTSPOT = 0, 1, 2  # same values as traffic.DEST_*
+# indices of run_synthetic's ``out`` array
+(O_CYCLES, O_WIN_FLITS_CREATED, O_WIN_FLITS_EJ, O_WIN_BACKLOG_START, O_WIN_BACKLOG_END, O_DRAINED,
+ O_REFUSED, O_DEADLOCK, O_MAX_QUEUE) = range(9)
+NOUT = 9
+
+
+@numba.njit(cache=True, _nrt=False)
+def _pick_dest(r, n, kind, cand_ptr, cand_idx, hot_nodes, hot_frac):
+    """Destination of a new packet from ``r`` (see traffic.TrafficPattern)."""
+    if kind == DEST_TABLE:
+        lo = cand_ptr[r]
+        cnt = cand_ptr[r + 1] - lo
+        if cnt == 1:
+            return cand_idx[lo]
+        return cand_idx[lo + np.random.randint(0, cnt)]
+    if kind == DEST_HOTSPOT and np.random.random() < hot_frac:
+        return hot_nodes[np.random.randint(0, hot_nodes.size)]
+    return np.random.randint(0, n)
+
+
+@numba.njit(cache=True, _nrt=False)
+def _generate(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, nflits, cycle, measured):
+    """Bernoulli packet creation at every node; returns (refused, longest source queue).
+    A node whose source queue is full does not create packets (counted as refused)."""
+    cfg, ctr, node, sq, pkt, free = st.cfg, st.ctr, st.node, st.sq, st.pkt, st.free
+    n = cfg[C_R]
+    refused = 0
+    longest = 0
+    for r in range(n):
+        if np.random.random() < pkt_prob:
+            d = _pick_dest(r, n, kind, cand_ptr, cand_idx, hot_nodes, hot_frac)
+            if enqueue_packet(cfg, ctr, node, sq, pkt, free, r, d, nflits, cycle, -1, measured) < 0:
+                refused += 1
+        if node[r, ND_SQ_CNT] > longest:
+            longest = node[r, ND_SQ_CNT]
+    return refused, longest
+
+
+@numba.njit(cache=True, _nrt=False)
+def run_synthetic(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, nflits,
+                  warmup, measure, drain_max, deadlock_cycles, seed, link_window, out):
+    """Warm-up, measurement and drain of a synthetic-traffic run on a fresh state.
+
+    Each cycle every node creates a packet of ``nflits`` flits with probability
+    ``pkt_prob`` for a destination from :func:`_pick_dest`; packets created in
+    ``[warmup, warmup + measure)`` are measured. Traffic continues after the window
+    until all measured packets have arrived (``out[O_DRAINED] = 1``) or ``drain_max``
+    cycles pass. Stops early if no flit moves for ``deadlock_cycles`` cycles while flits
+    are in the network. Flits per output port in the window go to ``link_window``
+    (indexed ``r * P + p``), summary counts to ``out`` (``O_*``).
+    """
+    np.random.seed(seed)
+    ctr, port = st.ctr, st.port
+    start_meas, end_meas = warmup, warmup + measure
+    cycle = 0
+    while True:
+        if cycle == start_meas:
+            for i in range(link_window.size):
+                link_window[i] = -port[i, PT_FLITS]
+            out[O_WIN_FLITS_CREATED] = -ctr[K_FLITS_CREATED]
+            out[O_WIN_FLITS_EJ] = -ctr[K_FLITS_EJ]
+            out[O_WIN_BACKLOG_START] = ctr[K_FLITS_CREATED] - ctr[K_FLITS_EJ]
+        if cycle == end_meas:
+            for i in range(link_window.size):
+                link_window[i] += port[i, PT_FLITS]
+            out[O_WIN_FLITS_CREATED] += ctr[K_FLITS_CREATED]
+            out[O_WIN_FLITS_EJ] += ctr[K_FLITS_EJ]
+            out[O_WIN_BACKLOG_END] = ctr[K_FLITS_CREATED] - ctr[K_FLITS_EJ]
+        if cycle >= end_meas and ctr[K_MEAS_DONE] == ctr[K_MEAS_CREATED]:
+            out[O_DRAINED] = 1
+            break
+        if cycle >= end_meas + drain_max:
+            break
+        measured = 1 if start_meas <= cycle < end_meas else 0
+        refused, longest = _generate(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, nflits,
+                                     cycle, measured)
+        out[O_REFUSED] += refused
+        if longest > out[O_MAX_QUEUE]:
+            out[O_MAX_QUEUE] = longest
+        step(st, cycle)
+        cycle += 1
+        if cycle - ctr[K_LAST_PROGRESS] > deadlock_cycles and ctr[K_FLITS_INJ] > ctr[K_FLITS_EJ]:
+            out[O_DEADLOCK] = 1
+            break
+    out[O_CYCLES] = cycle
+    return cycle

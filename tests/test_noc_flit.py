@@ -1,0 +1,274 @@
+"""Flit-level NoC: topology and routing helpers, exact zero-load latency, conservation,
+deadlock freedom, throughput bounds, determinism and the ``npusim noc`` command."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from npusim.cli import main
+from npusim.errors import ConfigError
+from npusim.hw.noc import (
+    PORT_E,
+    PORT_N,
+    PORT_S,
+    NocParams,
+    SyntheticTraffic,
+    build_routing,
+    hops,
+    make_pattern,
+    mesh,
+    ring,
+    route,
+    simulate,
+    to_arrays,
+    torus,
+)
+from npusim.hw.noc import flit
+from npusim.hw.noc.flit import (
+    conservation,
+    make_state,
+    network_idle,
+    pop_completed,
+    run_cycles,
+    send,
+    simulate_flit,
+    zero_load_latency_cycles,
+)
+
+
+def _net(w, h, kind="mesh", routing="xy", latency=1):
+    build = {"mesh": mesh, "torus": torus}
+    graph = ring(w, latency_cycles=latency) if kind == "ring" else build[kind](w, h, latency_cycles=latency)
+    topo = to_arrays(graph)
+    return topo, build_routing(topo, routing)
+
+
+def _quick(**kw) -> SyntheticTraffic:
+    base = dict(warmup_cycles=100, measure_cycles=600, drain_cycles_max=3000)
+    base.update(kw)
+    return SyntheticTraffic(**base)
+
+
+# ---- topology and routing -----------------------------------------------------------
+
+def test_mesh_links_and_ids():
+    topo, _ = _net(4, 3)
+    assert topo.num_routers == 12 and topo.num_links == 2 * (2 * 4 * 3 - 4 - 3)
+    r = 1 * 4 + 2  # (x=2, y=1)
+    assert (topo.x[r], topo.y[r]) == (2, 1)
+    assert topo.nbr_router[r, PORT_E] == r + 1 and topo.nbr_router[r, PORT_N] == r - 4
+    assert not topo.has_dateline
+
+
+def test_torus_and_ring_have_dateline_links():
+    topo, _ = _net(4, 4, "torus")
+    assert topo.num_links == 4 * 16 and topo.link_dateline.sum() == 16  # one wrap link per row/column and direction
+    topo, rt = _net(6, 1, "ring")
+    assert topo.num_links == 12 and topo.link_dateline.sum() == 2
+    assert hops(0, 5, rt) == 1 and hops(0, 3, rt) == 3  # shorter way round
+
+
+def test_xy_and_yx_routes():
+    topo, xy = _net(4, 4)
+    _, yx = _net(4, 4, routing="yx")
+    src, dst = 0, 2 * 4 + 3  # (0,0) -> (3,2)
+    path = route(src, dst, xy)
+    assert [int(topo.link_src_port[k]) for k in path] == [PORT_E] * 3 + [PORT_S] * 2
+    assert [int(topo.link_src_port[k]) for k in route(src, dst, yx)] == [PORT_S] * 2 + [PORT_E] * 3
+    here = src
+    for k in path:  # the links chain from src to dst
+        assert topo.link_src[k] == here
+        here = topo.link_dst[k]
+    assert here == dst and route(5, 5, xy) == []
+    manhattan = np.abs(topo.x[:, None] - topo.x[None, :]) + np.abs(topo.y[:, None] - topo.y[None, :])
+    assert np.array_equal(xy.hop_matrix(), manhattan)
+
+
+def test_destination_patterns():
+    topo, _ = _net(4, 4)
+    for name in ("uniform", "transpose", "bitcomp", "hotspot", "neighbor"):
+        prob = make_pattern(name, topo).destination_probabilities()
+        assert np.allclose(prob.sum(axis=1), 1.0)
+    assert make_pattern("transpose", topo).cand_idx[1] == 4  # (1,0) -> (0,1)
+    assert make_pattern("bitcomp", topo).cand_idx[0] == 15
+    with pytest.raises(ConfigError, match="square"):
+        make_pattern("transpose", to_arrays(mesh(4, 2)))
+
+
+# ---- exact zero-load latency --------------------------------------------------------
+
+ZERO_LOAD_CASES = [
+    # w, h, src, dst, flits, stages, link latency, buffer
+    (4, 4, 0, 15, 1, 4, 1, 8),
+    (4, 4, 0, 15, 4, 4, 1, 8),
+    (8, 8, 3, 60, 16, 2, 3, 8),   # F > B but B >= S + 2L: no stall
+    (8, 8, 9, 9, 3, 1, 1, 4),     # to itself: through the router only
+    (8, 1, 0, 7, 5, 3, 2, 8),
+    (3, 5, 14, 0, 2, 1, 1, 2),
+    (6, 6, 35, 0, 8, 6, 4, 8),
+]
+
+
+@pytest.mark.parametrize("w,h,src,dst,F,S,L,B", ZERO_LOAD_CASES)
+def test_zero_load_latency_is_exact(w, h, src, dst, F, S, L, B):
+    topo, rt = _net(w, h, latency=L)
+    state = make_state(topo, rt, 2, B, S, done_capacity=4)
+    send(state, src, dst, F, 7, tag=42)
+    run_cycles(state, 7, 10_000, True)
+    tags, times = pop_completed(state)
+    H = rt.hops(src, dst)
+    assert tags.tolist() == [42]
+    assert times[0] - 7 == zero_load_latency_cycles(H, F, S, L) == (H + 1) * S + H * L + F - 1
+    assert conservation(state)["ok"] and network_idle(state)
+
+
+def test_credit_stall_only_adds_latency():
+    """With F > B and B < S + 2L the credit loop throttles the packet: slower, never faster."""
+    topo, rt = _net(8, 1, latency=2)
+    state = make_state(topo, rt, 1, 4, 3, done_capacity=4)
+    send(state, 0, 7, 5, 0, tag=1)
+    run_cycles(state, 0, 1000, True)
+    assert pop_completed(state)[1][0] > zero_load_latency_cycles(7, 5, 3, 2)
+
+
+def test_low_load_average_matches_zero_load():
+    res = simulate_flit(NocParams(6, 6), _quick(rate=0.01, packet_flits=2, measure_cycles=3000))
+    assert not res.saturated
+    floor = zero_load_latency_cycles(res.avg_hops, 2, 4, 1)  # linear in H: the mean of the formula
+    assert floor - 1e-9 <= res.avg_packet_latency_cycles < 1.03 * floor
+    assert res.zero_load_latency_cycles == pytest.approx(floor, rel=0.05)
+
+
+def test_engine_api_many_packets():
+    topo, rt = _net(3, 3)
+    state = make_state(topo, rt, 2, 4, 2, done_capacity=64)
+    for tag in range(20):
+        send(state, tag % 9, (tag * 5) % 9, 1 + tag % 3, 0, tag)
+    cycle = run_cycles(state, 0, 5000, True)
+    tags, times = pop_completed(state)
+    assert sorted(tags.tolist()) == list(range(20)) and times.max() < cycle
+    assert pop_completed(state)[0].size == 0
+    with pytest.raises(ConfigError):
+        send(state, 0, 99, 1, cycle, 0)
+
+
+# ---- conservation, deadlock freedom, throughput bounds --------------------------------
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    w=st.integers(1, 4), h=st.integers(1, 4), rate=st.floats(0.05, 1.0), flits=st.integers(1, 4),
+    vcs=st.integers(1, 3), buf=st.integers(1, 4), stages=st.integers(1, 3), seed=st.integers(0, 10_000),
+)
+def test_flits_are_conserved(w, h, rate, flits, vcs, buf, stages, seed):
+    params = NocParams(w, h, vcs=vcs, buffer_flits=buf, router_stages=stages)
+    traffic = SyntheticTraffic(rate=rate, packet_flits=flits, warmup_cycles=20, measure_cycles=150,
+                               drain_cycles_max=300, seed=seed, source_queue_packets=16)
+    topo = to_arrays(params.build_graph())
+    state = make_state(topo, build_routing(topo), vcs, buf, stages, traffic.source_queue_packets)
+    flit.run_traffic(state, make_pattern("uniform", topo), traffic)
+    assert conservation(state)["ok"]
+    run_cycles(state, int(state.ctr[flit.fk.K_LAST_CYCLE]) + 1, 100_000, True)  # stop injecting, drain
+    report = conservation(state)
+    assert network_idle(state) and report["ok"]
+    assert report["flits_created"] == report["flits_injected"] == report["flits_ejected"]
+
+
+@pytest.mark.parametrize("kind,routing,vcs", [("mesh", "xy", 1), ("mesh", "yx", 2), ("torus", "xy", 2),
+                                              ("ring", "xy", 2)])
+def test_no_deadlock_when_flooded(kind, routing, vcs):
+    """Every node floods the network far beyond saturation; once injection stops all drains."""
+    topo, rt = _net(6, 5, kind, routing)
+    state = make_state(topo, rt, vcs, 2, 2, source_queue_packets=64)
+    rng = np.random.default_rng(3)
+    n = topo.num_routers
+    for src in range(n):
+        for dst in rng.integers(0, n, 40):
+            send(state, src, int(dst), int(rng.integers(1, 6)), 0, 0)
+    run_cycles(state, 0, 200_000, True)
+    assert network_idle(state) and conservation(state)["ok"]
+
+
+def test_accepted_throughput_bounded_by_offered_load_and_links():
+    for rate in (0.1, 0.3, 0.6, 1.0):
+        res = simulate_flit(NocParams(4, 4), _quick(rate=rate, packet_flits=2, seed=5))
+        window_flits = res.generated_flits_per_node_cycle * 16 * 600
+        assert res.accepted_flits_per_node_cycle <= res.generated_flits_per_node_cycle + 3 * np.sqrt(window_flits) / (16 * 600) + 0.01
+        assert res.link_utilization.max() <= 1.0
+        if not res.saturated:
+            assert res.accepted_flits_per_node_cycle == pytest.approx(rate, rel=0.1)
+
+
+def test_saturation_is_flagged():
+    assert not simulate_flit(NocParams(4, 4), _quick(rate=0.1)).saturated
+    hot = simulate_flit(NocParams(4, 4), _quick(pattern="hotspot", rate=0.8, hotspot_fraction=1.0))
+    assert hot.saturated and hot.accepted_flits_per_node_cycle <= 1.0 / 16 + 0.01  # one ejection port
+
+
+def test_deterministic():
+    params, traffic = NocParams(4, 4), _quick(rate=0.3, packet_flits=3, seed=11)
+
+    def run(t):
+        d = simulate("flit", params, t).to_dict()
+        d.pop("wall_seconds")
+        d.pop("router_cycles_per_second")
+        return d
+
+    first = run(traffic)
+    assert run(traffic) == first
+    assert run(_quick(rate=0.3, packet_flits=3, seed=12)) != first
+
+
+def test_bad_parameters():
+    with pytest.raises(ConfigError, match="rate"):
+        SyntheticTraffic(rate=0.0)
+    with pytest.raises(ConfigError, match="2 virtual channels"):
+        simulate_flit(NocParams(4, 4, topology="torus", vcs=1), _quick())
+    with pytest.raises(ConfigError):
+        NocParams(4, 4, vcs=65)
+    with pytest.raises(ConfigError, match="not implemented"):
+        simulate("path", NocParams(), _quick())
+
+
+# ---- the npusim noc command -----------------------------------------------------------
+
+def test_cli_json_contract(capsys):
+    code = main(["noc", "--mesh", "4x4", "--traffic", "uniform", "--rate", "0.2", "--packet-flits", "4",
+                 "--cycles", "800", "--warmup", "100", "--seed", "3", "--vcs", "2", "--buffer-flits", "4",
+                 "--router-stages", "2", "--link-latency-cycles", "1", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0
+    for key in ("avg_packet_latency_cycles", "avg_network_latency_cycles", "offered_flits_per_node_cycle",
+                "accepted_flits_per_node_cycle", "avg_hops", "saturated"):
+        assert key in d
+    assert d["offered_flits_per_node_cycle"] == 0.2 and d["saturated"] is False
+    assert d["params"]["router_stages"] == 2 and len(d["link_utilization"]) == 48
+
+
+def test_cli_text_sweep_and_arch(capsys):
+    assert main(["noc", "--mesh", "3x3", "--rate", "0.1", "--cycles", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "accepted throughput" in out and "hottest links" in out
+    assert main(["noc", "--arch", "npusim-64c", "--mesh", "3x3", "--cycles", "300", "--sweep",
+                 "--sweep-step", "0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "max accepted throughput" in out and "yes" in out  # reached saturation
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mesh", "8y8"], "--mesh"),
+    (["--rate", "0"], "--rate"),
+    (["--rate", "1.5"], "--rate"),
+    (["--rate", "fast"], "--rate"),
+    (["--traffic", "zigzag"], "--traffic"),
+    (["--fidelity", "path"], "not implemented"),
+    (["--fidelity", "analytical"], "not implemented"),
+    (["--vcs", "0"], "--vcs"),
+    (["--packet-flits", "x"], "--packet-flits"),
+])
+def test_cli_bad_arguments(capsys, argv, message):
+    assert main(["noc", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
