@@ -95,20 +95,27 @@ def mark_started(tt, task, now):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def release_queue(tt, task, now):
+    """``task`` stops occupying its queue at ``now`` (it may still be running)."""
+    q = tt.queue[task]
+    if q < 0 or tt.q_running[q] != task:
+        return
+    tt.q_busy[q] += now - tt.start[task]
+    tt.q_running[q] = -1
+    head = tt.q_head[q]
+    if head >= 0 and _can_start(tt, head):
+        _push_ready(tt, head)
+    if tt.q_tail[q] == task:
+        tt.q_tail[q] = -1
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def mark_finished(tt, task, now):
-    """Finish ``task`` at ``now``: free its queue, release successors into ``ready``."""
+    """Finish ``task`` at ``now``: free its queue (if still held), release successors."""
+    release_queue(tt, task, now)
     tt.state[task] = DONE
     tt.end[task] = now
     tt.sc[SC_NDONE] += 1
-    q = tt.queue[task]
-    if q >= 0:
-        tt.q_busy[q] += now - tt.start[task]
-        tt.q_running[q] = -1
-        head = tt.q_head[q]
-        if head >= 0 and _can_start(tt, head):
-            _push_ready(tt, head)
-        if tt.q_tail[q] == task:
-            tt.q_tail[q] = -1
     e = tt.succ_head[task]
     while e >= 0:
         succ = tt.e_dst[e]

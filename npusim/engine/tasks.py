@@ -3,7 +3,9 @@
 A *task* is a unit of work bound to one *resource queue* (a core's cube, vector,
 DMA or NoC pipe; ``-1`` = no queue, e.g. a barrier). Queues are in-order: a task
 starts when all its dependencies are done **and** every earlier task of its queue
-has finished, like an NPU's instruction pipes. What a task does, and how long it
+has finished — or has freed the queue early (``EV_QUEUE_FREE``: a NoC message frees
+its source once its tail is injected, though it completes only at the destination) —
+like an NPU's instruction pipes. What a task does, and how long it
 takes, is decided by the model its ``kind`` selects (see ``npusim.sim``); the
 engine only knows kinds as integers, except :data:`KIND_FIXED` whose duration is
 ``param[0]`` cycles.
@@ -27,6 +29,10 @@ import numpy as np
 
 NPARAM = 6
 KIND_FIXED = 0
+
+# engine-level event types (hardware models use 10 and up)
+EV_TASK_END = 1  # id = task: the task completes
+EV_QUEUE_FREE = 2  # id = task: the task lets its queue start the next task before it completes
 
 PENDING, RUNNING, DONE = 0, 1, 2
 

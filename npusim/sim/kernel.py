@@ -13,25 +13,22 @@ Task kinds and their parameters (``param[:, i]``):
   from the compute model when the task is built).
 * ``KIND_DMA`` (1): an HBM transfer timed by :mod:`npusim.hw.memory.hbm`:
   ``bytes, address, is_write, initiator, pattern, stride``.
-* ``KIND_NOC`` (2): a message over the NoC, timed by the path-level model
-  (:mod:`npusim.hw.noc.path`): ``src_router, dst_router, bytes``. (The analytical NoC
-  fidelity builds ``KIND_FIXED`` tasks instead.)
+* ``KIND_NOC`` (2): a message over the NoC, timed by :mod:`npusim.hw.noc.path`
+  (path-level or analytical): ``src_router, dst_router, bytes``.
 """
 
 from __future__ import annotations
 
 from numba import njit
 
-from npusim.engine.core import mark_finished, mark_started, pop_ready
+from npusim.engine.core import mark_finished, mark_started, pop_ready, release_queue
 from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
-from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOW
+from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVENTS, SC_NOW
 from npusim.hw.memory.hbm import EV_MEM_END_REQ, EV_MEM_ISSUE, hbm_handle, hbm_start_dma
 from npusim.hw.noc.path import path_handle, path_start
 
 KIND_DMA = 1
 KIND_NOC = 2
-
-EV_TASK_END = 1
 
 STATUS_IDLE, STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_GROW, STATUS_EVENT_LIMIT = 0, 1, 2, 3, 4
 
@@ -88,12 +85,12 @@ def run_loop(tt, heap, hs, mem, noc, period_ps, until, watch, max_events):
         finished = -1
         if etype == EV_TASK_END:
             finished = eid
+        elif etype == EV_QUEUE_FREE:
+            release_queue(tt, eid, now)
         elif etype <= EV_MEM_ISSUE and etype >= EV_MEM_END_REQ:
             finished = hbm_handle(mem, heap, hs, etype, eid, now, period_ps)
         else:
-            task, end = path_handle(noc, heap, hs, etype, eid, now)
-            if end >= 0:
-                heap_push(heap, hs, end, EV_TASK_END, task)
+            path_handle(noc, heap, hs, etype, eid, now)
         if finished >= 0:
             mark_finished(tt, finished, now)
             if finished == watch:

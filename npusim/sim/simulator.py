@@ -74,7 +74,7 @@ class Simulator:
                                        noc.link_latency_cycles))
         self.routing = build_routing(self.topology, noc.routing)
         self.noc = new_path_state(self.topology, self.routing, noc.router_pipeline_cycles, noc.link_latency_cycles,
-                                  noc.link_bytes_per_cycle, len(names))
+                                  noc.link_bytes_per_cycle, len(names), noc_mode)
 
     # -- addressing -----------------------------------------------------------------
     def queue(self, core: int, unit: str) -> int:
@@ -114,8 +114,6 @@ class Simulator:
             raise ConfigError(f"message size must be >= 0 bytes, got {nbytes}")
         q = self.queue(src_core, "noc")
         self.queue(dst_core, "noc")  # range check
-        if self.noc_mode == "analytical":
-            return self.engine.submit(KIND_FIXED, q, (self.noc_zero_load_cycles(src_core, dst_core, nbytes),), deps, name)
         return self.engine.submit(KIND_NOC, q, (src_core, dst_core, int(nbytes)), deps, name)
 
     def noc_zero_load_cycles(self, src: int, dst: int, nbytes: int) -> int:
