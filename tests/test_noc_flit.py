@@ -22,10 +22,10 @@ from npusim.hw.noc import (
     mesh,
     ring,
     route,
-    simulate,
     to_arrays,
     torus,
 )
+from npusim.sim.noc_synthetic import simulate
 from npusim.hw.noc import flit
 from npusim.hw.noc.flit import (
     conservation,
@@ -228,8 +228,8 @@ def test_bad_parameters():
         simulate_flit(NocParams(4, 4, topology="torus", vcs=1), _quick())
     with pytest.raises(ConfigError):
         NocParams(4, 4, vcs=65)
-    with pytest.raises(ConfigError, match="not implemented"):
-        simulate("path", NocParams(), _quick())
+    with pytest.raises(ConfigError, match="unknown NoC fidelity"):
+        simulate("wormhole", NocParams(), _quick())
 
 
 # ---- the npusim noc command -----------------------------------------------------------
@@ -263,8 +263,7 @@ def test_cli_text_sweep_and_arch(capsys):
     (["--rate", "1.5"], "--rate"),
     (["--rate", "fast"], "--rate"),
     (["--traffic", "zigzag"], "--traffic"),
-    (["--fidelity", "path"], "not implemented"),
-    (["--fidelity", "analytical"], "not implemented"),
+    (["--fidelity", "wormhole"], "unknown NoC fidelity"),
     (["--vcs", "0"], "--vcs"),
     (["--packet-flits", "x"], "--packet-flits"),
 ])

@@ -49,7 +49,7 @@ def run(args) -> int:
     sram = arch.cores.sram
     traffic = cost.sram_read_bytes + cost.sram_write_bytes
     sram_cycles = sram_access_cost(sram, count=max(1, -(-traffic // 64)), access_bytes=64).cycles if traffic else 0
-    tflops = 2 * cost.macs * cost.batch / (cost.cycles / arch.clock_ghz) / 1e3 if cost.cycles else 0.0
+    tflops = 2 * cost.macs / (cost.cycles / arch.clock_ghz) / 1e3 if cost.cycles else 0.0  # macs include batch
     out = {
         "m": args.m, "k": args.k, "n": args.n, "batch": cost.batch, "dtype": args.dtype,
         "array": f"{rows}x{cols}", "k_per_pe": k_per_pe, "dataflow": dataflow,

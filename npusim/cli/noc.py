@@ -18,7 +18,8 @@ import json
 import math
 
 from npusim.errors import ConfigError
-from npusim.hw.noc import FIDELITIES, PATTERNS, NocParams, NocResult, SyntheticTraffic, simulator
+from npusim.hw.noc import PATTERNS, NocParams, NocResult, SyntheticTraffic
+from npusim.sim.noc_synthetic import FIDELITIES, simulator
 from npusim.hw.noc.topology import parse_mesh
 from npusim.hw.noc.traffic import TOPOLOGIES, canonical_pattern
 

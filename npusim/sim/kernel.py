@@ -4,8 +4,8 @@ One ``@njit`` function, :func:`run_loop`, advances time: it starts every task th
 may start (dispatching on the task's kind to the model that times it) and pops
 events in (time, sequence) order, routing each to its model. It returns to Python
 when the clock would pass ``until``, when the watched task completes, after
-``max_events`` events (so Python can update a progress bar), when the heap needs
-to grow, or when nothing is left to do.
+``max_events`` events (so Python can update a progress bar), when the heap or the
+NoC's message slots need to grow, or when nothing is left to do.
 
 Task kinds and their parameters (``param[:, i]``):
 
@@ -25,15 +25,16 @@ from npusim.engine.core import mark_finished, mark_started, pop_ready, release_q
 from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVENTS, SC_NOW
 from npusim.hw.memory.hbm import EV_MEM_END_REQ, EV_MEM_ISSUE, hbm_handle, hbm_start_dma
-from npusim.hw.noc.path import path_handle, path_start
+from npusim.hw.noc.path import path_handle, path_start, slots_free
 
 KIND_DMA = 1
 KIND_NOC = 2
 
-STATUS_IDLE, STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_GROW, STATUS_EVENT_LIMIT = 0, 1, 2, 3, 4
+STATUS_IDLE, STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_GROW, STATUS_EVENT_LIMIT, STATUS_GROW_NOC = 0, 1, 2, 3, 4, 5
 
-# most events one task start or one event handler can push (heap headroom)
-HEADROOM = 8
+# events one task start or one event handler can push, besides one per hop of a NoC
+# path (the caller adds the topology's diameter): the heap keeps this much room
+BASE_HEADROOM = 8
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -49,21 +50,24 @@ def _start(tt, heap, hs, mem, noc, task, now, period_ps):
             heap_push(heap, hs, done, EV_TASK_END, task)
     elif kind == KIND_NOC:
         prm = tt.param[task]
-        path_start(noc, heap, hs, tt.queue[task], task, prm[0], prm[1], prm[2], now)
+        path_start(noc, heap, hs, task, prm[0], prm[1], prm[2], now)
     else:
         # unknown kinds are rejected at submission; finish at once to stay safe
         heap_push(heap, hs, now, EV_TASK_END, task)
 
 
 @njit(cache=True, _nrt=False)
-def run_loop(tt, heap, hs, mem, noc, period_ps, until, watch, max_events):
-    """Advance the simulation; returns a ``STATUS_*`` code (see module docstring)."""
+def run_loop(tt, heap, hs, mem, noc, period_ps, until, watch, max_events, headroom):
+    """Advance the simulation; returns a ``STATUS_*`` code (see module docstring).
+    ``headroom``: free heap rows needed before any handler runs (see ``BASE_HEADROOM``)."""
     events = 0
     while True:
         # start everything that may start now
         while True:
-            if heap_room(heap, hs) < HEADROOM:
+            if heap_room(heap, hs) < headroom:
                 return STATUS_GROW
+            if slots_free(noc) == 0:
+                return STATUS_GROW_NOC
             task = pop_ready(tt)
             if task < 0:
                 break
@@ -75,7 +79,7 @@ def run_loop(tt, heap, hs, mem, noc, period_ps, until, watch, max_events):
             return STATUS_TIME_LIMIT
         if events >= max_events:
             return STATUS_EVENT_LIMIT
-        if heap_room(heap, hs) < HEADROOM:
+        if heap_room(heap, hs) < headroom:
             return STATUS_GROW
         time, etype, eid = heap_pop(heap, hs)
         now = max(time, tt.sc[SC_NOW])

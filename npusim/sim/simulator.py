@@ -25,14 +25,16 @@ from npusim.errors import ConfigError, DeadlockError
 from npusim.hw.memory.hbm import C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, new_hbm_state
 from npusim.hw.memory.params import memory_params
 from npusim.hw.noc.flit import zero_load_latency_cycles
-from npusim.hw.noc.path import new_path_state
+from npusim.hw.noc.path import grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh, to_arrays
 from npusim.sim.kernel import (
+    BASE_HEADROOM,
     KIND_DMA,
     KIND_NOC,
     STATUS_EVENT_LIMIT,
     STATUS_GROW,
+    STATUS_GROW_NOC,
     STATUS_IDLE,
     STATUS_TIME_LIMIT,
     STATUS_WATCH,
@@ -56,7 +58,10 @@ class RunOutcome:
 class Simulator:
     """One simulation of work on one chip (see module docstring)."""
 
-    def __init__(self, arch: Arch, memory_mode: str = "tlm", noc_mode: str = "path", txlog_rows: int = 0):
+    def __init__(self, arch: Arch, memory_mode: str = "tlm", noc_mode: str = "path", txlog_rows: int = 0,
+                 noc_graph=None):
+        """``noc_graph``: a networkx topology (see ``npusim.hw.noc.topology``) with one router
+        per core, instead of the arch's mesh."""
         if noc_mode not in NOC_MODES:
             raise ConfigError(f"NoC fidelity '{noc_mode}' in the engine: expected one of {NOC_MODES}")
         self.arch = arch
@@ -70,11 +75,16 @@ class Simulator:
         params, self.period_ps = memory_params(arch, memory_mode)
         self.mem = new_hbm_state(params, arch.num_cores * self.dma_engines, txlog_rows)
         noc = arch.noc
-        self.topology = to_arrays(mesh(arch.cores.grid.width, arch.cores.grid.height, noc.link_bytes_per_cycle,
-                                       noc.link_latency_cycles))
+        if noc_graph is None:
+            noc_graph = mesh(arch.cores.grid.width, arch.cores.grid.height, noc.link_bytes_per_cycle,
+                             noc.link_latency_cycles)
+        self.topology = to_arrays(noc_graph)
+        if self.topology.num_routers != arch.num_cores:
+            raise ConfigError(f"NoC topology has {self.topology.num_routers} routers for {arch.num_cores} cores")
         self.routing = build_routing(self.topology, noc.routing)
+        self._headroom = BASE_HEADROOM + int(self.routing.hop_matrix().max())
         self.noc = new_path_state(self.topology, self.routing, noc.router_pipeline_cycles, noc.link_latency_cycles,
-                                  noc.link_bytes_per_cycle, len(names), noc_mode)
+                                  noc.link_bytes_per_cycle, 256, noc_mode, noc.buffer_depth_flits)
 
     # -- addressing -----------------------------------------------------------------
     def queue(self, core: int, unit: str) -> int:
@@ -150,9 +160,11 @@ class Simulator:
             return RunOutcome("task_done", self.now)
         while True:
             status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.period_ps, limit, watch,
-                              chunk_events if progress else FOREVER)
+                              chunk_events if progress else FOREVER, self._headroom)
             if status == STATUS_GROW:
                 eng.grow_heap()
+            elif status == STATUS_GROW_NOC:
+                self.noc = grow_slots(self.noc)
             elif status == STATUS_EVENT_LIMIT:
                 progress(self.now, eng.num_done, eng.num_tasks)
             elif status == STATUS_WATCH:

@@ -12,7 +12,12 @@ router ``src`` to ``dst``:
 2. **Streaming.** Behind the header the flits move one per cycle on the held path:
    the head is ejected when the ejection port is claimed, the tail ``F - 1`` cycles
    later (``t_tail``), and the message's task ends then.
-3. **Release.** Each link is freed when the tail has crossed it:
+3. **Release.** A message that fits in one input buffer (``F <= buffer_flits``) moves
+   as in virtual cut-through: each link is freed ``F`` cycles after its header
+   claimed it (the packet is absorbed by the next router's buffer even if the header
+   then waits), and its source after ``F`` cycles. A longer message (a DMA transfer)
+   keeps its path as in wormhole switching: each link is freed when the tail has
+   crossed it:
    ``t_tail - L - S + 1 - (H - 1 - k) * (S + L)`` for link ``k`` of ``H`` (the
    uncontended tail timing, counted back from the tail's arrival); the ejection port
    at ``t_tail + 1``. A freed link goes to the first waiting header. The source's
@@ -58,17 +63,20 @@ PathState = namedtuple(
         "next_port", "link_id", "nbr_router", "n_links", "prm",
         # per link (mesh links, then one ejection port per router)
         "link_owner", "link_wait_head", "link_wait_tail", "link_flits",
-        # per message slot (= the queue the message's task runs on)
-        "m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops",
+        # per message in flight (slots from a free list)
+        "m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_free",
         "counters",
     ],
 )
-PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH, PRM_MODE = 0, 1, 2, 3
-C_MESSAGES, C_FLITS, C_WAITS = 0, 1, 2
+PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH, PRM_MODE, PRM_BUFFER = 0, 1, 2, 3, 4
+C_MESSAGES, C_FLITS, C_WAITS, C_FREE_TOP = 0, 1, 2, 3
+_SLOT_FIELDS = ("m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops")
 
 
 def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, link_bytes: int,
-                   num_slots: int, mode: str = "path") -> PathState:
+                   num_slots: int = 256, mode: str = "path", buffer_flits: int = 8) -> PathState:
+    """Empty network. ``num_slots`` messages can be in flight at once; the kernel returns to
+    Python to :func:`grow_slots` when they run out."""
     n_links = topo.num_links
     total = n_links + topo.num_routers
     z = lambda n: np.zeros(n, np.int64)  # noqa: E731
@@ -76,13 +84,38 @@ def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, 
     return PathState(
         next_port=routing.next_port.astype(np.int64), link_id=topo.link_id.astype(np.int64),
         nbr_router=topo.nbr_router.astype(np.int64), n_links=np.int64(n_links),
-        prm=np.array([router_stages, link_latency_cycles, link_bytes, MODES[mode]], dtype=np.int64),
+        prm=np.array([router_stages, link_latency_cycles, link_bytes, MODES[mode], buffer_flits], dtype=np.int64),
         link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total),
         link_flits=z(total),
         m_task=full(num_slots), m_src=z(num_slots), m_dst=z(num_slots), m_flits=z(num_slots),
         m_cur=z(num_slots), m_wait_next=full(num_slots), m_hops=z(num_slots),
-        counters=z(4),
+        m_free=np.arange(num_slots, dtype=np.int64)[::-1].copy(),
+        counters=np.array([0, 0, 0, num_slots], dtype=np.int64),
     )
+
+
+def grow_slots(ps: PathState) -> PathState:
+    """A copy of ``ps`` with twice the message slots (the new ones free)."""
+    old = ps.m_task.shape[0]
+    new = 2 * old
+    changes = {}
+    for name in _SLOT_FIELDS:
+        arr = getattr(ps, name)
+        grown = np.full(new, -1 if name in ("m_task", "m_wait_next") else 0, np.int64)
+        grown[:old] = arr
+        changes[name] = grown
+    top = int(ps.counters[C_FREE_TOP])
+    free = np.zeros(new, np.int64)
+    free[:top] = ps.m_free[:top]
+    free[top:top + old] = np.arange(new - 1, old - 1, -1)
+    ps.counters[C_FREE_TOP] = top + old
+    changes["m_free"] = free
+    return ps._replace(**changes)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def slots_free(ps):
+    return ps.counters[C_FREE_TOP]
 
 
 @njit(cache=True, _nrt=False)
@@ -92,10 +125,10 @@ def flits_of(ps, nbytes):
 
 
 @njit(cache=True, _nrt=False)
-def path_start(ps, heap, hs, slot, task, src, dst, nbytes, now):
-    """Start a message on ``slot`` (its queue). Path mode: its header tries its first hop
-    after the source router. Analytical mode: it frees its source after injecting its
-    ``F`` flits and ends at the zero-load latency, with no contention."""
+def path_start(ps, heap, hs, task, src, dst, nbytes, now):
+    """Start a message (the caller made sure a slot is free). Path mode: its header tries
+    its first hop after the source router. Analytical mode: it frees its source after
+    injecting its ``F`` flits and ends at the zero-load latency, with no contention."""
     flits = flits_of(ps, nbytes)
     ps.counters[C_MESSAGES] += 1
     ps.counters[C_FLITS] += flits
@@ -112,12 +145,17 @@ def path_start(ps, heap, hs, slot, task, src, dst, nbytes, now):
         heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
         heap_push(heap, hs, now + (hops + 1) * S + hops * L + flits - 1, EV_TASK_END, task)
         return
+    top = ps.counters[C_FREE_TOP] - 1
+    ps.counters[C_FREE_TOP] = top
+    slot = ps.m_free[top]
     ps.m_task[slot] = task
     ps.m_src[slot] = src
     ps.m_dst[slot] = dst
     ps.m_flits[slot] = flits
     ps.m_cur[slot] = src
     ps.m_hops[slot] = 0
+    if flits <= ps.prm[PRM_BUFFER]:  # the source router's input buffer takes the whole packet
+        heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
     heap_push(heap, hs, now + ps.prm[PRM_STAGES], EV_NOC_HOP, slot)
 
 
@@ -137,15 +175,35 @@ def _claim(ps, heap, hs, slot, link, now):
     ps.link_owner[link] = slot
     cur, dst = ps.m_cur[slot], ps.m_dst[slot]
     S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
+    flits = ps.m_flits[slot]
+    task = ps.m_task[slot]
+    cut_through = flits <= ps.prm[PRM_BUFFER]
     if link < ps.n_links:
         ps.m_cur[slot] = ps.nbr_router[cur, ps.next_port[cur, dst]]
         ps.m_hops[slot] += 1
+        if cut_through:  # the whole packet crosses into the next router's buffer
+            ps.link_flits[link] += flits
+            heap_push(heap, hs, now + flits, EV_NOC_RELEASE, link)
         heap_push(heap, hs, now + L + S, EV_NOC_HOP, slot)
         return
-    # ejection port claimed: head ejected now, tail F-1 cycles later
-    flits = ps.m_flits[slot]
-    task = ps.m_task[slot]
+    # ejection port claimed: head ejected now, tail F-1 cycles later; the slot is done
     t_tail = now + flits - 1
+    ps.link_flits[link] += flits
+    heap_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
+    heap_push(heap, hs, t_tail, EV_TASK_END, task)
+    if not cut_through:
+        _schedule_wormhole_releases(ps, heap, hs, slot, t_tail)
+    ps.m_task[slot] = -1
+    ps.m_free[ps.counters[C_FREE_TOP]] = slot
+    ps.counters[C_FREE_TOP] += 1
+
+
+@njit(cache=True, _nrt=False)
+def _schedule_wormhole_releases(ps, heap, hs, slot, t_tail):
+    """Free each link of the path when the tail has crossed it, and the source queue when
+    the tail has left the source."""
+    S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
+    flits, dst = ps.m_flits[slot], ps.m_dst[slot]
     hops = ps.m_hops[slot]
     source_free = t_tail + 1  # 0 hops: the tail leaves the source router when ejected
     r = ps.m_src[slot]
@@ -157,10 +215,7 @@ def _claim(ps, heap, hs, slot, link, now):
         ps.link_flits[lk] += flits
         heap_push(heap, hs, release, EV_NOC_RELEASE, lk)
         r = ps.nbr_router[r, ps.next_port[r, dst]]
-    ps.link_flits[link] += flits
-    heap_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
-    heap_push(heap, hs, source_free, EV_QUEUE_FREE, task)
-    heap_push(heap, hs, t_tail, EV_TASK_END, task)
+    heap_push(heap, hs, source_free, EV_QUEUE_FREE, ps.m_task[slot])
 
 
 @njit(cache=True, _nrt=False)
