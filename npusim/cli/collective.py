@@ -24,7 +24,7 @@ def add_parser(sub):
     p.add_argument("--bytes", type=parse_size, default="1MiB",
                    help="bytes per core (all-reduce, reduce-scatter, multicast) or in total (all-gather)")
     p.add_argument("--grid", type=parse_grid, default=None, metavar="RxC", help="rows x cols of --cores for 2D ops")
-    p.add_argument("--fidelity", choices=["path", "analytical"], default="path", help="NoC model (default path)")
+    p.add_argument("--fidelity", choices=["path", "analytical", "flit"], default="path", help="NoC model (default path)")
     p.add_argument("--dtype", default="bf16", help="element type of reductions (default bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p

@@ -14,7 +14,8 @@ Task kinds and their parameters (``param[:, i]``):
 * ``KIND_DMA`` (1): an HBM transfer timed by :mod:`npusim.hw.memory.hbm`:
   ``bytes, address, is_write, initiator, pattern, stride``.
 * ``KIND_NOC`` (2): a message over the NoC, timed by :mod:`npusim.hw.noc.path`
-  (path-level or analytical): ``src_router, dst_router, bytes``.
+  (path-level or analytical) or :mod:`npusim.hw.noc.flit_engine` (flit level):
+  ``src_router, dst_router, bytes``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from npusim.engine.core import mark_finished, mark_started, pop_ready, release_q
 from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVENTS, SC_NOW
 from npusim.hw.memory.hbm import EV_MEM_END_REQ, EV_MEM_ISSUE, hbm_handle, hbm_start_dma
-from npusim.hw.noc.path import path_handle, path_start, slots_free
+from npusim.hw.noc.flit_engine import EV_FLIT_TICK, flit_slots_free, flit_start, flit_tick
+from npusim.hw.noc.path import MODE_FLIT, PRM_MODE, path_handle, path_start, slots_free
 
 KIND_DMA = 1
 KIND_NOC = 2
 
-STATUS_IDLE, STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_GROW, STATUS_EVENT_LIMIT, STATUS_GROW_NOC = 0, 1, 2, 3, 4, 5
+(STATUS_IDLE, STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_GROW, STATUS_EVENT_LIMIT, STATUS_GROW_NOC,
+ STATUS_GROW_FLIT) = range(7)
 
 # events one task start or one event handler can push, besides one per hop of a NoC
 # path (the caller adds the topology's diameter): the heap keeps this much room
@@ -38,7 +41,7 @@ BASE_HEADROOM = 8
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _start(tt, heap, hs, mem, noc, task, now, period_ps):
+def _start(tt, heap, hs, mem, noc, fnoc, task, now, period_ps):
     mark_started(tt, task, now)
     kind = tt.kind[task]
     if kind == KIND_FIXED:
@@ -50,14 +53,17 @@ def _start(tt, heap, hs, mem, noc, task, now, period_ps):
             heap_push(heap, hs, done, EV_TASK_END, task)
     elif kind == KIND_NOC:
         prm = tt.param[task]
-        path_start(noc, heap, hs, task, prm[0], prm[1], prm[2], now)
+        if noc.prm[PRM_MODE] == MODE_FLIT:
+            flit_start(fnoc, heap, hs, task, prm[0], prm[1], prm[2], now)
+        else:
+            path_start(noc, heap, hs, task, prm[0], prm[1], prm[2], now)
     else:
         # unknown kinds are rejected at submission; finish at once to stay safe
         heap_push(heap, hs, now, EV_TASK_END, task)
 
 
 @njit(cache=True, _nrt=False)
-def run_loop(tt, heap, hs, mem, noc, period_ps, until, watch, max_events, headroom):
+def run_loop(tt, heap, hs, mem, noc, fnoc, period_ps, until, watch, max_events, headroom):
     """Advance the simulation; returns a ``STATUS_*`` code (see module docstring).
     ``headroom``: free heap rows needed before any handler runs (see ``BASE_HEADROOM``)."""
     events = 0
@@ -68,10 +74,12 @@ def run_loop(tt, heap, hs, mem, noc, period_ps, until, watch, max_events, headro
                 return STATUS_GROW
             if slots_free(noc) == 0:
                 return STATUS_GROW_NOC
+            if flit_slots_free(fnoc) == 0:
+                return STATUS_GROW_FLIT
             task = pop_ready(tt)
             if task < 0:
                 break
-            _start(tt, heap, hs, mem, noc, task, tt.sc[SC_NOW], period_ps)
+            _start(tt, heap, hs, mem, noc, fnoc, task, tt.sc[SC_NOW], period_ps)
         if hs[HS_SIZE] == 0:
             return STATUS_IDLE
         if heap[0, 0] > until:
@@ -93,6 +101,8 @@ def run_loop(tt, heap, hs, mem, noc, period_ps, until, watch, max_events, headro
             release_queue(tt, eid, now)
         elif etype <= EV_MEM_ISSUE and etype >= EV_MEM_END_REQ:
             finished = hbm_handle(mem, heap, hs, etype, eid, now, period_ps)
+        elif etype == EV_FLIT_TICK:
+            flit_tick(fnoc, heap, hs, now)
         else:
             path_handle(noc, heap, hs, etype, eid, now)
         if finished >= 0:

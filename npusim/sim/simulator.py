@@ -4,7 +4,8 @@ Resource queues per core, in this order: ``cube``, ``vector``, ``dma0`` ..
 ``dma{E-1}`` (one per DMA engine of ``cores.dma.engines``; each is also an HBM
 initiator with its own tags), ``noc`` (messages to other cores, one at a time).
 Queue id = ``core * queues_per_core + unit``. The NoC is the arch's 2D mesh at the
-``path`` fidelity (message-level contention) or ``analytical`` (zero-load latency).
+``path`` fidelity (message-level contention, the default), ``analytical`` (zero-load
+latency) or ``flit`` (cycle-accurate routers, stepped every busy cycle).
 
 Use: build tasks with :meth:`add_compute` / :meth:`add_dma` (or
 :meth:`submit_batch` for many at once), then :meth:`run` — until a time, until a
@@ -25,6 +26,7 @@ from npusim.errors import ConfigError, DeadlockError
 from npusim.hw.memory.hbm import C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, new_hbm_state
 from npusim.hw.memory.params import memory_params
 from npusim.hw.noc.flit import zero_load_latency_cycles
+from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
 from npusim.hw.noc.path import grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh, to_arrays
@@ -34,6 +36,7 @@ from npusim.sim.kernel import (
     KIND_NOC,
     STATUS_EVENT_LIMIT,
     STATUS_GROW,
+    STATUS_GROW_FLIT,
     STATUS_GROW_NOC,
     STATUS_IDLE,
     STATUS_TIME_LIMIT,
@@ -42,7 +45,7 @@ from npusim.sim.kernel import (
 )
 
 KINDS = (KIND_FIXED, KIND_DMA, KIND_NOC)
-NOC_MODES = ("path", "analytical")
+NOC_MODES = ("path", "analytical", "flit")
 FOREVER = 2**62
 
 
@@ -83,6 +86,10 @@ class Simulator:
             raise ConfigError(f"NoC topology has {self.topology.num_routers} routers for {arch.num_cores} cores")
         self.routing = build_routing(self.topology, noc.routing)
         self._headroom = BASE_HEADROOM + int(self.routing.hop_matrix().max())
+        # the flit model's state is large: a tiny one stands in unless it is used
+        flit_topo, flit_routing = (self.topology, self.routing) if noc_mode == "flit" else _tiny_noc()
+        self.flit = new_flit_engine(flit_topo, flit_routing, noc.virtual_channels, noc.buffer_depth_flits,
+                                    noc.router_pipeline_cycles, noc.link_bytes_per_cycle, noc.max_packet_flits)
         self.noc = new_path_state(self.topology, self.routing, noc.router_pipeline_cycles, noc.link_latency_cycles,
                                   noc.link_bytes_per_cycle, 256, noc_mode, noc.buffer_depth_flits)
 
@@ -159,12 +166,14 @@ class Simulator:
         if watch >= 0 and eng.is_done(watch):
             return RunOutcome("task_done", self.now)
         while True:
-            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.period_ps, limit, watch,
+            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.flit, self.period_ps, limit, watch,
                               chunk_events if progress else FOREVER, self._headroom)
             if status == STATUS_GROW:
                 eng.grow_heap()
             elif status == STATUS_GROW_NOC:
                 self.noc = grow_slots(self.noc)
+            elif status == STATUS_GROW_FLIT:
+                self.flit = grow_flit_slots(self.flit)
             elif status == STATUS_EVENT_LIMIT:
                 progress(self.now, eng.num_done, eng.num_tasks)
             elif status == STATUS_WATCH:
@@ -201,6 +210,11 @@ class Simulator:
             "exclusion_rule_violations": int(self.mem.counters[C_EXCLUSION_VIOLATIONS]),
             "phase_order_violations": int(self.mem.counters[C_PHASE_VIOLATIONS]),
         }
+
+
+def _tiny_noc():
+    topo = to_arrays(mesh(2, 1))
+    return topo, build_routing(topo, "xy")
 
 
 __all__ = ["DeadlockError", "KIND_DMA", "KIND_FIXED", "KIND_NOC", "RunOutcome", "Simulator"]

@@ -53,8 +53,8 @@ from npusim.engine.heap import heap_push
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 
 EV_NOC_HOP, EV_NOC_RELEASE = 20, 21
-MODE_PATH, MODE_ANALYTICAL = 0, 1
-MODES = {"path": MODE_PATH, "analytical": MODE_ANALYTICAL}
+MODE_PATH, MODE_ANALYTICAL, MODE_FLIT = 0, 1, 2
+MODES = {"path": MODE_PATH, "analytical": MODE_ANALYTICAL, "flit": MODE_FLIT}  # flit: see flit_engine
 
 PathState = namedtuple(
     "PathState",
