@@ -1,0 +1,6 @@
+"""Layer 3: models as operator graphs — built-in builders from published configs and an
+ONNX importer."""
+
+from npusim.model.ir import KINDS, Graph, Op
+
+__all__ = ["KINDS", "Graph", "Op"]
