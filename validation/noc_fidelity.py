@@ -3,7 +3,9 @@
 For an 8x8 and a 16x16 mesh, uniform and transpose traffic, offered loads from 0.05
 flits/node/cycle up to the flit model's saturation, prints the average packet latency
 of each fidelity and the error of the two cheaper ones against the flit model, plus
-each one's accepted throughput and wall time. Routers: 4 pipeline stages, 1-cycle links,
+each one's accepted throughput and wall time. Then collective traffic (ring and 2D
+all-reduce / all-gather, alone and many at once) on the 64-core chip, all three
+fidelities driven by the event engine. Routers: 4 pipeline stages, 1-cycle links,
 2 VCs x 8-flit buffers (the npusim-64c NoC), 4-flit packets unless --packet-flits.
 
 The reference is our own flit-level model (no BookSim2 run is possible here); its
@@ -23,8 +25,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 from machine import machine_line  # noqa: E402
 
+from npusim.arch import load_arch  # noqa: E402
+from npusim.comm import allreduce_2d, ring_allgather, ring_allreduce  # noqa: E402
 from npusim.hw.noc import NocParams, SyntheticTraffic  # noqa: E402
+from npusim.sim import Simulator  # noqa: E402
 from npusim.sim.noc_synthetic import simulate  # noqa: E402
+
+COLLECTIVE_SCENARIOS = {
+    "ring AR, row 0 (8 cores)": lambda sim, b: [ring_allreduce(sim, list(range(8)), b)],
+    "8 row rings at once": lambda sim, b: [ring_allreduce(sim, list(range(r * 8, r * 8 + 8)), b) for r in range(8)],
+    "8 row + 8 column AG at once": lambda sim, b: (
+        [ring_allgather(sim, list(range(r * 8, r * 8 + 8)), b) for r in range(8)]
+        + [ring_allgather(sim, list(range(c, 64, 8)), b) for c in range(8)]),
+    "ring AR, strided order": lambda sim, b: [ring_allreduce(sim, [0, 9, 18, 27, 36, 45, 54, 63], b)],
+    "2D AR over 8x8": lambda sim, b: [allreduce_2d(sim, list(range(64)), 8, 8, b)],
+}
+
+
+def collective_table(nbytes: int) -> None:
+    """Collective traffic on npusim-64c at each fidelity (flit = reference)."""
+    arch = load_arch("npusim-64c")
+    print(f"\ncollective traffic on {arch.name}, {nbytes:,} B per core:")
+    print(f"{'scenario':>30} | {'flit cyc':>9} {'path cyc':>9} {'analyt':>9} | {'path err':>8} {'ana err':>8} | "
+          f"{'wall f/p/a s':>16}")
+    for name, build in COLLECTIVE_SCENARIOS.items():
+        cycles, wall = {}, {}
+        for fid in ("flit", "path", "analytical"):
+            sim = Simulator(arch, noc_mode=fid)
+            build(sim, nbytes)
+            t0 = time.perf_counter()
+            sim.run()
+            wall[fid] = time.perf_counter() - t0
+            cycles[fid] = sim.makespan()
+        ref = cycles["flit"]
+        print(f"{name:>30} | {ref:9,} {cycles['path']:9,} {cycles['analytical']:9,} | "
+              f"{err(cycles['path'], ref):>8} {err(cycles['analytical'], ref):>8} | "
+              f"{wall['flit']:5.2f}/{wall['path']:4.2f}/{wall['analytical']:4.2f}")
 
 
 def err(x: float, ref: float) -> str:
@@ -70,6 +106,7 @@ def main() -> None:
         if errors:
             print(f"{fid:>10}: mean |error| {100 * sum(errors) / len(errors):.1f}%, max {100 * max(errors):.1f}% "
                   f"over {len(errors)} unsaturated points")
+    collective_table(16 << 10 if args.quick else 64 << 10)
     print(machine_line())
 
 
