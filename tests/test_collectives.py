@@ -6,16 +6,23 @@ import pytest
 
 from npusim.cli import main
 from npusim.comm import allgather_2d, allreduce_2d, multicast, ring_allgather, ring_allreduce, ring_reduce_scatter
-from npusim.comm.collectives import ring_hops
 from npusim.comm.run import run_collective
 from npusim.errors import ConfigError
 from npusim.sim import Simulator
+from npusim.sim.program import Program
 
 
-def _message_bytes(sim, coll):
-    noc_unit = sim.units.index("noc")
-    tt = sim.engine.tt
-    return sum(int(tt.param[t, 2]) for t in coll.tasks if tt.queue[t] % sim.queues_per_core == noc_unit)
+def _message_bytes(prog, coll):
+    return sum(int(prog.param[t][2]) for t in coll.tasks if prog.unit[t] == "noc")
+
+
+def _run(arch, build, *args):
+    prog = Program(arch.num_cores)
+    coll = build(prog, *args)
+    sim = Simulator(arch)
+    prog.submit(sim)
+    sim.run()
+    return prog, coll, sim
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
@@ -23,11 +30,9 @@ def test_ring_volumes(arch64, n):
     cores = list(range(n))
     nbytes = 1 << 20
     for build, factor in ((ring_allreduce, 2 * (n - 1)), (ring_reduce_scatter, n - 1), (ring_allgather, n - 1)):
-        sim = Simulator(arch64)
-        coll = build(sim, cores, nbytes)
-        sim.run()
+        prog, coll, sim = _run(arch64, build, cores, nbytes)
         # every core sends (n-1) chunks of B/n per phase
-        assert _message_bytes(sim, coll) == pytest.approx(factor * nbytes, abs=factor * n)
+        assert _message_bytes(prog, coll) == pytest.approx(factor * nbytes, abs=factor * n)
         assert set(coll.done) == set(cores)
         assert all(sim.engine.is_done(t) for t in coll.done.values())
 
@@ -54,11 +59,9 @@ def test_flit_level_collectives_agree_with_path_level(arch64, op, cores, grid):
 
 
 def test_layout_changes_hops_and_time(arch64):
-    sim = Simulator(arch64)
-    assert ring_hops(sim, [0, 1, 2, 3]) == [1, 1, 1, 3]
-    assert ring_hops(sim, [0, 2, 1, 3]) == [2, 1, 2, 3]
     good = run_collective(arch64, "allreduce", [0, 1, 2, 3], 1 << 20)
     bad = run_collective(arch64, "allreduce", [0, 2, 1, 3], 1 << 20)
+    assert good.ring_hops == [1, 1, 1, 3] and bad.ring_hops == [2, 1, 2, 3]
     assert bad.total_ring_hops > good.total_ring_hops and bad.cycles > good.cycles
     assert good.busbw_gbps <= arch64.noc.link_bytes_per_cycle * arch64.clock_ghz
 
@@ -66,18 +69,14 @@ def test_layout_changes_hops_and_time(arch64):
 def test_two_d_collectives_complete(arch64):
     cores = [0, 1, 2, 3, 8, 9, 10, 11]
     for build in (allreduce_2d, allgather_2d):
-        sim = Simulator(arch64)
-        coll = build(sim, cores, 2, 4, 1 << 20)
-        sim.run()
+        _, coll, sim = _run(arch64, build, cores, 2, 4, 1 << 20)
         assert set(coll.done) == set(cores)
     with pytest.raises(ConfigError, match="grid"):
-        allreduce_2d(Simulator(arch64), cores, 3, 3, 1024)
+        allreduce_2d(Program(64), cores, 3, 3, 1024)
 
 
 def test_multicast_reaches_everyone_in_log_rounds(arch64):
-    sim = Simulator(arch64)
-    coll = multicast(sim, list(range(8)), 4096)
-    sim.run()
+    _, coll, sim = _run(arch64, multicast, list(range(8)), 4096)
     assert len(coll.tasks) == 7 and set(coll.done) == set(range(8))
     one = sim.noc_zero_load_cycles(0, 1, 4096)
     assert sim.now < 7 * one  # tree, not a chain
@@ -85,9 +84,9 @@ def test_multicast_reaches_everyone_in_log_rounds(arch64):
 
 def test_bad_collective_arguments(arch64, capsys):
     with pytest.raises(ConfigError, match="distinct"):
-        ring_allreduce(Simulator(arch64), [0, 0, 1], 64)
+        ring_allreduce(Program(64), [0, 0, 1], 64)
     with pytest.raises(ConfigError, match="out of range"):
-        ring_allreduce(Simulator(arch64), [0, 99], 64)
+        ring_allreduce(Program(64), [0, 99], 64)
     assert main(["collective", "--cores", "0,1,2", "--op", "allreduce2d"]) == 2
     assert "--grid" in capsys.readouterr().err
 

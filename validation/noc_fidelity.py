@@ -29,6 +29,7 @@ from npusim.arch import load_arch  # noqa: E402
 from npusim.comm import allreduce_2d, ring_allgather, ring_allreduce  # noqa: E402
 from npusim.hw.noc import NocParams, SyntheticTraffic  # noqa: E402
 from npusim.sim import Simulator  # noqa: E402
+from npusim.sim.program import Program  # noqa: E402
 from npusim.sim.noc_synthetic import simulate  # noqa: E402
 
 COLLECTIVE_SCENARIOS = {
@@ -52,7 +53,9 @@ def collective_table(nbytes: int) -> None:
         cycles, wall = {}, {}
         for fid in ("flit", "path", "analytical"):
             sim = Simulator(arch, noc_mode=fid)
-            build(sim, nbytes)
+            prog = Program(arch.num_cores)
+            build(prog, nbytes)
+            prog.submit(sim)
             t0 = time.perf_counter()
             sim.run()
             wall[fid] = time.perf_counter() - t0

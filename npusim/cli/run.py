@@ -14,7 +14,7 @@ from pathlib import Path
 from npusim.arch import load_arch
 from npusim.arch.load import DEFAULT_ARCH
 from npusim.cli.progress import task_progress
-from npusim.report.files import write_json
+from npusim.files import write_json
 from npusim.report.hdf5 import write_task_hdf5
 from npusim.report.perfetto import write_perfetto
 from npusim.scenarios.weight_stream import DEFAULT_K, DEFAULT_M, DEFAULT_N, build_weight_stream_layer, summarize_layer

@@ -14,10 +14,12 @@ Algorithms (``n`` cores in the given order, ``B`` bytes per core, chunks of ``B 
 * **multicast**: binomial tree, ``ceil(log2 n)`` rounds; **send_recv**: one message.
 
 The ring is the list order: neighbours in the list exchange data, whatever their mesh
-distance, so the order decides the hop counts (``ring_hops``). Reductions cost
-``vector`` ``elementwise`` time for ``chunk / dtype_bytes`` elements. Every send waits
-for the data it carries (the previous step's receive and reduction); a core's sends go
-through its ``noc`` queue in order.
+distance, so the order decides the hop counts. Reductions are ``vector``
+``elementwise`` ops over ``chunk / dtype_bytes`` elements. Every send waits for the data
+it carries (the previous step's receive and reduction); a core's sends go through its
+``noc`` queue in order. Collectives are recorded into a
+:class:`~npusim.sim.program.Program` (``prog`` below), so a mapper can place them
+among other tasks and the program stays arch-independent.
 
 Bus bandwidth follows the NCCL convention: all-reduce ``busbw = algbw * 2(n-1)/n``,
 all-gather and reduce-scatter ``algbw * (n-1)/n``, where ``algbw = bytes / time``.
@@ -29,8 +31,7 @@ from dataclasses import dataclass, field
 
 from npusim.arch.schema import DTYPE_BYTES
 from npusim.errors import ConfigError
-from npusim.hw.compute.vector import vector_cost
-from npusim.sim import Simulator
+from npusim.sim.program import Program
 
 OPS = ("allreduce", "allgather", "reducescatter", "allreduce2d", "allgather2d", "multicast", "sendrecv")
 
@@ -56,13 +57,13 @@ class Collective:
         return 1.0
 
 
-def _check(sim: Simulator, cores: list[int], nbytes: int) -> None:
+def _check(prog: Program, cores: list[int], nbytes: int) -> None:
     if len(cores) < 1:
         raise ConfigError("a collective needs at least one core")
     if len(set(cores)) != len(cores):
         raise ConfigError(f"cores must be distinct, got {cores}")
     for c in cores:
-        sim.queue(c, "noc")  # range check with a clear error
+        prog.check_core(c)
     if nbytes < 0:
         raise ConfigError(f"bytes must be >= 0, got {nbytes}")
 
@@ -72,13 +73,7 @@ def _chunks(nbytes: int, n: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(n)]
 
 
-def _reduce_cycles(sim: Simulator, nbytes: int, dtype: str) -> int:
-    vu = sim.arch.cores.vector_unit
-    elements = max(1, int(nbytes / DTYPE_BYTES[dtype]))
-    return vector_cost("elementwise", elements, vu.lanes, vu.ops_per_cycle_per_lane).cycles
-
-
-def _ring_phase(sim, coll, cores, chunks, ready, reduce, dtype, tag, offset=0):
+def _ring_phase(prog, coll, cores, chunks, ready, reduce, dtype, tag, offset=0):
     """One ring phase (reduce-scatter if ``reduce`` else all-gather): in step ``s`` core ``i``
     sends chunk ``(i + offset - s) mod n``. ``ready[i]`` is the task after which core ``i`` may
     send (or -1). Returns the per-core readiness after the phase."""
@@ -90,46 +85,46 @@ def _ring_phase(sim, coll, cores, chunks, ready, reduce, dtype, tag, offset=0):
             dst_i = (i + 1) % n
             chunk = chunks[(i + offset - s) % n]
             deps = [t for t in (ready[i],) if t >= 0]
-            send = sim.add_send(src, cores[dst_i], chunk, deps=deps, name=f"{tag} step{s} {src}->{cores[dst_i]}")
+            send = prog.add_send(src, cores[dst_i], chunk, deps=deps, name=f"{tag} step{s} {src}->{cores[dst_i]}")
             coll.tasks.append(send)
             after = send
             if reduce:
                 red_deps = [send] + ([ready[dst_i]] if ready[dst_i] >= 0 else [])
-                after = sim.add_compute(cores[dst_i], "vector", _reduce_cycles(sim, chunk, dtype), deps=red_deps,
-                                        name=f"{tag} reduce step{s}")
+                after = prog.add_vector(cores[dst_i], "elementwise", max(1, int(chunk / DTYPE_BYTES[dtype])), dtype,
+                                       deps=red_deps, name=f"{tag} reduce step{s}")
                 coll.tasks.append(after)
             new_ready[dst_i] = after
         ready = new_ready
     return ready
 
 
-def ring_reduce_scatter(sim: Simulator, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
-    _check(sim, cores, nbytes)
+def ring_reduce_scatter(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
+    _check(prog, cores, nbytes)
     coll = Collective("reducescatter", list(cores), nbytes)
-    start = _gate(sim, deps)
-    ready = _ring_phase(sim, coll, cores, _chunks(nbytes, len(cores)), [start] * len(cores), True, dtype, "RS")
+    start = _gate(prog, deps)
+    ready = _ring_phase(prog, coll, cores, _chunks(nbytes, len(cores)), [start] * len(cores), True, dtype, "RS")
     coll.done = {c: (r if r >= 0 else start) for c, r in zip(cores, ready)}
     return coll
 
 
-def ring_allgather(sim: Simulator, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
+def ring_allgather(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
     """Gather ``nbytes`` in total (``nbytes / n`` contributed by each core) onto every core."""
-    _check(sim, cores, nbytes)
+    _check(prog, cores, nbytes)
     coll = Collective("allgather", list(cores), nbytes)
-    start = _gate(sim, deps)
-    ready = _ring_phase(sim, coll, cores, _chunks(nbytes, len(cores)), [start] * len(cores), False, dtype, "AG")
+    start = _gate(prog, deps)
+    ready = _ring_phase(prog, coll, cores, _chunks(nbytes, len(cores)), [start] * len(cores), False, dtype, "AG")
     coll.done = {c: (r if r >= 0 else start) for c, r in zip(cores, ready)}
     return coll
 
 
-def ring_allreduce(sim: Simulator, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
-    _check(sim, cores, nbytes)
+def ring_allreduce(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
+    _check(prog, cores, nbytes)
     coll = Collective("allreduce", list(cores), nbytes)
     chunks = _chunks(nbytes, len(cores))
-    start = _gate(sim, deps)
-    ready = _ring_phase(sim, coll, cores, chunks, [start] * len(cores), True, dtype, "AR-RS")
+    start = _gate(prog, deps)
+    ready = _ring_phase(prog, coll, cores, chunks, [start] * len(cores), True, dtype, "AR-RS")
     # after reduce-scatter core i owns chunk (i + 1) mod n; the all-gather phase forwards it on
-    ready = _ring_phase(sim, coll, cores, chunks, ready, False, dtype, "AR-AG", offset=1)
+    ready = _ring_phase(prog, coll, cores, chunks, ready, False, dtype, "AR-AG", offset=1)
     coll.done = {c: (r if r >= 0 else start) for c, r in zip(cores, ready)}
     return coll
 
@@ -140,57 +135,57 @@ def _grid(cores: list[int], rows: int, cols: int) -> list[list[int]]:
     return [cores[r * cols:(r + 1) * cols] for r in range(rows)]
 
 
-def allreduce_2d(sim: Simulator, cores: list[int], rows: int, cols: int, nbytes: int, deps=(),
+def allreduce_2d(prog: Program, cores: list[int], rows: int, cols: int, nbytes: int, deps=(),
                  dtype: str = "bf16") -> Collective:
     """Reduce-scatter along rows, all-reduce of each shard along columns, all-gather along rows."""
-    _check(sim, cores, nbytes)
+    _check(prog, cores, nbytes)
     grid = _grid(cores, rows, cols)
     coll = Collective("allreduce2d", list(cores), nbytes)
-    start = _gate(sim, deps)
+    start = _gate(prog, deps)
     row_chunks = _chunks(nbytes, cols)
     ready = {}
     for row in grid:
-        out = _ring_phase(sim, coll, row, row_chunks, [start] * cols, True, dtype, "AR2D-RS")
+        out = _ring_phase(prog, coll, row, row_chunks, [start] * cols, True, dtype, "AR2D-RS")
         ready.update(zip(row, out))
     for j in range(cols):
         column = [grid[r][j] for r in range(rows)]
         shard = row_chunks[(j + 1) % cols]
         col_chunks = _chunks(shard, rows)
-        out = _ring_phase(sim, coll, column, col_chunks, [ready[c] for c in column], True, dtype, "AR2D-colRS")
-        out = _ring_phase(sim, coll, column, col_chunks, out, False, dtype, "AR2D-colAG", offset=1)
+        out = _ring_phase(prog, coll, column, col_chunks, [ready[c] for c in column], True, dtype, "AR2D-colRS")
+        out = _ring_phase(prog, coll, column, col_chunks, out, False, dtype, "AR2D-colAG", offset=1)
         ready.update(zip(column, out))
     for row in grid:
-        out = _ring_phase(sim, coll, row, row_chunks, [ready[c] for c in row], False, dtype, "AR2D-AG", offset=1)
+        out = _ring_phase(prog, coll, row, row_chunks, [ready[c] for c in row], False, dtype, "AR2D-AG", offset=1)
         ready.update(zip(row, out))
     coll.done = {c: (ready[c] if ready[c] >= 0 else start) for c in cores}
     return coll
 
 
-def allgather_2d(sim: Simulator, cores: list[int], rows: int, cols: int, nbytes: int, deps=(),
+def allgather_2d(prog: Program, cores: list[int], rows: int, cols: int, nbytes: int, deps=(),
                  dtype: str = "bf16") -> Collective:
     """All-gather along rows (each row gathers its cores' shares), then along columns."""
-    _check(sim, cores, nbytes)
+    _check(prog, cores, nbytes)
     grid = _grid(cores, rows, cols)
     coll = Collective("allgather2d", list(cores), nbytes)
-    start = _gate(sim, deps)
+    start = _gate(prog, deps)
     row_bytes = _chunks(nbytes, rows)
     ready = {}
     for r, row in enumerate(grid):
-        out = _ring_phase(sim, coll, row, _chunks(row_bytes[r], cols), [start] * cols, False, dtype, "AG2D-row")
+        out = _ring_phase(prog, coll, row, _chunks(row_bytes[r], cols), [start] * cols, False, dtype, "AG2D-row")
         ready.update(zip(row, out))
     for j in range(cols):
         column = [grid[r][j] for r in range(rows)]
-        out = _ring_phase(sim, coll, column, row_bytes, [ready[c] for c in column], False, dtype, "AG2D-col")
+        out = _ring_phase(prog, coll, column, row_bytes, [ready[c] for c in column], False, dtype, "AG2D-col")
         ready.update(zip(column, out))
     coll.done = {c: (ready[c] if ready[c] >= 0 else start) for c in cores}
     return coll
 
 
-def multicast(sim: Simulator, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
+def multicast(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
     """``cores[0]`` sends ``nbytes`` to all others along a binomial tree."""
-    _check(sim, cores, nbytes)
+    _check(prog, cores, nbytes)
     coll = Collective("multicast", list(cores), nbytes)
-    start = _gate(sim, deps)
+    start = _gate(prog, deps)
     have = {cores[0]: start}
     pending = list(cores[1:])
     while pending:
@@ -198,31 +193,27 @@ def multicast(sim: Simulator, cores: list[int], nbytes: int, deps=(), dtype: str
             if not pending:
                 break
             dst = pending.pop(0)
-            t = sim.add_send(src, dst, nbytes, deps=[have[src]] if have[src] >= 0 else [], name=f"mcast {src}->{dst}")
+            t = prog.add_send(src, dst, nbytes, deps=[have[src]] if have[src] >= 0 else [], name=f"mcast {src}->{dst}")
             coll.tasks.append(t)
             have[dst] = t
     coll.done = {c: have[c] for c in cores}
     return coll
 
 
-def send_recv(sim: Simulator, src: int, dst: int, nbytes: int, deps=()) -> Collective:
-    _check(sim, [src, dst] if src != dst else [src], nbytes)
+def send_recv(prog: Program, src: int, dst: int, nbytes: int, deps=()) -> Collective:
+    _check(prog, [src, dst] if src != dst else [src], nbytes)
     coll = Collective("sendrecv", [src, dst], nbytes)
-    t = sim.add_send(src, dst, nbytes, deps=list(deps), name=f"send {src}->{dst}")
+    t = prog.add_send(src, dst, nbytes, deps=list(deps), name=f"send {src}->{dst}")
     coll.tasks.append(t)
     coll.done = {src: t, dst: t}
     return coll
 
 
-def _gate(sim: Simulator, deps) -> int:
+def _gate(prog: Program, deps) -> int:
     """A zero-time barrier task joining ``deps`` (or -1 when there are none)."""
-    deps = list(deps)
+    deps = [d for d in deps if d is not None and d >= 0]
     if not deps:
         return -1
-    return sim.engine.submit(queue=-1, param=(0,), deps=deps, name="collective start")
-
-
-def ring_hops(sim: Simulator, cores: list[int]) -> list[int]:
-    """Mesh hops between ring neighbours ``cores[i] -> cores[i+1 mod n]``."""
-    n = len(cores)
-    return [sim.routing.hops(cores[i], cores[(i + 1) % n]) for i in range(n)] if n > 1 else []
+    if len(deps) == 1:
+        return deps[0]
+    return prog.add_barrier(deps, name="collective start")

@@ -12,7 +12,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from npusim.report.files import write_with
+from npusim.files import write_with
 
 
 def write_task_hdf5(path: str | Path, *, kind, queue, param, start, end, queue_names, busy_cycles,

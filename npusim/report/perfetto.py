@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npusim.report.files import atomic_path
+from npusim.files import atomic_path
 
 
 def write_perfetto(path: str | Path, *, queue_names: list[str], task_queue: np.ndarray, start: np.ndarray,

@@ -1,4 +1,4 @@
-"""Write result files atomically: a file appears complete or not at all."""
+"""Write result files atomically: a file appears complete or not at all (used by every layer)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,151 @@
+"""Mapping specs (``mappers/*.yaml``): how a model is laid onto the cores.
+
+A spec says how many pipeline stages there are and which layers each holds; the
+tensor-parallel degree and the partition per operator class; how each TP group's
+cores are laid out on the mesh; how many data-parallel replicas share the chip; and
+where weights and the KV cache live. Validated like arch files (unknown keys get a
+did-you-mean, every error names the key path).
+
+Partitions (per GEMM, following the NpuSim study's definitions):
+
+* ``tp_k``: split K. Each core holds a ``K/t x N`` weight shard and the matching slice
+  of the (replicated) input, computes partial sums of ``Y[M, N]`` and the group
+  all-reduces them (``2(t-1)/t * M * N`` elements sent per core). Output replicated.
+* ``tp_mn``: split M and N. Each core holds a ``K x N/t`` weight shard; the group
+  all-gathers the weights (``(t-1)/t * K * N`` per core) and each core computes its
+  ``M/t`` token rows. Activations stay split by tokens.
+* ``tp_mnk``: a ``a x b`` grid: K split over ``a`` (all-reduce along it), M/N split over
+  ``b`` (weight all-gather along it).
+* ``auto``: per GEMM, the partition with the least estimated time (compute +
+  communication at link bandwidth).
+
+Layouts of a TP group on the mesh: ``linear_seq`` (consecutive cores of a row, the ring
+closes across the strip), ``linear_interleave`` (WaferLLM: a strip visited out on even
+positions and back on odd ones, so logically adjacent cores are at most 2 hops apart),
+``ring`` (a closed loop around a 2-row block: every hop is 1), ``mesh2d`` (a block,
+ring order snaking through it; for ``tp_mnk`` its rows and columns are the grid axes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from npusim.config import StrictModel, load_with_extends, validate
+from npusim.errors import ConfigError
+
+PARTITIONS = ("tp_k", "tp_mn", "tp_mnk", "auto")
+LAYOUTS = ("linear_seq", "linear_interleave", "ring", "mesh2d")
+OP_CLASSES = ("qkv", "o_proj", "ffn_up", "ffn_down", "lm_head", "other")
+Partition = Literal["tp_k", "tp_mn", "tp_mnk", "auto"]
+Placement = Literal["auto", "sram", "hbm"]
+
+
+class Partitions(StrictModel):
+    """Partition per GEMM class; ``default`` applies to classes not given."""
+
+    default: Partition = "auto"
+    qkv: Partition | None = None
+    o_proj: Partition | None = None
+    ffn_up: Partition | None = None
+    ffn_down: Partition | None = None
+    lm_head: Partition | None = None
+    other: Partition | None = None
+
+    def for_class(self, op_class: str) -> str:
+        return getattr(self, op_class, None) or self.default
+
+
+class TensorParallel(StrictModel):
+    degree: PositiveInt = 4
+    partition: Partitions = Partitions()
+    mnk_grid: tuple[PositiveInt, PositiveInt] | None = Field(
+        default=None, description="a x b grid of tp_mnk (K split over a, M/N over b); default: most square")
+
+    @model_validator(mode="after")
+    def _grid(self):
+        if self.mnk_grid is not None and self.mnk_grid[0] * self.mnk_grid[1] != self.degree:
+            raise ValueError(f"mnk_grid {list(self.mnk_grid)} must multiply to the TP degree {self.degree}")
+        return self
+
+    def grid(self) -> tuple[int, int]:
+        if self.mnk_grid is not None:
+            return tuple(self.mnk_grid)
+        a = int(self.degree ** 0.5)
+        while self.degree % a:
+            a -= 1
+        return a, self.degree // a
+
+
+class Pipeline(StrictModel):
+    stages: PositiveInt = 1
+    layers: list[tuple[int, int]] | None = Field(
+        default=None, description="inclusive [first, last] layer of each stage; default: an even split")
+    microbatches: PositiveInt | None = Field(default=None, description="default: one per stage (when the batch allows)")
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        if self.layers is not None:
+            if len(self.layers) != self.stages:
+                raise ValueError(f"layers lists {len(self.layers)} ranges for {self.stages} stages")
+            prev = -1
+            for first, last in self.layers:
+                if first != prev + 1 or last < first:
+                    raise ValueError(f"stage layer ranges must be consecutive and non-empty, got {self.layers}")
+                prev = last
+        return self
+
+
+class Layout(StrictModel):
+    group: Literal["linear_seq", "linear_interleave", "ring", "mesh2d"] = "linear_seq"
+    origin: list[int] | None = Field(default=None, description="first core of each TP group (stage-major); default: packed")
+
+
+class Memory(StrictModel):
+    weights: Placement = "auto"
+    kv_cache: Placement = "auto"
+    sram_reserve_mb: float = Field(default=2.0, ge=0, description="per core, kept for activations and temporaries")
+    weight_tile_kb: PositiveInt = Field(default=1024, description="streamed weights move in tiles of this size")
+
+
+class MappingSpec(StrictModel):
+    name: str = "mapping"
+    description: str = ""
+    tensor_parallel: TensorParallel = TensorParallel()
+    pipeline: Pipeline = Pipeline()
+    data_parallel: PositiveInt | Literal["auto"] = "auto"
+    layout: Layout = Layout()
+    memory: Memory = Memory()
+
+
+MAPPER_DIR = Path(__file__).resolve().parents[2] / "mappers"
+
+
+def load_mapping(path: str | Path) -> MappingSpec:
+    def resolve(name, relative_to=None):
+        for cand in ([relative_to / name] if relative_to else []) + [Path(name), MAPPER_DIR / f"{Path(name).stem}.yaml"]:
+            if cand.is_file():
+                return cand
+        raise ConfigError(f"mapping '{name}': no such file, and not a spec in {MAPPER_DIR}")
+
+    p = resolve(path)
+    return validate(MappingSpec, load_with_extends(p, resolve), p)
+
+
+def spec_from_flags(base: MappingSpec | None = None, tp: int | None = None, partition: str | None = None,
+                    layout: str | None = None, stages: int | None = None) -> MappingSpec:
+    """``base`` (or the defaults) with the command-line overrides applied."""
+    data = (base or MappingSpec()).model_dump()
+    if tp is not None:
+        data["tensor_parallel"]["degree"] = tp
+        data["tensor_parallel"]["mnk_grid"] = None
+    if partition is not None:
+        data["tensor_parallel"]["partition"] = {"default": partition}
+    if layout is not None:
+        data["layout"]["group"] = layout
+    if stages is not None:
+        data["pipeline"]["stages"] = stages
+        data["pipeline"]["layers"] = None
+    return validate(MappingSpec, data, "command-line options")

@@ -1,0 +1,243 @@
+"""A compiled program: engine tasks whose compute costs are kept symbolic.
+
+The mapper records tasks here instead of submitting them directly: GEMM and vector
+tasks keep their shapes (``cost_kind``, ``cost_args``) and are timed only when the
+program is submitted to a simulator of a given chip (:meth:`Program.submit`), so the
+same program replays on any arch with the same number of cores (``npusim replay``).
+
+Recording API (shared with :class:`npusim.sim.Simulator`, so collectives and other
+builders can target either): ``add_gemm``, ``add_vector``, ``add_compute`` (fixed
+cycles), ``add_dma``, ``add_send``, ``add_barrier``, ``check_core``.
+
+File format (HDF5, written by :meth:`save`, read by :func:`load_program`): group
+``/program`` with datasets ``kind, core, unit, param[n,6], cost_kind, cost_args[n,6],
+dep_ptr, dep_idx, name`` and attributes ``num_cores``, ``units``, ``format_version``
+plus whatever ``meta`` the mapper recorded (model, phase, spec...).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from npusim.arch.schema import DTYPE_BYTES, Arch
+from npusim.engine.tasks import KIND_FIXED, NPARAM
+from npusim.errors import ConfigError
+from npusim.hw.compute.systolic import dataflow_code, gemm_cycles_array
+from npusim.hw.compute.vector import OP_CLASSES, vector_cost
+from npusim.files import write_with
+from npusim.sim.kernel import KIND_DMA, KIND_NOC
+
+COST_FIXED, COST_GEMM, COST_VECTOR = 0, 1, 2
+DTYPES = tuple(DTYPE_BYTES)
+FORMAT_VERSION = 1
+BARRIER_UNIT = "none"
+
+
+@dataclass
+class Program:
+    """Recorded tasks (see module docstring). Units: ``cube``, ``vector``, ``dma<i>``, ``noc``,
+    ``none`` (a barrier without a queue)."""
+
+    num_cores: int
+    kind: list[int] = field(default_factory=list)
+    core: list[int] = field(default_factory=list)
+    unit: list[str] = field(default_factory=list)
+    param: list[tuple] = field(default_factory=list)
+    cost_kind: list[int] = field(default_factory=list)
+    cost_args: list[tuple] = field(default_factory=list)
+    deps: list[tuple[int, ...]] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    vector_fns: list[str] = field(default_factory=lambda: [""])
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    # -- recording ----------------------------------------------------------------------
+    def check_core(self, core: int) -> None:
+        if not 0 <= core < self.num_cores:
+            raise ConfigError(f"core {core} out of range (0..{self.num_cores - 1})")
+
+    def _add(self, kind, core, unit, param, cost_kind, cost_args, deps, name) -> int:
+        deps = tuple(int(d) for d in deps if d is not None and d >= 0)
+        n = len(self.kind)
+        if any(d >= n for d in deps):
+            raise ConfigError(f"task {name}: depends on a task not recorded yet")
+        self.kind.append(kind)
+        self.core.append(core)
+        self.unit.append(unit)
+        self.param.append(tuple(param) + (0,) * (NPARAM - len(param)))
+        self.cost_kind.append(cost_kind)
+        self.cost_args.append(tuple(cost_args) + (0,) * (6 - len(cost_args)))
+        self.deps.append(deps)
+        self.names.append(name or "")
+        return n
+
+    def add_gemm(self, core: int, m: int, k: int, n: int, dtype: str = "bf16", batch: int = 1,
+                 deps: Sequence[int] = (), name: str | None = None) -> int:
+        """``batch`` GEMMs ``[m x k] . [k x n]`` on the cube (timed by the systolic model)."""
+        self.check_core(core)
+        if min(m, k, n, batch) <= 0:
+            return self.add_barrier(deps, name)
+        return self._add(KIND_FIXED, core, "cube", (0,), COST_GEMM, (m, k, n, batch, DTYPES.index(dtype)), deps, name)
+
+    def add_vector(self, core: int, op_class: str, elements: int, dtype: str = "bf16", deps: Sequence[int] = (),
+                   name: str | None = None, fn: str | None = None, row_len: int | None = None) -> int:
+        """A vector-unit op over ``elements`` elements (timed by the vector model)."""
+        self.check_core(core)
+        if elements <= 0:
+            return self.add_barrier(deps, name)
+        fn_id = self._fn_id(fn or "")
+        args = (OP_CLASSES.index(op_class), int(elements), fn_id, int(row_len or 0), DTYPES.index(dtype))
+        return self._add(KIND_FIXED, core, "vector", (0,), COST_VECTOR, args, deps, name)
+
+    def add_compute(self, core: int, unit: str, cycles: int, deps: Sequence[int] = (), name: str | None = None) -> int:
+        self.check_core(core)
+        return self._add(KIND_FIXED, core, unit, (int(cycles),), COST_FIXED, (), deps, name)
+
+    def add_dma(self, core: int, nbytes: int, address: int = 0, write: bool = False, deps: Sequence[int] = (),
+                dma_engine: int = 0, name: str | None = None) -> int:
+        self.check_core(core)
+        return self._add(KIND_DMA, core, f"dma{dma_engine}", (int(nbytes), int(address), int(write), 0, 0, 0),
+                         COST_FIXED, (), deps, name)
+
+    def add_send(self, src_core: int, dst_core: int, nbytes: int, deps: Sequence[int] = (),
+                 name: str | None = None) -> int:
+        self.check_core(src_core)
+        self.check_core(dst_core)
+        return self._add(2, src_core, "noc", (src_core, dst_core, int(nbytes)), COST_FIXED, (), deps, name)
+
+    def add_barrier(self, deps: Sequence[int] = (), name: str | None = None) -> int:
+        return self._add(KIND_FIXED, -1, BARRIER_UNIT, (0,), COST_FIXED, (), deps, name)
+
+    def _fn_id(self, fn: str) -> int:
+        if fn not in self.vector_fns:
+            self.vector_fns.append(fn)
+        return self.vector_fns.index(fn)
+
+    # -- timing and submission ------------------------------------------------------------
+    def durations(self, arch: Arch) -> np.ndarray:
+        """Cycles of every compute task on ``arch`` (0 for tasks timed by other models)."""
+        ck = np.asarray(self.cost_kind, dtype=np.int64)
+        args = np.asarray(self.cost_args, dtype=np.int64).reshape(len(self), 6)
+        out = np.asarray([p[0] for p in self.param], dtype=np.int64)
+        sa = arch.cores.systolic_array
+        gemm = np.flatnonzero(ck == COST_GEMM)
+        for d in np.unique(args[gemm, 4]):
+            dtype = DTYPES[int(d)]
+            if dtype not in sa.macs_per_pe_per_cycle:
+                raise ConfigError(f"the program uses {dtype} GEMMs; {arch.name}'s array supports "
+                                  f"{sorted(sa.macs_per_pe_per_cycle)}")
+            sel = gemm[args[gemm, 4] == d]
+            out[sel] = gemm_cycles_array(args[sel, 0], args[sel, 1], args[sel, 2], sa.rows, sa.cols, sa.dataflow,
+                                         sa.macs_per_pe_per_cycle[dtype], sa.weight_injection_cycles,
+                                         batch=args[sel, 3])
+        vu = arch.cores.vector_unit
+        cache: dict[tuple, int] = {}
+        for i in np.flatnonzero(ck == COST_VECTOR).tolist():
+            key = tuple(args[i, :4].tolist())
+            if key not in cache:
+                op_class, elements, fn_id, row_len = key
+                cache[key] = vector_cost(OP_CLASSES[op_class], elements, vu.lanes, vu.ops_per_cycle_per_lane,
+                                         fn=self.vector_fns[fn_id] or None, row_len=row_len or None).cycles
+            out[i] = cache[key]
+        return out
+
+    def submit(self, sim) -> np.ndarray:
+        """Time the compute tasks on ``sim.arch`` and submit everything; returns task ids."""
+        if sim.arch.num_cores != self.num_cores:
+            raise ConfigError(f"the program was compiled for {self.num_cores} cores; {sim.arch.name} has "
+                              f"{sim.arch.num_cores}")
+        n = len(self)
+        param = np.asarray(self.param, dtype=np.int64).reshape(n, NPARAM).copy()
+        dur = self.durations(sim.arch)
+        fixed = np.asarray(self.kind, dtype=np.int64) == KIND_FIXED
+        param[fixed, 0] = dur[fixed]
+        queue = np.empty(n, dtype=np.int64)
+        units = {u: i for i, u in enumerate(sim.units)}
+        for i, (c, u) in enumerate(zip(self.core, self.unit)):
+            if u == BARRIER_UNIT:
+                queue[i] = -1
+                continue
+            if u not in units:
+                raise ConfigError(f"task {self.names[i] or i} uses unit '{u}', which {sim.arch.name}'s cores lack "
+                                  f"(units: {sim.units})")
+            queue[i] = c * sim.queues_per_core + units[u]
+        kinds = np.asarray(self.kind, dtype=np.int64)
+        dma = kinds == KIND_DMA
+        if dma.any():  # the DMA engine's initiator id depends on the chip's engine count
+            engine = np.array([int(u[3:]) if u.startswith("dma") else 0 for u in self.unit])
+            param[dma, 3] = np.asarray(self.core)[dma] * sim.dma_engines + engine[dma]
+        first = sim.engine.num_tasks
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum([len(d) for d in self.deps])
+        idx = np.fromiter((d + first for ds in self.deps for d in ds), dtype=np.int64, count=int(ptr[-1]))
+        return sim.submit_batch(kinds, queue, param, ptr, idx, self.names)
+
+    # -- files ----------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        n = len(self)
+
+        def writer(tmp: Path) -> None:
+            with h5py.File(tmp, "w") as f:
+                g = f.create_group("program")
+                ptr = np.zeros(n + 1, dtype=np.int64)
+                ptr[1:] = np.cumsum([len(d) for d in self.deps])
+                data = {
+                    "kind": np.asarray(self.kind, np.int64), "core": np.asarray(self.core, np.int64),
+                    "param": np.asarray(self.param, np.int64).reshape(n, NPARAM),
+                    "cost_kind": np.asarray(self.cost_kind, np.int64),
+                    "cost_args": np.asarray(self.cost_args, np.int64).reshape(n, 6),
+                    "dep_ptr": ptr, "dep_idx": np.fromiter((d for ds in self.deps for d in ds), np.int64),
+                }
+                for key, arr in data.items():
+                    g.create_dataset(key, data=arr, compression="gzip", compression_opts=1)
+                units = sorted(set(self.unit))
+                g.create_dataset("unit", data=np.asarray([units.index(u) for u in self.unit], np.int64),
+                                 compression="gzip", compression_opts=1)
+                g.create_dataset("name", data=np.array(self.names, dtype=h5py.string_dtype()),
+                                 compression="gzip", compression_opts=1)
+                g.attrs["units"] = json.dumps(units)
+                g.attrs["vector_fns"] = json.dumps(self.vector_fns)
+                g.attrs["num_cores"] = self.num_cores
+                g.attrs["format_version"] = FORMAT_VERSION
+                g.attrs["meta"] = json.dumps(self.meta)
+
+        return write_with(path, writer)
+
+
+def load_program(path: str | Path) -> Program:
+    path = Path(path)
+    try:
+        f = h5py.File(path, "r")
+    except (OSError, FileNotFoundError) as exc:
+        raise ConfigError(f"{path}: cannot open as an HDF5 program ({exc})") from None
+    with f:
+        if "program" not in f:
+            raise ConfigError(f"{path}: no /program group; is this a program written by `npusim run --save-program`?")
+        g = f["program"]
+        version = int(g.attrs.get("format_version", -1))
+        if version != FORMAT_VERSION:
+            raise ConfigError(f"{path}: program format version {version}, this npusim reads {FORMAT_VERSION}")
+        units = json.loads(g.attrs["units"])
+        ptr, idx = g["dep_ptr"][:], g["dep_idx"][:]
+        prog = Program(num_cores=int(g.attrs["num_cores"]), meta=json.loads(g.attrs["meta"]),
+                       vector_fns=json.loads(g.attrs["vector_fns"]))
+        prog.kind = g["kind"][:].tolist()
+        prog.core = g["core"][:].tolist()
+        prog.unit = [units[i] for i in g["unit"][:]]
+        prog.param = [tuple(r) for r in g["param"][:].tolist()]
+        prog.cost_kind = g["cost_kind"][:].tolist()
+        prog.cost_args = [tuple(r) for r in g["cost_args"][:].tolist()]
+        prog.deps = [tuple(idx[ptr[i]:ptr[i + 1]].tolist()) for i in range(len(prog.kind))]
+        prog.names = [s.decode() if isinstance(s, bytes) else s for s in g["name"][:]]
+    return prog
+
+
+__all__ = ["COST_FIXED", "COST_GEMM", "COST_VECTOR", "KIND_NOC", "Program", "load_program"]
