@@ -1,0 +1,561 @@
+"""The mapper: operator graph + chip + mapping spec -> a program of engine tasks.
+
+How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
+
+* **Groups.** ``replicas x stages`` tensor-parallel groups of ``t`` cores each
+  (:mod:`.layout`). Replicas split the batch's sequences (data parallel); stages
+  split the layers (pipeline parallel): embedding on the first stage, final norm and
+  LM head on the last. With several sequences per replica the batch is cut into
+  micro-batches that flow through the stages (a stage works on micro-batch ``j``
+  while the next one works on ``j - 1``).
+* **Activation layout.** Between ops the mapper tracks how the current activation is
+  spread over the group: ``rep`` (every core has all of it), ``m`` (split by tokens),
+  ``mb`` (``tp_mnk``: split by tokens over the grid's ``b`` axis, replicated over
+  ``a``) or ``feat`` (split by features, e.g. attention heads). An op that needs
+  another layout first converts it with a collective (all-gather); slicing a
+  replicated activation is free.
+* **GEMMs** follow their partition: ``tp_k`` (K-split, partial sums all-reduced;
+  input ``rep`` or ``feat``, output ``rep``), ``tp_mn`` (weights all-gathered N-tile by
+  N-tile so only one gathered tile is in SRAM at a time, each core computes its token
+  rows; output ``m``), ``tp_mnk`` (``a x b`` grid: weights all-gathered along ``b``,
+  partial sums all-reduced along ``a``; output ``mb``); ``auto`` picks the lowest
+  estimated compute + communication time per GEMM.
+* **Attention** is head-parallel when its input is replicated (output ``feat``: the
+  K-split input a ``tp_k`` O-projection wants) and token-parallel otherwise (keys and
+  values all-gathered across the group; in decode each core keeps its own sequences'
+  cache). QK^T and PV run on the cube, softmax on the vector unit; the KV cache is
+  read from HBM (DMA) when it lives there, and prefill writes the new keys/values.
+* **Weights** stay resident in SRAM when the stage's shards fit next to the KV cache
+  and the reserve; otherwise each core streams its shard from HBM in tiles, with two
+  tile buffers: a tile load waits until the GEMM two tiles back has freed its buffer,
+  so loads run ahead of compute exactly as far as a double-buffered NPU program can.
+* **MoE** layers are expert-parallel within the group (experts split over cores,
+  tokens replicated, outputs all-reduced); embedding rows are fetched by DMA.
+
+Not modelled yet: the HBM data's trip over the NoC from the channel's router to the
+core (DMA transfers reach the channels directly), activation spills to HBM, and
+all-to-all (converted layouts go through an all-gather, an upper bound).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from npusim.arch.schema import DTYPE_BYTES, Arch
+from npusim.comm.collectives import ring_allgather, ring_allreduce
+from npusim.errors import ConfigError
+from npusim.hw.compute.systolic import gemm_cost
+from npusim.mapping.layout import Group, place_groups
+from npusim.mapping.spec import MappingSpec
+from npusim.model.ir import Graph, Op
+from npusim.sim.program import Program
+
+MB = 2**20
+
+
+@dataclass
+class Mapped:
+    """A mapped forward pass: the program plus what was decided and why."""
+
+    program: Program
+    groups: list[Group]
+    replicas: int
+    stages: int
+    microbatches: int
+    stage_layers: list[tuple[int, int]]
+    weights_resident: bool
+    decisions: dict[str, str] = field(default_factory=dict)  # GEMM op name -> partition used
+    weight_bytes_per_core: int = 0
+    kv_in_hbm: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def op_class(op: Op) -> str:
+    """Which partition class of the mapping spec a GEMM belongs to, from its name."""
+    name = op.name.lower()
+    for cls, keys in (("qkv", ("q_proj", "k_proj", "v_proj", "qkv", "q_a", "q_b", "kv_a", "kv_b", "c_attn")),
+                      ("o_proj", ("o_proj", "out_proj", "attn.c_proj")),
+                      ("ffn_up", ("up", "gate", "w1", "w3", "c_fc", "fc1")),
+                      ("ffn_down", ("down", "w2", "mlp.c_proj", "fc2")),
+                      ("lm_head", ("lm_head", "head"))):
+        if any(k in name for k in keys):
+            return cls
+    return "other"
+
+
+def _split(total: int, parts: int, i: int) -> int:
+    base, extra = divmod(int(total), parts)
+    return base + (1 if i < extra else 0)
+
+
+def _scale(op: Op, frac: float) -> Op:
+    """The share ``frac`` of ``op``'s sequences (data parallel / micro-batch slice)."""
+    if frac == 1.0:
+        return op
+    from dataclasses import replace
+
+    def sc(x: int) -> int:
+        return max(1, int(round(x * frac))) if x else 0
+
+    if op.kind in ("gemm", "embedding") and op.attrs.get("per_token", True):
+        return replace(op, m=sc(op.m))
+    if op.kind == "attention":
+        return replace(op, batch=sc(op.batch))
+    if op.kind == "vector":
+        row = op.row_len or 1
+        return replace(op, elements=sc(op.elements // row) * row)
+    if op.kind == "moe":
+        return replace(op, m=sc(op.m), expert_tokens=tuple(int(round(e * frac)) for e in op.expert_tokens))
+    if op.kind == "data":
+        return replace(op, nbytes=sc(op.nbytes))
+    return op
+
+
+class _GroupState:
+    """The current activation's layout on one group and, per core, the task that made it."""
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.cores = list(group.cores)
+        self.layout = "rep"
+        self.ready = [-1] * len(self.cores)
+
+    def set(self, layout: str, tasks: list[int]) -> None:
+        self.layout = layout
+        self.ready = list(tasks)
+
+
+class Mapper:
+    def __init__(self, graph: Graph, arch: Arch, spec: MappingSpec):
+        self.graph, self.arch, self.spec = graph, arch, spec
+        self.prog = Program(arch.num_cores, meta={"model": graph.name, "phase": graph.phase, "batch": graph.batch,
+                                                  "seq_len": graph.seq_len, "kv_len": graph.kv_len,
+                                                  "spec": spec.model_dump(mode="json")})
+        self.t = spec.tensor_parallel.degree
+        self.grid = spec.tensor_parallel.grid()
+        self.link_gbps = arch.noc.link_bytes_per_cycle * arch.clock_ghz
+        self.decisions: dict[str, str] = {}
+        self.weight_addr: dict[str, int] = {}
+        self.next_addr = 0
+        self.tile_bytes = spec.memory.weight_tile_kb * 1024
+        self.buffers: dict[int, list[int]] = {}  # core -> GEMM tasks that use its last weight tiles
+        half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
+        self.kv_base = [half + c * (half // arch.num_cores) for c in range(arch.num_cores)]
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan(self) -> Mapped:
+        g, arch, spec = self.graph, self.arch, self.spec
+        stages = spec.pipeline.stages
+        layers = g.layers()
+        if stages > max(1, len(layers)):
+            raise ConfigError(f"pipeline.stages {stages} exceeds the model's {len(layers)} layers")
+        replicas = spec.data_parallel
+        if replicas == "auto":
+            replicas = max(1, arch.num_cores // (self.t * stages))
+        replicas = min(replicas, max(1, g.batch))
+        groups = place_groups(arch.cores.grid.width, arch.cores.grid.height, self.t, stages, replicas,
+                              spec.layout.group, spec.layout.origin)
+        stage_layers = self._stage_layers(layers, stages)
+        per_replica = [_split(g.batch, replicas, r) for r in range(replicas)]
+        micro = spec.pipeline.microbatches or (stages if stages > 1 else 1)
+        micro = max(1, min(micro, min(per_replica)))
+        mapped = Mapped(self.prog, groups, replicas, stages, micro, stage_layers, False)
+        self._decide_memory(mapped, stage_layers)
+        stage_ops = self._ops_by_stage(stage_layers)
+        for r in range(replicas):
+            for mb in range(micro):
+                seqs = _split(per_replica[r], micro, mb)
+                frac = seqs / g.batch
+                prev_state = None
+                for s in range(stages):
+                    grp = groups[r * stages + s]
+                    state = _GroupState(grp)
+                    if prev_state is not None:
+                        self._stage_transfer(prev_state, state, stage_ops[s - 1], frac)
+                    for op in stage_ops[s]:
+                        self._emit(state, _scale(op, frac), f"r{r}.mb{mb}.")
+                    prev_state = state
+        mapped.decisions = self.decisions
+        return mapped
+
+    def _stage_layers(self, layers: list[int], stages: int) -> list[tuple[int, int]]:
+        if self.spec.pipeline.layers is not None:
+            ranges = [tuple(x) for x in self.spec.pipeline.layers]
+            if ranges[-1][1] != (layers[-1] if layers else 0):
+                raise ConfigError(f"pipeline.layers must cover layers {layers[0]}..{layers[-1]}, got {ranges}")
+            return ranges
+        if not layers:
+            return [(0, 0)]
+        n = len(layers)
+        out, start = [], 0
+        for s in range(stages):
+            count = _split(n, stages, s)
+            out.append((layers[start], layers[start + count - 1]))
+            start += count
+        return out
+
+    def _ops_by_stage(self, stage_layers) -> list[list[Op]]:
+        out: list[list[Op]] = [[] for _ in stage_layers]
+        seen_layer = False
+        for op in self.graph.ops:
+            if op.layer >= 0:
+                seen_layer = True
+                s = next(i for i, (a, b) in enumerate(stage_layers) if a <= op.layer <= b)
+            else:
+                s = len(stage_layers) - 1 if seen_layer else 0
+            out[s].append(op)
+        return out
+
+    def _decide_memory(self, mapped: Mapped, stage_layers) -> None:
+        """Resident weights if every core's shards (plus its KV share) fit its SRAM budget."""
+        arch, spec, g = self.arch, self.spec, self.graph
+        stages_ops = self._ops_by_stage(stage_layers)
+        shard = max(sum(op.weight_bytes for op in ops) for ops in stages_ops) / self.t
+        kv = g.kv_read_bytes / max(1, mapped.replicas) / self.t
+        sram = arch.cores.sram.capacity_mb * MB
+        budget = sram - spec.memory.sram_reserve_mb * MB
+        hbm = arch.hbm.capacity_gb * 2**30
+        total_weights = g.weight_bytes
+        if total_weights + g.kv_read_bytes > hbm + sram * arch.num_cores:
+            raise ConfigError(
+                f"{g.name} does not fit {arch.name}: {total_weights / 2**30:.1f} GiB of weights and "
+                f"{g.kv_read_bytes / 2**30:.1f} GiB of KV cache, but the chip has {arch.hbm.capacity_gb:g} GiB HBM "
+                f"+ {sram * arch.num_cores / 2**30:.1f} GiB SRAM")
+        want_w, want_kv = spec.memory.weights, spec.memory.kv_cache
+        mapped.kv_in_hbm = want_kv == "hbm" or (want_kv == "auto" and kv > budget)
+        kv_sram = 0 if mapped.kv_in_hbm else kv
+        if want_kv == "sram" and kv > budget:
+            raise ConfigError(f"memory.kv_cache: sram, but each core needs {kv / MB:.1f} MB of KV cache and "
+                              f"has {budget / MB:.1f} MB (capacity minus sram_reserve_mb)")
+        fits = shard + kv_sram <= budget
+        if want_w == "sram" and not fits:
+            raise ConfigError(f"memory.weights: sram, but each core's weight shards need {shard / MB:.1f} MB "
+                              f"(+ {kv_sram / MB:.1f} MB KV) and it has {budget / MB:.1f} MB")
+        mapped.weights_resident = want_w == "sram" or (want_w == "auto" and fits)
+        mapped.weight_bytes_per_core = int(shard)
+        if not mapped.weights_resident:
+            mapped.notes.append(f"weights stream from HBM ({shard / MB:.1f} MB per core per stage do not fit "
+                                f"{budget / MB:.1f} MB of SRAM)")
+        self.resident = mapped.weights_resident
+        self.kv_in_hbm = mapped.kv_in_hbm
+
+    # -- emission ---------------------------------------------------------------------------
+    def _emit(self, st: _GroupState, op: Op, tag: str) -> None:
+        name = tag + op.name
+        if op.kind == "gemm":
+            self._gemm(st, op, name)
+        elif op.kind == "attention":
+            self._attention(st, op, name)
+        elif op.kind == "vector":
+            self._vector(st, op, name)
+        elif op.kind == "embedding":
+            self._embedding(st, op, name)
+        elif op.kind == "moe":
+            self._moe(st, op, name)
+        elif op.kind == "data" and op.nbytes:
+            self._vector(st, Op(op.name, "vector", op.layer, op.dtype, elements=max(1, int(op.nbytes / op.elem_bytes)),
+                                op_class="elementwise"), name)
+
+    def _share(self, st: _GroupState, total: int, i: int) -> int:
+        """Core i's part of a per-token quantity under the current layout."""
+        if st.layout == "m" or st.layout == "feat":
+            return _split(total, self.t, i)
+        if st.layout == "mb":
+            a, b = self.grid
+            return _split(total, b, i % b)
+        return int(total)
+
+    def _vector(self, st: _GroupState, op: Op, name: str) -> None:
+        """Each core works on its share of rows (whole rows for row-wise ops: norms, softmax)."""
+        row = op.row_len or 1
+        rows = max(1, op.elements // row)
+        tasks = [self.prog.add_vector(c, op.op_class, self._share(st, rows, i) * row, op.dtype,
+                                      deps=[st.ready[i]], name=name, fn=op.fn, row_len=op.row_len)
+                 for i, c in enumerate(st.cores)]
+        st.ready = tasks
+
+    def _to_rep(self, st: _GroupState, nbytes: int, name: str) -> None:
+        """All-gather the activation (``nbytes`` in full) so every core holds it."""
+        if st.layout == "rep" or self.t == 1:
+            st.layout = "rep"
+            return
+        if st.layout == "mb":
+            a, b = self.grid
+            done = list(st.ready)
+            for i in range(a):
+                row = [st.cores[i * b + j] for j in range(b)]
+                coll = ring_allgather(self.prog, row, nbytes, deps=[st.ready[i * b + j] for j in range(b)])
+                for j in range(b):
+                    done[i * b + j] = coll.done[row[j]]
+            st.set("rep", done)
+            return
+        coll = ring_allgather(self.prog, st.cores, nbytes, deps=st.ready)
+        st.set("rep", [coll.done[c] for c in st.cores])
+
+    # -- GEMM ---------------------------------------------------------------------------------
+    def _partition(self, op: Op) -> str:
+        cls = op_class(op)
+        choice = self.spec.tensor_parallel.partition.for_class(cls)
+        if self.t == 1:
+            return "tp_k"
+        if choice != "auto":
+            return choice
+        sa = self.arch.cores.systolic_array
+        kpe = sa.macs_per_pe_per_cycle.get(op.dtype, 1)
+        e = op.elem_bytes
+        bw = self.link_gbps  # bytes per ns == GB/s
+
+        def comp(m, k, n):
+            return gemm_cost(max(1, m), max(1, k), max(1, n), sa.rows, sa.cols, sa.dataflow, kpe,
+                             sa.weight_injection_cycles).cycles / self.arch.clock_ghz
+
+        t, (a, b) = self.t, self.grid
+        m, k, n = op.m * op.batch, op.k, op.n
+        cost = {
+            "tp_k": comp(m, math.ceil(k / t), n) + 2 * (t - 1) / t * m * n * e / bw,
+            "tp_mn": comp(math.ceil(m / t), k, n) + (t - 1) / t * k * n * e / bw,
+        }
+        if a > 1 and b > 1:
+            cost["tp_mnk"] = (comp(math.ceil(m / b), math.ceil(k / a), n) + (b - 1) / b * (k / a) * n * e / bw
+                              + 2 * (a - 1) / a * (m / b) * n * e / bw)
+        return min(cost, key=cost.get)
+
+    def _weight_base(self, op: Op) -> int:
+        if op.name not in self.weight_addr:
+            self.weight_addr[op.name] = self.next_addr
+            self.next_addr += -(-op.weight_bytes // 4096) * 4096
+        return self.weight_addr[op.name]
+
+    def _tiles(self, nbytes: int) -> list[int]:
+        if nbytes <= 0:
+            return []
+        count = max(1, -(-nbytes // self.tile_bytes))
+        return [_split(nbytes, count, i) for i in range(count)]
+
+    def _compute_with_weights(self, core: int, rank: int, op: Op, shard_bytes: int, m: int, k: int, n: int,
+                              deps: list[int], name: str) -> int:
+        """The GEMM ``m x k x n`` on ``core`` with its weight shard loaded first if it is not resident:
+        tiled along N, load i waits for the GEMM two tiles back (two buffers)."""
+        prog = self.prog
+        if self.resident or shard_bytes <= 0 or not op.weight:
+            return prog.add_gemm(core, m, k, n, op.dtype, op.batch, deps=deps, name=name)
+        tiles = self._tiles(shard_bytes)
+        base = self._weight_base(op) + rank * shard_bytes
+        buffers = self.buffers.setdefault(core, [])
+        last = -1
+        offset = 0
+        for i, tb in enumerate(tiles):
+            load_deps = [buffers[-2]] if len(buffers) >= 2 else []
+            load = prog.add_dma(core, tb, address=base + offset, deps=load_deps, name=f"{name} load W{i}")
+            offset += tb
+            n_i = _split(n, len(tiles), i)
+            last = prog.add_gemm(core, m, k, n_i, op.dtype, op.batch, deps=[load, last, *deps] if last >= 0 else
+                                 [load, *deps], name=f"{name} tile{i}")
+            buffers.append(last)
+            del buffers[:-2]
+        return last
+
+    def _gemm(self, st: _GroupState, op: Op, name: str) -> None:
+        part = self._partition(op)
+        self.decisions[op.name] = part
+        t = self.t
+        m, k, n = op.m, op.k, op.n
+        e = op.elem_bytes
+        if part == "tp_k" or t == 1:
+            if st.layout not in ("rep", "feat") or (st.layout == "feat" and t == 1):
+                self._to_rep(st, int(m * op.batch * k * e), name + " gather")
+            partial = []
+            for i, c in enumerate(st.cores):
+                k_i = _split(k, t, i)
+                partial.append(self._compute_with_weights(c, i, op, int(k_i * n * op.weight_elem_bytes), m, k_i, n,
+                                                          [st.ready[i]], name))
+            if t > 1:
+                coll = ring_allreduce(self.prog, st.cores, int(m * op.batch * n * e), deps=partial, dtype=op.dtype)
+                st.set("rep", [coll.done[c] for c in st.cores])
+            else:
+                st.set("rep", partial)
+        elif part == "tp_mn":
+            if st.layout in ("feat", "mb"):
+                self._to_rep(st, int(m * op.batch * k * e), name + " gather")
+            self._tp_mn(st, op, name)
+        elif part == "tp_mnk":
+            self._tp_mnk(st, op, name)
+        else:
+            raise ConfigError(f"unknown partition {part!r} for {op.name}")
+
+    def _gathered_tiles(self, k: int, n: int, e: float) -> int:
+        """How many N-tiles a weight all-gather is cut into so a gathered tile takes at most
+        an eighth of a core's SRAM."""
+        budget = self.arch.cores.sram.capacity_mb * MB / 8
+        return max(1, math.ceil(k * n * e / budget))
+
+    def _tp_mn(self, st: _GroupState, op: Op, name: str) -> None:
+        t, prog = self.t, self.prog
+        m, k, n = op.m, op.k, op.n
+        we = op.weight_elem_bytes
+        pieces = self._gathered_tiles(k, n, we) if op.weight else 1
+        outs = list(st.ready)
+        for p in range(pieces):
+            n_p = _split(n, pieces, p)
+            gathered = list(st.ready)
+            if op.weight:
+                loads = []
+                for i, c in enumerate(st.cores):
+                    shard = int(k * _split(n_p, t, i) * we)
+                    if self.resident or shard == 0:
+                        loads.append(st.ready[i])
+                    else:
+                        base = self._weight_base(op) + p * int(k * n * we / pieces) + i * shard
+                        loads.append(prog.add_dma(c, shard, address=base, deps=[], name=f"{name} load W{p}"))
+                coll = ring_allgather(prog, st.cores, int(k * n_p * we), deps=loads, dtype=op.dtype)
+                gathered = [coll.done[c] for c in st.cores]
+            for i, c in enumerate(st.cores):
+                m_i = _split(m, t, i) if st.layout in ("rep", "m") else m
+                outs[i] = prog.add_gemm(c, m_i, k, n_p, op.dtype, op.batch, deps=[gathered[i], st.ready[i], outs[i]],
+                                        name=f"{name} n{p}")
+        st.set("m", outs)
+
+    def _tp_mnk(self, st: _GroupState, op: Op, name: str) -> None:
+        prog = self.prog
+        a, b = self.grid
+        m, k, n = op.m, op.k, op.n
+        e, we = op.elem_bytes, op.weight_elem_bytes
+        if st.layout not in ("rep", "mb"):
+            self._to_rep(st, int(m * op.batch * k * e), name + " gather")
+        partial = list(st.ready)
+        for i in range(a):
+            row = [st.cores[i * b + j] for j in range(b)]
+            k_i = _split(k, a, i)
+            loads = []
+            for j, c in enumerate(row):
+                shard = int(k_i * _split(n, b, j) * we)
+                if self.resident or shard == 0 or not op.weight:
+                    loads.append(st.ready[i * b + j])
+                else:
+                    base = self._weight_base(op) + (i * b + j) * shard
+                    loads.append(prog.add_dma(c, shard, address=base, name=f"{name} load W"))
+            gathered = [st.ready[i * b + j] for j in range(b)]
+            if op.weight and b > 1:
+                coll = ring_allgather(prog, row, int(k_i * n * we), deps=loads, dtype=op.dtype)
+                gathered = [coll.done[c] for c in row]
+            for j, c in enumerate(row):
+                partial[i * b + j] = prog.add_gemm(c, _split(m, b, j), k_i, n, op.dtype, op.batch,
+                                                   deps=[gathered[j], st.ready[i * b + j]], name=name)
+        done = list(partial)
+        if a > 1:
+            for j in range(b):
+                col = [st.cores[i * b + j] for i in range(a)]
+                coll = ring_allreduce(prog, col, int(_split(m, b, j) * op.batch * n * e),
+                                      deps=[partial[i * b + j] for i in range(a)], dtype=op.dtype)
+                for i in range(a):
+                    done[i * b + j] = coll.done[col[i]]
+        st.set("mb", done)
+
+    # -- attention, MoE, embedding ------------------------------------------------------------------
+    def _attention(self, st: _GroupState, op: Op, name: str) -> None:
+        t, prog = self.t, self.prog
+        vd = op.v_head_dim or op.head_dim
+        pairs_per_seq = op.attended_pairs / max(1, op.batch)
+        keys = max(1, int(round(pairs_per_seq / max(1, op.q_len))))  # mean keys per query
+        if st.layout == "mb":
+            self._to_rep(st, op.activation_in_bytes, name + " gather")
+        head_parallel = st.layout in ("rep", "feat") or t == 1
+        if not head_parallel and self.graph.phase == "prefill" and t > 1:
+            # token-parallel prefill: every core needs every key and value
+            kv_bytes = int(op.batch * op.q_len * op.kv_bytes_per_token)
+            coll = ring_allgather(prog, st.cores, kv_bytes, deps=st.ready, dtype=op.dtype)
+            st.ready = [coll.done[c] for c in st.cores]
+        outs = []
+        for i, c in enumerate(st.cores):
+            if head_parallel:
+                seqs, heads = op.batch, _split(op.heads, t, i)
+                kv_share = op.kv_bytes_per_token * max(1, _split(op.kv_heads, t, i)) / max(1, op.kv_heads)
+            else:
+                seqs, heads = _split(op.batch, t, i), op.heads
+                kv_share = op.kv_bytes_per_token
+            deps = [st.ready[i]]
+            if seqs <= 0 or heads <= 0:
+                outs.append(prog.add_barrier(deps, name))
+                continue
+            if self.kv_in_hbm:
+                cache = int(seqs * (op.kv_len - op.q_len) * kv_share)
+                if cache > 0:
+                    deps.append(prog.add_dma(c, cache, address=self.kv_base[c], deps=[st.ready[i]],
+                                             name=f"{name} read KV"))
+            scores = prog.add_gemm(c, op.q_len, op.head_dim, keys, op.dtype, seqs * heads, deps=deps,
+                                   name=f"{name} QK")
+            soft = prog.add_vector(c, "softmax", seqs * heads * op.q_len * keys, op.dtype, deps=[scores],
+                                   name=f"{name} softmax", row_len=keys)
+            out = prog.add_gemm(c, op.q_len, keys, vd, op.dtype, seqs * heads, deps=[soft], name=f"{name} PV")
+            if self.kv_in_hbm:
+                prog.add_dma(c, int(seqs * op.q_len * kv_share), address=self.kv_base[c], write=True,
+                             dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=[st.ready[i]],
+                             name=f"{name} write KV")
+            outs.append(out)
+        st.set("feat" if head_parallel and t > 1 else st.layout, outs)
+
+    def _moe(self, st: _GroupState, op: Op, name: str) -> None:
+        """Expert parallel inside the group: core i runs experts i, i+t, ...; outputs all-reduced."""
+        t, prog = self.t, self.prog
+        self._to_rep(st, op.activation_in_bytes, name + " gather")
+        up = 2 * op.n if op.gated else op.n
+        partial = []
+        for i, c in enumerate(st.cores):
+            last = st.ready[i]
+            for e_idx in range(i, op.experts, t):
+                tokens = op.expert_tokens[e_idx] if op.expert_tokens else 0
+                if tokens <= 0:
+                    continue
+                expert = Op(f"{op.name}.e{e_idx}", "gemm", op.layer, op.dtype, op.weight_dtype, m=tokens, k=op.k,
+                            n=up + op.n, weight=True)
+                h = self._compute_with_weights(c, 0, expert, expert.weight_bytes, tokens, op.k, up, [last],
+                                               f"{name} e{e_idx} up")
+                act = prog.add_vector(c, "activation", tokens * op.n, op.dtype, deps=[h], name=f"{name} e{e_idx} act",
+                                      fn="swiglu" if op.gated else "gelu")
+                last = prog.add_gemm(c, tokens, op.n, op.k, op.dtype, deps=[act], name=f"{name} e{e_idx} down")
+            partial.append(last)
+        if t > 1:
+            coll = ring_allreduce(prog, st.cores, op.output_bytes, deps=partial, dtype=op.dtype)
+            st.set("rep", [coll.done[c] for c in st.cores])
+        else:
+            st.set("rep", partial)
+
+    def _embedding(self, st: _GroupState, op: Op, name: str) -> None:
+        row = int(op.n * op.weight_elem_bytes)
+        tasks = []
+        for i, c in enumerate(st.cores):
+            rows = _split(op.m, self.t, i)
+            tasks.append(self.prog.add_dma(c, rows * row, address=self._weight_base(op) + i * rows * row,
+                                           deps=[st.ready[i]], name=name) if rows else
+                         self.prog.add_barrier([st.ready[i]], name))
+        st.set("m" if self.t > 1 else "rep", tasks)
+
+    def _stage_transfer(self, prev: _GroupState, nxt: _GroupState, prev_ops: list[Op], frac: float) -> None:
+        """Send the activation from stage s to stage s+1, core to core (each its share)."""
+        last = next((op for op in reversed(prev_ops) if op.output_bytes), None)
+        total = int(last.output_bytes * frac) if last else 0
+        layout = prev.layout if prev.layout in ("m", "feat") else "m"
+        tasks = []
+        for i, (src, dst) in enumerate(zip(prev.cores, nxt.cores)):
+            share = _split(total, self.t, i)
+            tasks.append(self.prog.add_send(src, dst, share, deps=[prev.ready[i]], name="stage transfer")
+                         if src != dst else prev.ready[i])
+        nxt.set(layout if self.t > 1 else "rep", tasks)
+
+
+def map_model(graph: Graph, arch: Arch, spec: MappingSpec) -> Mapped:
+    """Lay ``graph`` onto ``arch`` following ``spec``; see the module docstring."""
+    if spec.tensor_parallel.degree > arch.num_cores:
+        raise ConfigError(f"tensor_parallel.degree {spec.tensor_parallel.degree} exceeds the chip's "
+                          f"{arch.num_cores} cores")
+    bad = [op for op in graph.ops if op.kind in ("gemm", "attention", "moe") and op.dtype not in
+           arch.cores.systolic_array.macs_per_pe_per_cycle]
+    if bad:
+        raise ConfigError(f"{graph.name}: {len(bad)} ops use a dtype {arch.name}'s array does not support "
+                          f"(e.g. {bad[0].name}: {bad[0].dtype}); supported: "
+                          f"{sorted(arch.cores.systolic_array.macs_per_pe_per_cycle)}")
+    return Mapper(graph, arch, spec).plan()
+
+
+__all__ = ["DTYPE_BYTES", "Mapped", "map_model", "op_class"]

@@ -1,0 +1,74 @@
+"""One forward pass of a model on a chip: map it, simulate it, report where time went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npusim.arch.schema import Arch
+from npusim.mapping.mapper import Mapped, map_model
+from npusim.mapping.spec import MappingSpec
+from npusim.model.ir import Graph
+from npusim.report.breakdown import time_breakdown
+from npusim.sim import Simulator
+
+
+@dataclass
+class ForwardRun:
+    sim: Simulator
+    mapped: Mapped
+    graph: Graph
+    summary: dict
+
+
+def simulate_forward(graph: Graph, arch: Arch, spec: MappingSpec, memory_mode: str = "tlm",
+                     noc_mode: str = "path", progress=None, mapped: Mapped | None = None) -> ForwardRun:
+    mapped = mapped or map_model(graph, arch, spec)
+    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode)
+    mapped.program.submit(sim)
+    sim.run(progress=progress, chunk_events=500_000)
+    return ForwardRun(sim, mapped, graph, summarize_forward(sim, mapped, graph))
+
+
+def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
+    arch = sim.arch
+    cycles = sim.makespan()
+    seconds = cycles / (arch.clock_ghz * 1e9)
+    bd = time_breakdown(sim)
+    busy = sim.busy_cycles()
+    units = sim.units
+    hbm_bytes = int(sim.mem.ch_bytes.sum())
+    n_links = sim.topology.num_links
+    link_util = sim.noc.link_flits[:n_links] / cycles if cycles else np.zeros(n_links)
+    partitions: dict[str, int] = {}
+    for p in mapped.decisions.values():
+        partitions[p] = partitions.get(p, 0) + 1
+    tokens = graph.batch * (graph.seq_len if graph.phase == "prefill" else 1)
+    return {
+        "model": graph.name, "phase": graph.phase, "batch": graph.batch, "seq_len": graph.seq_len,
+        "kv_len": graph.kv_len, "arch": arch.name, "memory_fidelity": sim.memory_mode, "noc_fidelity": sim.noc_mode,
+        "cycles": cycles,
+        "latency_ms": seconds * 1e3,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "flops": graph.flops,
+        "tflops_achieved": graph.flops / seconds / 1e12 if seconds else 0.0,
+        "breakdown_ms": {k: v / (arch.clock_ghz * 1e6) for k, v in bd["cycles"].items()},
+        "breakdown_fraction": bd["fraction"],
+        "cores_used": bd["cores_used"],
+        "core_utilization": {u: float(busy[:, j].sum() / (bd["cores_used"] * cycles)) if cycles and bd["cores_used"]
+                             else 0.0 for j, u in enumerate(units)},
+        "hbm_bytes": hbm_bytes,
+        "hbm_bandwidth_gbps": hbm_bytes / seconds / 1e9 if seconds else 0.0,
+        "noc_link_utilization_max": float(link_util.max()) if n_links else 0.0,
+        "noc_link_utilization_mean": float(link_util.mean()) if n_links else 0.0,
+        "mapping": {
+            "tp": mapped.groups[0].cores.__len__(), "stages": mapped.stages, "replicas": mapped.replicas,
+            "microbatches": mapped.microbatches, "stage_layers": mapped.stage_layers,
+            "layout_first_group": list(mapped.groups[0].cores), "weights_resident": mapped.weights_resident,
+            "weight_mb_per_core": mapped.weight_bytes_per_core / 2**20, "kv_cache_in_hbm": mapped.kv_in_hbm,
+            "partitions": partitions, "notes": mapped.notes,
+        },
+        "tasks": sim.engine.num_tasks, "events": sim.events,
+    }
