@@ -469,13 +469,16 @@ class Mapper:
         outs = []
         for i, c in enumerate(st.cores):
             if head_parallel:
-                seqs, heads = op.batch, _split(op.heads, t, i)
+                seqs, q_len, heads = op.batch, op.q_len, _split(op.heads, t, i)
                 kv_share = op.kv_bytes_per_token * max(1, _split(op.kv_heads, t, i)) / max(1, op.kv_heads)
-            else:
-                seqs, heads = _split(op.batch, t, i), op.heads
+            elif op.batch >= t or op.q_len == 1:  # token-parallel by whole sequences
+                seqs, q_len, heads = _split(op.batch, t, i), op.q_len, op.heads
                 kv_share = op.kv_bytes_per_token
+            else:  # token-parallel inside a sequence: a slice of its queries against all keys
+                seqs, q_len, heads = 1, _split(op.batch * op.q_len, t, i), op.heads
+                kv_share = op.kv_bytes_per_token / t  # each core reads its share of a prefix
             deps = [st.ready[i]]
-            if seqs <= 0 or heads <= 0:
+            if seqs <= 0 or heads <= 0 or q_len <= 0:
                 outs.append(prog.add_barrier(deps, name))
                 continue
             if self.kv_in_hbm:
@@ -483,13 +486,13 @@ class Mapper:
                 if cache > 0:
                     deps.append(prog.add_dma(c, cache, address=self.kv_base[c], deps=[st.ready[i]],
                                              name=f"{name} read KV"))
-            scores = prog.add_gemm(c, op.q_len, op.head_dim, keys, op.dtype, seqs * heads, deps=deps,
+            scores = prog.add_gemm(c, q_len, op.head_dim, keys, op.dtype, seqs * heads, deps=deps,
                                    name=f"{name} QK")
-            soft = prog.add_vector(c, "softmax", seqs * heads * op.q_len * keys, op.dtype, deps=[scores],
+            soft = prog.add_vector(c, "softmax", seqs * heads * q_len * keys, op.dtype, deps=[scores],
                                    name=f"{name} softmax", row_len=keys)
-            out = prog.add_gemm(c, op.q_len, keys, vd, op.dtype, seqs * heads, deps=[soft], name=f"{name} PV")
+            out = prog.add_gemm(c, q_len, keys, vd, op.dtype, seqs * heads, deps=[soft], name=f"{name} PV")
             if self.kv_in_hbm:
-                prog.add_dma(c, int(seqs * op.q_len * kv_share), address=self.kv_base[c], write=True,
+                prog.add_dma(c, int(seqs * q_len * kv_share), address=self.kv_base[c], write=True,
                              dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=[st.ready[i]],
                              name=f"{name} write KV")
             outs.append(out)
