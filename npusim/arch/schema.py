@@ -36,6 +36,8 @@ class SystolicArray(StrictModel):
     dataflow: Literal["ws", "os"] = "ws"
     macs_per_pe_per_cycle: dict[str, PositiveInt] = Field(default_factory=lambda: {"fp16": 1, "bf16": 1, "int8": 2})
     weight_injection_cycles: NonNegativeInt = 0
+    double_buffered_weights: bool = Field(
+        default=True, description="the next fold's weights load while the current fold computes (see hw/compute/systolic)")
 
     @model_validator(mode="after")
     def _known_dtypes(self):

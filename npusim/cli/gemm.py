@@ -28,6 +28,10 @@ def add_parser(sub):
     p.add_argument("--array", type=parse_grid, default=None, metavar="RxC", help="array rows x cols, e.g. 128x128")
     p.add_argument("--dataflow", choices=["ws", "os"], default=None)
     p.add_argument("--batch", type=int, default=1, help="independent GEMMs back to back (default 1)")
+    p.add_argument("--double-buffer", dest="double_buffer", action="store_true", default=None,
+                   help="load the next fold's weights during the current fold (default: the arch's "
+                   "systolic_array.double_buffered_weights)")
+    p.add_argument("--no-double-buffer", dest="double_buffer", action="store_false")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -43,7 +47,8 @@ def run(args) -> int:
     elem = DTYPE_BYTES[args.dtype]
     try:
         cost = gemm_cost(args.m, args.k, args.n, rows, cols, dataflow, k_per_pe, sa.weight_injection_cycles,
-                         bytes_per_elem=max(1, int(elem)), batch=args.batch)
+                         bytes_per_elem=max(1, int(elem)), batch=args.batch,
+                         double_buffer=sa.double_buffered_weights if args.double_buffer is None else args.double_buffer)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     sram = arch.cores.sram

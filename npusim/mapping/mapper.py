@@ -158,10 +158,15 @@ class Mapper:
                               spec.layout.group, spec.layout.origin)
         stage_layers = self._stage_layers(layers, stages)
         per_replica = [_split(g.batch, replicas, r) for r in range(replicas)]
-        micro = spec.pipeline.microbatches or (stages if stages > 1 else 1)
-        micro = max(1, min(micro, min(per_replica)))
-        mapped = Mapped(self.prog, groups, replicas, stages, micro, stage_layers, False)
+        mapped = Mapped(self.prog, groups, replicas, stages, 1, stage_layers, False)
         self._decide_memory(mapped, stage_layers)
+        # micro-batches keep the stages busy at once; with streamed weights each one would
+        # stream them again, so by default the whole batch goes through as one
+        micro = spec.pipeline.microbatches or (stages if stages > 1 and self.resident else 1)
+        micro = max(1, min(micro, min(per_replica)))
+        mapped.microbatches = micro
+        if micro > 1 and not self.resident:
+            mapped.notes.append(f"{micro} micro-batches each stream the weights again (pipeline.microbatches)")
         stage_ops = self._ops_by_stage(stage_layers)
         for r in range(replicas):
             for mb in range(micro):
@@ -211,7 +216,8 @@ class Mapper:
         """Resident weights if every core's shards (plus its KV share) fit its SRAM budget."""
         arch, spec, g = self.arch, self.spec, self.graph
         stages_ops = self._ops_by_stage(stage_layers)
-        shard = max(sum(op.weight_bytes for op in ops) for ops in stages_ops) / self.t
+        # embedding tables stay in HBM (rows are fetched); everything else wants SRAM
+        shard = max(sum(op.weight_bytes for op in ops if op.kind != "embedding") for ops in stages_ops) / self.t
         kv = g.kv_read_bytes / max(1, mapped.replicas) / self.t
         sram = arch.cores.sram.capacity_mb * MB
         budget = sram - spec.memory.sram_reserve_mb * MB
@@ -308,7 +314,8 @@ class Mapper:
 
         def comp(m, k, n):
             return gemm_cost(max(1, m), max(1, k), max(1, n), sa.rows, sa.cols, sa.dataflow, kpe,
-                             sa.weight_injection_cycles).cycles / self.arch.clock_ghz
+                             sa.weight_injection_cycles, double_buffer=sa.double_buffered_weights).cycles \
+                / self.arch.clock_ghz
 
         t, (a, b) = self.t, self.grid
         m, k, n = op.m * op.batch, op.k, op.n
