@@ -367,97 +367,80 @@ class Mapper:
         part = self._partition(op)
         self.decisions[op.name] = part
         t = self.t
+        a, b = {"tp_k": (t, 1), "tp_mn": (1, t), "tp_mnk": self.grid}.get(part, (0, 0))
+        if a == 0:
+            raise ConfigError(f"unknown partition {part!r} for {op.name}")
+        needs_rows = b > 1
+        # the input must be replicated, or already split the way this GEMM wants it
+        ok = st.layout == "rep" or (st.layout == "feat" and a == t and b == 1) or \
+            (st.layout == "m" and a == 1 and b == t) or (st.layout == "mb" and (a, b) == self.grid)
+        if not ok:
+            self._to_rep(st, int(op.m * op.batch * op.k * op.elem_bytes), name + " gather")
+        self._grid_gemm(st, op, a, b, name)
+        st.layout = "rep" if not needs_rows else ("m" if a == 1 else "mb")
+        if t == 1:
+            st.layout = "rep"
+
+    def _grid_gemm(self, st: _GroupState, op: Op, a: int, b: int, name: str) -> None:
+        """The GEMM on an ``a x b`` grid of the group (row-major over its ring order): core
+        ``(i, j)`` holds a ``K/a x N/b`` weight shard; the shards are all-gathered along each
+        row (``b > 1``) N-piece by N-piece, each core computes ``M/b x K/a x N``, and partial
+        sums are all-reduced along each column (``a > 1``). ``tp_k`` is ``t x 1``, ``tp_mn``
+        ``1 x t``. Weight pieces use two buffers: piece ``p`` is fetched once the GEMM of
+        piece ``p - 2`` has finished with its buffer."""
+        prog = self.prog
         m, k, n = op.m, op.k, op.n
         e = op.elem_bytes
-        if part == "tp_k" or t == 1:
-            if st.layout not in ("rep", "feat") or (st.layout == "feat" and t == 1):
-                self._to_rep(st, int(m * op.batch * k * e), name + " gather")
-            partial = []
-            for i, c in enumerate(st.cores):
-                k_i = _split(k, t, i)
-                partial.append(self._compute_with_weights(c, i, op, int(k_i * n * op.weight_elem_bytes), m, k_i, n,
-                                                          [st.ready[i]], name))
-            if t > 1:
-                coll = ring_allreduce(self.prog, st.cores, int(m * op.batch * n * e), deps=partial, dtype=op.dtype)
-                st.set("rep", [coll.done[c] for c in st.cores])
-            else:
-                st.set("rep", partial)
-        elif part == "tp_mn":
-            if st.layout in ("feat", "mb"):
-                self._to_rep(st, int(m * op.batch * k * e), name + " gather")
-            self._tp_mn(st, op, name)
-        elif part == "tp_mnk":
-            self._tp_mnk(st, op, name)
-        else:
-            raise ConfigError(f"unknown partition {part!r} for {op.name}")
-
-    def _gathered_tiles(self, k: int, n: int, e: float) -> int:
-        """How many N-tiles a weight all-gather is cut into so a gathered tile takes at most
-        an eighth of a core's SRAM."""
-        budget = self.arch.cores.sram.capacity_mb * MB / 8
-        return max(1, math.ceil(k * n * e / budget))
-
-    def _tp_mn(self, st: _GroupState, op: Op, name: str) -> None:
-        t, prog = self.t, self.prog
-        m, k, n = op.m, op.k, op.n
-        we = op.weight_elem_bytes
-        pieces = self._gathered_tiles(k, n, we) if op.weight else 1
-        outs = list(st.ready)
-        for p in range(pieces):
-            n_p = _split(n, pieces, p)
-            gathered = list(st.ready)
-            if op.weight:
-                loads = []
-                for i, c in enumerate(st.cores):
-                    shard = int(k * _split(n_p, t, i) * we)
-                    if self.resident or shard == 0:
-                        loads.append(st.ready[i])
-                    else:
-                        base = self._weight_base(op) + p * int(k * n * we / pieces) + i * shard
-                        loads.append(prog.add_dma(c, shard, address=base, deps=[], name=f"{name} load W{p}"))
-                coll = ring_allgather(prog, st.cores, int(k * n_p * we), deps=loads, dtype=op.dtype)
-                gathered = [coll.done[c] for c in st.cores]
-            for i, c in enumerate(st.cores):
-                m_i = _split(m, t, i) if st.layout in ("rep", "m") else m
-                outs[i] = prog.add_gemm(c, m_i, k, n_p, op.dtype, op.batch, deps=[gathered[i], st.ready[i], outs[i]],
-                                        name=f"{name} n{p}")
-        st.set("m", outs)
-
-    def _tp_mnk(self, st: _GroupState, op: Op, name: str) -> None:
-        prog = self.prog
-        a, b = self.grid
-        m, k, n = op.m, op.k, op.n
-        e, we = op.elem_bytes, op.weight_elem_bytes
-        if st.layout not in ("rep", "mb"):
-            self._to_rep(st, int(m * op.batch * k * e), name + " gather")
+        grid = [[st.cores[i * b + j] for j in range(b)] for i in range(a)]
         partial = list(st.ready)
         for i in range(a):
-            row = [st.cores[i * b + j] for j in range(b)]
+            row = grid[i]
             k_i = _split(k, a, i)
-            loads = []
-            for j, c in enumerate(row):
-                shard = int(k_i * _split(n, b, j) * we)
-                if self.resident or shard == 0 or not op.weight:
-                    loads.append(st.ready[i * b + j])
-                else:
-                    base = self._weight_base(op) + (i * b + j) * shard
-                    loads.append(prog.add_dma(c, shard, address=base, name=f"{name} load W"))
-            gathered = [st.ready[i * b + j] for j in range(b)]
-            if op.weight and b > 1:
-                coll = ring_allgather(prog, row, int(k_i * n * we), deps=loads, dtype=op.dtype)
-                gathered = [coll.done[c] for c in row]
-            for j, c in enumerate(row):
-                partial[i * b + j] = prog.add_gemm(c, _split(m, b, j), k_i, n, op.dtype, op.batch,
-                                                   deps=[gathered[j], st.ready[i * b + j]], name=name)
+            frac_k = k_i / k
+            if b == 1:  # no gather: the core's own shard, streamed in tiles or resident
+                idx = i
+                shard = int(op.weight_bytes * frac_k) if op.weight else 0
+                partial[idx] = self._compute_with_weights(row[0], idx, op, shard, m, k_i, n, [st.ready[idx]], name)
+                continue
+            pieces = self._gathered_tiles(k_i, n, op.weight_elem_bytes) if op.weight else 1
+            outs = [st.ready[i * b + j] for j in range(b)]
+            history: list[list[int]] = []
+            for p in range(pieces):
+                n_p = _split(n, pieces, p)
+                gathered = [st.ready[i * b + j] for j in range(b)]
+                if op.weight:
+                    free = history[-2] if len(history) >= 2 else [-1] * b
+                    loads = []
+                    for j, c in enumerate(row):
+                        shard = int(op.weight_bytes * frac_k * _split(n_p, b, j) / n)
+                        if self.resident or shard == 0:
+                            loads.append(free[j])
+                        else:
+                            base = self._weight_base(op) + int(op.weight_bytes * (i / a + p / (a * pieces))) + j * shard
+                            loads.append(prog.add_dma(c, shard, address=base, deps=[free[j]], name=f"{name} load W{p}"))
+                    coll = ring_allgather(prog, row, int(op.weight_bytes * frac_k * n_p / n), deps=loads, dtype=op.dtype)
+                    gathered = [coll.done[c] for c in row]
+                for j, c in enumerate(row):
+                    outs[j] = prog.add_gemm(c, _split(m, b, j), k_i, n_p, op.dtype, op.batch,
+                                            deps=[gathered[j], st.ready[i * b + j], outs[j]], name=f"{name} n{p}")
+                history.append(list(outs))
+            for j in range(b):
+                partial[i * b + j] = outs[j]
         done = list(partial)
         if a > 1:
             for j in range(b):
-                col = [st.cores[i * b + j] for i in range(a)]
+                col = [grid[i][j] for i in range(a)]
                 coll = ring_allreduce(prog, col, int(_split(m, b, j) * op.batch * n * e),
                                       deps=[partial[i * b + j] for i in range(a)], dtype=op.dtype)
                 for i in range(a):
                     done[i * b + j] = coll.done[col[i]]
-        st.set("mb", done)
+        st.ready = done
+
+    def _gathered_tiles(self, k: int, n: int, e: float) -> int:
+        """How many N-pieces a weight all-gather is cut into so a gathered piece takes at most
+        an eighth of a core's SRAM."""
+        budget = self.arch.cores.sram.capacity_mb * MB / 8
+        return max(1, math.ceil(k * n * e / budget))
 
     # -- attention, MoE, embedding ------------------------------------------------------------------
     def _attention(self, st: _GroupState, op: Op, name: str) -> None:
