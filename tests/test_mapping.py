@@ -145,3 +145,14 @@ def test_breakdown_adds_up(arch64):
     assert sum(s["breakdown_ms"].values()) == pytest.approx(s["latency_ms"], rel=1e-6)
     assert all(0 <= v <= 1 for v in s["core_utilization"].values())
     assert s["noc_link_utilization_max"] <= 1.0
+
+
+def test_shipped_mapping_specs_load_and_map(arch64):
+    from npusim.mapping.spec import MAPPER_DIR
+
+    specs = sorted(MAPPER_DIR.glob("*.yaml"))
+    assert len(specs) >= 3
+    for path in specs:
+        spec = load_mapping(path)
+        mapped = map_model(tiny_transformer(layers=16), arch64, spec)
+        assert len(mapped.program) > 0
