@@ -15,7 +15,7 @@ import sys
 from npusim import __version__
 from npusim.errors import NpusimError
 
-SUBCOMMANDS = ("run", "info", "gemm", "mem", "noc", "collective")
+SUBCOMMANDS = ("run", "replay", "info", "gemm", "mem", "noc", "collective", "model")
 
 
 def build_parser() -> argparse.ArgumentParser:

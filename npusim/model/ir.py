@@ -9,7 +9,10 @@ Kinds and their fields:
 
 * ``gemm``: ``Y[batch, m, n] = X[batch, m, k] . W[k, n]``. ``weight=True`` when ``W`` is a
   parameter (it can stay resident in SRAM or stream from HBM); ``False`` for an
-  activation-by-activation product. ``m`` is the token dimension.
+  activation-by-activation product. ``m`` is the token dimension. With ``batch > 1`` a
+  weight is shared by the ``batch`` products unless ``weight_batched=True``, which gives each
+  product its own ``[k, n]`` weight (MLA's per-head absorbed projections, grouped convolution,
+  an ONNX MatMul with a 3-D initializer).
 * ``attention``: scaled dot-product attention of ``batch`` sequences, ``q_len`` new
   tokens each attending to ``kv_len`` keys (prefill: ``kv_len == q_len`` plus any
   prefix, ``causal=True``; decode: ``q_len == 1``), ``heads`` query heads of
@@ -51,6 +54,7 @@ class Op:
     n: int = 0
     batch: int = 1
     weight: bool = False
+    weight_batched: bool = False  # each of the ``batch`` products has its own weight
     # attention
     q_len: int = 0
     kv_len: int = 0
@@ -124,7 +128,8 @@ class Op:
     @property
     def weight_bytes(self) -> int:
         if self.kind == "gemm" and self.weight:
-            return int(self.k * self.n * self.weight_elem_bytes)
+            copies = self.batch if self.weight_batched else 1
+            return int(copies * self.k * self.n * self.weight_elem_bytes)
         if self.kind == "embedding":
             return int(self.k * self.n * self.weight_elem_bytes)
         if self.kind == "moe":
