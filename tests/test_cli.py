@@ -51,12 +51,14 @@ def test_mem_json_contract(capsys):
     assert 0 < d["bandwidth_gbps"] <= d["peak_bandwidth_gbps"]
 
 
-def test_run_writes_outputs(capsys, tmp_path):
-    code, out, _ = run_cli(capsys, "run", "--m", "256", "--n", "2048", "--out", str(tmp_path), "--json",
-                           "--no-progress")
+def test_run_json_contract_outputs_and_replay(capsys, tmp_path):
+    argv = ["run", "--model", "qwen3-0.6b", "--layers", "2", "--phase", "prefill", "--batch", "2", "--seq", "64",
+            "--tp", "4", "--stages", "2", "--out", str(tmp_path), "--json", "--no-progress"]
+    code, out, _ = run_cli(capsys, *argv)
     d = json.loads(out)
-    assert code == 0 and d["cycles"] > 0 and 0 < d["compute_utilization"] <= 1
-    assert d["hbm_bandwidth_gbps"] <= d["hbm_peak_gbps"]
+    assert code == 0 and d["latency_ms"] > 0 and d["tflops_achieved"] > 0
+    assert set(d["breakdown_ms"]) == {"compute", "memory", "communication", "idle"}
+    assert sum(d["breakdown_ms"].values()) == pytest.approx(d["latency_ms"], rel=1e-6)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["cycles"] == d["cycles"]
     trace = json.loads((tmp_path / "timeline.json").read_text())
@@ -64,6 +66,9 @@ def test_run_writes_outputs(capsys, tmp_path):
     with h5py.File(tmp_path / "tasks.h5") as f:
         assert f["tasks/end_cycle"][:].max() == d["cycles"]
     assert not list(tmp_path.glob("*.partial"))
+    # the saved program replays to the same time on the same chip and fidelities
+    code, out, _ = run_cli(capsys, "replay", str(tmp_path / "program.h5"), "--json", "--no-progress")
+    assert code == 0 and json.loads(out)["cycles"] == d["cycles"]
 
 
 def test_bad_inputs_are_one_line_errors(capsys, tmp_path):
@@ -73,8 +78,10 @@ def test_bad_inputs_are_one_line_errors(capsys, tmp_path):
     assert code == 2 and "did you mean 'height'" in err and "Traceback" not in err
     code, _, err = run_cli(capsys, "gemm", "--m", "0", "--k", "1", "--n", "1")
     assert code == 2 and "error" in err
-    code, _, err = run_cli(capsys, "run", "--m", "100000000", "--no-progress")
-    assert code == 2 and "SRAM" in err
+    code, _, err = run_cli(capsys, "run", "--model", "qwen3-4bb", "--no-progress")
+    assert code == 2 and "qwen3-4b" in err
+    code, _, err = run_cli(capsys, "run", "--batch", "0", "--no-progress")
+    assert code == 2 and "--batch" in err
     with pytest.raises(SystemExit) as e:
         main(["mem", "--bytes", "lots"])
     assert e.value.code == 2

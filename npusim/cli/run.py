@@ -1,9 +1,16 @@
-"""``npusim run``: simulate a workload on a chip and report latency, throughput, utilisation.
+"""``npusim run``: simulate one forward pass of a model on a chip.
 
-Until the model and mapping layers land, the workload is the built-in weight-streaming
-GEMM layer (see ``npusim.scenarios.weight_stream``): by default Qwen3-4B's FFN
-up-projection (M=2048 tokens, K=2560, N=9728, fp16) split over all cores of the
-default chip, weights streamed from HBM with double buffering.
+The model is a built-in name (``npusim model --list``) or an ``.onnx`` file; the mapping
+is a spec file (``--mapping``) or derived from the chip and the ``--tp``,
+``--partition``, ``--layout`` and ``--stages`` flags: by default one copy of the model
+fills the chip — TP groups of 16 cores (4x4 blocks in ring order), as many pipeline
+stages as there are groups (at most one per layer), partitions chosen per GEMM
+(``auto``).
+
+Plain ``npusim run`` simulates one decode step of Qwen3-4B for 16 sequences with
+1,024 cached tokens each on npusim-64c, memory at the analytical fidelity and the NoC
+at the path level (a TLM memory run of the same step moves ~8 GB of weights through
+the transaction model and takes minutes: ``--memory tlm``).
 """
 
 from __future__ import annotations
@@ -14,74 +21,147 @@ from pathlib import Path
 from npusim.arch import load_arch
 from npusim.arch.load import DEFAULT_ARCH
 from npusim.cli.progress import task_progress
+from npusim.errors import ConfigError
 from npusim.files import write_json
+from npusim.mapping.spec import LAYOUTS, PARTITIONS, load_mapping, spec_from_flags
 from npusim.report.hdf5 import write_task_hdf5
 from npusim.report.perfetto import write_perfetto
-from npusim.scenarios.weight_stream import DEFAULT_K, DEFAULT_M, DEFAULT_N, build_weight_stream_layer, summarize_layer
-from npusim.sim import Simulator
+from npusim.scenarios.forward import simulate_forward
+
+DEFAULT_MODEL = "qwen3-4b"
 
 
 def add_parser(sub):
     p = sub.add_parser(
         "run",
-        help="simulate a workload (default: a weight-streaming GEMM layer on npusim-64c)",
-        description="Simulate Y = act(X . W) split over all cores, weights streamed from HBM "
-        f"(defaults: M={DEFAULT_M}, K={DEFAULT_K}, N={DEFAULT_N}, fp16 — Qwen3-4B's FFN up-projection "
-        "for a 2048-token prefill) and report latency, TFLOPS, HBM bandwidth and utilisation.",
+        help="simulate one forward pass of a model (default: Qwen3-4B decode on npusim-64c)",
+        description=__doc__.split("\n\n")[1] + " " + __doc__.split("\n\n")[2],
     )
-    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
-    p.add_argument("--m", type=int, default=DEFAULT_M, help=f"tokens (rows of X), default {DEFAULT_M}")
-    p.add_argument("--k", type=int, default=DEFAULT_K, help=f"reduction dimension, default {DEFAULT_K}")
-    p.add_argument("--n", type=int, default=DEFAULT_N, help=f"output columns, default {DEFAULT_N}")
-    p.add_argument("--dtype", default="fp16", help="operand dtype (fp16, bf16, int8; default fp16)")
-    p.add_argument("--k-tile", type=int, default=None, help="K rows per weight tile (default: ~256 KiB tiles)")
-    p.add_argument("--memory", choices=["tlm", "analytical"], default="tlm", help="HBM model fidelity (default tlm)")
+    add_model_args(p)
+    add_mapping_args(p)
+    add_fidelity_args(p, memory_default="analytical")
     p.add_argument("--out", type=Path, default=None,
-                   help="directory for summary.json, tasks.h5 and timeline.json (Perfetto)")
+                   help="directory for summary.json, tasks.h5, program.h5 and timeline.json (Perfetto)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
+def add_model_args(p):
+    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model or .onnx file (default {DEFAULT_MODEL})")
+    p.add_argument("--phase", choices=["prefill", "decode"], default="decode")
+    p.add_argument("--batch", type=int, default=16, help="sequences (default 16)")
+    p.add_argument("--seq", type=int, default=1024,
+                   help="prefill: prompt tokens per sequence; decode: tokens already cached (default 1024)")
+    p.add_argument("--kv", type=int, default=None,
+                   help="tokens already in the KV cache (decode: default --seq; prefill: a cached prefix, default none)")
+    p.add_argument("--precision", choices=["bf16", "a8w8"], default="bf16")
+    p.add_argument("--layers", type=int, default=None, help="build only the first N layers (quick what-ifs)")
+    p.add_argument("--allow-unsupported", action="store_true",
+                   help="ONNX: cost unsupported ops as data movement instead of failing")
+
+
+def add_mapping_args(p):
+    p.add_argument("--mapping", default=None, help="mapping spec YAML (default: derived from the flags below)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 16, or all cores if fewer)")
+    p.add_argument("--partition", choices=PARTITIONS, default=None, help="GEMM partition for all classes")
+    p.add_argument("--layout", choices=LAYOUTS, default=None, help="core layout of TP groups (default ring)")
+    p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: fill the chip)")
+
+
+def add_fidelity_args(p, memory_default="tlm"):
+    p.add_argument("--fidelity", choices=["path", "analytical", "flit"], default="path",
+                   help="NoC model (default path)")
+    p.add_argument("--memory", choices=["tlm", "analytical"], default=memory_default,
+                   help=f"HBM model (default {memory_default})")
+
+
+def build_model(args):
+    """The operator graph the flags describe (built-in builder or ONNX import)."""
+    for name in ("batch", "seq"):
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
+    if str(args.model).endswith(".onnx"):
+        from npusim.model.onnx_import import load_onnx
+
+        decode = args.phase == "decode"
+        return load_onnx(args.model, batch=args.batch, seq_len=1 if decode else args.seq,
+                         kv_len=(args.kv or args.seq) + (1 if decode else 0), allow_unsupported=args.allow_unsupported)
+    from npusim.model.builder import build_graph
+
+    if args.phase == "decode":  # one new token per sequence, attending to the cache and itself
+        return build_graph(args.model, phase="decode", batch=args.batch, seq_len=1, kv_len=(args.kv or args.seq) + 1,
+                           precision=args.precision, layers=args.layers)
+    return build_graph(args.model, phase="prefill", batch=args.batch, seq_len=args.seq,
+                       kv_len=max(args.kv or args.seq, args.seq), precision=args.precision, layers=args.layers)
+
+
+def build_spec(args, arch, graph):
+    base = load_mapping(args.mapping) if args.mapping else None
+    tp = args.tp if args.tp is not None else (None if base else min(16, arch.num_cores))
+    stages = args.stages
+    layout = args.layout if args.layout is not None else (None if base else "ring")
+    if base is None and stages is None:
+        stages = max(1, min(len(graph.layers()) or 1, arch.num_cores // tp))
+    spec = spec_from_flags(base, tp=tp, partition=args.partition, layout=layout, stages=stages)
+    if base is None:
+        spec = spec.model_copy(update={"data_parallel": 1})
+    return spec
+
+
 def run(args) -> int:
     arch = load_arch(args.arch)
-    sim = Simulator(arch, memory_mode=args.memory)
-    layout = build_weight_stream_layer(sim, args.m, args.k, args.n, args.dtype, args.k_tile)
+    graph = build_model(args)
+    spec = build_spec(args, arch, graph)
     with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:
-        sim.run(progress=progress, chunk_events=200_000)
-    result = summarize_layer(sim, layout, args.m, args.k, args.n, args.dtype)
-    summary = result.to_dict()
+        result = simulate_forward(graph, arch, spec, memory_mode=args.memory, noc_mode=args.fidelity,
+                                  progress=progress)
+    summary = result.summary
     if args.out:
-        summary["files"] = _write_outputs(args.out, sim, summary)
+        summary["files"] = write_outputs(args.out, result.sim, summary, result.mapped.program)
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    r = result
-    print(f"{r.arch}: Y[{r.m}x{r.n}] = silu(X[{r.m}x{r.k}] . W[{r.k}x{r.n}]) {r.dtype} on {r.cores_used} cores, "
-          f"HBM model {r.memory_mode}")
-    print(f"  latency        {r.latency_us:,.2f} us ({r.cycles:,} cycles)")
-    print(f"  compute        {r.tflops_achieved:,.1f} TFLOPS of {r.tflops_peak:,.1f} peak ({100 * r.compute_utilization:.1f}%)")
-    print(f"  HBM            {r.hbm_bytes / 2**20:,.1f} MiB at {r.hbm_bandwidth_gbps:,.1f} GB/s of {r.hbm_peak_gbps:,.1f} peak")
-    busy = ", ".join(f"{u} {100 * f:.0f}%" for u, f in r.busy_fraction.items() if f > 0)
-    print(f"  busy per core  {busy}")
-    print(f"  simulated      {r.tasks:,} tasks, {r.events:,} events")
-    for name, path in summary.get("files", {}).items():
-        print(f"  wrote {name:<9} {path}")
+    print_summary(summary, arch)
     return 0
 
 
-def _write_outputs(out: Path, sim: Simulator, summary: dict) -> dict:
+def print_summary(s: dict, arch) -> None:
+    mp = s["mapping"]
+    what = f"{s['phase']} of {s['batch']} x {s['seq_len']} tokens" if s["phase"] == "prefill" else \
+        f"decode step of {s['batch']} sequences at KV {s['kv_len']}"
+    print(f"{s['model']} on {s['arch']}: {what}  (memory {s['memory_fidelity']}, NoC {s['noc_fidelity']})")
+    print(f"  mapping        TP {mp['tp']} x {mp['stages']} stage(s) x {mp['replicas']} replica(s), "
+          f"{mp['microbatches']} micro-batch(es); partitions {mp['partitions']}")
+    print(f"  weights        {'resident in SRAM' if mp['weights_resident'] else 'streamed from HBM'} "
+          f"({mp['weight_mb_per_core']:.1f} MB per core); KV cache in {'HBM' if mp['kv_cache_in_hbm'] else 'SRAM'}")
+    print(f"  latency        {s['latency_ms']:.3f} ms ({s['cycles']:,} cycles), {s['tokens_per_s']:,.0f} tokens/s")
+    print(f"  compute        {s['tflops_achieved']:.1f} TFLOPS achieved")
+    bd, frac = s["breakdown_ms"], s["breakdown_fraction"]
+    print("  time went to   " + ", ".join(f"{k} {bd[k]:.3f} ms ({100 * frac[k]:.0f}%)" for k in bd))
+    util = ", ".join(f"{u} {100 * v:.0f}%" for u, v in s["core_utilization"].items())
+    print(f"  busy per core  {util} (mean over {s['cores_used']} cores)")
+    print(f"  HBM            {s['hbm_bytes'] / 2**30:.2f} GiB at {s['hbm_bandwidth_gbps']:.1f} GB/s of "
+          f"{arch.hbm.total_bandwidth_gbps:.1f} peak")
+    print(f"  NoC links      max {100 * s['noc_link_utilization_max']:.1f}%, mean {100 * s['noc_link_utilization_mean']:.1f}%")
+    print(f"  simulated      {s['tasks']:,} tasks, {s['events']:,} events")
+    for note in mp["notes"]:
+        print(f"  note           {note}")
+    for name, path in s.get("files", {}).items():
+        print(f"  wrote {name:<9} {path}")
+
+
+def write_outputs(out: Path, sim, summary: dict, program) -> dict:
     eng = sim.engine
     n = eng.num_tasks
     start, end = sim.task_times()
-    files = {
-        "summary": out / "summary.json",
-        "tasks": out / "tasks.h5",
-        "timeline": out / "timeline.json",
-    }
+    files = {"summary": out / "summary.json", "tasks": out / "tasks.h5", "program": out / "program.h5",
+             "timeline": out / "timeline.json"}
     write_task_hdf5(files["tasks"], kind=eng.tt.kind[:n], queue=eng.tt.queue[:n], param=eng.tt.param[:n],
                     start=start, end=end, queue_names=eng.queue_names, busy_cycles=eng.busy_cycles(),
                     attrs={"arch": sim.arch.name, "clock_ghz": sim.arch.clock_ghz})
+    program.save(files["program"])
     write_perfetto(files["timeline"], queue_names=eng.queue_names, task_queue=eng.tt.queue[:n], start=start,
                    end=end, clock_ghz=sim.arch.clock_ghz, task_names=eng.task_names)
     paths = {k: str(v) for k, v in files.items()}
