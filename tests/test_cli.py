@@ -90,3 +90,10 @@ def test_bad_inputs_are_one_line_errors(capsys, tmp_path):
 def test_console_script_runs_as_module():
     out = subprocess.run([sys.executable, "-m", "npusim", "info", "--json"], capture_output=True, text=True)
     assert out.returncode == 0 and "peak_tflops" in out.stdout
+
+
+def test_run_an_exported_onnx_model(capsys):
+    code, out, _ = run_cli(capsys, "run", "--model", "examples/onnx/qwen3_tiny_opset18.onnx", "--phase", "prefill",
+                           "--batch", "2", "--seq", "64", "--tp", "4", "--stages", "1", "--json", "--no-progress")
+    d = json.loads(out)
+    assert code == 0 and d["latency_ms"] > 0 and d["flops"] > 0

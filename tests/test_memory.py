@@ -135,8 +135,9 @@ def test_writes_complete_and_turnaround_costs(small_arch):
 
 
 def test_analytical_matches_tlm_for_a_lone_stream(small_arch):
-    tlm = measure_memory(small_arch, "stream", 256 * 1024, initiators=1)
-    ana = measure_memory(small_arch, "stream", 256 * 1024, initiators=1, mode="analytical")
+    shared = _variant(small_arch, hbm={"attach": "edge"})  # interleaved over all 4 channels
+    tlm = measure_memory(shared, "stream", 256 * 1024, initiators=1)
+    ana = measure_memory(shared, "stream", 256 * 1024, initiators=1, mode="analytical")
     assert ana.cycles == pytest.approx(tlm.cycles, rel=0.15)
 
 
@@ -150,3 +151,20 @@ def test_analytical_shares_bandwidth_but_ignores_dram_timing(arch64):
     rand_tlm = measure_memory(arch64, "random", 4 << 20)
     rand_ana = measure_memory(arch64, "random", 4 << 20, mode="analytical")
     assert rand_ana.cycles < rand_tlm.cycles  # no row misses in the analytical model
+
+
+@pytest.mark.parametrize("mode", ["tlm", "analytical"])
+def test_per_core_channels_are_private(small_arch, mode):
+    """attach: per_core (NpuSim's distributed memory): a core's DMA only uses its own channel,
+    so one core streaming gets one channel's bandwidth and cores do not contend."""
+    one = Simulator(small_arch, memory_mode=mode)
+    one.add_dma(2, 256 * 1024)
+    one.run()
+    assert [int(b) for b in one.mem.ch_bytes] == [0, 0, 256 * 1024, 0]
+    peak = small_arch.hbm.bandwidth_per_channel_gbps
+    assert 256 * 1024 / one.makespan() <= peak * 1.0001  # 1 GHz: bytes per cycle == GB/s
+    four = Simulator(small_arch, memory_mode=mode)
+    for core in range(4):
+        four.add_dma(core, 256 * 1024)
+    four.run()
+    assert four.makespan() == pytest.approx(one.makespan(), rel=0.02)

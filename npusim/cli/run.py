@@ -56,7 +56,9 @@ def add_model_args(p):
                    help="prefill: prompt tokens per sequence; decode: tokens already cached (default 1024)")
     p.add_argument("--kv", type=int, default=None,
                    help="tokens already in the KV cache (decode: default --seq; prefill: a cached prefix, default none)")
-    p.add_argument("--precision", choices=["bf16", "a8w8"], default="bf16")
+    p.add_argument("--precision", choices=["bf16", "a8w8"], default="bf16",
+                   help="bf16, or A8W8 (int8 GEMM operands); ONNX models' floating-point tensors are re-labelled "
+                   "bf16 or int8 accordingly")
     p.add_argument("--layers", type=int, default=None, help="build only the first N layers (quick what-ifs)")
     p.add_argument("--allow-unsupported", action="store_true",
                    help="ONNX: cost unsupported ops as data movement instead of failing")
@@ -86,8 +88,11 @@ def build_model(args):
         from npusim.model.onnx_import import load_onnx
 
         decode = args.phase == "decode"
+        # exporters write fp32; an NPU runs the model at the chosen precision
+        dtype = {"bf16": "bf16", "a8w8": "int8"}[args.precision]
         return load_onnx(args.model, batch=args.batch, seq_len=1 if decode else args.seq,
-                         kv_len=(args.kv or args.seq) + (1 if decode else 0), allow_unsupported=args.allow_unsupported)
+                         kv_len=(args.kv or args.seq) + (1 if decode else 0), allow_unsupported=args.allow_unsupported,
+                         dtype=dtype)
     from npusim.model.builder import build_graph
 
     if args.phase == "decode":  # one new token per sequence, attending to the cache and itself

@@ -48,7 +48,8 @@ from numba import njit
 from npusim.engine.heap import heap_push
 from npusim.hw.memory.params import (
     LAT_BINS, MODE_ANALYTICAL, P_ACCEPT, P_BANKS, P_BURST_BYTES, P_BURST_PS, P_CAPACITY_BYTES,
-    P_CHANNELS, P_FRONTEND, P_INTERLEAVE, P_ISSUE_GAP, P_LAT_BIN_PS, P_LOOKAHEAD, P_MAX_OUT, P_MODE,
+    P_CHANNELS, P_DMA_ENGINES, P_FRONTEND, P_INTERLEAVE, P_ISSUE_GAP, P_LAT_BIN_PS, P_LOOKAHEAD, P_MAX_OUT, P_MODE,
+    P_PRIVATE_CHANNELS,
     P_QDEPTH, P_ROW_BYTES, P_TCCD, P_TCK, P_TCL, P_TRAS, P_TRCD, P_TREFI, P_TRFC, P_TRP, P_TRTW,
     P_TWL, P_TWR, P_TWTR, P_TXN_BYTES,
 )
@@ -139,7 +140,7 @@ def _hash64(x):
 
 @njit(cache=True, _nrt=False)
 def map_address(p, addr):
-    """(channel, bank, row) of a byte address."""
+    """(channel, bank, row) of a byte address (channels interleaved every ``interleave_bytes``)."""
     il = p[P_INTERLEAVE]
     chunk = addr // il
     ch = chunk % p[P_CHANNELS]
@@ -148,6 +149,17 @@ def map_address(p, addr):
     bank = row_global % p[P_BANKS]
     row = row_global // p[P_BANKS]
     return ch, bank, row
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _route(p, init, addr):
+    """Channel, bank and row of a transaction: interleaved over all channels, or — with
+    private channels (``attach: per_core``) — the initiating core's own channel, the
+    address being local to it."""
+    if p[P_PRIVATE_CHANNELS] == 0:
+        return map_address(p, addr)
+    row_global = addr // p[P_ROW_BYTES]
+    return init // p[P_DMA_ENGINES], row_global % p[P_BANKS], row_global // p[P_BANKS]
 
 
 # --- DMA start ---------------------------------------------------------------------------
@@ -160,7 +172,7 @@ def hbm_start_dma(st, heap, hs, init, task, nbytes, addr, is_write, pattern, str
     if nbytes <= 0:
         return now_cycle
     if p[P_MODE] == MODE_ANALYTICAL:
-        return analytical_finish(st, addr, nbytes, pattern, stride, now_cycle, period_ps)
+        return analytical_finish(st, init, addr, nbytes, pattern, stride, now_cycle, period_ps)
     st.in_task[init] = task
     st.in_base[init] = addr
     st.in_next_off[init] = 0
@@ -185,7 +197,7 @@ def stream_latency_ps(p):
 
 
 @njit(cache=True, _nrt=False)
-def analytical_finish(st, addr, nbytes, pattern, stride, now_cycle, period_ps):
+def analytical_finish(st, init, addr, nbytes, pattern, stride, now_cycle, period_ps):
     """Finish cycle of a transfer in the analytical model.
 
     ``latency + bytes / bandwidth``: the first access's closed-row latency, then the
@@ -202,7 +214,9 @@ def analytical_finish(st, addr, nbytes, pattern, stride, now_cycle, period_ps):
     # share of bytes per channel
     n_ch = p[P_CHANNELS]
     il = p[P_INTERLEAVE]
-    if pattern == PATTERN_RANDOM:
+    if p[P_PRIVATE_CHANNELS] != 0:
+        first_ch, step, used = init // p[P_DMA_ENGINES], 0, 1
+    elif pattern == PATTERN_RANDOM:
         first_ch, step, used = 0, 1, n_ch
     else:
         first_ch = (addr // il) % n_ch
@@ -276,7 +290,7 @@ def _issue(st, heap, hs, init, t_ps, period_ps):
     st.in_outstanding[init] += 1
     st.in_socket_busy[init] = 1
     st.in_next_issue[init] = t_ps + p[P_ISSUE_GAP]
-    ch, bank, row = map_address(p, addr)
+    ch, bank, row = _route(p, init, addr)
     st.sl_addr[slot] = addr
     st.sl_bytes[slot] = size
     st.sl_ch[slot] = ch

@@ -18,9 +18,9 @@ from npusim.arch.schema import Arch
     P_CHANNELS, P_BANKS, P_QDEPTH, P_INTERLEAVE, P_ROW_BYTES, P_BURST_BYTES, P_BURST_PS,
     P_TRCD, P_TCL, P_TRP, P_TRAS, P_TCCD, P_TWL, P_TWR, P_TWTR, P_TRTW, P_TREFI, P_TRFC,
     P_FRONTEND, P_ACCEPT, P_TCK, P_TXN_BYTES, P_MAX_OUT, P_ISSUE_GAP, P_MODE, P_LOOKAHEAD,
-    P_CAPACITY_BYTES, P_LAT_BIN_PS,
-) = range(28)
-N_PARAMS = 28
+    P_CAPACITY_BYTES, P_LAT_BIN_PS, P_PRIVATE_CHANNELS, P_DMA_ENGINES,
+) = range(30)
+N_PARAMS = 30
 
 MODE_TLM, MODE_ANALYTICAL = 0, 1
 MODES = {"tlm": MODE_TLM, "analytical": MODE_ANALYTICAL}
@@ -66,6 +66,10 @@ def memory_params(arch: Arch, mode: str = "tlm", transaction_bytes: int | None =
     p[P_LOOKAHEAD] = p[P_TRP] + p[P_TRCD] + p[P_TCL]
     p[P_CAPACITY_BYTES] = int(hbm.capacity_gb * 2**30)
     p[P_LAT_BIN_PS] = max(1, int(math.ceil(tck_ps)))
+    # attach: per_core = NpuSim-style distributed memory: each core's DMA reaches only its own
+    # channel (addresses are channel-local); otherwise addresses interleave over all channels
+    p[P_PRIVATE_CHANNELS] = int(hbm.attach == "per_core")
+    p[P_DMA_ENGINES] = dma.engines
     return p, period_ps
 
 
