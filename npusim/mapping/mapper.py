@@ -127,8 +127,9 @@ class _GroupState:
 
 
 class Mapper:
-    def __init__(self, graph: Graph, arch: Arch, spec: MappingSpec):
+    def __init__(self, graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: float | None = None):
         self.graph, self.arch, self.spec = graph, arch, spec
+        self.kv_hbm_fraction = kv_hbm_fraction
         self.prog = Program(arch.num_cores, meta={"model": graph.name, "phase": graph.phase, "batch": graph.batch,
                                                   "seq_len": graph.seq_len, "kv_len": graph.kv_len,
                                                   "spec": spec.model_dump(mode="json")})
@@ -245,6 +246,8 @@ class Mapper:
                                 f"{budget / MB:.1f} MB of SRAM)")
         self.resident = mapped.weights_resident
         self.kv_in_hbm = mapped.kv_in_hbm
+        if self.kv_hbm_fraction is None:
+            self.kv_hbm_fraction = 1.0 if mapped.kv_in_hbm else 0.0
 
     # -- emission ---------------------------------------------------------------------------
     def _emit(self, st: _GroupState, op: Op, tag: str) -> None:
@@ -451,7 +454,7 @@ class Mapper:
         if st.layout == "mb":
             self._to_rep(st, op.activation_in_bytes, name + " gather")
         head_parallel = st.layout in ("rep", "feat") or t == 1
-        if not head_parallel and self.graph.phase == "prefill" and t > 1:
+        if not head_parallel and op.q_len > 1 and t > 1:
             # token-parallel prefill: every core needs every key and value
             kv_bytes = int(op.batch * op.q_len * op.kv_bytes_per_token)
             coll = ring_allgather(prog, st.cores, kv_bytes, deps=st.ready, dtype=op.dtype)
@@ -471,8 +474,8 @@ class Mapper:
             if seqs <= 0 or heads <= 0 or q_len <= 0:
                 outs.append(prog.add_barrier(deps, name))
                 continue
-            if self.kv_in_hbm:
-                cache = int(seqs * (op.kv_len - op.q_len) * kv_share)
+            if self.kv_hbm_fraction > 0:
+                cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
                 if cache > 0:
                     deps.append(prog.add_dma(c, cache, address=self.kv_base[c], deps=[st.ready[i]],
                                              name=f"{name} read KV"))
@@ -481,7 +484,7 @@ class Mapper:
             soft = prog.add_vector(c, "softmax", seqs * heads * q_len * keys, op.dtype, deps=[scores],
                                    name=f"{name} softmax", row_len=keys)
             out = prog.add_gemm(c, q_len, keys, vd, op.dtype, seqs * heads, deps=[soft], name=f"{name} PV")
-            if self.kv_in_hbm:
+            if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
                 prog.add_dma(c, int(seqs * q_len * kv_share), address=self.kv_base[c], write=True,
                              dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=[st.ready[i]],
                              name=f"{name} write KV")
@@ -537,8 +540,12 @@ class Mapper:
         nxt.set(layout if self.t > 1 else "rep", tasks)
 
 
-def map_model(graph: Graph, arch: Arch, spec: MappingSpec) -> Mapped:
-    """Lay ``graph`` onto ``arch`` following ``spec``; see the module docstring."""
+def map_model(graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: float | None = None) -> Mapped:
+    """Lay ``graph`` onto ``arch`` following ``spec``; see the module docstring.
+
+    ``kv_hbm_fraction``: the share of each attention's cached keys/values read from HBM
+    (a serving memory manager knows it); default: all of it when the spec puts the KV
+    cache in HBM, none otherwise. New keys/values are written to HBM only in the former case."""
     if spec.tensor_parallel.degree > arch.num_cores:
         raise ConfigError(f"tensor_parallel.degree {spec.tensor_parallel.degree} exceeds the chip's "
                           f"{arch.num_cores} cores")
@@ -548,7 +555,7 @@ def map_model(graph: Graph, arch: Arch, spec: MappingSpec) -> Mapped:
         raise ConfigError(f"{graph.name}: {len(bad)} ops use a dtype {arch.name}'s array does not support "
                           f"(e.g. {bad[0].name}: {bad[0].dtype}); supported: "
                           f"{sorted(arch.cores.systolic_array.macs_per_pe_per_cycle)}")
-    return Mapper(graph, arch, spec).plan()
+    return Mapper(graph, arch, spec, kv_hbm_fraction).plan()
 
 
 __all__ = ["DTYPE_BYTES", "Mapped", "map_model", "op_class"]

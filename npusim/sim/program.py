@@ -151,6 +151,12 @@ class Program:
 
     def submit(self, sim) -> np.ndarray:
         """Time the compute tasks on ``sim.arch`` and submit everything; returns task ids."""
+        return submit_materialized(sim, self.materialize(sim), self.names)
+
+    def materialize(self, sim) -> tuple:
+        """``(kind, queue, param, dep_ptr, dep_idx)`` arrays for ``sim``'s chip, dependencies
+        relative to the first task (see :func:`submit_materialized`); reusable, so a program
+        submitted many times (serving iterations) is timed once."""
         if sim.arch.num_cores != self.num_cores:
             raise ConfigError(f"the program was compiled for {self.num_cores} cores; {sim.arch.name} has "
                               f"{sim.arch.num_cores}")
@@ -174,11 +180,10 @@ class Program:
         if dma.any():  # the DMA engine's initiator id depends on the chip's engine count
             engine = np.array([int(u[3:]) if u.startswith("dma") else 0 for u in self.unit])
             param[dma, 3] = np.asarray(self.core)[dma] * sim.dma_engines + engine[dma]
-        first = sim.engine.num_tasks
         ptr = np.zeros(n + 1, dtype=np.int64)
         ptr[1:] = np.cumsum([len(d) for d in self.deps])
-        idx = np.fromiter((d + first for ds in self.deps for d in ds), dtype=np.int64, count=int(ptr[-1]))
-        return sim.submit_batch(kinds, queue, param, ptr, idx, self.names)
+        idx = np.fromiter((d for ds in self.deps for d in ds), dtype=np.int64, count=int(ptr[-1]))
+        return kinds, queue, param, ptr, idx
 
     # -- files ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -210,6 +215,12 @@ class Program:
                 g.attrs["meta"] = json.dumps(self.meta)
 
         return write_with(path, writer)
+
+
+def submit_materialized(sim, arrays: tuple, names=None) -> np.ndarray:
+    """Submit materialised program arrays after the tasks ``sim`` already has."""
+    kinds, queue, param, ptr, idx = arrays
+    return sim.submit_batch(kinds, queue, param, ptr, idx + sim.engine.num_tasks, names)
 
 
 def load_program(path: str | Path) -> Program:
