@@ -22,3 +22,20 @@ def task_progress(clock_ghz: float, enabled: bool = True, desc: str = "simulatin
         yield update
     finally:
         bar.close()
+
+
+@contextmanager
+def request_progress(total: int, enabled: bool = True):
+    """Yield a ``progress(now_s, done, total)`` callback drawing a bar of requests finished."""
+    bar = tqdm(total=total, desc="serving", unit="req", disable=None if enabled else True, leave=False,
+               dynamic_ncols=True)
+
+    def update(now_s: float, done: int, _total: int) -> None:
+        bar.n = done
+        bar.set_postfix_str(f"t={now_s:,.3f} s", refresh=False)
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()

@@ -10,7 +10,8 @@ stages as there are groups (at most one per layer), partitions chosen per GEMM
 Plain ``npusim run`` simulates one decode step of Qwen3-4B for 16 sequences with
 1,024 cached tokens each on npusim-64c, memory at the analytical fidelity and the NoC
 at the path level (a TLM memory run of the same step moves ~8 GB of weights through
-the transaction model and takes minutes: ``--memory tlm``).
+the transaction model and takes minutes: ``--memory tlm``). With ``--trace`` or
+``--rate`` it serves a stream of requests instead (see the serving options).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from npusim.arch import load_arch
 from npusim.arch.load import DEFAULT_ARCH
 from npusim.cli.progress import task_progress
+from npusim.cli.serve import add_serving_args, is_serving, run_serving
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.mapping.spec import LAYOUTS, PARTITIONS, load_mapping, spec_from_flags
@@ -40,8 +42,10 @@ def add_parser(sub):
     add_model_args(p)
     add_mapping_args(p)
     add_fidelity_args(p, memory_default="analytical")
+    add_serving_args(p)
     p.add_argument("--out", type=Path, default=None,
-                   help="directory for summary.json, tasks.h5, program.h5 and timeline.json (Perfetto)")
+                   help="directory for summary.json, tasks.h5, program.h5 and timeline.json (Perfetto); "
+                   "serving: summary.json and serving.h5")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -102,6 +106,14 @@ def build_model(args):
                        kv_len=max(args.kv or args.seq, args.seq), precision=args.precision, layers=args.layers)
 
 
+def build_graph_for_spec(args):
+    """A small graph of the model (one decode token) to derive a mapping from."""
+    from npusim.model.builder import build_graph
+
+    return build_graph(args.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=args.precision,
+                       layers=args.layers)
+
+
 def build_spec(args, arch, graph):
     base = load_mapping(args.mapping) if args.mapping else None
     tp = args.tp if args.tp is not None else (None if base else min(16, arch.num_cores))
@@ -117,6 +129,9 @@ def build_spec(args, arch, graph):
 
 def run(args) -> int:
     arch = load_arch(args.arch)
+    if is_serving(args):
+        probe = build_graph_for_spec(args)
+        return run_serving(args, arch, build_spec(args, arch, probe))
     graph = build_model(args)
     spec = build_spec(args, arch, graph)
     with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:

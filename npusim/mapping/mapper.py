@@ -219,7 +219,8 @@ class Mapper:
         stages_ops = self._ops_by_stage(stage_layers)
         # embedding tables stay in HBM (rows are fetched); everything else wants SRAM
         shard = max(sum(op.weight_bytes for op in ops if op.kind != "embedding") for ops in stages_ops) / self.t
-        kv = g.kv_read_bytes / max(1, mapped.replicas) / self.t
+        # with a given HBM share (a serving KV manager places the cache) KV takes no SRAM here
+        kv = 0 if self.kv_hbm_fraction is not None else g.kv_read_bytes / max(1, mapped.replicas) / self.t
         sram = arch.cores.sram.capacity_mb * MB
         budget = sram - spec.memory.sram_reserve_mb * MB
         hbm = arch.hbm.capacity_gb * 2**30

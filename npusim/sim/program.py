@@ -65,9 +65,9 @@ class Program:
             raise ConfigError(f"core {core} out of range (0..{self.num_cores - 1})")
 
     def _add(self, kind, core, unit, param, cost_kind, cost_args, deps, name) -> int:
-        deps = tuple(int(d) for d in deps if d is not None and d >= 0)
+        deps = tuple([d for d in deps if d is not None and d >= 0])
         n = len(self.kind)
-        if any(d >= n for d in deps):
+        if deps and max(deps) >= n:
             raise ConfigError(f"task {name}: depends on a task not recorded yet")
         self.kind.append(kind)
         self.core.append(core)

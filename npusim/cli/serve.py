@@ -1,0 +1,129 @@
+"""The serving mode of ``npusim run``: a stream of requests instead of one forward pass.
+
+Selected by ``--trace FILE`` or ``--rate R`` (with ``--requests N``). Requests come from a
+Mooncake JSONL / CSV trace or a synthetic Poisson source; the scheduler (``--schedule``)
+decides each iteration in Python and the engine executes it (see
+``npusim.serving.simulate``). PD disaggregation (``--schedule disagg``) is not built yet.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from npusim.cli.progress import request_progress
+from npusim.errors import ConfigError
+from npusim.files import write_json
+from npusim.serving.metrics import write_serving_hdf5
+from npusim.serving.requests import cap_lengths, parse_length, synthetic_requests
+from npusim.serving.scheduler import SchedulerConfig
+from npusim.serving.simulate import ServingConfig, simulate_serving
+from npusim.serving.traces import load_trace
+
+SERVING_FLAGS = ("trace", "rate", "requests")
+
+
+def add_serving_args(p) -> None:
+    g = p.add_argument_group("serving (a request stream; selected by --trace or --rate)")
+    g.add_argument("--trace", type=Path, default=None, help="request trace: Mooncake .jsonl or .csv")
+    g.add_argument("--rate", type=float, default=None, help="synthetic Poisson arrivals, requests per second")
+    g.add_argument("--requests", type=int, default=None, help="number of requests (synthetic: default 100; "
+                   "trace: the first N)")
+    g.add_argument("--input-len", default="512", help="synthetic prompt tokens: N or I1:I2 (default 512)")
+    g.add_argument("--output-len", default="128", help="synthetic output tokens: N or O1:O2 (default 128)")
+    g.add_argument("--duration", type=float, default=None, help="trace: only arrivals in the first S seconds")
+    g.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times by this")
+    g.add_argument("--max-input", type=int, default=None, help="clip prompts to this many tokens")
+    g.add_argument("--max-output", type=int, default=None, help="clip outputs to this many tokens")
+    g.add_argument("--schedule", choices=["fusion", "continuous", "disagg"], default="fusion",
+                   help="PD fusion under a budget (default), continuous batching, or PD disaggregation")
+    g.add_argument("--pd-ratio", default=None, help="P:D cores for --schedule disagg, e.g. 42:21")
+    g.add_argument("--budget", type=int, default=1024, help="fusion: units per iteration (decode 1, chunk = tokens)")
+    g.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens (0: whole prompts, continuous only)")
+    g.add_argument("--max-batch", type=int, default=256, help="running requests at most")
+    g.add_argument("--max-tokens", type=int, default=8192, help="continuous: tokens per iteration at most")
+    g.add_argument("--admission", choices=["queue", "preempt"], default="queue",
+                   help="when KV memory is full: make arrivals wait, or preempt the newest running request")
+    g.add_argument("--prefix-cache", action="store_true", help="reuse KV of shared prompt prefixes (trace hash_ids)")
+    g.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput: TTFT objective")
+    g.add_argument("--slo-tbt-ms", type=float, default=None, help="goodput: time-between-tokens objective")
+    g.add_argument("--seed", type=int, default=0, help="synthetic arrivals and lengths")
+
+
+def is_serving(args) -> bool:
+    return any(getattr(args, f, None) is not None for f in SERVING_FLAGS)
+
+
+def requests_from_args(args):
+    if args.trace is not None:
+        window = (0.0, args.duration) if args.duration else None
+        reqs = load_trace(args.trace, first=args.requests, window=window, scale=args.time_scale)
+    else:
+        if args.rate is None or args.rate <= 0:
+            raise ConfigError("--rate must be a positive number of requests per second")
+        n = 100 if args.requests is None else args.requests
+        if n <= 0:
+            raise ConfigError(f"--requests must be positive, got {n}")
+        reqs = synthetic_requests(n, args.rate, input_len=_length(args.input_len, "--input-len"),
+                                  output_len=_length(args.output_len, "--output-len"), seed=args.seed)
+    clipped = 0
+    if args.max_input or args.max_output:
+        reqs, clipped = cap_lengths(reqs, args.max_input, args.max_output, policy="clip")
+    return reqs, clipped
+
+
+def _length(text, flag):
+    try:
+        return parse_length(text)
+    except (ValueError, ConfigError) as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def run_serving(args, arch, spec) -> int:
+    if args.schedule == "disagg" or args.pd_ratio:
+        raise ConfigError("PD disaggregation (--schedule disagg / --pd-ratio) is not implemented yet; "
+                          "use --schedule fusion or continuous")
+    reqs, clipped = requests_from_args(args)
+    sched = SchedulerConfig(policy=args.schedule, max_batch=args.max_batch, max_tokens=args.max_tokens,
+                            chunk_tokens=args.chunk, budget=args.budget)
+    cfg = ServingConfig(model=args.model, precision=args.precision, layers=args.layers, scheduler=sched,
+                        memory_mode=args.memory, noc_mode=args.fidelity, admission=args.admission,
+                        prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms)
+    with request_progress(len(reqs), enabled=not args.no_progress) as progress:
+        run = simulate_serving(arch, spec, reqs, cfg, progress=progress)
+    s = run.summary
+    s.update({"model": args.model, "arch": arch.name, "requests": len(reqs), "lengths_clipped": clipped,
+              "memory_fidelity": args.memory, "noc_fidelity": args.fidelity})
+    if args.out:
+        files = {"summary": args.out / "summary.json", "serving": args.out / "serving.h5"}
+        write_serving_hdf5(files["serving"], run.records, run.iterations, run.series,
+                           attrs={"arch": arch.name, "model": args.model})
+        s["files"] = {k: str(v) for k, v in files.items()}
+        write_json(files["summary"], s)
+    if args.json:
+        print(json.dumps(s, indent=2, default=str))
+        return 0
+    _print(s)
+    return 0
+
+
+def _print(s: dict) -> None:
+    def stat(key):
+        v = s.get(key) or {}
+        return "-" if v.get("mean") is None else f"mean {v['mean']:.1f}  p50 {v['p50']:.1f}  p99 {v['p99']:.1f}"
+
+    print(f"{s['model']} serving on {s['arch']}: {s['requests']} requests, schedule {s['scheduler']['policy']} "
+          f"(memory {s['memory_fidelity']}, NoC {s['noc_fidelity']})")
+    print(f"  completed      {s['requests_completed']} completed, {s['requests_rejected']} rejected, "
+          f"{s['iterations']} iterations over {s['simulated_s']:.3f} s simulated")
+    print(f"  throughput     {s['throughput_tokens_per_s']:,.1f} output tokens/s, {s['requests_per_s']:.2f} requests/s")
+    for key, label in (("ttft_ms", "TTFT ms"), ("tbt_ms", "TBT ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "E2E ms"),
+                       ("queueing_ms", "queueing ms")):
+        print(f"  {label:<14} {stat(key)}")
+    if s.get("slo_attainment") is not None:
+        print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
+              f"{s['goodput_requests_per_s']:.2f} requests/s")
+    kvm = s.get("kv_manager", {})
+    print(f"  KV cache       {s['kv_bytes_per_token']:,} B/token; manager {kvm}")
+    for name, path in s.get("files", {}).items():
+        print(f"  wrote {name:<9} {path}")

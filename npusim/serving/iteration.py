@@ -1,0 +1,75 @@
+"""The operator graph of one serving iteration: a mixed batch of prefill chunks and decodes.
+
+Continuous batching runs, in one forward pass, ``c`` new tokens of each request being
+prefilled (a chunk; its keys are the prefix already cached plus the chunk itself) and
+one new token of each request being decoded (against its whole cache). The token-wise
+ops (projections, norms, MLP, MoE) see all ``T`` tokens of the iteration at once;
+attention is per request. So the graph is the model's graph for ``T`` tokens with each
+layer's attention op replaced by one op per *bucket* of requests (prefill chunks each
+on their own; decodes grouped into at most ``decode_buckets`` groups by KV length, each
+at its group's mean length — an approximation that keeps the op count small), and the
+LM head computing logits only for the requests that sample a token this iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from npusim.model.builder import build_graph
+from npusim.model.ir import Graph, Op
+
+
+@dataclass(frozen=True)
+class Work:
+    """One request's share of an iteration: ``q`` new tokens attending to ``kv`` keys
+    (new ones included); ``samples`` is True when the iteration produces a token for it."""
+
+    q: int
+    kv: int
+    samples: bool
+
+
+def _buckets(work: list[Work], decode_buckets: int) -> list[tuple[int, int, int, bool]]:
+    """(count, q, kv, causal) attention groups."""
+    out = [(1, w.q, w.kv, True) for w in work if w.q > 1]
+    dec = np.array(sorted(w.kv for w in work if w.q == 1), dtype=np.int64)
+    if dec.size:
+        for part in np.array_split(dec, min(decode_buckets, dec.size)):
+            out.append((int(part.size), 1, int(round(part.mean())), False))
+    return out
+
+
+def iteration_signature(work: list[Work], decode_buckets: int = 2, kv_quantum: int = 256) -> tuple:
+    """A key under which iterations cost the same (KV lengths rounded up to ``kv_quantum``)."""
+    groups = _buckets(work, decode_buckets)
+    q = kv_quantum
+    return tuple((n, qq, -(-kv // q) * q, c) for n, qq, kv, c in groups) + (sum(w.samples for w in work),)
+
+
+def build_iteration_graph(model, work: list[Work], precision: str = "bf16", layers: int | None = None,
+                          decode_buckets: int = 2, kv_quantum: int = 256) -> Graph:
+    if not work:
+        raise ValueError("an iteration needs at least one request")
+    tokens = sum(w.q for w in work)
+    base = build_graph(model, phase="decode", batch=1, seq_len=tokens, kv_len=tokens, precision=precision,
+                       layers=layers)
+    groups = [(n, q, -(-kv // kv_quantum) * kv_quantum, c) for n, q, kv, c in _buckets(work, decode_buckets)]
+    sampled = sum(w.samples for w in work)
+    ops: list[Op] = []
+    for op in base.ops:
+        if op.kind == "attention":
+            for i, (n, q, kv, causal) in enumerate(groups):
+                name = op.name if i == len(groups) - 1 else f"{op.name}.g{i}"
+                ops.append(replace(op, name=name, batch=n, q_len=q, kv_len=max(kv, q), causal=causal))
+        elif op.kind == "gemm" and op.name.endswith("lm_head"):
+            if sampled:
+                ops.append(replace(op, m=sampled))
+        else:
+            ops.append(op)
+    kept = {o.name for o in ops}
+    ops = [replace(o, inputs=tuple(i for i in o.inputs if i in kept)) for o in ops]
+    return Graph(name=f"{base.meta.get('model', base.name)}-iteration", ops=ops, phase="mixed", batch=len(work),
+                 seq_len=tokens, kv_len=max(w.kv for w in work), meta={**base.meta, "tokens": tokens,
+                                                                       "sampled": sampled})
