@@ -98,23 +98,29 @@ def _ring_phase(prog, coll, cores, chunks, ready, reduce, dtype, tag, offset=0):
     return ready
 
 
-def ring_reduce_scatter(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
+def _one_ring_phase(prog: Program, op: str, cores: list[int], nbytes: int, deps, dtype: str, reduce: bool) -> Collective:
     _check(prog, cores, nbytes)
-    coll = Collective("reducescatter", list(cores), nbytes)
+    coll = Collective(op, list(cores), nbytes)
     start = _gate(prog, deps)
-    ready = _ring_phase(prog, coll, cores, _chunks(nbytes, len(cores)), [start] * len(cores), True, dtype, "RS")
+    ready = _ring_phase(prog, coll, cores, _chunks(nbytes, len(cores)), [start] * len(cores), reduce, dtype,
+                        "RS" if reduce else "AG")
+    return _finish(coll, cores, ready, start)
+
+
+def _finish(coll: Collective, cores, ready, start: int) -> Collective:
+    """Record, per core, the task after which it holds its result (``start`` if it did nothing)."""
     coll.done = {c: (r if r >= 0 else start) for c, r in zip(cores, ready)}
     return coll
+
+
+def ring_reduce_scatter(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
+    """Reduce ``nbytes`` per core; each core ends with one reduced chunk of ``nbytes / n``."""
+    return _one_ring_phase(prog, "reducescatter", cores, nbytes, deps, dtype, reduce=True)
 
 
 def ring_allgather(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
     """Gather ``nbytes`` in total (``nbytes / n`` contributed by each core) onto every core."""
-    _check(prog, cores, nbytes)
-    coll = Collective("allgather", list(cores), nbytes)
-    start = _gate(prog, deps)
-    ready = _ring_phase(prog, coll, cores, _chunks(nbytes, len(cores)), [start] * len(cores), False, dtype, "AG")
-    coll.done = {c: (r if r >= 0 else start) for c, r in zip(cores, ready)}
-    return coll
+    return _one_ring_phase(prog, "allgather", cores, nbytes, deps, dtype, reduce=False)
 
 
 def ring_allreduce(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
@@ -125,8 +131,7 @@ def ring_allreduce(prog: Program, cores: list[int], nbytes: int, deps=(), dtype:
     ready = _ring_phase(prog, coll, cores, chunks, [start] * len(cores), True, dtype, "AR-RS")
     # after reduce-scatter core i owns chunk (i + 1) mod n; the all-gather phase forwards it on
     ready = _ring_phase(prog, coll, cores, chunks, ready, False, dtype, "AR-AG", offset=1)
-    coll.done = {c: (r if r >= 0 else start) for c, r in zip(cores, ready)}
-    return coll
+    return _finish(coll, cores, ready, start)
 
 
 def _grid(cores: list[int], rows: int, cols: int) -> list[list[int]]:
@@ -157,8 +162,7 @@ def allreduce_2d(prog: Program, cores: list[int], rows: int, cols: int, nbytes: 
     for row in grid:
         out = _ring_phase(prog, coll, row, row_chunks, [ready[c] for c in row], False, dtype, "AR2D-AG", offset=1)
         ready.update(zip(row, out))
-    coll.done = {c: (ready[c] if ready[c] >= 0 else start) for c in cores}
-    return coll
+    return _finish(coll, cores, [ready[c] for c in cores], start)
 
 
 def allgather_2d(prog: Program, cores: list[int], rows: int, cols: int, nbytes: int, deps=(),
@@ -177,8 +181,7 @@ def allgather_2d(prog: Program, cores: list[int], rows: int, cols: int, nbytes: 
         column = [grid[r][j] for r in range(rows)]
         out = _ring_phase(prog, coll, column, row_bytes, [ready[c] for c in column], False, dtype, "AG2D-col")
         ready.update(zip(column, out))
-    coll.done = {c: (ready[c] if ready[c] >= 0 else start) for c in cores}
-    return coll
+    return _finish(coll, cores, [ready[c] for c in cores], start)
 
 
 def multicast(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
