@@ -133,7 +133,8 @@ class Admission:
     :data:`EXCEEDS_HBM`: ``permanent``, the request can never fit).
     ``prefix_hit_tokens``: input tokens whose KV was reused from the prefix cache (no
     prefill compute, no new KV). ``preempted``: running requests evicted to make room
-    (most recently admitted first); their KV is gone and they must be recomputed.
+    (most recently admitted first); their KV is gone and they must be recomputed. A
+    refused admission never preempts.
     """
 
     ok: bool
@@ -306,10 +307,12 @@ class KVCacheManager:
     # ------------------------------------------------------------------ public API
     def admit(self, req_id: Hashable, input_len: int, output_len: int, hash_ids: Sequence = ()) -> Admission:
         """Admit a request with ``input_len`` prompt tokens and up to ``output_len`` generated
-        tokens: reserve its HBM ring and reuse cached prefix blocks of ``hash_ids``.
+        tokens: reserve its HBM ring and reuse cached prefix blocks of ``hash_ids`` (one
+        hashable per ``prefix_block_tokens`` input tokens; ignored without ``prefix_cache``).
 
-        Returns an :class:`Admission`; when refused, nothing changed except that cached
-        prefixes may have been evicted (``queue``) or requests preempted (``preempt``).
+        Returns an :class:`Admission`. Cached prefixes are evicted and (``preempt``) running
+        requests preempted only when that is sure to make room, so a refusal leaves every
+        request and cached block in place.
         """
         if req_id in self._requests:
             raise ValueError(f"KV cache: request {req_id!r} is already admitted")
@@ -640,7 +643,7 @@ class KVCacheManager:
             for n in r.hits:
                 refs[n.sid] = refs.get(n.sid, 0) + 1
         extents += [(self._nodes[sid].hbm_off, node_bytes) for sid, k in refs.items() if self._nodes[sid].refs == k]
-        return _largest_coalesced(extents) >= nbytes
+        return _has_coalesced_run(extents, nbytes)
 
     def _new_request(self, req_id, off: int, input_len: int, output_len: int, hash_ids: tuple,
                      hits: list) -> _Request:
@@ -776,22 +779,25 @@ class KVCacheManager:
         try:
             return self._requests[req_id]
         except KeyError:
-            raise KeyError(f"KV cache: request {req_id!r} is not admitted (never admitted, freed or preempted)") from None
+            raise KeyError(f"KV cache: request {req_id!r} is not admitted "
+                           f"(never admitted, freed or preempted)") from None
 
     def _new_sid(self) -> int:
         self._next_sid += 1
         return self._next_sid - 1
 
 
-def _largest_coalesced(extents: list[tuple[int, int]]) -> int:
-    """Largest run of adjacent extents ``(offset, size)`` (non-overlapping) once merged."""
-    best = run = 0
+def _has_coalesced_run(extents: list[tuple[int, int]], nbytes: int) -> bool:
+    """Whether non-overlapping extents ``(offset, size)``, merged where adjacent, contain
+    a run of at least ``nbytes`` bytes."""
+    run = 0
     end = None
     for off, size in sorted(extents):
         run = run + size if off == end else size
+        if run >= nbytes:
+            return True
         end = off + size
-        best = max(best, run)
-    return best
+    return False
 
 
 def _check(cond: bool, message: str) -> None:

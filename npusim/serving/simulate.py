@@ -14,8 +14,11 @@ Loop (one chip-wide core group: continuous batching or PD fusion):
    run alongside. Identical iterations (same request shapes, KV lengths rounded up to 256
    tokens, decodes in two length groups, same share of KV in HBM to 10 %) reuse one
    compiled program.
-3. The engine runs until the iteration's last task; its end is when this iteration's
-   tokens appear. Requests advance, finished ones free their KV.
+3. With ``S`` pipeline stages up to ``S`` iterations are in flight, on disjoint requests
+   (vLLM's pipeline-parallel scheduling): stage ``s`` works on one iteration while stage
+   ``s + 1`` works on the previous one. The engine runs until the oldest iteration's last
+   task; its end is when that iteration's tokens appear. Requests advance, finished ones
+   free their KV.
 
 When nothing can run the clock jumps to the next arrival. If requests are waiting,
 nothing runs and the next one can never be admitted, it is rejected with the manager's
@@ -160,74 +163,60 @@ class ServingSimulator:
         last_busy = sim.busy_cycles().copy()
         total = len(arrivals)
         finished = 0
-        while arrivals or waiting or running:
+        depth = self.spec.pipeline.stages  # iterations in flight at once (one per pipeline stage)
+        inflight: deque = deque()
+        while arrivals or waiting or running or inflight:
             now_s = self._seconds(sim.now)
             while arrivals and arrivals[0].arrival_s <= now_s:
                 req = arrivals.popleft()
                 records[req.id] = RequestRecord(req.id, req.arrival_s, req.input_len, req.output_len)
                 waiting.append(Live(req))
             finished += self._admit(waiting, running, records, now_s)
-            slots = self.scheduler.plan(running)
-            if not slots:
-                if arrivals:
-                    sim.run(until=max(sim.now, self._cycles(arrivals[0].arrival_s)))
+            if len(inflight) < depth:
+                busy = {s.live.req.id for it in inflight for s in it[1]}
+                slots = self.scheduler.plan([r for r in running if r.req.id not in busy])
+                if slots:
+                    inflight.append(self._launch(slots, records, now_s))
                     continue
-                if waiting and not running:  # nothing runs and nothing can be admitted: never spin
-                    live = waiting.popleft()
-                    records[live.req.id].rejected_reason = "cannot be admitted even on an idle chip"
-                    finished += 1
-                    continue
-                if not waiting and not running:
-                    break
-                raise ConfigError("the scheduler planned an empty iteration with requests running "
-                                  "(check max_batch, max_tokens and budget)")
-            for s in slots:
-                rec = records[s.live.req.id]
-                if rec.first_scheduled_s is None:
-                    rec.first_scheduled_s = now_s
-            sram_tok = hbm_tok = 0
-            for s in slots:
-                a, b = self.kv.location(s.live.req.id)
-                sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
-            frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
-            comp = self._compiled(slots, frac)
-            start = sim.now
-            ids = submit_materialized(sim, comp.arrays)
-            barrier = sim.engine.submit(queue=-1, param=(0,), deps=ids[comp.sinks].tolist(), name="iteration end")
-            sim.run(until_task=barrier, progress=None)
-            end_s = self._seconds(sim.now)
-            spills = []
-            for s in slots:
-                live = s.live
-                spills += self.kv.append(live.req.id, s.q)
-                if live.prefilling:
-                    live.prefilled += s.q
-                else:
-                    live.generated += 1
-                    records[live.req.id].token_times_s.append(end_s)
-                if s.samples and live.generated == 0:
-                    live.generated = 1
-                    records[live.req.id].token_times_s.append(end_s)
-            self._spill(spills)
-            done = [r for r in running if r.done]
-            for live in done:
-                records[live.req.id].finish_s = end_s
-                self.kv.free(live.req.id)
-                running.remove(live)
-            finished += len(done)
-            busy = sim.busy_cycles()
-            delta = (busy - last_busy).sum(axis=0)
-            last_busy = busy.copy()
-            span = max(1, sim.now - start)
-            util.record(end_s, [float(delta[cls[k]].sum() / (span * self.arch.num_cores * len(cls[k])))
-                                for k in ("cube", "vector", "dma", "noc")])
-            occ = self.kv.occupancy()
-            occupancy.record(end_s, [occ["sram_used_bytes"], occ["hbm_used_bytes"]])
-            iterations.append({"start_s": self._seconds(start), "end_s": end_s, "requests": len(slots),
-                               "tokens": sum(s.q for s in slots), "decodes": sum(1 for s in slots if s.q == 1),
-                               "kv_hbm_fraction": frac, "spill_bytes": sum(t.nbytes for t in spills)})
-            if progress:
-                progress(end_s, finished, total)
+            if inflight:
+                barrier, slots, frac, submitted_s = inflight.popleft()
+                start = sim.now
+                sim.run(until_task=barrier)
+                end_s = self._seconds(sim.now)
+                spills = self._advance(slots, records, end_s)
+                done = [r for r in running if r.done]
+                for live in done:
+                    records[live.req.id].finish_s = end_s
+                    self.kv.free(live.req.id)
+                    running.remove(live)
+                finished += len(done)
+                busy_now = sim.busy_cycles()
+                delta = (busy_now - last_busy).sum(axis=0)
+                last_busy = busy_now.copy()
+                span = max(1, sim.now - start)
+                util.record(end_s, [float(delta[cls[k]].sum() / (span * self.arch.num_cores * len(cls[k])))
+                                    for k in ("cube", "vector", "dma", "noc")])
+                occ = self.kv.occupancy()
+                occupancy.record(end_s, [occ["sram_used_bytes"], occ["hbm_used_bytes"]])
+                iterations.append({"submitted_s": submitted_s,
+                                   "end_s": end_s, "requests": len(slots), "tokens": sum(x.q for x in slots),
+                                   "decodes": sum(1 for x in slots if x.q == 1), "kv_hbm_fraction": frac,
+                                   "spill_bytes": sum(t.nbytes for t in spills)})
+                if progress:
+                    progress(end_s, finished, total)
+                continue
+            if arrivals:  # idle until the next request arrives
+                sim.run(until=max(sim.now, self._cycles(arrivals[0].arrival_s)))
+                continue
+            if waiting and not running:  # nothing runs and nothing can be admitted: never spin
+                live = waiting.popleft()
+                records[live.req.id].rejected_reason = "cannot be admitted even on an idle chip"
+                finished += 1
+                continue
+            if not waiting and not running:
+                break
+            raise ConfigError("the scheduler planned an empty iteration with requests running "
+                              "(check max_batch, max_tokens and budget)")
         recs = [records[k] for k in sorted(records)]
         summary = summarize(recs, slo_ttft_s=None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3,
                             slo_tbt_s=None if cfg.slo_tbt_ms is None else cfg.slo_tbt_ms / 1e3)
@@ -241,6 +230,40 @@ class ServingSimulator:
         if cfg.debug:
             self.kv.check_invariants()
         return ServingRun(recs, iterations, {"utilization": util, "memory": occupancy}, summary, sim)
+
+    def _launch(self, slots, records: dict, now_s: float):
+        """Submit an iteration after everything already submitted; returns
+        (barrier task, slots, share of their KV in HBM, submission time)."""
+        for s in slots:
+            rec = records[s.live.req.id]
+            if rec.first_scheduled_s is None:
+                rec.first_scheduled_s = now_s
+        sram_tok = hbm_tok = 0
+        for s in slots:
+            a, b = self.kv.location(s.live.req.id)
+            sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
+        frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
+        comp = self._compiled(slots, frac)
+        ids = submit_materialized(self.sim, comp.arrays)
+        barrier = self.sim.engine.submit(queue=-1, param=(0,), deps=ids[comp.sinks].tolist(), name="iteration end")
+        return barrier, slots, frac, now_s
+
+    def _advance(self, slots, records: dict, end_s: float) -> list:
+        """The iteration's tokens exist at ``end_s``: grow KV, record tokens; returns spills (issued)."""
+        spills = []
+        for s in slots:
+            live = s.live
+            spills += self.kv.append(live.req.id, s.q)
+            if live.prefilling:
+                live.prefilled += s.q
+            else:
+                live.generated += 1
+                records[live.req.id].token_times_s.append(end_s)
+            if s.samples and live.generated == 0:
+                live.generated = 1
+                records[live.req.id].token_times_s.append(end_s)
+        self._spill(spills)
+        return spills
 
     def _admit(self, waiting: deque, running: list, records: dict, now_s: float) -> int:
         """Admit waiting requests FCFS; returns how many were rejected for good."""
