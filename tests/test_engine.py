@@ -155,3 +155,41 @@ def test_large_fanout_grows_heap(small_arch):
     sim.run()
     start, end = sim.task_times()
     assert (start[ids] == 1).all() and (end[ids] == 1 + np.arange(n) % 97).all()
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31), pieces=st.integers(2, 6), mode=st.sampled_from(["path", "analytical", "flit"]))
+def test_compaction_between_runs_changes_nothing(small_arch, seed, pieces, mode):
+    """Submit work in batches, run part of the way, compact, continue: every task ends when it
+    would have without compaction (compute, DMA and NoC tasks in flight across compactions)."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(pieces):
+        batch = []
+        for _ in range(int(rng.integers(1, 30))):
+            kind = int(rng.integers(0, 3))
+            core = int(rng.integers(0, 4))
+            batch.append((kind, core, int(rng.integers(1, 4000)), int(rng.integers(0, 4)), int(rng.integers(0, 3))))
+        batches.append(batch)
+
+    def play(compact):
+        sim = Simulator(small_arch, noc_mode=mode)
+        ids = []  # current id of every task submitted so far (-1 once compacted away: it had finished)
+        for batch in batches:
+            for kind, core, size, other, ndeps in batch:
+                deps = [d for d in ids[-ndeps:] if d >= 0] if ndeps else []
+                if kind == 0:
+                    t = sim.add_compute(core, "cube", size // 10, deps=deps)
+                elif kind == 1:
+                    t = sim.add_dma(core, size, address=size * 64, deps=deps)
+                else:
+                    t = sim.add_send(core, other, size, deps=deps)
+                ids.append(t)
+            sim.run(until=sim.now + 300)
+            if compact:
+                new_id = sim.compact()
+                ids = [int(new_id[i]) if i >= 0 else -1 for i in ids]
+        sim.run()
+        return sim.makespan(), sim.events
+
+    assert play(True) == play(False)  # same end, same number of events

@@ -14,6 +14,10 @@ from npusim.engine.core import add_tasks
 from npusim.engine.heap import HS_SIZE, new_heap
 from npusim.engine.tasks import (
     DONE,
+    EV_QUEUE_FREE,
+    EV_TASK_END,
+    SC_READY_HEAD,
+    SC_READY_TAIL,
     KIND_FIXED,
     NPARAM,
     PENDING,
@@ -26,6 +30,8 @@ from npusim.engine.tasks import (
     new_task_table,
 )
 from npusim.errors import ConfigError, DeadlockError
+
+TASK_EVENTS = np.array([EV_TASK_END, EV_QUEUE_FREE], dtype=np.int64)  # events whose id is a task
 
 
 class Engine:
@@ -186,3 +192,61 @@ class Engine:
 
     def is_done(self, task: int) -> bool:
         return int(self.tt.state[task]) == DONE
+
+    # -- compaction -----------------------------------------------------------------------
+    def compact(self) -> np.ndarray:
+        """Drop every finished task, renumbering the rest in order; returns ``new_id[old_id]``
+        (-1 for dropped tasks). Events in the heap that name tasks are renumbered too; callers
+        must renumber the task ids they hold (hardware models: see ``Simulator.compact``).
+
+        Finished tasks can go because nothing refers to them any more: a pending task only
+        counts (and links to) predecessors that had not finished when it was submitted.
+        """
+        tt = self.tt
+        n = self.num_tasks
+        keep = tt.state[:n] != DONE
+        new_id = np.full(n, -1, dtype=np.int64)
+        new_id[keep] = np.arange(int(keep.sum()), dtype=np.int64)
+        old = np.flatnonzero(keep)
+        m = old.shape[0]
+        cap = max(1024, 2 * m)
+        fresh = new_task_table(len(self.queue_names), cap, max(2 * cap, int(tt.sc[SC_NEDGES]) + 1))
+        for name in ("kind", "queue", "deps_left", "state", "start", "end"):
+            getattr(fresh, name)[:m] = getattr(tt, name)[old]
+        fresh.param[:m] = tt.param[old]
+        qn = tt.qnext[old]
+        fresh.qnext[:m] = np.where(qn >= 0, new_id[np.maximum(qn, 0)], -1)
+        edges = 0
+        for i, task in enumerate(old.tolist()):  # pending tasks' successor lists (all pending too)
+            e = tt.succ_head[task]
+            while e >= 0:
+                fresh.e_dst[edges] = new_id[tt.e_dst[e]]
+                fresh.e_next[edges] = fresh.succ_head[i]
+                fresh.succ_head[i] = edges
+                edges += 1
+                e = tt.e_next[e]
+
+        def remap(ids):
+            ids = np.asarray(ids)
+            return np.where(ids >= 0, new_id[np.maximum(ids, 0)], -1)
+
+        fresh.q_head[:] = remap(tt.q_head)
+        fresh.q_tail[:] = remap(tt.q_tail)
+        fresh.q_running[:] = remap(tt.q_running)
+        fresh.q_busy[:] = tt.q_busy
+        ready = remap(tt.ready[tt.sc[SC_READY_HEAD]:tt.sc[SC_READY_TAIL]])
+        ready = ready[ready >= 0]
+        fresh.ready[:ready.shape[0]] = ready
+        fresh.sc[:] = tt.sc
+        fresh.sc[SC_NTASKS] = m
+        fresh.sc[SC_NEDGES] = edges
+        fresh.sc[SC_NDONE] = 0
+        fresh.sc[SC_READY_HEAD] = 0
+        fresh.sc[SC_READY_TAIL] = ready.shape[0]
+        self.tt = fresh
+        size = int(self.hs[HS_SIZE])
+        events = self.heap[:size]
+        names_task = np.isin(events[:, 2], TASK_EVENTS)
+        events[names_task, 3] = new_id[events[names_task, 3]]
+        self.task_names = {int(new_id[k]): v for k, v in self.task_names.items() if k < n and new_id[k] >= 0}
+        return new_id

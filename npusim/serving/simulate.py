@@ -18,7 +18,8 @@ Loop (one chip-wide core group: continuous batching or PD fusion):
    (vLLM's pipeline-parallel scheduling): stage ``s`` works on one iteration while stage
    ``s + 1`` works on the previous one. The engine runs until the oldest iteration's last
    task; its end is when that iteration's tokens appear. Requests advance, finished ones
-   free their KV.
+   free their KV. Finished tasks are compacted away as they pile up, so memory stays
+   bounded by the work in flight.
 
 When nothing can run the clock jumps to the next arrival. If requests are waiting,
 nothing runs and the next one can never be admitted, it is rejected with the manager's
@@ -85,6 +86,7 @@ class ServingSimulator:
         self.hz = arch.clock_ghz * 1e9
         self.scheduler = Scheduler(cfg.scheduler)
         self.cache: dict[tuple, _Compiled] = {}
+        self.tasks_total = 0  # tasks dropped by compaction, for the summary
         self._plan_memory()
 
     # -- setup ------------------------------------------------------------------------------
@@ -204,6 +206,10 @@ class ServingSimulator:
                                    "spill_bytes": sum(t.nbytes for t in spills)})
                 if progress:
                     progress(end_s, finished, total)
+                if sim.engine.num_tasks - sim.engine.num_done < sim.engine.num_done:  # mostly finished tasks
+                    self.tasks_total += sim.engine.num_done
+                    new_id = sim.compact()
+                    inflight = deque((int(new_id[b]), sl, fr, sub) for b, sl, fr, sub in inflight)
                 continue
             if arrivals:  # idle until the next request arrives
                 sim.run(until=max(sim.now, self._cycles(arrivals[0].arrival_s)))
@@ -225,7 +231,7 @@ class ServingSimulator:
             "simulated_s": self._seconds(sim.now), "weights_resident": self.weights_resident,
             "kv_bytes_per_token": self.kv_bytes_per_token, "kv_manager": self.kv.stats(),
             "scheduler": {"policy": cfg.scheduler.policy, **self.scheduler.stats},
-            "tasks": sim.engine.num_tasks, "events": sim.events,
+            "tasks": self.tasks_total + sim.engine.num_tasks, "events": sim.events,
         })
         if cfg.debug:
             self.kv.check_invariants()

@@ -86,6 +86,7 @@ class Simulator:
             raise ConfigError(f"NoC topology has {self.topology.num_routers} routers for {arch.num_cores} cores")
         self.routing = build_routing(self.topology, noc.routing)
         self._headroom = BASE_HEADROOM + int(self.routing.hop_matrix().max())
+        self._compacted_makespan = 0
         # the flit model's state is large: a tiny one stands in unless it is used
         flit_topo, flit_routing = (self.topology, self.routing) if noc_mode == "flit" else _tiny_noc()
         self.flit = new_flit_engine(flit_topo, flit_routing, noc.virtual_channels, noc.buffer_depth_flits,
@@ -198,7 +199,22 @@ class Simulator:
         """Cycle at which the last finished task ended (``now`` may be later: models keep
         bookkeeping events, e.g. a NoC link is released one cycle after a tail passes)."""
         n = self.engine.num_tasks
-        return int(self.engine.tt.end[:n].max(initial=0))
+        return max(self._compacted_makespan, int(self.engine.tt.end[:n].max(initial=0)))
+
+    def compact(self) -> np.ndarray:
+        """Forget finished tasks (long runs: serving) and renumber the rest; returns
+        ``new_id[old_id]`` (-1 = dropped). Read any results you need before calling it."""
+        self._compacted_makespan = self.makespan()
+        new_id = self.engine.compact()
+
+        def remap(arr):
+            live = arr >= 0
+            arr[live] = new_id[arr[live]]
+
+        remap(self.mem.in_task)
+        remap(self.noc.m_task)
+        remap(self.flit.m_task)
+        return new_id
 
     def busy_cycles(self) -> np.ndarray:
         """Busy cycles per queue, shape (cores, queues_per_core)."""
