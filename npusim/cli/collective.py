@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 from npusim.arch import load_arch
-from npusim.arch.load import DEFAULT_ARCH
-from npusim.cli.util import parse_grid, parse_int_list, parse_size
+from npusim.cli.util import add_arch_arg, parse_grid, parse_int_list, parse_size
 from npusim.comm.collectives import OPS
 from npusim.comm.run import run_collective
 
@@ -18,7 +17,7 @@ def add_parser(sub):
         description="Run one collective on an idle chip and print its time and bus bandwidth. The --cores "
         "order is the ring order: reorder the cores to see how the layout changes hop counts.",
     )
-    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
+    add_arch_arg(p)
     p.add_argument("--op", choices=OPS, default="allreduce")
     p.add_argument("--cores", type=parse_int_list, default="0,1,2,3", help="comma-separated core ids, ring order")
     p.add_argument("--bytes", type=parse_size, default="1MiB",

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 from npusim.arch import load_arch
-from npusim.arch.load import DEFAULT_ARCH
 from npusim.arch.schema import DTYPE_BYTES
-from npusim.cli.util import parse_grid
+from npusim.cli.util import add_arch_arg, parse_grid
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
 from npusim.hw.memory.sram import sram_access_cost
@@ -20,7 +19,7 @@ def add_parser(sub):
         description="Time C[M x N] = A[M x K] . B[K x N] on one core with operands already in SRAM "
         "(the systolic-array model alone); --array and --dataflow override the arch file.",
     )
-    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
+    add_arch_arg(p)
     p.add_argument("--m", type=int, required=True)
     p.add_argument("--k", type=int, required=True)
     p.add_argument("--n", type=int, required=True)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 from npusim.arch import load_arch
-from npusim.arch.load import DEFAULT_ARCH
-from npusim.cli.util import parse_size
+from npusim.cli.util import add_arch_arg, parse_size
 from npusim.sim.memory_probe import PATTERNS, measure_memory
 
 
@@ -17,7 +16,7 @@ def add_parser(sub):
         description="Stream, random or strided reads (or writes) through all cores' DMA engines into the "
         "arch's HBM; prints achieved bandwidth vs peak and mean/p99 latency per channel.",
     )
-    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
+    add_arch_arg(p)
     p.add_argument("--pattern", choices=sorted(PATTERNS), default="stream")
     p.add_argument("--bytes", type=parse_size, default="64MiB", help="total bytes moved (e.g. 64MiB, 1e6; default 64MiB)")
     p.add_argument("--mode", choices=["tlm", "analytical"], default="tlm", help="memory model fidelity (default tlm)")

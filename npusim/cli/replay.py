@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from npusim.arch import load_arch
-from npusim.arch.load import DEFAULT_ARCH
+from npusim.cli.util import add_arch_arg
 from npusim.cli.progress import task_progress
 from npusim.cli.run import add_fidelity_args, write_outputs
 from npusim.report.breakdown import time_breakdown
@@ -22,7 +22,7 @@ def add_parser(sub):
         "are re-timed for its arrays and vector units, memory and NoC are simulated again.",
     )
     p.add_argument("program", type=Path, help="program.h5 written by `npusim run --out DIR`")
-    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
+    add_arch_arg(p)
     add_fidelity_args(p, memory_default="analytical")
     p.add_argument("--out", type=Path, default=None, help="directory for summary.json, tasks.h5, timeline.json")
     p.add_argument("--json", action="store_true", help="print one JSON object")

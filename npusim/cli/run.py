@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from npusim.arch import load_arch
-from npusim.arch.load import DEFAULT_ARCH
+from npusim.cli.util import add_arch_arg
 from npusim.cli.progress import task_progress
 from npusim.cli.serve import add_serving_args, is_serving, run_serving
 from npusim.errors import ConfigError
@@ -52,7 +52,7 @@ def add_parser(sub):
 
 
 def add_model_args(p):
-    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
+    add_arch_arg(p)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model or .onnx file (default {DEFAULT_MODEL})")
     p.add_argument("--phase", choices=["prefill", "decode"], default="decode")
     p.add_argument("--batch", type=int, default=16, help="sequences (default 16)")

@@ -47,3 +47,10 @@ def parse_int_list(text: str) -> list[int]:
     if not out:
         raise argparse.ArgumentTypeError("the list of core ids is empty")
     return out
+
+
+def add_arch_arg(p) -> None:
+    """The ``--arch`` option every chip-level subcommand takes."""
+    from npusim.arch.load import DEFAULT_ARCH
+
+    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
