@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from npusim.arch.schema import DTYPE_BYTES, Arch
+from npusim.arch.schema import Arch
 from npusim.comm.collectives import ring_allgather, ring_allreduce
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
@@ -559,4 +559,4 @@ def map_model(graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: floa
     return Mapper(graph, arch, spec, kv_hbm_fraction).plan()
 
 
-__all__ = ["DTYPE_BYTES", "Mapped", "map_model", "op_class"]
+__all__ = ["Mapped", "map_model", "op_class"]

@@ -28,7 +28,7 @@ import numpy as np
 from npusim.arch.schema import DTYPE_BYTES, Arch
 from npusim.engine.tasks import KIND_FIXED, NPARAM
 from npusim.errors import ConfigError
-from npusim.hw.compute.systolic import dataflow_code, gemm_cycles_array
+from npusim.hw.compute.systolic import gemm_cycles_array
 from npusim.hw.compute.vector import OP_CLASSES, vector_cost
 from npusim.files import write_with
 from npusim.sim.kernel import KIND_DMA, KIND_NOC

@@ -270,7 +270,7 @@ def conservation(st: FlitState) -> dict:
 
 def _downstream_occupancy(st: FlitState) -> np.ndarray:
     """Per output VC: flits in the downstream buffer it feeds (B - credits where none)."""
-    P, V, B = int(st.cfg[fk.C_P]), int(st.cfg[fk.C_V]), int(st.cfg[fk.C_B])
+    V, B = int(st.cfg[fk.C_V]), int(st.cfg[fk.C_B])
     down = st.port[:, fk.PT_DOWN_IN]
     occ = B - st.vc[:, fk.OV_CREDITS] - st.vc[:, fk.OV_CQ_CNT]  # identity where there is no link
     linked = np.nonzero(down >= 0)[0]
