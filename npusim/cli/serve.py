@@ -124,6 +124,9 @@ def _print(s: dict) -> None:
         print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
               f"{s['goodput_requests_per_s']:.2f} requests/s")
     kvm = s.get("kv_manager", {})
-    print(f"  KV cache       {s['kv_bytes_per_token']:,} B/token; manager {kvm}")
+    hit = s.get("prefix_hit_rate")
+    print(f"  KV cache       {s['kv_bytes_per_token']:,} B/token; {kvm.get('spills', 0)} spills SRAM->HBM "
+          f"({kvm.get('spilled_bytes', 0) / 2**20:,.1f} MiB), {kvm.get('preemptions', 0)} preemptions"
+          + (f", prefix hit rate {100 * hit:.1f}%" if hit else ""))
     for name, path in s.get("files", {}).items():
         print(f"  wrote {name:<9} {path}")
