@@ -123,3 +123,19 @@ def mark_finished(tt, task, now):
         if tt.deps_left[succ] == 0 and _can_start(tt, succ):
             _push_ready(tt, succ)
         e = tt.e_next[e]
+
+
+@njit(cache=True, _nrt=False)
+def copy_successors(tt, old, new_id, e_dst, e_next, succ_head):
+    """Rebuild the successor lists of tasks ``old`` (new ids ``0..len(old)-1``) into the
+    given edge arrays, targets renumbered by ``new_id``; returns the number of edges."""
+    edges = 0
+    for i in range(old.shape[0]):
+        e = tt.succ_head[old[i]]
+        while e >= 0:
+            e_dst[edges] = new_id[tt.e_dst[e]]
+            e_next[edges] = succ_head[i]
+            succ_head[i] = edges
+            edges += 1
+            e = tt.e_next[e]
+    return edges

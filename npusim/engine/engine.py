@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from npusim.engine.core import add_tasks
+from npusim.engine.core import add_tasks, copy_successors
 from npusim.engine.heap import HS_SIZE, new_heap
 from npusim.engine.tasks import (
     DONE,
@@ -216,15 +216,8 @@ class Engine:
         fresh.param[:m] = tt.param[old]
         qn = tt.qnext[old]
         fresh.qnext[:m] = np.where(qn >= 0, new_id[np.maximum(qn, 0)], -1)
-        edges = 0
-        for i, task in enumerate(old.tolist()):  # pending tasks' successor lists (all pending too)
-            e = tt.succ_head[task]
-            while e >= 0:
-                fresh.e_dst[edges] = new_id[tt.e_dst[e]]
-                fresh.e_next[edges] = fresh.succ_head[i]
-                fresh.succ_head[i] = edges
-                edges += 1
-                e = tt.e_next[e]
+        # pending tasks' successors are pending too
+        edges = copy_successors(tt, old, new_id, fresh.e_dst, fresh.e_next, fresh.succ_head)
 
         def remap(ids):
             ids = np.asarray(ids)

@@ -72,6 +72,9 @@ class ServingRun:
     sim: Simulator = field(repr=False, default=None)
 
 
+COMPACT_AFTER_TASKS = 2_000_000  # finished tasks kept before the engine drops them
+
+
 class _Compiled:
     """A materialised iteration program and the relative ids of its sink tasks."""
 
@@ -206,7 +209,7 @@ class ServingSimulator:
                                    "spill_bytes": sum(t.nbytes for t in spills)})
                 if progress:
                     progress(end_s, finished, total)
-                if sim.engine.num_tasks - sim.engine.num_done < sim.engine.num_done:  # mostly finished tasks
+                if sim.engine.num_done > max(COMPACT_AFTER_TASKS, 4 * (sim.engine.num_tasks - sim.engine.num_done)):
                     self.tasks_total += sim.engine.num_done
                     new_id = sim.compact()
                     inflight = deque((int(new_id[b]), sl, fr, sub) for b, sl, fr, sub in inflight)
