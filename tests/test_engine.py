@@ -193,3 +193,18 @@ def test_compaction_between_runs_changes_nothing(small_arch, seed, pieces, mode)
         return sim.makespan(), sim.events
 
     assert play(True) == play(False)  # same end, same number of events
+
+
+def test_notify_tasks_return_control_in_completion_order(small_arch):
+    sim = Simulator(small_arch)
+    a = sim.add_compute(0, "cube", 50)
+    b = sim.add_compute(1, "cube", 20)
+    na = sim.add_notify([a], "a done")
+    nb = sim.add_notify([b], "b done")
+    seen = []
+    while True:
+        out = sim.run()
+        if out.reason != "notify":
+            break
+        seen.append((out.task, out.cycle))
+    assert seen == [(nb, 20), (na, 50)] and out.reason == "finished"

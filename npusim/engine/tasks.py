@@ -36,7 +36,7 @@ EV_QUEUE_FREE = 2  # id = task: the task lets its queue start the next task befo
 
 PENDING, RUNNING, DONE = 0, 1, 2
 
-SC_NOW, SC_NTASKS, SC_NEDGES, SC_NDONE, SC_READY_HEAD, SC_READY_TAIL, SC_NEVENTS = range(7)
+SC_NOW, SC_NTASKS, SC_NEDGES, SC_NDONE, SC_READY_HEAD, SC_READY_TAIL, SC_NEVENTS, SC_NOTIFIED = range(8)
 N_SCALARS = 8
 
 TaskTable = namedtuple(

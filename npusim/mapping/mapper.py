@@ -127,9 +127,11 @@ class _GroupState:
 
 
 class Mapper:
-    def __init__(self, graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: float | None = None):
+    def __init__(self, graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: float | None = None,
+                 cores: list[int] | None = None):
         self.graph, self.arch, self.spec = graph, arch, spec
         self.kv_hbm_fraction = kv_hbm_fraction
+        self.region = list(cores) if cores is not None else None
         self.prog = Program(arch.num_cores, meta={"model": graph.name, "phase": graph.phase, "batch": graph.batch,
                                                   "seq_len": graph.seq_len, "kv_len": graph.kv_len,
                                                   "spec": spec.model_dump(mode="json")})
@@ -152,11 +154,15 @@ class Mapper:
         if stages > max(1, len(layers)):
             raise ConfigError(f"pipeline.stages {stages} exceeds the model's {len(layers)} layers")
         replicas = spec.data_parallel
+        available = arch.num_cores if self.region is None else len(self.region)
         if replicas == "auto":
-            replicas = max(1, arch.num_cores // (self.t * stages))
+            replicas = max(1, available // (self.t * stages))
         replicas = min(replicas, max(1, g.batch))
-        groups = place_groups(arch.cores.grid.width, arch.cores.grid.height, self.t, stages, replicas,
-                              spec.layout.group, spec.layout.origin)
+        if self.region is None:
+            groups = place_groups(arch.cores.grid.width, arch.cores.grid.height, self.t, stages, replicas,
+                                  spec.layout.group, spec.layout.origin)
+        else:
+            groups = self._region_groups(stages, replicas)
         stage_layers = self._stage_layers(layers, stages)
         per_replica = [_split(g.batch, replicas, r) for r in range(replicas)]
         mapped = Mapped(self.prog, groups, replicas, stages, 1, stage_layers, False)
@@ -184,6 +190,17 @@ class Mapper:
                     prev_state = state
         mapped.decisions = self.decisions
         return mapped
+
+    def _region_groups(self, stages: int, replicas: int) -> list[Group]:
+        """Groups on a given ordered list of cores (a region of the chip, e.g. the prefill or the
+        decode cores of PD disaggregation): consecutive runs of ``t`` cores, in the list's order."""
+        t, cores = self.t, self.region
+        need = t * stages * replicas
+        if need > len(cores):
+            raise ConfigError(f"{replicas} replica(s) x {stages} stage(s) x TP {t} = {need} cores, "
+                              f"but the region has {len(cores)}")
+        return [Group(g // stages, g % stages, tuple(cores[g * t:(g + 1) * t]), (1, t))
+                for g in range(stages * replicas)]
 
     def _stage_layers(self, layers: list[int], stages: int) -> list[tuple[int, int]]:
         if self.spec.pipeline.layers is not None:
@@ -541,12 +558,14 @@ class Mapper:
         nxt.set(layout if self.t > 1 else "rep", tasks)
 
 
-def map_model(graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: float | None = None) -> Mapped:
+def map_model(graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: float | None = None,
+              cores: list[int] | None = None) -> Mapped:
     """Lay ``graph`` onto ``arch`` following ``spec``; see the module docstring.
 
     ``kv_hbm_fraction``: the share of each attention's cached keys/values read from HBM
     (a serving memory manager knows it); default: all of it when the spec puts the KV
-    cache in HBM, none otherwise. New keys/values are written to HBM only in the former case."""
+    cache in HBM, none otherwise. New keys/values are written to HBM only in the former case.
+    ``cores``: map onto this ordered list of cores only (TP groups are consecutive runs of it)."""
     if spec.tensor_parallel.degree > arch.num_cores:
         raise ConfigError(f"tensor_parallel.degree {spec.tensor_parallel.degree} exceeds the chip's "
                           f"{arch.num_cores} cores")
@@ -556,7 +575,7 @@ def map_model(graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: floa
         raise ConfigError(f"{graph.name}: {len(bad)} ops use a dtype {arch.name}'s array does not support "
                           f"(e.g. {bad[0].name}: {bad[0].dtype}); supported: "
                           f"{sorted(arch.cores.systolic_array.macs_per_pe_per_cycle)}")
-    return Mapper(graph, arch, spec, kv_hbm_fraction).plan()
+    return Mapper(graph, arch, spec, kv_hbm_fraction, cores).plan()
 
 
 __all__ = ["Mapped", "map_model", "op_class"]

@@ -16,6 +16,9 @@ Task kinds and their parameters (``param[:, i]``):
 * ``KIND_NOC`` (2): a message over the NoC, timed by :mod:`npusim.hw.noc.path`
   (path-level or analytical) or :mod:`npusim.hw.noc.flit_engine` (flit level):
   ``src_router, dst_router, bytes``.
+* ``KIND_NOTIFY`` (3): like ``KIND_FIXED``, and the loop returns to Python when it
+  completes (``STATUS_NOTIFY``, the task in ``sc[SC_NOTIFIED]``): how a driver with
+  several things in flight (serving instances, KV transfers) learns which finished.
 """
 
 from __future__ import annotations
@@ -24,16 +27,17 @@ from numba import njit
 
 from npusim.engine.core import mark_finished, mark_started, pop_ready, release_queue
 from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
-from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVENTS, SC_NOW
+from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVENTS, SC_NOTIFIED, SC_NOW
 from npusim.hw.memory.hbm import EV_MEM_END_REQ, EV_MEM_ISSUE, hbm_handle, hbm_start_dma
 from npusim.hw.noc.flit_engine import EV_FLIT_TICK, flit_slots_free, flit_start, flit_tick
 from npusim.hw.noc.path import MODE_FLIT, PRM_MODE, path_handle, path_start, slots_free
 
 KIND_DMA = 1
 KIND_NOC = 2
+KIND_NOTIFY = 3
 
 (STATUS_IDLE, STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_GROW, STATUS_EVENT_LIMIT, STATUS_GROW_NOC,
- STATUS_GROW_FLIT) = range(7)
+ STATUS_GROW_FLIT, STATUS_NOTIFY) = range(8)
 
 # events one task start or one event handler can push, besides one per hop of a NoC
 # path (the caller adds the topology's diameter): the heap keeps this much room
@@ -44,7 +48,7 @@ BASE_HEADROOM = 8
 def _start(tt, heap, hs, mem, noc, fnoc, task, now, period_ps):
     mark_started(tt, task, now)
     kind = tt.kind[task]
-    if kind == KIND_FIXED:
+    if kind == KIND_FIXED or kind == KIND_NOTIFY:
         heap_push(heap, hs, now + tt.param[task, 0], EV_TASK_END, task)
     elif kind == KIND_DMA:
         prm = tt.param[task]
@@ -109,3 +113,6 @@ def run_loop(tt, heap, hs, mem, noc, fnoc, period_ps, until, watch, max_events, 
             mark_finished(tt, finished, now)
             if finished == watch:
                 return STATUS_WATCH
+            if tt.kind[finished] == KIND_NOTIFY:
+                tt.sc[SC_NOTIFIED] = finished
+                return STATUS_NOTIFY

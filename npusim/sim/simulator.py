@@ -21,7 +21,7 @@ import numpy as np
 
 from npusim.arch.schema import Arch
 from npusim.engine import Engine
-from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOW
+from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOTIFIED, SC_NOW
 from npusim.errors import ConfigError, DeadlockError
 from npusim.hw.memory.hbm import C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, new_hbm_state
 from npusim.hw.memory.params import memory_params
@@ -34,17 +34,19 @@ from npusim.sim.kernel import (
     BASE_HEADROOM,
     KIND_DMA,
     KIND_NOC,
+    KIND_NOTIFY,
     STATUS_EVENT_LIMIT,
     STATUS_GROW,
     STATUS_GROW_FLIT,
     STATUS_GROW_NOC,
     STATUS_IDLE,
+    STATUS_NOTIFY,
     STATUS_TIME_LIMIT,
     STATUS_WATCH,
     run_loop,
 )
 
-KINDS = (KIND_FIXED, KIND_DMA, KIND_NOC)
+KINDS = (KIND_FIXED, KIND_DMA, KIND_NOC, KIND_NOTIFY)
 NOC_MODES = ("path", "analytical", "flit")
 FOREVER = 2**62
 
@@ -52,10 +54,12 @@ FOREVER = 2**62
 @dataclass(frozen=True)
 class RunOutcome:
     """Why :meth:`Simulator.run` returned: ``finished`` (all tasks done), ``time_limit``,
-    or ``task_done`` (the watched task completed)."""
+    ``task_done`` (the watched task completed) or ``notify`` (a notify task completed:
+    ``task``)."""
 
     reason: str
     cycle: int
+    task: int = -1
 
 
 class Simulator:
@@ -134,6 +138,10 @@ class Simulator:
         self.queue(dst_core, "noc")  # range check
         return self.engine.submit(KIND_NOC, q, (src_core, dst_core, int(nbytes)), deps, name)
 
+    def add_notify(self, deps: Sequence[int] = (), name: str | None = None) -> int:
+        """A zero-time task after ``deps``; :meth:`run` returns (``reason="notify"``) when it completes."""
+        return self.engine.submit(KIND_NOTIFY, -1, (0,), deps, name)
+
     def noc_zero_load_cycles(self, src: int, dst: int, nbytes: int) -> int:
         """Uncontended latency of a message: ``(H + 1) * S + H * L + F - 1`` cycles."""
         noc = self.arch.noc
@@ -179,6 +187,8 @@ class Simulator:
                 progress(self.now, eng.num_done, eng.num_tasks)
             elif status == STATUS_WATCH:
                 return RunOutcome("task_done", self.now)
+            elif status == STATUS_NOTIFY:
+                return RunOutcome("notify", self.now, int(eng.tt.sc[SC_NOTIFIED]))
             elif status == STATUS_TIME_LIMIT:
                 return RunOutcome("time_limit", self.now)
             elif status == STATUS_IDLE:
