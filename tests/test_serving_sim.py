@@ -68,4 +68,28 @@ def test_serving_cli_json_contract(capsys):
     assert {"requests_completed", "requests_rejected", "throughput_tokens_per_s"} <= d.keys()
     for key in ("ttft_ms", "tbt_ms", "tpot_ms", "e2e_ms"):
         assert {"mean", "p50", "p99"} <= d[key].keys()
-    assert main(["run", "--rate", "10", "--schedule", "disagg", "--no-progress"]) == 2
+    assert main(["run", "--rate", "10", "--pd-ratio", "2:1", "--no-progress"]) == 2  # needs --schedule disagg
+
+
+def test_pd_disaggregation_moves_every_kv_cache(arch64):
+    reqs = synthetic_requests(8, 200.0, input_len=(16, 200), output_len=(2, 10), seed=5)
+    cfg = ServingConfig(model="qwen3-0.6b", layers=2, debug=True,
+                        scheduler=SchedulerConfig(policy="continuous", chunk_tokens=64, max_batch=8))
+    run = simulate_serving(arch64, SPEC, reqs, cfg, pd=(16, 8))
+    s = run.summary
+    assert s["requests_completed"] == len(reqs)
+    assert set(s["instances"]) == {"prefill", "decode"} and s["instances"]["decode"]["cores"] == 8
+    # every request's prompt KV crossed the NoC once (outputs of 1 token would not)
+    kv_per_token = s["kv_bytes_per_token"]
+    assert s["kv_transfers"] == len(reqs)
+    assert s["kv_transfer_bytes"] == sum(r.input_len for r in reqs) * kv_per_token
+    for rec in run.records:
+        assert len(rec.token_times_s) == rec.output_len and rec.finish_s >= rec.token_times_s[0]
+
+
+def test_pd_layout_puts_decode_in_the_middle(arch64):
+    from npusim.serving.simulate import pd_regions
+
+    prefill, decode = pd_regions(arch64, 42, 21)
+    assert len(set(prefill) | set(decode)) == 63 and not set(prefill) & set(decode)
+    assert {c % 8 for c in decode} <= {2, 3, 4, 5} and {0, 7} <= {c % 8 for c in prefill}

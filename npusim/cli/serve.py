@@ -3,7 +3,8 @@
 Selected by ``--trace FILE`` or ``--rate R`` (with ``--requests N``). Requests come from a
 Mooncake JSONL / CSV trace or a synthetic Poisson source; the scheduler (``--schedule``)
 decides each iteration in Python and the engine executes it (see
-``npusim.serving.simulate``). PD disaggregation (``--schedule disagg``) is not built yet.
+``npusim.serving.simulate``). ``--schedule disagg --pd-ratio P:D`` splits the cores into a
+prefill and a decode instance (PP-first layout: decode cores in the middle columns).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def add_serving_args(p) -> None:
     g.add_argument("--max-output", type=int, default=None, help="clip outputs to this many tokens")
     g.add_argument("--schedule", choices=["fusion", "continuous", "disagg"], default="fusion",
                    help="PD fusion under a budget (default), continuous batching, or PD disaggregation")
-    g.add_argument("--pd-ratio", default=None, help="P:D cores for --schedule disagg, e.g. 42:21")
+    g.add_argument("--pd-ratio", default=None,
+                   help="--schedule disagg: prefill:decode cores, e.g. 42:21 (a ratio like 2:1 is scaled to the "
+                   "chip; default 2:1)")
     g.add_argument("--budget", type=int, default=1024, help="fusion: units per iteration (decode 1, chunk = tokens)")
     g.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens (0: whole prompts, continuous only)")
     g.add_argument("--max-batch", type=int, default=256, help="running requests at most")
@@ -79,18 +82,37 @@ def _length(text, flag):
         raise ConfigError(f"{flag}: {exc}") from None
 
 
+def pd_split(args, arch) -> tuple[int, int] | None:
+    """``--schedule disagg`` with ``--pd-ratio P:D`` (core counts, or a ratio scaled to the chip)."""
+    if args.schedule != "disagg":
+        if args.pd_ratio:
+            raise ConfigError("--pd-ratio needs --schedule disagg")
+        return None
+    text = args.pd_ratio or "2:1"
+    try:
+        p, d = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ConfigError(f"--pd-ratio '{text}': expected P:D, e.g. 42:21") from None
+    if p < 1 or d < 1:
+        raise ConfigError(f"--pd-ratio '{text}': both parts must be positive")
+    if p + d <= arch.num_cores and args.pd_ratio:
+        return p, d
+    scale = arch.num_cores // (p + d)  # a ratio: as many whole multiples as fit the chip
+    if scale < 1:
+        raise ConfigError(f"--pd-ratio {text} needs {p + d} cores; {arch.name} has {arch.num_cores}")
+    return p * scale, d * scale
+
+
 def run_serving(args, arch, spec) -> int:
-    if args.schedule == "disagg" or args.pd_ratio:
-        raise ConfigError("PD disaggregation (--schedule disagg / --pd-ratio) is not implemented yet; "
-                          "use --schedule fusion or continuous")
+    pd = pd_split(args, arch)
     reqs, clipped = requests_from_args(args)
-    sched = SchedulerConfig(policy=args.schedule, max_batch=args.max_batch, max_tokens=args.max_tokens,
-                            chunk_tokens=args.chunk, budget=args.budget)
+    sched = SchedulerConfig(policy="continuous" if pd else args.schedule, max_batch=args.max_batch,
+                            max_tokens=args.max_tokens, chunk_tokens=args.chunk, budget=args.budget)
     cfg = ServingConfig(model=args.model, precision=args.precision, layers=args.layers, scheduler=sched,
                         memory_mode=args.memory, noc_mode=args.fidelity, admission=args.admission,
                         prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms)
     with request_progress(len(reqs), enabled=not args.no_progress) as progress:
-        run = simulate_serving(arch, spec, reqs, cfg, progress=progress)
+        run = simulate_serving(arch, spec, reqs, cfg, progress=progress, pd=pd)
     s = run.summary
     s.update({"model": args.model, "arch": arch.name, "requests": len(reqs), "lengths_clipped": clipped,
               "memory_fidelity": args.memory, "noc_fidelity": args.fidelity})
@@ -124,6 +146,12 @@ def _print(s: dict) -> None:
         print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
               f"{s['goodput_requests_per_s']:.2f} requests/s")
     kvm = s.get("kv_manager", {})
+    if "prefill" in kvm:  # disaggregated: one manager per instance
+        kvm = {k: sum(m.get(k, 0) for m in kvm.values()) for k in ("spills", "spilled_bytes", "preemptions")}
+        inst = ", ".join(f"{n} {v['cores']} cores (TP {v['tp']} x {v['stages']} stages)"
+                         for n, v in s["instances"].items())
+        print(f"  instances      {inst}; {s['kv_transfers']} KV transfers, "
+              f"{s['kv_transfer_bytes'] / 2**20:,.1f} MiB over the NoC")
     hit = s.get("prefix_hit_rate")
     print(f"  KV cache       {s['kv_bytes_per_token']:,} B/token; {kvm.get('spills', 0)} spills SRAM->HBM "
           f"({kvm.get('spilled_bytes', 0) / 2**20:,.1f} MiB), {kvm.get('preemptions', 0)} preemptions"

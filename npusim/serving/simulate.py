@@ -30,21 +30,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass, field, replace
 
 from npusim.arch.schema import Arch
 from npusim.errors import ConfigError
-from npusim.mapping.mapper import map_model
 from npusim.mapping.spec import MappingSpec
 from npusim.model.builder import build_graph
-from npusim.serving.iteration import Work, build_iteration_graph, iteration_signature
-from npusim.serving.kvcache import KVCacheManager
+from npusim.serving.instance import Instance
 from npusim.serving.metrics import RequestRecord, TimeSeries, summarize
-from npusim.serving.scheduler import Live, Scheduler, SchedulerConfig
+from npusim.serving.scheduler import Live, SchedulerConfig
 from npusim.sim import Simulator
-from npusim.sim.program import submit_materialized
 
 
 @dataclass(frozen=True)
@@ -75,232 +70,198 @@ class ServingRun:
 COMPACT_AFTER_TASKS = 2_000_000  # finished tasks kept before the engine drops them
 
 
-class _Compiled:
-    """A materialised iteration program and the relative ids of its sink tasks."""
-
-    def __init__(self, arrays, sinks):
-        self.arrays, self.sinks = arrays, sinks
+def pd_regions(arch: Arch, prefill: int, decode: int) -> tuple[list[int], list[int]]:
+    """PP-first PD disaggregation layout: decode cores in the middle columns of the mesh, prefill
+    cores at the sides; within each region cores run column by column (snaking), so TP groups
+    are compact vertical strips."""
+    w, h = arch.cores.grid.width, arch.cores.grid.height
+    if prefill < 1 or decode < 1 or prefill + decode > w * h:
+        raise ConfigError(f"--pd-ratio {prefill}:{decode}: needs at least one core each and at most "
+                          f"{w * h} in all")
+    centre = (w - 1) / 2
+    cols = sorted(range(w), key=lambda x: (abs(x - centre), x))
+    order = []
+    for i, x in enumerate(cols):
+        ys = range(h) if i % 2 == 0 else range(h - 1, -1, -1)
+        order += [y * w + x for y in ys]
+    decode_cores = order[:decode]
+    prefill_cores = order[decode:decode + prefill]
+    return prefill_cores, decode_cores
 
 
 class ServingSimulator:
-    def __init__(self, arch: Arch, spec: MappingSpec, cfg: ServingConfig):
+    """Drives one or two :class:`~npusim.serving.instance.Instance` s on one engine.
+
+    ``pd`` (``(prefill_cores, decode_cores)`` counts) selects PD disaggregation: new requests
+    prefill on the prefill instance (continuous batching, chunked), their KV cache then moves
+    over the NoC from every prefill core to the decode cores (real messages, contending with
+    all other traffic), and they decode on the decode instance. Each instance gets the spec's TP
+    degree and as many pipeline stages as its cores allow."""
+
+    def __init__(self, arch: Arch, spec: MappingSpec, cfg: ServingConfig, pd: tuple[int, int] | None = None):
         self.arch, self.spec, self.cfg = arch, spec, cfg
         self.sim = Simulator(arch, memory_mode=cfg.memory_mode, noc_mode=cfg.noc_mode)
         self.hz = arch.clock_ghz * 1e9
-        self.scheduler = Scheduler(cfg.scheduler)
-        self.cache: dict[tuple, _Compiled] = {}
         self.tasks_total = 0  # tasks dropped by compaction, for the summary
-        self._plan_memory()
+        if pd is None:
+            self.instances = [Instance("chip", self.sim, spec, cfg, cfg.scheduler)]
+        else:
+            self.instances = self._disaggregated(*pd_regions(arch, *pd))
+        self.entry = self.instances[0]
 
-    # -- setup ------------------------------------------------------------------------------
-    def _plan_memory(self) -> None:
-        """Decide once whether weights stay in SRAM, and size the KV manager around them."""
-        cfg, arch = self.cfg, self.arch
-        probe = build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=cfg.precision,
-                            layers=cfg.layers)
-        self.kv_bytes_per_token = int(sum(op.kv_bytes_per_token for op in probe.ops if op.kind == "attention"))
-        weights = sum(op.weight_bytes for op in probe.ops if op.kind != "embedding" and
-                      not op.attrs.get("shared_weight"))
-        mapped = map_model(probe, arch, self.spec)
-        self.weights_resident = mapped.weights_resident
-        mem = self.spec.memory.model_copy(update={"weights": "sram" if self.weights_resident else "hbm",
-                                                  "kv_cache": "auto"})
-        self.iter_spec = self.spec.model_copy(update={"memory": mem})
-        cores = arch.num_cores
-        sram = int(arch.cores.sram.capacity_mb * 2**20 * cores)
+    def _disaggregated(self, prefill_cores, decode_cores) -> list[Instance]:
+        cfg, spec, arch = self.cfg, self.spec, self.arch
+        t = spec.tensor_parallel.degree
+        layers = len(build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2,
+                                 precision=cfg.precision, layers=cfg.layers).layers())
         hbm = int(arch.hbm.capacity_gb * 2**30)
-        self.kv = KVCacheManager(
-            sram_bytes=sram, hbm_bytes=max(0, hbm - (0 if self.weights_resident else weights)),
-            bytes_per_token=max(1, self.kv_bytes_per_token), block_tokens=cfg.block_tokens,
-            weights_bytes=weights if self.weights_resident else 0,
-            activation_bytes=int(self.spec.memory.sram_reserve_mb * 2**20 * cores),
-            admission=cfg.admission, prefix_cache=cfg.prefix_cache, debug=cfg.debug)
+        out = []
+        for name, cores, sched in (
+                ("prefill", prefill_cores, replace(cfg.scheduler, policy="continuous",
+                                                   chunk_tokens=cfg.scheduler.chunk_tokens)),
+                ("decode", decode_cores, replace(cfg.scheduler, policy="continuous", chunk_tokens=0))):
+            if len(cores) < t:
+                raise ConfigError(f"the {name} region has {len(cores)} cores, fewer than TP {t}")
+            stages = max(1, min(layers, len(cores) // t))
+            sub = spec.model_copy(update={"pipeline": spec.pipeline.model_copy(update={"stages": stages,
+                                                                                       "layers": None}),
+                                          "data_parallel": 1})
+            out.append(Instance(name, self.sim, sub, cfg, sched, cores=cores,
+                                hbm_bytes=hbm * len(cores) // arch.num_cores))
+        return out
 
-    # -- helpers ----------------------------------------------------------------------------
     def _cycles(self, seconds: float) -> int:
         return int(math.ceil(seconds * self.hz))
 
     def _seconds(self, cycles: int) -> float:
         return cycles / self.hz
 
-    def _compiled(self, slots, hbm_fraction: float) -> _Compiled:
-        work = [Work(s.q, s.kv, s.samples) for s in slots]
-        frac = round(hbm_fraction, 1)
-        key = (iteration_signature(work), frac)
-        hit = self.cache.get(key)
-        if hit is None:
-            graph = build_iteration_graph(self.cfg.model, work, self.cfg.precision, self.cfg.layers)
-            prog = map_model(graph, self.arch, self.iter_spec, kv_hbm_fraction=frac).program
-            has_succ = np.zeros(len(prog), dtype=bool)
-            for deps in prog.deps:
-                has_succ[list(deps)] = True
-            hit = _Compiled(prog.materialize(self.sim), np.flatnonzero(~has_succ))
-            self.cache[key] = hit
-        return hit
-
-    def _spill(self, transfers) -> None:
-        """KV moved SRAM->HBM: DMA writes split over every core's second DMA engine."""
-        total = sum(t.nbytes for t in transfers)
-        if total <= 0:
-            return
-        cores = self.arch.num_cores
-        engine = min(1, self.sim.dma_engines - 1)
-        for c in range(cores):
-            share = total // cores + (1 if c < total % cores else 0)
-            if share:
-                self.sim.add_dma(c, share, address=(int(self.arch.hbm.capacity_gb * 2**30) // 2) + c * 2**24,
-                                 write=True, dma_engine=engine, name="KV spill")
-
     # -- the loop ---------------------------------------------------------------------------
     def run(self, requests, progress=None) -> ServingRun:
-        cfg = self.cfg
+        sim = self.sim
         arrivals = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
-        waiting: deque[Live] = deque()
-        running: list[Live] = []
         records: dict[int, RequestRecord] = {}
         iterations: list[dict] = []
         util = TimeSeries(["cube", "vector", "dma", "noc"], "fraction of the chip's units busy")
         occupancy = TimeSeries(["sram_used_bytes", "hbm_used_bytes"], "bytes")
-        sim = self.sim
         units = sim.units
         cls = {"cube": [units.index("cube")], "vector": [units.index("vector")],
                "dma": [i for i, u in enumerate(units) if u.startswith("dma")], "noc": [units.index("noc")]}
-        last_busy = sim.busy_cycles().copy()
+        self._last_busy, self._last_t = sim.busy_cycles().copy(), sim.now
+        handlers: dict[int, tuple] = {}
+        transfers = {"bytes": 0, "count": 0}
         total = len(arrivals)
-        finished = 0
-        depth = self.spec.pipeline.stages  # iterations in flight at once (one per pipeline stage)
-        inflight: deque = deque()
-        while arrivals or waiting or running or inflight:
+        self.finished = 0
+        while True:
             now_s = self._seconds(sim.now)
             while arrivals and arrivals[0].arrival_s <= now_s:
                 req = arrivals.popleft()
                 records[req.id] = RequestRecord(req.id, req.arrival_s, req.input_len, req.output_len)
-                waiting.append(Live(req))
-            finished += self._admit(waiting, running, records, now_s)
-            if len(inflight) < depth:
-                busy = {s.live.req.id for it in inflight for s in it[1]}
-                slots = self.scheduler.plan([r for r in running if r.req.id not in busy])
-                if slots:
-                    inflight.append(self._launch(slots, records, now_s))
+                self.entry.waiting.append(Live(req))
+            for inst in self.instances:
+                self.finished += inst.admit(records, now_s)
+                while inst.free_to_launch():
+                    slots = inst.plan()
+                    if not slots:
+                        break
+                    handlers[inst.launch(slots, records, now_s)] = ("iteration", inst)
+            if not handlers:
+                if arrivals:  # idle until the next request arrives
+                    sim.run(until=max(sim.now, self._cycles(arrivals[0].arrival_s)))
                     continue
-            if inflight:
-                barrier, slots, frac, submitted_s = inflight.popleft()
-                start = sim.now
-                sim.run(until_task=barrier)
-                end_s = self._seconds(sim.now)
-                spills = self._advance(slots, records, end_s)
-                done = [r for r in running if r.done]
-                for live in done:
-                    records[live.req.id].finish_s = end_s
-                    self.kv.free(live.req.id)
-                    running.remove(live)
-                finished += len(done)
+                stuck = next((i for i in self.instances if i.waiting and not i.running), None)
+                if stuck is not None:  # nothing runs and nothing can be admitted: never spin
+                    live = stuck.waiting.popleft()
+                    records[live.req.id].rejected_reason = f"{stuck.name}: cannot be admitted even when idle"
+                    self.finished += 1
+                    continue
+                if any(i.running or i.waiting for i in self.instances):
+                    raise ConfigError("the scheduler planned an empty iteration with requests running "
+                                      "(check max_batch, max_tokens and budget)")
+                break
+            out = sim.run(until=self._cycles(arrivals[0].arrival_s) if arrivals else None)
+            if out.reason != "notify":
+                continue
+            kind, obj = handlers.pop(out.task)
+            end_s = self._seconds(sim.now)
+            if kind == "iteration":
+                iterations.append(self._iteration_done(obj, out.task, records, end_s, handlers, transfers))
                 busy_now = sim.busy_cycles()
-                delta = (busy_now - last_busy).sum(axis=0)
-                last_busy = busy_now.copy()
-                span = max(1, sim.now - start)
+                delta = (busy_now - self._last_busy).sum(axis=0)
+                span = max(1, sim.now - self._last_t)
+                self._last_busy, self._last_t = busy_now.copy(), sim.now
                 util.record(end_s, [float(delta[cls[k]].sum() / (span * self.arch.num_cores * len(cls[k])))
                                     for k in ("cube", "vector", "dma", "noc")])
-                occ = self.kv.occupancy()
-                occupancy.record(end_s, [occ["sram_used_bytes"], occ["hbm_used_bytes"]])
-                iterations.append({"submitted_s": submitted_s,
-                                   "end_s": end_s, "requests": len(slots), "tokens": sum(x.q for x in slots),
-                                   "decodes": sum(1 for x in slots if x.q == 1), "kv_hbm_fraction": frac,
-                                   "spill_bytes": sum(t.nbytes for t in spills)})
+                occ = [i.kv.occupancy() for i in self.instances]
+                occupancy.record(end_s, [sum(o["sram_used_bytes"] for o in occ),
+                                         sum(o["hbm_used_bytes"] for o in occ)])
                 if progress:
-                    progress(end_s, finished, total)
-                if sim.engine.num_done > max(COMPACT_AFTER_TASKS, 4 * (sim.engine.num_tasks - sim.engine.num_done)):
-                    self.tasks_total += sim.engine.num_done
-                    new_id = sim.compact()
-                    inflight = deque((int(new_id[b]), sl, fr, sub) for b, sl, fr, sub in inflight)
-                continue
-            if arrivals:  # idle until the next request arrives
-                sim.run(until=max(sim.now, self._cycles(arrivals[0].arrival_s)))
-                continue
-            if waiting and not running:  # nothing runs and nothing can be admitted: never spin
-                live = waiting.popleft()
-                records[live.req.id].rejected_reason = "cannot be admitted even on an idle chip"
-                finished += 1
-                continue
-            if not waiting and not running:
-                break
-            raise ConfigError("the scheduler planned an empty iteration with requests running "
-                              "(check max_batch, max_tokens and budget)")
+                    progress(end_s, self.finished, total)
+            else:  # a request's KV arrived at the decode instance
+                live, source = obj
+                source.kv.free(live.req.id)
+                self.instances[1].waiting.append(live)
+            if sim.engine.num_done > max(COMPACT_AFTER_TASKS, 4 * (sim.engine.num_tasks - sim.engine.num_done)):
+                self.tasks_total += sim.engine.num_done
+                new_id = sim.compact()
+                handlers = {int(new_id[k]): v for k, v in handlers.items()}
+                for inst in self.instances:
+                    inst.remap(new_id)
+        return self._result(records, iterations, util, occupancy, transfers)
+
+    def _iteration_done(self, inst: Instance, note: int, records, end_s, handlers, transfers) -> dict:
+        first, slots, frac, submitted_s = inst.inflight.popleft()
+        assert first == note, "an instance's iterations complete in order"
+        spills = inst.advance(slots, records, end_s)
+        for live in [r for r in inst.running if r.done]:
+            records[live.req.id].finish_s = end_s
+            inst.kv.free(live.req.id)
+            inst.running.remove(live)
+            self.finished += 1
+        if len(self.instances) > 1 and inst is self.instances[0]:
+            for live in [r for r in inst.running if not r.prefilling]:
+                inst.running.remove(live)
+                handlers[self._send_kv(live, transfers)] = ("kv", (live, inst))
+        return {"instance": inst.name, "submitted_s": submitted_s, "end_s": end_s, "requests": len(slots),
+                "tokens": sum(x.q for x in slots), "decodes": sum(1 for x in slots if x.q == 1),
+                "kv_hbm_fraction": frac, "spill_bytes": sum(t.nbytes for t in spills)}
+
+    def _send_kv(self, live, transfers) -> int:
+        """Move a prefilled request's KV from every prefill core to the decode cores (NoC messages)."""
+        src, dst = self.instances[0].core_list, self.instances[1].core_list
+        nbytes = live.kv_tokens * self.instances[0].kv_bytes_per_token
+        sends = [self.sim.add_send(s, dst[i % len(dst)], nbytes // len(src) + (1 if i < nbytes % len(src) else 0),
+                                   name="KV transfer") for i, s in enumerate(src)]
+        transfers["bytes"] += nbytes
+        transfers["count"] += 1
+        live.kv_to_place = live.kv_tokens
+        return self.sim.add_notify(sends, name="KV transferred")
+
+    def _result(self, records, iterations, util, occupancy, transfers) -> ServingRun:
+        cfg, sim = self.cfg, self.sim
         recs = [records[k] for k in sorted(records)]
         summary = summarize(recs, slo_ttft_s=None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3,
                             slo_tbt_s=None if cfg.slo_tbt_ms is None else cfg.slo_tbt_ms / 1e3)
         summary.update({
-            "iterations": len(iterations), "compiled_iteration_shapes": len(self.cache),
-            "simulated_s": self._seconds(sim.now), "weights_resident": self.weights_resident,
-            "kv_bytes_per_token": self.kv_bytes_per_token, "kv_manager": self.kv.stats(),
-            "scheduler": {"policy": cfg.scheduler.policy, **self.scheduler.stats},
+            "iterations": len(iterations), "compiled_iteration_shapes": sum(len(i.cache) for i in self.instances),
+            "simulated_s": self._seconds(sim.now), "weights_resident": all(i.weights_resident for i in self.instances),
+            "kv_bytes_per_token": self.entry.kv_bytes_per_token,
+            "kv_manager": self.entry.kv.stats() if len(self.instances) == 1 else
+            {i.name: i.kv.stats() for i in self.instances},
+            "scheduler": {"policy": "disagg" if len(self.instances) > 1 else cfg.scheduler.policy,
+                          **self.entry.scheduler.stats},
+            "instances": {i.name: {"cores": len(i.core_list), "tp": i.spec.tensor_parallel.degree,
+                                   "stages": i.spec.pipeline.stages} for i in self.instances},
+            "kv_transfer_bytes": transfers["bytes"], "kv_transfers": transfers["count"],
             "tasks": self.tasks_total + sim.engine.num_tasks, "events": sim.events,
         })
         if cfg.debug:
-            self.kv.check_invariants()
+            for inst in self.instances:
+                inst.kv.check_invariants()
         return ServingRun(recs, iterations, {"utilization": util, "memory": occupancy}, summary, sim)
 
-    def _launch(self, slots, records: dict, now_s: float):
-        """Submit an iteration after everything already submitted; returns
-        (barrier task, slots, share of their KV in HBM, submission time)."""
-        for s in slots:
-            rec = records[s.live.req.id]
-            if rec.first_scheduled_s is None:
-                rec.first_scheduled_s = now_s
-        sram_tok = hbm_tok = 0
-        for s in slots:
-            a, b = self.kv.location(s.live.req.id)
-            sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
-        frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
-        comp = self._compiled(slots, frac)
-        ids = submit_materialized(self.sim, comp.arrays)
-        barrier = self.sim.engine.submit(queue=-1, param=(0,), deps=ids[comp.sinks].tolist(), name="iteration end")
-        return barrier, slots, frac, now_s
 
-    def _advance(self, slots, records: dict, end_s: float) -> list:
-        """The iteration's tokens exist at ``end_s``: grow KV, record tokens; returns spills (issued)."""
-        spills = []
-        for s in slots:
-            live = s.live
-            spills += self.kv.append(live.req.id, s.q)
-            if live.prefilling:
-                live.prefilled += s.q
-            else:
-                live.generated += 1
-                records[live.req.id].token_times_s.append(end_s)
-            if s.samples and live.generated == 0:
-                live.generated = 1
-                records[live.req.id].token_times_s.append(end_s)
-        self._spill(spills)
-        return spills
-
-    def _admit(self, waiting: deque, running: list, records: dict, now_s: float) -> int:
-        """Admit waiting requests FCFS; returns how many were rejected for good."""
-        rejected = 0
-        while waiting and len(running) < self.cfg.scheduler.max_batch:
-            live = waiting[0]
-            req = live.req
-            adm = self.kv.admit(req.id, req.input_len, req.output_len, getattr(req, "hash_ids", ()))
-            if not adm.ok:
-                if adm.permanent:
-                    waiting.popleft()
-                    records[req.id].rejected_reason = adm.reason
-                    rejected += 1
-                    continue
-                break
-            waiting.popleft()
-            for victim_id in adm.preempted:  # restart from scratch later
-                victim = next(r for r in running if r.req.id == victim_id)
-                running.remove(victim)
-                records[victim_id].token_times_s.clear()
-                records[victim_id].first_scheduled_s = None
-                waiting.appendleft(Live(victim.req))
-            live.prefilled = adm.prefix_hit_tokens  # reused KV: no prefill compute for these tokens
-            records[req.id].prefix_hit_tokens = live.prefilled
-            live.admitted_at = now_s
-            running.append(live)
-        return rejected
-
-
-def simulate_serving(arch: Arch, spec: MappingSpec, requests, cfg: ServingConfig, progress=None) -> ServingRun:
-    return ServingSimulator(arch, spec, cfg).run(requests, progress)
+def simulate_serving(arch: Arch, spec: MappingSpec, requests, cfg: ServingConfig, progress=None,
+                     pd: tuple[int, int] | None = None) -> ServingRun:
+    """Serve ``requests``; ``pd=(prefill_cores, decode_cores)`` disaggregates prefill and decode."""
+    return ServingSimulator(arch, spec, cfg, pd).run(requests, progress)

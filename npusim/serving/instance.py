@@ -1,0 +1,176 @@
+"""A serving instance: a set of cores with its own mapping, KV manager, scheduler and
+compiled iterations. PD fusion / continuous batching use one instance over the whole chip;
+PD disaggregation one for prefill and one for decode.
+
+An instance submits an iteration (:meth:`launch`) after everything it submitted before, so
+its cores' in-order queues run iterations back to back; up to ``depth`` (its pipeline
+stages) are in flight on disjoint requests. Each iteration ends in a notify task, which
+makes the engine hand control back when it completes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from npusim.mapping.mapper import map_model
+from npusim.model.builder import build_graph
+from npusim.serving.iteration import Work, build_iteration_graph, iteration_signature
+from npusim.serving.kvcache import KVCacheManager
+from npusim.serving.scheduler import Scheduler
+from npusim.sim.program import submit_materialized
+
+
+class _Compiled:
+    """A materialised iteration program and the relative ids of its sink tasks."""
+
+    def __init__(self, arrays, sinks):
+        self.arrays, self.sinks = arrays, sinks
+
+
+class Instance:
+    def __init__(self, name: str, sim, spec, cfg, sched_cfg, cores: list[int] | None = None,
+                 hbm_bytes: int | None = None):
+        self.name, self.sim, self.spec, self.cfg = name, sim, spec, cfg
+        self.arch = sim.arch
+        self.cores = cores
+        self.scheduler = Scheduler(sched_cfg)
+        self.cache: dict[tuple, _Compiled] = {}
+        self.inflight: deque = deque()  # (notify task, slots, kv share in HBM, submitted_s)
+        self.running: list = []
+        self.waiting: deque = deque()
+        self.depth = spec.pipeline.stages
+        self._plan_memory(hbm_bytes)
+
+    @property
+    def core_list(self) -> list[int]:
+        return list(range(self.arch.num_cores)) if self.cores is None else self.cores
+
+    def _plan_memory(self, hbm_bytes: int | None) -> None:
+        """Decide once whether weights stay in SRAM, and size the KV manager around them."""
+        cfg, arch = self.cfg, self.arch
+        probe = build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=cfg.precision,
+                            layers=cfg.layers)
+        self.kv_bytes_per_token = int(sum(op.kv_bytes_per_token for op in probe.ops if op.kind == "attention"))
+        weights = sum(op.weight_bytes for op in probe.ops if op.kind != "embedding" and
+                      not op.attrs.get("shared_weight"))
+        self.weights_resident = map_model(probe, arch, self.spec, cores=self.cores).weights_resident
+        mem = self.spec.memory.model_copy(update={"weights": "sram" if self.weights_resident else "hbm",
+                                                  "kv_cache": "auto"})
+        self.iter_spec = self.spec.model_copy(update={"memory": mem})
+        n = len(self.core_list)
+        sram = int(arch.cores.sram.capacity_mb * 2**20 * n)
+        hbm = int(arch.hbm.capacity_gb * 2**30) if hbm_bytes is None else hbm_bytes
+        self.kv = KVCacheManager(
+            sram_bytes=sram, hbm_bytes=max(0, hbm - (0 if self.weights_resident else weights)),
+            bytes_per_token=max(1, self.kv_bytes_per_token), block_tokens=cfg.block_tokens,
+            weights_bytes=weights if self.weights_resident else 0,
+            activation_bytes=int(self.spec.memory.sram_reserve_mb * 2**20 * n),
+            admission=cfg.admission, prefix_cache=cfg.prefix_cache, debug=cfg.debug)
+
+    def _compiled(self, slots, hbm_fraction: float) -> _Compiled:
+        work = [Work(s.q, s.kv, s.samples) for s in slots]
+        frac = round(hbm_fraction, 1)
+        key = (iteration_signature(work), frac)
+        hit = self.cache.get(key)
+        if hit is None:
+            graph = build_iteration_graph(self.cfg.model, work, self.cfg.precision, self.cfg.layers)
+            prog = map_model(graph, self.arch, self.iter_spec, kv_hbm_fraction=frac, cores=self.cores).program
+            has_succ = np.zeros(len(prog), dtype=bool)
+            for deps in prog.deps:
+                has_succ[list(deps)] = True
+            hit = _Compiled(prog.materialize(self.sim), np.flatnonzero(~has_succ))
+            self.cache[key] = hit
+        return hit
+
+    def free_to_launch(self) -> bool:
+        return len(self.inflight) < self.depth
+
+    def plan(self) -> list:
+        busy = {s.live.req.id for it in self.inflight for s in it[1]}
+        return self.scheduler.plan([r for r in self.running if r.req.id not in busy])
+
+    def launch(self, slots, records: dict, now_s: float) -> int:
+        """Submit an iteration; returns its notify task."""
+        for s in slots:
+            rec = records[s.live.req.id]
+            if rec.first_scheduled_s is None:
+                rec.first_scheduled_s = now_s
+        sram_tok = hbm_tok = 0
+        for s in slots:
+            a, b = self.kv.location(s.live.req.id)
+            sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
+        frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
+        comp = self._compiled(slots, frac)
+        ids = submit_materialized(self.sim, comp.arrays)
+        note = self.sim.add_notify(ids[comp.sinks].tolist(), name=f"{self.name} iteration end")
+        self.inflight.append((note, slots, frac, now_s))
+        return note
+
+    def advance(self, slots, records: dict, end_s: float) -> list:
+        """The iteration's tokens exist at ``end_s``: grow KV, record tokens; returns spills (issued)."""
+        spills = []
+        for s in slots:
+            live = s.live
+            spills += self.kv.append(live.req.id, s.q)
+            if live.prefilling:
+                live.prefilled += s.q
+            else:
+                live.generated += 1
+                records[live.req.id].token_times_s.append(end_s)
+            if s.samples and live.generated == 0:
+                live.generated = 1
+                records[live.req.id].token_times_s.append(end_s)
+        self._spill(spills)
+        return spills
+
+    def _spill(self, transfers) -> None:
+        """KV moved SRAM->HBM: DMA writes split over the instance's cores' second DMA engine."""
+        total = sum(t.nbytes for t in transfers)
+        if total <= 0:
+            return
+        cores = self.core_list
+        engine = min(1, self.sim.dma_engines - 1)
+        base = int(self.arch.hbm.capacity_gb * 2**30) // 2
+        for i, c in enumerate(cores):
+            share = total // len(cores) + (1 if i < total % len(cores) else 0)
+            if share:
+                self.sim.add_dma(c, share, address=base + c * 2**24, write=True, dma_engine=engine, name="KV spill")
+
+    def admit(self, records: dict, now_s: float) -> int:
+        """Admit waiting requests FCFS; returns how many were rejected for good."""
+        from npusim.serving.scheduler import Live
+
+        rejected = 0
+        while self.waiting and len(self.running) < self.scheduler.cfg.max_batch:
+            live = self.waiting[0]
+            req = live.req
+            adm = self.kv.admit(req.id, req.input_len, req.output_len, getattr(req, "hash_ids", ()))
+            if not adm.ok:
+                if adm.permanent:
+                    self.waiting.popleft()
+                    records[req.id].rejected_reason = f"{self.name}: {adm.reason}"
+                    rejected += 1
+                    continue
+                break
+            self.waiting.popleft()
+            for victim_id in adm.preempted:  # restart from scratch later
+                victim = next(r for r in self.running if r.req.id == victim_id)
+                self.running.remove(victim)
+                records[victim_id].token_times_s.clear()
+                records[victim_id].first_scheduled_s = None
+                self.waiting.appendleft(Live(victim.req))
+            if live.prefilled == 0:
+                live.prefilled = adm.prefix_hit_tokens  # reused KV: no prefill compute for these tokens
+                records[req.id].prefix_hit_tokens = live.prefilled
+            live.admitted_at = now_s
+            self.running.append(live)
+            if live.kv_to_place:  # KV transferred from another instance lands here
+                self._spill(self.kv.append(req.id, live.kv_to_place))
+                live.kv_to_place = 0
+        return rejected
+
+    def remap(self, new_id) -> None:
+        """Renumber in-flight notify tasks after an engine compaction."""
+        self.inflight = deque((int(new_id[n]), sl, fr, sub) for n, sl, fr, sub in self.inflight)
