@@ -120,6 +120,7 @@ def run_serving(args, arch, spec) -> int:
         files = {"summary": args.out / "summary.json", "serving": args.out / "serving.h5"}
         write_serving_hdf5(files["serving"], run.records, run.iterations, run.series,
                            attrs={"arch": arch.name, "model": args.model})
+        files.update(_plots(args.out, run))
         s["files"] = {k: str(v) for k, v in files.items()}
         write_json(files["summary"], s)
     if args.json:
@@ -127,6 +128,20 @@ def run_serving(args, arch, spec) -> int:
         return 0
     _print(s)
     return 0
+
+
+def _plots(out: Path, run) -> dict:
+    """Latency CDFs and utilisation over time as PNGs, when matplotlib (the plot extra) is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        return {}
+    from npusim.serving.metrics import plot_latency_cdfs, plot_series
+
+    files = {"latency_plot": out / "latency_cdf.png", "series_plot": out / "over_time.png"}
+    plot_latency_cdfs(run.records, files["latency_plot"])
+    plot_series(run.series, files["series_plot"])
+    return files
 
 
 def _print(s: dict) -> None:
