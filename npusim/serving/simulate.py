@@ -95,8 +95,8 @@ class ServingSimulator:
     ``pd`` (``(prefill_cores, decode_cores)`` counts) selects PD disaggregation: new requests
     prefill on the prefill instance (continuous batching, chunked), their KV cache then moves
     over the NoC from every prefill core to the decode cores (real messages, contending with
-    all other traffic), and they decode on the decode instance. Each instance gets the spec's TP
-    degree and as many pipeline stages as its cores allow."""
+    all other traffic), and they decode on the decode instance (see :meth:`_disaggregated` for
+    how each instance is laid out)."""
 
     def __init__(self, arch: Arch, spec: MappingSpec, cfg: ServingConfig, pd: tuple[int, int] | None = None):
         self.arch, self.spec, self.cfg = arch, spec, cfg
@@ -110,22 +110,23 @@ class ServingSimulator:
         self.entry = self.instances[0]
 
     def _disaggregated(self, prefill_cores, decode_cores) -> list[Instance]:
+        """A prefill and a decode instance. Each spreads its tensor parallelism over its whole
+        region (at most 32 cores a pipeline stage): a token's latency falls with the cores its
+        stage streams weights with, while extra stages only add hops."""
         cfg, spec, arch = self.cfg, self.spec, self.arch
-        t = spec.tensor_parallel.degree
         layers = len(build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2,
                                  precision=cfg.precision, layers=cfg.layers).layers())
         hbm = int(arch.hbm.capacity_gb * 2**30)
         out = []
         for name, cores, sched in (
-                ("prefill", prefill_cores, replace(cfg.scheduler, policy="continuous",
-                                                   chunk_tokens=cfg.scheduler.chunk_tokens)),
+                ("prefill", prefill_cores, replace(cfg.scheduler, policy="continuous")),
                 ("decode", decode_cores, replace(cfg.scheduler, policy="continuous", chunk_tokens=0))):
-            if len(cores) < t:
-                raise ConfigError(f"the {name} region has {len(cores)} cores, fewer than TP {t}")
-            stages = max(1, min(layers, len(cores) // t))
-            sub = spec.model_copy(update={"pipeline": spec.pipeline.model_copy(update={"stages": stages,
-                                                                                       "layers": None}),
-                                          "data_parallel": 1})
+            stages = max(1, min(layers, math.ceil(len(cores) / 32)))
+            tp = len(cores) // stages
+            sub = spec.model_copy(update={
+                "tensor_parallel": spec.tensor_parallel.model_copy(update={"degree": tp, "mnk_grid": None}),
+                "pipeline": spec.pipeline.model_copy(update={"stages": stages, "layers": None}),
+                "data_parallel": 1})
             out.append(Instance(name, self.sim, sub, cfg, sched, cores=cores,
                                 hbm_bytes=hbm * len(cores) // arch.num_cores))
         return out
