@@ -1,25 +1,25 @@
 """The serving simulation: requests arrive, the scheduler decides in Python between
 iterations, the engine executes each iteration on the chip.
 
-Loop (one chip-wide core group: continuous batching or PD fusion):
+The work runs on *instances* (:mod:`.instance`): one over the whole chip for continuous
+batching and PD fusion, a prefill and a decode instance for PD disaggregation. Loop:
 
-1. Requests that have arrived by the engine's clock join the waiting queue; the KV
-   manager admits them first come first served while the batch has room (a request
-   that can never fit is rejected with the reason; with ``admission="preempt"`` the
-   manager may evict running requests, which then restart from scratch).
-2. The scheduler plans the iteration (:mod:`.scheduler`); the iteration's graph
-   (:mod:`.iteration`) is mapped onto the chip with the mapping spec and submitted to
-   the engine — after everything already submitted, so the cores' in-order queues run
-   iterations back to back. KV spilled SRAM->HBM by the manager becomes DMA writes that
-   run alongside. Identical iterations (same request shapes, KV lengths rounded up to 256
-   tokens, decodes in two length groups, same share of KV in HBM to 10 %) reuse one
+1. Requests that have arrived by the engine's clock join the (first) instance's waiting
+   queue; its KV manager admits them first come first served while the batch has room (a
+   request that can never fit is rejected with the reason; with ``admission="preempt"``
+   the manager may evict running requests, which then restart from scratch).
+2. Each instance with room plans iterations (:mod:`.scheduler`); an iteration's graph
+   (:mod:`.iteration`) is mapped onto the instance's cores and submitted to the engine
+   after everything already submitted, so the cores' in-order queues run iterations back
+   to back. With ``S`` pipeline stages up to ``S`` iterations are in flight on disjoint
+   requests (vLLM's pipeline-parallel scheduling). KV spilled SRAM->HBM becomes DMA writes
+   that run alongside. Identical iterations (same request shapes, KV lengths rounded up to
+   256 tokens, decodes in two length groups, same share of KV in HBM to 10 %) reuse one
    compiled program.
-3. With ``S`` pipeline stages up to ``S`` iterations are in flight, on disjoint requests
-   (vLLM's pipeline-parallel scheduling): stage ``s`` works on one iteration while stage
-   ``s + 1`` works on the previous one. The engine runs until the oldest iteration's last
-   task; its end is when that iteration's tokens appear. Requests advance, finished ones
-   free their KV. Finished tasks are compacted away as they pile up, so memory stays
-   bounded by the work in flight.
+3. The engine runs until a notify task completes — an iteration (its tokens appear then;
+   requests advance, finished ones free their KV) or a disaggregated request's KV transfer
+   (it joins the decode instance). Finished tasks are compacted away as they pile up, so
+   memory stays bounded by the work in flight.
 
 When nothing can run the clock jumps to the next arrival. If requests are waiting,
 nothing runs and the next one can never be admitted, it is rejected with the manager's
