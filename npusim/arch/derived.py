@@ -31,6 +31,16 @@ class ArchSummary:
         return asdict(self)
 
 
+def channel_bandwidths_gbps(arch: Arch) -> np.ndarray:
+    """Data-bus bandwidth of every HBM/DRAM channel (core classes may set their own channel's)."""
+    bw = np.full(arch.hbm.channels, arch.hbm.bandwidth_per_channel_gbps)
+    if arch.hbm.attach == "per_core":
+        for cls in arch.core_classes.values():
+            if cls.channel_bandwidth_gbps is not None:
+                bw[cls.cores] = cls.channel_bandwidth_gbps
+    return bw
+
+
 def hbm_attach_routers(arch: Arch) -> np.ndarray:
     """Router (core) id where each HBM channel meets the mesh.
 
@@ -55,12 +65,14 @@ def hbm_attach_routers(arch: Arch) -> np.ndarray:
 
 
 def summarize(arch: Arch) -> ArchSummary:
-    sa = arch.cores.systolic_array
     n = arch.num_cores
-    peak = {
-        dtype: n * sa.rows * sa.cols * k * 2 * arch.clock_ghz / 1e3
-        for dtype, k in sorted(sa.macs_per_pe_per_cycle.items())
-    }
+    peak: dict[str, float] = {}
+    for core in range(n):  # core classes may differ
+        sa = arch.systolic_for(core)
+        for dtype, k in sa.macs_per_pe_per_cycle.items():
+            peak[dtype] = peak.get(dtype, 0.0) + sa.rows * sa.cols * k * 2 * arch.clock_ghz / 1e3
+    peak = dict(sorted(peak.items()))
+    sram_total = sum(arch.sram_for(c).capacity_mb for c in range(n))
     w, h = arch.cores.grid.width, arch.cores.grid.height
     link_gbps = arch.noc.link_bytes_per_cycle * arch.clock_ghz
     # The narrowest cut through the middle of a W x H mesh crosses min(W, H) links,
@@ -73,10 +85,10 @@ def summarize(arch: Arch) -> ArchSummary:
         clock_ghz=arch.clock_ghz,
         peak_tflops=peak,
         sram_mb_per_core=arch.cores.sram.capacity_mb,
-        sram_mb_total=arch.cores.sram.capacity_mb * n,
+        sram_mb_total=sram_total,
         hbm_channels=arch.hbm.channels,
         hbm_gb=arch.hbm.capacity_gb,
-        hbm_bandwidth_gbps=arch.hbm.total_bandwidth_gbps,
+        hbm_bandwidth_gbps=float(channel_bandwidths_gbps(arch).sum()),
         hbm_attach_routers=hbm_attach_routers(arch).tolist(),
         noc_link_gbps=link_gbps,
         noc_bisection_gbps=2 * bisection_links * link_gbps,

@@ -165,8 +165,20 @@ class Noc(StrictModel):
     max_packet_flits: PositiveInt = 16
 
 
+class CoreClass(StrictModel):
+    """Cores that differ from ``cores`` (heterogeneous chips, e.g. PD-disaggregated decode
+    cores): their own systolic array, SRAM, or — with ``hbm.attach: per_core`` — DRAM channel
+    bandwidth. Anything not given is the ``cores`` default."""
+
+    cores: list[NonNegativeInt]
+    systolic_array: SystolicArray | None = None
+    sram: Sram | None = None
+    channel_bandwidth_gbps: PositiveFloat | None = None
+
+
 class Arch(StrictModel):
-    """A whole NPU: clock, a grid of identical cores, HBM channels and the NoC."""
+    """A whole NPU: clock, a grid of cores (identical unless ``core_classes`` says otherwise),
+    HBM channels and the NoC."""
 
     name: str
     description: str = ""
@@ -174,10 +186,40 @@ class Arch(StrictModel):
     cores: Cores
     hbm: Hbm
     noc: Noc = Noc()
+    core_classes: dict[str, CoreClass] = Field(default_factory=dict)
 
     @property
     def num_cores(self) -> int:
         return self.cores.grid.width * self.cores.grid.height
+
+    def core_class_of(self, core: int) -> CoreClass | None:
+        for cls in self.core_classes.values():
+            if core in cls.cores:
+                return cls
+        return None
+
+    def systolic_for(self, core: int) -> SystolicArray:
+        cls = self.core_class_of(core)
+        return cls.systolic_array if cls and cls.systolic_array else self.cores.systolic_array
+
+    def sram_for(self, core: int) -> Sram:
+        cls = self.core_class_of(core)
+        return cls.sram if cls and cls.sram else self.cores.sram
+
+    @model_validator(mode="after")
+    def _classes_consistent(self):
+        seen: dict[int, str] = {}
+        for name, cls in self.core_classes.items():
+            for c in cls.cores:
+                if c >= self.num_cores:
+                    raise ValueError(f"core_classes.{name}.cores: core {c} is outside the {self.num_cores}-core mesh")
+                if c in seen:
+                    raise ValueError(f"core {c} is in core_classes {seen[c]!r} and {name!r}")
+                seen[c] = name
+            if cls.channel_bandwidth_gbps is not None and self.hbm.attach != "per_core":
+                raise ValueError(f"core_classes.{name}.channel_bandwidth_gbps needs hbm.attach: per_core "
+                                 "(each core its own DRAM channel)")
+        return self
 
     @model_validator(mode="after")
     def _attach_consistent(self):

@@ -60,7 +60,7 @@ class Instance:
                                                   "kv_cache": "auto"})
         self.iter_spec = self.spec.model_copy(update={"memory": mem})
         n = len(self.core_list)
-        sram = int(arch.cores.sram.capacity_mb * 2**20 * n)
+        sram = int(sum(arch.sram_for(c).capacity_mb for c in self.core_list) * 2**20)
         hbm = int(arch.hbm.capacity_gb * 2**30) if hbm_bytes is None else hbm_bytes
         self.kv = KVCacheManager(
             sram_bytes=sram, hbm_bytes=max(0, hbm - (0 if self.weights_resident else weights)),

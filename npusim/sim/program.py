@@ -127,17 +127,20 @@ class Program:
         ck = np.asarray(self.cost_kind, dtype=np.int64)
         args = np.asarray(self.cost_args, dtype=np.int64).reshape(len(self), 6)
         out = np.asarray([p[0] for p in self.param], dtype=np.int64)
-        sa = arch.cores.systolic_array
         gemm = np.flatnonzero(ck == COST_GEMM)
-        for d in np.unique(args[gemm, 4]):
-            dtype = DTYPES[int(d)]
-            if dtype not in sa.macs_per_pe_per_cycle:
-                raise ConfigError(f"the program uses {dtype} GEMMs; {arch.name}'s array supports "
-                                  f"{sorted(sa.macs_per_pe_per_cycle)}")
-            sel = gemm[args[gemm, 4] == d]
-            out[sel] = gemm_cycles_array(args[sel, 0], args[sel, 1], args[sel, 2], sa.rows, sa.cols, sa.dataflow,
-                                         sa.macs_per_pe_per_cycle[dtype], sa.weight_injection_cycles,
-                                         batch=args[sel, 3], double_buffer=sa.double_buffered_weights)
+        cores = np.asarray(self.core, dtype=np.int64)
+        for sa, members in _array_groups(arch):  # core classes may have their own arrays
+            in_group = gemm[np.isin(cores[gemm], members)]
+            for d in np.unique(args[in_group, 4]):
+                dtype = DTYPES[int(d)]
+                if dtype not in sa.macs_per_pe_per_cycle:
+                    raise ConfigError(f"the program uses {dtype} GEMMs; {arch.name}'s array supports "
+                                      f"{sorted(sa.macs_per_pe_per_cycle)}")
+                sel = in_group[args[in_group, 4] == d]
+                out[sel] = gemm_cycles_array(args[sel, 0], args[sel, 1], args[sel, 2], sa.rows, sa.cols,
+                                             sa.dataflow, sa.macs_per_pe_per_cycle[dtype],
+                                             sa.weight_injection_cycles, batch=args[sel, 3],
+                                             double_buffer=sa.double_buffered_weights)
         vu = arch.cores.vector_unit
         cache: dict[tuple, int] = {}
         for i in np.flatnonzero(ck == COST_VECTOR).tolist():
@@ -215,6 +218,15 @@ class Program:
                 g.attrs["meta"] = json.dumps(self.meta)
 
         return write_with(path, writer)
+
+
+def _array_groups(arch: Arch) -> list:
+    """(systolic array, core ids) for the default cores and each core class with its own array."""
+    special = {c for cls in arch.core_classes.values() if cls.systolic_array for c in cls.cores}
+    groups = [(arch.cores.systolic_array, np.array(sorted(set(range(arch.num_cores)) - special), np.int64))]
+    groups += [(cls.systolic_array, np.array(cls.cores, np.int64)) for cls in arch.core_classes.values()
+               if cls.systolic_array]
+    return groups
 
 
 def submit_materialized(sim, arrays: tuple, names=None) -> np.ndarray:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from npusim.arch.derived import channel_bandwidths_gbps
 from npusim.arch.schema import Arch
 from npusim.engine import Engine
 from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOTIFIED, SC_NOW
@@ -81,6 +82,12 @@ class Simulator:
         self.engine = Engine(names)
         params, self.period_ps = memory_params(arch, memory_mode)
         self.mem = new_hbm_state(params, arch.num_cores * self.dma_engines, txlog_rows)
+        # channels with their own bandwidth (core classes) move bursts, and issue them, faster or slower
+        burst_ps = np.round(arch.hbm.burst_bytes / channel_bandwidths_gbps(arch) * 1000.0).astype(np.int64)
+        scaled = burst_ps != self.mem.ch_burst_ps
+        self.mem.ch_tccd_ps[scaled] = np.maximum(1, self.mem.ch_tccd_ps[scaled] * burst_ps[scaled]
+                                                 // self.mem.ch_burst_ps[scaled])
+        self.mem.ch_burst_ps[:] = burst_ps
         noc = arch.noc
         if noc_graph is None:
             noc_graph = mesh(arch.cores.grid.width, arch.cores.grid.height, noc.link_bytes_per_cycle,

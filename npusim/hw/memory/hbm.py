@@ -71,7 +71,7 @@ HbmState = namedtuple(
         # channel
         "ch_q", "ch_qn", "ch_cmd_ps", "ch_data_free", "ch_last_write", "ch_refresh_next", "ch_wake",
         "ch_wait_head", "ch_wait_tail",
-        "ch_bytes", "ch_busy_ps", "ch_nreq", "ch_lat_sum", "ch_lat_hist", "ch_rowstat",
+        "ch_bytes", "ch_busy_ps", "ch_nreq", "ch_lat_sum", "ch_lat_hist", "ch_rowstat", "ch_burst_ps", "ch_tccd_ps",
         # bank
         "bk_row", "bk_act_ok", "bk_col_ok", "bk_pre_ok",
         # initiator
@@ -104,7 +104,8 @@ def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0) -> Hb
         ch_refresh_next=full(refresh0, c), ch_wake=full(int(NEVER), c),
         ch_wait_head=full(-1, c), ch_wait_tail=full(-1, c),
         ch_bytes=z(c), ch_busy_ps=z(c), ch_nreq=z(c), ch_lat_sum=z(c), ch_lat_hist=z(c, LAT_BINS + 1),
-        ch_rowstat=z(c, 3),
+        ch_rowstat=z(c, 3), ch_burst_ps=full(int(p[P_BURST_PS]), c),
+        ch_tccd_ps=full(int(p[P_TCCD]), c),
         bk_row=full(-1, c, b), bk_act_ok=z(c, b), bk_col_ok=z(c, b), bk_pre_ok=z(c, b),
         in_task=full(-1, ni), in_next_off=z(ni), in_end_off=z(ni), in_base=z(ni), in_write=z(ni),
         in_pattern=z(ni), in_stride=z(ni), in_outstanding=z(ni), in_left=z(ni), in_socket_busy=z(ni),
@@ -230,13 +231,12 @@ def analytical_finish(st, init, addr, nbytes, pattern, stride, now_cycle, period
         if pattern == PATTERN_LINEAR:
             used = min(n_ch, (nbytes + il - 1) // il)
     base, extra = nbytes // used, nbytes % used
-    burst_ps_per_byte = p[P_BURST_PS] / p[P_BURST_BYTES]
     channels_done = t0
     ch = first_ch
     for i in range(used):
         share = base + (1 if i < extra else 0)
         start = max(t0 + first_ps - p[P_FRONTEND], st.ch_data_free[ch])
-        busy = np.int64(np.ceil(share * burst_ps_per_byte))
+        busy = np.int64(np.ceil(share * st.ch_burst_ps[ch] / p[P_BURST_BYTES]))
         st.ch_data_free[ch] = start + busy
         st.ch_busy_ps[ch] += busy
         st.ch_bytes[ch] += share
@@ -430,13 +430,14 @@ def _serve(st, heap, hs, ch, idx, t_ps, period_ps):
         col = max(col, st.ch_data_free[ch] + (p[P_TRTW] if is_write else p[P_TWTR]) - lat)
     nbursts = (st.sl_bytes[slot] + p[P_BURST_BYTES] - 1) // p[P_BURST_BYTES]
     data_end = 0
+    burst_ps = st.ch_burst_ps[ch]
     for _ in range(nbursts):
         col = max(col, st.ch_data_free[ch] - lat)
         data_start = col + lat
-        data_end = data_start + p[P_BURST_PS]
+        data_end = data_start + burst_ps
         st.ch_data_free[ch] = data_end
-        st.ch_busy_ps[ch] += p[P_BURST_PS]
-        col += p[P_TCCD]
+        st.ch_busy_ps[ch] += burst_ps
+        col += st.ch_tccd_ps[ch]
     st.bk_col_ok[ch, bank] = col
     if is_write:
         st.bk_pre_ok[ch, bank] = max(st.bk_pre_ok[ch, bank], data_end + p[P_TWR])
