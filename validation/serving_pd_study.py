@@ -11,8 +11,9 @@ disaggregation; at 10:1 (prefill-heavy) disaggregation has 1.34x; disaggregation
 < 5% across workloads, fusion's up to 2.57x. (Published A10 uses heterogeneous decode cores,
 which npusim cannot describe yet: here both use the same cores.)
 
-Here: npusim-64c, Qwen3-4B bf16, TP 4, analytical memory, path NoC, Poisson arrivals; lengths
-fixed per workload. Prints the simulated figures beside the published ones and whether each
+Here: npusim-64c, Qwen3-4B bf16, analytical memory, path NoC, Poisson arrivals; lengths fixed
+per workload. Each disaggregated instance spreads TP over its region (at most 32 cores a stage);
+fusion uses the whole chip the same way (TP 32 x 2 stages). Prints the simulated figures beside the published ones and whether each
 trend holds.
 
     python validation/serving_pd_study.py [--requests 40] [--rate 20]
@@ -38,7 +39,9 @@ SOURCE = "arXiv 2510.05632 (NpuSim)"
 
 
 def serve(arch, reqs, pd=None, policy="fusion"):
-    spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
+    # fusion: the whole chip as one instance laid out like the disaggregated ones (TP over at most
+    # 32 cores a stage: TP 32 x 2 stages); disaggregated instances choose their own TP and stages
+    spec = spec_from_flags(tp=32, stages=2, layout="linear_seq").model_copy(update={"data_parallel": 1})
     cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(
         policy="continuous" if pd else policy, budget=512, chunk_tokens=256, max_batch=64))
     return simulate_serving(arch, spec, reqs, cfg, pd=pd).summary
@@ -52,9 +55,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--rate", type=float, default=20.0)
+    ap.add_argument("--only", choices=["a7", "a10"], default=None, help="run one of the two studies")
     args = ap.parse_args()
     arch = load_arch("npusim-64c")
     t0 = time.perf_counter()
+    if args.only != "a10":
+        a7(arch, args)
+    if args.only != "a7":
+        a10(arch, args)
+    print(f"\nwall time {time.perf_counter() - t0:.0f} s; {machine_line()}")
+
+
+def a7(arch, args) -> None:
     reqs = synthetic_requests(args.requests, args.rate, input_len=100, output_len=100, seed=1)
     print(f"A7: P:D core ratios, {args.requests} requests of 100 in / 100 out tokens at {args.rate}/s")
     print(f"{'P:D':>6} | {'TTFT ms':>8} {'TBT ms':>8} {'E2E ms':>9} {'tok/s':>8}")
@@ -76,6 +88,9 @@ def main() -> None:
     for name, a, b, pub, ok in checks:
         print(f"{name:>22} | {change(a, b):>9} {pub:>9} | {'holds' if ok(a - b) else 'does not hold'}")
 
+
+
+def a10(arch, args) -> None:
     print(f"\nA10: PD fusion vs disaggregation (42:21), P:D token ratios")
     print(f"{'in:out':>9} | {'fusion tok/s':>12} {'disagg tok/s':>12} {'fus/dis':>7} | {'fusion TBT':>10} {'disagg TBT':>10}")
     tbt = {"fusion": [], "disagg": []}
@@ -96,7 +111,6 @@ def main() -> None:
           f"{ratios['10:1']:.2f} at 10:1 ({'holds' if ratios['10:1'] < 1 else 'does not hold'}); TBT spread "
           f"disagg {spread['disagg']:.2f}x, fusion {spread['fusion']:.2f}x "
           f"({'holds' if spread['disagg'] < spread['fusion'] else 'does not hold'})")
-    print(f"\nwall time {time.perf_counter() - t0:.0f} s; {machine_line()}")
 
 
 if __name__ == "__main__":
