@@ -91,7 +91,7 @@ def a7(arch, args) -> None:
 
 
 def a10(arch, args) -> None:
-    print(f"\nA10: PD fusion vs disaggregation (42:21), P:D token ratios")
+    print("\nA10: PD fusion vs disaggregation (42:21), P:D token ratios")
     print(f"{'in:out':>9} | {'fusion tok/s':>12} {'disagg tok/s':>12} {'fus/dis':>7} | {'fusion TBT':>10} {'disagg TBT':>10}")
     tbt = {"fusion": [], "disagg": []}
     ratios = {}
