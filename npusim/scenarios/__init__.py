@@ -1,2 +1,2 @@
-"""Built-in workloads expressed directly as engine tasks (before the model/mapping layers
-exist they are what ``npusim run`` simulates)."""
+"""Whole-program workloads run on the simulator: one forward pass of a mapped model
+(``forward.py``, behind ``npusim run`` without a request stream)."""

@@ -18,7 +18,7 @@ from npusim.mapping.mapper import map_model
 from npusim.model.builder import build_graph
 from npusim.serving.iteration import Work, build_iteration_graph, iteration_signature
 from npusim.serving.kvcache import KVCacheManager
-from npusim.serving.scheduler import Scheduler
+from npusim.serving.scheduler import Live, Scheduler
 from npusim.sim.program import submit_materialized
 
 
@@ -140,8 +140,6 @@ class Instance:
 
     def admit(self, records: dict, now_s: float) -> int:
         """Admit waiting requests FCFS; returns how many were rejected for good."""
-        from npusim.serving.scheduler import Live
-
         rejected = 0
         while self.waiting and len(self.running) < self.scheduler.cfg.max_batch:
             live = self.waiting[0]

@@ -55,7 +55,6 @@ class Live:
     prefilled: int = 0
     generated: int = 0
     admitted_at: float = 0.0
-    record: object = None  # npusim.serving.metrics.RequestRecord
     kv_to_place: int = 0  # KV tokens that arrive with the request (PD disaggregation's transfer)
 
     @property
