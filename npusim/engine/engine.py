@@ -209,15 +209,20 @@ class Engine:
         new_id[keep] = np.arange(int(keep.sum()), dtype=np.int64)
         old = np.flatnonzero(keep)
         m = old.shape[0]
-        cap = max(1024, 2 * m)
-        fresh = new_task_table(len(self.queue_names), cap, max(2 * cap, int(tt.sc[SC_NEDGES]) + 1))
-        for name in ("kind", "queue", "deps_left", "state", "start", "end"):
-            getattr(fresh, name)[:m] = getattr(tt, name)[old]
-        fresh.param[:m] = tt.param[old]
+        # In place: new ids never exceed old ones. The capacity stays (the table fills up again
+        # as work is submitted; regrowing costs more than the memory would save), and slots past
+        # ``m`` need no reset because ``add_tasks`` initialises every field of a new task.
+        for name in ("kind", "queue", "deps_left", "state", "start", "end", "param"):
+            arr = getattr(tt, name)
+            arr[:m] = arr[old]
         qn = tt.qnext[old]
-        fresh.qnext[:m] = np.where(qn >= 0, new_id[np.maximum(qn, 0)], -1)
+        tt.qnext[:m] = np.where(qn >= 0, new_id[np.maximum(qn, 0)], -1)
         # pending tasks' successors are pending too
-        edges = copy_successors(tt, old, new_id, fresh.e_dst, fresh.e_next, fresh.succ_head)
+        succ_head = np.empty_like(tt.succ_head)
+        succ_head[:m] = -1
+        e_dst, e_next = np.empty_like(tt.e_dst), np.empty_like(tt.e_next)
+        edges = copy_successors(tt, old, new_id, e_dst, e_next, succ_head)
+        fresh = tt._replace(succ_head=succ_head, e_dst=e_dst, e_next=e_next)
 
         def remap(ids):
             ids = np.asarray(ids)
@@ -226,11 +231,9 @@ class Engine:
         fresh.q_head[:] = remap(tt.q_head)
         fresh.q_tail[:] = remap(tt.q_tail)
         fresh.q_running[:] = remap(tt.q_running)
-        fresh.q_busy[:] = tt.q_busy
         ready = remap(tt.ready[tt.sc[SC_READY_HEAD]:tt.sc[SC_READY_TAIL]])
         ready = ready[ready >= 0]
         fresh.ready[:ready.shape[0]] = ready
-        fresh.sc[:] = tt.sc
         fresh.sc[SC_NTASKS] = m
         fresh.sc[SC_NEDGES] = edges
         fresh.sc[SC_NDONE] = 0

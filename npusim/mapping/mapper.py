@@ -355,11 +355,16 @@ class Mapper:
             self.next_addr += -(-op.weight_bytes // 4096) * 4096
         return self.weight_addr[op.name]
 
-    def _tiles(self, nbytes: int) -> list[int]:
-        if nbytes <= 0:
-            return []
-        count = max(1, -(-nbytes // self.tile_bytes))
-        return [_split(nbytes, count, i) for i in range(count)]
+    def _tile_widths(self, core: int, nbytes: int, n: int) -> list[int]:
+        """N-widths of the tiles a weight shard of ``nbytes`` (``n`` output columns) streams in:
+        about ``weight_tile_kb`` each, cut at multiples of the core's array width so no tile
+        pays for a padded fold that the whole GEMM would not (a compiler aligns tiles too)."""
+        cols = self.arch.systolic_for(core).cols
+        units = max(1, -(-n // cols))
+        count = min(units, max(1, -(-nbytes // self.tile_bytes)))
+        widths = [cols * _split(units, count, i) for i in range(count)]
+        widths[-1] -= cols * units - n  # the last tile holds the remainder
+        return widths
 
     def _compute_with_weights(self, core: int, rank: int, op: Op, shard_bytes: int, m: int, k: int, n: int,
                               deps: list[int], name: str) -> int:
@@ -368,16 +373,16 @@ class Mapper:
         prog = self.prog
         if self.resident or shard_bytes <= 0 or not op.weight:
             return prog.add_gemm(core, m, k, n, op.dtype, op.batch, deps=deps, name=name)
-        tiles = self._tiles(shard_bytes)
         base = self._weight_base(op) + rank * shard_bytes
         buffers = self.buffers.setdefault(core, [])
         last = -1
         offset = 0
-        for i, tb in enumerate(tiles):
+        for i, n_i in enumerate(self._tile_widths(core, shard_bytes, n)):
+            tb = shard_bytes * (offset + n_i) // n - shard_bytes * offset // n
             load_deps = [buffers[-2]] if len(buffers) >= 2 else []
-            load = prog.add_dma(core, tb, address=base + offset, deps=load_deps, name=f"{name} load W{i}")
-            offset += tb
-            n_i = _split(n, len(tiles), i)
+            load = prog.add_dma(core, tb, address=base + shard_bytes * offset // n, deps=load_deps,
+                                name=f"{name} load W{i}")
+            offset += n_i
             last = prog.add_gemm(core, m, k, n_i, op.dtype, op.batch, deps=[load, last, *deps] if last >= 0 else
                                  [load, *deps], name=f"{name} tile{i}")
             buffers.append(last)

@@ -107,7 +107,7 @@ class Memory(StrictModel):
     weights: Placement = "auto"
     kv_cache: Placement = "auto"
     sram_reserve_mb: float = Field(default=2.0, ge=0, description="per core, kept for activations and temporaries")
-    weight_tile_kb: PositiveInt = Field(default=1024, description="streamed weights move in tiles of this size")
+    weight_tile_kb: PositiveInt = Field(default=4096, description="streamed weights move in tiles of about this size (two buffers per core)")
 
 
 class MappingSpec(StrictModel):
