@@ -71,6 +71,23 @@ def test_serving_cli_json_contract(capsys):
     assert main(["run", "--rate", "10", "--pd-ratio", "2:1", "--no-progress"]) == 2  # needs --schedule disagg
 
 
+def test_plain_run_serves_the_default_scenario_and_forward_flags_select_a_forward_pass(capsys, tmp_path):
+    # the default scenario's request stream and mapping (TP 4), cut to 2 layers and 3 requests
+    assert main(["run", "--layers", "2", "--requests", "3", "--json", "--no-progress", "--out", str(tmp_path)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["requests_completed"] == 3 and d["scheduler"]["policy"] == "fusion"
+    assert d["instances"]["chip"]["tp"] == 4 and d["model"] == "qwen3-4b"
+    trace = json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
+    begins = [e for e in trace if e["ph"] == "b"]
+    assert len(begins) == sum(e["ph"] == "e" for e in trace) == d["iterations"] + 3 * 3  # queued/prefill/decode
+    assert {e["args"]["request"] for e in begins if e["cat"] == "request"} == {0, 1, 2}
+    assert main(["run", "--forward", "--layers", "2", "--json", "--no-progress"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["phase"] == "decode" and d["batch"] == 16 and d["latency_ms"] > 0
+    assert main(["run", "--rate", "5", "--batch", "4", "--no-progress"]) == 2  # one or the other
+    assert "one or the other" in capsys.readouterr().err
+
+
 def test_pd_disaggregation_moves_every_kv_cache(arch64):
     reqs = synthetic_requests(8, 200.0, input_len=(16, 200), output_len=(2, 10), seed=5)
     cfg = ServingConfig(model="qwen3-0.6b", layers=2, debug=True,

@@ -1,17 +1,23 @@
-"""``npusim run``: simulate one forward pass of a model on a chip.
+"""``npusim run``: serve a stream of requests on a chip, or simulate one forward pass.
 
-The model is a built-in name (``npusim model --list``) or an ``.onnx`` file; the mapping
+Plain ``npusim run`` serves the default scenario: 32 synthetic requests of Qwen3-4B arriving
+at 8 per second (Poisson, seed 0; prompts of 128-512 tokens, 32-128 output tokens) on
+npusim-64c under PD fusion, TP-4 groups in a 16-stage pipeline, memory at the analytical
+fidelity and the NoC at the path level; it takes well under a minute. ``--trace`` or
+``--rate`` choose other request streams (see the serving options).
+
+A forward-pass flag (``--phase``, ``--batch``, ``--seq``, ``--kv``, or ``--forward``) simulates
+one forward pass instead. The model is a built-in name (``npusim model --list``) or an ``.onnx`` file; the mapping
 is a spec file (``--mapping``) or derived from the chip and the ``--tp``,
 ``--partition``, ``--layout`` and ``--stages`` flags: by default one copy of the model
 fills the chip — TP groups of 16 cores (4x4 blocks in ring order), as many pipeline
 stages as there are groups (at most one per layer), partitions chosen per GEMM
 (``auto``).
 
-Plain ``npusim run`` simulates one decode step of Qwen3-4B for 16 sequences with
+``npusim run --forward`` simulates one decode step of Qwen3-4B for 16 sequences with
 1,024 cached tokens each on npusim-64c, memory at the analytical fidelity and the NoC
 at the path level (a TLM memory run of the same step moves ~8 GB of weights through
-the transaction model and takes minutes: ``--memory tlm``). With ``--trace`` or
-``--rate`` it serves a stream of requests instead (see the serving options).
+the transaction model and takes minutes: ``--memory tlm``).
 """
 
 from __future__ import annotations
@@ -31,13 +37,14 @@ from npusim.report.perfetto import write_perfetto
 from npusim.scenarios.forward import simulate_forward
 
 DEFAULT_MODEL = "qwen3-4b"
+SERVING_DEFAULT_TP = 4  # many short pipeline stages: iterations of disjoint requests overlap
 
 
 def add_parser(sub):
     p = sub.add_parser(
         "run",
-        help="simulate one forward pass of a model (default: Qwen3-4B decode on npusim-64c)",
-        description=__doc__.split("\n\n")[1] + " " + __doc__.split("\n\n")[2],
+        help="serve requests on a chip (default scenario: Qwen3-4B on npusim-64c), or one forward pass",
+        description=" ".join(__doc__.split("\n\n")[1:4]),
     )
     add_model_args(p)
     add_mapping_args(p)
@@ -45,7 +52,7 @@ def add_parser(sub):
     add_serving_args(p)
     p.add_argument("--out", type=Path, default=None,
                    help="directory for summary.json, tasks.h5, program.h5 and timeline.json (Perfetto); "
-                   "serving: summary.json and serving.h5")
+                   "serving: summary.json, serving.h5, timeline.json (Perfetto) and, with matplotlib, plots")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -54,10 +61,12 @@ def add_parser(sub):
 def add_model_args(p):
     add_arch_arg(p)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model or .onnx file (default {DEFAULT_MODEL})")
-    p.add_argument("--phase", choices=["prefill", "decode"], default="decode")
-    p.add_argument("--batch", type=int, default=16, help="sequences (default 16)")
-    p.add_argument("--seq", type=int, default=1024,
-                   help="prefill: prompt tokens per sequence; decode: tokens already cached (default 1024)")
+    p.add_argument("--forward", action="store_true", help="simulate one forward pass (implied by the next four)")
+    p.add_argument("--phase", choices=["prefill", "decode"], default=None, help="forward pass: phase (default decode)")
+    p.add_argument("--batch", type=int, default=None, help="forward pass: sequences (default 16)")
+    p.add_argument("--seq", type=int, default=None,
+                   help="forward pass: prefill prompt tokens per sequence, or decode tokens already cached "
+                   "(default 1024)")
     p.add_argument("--kv", type=int, default=None,
                    help="tokens already in the KV cache (decode: default --seq; prefill: a cached prefix, default none)")
     p.add_argument("--precision", choices=["bf16", "a8w8"], default="bf16",
@@ -83,8 +92,24 @@ def add_fidelity_args(p, memory_default="tlm"):
                    help=f"HBM model (default {memory_default})")
 
 
+FORWARD_DEFAULTS = {"phase": "decode", "batch": 16, "seq": 1024}
+
+
+def is_forward(args) -> bool:
+    """A forward pass was asked for: ``--forward`` or any forward-pass flag."""
+    return getattr(args, "forward", True) or any(getattr(args, k, None) is not None
+                                                  for k in (*FORWARD_DEFAULTS, "kv"))
+
+
+def fill_forward_defaults(args) -> None:
+    for key, value in FORWARD_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
 def build_model(args):
     """The operator graph the flags describe (built-in builder or ONNX import)."""
+    fill_forward_defaults(args)
     for name in ("batch", "seq"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -114,9 +139,9 @@ def build_graph_for_spec(args):
                        layers=args.layers)
 
 
-def build_spec(args, arch, graph):
+def build_spec(args, arch, graph, default_tp: int = 16):
     base = load_mapping(args.mapping) if args.mapping else None
-    tp = args.tp if args.tp is not None else (None if base else min(16, arch.num_cores))
+    tp = args.tp if args.tp is not None else (None if base else min(default_tp, arch.num_cores))
     stages = args.stages
     layout = args.layout if args.layout is not None else (None if base else "ring")
     if base is None and stages is None:
@@ -129,9 +154,12 @@ def build_spec(args, arch, graph):
 
 def run(args) -> int:
     arch = load_arch(args.arch)
-    if is_serving(args):
+    if is_serving(args) and is_forward(args):
+        raise ConfigError("--trace/--rate/--requests serve a request stream; --forward, --phase, --batch, --seq "
+                          "and --kv describe one forward pass: use one or the other")
+    if not is_forward(args):
         probe = build_graph_for_spec(args)
-        return run_serving(args, arch, build_spec(args, arch, probe))
+        return run_serving(args, arch, build_spec(args, arch, probe, default_tp=SERVING_DEFAULT_TP))
     graph = build_model(args)
     spec = build_spec(args, arch, graph)
     with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:

@@ -1,7 +1,8 @@
-"""The serving mode of ``npusim run``: a stream of requests instead of one forward pass.
+"""The serving mode of ``npusim run`` (its default): a stream of requests.
 
-Selected by ``--trace FILE`` or ``--rate R`` (with ``--requests N``). Requests come from a
-Mooncake JSONL / CSV trace or a synthetic Poisson source; the scheduler (``--schedule``)
+Requests come from a Mooncake JSONL / CSV trace (``--trace FILE``) or a synthetic Poisson
+source (``--rate R --requests N``; without either, the default scenario's 32 requests at 8
+per second, prompts of 128-512 tokens, 32-128 output tokens); the scheduler (``--schedule``)
 decides each iteration in Python and the engine executes it (see
 ``npusim.serving.simulate``). ``--schedule disagg --pd-ratio P:D`` splits the cores into a
 prefill and a decode instance (PP-first layout: decode cores in the middle columns).
@@ -15,6 +16,7 @@ from pathlib import Path
 from npusim.cli.progress import request_progress
 from npusim.errors import ConfigError
 from npusim.files import write_json
+from npusim.report.perfetto import write_serving_timeline
 from npusim.serving.metrics import write_serving_hdf5
 from npusim.serving.requests import cap_lengths, parse_length, synthetic_requests
 from npusim.serving.scheduler import SchedulerConfig
@@ -22,16 +24,20 @@ from npusim.serving.simulate import ServingConfig, simulate_serving
 from npusim.serving.traces import load_trace
 
 SERVING_FLAGS = ("trace", "rate", "requests")
+DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_INPUT, DEFAULT_OUTPUT = 8.0, 32, "128:512", "32:128"
 
 
 def add_serving_args(p) -> None:
     g = p.add_argument_group("serving (a request stream; selected by --trace or --rate)")
     g.add_argument("--trace", type=Path, default=None, help="request trace: Mooncake .jsonl or .csv")
-    g.add_argument("--rate", type=float, default=None, help="synthetic Poisson arrivals, requests per second")
-    g.add_argument("--requests", type=int, default=None, help="number of requests (synthetic: default 100; "
-                   "trace: the first N)")
-    g.add_argument("--input-len", default="512", help="synthetic prompt tokens: N or I1:I2 (default 512)")
-    g.add_argument("--output-len", default="128", help="synthetic output tokens: N or O1:O2 (default 128)")
+    g.add_argument("--rate", type=float, default=None,
+                   help=f"synthetic Poisson arrivals, requests per second (default {DEFAULT_RATE:g})")
+    g.add_argument("--requests", type=int, default=None,
+                   help=f"number of requests (synthetic: default {DEFAULT_REQUESTS}; trace: the first N)")
+    g.add_argument("--input-len", default=DEFAULT_INPUT, help=f"synthetic prompt tokens: N or I1:I2 uniform "
+                   f"(default {DEFAULT_INPUT})")
+    g.add_argument("--output-len", default=DEFAULT_OUTPUT, help=f"synthetic output tokens: N or O1:O2 uniform "
+                   f"(default {DEFAULT_OUTPUT})")
     g.add_argument("--duration", type=float, default=None, help="trace: only arrivals in the first S seconds")
     g.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times by this")
     g.add_argument("--max-input", type=int, default=None, help="clip prompts to this many tokens")
@@ -62,12 +68,13 @@ def requests_from_args(args):
         window = (0.0, args.duration) if args.duration else None
         reqs = load_trace(args.trace, first=args.requests, window=window, scale=args.time_scale)
     else:
-        if args.rate is None or args.rate <= 0:
+        rate = DEFAULT_RATE if args.rate is None else args.rate
+        if rate <= 0:
             raise ConfigError("--rate must be a positive number of requests per second")
-        n = 100 if args.requests is None else args.requests
+        n = DEFAULT_REQUESTS if args.requests is None else args.requests
         if n <= 0:
             raise ConfigError(f"--requests must be positive, got {n}")
-        reqs = synthetic_requests(n, args.rate, input_len=_length(args.input_len, "--input-len"),
+        reqs = synthetic_requests(n, rate, input_len=_length(args.input_len, "--input-len"),
                                   output_len=_length(args.output_len, "--output-len"), seed=args.seed)
     clipped = 0
     if args.max_input or args.max_output:
@@ -117,9 +124,11 @@ def run_serving(args, arch, spec) -> int:
     s.update({"model": args.model, "arch": arch.name, "requests": len(reqs), "lengths_clipped": clipped,
               "memory_fidelity": args.memory, "noc_fidelity": args.fidelity})
     if args.out:
-        files = {"summary": args.out / "summary.json", "serving": args.out / "serving.h5"}
+        files = {"summary": args.out / "summary.json", "serving": args.out / "serving.h5",
+                 "timeline": args.out / "timeline.json"}
         write_serving_hdf5(files["serving"], run.records, run.iterations, run.series,
                            attrs={"arch": arch.name, "model": args.model})
+        write_serving_timeline(files["timeline"], run.records, run.iterations)
         files.update(_plots(args.out, run))
         s["files"] = {k: str(v) for k, v in files.items()}
         write_json(files["summary"], s)

@@ -62,3 +62,36 @@ def write_perfetto(path: str | Path, *, queue_names: list[str], task_queue: np.n
 def _pid(proc: str, queue: int) -> int:
     digits = "".join(ch for ch in proc if ch.isdigit())
     return int(digits) if digits else 100_000 + queue
+
+
+def write_serving_timeline(path: str | Path, records, iterations: list[dict], max_events: int = 2_000_000) -> dict:
+    """A serving run as trace events: per instance, each iteration from its submission to its
+    end; per request, its phases (queued, prefill, decode). Both as async slices (Perfetto gives
+    overlapping ones their own rows). ``records`` are ``RequestRecord``-like objects,
+    ``iterations`` the dicts of :class:`~npusim.serving.simulate.ServingRun`; times in seconds."""
+    events: list[dict] = []
+
+    def span(cat: str, name: str, ident: str, t0: float, t1: float, args: dict) -> None:
+        base = {"cat": cat, "name": name, "id": ident, "pid": 1 if cat == "iteration" else 2}
+        events.append({**base, "ph": "b", "ts": round(t0 * 1e6, 3), "args": args})
+        events.append({**base, "ph": "e", "ts": round(t1 * 1e6, 3)})
+
+    for i, it in enumerate(iterations):
+        span("iteration", f"{it['instance']} iteration", f"it{i}", it["submitted_s"], it["end_s"],
+             {k: it[k] for k in ("requests", "tokens", "decodes") if k in it})
+    for r in records:
+        phases = [("queued", r.arrival_s, r.first_scheduled_s)]
+        if r.token_times_s:
+            phases += [("prefill", r.first_scheduled_s, r.token_times_s[0]),
+                       ("decode", r.token_times_s[0], r.finish_s if r.finish_s is not None else r.token_times_s[-1])]
+        for name, t0, t1 in phases:
+            if t0 is not None and t1 is not None and t1 >= t0:
+                span("request", name, f"r{r.id}", t0, t1, {"request": r.id, "input": r.input_len,
+                                                           "output": r.output_len})
+    dropped = max(0, len(events) - max_events) // 2
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "iterations"}},
+            {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "requests"}}]
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump({"displayTimeUnit": "ms", "otherData": {"dropped_spans": dropped},
+                   "traceEvents": meta + events[:max_events]}, f, separators=(",", ":"))
+    return {"events": min(len(events), max_events), "dropped": dropped}
