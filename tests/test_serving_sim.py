@@ -5,6 +5,7 @@ import json
 import pytest
 
 from npusim.cli import main
+from npusim.errors import ConfigError
 from npusim.mapping.spec import spec_from_flags
 from npusim.serving.requests import synthetic_requests
 from npusim.serving.scheduler import Live, Scheduler, SchedulerConfig
@@ -110,3 +111,47 @@ def test_pd_layout_puts_decode_in_the_middle(arch64):
     prefill, decode = pd_regions(arch64, 42, 21)
     assert len(set(prefill) | set(decode)) == 63 and not set(prefill) & set(decode)
     assert {c % 8 for c in decode} <= {2, 3, 4, 5} and {0, 7} <= {c % 8 for c in prefill}
+
+
+def test_dp_first_splits_each_replica_band_and_keeps_kv_inside_it(arch64):
+    from npusim.serving.simulate import pd_regions, replica_bands
+
+    bands = replica_bands(arch64, 2)
+    assert [cols for cols, _ in bands] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    for cols, rows in bands:
+        prefill, decode = pd_regions(arch64, 16, 8, cols, rows)
+        assert {c % 8 for c in prefill + decode} <= set(cols) and not set(prefill) & set(decode)
+        assert {c % 8 for c in decode} == {cols[1]}  # the band's middle column first
+    reqs = synthetic_requests(10, 200.0, input_len=(16, 200), output_len=(2, 8), seed=7)
+    cfg = ServingConfig(model="qwen3-0.6b", layers=2, debug=True,
+                        scheduler=SchedulerConfig(policy="continuous", chunk_tokens=64, max_batch=8))
+    run = simulate_serving(arch64, SPEC, reqs, cfg, pd=(32, 16), replicas=2)
+    s = run.summary
+    assert s["requests_completed"] == len(reqs) and s["replicas"] == 2
+    assert set(s["instances"]) == {"prefill0", "decode0", "prefill1", "decode1"}
+    assert {it["instance"] for it in run.iterations} == set(s["instances"])  # arrivals reach both replicas
+    assert s["kv_transfer_bytes"] == sum(r.input_len for r in reqs) * s["kv_bytes_per_token"]
+    eng, sim = run.sim.engine, run.sim
+    noc = sim.units.index("noc")
+    sends = [t for t in range(eng.num_tasks) if eng.task_names.get(t) == "KV transfer"]
+    assert len(sends) >= len(reqs)
+    for t in sends:  # a KV message never leaves its replica's band
+        src, dst = (int(x) for x in eng.tt.param[t, :2])
+        assert (src % 8 < 4) == (dst % 8 < 4), (src, dst)
+    assert all(eng.tt.queue[t] % len(sim.units) == noc for t in sends)
+    with pytest.raises(ConfigError, match="evenly"):
+        simulate_serving(arch64, SPEC, reqs, cfg, pd=(33, 16), replicas=2)
+
+
+def test_mapping_spec_serving_section_drives_the_cli(tmp_path, capsys):
+    spec = tmp_path / "serve.yaml"
+    spec.write_text("extends: tp4-pipeline\npipeline: {stages: 2}\n"
+                    "serving: {schedule: disagg, pd_layout: dp_first, pd_ratio: [32, 16], chunk_tokens: 64}\n")
+    assert main(["run", "--model", "qwen3-0.6b", "--layers", "2", "--mapping", str(spec), "--rate", "100",
+                 "--requests", "4", "--input-len", "32", "--output-len", "3", "--json", "--no-progress"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["scheduler"]["policy"] == "disagg" and d["replicas"] == 2 and d["requests_completed"] == 4
+    assert {v["cores"] for v in d["instances"].values()} == {16, 8}
+    spec.write_text("serving: {schedul: disagg}\n")
+    assert main(["run", "--mapping", str(spec), "--no-progress"]) == 2
+    assert "did you mean 'schedule'" in capsys.readouterr().err

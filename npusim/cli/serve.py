@@ -5,7 +5,9 @@ source (``--rate R --requests N``; without either, the default scenario's 32 req
 per second, prompts of 128-512 tokens, 32-128 output tokens); the scheduler (``--schedule``)
 decides each iteration in Python and the engine executes it (see
 ``npusim.serving.simulate``). ``--schedule disagg --pd-ratio P:D`` splits the cores into a
-prefill and a decode instance (PP-first layout: decode cores in the middle columns).
+prefill and a decode instance (PP-first layout: decode cores in the middle columns), or with
+``--pd-layout dp_first --replicas R`` each of R bands of columns into its own pair. Flags
+override the mapping spec's ``serving:`` section.
 """
 
 from __future__ import annotations
@@ -42,15 +44,24 @@ def add_serving_args(p) -> None:
     g.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times by this")
     g.add_argument("--max-input", type=int, default=None, help="clip prompts to this many tokens")
     g.add_argument("--max-output", type=int, default=None, help="clip outputs to this many tokens")
-    g.add_argument("--schedule", choices=["fusion", "continuous", "disagg"], default="fusion",
-                   help="PD fusion under a budget (default), continuous batching, or PD disaggregation")
+    g.add_argument("--schedule", choices=["fusion", "continuous", "disagg"], default=None,
+                   help="PD fusion under a budget, continuous batching, or PD disaggregation (default: the "
+                   "mapping spec's serving.schedule, else fusion)")
     g.add_argument("--pd-ratio", default=None,
                    help="--schedule disagg: prefill:decode cores, e.g. 42:21 (a ratio like 2:1 is scaled to the "
                    "chip; default 2:1)")
-    g.add_argument("--budget", type=int, default=1024, help="fusion: units per iteration (decode 1, chunk = tokens)")
-    g.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens (0: whole prompts, continuous only)")
-    g.add_argument("--max-batch", type=int, default=256, help="running requests at most")
-    g.add_argument("--max-tokens", type=int, default=8192, help="continuous: tokens per iteration at most")
+    g.add_argument("--pd-layout", choices=["pp_first", "dp_first"], default=None,
+                   help="--schedule disagg: one P/D split of the chip (pp_first, default: decode cores in the middle "
+                   "columns), or one per data-parallel replica (dp_first)")
+    g.add_argument("--replicas", type=int, default=None,
+                   help="data-parallel copies, each on an equal band of columns (default 1; dp_first: 2)")
+    g.add_argument("--budget", type=int, default=None, help="fusion: units per iteration (decode 1, chunk = tokens; "
+                   "default 1024)")
+    g.add_argument("--chunk", type=int, default=None, help="prefill chunk tokens (0: whole prompts, continuous only; "
+                   "default 512)")
+    g.add_argument("--max-batch", type=int, default=None, help="running requests at most (default 256)")
+    g.add_argument("--max-tokens", type=int, default=None, help="continuous: tokens per iteration at most "
+                   "(default 8192)")
     g.add_argument("--admission", choices=["queue", "preempt"], default="queue",
                    help="when KV memory is full: make arrivals wait, or preempt the newest running request")
     g.add_argument("--prefix-cache", action="store_true", help="reuse KV of shared prompt prefixes (trace hash_ids)")
@@ -89,37 +100,58 @@ def _length(text, flag):
         raise ConfigError(f"{flag}: {exc}") from None
 
 
-def pd_split(args, arch) -> tuple[int, int] | None:
+def serving_options(args, spec) -> dict:
+    """The spec's ``serving:`` section with the command-line flags applied."""
+    opts = spec.serving.model_dump()
+    for key, flag in (("schedule", "schedule"), ("pd_layout", "pd_layout"), ("replicas", "replicas"),
+                      ("budget", "budget"), ("chunk_tokens", "chunk"), ("max_batch", "max_batch"),
+                      ("max_tokens", "max_tokens")):
+        if getattr(args, flag, None) is not None:
+            opts[key] = getattr(args, flag)
+    if opts["replicas"] is None:
+        opts["replicas"] = 2 if opts["pd_layout"] == "dp_first" else 1
+    if opts["replicas"] < 1:
+        raise ConfigError(f"--replicas must be at least 1, got {opts['replicas']}")
+    if opts["pd_layout"] == "pp_first" and opts["replicas"] > 1 and opts["schedule"] == "disagg":
+        raise ConfigError("PD disaggregation over several replicas is the dp_first layout: add --pd-layout dp_first")
+    return opts
+
+
+def pd_split(args, arch, opts: dict) -> tuple[int, int] | None:
     """``--schedule disagg`` with ``--pd-ratio P:D`` (core counts, or a ratio scaled to the chip)."""
-    if args.schedule != "disagg":
+    if opts["schedule"] != "disagg":
         if args.pd_ratio:
             raise ConfigError("--pd-ratio needs --schedule disagg")
         return None
-    text = args.pd_ratio or "2:1"
+    explicit = args.pd_ratio or (":".join(map(str, opts["pd_ratio"])) if opts["pd_ratio"] else None)
+    text = explicit or "2:1"
     try:
         p, d = (int(x) for x in text.split(":"))
     except ValueError:
         raise ConfigError(f"--pd-ratio '{text}': expected P:D, e.g. 42:21") from None
     if p < 1 or d < 1:
         raise ConfigError(f"--pd-ratio '{text}': both parts must be positive")
-    if p + d <= arch.num_cores and args.pd_ratio:
+    if p + d <= arch.num_cores and explicit:
         return p, d
-    scale = arch.num_cores // (p + d)  # a ratio: as many whole multiples as fit the chip
+    # a ratio: as many whole multiples as fit the chip (and split evenly over the replicas)
+    r = opts["replicas"]
+    scale = (arch.num_cores // r // (p + d)) * r
     if scale < 1:
-        raise ConfigError(f"--pd-ratio {text} needs {p + d} cores; {arch.name} has {arch.num_cores}")
+        raise ConfigError(f"--pd-ratio {text} needs {(p + d) * r} cores; {arch.name} has {arch.num_cores}")
     return p * scale, d * scale
 
 
 def run_serving(args, arch, spec) -> int:
-    pd = pd_split(args, arch)
+    opts = serving_options(args, spec)
+    pd = pd_split(args, arch, opts)
     reqs, clipped = requests_from_args(args)
-    sched = SchedulerConfig(policy="continuous" if pd else args.schedule, max_batch=args.max_batch,
-                            max_tokens=args.max_tokens, chunk_tokens=args.chunk, budget=args.budget)
+    sched = SchedulerConfig(policy="continuous" if pd else opts["schedule"], max_batch=opts["max_batch"],
+                            max_tokens=opts["max_tokens"], chunk_tokens=opts["chunk_tokens"], budget=opts["budget"])
     cfg = ServingConfig(model=args.model, precision=args.precision, layers=args.layers, scheduler=sched,
                         memory_mode=args.memory, noc_mode=args.fidelity, admission=args.admission,
                         prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms)
     with request_progress(len(reqs), enabled=not args.no_progress) as progress:
-        run = simulate_serving(arch, spec, reqs, cfg, progress=progress, pd=pd)
+        run = simulate_serving(arch, spec, reqs, cfg, progress=progress, pd=pd, replicas=opts["replicas"])
     s = run.summary
     s.update({"model": args.model, "arch": arch.name, "requests": len(reqs), "lengths_clipped": clipped,
               "memory_fidelity": args.memory, "noc_fidelity": args.fidelity})
@@ -170,12 +202,13 @@ def _print(s: dict) -> None:
         print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
               f"{s['goodput_requests_per_s']:.2f} requests/s")
     kvm = s.get("kv_manager", {})
-    if "prefill" in kvm:  # disaggregated: one manager per instance
+    if len(s["instances"]) > 1:  # one manager per instance
         kvm = {k: sum(m.get(k, 0) for m in kvm.values()) for k in ("spills", "spilled_bytes", "preemptions")}
         inst = ", ".join(f"{n} {v['cores']} cores (TP {v['tp']} x {v['stages']} stages)"
                          for n, v in s["instances"].items())
-        print(f"  instances      {inst}; {s['kv_transfers']} KV transfers, "
-              f"{s['kv_transfer_bytes'] / 2**20:,.1f} MiB over the NoC")
+        print(f"  instances      {inst}" + (f"; {s['kv_transfers']} KV transfers, "
+                                            f"{s['kv_transfer_bytes'] / 2**20:,.1f} MiB over the NoC"
+                                            if s["scheduler"]["policy"] == "disagg" else ""))
     hit = s.get("prefix_hit_rate")
     print(f"  KV cache       {s['kv_bytes_per_token']:,} B/token; {kvm.get('spills', 0)} spills SRAM->HBM "
           f"({kvm.get('spilled_bytes', 0) / 2**20:,.1f} MiB), {kvm.get('preemptions', 0)} preemptions"

@@ -3,7 +3,8 @@
 A spec says how many pipeline stages there are and which layers each holds; the
 tensor-parallel degree and the partition per operator class; how each TP group's
 cores are laid out on the mesh; how many data-parallel replicas share the chip; and
-where weights and the KV cache live. Validated like arch files (unknown keys get a
+where weights and the KV cache live; and (``serving:``) how ``npusim run`` schedules a
+request stream with it. Validated like arch files (unknown keys get a
 did-you-mean, every error names the key path).
 
 Partitions (per GEMM, following the NpuSim study's definitions):
@@ -31,7 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from npusim.config import StrictModel, load_with_extends, validate
 from npusim.errors import ConfigError
@@ -110,6 +111,22 @@ class Memory(StrictModel):
     weight_tile_kb: PositiveInt = Field(default=4096, description="streamed weights move in tiles of about this size (two buffers per core)")
 
 
+class Serving(StrictModel):
+    """How ``npusim run`` serves requests with this mapping (its flags override these)."""
+
+    schedule: Literal["fusion", "continuous", "disagg"] = "fusion"
+    pd_ratio: tuple[PositiveInt, PositiveInt] | None = Field(
+        default=None, description="disagg: [prefill, decode] cores on the chip (default 2:1 of it)")
+    pd_layout: Literal["pp_first", "dp_first"] = Field(
+        default="pp_first", description="disagg: one P/D split of the chip, or one per data-parallel replica")
+    replicas: PositiveInt | None = Field(
+        default=None, description="data-parallel copies, each on a band of whole columns (default 1; dp_first: 2)")
+    budget: PositiveInt = Field(default=1024, description="fusion: units per iteration (decode 1, chunk = tokens)")
+    chunk_tokens: NonNegativeInt = Field(default=512, description="prefill chunk (0: whole prompts, continuous only)")
+    max_batch: PositiveInt = 256
+    max_tokens: PositiveInt = Field(default=8192, description="continuous: tokens per iteration at most")
+
+
 class MappingSpec(StrictModel):
     name: str = "mapping"
     description: str = ""
@@ -118,6 +135,7 @@ class MappingSpec(StrictModel):
     data_parallel: PositiveInt | Literal["auto"] = "auto"
     layout: Layout = Layout()
     memory: Memory = Memory()
+    serving: Serving = Serving()
 
 
 MAPPER_DIR = Path(__file__).resolve().parents[2] / "mappers"

@@ -55,12 +55,14 @@ class Instance:
         self.kv_bytes_per_token = int(sum(op.kv_bytes_per_token for op in probe.ops if op.kind == "attention"))
         weights = sum(op.weight_bytes for op in probe.ops if op.kind != "embedding" and
                       not op.attrs.get("shared_weight"))
-        self.weights_resident = map_model(probe, arch, self.spec, cores=self.cores).weights_resident
+        mapped = map_model(probe, arch, self.spec, cores=self.cores)
+        self.weights_resident = mapped.weights_resident
         mem = self.spec.memory.model_copy(update={"weights": "sram" if self.weights_resident else "hbm",
                                                   "kv_cache": "auto"})
         self.iter_spec = self.spec.model_copy(update={"memory": mem})
-        n = len(self.core_list)
-        sram = int(sum(arch.sram_for(c).capacity_mb for c in self.core_list) * 2**20)
+        used = sorted({c for c in mapped.program.core if c >= 0})  # cores the mapping leaves idle hold no KV
+        n = len(used)
+        sram = int(sum(arch.sram_for(c).capacity_mb for c in used) * 2**20)
         hbm = int(arch.hbm.capacity_gb * 2**30) if hbm_bytes is None else hbm_bytes
         self.kv = KVCacheManager(
             sram_bytes=sram, hbm_bytes=max(0, hbm - (0 if self.weights_resident else weights)),

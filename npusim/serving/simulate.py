@@ -70,46 +70,101 @@ class ServingRun:
 COMPACT_AFTER_TASKS = 2_000_000  # finished tasks kept before the engine drops them
 
 
-def pd_regions(arch: Arch, prefill: int, decode: int) -> tuple[list[int], list[int]]:
-    """PP-first PD disaggregation layout: decode cores in the middle columns of the mesh, prefill
-    cores at the sides; within each region cores run column by column (snaking), so TP groups
-    are compact vertical strips."""
+def replica_bands(arch: Arch, replicas: int) -> list[tuple[list[int], list[int]]]:
+    """The chip cut into ``replicas`` equal bands of whole columns (or, if the width does not
+    divide, of whole rows): ``(columns, rows)`` of each band."""
     w, h = arch.cores.grid.width, arch.cores.grid.height
-    if prefill < 1 or decode < 1 or prefill + decode > w * h:
-        raise ConfigError(f"--pd-ratio {prefill}:{decode}: needs at least one core each and at most "
-                          f"{w * h} in all")
-    centre = (w - 1) / 2
-    cols = sorted(range(w), key=lambda x: (abs(x - centre), x))
+    if replicas < 1:
+        raise ConfigError(f"replicas must be at least 1, got {replicas}")
+    if w % replicas == 0:
+        k = w // replicas
+        return [(list(range(r * k, (r + 1) * k)), list(range(h))) for r in range(replicas)]
+    if h % replicas == 0:
+        k = h // replicas
+        return [(list(range(w)), list(range(r * k, (r + 1) * k))) for r in range(replicas)]
+    raise ConfigError(f"{replicas} replicas: neither the mesh width {w} nor its height {h} divides into "
+                      f"{replicas} equal bands")
+
+
+def _band_order(arch: Arch, columns: list[int], rows: list[int]) -> list[int]:
+    """A band's cores, middle columns first, each column walked top-down or bottom-up in turn
+    (snaking), so consecutive cores are mesh neighbours and TP groups are compact strips."""
+    w = arch.cores.grid.width
+    centre = (columns[0] + columns[-1]) / 2
     order = []
-    for i, x in enumerate(cols):
-        ys = range(h) if i % 2 == 0 else range(h - 1, -1, -1)
-        order += [y * w + x for y in ys]
-    decode_cores = order[:decode]
-    prefill_cores = order[decode:decode + prefill]
-    return prefill_cores, decode_cores
+    for i, x in enumerate(sorted(columns, key=lambda x: (abs(x - centre), x))):
+        order += [y * w + x for y in (rows if i % 2 == 0 else rows[::-1])]
+    return order
+
+
+def pd_regions(arch: Arch, prefill: int, decode: int, columns: list[int] | None = None,
+               rows: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """PP-first PD disaggregation layout of a band (default: the whole chip): decode cores in
+    the middle columns, prefill cores at the sides; within each region cores run column by
+    column (snaking), so TP groups are compact vertical strips."""
+    columns = list(range(arch.cores.grid.width)) if columns is None else columns
+    rows = list(range(arch.cores.grid.height)) if rows is None else rows
+    size = len(columns) * len(rows)
+    if prefill < 1 or decode < 1 or prefill + decode > size:
+        raise ConfigError(f"--pd-ratio {prefill}:{decode}: needs at least one core each and at most "
+                          f"{size} in all")
+    order = _band_order(arch, columns, rows)
+    return order[decode:decode + prefill], order[:decode]
 
 
 class ServingSimulator:
-    """Drives one or two :class:`~npusim.serving.instance.Instance` s on one engine.
+    """Drives :class:`~npusim.serving.instance.Instance` s on one engine.
 
-    ``pd`` (``(prefill_cores, decode_cores)`` counts) selects PD disaggregation: new requests
-    prefill on the prefill instance (continuous batching, chunked), their KV cache then moves
-    over the NoC from every prefill core to the decode cores (real messages, contending with
-    all other traffic), and they decode on the decode instance (see :meth:`_disaggregated` for
-    how each instance is laid out)."""
+    ``replicas`` data-parallel copies each get an equal band of the mesh (whole columns);
+    arrivals go to the replica with the fewest requests (ties: the lowest index). ``pd``
+    (``(prefill_cores, decode_cores)`` counts over the chip, split evenly among the replicas)
+    selects PD disaggregation: new requests prefill on a replica's prefill instance
+    (continuous batching, chunked), their KV cache then moves over the NoC from every prefill
+    core to the replica's decode cores (real messages, contending with all other traffic), and
+    they decode on its decode instance (see :meth:`_disaggregated` for how instances are laid
+    out). One replica is the *PP-first* layout (decode cores in the chip's middle columns,
+    prefill at the sides); several are *DP-first* (each band split the same way)."""
 
-    def __init__(self, arch: Arch, spec: MappingSpec, cfg: ServingConfig, pd: tuple[int, int] | None = None):
+    def __init__(self, arch: Arch, spec: MappingSpec, cfg: ServingConfig, pd: tuple[int, int] | None = None,
+                 replicas: int = 1):
         self.arch, self.spec, self.cfg = arch, spec, cfg
         self.sim = Simulator(arch, memory_mode=cfg.memory_mode, noc_mode=cfg.noc_mode)
         self.hz = arch.clock_ghz * 1e9
         self.tasks_total = 0  # tasks dropped by compaction, for the summary
-        if pd is None:
-            self.instances = [Instance("chip", self.sim, spec, cfg, cfg.scheduler)]
-        else:
-            self.instances = self._disaggregated(*pd_regions(arch, *pd))
-        self.entry = self.instances[0]
+        bands = replica_bands(arch, replicas)
+        self.instances: list[Instance] = []
+        self.entries: list[Instance] = []  # where arrivals go, one per replica
+        self.downstream: dict[Instance, Instance] = {}  # prefill instance -> its decode instance
+        hbm = int(arch.hbm.capacity_gb * 2**30)
+        for r, (columns, rows) in enumerate(bands):
+            suffix = str(r) if replicas > 1 else ""
+            if pd is None:
+                cores = share = None
+                sub = spec
+                if replicas > 1:  # the spec's TP degree, as many of its stages as fit the band
+                    cores, share = _band_order(arch, columns, rows), hbm // replicas
+                    tp = spec.tensor_parallel.degree
+                    if tp > len(cores):
+                        raise ConfigError(f"TP {tp} does not fit a replica's {len(cores)} cores "
+                                          f"({replicas} replicas on {arch.num_cores} cores)")
+                    stages = min(spec.pipeline.stages, len(cores) // tp)
+                    if stages != spec.pipeline.stages:
+                        sub = spec.model_copy(update={
+                            "pipeline": spec.pipeline.model_copy(update={"stages": stages, "layers": None})})
+                inst = Instance("chip" + suffix, self.sim, sub, cfg, cfg.scheduler, cores=cores, hbm_bytes=share)
+                self.instances.append(inst)
+                self.entries.append(inst)
+                continue
+            p, d = pd
+            if p % replicas or d % replicas:
+                raise ConfigError(f"--pd-ratio {p}:{d} does not split evenly over {replicas} replicas")
+            prefill, decode = self._disaggregated(*pd_regions(arch, p // replicas, d // replicas, columns, rows),
+                                                  suffix)
+            self.instances += [prefill, decode]
+            self.entries.append(prefill)
+            self.downstream[prefill] = decode
 
-    def _disaggregated(self, prefill_cores, decode_cores) -> list[Instance]:
+    def _disaggregated(self, prefill_cores, decode_cores, suffix: str = "") -> list[Instance]:
         """A prefill and a decode instance. Each spreads its tensor parallelism over its whole
         region (at most 32 cores a pipeline stage): a token's latency falls with the cores its
         stage streams weights with, while extra stages only add hops."""
@@ -127,7 +182,7 @@ class ServingSimulator:
                 "tensor_parallel": spec.tensor_parallel.model_copy(update={"degree": tp, "mnk_grid": None}),
                 "pipeline": spec.pipeline.model_copy(update={"stages": stages, "layers": None}),
                 "data_parallel": 1})
-            out.append(Instance(name, self.sim, sub, cfg, sched, cores=cores,
+            out.append(Instance(name + suffix, self.sim, sub, cfg, sched, cores=cores,
                                 hbm_bytes=hbm * len(cores) // arch.num_cores))
         return out
 
@@ -158,7 +213,7 @@ class ServingSimulator:
             while arrivals and arrivals[0].arrival_s <= now_s:
                 req = arrivals.popleft()
                 records[req.id] = RequestRecord(req.id, req.arrival_s, req.input_len, req.output_len)
-                self.entry.waiting.append(Live(req))
+                min(self.entries, key=lambda i: len(i.waiting) + len(i.running)).waiting.append(Live(req))
             for inst in self.instances:
                 self.finished += inst.admit(records, now_s)
                 while inst.free_to_launch():
@@ -201,7 +256,7 @@ class ServingSimulator:
             else:  # a request's KV arrived at the decode instance
                 live, source = obj
                 source.kv.free(live.req.id)
-                self.instances[1].waiting.append(live)
+                self.downstream[source].waiting.append(live)
             if sim.engine.num_done > max(COMPACT_AFTER_TASKS, 4 * (sim.engine.num_tasks - sim.engine.num_done)):
                 self.tasks_total += sim.engine.num_done
                 new_id = sim.compact()
@@ -219,18 +274,18 @@ class ServingSimulator:
             inst.kv.free(live.req.id)
             inst.running.remove(live)
             self.finished += 1
-        if len(self.instances) > 1 and inst is self.instances[0]:
+        if inst in self.downstream:
             for live in [r for r in inst.running if not r.prefilling]:
                 inst.running.remove(live)
-                handlers[self._send_kv(live, transfers)] = ("kv", (live, inst))
+                handlers[self._send_kv(live, inst, self.downstream[inst], transfers)] = ("kv", (live, inst))
         return {"instance": inst.name, "submitted_s": submitted_s, "end_s": end_s, "requests": len(slots),
                 "tokens": sum(x.q for x in slots), "decodes": sum(1 for x in slots if x.q == 1),
                 "kv_hbm_fraction": frac, "spill_bytes": sum(t.nbytes for t in spills)}
 
-    def _send_kv(self, live, transfers) -> int:
+    def _send_kv(self, live, source: Instance, dest: Instance, transfers) -> int:
         """Move a prefilled request's KV from every prefill core to the decode cores (NoC messages)."""
-        src, dst = self.instances[0].core_list, self.instances[1].core_list
-        nbytes = live.kv_tokens * self.instances[0].kv_bytes_per_token
+        src, dst = source.core_list, dest.core_list
+        nbytes = live.kv_tokens * source.kv_bytes_per_token
         sends = [self.sim.add_send(s, dst[i % len(dst)], nbytes // len(src) + (1 if i < nbytes % len(src) else 0),
                                    name="KV transfer") for i, s in enumerate(src)]
         transfers["bytes"] += nbytes
@@ -246,11 +301,12 @@ class ServingSimulator:
         summary.update({
             "iterations": len(iterations), "compiled_iteration_shapes": sum(len(i.cache) for i in self.instances),
             "simulated_s": self._seconds(sim.now), "weights_resident": all(i.weights_resident for i in self.instances),
-            "kv_bytes_per_token": self.entry.kv_bytes_per_token,
-            "kv_manager": self.entry.kv.stats() if len(self.instances) == 1 else
+            "kv_bytes_per_token": self.entries[0].kv_bytes_per_token,
+            "kv_manager": self.entries[0].kv.stats() if len(self.instances) == 1 else
             {i.name: i.kv.stats() for i in self.instances},
-            "scheduler": {"policy": "disagg" if len(self.instances) > 1 else cfg.scheduler.policy,
-                          **self.entry.scheduler.stats},
+            "scheduler": {"policy": "disagg" if self.downstream else cfg.scheduler.policy,
+                          **self.entries[0].scheduler.stats},
+            "replicas": len(self.entries),
             "instances": {i.name: {"cores": len(i.core_list), "tp": i.spec.tensor_parallel.degree,
                                    "stages": i.spec.pipeline.stages} for i in self.instances},
             "kv_transfer_bytes": transfers["bytes"], "kv_transfers": transfers["count"],
@@ -263,6 +319,7 @@ class ServingSimulator:
 
 
 def simulate_serving(arch: Arch, spec: MappingSpec, requests, cfg: ServingConfig, progress=None,
-                     pd: tuple[int, int] | None = None) -> ServingRun:
-    """Serve ``requests``; ``pd=(prefill_cores, decode_cores)`` disaggregates prefill and decode."""
-    return ServingSimulator(arch, spec, cfg, pd).run(requests, progress)
+                     pd: tuple[int, int] | None = None, replicas: int = 1) -> ServingRun:
+    """Serve ``requests`` on ``replicas`` data-parallel copies; ``pd=(prefill_cores, decode_cores)``
+    disaggregates prefill and decode (DP-first when ``replicas > 1``)."""
+    return ServingSimulator(arch, spec, cfg, pd, replicas).run(requests, progress)
