@@ -1,0 +1,147 @@
+"""PD fusion: per-core SRAM and pipeline stages (PUBLISHED.md A9).
+
+Source: the NpuSim study, arXiv 2510.05632 ("From Principles to Practice: A Systematic Study
+of LLM Serving on Multi-core NPUs"). Published (PD fusion, 64 cores): at 16 MB SRAM per core,
+36 pipeline stages beat 12 or 18 stages by 1.1-1.61x; raising SRAM 16 -> 32 MB per core cuts
+latency 2.6-3.7x; at 48 MB per core, 18 stages is the best choice.
+
+Here: npusim-64c with its per-core SRAM (`cores.sram.capacity_mb`) set to each size; Qwen3-4B
+bf16 (36 layers); PD fusion (budget 512, chunks of 256); analytical memory, path NoC; Poisson
+arrivals with fixed lengths (prefill-heavy, 5:1 prompt:output tokens by default, like the
+study's hardware-space workload). Each stage is one TP group of `64 // stages` cores
+(linear_seq strips), one data-parallel replica: 12 stages x TP 5 (60 cores), 18 x TP 3 (54),
+36 x TP 1 (36). Latency is the mean end-to-end latency of the requests. A cell that cannot be
+mapped prints the reason instead of figures. Whether the weights stay in SRAM
+(`weights_resident`) is printed per cell: it is what the SRAM size mainly changes. `W MB/core`
+is what the mapper's residency test asks each core of the fullest stage to hold: Qwen3-4B bf16
+has 6.8 GiB of layer weights (and the tied 742 MiB lm_head, all on the last stage) against 1-3
+GiB of SRAM on the whole chip, so no cell here keeps its weights in SRAM and the SRAM size only
+moves KV cache between SRAM and HBM.
+
+    python validation/serving_sram_study.py [--requests 64] [--rate 16] [--sram 16,32,48] [--stages 12,18,36]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
+from machine import machine_line
+
+from npusim.arch import load_arch
+from npusim.arch.schema import Arch
+from npusim.config import deep_merge, validate
+from npusim.errors import NpusimError
+from npusim.mapping.mapper import map_model
+from npusim.mapping.spec import spec_from_flags
+from npusim.model.builder import build_graph
+from npusim.serving.requests import synthetic_requests
+from npusim.serving.scheduler import SchedulerConfig
+from npusim.serving.simulate import ServingConfig, simulate_serving
+
+SOURCE = "arXiv 2510.05632 (NpuSim)"
+
+
+def variant(base: Arch, sram_mb: float) -> Arch:
+    data = deep_merge(base.model_dump(), {"cores": {"sram": {"capacity_mb": sram_mb}}})
+    return validate(Arch, data, f"{base.name} with {sram_mb:g} MB SRAM per core")
+
+
+def mapping(arch: Arch, stages: int):
+    tp = arch.num_cores // stages
+    return spec_from_flags(tp=tp, stages=stages, layout="linear_seq").model_copy(update={"data_parallel": 1})
+
+
+def shard_mb(arch: Arch, spec, cfg: ServingConfig) -> float:
+    """Weight bytes each core of the fullest stage must hold (the residency test's figure), MB."""
+    probe = build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=cfg.precision,
+                        layers=cfg.layers)
+    return map_model(probe, arch, spec).weight_bytes_per_core / 2**20
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--rate", type=float, default=16.0)
+    ap.add_argument("--input-len", type=int, default=640)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--sram", default="16,32,48", help="per-core SRAM sizes, MB (comma list)")
+    ap.add_argument("--stages", default="12,18,36", help="pipeline stage counts (comma list)")
+    args = ap.parse_args()
+    base = load_arch("npusim-64c")
+    srams, stage_counts = ints(args.sram), ints(args.stages)
+    reqs = synthetic_requests(args.requests, args.rate, input_len=args.input_len, output_len=args.output_len, seed=4)
+    cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256))
+    print(f"A9: PD fusion on {base.name}, Qwen3-4B bf16, {args.requests} requests of {args.input_len} in / "
+          f"{args.output_len} out tokens at {args.rate:g}/s")
+    print(f"{'SRAM':>5} {'stages':>6} {'TP':>3} | {'E2E ms':>9} {'TTFT ms':>9} {'TBT ms':>8} {'tok/s':>8} | "
+          f"{'resident':>8} {'W MB/core':>9} {'done':>5} {'wall s':>6}")
+    t0 = time.perf_counter()
+    e2e: dict[tuple[int, int], float] = {}
+    for mb in srams:
+        arch = variant(base, mb)
+        for st in stage_counts:
+            head = f"{mb:>3}MB {st:>6} {arch.num_cores // max(1, st):>3} | "
+            t1 = time.perf_counter()
+            try:
+                spec = mapping(arch, st)
+                shard = shard_mb(arch, spec, cfg)
+                s = simulate_serving(arch, spec, reqs, cfg).summary
+            except NpusimError as exc:
+                print(f"{head}cannot run: {exc}", flush=True)
+                continue
+            wall = time.perf_counter() - t1
+            done = f"{s['requests_completed']}/{s['requests_total']}"
+            res = f"{s['weights_resident']!s:>8} {shard:9.1f} {done:>5} {wall:6.0f}"
+            if s["e2e_ms"]["mean"] is None:
+                print(f"{head}{'no request completed':>38} | {res} {s['rejected_reasons']}", flush=True)
+                continue
+            e2e[(mb, st)] = s["e2e_ms"]["mean"]
+            tbt = s["tbt_ms"]["mean"]
+            print(f"{head}{s['e2e_ms']['mean']:9.1f} {s['ttft_ms']['mean']:9.1f} "
+                  f"{float('nan') if tbt is None else tbt:8.2f} {s['throughput_tokens_per_s']:8.1f} | "
+                  f"{res}", flush=True)
+    checks(e2e)
+    print(f"\nwall time {time.perf_counter() - t0:.0f} s; {machine_line()}")
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a (cells missing)" if ok is None else ("holds" if ok else "does not hold")
+
+
+def checks(e2e: dict[tuple[int, int], float]) -> None:
+    """Published ratios beside the simulated ones (mean E2E latency; > 1 = the first is faster)."""
+    print(f"\npublished ({SOURCE}, A9) vs simulated, ratios of mean E2E latency")
+    print(f"{'comparison':>30} | {'simulated':>9} {'published':>10} | trend")
+
+    def speedup(slow, fast):
+        return e2e[slow] / e2e[fast] if slow in e2e and fast in e2e else None
+
+    def row(name, ratio, published, ok):
+        sim = "-" if ratio is None else f"{ratio:.2f}x"
+        print(f"{name:>30} | {sim:>9} {published:>10} | {verdict(None if ratio is None else ok(ratio))}")
+
+    for other in (12, 18):
+        r = speedup((16, other), (16, 36))
+        # the trend: 36 stages faster (> 1); the number: within the published 1.1-1.61x
+        row(f"16 MB: 36 vs {other} stages", r, "1.1-1.61x", lambda x: x > 1)
+    for st in sorted({s for _, s in e2e}):
+        # the trend: a clear cut (> 5%); published 2.6-3.7x
+        row(f"{st} stages: 16 -> 32 MB", speedup((16, st), (32, st)), "2.6-3.7x", lambda x: x > 1.05)
+    at48 = {st: v for (mb, st), v in e2e.items() if mb == 48}
+    best = min(at48, key=at48.get) if at48 else None
+    sim = "-" if best is None else f"{best} st."
+    print(f"{'48 MB: best stage count':>30} | {sim:>9} {'18 st.':>10} | {verdict(None if best is None else best == 18)}")
+    if at48:
+        print("   48 MB mean E2E ms by stages: " + ", ".join(f"{st}: {v:.1f}" for st, v in sorted(at48.items())))
+
+
+if __name__ == "__main__":
+    main()
