@@ -19,6 +19,7 @@ from npusim.model.builder import build_graph
 from npusim.serving.iteration import Work, build_iteration_graph, iteration_signature
 from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
+from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import submit_materialized
 
 
@@ -133,12 +134,15 @@ class Instance:
         if total <= 0:
             return
         cores = self.core_list
-        engine = min(1, self.sim.dma_engines - 1)
+        sim = self.sim
+        engine = min(1, sim.dma_engines - 1)
         base = int(self.arch.hbm.capacity_gb * 2**30) // 2
-        for i, c in enumerate(cores):
-            share = total // len(cores) + (1 if i < total % len(cores) else 0)
-            if share:
-                self.sim.add_dma(c, share, address=base + c * 2**24, write=True, dma_engine=engine, name="KV spill")
+        shares = [(c, total // len(cores) + (1 if i < total % len(cores) else 0)) for i, c in enumerate(cores)]
+        shares = [(c, b) for c, b in shares if b]
+        param = [(b, base + c * 2**24, 1, sim.initiator(c, engine), 0, 0) for c, b in shares]
+        sim.submit_batch(np.full(len(shares), KIND_DMA), [sim.queue(c, f"dma{engine}") for c, _ in shares], param,
+                         np.zeros(len(shares) + 1, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                         ["KV spill"] * len(shares))
 
     def admit(self, records: dict, now_s: float) -> int:
         """Admit waiting requests FCFS; returns how many were rejected for good."""
