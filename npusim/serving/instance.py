@@ -24,10 +24,23 @@ from npusim.sim.program import submit_materialized
 
 
 class _Compiled:
-    """A materialised iteration program and the relative ids of its sink tasks."""
+    """A materialised iteration program, the relative ids of its sink tasks, and its KV-read
+    DMA tasks with the bytes they read at the share of KV in HBM it was compiled for."""
 
-    def __init__(self, arrays, sinks):
+    def __init__(self, arrays, sinks, kv_reads, compiled_fraction: float):
         self.arrays, self.sinks = arrays, sinks
+        self.kv_reads = kv_reads
+        self.kv_read_bytes = arrays[2][kv_reads, 0].copy()
+        self.fraction = compiled_fraction
+
+    def at_fraction(self, fraction: float) -> tuple:
+        """The arrays with every KV read scaled to ``fraction`` of the KV in HBM (same structure)."""
+        if not self.kv_reads.size or fraction == self.fraction:
+            return self.arrays
+        kinds, queue, param, ptr, idx = self.arrays
+        param = param.copy()
+        param[self.kv_reads, 0] = np.maximum(1, np.round(self.kv_read_bytes * (fraction / self.fraction)))
+        return kinds, queue, param, ptr, idx
 
 
 class Instance:
@@ -72,20 +85,25 @@ class Instance:
             activation_bytes=int(self.spec.memory.sram_reserve_mb * 2**20 * n),
             admission=cfg.admission, prefix_cache=cfg.prefix_cache, debug=cfg.debug)
 
-    def _compiled(self, slots, hbm_fraction: float) -> _Compiled:
+    def _compiled(self, slots, hbm_fraction: float) -> tuple:
+        """The iteration's materialised arrays. Programs are compiled per shape and per *kind*
+        of KV placement: none in HBM, all in HBM (new KV is written there too), or a share,
+        compiled at one half and rescaled per iteration (the share changes only bytes)."""
         work = [Work(s.q, s.kv, s.samples) for s in slots]
-        frac = round(hbm_fraction, 1)
-        key = (iteration_signature(work), frac)
+        pad = self.cfg.pad_shapes
+        placement = 0.0 if hbm_fraction <= 0 else 1.0 if hbm_fraction >= 1 else 0.5
+        key = (iteration_signature(work, pad=pad), placement)
         hit = self.cache.get(key)
         if hit is None:
-            graph = build_iteration_graph(self.cfg.model, work, self.cfg.precision, self.cfg.layers)
-            prog = map_model(graph, self.arch, self.iter_spec, kv_hbm_fraction=frac, cores=self.cores).program
+            graph = build_iteration_graph(self.cfg.model, work, self.cfg.precision, self.cfg.layers, pad=pad)
+            prog = map_model(graph, self.arch, self.iter_spec, kv_hbm_fraction=placement, cores=self.cores).program
             has_succ = np.zeros(len(prog), dtype=bool)
             for deps in prog.deps:
                 has_succ[list(deps)] = True
-            hit = _Compiled(prog.materialize(self.sim), np.flatnonzero(~has_succ))
+            kv_reads = np.array([i for i, n in enumerate(prog.names) if n.endswith(" read KV")], dtype=np.int64)
+            hit = _Compiled(prog.materialize(self.sim), np.flatnonzero(~has_succ), kv_reads, placement)
             self.cache[key] = hit
-        return hit
+        return hit, hit.at_fraction(hbm_fraction if 0 < hbm_fraction < 1 else placement)
 
     def free_to_launch(self) -> bool:
         return len(self.inflight) < self.depth
@@ -105,8 +123,8 @@ class Instance:
             a, b = self.kv.location(s.live.req.id)
             sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
         frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
-        comp = self._compiled(slots, frac)
-        ids = submit_materialized(self.sim, comp.arrays)
+        comp, arrays = self._compiled(slots, frac)
+        ids = submit_materialized(self.sim, arrays)
         note = self.sim.add_notify(ids[comp.sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
         return note

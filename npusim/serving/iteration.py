@@ -9,6 +9,12 @@ layer's attention op replaced by one op per *bucket* of requests (prefill chunks
 on their own; decodes grouped into at most ``decode_buckets`` groups by KV length, each
 at its group's mean length — an approximation that keeps the op count small), and the
 LM head computing logits only for the requests that sample a token this iteration.
+
+With ``pad=True`` (the serving default) the compute graph is padded the way graph-mode
+serving engines pad it, so iterations share compiled shapes: each decode group's request
+count to 1, 2, 4, 8 or the next multiple of 8 (vLLM's CUDA-graph batch sizes), a prefill
+chunk to the next multiple of 16 tokens, and the sampled rows likewise. The padding costs
+compute (at most 7 decode rows per group and 15 tokens per chunk) but no KV memory.
 """
 
 from __future__ import annotations
@@ -31,32 +37,42 @@ class Work:
     samples: bool
 
 
-def _buckets(work: list[Work], decode_buckets: int) -> list[tuple[int, int, int, bool]]:
+def padded_count(n: int) -> int:
+    """1, 2, 4, 8, then the next multiple of 8 (graph-mode batch sizes)."""
+    return n if n <= 2 else 4 if n <= 4 else -(-n // 8) * 8
+
+
+def _buckets(work: list[Work], decode_buckets: int, pad: bool) -> list[tuple[int, int, int, bool]]:
     """(count, q, kv, causal) attention groups."""
-    out = [(1, w.q, w.kv, True) for w in work if w.q > 1]
+    out = [(1, -(-w.q // 16) * 16 if pad else w.q, w.kv, True) for w in work if w.q > 1]
     dec = np.array(sorted(w.kv for w in work if w.q == 1), dtype=np.int64)
     if dec.size:
         for part in np.array_split(dec, min(decode_buckets, dec.size)):
-            out.append((int(part.size), 1, int(round(part.mean())), False))
+            out.append((padded_count(part.size) if pad else int(part.size), 1, int(round(part.mean())), False))
     return out
 
 
-def iteration_signature(work: list[Work], decode_buckets: int = 2, kv_quantum: int = 256) -> tuple:
-    """A key under which iterations cost the same (KV lengths rounded up to ``kv_quantum``)."""
-    groups = _buckets(work, decode_buckets)
-    q = kv_quantum
-    return tuple((n, qq, -(-kv // q) * q, c) for n, qq, kv, c in groups) + (sum(w.samples for w in work),)
+def _groups(work, decode_buckets, kv_quantum, pad) -> tuple[list[tuple[int, int, int, bool]], int]:
+    """The attention groups with KV lengths rounded up to ``kv_quantum``, and the sampled rows."""
+    groups = [(n, q, -(-kv // kv_quantum) * kv_quantum, c) for n, q, kv, c in _buckets(work, decode_buckets, pad)]
+    sampled = sum(w.samples for w in work)
+    return groups, padded_count(sampled) if pad and sampled else sampled
+
+
+def iteration_signature(work: list[Work], decode_buckets: int = 2, kv_quantum: int = 256, pad: bool = True) -> tuple:
+    """A key under which iterations cost the same: their graphs are identical."""
+    groups, sampled = _groups(work, decode_buckets, kv_quantum, pad)
+    return tuple(groups) + (sampled,)
 
 
 def build_iteration_graph(model, work: list[Work], precision: str = "bf16", layers: int | None = None,
-                          decode_buckets: int = 2, kv_quantum: int = 256) -> Graph:
+                          decode_buckets: int = 2, kv_quantum: int = 256, pad: bool = True) -> Graph:
     if not work:
         raise ValueError("an iteration needs at least one request")
-    tokens = sum(w.q for w in work)
+    groups, sampled = _groups(work, decode_buckets, kv_quantum, pad)
+    tokens = sum(n * q for n, q, _, _ in groups)
     base = build_graph(model, phase="decode", batch=1, seq_len=tokens, kv_len=tokens, precision=precision,
                        layers=layers)
-    groups = [(n, q, -(-kv // kv_quantum) * kv_quantum, c) for n, q, kv, c in _buckets(work, decode_buckets)]
-    sampled = sum(w.samples for w in work)
     ops: list[Op] = []
     for op in base.ops:
         if op.kind == "attention":
@@ -72,4 +88,4 @@ def build_iteration_graph(model, work: list[Work], precision: str = "bf16", laye
     ops = [replace(o, inputs=tuple(i for i in o.inputs if i in kept)) for o in ops]
     return Graph(name=f"{base.meta.get('model', base.name)}-iteration", ops=ops, phase="mixed", batch=len(work),
                  seq_len=tokens, kv_len=max(w.kv for w in work), meta={**base.meta, "tokens": tokens,
-                                                                       "sampled": sampled})
+                                                                       "sampled": sampled, "padded": pad})

@@ -14,8 +14,9 @@ batching and PD fusion, a prefill and a decode instance for PD disaggregation. L
    to back. With ``S`` pipeline stages up to ``S`` iterations are in flight on disjoint
    requests (vLLM's pipeline-parallel scheduling). KV spilled SRAM->HBM becomes DMA writes
    that run alongside. Identical iterations (same request shapes, KV lengths rounded up to
-   256 tokens, decodes in two length groups, same share of KV in HBM to 10 %) reuse one
-   compiled program.
+   256 tokens, decodes in two length groups, same share of KV in HBM to 10 %; with
+   ``pad_shapes`` decode counts and chunk lengths padded as graph-mode engines pad them)
+   reuse one compiled program.
 3. The engine runs until a notify task completes — an iteration (its tokens appear then;
    requests advance, finished ones free their KV) or a disaggregated request's KV transfer
    (it joins the decode instance). Finished tasks are compacted away as they pile up, so
@@ -56,6 +57,7 @@ class ServingConfig:
     slo_ttft_ms: float | None = None
     slo_tbt_ms: float | None = None
     debug: bool = False
+    pad_shapes: bool = True  # pad iteration graphs like graph-mode engines (see npusim.serving.iteration)
 
 
 @dataclass
