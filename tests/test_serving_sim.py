@@ -146,12 +146,18 @@ def test_dp_first_splits_each_replica_band_and_keeps_kv_inside_it(arch64):
 def test_mapping_spec_serving_section_drives_the_cli(tmp_path, capsys):
     spec = tmp_path / "serve.yaml"
     spec.write_text("extends: tp4-pipeline\npipeline: {stages: 2}\n"
-                    "serving: {schedule: disagg, pd_layout: dp_first, pd_ratio: [32, 16], chunk_tokens: 64}\n")
-    assert main(["run", "--model", "qwen3-0.6b", "--layers", "2", "--mapping", str(spec), "--rate", "100",
-                 "--requests", "4", "--input-len", "32", "--output-len", "3", "--json", "--no-progress"]) == 0
+                    "serving: {schedule: disagg, pd_layout: dp_first, pd_ratio: [32, 16], chunk_tokens: 64,\n"
+                    "          pd_stages: [1, 2]}\n")
+    argv = ["run", "--model", "qwen3-0.6b", "--layers", "2", "--mapping", str(spec), "--rate", "100",
+            "--requests", "4", "--input-len", "32", "--output-len", "3", "--json", "--no-progress"]
+    assert main(argv) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["scheduler"]["policy"] == "disagg" and d["replicas"] == 2 and d["requests_completed"] == 4
     assert {v["cores"] for v in d["instances"].values()} == {16, 8}
+    assert d["instances"]["prefill1"] == {"cores": 16, "tp": 16, "stages": 1}
+    assert d["instances"]["decode1"] == {"cores": 8, "tp": 4, "stages": 2}
+    assert main(argv + ["--pd-stages", "1:3"]) == 2  # the model has 2 layers
+    assert "pd_stages" in capsys.readouterr().err
     spec.write_text("serving: {schedul: disagg}\n")
     assert main(["run", "--mapping", str(spec), "--no-progress"]) == 2
     assert "did you mean 'schedule'" in capsys.readouterr().err

@@ -53,6 +53,9 @@ def add_serving_args(p) -> None:
     g.add_argument("--pd-layout", choices=["pp_first", "dp_first"], default=None,
                    help="--schedule disagg: one P/D split of the chip (pp_first, default: decode cores in the middle "
                    "columns), or one per data-parallel replica (dp_first)")
+    g.add_argument("--pd-stages", default=None,
+                   help="--schedule disagg: pipeline stages of the prefill and decode instances, P:D (default: the "
+                   "fewest with at most 32 cores a stage)")
     g.add_argument("--replicas", type=int, default=None,
                    help="data-parallel copies, each on an equal band of columns (default 1; dp_first: 2)")
     g.add_argument("--budget", type=int, default=None, help="fusion: units per iteration (decode 1, chunk = tokens; "
@@ -108,6 +111,8 @@ def serving_options(args, spec) -> dict:
                       ("max_tokens", "max_tokens")):
         if getattr(args, flag, None) is not None:
             opts[key] = getattr(args, flag)
+    if getattr(args, "pd_stages", None):
+        opts["pd_stages"] = _pair(args.pd_stages, "--pd-stages")
     if opts["replicas"] is None:
         opts["replicas"] = 2 if opts["pd_layout"] == "dp_first" else 1
     if opts["replicas"] < 1:
@@ -115,6 +120,16 @@ def serving_options(args, spec) -> dict:
     if opts["pd_layout"] == "pp_first" and opts["replicas"] > 1 and opts["schedule"] == "disagg":
         raise ConfigError("PD disaggregation over several replicas is the dp_first layout: add --pd-layout dp_first")
     return opts
+
+
+def _pair(text: str, flag: str) -> tuple[int, int]:
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ConfigError(f"{flag} '{text}': expected two positive integers A:B, e.g. 7:7") from None
+    if a < 1 or b < 1:
+        raise ConfigError(f"{flag} '{text}': both parts must be positive")
+    return a, b
 
 
 def pd_split(args, arch, opts: dict) -> tuple[int, int] | None:
@@ -125,12 +140,7 @@ def pd_split(args, arch, opts: dict) -> tuple[int, int] | None:
         return None
     explicit = args.pd_ratio or (":".join(map(str, opts["pd_ratio"])) if opts["pd_ratio"] else None)
     text = explicit or "2:1"
-    try:
-        p, d = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ConfigError(f"--pd-ratio '{text}': expected P:D, e.g. 42:21") from None
-    if p < 1 or d < 1:
-        raise ConfigError(f"--pd-ratio '{text}': both parts must be positive")
+    p, d = _pair(text, "--pd-ratio")
     if p + d <= arch.num_cores and explicit:
         return p, d
     # a ratio: as many whole multiples as fit the chip (and split evenly over the replicas)
@@ -143,6 +153,7 @@ def pd_split(args, arch, opts: dict) -> tuple[int, int] | None:
 
 def run_serving(args, arch, spec) -> int:
     opts = serving_options(args, spec)
+    spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": opts["pd_stages"]})})
     pd = pd_split(args, arch, opts)
     reqs, clipped = requests_from_args(args)
     sched = SchedulerConfig(policy="continuous" if pd else opts["schedule"], max_batch=opts["max_batch"],

@@ -119,6 +119,9 @@ class Serving(StrictModel):
         default=None, description="disagg: [prefill, decode] cores on the chip (default 2:1 of it)")
     pd_layout: Literal["pp_first", "dp_first"] = Field(
         default="pp_first", description="disagg: one P/D split of the chip, or one per data-parallel replica")
+    pd_stages: tuple[PositiveInt, PositiveInt] | None = Field(
+        default=None, description="disagg: pipeline stages of the prefill and decode instances (default: "
+        "the fewest with at most 32 cores a stage); each stage's TP group is the region's cores / stages")
     replicas: PositiveInt | None = Field(
         default=None, description="data-parallel copies, each on a band of whole columns (default 1; dp_first: 2)")
     budget: PositiveInt = Field(default=1024, description="fusion: units per iteration (decode 1, chunk = tokens)")

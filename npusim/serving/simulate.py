@@ -168,17 +168,22 @@ class ServingSimulator:
 
     def _disaggregated(self, prefill_cores, decode_cores, suffix: str = "") -> list[Instance]:
         """A prefill and a decode instance. Each spreads its tensor parallelism over its whole
-        region (at most 32 cores a pipeline stage): a token's latency falls with the cores its
-        stage streams weights with, while extra stages only add hops."""
+        region: by default in the fewest pipeline stages with at most 32 cores each (a token's
+        latency falls with the cores its stage streams weights with, while extra stages only
+        add hops); the spec's ``serving.pd_stages`` sets the stage counts instead."""
         cfg, spec, arch = self.cfg, self.spec, self.arch
         layers = len(build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2,
                                  precision=cfg.precision, layers=cfg.layers).layers())
         hbm = int(arch.hbm.capacity_gb * 2**30)
+        chosen = spec.serving.pd_stages or (None, None)
         out = []
-        for name, cores, sched in (
-                ("prefill", prefill_cores, replace(cfg.scheduler, policy="continuous")),
-                ("decode", decode_cores, replace(cfg.scheduler, policy="continuous", chunk_tokens=0))):
-            stages = max(1, min(layers, math.ceil(len(cores) / 32)))
+        for name, cores, sched, want in (
+                ("prefill", prefill_cores, replace(cfg.scheduler, policy="continuous"), chosen[0]),
+                ("decode", decode_cores, replace(cfg.scheduler, policy="continuous", chunk_tokens=0), chosen[1])):
+            stages = want or max(1, min(layers, math.ceil(len(cores) / 32)))
+            if stages > min(layers, len(cores)):
+                raise ConfigError(f"serving.pd_stages: {stages} {name} stages need at most {min(layers, len(cores))} "
+                                  f"(the model has {layers} layers, the {name} region {len(cores)} cores)")
             tp = len(cores) // stages
             sub = spec.model_copy(update={
                 "tensor_parallel": spec.tensor_parallel.model_copy(update={"degree": tp, "mnk_grid": None}),
