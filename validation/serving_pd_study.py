@@ -8,15 +8,20 @@ A7 published: P:D 49:14 cuts TTFT 40% vs 21:42; 21:42 cuts mean E2E latency 68% 
 -22%, TBT +10%.
 A10 published: at P:D tokens 1:5 (decode-heavy) fusion has 2.3x the throughput of
 disaggregation; at 10:1 (prefill-heavy) disaggregation has 1.34x; disaggregation's TBT varies
-< 5% across workloads, fusion's up to 2.57x. (Published A10 uses heterogeneous decode cores,
-which npusim cannot describe yet: here both use the same cores.)
+< 5% across workloads, fusion's up to 2.57x. The published disaggregation uses heterogeneous
+decode cores; its fusion the homogeneous chip.
 
-Here: npusim-64c, Qwen3-4B bf16, analytical memory, path NoC, Poisson arrivals; lengths fixed
-per workload. Each disaggregated instance spreads TP over its region (at most 32 cores a stage);
-fusion uses the whole chip the same way (TP 32 x 2 stages). Prints the simulated figures beside the published ones and whether each
-trend holds.
+Here: Qwen3-4B bf16, analytical memory, path NoC, Poisson arrivals; lengths fixed per
+workload. A7 runs on ``--arch`` (default npusim-64c). Each disaggregated instance spreads TP
+over its region: by default in the fewest stages with at most 32 cores each, or in
+``--pd-stages P:D`` stages (the public NPU-SIM configurations of this figure use 7:7, TP =
+cores / 7). A10 compares fusion on the homogeneous chip of ``--hetero`` (its core classes
+removed) with disaggregation 42:21 on ``--hetero`` itself (default examples/hetero-pd.yaml:
+per-core 60 GB/s DRAM, decode cores with 64x64 arrays at 240 GB/s) and, for reference, on
+the homogeneous chip. Fusion lays the whole chip out like the disaggregated instances (TP 32 x
+2 stages). Prints the simulated figures beside the published ones and whether each trend holds.
 
-    python validation/serving_pd_study.py [--requests 40] [--rate 20]
+    python validation/serving_pd_study.py [--requests 40] [--rate 20] [--only a7|a10] [--pd-stages 7:7]
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 from machine import machine_line  # noqa: E402
 
 from npusim.arch import load_arch  # noqa: E402
+from npusim.arch.schema import Arch  # noqa: E402
+from npusim.config import validate  # noqa: E402
 from npusim.mapping.spec import spec_from_flags  # noqa: E402
 from npusim.serving.requests import synthetic_requests  # noqa: E402
 from npusim.serving.scheduler import SchedulerConfig  # noqa: E402
@@ -38,13 +45,24 @@ from npusim.serving.simulate import ServingConfig, simulate_serving  # noqa: E40
 SOURCE = "arXiv 2510.05632 (NpuSim)"
 
 
-def serve(arch, reqs, pd=None, policy="fusion"):
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def serve(arch, reqs, pd=None, policy="fusion", pd_stages=None):
     # fusion: the whole chip as one instance laid out like the disaggregated ones (TP over at most
     # 32 cores a stage: TP 32 x 2 stages); disaggregated instances choose their own TP and stages
     spec = spec_from_flags(tp=32, stages=2, layout="linear_seq").model_copy(update={"data_parallel": 1})
+    if pd_stages:
+        spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": pd_stages})})
     cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(
         policy="continuous" if pd else policy, budget=512, chunk_tokens=256, max_batch=64))
     return simulate_serving(arch, spec, reqs, cfg, pd=pd).summary
+
+
+def homogeneous(arch: Arch) -> Arch:
+    """``arch`` with its core classes removed: every core the default core."""
+    return validate(Arch, {**arch.model_dump(), "core_classes": {}, "name": f"{arch.name}-homogeneous"},
+                    f"{arch.name} without core classes")
 
 
 def change(a, b):
@@ -56,23 +74,29 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--rate", type=float, default=20.0)
     ap.add_argument("--only", choices=["a7", "a10"], default=None, help="run one of the two studies")
+    ap.add_argument("--arch", default="npusim-64c", help="A7's chip")
+    ap.add_argument("--hetero", default=str(ROOT / "examples" / "hetero-pd.yaml"),
+                    help="A10's heterogeneous chip (decode cores as a core class)")
+    ap.add_argument("--pd-stages", default=None, help="pipeline stages of the prefill and decode instances, P:D")
     args = ap.parse_args()
-    arch = load_arch("npusim-64c")
+    args.pd_stages = tuple(int(x) for x in args.pd_stages.split(":")) if args.pd_stages else None
     t0 = time.perf_counter()
     if args.only != "a10":
-        a7(arch, args)
+        a7(load_arch(args.arch), args)
     if args.only != "a7":
-        a10(arch, args)
+        a10(load_arch(args.hetero), args)
     print(f"\nwall time {time.perf_counter() - t0:.0f} s; {machine_line()}")
 
 
 def a7(arch, args) -> None:
     reqs = synthetic_requests(args.requests, args.rate, input_len=100, output_len=100, seed=1)
-    print(f"A7: P:D core ratios, {args.requests} requests of 100 in / 100 out tokens at {args.rate}/s")
+    stages = "auto" if args.pd_stages is None else "{}:{}".format(*args.pd_stages)
+    print(f"A7: P:D core ratios on {arch.name}, {args.requests} requests of 100 in / 100 out tokens at "
+          f"{args.rate}/s; instance stages {stages}")
     print(f"{'P:D':>6} | {'TTFT ms':>8} {'TBT ms':>8} {'E2E ms':>9} {'tok/s':>8}")
     res = {}
     for p, d in ((49, 14), (42, 21), (28, 28), (21, 42)):
-        s = serve(arch, reqs, pd=(p, d))
+        s = serve(arch, reqs, pd=(p, d), pd_stages=args.pd_stages)
         res[(p, d)] = s
         print(f"{p:>3}:{d:<2} | {s['ttft_ms']['mean']:8.1f} {s['tbt_ms']['mean']:8.1f} {s['e2e_ms']['mean']:9.1f} "
               f"{s['throughput_tokens_per_s']:8.1f}")
@@ -90,27 +114,32 @@ def a7(arch, args) -> None:
 
 
 
-def a10(arch, args) -> None:
-    print("\nA10: PD fusion vs disaggregation (42:21), P:D token ratios")
-    print(f"{'in:out':>9} | {'fusion tok/s':>12} {'disagg tok/s':>12} {'fus/dis':>7} | {'fusion TBT':>10} {'disagg TBT':>10}")
-    tbt = {"fusion": [], "disagg": []}
+def a10(hetero, args) -> None:
+    homo = homogeneous(hetero)
+    print(f"\nA10: PD fusion on {homo.name} vs disaggregation 42:21 on {hetero.name} (heterogeneous decode "
+          f"cores) and on {homo.name}, P:D token ratios; {args.requests} requests at {args.rate}/s")
+    print(f"{'in:out':>9} | {'fusion tok/s':>12} {'hetero tok/s':>12} {'homo tok/s':>10} {'fus/het':>7} | "
+          f"{'fusion TBT':>10} {'hetero TBT':>10} {'homo TBT':>8}")
+    tbt = {"fusion": [], "hetero": []}
     ratios = {}
     for label, inp, out in (("1:5", 64, 320), ("1:1", 192, 192), ("10:1", 640, 64)):
         reqs = synthetic_requests(args.requests, args.rate, input_len=inp, output_len=out, seed=2)
-        f = serve(arch, reqs, policy="fusion")
-        d = serve(arch, reqs, pd=(42, 21))
+        f = serve(homo, reqs, policy="fusion")
+        d = serve(hetero, reqs, pd=(42, 21), pd_stages=args.pd_stages)
+        h = serve(homo, reqs, pd=(42, 21), pd_stages=args.pd_stages)
         ratios[label] = f["throughput_tokens_per_s"] / d["throughput_tokens_per_s"]
         tbt["fusion"].append(f["tbt_ms"]["mean"])
-        tbt["disagg"].append(d["tbt_ms"]["mean"])
+        tbt["hetero"].append(d["tbt_ms"]["mean"])
         print(f"{label:>9} | {f['throughput_tokens_per_s']:12.1f} {d['throughput_tokens_per_s']:12.1f} "
-              f"{ratios[label]:7.2f} | {f['tbt_ms']['mean']:10.1f} {d['tbt_ms']['mean']:10.1f}")
+              f"{h['throughput_tokens_per_s']:10.1f} {ratios[label]:7.2f} | {f['tbt_ms']['mean']:10.1f} "
+              f"{d['tbt_ms']['mean']:10.1f} {h['tbt_ms']['mean']:8.1f}", flush=True)
     spread = {k: max(v) / min(v) for k, v in tbt.items()}
     print(f"published ({SOURCE}): fusion/disagg 2.3 at 1:5 and 1/1.34 = 0.75 at 10:1; TBT spread "
           f"disagg < 1.05x, fusion up to 2.57x")
     print(f"simulated: fusion/disagg {ratios['1:5']:.2f} at 1:5 ({'holds' if ratios['1:5'] > 1 else 'does not hold'}), "
           f"{ratios['10:1']:.2f} at 10:1 ({'holds' if ratios['10:1'] < 1 else 'does not hold'}); TBT spread "
-          f"disagg {spread['disagg']:.2f}x, fusion {spread['fusion']:.2f}x "
-          f"({'holds' if spread['disagg'] < spread['fusion'] else 'does not hold'})")
+          f"disagg {spread['hetero']:.2f}x, fusion {spread['fusion']:.2f}x "
+          f"({'holds' if spread['hetero'] < spread['fusion'] else 'does not hold'})")
 
 
 if __name__ == "__main__":

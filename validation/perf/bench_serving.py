@@ -58,7 +58,7 @@ def main() -> None:
     print(f"{'requests':>8} {'arch':>12} {'memory':>10} {'noc':>10} | {'clipped':>7} {'wall s':>8} {'sim s':>8} "
           f"{'sim s/wall s':>12} {'iterations':>10} {'shapes':>6} {'tasks':>12} {'Mevents/s':>9} {'tok/s':>8}")
     spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
-    warm = ServingConfig(model="qwen3-4b", layers=1)
+    warm = ServingConfig(model="qwen3-4b", layers=16)  # as many layers as stages
     for n in (int(x) for x in args.requests.split(",")):
         reqs, clipped = cap_lengths(load_trace(path, first=n), args.max_input, args.max_output)
         for arch_name in args.arch.split(","):
