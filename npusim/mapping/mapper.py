@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from npusim.arch.schema import Arch
 from npusim.comm.collectives import ring_allgather, ring_allreduce
@@ -82,6 +83,12 @@ def op_class(op: Op) -> str:
         if any(k in name for k in keys):
             return cls
     return "other"
+
+
+@lru_cache(maxsize=65536)
+def _gemm_cycles(m, k, n, rows, cols, dataflow, k_per_pe, injection, double_buffer) -> int:
+    """Cycles of one GEMM (memoised: serving maps the same shapes over and over)."""
+    return gemm_cost(m, k, n, rows, cols, dataflow, k_per_pe, injection, double_buffer=double_buffer).cycles
 
 
 def _split(total: int, parts: int, i: int) -> int:
@@ -334,9 +341,8 @@ class Mapper:
         bw = self.link_gbps  # bytes per ns == GB/s
 
         def comp(m, k, n):
-            return gemm_cost(max(1, m), max(1, k), max(1, n), sa.rows, sa.cols, sa.dataflow, kpe,
-                             sa.weight_injection_cycles, double_buffer=sa.double_buffered_weights).cycles \
-                / self.arch.clock_ghz
+            return _gemm_cycles(max(1, m), max(1, k), max(1, n), sa.rows, sa.cols, sa.dataflow, kpe,
+                                sa.weight_injection_cycles, sa.double_buffered_weights) / self.arch.clock_ghz
 
         t, (a, b) = self.t, self.grid
         m, k, n = op.m * op.batch, op.k, op.n

@@ -37,6 +37,7 @@ COST_FIXED, COST_GEMM, COST_VECTOR = 0, 1, 2
 DTYPES = tuple(DTYPE_BYTES)
 FORMAT_VERSION = 1
 BARRIER_UNIT = "none"
+_ZEROS = (0,) * max(NPARAM, 6)
 
 
 @dataclass
@@ -65,16 +66,19 @@ class Program:
             raise ConfigError(f"core {core} out of range (0..{self.num_cores - 1})")
 
     def _add(self, kind, core, unit, param, cost_kind, cost_args, deps, name) -> int:
-        deps = tuple([d for d in deps if d is not None and d >= 0])
         n = len(self.kind)
-        if deps and max(deps) >= n:
-            raise ConfigError(f"task {name}: depends on a task not recorded yet")
+        if deps:
+            deps = tuple([d for d in deps if d is not None and d >= 0])
+            if deps and max(deps) >= n:
+                raise ConfigError(f"task {name}: depends on a task not recorded yet")
+        else:
+            deps = ()
         self.kind.append(kind)
         self.core.append(core)
         self.unit.append(unit)
-        self.param.append(tuple(param) + (0,) * (NPARAM - len(param)))
+        self.param.append(param + _ZEROS[len(param):NPARAM])
         self.cost_kind.append(cost_kind)
-        self.cost_args.append(tuple(cost_args) + (0,) * (6 - len(cost_args)))
+        self.cost_args.append(cost_args + _ZEROS[len(cost_args):6])
         self.deps.append(deps)
         self.names.append(name or "")
         return n
