@@ -67,8 +67,11 @@ class Instance:
         probe = build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=cfg.precision,
                             layers=cfg.layers)
         self.kv_bytes_per_token = int(sum(op.kv_bytes_per_token for op in probe.ops if op.kind == "attention"))
-        weights = sum(op.weight_bytes for op in probe.ops if op.kind != "embedding" and
-                      not op.attrs.get("shared_weight"))
+        # HBM holds one copy of each weight (a tied LM head shares the embedding table); resident
+        # weights occupy SRAM like the mapper counts them: everything but the embedding rows
+        weights_hbm = sum(op.weight_bytes for op in probe.ops if op.kind != "embedding" and
+                          not op.attrs.get("shared_weight"))
+        weights_sram = sum(op.weight_bytes for op in probe.ops if op.kind != "embedding")
         mapped = map_model(probe, arch, self.spec, cores=self.cores)
         self.weights_resident = mapped.weights_resident
         mem = self.spec.memory.model_copy(update={"weights": "sram" if self.weights_resident else "hbm",
@@ -78,10 +81,12 @@ class Instance:
         n = len(used)
         sram = int(sum(arch.sram_for(c).capacity_mb for c in used) * 2**20)
         hbm = int(arch.hbm.capacity_gb * 2**30) if hbm_bytes is None else hbm_bytes
+        # streamed weights pass through two tile buffers per core (see the mapper)
+        stream_buffers = 2 * self.spec.memory.weight_tile_kb * 1024 * n
         self.kv = KVCacheManager(
-            sram_bytes=sram, hbm_bytes=max(0, hbm - (0 if self.weights_resident else weights)),
+            sram_bytes=sram, hbm_bytes=max(0, hbm - (0 if self.weights_resident else weights_hbm)),
             bytes_per_token=max(1, self.kv_bytes_per_token), block_tokens=cfg.block_tokens,
-            weights_bytes=weights if self.weights_resident else 0,
+            weights_bytes=weights_sram if self.weights_resident else stream_buffers,
             activation_bytes=int(self.spec.memory.sram_reserve_mb * 2**20 * n),
             admission=cfg.admission, prefix_cache=cfg.prefix_cache, debug=cfg.debug)
 
