@@ -150,6 +150,7 @@ class Mapper:
         self.next_addr = 0
         self.tile_bytes = spec.memory.weight_tile_kb * 1024
         self.buffers: dict[int, list[int]] = {}  # core -> GEMM tasks that use its last weight tiles
+        self.dma_turn: dict[int, int] = {}  # core -> weight loads issued (they alternate DMA engines)
         half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
         self.kv_base = [half + c * (half // arch.num_cores) for c in range(arch.num_cores)]
 
@@ -372,6 +373,12 @@ class Mapper:
         widths[-1] -= cols * units - n  # the last tile holds the remainder
         return widths
 
+    def _next_engine(self, core: int) -> int:
+        """DMA engines take a core's weight loads in turn, so two tiles stream at once."""
+        i = self.dma_turn.get(core, 0)
+        self.dma_turn[core] = i + 1
+        return i % self.arch.cores.dma.engines
+
     def _compute_with_weights(self, core: int, rank: int, op: Op, shard_bytes: int, m: int, k: int, n: int,
                               deps: list[int], name: str) -> int:
         """The GEMM ``m x k x n`` on ``core`` with its weight shard loaded first if it is not resident:
@@ -387,7 +394,7 @@ class Mapper:
             tb = shard_bytes * (offset + n_i) // n - shard_bytes * offset // n
             load_deps = [buffers[-2]] if len(buffers) >= 2 else []
             load = prog.add_dma(core, tb, address=base + shard_bytes * offset // n, deps=load_deps,
-                                name=f"{name} load W{i}")
+                                dma_engine=self._next_engine(core), name=f"{name} load W{i}")
             offset += n_i
             last = prog.add_gemm(core, m, k, n_i, op.dtype, op.batch, deps=[load, last, *deps] if last >= 0 else
                                  [load, *deps], name=f"{name} tile{i}")
@@ -449,7 +456,8 @@ class Mapper:
                             loads.append(free[j])
                         else:
                             base = self._weight_base(op) + int(op.weight_bytes * (i / a + p / (a * pieces))) + j * shard
-                            loads.append(prog.add_dma(c, shard, address=base, deps=[free[j]], name=f"{name} load W{p}"))
+                            loads.append(prog.add_dma(c, shard, address=base, deps=[free[j]],
+                                                      dma_engine=self._next_engine(c), name=f"{name} load W{p}"))
                     coll = ring_allgather(prog, row, int(op.weight_bytes * frac_k * n_p / n), deps=loads, dtype=op.dtype)
                     gathered = [coll.done[c] for c in row]
                 for j, c in enumerate(row):
