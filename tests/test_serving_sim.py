@@ -111,6 +111,10 @@ def test_pd_layout_puts_decode_in_the_middle(arch64):
     prefill, decode = pd_regions(arch64, 42, 21)
     assert len(set(prefill) | set(decode)) == 63 and not set(prefill) & set(decode)
     assert {c % 8 for c in decode} <= {2, 3, 4, 5} and {0, 7} <= {c % 8 for c in prefill}
+    # the prefill walk snakes down the left side, then the right: consecutive cores are mesh
+    # neighbours except where it crosses the decode region or meets a partial column
+    far = [abs(a % 8 - b % 8) + abs(a // 8 - b // 8) for a, b in zip(prefill, prefill[1:])]
+    assert sum(d > 1 for d in far) <= 2
 
 
 def test_dp_first_splits_each_replica_band_and_keeps_kv_inside_it(arch64):

@@ -102,16 +102,34 @@ def _band_order(arch: Arch, columns: list[int], rows: list[int]) -> list[int]:
 def pd_regions(arch: Arch, prefill: int, decode: int, columns: list[int] | None = None,
                rows: list[int] | None = None) -> tuple[list[int], list[int]]:
     """PP-first PD disaggregation layout of a band (default: the whole chip): decode cores in
-    the middle columns, prefill cores at the sides; within each region cores run column by
-    column (snaking), so TP groups are compact vertical strips."""
-    columns = list(range(arch.cores.grid.width)) if columns is None else columns
+    the middle columns, prefill cores at the sides. Each region runs column by column
+    (snaking), so its TP groups are compact vertical strips: the decode region from the middle
+    outwards; the prefill region from the left edge inwards, then on the right side from the
+    decode region outwards (so only one prefill group spans the decode region)."""
+    w = arch.cores.grid.width
+    columns = list(range(w)) if columns is None else columns
     rows = list(range(arch.cores.grid.height)) if rows is None else rows
     size = len(columns) * len(rows)
     if prefill < 1 or decode < 1 or prefill + decode > size:
         raise ConfigError(f"--pd-ratio {prefill}:{decode}: needs at least one core each and at most "
                           f"{size} in all")
     order = _band_order(arch, columns, rows)
-    return order[decode:decode + prefill], order[:decode]
+    decode_cores = order[:decode]
+    rest = set(order[decode:])
+    lo = min(c % w for c in decode_cores)
+    left = [c for c in order[decode:] if c % w < lo]
+    right = [c for c in order[decode:] if c % w >= lo]
+    column = {}  # the snake through the remaining cores: each column's cores in walking order
+    for c in sorted(left, key=lambda c: c % w) + sorted(right, key=lambda c: c % w):
+        column.setdefault(c % w, []).append(c)
+    walk: list[int] = []
+    for x in sorted(column, key=lambda x: (x >= lo, x)):
+        cores = sorted(column[x], key=lambda c: c // w)
+        if walk and abs(cores[-1] // w - walk[-1] // w) < abs(cores[0] // w - walk[-1] // w):
+            cores.reverse()  # enter each column at the end nearer to where the walk is
+        walk += cores
+    assert set(walk) == rest
+    return walk[:prefill], decode_cores
 
 
 class ServingSimulator:
