@@ -183,8 +183,16 @@ class Engine:
         if self.num_done < self.num_tasks and int(self.hs[HS_SIZE]) == 0:
             raise DeadlockError(self.blocked_report())
 
-    def busy_cycles(self) -> np.ndarray:
-        return self.tt.q_busy.copy()
+    def busy_cycles(self, include_running: bool = False) -> np.ndarray:
+        """Busy cycles per queue: of the tasks that have released their queue, plus, with
+        ``include_running``, the part up to now of the tasks occupying one (so differences
+        between two calls are the busy time inside that window)."""
+        busy = self.tt.q_busy.copy()
+        if include_running:
+            running = self.tt.q_running
+            held = running >= 0
+            busy[held] += self.now - self.tt.start[running[held]]
+        return busy
 
     def task_times(self) -> tuple[np.ndarray, np.ndarray]:
         n = self.num_tasks

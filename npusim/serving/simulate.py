@@ -39,6 +39,7 @@ from npusim.mapping.spec import MappingSpec
 from npusim.model.builder import build_graph
 from npusim.serving.instance import Instance
 from npusim.serving.metrics import RequestRecord, TimeSeries, summarize
+from npusim.serving.sampling import UtilizationSampler
 from npusim.serving.scheduler import Live, SchedulerConfig
 from npusim.sim import Simulator
 
@@ -58,6 +59,7 @@ class ServingConfig:
     slo_tbt_ms: float | None = None
     debug: bool = False
     pad_shapes: bool = True  # pad iteration graphs like graph-mode engines (see npusim.serving.iteration)
+    core_window_s: float = 0.05  # per-core utilisation windows (npusim.serving.sampling)
 
 
 @dataclass
@@ -223,12 +225,8 @@ class ServingSimulator:
         arrivals = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
         records: dict[int, RequestRecord] = {}
         iterations: list[dict] = []
-        util = TimeSeries(["cube", "vector", "dma", "noc"], "fraction of the chip's units busy")
+        util = UtilizationSampler(sim, self.cfg.core_window_s)
         occupancy = TimeSeries(["sram_used_bytes", "hbm_used_bytes"], "bytes")
-        units = sim.units
-        cls = {"cube": [units.index("cube")], "vector": [units.index("vector")],
-               "dma": [i for i, u in enumerate(units) if u.startswith("dma")], "noc": [units.index("noc")]}
-        self._last_busy, self._last_t = sim.busy_cycles().copy(), sim.now
         handlers: dict[int, tuple] = {}
         transfers = {"bytes": 0, "count": 0}
         total = len(arrivals)
@@ -267,12 +265,7 @@ class ServingSimulator:
             end_s = self._seconds(sim.now)
             if kind == "iteration":
                 iterations.append(self._iteration_done(obj, out.task, records, end_s, handlers, transfers))
-                busy_now = sim.busy_cycles()
-                delta = (busy_now - self._last_busy).sum(axis=0)
-                span = max(1, sim.now - self._last_t)
-                self._last_busy, self._last_t = busy_now.copy(), sim.now
-                util.record(end_s, [float(delta[cls[k]].sum() / (span * self.arch.num_cores * len(cls[k])))
-                                    for k in ("cube", "vector", "dma", "noc")])
+                util.sample()
                 occ = [i.kv.occupancy() for i in self.instances]
                 occupancy.record(end_s, [sum(o["sram_used_bytes"] for o in occ),
                                          sum(o["hbm_used_bytes"] for o in occ)])
@@ -340,7 +333,7 @@ class ServingSimulator:
         if cfg.debug:
             for inst in self.instances:
                 inst.kv.check_invariants()
-        return ServingRun(recs, iterations, {"utilization": util, "memory": occupancy}, summary, sim)
+        return ServingRun(recs, iterations, {**util.series(), "memory": occupancy}, summary, sim)
 
 
 def simulate_serving(arch: Arch, spec: MappingSpec, requests, cfg: ServingConfig, progress=None,

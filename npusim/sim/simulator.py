@@ -233,9 +233,9 @@ class Simulator:
         remap(self.flit.m_task)
         return new_id
 
-    def busy_cycles(self) -> np.ndarray:
-        """Busy cycles per queue, shape (cores, queues_per_core)."""
-        return self.engine.busy_cycles().reshape(self.arch.num_cores, self.queues_per_core)
+    def busy_cycles(self, include_running: bool = False) -> np.ndarray:
+        """Busy cycles per queue, shape (cores, queues_per_core) (see ``Engine.busy_cycles``)."""
+        return self.engine.busy_cycles(include_running).reshape(self.arch.num_cores, self.queues_per_core)
 
     def memory_checks(self) -> dict[str, int]:
         """TLM protocol checks: both counts must be zero."""
