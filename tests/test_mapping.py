@@ -95,6 +95,29 @@ def test_weights_stream_when_they_do_not_fit(arch64):
     assert not forced.weights_resident
 
 
+def _weight_loads(prog):
+    return sum(p[0] for u, p, n in zip(prog.unit, prog.param, prog.names) if u.startswith("dma") and " load W" in n)
+
+
+def test_partial_residency_keeps_what_fits_and_streams_the_rest(arch64):
+    big = tiny_transformer(hidden=2048, ffn=8192, heads=16, kv_heads=4, head_dim=128, layers=2)  # 60 MB per core
+    spec = spec_from_flags(tp=4)
+    streamed = map_model(big, arch64, spec)
+    partial = map_model(big, arch64, spec.model_copy(update={"memory": spec.memory.model_copy(update={
+        "weights": "partial"})}))
+    kept = partial.resident_weight_bytes_per_core
+    assert not partial.weights_resident and 0 < kept <= (32 - 2 - 8) * 2**20  # SRAM - reserve - 2 tile buffers
+    # every byte of weights is either resident (once per core) or loaded
+    assert _weight_loads(streamed.program) - _weight_loads(partial.program) == pytest.approx(kept * 4, rel=0.02)
+    times = []
+    for mapped in (streamed, partial):
+        sim = Simulator(arch64, memory_mode="analytical")
+        mapped.program.submit(sim)
+        sim.run()
+        times.append(sim.now)
+    assert times[1] < times[0]  # fewer bytes to stream
+
+
 def test_program_replays_exactly_and_on_another_chip(arch64, tmp_path):
     g = tiny_transformer(phase="decode", batch=4, seq=1, kv=256)
     mapped = map_model(g, arch64, spec_from_flags(tp=4, stages=2))

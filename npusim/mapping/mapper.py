@@ -68,6 +68,7 @@ class Mapped:
     weights_resident: bool
     decisions: dict[str, str] = field(default_factory=dict)  # GEMM op name -> partition used
     weight_bytes_per_core: int = 0
+    resident_weight_bytes_per_core: int = 0  # all of them if weights_resident; some with weights: partial
     kv_in_hbm: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -151,6 +152,7 @@ class Mapper:
         self.tile_bytes = spec.memory.weight_tile_kb * 1024
         self.buffers: dict[int, list[int]] = {}  # core -> GEMM tasks that use its last weight tiles
         self.dma_turn: dict[int, int] = {}  # core -> weight loads issued (they alternate DMA engines)
+        self.resident_ops: set[str] = set()  # memory.weights partial: ops whose weights stay in SRAM
         half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
         self.kv_base = [half + c * (half // arch.num_cores) for c in range(arch.num_cores)]
 
@@ -265,15 +267,35 @@ class Mapper:
         if want_w == "sram" and not fits:
             raise ConfigError(f"memory.weights: sram, but each core's weight shards need {shard / MB:.1f} MB "
                               f"(+ {kv_sram / MB:.1f} MB KV) and it has {budget / MB:.1f} MB")
-        mapped.weights_resident = want_w == "sram" or (want_w == "auto" and fits)
+        mapped.weights_resident = want_w == "sram" or (want_w in ("auto", "partial") and fits)
         mapped.weight_bytes_per_core = int(shard)
+        mapped.resident_weight_bytes_per_core = int(shard) if mapped.weights_resident else 0
+        if want_w == "partial" and not fits:
+            self._partial_residency(mapped, stages_ops, budget - kv_sram - 2 * self.tile_bytes)
         if not mapped.weights_resident:
             mapped.notes.append(f"weights stream from HBM ({shard / MB:.1f} MB per core per stage do not fit "
-                                f"{budget / MB:.1f} MB of SRAM)")
+                                f"{budget / MB:.1f} MB of SRAM" + (
+                                    f"; {mapped.resident_weight_bytes_per_core / MB:.1f} MB of them stay resident"
+                                    if want_w == "partial" else "") + ")")
         self.resident = mapped.weights_resident
         self.kv_in_hbm = mapped.kv_in_hbm
         if self.kv_hbm_fraction is None:
             self.kv_hbm_fraction = 1.0 if mapped.kv_in_hbm else 0.0
+
+    def _partial_residency(self, mapped: Mapped, stages_ops, budget: float) -> None:
+        """``memory.weights: partial``: each stage keeps whole weight tensors resident, in graph
+        order, while its cores' shards fit ``budget`` (the SRAM left after the reserve, the KV
+        share and two streaming tile buffers); the others stream through the tile buffers."""
+        most = 0
+        for ops in stages_ops:
+            used = 0.0
+            for op in ops:
+                share = op.weight_bytes / self.t
+                if op.kind != "embedding" and op.weight and 0 < share <= budget - used:
+                    self.resident_ops.add(op.name)
+                    used += share
+            most = max(most, int(used))
+        mapped.resident_weight_bytes_per_core = most
 
     # -- emission ---------------------------------------------------------------------------
     def _emit(self, st: _GroupState, op: Op, tag: str) -> None:
@@ -384,7 +406,7 @@ class Mapper:
         """The GEMM ``m x k x n`` on ``core`` with its weight shard loaded first if it is not resident:
         tiled along N, load i waits for the GEMM two tiles back (two buffers)."""
         prog = self.prog
-        if self.resident or shard_bytes <= 0 or not op.weight:
+        if self.resident or shard_bytes <= 0 or not op.weight or op.name in self.resident_ops:
             return prog.add_gemm(core, m, k, n, op.dtype, op.batch, deps=deps, name=name)
         base = self._weight_base(op) + rank * shard_bytes
         buffers = self.buffers.setdefault(core, [])
@@ -452,7 +474,7 @@ class Mapper:
                     loads = []
                     for j, c in enumerate(row):
                         shard = int(op.weight_bytes * frac_k * _split(n_p, b, j) / n)
-                        if self.resident or shard == 0:
+                        if self.resident or shard == 0 or op.name in self.resident_ops:
                             loads.append(free[j])
                         else:
                             base = self._weight_base(op) + int(op.weight_bytes * (i / a + p / (a * pieces))) + j * shard

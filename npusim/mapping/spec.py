@@ -42,6 +42,7 @@ LAYOUTS = ("linear_seq", "linear_interleave", "ring", "mesh2d")
 OP_CLASSES = ("qkv", "o_proj", "ffn_up", "ffn_down", "lm_head", "other")
 Partition = Literal["tp_k", "tp_mn", "tp_mnk", "auto"]
 Placement = Literal["auto", "sram", "hbm"]
+WeightPlacement = Literal["auto", "sram", "hbm", "partial"]
 
 
 class Partitions(StrictModel):
@@ -105,7 +106,9 @@ class Layout(StrictModel):
 
 
 class Memory(StrictModel):
-    weights: Placement = "auto"
+    weights: WeightPlacement = Field(
+        default="auto", description="auto: all in SRAM if they fit, else all streamed from HBM; partial: as "
+        "many whole tensors resident as fit, the rest streamed")
     kv_cache: Placement = "auto"
     sram_reserve_mb: float = Field(default=2.0, ge=0, description="per core, kept for activations and temporaries")
     weight_tile_kb: PositiveInt = Field(default=4096, description="streamed weights move in tiles of about this size (two buffers per core)")

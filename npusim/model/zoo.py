@@ -73,6 +73,7 @@ _DEEPSEEK_V3 = ModelConfig(
 BUILTIN: dict[str, ModelConfig] = {
     "GPT-2": _gpt2("GPT-2", "gpt2", 12, 768, 12),
     "GPT-2-medium": _gpt2("GPT-2-medium", "gpt2-medium", 24, 1024, 16),
+    "GPT-2-large": _gpt2("GPT-2-large", "gpt2-large", 36, 1280, 20),
     "Qwen3-0.6B": _qwen3("Qwen3-0.6B", 28, 1024, 3072, 16, 8, tied=True),
     "Qwen3-1.7B": _qwen3("Qwen3-1.7B", 28, 2048, 6144, 16, 8, tied=True),
     "Qwen3-4B": _qwen3("Qwen3-4B", 36, 2560, 9728, 32, 8, tied=True),
@@ -90,12 +91,14 @@ BUILTIN: dict[str, ModelConfig] = {
 }
 
 #: other names for the same architecture
-ALIASES = {"DeepSeek-R1": "DeepSeek-V3", "GPT-2-small": "GPT-2", "gpt2": "GPT-2", "gpt2-medium": "GPT-2-medium"}
+ALIASES = {"DeepSeek-R1": "DeepSeek-V3", "GPT-2-small": "GPT-2", "gpt2": "GPT-2", "gpt2-medium": "GPT-2-medium",
+           "gpt2-large": "GPT-2-large"}
 
 #: published parameter counts (model cards), checked by tests/test_model.py
 PUBLISHED: dict[str, Published] = {
     "GPT-2": Published(124e6, "openai-community/gpt2 model card (124M parameters)"),
     "GPT-2-medium": Published(355e6, "openai-community/gpt2-medium model card (355M parameters)"),
+    "GPT-2-large": Published(774e6, "openai-community/gpt2-large model card (774M parameters)"),
     "Qwen3-0.6B": Published(0.6e9, "Qwen/Qwen3-0.6B model card: 0.6B, 0.44B non-embedding", non_embedding=0.44e9),
     "Qwen3-1.7B": Published(1.7e9, "Qwen/Qwen3-1.7B model card: 1.7B, 1.4B non-embedding", non_embedding=1.4e9),
     "Qwen3-4B": Published(4.02e9, "Qwen/Qwen3-4B model card: 4.0B, 3.6B non-embedding; safetensors 4.02B",

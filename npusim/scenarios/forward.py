@@ -68,6 +68,7 @@ def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
             "microbatches": mapped.microbatches, "stage_layers": mapped.stage_layers,
             "layout_first_group": list(mapped.groups[0].cores), "weights_resident": mapped.weights_resident,
             "weight_mb_per_core": mapped.weight_bytes_per_core / 2**20, "kv_cache_in_hbm": mapped.kv_in_hbm,
+            "resident_weight_mb_per_core": mapped.resident_weight_bytes_per_core / 2**20,
             "partitions": partitions, "notes": mapped.notes,
         },
         "tasks": sim.engine.num_tasks, "events": sim.events,

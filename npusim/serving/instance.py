@@ -74,15 +74,17 @@ class Instance:
         weights_sram = sum(op.weight_bytes for op in probe.ops if op.kind != "embedding")
         mapped = map_model(probe, arch, self.spec, cores=self.cores)
         self.weights_resident = mapped.weights_resident
-        mem = self.spec.memory.model_copy(update={"weights": "sram" if self.weights_resident else "hbm",
+        streamed = "partial" if self.spec.memory.weights == "partial" else "hbm"
+        mem = self.spec.memory.model_copy(update={"weights": "sram" if self.weights_resident else streamed,
                                                   "kv_cache": "auto"})
         self.iter_spec = self.spec.model_copy(update={"memory": mem})
         used = sorted({c for c in mapped.program.core if c >= 0})  # cores the mapping leaves idle hold no KV
         n = len(used)
         sram = int(sum(arch.sram_for(c).capacity_mb for c in used) * 2**20)
         hbm = int(arch.hbm.capacity_gb * 2**30) if hbm_bytes is None else hbm_bytes
-        # streamed weights pass through two tile buffers per core (see the mapper)
-        stream_buffers = 2 * self.spec.memory.weight_tile_kb * 1024 * n
+        # streamed weights pass through two tile buffers per core (see the mapper); with
+        # memory.weights partial some stay resident
+        stream_buffers = (2 * self.spec.memory.weight_tile_kb * 1024 + mapped.resident_weight_bytes_per_core) * n
         self.kv = KVCacheManager(
             sram_bytes=sram, hbm_bytes=max(0, hbm - (0 if self.weights_resident else weights_hbm)),
             bytes_per_token=max(1, self.kv_bytes_per_token), block_tokens=cfg.block_tokens,
