@@ -5,20 +5,26 @@ of LLM Serving on Multi-core NPUs"). Published (PD fusion, 64 cores): at 16 MB S
 36 pipeline stages beat 12 or 18 stages by 1.1-1.61x; raising SRAM 16 -> 32 MB per core cuts
 latency 2.6-3.7x; at 48 MB per core, 18 stages is the best choice.
 
-Here: npusim-64c with its per-core SRAM (`cores.sram.capacity_mb`) set to each size; Qwen3-4B
-bf16 (36 layers); PD fusion (budget 512, chunks of 256); analytical memory, path NoC; Poisson
-arrivals with fixed lengths (prefill-heavy, 5:1 prompt:output tokens by default, like the
-study's hardware-space workload). Each stage is one TP group of `64 // stages` cores
-(linear_seq strips), one data-parallel replica: 12 stages x TP 5 (60 cores), 18 x TP 3 (54),
-36 x TP 1 (36). Latency is the mean end-to-end latency of the requests. A cell that cannot be
-mapped prints the reason instead of figures. Whether the weights stay in SRAM
-(`weights_resident`) is printed per cell: it is what the SRAM size mainly changes. `W MB/core`
-is what the mapper's residency test asks each core of the fullest stage to hold: Qwen3-4B bf16
-has 6.8 GiB of layer weights (and the tied 742 MiB lm_head, all on the last stage) against 1-3
-GiB of SRAM on the whole chip, so no cell here keeps its weights in SRAM and the SRAM size only
-moves KV cache between SRAM and HBM.
+Here: npusim-64c with its per-core SRAM (`cores.sram.capacity_mb`) set to each size; PD fusion
+(budget 512, chunks of 256); analytical memory, path NoC; Poisson arrivals with fixed lengths.
+Each stage is one TP group of `--tp` cores (default 1) in linear_seq strips, one data-parallel
+replica. Latency is the mean end-to-end latency of the requests; a cell that cannot be mapped
+prints the reason instead of figures.
 
-    python validation/serving_sram_study.py [--requests 64] [--rate 16] [--sram 16,32,48] [--stages 12,18,36]
+The default setup follows the public NPU-SIM configurations of this figure (repository
+doulujiyao12/npu-sim, `paper/.../pd_fuse_{12*3,18*2,36*1}`): one core per pipeline stage,
+36 layers of hidden size 1280 — GPT-2-large's shape, here at A8W8 — so a stage of 1, 2 or 3
+layers needs ~19, 39 or 59 MB of weights per core, around the 16-48 MB SRAM sizes; short
+prompts (128-512 tokens) and short outputs. What SRAM size changes is how much of each stage's
+weights stays resident: `memory.weights: partial` keeps whole weight tensors in SRAM while
+they fit (after the reserve, the KV cache and two streaming tile buffers) and streams the rest
+each iteration (NPU-SIM's "spill"). `--weights auto` is all-or-nothing instead. The columns
+`W MB/core` (the fullest stage's weights per core; the last stage also holds the LM head) and
+`kept MB` (resident per core) show it. `--model qwen3-4b --precision bf16 --tp 1` is the
+study's model as named, whose 36 layers (~200 MB each) never fit.
+
+    python validation/serving_sram_study.py [--requests 32] [--rate 16] [--sram 16,32,48] [--stages 12,18,36]
+        [--model gpt2-large] [--precision a8w8] [--tp 1] [--weights partial|auto]
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from npusim.errors import NpusimError
 from npusim.mapping.mapper import map_model
 from npusim.mapping.spec import spec_from_flags
 from npusim.model.builder import build_graph
-from npusim.serving.requests import synthetic_requests
+from npusim.serving.requests import parse_length, synthetic_requests
 from npusim.serving.scheduler import SchedulerConfig
 from npusim.serving.simulate import ServingConfig, simulate_serving
 
@@ -50,16 +56,17 @@ def variant(base: Arch, sram_mb: float) -> Arch:
     return validate(Arch, data, f"{base.name} with {sram_mb:g} MB SRAM per core")
 
 
-def mapping(arch: Arch, stages: int):
-    tp = arch.num_cores // stages
-    return spec_from_flags(tp=tp, stages=stages, layout="linear_seq").model_copy(update={"data_parallel": 1})
+def mapping(stages: int, tp: int, weights: str):
+    spec = spec_from_flags(tp=tp, stages=stages, layout="linear_seq").model_copy(update={"data_parallel": 1})
+    return spec.model_copy(update={"memory": spec.memory.model_copy(update={"weights": weights})})
 
 
-def shard_mb(arch: Arch, spec, cfg: ServingConfig) -> float:
-    """Weight bytes each core of the fullest stage must hold (the residency test's figure), MB."""
+def shard_mb(arch: Arch, spec, cfg: ServingConfig) -> tuple[float, float]:
+    """Weight MB each core of the fullest stage must hold, and how many stay resident."""
     probe = build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=cfg.precision,
                         layers=cfg.layers)
-    return map_model(probe, arch, spec).weight_bytes_per_core / 2**20
+    mapped = map_model(probe, arch, spec)
+    return mapped.weight_bytes_per_core / 2**20, mapped.resident_weight_bytes_per_core / 2**20
 
 
 def ints(text: str) -> list[int]:
@@ -68,38 +75,45 @@ def ints(text: str) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--rate", type=float, default=16.0)
-    ap.add_argument("--input-len", type=int, default=640)
-    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--input-len", default="128:512", help="prompt tokens: N or I1:I2 uniform")
+    ap.add_argument("--output-len", default="16", help="output tokens: N or O1:O2 uniform")
+    ap.add_argument("--model", default="gpt2-large")
+    ap.add_argument("--precision", choices=["bf16", "a8w8"], default="a8w8")
+    ap.add_argument("--tp", type=int, default=1, help="cores per pipeline stage")
+    ap.add_argument("--weights", choices=["partial", "auto"], default="partial")
     ap.add_argument("--sram", default="16,32,48", help="per-core SRAM sizes, MB (comma list)")
     ap.add_argument("--stages", default="12,18,36", help="pipeline stage counts (comma list)")
     args = ap.parse_args()
     base = load_arch("npusim-64c")
     srams, stage_counts = ints(args.sram), ints(args.stages)
-    reqs = synthetic_requests(args.requests, args.rate, input_len=args.input_len, output_len=args.output_len, seed=4)
-    cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256))
-    print(f"A9: PD fusion on {base.name}, Qwen3-4B bf16, {args.requests} requests of {args.input_len} in / "
-          f"{args.output_len} out tokens at {args.rate:g}/s")
+    reqs = synthetic_requests(args.requests, args.rate, input_len=parse_length(args.input_len),
+                              output_len=parse_length(args.output_len), seed=4)
+    cfg = ServingConfig(model=args.model, precision=args.precision,
+                        scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256))
+    print(f"A9: PD fusion on {base.name}, {args.model} {args.precision}, TP {args.tp} per stage, weights "
+          f"{args.weights}; {args.requests} requests of {args.input_len} in / {args.output_len} out tokens at "
+          f"{args.rate:g}/s")
     print(f"{'SRAM':>5} {'stages':>6} {'TP':>3} | {'E2E ms':>9} {'TTFT ms':>9} {'TBT ms':>8} {'tok/s':>8} | "
-          f"{'resident':>8} {'W MB/core':>9} {'done':>5} {'wall s':>6}")
+          f"{'resident':>8} {'W MB/core':>9} {'kept MB':>7} {'done':>5} {'wall s':>6}")
     t0 = time.perf_counter()
     e2e: dict[tuple[int, int], float] = {}
     for mb in srams:
         arch = variant(base, mb)
         for st in stage_counts:
-            head = f"{mb:>3}MB {st:>6} {arch.num_cores // max(1, st):>3} | "
+            head = f"{mb:>3}MB {st:>6} {args.tp:>3} | "
             t1 = time.perf_counter()
             try:
-                spec = mapping(arch, st)
-                shard = shard_mb(arch, spec, cfg)
+                spec = mapping(st, args.tp, args.weights)
+                shard, kept = shard_mb(arch, spec, cfg)
                 s = simulate_serving(arch, spec, reqs, cfg).summary
             except NpusimError as exc:
                 print(f"{head}cannot run: {exc}", flush=True)
                 continue
             wall = time.perf_counter() - t1
             done = f"{s['requests_completed']}/{s['requests_total']}"
-            res = f"{s['weights_resident']!s:>8} {shard:9.1f} {done:>5} {wall:6.0f}"
+            res = f"{s['weights_resident']!s:>8} {shard:9.1f} {kept:7.1f} {done:>5} {wall:6.0f}"
             if s["e2e_ms"]["mean"] is None:
                 print(f"{head}{'no request completed':>38} | {res} {s['rejected_reasons']}", flush=True)
                 continue

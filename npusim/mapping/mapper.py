@@ -271,7 +271,7 @@ class Mapper:
         mapped.weight_bytes_per_core = int(shard)
         mapped.resident_weight_bytes_per_core = int(shard) if mapped.weights_resident else 0
         if want_w == "partial" and not fits:
-            self._partial_residency(mapped, stages_ops, budget - kv_sram - 2 * self.tile_bytes)
+            self._partial_residency(mapped, stages_ops, budget - kv_sram)
         if not mapped.weights_resident:
             mapped.notes.append(f"weights stream from HBM ({shard / MB:.1f} MB per core per stage do not fit "
                                 f"{budget / MB:.1f} MB of SRAM" + (
@@ -283,15 +283,19 @@ class Mapper:
             self.kv_hbm_fraction = 1.0 if mapped.kv_in_hbm else 0.0
 
     def _partial_residency(self, mapped: Mapped, stages_ops, budget: float) -> None:
-        """``memory.weights: partial``: each stage keeps whole weight tensors resident, in graph
-        order, while its cores' shards fit ``budget`` (the SRAM left after the reserve, the KV
-        share and two streaming tile buffers); the others stream through the tile buffers."""
+        """``memory.weights: partial``: a stage whose weight shards fit ``budget`` (the SRAM left
+        after the reserve and the KV share) keeps them all; another keeps whole weight tensors,
+        in graph order, while they fit what two streaming tile buffers leave, and streams the
+        others through those buffers."""
         most = 0
         for ops in stages_ops:
+            weighted = [op for op in ops if op.kind != "embedding" and op.weight and op.weight_bytes > 0]
+            room = budget if sum(op.weight_bytes for op in weighted) / self.t <= budget else \
+                budget - 2 * self.tile_bytes
             used = 0.0
-            for op in ops:
+            for op in weighted:
                 share = op.weight_bytes / self.t
-                if op.kind != "embedding" and op.weight and 0 < share <= budget - used:
+                if share <= room - used:
                     self.resident_ops.add(op.name)
                     used += share
             most = max(most, int(used))
