@@ -2,10 +2,11 @@
 iterations, the engine executes each iteration on the chip.
 
 The work runs on *instances* (:mod:`.instance`): one over the whole chip for continuous
-batching and PD fusion, a prefill and a decode instance for PD disaggregation. Loop:
+batching and PD fusion, a prefill and a decode instance for PD disaggregation; with data-
+parallel replicas, one (or one pair) per band of columns. Loop:
 
-1. Requests that have arrived by the engine's clock join the (first) instance's waiting
-   queue; its KV manager admits them first come first served while the batch has room (a
+1. Requests that have arrived by the engine's clock join the waiting queue of the replica
+   with the fewest requests (its entry instance); its KV manager admits them first come first served while the batch has room (a
    request that can never fit is rejected with the reason; with ``admission="preempt"``
    the manager may evict running requests, which then restart from scratch).
 2. Each instance with room plans iterations (:mod:`.scheduler`); an iteration's graph
@@ -14,9 +15,9 @@ batching and PD fusion, a prefill and a decode instance for PD disaggregation. L
    to back. With ``S`` pipeline stages up to ``S`` iterations are in flight on disjoint
    requests (vLLM's pipeline-parallel scheduling). KV spilled SRAM->HBM becomes DMA writes
    that run alongside. Identical iterations (same request shapes, KV lengths rounded up to
-   256 tokens, decodes in two length groups, same share of KV in HBM to 10 %; with
-   ``pad_shapes`` decode counts and chunk lengths padded as graph-mode engines pad them)
-   reuse one compiled program.
+   256 tokens, decodes in two length groups, the same kind of KV placement — none, some or
+   all in HBM, the share rescaling the KV reads; with ``pad_shapes`` decode counts and chunk
+   lengths padded as graph-mode engines pad them) reuse one compiled program.
 3. The engine runs until a notify task completes — an iteration (its tokens appear then;
    requests advance, finished ones free their KV) or a disaggregated request's KV transfer
    (it joins the decode instance). Finished tasks are compacted away as they pile up, so
