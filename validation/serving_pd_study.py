@@ -16,12 +16,13 @@ workload. A7 runs on ``--arch`` (default npusim-64c). Each disaggregated instanc
 over its region: by default in the fewest stages with at most 32 cores each, or in
 ``--pd-stages P:D`` stages (the public NPU-SIM configurations of this figure use 7:7, TP =
 cores / 7). A10 compares fusion on the homogeneous chip of ``--hetero`` (its core classes
-removed) with disaggregation 42:21 on ``--hetero`` itself (default examples/hetero-pd.yaml:
-per-core 60 GB/s DRAM, decode cores with 64x64 arrays at 240 GB/s) and, for reference, on
-the homogeneous chip. Fusion lays the whole chip out like the disaggregated instances (TP 32 x
-2 stages). Prints the simulated figures beside the published ones and whether each trend holds.
+removed; ``--fusion-stages`` stages of TP = cores / stages; NPU-SIM's fusion uses 7) with
+disaggregation 42:21 on ``--hetero`` itself (default examples/hetero-pd.yaml: per-core 60 GB/s
+DRAM, decode cores with 64x64 arrays at 240 GB/s) and, for reference, on the homogeneous chip.
+Prints the simulated figures beside the published ones and whether each trend holds.
 
-    python validation/serving_pd_study.py [--requests 40] [--rate 20] [--only a7|a10] [--pd-stages 7:7]
+    python validation/serving_pd_study.py [--requests 40] [--rate 20] [--only a7|a10]
+        [--pd-stages 7:7] [--fusion-stages 7]
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ SOURCE = "arXiv 2510.05632 (NpuSim)"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def serve(arch, reqs, pd=None, policy="fusion", pd_stages=None):
-    # fusion: the whole chip as one instance laid out like the disaggregated ones (TP over at most
-    # 32 cores a stage: TP 32 x 2 stages); disaggregated instances choose their own TP and stages
-    spec = spec_from_flags(tp=32, stages=2, layout="linear_seq").model_copy(update={"data_parallel": 1})
+def serve(arch, reqs, pd=None, policy="fusion", pd_stages=None, fusion_stages=2):
+    # fusion: the whole chip as one instance in `fusion_stages` stages of TP 64 / stages (default TP
+    # 32 x 2, like the default disaggregated instances: at most 32 cores a stage); disaggregated
+    # instances choose their own TP and stages
+    spec = spec_from_flags(tp=arch.num_cores // fusion_stages, stages=fusion_stages,
+                           layout="linear_seq").model_copy(update={"data_parallel": 1})
     if pd_stages:
         spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": pd_stages})})
     cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(
@@ -78,6 +81,8 @@ def main() -> None:
     ap.add_argument("--hetero", default=str(ROOT / "examples" / "hetero-pd.yaml"),
                     help="A10's heterogeneous chip (decode cores as a core class)")
     ap.add_argument("--pd-stages", default=None, help="pipeline stages of the prefill and decode instances, P:D")
+    ap.add_argument("--fusion-stages", type=int, default=2,
+                    help="A10: pipeline stages of the fusion instance (TP = cores / stages; NPU-SIM's: 7)")
     args = ap.parse_args()
     args.pd_stages = tuple(int(x) for x in args.pd_stages.split(":")) if args.pd_stages else None
     t0 = time.perf_counter()
@@ -116,7 +121,7 @@ def a7(arch, args) -> None:
 
 def a10(hetero, args) -> None:
     homo = homogeneous(hetero)
-    print(f"\nA10: PD fusion on {homo.name} vs disaggregation 42:21 on {hetero.name} (heterogeneous decode "
+    print(f"\nA10: PD fusion on {homo.name} ({args.fusion_stages} stages) vs disaggregation 42:21 on {hetero.name} (heterogeneous decode "
           f"cores) and on {homo.name}, P:D token ratios; {args.requests} requests at {args.rate}/s")
     print(f"{'in:out':>9} | {'fusion tok/s':>12} {'hetero tok/s':>12} {'homo tok/s':>10} {'fus/het':>7} | "
           f"{'fusion TBT':>10} {'hetero TBT':>10} {'homo TBT':>8}")
@@ -124,7 +129,7 @@ def a10(hetero, args) -> None:
     ratios = {}
     for label, inp, out in (("1:5", 64, 320), ("1:1", 192, 192), ("10:1", 640, 64)):
         reqs = synthetic_requests(args.requests, args.rate, input_len=inp, output_len=out, seed=2)
-        f = serve(homo, reqs, policy="fusion")
+        f = serve(homo, reqs, policy="fusion", fusion_stages=args.fusion_stages)
         d = serve(hetero, reqs, pd=(42, 21), pd_stages=args.pd_stages)
         h = serve(homo, reqs, pd=(42, 21), pd_stages=args.pd_stages)
         ratios[label] = f["throughput_tokens_per_s"] / d["throughput_tokens_per_s"]
