@@ -59,3 +59,17 @@ def test_example_heterogeneous_chip_matches_the_pd_layout():
     arch = load_arch("examples/hetero-pd.yaml")
     _, decode = pd_regions(arch, 42, 21)
     assert sorted(decode) == sorted(arch.core_classes["decode"].cores)
+
+
+def test_mapper_budgets_sram_by_the_cores_it_maps_onto(small_arch):
+    from graphs import tiny_transformer
+    from npusim.mapping import map_model, spec_from_flags
+
+    sram = small_arch.cores.sram.capacity_mb
+    arch = _hetero(small_arch, sram={"capacity_mb": sram / 64})  # decode cores 2, 3: a 64th of the SRAM
+    graph = tiny_transformer(layers=1)
+    spec = spec_from_flags(tp=2)
+    spec = spec.model_copy(update={"memory": spec.memory.model_copy(update={"sram_reserve_mb": 0})})
+    assert map_model(graph, arch, spec, cores=[0, 1]).weights_resident
+    small = map_model(graph, arch, spec, cores=[2, 3])
+    assert not small.weights_resident and "stream" in small.notes[0]

@@ -140,6 +140,8 @@ class Mapper:
         self.graph, self.arch, self.spec = graph, arch, spec
         self.kv_hbm_fraction = kv_hbm_fraction
         self.region = list(cores) if cores is not None else None
+        # with core classes the smallest SRAM among the cores used bounds what every core holds
+        self.sram_bytes = min(arch.sram_for(c).capacity_mb for c in (self.region or range(arch.num_cores))) * MB
         self.prog = Program(arch.num_cores, meta={"model": graph.name, "phase": graph.phase, "batch": graph.batch,
                                                   "seq_len": graph.seq_len, "kv_len": graph.kv_len,
                                                   "spec": spec.model_dump(mode="json")})
@@ -248,7 +250,7 @@ class Mapper:
         shard = max(sum(op.weight_bytes for op in ops if op.kind != "embedding") for ops in stages_ops) / self.t
         # with a given HBM share (a serving KV manager places the cache) KV takes no SRAM here
         kv = 0 if self.kv_hbm_fraction is not None else g.kv_read_bytes / max(1, mapped.replicas) / self.t
-        sram = arch.cores.sram.capacity_mb * MB
+        sram = self.sram_bytes
         budget = sram - spec.memory.sram_reserve_mb * MB
         hbm = arch.hbm.capacity_gb * 2**30
         total_weights = g.weight_bytes
@@ -355,14 +357,16 @@ class Mapper:
         st.set("rep", [coll.done[c] for c in st.cores])
 
     # -- GEMM ---------------------------------------------------------------------------------
-    def _partition(self, op: Op) -> str:
+    def _partition(self, op: Op, core: int) -> str:
+        """The spec's partition for ``op``'s class, or with ``auto`` the cheapest estimate on
+        ``core``'s array (a group's cores share one core class in the layouts we build)."""
         cls = op_class(op)
         choice = self.spec.tensor_parallel.partition.for_class(cls)
         if self.t == 1:
             return "tp_k"
         if choice != "auto":
             return choice
-        sa = self.arch.cores.systolic_array
+        sa = self.arch.systolic_for(core)
         kpe = sa.macs_per_pe_per_cycle.get(op.dtype, 1)
         e = op.elem_bytes
         bw = self.link_gbps  # bytes per ns == GB/s
@@ -429,7 +433,7 @@ class Mapper:
         return last
 
     def _gemm(self, st: _GroupState, op: Op, name: str) -> None:
-        part = self._partition(op)
+        part = self._partition(op, st.cores[0])
         self.decisions[op.name] = part
         t = self.t
         a, b = {"tp_k": (t, 1), "tp_mn": (1, t), "tp_mnk": self.grid}.get(part, (0, 0))
@@ -505,8 +509,7 @@ class Mapper:
     def _gathered_tiles(self, k: int, n: int, e: float) -> int:
         """How many N-pieces a weight all-gather is cut into so a gathered piece takes at most
         an eighth of a core's SRAM."""
-        budget = self.arch.cores.sram.capacity_mb * MB / 8
-        return max(1, math.ceil(k * n * e / budget))
+        return max(1, math.ceil(k * n * e / (self.sram_bytes / 8)))
 
     # -- attention, MoE, embedding ------------------------------------------------------------------
     def _attention(self, st: _GroupState, op: Op, name: str) -> None:
