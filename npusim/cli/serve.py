@@ -17,7 +17,9 @@ from pathlib import Path
 
 from npusim.cli.progress import request_progress
 from npusim.errors import ConfigError
+from npusim.config import validate
 from npusim.files import write_json
+from npusim.mapping.spec import Serving
 from npusim.report.perfetto import write_serving_timeline
 from npusim.serving.metrics import write_serving_hdf5
 from npusim.serving.requests import cap_lengths, parse_length, synthetic_requests
@@ -113,11 +115,13 @@ def serving_options(args, spec) -> dict:
             opts[key] = getattr(args, flag)
     if getattr(args, "pd_stages", None):
         opts["pd_stages"] = _pair(args.pd_stages, "--pd-stages")
+    if getattr(args, "pd_layout", None) is not None and getattr(args, "replicas", None) is None:
+        opts["replicas"] = None  # a layout from the command line brings its own default
+    opts = validate(Serving, opts, "command-line serving options").model_dump()
+    disagg = opts["schedule"] == "disagg"
     if opts["replicas"] is None:
-        opts["replicas"] = 2 if opts["pd_layout"] == "dp_first" else 1
-    if opts["replicas"] < 1:
-        raise ConfigError(f"--replicas must be at least 1, got {opts['replicas']}")
-    if opts["pd_layout"] == "pp_first" and opts["replicas"] > 1 and opts["schedule"] == "disagg":
+        opts["replicas"] = 2 if disagg and opts["pd_layout"] == "dp_first" else 1
+    if opts["pd_layout"] == "pp_first" and opts["replicas"] > 1 and disagg:
         raise ConfigError("PD disaggregation over several replicas is the dp_first layout: add --pd-layout dp_first")
     return opts
 

@@ -64,8 +64,9 @@ class Instance:
     def _plan_memory(self, hbm_bytes: int | None) -> None:
         """Decide once whether weights stay in SRAM, and size the KV manager around them."""
         cfg, arch = self.cfg, self.arch
-        probe = build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=cfg.precision,
-                            layers=cfg.layers)
+        # one sequence per core, so a spec with data-parallel replicas maps all of them
+        probe = build_graph(cfg.model, phase="decode", batch=len(self.core_list), seq_len=1, kv_len=2,
+                            precision=cfg.precision, layers=cfg.layers)
         self.kv_bytes_per_token = int(sum(op.kv_bytes_per_token for op in probe.ops if op.kind == "attention"))
         # HBM holds one copy of each weight (a tied LM head shares the embedding table); resident
         # weights occupy SRAM like the mapper counts them: everything but the embedding rows
@@ -94,8 +95,8 @@ class Instance:
 
     def _compiled(self, slots, hbm_fraction: float) -> tuple:
         """The iteration's materialised arrays. Programs are compiled per shape and per *kind*
-        of KV placement: none in HBM, all in HBM (new KV is written there too), or a share,
-        compiled at one half and rescaled per iteration (the share changes only bytes)."""
+        of KV placement: none in HBM (no KV reads by DMA), all of it, or a share, compiled at
+        one half and rescaled per iteration (the share changes only the KV reads' bytes)."""
         work = [Work(s.q, s.kv, s.samples) for s in slots]
         pad = self.cfg.pad_shapes
         placement = 0.0 if hbm_fraction <= 0 else 1.0 if hbm_fraction >= 1 else 0.5

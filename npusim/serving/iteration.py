@@ -14,7 +14,8 @@ With ``pad=True`` (the serving default) the compute graph is padded the way grap
 serving engines pad it, so iterations share compiled shapes: each decode group's request
 count to 1, 2, 4, 8 or the next multiple of 8 (vLLM's CUDA-graph batch sizes), a prefill
 chunk to the next multiple of 16 tokens, and the sampled rows likewise. The padding costs
-compute (at most 7 decode rows per group and 15 tokens per chunk) but no KV memory.
+compute (at most 7 decode rows per group and 15 tokens per chunk) but no KV memory, and the
+attention work of the real requests is kept (padded slots read no KV).
 """
 
 from __future__ import annotations
@@ -43,20 +44,30 @@ def padded_count(n: int) -> int:
 
 
 def _buckets(work: list[Work], decode_buckets: int, pad: bool) -> list[tuple[int, int, int, bool]]:
-    """(count, q, kv, causal) attention groups."""
-    out = [(1, -(-w.q // 16) * 16 if pad else w.q, w.kv, True) for w in work if w.q > 1]
+    """(count, q, kv, causal) attention groups. Padding keeps the attention work of the real
+    requests: a padded chunk keeps its cached prefix (``kv - q``), and a padded decode group
+    spreads its requests' keys over the padded rows (padded slots read no KV)."""
+    out = []
+    for w in work:
+        if w.q > 1:
+            q = -(-w.q // 16) * 16 if pad else w.q
+            out.append((1, q, w.kv + q - w.q, True))
     dec = np.array(sorted(w.kv for w in work if w.q == 1), dtype=np.int64)
     if dec.size:
         for part in np.array_split(dec, min(decode_buckets, dec.size)):
-            out.append((padded_count(part.size) if pad else int(part.size), 1, int(round(part.mean())), False))
+            n = padded_count(part.size) if pad else int(part.size)
+            out.append((n, 1, max(1, int(round(part.sum() / n))), False))
     return out
 
 
 def _groups(work, decode_buckets, kv_quantum, pad) -> tuple[list[tuple[int, int, int, bool]], int]:
-    """The attention groups with KV lengths rounded up to ``kv_quantum``, and the sampled rows."""
+    """The attention groups with KV lengths rounded up to ``kv_quantum``, and the sampled rows
+    (padded like a decode group, at most one per token row)."""
     groups = [(n, q, -(-kv // kv_quantum) * kv_quantum, c) for n, q, kv, c in _buckets(work, decode_buckets, pad)]
     sampled = sum(w.samples for w in work)
-    return groups, padded_count(sampled) if pad and sampled else sampled
+    if pad and sampled:
+        sampled = min(padded_count(sampled), sum(n * q for n, q, _, _ in groups))
+    return groups, sampled
 
 
 def iteration_signature(work: list[Work], decode_buckets: int = 2, kv_quantum: int = 256, pad: bool = True) -> tuple:
@@ -86,6 +97,7 @@ def build_iteration_graph(model, work: list[Work], precision: str = "bf16", laye
             ops.append(op)
     kept = {o.name for o in ops}
     ops = [replace(o, inputs=tuple(i for i in o.inputs if i in kept)) for o in ops]
-    return Graph(name=f"{base.meta.get('model', base.name)}-iteration", ops=ops, phase="mixed", batch=len(work),
-                 seq_len=tokens, kv_len=max(w.kv for w in work), meta={**base.meta, "tokens": tokens,
-                                                                       "sampled": sampled, "padded": pad})
+    # everything about the graph follows from the groups, so equal signatures mean equal graphs
+    return Graph(name=f"{base.meta.get('model', base.name)}-iteration", ops=ops, phase="mixed",
+                 batch=sum(n for n, _, _, _ in groups), seq_len=tokens, kv_len=max(kv for _, _, kv, _ in groups),
+                 meta={**base.meta, "tokens": tokens, "sampled": sampled, "padded": pad})

@@ -39,7 +39,9 @@ class UtilizationSampler:
         b = self.sim.busy_cycles(include_running=True)
         return np.stack([b[:, m].sum(axis=1) for m in self.members], axis=1)
 
-    def sample(self) -> None:
+    def sample(self, final: bool = False) -> None:
+        """Record the chip series; the per-core one once its window is full (or, ``final``, at
+        the end of the run whatever the window's length)."""
         now = self.sim.now
         busy = self._busy()
         units = np.array([len(m) for m in self.members], dtype=np.float64)
@@ -47,7 +49,7 @@ class UtilizationSampler:
             frac = (busy - self._last).sum(axis=0) / ((now - self._t) * units * busy.shape[0])
             self.chip.record(now / self.hz, frac)
         self._last, self._t = busy, now
-        if now - self._core_t >= self.core_window:
+        if now - self._core_t >= self.core_window or (final and now > self._core_t):
             frac = (busy - self._core_last) / ((now - self._core_t) * units)
             self.cores.record(now / self.hz, frac.ravel())
             self._core_last, self._core_t = busy, now

@@ -158,6 +158,7 @@ class ServingSimulator:
         self.instances: list[Instance] = []
         self.entries: list[Instance] = []  # where arrivals go, one per replica
         self.downstream: dict[Instance, Instance] = {}  # prefill instance -> its decode instance
+        self.in_transit: dict[Instance, int] = {}  # decode instance -> requests whose KV is on its way
         hbm = int(arch.hbm.capacity_gb * 2**30)
         for r, (columns, rows) in enumerate(bands):
             suffix = str(r) if replicas > 1 else ""
@@ -214,6 +215,15 @@ class ServingSimulator:
                                 hbm_bytes=hbm * len(cores) // arch.num_cores))
         return out
 
+    def _load(self, entry: Instance) -> int:
+        """Requests a replica holds: waiting or running at its entry instance and, with PD
+        disaggregation, at its decode instance (KV in transit counts as waiting there)."""
+        load = len(entry.waiting) + len(entry.running)
+        if entry in self.downstream:
+            dest = self.downstream[entry]
+            load += len(dest.waiting) + len(dest.running) + self.in_transit.get(dest, 0)
+        return load
+
     def _cycles(self, seconds: float) -> int:
         return int(math.ceil(seconds * self.hz))
 
@@ -237,7 +247,7 @@ class ServingSimulator:
             while arrivals and arrivals[0].arrival_s <= now_s:
                 req = arrivals.popleft()
                 records[req.id] = RequestRecord(req.id, req.arrival_s, req.input_len, req.output_len)
-                min(self.entries, key=lambda i: len(i.waiting) + len(i.running)).waiting.append(Live(req))
+                min(self.entries, key=self._load).waiting.append(Live(req))
             for inst in self.instances:
                 self.finished += inst.admit(records, now_s)
                 while inst.free_to_launch():
@@ -275,13 +285,16 @@ class ServingSimulator:
             else:  # a request's KV arrived at the decode instance
                 live, source = obj
                 source.kv.free(live.req.id)
-                self.downstream[source].waiting.append(live)
+                dest = self.downstream[source]
+                self.in_transit[dest] -= 1
+                dest.waiting.append(live)
             if sim.engine.num_done > max(COMPACT_AFTER_TASKS, 4 * (sim.engine.num_tasks - sim.engine.num_done)):
                 self.tasks_total += sim.engine.num_done
                 new_id = sim.compact()
                 handlers = {int(new_id[k]): v for k, v in handlers.items()}
                 for inst in self.instances:
                     inst.remap(new_id)
+        util.sample(final=True)
         return self._result(records, iterations, util, occupancy, transfers)
 
     def _iteration_done(self, inst: Instance, note: int, records, end_s, handlers, transfers) -> dict:
@@ -296,7 +309,9 @@ class ServingSimulator:
         if inst in self.downstream:
             for live in [r for r in inst.running if not r.prefilling]:
                 inst.running.remove(live)
-                handlers[self._send_kv(live, inst, self.downstream[inst], transfers)] = ("kv", (live, inst))
+                dest = self.downstream[inst]
+                handlers[self._send_kv(live, inst, dest, transfers)] = ("kv", (live, inst))
+                self.in_transit[dest] = self.in_transit.get(dest, 0) + 1
         return {"instance": inst.name, "submitted_s": submitted_s, "end_s": end_s, "requests": len(slots),
                 "tokens": sum(x.q for x in slots), "decodes": sum(1 for x in slots if x.q == 1),
                 "kv_hbm_fraction": frac, "spill_bytes": sum(t.nbytes for t in spills)}
