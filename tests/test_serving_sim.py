@@ -165,6 +165,12 @@ def test_mapping_spec_serving_section_drives_the_cli(tmp_path, capsys):
     assert d["instances"]["decode1"] == {"cores": 8, "tp": 4, "stages": 2}
     assert main(argv + ["--pd-stages", "1:3"]) == 2  # the model has 2 layers
     assert "pd_stages" in capsys.readouterr().err
+    # flags override the spec: a layout from the command line brings its own replica default
+    assert main(argv + ["--pd-layout", "pp_first", "--pd-stages", "1:1"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["replicas"] == 1 and set(d["instances"]) == {"prefill", "decode"}
+    assert main(argv + ["--budget", "0"]) == 2
+    assert "budget" in capsys.readouterr().err
     spec.write_text("serving: {schedul: disagg}\n")
     assert main(["run", "--mapping", str(spec), "--no-progress"]) == 2
     assert "did you mean 'schedule'" in capsys.readouterr().err
