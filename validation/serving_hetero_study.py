@@ -11,7 +11,7 @@ decode-heavy workload. Area: `npusim.serving.area.core_area_mm2` per core (LLMCo
 figures) plus DRAM PHY area in proportion to bandwidth (an HBM2e stack's 10.45 mm^2 PHY per
 409.6 GB/s; an estimate).
 
-    python validation/serving_hetero_study.py [--requests 24] [--rate 40]
+    python validation/serving_hetero_study.py [--requests 24] [--rate 40] [--pd-stages 7:7]
 """
 
 from __future__ import annotations
@@ -55,10 +55,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--rate", type=float, default=40.0)
+    ap.add_argument("--pd-stages", default=None,
+                    help="pipeline stages of the prefill and decode instances, P:D (NPU-SIM's configurations: 7:7)")
     args = ap.parse_args()
     base = load_arch(ROOT / "examples" / "hetero-pd.yaml")
     reqs = synthetic_requests(args.requests, args.rate, input_len=64, output_len=256, seed=3)
     spec = spec_from_flags(tp=4, stages=1).model_copy(update={"data_parallel": 1})
+    if args.pd_stages:
+        stages = tuple(int(x) for x in args.pd_stages.split(":"))
+        spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": stages})})
     cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(policy="continuous", chunk_tokens=256))
     t0 = time.perf_counter()
     print(f"{'decode cores':>22} | {'tok/s':>8} {'TBT ms':>7} {'area mm2':>9} {'tok/s/mm2':>9}")
