@@ -422,15 +422,24 @@ def plot_latency_cdfs(records: Iterable[RequestRecord], path: str | Path) -> Pat
 
 
 def plot_series(series: Mapping[str, TimeSeries], path: str | Path, max_lines: int = 8) -> Path:
-    """One panel per time series against time (s). Up to ``max_lines`` columns are drawn as
-    separate lines; beyond that the panel shows the mean across columns and a min–max band.
-    Needs matplotlib."""
+    """One panel per time series against time (s), titled with its name and unit. Up to
+    ``max_lines`` columns are drawn as separate lines; per-core series (columns
+    ``core<i>.<class>``) as a heatmap of each core's busiest class over time; other wide
+    series as the mean across columns with a min–max band. Needs matplotlib."""
     if not series:
         raise ValueError("plot_series needs at least one series")
-    fig, axes = _figure(len(series), 1, 9, 2.6 * len(series))
+    fig, axes = _figure(len(series), 1, 9, 2.8 * len(series))
     for ax, (name, ts) in zip(axes[:, 0], series.items()):
         t, values = ts.to_arrays()
-        if values.shape[1] <= max_lines:
+        per_core = _per_core(ts.columns)
+        if per_core and len(t):
+            cores, classes = per_core
+            busiest = values.reshape(len(t), cores, classes).max(axis=2)
+            edges = np.concatenate([[t[0] - (t[1] - t[0] if len(t) > 1 else 1e-3)], t])
+            mesh = ax.pcolormesh(edges, np.arange(cores + 1), busiest.T, vmin=0, vmax=1, shading="flat")
+            fig.colorbar(mesh, ax=ax, label="busiest unit's busy fraction")
+            ax.set_ylabel("core")
+        elif values.shape[1] <= max_lines:
             for j, column in enumerate(ts.columns):
                 ax.step(t, values[:, j], where="post", label=column)
             ax.legend(fontsize="small", loc="upper right")
@@ -438,7 +447,17 @@ def plot_series(series: Mapping[str, TimeSeries], path: str | Path, max_lines: i
             ax.fill_between(t, values.min(axis=1), values.max(axis=1), step="post", alpha=0.3, label="min–max")
             ax.step(t, values.mean(axis=1), where="post", label=f"mean of {values.shape[1]}")
             ax.legend(fontsize="small", loc="upper right")
-        ax.set_ylabel(f"{name}" + (f" ({ts.unit})" if ts.unit else ""))
+        ax.set_title(f"{name}" + (f" ({ts.unit})" if ts.unit else ""), fontsize="medium")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("time (s)")
     return _save(fig, path)
+
+
+def _per_core(columns: Sequence[str]) -> tuple[int, int] | None:
+    """``(cores, classes)`` if the columns are ``core<i>.<class>`` for every core and class."""
+    if not columns or not all(c.startswith("core") and "." in c for c in columns):
+        return None
+    classes = len({c.split(".", 1)[1] for c in columns})
+    cores = len(columns) // classes
+    expected = [f"core{i}.{c.split('.', 1)[1]}" for i in range(cores) for c in columns[:classes]]
+    return (cores, classes) if list(columns) == expected else None
