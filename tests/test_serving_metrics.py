@@ -154,7 +154,14 @@ def test_plots_write_png(tmp_path):
     for t in range(5):
         few.record(t, t / 5, 1 - t / 5)
         many.record(t, np.linspace(0, 1, 16) * t)
-    assert plot_series({"util": few, "sram": many}, tmp_path / "s.png").read_bytes().startswith(png)
+    cores = TimeSeries([f"core{i}.{c}" for i in range(4) for c in ("cube", "dma")])
+    for t in range(3):
+        cores.record(t, np.full(8, t / 3))
+    out = plot_series({"util": few, "sram": many, "cores": cores}, tmp_path / "s.png")
+    assert out.read_bytes().startswith(png)
+    from npusim.serving.metrics import _per_core
+
+    assert _per_core(cores.columns) == (4, 2) and _per_core(many.columns) is None
 
 
 # ----------------------------------------------------------------------------- area model
