@@ -223,12 +223,66 @@ class Mapper:
         if not layers:
             return [(0, 0)]
         n = len(layers)
+        counts = [_split(n, stages, s) for s in range(stages)]
+        if self.spec.pipeline.balance == "cost":
+            counts = self._balanced_counts(layers, stages) or counts
         out, start = [], 0
-        for s in range(stages):
-            count = _split(n, stages, s)
+        for count in counts:
             out.append((layers[start], layers[start + count - 1]))
             start += count
         return out
+
+    def _balanced_counts(self, layers: list[int], stages: int) -> list[int] | None:
+        """Layers per stage that minimise the costliest stage, where an op costs its roofline
+        time on one core (FLOPs at the array's peak or weight bytes at the core's share of HBM
+        bandwidth, whichever is longer) and ops outside the layers (the LM head, final norm)
+        count towards the last stage, ops before them towards the first. None if nothing costs."""
+        arch = self.arch
+        sa = arch.cores.systolic_array
+        flops_per_ns = 2 * sa.rows * sa.cols * max(sa.macs_per_pe_per_cycle.values()) * arch.clock_ghz
+        bytes_per_ns = arch.hbm.total_bandwidth_gbps / arch.num_cores
+        index = {layer: i for i, layer in enumerate(layers)}
+        cost = [0.0] * len(layers)
+        head = tail = 0.0
+        seen = False
+        for op in self.graph.ops:
+            c = max(op.flops / flops_per_ns, (op.weight_bytes if op.kind != "embedding" else 0) / bytes_per_ns)
+            if op.layer in index:
+                cost[index[op.layer]] += c
+                seen = True
+            elif seen:
+                tail += c
+            else:
+                head += c
+        if not any(cost):
+            return None
+        n = len(cost)
+        prefix = [0.0]
+        for c in cost:
+            prefix.append(prefix[-1] + c)
+        # best[s][i]: (the least max-stage cost, then the least sum of squared stage costs) of
+        # layers i.. in stages s..; O(S n^2)
+        inf = (float("inf"), float("inf"))
+        best = [[inf] * (n + 1) for _ in range(stages + 1)]
+        cut = [[0] * (n + 1) for _ in range(stages + 1)]
+        best[stages][n] = (0.0, 0.0)
+        eps = 1e-9 * prefix[-1]
+        for s in range(stages - 1, -1, -1):
+            left = stages - s
+            for i in range(n - left, -1, -1):
+                for j in range(i + 1, n - left + 2):
+                    c = prefix[j] - prefix[i] + (head if s == 0 else 0.0) + (tail if s == stages - 1 else 0.0)
+                    rest_max, rest_sq = best[s + 1][j]
+                    v = (max(c, rest_max), c * c + rest_sq)
+                    cur = best[s][i]
+                    if v[0] < cur[0] - eps or (v[0] <= cur[0] + eps and v[1] < cur[1] - eps * eps):
+                        best[s][i], cut[s][i] = v, j
+        counts, i = [], 0
+        for s in range(stages):
+            j = cut[s][i]
+            counts.append(j - i)
+            i = j
+        return counts
 
     def _ops_by_stage(self, stage_layers) -> list[list[Op]]:
         out: list[list[Op]] = [[] for _ in stage_layers]

@@ -86,6 +86,9 @@ class Pipeline(StrictModel):
     layers: list[tuple[int, int]] | None = Field(
         default=None, description="inclusive [first, last] layer of each stage; default: an even split")
     microbatches: PositiveInt | None = Field(default=None, description="default: one per stage (when the batch allows)")
+    balance: Literal["cost", "layers"] = Field(
+        default="cost", description="without explicit layers: stages of even estimated cost (the LM head counts "
+        "towards the last stage), or of even layer counts")
 
     @model_validator(mode="after")
     def _ranges(self):
