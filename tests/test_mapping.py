@@ -179,3 +179,16 @@ def test_shipped_mapping_specs_load_and_map(arch64):
         spec = load_mapping(path)
         mapped = map_model(tiny_transformer(layers=16), arch64, spec)
         assert len(mapped.program) > 0
+
+
+def test_stages_balance_estimated_cost_with_the_head_on_the_last(arch64):
+    from npusim.model.builder import build_graph
+
+    graph = build_graph("qwen3-4b", phase="decode", batch=16, seq_len=1, kv_len=1025)
+    spec = spec_from_flags(tp=4, stages=7).model_copy(update={"data_parallel": 1})
+    ranges = map_model(graph, arch64, spec).stage_layers
+    counts = [b - a + 1 for a, b in ranges]
+    assert sum(counts) == 36 and ranges[0][0] == 0 and ranges[-1][1] == 35
+    assert counts[-1] < min(counts[:-1])  # the LM head (~3.9 layers of weights) shares the last stage
+    even = spec.model_copy(update={"pipeline": spec.pipeline.model_copy(update={"balance": "layers"})})
+    assert [b - a + 1 for a, b in map_model(graph, arch64, even).stage_layers] == [6, 5, 5, 5, 5, 5, 5]
