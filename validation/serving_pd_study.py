@@ -15,14 +15,15 @@ Here: Qwen3-4B bf16, analytical memory, path NoC, Poisson arrivals; lengths fixe
 workload. A7 runs on ``--arch`` (default npusim-64c). Each disaggregated instance spreads TP
 over its region: by default in the fewest stages with at most 32 cores each, or in
 ``--pd-stages P:D`` stages (the public NPU-SIM configurations of this figure use 7:7, TP =
-cores / 7). A10 compares fusion on the homogeneous chip of ``--hetero`` (its core classes
-removed; ``--fusion-stages`` stages of TP = cores / stages; NPU-SIM's fusion uses 7) with
+cores / 7; ``--balance layers`` splits the layers evenly instead of by estimated cost, which
+puts the LM head on top of a full last stage; NPU-SIM's split for this figure is not
+documented). A10 compares fusion on the homogeneous chip of ``--hetero`` (its core classes removed; ``--fusion-stages`` stages of TP = cores / stages; NPU-SIM's fusion uses 7) with
 disaggregation 42:21 on ``--hetero`` itself (default examples/hetero-pd.yaml: per-core 60 GB/s
 DRAM, decode cores with 64x64 arrays at 240 GB/s) and, for reference, on the homogeneous chip.
 Prints the simulated figures beside the published ones and whether each trend holds.
 
     python validation/serving_pd_study.py [--requests 40] [--rate 20] [--only a7|a10]
-        [--pd-stages 7:7] [--fusion-stages 7]
+        [--pd-stages 7:7] [--fusion-stages 7] [--balance cost|layers]
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ SOURCE = "arXiv 2510.05632 (NpuSim)"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def serve(arch, reqs, pd=None, policy="fusion", pd_stages=None, fusion_stages=2):
+def serve(arch, reqs, pd=None, policy="fusion", pd_stages=None, fusion_stages=2, balance="cost"):
     # fusion: the whole chip as one instance in `fusion_stages` stages of TP 64 / stages (default TP
     # 32 x 2, like the default disaggregated instances: at most 32 cores a stage); disaggregated
     # instances choose their own TP and stages
     spec = spec_from_flags(tp=arch.num_cores // fusion_stages, stages=fusion_stages,
                            layout="linear_seq").model_copy(update={"data_parallel": 1})
+    spec = spec.model_copy(update={"pipeline": spec.pipeline.model_copy(update={"balance": balance})})
     if pd_stages:
         spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": pd_stages})})
     cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(
@@ -81,6 +83,8 @@ def main() -> None:
     ap.add_argument("--hetero", default=str(ROOT / "examples" / "hetero-pd.yaml"),
                     help="A10's heterogeneous chip (decode cores as a core class)")
     ap.add_argument("--pd-stages", default=None, help="pipeline stages of the prefill and decode instances, P:D")
+    ap.add_argument("--balance", choices=["cost", "layers"], default="cost",
+                    help="layers per pipeline stage: even estimated cost (npusim's default) or even counts")
     ap.add_argument("--fusion-stages", type=int, default=2,
                     help="A10: pipeline stages of the fusion instance (TP = cores / stages; NPU-SIM's: 7)")
     args = ap.parse_args()
@@ -97,11 +101,11 @@ def a7(arch, args) -> None:
     reqs = synthetic_requests(args.requests, args.rate, input_len=100, output_len=100, seed=1)
     stages = "auto" if args.pd_stages is None else "{}:{}".format(*args.pd_stages)
     print(f"A7: P:D core ratios on {arch.name}, {args.requests} requests of 100 in / 100 out tokens at "
-          f"{args.rate}/s; instance stages {stages}")
+          f"{args.rate}/s; instance stages {stages}, layers per stage balanced by {args.balance}")
     print(f"{'P:D':>6} | {'TTFT ms':>8} {'TBT ms':>8} {'E2E ms':>9} {'tok/s':>8}")
     res = {}
     for p, d in ((49, 14), (42, 21), (28, 28), (21, 42)):
-        s = serve(arch, reqs, pd=(p, d), pd_stages=args.pd_stages)
+        s = serve(arch, reqs, pd=(p, d), pd_stages=args.pd_stages, balance=args.balance)
         res[(p, d)] = s
         print(f"{p:>3}:{d:<2} | {s['ttft_ms']['mean']:8.1f} {s['tbt_ms']['mean']:8.1f} {s['e2e_ms']['mean']:9.1f} "
               f"{s['throughput_tokens_per_s']:8.1f}")
@@ -129,9 +133,9 @@ def a10(hetero, args) -> None:
     ratios = {}
     for label, inp, out in (("1:5", 64, 320), ("1:1", 192, 192), ("10:1", 640, 64)):
         reqs = synthetic_requests(args.requests, args.rate, input_len=inp, output_len=out, seed=2)
-        f = serve(homo, reqs, policy="fusion", fusion_stages=args.fusion_stages)
-        d = serve(hetero, reqs, pd=(42, 21), pd_stages=args.pd_stages)
-        h = serve(homo, reqs, pd=(42, 21), pd_stages=args.pd_stages)
+        f = serve(homo, reqs, policy="fusion", fusion_stages=args.fusion_stages, balance=args.balance)
+        d = serve(hetero, reqs, pd=(42, 21), pd_stages=args.pd_stages, balance=args.balance)
+        h = serve(homo, reqs, pd=(42, 21), pd_stages=args.pd_stages, balance=args.balance)
         ratios[label] = f["throughput_tokens_per_s"] / d["throughput_tokens_per_s"]
         tbt["fusion"].append(f["tbt_ms"]["mean"])
         tbt["hetero"].append(d["tbt_ms"]["mean"])
