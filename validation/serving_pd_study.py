@@ -17,7 +17,8 @@ over its region: by default in the fewest stages with at most 32 cores each, or 
 ``--pd-stages P:D`` stages (the public NPU-SIM configurations of this figure use 7:7, TP =
 cores / 7; ``--balance layers`` splits the layers evenly instead of by estimated cost, which
 puts the LM head on top of a full last stage; NPU-SIM's split for this figure is not
-documented). A10 compares fusion on the homogeneous chip of ``--hetero`` (its core classes removed; ``--fusion-stages`` stages of TP = cores / stages; NPU-SIM's fusion uses 7) with
+documented). A10 compares fusion on the homogeneous chip of ``--hetero`` (its core classes
+removed; ``--fusion-stages`` stages of TP = cores / stages; NPU-SIM's fusion uses 7) with
 disaggregation 42:21 on ``--hetero`` itself (default examples/hetero-pd.yaml: per-core 60 GB/s
 DRAM, decode cores with 64x64 arrays at 240 GB/s) and, for reference, on the homogeneous chip.
 Prints the simulated figures beside the published ones and whether each trend holds.
