@@ -7,8 +7,8 @@ fidelity and the NoC at the path level; it takes well under a minute. ``--trace`
 ``--rate`` choose other request streams (see the serving options).
 
 A forward-pass flag (``--phase``, ``--batch``, ``--seq``, ``--kv``, or ``--forward``) simulates
-one forward pass instead. The model is a built-in name (``npusim model --list``) or an ``.onnx`` file; the mapping
-is a spec file (``--mapping``) or derived from the chip and the ``--tp``,
+one forward pass instead. The model is a built-in name (``npusim model --list``) or an
+``.onnx`` file; the mapping is a spec file (``--mapping``) or derived from the chip and the ``--tp``,
 ``--partition``, ``--layout`` and ``--stages`` flags: by default one copy of the model
 fills the chip — TP groups of 16 cores (4x4 blocks in ring order), as many pipeline
 stages as there are groups (at most one per layer), partitions chosen per GEMM
