@@ -10,7 +10,7 @@ A forward-pass flag (``--phase``, ``--batch``, ``--seq``, ``--kv``, or ``--forwa
 one forward pass instead. The model is a built-in name (``npusim model --list``) or an
 ``.onnx`` file; the mapping is a spec file (``--mapping``) or derived from the chip and the ``--tp``,
 ``--partition``, ``--layout`` and ``--stages`` flags: by default one copy of the model
-fills the chip — TP groups of 16 cores (4x4 blocks in ring order), as many pipeline
+fills the chip — TP groups of 16 cores (4 when serving; 4x4 blocks in ring order), as many pipeline
 stages as there are groups (at most one per layer), partitions chosen per GEMM
 (``auto``).
 
