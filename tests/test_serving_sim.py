@@ -148,6 +148,11 @@ def test_dp_first_splits_each_replica_band_and_keeps_kv_inside_it(arch64):
     assert all(eng.tt.queue[t] % len(sim.units) == noc for t in sends)
     with pytest.raises(ConfigError, match="evenly"):
         simulate_serving(arch64, SPEC, reqs, cfg, pd=(33, 16), replicas=2)
+    # without PD, each replica is one instance on its band, with the spec's TP and stages
+    fused = simulate_serving(arch64, SPEC, reqs, cfg, replicas=2)
+    assert fused.summary["requests_completed"] == len(reqs)
+    assert fused.summary["instances"] == {f"chip{r}": {"cores": 32, "tp": 4, "stages": 2} for r in (0, 1)}
+    assert {it["instance"] for it in fused.iterations} == {"chip0", "chip1"}
 
 
 def test_mapping_spec_serving_section_drives_the_cli(tmp_path, capsys):

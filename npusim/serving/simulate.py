@@ -159,23 +159,10 @@ class ServingSimulator:
         self.entries: list[Instance] = []  # where arrivals go, one per replica
         self.downstream: dict[Instance, Instance] = {}  # prefill instance -> its decode instance
         self.in_transit: dict[Instance, int] = {}  # decode instance -> requests whose KV is on its way
-        hbm = int(arch.hbm.capacity_gb * 2**30)
         for r, (columns, rows) in enumerate(bands):
             suffix = str(r) if replicas > 1 else ""
             if pd is None:
-                cores = share = None
-                sub = spec
-                if replicas > 1:  # the spec's TP degree, as many of its stages as fit the band
-                    cores, share = _band_order(arch, columns, rows), hbm // replicas
-                    tp = spec.tensor_parallel.degree
-                    if tp > len(cores):
-                        raise ConfigError(f"TP {tp} does not fit a replica's {len(cores)} cores "
-                                          f"({replicas} replicas on {arch.num_cores} cores)")
-                    stages = min(spec.pipeline.stages, len(cores) // tp)
-                    if stages != spec.pipeline.stages:
-                        sub = spec.model_copy(update={
-                            "pipeline": spec.pipeline.model_copy(update={"stages": stages, "layers": None})})
-                inst = Instance("chip" + suffix, self.sim, sub, cfg, cfg.scheduler, cores=cores, hbm_bytes=share)
+                inst = self._whole_band(columns, rows, replicas, suffix)
                 self.instances.append(inst)
                 self.entries.append(inst)
                 continue
@@ -187,6 +174,24 @@ class ServingSimulator:
             self.instances += [prefill, decode]
             self.entries.append(prefill)
             self.downstream[prefill] = decode
+
+    def _whole_band(self, columns, rows, replicas: int, suffix: str) -> Instance:
+        """One instance over a band (the whole chip for one replica): the spec's TP degree and
+        as many of its pipeline stages as fit the band."""
+        spec, arch = self.spec, self.arch
+        if replicas == 1:
+            return Instance("chip", self.sim, spec, self.cfg, self.cfg.scheduler)
+        cores = _band_order(arch, columns, rows)
+        tp = spec.tensor_parallel.degree
+        if tp > len(cores):
+            raise ConfigError(f"TP {tp} does not fit a replica's {len(cores)} cores "
+                              f"({replicas} replicas on {arch.num_cores} cores)")
+        stages = min(spec.pipeline.stages, len(cores) // tp)
+        if stages != spec.pipeline.stages:
+            spec = spec.model_copy(update={"pipeline": spec.pipeline.model_copy(update={"stages": stages,
+                                                                                          "layers": None})})
+        return Instance("chip" + suffix, self.sim, spec, self.cfg, self.cfg.scheduler, cores=cores,
+                        hbm_bytes=int(arch.hbm.capacity_gb * 2**30) // replicas)
 
     def _disaggregated(self, prefill_cores, decode_cores, suffix: str = "") -> list[Instance]:
         """A prefill and a decode instance. Each spreads its tensor parallelism over its whole
