@@ -84,12 +84,12 @@ class Instance:
         sram = int(sum(arch.sram_for(c).capacity_mb for c in used) * 2**20)
         hbm = int(arch.hbm.capacity_gb * 2**30) if hbm_bytes is None else hbm_bytes
         # streamed weights pass through two tile buffers per core (see the mapper); with
-        # memory.weights partial some stay resident
-        stream_buffers = (2 * self.spec.memory.weight_tile_kb * 1024 + mapped.resident_weight_bytes_per_core) * n
+        # memory.weights partial some stay resident beside them
+        streaming_sram = (2 * self.spec.memory.weight_tile_kb * 1024 + mapped.resident_weight_bytes_per_core) * n
         self.kv = KVCacheManager(
             sram_bytes=sram, hbm_bytes=max(0, hbm - (0 if self.weights_resident else weights_hbm)),
             bytes_per_token=max(1, self.kv_bytes_per_token), block_tokens=cfg.block_tokens,
-            weights_bytes=weights_sram if self.weights_resident else stream_buffers,
+            weights_bytes=weights_sram if self.weights_resident else streaming_sram,
             activation_bytes=int(self.spec.memory.sram_reserve_mb * 2**20 * n),
             admission=cfg.admission, prefix_cache=cfg.prefix_cache, debug=cfg.debug)
 
