@@ -73,6 +73,7 @@ def test_serving_cli_json_contract(capsys):
     for key in ("ttft_ms", "tbt_ms", "tpot_ms", "e2e_ms"):
         assert {"mean", "p50", "p99"} <= d[key].keys()
     assert main(["run", "--rate", "10", "--pd-ratio", "2:1", "--no-progress"]) == 2  # needs --schedule disagg
+    assert main(["run", "--rate", "10", "--pd-stages", "7:7", "--no-progress"]) == 2  # likewise
 
 
 def test_plain_run_serves_the_default_scenario_and_forward_flags_select_a_forward_pass(capsys, tmp_path):

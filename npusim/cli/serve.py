@@ -119,6 +119,9 @@ def serving_options(args, spec) -> dict:
         opts["replicas"] = None  # a layout from the command line brings its own default
     opts = validate(Serving, opts, "command-line serving options").model_dump()
     disagg = opts["schedule"] == "disagg"
+    for flag in ("pd_stages", "pd_layout"):
+        if getattr(args, flag, None) is not None and not disagg:
+            raise ConfigError(f"--{flag.replace('_', '-')} needs --schedule disagg")
     if opts["replicas"] is None:
         opts["replicas"] = 2 if disagg and opts["pd_layout"] == "dp_first" else 1
     if opts["pd_layout"] == "pp_first" and opts["replicas"] > 1 and disagg:
