@@ -138,6 +138,7 @@ def test_dp_first_splits_each_replica_band_and_keeps_kv_inside_it(arch64):
     assert s["requests_completed"] == len(reqs) and s["replicas"] == 2
     assert set(s["instances"]) == {"prefill0", "decode0", "prefill1", "decode1"}
     assert {it["instance"] for it in run.iterations} == set(s["instances"])  # arrivals reach both replicas
+    assert s["scheduler"]["iterations"] == s["iterations"]  # counted over every instance
     assert s["kv_transfer_bytes"] == sum(r.input_len for r in reqs) * s["kv_bytes_per_token"]
     eng, sim = run.sim.engine, run.sim
     noc = sim.units.index("noc")

@@ -344,7 +344,8 @@ class ServingSimulator:
             "kv_manager": self.entries[0].kv.stats() if len(self.instances) == 1 else
             {i.name: i.kv.stats() for i in self.instances},
             "scheduler": {"policy": "disagg" if self.downstream else cfg.scheduler.policy,
-                          **self.entries[0].scheduler.stats},
+                          **{k: sum(i.scheduler.stats[k] for i in self.instances)
+                             for k in self.entries[0].scheduler.stats}},
             "replicas": len(self.entries),
             "instances": {i.name: {"cores": len(i.core_list), "tp": i.spec.tensor_parallel.degree,
                                    "stages": i.spec.pipeline.stages} for i in self.instances},
