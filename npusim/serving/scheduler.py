@@ -120,7 +120,7 @@ class Scheduler:
                     cost = budget
                 slots.append(Slot(r, q, r.prefilled + q, r.prefilled + q == r.req.input_len))
                 budget -= max(1, cost)
-        self.stats["iterations"] += 1
+        self.stats["iterations"] += bool(slots)  # a plan with nothing to run is no iteration
         self.stats["decode_slots"] += sum(1 for s in slots if s.q == 1 and not s.live.prefilling)
         self.stats["prefill_slots"] += sum(1 for s in slots if s.live.prefilling)
         return slots
