@@ -59,7 +59,7 @@ import numpy as np
 
 from npusim.errors import ConfigError
 from npusim.model.configs import ModelConfig
-from npusim.model.ir import Graph, Op
+from npusim.model.ir import Graph, Op, check_shape
 from npusim.model.zoo import get_config
 
 PHASES = ("prefill", "decode")
@@ -190,11 +190,7 @@ def build_graph(
         if phase == "decode":
             raise ConfigError("decode needs kv_len (keys attended per sequence, the new token included)")
         kv_len = seq_len
-    for label, value in (("batch", batch), ("seq_len", seq_len), ("kv_len", kv_len)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(f"{label} must be a positive integer, got {value!r}")
-    if kv_len < seq_len:
-        raise ConfigError(f"kv_len ({kv_len}) must be >= seq_len ({seq_len}): the new tokens attend to themselves")
+    check_shape(batch, seq_len, kv_len)
     if not cfg.rope and kv_len > cfg.max_position_embeddings:
         raise ConfigError(f"{cfg.name} has learned positions for {cfg.max_position_embeddings} tokens; "
                           f"kv_len {kv_len} is longer")

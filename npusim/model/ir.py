@@ -35,9 +35,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from npusim.arch.schema import DTYPE_BYTES
+from npusim.errors import ConfigError
 
 KINDS = ("gemm", "attention", "vector", "embedding", "moe", "data")
+
+
+def check_shape(batch, seq_len, kv_len) -> None:
+    """A graph's sequence shape: positive integers, and keys at least the new tokens (they
+    attend to themselves). Raises ConfigError naming the argument."""
+    for label, value in (("batch", batch), ("seq_len", seq_len), ("kv_len", kv_len)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{label} must be a positive integer, got {value!r}")
+    if kv_len < seq_len:
+        raise ConfigError(f"kv_len ({kv_len}) must be >= seq_len ({seq_len}): the new tokens attend to themselves")
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ import numpy as np
 
 from npusim.arch.schema import DTYPE_BYTES
 from npusim.errors import ConfigError
-from npusim.model.ir import Graph, Op
+from npusim.model.ir import Graph, Op, check_shape
 
 try:  # the importer is optional: the rest of npusim works without the onnx package
     import onnx
@@ -1486,11 +1486,7 @@ def load_onnx(
     path = Path(path)
     if kv_len is None:
         kv_len = seq_len
-    for label, value in (("batch", batch), ("seq_len", seq_len), ("kv_len", kv_len)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(f"{label} must be a positive integer, got {value!r}")
-    if kv_len < seq_len:
-        raise ConfigError(f"kv_len ({kv_len}) must be >= seq_len ({seq_len})")
+    check_shape(batch, seq_len, kv_len)
     if dtype is not None and dtype not in DTYPE_BYTES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     model = _read_model(path)
