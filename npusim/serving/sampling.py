@@ -27,6 +27,7 @@ class UtilizationSampler:
         units = sim.units
         self.members = [[i for i, u in enumerate(units) if u == c or (c == "dma" and u.startswith("dma"))]
                         for c in CLASSES]
+        self.units_per_class = np.array([len(m) for m in self.members], dtype=np.float64)
         cores = sim.arch.num_cores
         self.chip = TimeSeries(list(CLASSES), "fraction of the chip's units busy")
         self.cores = TimeSeries([f"core{i}.{c}" for i in range(cores) for c in CLASSES],
@@ -44,7 +45,7 @@ class UtilizationSampler:
         the end of the run whatever the window's length)."""
         now = self.sim.now
         busy = self._busy()
-        units = np.array([len(m) for m in self.members], dtype=np.float64)
+        units = self.units_per_class
         if now > self._t:
             frac = (busy - self._last).sum(axis=0) / ((now - self._t) * units * busy.shape[0])
             self.chip.record(now / self.hz, frac)
