@@ -5,15 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from npusim.arch.schema import Arch
-from npusim.config import load_with_extends, validate
+from npusim.config import load_with_extends, load_yaml, validate
 from npusim.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "arch"
 DEFAULT_ARCH = "npusim-64c"
 
 
+def _is_system(path: Path) -> bool:
+    """System files (many NPUs, :mod:`npusim.system`) share ``arch/`` and have a top-level ``system:``."""
+    try:
+        return "system" in load_yaml(path)
+    except ConfigError:
+        return False
+
+
 def list_presets() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    """Chip presets (system presets in the same folder are listed by ``npusim.system.load``)."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml") if not _is_system(p))
 
 
 def resolve_arch_path(name: str | Path, relative_to: Path | None = None) -> Path:
@@ -34,4 +43,7 @@ def load_arch(name: str | Path = DEFAULT_ARCH) -> Arch:
     """Load and validate an arch file (or preset); raises ConfigError on any problem."""
     path = resolve_arch_path(name)
     data = load_with_extends(path, resolve_arch_path)
+    if "system" in data:
+        raise ConfigError(f"{path}: a system of many NPUs, not one chip: use it with --system "
+                          f"(chip presets: {', '.join(list_presets())})")
     return validate(Arch, data, path)

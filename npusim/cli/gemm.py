@@ -1,4 +1,5 @@
-"""``npusim gemm``: cycles and utilisation of one GEMM on one core (the compute model alone)."""
+"""``npusim gemm``: cycles and utilisation of one GEMM on one core (the compute model alone), or with
+``--chip`` spread over a chip's cores with its HBM traffic (:mod:`npusim.system.chipcost`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from npusim.hw.memory.sram import sram_access_cost
 def add_parser(sub):
     p = sub.add_parser(
         "gemm",
-        help="cycles and utilisation of one GEMM on one core's systolic array",
+        help="cycles and utilisation of one GEMM on one core's systolic array (or, with --chip, on the chip)",
         description="Time C[M x N] = A[M x K] . B[K x N] on one core with operands already in SRAM "
-        "(the systolic-array model alone); --array and --dataflow override the arch file.",
+        "(the systolic-array model alone); --array and --dataflow override the arch file. With --chip: "
+        "spread over all of the chip's cores (or --cores N of them) by the chip simulator, A and B read "
+        "from HBM and C written back, as a vendor's operator benchmark reports it.",
     )
     add_arch_arg(p)
     p.add_argument("--m", type=int, required=True)
@@ -32,10 +35,36 @@ def add_parser(sub):
                    "systolic_array.double_buffered_weights)")
     p.add_argument("--no-double-buffer", dest="double_buffer", action="store_false")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    chip = p.add_argument_group("whole chip (--chip)")
+    chip.add_argument("--chip", action="store_true",
+                      help="time the GEMM on all of the chip's cores with its HBM traffic (the chip simulator)")
+    chip.add_argument("--cores", type=int, default=None, metavar="N", help="only the first N cores (a share)")
+    chip.add_argument("--memory", choices=["analytical", "tlm"], default="analytical",
+                      help="HBM fidelity (default analytical)")
+    chip.add_argument("--out-dtype", dest="out_dtype", default=None,
+                      help="dtype of C (default: bf16 for int8/int4/fp8 inputs, else --dtype)")
+    chip.add_argument("--l2-bytes-per-cycle", dest="l2", type=float, default=None, metavar="B",
+                      help="assume an ideal shared L2 serving operand re-reads at B bytes/cycle per core "
+                      "(not part of the chip model; default: none, every load from HBM)")
+    chip.add_argument("--no-cache", dest="cache", action="store_false",
+                      help="do not read or write the on-disk chip-cost cache")
     return p
 
 
+CHIP_ONLY = (("cores", "--cores"), ("out_dtype", "--out-dtype"), ("l2", "--l2-bytes-per-cycle"))
+CORE_ONLY = (("array", "--array"), ("dataflow", "--dataflow"), ("double_buffer", "--double-buffer"))
+
+
 def run(args) -> int:
+    if args.chip:
+        return run_chip(args)
+    given = [flag for attr, flag in CHIP_ONLY if getattr(args, attr) is not None]
+    if args.memory != "analytical":
+        given.append("--memory")
+    if not args.cache:
+        given.append("--no-cache")
+    if given:
+        raise ConfigError(f"{', '.join(given)} need --chip")
     arch = load_arch(args.arch)
     sa = arch.cores.systolic_array
     rows, cols = args.array or (sa.rows, sa.cols)
@@ -74,4 +103,59 @@ def run(args) -> int:
     print(f"  tiling        {cost.folds} folds: {cost.formula}")
     print(f"  SRAM traffic  {cost.sram_read_bytes:,} B read, {cost.sram_write_bytes:,} B written "
           f"(>= {sram_cycles:,} cycles at the SRAM's bandwidth{'; SRAM-bound' if out['sram_bound'] else ''})")
+    return 0
+
+
+def run_chip(args) -> int:
+    """``--chip``: the GEMM over a chip (share) through the chip-cost interface."""
+    from npusim.system.chipcost import ChipCost
+
+    given = [flag for attr, flag in CORE_ONLY if getattr(args, attr) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} apply to the single-core model, not to --chip "
+                          "(edit the arch file instead)")
+    for label, value in (("--m", args.m), ("--k", args.k), ("--n", args.n), ("--batch", args.batch)):
+        if value < 1:
+            raise ConfigError(f"{label} must be a positive integer, got {value}")
+    arch = load_arch(args.arch)
+    sa = arch.cores.systolic_array
+    if args.dtype not in sa.macs_per_pe_per_cycle:
+        raise ConfigError(f"--dtype {args.dtype}: {arch.name}'s array supports {sorted(sa.macs_per_pe_per_cycle)}")
+    if args.out_dtype is not None and args.out_dtype not in DTYPE_BYTES:
+        raise ConfigError(f"--out-dtype {args.out_dtype}: expected one of {list(DTYPE_BYTES)}")
+    if args.cores is not None and not 1 <= args.cores <= arch.num_cores:
+        raise ConfigError(f"--cores {args.cores}: {arch.name} has {arch.num_cores} cores (1..{arch.num_cores})")
+    if args.l2 is not None and args.l2 <= 0:
+        raise ConfigError(f"--l2-bytes-per-cycle must be positive, got {args.l2:g}")
+    cc = ChipCost(arch, memory=args.memory, persist=args.cache, l2_bytes_per_cycle=args.l2)
+    r = cc.gemm(args.m, args.k, args.n, args.dtype, args.cores, batch=args.batch, out_dtype=args.out_dtype)
+    out = {
+        "m": args.m, "k": args.k, "n": args.n, "batch": args.batch, "dtype": args.dtype,
+        "out_dtype": args.out_dtype or ("bf16" if args.dtype in ("int8", "int4", "fp8") else args.dtype),
+        "arch": arch.name, "chip": True, "memory_fidelity": r.memory_fidelity,
+        "cores": r.cores, "cores_used": r.cores_used, "chip_cores": r.chip_cores,
+        "cycles": r.cycles, "time_us": r.time_us, "flops": r.flops, "tflops": r.tflops,
+        "peak_tflops": r.peak_tflops_chip, "compute_utilization": r.compute_utilization,
+        "share_compute_utilization": r.share_compute_utilization,
+        "hbm_bytes": r.hbm_bytes, "hbm_read_bytes": r.hbm_read_bytes, "hbm_write_bytes": r.hbm_write_bytes,
+        "min_hbm_bytes": r.min_hbm_bytes, "l2_read_bytes": r.l2_read_bytes, "l2_bytes_per_cycle": args.l2,
+        "hbm_bandwidth_gbps": r.hbm_bandwidth_gbps, "hbm_peak_bandwidth_gbps": r.hbm_peak_bandwidth_gbps,
+        "hbm_utilization": r.hbm_utilization, "mapping": r.mapping,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    share = f"{r.cores} of {r.chip_cores} cores" if r.cores < r.chip_cores else f"all {r.chip_cores} cores"
+    print(f"GEMM {'%dx' % args.batch if args.batch > 1 else ''}{args.m}x{args.k}x{args.n} ({args.dtype} -> "
+          f"{out['out_dtype']}) on {arch.name}, {share}, {r.memory_fidelity} HBM")
+    print(f"  time          {r.time_us:,.2f} us ({r.cycles:,} cycles at {arch.clock_ghz} GHz)")
+    print(f"  compute       {r.tflops:,.1f} TFLOPS = {100 * r.compute_utilization:.1f}% of the chip's "
+          f"{r.peak_tflops_chip:,.1f}" + (f" ({100 * r.share_compute_utilization:.1f}% of the share's)"
+                                          if r.cores < r.chip_cores else ""))
+    print(f"  HBM           {r.hbm_bytes / 1e6:,.2f} MB ({r.hbm_read_bytes / 1e6:,.2f} read, "
+          f"{r.hbm_write_bytes / 1e6:,.2f} written; compulsory {r.min_hbm_bytes / 1e6:,.2f}) at "
+          f"{r.hbm_bandwidth_gbps:,.1f} GB/s = {100 * r.hbm_utilization:.1f}% of {r.hbm_peak_bandwidth_gbps:,.0f}")
+    if args.l2 is not None:
+        print(f"  ideal L2      {r.l2_read_bytes / 1e6:,.2f} MB of re-reads at {args.l2:g} B/cycle per core")
+    print(f"  kernel        {r.mapping}")
     return 0

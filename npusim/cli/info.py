@@ -1,4 +1,4 @@
-"""``npusim info ARCH``: the derived figures a user checks first about a chip."""
+"""``npusim info ARCH|SYSTEM``: the derived figures a user checks first about a chip or a system."""
 
 from __future__ import annotations
 
@@ -11,29 +11,62 @@ from npusim.arch.load import DEFAULT_ARCH, list_presets
 def add_parser(sub):
     p = sub.add_parser(
         "info",
-        help="print peak TFLOPS, SRAM, HBM and NoC figures of an arch file",
-        description="Print the derived figures of an arch file or preset "
+        help="print peak TFLOPS, SRAM, HBM and NoC figures of an arch file, or NPUs and fabrics of a system",
+        description="Print the derived figures of an arch file or preset, or of a multi-NPU system file "
         f"(presets: {', '.join(list_presets())}).",
     )
-    p.add_argument("arch", nargs="?", default=DEFAULT_ARCH, help=f"arch YAML path or preset name (default {DEFAULT_ARCH})")
+    p.add_argument("arch", nargs="?", default=DEFAULT_ARCH,
+                   help=f"arch or system YAML path or preset name (default {DEFAULT_ARCH})")
+    p.add_argument("--nodes", type=int, default=None, help="systems: use the first N nodes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
+def _print_rows(rows) -> None:
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
 def run(args) -> int:
+    from npusim.system.load import is_system_file
+
+    if is_system_file(args.arch):
+        return run_system(args)
     s = summarize(load_arch(args.arch))
     if args.json:
         print(json.dumps(s.to_dict(), indent=2))
         return 0
     peak = ", ".join(f"{d} {v:,.1f}" for d, v in s.peak_tflops.items())
-    rows = [
+    _print_rows([
         ("chip", f"{s.name}: {s.cores} cores on a {s.mesh} mesh at {s.clock_ghz} GHz"),
         ("peak TFLOPS", peak),
         ("SRAM", f"{s.sram_mb_per_core:g} MB/core, {s.sram_mb_total:,.1f} MB total"),
         ("HBM", f"{s.hbm_gb:g} GB in {s.hbm_channels} channels, {s.hbm_bandwidth_gbps:,.1f} GB/s"),
         ("NoC", f"{s.noc_link_gbps:,.1f} GB/s per link per direction, bisection {s.noc_bisection_gbps:,.1f} GB/s"),
+    ])
+    return 0
+
+
+def run_system(args) -> int:
+    from npusim.system.load import load_system
+    from npusim.system.summary import summarize_system
+
+    s = summarize_system(load_system(args.arch, nodes=args.nodes))
+    if args.json:
+        print(json.dumps(s.to_dict(), indent=2))
+        return 0
+    rows = [
+        ("system", f"{s.name}: {s.description}"),
+        ("NPUs", f"{s.npus} in {s.nodes} nodes, {s.dies_per_npu} die(s) of {s.chip} each = {s.dies} dies; {s.cpus} CPUs"),
+        ("peak TFLOPS", ", ".join(f"{d} {v:,.0f}" for d, v in s.peak_tflops.items())),
+        ("per NPU", ", ".join(f"{d} {v:,.1f}" for d, v in s.peak_tflops_per_npu.items())),
+        ("HBM", f"{s.hbm_gb:,.0f} GB in all, {s.hbm_gb_per_npu:g} GB and {s.hbm_bandwidth_gbps_per_npu:,.0f} GB/s per NPU"),
     ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    if s.die_link_gbps:
+        rows.append(("die-to-die", f"{s.die_link_gbps:g} GB/s per direction"))
+    for name, f in s.fabrics.items():
+        rows.append((f"fabric {name}", f"{f['per_npu_gbps']:,.0f} GB/s per NPU per direction "
+                     f"({f['per_die_gbps']:,.0f} per die), bisection {f['bisection_gbps']:,.0f} GB/s"))
+    _print_rows(rows)
     return 0

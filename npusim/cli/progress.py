@@ -33,3 +33,8 @@ def task_progress(clock_ghz: float, enabled: bool = True, desc: str = "simulatin
 def request_progress(total: int, enabled: bool = True):
     """Requests finished, with simulated time (the callback gets seconds)."""
     return _bar("serving", "req", total, enabled, lambda now: f"t={now:,.3f} s")
+
+
+def system_progress(enabled: bool = True, desc: str = "simulating"):
+    """System-level tasks done, with simulated time (the callback gets picoseconds)."""
+    return _bar(desc, "task", 0, enabled, lambda now: f"t={now / 1e6:,.1f} us")

@@ -1,0 +1,920 @@
+"""Chip costs: how long an op takes on one chip (or a share of its cores), from the chip simulator.
+
+The system level never reaches into a chip: it asks a :class:`ChipCost` "how long does this GEMM /
+op / small graph take on this chip, at this fidelity, on this share of its cores?" and gets a
+:class:`ChipCostResult`. Each answer comes from running the chip simulator below once
+(a :class:`~npusim.sim.program.Program` of engine tasks timed by the systolic, vector, HBM and NoC
+models on a :class:`~npusim.sim.Simulator`) and is memoised in memory and on disk, so a 384-NPU run
+pays one simulation per distinct shape.
+
+Units: ``time_us`` microseconds; ``cycles`` core clock cycles; bytes; ``*_gbps`` 10**9 bytes/s;
+``tflops`` 10**12 operations/s (for INT8 that is TOPS); FLOPs count a multiply-add as 2.
+Utilisations are fractions in [0, 1]: ``compute_utilization`` of the whole chip's peak for the
+dtype, ``share_compute_utilization`` of the peak of the cores in the share.
+
+**Core shares.** ``cores=None`` is the whole chip; ``cores=16`` the first 16 cores along a snake
+path through the mesh rows (so consecutive cores are mesh neighbours); a list gives explicit core
+ids. On the Ascend presets a modelled core is one cube core with its two vector cores, so
+``cores=16`` of a 910C die is 16 cube + 32 vector cores (see ``arch/ascend-910c-die.yaml``). A
+share is timed alone on the chip: by default it may use all of the chip's HBM bandwidth;
+``hbm_fraction`` (0, 1] scales every channel's bandwidth for a stream that shares HBM with others
+(the system level decides what share the concurrent streams get).
+
+**GEMM** (:meth:`ChipCost.gemm`): ``C[m x n] = A[m x k] . B[k x n]`` (``batch`` independent
+copies, each with its own A, B and C), operands read from HBM and C written to HBM by each
+core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions):
+
+* The share's cores form a ``pb x pm x pn x pk`` grid (batch, M, N and K splits; fewer cores than
+  the share if that is faster). A core owns a block of C (and a slice of K); blocks are cut in
+  multiples of the array's rows / columns so no core pays padding another would not.
+* Inside its block a core computes output tiles whose fp32 accumulators take at most a quarter of
+  its SRAM (on the 910B/C: 128 KB = the cube's L0C, e.g. 128 x 256 or 176 x 176) and streams K in
+  chunks whose A and B pieces, double-buffered, fit the other three quarters. A tile's cube time is
+  the systolic model's for the whole K (one accumulation), shared among its chunks by K. A chunk's
+  loads are split over the core's DMA engines and run up to two chunks ahead of the cube (two
+  buffers); a finished tile is written to HBM at once.
+* Operand reuse inside a core: if the A panel of a tile row (``tile_m x K``) fits half the SRAM it
+  stays resident while the core walks that row's tiles (A read once per core), or the same for
+  the B panel (``K x tile_n``); otherwise both are re-read per tile. Tiles are chosen for the least
+  traffic.
+* ``pk > 1`` (split K, for small outputs such as decode GEMMs): each core keeps its block's fp32
+  partial sums, the ``pk`` cores of a block reduce-scatter them over the NoC (ring, vector adds)
+  and each writes its share of C.
+* **No L2.** The chip model has none: every operand byte a core loads comes from HBM, so A (B) is
+  read once per core (or per tile) that needs it, where an Ascend die's shared 192 MB L2 would
+  serve the re-reads. ``hbm_bytes`` is what the model moved, ``min_hbm_bytes`` the compulsory
+  traffic (A and B read once, C written once); for GEMMs with operand reuse across cores (large
+  M, N and K) the model is HBM-bound and pessimistic: 2048^3 INT8 reaches ~35% of the 910C die's
+  peak where vendor benchmarks of L2 chips report ~70-80%.
+* ``l2_bytes_per_cycle`` (opt-in, not part of the chip model) brackets it from the other side: an
+  ideal shared L2 of unlimited capacity and aggregate bandwidth. Each operand is then read from
+  HBM once in all (every load of A or B reaches HBM with the fraction compulsory / loaded bytes of
+  that operand, the rest hits) and a hit holds the core's DMA engines for ``bytes /
+  l2_bytes_per_cycle`` cycles (PUBLISHED.md C: ~110 B/cycle per 910B core). It is optimistic when
+  the operands exceed the L2 (e.g. 16384 x 7168 plus 7168 x 18432 INT8 = 249 MB > 192 MB).
+* Planning: an analytical estimate (per-core compute, per-core DMA, chip HBM time, prologue,
+  epilogue, reduction) ranks every grid and tiling; the best grid for each number of cores used,
+  if within ``PLAN_WINDOW`` (5%) of the best estimate, up to ``PLAN_CANDIDATES`` (3) of them, is
+  simulated at the analytical fidelities and the fastest is kept; the winner is then simulated at
+  the chosen fidelities (so every fidelity times the same kernel). The choice is still
+  estimate-driven: over a sweep of DeepSeek-like shapes, a share of fewer cores or a slightly
+  larger, better-aligned GEMM came out at most ~1% faster (~5% with the ideal L2).
+* Task granularity: per core, chunks are merged into about ``MAX_STEPS`` (48) steps, with single
+  chunks at both ends so the exposed prologue (first load) and epilogue (last compute and write)
+  stay exact.
+* Output dtype: bf16 for int8/int4/fp8 inputs (A8W8 with dequantisation on the way out, as
+  DeepSeek-V3 on Ascend), else the input dtype. Both operands are costed at ``dtype`` (an op's
+  ``weight_dtype`` is ignored). The share's cores must have the same systolic array.
+
+**Ops and graphs** (:meth:`ChipCost.op`, :meth:`ChipCost.graph`): a ``gemm`` op goes through the
+GEMM kernel above (``batch x m`` rows against one weight, or ``batch`` products with their own
+operands when ``weight_batched`` / not a weight). Any other op, and graphs, go through the
+project's mapper (:func:`npusim.mapping.mapper.map_model`) onto the share, by default tensor
+parallel over all of its cores with weights and KV cache streamed from HBM (the system level keeps
+a die's weights in HBM, not in core SRAM); the mapper's model applies (activations start and end
+in SRAM, collectives over the NoC; attention is head-parallel, so with MLA's single latent KV head
+every core of the share reads the whole KV cache). Pass ``spec`` to map differently (a ``gemm`` op
+with a ``spec`` goes through the mapper too).
+
+**Cache.** Results are memoised by (chip arch content — its hardware, not its name —, op kind,
+shapes, dtype, memory and NoC fidelity, ideal L2 rate, core share, HBM fraction, mapping spec) in
+memory and in one JSON file per result under ``cache_dir`` (default ``$NPUSIM_CACHE_DIR/chipcost``,
+else ``$XDG_CACHE_HOME/npusim/chipcost`` or ``~/.cache/npusim/chipcost``), written atomically
+(:func:`npusim.files.atomic_path`). The key includes a digest of the npusim sources that define the
+chip model (engine, hw, sim, mapping, comm, arch, config, model IR and this file), so editing the
+model invalidates every cached answer (old entries live in a directory named by the old digest and
+are never read again; delete them at will). An unreadable or mismatching file is a miss.
+:attr:`ChipCost.stats` counts memory hits, disk hits and misses.
+
+Cost (``validation/perf/bench_chipcost.py``, ascend-910c-die, INT8, 2-CPU AMD EPYC): loading the
+Numba kernel once per process ~0.2 s (when its cache is warm); a miss at the analytical fidelities
+0.02-0.3 s for DeepSeek-V3 per-die GEMMs (m = 96..16384 tokens, n x k up to 7168 x 4096, or 7168 x
+18432 up to m = 4096), 0.9 s for the largest (16384 x 7168 x 18432); at ``memory="tlm"`` (every
+64-byte HBM transaction) 0.4-4 s for decode shapes and 13-150 s for prefill shapes. A memory hit
+costs ~13 us, a disk hit ~0.3 ms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from npusim.arch.derived import summarize
+from npusim.arch.schema import DTYPE_BYTES, Arch
+from npusim.config import validate
+from npusim.errors import ConfigError
+from npusim.files import write_json
+from npusim.hw.compute.systolic import gemm_cost
+from npusim.hw.memory.hbm import stream_latency_ps
+from npusim.hw.memory.params import MODES as MEMORY_MODES
+from npusim.hw.memory.params import P_ISSUE_GAP, P_MAX_OUT, P_TXN_BYTES, memory_params
+from npusim.model.ir import Graph, Op
+from npusim.sim.kernel import KIND_DMA
+from npusim.sim.program import Program
+from npusim.sim.simulator import NOC_MODES, Simulator
+
+KEY_VERSION = 1
+MAX_STEPS = 48  # per core, after merging K-chunks (see module docstring)
+PLAN_CANDIDATES = 3  # GEMM plans simulated per miss (the fastest is kept) ...
+PLAN_WINDOW = 0.05  # ... among those estimated within 5% of the best estimate
+ACC_BYTES = 4  # fp32 / int32 accumulators
+MB = 2**20
+_PACKAGE = Path(__file__).resolve().parents[1]
+# what defines the chip model: a change to any of these invalidates cached costs
+MODEL_SOURCES = ("engine", "hw", "sim", "mapping", "comm", "arch", "config.py", "model/ir.py",
+                 "system/chipcost.py")
+
+
+# -- keys and digests -------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """Digest of the npusim sources that define the chip model (see ``MODEL_SOURCES``)."""
+    h = hashlib.blake2b(digest_size=12)
+    for entry in MODEL_SOURCES:
+        path = _PACKAGE / entry
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for f in files:
+            h.update(f.relative_to(_PACKAGE).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def arch_digest(arch: Arch) -> str:
+    """Digest of a chip's hardware (its name and description do not count)."""
+    data = arch.model_dump(mode="json", exclude={"name", "description"})
+    return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$NPUSIM_CACHE_DIR/chipcost``, else ``$XDG_CACHE_HOME/npusim/chipcost``, else ``~/.cache/...``."""
+    root = os.environ.get("NPUSIM_CACHE_DIR")
+    if root:
+        return Path(root).expanduser() / "chipcost"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "npusim" / "chipcost"
+
+
+# -- results --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChipCostResult:
+    """The cost of one op on a chip (share). See the module docstring for units."""
+
+    kind: str  # gemm | op | graph
+    name: str
+    arch: str
+    dtype: str
+    memory_fidelity: str
+    noc_fidelity: str
+    cores: int  # cores in the share
+    cores_used: int  # cores that got work
+    chip_cores: int
+    hbm_fraction: float
+    cycles: int
+    time_us: float
+    flops: int
+    tflops: float
+    compute_utilization: float  # of the whole chip's peak for the dtype
+    share_compute_utilization: float  # of the share's peak
+    peak_tflops_chip: float
+    peak_tflops_share: float
+    hbm_bytes: int  # moved by the model (read + written)
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    min_hbm_bytes: int  # compulsory: GEMM A, B read and C written once; mapper: weights and cached KV once
+    l2_read_bytes: int  # loads served by the optional ideal L2 (0 without one)
+    hbm_bandwidth_gbps: float  # hbm_bytes / time
+    hbm_peak_bandwidth_gbps: float  # the chip's (times hbm_fraction)
+    hbm_utilization: float
+    tasks: int
+    mapping: str  # what the kernel / mapper did, for people
+    plan: tuple = ()  # GEMM: (pb, pm, pn, pk, tile_m, tile_n, k_chunk, reuse); else ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["plan"] = list(self.plan)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ChipCostResult:
+        names = {f.name for f in fields(cls)}
+        if set(d) != names:
+            raise ValueError(f"fields differ: {sorted(set(d) ^ names)}")
+        return cls(**{**d, "plan": tuple(d["plan"])})
+
+
+@dataclass
+class CacheStats:
+    """Lookups answered from memory, from disk, and by simulating (misses); ``miss_seconds`` is the
+    wall time the misses took (for benchmarks; never part of a result)."""
+
+    memory_hits: int = 0
+    disk_hits: int = 0
+    misses: int = 0
+    disk_writes: int = 0
+    miss_seconds: float = 0.0
+
+    @property
+    def hits(self) -> int:
+        return self.memory_hits + self.disk_hits
+
+    @property
+    def lookups(self) -> int:
+        return self.hits + self.misses
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "hits": self.hits, "lookups": self.lookups}
+
+
+# -- GEMM planning ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """How a GEMM is spread over a share of cores (see module docstring)."""
+
+    grid: tuple[int, int, int, int]  # pb, pm, pn, pk
+    tile: tuple[int, int]  # largest output tile (m, n) of a core
+    k_chunk: int
+    reuse: str  # "a", "b" or "none": which operand panel stays resident in a core
+    est_cycles: float
+    est_hbm_bytes: int
+
+    @property
+    def cores_used(self) -> int:
+        pb, pm, pn, pk = self.grid
+        return pb * pm * pn * pk
+
+    def describe(self) -> str:
+        pb, pm, pn, pk = self.grid
+        reuse = {"a": "A panel resident", "b": "B panel resident", "none": "no panel reuse"}[self.reuse]
+        return (f"{self.cores_used} cores as {pb}x{pm}x{pn}x{pk} (batch x M x N x K), tiles up to "
+                f"{self.tile[0]}x{self.tile[1]}, K chunks of {self.k_chunk}, {reuse}")
+
+    def as_tuple(self) -> tuple:
+        return (*self.grid, *self.tile, self.k_chunk, self.reuse)
+
+
+def _split(total: int, parts: int, i: int) -> int:
+    base, extra = divmod(int(total), parts)
+    return base + (1 if i < extra else 0)
+
+
+def _blocks(total: int, parts: int, unit: int) -> list[int]:
+    """``total`` cut into ``parts`` blocks of whole ``unit``s (the last block holds the remainder)."""
+    units = -(-total // unit)
+    sizes = [_split(units, parts, i) * unit for i in range(parts)]
+    sizes[-1] -= units * unit - total
+    return sizes
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _ceil_to(x: int, unit: int) -> int:
+    return _cdiv(x, unit) * unit
+
+
+def _counts(sizes: list[int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for s in sizes:
+        out[s] = out.get(s, 0) + 1
+    return out
+
+
+def _nbytes(elements: int, elem_bytes: float) -> int:
+    return int(math.ceil(elements * elem_bytes))
+
+
+@dataclass(frozen=True)
+class _Block:
+    """How one core works through its ``mb x kb x nb`` block (plus ``bb`` batch items)."""
+
+    tm: int
+    tn: int
+    kc: int
+    reuse: str
+    a_bytes: int  # per batch item
+    b_bytes: int
+    cycles: float  # compute estimate, per batch item
+
+
+class _Planner:
+    def __init__(self, arch: Arch, cores: list[int], dtype: str, out_dtype: str, hbm_gbps: float,
+                 l2_bpc: float | None = None):
+        sa = arch.systolic_for(cores[0])
+        if any(arch.systolic_for(c) != sa for c in cores):
+            raise ConfigError("a chip-cost GEMM needs a share of cores with the same systolic array "
+                              "(the share mixes core classes)")
+        self.l2_bpc = l2_bpc
+        if dtype not in sa.macs_per_pe_per_cycle:
+            raise ConfigError(f"dtype {dtype}: {arch.name}'s array supports {sorted(sa.macs_per_pe_per_cycle)}")
+        self.arch, self.sa, self.dtype = arch, sa, dtype
+        self.kpe = sa.macs_per_pe_per_cycle[dtype]
+        self.e, self.eo = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
+        sram = min(arch.sram_for(c).capacity_mb for c in cores) * MB
+        self.acc_elems = int(sram / 4 // ACC_BYTES)
+        self.buf_bytes = sram * 3 / 4
+        self.k_unit = sa.rows * self.kpe  # a chunk's K: one fold streams >= rows cycles
+        p, period_ps = memory_params(arch, "analytical")
+        txn = p[P_TXN_BYTES]
+        port = min(txn / max(p[P_ISSUE_GAP], 1), p[P_MAX_OUT] * txn / stream_latency_ps(p))  # bytes/ps
+        self.engines = arch.cores.dma.engines
+        self.core_bpc = port * period_ps * self.engines  # bytes per core cycle, all engines
+        self.hbm_bpc = hbm_gbps / arch.clock_ghz  # bytes per core cycle
+        self.link_bpc = arch.noc.link_bytes_per_cycle
+
+    @lru_cache(maxsize=4096)  # noqa: B019 - one planner per call
+    def cycles(self, m: int, k: int, n: int) -> float:
+        sa = self.sa
+        return gemm_cost(m, k, n, sa.rows, sa.cols, sa.dataflow, self.kpe, sa.weight_injection_cycles,
+                         double_buffer=sa.double_buffered_weights).cycles
+
+    def chunk(self, tm: int, tn: int, kb: int) -> int:
+        fit = int(self.buf_bytes / (2 * (tm + tn) * self.e))
+        kc = max(self.k_unit, fit // self.k_unit * self.k_unit)
+        return min(kc, kb)
+
+    @lru_cache(maxsize=4096)  # noqa: B019
+    def block(self, mb: int, kb: int, nb: int) -> _Block:
+        """Tiles, chunk and panel reuse of a core's block with the least HBM traffic."""
+        sa, e = self.sa, self.e
+        best = None
+        first = max(1, _cdiv(mb * sa.cols, self.acc_elems))  # fewer tile rows leave no room for a column
+        for nt_m in range(first, _cdiv(mb, sa.rows) + 1):
+            tm = min(mb, _ceil_to(_cdiv(mb, nt_m), sa.rows))
+            nt_m = _cdiv(mb, tm)
+            tn_max = self.acc_elems // tm // sa.cols * sa.cols
+            if tn_max < 1:
+                continue
+            nt_n = _cdiv(nb, min(nb, tn_max))
+            tn = min(nb, _ceil_to(_cdiv(nb, nt_n), sa.cols))
+            nt_n = _cdiv(nb, tn)
+            a_once, b_once = _nbytes(mb * kb, e), _nbytes(kb * nb, e)
+            options = [("none", a_once * nt_n, b_once * nt_m)]
+            if nt_n > 1 and tm * kb * e <= self.buf_bytes / 2:
+                options.append(("a", a_once, b_once * nt_m))
+            if nt_m > 1 and kb * tn * e <= self.buf_bytes / 2:
+                options.append(("b", a_once * nt_n, b_once))
+            reuse, a_bytes, b_bytes = min(options, key=lambda o: o[1] + o[2])
+            key = (a_bytes + b_bytes, nt_m * nt_n)
+            if best is None or key < best[0]:
+                best = (key, tm, tn, reuse, a_bytes, b_bytes, nt_m, nt_n)
+            if nt_n == 1:
+                break  # tiles span the block's columns: more rows of tiles only re-read B
+        _, tm, tn, reuse, a_bytes, b_bytes, nt_m, nt_n = best
+        cycles = 0.0
+        for ms, cm in _counts([min(tm, mb - i * tm) for i in range(nt_m)]).items():
+            for ns, cn in _counts([min(tn, nb - j * tn) for j in range(nt_n)]).items():
+                cycles += cm * cn * self.cycles(ms, kb, ns)
+        return _Block(tm, tn, self.chunk(tm, tn, kb), reuse, a_bytes, b_bytes, cycles)
+
+    def estimate(self, m, k, n, batch, grid) -> tuple[float, int, _Block] | None:
+        """(estimated cycles, HBM bytes, the largest core's block) of one grid, or None if it
+        leaves a core without work or needs more accumulators than a tile holds."""
+        pb, pm, pn, pk = grid
+        sa = self.sa
+        bs, ms, ns = _blocks(batch, pb, 1), _blocks(m, pm, sa.rows), _blocks(n, pn, sa.cols)
+        ks = _blocks(k, pk, self.k_unit)
+        if min(bs) <= 0 or min(ms) <= 0 or min(ns) <= 0 or min(ks) <= 0:
+            return None
+        if pk > 1 and ms[0] * ns[0] > self.acc_elems:
+            return None  # split K keeps the whole block's partial sums: one tile
+        reads = 0
+        for mb, cm in _counts(ms).items():
+            for nb, cn in _counts(ns).items():
+                for kb, ck in _counts(ks).items():
+                    blk = self.block(mb, kb, nb)
+                    reads += cm * cn * ck * (blk.a_bytes + blk.b_bytes)
+        reads *= batch
+        writes = batch * _nbytes(m * n, self.eo)
+        # share of the loads that reach HBM: all of them, or with an L2 only the first touch
+        hbm_share = 1.0 if self.l2_bpc is None else min(1.0, batch * (_nbytes(m * k, self.e) + _nbytes(k * n, self.e))
+                                                        / max(1, reads))
+        total = reads * hbm_share + writes
+        big = self.block(ms[0], ks[0], ns[0])
+        bb = bs[0]
+        core_reads = bb * (big.a_bytes + big.b_bytes)
+        load_rate = self.core_bpc if self.l2_bpc is None else \
+            1 / (hbm_share / self.core_bpc + (1 - hbm_share) / self.l2_bpc)
+        last_write = _nbytes(big.tm * big.tn, self.eo) / self.core_bpc if pk == 1 else 0.0
+        io = max(core_reads / load_rate + bb * _nbytes(ms[0] * ns[0], self.eo) / pk / self.core_bpc,
+                 total / self.hbm_bpc)
+        io_bound = io + self.cycles(big.tm, big.kc, big.tn) + last_write  # the cube finishes the last chunk
+        compute_bound = (big.tm + big.tn) * big.kc * self.e / load_rate + bb * big.cycles + last_write
+        reduce = 0.0
+        if pk > 1:  # ring reduce-scatter of the fp32 partial sums, then each core writes its share
+            chunk = ms[0] * ns[0] * ACC_BYTES / pk
+            lanes = self.arch.cores.vector_unit.lanes
+            reduce = (pk - 1) * (chunk / self.link_bpc + chunk / ACC_BYTES / lanes + 20) + \
+                _nbytes(ms[0] * ns[0], self.eo) / pk / self.core_bpc
+        return max(io_bound, compute_bound) + reduce, int(total), big
+
+    def plans(self, m: int, k: int, n: int, batch: int, share: int) -> list[GemmPlan]:
+        """Candidate plans, best estimate first: the best grid for each number of cores used, as
+        long as its estimate is within ``PLAN_WINDOW`` of the best, at most ``PLAN_CANDIDATES``."""
+        sa = self.sa
+        limits = (batch, _cdiv(m, sa.rows), _cdiv(n, sa.cols), _cdiv(k, self.k_unit))
+        best: dict[int, tuple] = {}  # cores used -> (key, grid, block)
+        for pb in range(1, min(limits[0], share) + 1):
+            for pm in range(1, min(limits[1], share // pb) + 1):
+                for pn in range(1, min(limits[2], share // (pb * pm)) + 1):
+                    for pk in range(1, min(limits[3], share // (pb * pm * pn)) + 1):
+                        grid = (pb, pm, pn, pk)
+                        est = self.estimate(m, k, n, batch, grid)
+                        if est is None:
+                            continue
+                        cyc, total, blk = est
+                        used = pb * pm * pn * pk
+                        key = (round(cyc, 6), total, used, grid)
+                        if used not in best or key < best[used][0]:
+                            best[used] = (key, grid, blk)
+        ranked = sorted(best.values(), key=lambda x: x[0])
+        top = ranked[0][0][0]
+        return [GemmPlan(grid, (blk.tm, blk.tn), blk.kc, blk.reuse, cyc, total)
+                for (cyc, total, _, _), grid, blk in ranked[:PLAN_CANDIDATES] if cyc <= top * (1 + PLAN_WINDOW)]
+
+    def plan(self, m: int, k: int, n: int, batch: int, share: int) -> GemmPlan:
+        return self.plans(m, k, n, batch, share)[0]
+
+
+# -- GEMM emission --------------------------------------------------------------------------------
+
+@dataclass
+class _Unit:
+    cycles: float  # the chunk's share of its tile's cube time
+    a_bytes: int  # A read before this chunk's compute (0: resident)
+    b_bytes: int
+    write: int  # bytes written after it (the tile's last chunk)
+
+
+def _step_sizes(units: int, max_steps: int) -> list[int]:
+    """Units per step: single units at both ends, doubling towards ``g`` in the middle."""
+    g = max(1, -(-units // max_steps))
+    sizes_head, sizes_tail = [], []
+    left, s = units, 1
+    while s < g and left > 2 * s:
+        sizes_head.append(s)
+        sizes_tail.append(s)
+        left -= 2 * s
+        s *= 2
+    middle = [g] * (left // g) + ([left % g] if left % g else [])
+    return sizes_head + middle + sizes_tail[::-1]
+
+
+class _Emitter:
+    def __init__(self, planner: _Planner, prog: Program, dtype: str):
+        self.pl, self.prog, self.dtype = planner, prog, dtype
+        self.addr = 0
+        self.engine_bytes: dict[int, list[int]] = {}
+        self.hbm_fraction = (1.0, 1.0)  # of A's and B's loads that reach HBM (the rest: L2 hits)
+        self.l2_bytes = 0
+
+    def _dma(self, core: int, nbytes: int, write: bool, deps, name: str, engine: int) -> int:
+        t = self.prog.add_dma(core, nbytes, address=self.addr, write=write, deps=deps, dma_engine=engine, name=name)
+        self.addr = (self.addr + nbytes + 4095) // 4096 * 4096
+        self.engine_bytes.setdefault(core, [0] * self.pl.engines)[engine] += nbytes
+        return t
+
+    def loads(self, core: int, nbytes: int, l2_bytes: int, deps, name: str) -> list[int]:
+        """``nbytes`` read from HBM and ``l2_bytes`` from the L2, each split evenly over the core's
+        DMA engines (big transfers); an L2 read holds its engine for bytes / its share of the rate."""
+        out = []
+        total = self.pl.engines
+        for size, from_l2 in ((nbytes, False), (l2_bytes, True)):
+            engines = max(1, min(total, size // 4096))  # small transfers are not worth splitting
+            first = self._least_loaded(core) if engines < total else 0
+            for i in range(engines):
+                part = _split(size, engines, i)
+                if not part:
+                    continue
+                engine = (first + i) % total
+                if from_l2:
+                    cycles = math.ceil(part / (self.pl.l2_bpc / total))
+                    out.append(self.prog.add_compute(core, f"dma{engine}", cycles, deps=deps, name=f"{name} L2"))
+                    self.engine_bytes.setdefault(core, [0] * total)[engine] += part
+                    self.l2_bytes += part
+                else:
+                    out.append(self._dma(core, part, False, deps, name, engine))
+        return out
+
+    def _least_loaded(self, core: int) -> int:
+        return int(np.argmin(self.engine_bytes.setdefault(core, [0] * self.pl.engines)))
+
+    def write(self, core: int, nbytes: int, deps, name: str) -> int:
+        return self._dma(core, nbytes, True, deps, name, self._least_loaded(core))
+
+    def units(self, mb: int, kb: int, nb: int, bb: int, blk: _Block, write_tiles: bool) -> list[_Unit]:
+        """A core's chunks in loop order (see module docstring)."""
+        e, eo = self.pl.e, self.pl.eo
+        tms = [min(blk.tm, mb - i * blk.tm) for i in range(_cdiv(mb, blk.tm))]
+        tns = [min(blk.tn, nb - j * blk.tn) for j in range(_cdiv(nb, blk.tn))]
+        kcs = [min(blk.kc, kb - c * blk.kc) for c in range(_cdiv(kb, blk.kc))]
+        order = ([(i, j) for j in range(len(tns)) for i in range(len(tms))] if blk.reuse == "b" else
+                 [(i, j) for i in range(len(tms)) for j in range(len(tns))])
+        out: list[_Unit] = []
+        for _ in range(bb):
+            seen_a, seen_b = set(), set()
+            for i, j in order:
+                tm, tn = tms[i], tns[j]
+                a_new = blk.reuse != "a" or i not in seen_a
+                b_new = blk.reuse != "b" or j not in seen_b
+                seen_a.add(i)
+                seen_b.add(j)
+                tile = self.pl.cycles(tm, kb, tn)  # one accumulation over the whole K (L0C)
+                for c, kc in enumerate(kcs):
+                    out.append(_Unit(tile * kc / kb, _nbytes(tm * kc, e) if a_new else 0,
+                                     _nbytes(kc * tn, e) if b_new else 0,
+                                     _nbytes(tm * tn, eo) if c == len(kcs) - 1 and write_tiles else 0))
+        return out
+
+    def set_l2(self, work: list[list[_Unit]], a_once: int, b_once: int) -> None:
+        """With an L2: every load of A (B) reaches HBM with the fraction compulsory / loaded bytes of
+        that operand, so the chip reads each operand from HBM once in all and the rest hits."""
+        if self.pl.l2_bpc is None:
+            return
+        a_all = sum(u.a_bytes for units in work for u in units)
+        b_all = sum(u.b_bytes for units in work for u in units)
+        self.hbm_fraction = (min(1.0, a_once / a_all) if a_all else 1.0, min(1.0, b_once / b_all) if b_all else 1.0)
+
+    def _split_load(self, step: list[_Unit]) -> tuple[int, int]:
+        """(HBM bytes, L2 bytes) of a step's loads."""
+        a = sum(u.a_bytes for u in step)
+        b = sum(u.b_bytes for u in step)
+        hbm = int(round(a * self.hbm_fraction[0] + b * self.hbm_fraction[1]))
+        return hbm, a + b - hbm
+
+    def core_program(self, core: int, units: list[_Unit], tag: str) -> int:
+        """Steps of merged chunks: loads (two steps ahead of the cube), GEMMs, writes; returns the
+        core's last task."""
+        prog = self.prog
+        steps, i = [], 0
+        for size in _step_sizes(len(units), MAX_STEPS):
+            steps.append(units[i:i + size])
+            i += size
+        computes: list[int] = []
+        loads: dict[int, list[int]] = {}
+
+        def issue_load(s: int) -> None:
+            if s >= len(steps):
+                return
+            hbm, l2 = self._split_load(steps[s])
+            deps = [computes[s - 2]] if s >= 2 else []
+            loads[s] = self.loads(core, hbm, l2, deps, f"{tag} load{s}") if hbm or l2 else list(deps)
+
+        issue_load(0)
+        issue_load(1)
+        last = -1
+        done = 0.0  # cube cycles so far (rounded per step without drift)
+        for s, step in enumerate(steps):
+            before = int(round(done))
+            done += sum(u.cycles for u in step)
+            last = prog.add_compute(core, "cube", int(round(done)) - before, deps=[*loads.pop(s), last],
+                                    name=f"{tag} gemm{s}")
+            computes.append(last)
+            issue_load(s + 2)  # its buffer is free once this step's GEMMs are done
+            nbytes = sum(u.write for u in step)
+            if nbytes:
+                last_write = self.write(core, nbytes, [last], f"{tag} write{s}")
+                if s == len(steps) - 1:
+                    return last_write
+        return last
+
+
+# -- the interface ---------------------------------------------------------------------------------
+
+def _snake_cores(arch: Arch) -> list[int]:
+    w, h = arch.cores.grid.width, arch.cores.grid.height
+    return [y * w + (x if y % 2 == 0 else w - 1 - x) for y in range(h) for x in range(w)]
+
+
+def _default_out_dtype(dtype: str) -> str:
+    return "bf16" if dtype in ("int8", "int4", "fp8") else dtype
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class ChipCost:
+    """Chip costs from the chip simulator, memoised (see the module docstring).
+
+    ``arch``: an :class:`~npusim.arch.schema.Arch`, or a preset name / arch file.
+    ``memory``: HBM fidelity, ``analytical`` (default) or ``tlm``; ``noc``: ``analytical``
+    (default), ``path`` or ``flit``. ``cache_dir``: where results persist (default
+    :func:`default_cache_dir`); ``persist=False`` keeps them in memory only.
+    """
+
+    def __init__(self, arch: Arch | str | Path, memory: str = "analytical", noc: str = "analytical",
+                 cache_dir: str | Path | None = None, persist: bool = True,
+                 l2_bytes_per_cycle: float | None = None):
+        if not isinstance(arch, Arch):
+            from npusim.arch import load_arch
+            arch = load_arch(arch)
+        if memory not in MEMORY_MODES:
+            raise ConfigError(f"memory fidelity '{memory}': expected one of {sorted(MEMORY_MODES)}")
+        if noc not in NOC_MODES:
+            raise ConfigError(f"NoC fidelity '{noc}': expected one of {list(NOC_MODES)}")
+        if l2_bytes_per_cycle is not None and not (isinstance(l2_bytes_per_cycle, (int, float))
+                                                   and l2_bytes_per_cycle > 0):
+            raise ConfigError(f"l2_bytes_per_cycle must be a positive number, got {l2_bytes_per_cycle!r}")
+        self.arch, self.memory, self.noc = arch, memory, noc
+        self.l2 = None if l2_bytes_per_cycle is None else float(l2_bytes_per_cycle)
+        self.persist = persist
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        self.stats = CacheStats()
+        self._code = code_digest()
+        self._arch_key = arch_digest(arch)
+        self._memo: dict[str, ChipCostResult] = {}
+        self._summary = summarize(arch)
+        self._variants: dict[float, Arch] = {1.0: arch}
+
+    # -- public -----------------------------------------------------------------------------------
+    def gemm(self, m: int, k: int, n: int, dtype: str = "bf16", cores: int | Sequence[int] | None = None, *,
+             batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0,
+             name: str | None = None) -> ChipCostResult:
+        """``batch`` GEMMs ``[m x k] . [k x n]`` spread over the share, operands from HBM, results
+        to HBM (see the module docstring for the kernel)."""
+        m, k, n, batch = (_positive_int(lbl, v) for lbl, v in (("m", m), ("k", k), ("n", n), ("batch", batch)))
+        out_dtype = out_dtype or _default_out_dtype(dtype)
+        for lbl, d in (("dtype", dtype), ("out_dtype", out_dtype)):
+            if d not in DTYPE_BYTES:
+                raise ConfigError(f"{lbl} '{d}': expected one of {list(DTYPE_BYTES)}")
+        share = self._share(cores)
+        frac = self._fraction(hbm_fraction)
+        key = {"kind": "gemm", "m": m, "k": k, "n": n, "batch": batch, "dtype": dtype, "out_dtype": out_dtype}
+        label = name or f"gemm {f'{batch}x' if batch > 1 else ''}{m}x{k}x{n} {dtype}"
+        return self._lookup(key, share, frac, label, lambda: self._run_gemm(m, k, n, batch, dtype, out_dtype,
+                                                                            share, frac, label))
+
+    def plan_gemm(self, m: int, k: int, n: int, dtype: str = "bf16", cores: int | Sequence[int] | None = None, *,
+                  batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0) -> list[GemmPlan]:
+        """The candidate plans :meth:`gemm` simulates (it keeps the fastest), best estimate first;
+        nothing is simulated or cached here."""
+        m, k, n, batch = (_positive_int(lbl, v) for lbl, v in (("m", m), ("k", k), ("n", n), ("batch", batch)))
+        share = self._share(cores)
+        frac = self._fraction(hbm_fraction)
+        planner = _Planner(self.arch, share, dtype, out_dtype or _default_out_dtype(dtype),
+                           self._summary.hbm_bandwidth_gbps * frac, self.l2)
+        return planner.plans(m, k, n, batch, len(share))
+
+    def op(self, op: Op, cores: int | Sequence[int] | None = None, *, spec=None,
+           hbm_fraction: float = 1.0) -> ChipCostResult:
+        """One model op on the share: GEMMs by :meth:`gemm`, anything else by the mapper."""
+        if not isinstance(op, Op):
+            raise ConfigError(f"op must be an npusim.model.ir.Op, got {type(op).__name__}")
+        if op.kind == "gemm" and spec is None:
+            if op.weight and not op.weight_batched:
+                return self.gemm(op.m * op.batch, op.k, op.n, op.dtype, cores, hbm_fraction=hbm_fraction,
+                                 name=op.name)
+            return self.gemm(op.m, op.k, op.n, op.dtype, cores, batch=op.batch, hbm_fraction=hbm_fraction,
+                             name=op.name)
+        phase = "decode" if op.kind == "attention" and op.q_len == 1 else "prefill"
+        graph = Graph(op.name, [replace(op, inputs=())], phase=phase,
+                      batch=max(1, op.batch if op.kind == "attention" else 1))
+        return self.graph(graph, cores, spec=spec, hbm_fraction=hbm_fraction, _kind="op")
+
+    def graph(self, graph: Graph, cores: int | Sequence[int] | None = None, *, spec=None,
+              hbm_fraction: float = 1.0, _kind: str = "graph") -> ChipCostResult:
+        """A small graph (e.g. a layer's per-die share) mapped by the mapper onto the share."""
+        from npusim.mapping.mapper import op_class
+        from npusim.mapping.spec import MappingSpec
+
+        if not isinstance(graph, Graph) or not graph.ops:
+            raise ConfigError("graph must be an npusim.model.ir.Graph with at least one op")
+        share = self._share(cores)
+        frac = self._fraction(hbm_fraction)
+        if spec is None:
+            spec = validate(MappingSpec, {
+                "name": "chipcost", "tensor_parallel": {"degree": len(share)}, "data_parallel": 1,
+                "memory": {"weights": "hbm", "kv_cache": "hbm"}}, "chipcost default mapping")
+        ops = []
+        for op in graph.ops:
+            d = {f.name: getattr(op, f.name) for f in fields(op) if f.name not in ("name", "layer", "inputs", "attrs")}
+            d["class"] = op_class(op)
+            d["layered"] = op.layer >= 0
+            ops.append(d)
+        key = {"kind": _kind, "ops": ops, "phase": graph.phase, "batch": graph.batch, "seq_len": graph.seq_len,
+               "kv_len": graph.kv_len, "spec": spec.model_dump(mode="json", exclude={"name", "description"})}
+        return self._lookup(key, share, frac, graph.name, lambda: self._run_graph(graph, spec, share, frac, _kind))
+
+    def clear_memory(self) -> None:
+        """Forget the in-memory memo (the disk cache stays)."""
+        self._memo.clear()
+
+    # -- cache --------------------------------------------------------------------------------------
+    def _key(self, what: dict, share: list[int], frac: float) -> tuple[dict, str]:
+        key = {"v": KEY_VERSION, "code": self._code, "arch": self._arch_key, "memory": self.memory,
+               "noc": self.noc, "l2": self.l2, "cores": share, "hbm_fraction": frac, **what}
+        text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+        return key, hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+    def _path(self, digest: str) -> Path:
+        return self.cache_dir / self._code / f"{digest}.json"
+
+    def _lookup(self, what: dict, share: list[int], frac: float, name: str, compute) -> ChipCostResult:
+        """The memoised result for ``what`` (named ``name``: names are not part of the key)."""
+        key, digest = self._key(what, share, frac)
+        hit = self._memo.get(digest)
+        if hit is not None:
+            self.stats.memory_hits += 1
+            return hit if hit.name == name else replace(hit, name=name)
+        if self.persist:
+            hit = self._read(digest, key)
+            if hit is not None:
+                self.stats.disk_hits += 1
+                self._memo[digest] = hit
+                return hit if hit.name == name else replace(hit, name=name)
+        t0 = time.perf_counter()
+        result = compute()
+        self.stats.miss_seconds += time.perf_counter() - t0
+        self.stats.misses += 1
+        self._memo[digest] = result
+        if self.persist:
+            try:
+                write_json(self._path(digest), {"key": key, "result": result.to_dict()}, indent=None)
+                self.stats.disk_writes += 1
+            except OSError:
+                pass  # a read-only or full cache directory costs speed, not correctness
+        return result
+
+    def _read(self, digest: str, key: dict) -> ChipCostResult | None:
+        try:
+            data = json.loads(self._path(digest).read_text())
+            if data["key"] != json.loads(json.dumps(key)):
+                return None
+            return ChipCostResult.from_dict(data["result"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # missing, partial from another version, or corrupt: simulate again
+
+    # -- shares ----------------------------------------------------------------------------------------
+    def _share(self, cores) -> list[int]:
+        n = self.arch.num_cores
+        if cores is None:
+            return _snake_cores(self.arch)
+        if isinstance(cores, (int, np.integer)) and not isinstance(cores, bool):
+            if not 1 <= cores <= n:
+                raise ConfigError(f"cores={cores}: {self.arch.name} has {n} cores (1..{n})")
+            return _snake_cores(self.arch)[:int(cores)]
+        try:
+            ids = [int(c) for c in cores]
+        except (TypeError, ValueError):
+            raise ConfigError(f"cores must be a count or a list of core ids, got {cores!r}") from None
+        if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= n:
+            raise ConfigError(f"cores {ids}: expected distinct core ids in 0..{n - 1}")
+        return ids
+
+    def _fraction(self, hbm_fraction: float) -> float:
+        f = float(hbm_fraction)
+        if not 0 < f <= 1:
+            raise ConfigError(f"hbm_fraction must be in (0, 1], got {hbm_fraction!r}")
+        return f
+
+    def _arch_for(self, frac: float) -> Arch:
+        """The chip with every HBM channel's bandwidth scaled by ``frac``."""
+        if frac not in self._variants:
+            data = self.arch.model_dump(mode="json")
+            data["hbm"]["channel_bandwidth_gbps"] = self.arch.hbm.bandwidth_per_channel_gbps * frac
+            for cls in data["core_classes"].values():
+                if cls.get("channel_bandwidth_gbps") is not None:
+                    cls["channel_bandwidth_gbps"] *= frac
+            self._variants[frac] = validate(Arch, data, f"{self.arch.name} at {frac:g} of its HBM bandwidth")
+        return self._variants[frac]
+
+    def _peak_tflops(self, cores: Sequence[int], dtype: str) -> float:
+        total = 0.0
+        for c in cores:
+            sa = self.arch.systolic_for(c)
+            total += sa.rows * sa.cols * sa.macs_per_pe_per_cycle.get(dtype, 0) * 2 * self.arch.clock_ghz / 1e3
+        return total
+
+    # -- simulation ------------------------------------------------------------------------------------
+    def _simulate(self, prog: Program, frac: float, memory: str | None = None, noc: str | None = None) -> Simulator:
+        sim = Simulator(self._arch_for(frac), memory_mode=memory or self.memory, noc_mode=noc or self.noc)
+        prog.submit(sim)
+        sim.run()
+        return sim
+
+    def _result(self, kind: str, name: str, dtype: str, share: list[int], frac: float, sim: Simulator,
+                prog: Program, flops: int, min_bytes: int, mapping: str, plan: tuple = (),
+                l2_bytes: int = 0) -> ChipCostResult:
+        arch = self.arch
+        cycles = sim.makespan()
+        seconds = cycles / (arch.clock_ghz * 1e9)
+        kinds = np.asarray(prog.kind, dtype=np.int64)
+        dma = np.flatnonzero(kinds == KIND_DMA)
+        sizes = np.asarray([prog.param[i][0] for i in dma], dtype=np.int64)
+        writes = np.asarray([prog.param[i][2] for i in dma], dtype=bool)
+        hbm = int(sim.mem.ch_bytes.sum())
+        used = sorted({c for c in prog.core if c >= 0})
+        peak_chip = self._peak_tflops(range(arch.num_cores), dtype)
+        peak_share = self._peak_tflops(share, dtype)
+        tflops = flops / seconds / 1e12 if seconds else 0.0
+        peak_bw = self._summary.hbm_bandwidth_gbps * frac
+        bw = hbm / seconds / 1e9 if seconds else 0.0
+        return ChipCostResult(
+            kind=kind, name=name, arch=arch.name, dtype=dtype, memory_fidelity=self.memory, noc_fidelity=self.noc,
+            cores=len(share), cores_used=len(used), chip_cores=arch.num_cores, hbm_fraction=frac,
+            cycles=int(cycles), time_us=seconds * 1e6, flops=int(flops), tflops=tflops,
+            compute_utilization=tflops / peak_chip if peak_chip else 0.0,
+            share_compute_utilization=tflops / peak_share if peak_share else 0.0,
+            peak_tflops_chip=peak_chip, peak_tflops_share=peak_share,
+            hbm_bytes=hbm, hbm_read_bytes=int(sizes[~writes].sum()), hbm_write_bytes=int(sizes[writes].sum()),
+            min_hbm_bytes=int(min_bytes), l2_read_bytes=int(l2_bytes), hbm_bandwidth_gbps=bw,
+            hbm_peak_bandwidth_gbps=peak_bw,
+            hbm_utilization=bw / peak_bw if peak_bw else 0.0, tasks=len(prog), mapping=mapping, plan=plan)
+
+    def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label) -> ChipCostResult:
+        planner = _Planner(self.arch, share, dtype, out_dtype, self._summary.hbm_bandwidth_gbps * frac, self.l2)
+        # the candidates race at the analytical fidelities; the winner runs at the chosen ones, so
+        # every fidelity times the same kernel
+        best = None
+        cheap = self.memory == "analytical" and self.noc == "analytical"
+        candidates = planner.plans(m, k, n, batch, len(share))
+        for plan in candidates:
+            prog, l2_bytes = self._gemm_program(planner, plan, m, k, n, batch, dtype, share)
+            if len(candidates) == 1 and not cheap:
+                best = (None, plan, prog, l2_bytes)
+                break
+            sim = self._simulate(prog, frac, "analytical", "analytical")
+            if best is None or sim.makespan() < best[0].makespan():
+                best = (sim, plan, prog, l2_bytes)
+        sim, plan, prog, l2_bytes = best
+        if not cheap:
+            sim = self._simulate(prog, frac)
+        e, eo = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
+        min_bytes = batch * (_nbytes(m * k, e) + _nbytes(k * n, e) + _nbytes(m * n, eo))
+        return self._result("gemm", label, dtype, share, frac, sim, prog, 2 * batch * m * k * n, min_bytes,
+                            plan.describe(), plan.as_tuple(), l2_bytes)
+
+    def _gemm_program(self, planner: _Planner, plan: GemmPlan, m, k, n, batch, dtype, share) -> tuple[Program, int]:
+        """The kernel's tasks; returns the program and the bytes its loads took from the L2."""
+        from npusim.comm.collectives import ring_reduce_scatter
+
+        sa = planner.sa
+        pb, pm, pn, pk = plan.grid
+        prog = Program(self.arch.num_cores, meta={"chipcost": "gemm", "m": m, "k": k, "n": n, "batch": batch})
+        em = _Emitter(planner, prog, dtype)
+        bs, ms, ns = _blocks(batch, pb, 1), _blocks(m, pm, sa.rows), _blocks(n, pn, sa.cols)
+        ks = _blocks(k, pk, planner.k_unit)
+        work = []  # per block of C: its K group's (core, units, tag)
+        idx = 0
+        for b in range(pb):
+            for i in range(pm):
+                for j in range(pn):
+                    group = []
+                    for kk in range(pk):
+                        core = share[idx]
+                        idx += 1
+                        blk = planner.block(ms[i], ks[kk], ns[j])
+                        units = em.units(ms[i], ks[kk], ns[j], bs[b], blk, pk == 1)
+                        group.append((core, units, f"c{core} b{b} m{i} n{j} k{kk}"))
+                    work.append((b, i, j, group))
+        em.set_l2([units for *_, group in work for _, units, _ in group],
+                  batch * _nbytes(m * k, planner.e), batch * _nbytes(k * n, planner.e))
+        for b, i, j, group in work:
+            lasts = [em.core_program(core, units, tag) for core, units, tag in group]
+            if pk > 1:  # reduce the fp32 partial sums over the NoC, each core writes its share
+                cores = [core for core, _, _ in group]
+                coll = ring_reduce_scatter(prog, cores, bs[b] * ms[i] * ns[j] * ACC_BYTES, deps=lasts, dtype="fp32")
+                out = bs[b] * _nbytes(ms[i] * ns[j], planner.eo)
+                for r, core in enumerate(cores):
+                    if _split(out, pk, r):
+                        em.write(core, _split(out, pk, r), [coll.done[core]], f"c{core} write C")
+        return prog, em.l2_bytes
+
+    def _run_graph(self, graph: Graph, spec, share: list[int], frac: float, kind: str) -> ChipCostResult:
+        from npusim.mapping.mapper import map_model
+
+        arch = self._arch_for(frac)
+        mapped = map_model(graph, arch, spec, cores=share)
+        sim = self._simulate(mapped.program, frac)
+        dtype = next((op.dtype for op in graph.ops if op.kind in ("gemm", "attention", "moe")),
+                     graph.ops[0].dtype if graph.ops else "bf16")
+        # weights and cached keys/values read once (the mapper does not read a step's new KV back)
+        min_bytes = graph.weight_bytes + sum(op.batch * (op.kv_len - op.q_len) * op.kv_bytes_per_token
+                                             for op in graph.ops if op.kind == "attention")
+        parts = sorted(set(mapped.decisions.values()))
+        mapping = (f"mapper: TP {spec.tensor_parallel.degree} over {len(share)} cores"
+                   + (f" ({', '.join(parts)})" if parts else "")
+                   + ("" if not graph.weight_bytes else "; weights resident" if mapped.weights_resident
+                      else "; weights streamed from HBM"))
+        return self._result(kind, graph.name, dtype, share, frac, sim, mapped.program, graph.flops, min_bytes,
+                            mapping)
+
+
+__all__ = ["ChipCost", "ChipCostResult", "CacheStats", "GemmPlan", "arch_digest", "code_digest",
+           "default_cache_dir"]

@@ -1,0 +1,169 @@
+"""Measure one thing on an idle system: a point-to-point transfer, a collective, an MoE dispatch/combine.
+
+Behind ``npusim fabric`` and ``npusim collective --system``; the validation scripts call these too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from npusim.arch import summarize
+from npusim.errors import ConfigError
+from npusim.system.collectives import ALGORITHMS, build_collective
+from npusim.system.load import LoadedSystem
+from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, moe_traffic
+from npusim.system.simulator import PS_PER_US, SystemSim
+from npusim.system.work import WorkBuilder
+
+
+def parse_ranks(loaded: LoadedSystem, spec: str) -> list[int]:
+    """``16`` = the first 16 dies (npu0.die0, npu0.die1, npu1.die0, ...); or a comma list of names."""
+    topo = loaded.topology
+    text = str(spec).strip()
+    if text.isdigit():
+        n = int(text)
+        dies = topo.die_names
+        if not 1 <= n <= len(dies):
+            raise ConfigError(f"--ranks {n}: {loaded.system.name} has {len(dies)} dies")
+        return [topo.index[d] for d in dies[:n]]
+    return [topo.endpoint(part) for part in text.split(",") if part.strip()]
+
+
+def reduction_ps(loaded: LoadedSystem):
+    """Time for a die to add a received chunk into its own: memory-bound on the die's HBM
+    (read both operands, write the sum: 3 x bytes at the chip's HBM bandwidth)."""
+    gbps = summarize(loaded.chip).hbm_bandwidth_gbps
+    return lambda nbytes: int(round(3 * nbytes / gbps * 1000))
+
+
+@dataclass
+class P2PResult:
+    src: str
+    dst: str
+    op: str
+    bytes: int
+    fabric: str
+    fidelity: str
+    via: str
+    latency_us: float
+    bandwidth_gbps: float
+    hops: int
+    path: list[str]
+    wire_bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def point_to_point(loaded: LoadedSystem, src: str, dst: str, op: str, nbytes: int, fidelity: str = "flow",
+                   via: str | None = None, fabric: str | None = None) -> P2PResult:
+    """One transfer on an idle fabric: ``src`` initiates, ``dst`` is the memory read or written."""
+    sim = SystemSim(loaded, fidelity)
+    topo = loaded.topology
+    a, b = topo.endpoint(src), topo.endpoint(dst)
+    if a == b:
+        raise ConfigError("--src and --dst are the same endpoint")
+    w = WorkBuilder(sim)
+    tid = w.transfer(a, b, nbytes, op, via, fabric)
+    w.submit()
+    sim.run()
+    start, end = sim.task_times_ps(np.array([tid]))
+    us = (end[0] - start[0]) / PS_PER_US
+    data_src, data_dst = (a, b) if op == "write" else (b, a)
+    rid, fab = sim.route(data_src, data_dst, fabric)
+    return P2PResult(
+        src=topo.names[a], dst=topo.names[b], op=op, bytes=nbytes, fabric=fab, fidelity=fidelity,
+        via=via or loaded.system.initiator.default, latency_us=us,
+        bandwidth_gbps=nbytes / (us * 1e3) if us > 0 else 0.0, hops=sim.route_hops(rid), path=sim.route_path(rid),
+        wire_bytes=int(sim.engine.tt.param[tid, 1]),
+    )
+
+
+@dataclass
+class CollectiveRun:
+    op: str
+    algorithm: str
+    ranks: int
+    bytes_per_rank: int
+    fidelity: str
+    via: str
+    time_us: float
+    algbw_gbps: float
+    bus_bandwidth_gbps: float
+    transfers: int
+    events: int
+    rate_updates: int
+    peak_link_load: float
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("extra")
+        d.update(self.extra)
+        return d
+
+
+def _finish(sim: SystemSim, w: WorkBuilder, op: str, algorithm: str, n: int, nbytes: int, bus_factor: float,
+            via: str, progress=None, **extra) -> CollectiveRun:
+    w.submit()
+    sim.run(progress=progress)
+    us = sim.now_ps / PS_PER_US
+    algbw = nbytes / (us * 1e3) if us > 0 else 0.0
+    return CollectiveRun(op=op, algorithm=algorithm, ranks=n, bytes_per_rank=nbytes, fidelity=sim.fidelity, via=via,
+                         time_us=us, algbw_gbps=algbw, bus_bandwidth_gbps=algbw * bus_factor,
+                         transfers=w.transfers_recorded, events=sim.events, rate_updates=sim.rate_updates,
+                         peak_link_load=sim.peak_link_load, extra=extra)
+
+
+def run_collective(loaded: LoadedSystem, op: str, ranks: Sequence[int], nbytes: int, algorithm: str | None = None,
+                   fidelity: str = "flow", via: str | None = None, progress=None) -> CollectiveRun:
+    sim = SystemSim(loaded, fidelity)
+    w = WorkBuilder(sim)
+    via = via or loaded.system.initiator.default
+    built = build_collective(w, op, list(ranks), nbytes, algorithm, via, reduction_ps(loaded),
+                             loaded.topology.node_of)
+    return _finish(sim, w, op, built.algorithm, len(ranks), nbytes, built.bus_factor(), via, progress)
+
+
+def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k: int = 8, hidden: int = 7168,
+            experts: int = 256, routing: str = "uniform", dtype: str = "int8", fidelity: str = "flow",
+            via: str = "aiv", seed: int = 0, progress=None) -> CollectiveRun:
+    """MoE dispatch (tokens to the ranks of their experts) or combine (results back), EP ranks =
+    the first ``ep`` dies (see :mod:`npusim.system.moe`)."""
+    if op not in ("dispatch", "combine"):
+        raise ConfigError(f"--op {op}: expected dispatch or combine")
+    dies = loaded.topology.die_names
+    if ep > len(dies):
+        raise ConfigError(f"--ep {ep}: {loaded.system.name} has {len(dies)} dies (one EP rank per die)")
+    ranks = [loaded.topology.index[d] for d in dies[:ep]]
+    traffic = moe_traffic(ep, tokens_per_rank, top_k, experts, routing, seed)
+    per_token = dispatch_bytes_per_token(hidden, dtype) if op == "dispatch" else combine_bytes_per_token(hidden)
+    counts = traffic.tokens if op == "dispatch" else traffic.tokens.T  # combine flows expert rank -> token rank
+    sizes = counts * per_token
+    np.fill_diagonal(sizes, 0)
+    sim = SystemSim(loaded, fidelity)
+    w = WorkBuilder(sim)
+    ranks_arr = np.asarray(ranks, np.int64)
+    for i in range(ep):
+        order = (i + np.arange(1, ep)) % ep  # staggered destinations
+        order = order[sizes[i, order] > 0]
+        if order.shape[0]:
+            w.transfers(np.full(order.shape[0], ranks[i]), ranks_arr[order], sizes[i, order], "write", via)
+    if not w.count:
+        w.barrier([])
+    # the expert side's traffic: what each rank receives (dispatch) or sends back (combine)
+    rank_bytes = sizes.sum(axis=0) if op == "dispatch" else sizes.sum(axis=1)
+    mean = float(rank_bytes.mean())
+    return _finish(sim, w, op, "direct", ep, int(sizes.sum() // max(ep, 1)), 1.0, via, progress,
+                   tokens_per_rank=tokens_per_rank, top_k=top_k, hidden=hidden, experts=experts,
+                   routing=routing, dtype=dtype if op == "dispatch" else "bf16", bytes_per_token=per_token,
+                   max_rank_bytes=int(rank_bytes.max()), mean_rank_bytes=mean,
+                   imbalance=float(rank_bytes.max() / mean) if mean > 0 else 1.0,
+                   max_expert_tokens=int(traffic.expert_tokens.max()),
+                   mean_expert_tokens=float(traffic.expert_tokens.mean()))
+
+
+ALGORITHM_CHOICES = sorted({a for algs in ALGORITHMS.values() for a in algs})

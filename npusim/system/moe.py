@@ -1,0 +1,132 @@
+"""MoE token routing and the dispatch / combine transfers of expert parallelism.
+
+*Routing*: each of ``tokens_per_rank`` tokens on each of ``ep`` ranks picks ``top_k`` distinct
+experts out of ``experts``; expert ``e`` lives on rank ``e mod ep`` (round robin, so with
+``experts < ep`` some ranks hold none). Expert popularity is
+
+* ``uniform``: every expert equally likely;
+* ``zipf:S``: the expert of popularity rank ``r`` (a seeded random permutation of the experts)
+  has weight ``1 / (r + 1) ** S``: ``S = 0`` is uniform, ``S >= 1`` makes a few experts hot;
+* a file (YAML/JSON list, or one number per line): a load profile, one weight per expert.
+
+A token picks its ``top_k`` experts without replacement in proportion to the weights (the
+Gumbel top-k trick, seeded: deterministic).
+
+*Dispatch*: each token goes once to every rank holding at least one of its experts
+(deduplicated per rank, as DeepEP and the CloudMatrix384 operators do), ``bytes_per_token``
+each: INT8 activations plus a 512 B scale slot (``hidden + 512``: 7.5 KB at hidden 7168, shared
+PUBLISHED.md B5) or BF16 (``2 x hidden``). *Combine* sends back, from every rank that received
+a token, its locally summed expert outputs in BF16 (``2 x hidden``: 14 KB). A token whose
+expert is on its own rank moves nothing over the fabric.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from npusim.errors import ConfigError
+
+SCALE_SLOT_BYTES = 512
+
+
+def dispatch_bytes_per_token(hidden: int, dtype: str) -> int:
+    if dtype == "int8":
+        return hidden + SCALE_SLOT_BYTES
+    if dtype == "bf16":
+        return 2 * hidden
+    raise ConfigError(f"--dtype {dtype}: dispatch carries int8 (with scales) or bf16 activations")
+
+
+def combine_bytes_per_token(hidden: int) -> int:
+    return 2 * hidden
+
+
+def expert_weights(routing: str, experts: int, seed: int = 0) -> np.ndarray:
+    """Relative popularity of each expert (see module docstring)."""
+    if routing == "uniform":
+        return np.ones(experts)
+    m = re.fullmatch(r"zipf:([0-9]*\.?[0-9]+)", routing)
+    if m:
+        s = float(m.group(1))
+        order = np.random.default_rng(seed).permutation(experts)
+        w = np.empty(experts)
+        w[order] = 1.0 / np.arange(1, experts + 1) ** s
+        return w
+    path = Path(routing)
+    if not path.is_file():
+        raise ConfigError(f"--routing {routing}: expected uniform, zipf:S (e.g. zipf:1.2) or a load-profile file")
+    return _load_profile(path, experts)
+
+
+def _load_profile(path: Path, experts: int) -> np.ndarray:
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: not a load profile ({exc.__class__.__name__}); expected a list of "
+                          "per-expert weights") from None
+    if isinstance(data, dict):
+        data = data.get("expert_load", data.get("weights"))
+    if isinstance(data, str):
+        data = data.split()
+    if not isinstance(data, list):
+        raise ConfigError(f"{path}: expected a list of {experts} per-expert weights (or a mapping with key "
+                          "expert_load)")
+    try:
+        w = np.asarray([float(x) for x in data])
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: every per-expert weight must be a number") from None
+    if w.shape[0] != experts:
+        raise ConfigError(f"{path}: {w.shape[0]} weights for {experts} experts")
+    if np.any(w < 0) or w.sum() <= 0:
+        raise ConfigError(f"{path}: weights must be non-negative with a positive sum")
+    return w
+
+
+def route_tokens(ep: int, tokens_per_rank: int, top_k: int, experts: int, weights: np.ndarray,
+                 seed: int = 0) -> np.ndarray:
+    """``experts_of[rank, token, k]``: the experts each token picked (Gumbel top-k, seeded)."""
+    if top_k > experts:
+        raise ConfigError(f"--top-k {top_k}: more than the {experts} experts")
+    if np.count_nonzero(weights) < top_k:
+        raise ConfigError(f"routing: only {np.count_nonzero(weights)} experts have load, fewer than top-k {top_k}")
+    rng = np.random.default_rng(seed + 1)
+    with np.errstate(divide="ignore"):
+        logw = np.log(weights)
+    keys = logw[None, None, :] + rng.gumbel(size=(ep, tokens_per_rank, experts))
+    return np.argsort(-keys, axis=2, kind="stable")[:, :, :top_k]
+
+
+@dataclass(frozen=True)
+class MoeTraffic:
+    """Token counts of one dispatch: ``tokens[src, dst]`` = tokens rank ``src`` sends to ``dst``."""
+
+    tokens: np.ndarray  # (ep, ep), deduplicated per destination rank; diagonal = tokens kept local
+    expert_tokens: np.ndarray  # (experts,) tokens each expert computes
+
+    def received(self) -> np.ndarray:
+        """Tokens each rank receives from other ranks."""
+        off = self.tokens.copy()
+        np.fill_diagonal(off, 0)
+        return off.sum(axis=0)
+
+
+def moe_traffic(ep: int, tokens_per_rank: int, top_k: int, experts: int, routing: str = "uniform",
+                seed: int = 0) -> MoeTraffic:
+    if ep < 1 or tokens_per_rank < 0:
+        raise ConfigError("--ep must be >= 1 and --tokens-per-rank >= 0")
+    picks = route_tokens(ep, tokens_per_rank, top_k, experts, expert_weights(routing, experts, seed), seed)
+    rank_of = picks % ep  # expert e on rank e mod ep
+    hit = np.zeros((ep, tokens_per_rank, ep), dtype=bool)
+    src = np.repeat(np.arange(ep), tokens_per_rank * top_k)
+    tok = np.tile(np.repeat(np.arange(tokens_per_rank), top_k), ep)
+    hit[src, tok, rank_of.ravel()] = True
+    tokens = hit.sum(axis=1).astype(np.int64)
+    expert_tokens = np.bincount(picks.ravel(), minlength=experts).astype(np.int64)
+    return MoeTraffic(tokens, expert_tokens)

@@ -1,0 +1,183 @@
+"""The system description schema (``arch/<system>.yaml`` with a top-level ``system:`` key).
+
+A system is ``nodes`` identical nodes, each holding ``npus_per_node`` NPUs (each a package of
+``npu.dies`` dies of the chip ``npu.chip``, an arch preset or file) and ``cpus_per_node`` CPUs,
+joined by one or more *fabrics* (e.g. CloudMatrix384's UB plane and its RDMA plane). A fabric is
+a list of switches and a list of link templates that the topology builder
+(:mod:`npusim.system.topology`) expands into a graph:
+
+* ``between: [die, die]`` — a full mesh between the dies of a node (Atlas 800 A2's HCCS);
+* ``between: [die, S]`` / ``[cpu, S]`` — every die (CPU) to switch ``S``: its own node's copy when
+  ``S`` is ``per: node``, else the one system-wide switch;
+* ``between: [S, T]`` — switch to switch: per node when both are ``per: node``; each node's ``S``
+  to the system-wide ``T`` when one of them is ``per: system``.
+
+``count`` parallel links (the 7 UB ports of a die, the 16 uplinks of an L1 switch chip) are one
+*bundle*: a link of ``count x bandwidth_gbps`` per direction, which assumes traffic is spread evenly
+over its members (packet spraying; the CloudMatrix384 paper calls the UB Clos non-blocking). A
+switch with ``chips: k`` stands for ``k`` parallel switch chips the same way.
+
+Units are in key names: ``_gbps`` = 10**9 bytes/s per direction, ``_ns``, ``_gb`` = 2**30 bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+from npusim.config import StrictModel
+
+ENDPOINT_KINDS = ("die", "cpu")
+
+
+class DieLink(StrictModel):
+    """The on-package link between the dies of one NPU (both directions)."""
+
+    bandwidth_gbps: PositiveFloat
+    latency_ns: NonNegativeFloat = 0.0
+
+
+class Npu(StrictModel):
+    """One NPU package: ``dies`` dies of the chip ``chip`` (arch preset name or file)."""
+
+    chip: str
+    dies: PositiveInt = 1
+    die_link: DieLink | None = None
+
+    @model_validator(mode="after")
+    def _link_for_two_dies(self):
+        if self.dies > 1 and self.die_link is None:
+            raise ValueError("an NPU of more than one die needs die_link (bandwidth_gbps, latency_ns)")
+        return self
+
+
+class Cpu(StrictModel):
+    """A host CPU as a fabric endpoint: its DRAM is the target of NPU reads/writes (caching pool)."""
+
+    name: str = "cpu"
+    dram_gb: PositiveFloat = 512.0
+    dram_bandwidth_gbps: PositiveFloat | None = None
+
+
+class Initiator(StrictModel):
+    """How a die starts transfers.
+
+    * ``sdma``: the die's SDMA engines (``sdma_engines`` queues; a transfer waits for a free
+      engine, then pays ``sdma_launch_ns`` before its first byte moves);
+    * ``aiv``: AI-vector-core direct writes/reads (no engine queue; ``aiv_launch_ns``; the
+      ``aiv_max_gbps`` cap per transfer, if given, is what the vector cores can issue).
+    """
+
+    sdma_engines: PositiveInt = 16
+    sdma_launch_ns: NonNegativeFloat = 0.0
+    aiv_launch_ns: NonNegativeFloat = 0.0
+    aiv_max_gbps: PositiveFloat | None = None
+    default: Literal["sdma", "aiv"] = "sdma"
+
+
+class Protocol(StrictModel):
+    """What a fabric's protocol costs per target kind (``die`` or ``cpu``).
+
+    ``*_efficiency``: payload bytes per wire byte (headers, flow-control, read responses): a
+    transfer of ``B`` bytes moves ``B / efficiency`` bytes over each link of its path.
+    ``*_overhead_ns``: fixed time per transfer besides the path (initiator launch, target memory
+    access, completion), charged once. A write completes when its acknowledgement is back at the
+    initiator and a read when its data is: both are charged one round trip of the path latency.
+    """
+
+    read_efficiency: dict[str, float] = Field(default_factory=lambda: {"die": 1.0, "cpu": 1.0})
+    write_efficiency: dict[str, float] = Field(default_factory=lambda: {"die": 1.0, "cpu": 1.0})
+    read_overhead_ns: dict[str, NonNegativeFloat] = Field(default_factory=lambda: {"die": 0.0, "cpu": 0.0})
+    write_overhead_ns: dict[str, NonNegativeFloat] = Field(default_factory=lambda: {"die": 0.0, "cpu": 0.0})
+
+    @model_validator(mode="after")
+    def _kinds(self):
+        for name in ("read_efficiency", "write_efficiency", "read_overhead_ns", "write_overhead_ns"):
+            table = getattr(self, name)
+            bad = sorted(set(table) - set(ENDPOINT_KINDS))
+            if bad:
+                raise ValueError(f"{name}: unknown endpoint kind(s) {bad}; expected {list(ENDPOINT_KINDS)}")
+            if name.endswith("efficiency") and any(not 0 < v <= 1 for v in table.values()):
+                raise ValueError(f"{name}: efficiencies must be in (0, 1]")
+        return self
+
+
+class Switch(StrictModel):
+    name: str
+    per: Literal["node", "system"] = "node"
+    chips: PositiveInt = 1
+    ports_per_chip: PositiveInt | None = None
+    latency_ns: NonNegativeFloat = 0.0
+
+
+class Link(StrictModel):
+    between: tuple[str, str]
+    count: PositiveInt = 1
+    bandwidth_gbps: PositiveFloat
+    latency_ns: NonNegativeFloat = 0.0
+
+
+class Fabric(StrictModel):
+    description: str = ""
+    switches: list[Switch] = Field(default_factory=list)
+    links: list[Link]
+    protocol: Protocol = Field(default_factory=Protocol)
+    packet_bytes: PositiveInt = 4096
+
+    @model_validator(mode="after")
+    def _names(self):
+        names = [s.name for s in self.switches]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"switch name(s) {dup} defined twice")
+        clash = sorted(set(names) & {*ENDPOINT_KINDS, "npu"})
+        if clash:
+            raise ValueError(f"switch name(s) {clash} clash with endpoint kinds {list(ENDPOINT_KINDS)}")
+        known = {*names, *ENDPOINT_KINDS}
+        for i, link in enumerate(self.links):
+            for end in link.between:
+                if end not in known:
+                    raise ValueError(f"links[{i}].between: '{end}' is a link to nowhere: not a switch of this "
+                                     f"fabric ({', '.join(names) or 'none'}) nor an endpoint kind (die, cpu)")
+            if link.between[0] == link.between[1] and link.between[0] != "die":
+                raise ValueError(f"links[{i}].between: a link from '{link.between[0]}' to itself")
+        return self
+
+
+class System(StrictModel):
+    """A multi-NPU system: nodes of NPUs and CPUs on one or more fabrics."""
+
+    name: str
+    description: str = ""
+    nodes: PositiveInt
+    npus_per_node: PositiveInt
+    cpus_per_node: NonNegativeInt = 0
+    npu: Npu
+    cpu: Cpu = Field(default_factory=Cpu)
+    initiator: Initiator = Field(default_factory=Initiator)
+    fabrics: dict[str, Fabric]
+
+    @model_validator(mode="after")
+    def _some_fabric(self):
+        if not self.fabrics:
+            raise ValueError("fabrics: at least one fabric is needed")
+        return self
+
+    @property
+    def num_npus(self) -> int:
+        return self.nodes * self.npus_per_node
+
+    @property
+    def num_dies(self) -> int:
+        return self.num_npus * self.npu.dies
+
+    @property
+    def num_cpus(self) -> int:
+        return self.nodes * self.cpus_per_node
+
+
+class SystemFile(StrictModel):
+    """The top level of a system file."""
+
+    system: System

@@ -1,0 +1,248 @@
+"""``SystemSim``: the engine and the fabric model of one system, fed with transfers and compute.
+
+Python side of the system level: it names the engine's queues (per die: ``compute``, ``aiv``
+and the SDMA engines; per CPU: ``dma``), turns a transfer (initiator, target, read/write, bytes,
+SDMA or AIV-direct) into a ``KIND_FLOW`` task with its route and protocol costs, and runs
+:func:`npusim.system.kernel.system_loop`.
+
+Protocol costs (see :class:`npusim.system.schema.Protocol`), for a transfer of ``B`` payload
+bytes between initiator ``I`` and target ``T`` on a fabric:
+
+* a **write** moves ``B / write_efficiency[kind(T)]`` wire bytes from ``I`` to ``T``; it completes
+  when the acknowledgement is back: one path latency ``I -> T`` after the last byte leaves, plus one
+  ``T -> I``;
+* a **read** sends a request (its latency ``I -> T``, no bandwidth charged), then moves
+  ``B / read_efficiency[kind(T)]`` wire bytes from ``T`` to ``I``; it completes when the last byte
+  arrives;
+* both pay the fixed ``*_overhead_ns[kind(T)]`` (launch, target access, completion) before the
+  first byte moves, plus the initiator's launch (``sdma_launch_ns`` / ``aiv_launch_ns``);
+* SDMA transfers queue on the initiator's SDMA engines (round robin over them, each engine
+  held until its transfer completes); AIV-direct transfers have no engine queue and are capped
+  at ``aiv_max_gbps`` each when it is set.
+
+A transfer whose initiator and target are the same endpoint moves nothing and takes no time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from npusim.engine import Engine
+from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS
+from npusim.errors import ConfigError, DeadlockError
+from npusim.hw.fabric.state import (FP_RETURN_PS, FP_ROUTE, FP_SETUP_PS, FP_WIRE_BYTES, MODE_FLOW,
+                                    MODE_PACKET, S_NACT, S_ROUNDS, S_UPDATES, grow_packets, grow_tasks,
+                                    new_fabric_state)
+from npusim.system.kernel import (KIND_FLOW, STATUS_EVENT_LIMIT, STATUS_GROW, STATUS_GROW_PACKETS, STATUS_IDLE,
+                                  STATUS_NOTIFY, STATUS_TIME_LIMIT, STATUS_WATCH, system_loop)
+from npusim.system.load import LoadedSystem
+
+FIDELITIES = ("flow", "packet")
+# the flow model's speed knobs (npusim.hw.fabric.flow); 0 and ~0 = exact max-min
+DEFAULT_QUANTUM_NS = 50.0
+DEFAULT_TOLERANCE = 1e-3
+PS_PER_US = 1_000_000
+
+
+class SystemSim:
+    """One system's engine and fabric state (see module docstring)."""
+
+    def __init__(self, loaded: LoadedSystem, fidelity: str = "flow", packet_bytes: int | None = None,
+                 rate_quantum_ns: float = DEFAULT_QUANTUM_NS, fair_tolerance: float = DEFAULT_TOLERANCE):
+        if fidelity not in FIDELITIES:
+            raise ConfigError(f"fabric fidelity '{fidelity}': expected one of {', '.join(FIDELITIES)}")
+        self.loaded = loaded
+        self.system = loaded.system
+        self.topology = topo = loaded.topology
+        self.fidelity = fidelity
+        init = self.system.initiator
+        names: list[str] = []
+        self.queue_of: dict[tuple[int, str], int] = {}
+        for v, name in enumerate(topo.names):
+            kind = topo.vertex_kind[v]
+            units = ("compute", "aiv", *(f"sdma{k}" for k in range(init.sdma_engines))) if kind == "die" else \
+                ("dma",) if kind == "cpu" else ()
+            for unit in units:
+                self.queue_of[(v, unit)] = len(names)
+                names.append(f"{name}.{unit}")
+        self.engine = Engine(names, task_capacity=4096)
+        self._sdma_next: dict[int, int] = {}
+        self._route_id: dict[tuple[str, int, int], int] = {}
+        self._route_links: list[np.ndarray] = []
+        self._route_lat: list[int] = []
+        self._route_vertices: list[list[int]] = []
+        link_hop_ps = topo.link_lat_ps + topo.vertex_latency_ps[topo.link_dst]
+        self._link_hop_ps = link_hop_ps
+        pkt = packet_bytes or min(f.packet_bytes for f in self.system.fabrics.values())
+        self.fs = new_fabric_state(topo.link_cap, link_hop_ps, np.zeros(1, np.int64), np.zeros(0, np.int64),
+                                   np.zeros(0, np.int64), 4096, MODE_PACKET if fidelity == "packet" else MODE_FLOW, pkt,
+                                   quantum_ps=int(round(rate_quantum_ns * 1000)), tolerance=fair_tolerance)
+        self._routes_dirty = False
+        self._proto_cache: dict[tuple[str, str, str], tuple[float, float]] = {}
+
+    # -- routes -------------------------------------------------------------------
+    def route(self, src: int, dst: int, fabric: str | None = None, aiv: bool = False) -> tuple[int, str]:
+        """``(route id, fabric name)`` from ``src`` to ``dst`` (on ``fabric``, or the first fabric
+        that connects them); ``aiv`` routes start with the initiator's AIV issue link, if it has one."""
+        key = (fabric, src, dst, aiv)
+        found = self._route_id.get(key)
+        if found is None:
+            fab, vertices, links = self.topology.route(src, dst, fabric)
+            aiv_link = self.topology.aiv_link.get(src if aiv else -1)
+            if aiv_link is not None:
+                links = [aiv_link, *links]
+            rid = len(self._route_links)
+            self._route_links.append(np.asarray(links, np.int64))
+            self._route_lat.append(int(self._link_hop_ps[links].sum()))
+            self._route_vertices.append(vertices)
+            found = self._route_id[key] = (rid, fab)
+            self._routes_dirty = True
+        return found
+
+    def route_latency_ps(self, rid: int) -> int:
+        return self._route_lat[rid]
+
+    def route_path(self, rid: int) -> list[str]:
+        return [self.topology.names[v] for v in self._route_vertices[rid]]
+
+    def route_hops(self, rid: int) -> int:
+        return len(self._route_vertices[rid]) - 1
+
+    def _sync_routes(self) -> None:
+        if not self._routes_dirty:
+            return
+        lengths = np.array([r.shape[0] for r in self._route_links], np.int64)
+        ptr = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=ptr[1:])
+        links = np.concatenate(self._route_links) if self._route_links else np.zeros(0, np.int64)
+        self.fs = self.fs._replace(route_ptr=ptr, route_link=links, route_lat=np.asarray(self._route_lat, np.int64))
+        self.fs = grow_tasks(self.fs, self.engine.tt.kind.shape[0], int(lengths.max(initial=1)))
+        self._routes_dirty = False
+
+    # -- building work -------------------------------------------------------------
+    def transfers(self, initiators, targets, nbytes, op: str = "write", via: str | None = None,
+                  fabric: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(kinds, queues, params)`` of a batch of transfers (see module docstring); raises ConfigError.
+
+        ``initiators``/``targets`` are vertex ids, ``nbytes`` one size or one per transfer. A
+        transfer from an endpoint to itself is a zero-time ``KIND_FIXED`` task."""
+        if op not in ("read", "write"):
+            raise ConfigError(f"transfer op '{op}': expected read or write")
+        init = self.system.initiator
+        via = via or init.default
+        if via not in ("sdma", "aiv"):
+            raise ConfigError(f"transfer mechanism '{via}': expected sdma or aiv")
+        inits = np.atleast_1d(np.asarray(initiators, np.int64))
+        tgts = np.atleast_1d(np.asarray(targets, np.int64))
+        sizes = np.broadcast_to(np.asarray(nbytes, np.int64), inits.shape)
+        n = inits.shape[0]
+        kinds = np.full(n, KIND_FLOW, np.int64)
+        queues = np.full(n, -1, np.int64)
+        params = np.zeros((n, 4), np.int64)
+        topo = self.topology
+        write = op == "write"
+        for i in range(n):
+            a, b = int(inits[i]), int(tgts[i])
+            die = topo.vertex_kind[a] == "die"
+            launch_ns = 0.0
+            if not die:
+                queues[i] = self.queue_of[(a, "dma")]
+            elif via == "sdma":
+                k = self._sdma_next.get(a, 0)
+                self._sdma_next[a] = (k + 1) % init.sdma_engines
+                queues[i] = self.queue_of[(a, f"sdma{k}")]
+                launch_ns = init.sdma_launch_ns
+            else:
+                launch_ns = init.aiv_launch_ns
+            if a == b:
+                kinds[i] = KIND_FIXED  # nothing moves
+                continue
+            src, dst = (a, b) if write else (b, a)
+            rid, fab = self.route(src, dst, fabric, die and via == "aiv" and write)
+            eff, ovh_ns = self._protocol(fab, topo.vertex_kind[b], op)
+            back = self._route_lat[rid]  # the reverse path passes the same vertices
+            params[i, FP_ROUTE] = rid
+            params[i, FP_WIRE_BYTES] = int(math.ceil(int(sizes[i]) / eff))
+            params[i, FP_SETUP_PS] = int(round((ovh_ns + launch_ns) * 1000)) + (0 if write else back)
+            params[i, FP_RETURN_PS] = back if write else 0
+        return kinds, queues, params
+
+    def _protocol(self, fabric: str, kind: str, op: str) -> tuple[float, float]:
+        key = (fabric, kind, op)
+        found = self._proto_cache.get(key)
+        if found is None:
+            proto = self.system.fabrics[fabric].protocol
+            eff = (proto.write_efficiency if op == "write" else proto.read_efficiency).get(kind)
+            ovh = (proto.write_overhead_ns if op == "write" else proto.read_overhead_ns).get(kind)
+            if eff is None or ovh is None:
+                raise ConfigError(f"fabric '{fabric}' of {self.system.name}: its protocol gives no {op} figures for "
+                                  f"a {kind} target (protocol.{op}_efficiency / {op}_overhead_ns)")
+            found = self._proto_cache[key] = (eff, ovh)
+        return found
+
+    def submit(self, kinds: np.ndarray, queues: np.ndarray, params: np.ndarray, dep_ptr: np.ndarray,
+               dep_idx: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
+        """Submit a batch of tasks (``KIND_FIXED`` with ``param[0]`` = picoseconds, or ``KIND_FLOW``)."""
+        ids = self.engine.submit_batch(kinds, queues, params, dep_ptr, dep_idx, names)
+        self._routes_dirty = True  # re-size the per-transfer state on the next run
+        return ids
+
+    # -- running --------------------------------------------------------------------
+    def run(self, until_ps: int | None = None, progress=None, chunk_events: int = 2_000_000) -> int:
+        """Run until idle (or ``until_ps``); raises DeadlockError if tasks are left that cannot start."""
+        self._sync_routes()
+        eng = self.engine
+        until = np.int64(until_ps if until_ps is not None else np.iinfo(np.int64).max // 2)
+        while True:
+            status = system_loop(eng.tt, eng.heap, eng.hs, self.fs, until, np.int64(-1), np.int64(chunk_events))
+            if status == STATUS_GROW:
+                eng.grow_heap()
+            elif status == STATUS_GROW_PACKETS:
+                self.fs = grow_packets(self.fs)
+            elif status == STATUS_EVENT_LIMIT:
+                if progress is not None:
+                    progress(eng.now, eng.num_done, eng.num_tasks)
+            elif status in (STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_NOTIFY):
+                return status
+            elif status == STATUS_IDLE:
+                if eng.num_done < eng.num_tasks:
+                    raise DeadlockError("system simulation stopped with tasks that can never start:\n"
+                                        + eng.blocked_report())
+                return status
+
+    # -- results ----------------------------------------------------------------------
+    @property
+    def now_ps(self) -> int:
+        return self.engine.now
+
+    @property
+    def events(self) -> int:
+        return int(self.engine.tt.sc[SC_NEVENTS])
+
+    @property
+    def rate_updates(self) -> int:
+        return int(self.fs.sc[S_UPDATES])
+
+    @property
+    def filling_rounds(self) -> int:
+        return int(self.fs.sc[S_ROUNDS])
+
+    @property
+    def active_transfers(self) -> int:
+        return int(self.fs.sc[S_NACT])
+
+    @property
+    def peak_link_load(self) -> float:
+        """Highest (sum of rates) / capacity any link carried at the flow fidelity (<= 1)."""
+        return float(self.fs.fsc[0])
+
+    def task_times_ps(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        tt = self.engine.tt
+        return tt.start[ids].copy(), tt.end[ids].copy()
+
+    def link_bytes(self) -> np.ndarray:
+        """Wire bytes each directed link carried."""
+        return self.fs.link_bytes.copy()

@@ -1,0 +1,300 @@
+"""Chip costs (npusim.system.chipcost): memoisation, the on-disk cache and its invalidation, physical
+bounds and orderings of the GEMM kernel, ops and graphs through the mapper, and ``npusim gemm --chip``."""
+
+import json
+
+import pytest
+
+from npusim.arch import load_arch, summarize
+from npusim.cli import main
+from npusim.errors import ConfigError
+from npusim.model.ir import Graph, Op
+from npusim.system import chipcost
+from npusim.system.chipcost import ChipCost, ChipCostResult
+
+ARCH = "ascend-910c-die"
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Nothing a test does may touch the user's cache (the CLI uses the default directory)."""
+    monkeypatch.setenv("NPUSIM_CACHE_DIR", str(tmp_path / "npusim-cache"))
+
+
+@pytest.fixture(scope="module")
+def die():
+    return load_arch(ARCH)
+
+
+@pytest.fixture(scope="module")
+def cc(die):
+    """One memory-only instance shared by the ordering tests (its memo makes repeats free)."""
+    return ChipCost(die, persist=False)
+
+
+# -- the preset ---------------------------------------------------------------------------------------
+
+def test_910c_die_preset(die, capsys):
+    base = load_arch("ascend-910b")
+    s = summarize(die)
+    assert die.num_cores == 24 and die.cores.grid == base.cores.grid  # extends ascend-910b
+    macs = die.cores.systolic_array.macs_per_pe_per_cycle
+    assert macs["int8"] == 2 * macs["fp16"] == 2 * macs["bf16"]
+    assert s.peak_tflops["int8"] == pytest.approx(2 * s.peak_tflops["bf16"])
+    assert s.hbm_gb == 64 and s.hbm_bandwidth_gbps == pytest.approx(1600.0)
+    assert main(["info", ARCH]) == 0
+    assert "1,600.0 GB/s" in capsys.readouterr().out
+
+
+# -- memoisation and the disk cache --------------------------------------------------------------------
+
+def test_memory_hits_and_misses(die, tmp_path):
+    cc = ChipCost(die, cache_dir=tmp_path)
+    a = cc.gemm(256, 512, 256, "int8")
+    assert (cc.stats.misses, cc.stats.memory_hits, cc.stats.disk_hits) == (1, 0, 0)
+    b = cc.gemm(256, 512, 256, "int8", name="another name")
+    assert (cc.stats.misses, cc.stats.memory_hits) == (1, 1)
+    assert b.name == "another name" and b.cycles == a.cycles  # names are not part of the key
+    cc.gemm(256, 512, 256, "bf16")  # another dtype,
+    cc.gemm(256, 512, 256, "int8", cores=12)  # another share,
+    cc.gemm(256, 512, 256, "int8", hbm_fraction=0.5)  # another HBM share: all misses
+    assert cc.stats.misses == 4 and cc.stats.hits == 1 and cc.stats.lookups == 5
+    # an op of the same shape is the same GEMM, whatever its name or layer
+    op = Op("L7.mlp.up_proj", "gemm", layer=7, dtype="int8", m=256, k=512, n=256, weight=True)
+    assert cc.op(op).cycles == a.cycles and cc.stats.memory_hits == 2
+
+
+def test_disk_cache_survives_a_new_instance(die, tmp_path):
+    first = ChipCost(die, cache_dir=tmp_path)
+    r = first.gemm(128, 1024, 512, "int8", cores=8)
+    assert first.stats.disk_writes == 1
+    files = list(tmp_path.rglob("*.json"))
+    assert len(files) == 1 and not list(tmp_path.rglob("*.partial"))
+    second = ChipCost(die, cache_dir=tmp_path)
+    again = second.gemm(128, 1024, 512, "int8", cores=8)
+    assert (second.stats.misses, second.stats.disk_hits, second.stats.memory_hits) == (0, 1, 0)
+    assert again == r and isinstance(again, ChipCostResult)
+    second.gemm(128, 1024, 512, "int8", cores=8)
+    assert second.stats.memory_hits == 1
+    # the same hardware under another name shares the cache; other hardware does not
+    renamed = die.model_copy(update={"name": "my-die"})
+    third = ChipCost(renamed, cache_dir=tmp_path)
+    assert third.gemm(128, 1024, 512, "int8", cores=8).arch == die.name and third.stats.disk_hits == 1
+    faster = die.model_copy(update={"clock_ghz": 2.0})
+    fourth = ChipCost(faster, cache_dir=tmp_path)
+    fourth.gemm(128, 1024, 512, "int8", cores=8)
+    assert fourth.stats.misses == 1
+
+
+def test_cache_invalidated_when_the_model_code_changes(die, tmp_path, monkeypatch):
+    ChipCost(die, cache_dir=tmp_path).gemm(64, 512, 512, "bf16")
+    monkeypatch.setattr(chipcost, "code_digest", lambda: "edited-model")
+    cc = ChipCost(die, cache_dir=tmp_path)
+    cc.gemm(64, 512, 512, "bf16")
+    assert (cc.stats.misses, cc.stats.disk_hits) == (1, 0)
+    assert (tmp_path / "edited-model").is_dir()  # new entries under the new digest
+
+
+def test_corrupt_or_foreign_cache_file_is_a_miss(die, tmp_path):
+    ChipCost(die, cache_dir=tmp_path).gemm(64, 512, 512, "bf16")
+    (path,) = tmp_path.rglob("*.json")
+    path.write_text("{not json")
+    cc = ChipCost(die, cache_dir=tmp_path)
+    r = cc.gemm(64, 512, 512, "bf16")
+    assert cc.stats.misses == 1 and json.loads(path.read_text())["result"]["cycles"] == r.cycles
+    data = json.loads(path.read_text())
+    data["key"]["m"] = 65  # a file whose key does not match (e.g. a hash collision) is not used
+    path.write_text(json.dumps(data))
+    cc = ChipCost(die, cache_dir=tmp_path)
+    cc.gemm(64, 512, 512, "bf16")
+    assert cc.stats.misses == 1
+
+
+def test_persist_false_and_default_directory(die, tmp_path, monkeypatch):
+    cc = ChipCost(die, persist=False)
+    cc.gemm(64, 512, 512, "int8")
+    assert cc.stats.disk_writes == 0 and not (tmp_path / "npusim-cache").exists()
+    assert ChipCost(die).cache_dir == tmp_path / "npusim-cache" / "chipcost"
+    monkeypatch.delenv("NPUSIM_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert chipcost.default_cache_dir() == tmp_path / "xdg" / "npusim" / "chipcost"
+
+
+# -- physics of the GEMM kernel -------------------------------------------------------------------------
+
+SHAPES = [(96, 7168, 2048), (512, 2048, 1536), (2048, 2048, 2048), (48, 1536, 4096), (4096, 512, 256)]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+def test_utilisation_and_bandwidth_within_peaks(cc, die, dtype):
+    peak_bw = summarize(die).hbm_bandwidth_gbps
+    for m, k, n in SHAPES:
+        for cores in (None, 8):
+            r = cc.gemm(m, k, n, dtype, cores)
+            assert r.flops == 2 * m * k * n and r.cycles > 0 and r.time_us == pytest.approx(r.cycles / 1850)
+            assert 0 < r.compute_utilization <= r.share_compute_utilization <= 1
+            assert r.tflops <= r.peak_tflops_share <= r.peak_tflops_chip
+            assert 0 < r.hbm_bandwidth_gbps <= peak_bw * (1 + 1e-9) and r.hbm_peak_bandwidth_gbps == peak_bw
+            # without an L2 every operand is read at least once; bytes are conserved
+            assert r.hbm_bytes == r.hbm_read_bytes + r.hbm_write_bytes >= r.min_hbm_bytes
+            assert r.hbm_write_bytes == m * n * 2 and r.l2_read_bytes == 0
+            assert r.cores_used <= r.cores == (cores or 24)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+@pytest.mark.parametrize("k, n", [(7168, 2048), (2048, 7168), (1536, 1536)])
+def test_a_bigger_gemm_is_never_faster(cc, dtype, k, n):
+    times = [cc.gemm(m, k, n, dtype).cycles for m in (16, 64, 256, 1024, 4096)]
+    assert times == sorted(times)
+    assert cc.gemm(256, 2 * k, n, dtype).cycles >= cc.gemm(256, k, n, dtype).cycles
+    assert cc.gemm(256, k, 2 * n, dtype).cycles >= cc.gemm(256, k, n, dtype).cycles
+
+
+@pytest.mark.parametrize("m, k, n", [(96, 7168, 2048), (1024, 2048, 2048), (4096, 7168, 2048), (256, 1536, 512)])
+def test_fewer_cores_are_never_faster(cc, m, k, n):
+    for dtype in ("int8", "bf16"):
+        t24, t12, t6 = (cc.gemm(m, k, n, dtype, cores).cycles for cores in (24, 12, 6))
+        assert t6 >= t12 >= t24
+
+
+def test_int8_is_not_slower_than_bf16(cc):
+    for shape in SHAPES:
+        assert cc.gemm(*shape, "int8").cycles <= cc.gemm(*shape, "bf16").cycles
+    # compute-bound (a 2-core share with a resident A panel: HBM mostly idle): INT8 about twice as fast
+    bf16, int8 = cc.gemm(512, 384, 2048, "bf16", cores=2), cc.gemm(512, 384, 2048, "int8", cores=2)
+    assert bf16.share_compute_utilization > 0.7 and bf16.hbm_utilization < 0.3
+    assert int8.cycles <= bf16.cycles * 0.65
+
+
+def test_ideal_l2_reads_each_operand_from_hbm_once(die):
+    no_l2 = ChipCost(die, persist=False).gemm(2048, 2048, 2048, "int8")
+    l2 = ChipCost(die, persist=False, l2_bytes_per_cycle=110).gemm(2048, 2048, 2048, "int8")
+    assert no_l2.hbm_bytes > 3 * no_l2.min_hbm_bytes  # the cost of having no L2
+    assert l2.hbm_bytes == pytest.approx(l2.min_hbm_bytes, rel=1e-4) and l2.l2_read_bytes > 0  # per-step rounding
+    assert l2.cycles < no_l2.cycles and l2.compute_utilization > 0.5
+    # compute-bound with the L2: INT8 is faster than BF16
+    assert l2.cycles <= ChipCost(die, persist=False, l2_bytes_per_cycle=110).gemm(2048, 2048, 2048, "bf16").cycles
+
+
+def test_less_hbm_bandwidth_is_never_faster(cc, die):
+    full = cc.gemm(96, 7168, 2048, "int8")
+    half = cc.gemm(96, 7168, 2048, "int8", hbm_fraction=0.5)
+    assert half.cycles > full.cycles
+    assert half.hbm_peak_bandwidth_gbps == pytest.approx(800.0) and half.hbm_bandwidth_gbps <= 800.0 * (1 + 1e-9)
+
+
+def test_split_k_for_decode_shapes_reduces_over_the_noc(cc):
+    r = cc.gemm(16, 7168, 512, "int8")
+    pb, pm, pn, pk, *_ = r.plan
+    assert pk > 1 and r.hbm_write_bytes == 16 * 512 * 2  # partial sums never reach HBM
+
+
+def test_tlm_fidelity_times_the_same_kernel(die):
+    analytical = ChipCost(die, persist=False).gemm(256, 1024, 512, "int8")
+    tlm = ChipCost(die, memory="tlm", persist=False).gemm(256, 1024, 512, "int8")
+    assert tlm.plan == analytical.plan and tlm.hbm_bytes == analytical.hbm_bytes
+    assert tlm.memory_fidelity == "tlm" and tlm.cycles > 0
+
+
+# -- ops and graphs --------------------------------------------------------------------------------------
+
+def test_ops_and_graphs_on_a_share(die):
+    cc = ChipCost(die, persist=False)
+    norm = Op("L0.norm", "vector", layer=0, elements=64 * 7168, op_class="reduction", fn="rmsnorm", row_len=7168)
+    r = cc.op(norm, cores=16)
+    assert r.kind == "op" and r.cores == 16 and 0 < r.cores_used <= 16 and r.cycles > 0
+    attn = Op("L0.attn", "attention", layer=0, q_len=1, kv_len=1024, batch=8, heads=16, kv_heads=16,
+              head_dim=128)
+    ra = cc.op(attn, cores=16)
+    cached = 8 * (1024 - 1) * attn.kv_bytes_per_token  # the new token's keys are not read back
+    assert ra.hbm_read_bytes >= cached and ra.min_hbm_bytes == cached and ra.cycles > 0
+    batched = Op("L0.uk", "gemm", layer=0, dtype="int8", m=48, k=128, n=512, batch=16, weight=True,
+                 weight_batched=True)
+    assert cc.op(batched, cores=8).flops == batched.flops
+    g = Graph("pair", [norm, Op("L0.up", "gemm", layer=0, dtype="int8", m=64, k=7168, n=2048, weight=True,
+                                  inputs=("L0.norm",))])
+    rg = cc.graph(g, cores=8)
+    assert rg.kind == "graph" and rg.flops == g.flops and rg.hbm_bytes >= g.weight_bytes
+    before = cc.stats.misses
+    cc.op(Op("L5.norm", "vector", layer=5, elements=64 * 7168, op_class="reduction", fn="rmsnorm",
+             row_len=7168), cores=16)
+    assert cc.stats.misses == before  # same shape, another layer: a hit
+    assert cc.op(norm, cores=8).cores == 8  # another share is another entry
+    assert cc.stats.misses == before + 1
+
+
+def test_bad_requests_are_config_errors(die):
+    cc = ChipCost(die, persist=False)
+    for call in (lambda: cc.gemm(0, 1, 1), lambda: cc.gemm(1, 1, 1, "fp64"), lambda: cc.gemm(1, 1, 1, "fp8"),
+                 lambda: cc.gemm(1, 1, 1, cores=0), lambda: cc.gemm(1, 1, 1, cores=25),
+                 lambda: cc.gemm(1, 1, 1, cores=[1, 1]), lambda: cc.gemm(1, 1, 1, cores=[24]),
+                 lambda: cc.gemm(1, 1, 1, hbm_fraction=0), lambda: cc.op("not an op"),
+                 lambda: ChipCost(die, memory="exact"), lambda: ChipCost(die, noc="wormhole"),
+                 lambda: ChipCost(die, l2_bytes_per_cycle=-1), lambda: ChipCost("no-such-chip")):
+        with pytest.raises(ConfigError):
+            call()
+
+
+# -- the command line --------------------------------------------------------------------------------------
+
+SINGLE_CORE_KEYS = {
+    "m", "k", "n", "batch", "dtype", "array", "k_per_pe", "dataflow", "cycles", "time_ns", "macs", "utilization",
+    "tflops", "folds", "t_tile", "n_tile", "t_inj", "fill_drain", "formula", "sram_read_bytes",
+    "sram_write_bytes", "sram_bound_cycles", "sram_bound",
+}
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_gemm_without_chip_is_unchanged(capsys):
+    code, out, _ = run_cli(capsys, "gemm", "--arch", ARCH, "--m", "2048", "--n", "2048", "--k", "2048",
+                           "--dtype", "int8", "--json")
+    d = json.loads(out)
+    assert code == 0 and set(d) == SINGLE_CORE_KEYS and d["k_per_pe"] == 32 and d["array"] == "16x16"
+
+
+def test_cli_gemm_chip_json(capsys):
+    code, out, _ = run_cli(capsys, "gemm", "--arch", ARCH, "--chip", "--m", "2048", "--n", "2048", "--k", "2048",
+                           "--dtype", "int8", "--json")
+    d = json.loads(out)
+    assert code == 0
+    assert {"compute_utilization", "hbm_bandwidth_gbps", "time_us", "cycles", "tflops", "hbm_bytes",
+            "cores"} <= set(d)
+    assert d["cores"] == 24 and d["chip"] is True and d["flops"] == 2 * 2048**3
+    assert 0 < d["compute_utilization"] <= 1 and d["tflops"] == pytest.approx(d["compute_utilization"] * 727.4496)
+    assert 0 < d["hbm_bandwidth_gbps"] <= d["hbm_peak_bandwidth_gbps"] == pytest.approx(1600.0)
+    assert d["hbm_bytes"] >= d["min_hbm_bytes"] == 2 * 2048**2 + 2048**2 * 2
+    # the second run answers from the disk cache with the same figures
+    code, out2, _ = run_cli(capsys, "gemm", "--arch", ARCH, "--chip", "--m", "2048", "--n", "2048", "--k", "2048",
+                            "--dtype", "int8", "--json")
+    assert out2 == out
+    code, out, _ = run_cli(capsys, "gemm", "--arch", ARCH, "--chip", "--cores", "12", "--m", "512", "--n", "512",
+                           "--k", "512", "--json", "--no-cache")
+    d = json.loads(out)
+    assert code == 0 and d["cores"] == 12 and d["compute_utilization"] <= d["share_compute_utilization"]
+
+
+def test_cli_gemm_chip_text(capsys):
+    code, out, _ = run_cli(capsys, "gemm", "--arch", ARCH, "--chip", "--m", "96", "--n", "2048", "--k", "7168",
+                           "--dtype", "int8", "--l2-bytes-per-cycle", "110")
+    assert code == 0 and "of the chip's" in out and "compulsory" in out and "ideal L2" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cores", "4"], "need --chip"),
+    (["--memory", "tlm"], "need --chip"),
+    (["--chip", "--array", "32x32"], "single-core model"),
+    (["--chip", "--cores", "25"], "has 24 cores"),
+    (["--chip", "--dtype", "fp8"], "supports"),
+    (["--chip", "--out-dtype", "fp64"], "expected one of"),
+    (["--chip", "--l2-bytes-per-cycle", "0"], "positive"),
+])
+def test_cli_gemm_chip_errors(capsys, argv, message):
+    code, _, err = run_cli(capsys, "gemm", "--arch", ARCH, "--m", "64", "--n", "64", "--k", "64", *argv)
+    assert code == 2 and message in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, "gemm", "--arch", ARCH, "--chip", "--m", "0", "--n", "1", "--k", "1")
+    assert code == 2 and "--m must be a positive integer" in err
