@@ -119,8 +119,9 @@ def _finish(sim: SystemSim, w: WorkBuilder, op: str, algorithm: str, n: int, nby
 
 
 def run_collective(loaded: LoadedSystem, op: str, ranks: Sequence[int], nbytes: int, algorithm: str | None = None,
-                   fidelity: str = "flow", via: str | None = None, progress=None) -> CollectiveRun:
-    sim = SystemSim(loaded, fidelity)
+                   fidelity: str = "flow", via: str | None = None, progress=None, **sim_options) -> CollectiveRun:
+    """``sim_options`` go to :class:`SystemSim` (``rate_quantum_ns``, ``fair_tolerance``, ``packet_bytes``)."""
+    sim = SystemSim(loaded, fidelity, **sim_options)
     w = WorkBuilder(sim)
     via = via or loaded.system.initiator.default
     built = build_collective(w, op, list(ranks), nbytes, algorithm, via, reduction_ps(loaded),
@@ -130,7 +131,7 @@ def run_collective(loaded: LoadedSystem, op: str, ranks: Sequence[int], nbytes: 
 
 def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k: int = 8, hidden: int = 7168,
             experts: int = 256, routing: str = "uniform", dtype: str = "int8", fidelity: str = "flow",
-            via: str = "aiv", seed: int = 0, progress=None) -> CollectiveRun:
+            via: str = "aiv", seed: int = 0, progress=None, **sim_options) -> CollectiveRun:
     """MoE dispatch (tokens to the ranks of their experts) or combine (results back), EP ranks =
     the first ``ep`` dies (see :mod:`npusim.system.moe`)."""
     if op not in ("dispatch", "combine"):
@@ -144,7 +145,7 @@ def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k:
     counts = traffic.tokens if op == "dispatch" else traffic.tokens.T  # combine flows expert rank -> token rank
     sizes = counts * per_token
     np.fill_diagonal(sizes, 0)
-    sim = SystemSim(loaded, fidelity)
+    sim = SystemSim(loaded, fidelity, **sim_options)
     w = WorkBuilder(sim)
     ranks_arr = np.asarray(ranks, np.int64)
     for i in range(ep):
