@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from npusim.arch import summarize
+from npusim.arch.schema import DTYPE_BYTES
+from npusim.model.ir import Op
+from npusim.system.chipcost import ChipCost
 from npusim.errors import ConfigError
 from npusim.system.collectives import ALGORITHMS, build_collective
 from npusim.system.load import LoadedSystem
@@ -32,11 +35,22 @@ def parse_ranks(loaded: LoadedSystem, spec: str) -> list[int]:
     return [topo.endpoint(part) for part in text.split(",") if part.strip()]
 
 
-def reduction_ps(loaded: LoadedSystem):
-    """Time for a die to add a received chunk into its own: memory-bound on the die's HBM
-    (read both operands, write the sum: 3 x bytes at the chip's HBM bandwidth)."""
+def reduction_ps(loaded: LoadedSystem, chip_cost: ChipCost | None = None, dtype: str = "bf16"):
+    """Time for a die to add a received chunk of ``nbytes`` into its own: the chip simulator's time
+    for the element-wise add on all of the die's cores (memoised per size), but at least the HBM
+    traffic of reading both operands and writing the sum (3 x bytes at the die's HBM bandwidth):
+    the chip's mapper keeps activations on chip, while a received chunk lands in HBM."""
+    chip_cost = chip_cost or ChipCost(loaded.chip)
     gbps = summarize(loaded.chip).hbm_bandwidth_gbps
-    return lambda nbytes: int(round(3 * nbytes / gbps * 1000))
+    elem = DTYPE_BYTES[dtype]
+
+    def cost(nbytes: int) -> int:
+        op = Op(name="collective_reduce", kind="vector", dtype=dtype, elements=max(1, int(nbytes / elem)),
+                op_class="elementwise", fn="add")
+        compute_us = chip_cost.op(op).time_us
+        return int(round(max(compute_us * 1e6, 3 * nbytes / gbps * 1000)))
+
+    return cost
 
 
 @dataclass
@@ -124,9 +138,11 @@ def run_collective(loaded: LoadedSystem, op: str, ranks: Sequence[int], nbytes: 
     sim = SystemSim(loaded, fidelity, **sim_options)
     w = WorkBuilder(sim)
     via = via or loaded.system.initiator.default
-    built = build_collective(w, op, list(ranks), nbytes, algorithm, via, reduction_ps(loaded),
+    chip_cost = ChipCost(loaded.chip)
+    built = build_collective(w, op, list(ranks), nbytes, algorithm, via, reduction_ps(loaded, chip_cost),
                              loaded.topology.node_of)
-    return _finish(sim, w, op, built.algorithm, len(ranks), nbytes, built.bus_factor(), via, progress)
+    return _finish(sim, w, op, built.algorithm, len(ranks), nbytes, built.bus_factor(), via, progress,
+                   chip_cost_hits=chip_cost.stats.hits, chip_cost_misses=chip_cost.stats.misses)
 
 
 def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k: int = 8, hidden: int = 7168,
