@@ -192,3 +192,18 @@ def test_stages_balance_estimated_cost_with_the_head_on_the_last(arch64):
     assert counts[-1] < min(counts[:-1])  # the LM head (~3.9 layers of weights) shares the last stage
     even = spec.model_copy(update={"pipeline": spec.pipeline.model_copy(update={"balance": "layers"})})
     assert [b - a + 1 for a, b in map_model(graph, arch64, even).stage_layers] == [6, 5, 5, 5, 5, 5, 5]
+
+
+def test_mla_decode_attention_reads_each_cache_once():
+    """MLA shares one latent KV among all heads: decode splits whole sequences over the cores, so the
+    HBM traffic is the cache itself (not once per core), and the heads are the rows of one GEMM per
+    sequence (so the FLOPs are the op's)."""
+    arch = load_arch("ascend-910b")
+    op = Op("L0.attn.attention", "attention", 0, "bf16", q_len=1, kv_len=4096, heads=128, kv_heads=1,
+            head_dim=576, v_head_dim=512, variant="mla", batch=48, kv_bytes_per_token_override=576 * 2)
+    g = Graph("mla", [op], phase="decode", batch=48, seq_len=1, kv_len=4096)
+    spec = spec_from_flags(tp=24, stages=1).model_copy(update={"data_parallel": 1})
+    run = simulate_forward(g, arch, spec, memory_mode="analytical", noc_mode="analytical")
+    cache = 48 * (4096 - 1) * 576 * 2
+    assert run.summary["hbm_bytes"] == pytest.approx(cache, rel=0.01)
+    assert _gemm_flops(run.mapped.program) == pytest.approx(op.flops, rel=0.01)

@@ -23,7 +23,8 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
 * **Attention** is head-parallel when its input is replicated (output ``feat``: the
   K-split input a ``tp_k`` O-projection wants) and token-parallel otherwise (keys and
   values all-gathered across the group; in decode each core keeps its own sequences'
-  cache). QK^T and PV run on the cube, softmax on the vector unit; the KV cache is
+  cache). MLA (one latent KV shared by all heads) with at least one sequence per core is
+  split by whole sequences instead (output ``m``), so no core reads another's cache. QK^T and PV run on the cube, softmax on the vector unit; the KV cache is
   read from HBM (DMA) when it lives there, and prefill writes the new keys/values.
 * **Weights** stay resident in SRAM when the stage's shards fit next to the KV cache
   and the reserve; otherwise each core streams its shard from HBM in tiles, with two
@@ -573,8 +574,11 @@ class Mapper:
         keys = max(1, int(round(pairs_per_seq / max(1, op.q_len))))  # mean keys per query
         if st.layout == "mb":
             self._to_rep(st, op.activation_in_bytes, name + " gather")
-        head_parallel = st.layout in ("rep", "feat") or t == 1
-        if not head_parallel and op.q_len > 1 and t > 1:
+        # MLA's one latent KV "head" is shared by all query heads: split by heads, every core would
+        # read every sequence's whole cache; decode splits whole sequences instead
+        mla_by_sequence = op.variant == "mla" and st.layout == "rep" and t > 1 and op.batch >= t
+        head_parallel = (st.layout in ("rep", "feat") or t == 1) and not mla_by_sequence
+        if not head_parallel and op.q_len > 1 and t > 1 and not mla_by_sequence:
             # token-parallel prefill: every core needs every key and value
             kv_bytes = int(op.batch * op.q_len * op.kv_bytes_per_token)
             coll = ring_allgather(prog, st.cores, kv_bytes, deps=st.ready, dtype=op.dtype)
@@ -599,17 +603,19 @@ class Mapper:
                 if cache > 0:
                     deps.append(prog.add_dma(c, cache, address=self.kv_base[c], deps=[st.ready[i]],
                                              name=f"{name} read KV"))
-            scores = prog.add_gemm(c, q_len, op.head_dim, keys, op.dtype, seqs * heads, deps=deps,
-                                   name=f"{name} QK")
+            # MLA: every head of a sequence attends the same latent keys, so the heads are the rows of
+            # one GEMM per sequence; otherwise one GEMM per (sequence, head)
+            rows, products = (q_len * heads, seqs) if op.variant == "mla" else (q_len, seqs * heads)
+            scores = prog.add_gemm(c, rows, op.head_dim, keys, op.dtype, products, deps=deps, name=f"{name} QK")
             soft = prog.add_vector(c, "softmax", seqs * heads * q_len * keys, op.dtype, deps=[scores],
                                    name=f"{name} softmax", row_len=keys)
-            out = prog.add_gemm(c, q_len, keys, vd, op.dtype, seqs * heads, deps=[soft], name=f"{name} PV")
+            out = prog.add_gemm(c, rows, keys, vd, op.dtype, products, deps=[soft], name=f"{name} PV")
             if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
                 prog.add_dma(c, int(seqs * q_len * kv_share), address=self.kv_base[c], write=True,
                              dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=[st.ready[i]],
                              name=f"{name} write KV")
             outs.append(out)
-        st.set("feat" if head_parallel and t > 1 else st.layout, outs)
+        st.set("feat" if head_parallel and t > 1 else "m" if mla_by_sequence else st.layout, outs)
 
     def _moe(self, st: _GroupState, op: Op, name: str) -> None:
         """Expert parallel inside the group: core i runs experts i, i+t, ...; outputs all-reduced."""
