@@ -28,6 +28,7 @@ from pathlib import Path
 from npusim.arch import load_arch
 from npusim.cli.util import add_arch_arg
 from npusim.cli.progress import task_progress
+from npusim.cli.run_system import add_system_run_args, run_system_step
 from npusim.cli.serve import add_serving_args, is_serving, run_serving
 from npusim.errors import ConfigError
 from npusim.files import write_json
@@ -50,6 +51,7 @@ def add_parser(sub):
     add_mapping_args(p)
     add_fidelity_args(p, memory_default="analytical")
     add_serving_args(p)
+    add_system_run_args(p)
     p.add_argument("--out", type=Path, default=None,
                    help="directory for summary.json, tasks.h5, program.h5 and timeline.json (Perfetto); "
                    "serving: summary.json, serving.h5, timeline.json (Perfetto) and, with matplotlib, plots")
@@ -153,6 +155,8 @@ def build_spec(args, arch, graph, default_tp: int = 16):
 
 
 def run(args) -> int:
+    if args.system is not None:
+        return run_system_step(args)
     arch = load_arch(args.arch)
     if is_serving(args) and is_forward(args):
         raise ConfigError("--trace/--rate/--requests serve a request stream; --forward, --phase, --batch, --seq "

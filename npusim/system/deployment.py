@@ -1,0 +1,87 @@
+"""The multi-NPU deployment of a MoE model: the ``system:`` section of a mapping spec.
+
+How DeepSeek-V3/R1 (or another MoE model of the zoo) is laid over an instance of NPUs
+(``mappers/cm384-deepseek-decode.yaml`` ...):
+
+* ``npus``: NPUs of the instance (disjoint from other instances); every die of them is one
+  attention data-parallel rank and one expert-parallel rank;
+* ``attention``: ``dp`` (MLA data parallel over the dies) — ``tp`` inside a die is the chip
+  mapper's business;
+* ``routed_experts``: ``per_die`` routed experts on each expert die, ``redundant`` extra copies
+  placed by the load profile (``eplb``), on ``dies`` dies (default: all dies not holding shared
+  experts);
+* ``shared_expert``: ``dedicated: N`` dies that compute only the shared expert (every token goes
+  to one of them, round robin by source die, like a 9th expert), or ``dp`` (every die computes it
+  for its own tokens), or ``tp: T`` (groups of T dies split it);
+* ``dense_ffn`` (the first dense layers) and ``lm_head``: ``dp`` or ``tp: T``;
+* ``microbatches`` (1 or 2): two microbatches on two core shares (``core_split``) so that one
+  microbatch's MoE and communication overlap the other's attention;
+* ``mtp`` / ``mtp_acceptance``: speculative tokens per step and their acceptance (0 = off);
+* ``step_overhead_us``: graph launch / scheduling time per step, with its source;
+* ``eplb``: ``none`` | ``greedy`` | ``perfect`` expert placement by load.
+
+Units: ``_us`` microseconds. Everything not given takes the default stated on its field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
+
+from npusim.config import StrictModel, load_yaml, validate
+from npusim.errors import ConfigError
+
+
+class RoutedExperts(StrictModel):
+    per_die: PositiveInt = 1
+    redundant: NonNegativeInt = 0
+
+
+class Parallel(StrictModel):
+    """``dp`` (each die for its own tokens), ``tp: T`` (T dies split it) or ``dedicated: N`` dies."""
+
+    mode: Literal["dp", "tp", "dedicated"] = "dp"
+    degree: PositiveInt = 1
+
+
+class CoreShare(StrictModel):
+    cube: PositiveInt
+    vector: PositiveInt
+
+
+class Deployment(StrictModel):
+    phase: Literal["decode", "prefill"]
+    npus: PositiveInt
+    attention: Literal["dp"] = "dp"
+    routed_experts: RoutedExperts = Field(default_factory=RoutedExperts)
+    shared_expert: Parallel = Field(default_factory=Parallel)
+    dense_ffn: Parallel = Field(default_factory=Parallel)
+    lm_head: Parallel = Field(default_factory=Parallel)
+    microbatches: Literal[1, 2] = 1
+    core_split: dict[str, CoreShare] = Field(default_factory=dict)
+    mtp: NonNegativeInt = 0
+    mtp_acceptance: float = Field(default=0.7, ge=0.0, le=1.0)
+    eplb: Literal["none", "greedy", "perfect"] = "none"
+    step_overhead_us: NonNegativeFloat = 0.0
+    step_overhead_source: str = ""
+
+    @model_validator(mode="after")
+    def _split(self):
+        if self.microbatches == 2 and set(self.core_split) != {"attention", "moe"}:
+            raise ValueError("microbatches: 2 needs core_split with 'attention' and 'moe' shares (cube, vector)")
+        return self
+
+
+class DeploymentFile(StrictModel):
+    system: Deployment
+
+
+def load_deployment(path: str | Path) -> Deployment:
+    """Read the ``system:`` section of a mapping spec (ConfigError names file and key)."""
+    path = Path(path)
+    data = load_yaml(path)
+    if "system" not in data:
+        raise ConfigError(f"{path}: no 'system:' section; a multi-NPU run needs one (see mappers/cm384-deepseek-*.yaml)")
+    return validate(DeploymentFile, {"system": data["system"]}, path).system

@@ -1,0 +1,330 @@
+"""One serving step of a MoE model (DeepSeek-V3/R1) deployed over many NPUs: chip costs + fabric.
+
+What one step is made of (each piece simulated, none a constant):
+
+* per die, the **chip simulator** (through :class:`~npusim.system.chipcost.ChipCost`) times the
+  attention block of one MoE layer for the die's own sequences (norms, MLA projections with weight
+  absorption, attention over the KV cache read from HBM, the router), the routed (and shared)
+  expert GEMMs for the tokens that actually arrive (token counts padded up to 16 rows, the cube's
+  tile, as graph-mode engines pad), a dense layer, and the LM head — on the die's core share;
+* the **fabric** times dispatch (each token once to every die holding one of its experts) and
+  combine (results back) with the real routed-token counts (:mod:`npusim.system.moe` routing),
+  AIV-direct writes; the slowest die sets the pace because the next layer's attention on a die
+  waits for all of that die's combine transfers;
+* two layers are simulated back to back and ``layer_us`` is the period between them (so two
+  microbatches overlap one's MoE with the other's attention as they would in steady state);
+  the step adds the dense layers, the MoE layers, the MTP layer, the LM head and the per-step
+  overhead.
+
+Not modelled (the output says so): the dispatch/combine operators' own launch, layout and
+synchronisation time (``validation/moe_dispatch_combine.py`` shows the fabric accounts for
+25-80% of published operator latency), the 910C's L2 (expert GEMMs run from HBM at 30-40% of
+peak, see ``arch/ascend-910c-die.yaml``), quantisation kernels, and KV writes of the new tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from npusim.arch import summarize
+from npusim.errors import ConfigError
+from npusim.model.builder import build_graph
+from npusim.model.ir import Graph
+from npusim.model.zoo import get_config
+from npusim.system.chipcost import ChipCost
+from npusim.system.deployment import Deployment
+from npusim.system.load import LoadedSystem
+from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, route_tokens
+from npusim.system.simulator import PS_PER_US, SystemSim
+from npusim.system.work import WorkBuilder
+
+PAD_ROWS = 16
+SIM_LAYERS = 2
+PARTIAL_NOTE = ("partial model: dispatch/combine operator overheads (launch, layout, synchronisation), the die's "
+                "L2 and KV writes are not modelled; see validation/deepseek_deployments.py for the gap")
+
+
+@dataclass
+class StepResult:
+    system: str
+    model: str
+    phase: str
+    npus: int
+    dies: int
+    batch_per_npu: float
+    batch_per_die: float
+    tokens_per_step: float
+    step_ms: float
+    tpot_ms: float
+    tokens_per_s_per_npu: float
+    layer_us: float
+    breakdown_us: dict
+    microbatches: int
+    mtp: int
+    mtp_acceptance: float
+    eplb: str
+    kv_gb_per_die: float
+    weights_gb_per_die: float
+    imbalance: float
+    chip_cost: dict
+    note: str = PARTIAL_NOTE
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pad(tokens: int) -> int:
+    return int(math.ceil(tokens / PAD_ROWS) * PAD_ROWS) if tokens > 0 else 0
+
+
+def _layer_subgraph(graph: Graph, layer: int, upto: str | None = None) -> Graph:
+    """The ops of one decoder layer (up to and including the op whose name ends with ``upto``)."""
+    ops = [op for op in graph.ops if op.layer == layer]
+    if upto is not None:
+        cut = next(i for i, op in enumerate(ops) if op.name.endswith(upto))
+        ops = ops[: cut + 1]
+    kept = {op.name for op in ops}
+    ops = [replace(op, inputs=tuple(i for i in op.inputs if i in kept)) for op in ops]
+    return Graph(graph.name, ops, graph.phase, graph.batch, graph.seq_len, graph.kv_len, graph.meta)
+
+
+def _expert_placement(cfg, dep: Deployment, expert_dies: int, load: np.ndarray) -> list[list[int]]:
+    """Dies holding each routed expert: one home die each (``per_die`` per die, in order), plus the
+    redundant copies given to the most loaded experts (greedy EPLB; none without EPLB)."""
+    n = cfg.num_experts
+    slots = expert_dies * dep.routed_experts.per_die
+    if slots < n:
+        raise ConfigError(f"mapping: {expert_dies} expert dies x {dep.routed_experts.per_die} per die = {slots} slots "
+                          f"for {n} routed experts")
+    homes = [[e // dep.routed_experts.per_die] for e in range(n)]
+    spare = slots - n
+    if dep.eplb == "greedy" and spare > 0:
+        copies = min(spare, dep.routed_experts.redundant or spare)
+        share = load.astype(float).copy()
+        for c in range(copies):
+            e = int(np.argmax(share))
+            homes[e].append((n + c) // dep.routed_experts.per_die)
+            share[e] = load[e] / len(homes[e])
+    return homes
+
+
+def _traffic(picks: np.ndarray, homes: list[list[int]], shared_dies: list[int], dies: int, eplb: str):
+    """Token counts ``tokens[src, dst]`` (deduplicated per destination) and expert tokens per die."""
+    ndies, ntok, k = picks.shape
+    hit = np.zeros((ndies, ntok, dies), dtype=bool)
+    per_die = np.zeros(dies, np.int64)
+    if eplb == "perfect":  # every expert slot gets the same share: spread (token, pick) pairs evenly
+        slots = [d for h in homes for d in h]
+        flat = np.arange(ndies * ntok * k) % len(slots)
+        dest = np.asarray(slots)[flat].reshape(ndies, ntok, k)
+    else:
+        nhomes = np.array([len(h) for h in homes])
+        table = np.full((len(homes), nhomes.max()), -1, np.int64)
+        for e, h in enumerate(homes):
+            table[e, : len(h)] = h
+        src = np.arange(ndies)[:, None, None]
+        tok = np.arange(ntok)[None, :, None]
+        copy = (src + tok) % nhomes[picks]  # copies of an expert share its tokens round robin
+        dest = table[picks, copy]
+    s_idx = np.repeat(np.arange(ndies), ntok * k)
+    t_idx = np.tile(np.repeat(np.arange(ntok), k), ndies)
+    hit[s_idx, t_idx, dest.ravel()] = True
+    np.add.at(per_die, dest.ravel(), 1)
+    if shared_dies:  # each token also visits one shared-expert die (round robin by source die)
+        target = np.asarray(shared_dies)[np.arange(ndies) % len(shared_dies)]
+        hit[np.arange(ndies), :, target] = True
+        np.add.at(per_die, target, ntok)
+    return hit.sum(axis=1).astype(np.int64), per_die
+
+
+def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-r1", batch: float | None = None,
+                  kv: int = 4096, batch_tokens: int | None = None, seq: int = 4096, mtp: int | None = None,
+                  mtp_acceptance: float | None = None, microbatches: int | None = None, eplb: str | None = None,
+                  routing: str = "uniform", seed: int = 0, chip_cost: ChipCost | None = None,
+                  fidelity: str = "flow") -> StepResult:
+    """One decode step (``batch`` sequences per NPU at context ``kv``) or prefill step
+    (``batch_tokens`` per NPU of ``seq``-token prompts); flags override the deployment."""
+    s = loaded.system
+    cfg = get_config(model)
+    if cfg.num_experts <= 0:
+        raise ConfigError(f"--model {model}: a multi-NPU step needs a MoE model")
+    dep = dep.model_copy(update={k: v for k, v in (("mtp", mtp), ("mtp_acceptance", mtp_acceptance),
+                                                    ("microbatches", microbatches), ("eplb", eplb)) if v is not None})
+    if dep.microbatches == 2 and set(dep.core_split) != {"attention", "moe"}:
+        raise ConfigError("--microbatches 2 needs the mapping's core_split (attention and moe core shares)")
+    dpn = s.npu.dies
+    if dep.npus > s.num_npus:
+        raise ConfigError(f"mapping: npus {dep.npus} but {s.name} has {s.num_npus} NPUs (use a bigger --nodes or system)")
+    dies = dep.npus * dpn
+    shared = [] if dep.shared_expert.mode != "dedicated" else list(range(dies - dep.shared_expert.degree, dies))
+    expert_dies = dies - len(shared)
+    chip = loaded.chip
+    cc = chip_cost or ChipCost(chip)
+    ncores = chip.num_cores
+    mb = dep.microbatches
+    att_cores = dep.core_split["attention"].cube if mb == 2 else ncores
+    moe_cores = dep.core_split["moe"].cube if mb == 2 else ncores
+    if dep.phase == "decode":
+        if batch is None or batch <= 0:
+            raise ConfigError("--batch: sequences per NPU, a positive number, is needed for a decode step")
+        q_len = 1 + dep.mtp
+        seqs_die = batch / dpn
+        tokens_die = seqs_die * q_len
+        seqs_mb = max(1, int(round(seqs_die / mb)))
+        graph = build_graph(cfg, "decode", batch=seqs_mb, seq_len=q_len, kv_len=kv, precision="a8w8",
+                            layers=cfg.first_dense_layers + 1)
+        kv_tokens = kv
+    else:
+        if batch_tokens is None or batch_tokens <= 0:
+            raise ConfigError("--batch-tokens: prompt tokens per NPU, a positive number, is needed for a prefill step")
+        tokens_die = batch_tokens / dpn
+        q_len = min(seq, int(tokens_die / mb)) or 1
+        seqs_mb = max(1, int(round(tokens_die / mb / q_len)))
+        seqs_die = tokens_die / seq
+        graph = build_graph(cfg, "prefill", batch=seqs_mb, seq_len=q_len, kv_len=q_len, precision="a8w8",
+                            layers=cfg.first_dense_layers + 1)
+        kv_tokens = seq
+    moe_layer = cfg.first_dense_layers
+    attention = cc.graph(_layer_subgraph(graph, moe_layer, "moe.route"), cores=att_cores)
+    dense = cc.graph(_layer_subgraph(graph, 0), cores=ncores) if cfg.first_dense_layers else None
+    tokens_mb = int(round(tokens_die / mb))
+    lm_tokens = int(round(seqs_die * (1 + dep.mtp))) if dep.phase == "decode" else int(round(seqs_die))
+    lm_head = cc.gemm(max(1, lm_tokens), cfg.hidden_size, cfg.vocab_size, "int8", cores=ncores)
+
+    # memory check: KV of the die's sequences and the weights a die holds
+    mla_kv = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2 if cfg.is_mla else 2 * cfg.num_kv_heads * cfg.head_dim * 2
+    kv_gb = seqs_die * kv_tokens * mla_kv * cfg.num_layers / 2**30
+    weights_gb = _weights_per_die_gb(cfg, dep)
+    hbm_gb = summarize(chip).hbm_gb
+    if kv_gb + weights_gb > hbm_gb:
+        raise ConfigError(f"batch does not fit: {kv_gb:.1f} GB of KV cache + {weights_gb:.1f} GB of weights per die "
+                          f"> {hbm_gb:g} GB of HBM (fewer sequences per NPU, or a shorter --kv)")
+
+    # routing: the die's tokens of each microbatch pick top-k experts
+    load_w = expert_weights(routing, cfg.num_experts, seed)
+    picks = route_tokens(dies, tokens_mb, cfg.experts_per_token, cfg.num_experts, load_w, seed)
+    homes = _expert_placement(cfg, dep, expert_dies, np.bincount(picks.ravel(), minlength=cfg.num_experts))
+    tokens, per_die = _traffic(picks, homes, shared, dies, dep.eplb)
+    expert_ps = {}
+
+    def expert_time_ps(n_tok: int, d: int) -> int:
+        if n_tok <= 0:
+            return 0
+        key = (_pad(n_tok), d in shared)
+        if key not in expert_ps:
+            m = key[0]
+            width = cfg.moe_intermediate_size * (cfg.num_shared_experts if key[1] else 1)
+            up = cc.gemm(m, cfg.hidden_size, 2 * width, "int8", cores=moe_cores)
+            down = cc.gemm(m, width, cfg.hidden_size, "int8", cores=moe_cores)
+            expert_ps[key] = int(round((up.time_us + down.time_us) * PS_PER_US))
+        return expert_ps[key]
+
+    # experts per die: a die's token count is split over its routed experts (per_die of them)
+    per_expert = np.ceil(per_die / np.where(np.isin(np.arange(dies), shared), 1, dep.routed_experts.per_die))
+    moe_ps = np.array([expert_time_ps(int(per_expert[d]), d) * (1 if d in shared else dep.routed_experts.per_die)
+                       for d in range(dies)], np.int64)
+
+    sim = SystemSim(loaded, fidelity)
+    w = WorkBuilder(sim)
+    topo = loaded.topology
+    ranks = np.asarray([topo.index[n] for n in topo.die_names[:dies]], np.int64)
+    disp_bytes = tokens * dispatch_bytes_per_token(cfg.hidden_size, "int8")
+    comb_bytes = tokens.T * combine_bytes_per_token(cfg.hidden_size)
+    np.fill_diagonal(disp_bytes, 0)
+    np.fill_diagonal(comb_bytes, 0)
+    att_ps = int(round(attention.time_us * PS_PER_US))
+    moe_unit = "moe" if mb == 2 else "compute"
+    done = [[-1] * dies for _ in range(mb)]
+    marks = []  # per layer: (dispatch ids, combine ids, expert ids, layer end barrier)
+    for layer in range(SIM_LAYERS):
+        layer_marks = []
+        for m in range(mb):
+            att = [w.compute(int(ranks[d]), att_ps, [done[m][d]] if done[m][d] >= 0 else []) for d in range(dies)]
+            into = [[] for _ in range(dies)]
+            disp_ids = []
+            for d in range(dies):
+                order = (d + np.arange(1, dies)) % dies
+                order = order[disp_bytes[d, order] > 0]
+                if order.shape[0]:
+                    ids = w.transfers(np.full(order.shape[0], ranks[d]), ranks[order], disp_bytes[d, order], "write",
+                                      "aiv", deps=[att[d]])
+                    disp_ids.append(ids)
+                    for j, t in zip(order, ids):
+                        into[j].append(int(t))
+            exp_ids = [w.compute(int(ranks[e]), int(moe_ps[e]), into[e] + [att[e]], unit=moe_unit) for e in range(dies)]
+            back = [[] for _ in range(dies)]
+            comb_ids = []
+            for e in range(dies):
+                order = (e + np.arange(1, dies)) % dies
+                order = order[comb_bytes[e, order] > 0]
+                if order.shape[0]:
+                    ids = w.transfers(np.full(order.shape[0], ranks[e]), ranks[order], comb_bytes[e, order], "write",
+                                      "aiv", deps=[exp_ids[e]])
+                    comb_ids.append(ids)
+                    for j, t in zip(order, ids):
+                        back[j].append(int(t))
+            for d in range(dies):
+                done[m][d] = w.barrier(back[d] + [exp_ids[d]])
+            layer_marks.append((np.concatenate(disp_ids) if disp_ids else np.zeros(0, np.int64),
+                                np.concatenate(comb_ids) if comb_ids else np.zeros(0, np.int64),
+                                np.asarray(exp_ids), att))
+        end = w.barrier([done[m][d] for m in range(mb) for d in range(dies)])
+        marks.append((layer_marks, end))
+    w.submit()
+    sim.run()
+    tt = sim.engine.tt
+    ends = [int(tt.end[end]) for _, end in marks]
+    layer_ps = ends[-1] - ends[-2] if SIM_LAYERS > 1 else ends[0]
+
+    def span_us(ids):
+        return float((tt.end[ids].max() - tt.start[ids].min()) / PS_PER_US) if ids.shape[0] else 0.0
+
+    last = marks[-1][0]
+    dispatch_us = sum(span_us(lm[0]) for lm in last)
+    combine_us = sum(span_us(lm[1]) for lm in last)
+    moe_us = float(moe_ps.max() * mb / PS_PER_US)
+    att_us = attention.time_us * mb
+    layer_us = layer_ps / PS_PER_US
+    parts = att_us + moe_us + dispatch_us + combine_us
+    breakdown = {"attention": att_us, "moe_compute": moe_us, "dispatch": dispatch_us, "combine": combine_us,
+                 "other": max(0.0, layer_us - parts), "overlap_hidden": max(0.0, parts - layer_us)}
+    n_moe = cfg.num_layers - cfg.first_dense_layers + (1 if dep.mtp > 0 else 0)  # the MTP module is a MoE layer
+    dense_us = (dense.time_us * mb if dense else 0.0) * cfg.first_dense_layers  # both microbatches, all cores
+    step_us = dense_us + n_moe * layer_us + lm_head.time_us + dep.step_overhead_us
+    tokens_step = 1 + dep.mtp * dep.mtp_acceptance if dep.phase == "decode" else 1.0
+    per_npu_tokens = (batch * tokens_step) if dep.phase == "decode" else batch_tokens
+    tokens_per_s = per_npu_tokens / (step_us / 1e6)
+    received = per_die[:expert_dies]
+    return StepResult(
+        system=s.name, model=cfg.name, phase=dep.phase, npus=dep.npus, dies=dies,
+        batch_per_npu=float(batch if dep.phase == "decode" else seqs_die * dpn), batch_per_die=float(seqs_die),
+        tokens_per_step=tokens_step, step_ms=step_us / 1e3,
+        tpot_ms=step_us / 1e3 / tokens_step if dep.phase == "decode" else step_us / 1e3,
+        tokens_per_s_per_npu=tokens_per_s, layer_us=layer_us,
+        breakdown_us={k: round(v, 3) for k, v in breakdown.items()}, microbatches=mb, mtp=dep.mtp,
+        mtp_acceptance=dep.mtp_acceptance, eplb=dep.eplb, kv_gb_per_die=kv_gb, weights_gb_per_die=weights_gb,
+        imbalance=float(received.max() / received.mean()) if received.mean() > 0 else 1.0,
+        chip_cost=cc.stats.as_dict(),
+    )
+
+
+def _weights_per_die_gb(cfg, dep: Deployment) -> float:
+    """INT8 weights a die holds: attention of every layer (data parallel: a full copy), the dense
+    FFNs (``dp``: full; ``tp: T``: 1/T), its routed experts of every MoE layer, the shared expert
+    (``dp``: full), embedding and LM head (``dp``: full)."""
+    h = cfg.hidden_size
+    graph = build_graph(cfg, "decode", batch=1, seq_len=1, kv_len=2, precision="a8w8",
+                        layers=cfg.first_dense_layers + 1)
+    att = sum(op.weight_bytes for op in graph.ops if op.layer == cfg.first_dense_layers and ".attn." in op.name)
+    dense = sum(op.weight_bytes for op in graph.ops if op.layer == 0 and ".mlp." in op.name)
+    dense /= dep.dense_ffn.degree if dep.dense_ffn.mode == "tp" else 1
+    expert = 3 * h * cfg.moe_intermediate_size
+    moe_layers = cfg.num_layers - cfg.first_dense_layers
+    shared = expert * cfg.num_shared_experts * moe_layers if dep.shared_expert.mode == "dp" else 0
+    emb = 2 * cfg.vocab_size * h / (dep.lm_head.degree if dep.lm_head.mode == "tp" else 1)
+    total = att * cfg.num_layers + dense * cfg.first_dense_layers + expert * dep.routed_experts.per_die * moe_layers \
+        + shared + emb
+    return total / 2**30
