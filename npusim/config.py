@@ -110,12 +110,15 @@ def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
 def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     """Field names of the sub-model found by walking ``loc`` from ``model``."""
     current: Any = model
+    skip_key = False  # the next part is a key of a dict-valued field (e.g. a fabric's name)
     for part in loc:
-        if isinstance(part, int) or not (isinstance(current, type) and issubclass(current, BaseModel)):
+        if skip_key or isinstance(part, int) or not (isinstance(current, type) and issubclass(current, BaseModel)):
+            skip_key = False
             continue
         field = current.model_fields.get(part)
         if field is None:
             return []
+        skip_key = getattr(field.annotation, "__origin__", None) is dict
         current = _model_in(field.annotation)
     if isinstance(current, type) and issubclass(current, BaseModel):
         return list(current.model_fields)

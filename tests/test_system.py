@@ -95,6 +95,17 @@ def test_bad_system_files_get_clear_errors(tmp_path):
         load_system(_write_system(tmp_path, BASE % ("ascend-910b", "{between: [die, die], bandwidth_gbps: 10}")))
     with pytest.raises(ConfigError, match="bandwidth_gbp"):
         load_system(_write_system(tmp_path, BASE % ("ascend-910b", "{between: [die, sw], bandwith_gbps: 10}")))
+    with pytest.raises(ConfigError, match="did you mean 'latency_ns'"):  # under a dict of fabrics
+        load_system(_write_system(tmp_path, (BASE % ("ascend-910b", "{between: [die, sw], bandwidth_gbps: 10}"))
+                                  .replace("latency_ns: 100", "latncy_ns: 100")))
+    with pytest.raises(ConfigError, match="ports"):
+        load_system(_write_system(tmp_path, (BASE % ("ascend-910b", "{between: [die, sw], bandwidth_gbps: 10}"))
+                                  .replace("per: system,", "per: system, ports_per_chip: 3,")))
+    cpus = BASE.replace("npus_per_node: 2", "npus_per_node: 2\n  cpus_per_node: 1") % (
+        "ascend-910b", "{between: [die, sw], bandwidth_gbps: 10}, {between: [cpu, sw], bandwidth_gbps: 10}")
+    cpus = cpus.replace("      links:", "      protocol: {read_efficiency: {die: 1.0}}\n      links:")
+    with pytest.raises(ConfigError, match="no figure for 'cpu'"):
+        load_system(_write_system(tmp_path, cpus))
     with pytest.raises(ConfigError, match="not a system file"):
         load_system("npusim-64c")
     with pytest.raises(ConfigError, match="system of many NPUs"):
@@ -109,6 +120,8 @@ def test_cli_errors_are_one_line(capsys):
     assert main(["collective", "--system", "cloudmatrix384", "--op", "dispatch", "--ep", "1000", "--json"]) == 2
     assert main(["collective", "--op", "alltoall", "--cores", "0,1"]) == 2  # needs --system
     assert main(["collective", "--system", "cloudmatrix384", "--op", "allreduce", "--fidelity", "flit"]) == 2
+    assert main(["collective", "--system", "cloudmatrix384", "--op", "allreduce", "--ranks", "npu0,cpu0"]) == 2
+    assert "not a die" in capsys.readouterr().err
 
 
 # -- the fabric models ------------------------------------------------------------------------------
@@ -157,6 +170,14 @@ def test_bytes_conserved_and_links_never_over_capacity(pairs_sizes, fidelity):
         rid = tt.param[tid, 0]
         expected[sim.fs.route_link[sim.fs.route_ptr[rid]:sim.fs.route_ptr[rid + 1]]] += w_bytes
     assert np.allclose(sim.link_bytes(), expected)
+    # no transfer beat physics: its bytes at its route's narrowest link, plus its latencies
+    start, end = sim.task_times_ps(ids)
+    for tid, s0, e0 in zip(ids, start, end):
+        rid = tt.param[tid, 0]
+        links = sim.fs.route_link[sim.fs.route_ptr[rid]:sim.fs.route_ptr[rid + 1]]
+        floor = tt.param[tid, 1] / loaded.topology.link_cap[links].min() + sim.fs.route_lat[rid] + tt.param[tid, 2] \
+            + tt.param[tid, 3]
+        assert e0 - s0 >= floor - 2
     # no link ever carried more than its capacity: max-min rates (flow) or serialised packets
     assert sim.peak_link_load <= 1 + 1e-9
     busy = sim.fs.link_busy_ps
@@ -263,6 +284,7 @@ def test_a2_uses_hccs_inside_a_node_and_roce_between(a2):
     assert across.fabric == "roce" and across.bandwidth_gbps < 25
     cpu = point_to_point(a2, "npu0", "cpu0", "write", 1 << 20)
     assert cpu.fabric == "pcie"
+    assert point_to_point(a2, "npu0", "cpu4", "write", 1 << 20).fabric == "roce"  # another node's host
 
 
 # -- CLI contracts ----------------------------------------------------------------------------------

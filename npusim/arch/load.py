@@ -35,8 +35,8 @@ def resolve_arch_path(name: str | Path, relative_to: Path | None = None) -> Path
     for cand in candidates:
         if cand.is_file():
             return cand
-    presets = ", ".join(list_presets()) or "(none found)"
-    raise ConfigError(f"arch '{name}': no such file, and not a preset name (presets: {presets})")
+    presets = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))) or "(none found)"
+    raise ConfigError(f"'{name}': no such file, and not a preset name (presets: {presets})")
 
 
 def load_arch(name: str | Path = DEFAULT_ARCH) -> Arch:

@@ -97,7 +97,7 @@ def run_system(args) -> int:
                         args.routing, args.dtype or "int8", fidelity, args.via or "aiv", args.seed, progress=bar)
         else:
             r = run_system_collective(loaded, args.op, parse_ranks(loaded, args.ranks), args.bytes, args.algorithm,
-                                      fidelity, args.via, progress=bar)
+                                      fidelity, args.via, progress=bar, dtype=args.dtype or "bf16")
     out = r.to_dict()
     out["system"] = loaded.system.name
     if args.json:
@@ -111,6 +111,8 @@ def run_system(args) -> int:
         print(f"  per rank    max {out['max_rank_bytes']:,} B, mean {out['mean_rank_bytes']:,.0f} B "
               f"(imbalance {out['imbalance']:.3f}; hottest expert {out['max_expert_tokens']} tokens, "
               f"mean {out['mean_expert_tokens']:.1f})")
-    print(f"  simulated   {r.transfers:,} transfers, {r.events:,} events, {r.rate_updates:,} rate updates, "
-          f"peak link load {100 * r.peak_link_load:.1f}%")
+    peak = f"peak link load {100 * r.peak_link_load:.1f}%" if r.fidelity == "flow" else "packets serialised per link"
+    print(f"  simulated   {r.transfers:,} transfers, {r.events:,} events, {r.rate_updates:,} rate updates, {peak}")
+    if "chip_cost_misses" in out:
+        print(f"  chip costs  {out['chip_cost_hits']} cached, {out['chip_cost_misses']} simulated (reductions on the dies)")
     return 0

@@ -57,16 +57,20 @@ def run_system(args) -> int:
         print(json.dumps(s.to_dict(), indent=2))
         return 0
     rows = [
-        ("system", f"{s.name}: {s.description}"),
-        ("NPUs", f"{s.npus} in {s.nodes} nodes, {s.dies_per_npu} die(s) of {s.chip} each = {s.dies} dies; {s.cpus} CPUs"),
+        ("system", f"{s.name}: {s.description}" if s.description else s.name),
+        ("NPUs", f"{s.npus} in {s.nodes} node{'s' * (s.nodes > 1)}, {s.dies_per_npu} {s.chip} "
+                 f"die{'s' * (s.dies_per_npu > 1)} each = {s.dies} dies; {s.cpus} CPUs"),
         ("peak TFLOPS", ", ".join(f"{d} {v:,.0f}" for d, v in s.peak_tflops.items())),
         ("per NPU", ", ".join(f"{d} {v:,.1f}" for d, v in s.peak_tflops_per_npu.items())),
         ("HBM", f"{s.hbm_gb:,.0f} GB in all, {s.hbm_gb_per_npu:g} GB and {s.hbm_bandwidth_gbps_per_npu:,.0f} GB/s per NPU"),
     ]
     if s.die_link_gbps:
         rows.append(("die-to-die", f"{s.die_link_gbps:g} GB/s per direction"))
+    if s.cpus:
+        rows.append(("CPU DRAM", f"{s.cpu_dram_gb:,.0f} GB in {s.cpus} CPUs (the caching pool)"))
     for name, f in s.fabrics.items():
+        bis = f"{f['bisection_gbps']:,.0f} GB/s" if f["bisection_gbps"] else "n/a (the halves are not joined on it)"
         rows.append((f"fabric {name}", f"{f['per_npu_gbps']:,.0f} GB/s per NPU per direction "
-                     f"({f['per_die_gbps']:,.0f} per die), bisection {f['bisection_gbps']:,.0f} GB/s"))
+                     f"({f['per_die_gbps']:,.0f} per die), bisection {bis}"))
     _print_rows(rows)
     return 0

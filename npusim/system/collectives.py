@@ -96,6 +96,12 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
                      via: str | None = None, reduce_ps: Callable[[int], int] = lambda b: 0,
                      node_of: Callable[[int], int] | None = None) -> BuiltCollective:
     """Record one collective into ``w`` (see module docstring); raises ConfigError for bad choices."""
+    if op in ("allreduce", "reducescatter"):
+        topo = w.sim.topology
+        cpus = [topo.names[r] for r in ranks if topo.vertex_kind[r] != "die"]
+        if cpus:
+            raise ConfigError(f"--ranks: {op} reduces on the ranks' NPU dies; {', '.join(cpus[:3])} "
+                              "is not a die (CPUs can take part in all-gather, all-to-all, broadcast, send/recv)")
     if op not in OPS:
         raise ConfigError(f"--op {op}: expected one of {', '.join(OPS)} (or dispatch, combine)")
     algorithm = algorithm or ALGORITHMS[op][0]

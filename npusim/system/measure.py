@@ -42,6 +42,8 @@ def reduction_ps(loaded: LoadedSystem, chip_cost: ChipCost | None = None, dtype:
     the chip's mapper keeps activations on chip, while a received chunk lands in HBM."""
     chip_cost = chip_cost or ChipCost(loaded.chip)
     gbps = summarize(loaded.chip).hbm_bandwidth_gbps
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"--dtype {dtype}: expected one of {', '.join(DTYPE_BYTES)}")
     elem = DTYPE_BYTES[dtype]
 
     def cost(nbytes: int) -> int:
@@ -133,13 +135,14 @@ def _finish(sim: SystemSim, w: WorkBuilder, op: str, algorithm: str, n: int, nby
 
 
 def run_collective(loaded: LoadedSystem, op: str, ranks: Sequence[int], nbytes: int, algorithm: str | None = None,
-                   fidelity: str = "flow", via: str | None = None, progress=None, **sim_options) -> CollectiveRun:
+                   fidelity: str = "flow", via: str | None = None, progress=None, dtype: str = "bf16",
+                   **sim_options) -> CollectiveRun:
     """``sim_options`` go to :class:`SystemSim` (``rate_quantum_ns``, ``fair_tolerance``, ``packet_bytes``)."""
     sim = SystemSim(loaded, fidelity, **sim_options)
     w = WorkBuilder(sim)
     via = via or loaded.system.initiator.default
     chip_cost = ChipCost(loaded.chip)
-    built = build_collective(w, op, list(ranks), nbytes, algorithm, via, reduction_ps(loaded, chip_cost),
+    built = build_collective(w, op, list(ranks), nbytes, algorithm, via, reduction_ps(loaded, chip_cost, dtype),
                              loaded.topology.node_of)
     return _finish(sim, w, op, built.algorithm, len(ranks), nbytes, built.bus_factor(), via, progress,
                    chip_cost_hits=chip_cost.stats.hits, chip_cost_misses=chip_cost.stats.misses)

@@ -36,6 +36,8 @@ SCALE_SLOT_BYTES = 512
 
 
 def dispatch_bytes_per_token(hidden: int, dtype: str) -> int:
+    if hidden < 1:
+        raise ConfigError(f"--hidden must be >= 1, got {hidden}")
     if dtype == "int8":
         return hidden + SCALE_SLOT_BYTES
     if dtype == "bf16":
@@ -119,8 +121,10 @@ class MoeTraffic:
 
 def moe_traffic(ep: int, tokens_per_rank: int, top_k: int, experts: int, routing: str = "uniform",
                 seed: int = 0) -> MoeTraffic:
-    if ep < 1 or tokens_per_rank < 0:
-        raise ConfigError("--ep must be >= 1 and --tokens-per-rank >= 0")
+    for flag, value, low in (("--ep", ep, 1), ("--tokens-per-rank", tokens_per_rank, 0), ("--top-k", top_k, 1),
+                             ("--experts", experts, 1)):
+        if value < low:
+            raise ConfigError(f"{flag} must be >= {low}, got {value}")
     picks = route_tokens(ep, tokens_per_rank, top_k, experts, expert_weights(routing, experts, seed), seed)
     rank_of = picks % ep  # expert e on rank e mod ep
     hit = np.zeros((ep, tokens_per_rank, ep), dtype=bool)

@@ -56,8 +56,7 @@ class Cpu(StrictModel):
     """A host CPU as a fabric endpoint: its DRAM is the target of NPU reads/writes (caching pool)."""
 
     name: str = "cpu"
-    dram_gb: PositiveFloat = 512.0
-    dram_bandwidth_gbps: PositiveFloat | None = None
+    dram_gb: PositiveFloat = 512.0  # the caching pool's capacity per CPU (shown by npusim info)
 
 
 class Initiator(StrictModel):
@@ -65,8 +64,9 @@ class Initiator(StrictModel):
 
     * ``sdma``: the die's SDMA engines (``sdma_engines`` queues; a transfer waits for a free
       engine, then pays ``sdma_launch_ns`` before its first byte moves);
-    * ``aiv``: AI-vector-core direct writes/reads (no engine queue; ``aiv_launch_ns``; the
-      ``aiv_max_gbps`` cap per transfer, if given, is what the vector cores can issue).
+    * ``aiv``: AI-vector-core direct writes (no engine queue; ``aiv_launch_ns``); with
+      ``aiv_max_gbps`` a die's AIV-direct writes share a virtual issue link of that rate (wire
+      bytes), what its vector cores can issue in all (reads are not capped).
     """
 
     sdma_engines: PositiveInt = 16

@@ -36,6 +36,7 @@ class SystemSummary:
     hbm_bandwidth_gbps_per_npu: float
     fabrics: dict[str, dict]
     die_link_gbps: float | None
+    cpu_dram_gb: float
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,4 +90,5 @@ def summarize_system(loaded: LoadedSystem) -> SystemSummary:
         hbm_gb=chip.hbm_gb * s.num_dies, hbm_gb_per_npu=chip.hbm_gb * dies_per_npu,
         hbm_bandwidth_gbps_per_npu=chip.hbm_bandwidth_gbps * dies_per_npu, fabrics=fabrics,
         die_link_gbps=s.npu.die_link.bandwidth_gbps if s.npu.die_link else None,
+        cpu_dram_gb=s.cpu.dram_gb * s.num_cpus,
     )

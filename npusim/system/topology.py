@@ -132,6 +132,7 @@ class Topology:
 def build_topology(system: System) -> Topology:
     """Expand the schema's link templates into vertices and directed links (see module docstring)."""
     s = system
+    _check_protocols(s)
     names: list[str] = []
     kinds: list[str] = []
     lat: list[float] = []
@@ -226,19 +227,59 @@ def build_topology(system: System) -> Topology:
         link_fabric=lfab, link_members=np.asarray(members, np.int64), graphs=graphs, aiv_link=aiv_link,
     )
     _check_connected(topo, dies_of_node, cpus_of_node)
+    _check_ports(topo)
     return topo
 
 
 def _check_connected(topo: Topology, dies_of_node, cpus_of_node) -> None:
-    """Every endpoint must reach every other over the union of the fabrics."""
-    union = nx.Graph()
-    union.add_nodes_from(i for group in (*dies_of_node, *cpus_of_node) for i in group)
+    """Every pair of endpoints must be joined by at least one fabric (a transfer uses one fabric)."""
+    endpoints = [i for group in (*dies_of_node, *cpus_of_node) for i in group]
+    comp_of: list[dict[int, int]] = []
+    members: list[list[frozenset]] = []
     for g in topo.graphs.values():
-        union.add_edges_from(g.edges)
-    comps = list(nx.connected_components(union))
-    if len(comps) > 1:
-        first = min(comps[0])
-        lonely = next(min(c) for c in comps if first not in c)
-        raise ConfigError(f"system '{topo.system.name}': the fabric graph is disconnected: "
-                          f"{topo.names[lonely]} cannot reach {topo.names[first]} on any fabric "
-                          f"({len(comps)} separate parts)")
+        comps = [frozenset(c) for c in nx.connected_components(g)]
+        comp_of.append({v: k for k, c in enumerate(comps) for v in c})
+        members.append(comps)
+    everyone = set(endpoints)
+    checked: set[tuple] = set()
+    for e in endpoints:
+        key = tuple(c.get(e, -1) for c in comp_of)
+        if key in checked:
+            continue
+        checked.add(key)
+        reach = set().union(*(members[f][k] for f, k in enumerate(key) if k >= 0))
+        missing = everyone - reach
+        if missing:
+            raise ConfigError(f"system '{topo.system.name}': the fabric graph is disconnected: no single fabric joins "
+                              f"{topo.names[e]} and {topo.names[min(missing)]} ({len(missing)} endpoints unreachable "
+                              f"from {topo.names[e]})")
+
+
+def _check_ports(topo: Topology) -> None:
+    """A switch with ``ports_per_chip`` must have enough ports for the links attached to it."""
+    for fname, fab in topo.system.fabrics.items():
+        for sw in fab.switches:
+            if sw.ports_per_chip is None:
+                continue
+            ports = sw.chips * sw.ports_per_chip
+            for v, kind in enumerate(topo.vertex_kind):
+                if kind != sw.name:
+                    continue
+                attached = int(sum(topo.link_members[i] for i in np.flatnonzero(topo.link_src == v)
+                                   if topo.link_fabric[i] == fname))
+                if attached > ports:
+                    raise ConfigError(f"system '{topo.system.name}': switch {topo.names[v]} ({fname}) has {sw.chips} chips x "
+                                      f"{sw.ports_per_chip} ports = {ports} ports, but {attached} links attach to it "
+                                      f"(fewer nodes, or more switch chips)")
+
+
+def _check_protocols(system: System) -> None:
+    """Every endpoint kind a fabric links must have its read/write protocol figures."""
+    for fname, fab in system.fabrics.items():
+        kinds = {end for link in fab.links for end in link.between if end in ("die", "cpu")}
+        p = fab.protocol
+        for kind in sorted(kinds):
+            for table in ("read_efficiency", "write_efficiency", "read_overhead_ns", "write_overhead_ns"):
+                if kind not in getattr(p, table):
+                    raise ConfigError(f"system.fabrics.{fname}.protocol.{table}: no figure for '{kind}', which this "
+                                      f"fabric links")
