@@ -1,9 +1,9 @@
 """``SystemSim``: the engine and the fabric model of one system, fed with transfers and compute.
 
-Python side of the system level: it names the engine's queues (per die: ``compute`` and ``moe``
-— two compute streams on two core shares —, ``aiv`` and the SDMA engines; per CPU: ``dma``), turns a transfer (initiator, target, read/write, bytes,
-SDMA or AIV-direct) into a ``KIND_FLOW`` task with its route and protocol costs, and runs
-:func:`npusim.system.kernel.system_loop`.
+Python side of the system level: it names the engine's queues (per die: ``compute`` and ``moe``,
+two compute streams on two core shares, ``aiv`` and the SDMA engines; per CPU: ``dma``), turns a
+transfer (initiator, target, read/write, bytes, SDMA or AIV-direct) into a ``KIND_FLOW`` task with
+its route and protocol costs, and runs :func:`npusim.system.kernel.system_loop`.
 
 Protocol costs (see :class:`npusim.system.schema.Protocol`), for a transfer of ``B`` payload
 bytes between initiator ``I`` and target ``T`` on a fabric:
@@ -17,8 +17,9 @@ bytes between initiator ``I`` and target ``T`` on a fabric:
 * both pay the fixed ``*_overhead_ns[kind(T)]`` (launch, target access, completion) before the
   first byte moves, plus the initiator's launch (``sdma_launch_ns`` / ``aiv_launch_ns``);
 * SDMA transfers queue on the initiator's SDMA engines (round robin over them, each engine
-  held until its transfer completes); AIV-direct transfers have no engine queue and are capped
-  at ``aiv_max_gbps`` each when it is set.
+  held until its transfer completes, its fixed overhead included); AIV-direct transfers have no
+  engine queue; with ``aiv_max_gbps`` a die's AIV-direct writes share a virtual issue link of that
+  rate (wire bytes; reads are not capped).
 
 A transfer whose initiator and target are the same endpoint moves nothing and takes no time.
 """
