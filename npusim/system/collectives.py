@@ -203,25 +203,34 @@ def _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of):
     return last
 
 
-def _alltoall_direct(w, ranks, sizes, via, ready=None):
-    """Rank i writes ``sizes[i][j]`` bytes to rank j (j != i, zero sizes skipped), staggered order
-    ``i+1, i+2, ...``. ``sizes`` is an (n, n) array. Returns each rank's last task (one barrier)."""
+def matrix_transfers(w: WorkBuilder, ranks, sizes, via: str | None, after=None):
+    """Rank ``i`` writes ``sizes[i, j]`` bytes to rank ``j`` (zero sizes and ``i == j`` skipped), in the
+    staggered order ``i+1, i+2, ...``, once ``after[i]`` (a task id, or -1) is done. Returns every
+    transfer id and, per destination, the ids of the transfers into it."""
     n = len(ranks)
     sizes = np.asarray(sizes, np.int64)
     ranks_arr = np.asarray(ranks, np.int64)
-    sends = []
+    into: list[list[int]] = [[] for _ in range(n)]
+    ids_all = []
     for i in range(n):
-        deps = [ready[i]] if ready is not None and ready[i] >= 0 else []
         order = (i + np.arange(1, n)) % n
         order = order[sizes[i, order] > 0]
         if order.shape[0]:
-            sends.append(w.transfers(np.full(order.shape[0], ranks[i]), ranks_arr[order], sizes[i, order], "write",
-                                     via, deps=deps))
-        elif deps:
-            sends.append(np.asarray(deps, np.int64))
-    # a rank's result is complete when everything sent to it has arrived: one barrier over all
-    everything = w.barrier(np.concatenate(sends).tolist() if sends else [])
-    return [everything] * n
+            deps = [after[i]] if after is not None and after[i] >= 0 else []
+            ids = w.transfers(np.full(order.shape[0], ranks_arr[i]), ranks_arr[order], sizes[i, order], "write", via,
+                              deps=deps)
+            ids_all.append(ids)
+            for j, t in zip(order, ids):
+                into[j].append(int(t))
+    return (np.concatenate(ids_all) if ids_all else np.zeros(0, np.int64)), into
+
+
+def _alltoall_direct(w, ranks, sizes, via, ready=None):
+    """All-to-all of an (n, n) size matrix; every rank's result is complete when everything sent
+    to it has arrived: one barrier over all transfers (and ``ready``)."""
+    ids, _ = matrix_transfers(w, ranks, sizes, via, ready)
+    everything = w.barrier(ids.tolist() + [r for r in (ready or []) if r >= 0])
+    return [everything] * len(ranks)
 
 
 def _alltoall_hierarchical(w, ranks, chunk, via, node_of):

@@ -15,7 +15,7 @@ from npusim.arch.schema import DTYPE_BYTES
 from npusim.model.ir import Op
 from npusim.system.chipcost import ChipCost
 from npusim.errors import ConfigError
-from npusim.system.collectives import ALGORITHMS, build_collective
+from npusim.system.collectives import ALGORITHMS, build_collective, matrix_transfers
 from npusim.system.load import LoadedSystem
 from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, moe_traffic
 from npusim.system.simulator import PS_PER_US, SystemSim
@@ -166,12 +166,7 @@ def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k:
     np.fill_diagonal(sizes, 0)
     sim = SystemSim(loaded, fidelity, **sim_options)
     w = WorkBuilder(sim)
-    ranks_arr = np.asarray(ranks, np.int64)
-    for i in range(ep):
-        order = (i + np.arange(1, ep)) % ep  # staggered destinations
-        order = order[sizes[i, order] > 0]
-        if order.shape[0]:
-            w.transfers(np.full(order.shape[0], ranks[i]), ranks_arr[order], sizes[i, order], "write", via)
+    matrix_transfers(w, ranks, sizes, via)
     if not w.count:
         w.barrier([])
     # the expert side's traffic: what each rank receives (dispatch) or sends back (combine)

@@ -35,6 +35,7 @@ from npusim.model.builder import build_graph
 from npusim.model.ir import Graph
 from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
+from npusim.system.collectives import matrix_transfers
 from npusim.system.deployment import Deployment
 from npusim.system.load import LoadedSystem
 from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, route_tokens
@@ -243,34 +244,12 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         layer_marks = []
         for m in range(mb):
             att = [w.compute(int(ranks[d]), att_ps, [done[m][d]] if done[m][d] >= 0 else []) for d in range(dies)]
-            into = [[] for _ in range(dies)]
-            disp_ids = []
-            for d in range(dies):
-                order = (d + np.arange(1, dies)) % dies
-                order = order[disp_bytes[d, order] > 0]
-                if order.shape[0]:
-                    ids = w.transfers(np.full(order.shape[0], ranks[d]), ranks[order], disp_bytes[d, order], "write",
-                                      "aiv", deps=[att[d]])
-                    disp_ids.append(ids)
-                    for j, t in zip(order, ids):
-                        into[j].append(int(t))
+            disp_ids, into = matrix_transfers(w, ranks, disp_bytes, "aiv", att)
             exp_ids = [w.compute(int(ranks[e]), int(moe_ps[e]), into[e] + [att[e]], unit=moe_unit) for e in range(dies)]
-            back = [[] for _ in range(dies)]
-            comb_ids = []
-            for e in range(dies):
-                order = (e + np.arange(1, dies)) % dies
-                order = order[comb_bytes[e, order] > 0]
-                if order.shape[0]:
-                    ids = w.transfers(np.full(order.shape[0], ranks[e]), ranks[order], comb_bytes[e, order], "write",
-                                      "aiv", deps=[exp_ids[e]])
-                    comb_ids.append(ids)
-                    for j, t in zip(order, ids):
-                        back[j].append(int(t))
+            comb_ids, back = matrix_transfers(w, ranks, comb_bytes, "aiv", exp_ids)
             for d in range(dies):
                 done[m][d] = w.barrier(back[d] + [exp_ids[d]])
-            layer_marks.append((np.concatenate(disp_ids) if disp_ids else np.zeros(0, np.int64),
-                                np.concatenate(comb_ids) if comb_ids else np.zeros(0, np.int64),
-                                np.asarray(exp_ids), att))
+            layer_marks.append((disp_ids, comb_ids, np.asarray(exp_ids), att))
         end = w.barrier([done[m][d] for m in range(mb) for d in range(dies)])
         marks.append((layer_marks, end))
     w.submit()
