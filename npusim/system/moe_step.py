@@ -36,7 +36,7 @@ from npusim.model.ir import Graph
 from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
 from npusim.system.collectives import matrix_transfers
-from npusim.system.deployment import Deployment
+from npusim.mapping.deployment import Deployment
 from npusim.system.load import LoadedSystem
 from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, route_tokens
 from npusim.system.simulator import PS_PER_US, SystemSim
