@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from npusim.errors import ConfigError
-from npusim.system.deployment import Deployment, load_deployment
+from npusim.mapping.deployment import Deployment
+from npusim.mapping.spec import load_deployment
 from npusim.system.load import load_system
 from npusim.system.moe_step import _expert_placement, _traffic, simulate_step
 from npusim.model.zoo import get_config

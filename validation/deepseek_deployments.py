@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from npusim.system.deployment import load_deployment
+from npusim.mapping.spec import load_deployment
 from npusim.system.load import load_system
 from npusim.system.moe_step import simulate_step
 

@@ -27,7 +27,7 @@ def add_system_run_args(p) -> None:
 
 
 def run_system_step(args) -> int:
-    from npusim.system.deployment import load_deployment
+    from npusim.mapping.spec import load_deployment
     from npusim.system.load import load_system
     from npusim.system.moe_step import simulate_step
 

@@ -36,6 +36,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from npusim.config import StrictModel, load_with_extends, validate
 from npusim.errors import ConfigError
+from npusim.mapping.deployment import Deployment
 
 PARTITIONS = ("tp_k", "tp_mn", "tp_mnk", "auto")
 LAYOUTS = ("linear_seq", "linear_interleave", "ring", "mesh2d")
@@ -145,6 +146,7 @@ class MappingSpec(StrictModel):
     layout: Layout = Layout()
     memory: Memory = Memory()
     serving: Serving = Serving()
+    system: Deployment | None = None  # how a MoE model is laid over many NPUs (npusim run --system)
 
 
 MAPPER_DIR = Path(__file__).resolve().parents[2] / "mappers"
@@ -159,6 +161,15 @@ def load_mapping(path: str | Path) -> MappingSpec:
 
     p = resolve(path)
     return validate(MappingSpec, load_with_extends(p, resolve), p)
+
+
+def load_deployment(path: str | Path) -> Deployment:
+    """The ``system:`` section of a mapping spec (ConfigError if the file has none)."""
+    spec = load_mapping(path)
+    if spec.system is None:
+        raise ConfigError(f"{path}: no 'system:' section; a multi-NPU run needs one "
+                          "(see mappers/cm384-deepseek-decode.yaml)")
+    return spec.system
 
 
 def spec_from_flags(base: MappingSpec | None = None, tp: int | None = None, partition: str | None = None,
