@@ -1,4 +1,5 @@
-"""The multi-NPU deployment of a MoE model: the ``system:`` section of a mapping spec.
+"""The multi-NPU deployment of a MoE model: the ``system:`` section of a mapping spec
+(:class:`npusim.mapping.spec.MappingSpec`; read by :func:`npusim.mapping.spec.load_deployment`).
 
 How DeepSeek-V3/R1 (or another MoE model of the zoo) is laid over an instance of NPUs
 (``mappers/cm384-deepseek-decode.yaml`` ...):
@@ -25,13 +26,11 @@ Units: ``_us`` microseconds. Everything not given takes the default stated on it
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
 
-from npusim.config import StrictModel, load_yaml, validate
-from npusim.errors import ConfigError
+from npusim.config import StrictModel
 
 
 class RoutedExperts(StrictModel):
@@ -72,16 +71,3 @@ class Deployment(StrictModel):
         if self.microbatches == 2 and set(self.core_split) != {"attention", "moe"}:
             raise ValueError("microbatches: 2 needs core_split with 'attention' and 'moe' shares (cube, vector)")
         return self
-
-
-class DeploymentFile(StrictModel):
-    system: Deployment
-
-
-def load_deployment(path: str | Path) -> Deployment:
-    """Read the ``system:`` section of a mapping spec (ConfigError names file and key)."""
-    path = Path(path)
-    data = load_yaml(path)
-    if "system" not in data:
-        raise ConfigError(f"{path}: no 'system:' section; a multi-NPU run needs one (see mappers/cm384-deepseek-*.yaml)")
-    return validate(DeploymentFile, {"system": data["system"]}, path).system
