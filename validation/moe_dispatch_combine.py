@@ -5,14 +5,15 @@ operators (EP8 and EP256 rows; read through secondary sources, confidence medium
 DeepEP-Ascend low-latency kernels on an A3 384 SuperPOD (sgl-project/sgl-kernel-npu README; EP 8,
 16, 32). Setting: 128 tokens per rank, hidden 7168, top-8 of 256 experts, INT8 dispatch with a
 512 B scale slot (7.5 KB per token), BF16 combine (14 KB per token), uniform routing,
-AIV-direct writes. Nothing here was calibrated on these figures.
+AIV-direct writes.
 
-What is compared: the *fabric* time of the operator's data movement (every token deduplicated per
-destination rank, all ranks at once, max-min fair link sharing) with the *whole operator's*
-published latency, which also contains what the fabric model does not: kernel launch, token
-counting and layout, quantisation, and the synchronisation between ranks. The ratio says how
-much of the published operator time the fabric explains; the verdict judges the magnitude with
-a 25% tolerance, and a miss is reported as a miss.
+What is compared: the simulated operator = the preset's fixed operator overhead per die (launch,
+token layout, quantisation, synchronisation; ``moe_operators`` in arch/cloudmatrix384.yaml) + the
+fabric time of its data movement (every token deduplicated per destination rank, all ranks at once,
+max-min fair link sharing). The overheads were CALIBRATED on the DeepEP-Ascend EP8 rows (marked
+"calib"): those two rows match by construction; the other eight are validation. ``fabric`` shows
+the share the fabric alone explains. Tolerance 25% (the CloudMatrix384 rows are read through
+secondary sources).
 
     python validation/moe_dispatch_combine.py
 """
@@ -38,25 +39,25 @@ def main() -> int:
     args = ap.parse_args()
     loaded = load_system("cloudmatrix384")
     sets = yaml.safe_load((HERE / "published_systems.yaml").read_text())["moe_operators"]
-    print(f"{'op':9s} {'EP':>4s} {'published us':>12s} {'fabric us':>10s} {'error':>8s} {'explained':>9s}  verdict  source")
+    print(f"{'op':9s} {'EP':>4s} {'published us':>12s} {'simulated':>10s} {'error':>8s} {'fabric':>7s}  verdict  source")
     misses = 0
     cache: dict[tuple[str, int], float] = {}
     for entry in sets:
         for row in entry["rows"]:
             key = (row["op"], row["ep"])
             if key not in cache:
-                cache[key] = run_moe(loaded, row["op"], row["ep"], 128, 8, 7168, 256, "uniform", "int8",
-                                     args.fidelity, "aiv").time_us
-            sim = cache[key]
+                r = run_moe(loaded, row["op"], row["ep"], 128, 8, 7168, 256, "uniform", "int8", args.fidelity,
+                            "aiv").to_dict()
+                cache[key] = (r["time_us"], r["time_us"] - r["operator_overhead_us"])
+            sim, fabric = cache[key]
             err = sim / row["latency_us"] - 1
+            calib = row.get("role") == "calibration"
             ok = abs(err) <= TOLERANCE
-            misses += not ok
+            misses += not ok and not calib
+            verdict = "calib" if calib else "ok" if ok else "MISS"
             print(f"{row['op']:9s} {row['ep']:>4d} {row['latency_us']:>12.0f} {sim:>10.1f} {err:>+8.0%} "
-                  f"{sim / row['latency_us']:>9.0%}  {'ok' if ok else 'MISS':7s}  {entry['source'][:60]} "
-                  f"[{entry['confidence']}]")
-    print(f"\n{misses} rows outside ±{TOLERANCE:.0%}. The fabric moves the operator's bytes in 25-80% of the published\n"
-          "operator time: the rest (launch, layout, quantisation, rank synchronisation) is operator time the\n"
-          "fabric model does not contain. The DeepSeek decode step (issue 11) must model it explicitly.")
+                  f"{fabric / row['latency_us']:>7.0%}  {verdict:7s}  {entry['source'][:60]} [{entry['confidence']}]")
+    print(f"\n{misses} validation rows outside ±{TOLERANCE:.0%}.")
     return 1 if misses else 0
 
 

@@ -166,7 +166,10 @@ def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k:
     np.fill_diagonal(sizes, 0)
     sim = SystemSim(loaded, fidelity, **sim_options)
     w = WorkBuilder(sim)
-    matrix_transfers(w, ranks, sizes, via)
+    ops = loaded.system.moe_operators
+    overhead_us = ops.dispatch_overhead_us if op == "dispatch" else ops.combine_overhead_us
+    start = [w.compute(r, int(round(overhead_us * PS_PER_US))) for r in ranks] if overhead_us > 0 else None
+    matrix_transfers(w, ranks, sizes, via, start)
     if not w.count:
         w.barrier([])
     # the expert side's traffic: what each rank receives (dispatch) or sends back (combine)
@@ -175,7 +178,7 @@ def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k:
     return _finish(sim, w, op, "direct", ep, int(sizes.sum() // max(ep, 1)), 1.0, via, progress,
                    tokens_per_rank=tokens_per_rank, top_k=top_k, hidden=hidden, experts=experts,
                    routing=routing, dtype=dtype if op == "dispatch" else "bf16", bytes_per_token=per_token,
-                   max_rank_bytes=int(rank_bytes.max()), mean_rank_bytes=mean,
+                   max_rank_bytes=int(rank_bytes.max()), mean_rank_bytes=mean, operator_overhead_us=overhead_us,
                    imbalance=float(rank_bytes.max() / mean) if mean > 0 else 1.0,
                    max_expert_tokens=int(traffic.expert_tokens.max()),
                    mean_expert_tokens=float(traffic.expert_tokens.mean()))

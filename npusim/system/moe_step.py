@@ -9,16 +9,15 @@ What one step is made of (each piece simulated, none a constant):
   tile, as graph-mode engines pad), a dense layer, and the LM head — on the die's core share;
 * the **fabric** times dispatch (each token once to every die holding one of its experts) and
   combine (results back) with the real routed-token counts (:mod:`npusim.system.moe` routing),
-  AIV-direct writes; the slowest die sets the pace because the next layer's attention on a die
+  AIV-direct writes, each operator call first paying the system's ``moe_operators`` overhead on
+  the die's MoE stream; the slowest die sets the pace because the next layer's attention on a die
   waits for all of that die's combine transfers;
 * two layers are simulated back to back and ``layer_us`` is the period between them (so two
   microbatches overlap one's MoE with the other's attention as they would in steady state);
   the step adds the dense layers, the MoE layers, the MTP layer, the LM head and the per-step
   overhead.
 
-Not modelled (the output says so): the dispatch/combine operators' own launch, layout and
-synchronisation time (``validation/moe_dispatch_combine.py`` shows the fabric accounts for
-25-80% of published operator latency), the 910C's L2 (expert GEMMs run from HBM at 30-40% of
+Not modelled (the output says so): the 910C's L2 (expert GEMMs run from HBM at 30-40% of
 peak, see ``arch/ascend-910c-die.yaml``), quantisation kernels, and KV writes of the new tokens.
 """
 
@@ -44,8 +43,8 @@ from npusim.system.work import WorkBuilder
 
 PAD_ROWS = 16
 SIM_LAYERS = 2
-PARTIAL_NOTE = ("partial model: dispatch/combine operator overheads (launch, layout, synchronisation), the die's "
-                "L2 and KV writes are not modelled; see validation/deepseek_deployments.py for the gap")
+PARTIAL_NOTE = ("partial model: the die's L2, KV writes and quantisation kernels are not modelled, shared-expert "
+                "TP is costed as DP; see validation/deepseek_deployments.py for the gap")
 
 
 @dataclass
@@ -237,6 +236,9 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     np.fill_diagonal(disp_bytes, 0)
     np.fill_diagonal(comb_bytes, 0)
     att_ps = int(round(attention.time_us * PS_PER_US))
+    ops = s.moe_operators
+    disp_ps = int(round(ops.dispatch_overhead_us * PS_PER_US))
+    comb_ps = int(round(ops.combine_overhead_us * PS_PER_US))
     moe_unit = "moe" if mb == 2 else "compute"
     done = [[-1] * dies for _ in range(mb)]
     marks = []  # per layer: (dispatch ids, combine ids, expert ids, layer end barrier)
@@ -244,9 +246,12 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         layer_marks = []
         for m in range(mb):
             att = [w.compute(int(ranks[d]), att_ps, [done[m][d]] if done[m][d] >= 0 else []) for d in range(dies)]
-            disp_ids, into = matrix_transfers(w, ranks, disp_bytes, "aiv", att)
-            exp_ids = [w.compute(int(ranks[e]), int(moe_ps[e]), into[e] + [att[e]], unit=moe_unit) for e in range(dies)]
-            comb_ids, back = matrix_transfers(w, ranks, comb_bytes, "aiv", exp_ids)
+            disp_start = [w.compute(int(ranks[d]), disp_ps, [att[d]], unit=moe_unit) for d in range(dies)]
+            disp_ids, into = matrix_transfers(w, ranks, disp_bytes, "aiv", disp_start)
+            exp_ids = [w.compute(int(ranks[e]), int(moe_ps[e]), into[e] + [disp_start[e]], unit=moe_unit)
+                       for e in range(dies)]
+            comb_start = [w.compute(int(ranks[e]), comb_ps, [exp_ids[e]], unit=moe_unit) for e in range(dies)]
+            comb_ids, back = matrix_transfers(w, ranks, comb_bytes, "aiv", comb_start)
             for d in range(dies):
                 done[m][d] = w.barrier(back[d] + [exp_ids[d]])
             layer_marks.append((disp_ids, comb_ids, np.asarray(exp_ids), att))
@@ -262,8 +267,8 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         return float((tt.end[ids].max() - tt.start[ids].min()) / PS_PER_US) if ids.shape[0] else 0.0
 
     last = marks[-1][0]
-    dispatch_us = sum(span_us(lm[0]) for lm in last)
-    combine_us = sum(span_us(lm[1]) for lm in last)
+    dispatch_us = sum(span_us(lm[0]) for lm in last) + mb * ops.dispatch_overhead_us
+    combine_us = sum(span_us(lm[1]) for lm in last) + mb * ops.combine_overhead_us
     moe_us = float(moe_ps.max() * mb / PS_PER_US)
     att_us = attention.time_us * mb
     layer_us = layer_ps / PS_PER_US

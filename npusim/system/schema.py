@@ -76,6 +76,16 @@ class Initiator(StrictModel):
     default: Literal["sdma", "aiv"] = "sdma"
 
 
+class MoeOperators(StrictModel):
+    """Fixed time of the MoE dispatch and combine operators on a die besides moving their bytes:
+    kernel launch, token counting and layout, quantisation, synchronisation between ranks. Charged
+    once per operator call per die, before its transfers."""
+
+    dispatch_overhead_us: NonNegativeFloat = 0.0
+    combine_overhead_us: NonNegativeFloat = 0.0
+    source: str = ""
+
+
 class Protocol(StrictModel):
     """What a fabric's protocol costs per target kind (``die`` or ``cpu``).
 
@@ -156,6 +166,7 @@ class System(StrictModel):
     npu: Npu
     cpu: Cpu = Field(default_factory=Cpu)
     initiator: Initiator = Field(default_factory=Initiator)
+    moe_operators: MoeOperators = Field(default_factory=MoeOperators)
     fabrics: dict[str, Fabric]
 
     @model_validator(mode="after")
