@@ -17,12 +17,16 @@ The flow model keeps its active transfers in *slots* ``0 .. sc[S_NACT]-1`` (``ac
 id): remaining bytes, rate and the route's links inline (``s_links``: one row of ``W`` link ids
 per slot, ``W`` = the longest route, padded with the sentinel link id ``n_links``), so its passes
 over the active set read contiguous memory. It also keeps, from one rate update to the next, each
-link's list of the active transfers crossing it: entries ``lstart[l] .. lstart[l] + lcnt[l] - 1``
-of ``lf_route`` (``W`` link ids each: a copy of the transfer's route row) and ``lf_slot`` (its
-slot; ``s_pos[slot, k]`` is the entry of the slot's ``k``-th link), with room up to ``lcap[l]``.
-The kernel lays the lists out again from the slots when one is full, or when
-``sc[S_LISTS_STALE]`` is set (the arrays were replaced). Per-link arrays have ``n_links + 1``
-entries (the last is the sentinel's).
+link's list of the active transfers crossing it: ``llen[l]`` entries, ``lcnt[l]`` of them live,
+in a chain of blocks of ``LIST_BLOCK`` entries (``lhead``/``ltail``, ``blk_next``; all full but
+the tail; unused blocks on a free list from ``sc[S_BLK_FREE]``; the lists given a block since they
+were last built are ``lused[: sc[S_NUSED]]``, the others are empty). Entry ``e`` (in block
+``e // LIST_BLOCK``) is a copy of the transfer's route row, ``lf_route[e * W : (e + 1) * W]``
+(``s_pos[slot, k]`` is the entry of the slot's ``k``-th link); a transfer that leaves marks its
+entries dead (first link id ``n_links + 1``; ``sc[S_DEAD]`` counts them, ``sc[S_LIVE]`` the live) and
+the lists are built again from the slots when the dead outnumber half the live, or when
+``sc[S_LISTS_STALE]`` is set (their arrays were replaced). Per-link arrays have ``n_links + 2``
+entries (the last two: the sentinel and the dead mark).
 """
 
 from __future__ import annotations
@@ -37,21 +41,22 @@ MODE_FLOW, MODE_PACKET = 0, 1
 
 # scalars in ``sc``
 (S_MODE, S_NACT, S_VERSION, S_TLAST, S_PENDING, S_UPDATES, S_PKT_FREE, S_PACKET_BYTES, S_ROUNDS,
- S_QUANTUM_PS, S_LISTS_STALE) = range(11)
-N_SC = 11
+ S_QUANTUM_PS, S_LISTS_STALE, S_BLK_FREE, S_DEAD, S_LIVE, S_NUSED) = range(15)
+N_SC = 15
 # float scalars in ``fsc``
 F_PEAK_LOAD, F_TOLERANCE = 0, 1
 
 FabricState = namedtuple("FabricState", [
     "link_cap", "link_hop_ps", "link_bytes", "link_busy_ps", "route_ptr", "route_link", "route_lat",
     # per transfer (task id)
-    "f_pos", "f_sent", "f_done_bytes",
+    "f_sent", "f_done_bytes",
     # flow model, per active slot: task id, remaining bytes, rate, route links and their list
     # entries (slot x W)
     "act", "s_rem", "s_rate", "s_links", "s_pos",
-    # flow model, per link (n_links + 1): its list (active transfers crossing it: count, first
-    # entry, room); the entries (route rows, W link ids each; slots)
-    "lcnt", "lstart", "lcap", "lf_route", "lf_slot",
+    # flow model, per link (n_links + 2): its list of the active transfers crossing it (live and
+    # all entries, first and last block); lists in use; per block: the next; the entries (W link
+    # ids each)
+    "lcnt", "llen", "lhead", "ltail", "lused", "blk_next", "lf_route",
     # flow model, water-filling scratch per link: unfrozen transfers, remaining capacity, touched
     # and bottleneck links, fair shares, freezing order and share
     "cnt", "remcap", "touched", "blist", "lsh", "lkey", "lshare",
@@ -65,7 +70,7 @@ def new_fabric_state(link_cap: np.ndarray, link_hop_ps: np.ndarray, route_ptr: n
                      task_capacity: int, mode: int, packet_bytes: int, packet_slots: int = 1024,
                      quantum_ps: int = 0, tolerance: float = 1e-9) -> FabricState:
     n_links = link_cap.shape[0]
-    nl = n_links + 1  # + the sentinel that pads route rows
+    nl = n_links + 2  # + the sentinel that pads route rows, + the dead mark
     sc = np.zeros(N_SC, np.int64)
     sc[S_MODE] = mode
     sc[S_PACKET_BYTES] = packet_bytes
@@ -76,13 +81,13 @@ def new_fabric_state(link_cap: np.ndarray, link_hop_ps: np.ndarray, route_ptr: n
         link_cap=np.asarray(link_cap, np.float64), link_hop_ps=np.asarray(link_hop_ps, np.int64), link_bytes=np.zeros(n_links), link_busy_ps=np.zeros(n_links, np.int64),
         route_ptr=np.asarray(route_ptr, np.int64), route_link=np.asarray(route_link, np.int64),
         route_lat=np.asarray(route_lat, np.int64),
-        f_pos=np.full(task_capacity, -1, np.int64), f_sent=np.zeros(task_capacity, np.int64),
+        f_sent=np.zeros(task_capacity, np.int64),
         f_done_bytes=np.zeros(task_capacity, np.int64),
         act=np.zeros(task_capacity, np.int64), s_rem=np.zeros(task_capacity), s_rate=np.zeros(task_capacity),
-        s_links=np.full((task_capacity, 1), n_links, np.int32), s_pos=np.zeros((task_capacity, 1), np.int64),
-        lcnt=np.zeros(nl, np.int64), lstart=np.zeros(nl, np.int64), lcap=np.zeros(nl, np.int64),
-        lf_route=np.zeros(_list_room(task_capacity, 1, nl), np.int32),
-        lf_slot=np.zeros(_list_room(task_capacity, 1, nl), np.int32),
+        s_links=np.full((task_capacity, 1), n_links, link_id_dtype(n_links)), s_pos=np.zeros((task_capacity, 1), np.int32),
+        lcnt=np.zeros(nl, np.int64), llen=np.zeros(nl, np.int64), lhead=np.full(nl, -1, np.int64),
+        ltail=np.full(nl, -1, np.int64), lused=np.zeros(nl, np.int64), blk_next=np.zeros(_list_blocks(task_capacity, 1, nl), np.int64),
+        lf_route=np.zeros(_list_blocks(task_capacity, 1, nl) * LIST_BLOCK, link_id_dtype(n_links)),
         cnt=np.zeros(nl, np.int64), remcap=np.zeros(nl), touched=np.zeros(nl, np.int64),
         blist=np.zeros(nl, np.int64), lsh=np.zeros(nl), lkey=np.zeros(nl, np.int64), lshare=np.zeros(nl),
         link_free=np.zeros(n_links, np.int64),
@@ -97,40 +102,43 @@ def new_fabric_state(link_cap: np.ndarray, link_hop_ps: np.ndarray, route_ptr: n
     return st
 
 
-LIST_MIN_ROOM = 16  # list entries a link gets beyond twice its count when the lists are laid out
+LIST_BLOCK = 256  # entries per block of a link's list
 
 
-def _list_room(capacity: int, max_route_links: int, n_links: int) -> int:
-    """List entries for ``capacity`` transfers of up to ``max_route_links`` links: twice what they
-    can fill, plus ``LIST_MIN_ROOM`` per link (so a layout always fits)."""
-    return 2 * capacity * max_route_links + LIST_MIN_ROOM * n_links
+def link_id_dtype(n_links: int):
+    """Link ids in route rows and lists: int16 while the dead mark fits (half the memory traffic)."""
+    return np.int16 if n_links + 1 <= np.iinfo(np.int16).max else np.int32
+
+
+def _list_blocks(capacity: int, max_route_links: int, n_lists: int) -> int:
+    """Blocks enough for the lists of ``capacity`` transfers of up to ``max_route_links`` links:
+    live entries and dead ones (at most half the live plus a block when an entry is added), all
+    blocks full but each list's last."""
+    return 2 * capacity * max_route_links // LIST_BLOCK + n_lists + 4
 
 
 def grow_tasks(st: FabricState, capacity: int, max_route_links: int) -> FabricState:
     """Room for per-transfer state of ``capacity`` tasks whose routes have at most ``max_route_links``
-    (slot rows are widened to the longest route, keeping the active transfers' rows; the
-    per-link lists are laid out again by the kernel if their arrays are replaced)."""
+    (slot rows are widened to the longest route, keeping the active transfers' rows; the kernel
+    builds the per-link lists again if their arrays are replaced)."""
     changes = {}
     width = max(st.s_links.shape[1], max_route_links)
     nl = st.lcnt.shape[0]
-    room = _list_room(capacity, width, nl)
-    if st.lf_slot.shape[0] < room or st.lf_route.shape[0] < room * width:
-        room = max(room, 2 * st.lf_slot.shape[0])
-        changes["lf_slot"] = np.zeros(room, np.int32)
-        changes["lf_route"] = np.zeros(room * width, np.int32)
     old_links = st.s_links
     if old_links.shape[0] < capacity or old_links.shape[1] < width:
         rows = max(capacity, old_links.shape[0])
-        new = np.full((rows, width), nl - 1, np.int32)  # the sentinel
+        new = np.full((rows, width), nl - 2, old_links.dtype)  # the sentinel
         new[: old_links.shape[0], : old_links.shape[1]] = old_links
         changes["s_links"] = new
-        changes["s_pos"] = np.zeros((rows, width), np.int64)  # set by the next layout
-    if changes:
+        blocks = max(_list_blocks(rows, width, nl), st.blk_next.shape[0])
+        entry_dtype = np.int32 if blocks * LIST_BLOCK <= np.iinfo(np.int32).max else np.int64
+        changes["s_pos"] = np.zeros((rows, width), entry_dtype)
+        changes["blk_next"] = np.zeros(blocks, np.int64)
+        changes["lf_route"] = np.zeros(blocks * LIST_BLOCK * width, old_links.dtype)
         st.sc[S_LISTS_STALE] = 1
-    if st.f_pos.shape[0] >= capacity:
+    if st.f_sent.shape[0] >= capacity:
         return st._replace(**changes)
-    for name, fill in (("f_pos", -1), ("f_sent", 0), ("f_done_bytes", 0), ("act", 0), ("s_rem", 0),
-                       ("s_rate", 0)):
+    for name, fill in (("f_sent", 0), ("f_done_bytes", 0), ("act", 0), ("s_rem", 0), ("s_rate", 0)):
         old = getattr(st, name)
         new = np.full(capacity, fill, dtype=old.dtype)
         new[: old.shape[0]] = old
