@@ -5,7 +5,8 @@ file only, not of the files whose ``@njit`` functions it calls and compiles in:
 editing ``npusim/hw/memory/hbm.py`` would silently leave the cached kernel loop
 (``npusim/sim/kernel.py``) running the old memory model. We register cache
 locators that, for npusim's files, add a digest of every npusim module that uses
-Numba to the stamp, so any such edit recompiles all of them once.
+Numba (and of every module of ``hw/`` and ``engine/``, whose constants compiled code captures)
+to the stamp, so any such edit recompiles all of them once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ def _numba_sources_digest() -> str:
     digest = hashlib.blake2b(digest_size=16)
     for path in sorted(_PACKAGE.rglob("*.py")):
         data = path.read_bytes()
-        if b"numba" in data:
+        # modules using Numba, and the hardware models' and engine's plain-Python modules whose
+        # constants and array layouts the compiled functions capture (e.g. hw/fabric/state.py)
+        rel = path.relative_to(_PACKAGE).parts
+        if b"numba" in data or rel[0] in ("hw", "engine"):
             digest.update(path.relative_to(_PACKAGE).as_posix().encode())
             digest.update(data)
     return digest.hexdigest()

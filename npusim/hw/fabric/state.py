@@ -12,7 +12,7 @@ the switch at its far end); a route never crosses a link twice (routes are short
   request trip);
 * ``return_ps``: time from the last byte's arrival to completion (a write's acknowledgement).
 
-Per-transfer state of the packet model is indexed by task id (arrays grown with the task table).
+Per-transfer state indexed by task id (``f_sent``, ``f_done_bytes``) grows with the task table.
 The flow model keeps its active transfers in *slots* ``0 .. sc[S_NACT]-1`` (``act[slot]`` = task
 id): remaining bytes, rate and the route's links inline (``s_links``: one row of ``W`` link ids
 per slot, ``W`` = the longest route, padded with the sentinel link id ``n_links``), so its passes
@@ -22,11 +22,12 @@ in a chain of blocks of ``LIST_BLOCK`` entries (``lhead``/``ltail``, ``blk_next`
 the tail; unused blocks on a free list from ``sc[S_BLK_FREE]``; the lists given a block since they
 were last built are ``lused[: sc[S_NUSED]]``, the others are empty). Entry ``e`` (in block
 ``e // LIST_BLOCK``) is a copy of the transfer's route row, ``lf_route[e * W : (e + 1) * W]``
-(``s_pos[slot, k]`` is the entry of the slot's ``k``-th link); a transfer that leaves marks its
-entries dead (first link id ``n_links + 1``; ``sc[S_DEAD]`` counts them, ``sc[S_LIVE]`` the live) and
-the lists are built again from the slots when the dead outnumber half the live, or when
-``sc[S_LISTS_STALE]`` is set (their arrays were replaced). Per-link arrays have ``n_links + 2``
-entries (the last two: the sentinel and the dead mark).
+(``s_pos[slot, k]`` is the entry of the slot's ``k``-th link). A transfer that leaves marks its
+entries dead (first link id ``n_links + 1``; ``sc[S_DEAD]`` counts the dead, ``sc[S_LIVE]`` the
+live), and the lists are built again from the slots when the dead outnumber half the live, or
+when ``sc[S_LISTS_STALE]`` is set (their arrays were replaced). Per-link arrays have
+``n_links + 2`` entries (the last two: the sentinel's and the dead mark's). Link ids are int16
+while they fit.
 """
 
 from __future__ import annotations
@@ -66,43 +67,7 @@ FabricState = namedtuple("FabricState", [
 ])
 
 
-def new_fabric_state(link_cap: np.ndarray, link_hop_ps: np.ndarray, route_ptr: np.ndarray, route_link: np.ndarray, route_lat: np.ndarray,
-                     task_capacity: int, mode: int, packet_bytes: int, packet_slots: int = 1024,
-                     quantum_ps: int = 0, tolerance: float = 1e-9) -> FabricState:
-    n_links = link_cap.shape[0]
-    nl = n_links + 2  # + the sentinel that pads route rows, + the dead mark
-    sc = np.zeros(N_SC, np.int64)
-    sc[S_MODE] = mode
-    sc[S_PACKET_BYTES] = packet_bytes
-    sc[S_QUANTUM_PS] = quantum_ps
-    fsc = np.zeros(2)
-    fsc[F_TOLERANCE] = tolerance
-    st = FabricState(
-        link_cap=np.asarray(link_cap, np.float64), link_hop_ps=np.asarray(link_hop_ps, np.int64), link_bytes=np.zeros(n_links), link_busy_ps=np.zeros(n_links, np.int64),
-        route_ptr=np.asarray(route_ptr, np.int64), route_link=np.asarray(route_link, np.int64),
-        route_lat=np.asarray(route_lat, np.int64),
-        f_sent=np.zeros(task_capacity, np.int64),
-        f_done_bytes=np.zeros(task_capacity, np.int64),
-        act=np.zeros(task_capacity, np.int64), s_rem=np.zeros(task_capacity), s_rate=np.zeros(task_capacity),
-        s_links=np.full((task_capacity, 1), n_links, link_id_dtype(n_links)), s_pos=np.zeros((task_capacity, 1), np.int32),
-        lcnt=np.zeros(nl, np.int64), llen=np.zeros(nl, np.int64), lhead=np.full(nl, -1, np.int64),
-        ltail=np.full(nl, -1, np.int64), lused=np.zeros(nl, np.int64), blk_next=np.zeros(_list_blocks(task_capacity, 1, nl), np.int64),
-        lf_route=np.zeros(_list_blocks(task_capacity, 1, nl) * LIST_BLOCK, link_id_dtype(n_links)),
-        cnt=np.zeros(nl, np.int64), remcap=np.zeros(nl), touched=np.zeros(nl, np.int64),
-        blist=np.zeros(nl, np.int64), lsh=np.zeros(nl), lkey=np.zeros(nl, np.int64), lshare=np.zeros(nl),
-        link_free=np.zeros(n_links, np.int64),
-        p_task=np.zeros(packet_slots, np.int64), p_hop=np.zeros(packet_slots, np.int64),
-        p_bytes=np.zeros(packet_slots, np.int64), p_tail=np.zeros(packet_slots, np.int64),
-        p_next_free=np.arange(1, packet_slots + 1, dtype=np.int64),
-        sc=sc, fsc=fsc,
-    )
-    st.p_next_free[-1] = -1
-    st.sc[S_PKT_FREE] = 0
-    st.sc[S_LISTS_STALE] = 1
-    return st
-
-
-LIST_BLOCK = 256  # entries per block of a link's list
+LIST_BLOCK = 256  # entries per block of a link's list (a block of 4-link int16 rows is 2 KiB)
 
 
 def link_id_dtype(n_links: int):
@@ -115,6 +80,43 @@ def _list_blocks(capacity: int, max_route_links: int, n_lists: int) -> int:
     live entries and dead ones (at most half the live plus a block when an entry is added), all
     blocks full but each list's last."""
     return 2 * capacity * max_route_links // LIST_BLOCK + n_lists + 4
+
+
+def new_fabric_state(link_cap: np.ndarray, link_hop_ps: np.ndarray, route_ptr: np.ndarray, route_link: np.ndarray, route_lat: np.ndarray,
+                     task_capacity: int, mode: int, packet_bytes: int, packet_slots: int = 1024,
+                     quantum_ps: int = 0, tolerance: float = 1e-9) -> FabricState:
+    n_links = link_cap.shape[0]
+    nl = n_links + 2  # + the sentinel that pads route rows, + the dead mark
+    blocks = _list_blocks(task_capacity, 1, nl)  # rows one link wide until the routes are known
+    sc = np.zeros(N_SC, np.int64)
+    sc[S_MODE] = mode
+    sc[S_PACKET_BYTES] = packet_bytes
+    sc[S_QUANTUM_PS] = quantum_ps
+    fsc = np.zeros(2)
+    fsc[F_TOLERANCE] = tolerance
+    st = FabricState(
+        link_cap=np.asarray(link_cap, np.float64), link_hop_ps=np.asarray(link_hop_ps, np.int64), link_bytes=np.zeros(n_links), link_busy_ps=np.zeros(n_links, np.int64),
+        route_ptr=np.asarray(route_ptr, np.int64), route_link=np.asarray(route_link, np.int64),
+        route_lat=np.asarray(route_lat, np.int64),
+        f_sent=np.zeros(task_capacity, np.int64), f_done_bytes=np.zeros(task_capacity, np.int64),
+        act=np.zeros(task_capacity, np.int64), s_rem=np.zeros(task_capacity), s_rate=np.zeros(task_capacity),
+        s_links=np.full((task_capacity, 1), n_links, link_id_dtype(n_links)),
+        s_pos=np.zeros((task_capacity, 1), np.int32),
+        lcnt=np.zeros(nl, np.int64), llen=np.zeros(nl, np.int64), lhead=np.full(nl, -1, np.int64),
+        ltail=np.full(nl, -1, np.int64), lused=np.zeros(nl, np.int64), blk_next=np.zeros(blocks, np.int64),
+        lf_route=np.zeros(blocks * LIST_BLOCK, link_id_dtype(n_links)),
+        cnt=np.zeros(nl, np.int64), remcap=np.zeros(nl), touched=np.zeros(nl, np.int64),
+        blist=np.zeros(nl, np.int64), lsh=np.zeros(nl), lkey=np.zeros(nl, np.int64), lshare=np.zeros(nl),
+        link_free=np.zeros(n_links, np.int64),
+        p_task=np.zeros(packet_slots, np.int64), p_hop=np.zeros(packet_slots, np.int64),
+        p_bytes=np.zeros(packet_slots, np.int64), p_tail=np.zeros(packet_slots, np.int64),
+        p_next_free=np.arange(1, packet_slots + 1, dtype=np.int64),
+        sc=sc, fsc=fsc,
+    )
+    st.p_next_free[-1] = -1
+    st.sc[S_PKT_FREE] = 0
+    st.sc[S_LISTS_STALE] = 1
+    return st
 
 
 def grow_tasks(st: FabricState, capacity: int, max_route_links: int) -> FabricState:
