@@ -241,7 +241,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     comb_ps = int(round(ops.combine_overhead_us * PS_PER_US))
     moe_unit = "moe" if mb == 2 else "compute"
     done = [[-1] * dies for _ in range(mb)]
-    marks = []  # per layer: (dispatch ids, combine ids, expert ids, layer end barrier)
+    marks = []  # per layer: ([(dispatch ids, combine ids) per microbatch], layer end barrier)
     for layer in range(SIM_LAYERS):
         layer_marks = []
         for m in range(mb):
@@ -254,7 +254,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
             comb_ids, back = matrix_transfers(w, ranks, comb_bytes, "aiv", comb_start)
             for d in range(dies):
                 done[m][d] = w.barrier(back[d] + [exp_ids[d]])
-            layer_marks.append((disp_ids, comb_ids, np.asarray(exp_ids), att))
+            layer_marks.append((disp_ids, comb_ids))
         end = w.barrier([done[m][d] for m in range(mb) for d in range(dies)])
         marks.append((layer_marks, end))
     w.submit()

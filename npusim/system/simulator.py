@@ -37,7 +37,7 @@ from npusim.errors import ConfigError, DeadlockError
 from npusim.hw.fabric.state import (FP_RETURN_PS, FP_ROUTE, FP_SETUP_PS, FP_WIRE_BYTES, MODE_FLOW,
                                     MODE_PACKET, S_NACT, S_ROUNDS, S_UPDATES, grow_packets, grow_tasks,
                                     new_fabric_state)
-from npusim.system.kernel import (KIND_FLOW, STATUS_EVENT_LIMIT, STATUS_GROW, STATUS_GROW_PACKETS, STATUS_IDLE,
+from npusim.system.kernel import (KINDS, KIND_FLOW, STATUS_EVENT_LIMIT, STATUS_GROW, STATUS_GROW_PACKETS, STATUS_IDLE,
                                   STATUS_NOTIFY, STATUS_TIME_LIMIT, STATUS_WATCH, system_loop)
 from npusim.system.load import LoadedSystem
 
@@ -102,9 +102,6 @@ class SystemSim:
             found = self._route_id[key] = (rid, fab)
             self._routes_dirty = True
         return found
-
-    def route_latency_ps(self, rid: int) -> int:
-        return self._route_lat[rid]
 
     def route_path(self, rid: int) -> list[str]:
         return [self.topology.names[v] for v in self._route_vertices[rid]]
@@ -187,6 +184,9 @@ class SystemSim:
     def submit(self, kinds: np.ndarray, queues: np.ndarray, params: np.ndarray, dep_ptr: np.ndarray,
                dep_idx: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
         """Submit a batch of tasks (``KIND_FIXED`` with ``param[0]`` = picoseconds, or ``KIND_FLOW``)."""
+        bad = np.setdiff1d(np.asarray(kinds), np.asarray(KINDS))
+        if bad.shape[0]:
+            raise ConfigError(f"system task kind {int(bad[0])}: expected one of {KINDS} (fixed, notify, flow)")
         ids = self.engine.submit_batch(kinds, queues, params, dep_ptr, dep_idx, names)
         self._routes_dirty = True  # re-size the per-transfer state on the next run
         return ids
@@ -230,10 +230,6 @@ class SystemSim:
     @property
     def filling_rounds(self) -> int:
         return int(self.fs.sc[S_ROUNDS])
-
-    @property
-    def active_transfers(self) -> int:
-        return int(self.fs.sc[S_NACT])
 
     @property
     def peak_link_load(self) -> float:
