@@ -28,7 +28,7 @@ from pathlib import Path
 from npusim.arch import load_arch
 from npusim.cli.util import add_arch_arg
 from npusim.cli.progress import task_progress
-from npusim.cli.run_system import add_system_run_args, run_system_step
+from npusim.cli.run_system import add_system_run_args, run_system
 from npusim.cli.serve import add_serving_args, is_serving, run_serving
 from npusim.errors import ConfigError
 from npusim.files import write_json
@@ -156,7 +156,7 @@ def build_spec(args, arch, graph, default_tp: int = 16):
 
 def run(args) -> int:
     if args.system is not None:
-        return run_system_step(args)
+        return run_system(args)
     arch = load_arch(args.arch)
     if is_serving(args) and is_forward(args):
         raise ConfigError("--trace/--rate/--requests serve a request stream; --forward, --phase, --batch, --seq "

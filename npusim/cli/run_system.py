@@ -1,8 +1,12 @@
-"""``npusim run --system S``: one decode or prefill step of a MoE model deployed over many NPUs.
+"""``npusim run --system S``: a MoE model deployed over many NPUs — one step, or serving a request stream.
 
-The mapping spec's ``system:`` section (``mappers/cm384-deepseek-decode.yaml`` ...) says how the model
-is laid over the instance's NPUs; the flags override its choices. Each die's compute is timed by the
-chip simulator (memoised chip costs), dispatch and combine by the fabric model.
+One step: the mapping spec's ``system:`` section (``mappers/cm384-deepseek-decode.yaml`` ...) says how
+the model is laid over the instance's NPUs; the flags override its choices. Each die's compute is
+timed by the chip simulator (memoised chip costs), dispatch and combine by the fabric model.
+
+Serving (``--trace``, ``--rate`` or ``--requests``): the mapping's ``system_serving:`` section
+(default ``mappers/<system>-deepseek-serving.yaml``) names prefill and decode deployments; see
+:mod:`npusim.system.serving`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,22 @@ def add_system_run_args(p) -> None:
     g.add_argument("--microbatches", type=int, choices=[1, 2], default=None, help="default: the mapping's")
     g.add_argument("--eplb", choices=["none", "greedy", "perfect"], default=None, help="expert placement by load")
     g.add_argument("--routing", default="uniform", help="expert popularity: uniform, zipf:S or a load-profile file")
+    g.add_argument("--kv-fabric", default=None, help="serving: the fabric KV moves over from prefill to decode "
+                   "(e.g. rdma or ub; default: the mapping's)")
+    g.add_argument("--caching-pool", choices=["on", "off"], default=None,
+                   help="serving: the EMS-style prefix KV pool in the CPUs' DRAM (default: the mapping's)")
+    g.add_argument("--prefill-instances", type=int, default=None, help="serving: prefill instances (default: the "
+                   "mapping's)")
+
+
+SERVING_MAPPINGS = {"cloudmatrix384": "cm384-deepseek-serving", "atlas-800i-a2": "a2-deepseek-serving"}
+
+
+def run_system(args) -> int:
+    """``npusim run --system``: serving when a request stream is given, else one step."""
+    from npusim.cli.serve import is_serving
+
+    return run_system_serving(args) if is_serving(args) else run_system_step(args)
 
 
 def run_system_step(args) -> int:
@@ -59,3 +79,84 @@ def run_system_step(args) -> int:
           f"expert load imbalance {r.imbalance:.2f}")
     print(f"  note          {r.note}")
     return 0
+
+
+def run_system_serving(args) -> int:
+    from npusim.cli.progress import request_progress
+    from npusim.cli.serve import requests_from_args
+    from npusim.mapping.spec import load_system_serving
+    from npusim.serving.metrics import write_serving_hdf5
+    from npusim.system.load import load_system
+    from npusim.system.serving import simulate_system_serving
+
+    loaded = load_system(args.system, nodes=args.nodes)
+    mapping = args.mapping or SERVING_MAPPINGS.get(loaded.system.name)
+    if mapping is None:
+        raise ConfigError(f"--system {args.system} with a request stream needs --mapping with a system_serving "
+                          "section (e.g. mappers/cm384-deepseek-serving.yaml)")
+    plan, pdep, ddep = load_system_serving(mapping)
+    updates = {}
+    if args.prefill_instances is not None:
+        if args.prefill_instances <= 0:
+            raise ConfigError(f"--prefill-instances must be positive, got {args.prefill_instances}")
+        updates["prefill"] = plan.prefill.model_copy(update={"instances": args.prefill_instances})
+    if args.slo_ttft_ms is not None or args.slo_tbt_ms is not None:
+        updates.update({k: v for k, v in (("slo_ttft_ms", args.slo_ttft_ms), ("slo_tpot_ms", args.slo_tbt_ms))
+                        if v is not None})
+    plan = plan.model_copy(update=updates)
+    reqs, clipped = requests_from_args(args)
+    if not reqs:
+        raise ConfigError("no requests to serve (check --trace, --duration or --requests)")
+    model = args.model if args.model != "qwen3-4b" else "deepseek-r1"
+    pool = None if args.caching_pool is None else args.caching_pool == "on"
+    with request_progress(len(reqs), enabled=not (args.no_progress or args.json)) as progress:
+        run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=model, seed=args.seed,
+                                      kv_fabric=args.kv_fabric, caching_pool=pool, mtp=args.mtp,
+                                      mtp_acceptance=args.mtp_acceptance, progress=progress)
+    out = run.summary
+    out["mapping"] = str(mapping)
+    out["requests_clipped"] = clipped
+    if args.out:
+        files = {"summary": args.out / "summary.json", "results": args.out / "serving.h5"}
+        write_serving_hdf5(files["results"], run.records, run.steps, attrs={"system": out["system"]})
+        out["files"] = {k: str(v) for k, v in files.items()}
+        write_json(files["summary"], out)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    _print_serving(out)
+    return 0
+
+
+def _print_serving(s: dict) -> None:
+    def stat(key):
+        v = s.get(key) or {}
+        return "-" if v.get("mean") is None else f"mean {v['mean']:,.1f}  p50 {v['p50']:,.1f}  p99 {v['p99']:,.1f}"
+
+    print(f"{s['model']} serving on {s['system']}: {s['requests_total']} requests; prefill {s['npus_prefill']} NPUs, "
+          f"decode {s['npus_decode']} NPUs (MTP {s['mtp']} at {s['mtp_acceptance']:g})")
+    print(f"  completed      {s['requests_completed']} completed, {s['requests_rejected']} rejected over "
+          f"{s['duration_s'] or 0:.2f} s; {s['prefill_batches']} prefill batches, {s['decode_steps']} decode steps "
+          f"(mean {s['mean_decode_batch_per_npu']:.1f} sequences per decode NPU)")
+    tput = s["tokens_per_s_per_npu"]
+    print(f"  throughput     {s['throughput_tokens_per_s'] or 0:,.0f} output tokens/s; "
+          f"{tput or 0:,.1f} per NPU of the system, {s['decode_tokens_per_s_per_npu'] or 0:,.1f} per decode NPU")
+    for key, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("tbt_ms", "TBT ms"), ("e2e_ms", "E2E ms")):
+        print(f"  {label:<14} {stat(key)}")
+    if s.get("slo_attainment") is not None:
+        print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
+              f"{s['goodput_tokens_per_s']:,.0f} tokens/s")
+    kv = s["kv_transfer"]
+    print(f"  KV transfer    {kv['bytes'] / 2**30:,.2f} GiB over {kv['fabric']}, mean {kv['mean_ms'] or 0:.2f} ms, "
+          f"p99 {kv['p99_ms'] or 0:.2f} ms per request")
+    pool = s.get("caching_pool")
+    if pool:
+        print(f"  caching pool   hit rate {100 * pool['hit_rate']:.1f}% of prompt blocks, "
+              f"{pool['prefill_tokens_saved']:,} prefill tokens saved, {pool['blocks_held']:,} blocks held "
+              f"of {pool['capacity_blocks']:,}")
+    st = s["step_table"]
+    print(f"  step table     {st['decode_points']} decode and {st['prefill_points']} prefill step shapes simulated "
+          f"for {st['lookups']:,} steps")
+    for name, path in s.get("files", {}).items():
+        print(f"  wrote {name:<9} {path}")
+    print(f"  note           {s['note']}")

@@ -71,3 +71,55 @@ class Deployment(StrictModel):
         if self.microbatches == 2 and set(self.core_split) != {"attention", "moe"}:
             raise ValueError("microbatches: 2 needs core_split with 'attention' and 'moe' shares (cube, vector)")
         return self
+
+
+class PrefillPool(StrictModel):
+    """``instances`` prefill instances, each deployed by the mapping spec ``mapping`` (its
+    ``system:`` section, phase prefill); an instance runs one batch of prompts at a time, at most
+    ``tokens_per_npu`` prompt tokens per NPU of it (a longer prompt takes several such steps)."""
+
+    mapping: str
+    instances: PositiveInt = 1
+    tokens_per_npu: PositiveInt = 16384
+
+
+class DecodePool(StrictModel):
+    """One decode instance deployed by ``mapping`` (phase decode): continuous batching of at most
+    ``max_batch_per_npu`` sequences per NPU, spread over its dies (data-parallel attention)."""
+
+    mapping: str
+    max_batch_per_npu: PositiveInt = 96
+
+
+class KVTransfer(StrictModel):
+    """How a prompt's KV cache moves from its prefill die to its decode die: over fabric ``fabric``
+    of the system (``rdma``, ``ub``, ``roce`` ... as the system file names them), started by the
+    ``via`` engines (``sdma`` or ``aiv``)."""
+
+    fabric: str
+    via: Literal["sdma", "aiv"] = "sdma"
+
+
+class CachingPool(StrictModel):
+    """An EMS-style context caching pool: prompt KV blocks (``block_tokens`` per block; the trace's
+    ``hash_ids`` name them) kept in the CPUs' DRAM and reached over ``fabric``. ``capacity_gb``
+    (default: every CPU's ``dram_gb``) bounds it; least recently used blocks leave first."""
+
+    enabled: bool = True
+    fabric: str
+    capacity_gb: float | None = Field(default=None, gt=0)
+    block_tokens: PositiveInt = 512
+
+
+class SystemServing(StrictModel):
+    """Serving a request stream on a multi-NPU system with prefill/decode disaggregation: prefill
+    instances and one decode instance on disjoint NPUs (decode first, then the prefill instances,
+    in NPU order), KV moved between them as fabric traffic, an optional caching pool, and the
+    SLOs goodput is judged by (``slo_ttft_ms``; ``slo_tpot_ms`` bounds every gap between tokens)."""
+
+    prefill: PrefillPool
+    decode: DecodePool
+    kv_transfer: KVTransfer
+    caching_pool: CachingPool | None = None
+    slo_ttft_ms: float | None = Field(default=None, gt=0)
+    slo_tpot_ms: float | None = Field(default=None, gt=0)

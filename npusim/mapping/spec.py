@@ -36,7 +36,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from npusim.config import StrictModel, load_with_extends, validate
 from npusim.errors import ConfigError
-from npusim.mapping.deployment import Deployment
+from npusim.mapping.deployment import Deployment, SystemServing
 
 PARTITIONS = ("tp_k", "tp_mn", "tp_mnk", "auto")
 LAYOUTS = ("linear_seq", "linear_interleave", "ring", "mesh2d")
@@ -147,6 +147,7 @@ class MappingSpec(StrictModel):
     memory: Memory = Memory()
     serving: Serving = Serving()
     system: Deployment | None = None  # how a MoE model is laid over many NPUs (npusim run --system)
+    system_serving: SystemServing | None = None  # prefill + decode instances serving requests (--system --trace)
 
 
 MAPPER_DIR = Path(__file__).resolve().parents[2] / "mappers"
@@ -170,6 +171,27 @@ def load_deployment(path: str | Path) -> Deployment:
         raise ConfigError(f"{path}: no 'system:' section; a multi-NPU run needs one "
                           "(see mappers/cm384-deepseek-decode.yaml)")
     return spec.system
+
+
+def load_system_serving(path: str | Path) -> tuple[SystemServing, Deployment, Deployment]:
+    """The ``system_serving:`` section of a mapping spec and the prefill and decode deployments it
+    names (mapping names resolve next to the file first, then as usual); ConfigError otherwise."""
+    spec = load_mapping(path)
+    plan = spec.system_serving
+    if plan is None:
+        raise ConfigError(f"{path}: no 'system_serving:' section; serving requests on a system needs one "
+                          "(see mappers/cm384-deepseek-serving.yaml)")
+    here = Path(path).parent
+    deps = []
+    for key, phase in (("prefill", "prefill"), ("decode", "decode")):
+        name = getattr(plan, key).mapping
+        local = here / name
+        dep = load_deployment(local if local.is_file() else name)
+        if dep.phase != phase:
+            raise ConfigError(f"{path}: system_serving.{key}.mapping {name} deploys the model for {dep.phase}, "
+                              f"expected {phase}")
+        deps.append(dep)
+    return plan, deps[0], deps[1]
 
 
 def spec_from_flags(base: MappingSpec | None = None, tp: int | None = None, partition: str | None = None,

@@ -144,9 +144,11 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
                   kv: int = 4096, batch_tokens: int | None = None, seq: int = 4096, mtp: int | None = None,
                   mtp_acceptance: float | None = None, microbatches: int | None = None, eplb: str | None = None,
                   routing: str = "uniform", seed: int = 0, chip_cost: ChipCost | None = None,
-                  fidelity: str = "flow") -> StepResult:
+                  fidelity: str = "flow", check_fit: bool = True) -> StepResult:
     """One decode step (``batch`` sequences per NPU at context ``kv``) or prefill step
-    (``batch_tokens`` per NPU of ``seq``-token prompts); flags override the deployment."""
+    (``batch_tokens`` per NPU of ``seq``-token prompts); flags override the deployment.
+    ``check_fit=False`` times a step whose KV would not fit (a serving run's cost table, whose
+    own KV manager enforces the capacity)."""
     s = loaded.system
     cfg = get_config(model)
     if cfg.num_experts <= 0:
@@ -165,6 +167,8 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     cc = chip_cost or ChipCost(chip)
     ncores = chip.num_cores
     mb = dep.microbatches
+    if mb == 2 and (batch or 0) / dpn < 2 and dep.phase == "decode":
+        mb = 1  # fewer than two sequences on a die: no second microbatch to overlap with
     att_cores = dep.core_split["attention"].cube if mb == 2 else ncores
     moe_cores = dep.core_split["moe"].cube if mb == 2 else ncores
     if dep.phase == "decode":
@@ -195,11 +199,10 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     lm_head = cc.gemm(max(1, lm_tokens), cfg.hidden_size, cfg.vocab_size, "int8", cores=ncores)
 
     # memory check: KV of the die's sequences and the weights a die holds
-    mla_kv = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2 if cfg.is_mla else 2 * cfg.num_kv_heads * cfg.head_dim * 2
-    kv_gb = seqs_die * kv_tokens * mla_kv * cfg.num_layers / 2**30
-    weights_gb = _weights_per_die_gb(cfg, dep)
+    kv_gb = seqs_die * kv_tokens * kv_bytes_per_token(cfg) / 2**30
+    weights_gb = weights_per_die_gb(cfg, dep)
     hbm_gb = summarize(chip).hbm_gb
-    if kv_gb + weights_gb > hbm_gb:
+    if check_fit and kv_gb + weights_gb > hbm_gb:
         raise ConfigError(f"batch does not fit: {kv_gb:.1f} GB of KV cache + {weights_gb:.1f} GB of weights per die "
                           f"> {hbm_gb:g} GB of HBM (fewer sequences per NPU, or a shorter --kv)")
 
@@ -295,7 +298,15 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     )
 
 
-def _weights_per_die_gb(cfg, dep: Deployment) -> float:
+def kv_bytes_per_token(cfg) -> int:
+    """Bytes of KV cache one token keeps over all layers, in BF16: MLA keeps the compressed latent
+    (``kv_lora_rank``) and the decoupled RoPE key (``qk_rope_head_dim``) per layer; other
+    attention keeps K and V of every KV head."""
+    per_layer = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) if cfg.is_mla else 2 * cfg.num_kv_heads * cfg.head_dim
+    return per_layer * 2 * cfg.num_layers
+
+
+def weights_per_die_gb(cfg, dep: Deployment) -> float:
     """INT8 weights a die holds: attention of every layer (data parallel: a full copy), the dense
     FFNs (``dp``: full; ``tp: T``: 1/T), its routed experts of every MoE layer, the shared expert
     (``dp``: full), embedding and LM head (``dp``: full)."""

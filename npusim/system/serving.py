@@ -1,0 +1,361 @@
+"""Serving a request stream on a multi-NPU system: prefill instances, a decode instance, KV moved over the fabric.
+
+The CloudMatrix384 deployment of DeepSeek-V3/R1 (prefill/decode disaggregation, the EMS caching
+pool), as a discrete-event simulation over requests:
+
+* **prefill instances** (``system_serving.prefill``: ``instances`` of the prefill deployment, on
+  disjoint NPUs after the decode instance's) take queued prompts first come, first served, up to
+  ``tokens_per_npu`` prompt tokens per NPU a batch (a longer prompt takes several such steps);
+  a request's prompt runs on one die of the instance (data-parallel attention; dies in turn).
+  A batch lasts the time to load its cached prefix blocks from the pool plus its prefill steps,
+  from the prefill :class:`~npusim.system.step_table.StepTable` at (tokens per NPU, the
+  token-weighted prompt length). Its end is each request's first token (TTFT).
+* **caching pool** (optional, :mod:`npusim.system.kv_pool`): before a prompt's prefill, its
+  leading blocks found in the pool are read from the CPUs' DRAM (fabric reads from ``cpuN``) and
+  not computed (at least one token is always computed); after it, the prompt's new blocks are
+  written to the pool (fabric writes, not waited for).
+* **KV transfer**: after its prefill a request is given a decode die (the one with the fewest
+  sequences among those with a sequence slot and KV room for its whole prompt + output) and its
+  prompt's KV (``input_len`` x :func:`~npusim.system.moe_step.kv_bytes_per_token` bytes) is
+  written from its prefill die to that die over ``kv_transfer.fabric``; a request with no room
+  waits (its KV stays on the prefill die) until a decode sequence finishes. The transfers (and pool
+  writes) of one prefill batch are timed together by one fabric run (:class:`SystemSim`, flow
+  model): they contend with each other, not with other batches' transfers (not modelled).
+* **decode instance**: continuous batching; each step runs every sequence that has arrived, at
+  most ``max_batch_per_npu`` per NPU; its time is the decode table's at (the busiest die's
+  sequences x dies per NPU, the mean KV length); a sequence makes ``1 + accepted`` tokens a step
+  (each of the ``mtp`` speculative tokens accepted with ``mtp_acceptance``, in order, seeded).
+
+Times are seconds (``_s``); summaries in ms as :func:`npusim.serving.metrics.summarize` gives
+them. Deterministic for a given seed. What is not modelled is listed in ``NOTE``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from npusim.arch import summarize as chip_summary
+from npusim.errors import ConfigError
+from npusim.mapping.deployment import Deployment, SystemServing
+from npusim.model.zoo import get_config
+from npusim.serving.metrics import RequestRecord, summarize
+from npusim.serving.requests import Request
+from npusim.system.chipcost import ChipCost
+from npusim.system.kv_pool import KVPool
+from npusim.system.load import LoadedSystem
+from npusim.system.moe_step import kv_bytes_per_token, weights_per_die_gb
+from npusim.system.simulator import PS_PER_US, SystemSim
+from npusim.system.step_table import StepTable
+
+NOTE = ("partial model: step times interpolated between simulated step shapes (see step_table), every die of "
+        "a step at the busiest die's batch; KV transfers of one prefill batch contend with each other only; "
+        "prefill-side KV capacity, pool reads overlapping compute and decode preemption are not modelled")
+
+ARRIVAL, PREFILL_DONE, KV_ARRIVED, STEP_DONE = range(4)
+
+
+@dataclass
+class _Seq:
+    req: Request
+    record: RequestRecord
+    prefill_die: int = -1
+    decode_die: int = -1
+    remaining: int = 0  # output tokens still to make
+    kv_len: int = 0
+
+
+@dataclass
+class SystemServingResult:
+    summary: dict
+    records: list[RequestRecord]
+    steps: list[dict] = field(default_factory=list)
+
+
+class _Fabric:
+    """Times a batch of transfers on a fresh fabric state (one flow-model run); returns seconds."""
+
+    def __init__(self, loaded: LoadedSystem, fidelity: str):
+        self.loaded, self.fidelity = loaded, fidelity
+        self.bytes_moved = 0
+
+    def run(self, batches: list[tuple[list[int], list[int], list[int], str, str, str]]) -> list[np.ndarray]:
+        """``batches`` of ``(initiators, targets, nbytes, op, fabric, via)``; durations (s) per transfer."""
+        sim = SystemSim(self.loaded, self.fidelity)
+        ids = []
+        for inits, tgts, sizes, op, fabric, via in batches:
+            if not inits:
+                ids.append(np.zeros(0, np.int64))
+                continue
+            kinds, queues, params = sim.transfers(inits, tgts, np.asarray(sizes, np.int64), op, via, fabric)
+            n = kinds.shape[0]
+            ids.append(sim.submit(kinds, queues, params, np.zeros(n + 1, np.int64), np.zeros(0, np.int64)))
+            self.bytes_moved += int(np.sum(sizes))
+        sim.run()
+        return [sim.task_times_ps(i)[1] / (PS_PER_US * 1e6) if i.shape[0] else np.zeros(0) for i in ids]
+
+
+def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Deployment, ddep: Deployment,
+                            requests: list[Request], model: str = "deepseek-r1", seed: int = 0,
+                            kv_fabric: str | None = None, caching_pool: bool | None = None,
+                            mtp: int | None = None, mtp_acceptance: float | None = None,
+                            fidelity: str = "flow", progress=None) -> SystemServingResult:
+    """Serve ``requests`` (see module docstring); flags override the plan's choices."""
+    s = loaded.system
+    cfg = get_config(model)
+    topo = loaded.topology
+    dpn = s.npu.dies
+    if mtp is not None or mtp_acceptance is not None:
+        ddep = ddep.model_copy(update={k: v for k, v in (("mtp", mtp), ("mtp_acceptance", mtp_acceptance))
+                                       if v is not None})
+    used = ddep.npus + plan.prefill.instances * pdep.npus
+    if used > s.num_npus:
+        raise ConfigError(f"system_serving: decode {ddep.npus} NPUs + {plan.prefill.instances} prefill instances x "
+                          f"{pdep.npus} NPUs = {used} NPUs, but {s.name} has {s.num_npus} "
+                          f"(a larger --nodes, or fewer --prefill-instances)")
+    kv_fab = kv_fabric or plan.kv_transfer.fabric
+    pool_cfg = plan.caching_pool
+    use_pool = (pool_cfg is not None and pool_cfg.enabled) if caching_pool is None else caching_pool
+    if use_pool and pool_cfg is None:
+        raise ConfigError("--caching-pool on: the mapping's system_serving has no caching_pool section")
+    for name in [kv_fab] + ([pool_cfg.fabric] if use_pool else []):
+        if name not in s.fabrics:
+            raise ConfigError(f"system_serving: fabric '{name}' is not one of {s.name}'s ({', '.join(s.fabrics)})")
+    if use_pool and s.num_cpus == 0:
+        raise ConfigError(f"--caching-pool on: {s.name} has no CPUs to hold the pool")
+
+    kvb = kv_bytes_per_token(cfg)
+    hbm = chip_summary(loaded.chip).hbm_gb * 2**30
+    room_tokens = int((hbm - weights_per_die_gb(cfg, ddep) * 2**30) // kvb)
+    if room_tokens <= 0:
+        raise ConfigError(f"system_serving: the decode deployment's weights ({weights_per_die_gb(cfg, ddep):.1f} GB per "
+                          f"die) leave no HBM for KV ({hbm / 2**30:g} GB per die): more decode NPUs")
+    slots_per_die = max(1, plan.decode.max_batch_per_npu // dpn)
+    d_dies = ddep.npus * dpn
+    decode_die_ids = [topo.index[n] for n in topo.die_names[:d_dies]]
+    inst_dies = [[topo.index[n] for n in topo.die_names[(ddep.npus + i * pdep.npus) * dpn:
+                                                          (ddep.npus + (i + 1) * pdep.npus) * dpn]]
+                 for i in range(plan.prefill.instances)]
+    cpu_ids = [topo.index[f"cpu{c}"] for c in range(s.num_cpus)]
+    block = pool_cfg.block_tokens if pool_cfg else 512
+    pool = None
+    if use_pool:
+        cap_gb = pool_cfg.capacity_gb or s.cpu.dram_gb * s.num_cpus
+        pool = KVPool(int(cap_gb * 2**30 // (block * kvb)), len(cpu_ids))
+
+    budget = plan.prefill.tokens_per_npu * pdep.npus
+    max_in = max((r.input_len for r in requests), default=1)
+    max_ctx = max((r.input_len + r.output_len for r in requests), default=2)
+    cc = ChipCost(loaded.chip)
+    ptable = StepTable(loaded, pdep, model, x_max=plan.prefill.tokens_per_npu, y_max=max(max_in, 128), seed=seed,
+                       chip_cost=cc, x_min=min(128, plan.prefill.tokens_per_npu))
+    dtable = StepTable(loaded, ddep, model, x_max=slots_per_die * dpn, y_max=max(max_ctx, 128), seed=seed,
+                       chip_cost=cc)
+    fabric = _Fabric(loaded, fidelity)
+    rng = np.random.default_rng(seed)
+
+    seqs = {r.id: _Seq(r, RequestRecord.from_request(r)) for r in requests}
+    for q in seqs.values():
+        need = q.req.input_len + q.req.output_len
+        if need > room_tokens:
+            q.record.rejected_reason = "prompt + output longer than a decode die's KV capacity"
+    events: list[tuple[float, int, int, object]] = []
+    counter = 0
+
+    def push(t: float, kind: int, payload) -> None:
+        nonlocal counter
+        heapq.heappush(events, (t, counter, kind, payload))
+        counter += 1
+
+    for r in requests:
+        if seqs[r.id].record.rejected_reason is None:
+            push(r.arrival_s, ARRIVAL, r.id)
+    waiting: list[int] = []  # prompts queued for a prefill instance
+    idle = list(range(plan.prefill.instances))
+    wait_decode: list[int] = []  # prefilled, waiting for decode room
+    die_seqs = [0] * d_dies
+    die_tokens = [0] * d_dies
+    ready: list[_Seq] = []  # decode sequences whose KV has arrived
+    decoding = False
+    stats = {"prefill_batches": 0, "decode_steps": 0, "batch_sum": 0, "kv_bytes": 0, "kv_s": [],
+             "pool_read_bytes": 0, "pool_write_bytes": 0, "saved_tokens": 0, "looked_blocks": 0}
+    steps: list[dict] = []
+    done_count = 0
+
+    def start_prefill(t: float, inst: int) -> None:
+        batch, tokens = [], 0
+        while waiting:
+            q = seqs[waiting[0]]
+            blocks = pool.held_prefix(q.req.hash_ids) if pool is not None else 0
+            hit = min(blocks * block, q.req.input_len - 1)
+            compute = q.req.input_len - hit
+            if batch and tokens + compute > budget:
+                break
+            waiting.pop(0)
+            if pool is not None:
+                pool.lookup(q.req.hash_ids)
+                stats["looked_blocks"] += len(q.req.hash_ids)
+            q.record.prefix_hit_tokens = hit
+            q.record.first_scheduled_s = t
+            q.prefill_die = inst_dies[inst][len(batch) % len(inst_dies[inst])]
+            batch.append((q, hit, compute))
+            tokens += compute
+        # reads of the cached prefix blocks from the pool's CPUs, before the prefill
+        load_s = 0.0
+        if pool is not None and any(hit for _, hit, _ in batch):
+            inits, tgts, sizes = [], [], []
+            for q, hit, _ in batch:
+                for b in range(-(-hit // block)):
+                    inits.append(q.prefill_die)
+                    tgts.append(cpu_ids[pool.cpu_of(q.req.hash_ids[b])])
+                    sizes.append(min(block, hit - b * block) * kvb)
+            (durs,) = fabric.run([(inits, tgts, sizes, "read", pool_cfg.fabric, plan.kv_transfer.via)])
+            load_s = float(durs.max())
+            stats["pool_read_bytes"] += int(sum(sizes))
+        seq_len = sum(q.req.input_len * c for q, _, c in batch) / max(1, tokens)
+        n_steps = max(1, math.ceil(tokens / budget))
+        per_npu = min(tokens, budget) / pdep.npus
+        dur = load_s + n_steps * ptable.step_ms(per_npu, seq_len) / 1e3
+        stats["prefill_batches"] += 1
+        stats["saved_tokens"] += sum(h for _, h, _ in batch)
+        push(t + dur, PREFILL_DONE, (inst, [q.req.id for q, _, _ in batch]))
+
+    def assign_decode(t: float, ids: list[int], pool_writes) -> None:
+        """Give each request a decode die if one has room, and time the KV writes (and pool writes)."""
+        placed = []
+        for rid in ids:
+            q = seqs[rid]
+            need = q.req.input_len + q.req.output_len
+            cands = [d for d in range(d_dies) if die_seqs[d] < slots_per_die and die_tokens[d] + need <= room_tokens]
+            if not cands:
+                wait_decode.append(rid)
+                continue
+            d = min(cands, key=lambda x: (die_seqs[x], x))
+            die_seqs[d] += 1
+            die_tokens[d] += need
+            q.decode_die = d
+            placed.append(q)
+        if not placed and not pool_writes[0]:
+            return
+        kv = ([q.prefill_die for q in placed], [decode_die_ids[q.decode_die] for q in placed],
+              [q.req.input_len * kvb for q in placed], "write", kv_fab, plan.kv_transfer.via)
+        durs, _ = fabric.run([kv, (*pool_writes, "write", pool_cfg.fabric if pool_cfg else kv_fab,
+                                   plan.kv_transfer.via)])
+        for q, dur in zip(placed, durs):
+            stats["kv_bytes"] += q.req.input_len * kvb
+            stats["kv_s"].append(float(dur))
+            push(t + float(dur), KV_ARRIVED, q.req.id)
+
+    def start_step(t: float) -> None:
+        nonlocal decoding
+        if not ready:
+            decoding = False
+            return
+        decoding = True
+        per_die: dict[int, int] = {}
+        for q in ready:
+            per_die[q.decode_die] = per_die.get(q.decode_die, 0) + 1
+        x = max(per_die.values()) * dpn
+        y = sum(q.kv_len for q in ready) / len(ready)
+        dur = dtable.step_ms(x, y) / 1e3
+        stats["decode_steps"] += 1
+        stats["batch_sum"] += len(ready)
+        steps.append({"start_s": t, "duration_s": dur, "sequences": len(ready), "busiest_die": x // dpn,
+                      "mean_kv": y})
+        push(t + dur, STEP_DONE, list(ready))
+
+    while events:
+        t, _, kind, payload = heapq.heappop(events)
+        if kind == ARRIVAL:
+            waiting.append(payload)
+        elif kind == PREFILL_DONE:
+            inst, ids = payload
+            idle.append(inst)
+            writes = ([], [], [])
+            going = []
+            for rid in ids:
+                q = seqs[rid]
+                q.record.token_times_s.append(t)
+                if pool is not None and q.req.hash_ids:
+                    for h in pool.insert(q.req.hash_ids):
+                        b = q.req.hash_ids.index(h)
+                        writes[0].append(q.prefill_die)
+                        writes[1].append(cpu_ids[pool.cpu_of(h)])
+                        writes[2].append(min(block, q.req.input_len - b * block) * kvb)
+                if q.req.output_len == 1:
+                    q.record.finish_s = t
+                    done_count += 1
+                else:
+                    q.remaining = q.req.output_len - 1
+                    q.kv_len = q.req.input_len + 1
+                    going.append(rid)
+            stats["pool_write_bytes"] += int(sum(writes[2]))
+            assign_decode(t, going, writes)
+        elif kind == KV_ARRIVED:
+            ready.append(seqs[payload])
+            if not decoding:
+                start_step(t)
+        elif kind == STEP_DONE:
+            finished = []
+            for q in payload:
+                made = 1
+                for _ in range(ddep.mtp):
+                    if rng.random() >= ddep.mtp_acceptance:
+                        break
+                    made += 1
+                made = min(made, q.remaining)
+                q.record.token_times_s.extend([t] * made)
+                q.remaining -= made
+                q.kv_len += made
+                if q.remaining == 0:
+                    q.record.finish_s = t
+                    finished.append(q)
+            for q in finished:
+                ready.remove(q)
+                die_seqs[q.decode_die] -= 1
+                die_tokens[q.decode_die] -= q.req.input_len + q.req.output_len
+                done_count += 1
+            if progress is not None and finished:
+                progress(t, done_count, len(requests))
+            if finished and wait_decode:
+                again, wait_decode[:] = list(wait_decode), []
+                assign_decode(t, again, ([], [], []))
+            start_step(t)
+        while idle and waiting:
+            start_prefill(t, idle.pop(0))
+
+    records = [seqs[r.id].record for r in requests]
+    slo_t = plan.slo_ttft_ms / 1e3 if plan.slo_ttft_ms else None
+    slo_p = plan.slo_tpot_ms / 1e3 if plan.slo_tpot_ms else None
+    out = summarize(records, slo_ttft_s=slo_t, slo_tbt_s=slo_p)
+    dur = out["duration_s"] or 0.0
+    n_prefill = plan.prefill.instances * pdep.npus
+    kv_s = np.asarray(stats["kv_s"]) * 1e3
+    out.update({
+        "system": s.name, "model": cfg.name,
+        "npus_prefill": n_prefill, "npus_decode": ddep.npus, "npus_total": n_prefill + ddep.npus,
+        "tokens_per_s_per_npu": out["output_tokens"] / dur / (n_prefill + ddep.npus) if dur else None,
+        "decode_tokens_per_s_per_npu": (out["output_tokens"] - out["requests_completed"]) / dur / ddep.npus
+        if dur else None,
+        "mtp": ddep.mtp, "mtp_acceptance": ddep.mtp_acceptance,
+        "prefill_batches": stats["prefill_batches"], "decode_steps": stats["decode_steps"],
+        "mean_decode_batch_per_npu": stats["batch_sum"] / stats["decode_steps"] / ddep.npus
+        if stats["decode_steps"] else 0.0,
+        "kv_transfer": {"fabric": kv_fab, "via": plan.kv_transfer.via, "bytes": stats["kv_bytes"],
+                        "mean_ms": float(kv_s.mean()) if kv_s.size else None,
+                        "p99_ms": float(np.percentile(kv_s, 99)) if kv_s.size else None},
+        "caching_pool": None if pool is None else {
+            "fabric": pool_cfg.fabric, "capacity_blocks": pool.capacity_blocks, "blocks_held": len(pool),
+            "blocks_inserted": pool.inserted, "blocks_evicted": pool.evicted,
+            "hit_rate": pool.hit_blocks / stats["looked_blocks"] if stats["looked_blocks"] else 0.0,
+            "prefill_tokens_saved": stats["saved_tokens"], "read_bytes": stats["pool_read_bytes"],
+            "write_bytes": stats["pool_write_bytes"]},
+        "step_table": {"prefill_points": ptable.points, "decode_points": dtable.points,
+                       "lookups": ptable.lookups + dtable.lookups},
+        "chip_cost": cc.stats.as_dict(),
+        "note": NOTE,
+    })
+    return SystemServingResult(out, records, steps)

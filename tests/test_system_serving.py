@@ -1,0 +1,196 @@
+"""Serving a request stream on a multi-NPU system (npusim.system.serving): every request completes
+with its tokens, KV bytes and pool blocks are conserved, the knobs move results the right way, and
+impossible plans get clear errors. A small slice of CloudMatrix384 (two nodes) keeps it quick."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npusim.errors import ConfigError
+from npusim.mapping.deployment import Deployment, SystemServing
+from npusim.mapping.spec import load_system_serving
+from npusim.model.zoo import get_config
+from npusim.serving.requests import Request
+from npusim.system.kv_pool import KVPool
+from npusim.system.load import load_system
+from npusim.system.moe_step import kv_bytes_per_token
+from npusim.system.serving import simulate_system_serving
+from npusim.system.step_table import StepTable, grid
+
+ROOT = Path(__file__).resolve().parents[1]
+KVB = kv_bytes_per_token(get_config("deepseek-r1"))
+
+
+@pytest.fixture(scope="module")
+def cm1():
+    return load_system("cloudmatrix384", nodes=2)  # 16 NPUs = 32 dies, 8 CPUs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NPUSIM_CACHE_DIR", str(tmp_path_factory.mktemp("npusim-cache")))
+    yield
+    mp.undo()
+
+
+def _plan(**kw):
+    base = {"prefill": {"mapping": "-", "instances": 2, "tokens_per_npu": 2048},
+            "decode": {"mapping": "-", "max_batch_per_npu": 8},
+            "kv_transfer": {"fabric": "rdma"},
+            "caching_pool": {"enabled": True, "fabric": "ub"},
+            "slo_ttft_ms": 5000, "slo_tpot_ms": 500}
+    base.update(kw)
+    return SystemServing.model_validate(base)
+
+
+PDEP = Deployment.model_validate(dict(phase="prefill", npus=4, routed_experts={"per_die": 32},
+                                      shared_expert={"mode": "dp"}))
+DDEP = Deployment.model_validate(dict(phase="decode", npus=8, routed_experts={"per_die": 16},
+                                      shared_expert={"mode": "dp"}))
+
+
+def _requests(n=6, shared_prefix=True):
+    """Prompts of 1,024 tokens (2 blocks) every 50 ms; with ``shared_prefix`` all share block 0 and
+    every other one repeats its predecessor's prompt entirely."""
+    reqs = []
+    for i in range(n):
+        first = 0 if shared_prefix else 1000 + i
+        second = (100 + i - (i % 2)) if shared_prefix else 2000 + i
+        reqs.append(Request(i, 0.05 * i, 1024, 4 + i % 3, (first, second)))
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def run(cm1):
+    return simulate_system_serving(cm1, _plan(), PDEP, DDEP, _requests())
+
+
+def test_every_request_completes_with_its_tokens(run):
+    s = run.summary
+    assert s["requests_completed"] == 6 and s["requests_rejected"] == 0
+    for rec in run.records:
+        assert len(rec.token_times_s) == rec.output_len
+        assert rec.token_times_s == sorted(rec.token_times_s)
+        assert rec.ttft_s > 0 and rec.finish_s >= rec.token_times_s[0]
+    assert s["npus_total"] == 2 * 4 + 8
+    assert s["tokens_per_s_per_npu"] == pytest.approx(s["output_tokens"] / s["duration_s"] / 16)
+
+
+def test_kv_bytes_and_pool_blocks_are_conserved(run):
+    s = run.summary
+    assert s["kv_transfer"]["bytes"] == sum(r.input_len * KVB for r in run.records if r.output_len > 1)
+    pool = s["caching_pool"]
+    assert pool["blocks_inserted"] - pool["blocks_evicted"] == pool["blocks_held"]
+    # distinct blocks of the workload: block 0 and one second block per pair of requests
+    assert pool["blocks_held"] == 1 + 3
+    assert pool["prefill_tokens_saved"] == sum(r.prefix_hit_tokens for r in run.records) > 0
+    assert 0 < pool["hit_rate"] <= 1
+
+
+def test_caching_pool_saves_prefill_and_off_saves_nothing(cm1, run):
+    off = simulate_system_serving(cm1, _plan(), PDEP, DDEP, _requests(), caching_pool=False).summary
+    assert off["caching_pool"] is None and off["prefix_hit_tokens"] == 0
+    assert run.summary["ttft_ms"]["mean"] < off["ttft_ms"]["mean"]
+
+
+def test_ub_moves_kv_faster_than_rdma(cm1, run):
+    ub = simulate_system_serving(cm1, _plan(), PDEP, DDEP, _requests(), kv_fabric="ub").summary
+    assert ub["kv_transfer"]["fabric"] == "ub"
+    assert ub["kv_transfer"]["mean_ms"] < run.summary["kv_transfer"]["mean_ms"]
+    # at most the link: 1,024 tokens of KV over one die's RDMA port (25 GB/s) takes at least this long
+    assert run.summary["kv_transfer"]["mean_ms"] >= 1024 * KVB / 25e9 * 1e3
+
+
+def test_mtp_makes_more_tokens_per_step(cm1, run):
+    mtp = simulate_system_serving(cm1, _plan(), PDEP, DDEP, _requests(), mtp=1, mtp_acceptance=1.0).summary
+    assert mtp["decode_steps"] < run.summary["decode_steps"]
+    assert mtp["output_tokens"] == run.summary["output_tokens"]
+
+
+def test_same_seed_same_result(cm1, run):
+    again = simulate_system_serving(cm1, _plan(), PDEP, DDEP, _requests())
+
+    def same(s):  # chip-cost cache counters differ (the second run hits the cache)
+        return json.dumps({k: v for k, v in s.items() if k != "chip_cost"}, sort_keys=True)
+
+    assert same(again.summary) == same(run.summary)
+    assert [r.token_times_s for r in again.records] == [r.token_times_s for r in run.records]
+
+
+def test_impossible_plans_are_clear_errors(cm1):
+    with pytest.raises(ConfigError, match="NPUs"):
+        simulate_system_serving(cm1, _plan(prefill={"mapping": "-", "instances": 3}), PDEP, DDEP, _requests())
+    with pytest.raises(ConfigError, match="fabric 'nvlink'"):
+        simulate_system_serving(cm1, _plan(), PDEP, DDEP, _requests(), kv_fabric="nvlink")
+    with pytest.raises(ConfigError, match="caching_pool"):
+        simulate_system_serving(cm1, _plan(caching_pool=None), PDEP, DDEP, _requests(), caching_pool=True)
+
+
+def test_a_request_too_long_for_a_decode_die_is_rejected(cm1):
+    reqs = [Request(0, 0.0, 256, 4), Request(1, 0.0, 3_000_000, 4)]
+    s = simulate_system_serving(cm1, _plan(caching_pool=None), PDEP, DDEP, reqs).summary
+    assert s["requests_completed"] == 1 and s["requests_rejected"] == 1
+
+
+def test_shipped_serving_mappings_load():
+    plan, pdep, ddep = load_system_serving(ROOT / "mappers" / "cm384-deepseek-serving.yaml")
+    assert (pdep.phase, ddep.phase, pdep.npus, ddep.npus) == ("prefill", "decode", 16, 160)
+    assert ddep.npus + plan.prefill.instances * pdep.npus <= 384
+    plan, pdep, ddep = load_system_serving(ROOT / "mappers" / "a2-deepseek-serving.yaml")
+    assert ddep.npus + plan.prefill.instances * pdep.npus == 6 * 8  # the file says: --nodes 6
+
+
+def test_cli_serves_a_trace_on_a_system(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 512, "output_length": 3,
+                                         "hash_ids": [7]}) + "\n" for i in range(3)))
+    mapping = tmp_path / "serving.yaml"
+    mapping.write_text(
+        "system_serving:\n"
+        "  prefill: {mapping: " + str(ROOT / "mappers" / "cm384-deepseek-prefill.yaml") + ", instances: 1}\n"
+        "  decode: {mapping: " + str(ROOT / "mappers" / "cm384-deepseek-decode.yaml") + "}\n"
+        "  kv_transfer: {fabric: rdma}\n")
+    p = subprocess.run([sys.executable, "-m", "npusim", "run", "--system", "cloudmatrix384", "--trace", str(trace),
+                        "--mapping", str(mapping), "--json", "--no-progress", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["requests_completed"] == 3 and out["npus_total"] == 176
+    assert (tmp_path / "o" / "summary.json").is_file() and (tmp_path / "o" / "serving.h5").is_file()
+
+
+def test_step_table_grid_and_bilinear_interpolation():
+    assert grid(1, 20) == [1, 2, 3, 4, 6, 8, 12, 16]
+
+    class Plane(StepTable):  # a step time linear in x and y: bilinear interpolation must be exact
+        def __init__(self):
+            self.xs, self.ys, self._ms, self.lookups = grid(1, 64), grid(128, 8192), {}, 0
+            self.dep = DDEP
+
+        def _point(self, x, y):
+            return 2.0 * x + 0.01 * y + 3.0
+
+    t = Plane()
+    for x, y in ((1, 128), (5, 300), (47.5, 5000), (64, 8192)):
+        assert t.step_ms(x, y) == pytest.approx(2.0 * x + 0.01 * y + 3.0)
+    assert t.step_ms(0.2, 50) == pytest.approx(t.step_ms(1, 128))  # below the grid: its first point
+    with pytest.raises(ConfigError, match="beyond"):
+        t.step_ms(65, 128)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 6), st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=5), max_size=30))
+def test_pool_holds_at_most_its_capacity_and_conserves_blocks(cap, prompts):
+    pool = KVPool(cap, cpus=4)
+    for p in prompts:
+        held = pool.held_prefix(tuple(p))
+        assert pool.lookup(tuple(p)) == held
+        pool.insert(tuple(p))
+        assert len(pool) <= cap
+        assert pool.inserted - pool.evicted == len(pool)
