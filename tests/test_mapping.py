@@ -207,3 +207,25 @@ def test_mla_decode_attention_reads_each_cache_once():
     cache = 48 * (4096 - 1) * 576 * 2
     assert run.summary["hbm_bytes"] == pytest.approx(cache, rel=0.01)
     assert _gemm_flops(run.mapped.program) == pytest.approx(op.flops, rel=0.01)
+
+
+@pytest.mark.parametrize("batch", [24, 36])
+def test_mla_decode_splits_the_kv_to_balance_cores(batch):
+    """A batch that does not divide over the cores is balanced by splitting sequences' KV (split-KV):
+    the cache is still read once, the FLOPs are the op's, and the time is about proportional to
+    the work (batch 24 on 16 cores ~1.5x batch 16, not 2x as whole sequences would be)."""
+    arch = load_arch("ascend-910b")
+
+    def run(b):
+        op = Op("L0.attn.attention", "attention", 0, "bf16", q_len=1, kv_len=4096, heads=128, kv_heads=1,
+                head_dim=576, v_head_dim=512, variant="mla", batch=b, kv_bytes_per_token_override=576 * 2)
+        g = Graph("mla", [op], phase="decode", batch=b, seq_len=1, kv_len=4096)
+        spec = spec_from_flags(tp=16, stages=1).model_copy(update={"data_parallel": 1})
+        return op, simulate_forward(g, arch, spec, memory_mode="analytical", noc_mode="analytical")
+
+    op, r = run(batch)
+    _, base = run(16)
+    assert r.summary["hbm_bytes"] == pytest.approx(batch * (4096 - 1) * 576 * 2, rel=0.01)
+    assert _gemm_flops(r.mapped.program) == pytest.approx(op.flops, rel=0.01)
+    ratio = r.summary["cycles"] / base.summary["cycles"]
+    assert ratio == pytest.approx(batch / 16, rel=0.12)

@@ -598,6 +598,9 @@ class Mapper:
             if seqs <= 0 or heads <= 0 or q_len <= 0:
                 outs.append(prog.add_barrier(deps, name))
                 continue
+            if mla_by_sequence and op.kv_len > 4 * op.q_len:  # decode: the cached KV dominates
+                outs.append(self._mla_split_kv(c, op, i, keys, kv_share, deps, name))
+                continue
             if self.kv_hbm_fraction > 0:
                 cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
                 if cache > 0:
@@ -616,6 +619,40 @@ class Mapper:
                              name=f"{name} write KV")
             outs.append(out)
         st.set("feat" if head_parallel and t > 1 else "m" if mla_by_sequence else st.layout, outs)
+
+    def _mla_split_kv(self, c: int, op: Op, i: int, keys: int, kv_share: float, deps: list[int], name: str) -> int:
+        """Core ``i``'s share of MLA decode attention, balanced by splitting the KV (split-KV, as
+        FlashMLA / flash-decoding kernels do): each sequence's keys are cut into ``chunks`` pieces
+        so that ``batch x chunks`` (sequence, piece) units divide evenly over the ``t`` cores, at
+        least 4 a core (a kernel streams a sequence's KV in tiles too); a core's units run in at
+        most 8 pipeline steps whose KV reads overlap the previous step's
+        compute (DMA and compute are separate in-order queues); the partial outputs of a split
+        sequence are rescaled and summed by a vector pass (``chunks > 1``)."""
+        t, prog = self.t, self.prog
+        chunks = t // math.gcd(op.batch, t)
+        chunks *= -(-4 // (op.batch * chunks // t))  # at least 4 units a core, so loads pipeline
+        units = op.batch * chunks // t
+        chunk_keys = max(1, keys // chunks)
+        cached = max(0, op.kv_len - op.q_len) / chunks  # cached tokens per unit, read from HBM
+        rows, vd = op.q_len * op.heads, op.v_head_dim or op.head_dim
+        pieces = min(units, 8)
+        done = []
+        for p in range(pieces):
+            n = _split(units, pieces, p)
+            step = list(deps)
+            cache = int(n * cached * kv_share * self.kv_hbm_fraction)
+            if cache > 0:
+                step.append(prog.add_dma(c, cache, address=self.kv_base[c], deps=deps, name=f"{name} read KV"))
+            scores = prog.add_gemm(c, rows, op.head_dim, chunk_keys, op.dtype, n, deps=step, name=f"{name} QK")
+            soft = prog.add_vector(c, "softmax", n * rows * chunk_keys, op.dtype, deps=[scores],
+                                   name=f"{name} softmax", row_len=chunk_keys)
+            done.append(prog.add_gemm(c, rows, chunk_keys, vd, op.dtype, n, deps=[soft], name=f"{name} PV"))
+        if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
+            prog.add_dma(c, int(_split(op.batch, t, i) * op.q_len * kv_share), address=self.kv_base[c], write=True,
+                         dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=deps, name=f"{name} write KV")
+        if chunks == 1:
+            return prog.add_barrier(done, name)
+        return prog.add_vector(c, "elementwise", units * rows * vd, op.dtype, deps=done, name=f"{name} combine")
 
     def _moe(self, st: _GroupState, op: Op, name: str) -> None:
         """Expert parallel inside the group: core i runs experts i, i+t, ...; outputs all-reduced."""
