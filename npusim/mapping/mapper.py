@@ -576,7 +576,7 @@ class Mapper:
             self._to_rep(st, op.activation_in_bytes, name + " gather")
         # MLA's one latent KV "head" is shared by all query heads: split by heads, every core would
         # read every sequence's whole cache; decode splits whole sequences instead
-        mla_by_sequence = op.variant == "mla" and st.layout == "rep" and t > 1 and op.batch >= t
+        mla_by_sequence = op.variant == "mla" and st.layout in ("rep", "m") and t > 1 and op.batch >= t
         head_parallel = (st.layout in ("rep", "feat") or t == 1) and not mla_by_sequence
         if not head_parallel and op.q_len > 1 and t > 1 and not mla_by_sequence:
             # token-parallel prefill: every core needs every key and value
