@@ -82,3 +82,6 @@ def test_presets_load():
     for name in ("cm384-deepseek-decode", "cm384-deepseek-prefill", "a2-deepseek-decode", "a2-deepseek-prefill"):
         dep = load_deployment(ROOT / "mappers" / f"{name}.yaml")
         assert dep.phase in name
+    ep64 = load_deployment(ROOT / "examples" / "mappings" / "cm384-deepseek-decode-ep64.yaml")
+    assert (ep64.npus * 2, ep64.routed_experts.per_die * ep64.npus * 2) == (64, 256)  # EP64: 4 experts a die
+    assert ep64.microbatches == 2  # the rest from the decode preset it extends
