@@ -29,7 +29,7 @@ def main() -> int:
     rows = yaml.safe_load((HERE / "published_systems.yaml").read_text())["deepseek_deployments"]
     systems = {}
     misses = 0
-    print(f"{'case':30s} {'metric':22s} {'published':>10s} {'simulated':>10s} {'error':>7s}  verdict  layer breakdown (us)")
+    print(f"{'case':36s} {'metric':22s} {'published':>10s} {'simulated':>10s} {'error':>7s}  verdict  layer breakdown (us)")
     for row in rows:
         loaded = systems.setdefault(row["system"], load_system(row["system"]))
         dep = load_deployment(ROOT / row["mapping"])
@@ -41,7 +41,7 @@ def main() -> int:
         ok = abs(err) <= TOLERANCE
         misses += not ok
         parts = ", ".join(f"{k} {v:.0f}" for k, v in r.breakdown_us.items() if v)
-        print(f"{row['name']:30s} {row['metric']:22s} {row['published']:>10g} {sim:>10.1f} {err:>+7.1%}  "
+        print(f"{row['name']:36s} {row['metric']:22s} {row['published']:>10g} {sim:>10.1f} {err:>+7.1%}  "
               f"{'ok' if ok else 'MISS':7s}  layer {r.layer_us:.0f}: {parts}")
     print(f"\n{misses} of {len(rows)} rows outside ±{TOLERANCE:.0%}. {r.note}")
     return 1 if misses else 0
