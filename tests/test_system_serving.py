@@ -162,7 +162,10 @@ def test_cli_serves_a_trace_on_a_system(tmp_path):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["requests_completed"] == 3 and out["npus_total"] == 176
-    assert (tmp_path / "o" / "summary.json").is_file() and (tmp_path / "o" / "serving.h5").is_file()
+    for name in ("summary.json", "serving.h5", "timeline.json"):
+        assert (tmp_path / "o" / name).is_file()
+    events = json.loads((tmp_path / "o" / "timeline.json").read_text())["traceEvents"]
+    assert {e["name"] for e in events if e.get("ph") == "b"} >= {"prefill0 iteration", "decode iteration", "decode"}
 
 
 def test_step_table_grid_and_bilinear_interpolation():

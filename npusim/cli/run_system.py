@@ -117,8 +117,12 @@ def run_system_serving(args) -> int:
     out["mapping"] = str(mapping)
     out["requests_clipped"] = clipped
     if args.out:
-        files = {"summary": args.out / "summary.json", "results": args.out / "serving.h5"}
+        from npusim.report.perfetto import write_serving_timeline
+
+        files = {"summary": args.out / "summary.json", "results": args.out / "serving.h5",
+                 "timeline": args.out / "timeline.json"}
         write_serving_hdf5(files["results"], run.records, run.steps, attrs={"system": out["system"]})
+        write_serving_timeline(files["timeline"], run.records, run.steps)
         out["files"] = {k: str(v) for k, v in files.items()}
         write_json(files["summary"], out)
     if args.json:

@@ -70,6 +70,9 @@ class _Seq:
 
 @dataclass
 class SystemServingResult:
+    """The summary, one record per request, and one dict per prefill batch or decode step
+    (``instance``, ``submitted_s``, ``end_s``, ``requests``, ``tokens`` computed, ``mean_context``)."""
+
     summary: dict
     records: list[RequestRecord]
     steps: list[dict] = field(default_factory=list)
@@ -221,6 +224,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         dur = load_s + n_steps * ptable.step_ms(per_npu, seq_len) / 1e3
         stats["prefill_batches"] += 1
         stats["saved_tokens"] += sum(h for _, h, _ in batch)
+        steps.append({"instance": f"prefill{inst}", "submitted_s": t, "end_s": t + dur, "requests": len(batch),
+                      "tokens": tokens, "mean_context": seq_len})
         push(t + dur, PREFILL_DONE, (inst, [q.req.id for q, _, _ in batch]))
 
     def assign_decode(t: float, ids: list[int], pool_writes) -> None:
@@ -263,8 +268,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         dur = dtable.step_ms(x, y) / 1e3
         stats["decode_steps"] += 1
         stats["batch_sum"] += len(ready)
-        steps.append({"start_s": t, "duration_s": dur, "sequences": len(ready), "busiest_die": x // dpn,
-                      "mean_kv": y})
+        steps.append({"instance": "decode", "submitted_s": t, "end_s": t + dur, "requests": len(ready),
+                      "tokens": len(ready) * (1 + ddep.mtp), "mean_context": y})
         push(t + dur, STEP_DONE, list(ready))
 
     while events:
