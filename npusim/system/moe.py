@@ -101,8 +101,15 @@ def route_tokens(ep: int, tokens_per_rank: int, top_k: int, experts: int, weight
     rng = np.random.default_rng(seed + 1)
     with np.errstate(divide="ignore"):
         logw = np.log(weights)
-    keys = logw[None, None, :] + rng.gumbel(size=(ep, tokens_per_rank, experts))
-    return np.argsort(-keys, axis=2, kind="stable")[:, :, :top_k]
+    neg = rng.gumbel(size=(ep, tokens_per_rank, experts))  # becomes -(log w + Gumbel), in place
+    neg += logw[None, None, :]
+    np.negative(neg, out=neg)
+    if top_k == experts:
+        return np.argsort(neg, axis=2, kind="stable")
+    # the k largest keys (argpartition, linear), then in descending order: argsort's first k
+    top = np.argpartition(neg, top_k - 1, axis=2)[:, :, :top_k]
+    order = np.argsort(np.take_along_axis(neg, top, axis=2), axis=2, kind="stable")
+    return np.take_along_axis(top, order, axis=2)
 
 
 @dataclass(frozen=True)
