@@ -123,6 +123,14 @@ def test_same_seed_same_result(cm1, run):
     assert [r.token_times_s for r in again.records] == [r.token_times_s for r in run.records]
 
 
+def test_goodput_judges_ttft_and_tpot(run):
+    s = run.summary
+    assert s["slo_ttft_ms"] == 5000 and s["slo_tpot_ms"] == 500
+    met = [r for r in run.records if r.ttft_s <= 5.0 and (r.tpot_s is None or r.tpot_s <= 0.5)]
+    assert s["slo_met_requests"] == len(met)
+    assert s["goodput_tokens_per_s"] == pytest.approx(sum(r.output_len for r in met) / s["duration_s"])
+
+
 def test_impossible_plans_are_clear_errors(cm1):
     with pytest.raises(ConfigError, match="NPUs"):
         simulate_system_serving(cm1, _plan(prefill={"mapping": "-", "instances": 3}), PDEP, DDEP, _requests())

@@ -32,6 +32,8 @@ def add_system_run_args(p) -> None:
                    "(e.g. rdma or ub; default: the mapping's)")
     g.add_argument("--caching-pool", choices=["on", "off"], default=None,
                    help="serving: the EMS-style prefix KV pool in the CPUs' DRAM (default: the mapping's)")
+    g.add_argument("--slo-tpot-ms", type=float, default=None, help="serving: TPOT objective for goodput (default: "
+                   "the mapping's; --slo-tbt-ms bounds every gap instead)")
     g.add_argument("--prefill-instances", type=int, default=None, help="serving: prefill instances (default: the "
                    "mapping's)")
 
@@ -100,9 +102,12 @@ def run_system_serving(args) -> int:
         if args.prefill_instances <= 0:
             raise ConfigError(f"--prefill-instances must be positive, got {args.prefill_instances}")
         updates["prefill"] = plan.prefill.model_copy(update={"instances": args.prefill_instances})
-    if args.slo_ttft_ms is not None or args.slo_tbt_ms is not None:
-        updates.update({k: v for k, v in (("slo_ttft_ms", args.slo_ttft_ms), ("slo_tpot_ms", args.slo_tbt_ms))
-                        if v is not None})
+    for flag, key, value in (("--slo-ttft-ms", "slo_ttft_ms", args.slo_ttft_ms),
+                             ("--slo-tpot-ms", "slo_tpot_ms", args.slo_tpot_ms), ("--slo-tbt-ms", None, args.slo_tbt_ms)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be a positive number of milliseconds, got {value:g}")
+        if value is not None and key:
+            updates[key] = value
     plan = plan.model_copy(update=updates)
     reqs, clipped = requests_from_args(args)
     if not reqs:
@@ -112,7 +117,8 @@ def run_system_serving(args) -> int:
     with request_progress(len(reqs), enabled=not (args.no_progress or args.json)) as progress:
         run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=model, seed=args.seed,
                                       kv_fabric=args.kv_fabric, caching_pool=pool, mtp=args.mtp,
-                                      mtp_acceptance=args.mtp_acceptance, progress=progress)
+                                      mtp_acceptance=args.mtp_acceptance, slo_tbt_ms=args.slo_tbt_ms,
+                                      progress=progress)
     out = run.summary
     out["mapping"] = str(mapping)
     out["requests_clipped"] = clipped

@@ -139,13 +139,17 @@ def latency_stats_ms(values_s: Sequence[float]) -> dict:
             "max": float(ms.max()), "count": int(ms.size)}
 
 
-def meets_slo(record: RequestRecord, slo_ttft_s: float | None, slo_tbt_s: float | None) -> bool:
-    """A completed request meets the SLOs when its TTFT <= ``slo_ttft_s`` and its *largest* TBT
-    gap <= ``slo_tbt_s`` (every gap, not a percentile); a None SLO is not checked and a
-    single-token request has no gaps. Rejected or unfinished requests never meet them."""
+def meets_slo(record: RequestRecord, slo_ttft_s: float | None, slo_tbt_s: float | None,
+              slo_tpot_s: float | None = None) -> bool:
+    """A completed request meets the SLOs when its TTFT <= ``slo_ttft_s``, its *largest* TBT
+    gap <= ``slo_tbt_s`` (every gap, not a percentile) and its TPOT (its mean gap) <=
+    ``slo_tpot_s``; a None SLO is not checked and a single-token request has no gaps. Rejected
+    or unfinished requests never meet them."""
     if not record.completed:
         return False
     if slo_ttft_s is not None and (record.ttft_s is None or record.ttft_s > slo_ttft_s):
+        return False
+    if slo_tpot_s is not None and record.tpot_s is not None and record.tpot_s > slo_tpot_s:
         return False
     worst = record.max_tbt_s
     return slo_tbt_s is None or worst is None or worst <= slo_tbt_s
@@ -156,7 +160,8 @@ def _rate(amount: float, duration_s: float | None) -> float | None:
 
 
 def summarize(records: Iterable[RequestRecord], duration_s: float | None = None,
-              slo_ttft_s: float | None = None, slo_tbt_s: float | None = None) -> dict:
+              slo_ttft_s: float | None = None, slo_tbt_s: float | None = None,
+              slo_tpot_s: float | None = None) -> dict:
     """Summary of a serving run (a JSON-ready dict).
 
     Rates divide by ``duration_s`` when given, else by the makespan: last finish of a completed
@@ -168,7 +173,8 @@ def summarize(records: Iterable[RequestRecord], duration_s: float | None = None,
     ``throughput_total_tokens_per_s`` ((input + output) / duration), ``requests_per_s``;
     ``ttft_ms``, ``tbt_ms`` (every gap of every completed request), ``tpot_ms``, ``e2e_ms``,
     ``queueing_ms`` as :func:`latency_stats_ms` dicts; ``prefix_hit_tokens`` and
-    ``prefix_hit_rate`` (hit tokens / input tokens); ``slo_ttft_ms``, ``slo_tbt_ms``,
+    ``prefix_hit_rate`` (hit tokens / input tokens); ``slo_ttft_ms``, ``slo_tbt_ms`` (and
+    ``slo_tpot_ms`` when a TPOT objective is given),
     ``slo_met_requests``, ``slo_attainment`` (met / all requests, rejected and unfinished count as
     misses), ``goodput_requests_per_s`` and ``goodput_tokens_per_s`` (output tokens of requests
     meeting the SLOs) — the SLO keys are None when neither SLO is given (see :func:`meets_slo`).
@@ -209,20 +215,21 @@ def summarize(records: Iterable[RequestRecord], duration_s: float | None = None,
         "prefix_hit_tokens": hits,
         "prefix_hit_rate": hits / input_tokens if input_tokens else None,
     }
-    summary.update(_slo_summary(records, duration_s, slo_ttft_s, slo_tbt_s))
+    summary.update(_slo_summary(records, duration_s, slo_ttft_s, slo_tbt_s, slo_tpot_s))
     return summary
 
 
 def _slo_summary(records: list[RequestRecord], duration_s: float | None, slo_ttft_s: float | None,
-                 slo_tbt_s: float | None) -> dict:
+                 slo_tbt_s: float | None, slo_tpot_s: float | None = None) -> dict:
     keys = ("slo_ttft_ms", "slo_tbt_ms", "slo_met_requests", "slo_attainment", "goodput_requests_per_s",
             "goodput_tokens_per_s")
-    if slo_ttft_s is None and slo_tbt_s is None:
+    if slo_ttft_s is None and slo_tbt_s is None and slo_tpot_s is None:
         return dict.fromkeys(keys)
-    met = [r for r in records if meets_slo(r, slo_ttft_s, slo_tbt_s)]
+    met = [r for r in records if meets_slo(r, slo_ttft_s, slo_tbt_s, slo_tpot_s)]
     return {
         "slo_ttft_ms": None if slo_ttft_s is None else slo_ttft_s * 1e3,
         "slo_tbt_ms": None if slo_tbt_s is None else slo_tbt_s * 1e3,
+        **({"slo_tpot_ms": slo_tpot_s * 1e3} if slo_tpot_s is not None else {}),
         "slo_met_requests": len(met),
         "slo_attainment": len(met) / len(records) if records else None,
         "goodput_requests_per_s": _rate(len(met), duration_s),

@@ -105,8 +105,11 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                             requests: list[Request], model: str = "deepseek-r1", seed: int = 0,
                             kv_fabric: str | None = None, caching_pool: bool | None = None,
                             mtp: int | None = None, mtp_acceptance: float | None = None,
-                            fidelity: str = "flow", progress=None) -> SystemServingResult:
-    """Serve ``requests`` (see module docstring); flags override the plan's choices."""
+                            fidelity: str = "flow", slo_tbt_ms: float | None = None,
+                            progress=None) -> SystemServingResult:
+    """Serve ``requests`` (see module docstring); flags override the plan's choices. Goodput
+    counts requests within the plan's TTFT and TPOT objectives (and every gap between tokens
+    within ``slo_tbt_ms`` when given)."""
     s = loaded.system
     cfg = get_config(model)
     topo = loaded.topology
@@ -335,7 +338,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     records = [seqs[r.id].record for r in requests]
     slo_t = plan.slo_ttft_ms / 1e3 if plan.slo_ttft_ms else None
     slo_p = plan.slo_tpot_ms / 1e3 if plan.slo_tpot_ms else None
-    out = summarize(records, slo_ttft_s=slo_t, slo_tbt_s=slo_p)
+    out = summarize(records, slo_ttft_s=slo_t, slo_tbt_s=slo_tbt_ms / 1e3 if slo_tbt_ms else None, slo_tpot_s=slo_p)
     dur = out["duration_s"] or 0.0
     n_prefill = plan.prefill.instances * pdep.npus
     kv_s = np.asarray(stats["kv_s"]) * 1e3
