@@ -21,8 +21,8 @@ def add_system_run_args(p) -> None:
     g = p.add_argument_group("multi-NPU system (--system)")
     g.add_argument("--system", default=None, help="system preset or file (cloudmatrix384, atlas-800i-a2): simulate "
                    "one step of a MoE model deployed by --mapping's system section, or, with --trace/--rate/"
-                   "--requests, serve requests by its system_serving section (default mappers/<system>-deepseek-"
-                   "serving.yaml)")
+                   "--requests, serve requests by its system_serving section (default: mappers/cm384-deepseek-"
+                   "serving.yaml or a2-deepseek-serving.yaml)")
     g.add_argument("--nodes", type=int, default=None, help="use the first N nodes of the system")
     g.add_argument("--batch-tokens", type=int, default=None, help="prefill: prompt tokens per NPU in the step")
     g.add_argument("--mtp", type=int, default=None, help="speculative (MTP) tokens per step (default: the mapping's, 0)")
