@@ -72,7 +72,7 @@ def _non_gemm_params(cfg, p):
 def test_decode_gemm_flops_are_two_per_active_parameter(name):
     cfg, p = get_config(name), param_counts(name)
     g = build_graph(name, "decode", batch=1, seq_len=1, kv_len=512)
-    gemm = sum(op.flops for op in g.ops if op.kind in ("gemm", "moe"))
+    gemm = sum(op.gemm_flops for op in g.ops)
     assert gemm == 2 * (p["active"] - _non_gemm_params(cfg, p))
 
 
@@ -228,12 +228,11 @@ def test_layers_argument_and_errors():
 # -- routing profile ----------------------------------------------------------------------------
 def test_expert_token_counts_uniform_and_skewed():
     u = expert_token_counts(100, 16, 4)
-    assert sum(u) == 400 and max(u) - min(u) <= 1
+    assert sum(u) == 400 and max(u) <= 100
     s = expert_token_counts(100, 16, 4, skew=1.5, seed=3)
     assert sum(s) == 400 and max(s) <= 100 and max(s) > max(u)
     assert s == expert_token_counts(100, 16, 4, skew=1.5, seed=3)  # deterministic
     assert s != expert_token_counts(100, 16, 4, skew=1.5, seed=4)  # another hot expert
-    assert sorted(s) == sorted(expert_token_counts(100, 16, 4, skew=1.5, seed=4))
     hard = expert_token_counts(10, 8, 8, skew=5.0)  # every token must use every expert
     assert hard == (10,) * 8
     one = expert_token_counts(1, 256, 8, skew=2.0)  # decode batch 1: 8 experts, one token each
@@ -246,7 +245,8 @@ def test_moe_skew_reaches_graph_and_layers_differ():
     g = build_graph("Qwen3-30B-A3B", "prefill", 4, 256, moe_skew=1.2, seed=7, layers=2)
     e0, e1 = (op.expert_tokens for op in g.ops if op.kind == "moe")
     assert sum(e0) == sum(e1) == 4 * 256 * 8
-    assert sorted(e0) == sorted(e1) and e0 != e1
+    assert e0 != e1 and max(e0) > 3 * 4 * 256 * 8 / 128 and max(e1) > 3 * 4 * 256 * 8 / 128  # hot experts
+    assert e0.index(max(e0)) != e1.index(max(e1))  # each layer has its own hot expert
 
 
 # -- custom configs ----------------------------------------------------------------------------

@@ -24,7 +24,8 @@ def add_parser(sub):
         "collective",
         help="time a collective over an ordered list of cores (chip) or dies (--system), incl. MoE dispatch/combine",
         description="Run one collective on an idle chip (--cores, the NoC) or system (--system, the fabric "
-        "between NPUs) and print its time and bus bandwidth. On a chip the --cores order is the ring order. "
+        "between NPUs) and print its time and bus bandwidth. On a chip the --cores order is the ring order "
+        "(--op alltoall sends straight from every core to every other, as MoE dispatch/combine do). "
         "On a system, --ranks N takes the first N dies (npu0.die0, npu0.die1, npu1.die0, ...) or a list of "
         "endpoint names; --op dispatch/combine times MoE expert-parallel token traffic over the first --ep dies.",
     )
@@ -32,7 +33,8 @@ def add_parser(sub):
     p.add_argument("--op", choices=sorted(set(CHIP_OPS) | set(SYSTEM_OPS) | set(MOE_OPS)), default="allreduce")
     p.add_argument("--cores", type=parse_int_list, default="0,1,2,3", help="chip: comma-separated core ids, ring order")
     p.add_argument("--bytes", type=parse_size, default="1MiB",
-                   help="chip: bytes per core (all-reduce, reduce-scatter, multicast) or in total (all-gather); "
+                   help="chip: bytes per core (all-reduce, reduce-scatter, multicast), in total (all-gather) or "
+                   "what each core sends, 1/n to every core (all-to-all); "
                    "system: per rank, nccl-tests convention (all-gather: output size; all-to-all: what each rank sends)")
     p.add_argument("--grid", type=parse_grid, default=None, metavar="RxC", help="chip: rows x cols of --cores for 2D ops")
     p.add_argument("--fidelity", choices=NOC_FIDELITIES + FABRIC_FIDELITIES, default=None,
@@ -77,7 +79,8 @@ def run(args) -> int:
     print(f"  time           {r.time_us:,.3f} us ({r.cycles:,} cycles)")
     print(f"  bandwidth      algbw {r.algbw_gbps:,.1f} GB/s, busbw {r.busbw_gbps:,.1f} GB/s "
           f"(link peak {arch.noc.link_bytes_per_cycle * arch.clock_ghz:,.1f} GB/s)")
-    print(f"  ring hops      {r.ring_hops} = {r.total_ring_hops} mesh hops per ring step")
+    if r.op != "alltoall":  # an all-to-all's messages go straight to every core, not around the ring
+        print(f"  ring hops      {r.ring_hops} = {r.total_ring_hops} mesh hops per ring step")
     print(f"  messages       {r.messages:,}")
     return 0
 

@@ -6,6 +6,8 @@ from npusim.comm.collectives import (
     Collective,
     allgather_2d,
     allreduce_2d,
+    alltoall,
+    alltoallv,
     multicast,
     ring_allgather,
     ring_allreduce,
@@ -13,5 +15,5 @@ from npusim.comm.collectives import (
     send_recv,
 )
 
-__all__ = ["OPS", "Collective", "allgather_2d", "allreduce_2d", "multicast", "ring_allgather", "ring_allreduce",
-           "ring_reduce_scatter", "send_recv"]
+__all__ = ["OPS", "Collective", "allgather_2d", "allreduce_2d", "alltoall", "alltoallv", "multicast",
+           "ring_allgather", "ring_allreduce", "ring_reduce_scatter", "send_recv"]

@@ -12,6 +12,13 @@ Algorithms (``n`` cores in the given order, ``B`` bytes per core, chunks of ``B 
   along each row, all-reduce of the shards along each column, all-gather along each row.
   **2D all-gather**: all-gather along rows, then along columns.
 * **multicast**: binomial tree, ``ceil(log2 n)`` rounds; **send_recv**: one message.
+* **all-to-all(v)**: core ``i`` sends ``sizes[i][j]`` bytes straight to core ``j`` (one message per
+  pair, no forwarding; its own share ``sizes[i][i]`` stays put). Core ``i``'s messages leave in
+  the shifted order ``i + 1, i + 2, ...`` (mod ``n``), so at any step no core is everyone's
+  destination; they overlap on the mesh as far as its links and the source's NoC queue allow
+  (a message frees the queue once injected). ``alltoall`` is the uniform case: ``B`` bytes per
+  core cut into ``n`` equal shares, one per core. A core holds its result when every message
+  to it has arrived. MoE token dispatch and combine use it with the routed token counts.
 
 The ring is the list order: neighbours in the list exchange data, whatever their mesh
 distance, so the order decides the hop counts. Reductions are ``vector``
@@ -22,7 +29,7 @@ it carries (the previous step's receive and reduction); a core's sends go throug
 among other tasks and the program stays arch-independent.
 
 Bus bandwidth follows the NCCL convention: all-reduce ``busbw = algbw * 2(n-1)/n``,
-all-gather and reduce-scatter ``algbw * (n-1)/n``, where ``algbw = bytes / time``.
+all-gather, reduce-scatter and all-to-all ``algbw * (n-1)/n``, where ``algbw = bytes / time``.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from npusim.arch.schema import DTYPE_BYTES
 from npusim.errors import ConfigError
 from npusim.sim.program import Program
 
-OPS = ("allreduce", "allgather", "reducescatter", "allreduce2d", "allgather2d", "multicast", "sendrecv")
+OPS = ("allreduce", "allgather", "reducescatter", "allreduce2d", "allgather2d", "multicast", "sendrecv", "alltoall")
 
 
 @dataclass
@@ -52,7 +59,7 @@ class Collective:
             return 0.0
         if self.op.startswith("allreduce"):
             return 2 * (n - 1) / n
-        if self.op in ("allgather", "allgather2d", "reducescatter"):
+        if self.op in ("allgather", "allgather2d", "reducescatter", "alltoall"):
             return (n - 1) / n
         return 1.0
 
@@ -200,6 +207,50 @@ def multicast(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str 
             coll.tasks.append(t)
             have[dst] = t
     coll.done = {c: have[c] for c in cores}
+    return coll
+
+
+def alltoallv(prog: Program, cores: list[int], sizes, deps=(), ready=None, name: str = "A2A") -> Collective:
+    """Core ``cores[i]`` sends ``sizes[i][j]`` bytes to ``cores[j]`` (an ``n x n`` matrix; the
+    diagonal is what a core keeps and is not sent; zero entries send nothing). ``ready[i]``:
+    tasks after which core ``i``'s data may leave (default: all of ``deps``). ``done[c]`` is the
+    task after which ``c`` has received everything sent to it (and its own data is ready)."""
+    n = len(cores)
+    _check(prog, cores, 0)
+    if len(sizes) != n or any(len(row) != n for row in sizes):
+        raise ConfigError(f"all-to-all sizes must be a {n} x {n} matrix (one row and column per core)")
+    if any(int(b) < 0 for row in sizes for b in row):
+        raise ConfigError("all-to-all sizes must be >= 0 bytes")
+    if ready is not None and len(ready) != n:
+        raise ConfigError(f"all-to-all ready needs one entry per core ({n}), got {len(ready)}")
+    coll = Collective("alltoall", list(cores), int(max((sum(int(b) for b in row) for row in sizes), default=0)))
+    start = _gate(prog, deps) if ready is None else -1
+    src_ready = [start] * n if ready is None else [_gate(prog, r) for r in ready]
+    incoming: list[list[int]] = [[] for _ in range(n)]
+    for i, src in enumerate(cores):
+        for s in range(1, n):
+            j = (i + s) % n
+            nbytes = int(sizes[i][j])
+            if nbytes <= 0:
+                continue
+            deps_i = [src_ready[i]] if src_ready[i] >= 0 else []
+            t = prog.add_send(src, cores[j], nbytes, deps=deps_i, name=f"{name} {src}->{cores[j]}")
+            coll.tasks.append(t)
+            incoming[j].append(t)
+    for j, c in enumerate(cores):
+        got = incoming[j] + ([src_ready[j]] if src_ready[j] >= 0 else [])
+        coll.done[c] = _gate(prog, got)
+    return coll
+
+
+def alltoall(prog: Program, cores: list[int], nbytes: int, deps=(), dtype: str = "bf16") -> Collective:
+    """Uniform all-to-all: each core sends ``nbytes`` in total, ``nbytes / n`` to every core
+    (its own share stays), the nccl-tests convention."""
+    _check(prog, cores, nbytes)
+    n = len(cores)
+    share = _chunks(nbytes, n)
+    coll = alltoallv(prog, cores, [list(share) for _ in range(n)], deps=deps)
+    coll.bytes_per_core = nbytes
     return coll
 
 

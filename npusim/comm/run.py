@@ -48,7 +48,7 @@ def run_collective(arch: Arch, op: str, cores: list[int], nbytes: int, fidelity:
         coll = C.send_recv(prog, cores[0], cores[1], nbytes)
     else:
         build = {"allreduce": C.ring_allreduce, "allgather": C.ring_allgather,
-                 "reducescatter": C.ring_reduce_scatter, "multicast": C.multicast}[op]
+                 "reducescatter": C.ring_reduce_scatter, "multicast": C.multicast, "alltoall": C.alltoall}[op]
         coll = build(prog, cores, nbytes, dtype=dtype)
     prog.submit(sim)
     sim.run()

@@ -30,12 +30,17 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
   and the reserve; otherwise each core streams its shard from HBM in tiles, with two
   tile buffers: a tile load waits until the GEMM two tiles back has freed its buffer,
   so loads run ahead of compute exactly as far as a double-buffered NPU program can.
-* **MoE** layers are expert-parallel within the group (experts split over cores,
-  tokens replicated, outputs all-reduced); embedding rows are fetched by DMA.
+* **MoE** layers are expert-parallel within the group: expert ``e`` lives on the group's
+  core ``e mod t``; each core owns a slice of the tokens and, when the activation is split by
+  tokens, sends each of them once to every other core holding one of its experts (dispatch, an
+  all-to-all over the NoC with the routed token counts; a replicated activation needs none),
+  runs its experts on the tokens they received, sums each token's local expert outputs, and
+  sends the sums back to the token's owner (combine, an all-to-all), which adds them up; see
+  :meth:`Mapper._moe`. Embedding rows are fetched by DMA.
 
 Not modelled yet: the HBM data's trip over the NoC from the channel's router to the
-core (DMA transfers reach the channels directly), activation spills to HBM, and
-all-to-all (converted layouts go through an all-gather, an upper bound).
+core (DMA transfers reach the channels directly), activation spills to HBM; converted
+layouts go through an all-gather (an upper bound).
 """
 
 from __future__ import annotations
@@ -44,13 +49,16 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from npusim.arch.schema import Arch
-from npusim.comm.collectives import ring_allgather, ring_allreduce
+import numpy as np
+
+from npusim.arch.schema import DTYPE_BYTES, Arch
+from npusim.comm.collectives import alltoallv, ring_allgather, ring_allreduce
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
 from npusim.mapping.layout import Group, place_groups
 from npusim.mapping.spec import MappingSpec
 from npusim.model.ir import Graph, Op
+from npusim.model.routing import routing_from_counts
 from npusim.sim.program import Program
 
 MB = 2**20
@@ -114,11 +122,27 @@ def _scale(op: Op, frac: float) -> Op:
     if op.kind == "vector":
         row = op.row_len or 1
         return replace(op, elements=sc(op.elements // row) * row)
-    if op.kind == "moe":
-        return replace(op, m=sc(op.m), expert_tokens=tuple(int(round(e * frac)) for e in op.expert_tokens))
+    if op.kind == "moe":  # the first tokens' routing; Mapper._moe picks the slice it really gets
+        m = sc(op.m)
+        picks = _routing(op)[:m]
+        return replace(op, m=m, expert_tokens=tuple(np.bincount(picks.ravel(), minlength=op.experts).tolist()),
+                       expert_routing=tuple(picks.ravel().tolist()))
     if op.kind == "data":
         return replace(op, nbytes=sc(op.nbytes))
     return op
+
+
+def _routing(op: Op) -> np.ndarray:
+    """``(m, top_k)`` expert ids of a ``moe`` op's tokens: its ``expert_routing``, or an
+    assignment meeting its ``expert_tokens`` (:func:`~npusim.model.routing.routing_from_counts`)."""
+    if op.expert_routing:
+        return np.asarray(op.expert_routing, dtype=np.int64).reshape(op.m, op.top_k)
+    if not op.expert_tokens:
+        raise ConfigError(f"MoE op {op.name} states neither expert_tokens nor expert_routing")
+    picks = routing_from_counts(op.expert_tokens, op.top_k)
+    if picks.shape[0] != op.m:
+        raise ConfigError(f"MoE op {op.name}: expert_tokens route {picks.shape[0]} tokens, but m = {op.m}")
+    return picks
 
 
 class _GroupState:
@@ -156,6 +180,8 @@ class Mapper:
         self.buffers: dict[int, list[int]] = {}  # core -> GEMM tasks that use its last weight tiles
         self.dma_turn: dict[int, int] = {}  # core -> weight loads issued (they alternate DMA engines)
         self.resident_ops: set[str] = set()  # memory.weights partial: ops whose weights stay in SRAM
+        self.moe_ops = {op.name: op for op in graph.ops if op.kind == "moe"}
+        self.moe_cursor: dict[str, int] = {}  # MoE op -> first token of its next slice
         half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
         self.kv_base = [half + c * (half // arch.num_cores) for c in range(arch.num_cores)]
 
@@ -655,30 +681,99 @@ class Mapper:
         return prog.add_vector(c, "elementwise", units * rows * vd, op.dtype, deps=done, name=f"{name} combine")
 
     def _moe(self, st: _GroupState, op: Op, name: str) -> None:
-        """Expert parallel inside the group: core i runs experts i, i+t, ...; outputs all-reduced."""
+        """Expert parallelism inside the group, tokens moved by all-to-all.
+
+        * **Tokens.** Core ``i`` owns the ``i``-th slice of the tokens (the ``m`` split; a
+          ``feat``/``mb`` activation is all-gathered first). Expert ``e`` lives on core ``e mod t``.
+        * **Dispatch.** With the activation split by tokens (``m``), each core sends each of its
+          tokens once to every other core holding at least one of the token's experts
+          (deduplicated per core, as DeepEP-style kernels do): ``k`` elements of the op's dtype
+          per token, an all-to-all with those counts (:func:`~npusim.comm.collectives.alltoallv`).
+          A token whose experts are all on its own core moves nothing; the sender's scatter is
+          the messages themselves (no vector pass). A replicated activation (``rep``, e.g. after
+          a ``tp_k`` router) is already on every core: nothing moves, each core takes its
+          experts' tokens from its own copy.
+        * **Experts.** When a core has received everything, it runs each of its experts that got
+          tokens: gate+up GEMM ``n_e x k x 2n``, the SwiGLU (``n_e x n`` elements, vector unit,
+          overlapping the next expert's GEMM), down GEMM ``n_e x n x k``; weights resident or
+          streamed per expert like any GEMM's. Each is counted once, on one core.
+        * **Combine.** The core scales each expert output by its gate score and sums each token's
+          local outputs (``k`` elements per routed token: the weighted sum of the ``moe`` op),
+          sends one bf16 partial sum per (token, core) back to the token's owner (all-to-all), and
+          the owner adds up the partials it received (one add per element per received partial,
+          a reduction of the combine like an all-reduce's). The output is split by tokens (``m``).
+
+        Which tokens go where comes from the op's routing (:func:`_routing`); with several
+        replicas or micro-batches each emission takes the next slice of the layer's tokens.
+        Not modelled: the router's gate scores and top-k indices travelling with the tokens
+        (bytes per token are ``k`` elements), int8 activations' per-token scales."""
         t, prog = self.t, self.prog
-        self._to_rep(st, op.activation_in_bytes, name + " gather")
-        up = 2 * op.n if op.gated else op.n
-        partial = []
-        for i, c in enumerate(st.cores):
-            last = st.ready[i]
-            for e_idx in range(i, op.experts, t):
-                tokens = op.expert_tokens[e_idx] if op.expert_tokens else 0
-                if tokens <= 0:
-                    continue
-                expert = Op(f"{op.name}.e{e_idx}", "gemm", op.layer, op.dtype, op.weight_dtype, m=tokens, k=op.k,
-                            n=up + op.n, weight=True)
-                h = self._compute_with_weights(c, 0, expert, expert.weight_bytes, tokens, op.k, up, [last],
-                                               f"{name} e{e_idx} up")
-                act = prog.add_vector(c, "activation", tokens * op.n, op.dtype, deps=[h], name=f"{name} e{e_idx} act",
-                                      fn="swiglu" if op.gated else "gelu")
-                last = prog.add_gemm(c, tokens, op.n, op.k, op.dtype, deps=[act], name=f"{name} e{e_idx} down")
-            partial.append(last)
-        if t > 1:
-            coll = ring_allreduce(prog, st.cores, op.output_bytes, deps=partial, dtype=op.dtype)
-            st.set("rep", [coll.done[c] for c in st.cores])
+        picks = self._moe_slice(op)
+        m = picks.shape[0]
+        counts = np.bincount(picks.ravel(), minlength=op.experts)
+        if t == 1:
+            st.set("rep", [self._experts_on(st.cores[0], 0, op, counts, st.ready[0], name)])
+            return
+        if st.layout not in ("rep", "m"):
+            self._to_rep(st, op.activation_in_bytes, name + " gather")
+        owner = np.repeat(np.arange(t), [_split(m, t, i) for i in range(t)])
+        hit = np.zeros((m, t), dtype=bool)
+        hit[np.repeat(np.arange(m), op.top_k), (picks % t).ravel()] = True
+        tokens = np.zeros((t, t), dtype=np.int64)  # tokens[s, d]: tokens owned by s with an expert on d
+        np.add.at(tokens, owner, hit.astype(np.int64))
+        remote = tokens.copy()
+        np.fill_diagonal(remote, 0)
+        if st.layout == "rep":  # every core holds every token already
+            arrived = list(st.ready)
         else:
-            st.set("rep", partial)
+            disp = alltoallv(prog, st.cores, (remote * int(op.k * op.elem_bytes)).tolist(),
+                             ready=[[r] for r in st.ready], name=f"{name} dispatch")
+            arrived = [disp.done[c] for c in st.cores]
+        partial = [self._experts_on(c, d, op, counts, arrived[d], name) for d, c in enumerate(st.cores)]
+        back = alltoallv(prog, st.cores, (remote.T * int(op.k * DTYPE_BYTES["bf16"])).tolist(),
+                         ready=[[p] for p in partial],
+                         name=f"{name} combine")
+        outs = [prog.add_vector(c, "elementwise", int(remote[s].sum()) * op.k, "bf16", deps=[back.done[c], partial[s]],
+                                name=f"{name} combine sum") for s, c in enumerate(st.cores)]
+        st.set("m", outs)
+
+    def _moe_slice(self, op: Op) -> np.ndarray:
+        """The routing of the tokens this emission of ``op`` carries: consecutive emissions of a
+        layer's MoE op (replicas, micro-batches, in plan order) take consecutive token slices of
+        the graph op's routing (wrapping around if rounding asks for more)."""
+        full = self.moe_ops.get(op.name, op)
+        if op.m >= full.m:
+            return _routing(op)
+        picks = _routing(full)
+        first = self.moe_cursor.get(op.name, 0)
+        self.moe_cursor[op.name] = (first + op.m) % full.m
+        return picks[(first + np.arange(op.m)) % full.m]
+
+    def _experts_on(self, c: int, d: int, op: Op, counts: np.ndarray, arrived: int, name: str) -> int:
+        """Core ``c`` (rank ``d`` of the group) runs its experts ``d, d + t, ...`` on the tokens routed
+        to them, then the weighted sum of its outputs per token; returns the last task."""
+        prog, h = self.prog, op.k
+        up = 2 * op.n if op.gated else op.n
+        downs = []
+        for e in range(d, op.experts, self.t):
+            n_e = int(counts[e])
+            if n_e <= 0:
+                continue
+            x = self._expert_gemm(c, op, e, "gate_up", n_e, h, up, [arrived], name)
+            a = prog.add_vector(c, "activation", n_e * op.n, "bf16", deps=[x], name=f"{name} e{e} act",
+                                fn="swiglu" if op.gated else "gelu")
+            downs.append(self._expert_gemm(c, op, e, "down", n_e, op.n, h, [a], name))
+        routed = int(sum(int(counts[e]) for e in range(d, op.experts, self.t)))
+        return prog.add_vector(c, "elementwise", routed * h, "bf16", deps=downs or [arrived],
+                               name=f"{name} weighted sum")
+
+    def _expert_gemm(self, c: int, op: Op, e: int, part: str, m: int, k: int, n: int, deps: list[int],
+                     name: str) -> int:
+        """One GEMM of expert ``e`` with its own weight (``k x n``), resident or streamed."""
+        if self.resident or op.name in self.resident_ops:
+            return self.prog.add_gemm(c, m, k, n, op.dtype, deps=deps, name=f"{name} e{e} {part}")
+        w = Op(f"{op.name}.e{e}.{part}", "gemm", op.layer, op.dtype, op.weight_dtype, m=m, k=k, n=n, weight=True)
+        return self._compute_with_weights(c, 0, w, w.weight_bytes, m, k, n, deps, f"{name} e{e} {part}")
 
     def _embedding(self, st: _GroupState, op: Op, name: str) -> None:
         row = int(op.n * op.weight_elem_bytes)

@@ -29,11 +29,12 @@ op names ``L{L}.<block>.<op>``):
   ``up_proj``, GELU, ``down_proj``;
 * MoE MLP: ``router`` GEMM (kept in bf16 under a8w8, as W8A8 recipes keep the gate),
   ``route`` (softmax over experts, or sigmoid for DeepSeek; top-k selection included),
-  ``dispatch`` (permuting each token's hidden state to its ``top_k`` experts, data
-  movement), the ``experts`` op (kind ``moe``, tokens per expert from
-  :func:`expert_token_counts`), ``experts_act`` (the experts' SwiGLU), shared experts as
-  ``shared.gate_up_proj`` / ``shared.act`` / ``shared.down_proj``, ``combine`` (weighted
-  sum of the ``top_k`` expert outputs, plus the shared expert's);
+  the ``experts`` op (kind ``moe``: dispatch of each token to its ``top_k`` experts, the
+  experts' gate/up GEMM, SwiGLU and down GEMM, and the weighted sum of each token's ``top_k``
+  outputs; which token goes to which expert from :func:`npusim.model.routing.route_tokens`,
+  per token, seeded), shared experts as ``shared.gate_up_proj`` / ``shared.act`` /
+  ``shared.down_proj`` and then ``combine`` (adding the shared expert's output to the routed
+  one; only with shared experts);
 * ``L.mlp_residual``.
 
 Around the layers: ``embed`` (token embedding lookup; GPT-2 also ``pos_embed`` and
@@ -60,51 +61,11 @@ import numpy as np
 from npusim.errors import ConfigError
 from npusim.model.configs import ModelConfig
 from npusim.model.ir import Graph, Op, check_shape
+from npusim.model.routing import expert_token_counts, route_tokens
 from npusim.model.zoo import get_config
 
 PHASES = ("prefill", "decode")
 PRECISIONS = ("bf16", "a8w8")
-
-
-def expert_token_counts(tokens: int, experts: int, top_k: int, skew: float = 0.0, seed: int = 0) -> tuple[int, ...]:
-    """Tokens routed to each expert when ``tokens`` tokens each pick ``top_k`` distinct experts.
-
-    The ``tokens * top_k`` assignments are spread over the experts in proportion to a
-    Zipf-like popularity profile ``w_r = 1 / (r + 1) ** skew`` over popularity ranks ``r``
-    (``skew = 0``: uniform); which expert holds which rank is a permutation drawn from
-    ``numpy.random.default_rng(seed)``. Counts are rounded by largest remainder (ties to
-    the more popular rank) and capped at ``tokens`` (a token cannot pick one expert twice);
-    capped excess goes to the other experts in proportion to their weights. The result is
-    deterministic, sums to ``tokens * top_k`` and has every entry in ``0..tokens``.
-    """
-    if tokens < 0 or experts <= 0 or not 0 < top_k <= experts:
-        raise ConfigError(f"expert routing needs tokens >= 0, experts > 0 and 0 < top_k <= experts "
-                          f"(got {tokens}, {experts}, {top_k})")
-    if skew < 0:
-        raise ConfigError(f"moe_skew must be >= 0 (got {skew})")
-    total = tokens * top_k
-    weights = 1.0 / np.arange(1, experts + 1, dtype=np.float64) ** float(skew)
-    counts = np.zeros(experts, dtype=np.int64)
-    free = np.ones(experts, dtype=bool)
-    remaining = total
-    while remaining > 0:
-        w = np.where(free, weights, 0.0)
-        share = remaining * w / w.sum()
-        base = np.floor(share).astype(np.int64)
-        left = remaining - int(base.sum())
-        order = np.lexsort((np.arange(experts), -(share - base)))  # biggest remainder first, then rank
-        base[order[:left]] += 1
-        room = tokens - counts
-        take = np.minimum(base, room)
-        counts += take
-        remaining -= int(take.sum())
-        free = counts < tokens
-        if not free.any():
-            break
-    perm = np.random.default_rng(seed).permutation(experts)
-    out = np.empty(experts, dtype=np.int64)
-    out[perm] = counts  # the expert perm[r] gets rank r's count
-    return tuple(int(c) for c in out)
 
 
 @dataclass
@@ -169,8 +130,8 @@ def build_graph(
             required, the context length after appending the new token(s)).
         precision: ``bf16`` or ``a8w8`` (int8 GEMM operands, bf16 KV cache and vector ops).
         moe_skew: Zipf exponent of the expert popularity (0 = uniform routing).
-        seed: seeds the expert permutation of the routing profile (layer ``L`` uses
-            ``seed * 1_000_003 + L``).
+        seed: seeds the expert routing (layer ``L`` uses ``seed * 1_000_003 + L``: its
+            popularity permutation and its tokens' top-k draws).
         layers: build only the first ``layers`` decoder layers (default: all).
         mtp: append the model's multi-token-prediction layer(s) (DeepSeek-V3).
 
@@ -357,18 +318,15 @@ def _moe(b: _Builder, ctx: _Ctx, layer: int, x: str, prefix: str) -> str:
         route = b.vector(f"{p}.route", layer, t * e, "softmax", logits, row_len=e)
     else:
         route = b.vector(f"{p}.route", layer, t * e, "activation", logits, fn="sigmoid")
-    act_bytes = 1 if b.gemm_dtype == "int8" else 2
-    disp = b.add(Op(f"{p}.dispatch", "data", layer, b.gemm_dtype, inputs=(x, route), nbytes=t * k * h * act_bytes))
-    counts = expert_token_counts(t, e, k, ctx.moe_skew, ctx.seed * 1_000_003 + layer)
-    experts = b.add(Op(f"{p}.experts", "moe", layer, b.gemm_dtype, inputs=(disp,), m=t, k=h,
-                       n=cfg.moe_intermediate_size, experts=e, top_k=k, gated=True, expert_tokens=counts))
-    y = b.vector(f"{p}.experts_act", layer, sum(counts) * cfg.moe_intermediate_size, "activation",
-                 experts, fn="swiglu")
-    parts = [y]
-    if cfg.num_shared_experts:
-        parts.append(_dense_mlp(b, ctx, layer, x, f"{p}.shared", cfg.num_shared_experts * cfg.moe_intermediate_size))
-    combine_elems = t * k * h + (t * h if cfg.num_shared_experts else 0)
-    return b.vector(f"{p}.combine", layer, combine_elems, "elementwise", parts)
+    picks = route_tokens(t, e, k, ctx.moe_skew, ctx.seed * 1_000_003 + layer)
+    counts = tuple(int(c) for c in np.bincount(picks.ravel(), minlength=e))
+    y = b.add(Op(f"{p}.experts", "moe", layer, b.gemm_dtype, inputs=(x, route), m=t, k=h,
+                 n=cfg.moe_intermediate_size, experts=e, top_k=k, gated=True, expert_tokens=counts,
+                 expert_routing=tuple(picks.ravel().tolist())))
+    if not cfg.num_shared_experts:
+        return y
+    shared = _dense_mlp(b, ctx, layer, x, f"{p}.shared", cfg.num_shared_experts * cfg.moe_intermediate_size)
+    return b.vector(f"{p}.combine", layer, t * h, "elementwise", (y, shared))
 
 
 def _mtp_layer(b: _Builder, ctx: _Ctx, layer: int, hidden: str) -> str:
@@ -388,4 +346,4 @@ def _mtp_layer(b: _Builder, ctx: _Ctx, layer: int, hidden: str) -> str:
     return x
 
 
-__all__ = ["PHASES", "PRECISIONS", "build_graph", "expert_token_counts"]
+__all__ = ["PHASES", "PRECISIONS", "build_graph", "expert_token_counts"]  # the latter re-exported

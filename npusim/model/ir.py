@@ -24,10 +24,16 @@ Kinds and their fields:
   ``op_class`` (see ``npusim.hw.compute.vector.OP_CLASSES``), optional ``fn`` and
   ``row_len`` (for row-wise ops: softmax, norms).
 * ``embedding``: gather of ``m`` rows of ``n`` elements from a ``[k, n]`` table.
-* ``moe``: routed experts of a MoE layer: ``m`` tokens, ``experts`` experts with
-  ``top_k`` per token, each expert an FFN ``k -> n -> k`` (gate+up fused as ``2n``
-  when ``gated``), and ``expert_tokens`` (tokens per expert, a tuple of length
-  ``experts``: uniform or skewed routing).
+* ``moe``: the routed experts of a MoE layer, whole: each of ``m`` tokens goes to its
+  ``top_k`` of ``experts`` experts (dispatch), each expert is an FFN ``k -> n -> k`` (gate+up
+  fused as ``2n`` when ``gated``, then the activation — SwiGLU when gated — then down), and each
+  token's ``top_k`` outputs are summed weighted by their gate scores (combine). ``expert_tokens``
+  (tokens per expert, length ``experts``) and ``expert_routing`` (token-major, ``top_k`` expert
+  ids per token, ``m * top_k`` entries; :mod:`npusim.model.routing`) say who goes where; an op
+  may state only the counts. FLOPs: the GEMMs (2 per multiply-add), the activation (one per
+  element of the ``n`` outputs per routed token) and the weighted sum (one per element of the
+  ``k`` outputs per routed token), as the vector ops count them; :attr:`Op.gemm_flops` is the
+  GEMM part alone.
 * ``data``: data movement with no arithmetic (reshape/transpose/concat/...): ``bytes``.
 """
 
@@ -88,6 +94,7 @@ class Op:
     top_k: int = 0
     gated: bool = True
     expert_tokens: tuple[int, ...] = ()
+    expert_routing: tuple[int, ...] = ()  # token-major, top_k expert ids per token
     # data
     nbytes: int = 0
     attrs: dict = field(default_factory=dict, compare=False)
@@ -95,6 +102,9 @@ class Op:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"op {self.name}: unknown kind {self.kind!r}; known: {KINDS}")
+        if self.expert_routing and len(self.expert_routing) != self.m * self.top_k:
+            raise ValueError(f"op {self.name}: expert_routing has {len(self.expert_routing)} entries, "
+                             f"expected m * top_k = {self.m * self.top_k}")
 
     # -- sizes ----------------------------------------------------------------------------
     @property
@@ -121,11 +131,20 @@ class Op:
             vd = self.v_head_dim or self.head_dim
             pairs = self.attended_pairs
             return 2 * self.heads * pairs * (self.head_dim + vd)
+        if self.kind == "moe":  # GEMMs, then the activation and the weighted sum per routed token
+            return self.gemm_flops + sum(self.expert_tokens) * (self.n + self.k)
+        if self.kind == "vector":
+            return self.elements
+        return 0
+
+    @property
+    def gemm_flops(self) -> int:
+        """FLOPs of the matrix products alone (``gemm``: all of them; ``moe``: the experts' GEMMs)."""
+        if self.kind == "gemm":
+            return self.flops
         if self.kind == "moe":
             mult = 3 if self.gated else 2  # gate + up + down, or up + down
             return 2 * sum(self.expert_tokens) * self.k * self.n * mult
-        if self.kind == "vector":
-            return self.elements
         return 0
 
     @property

@@ -187,8 +187,8 @@ def model_summary(model: str | dict | ModelConfig, precision: str = "bf16",
         0, cfg.num_layers - cfg.first_dense_layers)
     weight_bytes = tp["unique_weight_bytes"] + int(small * DTYPE_BYTES["bf16"])
 
-    def gemm_flops(t: dict) -> int:
-        return sum(t["by_kind"].get(k, {}).get("flops", 0) for k in ("gemm", "moe"))
+    def gemm_flops(g: Graph) -> int:
+        return sum(op.gemm_flops for op in g.ops)
 
     pub = published(cfg.name) if isinstance(model, str) and not model.lower().endswith(".json") else None
     return {
@@ -201,9 +201,9 @@ def model_summary(model: str | dict | ModelConfig, precision: str = "bf16",
         "weight_bytes": weight_bytes,
         "kv_bytes_per_token": td["kv_bytes_per_token"],
         "flops_per_token_prefill": tp["flops"] / prefill_seq_len,
-        "gemm_flops_per_token_prefill": gemm_flops(tp) / prefill_seq_len,
+        "gemm_flops_per_token_prefill": gemm_flops(pre) / prefill_seq_len,
         "flops_per_token_decode": td["flops"],
-        "gemm_flops_per_token_decode": gemm_flops(td),
+        "gemm_flops_per_token_decode": gemm_flops(dec),
         "bytes_per_token_prefill": (tp["weight_read_bytes"] + tp["kv_read_bytes"]) / prefill_seq_len,
         "bytes_per_token_decode": td["weight_read_bytes"] + td["kv_read_bytes"],
         "weight_read_bytes_decode": td["weight_read_bytes"],
