@@ -21,7 +21,8 @@ of them::
         arch.cores.systolic_array.rows: [32, 64, 128]     # a list: uniform choice
 
 Points are the product of the grid, the zipped rows and the random samples (each part absent
-counts as one empty point), in that order; the order is deterministic. ``arch.X`` and
+counts as one empty point), in that order; the order is deterministic. Random samples that
+repeat an earlier sample are dropped; repeated grid or zip points are an error. ``arch.X`` and
 ``mapping.X`` are applied to the loaded file's dict (after ``extends:`` merging) before it is
 validated; ``arch``, ``model`` and ``mapping`` alone replace the whole value. Workload and run
 keys are ``npusim run``'s own options: a point is parsed by ``npusim run``'s parser, so it means
@@ -224,7 +225,10 @@ def expand(spec: SweepFile, path: Path) -> list[dict[str, Any]]:
     rand = [{}]
     if spec.random is not None:
         rng = np.random.default_rng(spec.random.seed)
-        rand = [{k: _sample(rng, d) for k, d in spec.random.axes.items()} for _ in range(spec.random.samples)]
+        drawn = [{k: _sample(rng, d) for k, d in spec.random.axes.items()} for _ in range(spec.random.samples)]
+        # a sample that repeats an earlier one (choices, integers) is dropped
+        rand = list({json.dumps(r, sort_keys=True): r for r in reversed(drawn)}.values())[::-1]
+        rand = sorted(rand, key=lambda r: next(i for i, d in enumerate(drawn) if d == r))
     both = set(spec.grid) & set(spec.zip) | (set(spec.grid) | set(spec.zip)) & set(spec.random.axes if spec.random else ())
     if both:
         raise ConfigError(f"{path}: axis {sorted(both)[0]!r} appears in more than one of grid, zip and random")
