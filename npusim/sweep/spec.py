@@ -10,8 +10,8 @@ of them::
     grid:                                   # every combination
       arch.cores.sram.capacity_mb: [8, 16, 32]
       model: [qwen3-4b, qwen3-32b]
-    zip:                                    # varied together (equal lengths)
-      run.pd_ratio: ["21:42", "42:21"]
+    zip:                                    # varied together (equal lengths); a list of
+      run.pd_ratio: ["21:42", "42:21"]      # such groups crosses them
       workload.rate: [4, 8]
     random:                                 # seeded samples
       samples: 10
@@ -158,7 +158,8 @@ class SweepFile(StrictModel):
     description: str = ""
     base: Base = Base()
     grid: dict[str, list[Any]] = Field(default_factory=dict)
-    zip: dict[str, list[Any]] = Field(default_factory=dict)
+    zip: dict[str, list[Any]] | list[dict[str, list[Any]]] = Field(
+        default_factory=dict, description="one group of lists varied together, or a list of such groups (crossed)")
     random: RandomAxes | None = None
     published: Published | None = None
     report: ReportDefaults = ReportDefaults()
@@ -211,17 +212,18 @@ def load_sweep(path: str | Path) -> Sweep:
 
 def expand(spec: SweepFile, path: Path) -> list[dict[str, Any]]:
     """The axis values of every point: grid x zip x random samples (deterministic order)."""
-    for name, values in {**spec.grid, **spec.zip}.items():
+    groups = [spec.zip] if isinstance(spec.zip, dict) else list(spec.zip)
+    for name, values in [*spec.grid.items(), *(kv for g in groups for kv in g.items())]:
         if not values:
             raise ConfigError(f"{path}: axis '{name}': needs at least one value")
     grid = [dict(zip(spec.grid, vals)) for vals in itertools.product(*spec.grid.values())] if spec.grid else [{}]
     zipped = [{}]
-    if spec.zip:
-        lengths = {k: len(v) for k, v in spec.zip.items()}
+    for group in (g for g in groups if g):
+        lengths = {k: len(v) for k, v in group.items()}
         if len(set(lengths.values())) > 1:
             raise ConfigError(f"{path}: zip: lists must have equal lengths, got "
                               + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
-        zipped = [dict(zip(spec.zip, vals)) for vals in zip(*spec.zip.values())]
+        zipped = [{**z, **dict(zip(group, vals))} for z in zipped for vals in zip(*group.values())]
     rand = [{}]
     if spec.random is not None:
         rng = np.random.default_rng(spec.random.seed)
@@ -229,9 +231,10 @@ def expand(spec: SweepFile, path: Path) -> list[dict[str, Any]]:
         # a sample that repeats an earlier one (choices, integers) is dropped
         rand = list({json.dumps(r, sort_keys=True): r for r in reversed(drawn)}.values())[::-1]
         rand = sorted(rand, key=lambda r: next(i for i, d in enumerate(drawn) if d == r))
-    both = set(spec.grid) & set(spec.zip) | (set(spec.grid) | set(spec.zip)) & set(spec.random.axes if spec.random else ())
-    if both:
-        raise ConfigError(f"{path}: axis {sorted(both)[0]!r} appears in more than one of grid, zip and random")
+    names = [*spec.grid, *(k for g in groups for k in g), *(spec.random.axes if spec.random else ())]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"{path}: axis {repeated[0]!r} appears more than once in grid, zip and random")
     return [{**g, **z, **r} for g in grid for z in zipped for r in rand]
 
 
