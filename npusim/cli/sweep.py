@@ -14,6 +14,7 @@ draws it.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -48,15 +49,18 @@ def run(args) -> int:
     if args.dry_run:
         return _dry_run(sweep, args.json)
     workers = args.workers if args.workers is not None else default_workers()
-    with point_progress(len(sweep.points), enabled=not args.no_progress) as bar:
-        try:
+    previous = _on_sigterm(_interrupt)  # a job scheduler's stop saves the table like Ctrl-C
+    try:
+        with point_progress(len(sweep.points), enabled=not args.no_progress) as bar:
             outcome = run_sweep(sweep, args.out, workers=workers, scheduler=args.scheduler,
                                 retry_failed=args.retry_failed,
                                 progress=lambda done, total, failed: bar(failed, done, total))
-        except KeyboardInterrupt:
-            print(f"npusim sweep: interrupted; {args.out / 'results.h5'} holds the finished points and marks the "
-                  "rest 'missing': run the same command again to finish", file=sys.stderr)
-            raise
+    except KeyboardInterrupt:
+        print(f"npusim sweep: interrupted; {args.out / 'results.h5'} holds the finished points and marks the "
+              "rest 'missing': run the same command again to finish", file=sys.stderr)
+        raise
+    finally:
+        _on_sigterm(previous)
     result = {"points": outcome.points, "ran": outcome.ran, "skipped": outcome.skipped, "failed": outcome.failed,
               "results": str(outcome.results)}
     if args.json:
@@ -69,6 +73,17 @@ def run(args) -> int:
     print(f"  wrote {outcome.results}")
     print(f"  draw it: npusim report {args.out}")
     return 0
+
+
+def _on_sigterm(handler):
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (npusim.cli.main called from a thread): leave it alone
+        return handler
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _dry_run(sweep, as_json: bool) -> int:

@@ -128,12 +128,13 @@ def run_sweep(sweep: Sweep, out: str | Path, workers: int | None = None, schedul
         if time.monotonic() - state["last"] >= WRITE_EVERY_S:
             save()
 
+    client = _dask_client(scheduler) if scheduler and todo else None  # before any file is written
     save()
     if progress:
         progress(len(records), len(sweep.points), 0)
     try:
-        if scheduler:
-            _run_dask(todo, scheduler, finished)
+        if client is not None:
+            _run_dask(todo, client, finished)
         elif (workers or 1) <= 1 or len(todo) <= 1:
             for p in todo:
                 finished(run_point(p))
@@ -170,7 +171,7 @@ def _attrs(sweep: Sweep) -> dict[str, Any]:
 
 def _run_pool(todo: list[Point], workers: int, finished: Callable[[dict], None]) -> None:
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_ignore_sigint)
     futures = {pool.submit(run_point, p): p for p in todo}
     pending = set(futures)
     try:
@@ -191,6 +192,13 @@ def _run_pool(todo: list[Point], workers: int, finished: Callable[[dict], None])
     pool.shutdown()
 
 
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which saves the table and then stops them."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _result(fut, point: Point) -> dict:
     exc = fut.exception()
     if exc is None:
@@ -200,15 +208,20 @@ def _result(fut, point: Point) -> dict:
             "error": f"the worker running this point died ({type(exc).__name__}: {exc}); rerun with --retry-failed"}
 
 
-def _run_dask(todo: list[Point], scheduler: str, finished: Callable[[dict], None]) -> None:
+def _dask_client(scheduler: str):
     try:
-        from distributed import Client, as_completed
+        from distributed import Client
     except ImportError:
         raise ConfigError("--scheduler needs Dask's distributed scheduler: pip install 'dask[distributed]'") from None
     try:
-        client = Client(scheduler, timeout="20s")
-    except (OSError, TimeoutError) as exc:
-        raise ConfigError(f"--scheduler {scheduler}: cannot connect to the Dask scheduler ({exc})") from None
+        return Client(scheduler, timeout="10s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise ConfigError(f"--scheduler {scheduler}: cannot connect to a Dask scheduler there ({exc})") from None
+
+
+def _run_dask(todo: list[Point], client, finished: Callable[[dict], None]) -> None:
+    from distributed import as_completed
+
     try:
         futures = {}
         for p in todo:
