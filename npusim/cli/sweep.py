@@ -49,7 +49,9 @@ def run(args) -> int:
     if args.dry_run:
         return _dry_run(sweep, args.json)
     workers = args.workers if args.workers is not None else default_workers()
-    previous = _on_sigterm(_interrupt)  # a job scheduler's stop saves the table like Ctrl-C
+    # a job scheduler's stop (SIGTERM) saves the table like Ctrl-C; SIGINT interrupts even when the shell
+    # started the sweep in the background with SIGINT ignored (then `kill -INT` would otherwise do nothing)
+    previous = _on_signal(signal.SIGTERM, _interrupt), _on_signal(signal.SIGINT, signal.default_int_handler)
     try:
         with point_progress(len(sweep.points), enabled=not args.no_progress) as bar:
             outcome = run_sweep(sweep, args.out, workers=workers, scheduler=args.scheduler,
@@ -60,7 +62,8 @@ def run(args) -> int:
               "rest 'missing': run the same command again to finish", file=sys.stderr)
         raise
     finally:
-        _on_sigterm(previous)
+        _on_signal(signal.SIGTERM, previous[0])
+        _on_signal(signal.SIGINT, previous[1])
     result = {"points": outcome.points, "ran": outcome.ran, "skipped": outcome.skipped, "failed": outcome.failed,
               "results": str(outcome.results)}
     if args.json:
@@ -75,9 +78,9 @@ def run(args) -> int:
     return 0
 
 
-def _on_sigterm(handler):
+def _on_signal(signum, handler):
     try:
-        return signal.signal(signal.SIGTERM, handler)
+        return signal.signal(signum, handler)
     except ValueError:  # not the main thread (npusim.cli.main called from a thread): leave it alone
         return handler
 

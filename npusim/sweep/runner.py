@@ -185,9 +185,9 @@ def _run_pool(todo: list[Point], workers: int, finished: Callable[[dict], None])
         for fut in list(pending):
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 finished(fut.result())
-        pool.shutdown(wait=False, cancel_futures=True)
         for proc in list((getattr(pool, "_processes", None) or {}).values()):
             proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)  # returns at once: its workers are gone
         raise
     pool.shutdown()
 
