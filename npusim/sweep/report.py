@@ -7,7 +7,7 @@
 - *Pareto front*: throughput per mm² of silicon (7 nm area model, :mod:`npusim.serving.area`)
   against the time between tokens, where the points have both (serving runs:
   ``throughput_tokens_per_s_per_mm2`` and ``tbt_ms.mean``; decode forward passes, whose step
-  *is* the time between tokens: ``tokens_per_s_per_mm2`` and ``latency_ms``); the front is the
+  *is* the time between tokens: ``tokens_per_s_per_mm2`` and ``latency_ms``, decode rows only); the front is the
   points no other point beats on both;
 - *index.html*: the sweep's description, the published trend it reproduces (the sweep file's
   ``published:``), counts of finished, failed and missing points, the pictures, the pivot table
@@ -208,6 +208,8 @@ def _draw(table, groups, x, y, hue, out: Path, fmt: str, rep: dict) -> dict[str,
     if pareto is not None:
         thr_col, tbt_col, thr_label, tbt_label = pareto
         idx = [i for _, g in groups for i in g]
+        if tbt_col == "latency_ms":  # forward passes: only decode steps have a time between tokens
+            idx = [i for i in idx if table.columns["phase"][i] == "decode"]
         thr = np.array([_num(table.columns[thr_col][i]) for i in idx])
         tbt = np.array([_num(table.columns[tbt_col][i]) for i in idx])
         good = ~(np.isnan(thr) | np.isnan(tbt))
@@ -236,7 +238,7 @@ def _draw(table, groups, x, y, hue, out: Path, fmt: str, rep: dict) -> dict[str,
 def _pareto_columns(table: Table):
     for thr, tbt, a, b in PARETO:
         if thr in table.columns and tbt in table.columns:
-            if tbt == "latency_ms" and set(table.columns.get("phase", [])) - {"decode", None}:
+            if tbt == "latency_ms" and "decode" not in table.columns.get("phase", []):
                 continue  # a prefill pass's latency is not a time between tokens
             return thr, tbt, a, b
     return None
