@@ -77,9 +77,9 @@ def hw_space(table) -> None:
             a6.append(small / big)
         for a in arrays:
             for b in bws:
-                lo, hi = lat.get(("qwen3-32b", phase, srams[0], a, b)), lat.get(("qwen3-32b", phase, srams[-1], a, b))
-                if lo is not None and hi is not None and fits[("qwen3-32b", phase, srams[-1], a, b)] < 1:
-                    sram_gain.append(lo / hi)
+                have = [s for s in srams if ("qwen3-32b", phase, s, a, b) in lat]  # the smallest may not fit HBM
+                if len(have) > 1 and fits[("qwen3-32b", phase, have[-1], a, b)] < 1:
+                    sram_gain.append(lat[("qwen3-32b", phase, have[0], a, b)] / lat[("qwen3-32b", phase, have[-1], a, b)])
     if a6:
         print(f"  published ({SOURCE}): raising array size and DRAM bandwidth together cuts latency up to 1.4x")
         print(f"  simulated: up to {max(a6):.2f}x (range {min(a6):.2f}-{max(a6):.2f}) -> "
@@ -87,7 +87,7 @@ def hw_space(table) -> None:
               f"{100 * (max(a6) - 1.4) / 1.4:+.0f}%")
     if sram_gain:
         print(f"  published: more SRAM helps little while the weights do not fit in SRAM")
-        print(f"  simulated: SRAM {srams[0]} -> {srams[-1]} MB with weights streamed cuts latency "
+        print(f"  simulated: the smallest -> largest SRAM that runs ({srams[-1]} MB), weights mostly streamed, cuts latency "
               f"{min(sram_gain):.2f}-{max(sram_gain):.2f}x -> {'holds' if max(sram_gain) < 1.10 else 'does not hold'} "
               "(under 10%)")
 
