@@ -189,10 +189,13 @@ def _draw(table, groups, x, y, hue, out: Path, fmt: str, rep: dict) -> dict[str,
                     vals = [v for v in vals if not math.isnan(v)]
                     grid[r, c] = np.mean(vals) if vals else np.nan
             im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
+            lo, hi = np.nanmin(grid), np.nanmax(grid)
             for r in range(len(hs)):
                 for c in range(len(xs)):
                     if not np.isnan(grid[r, c]):
-                        ax.text(c, r, f"{grid[r, c]:.3g}", ha="center", va="center", fontsize=7, color="w")
+                        bright = hi > lo and (grid[r, c] - lo) / (hi - lo) > 0.6  # viridis is light at the top
+                        ax.text(c, r, f"{grid[r, c]:.3g}", ha="center", va="center", fontsize=7,
+                                color="k" if bright else "w")
             ax.set_xticks(range(len(xs)), [str(v) for v in xs], rotation=30)
             ax.set_yticks(range(len(hs)), [str(v) for v in hs])
             ax.set_xlabel(x)
