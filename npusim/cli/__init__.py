@@ -15,7 +15,7 @@ import sys
 from npusim import __version__
 from npusim.errors import NpusimError
 
-SUBCOMMANDS = ("run", "replay", "info", "gemm", "mem", "noc", "collective", "fabric", "model")
+SUBCOMMANDS = ("run", "replay", "info", "gemm", "mem", "noc", "collective", "fabric", "model", "sweep", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

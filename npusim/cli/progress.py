@@ -38,3 +38,8 @@ def request_progress(total: int, enabled: bool = True):
 def system_progress(enabled: bool = True, desc: str = "simulating"):
     """System-level tasks done, with simulated time (the callback gets picoseconds)."""
     return _bar(desc, "task", 0, enabled, lambda now: f"t={now / 1e6:,.1f} us")
+
+
+def point_progress(total: int, enabled: bool = True):
+    """Sweep points finished (this run's and earlier runs'), with how many failed (the callback gets the count)."""
+    return _bar("sweep", "pt", total, enabled, lambda failed: f"{int(failed)} failed")

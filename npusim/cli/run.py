@@ -29,7 +29,7 @@ from npusim.arch import load_arch
 from npusim.cli.util import add_arch_arg
 from npusim.cli.progress import task_progress
 from npusim.cli.run_system import add_system_run_args, run_system
-from npusim.cli.serve import add_serving_args, is_serving, run_serving
+from npusim.cli.serve import add_serving_args, is_serving, run_serving, serve
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.mapping.spec import LAYOUTS, PARTITIONS, load_mapping, spec_from_flags
@@ -141,8 +141,10 @@ def build_graph_for_spec(args):
                        layers=args.layers)
 
 
-def build_spec(args, arch, graph, default_tp: int = 16):
-    base = load_mapping(args.mapping) if args.mapping else None
+def build_spec(args, arch, graph, default_tp: int = 16, base=None):
+    """The mapping: ``base`` (a MappingSpec, e.g. a sweep point's), else ``--mapping``, else derived from the chip."""
+    if base is None:
+        base = load_mapping(args.mapping) if args.mapping else None
     tp = args.tp if args.tp is not None else (None if base else min(default_tp, arch.num_cores))
     stages = args.stages
     layout = args.layout if args.layout is not None else (None if base else "ring")
@@ -158,17 +160,10 @@ def run(args) -> int:
     if args.system is not None:
         return run_system(args)
     arch = load_arch(args.arch)
-    if is_serving(args) and is_forward(args):
-        raise ConfigError("--trace/--rate/--requests serve a request stream; --forward, --phase, --batch, --seq "
-                          "and --kv describe one forward pass: use one or the other")
-    if not is_forward(args):
+    if not _forward_asked(args):
         probe = build_graph_for_spec(args)
         return run_serving(args, arch, build_spec(args, arch, probe, default_tp=SERVING_DEFAULT_TP))
-    graph = build_model(args)
-    spec = build_spec(args, arch, graph)
-    with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:
-        result = simulate_forward(graph, arch, spec, memory_mode=args.memory, noc_mode=args.fidelity,
-                                  progress=progress)
+    result = simulate_forward_args(args, arch)
     summary = result.summary
     if args.out:
         summary["files"] = write_outputs(args.out, result.sim, summary, result.mapped.program)
@@ -177,6 +172,32 @@ def run(args) -> int:
         return 0
     print_summary(summary, arch)
     return 0
+
+
+def _forward_asked(args) -> bool:
+    if is_serving(args) and is_forward(args):
+        raise ConfigError("--trace/--rate/--requests serve a request stream; --forward, --phase, --batch, --seq "
+                          "and --kv describe one forward pass: use one or the other")
+    return is_forward(args)
+
+
+def simulate_forward_args(args, arch, base=None):
+    """The forward pass the options describe, simulated on ``arch`` (mapping ``base`` if given)."""
+    graph = build_model(args)
+    spec = build_spec(args, arch, graph, base=base)
+    with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:
+        return simulate_forward(graph, arch, spec, memory_mode=args.memory, noc_mode=args.fidelity,
+                                progress=progress)
+
+
+def run_summary(args, arch, base=None) -> dict:
+    """What ``npusim run --json`` prints for parsed options on a loaded chip, without writing files or
+    printing: the run path that sweeps (``npusim.sweep``) call for each point. ``base`` is a
+    MappingSpec that replaces ``--mapping``."""
+    if not _forward_asked(args):
+        probe = build_graph_for_spec(args)
+        return serve(args, arch, build_spec(args, arch, probe, default_tp=SERVING_DEFAULT_TP, base=base))[0]
+    return simulate_forward_args(args, arch, base).summary
 
 
 def print_summary(s: dict, arch) -> None:

@@ -158,7 +158,8 @@ def pd_split(args, arch, opts: dict) -> tuple[int, int] | None:
     return p * scale, d * scale
 
 
-def run_serving(args, arch, spec) -> int:
+def serve(args, arch, spec):
+    """Simulate the request stream the options describe: (summary dict, the serving run)."""
     opts = serving_options(args, spec)
     spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": opts["pd_stages"]})})
     pd = pd_split(args, arch, opts)
@@ -173,6 +174,11 @@ def run_serving(args, arch, spec) -> int:
     s = run.summary
     s.update({"model": args.model, "arch": arch.name, "requests": len(reqs), "lengths_clipped": clipped,
               "memory_fidelity": args.memory, "noc_fidelity": args.fidelity})
+    return s, run
+
+
+def run_serving(args, arch, spec) -> int:
+    s, run = serve(args, arch, spec)
     if args.out:
         files = {"summary": args.out / "summary.json", "serving": args.out / "serving.h5",
                  "timeline": args.out / "timeline.json"}
