@@ -29,13 +29,21 @@ class Grid(StrictModel):
 
 class SystolicArray(StrictModel):
     """A rows x cols PE array; each PE does ``macs_per_pe_per_cycle[dtype]`` MACs per cycle
-    along the reduction (K) dimension (1 for a classic array; 16 for a 16x16x16 cube)."""
+    along the reduction (K) dimension (1 for a classic array; 16 for a 16x16x16 cube).
+
+    ``weight_injection_cycles`` (T_inj, WS only) is derived from ``rows``: missing means
+    ``rows`` cycles (one PE row of weights shifted in per cycle). A value that is given is
+    kept for this array, and scaled with it when the array is resized by an override
+    (``npusim gemm --array``, a core class, an ``extends:`` file that changes ``rows``):
+    see :meth:`resized` and :func:`merge_systolic`.
+    """
 
     rows: PositiveInt
     cols: PositiveInt
     dataflow: Literal["ws", "os"] = "ws"
     macs_per_pe_per_cycle: dict[str, PositiveInt] = Field(default_factory=lambda: {"fp16": 1, "bf16": 1, "int8": 2})
-    weight_injection_cycles: NonNegativeInt = 0
+    weight_injection_cycles: NonNegativeInt | None = Field(
+        default=None, description="cycles to shift a weight tile in (WS); missing = rows (one row per cycle)")
     double_buffered_weights: bool = Field(
         default=True, description="the next fold's weights load while the current fold computes (see hw/compute/systolic)")
 
@@ -45,6 +53,53 @@ class SystolicArray(StrictModel):
         if unknown:
             raise ValueError(f"unknown dtype(s) {unknown} in macs_per_pe_per_cycle; known: {list(DTYPES)}")
         return self
+
+    @property
+    def t_inj(self) -> int:
+        """Weight-injection cycles in force: the given value, else ``rows``."""
+        return self.rows if self.weight_injection_cycles is None else self.weight_injection_cycles
+
+    def resized(self, rows: int, cols: int, t_inj: int | None = None) -> "SystolicArray":
+        """This array with ``rows x cols`` PEs; T_inj follows the rows (see :func:`scaled_t_inj`)
+        unless ``t_inj`` sets it."""
+        wic = t_inj if t_inj is not None else scaled_t_inj(self.weight_injection_cycles, self.rows, rows)
+        return self.model_copy(update={"rows": rows, "cols": cols, "weight_injection_cycles": wic})
+
+
+def scaled_t_inj(t_inj: int | None, old_rows: int, new_rows: int) -> int | None:
+    """T_inj of an array resized from ``old_rows`` to ``new_rows`` rows: unset stays unset
+    (= rows); a given value keeps its rows-per-cycle rate, ``ceil(t_inj * new / old)``."""
+    if t_inj is None or new_rows == old_rows:
+        return t_inj
+    return -(-t_inj * new_rows // old_rows)
+
+
+def merge_arch_data(base: dict, override: dict) -> dict:
+    """Deep merge of arch mappings (``extends:``, overrides) in which every ``systolic_array``
+    mapping is merged by :func:`merge_systolic`, so derived keys follow their sources."""
+    merged = dict(base)
+    for key, value in override.items():
+        old = merged.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            merged[key] = merge_systolic(old, value) if key == "systolic_array" else merge_arch_data(old, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def merge_systolic(base: dict, override: dict) -> dict:
+    """``override`` (a partial ``systolic_array`` mapping) over ``base``, derived keys following
+    what they derive from: a ``weight_injection_cycles`` inherited from ``base`` is rescaled
+    when ``override`` changes ``rows`` without setting it."""
+    merged = {**base, **override}
+    if ("rows" in override and "weight_injection_cycles" not in override
+            and base.get("weight_injection_cycles") is not None and "rows" in base):
+        try:
+            merged["weight_injection_cycles"] = scaled_t_inj(int(base["weight_injection_cycles"]), int(base["rows"]),
+                                                             int(override["rows"]))
+        except (TypeError, ValueError, ZeroDivisionError):
+            pass  # malformed values: validation reports them
+    return merged
 
 
 class VectorUnit(StrictModel):
@@ -168,7 +223,10 @@ class Noc(StrictModel):
 class CoreClass(StrictModel):
     """Cores that differ from ``cores`` (heterogeneous chips, e.g. PD-disaggregated decode
     cores): their own systolic array, SRAM, or — with ``hbm.attach: per_core`` — DRAM channel
-    bandwidth. Anything not given is the ``cores`` default."""
+    bandwidth. Anything not given is the ``cores`` default, key by key: a class's
+    ``systolic_array`` or ``sram`` is merged over the ``cores`` one (so a class that gives only
+    ``rows``/``cols`` keeps the chip's dataflow and MACs per PE, and its T_inj follows its rows,
+    see :func:`merge_systolic`)."""
 
     cores: list[NonNegativeInt]
     systolic_array: SystolicArray | None = None
@@ -187,6 +245,26 @@ class Arch(StrictModel):
     hbm: Hbm
     noc: Noc = Noc()
     core_classes: dict[str, CoreClass] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _classes_inherit(cls, data):
+        """Core classes' ``systolic_array`` / ``sram`` are partial: merged over ``cores``'."""
+        if not isinstance(data, dict) or not isinstance(data.get("core_classes"), dict):
+            return data
+        cores = data.get("cores")
+        cores = cores.model_dump() if isinstance(cores, StrictModel) else cores if isinstance(cores, dict) else {}
+        cores = {k: v.model_dump() if isinstance(v, StrictModel) else v for k, v in cores.items()}
+        classes = {}
+        for name, c in data["core_classes"].items():
+            if isinstance(c, dict):
+                c = dict(c)
+                for key in ("systolic_array", "sram"):
+                    base = cores.get(key)
+                    if isinstance(c.get(key), dict) and isinstance(base, dict):
+                        c[key] = merge_systolic(base, c[key]) if key == "systolic_array" else {**base, **c[key]}
+            classes[name] = c
+        return {**data, "core_classes": classes}
 
     @property
     def num_cores(self) -> int:
