@@ -114,7 +114,7 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
         accesses = int(mem.ch_rowstat.sum())
         hit_rate = float(mem.ch_rowstat[:, 0].sum() / accesses) if accesses else None
     bw = nbytes / time_ns if time_ns else 0.0
-    bound = bandwidth_bound(mem.p, mem.u_burst_ps, mem.u_tccd_ps, pattern, write)
+    bound = bandwidth_bound(mem.p, mem.u_burst_ps, mem.u_tccd_ps, pattern, write, duration_ps=time_ns * 1000.0)
     return MemoryReport(
         pattern=pattern, mode=mode, write=write, bytes=nbytes, initiators=n_init, cycles=cycles, time_ns=time_ns,
         bandwidth_gbps=bw, peak_bandwidth_gbps=peak, efficiency=bw / peak,

@@ -17,23 +17,25 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
 * **Organisation**: a channel = one controller (queue + scheduler) over
   ``pseudo_channels`` pseudo-channels (PC); each PC has its own data bus, ``banks``
   banks in ``bank_groups`` groups, activation window and refresh. Address map:
-  channel = (addr / interleave) mod channels; within a channel, consecutive rows go to
-  the PCs in turn, then to the banks of a PC in turn (bank group = bank mod groups, so
-  neighbouring rows sit in different bank groups; :func:`_split_local`).
+  channel = (addr / interleave) mod channels; within a channel, interleave chunks go to
+  the PCs in turn, transaction-sized blocks of a PC to its bank groups in turn, and the
+  blocks of a bank group fill a row, then the next bank of the group (:func:`_split_local`).
 * **Scheduler**: FR-FCFS per channel, bank-aware, one column command (one burst) at a
   time: among requests arrived by now whose PC's data bus is within the look-ahead
   horizon, the one whose next burst can issue first (row hits, then idle banks), oldest
-  on ties; a transaction's next burst yields to a new transaction's first burst that
-  can go within one burst time of it, so bursts of different bank groups interleave
-  and tCCD_L between one transaction's bursts is hidden, as a bank-group-aware
-  controller does; a request waiting longer than 2 us is served first; open-page
+  on ties, a transaction in progress before a new one; but a transaction's next burst
+  yields to a new transaction that opens a row in another bank group and whose first
+  burst can go within one burst time of it, so under row misses (activation-bound
+  traffic) bursts of different bank groups interleave and tCCD_L between one
+  transaction's bursts is hidden, as a bank-group-aware controller does; a request waiting longer than 2 us is served first; open-page
   policy; a bank with a transaction in progress is not precharged for another.
   Constraints: per bank open row, tRCD (tRCDWR for writes), tRAS, tRC (ACT to ACT),
   tRP, tWR, tRTP; per bank group tCCD_L (column to column) and tRRD_L (ACT to ACT); per
   PC tCCD_S, tRRD_S, tFAW (at most four ACTs in any tFAW window; ACTs of a PC issue in
   commit order), the data bus (bursts of ``burst_length`` beats) and read/write
-  turnaround (tRTW read→write, tWTR write→read). Refresh per PC: all-bank (every tREFI
-  all banks close for tRP + tRFC) or per-bank (every tREFI/banks the next bank, round
+  turnaround (tRTW read→write, tWTR write→read). Refresh per PC (the PCs of a channel
+  staggered by tREFI / pseudo_channels): all-bank (every tREFI all banks close for tRP +
+  tRFC) or per-bank (every tREFI/banks the next bank, round
   robin, is closed for tRP + tRFCsb while the others keep working). A refresh that
   falls due while a transaction is in progress on its bank(s) waits for it (no new
   transaction starts there meanwhile). Refreshes that fell due while idle happened on
@@ -41,17 +43,19 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
   ``write_high_watermark`` writes wait (writes only when no read is waiting); from the
   high watermark, writes are drained down to ``write_low_watermark``; writes are
   acknowledged when their data is in the DRAM, not when buffered.
-* Commands are planned ahead: the scheduler commits a burst when the PC's data bus is
-  within ``tRP + tRCD + tCL`` of being free, placing its PRE/ACT/column command at the
-  earliest times the constraints allow, so preparing a row on one bank overlaps data
-  transfers of another.
+* Commands are planned ahead: the scheduler commits bursts while their PC's data bus is
+  within ``tRP + tRCD + tCL`` of being free (several per decision if needed: decisions
+  happen on core-clock edges, which may be slower than tCK), placing each PRE/ACT/column
+  command at the earliest times the constraints allow, so preparing a row on one bank
+  overlaps data transfers of another.
 * **BEGIN_RESP** is sent when the last burst's data has left the DRAM plus the
   frontend latency; the initiator accepts at once (**END_RESP** at the same time),
   frees the tag and may issue again.
 * **Command trace** (tests, debugging): with ``cmdlog`` rows, every command is
   recorded as ``(time_ps, command, channel, pseudo-channel, bank, row, write-queue
   occupancy, burst)`` (``burst``: index of a RD/WR within its transaction), commands ``CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_REFSB``
-  (``bank`` -1 for an all-bank REF), in commit order (sort by time).
+  (``bank`` -1 for an all-bank REF), in commit order (sort by time); ``CMD_WMODE`` records
+  a write-queue mode switch (``row`` = 1 to writes, 0 to reads) with the occupancy then.
 
 Analytical mode (:func:`analytical_finish`): latency + bytes / bandwidth. One event
 per transfer; the initiator's rate is its port and its tags over a streaming
@@ -59,8 +63,8 @@ transaction's latency, and each spanned channel's data bus is reserved for the
 transfer's share of bytes at peak rate, first come first served, so concurrent
 transfers share bandwidth but see no DRAM timing, request queueing or row effects.
 
-Not modelled: the command buses (one command per tCK per channel is the only limit),
-ECC, power-down, refresh management (RFM), NoC traversal to the channel's router
+Not modelled: command-bus occupancy (HBM's separate row and column command buses are
+assumed never to be the bottleneck), ECC, power-down, refresh management (RFM), NoC traversal to the channel's router
 (added by the NoC models).
 """
 
@@ -87,8 +91,8 @@ EV_MEM_END_REQ, EV_MEM_SCHED, EV_MEM_RESP, EV_MEM_ISSUE = 10, 11, 12, 13
 PATTERN_LINEAR, PATTERN_RANDOM, PATTERN_STRIDED = 0, 1, 2
 
 # commands in the command trace
-CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_REFSB = range(6)
-CMD_NAMES = ("ACT", "PRE", "RD", "WR", "REF", "REFsb")
+CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_REFSB, CMD_WMODE = range(7)
+CMD_NAMES = ("ACT", "PRE", "RD", "WR", "REF", "REFsb", "WMODE")
 CMDLOG_COLS = 8  # time_ps, command, channel, pseudo-channel, bank, row, write-queue occupancy, burst index
 
 NEVER = np.int64(2**62)
@@ -139,8 +143,11 @@ def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0, cmdlo
     z = lambda *shape: np.zeros(shape, np.int64)  # noqa: E731
     full = lambda v, *shape: np.full(shape, v, np.int64)  # noqa: E731
     free = np.tile(np.arange(mo, dtype=np.int64), (ni, 1)) + (np.arange(ni, dtype=np.int64) * mo)[:, None]
-    refresh0 = int(p[P_TREFI]) if p[P_TREFI] > 0 and not p[P_REFRESH_PER_BANK] else int(NEVER)
-    refsb0 = int(p[P_TREFI]) // b if p[P_TREFI] > 0 and p[P_REFRESH_PER_BANK] else int(NEVER)
+    # the pseudo-channels of a channel refresh staggered by tREFI / pseudo_channels
+    stagger = np.tile(np.arange(npc, dtype=np.int64), c)
+    refi, interval = int(p[P_TREFI]), int(p[P_TREFI]) // b
+    refresh0 = refi + stagger * refi // npc if refi > 0 and not p[P_REFRESH_PER_BANK] else full(int(NEVER), u)
+    refsb0 = interval + stagger * interval // npc if refi > 0 and p[P_REFRESH_PER_BANK] else full(int(NEVER), u)
     return HbmState(
         p=p.copy(),
         ch_q=full(-1, c, qcap), ch_qn=z(c), ch_nw=z(c), ch_wmode=z(c), ch_cmd_ps=z(c), ch_wake=full(int(NEVER), c),
@@ -148,8 +155,8 @@ def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0, cmdlo
         ch_wait_head=full(-1, c), ch_wait_tail=full(-1, c),
         ch_bytes=z(c), ch_busy_ps=z(c), ch_nreq=z(c), ch_lat_sum=z(c), ch_lat_hist=z(c, LAT_BINS + 1),
         ch_rowstat=z(c, 3),
-        u_data_free=z(u), u_last_write=full(-1, u), u_refresh_next=full(refresh0, u), u_ref_pending=full(-1, u),
-        u_refsb_next=full(refsb0, u), u_refsb_bank=z(u),
+        u_data_free=z(u), u_last_write=full(-1, u), u_refresh_next=refresh0, u_ref_pending=full(-1, u),
+        u_refsb_next=refsb0, u_refsb_bank=z(u),
         u_last_act=full(int(LONG_AGO), u), u_faw=full(int(LONG_AGO), u, 4), u_faw_i=z(u),
         u_last_col=full(int(LONG_AGO), u), u_bg_last_act=full(int(LONG_AGO), u, nbg),
         u_bg_last_col=full(int(LONG_AGO), u, nbg),
@@ -191,17 +198,26 @@ def _hash64(x):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _split_local(p, local):
-    """(pseudo-channel * banks + bank, row) of a channel-local byte address: consecutive
-    rows go to the pseudo-channels in turn, then to the banks of a PC in turn; bank group =
-    bank mod groups, so neighbouring rows sit in different bank groups and a stream, which
-    has a few rows in flight per channel, interleaves bank groups. (Interleaving bank groups
-    every chunk instead measured 10% less stream bandwidth: a chunk boundary often left one
-    group with two rows in flight.)"""
-    row_global = local // p[P_ROW_BYTES]
+    """(pseudo-channel * banks + bank, row) of a channel-local byte address.
+
+    ``interleave_bytes`` chunks go to the channel's pseudo-channels in turn; within a PC,
+    transaction-sized blocks go to its bank groups in turn (so a stream's consecutive
+    transactions alternate bank groups and tCCD_L is hidden, as HBM controllers map bank
+    group bits low); the blocks of one (PC, bank group) fill a row, then move to the next
+    bank of the group. With one PC and one bank group: consecutive rows, consecutive banks."""
+    il = p[P_INTERLEAVE]
     npc = p[P_PCS]
-    pc = row_global % npc
-    rest = row_global // npc
-    return pc * p[P_BANKS] + rest % p[P_BANKS], rest // p[P_BANKS]
+    nbg = p[P_BANK_GROUPS]
+    chunk = local // il
+    pc = chunk % npc
+    in_pc = (chunk // npc) * il + local % il
+    g = p[P_TXN_BYTES]
+    blk = in_pc // g
+    bg = blk % nbg
+    in_bg = (blk // nbg) * g + in_pc % g
+    row_in_bg = in_bg // p[P_ROW_BYTES]
+    per_group = p[P_BANKS] // nbg
+    return pc * p[P_BANKS] + (row_in_bg % per_group) * nbg + bg, row_in_bg // per_group
 
 
 @njit(cache=True, _nrt=False)
@@ -538,12 +554,12 @@ def _pick(st, ch, t_ps):
         col, _, _ = _next_burst(st, slot, t_ps)
         if col >= NEVER:
             continue
+        started = st.sl_started[slot]
+        if wq and not started and st.sl_write[slot] != mode:
+            continue  # a write drain is not interrupted, even by a starving read (it is bounded)
         seq = st.sl_seq[slot]
         if seq < oldest_seq:
             oldest, oldest_seq = i, seq
-        started = st.sl_started[slot]
-        if wq and not started and st.sl_write[slot] != mode:
-            continue
         if started:
             if col < best_c_col or (col == best_c_col and seq < best_c_seq):
                 best_c, best_c_col, best_c_seq = i, col, seq
@@ -553,7 +569,16 @@ def _pick(st, ch, t_ps):
         return oldest
     if best_c < 0:
         return best_f
-    if best_f >= 0 and best_f_col <= best_c_col + st.u_burst_ps[st.sl_unit[st.ch_q[ch, best_c]]]:
+    if best_f < 0:
+        return best_c
+    if best_f_col < best_c_col:
+        return best_f
+    # a new transaction in another bank group (or PC) that can go within one burst time of the
+    # transaction in progress goes first: its bursts fill the tCCD_L gaps between the other's
+    sc, sf = st.ch_q[ch, best_c], st.ch_q[ch, best_f]
+    other = st.sl_unit[sc] != st.sl_unit[sf] or st.sl_bg[sc] != st.sl_bg[sf]
+    opens = st.bk_row[st.sl_unit[sf], st.sl_bank[sf]] != st.sl_row[sf]  # it needs an ACT
+    if other and opens and best_f_col <= best_c_col + st.u_burst_ps[st.sl_unit[sc]]:
         return best_f
     return best_c
 
@@ -573,8 +598,10 @@ def _update_write_mode(st, ch, t_ps):
     if st.ch_wmode[ch] == 0:
         if nw >= p[P_WQ_HIGH] or (nw > 0 and not reads_waiting):
             st.ch_wmode[ch] = 1
+            _log_cmd(st, t_ps, CMD_WMODE, ch, ch * p[P_PCS], -1, 1)
     elif nw == 0 or (nw <= p[P_WQ_LOW] and reads_waiting):
         st.ch_wmode[ch] = 0
+        _log_cmd(st, t_ps, CMD_WMODE, ch, ch * p[P_PCS], -1, 0)
 
 
 @njit(cache=True, _nrt=False)
@@ -593,7 +620,7 @@ def _refresh_all(st, ch, u, t_ps):
         st.bk_row[u, b] = -1
         st.bk_act_ok[u, b] = max(st.bk_act_ok[u, b], done)
     st.u_refresh_next[u] = due + p[P_TREFI]
-    _log_cmd(st, start, CMD_REF, ch, u, -1, -1)
+    _log_cmd(st, start + p[P_TRP], CMD_REF, ch, u, -1, -1)  # after the precharge-all at ``start``
 
 
 @njit(cache=True, _nrt=False)
@@ -606,7 +633,10 @@ def _refresh_bank(st, ch, u, t_ps):
     due = st.u_refsb_next[u] + missed * interval
     b = (st.u_refsb_bank[u] + missed) % p[P_BANKS]
     start = max(due, st.bk_pre_ok[u, b])
-    done = start + (p[P_TRP] if st.bk_row[u, b] >= 0 else 0) + p[P_TRFCSB]
+    if st.bk_row[u, b] >= 0:
+        _log_cmd(st, start, CMD_PRE, ch, u, b, st.bk_row[u, b])
+        start += p[P_TRP]
+    done = start + p[P_TRFCSB]
     st.bk_row[u, b] = -1
     st.bk_act_ok[u, b] = max(st.bk_act_ok[u, b], done)
     st.u_refsb_bank[u] = (b + 1) % p[P_BANKS]
@@ -693,13 +723,6 @@ def _serve(st, heap, hs, ch, idx, t_ps, period_ps):
     nbursts = (st.sl_bytes[slot] + p[P_BURST_BYTES] - 1) // p[P_BURST_BYTES]
     _log_cmd(st, col, CMD_WR if w else CMD_RD, ch, u, bank, row, nbursts - st.sl_bursts_left[slot])
     st.sl_bursts_left[slot] -= 1
-    # next decision: one tCK on (one column command per tCK), and not before some PC's data
-    # bus is within the look-ahead horizon
-    npc = p[P_PCS]
-    horizon = NEVER
-    for k in range(npc):
-        horizon = min(horizon, st.u_data_free[ch * npc + k] - p[P_LOOKAHEAD])
-    st.ch_cmd_ps[ch] = max(t_ps + p[P_TCK], horizon)
     if st.sl_bursts_left[slot] > 0:
         return
     # last burst: the transaction leaves the queue
