@@ -25,7 +25,7 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
   horizon, the one whose next burst can issue first (row hits, then idle banks), oldest
   on ties, a transaction in progress before a new one; but a transaction's next burst
   yields to a new transaction that opens a row in another bank group and whose first
-  burst can go within one burst time of it, so under row misses (activation-bound
+  burst it would delay (the new one can go less than one burst time after it), so under row misses (activation-bound
   traffic) bursts of different bank groups interleave and tCCD_L between one
   transaction's bursts is hidden, as a bank-group-aware controller does; a request waiting longer than 2 us is served first; open-page
   policy; a bank with a transaction in progress is not precharged for another.
@@ -578,8 +578,8 @@ def _pick(st, ch, t_ps):
     sc, sf = st.ch_q[ch, best_c], st.ch_q[ch, best_f]
     other = st.sl_unit[sc] != st.sl_unit[sf] or st.sl_bg[sc] != st.sl_bg[sf]
     opens = st.bk_row[st.sl_unit[sf], st.sl_bank[sf]] != st.sl_row[sf]  # it needs an ACT
-    if other and opens and best_f_col <= best_c_col + st.u_burst_ps[st.sl_unit[sc]]:
-        return best_f
+    if other and opens and best_f_col < best_c_col + st.u_burst_ps[st.sl_unit[sc]]:
+        return best_f  # (at one burst time or later the other's burst does not delay it)
     return best_c
 
 
