@@ -551,13 +551,24 @@ def _pick(st, ch, t_ps):
             continue
         if st.u_data_free[st.sl_unit[slot]] > horizon:
             continue  # its data bus is busy beyond the look-ahead horizon
-        col, _, _ = _next_burst(st, slot, t_ps)
-        if col >= NEVER:
-            continue
         started = st.sl_started[slot]
         if wq and not started and st.sl_write[slot] != mode:
             continue  # a write drain is not interrupted, even by a starving read (it is bounded)
         seq = st.sl_seq[slot]
+        # a lower bound of its column time (bus, tCCD_S) skips the full computation when it
+        # cannot win its category (speed only: the choice is the same)
+        u = st.sl_unit[slot]
+        lb = max(t_ps, st.u_data_free[u] - (p[P_TWL] if st.sl_write[slot] else p[P_TCL]),
+                 st.u_last_col[u] + st.u_tccd_ps[u])
+        if started:
+            loses = lb > best_c_col or (lb == best_c_col and seq > best_c_seq)
+        else:
+            loses = lb > best_f_col or (lb == best_f_col and seq > best_f_seq)
+        if loses and seq >= oldest_seq:
+            continue
+        col, _, _ = _next_burst(st, slot, t_ps)
+        if col >= NEVER:
+            continue
         if seq < oldest_seq:
             oldest, oldest_seq = i, seq
         if started:
@@ -764,6 +775,14 @@ def _schedule(st, heap, hs, ch, now_cycle, period_ps):
             _wake(st, heap, hs, ch, t_dec, period_ps)
             return
         _refreshes(st, ch, t)
+        # every data bus of the channel beyond the look-ahead horizon: nothing may issue yet
+        npc = p[P_PCS]
+        free = NEVER
+        for k in range(npc):
+            free = min(free, st.u_data_free[ch * npc + k])
+        if free - p[P_LOOKAHEAD] > t:
+            _wake(st, heap, hs, ch, free - p[P_LOOKAHEAD], period_ps)
+            return
         if p[P_WQ_DEPTH] > 0:
             _update_write_mode(st, ch, t)
         idx = _pick(st, ch, t)
