@@ -63,10 +63,11 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
-def load_with_extends(path: Path, resolve_name, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def load_with_extends(path: Path, resolve_name, _seen: tuple[Path, ...] = (), merge=deep_merge) -> dict[str, Any]:
     """Load ``path`` and, if it says ``extends: X``, merge it over X (recursively).
 
-    ``resolve_name(name, relative_to)`` maps the ``extends`` value to a file path.
+    ``resolve_name(name, relative_to)`` maps the ``extends`` value to a file path; ``merge(base,
+    override)`` merges (a schema whose derived keys must follow their sources passes its own).
     """
     path = Path(path).resolve()
     if path in _seen:
@@ -78,8 +79,8 @@ def load_with_extends(path: Path, resolve_name, _seen: tuple[Path, ...] = ()) ->
         return data
     if not isinstance(parent, str):
         raise ConfigError(f"{path}: extends: expected a file name or preset name, got {parent!r}")
-    base = load_with_extends(resolve_name(parent, path.parent), resolve_name, (*_seen, path))
-    return deep_merge(base, data)
+    base = load_with_extends(resolve_name(parent, path.parent), resolve_name, (*_seen, path), merge)
+    return merge(base, data)
 
 
 def validate(model: type[M], data: dict[str, Any], source: str | Path) -> M:

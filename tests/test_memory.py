@@ -48,11 +48,15 @@ def test_stream_reaches_85_to_95_percent_of_peak(arch64):
 @pytest.mark.parametrize("preset", ["npusim-64c", "npusim-256c", "ascend-910b"])
 def test_every_preset_streams_near_peak(preset):
     """Guard against presets that silently reach a fraction of their HBM peak (too few tags,
-    a port too narrow, a bad address map): a stream by all DMA engines must reach >= 85%."""
+    a port too narrow, a bad address map): a stream by all DMA engines must reach 80-97% of
+    peak (issue 12's range; with bank groups a stream needs rows of two groups in flight to
+    hide tCCD_L, which ascend-910b's 48 DMA engines do 82% of the time) and never exceed the
+    analytical data-bus bound after refresh."""
     from npusim.arch import load_arch
 
     r = measure_memory(load_arch(preset), "stream", 16 << 20)
-    assert 0.85 <= r.efficiency <= 1.0, (preset, r.efficiency)
+    assert 0.80 <= r.efficiency <= 0.97, (preset, r.efficiency)
+    assert r.bandwidth_gbps <= r.bound_gbps
 
 
 def test_stream_without_refresh_is_faster_but_never_above_peak(arch64):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from npusim.arch.schema import Arch
+from npusim.arch.schema import Arch, merge_arch_data
 from npusim.config import load_with_extends, load_yaml, validate
 from npusim.errors import ConfigError
 
@@ -42,7 +42,7 @@ def resolve_arch_path(name: str | Path, relative_to: Path | None = None) -> Path
 def load_arch(name: str | Path = DEFAULT_ARCH) -> Arch:
     """Load and validate an arch file (or preset); raises ConfigError on any problem."""
     path = resolve_arch_path(name)
-    data = load_with_extends(path, resolve_arch_path)
+    data = load_with_extends(path, resolve_arch_path, merge=merge_arch_data)
     if "system" in data:
         raise ConfigError(f"{path}: a system of many NPUs, not one chip: use it with --system "
                           f"(chip presets: {', '.join(list_presets())})")

@@ -29,13 +29,21 @@ class Grid(StrictModel):
 
 class SystolicArray(StrictModel):
     """A rows x cols PE array; each PE does ``macs_per_pe_per_cycle[dtype]`` MACs per cycle
-    along the reduction (K) dimension (1 for a classic array; 16 for a 16x16x16 cube)."""
+    along the reduction (K) dimension (1 for a classic array; 16 for a 16x16x16 cube).
+
+    ``weight_injection_cycles`` (T_inj, WS only) is derived from ``rows``: missing means
+    ``rows`` cycles (one PE row of weights shifted in per cycle). A value that is given is
+    kept for this array, and scaled with it when the array is resized by an override
+    (``npusim gemm --array``, a core class, an ``extends:`` file that changes ``rows``):
+    see :meth:`resized` and :func:`merge_systolic`.
+    """
 
     rows: PositiveInt
     cols: PositiveInt
     dataflow: Literal["ws", "os"] = "ws"
     macs_per_pe_per_cycle: dict[str, PositiveInt] = Field(default_factory=lambda: {"fp16": 1, "bf16": 1, "int8": 2})
-    weight_injection_cycles: NonNegativeInt = 0
+    weight_injection_cycles: NonNegativeInt | None = Field(
+        default=None, description="cycles to shift a weight tile in (WS); missing = rows (one row per cycle)")
     double_buffered_weights: bool = Field(
         default=True, description="the next fold's weights load while the current fold computes (see hw/compute/systolic)")
 
@@ -45,6 +53,53 @@ class SystolicArray(StrictModel):
         if unknown:
             raise ValueError(f"unknown dtype(s) {unknown} in macs_per_pe_per_cycle; known: {list(DTYPES)}")
         return self
+
+    @property
+    def t_inj(self) -> int:
+        """Weight-injection cycles in force: the given value, else ``rows``."""
+        return self.rows if self.weight_injection_cycles is None else self.weight_injection_cycles
+
+    def resized(self, rows: int, cols: int, t_inj: int | None = None) -> "SystolicArray":
+        """This array with ``rows x cols`` PEs; T_inj follows the rows (see :func:`scaled_t_inj`)
+        unless ``t_inj`` sets it."""
+        wic = t_inj if t_inj is not None else scaled_t_inj(self.weight_injection_cycles, self.rows, rows)
+        return self.model_copy(update={"rows": rows, "cols": cols, "weight_injection_cycles": wic})
+
+
+def scaled_t_inj(t_inj: int | None, old_rows: int, new_rows: int) -> int | None:
+    """T_inj of an array resized from ``old_rows`` to ``new_rows`` rows: unset stays unset
+    (= rows); a given value keeps its rows-per-cycle rate, ``ceil(t_inj * new / old)``."""
+    if t_inj is None or new_rows == old_rows:
+        return t_inj
+    return -(-t_inj * new_rows // old_rows)
+
+
+def merge_arch_data(base: dict, override: dict) -> dict:
+    """Deep merge of arch mappings (``extends:``, overrides) in which every ``systolic_array``
+    mapping is merged by :func:`merge_systolic`, so derived keys follow their sources."""
+    merged = dict(base)
+    for key, value in override.items():
+        old = merged.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            merged[key] = merge_systolic(old, value) if key == "systolic_array" else merge_arch_data(old, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def merge_systolic(base: dict, override: dict) -> dict:
+    """``override`` (a partial ``systolic_array`` mapping) over ``base``, derived keys following
+    what they derive from: a ``weight_injection_cycles`` inherited from ``base`` is rescaled
+    when ``override`` changes ``rows`` without setting it."""
+    merged = {**base, **override}
+    if ("rows" in override and "weight_injection_cycles" not in override
+            and base.get("weight_injection_cycles") is not None and "rows" in base):
+        try:
+            merged["weight_injection_cycles"] = scaled_t_inj(int(base["weight_injection_cycles"]), int(base["rows"]),
+                                                             int(override["rows"]))
+        except (TypeError, ValueError, ZeroDivisionError):
+            pass  # malformed values: validation reports them
+    return merged
 
 
 class VectorUnit(StrictModel):
@@ -93,7 +148,17 @@ class Cores(StrictModel):
 
 
 class DramTiming(StrictModel):
-    """JEDEC-style DRAM timings. ``unit: cycles`` means DRAM clock cycles (tCK)."""
+    """JEDEC-style DRAM timings. ``unit: cycles`` means DRAM clock cycles (tCK).
+
+    Optional timings and what a missing one means (so arch files written before they existed
+    keep their behaviour): ``tCCD_L`` (column to column in one bank group) = ``tCCD``
+    (``tCCD`` is tCCD_S, different bank groups); ``tRRD_S`` (ACT to ACT, different bank
+    groups of a pseudo-channel) = 0, no limit; ``tRRD_L`` (same bank group) = ``tRRD_S``;
+    ``tFAW`` (at most four ACTs per pseudo-channel in any tFAW window) = 0, no window;
+    ``tRC`` (ACT to ACT, same bank) = ``tRAS + tRP``; ``tRCDWR`` (ACT to write) = ``tRCD``;
+    ``tRTP`` (read to precharge) = 0; ``tRFCsb`` (per-bank refresh) is required with
+    ``hbm.refresh: per_bank``.
+    """
 
     unit: Literal["cycles", "ns"] = "cycles"
     tRCD: PositiveFloat
@@ -107,6 +172,19 @@ class DramTiming(StrictModel):
     tRTW: float = Field(default=4, ge=0)
     tREFI: float = Field(default=0, ge=0, description="0 disables refresh")
     tRFC: float = Field(default=0, ge=0)
+    tCCD_L: float | None = Field(default=None, ge=0)
+    tRRD_S: float | None = Field(default=None, ge=0)
+    tRRD_L: float | None = Field(default=None, ge=0)
+    tFAW: float | None = Field(default=None, ge=0)
+    tRC: float | None = Field(default=None, ge=0)
+    tRCDWR: float | None = Field(default=None, ge=0)
+    tRTP: float | None = Field(default=None, ge=0)
+    tRFCsb: float | None = Field(default=None, ge=0)
+
+
+#: what a missing optional timing stands for: another timing (name), a sum of them, or 0
+_TIMING_DEFAULTS = {"tCCD_L": "tCCD", "tRRD_S": 0, "tRRD_L": "tRRD_S", "tFAW": 0, "tRC": ("tRAS", "tRP"),
+                    "tRCDWR": "tRCD", "tRTP": 0, "tRFCsb": 0}
 
 
 class Hbm(StrictModel):
@@ -115,27 +193,95 @@ class Hbm(StrictModel):
     ``attach`` says where channels meet the NoC: ``edge`` spreads them over the west and
     east mesh edges, ``per_core`` gives every core its own channel (NpuSim-style
     distributed memory; needs channels == cores), or an explicit list of router ids.
-    Data-bus bandwidth defaults to DDR: ``bus_width_bits/8 * 2 / tck_ns`` GB/s; set
-    ``channel_bandwidth_gbps`` to override the I/O rate while keeping core timings.
+
+    Organisation: a channel has one controller (request queue, scheduler) and
+    ``pseudo_channels`` pseudo-channels, each with its own ``bus_width_bits`` data bus,
+    ``banks`` banks in ``bank_groups`` groups, activation window (tRRD/tFAW) and refresh
+    (JESD235 counts array timings per pseudo-channel). Missing: one pseudo-channel and one
+    bank group, i.e. each channel is one independent bus (the behaviour before they existed).
+    Data-bus bandwidth defaults to DDR: ``pseudo_channels * bus_width_bits/8 * pin_rate_gbps``
+    GB/s with ``pin_rate_gbps`` = ``2 / tck_ns`` when missing; ``channel_bandwidth_gbps``
+    overrides a whole channel's I/O rate while keeping the core timings.
+
+    ``refresh``: ``all_bank`` (every tREFI a pseudo-channel closes all banks for tRFC) or
+    ``per_bank`` (every tREFI / banks one bank, round robin, is refreshed for tRFCsb; the
+    other banks keep working). ``write_queue_depth`` > 0 gives each channel a write queue
+    of that many entries next to the ``request_queue_depth`` read queue: writes wait there
+    and are drained in bursts, from ``write_high_watermark`` entries (or when no read is
+    waiting) down to ``write_low_watermark`` (missing: 3/4 and 1/4 of the depth); 0
+    (missing) = reads and writes share one queue, scheduled alike.
+
+    ``preset`` names a DRAM organisation + timing set from
+    :mod:`npusim.arch.hbm_presets` (HBM2/HBM3, shared PUBLISHED.md section C); keys given
+    next to it override the preset's, timing key by timing key.
     """
 
+    preset: str | None = None
     channels: PositiveInt
     capacity_gb: PositiveFloat
     attach: Literal["edge", "per_core"] | list[NonNegativeInt] = "edge"
     tck_ns: PositiveFloat = 1.0
     bus_width_bits: PositiveInt = 64
+    pin_rate_gbps: PositiveFloat | None = None
     channel_bandwidth_gbps: PositiveFloat | None = None
     burst_length: PositiveInt = 4
+    pseudo_channels: PositiveInt = 1
     banks: PositiveInt = 16
+    bank_groups: PositiveInt = 1
     row_bytes: PositiveInt = 1024
     request_queue_depth: PositiveInt = 32
+    write_queue_depth: NonNegativeInt = 0
+    write_high_watermark: PositiveInt | None = None
+    write_low_watermark: NonNegativeInt | None = None
+    refresh: Literal["all_bank", "per_bank"] = "all_bank"
     interleave_bytes: PositiveInt = 256
     frontend_latency_ns: float = Field(default=10.0, ge=0, description="controller + PHY fixed latency, each way")
     timing: DramTiming
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data):
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        from npusim.arch.hbm_presets import HBM_PRESETS
+
+        name = data["preset"]
+        if name not in HBM_PRESETS:
+            raise ValueError(f"hbm.preset '{name}': expected one of {sorted(HBM_PRESETS)}")
+        base = HBM_PRESETS[name]
+        merged = {**base, **{k: v for k, v in data.items() if k != "timing"}}
+        timing = data.get("timing")
+        merged["timing"] = {**base["timing"], **timing} if isinstance(timing, dict) else (timing or base["timing"])
+        return merged
+
+    @model_validator(mode="after")
+    def _organisation_consistent(self):
+        if self.banks % self.bank_groups:
+            raise ValueError(f"hbm.banks ({self.banks}) must be a multiple of hbm.bank_groups ({self.bank_groups})")
+        if self.write_queue_depth:
+            if self.write_high_watermark is None:
+                object.__setattr__(self, "write_high_watermark", max(1, self.write_queue_depth * 3 // 4))
+            if self.write_low_watermark is None:
+                object.__setattr__(self, "write_low_watermark", self.write_queue_depth // 4)
+            hi, lo = self.write_high_watermark, self.write_low_watermark
+            if not (0 <= lo < hi <= self.write_queue_depth):
+                raise ValueError(f"hbm write queue: need 0 <= write_low_watermark ({lo}) < write_high_watermark "
+                                 f"({hi}) <= write_queue_depth ({self.write_queue_depth})")
+        if self.refresh == "per_bank" and (not self.timing.tRFCsb or not self.timing.tREFI):
+            raise ValueError("hbm.refresh 'per_bank' needs timing.tRFCsb and timing.tREFI > 0")
+        return self
+
     def timing_cycles(self, name: str) -> int:
-        """A timing parameter in tCK cycles (ns values rounded up)."""
+        """A timing parameter in tCK cycles (ns values rounded up); a missing optional one is
+        what :class:`DramTiming` says it means."""
         value = getattr(self.timing, name)
+        if value is None:
+            default = _TIMING_DEFAULTS[name]
+            if isinstance(default, str):
+                return self.timing_cycles(default)
+            if isinstance(default, tuple):
+                return sum(self.timing_cycles(n) for n in default)
+            return int(default)
         return int(math.ceil(value / self.tck_ns - 1e-9)) if self.timing.unit == "ns" else int(math.ceil(value))
 
     @property
@@ -144,9 +290,11 @@ class Hbm(StrictModel):
 
     @property
     def bandwidth_per_channel_gbps(self) -> float:
+        """A whole channel (all its pseudo-channels)."""
         if self.channel_bandwidth_gbps is not None:
             return self.channel_bandwidth_gbps
-        return self.bus_width_bits / 8 * 2 / self.tck_ns
+        pin = self.pin_rate_gbps if self.pin_rate_gbps is not None else 2 / self.tck_ns
+        return self.pseudo_channels * self.bus_width_bits / 8 * pin
 
     @property
     def total_bandwidth_gbps(self) -> float:
@@ -168,7 +316,10 @@ class Noc(StrictModel):
 class CoreClass(StrictModel):
     """Cores that differ from ``cores`` (heterogeneous chips, e.g. PD-disaggregated decode
     cores): their own systolic array, SRAM, or — with ``hbm.attach: per_core`` — DRAM channel
-    bandwidth. Anything not given is the ``cores`` default."""
+    bandwidth. Anything not given is the ``cores`` default, key by key: a class's
+    ``systolic_array`` or ``sram`` is merged over the ``cores`` one (so a class that gives only
+    ``rows``/``cols`` keeps the chip's dataflow and MACs per PE, and its T_inj follows its rows,
+    see :func:`merge_systolic`)."""
 
     cores: list[NonNegativeInt]
     systolic_array: SystolicArray | None = None
@@ -187,6 +338,26 @@ class Arch(StrictModel):
     hbm: Hbm
     noc: Noc = Noc()
     core_classes: dict[str, CoreClass] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _classes_inherit(cls, data):
+        """Core classes' ``systolic_array`` / ``sram`` are partial: merged over ``cores``'."""
+        if not isinstance(data, dict) or not isinstance(data.get("core_classes"), dict):
+            return data
+        cores = data.get("cores")
+        cores = cores.model_dump() if isinstance(cores, StrictModel) else cores if isinstance(cores, dict) else {}
+        cores = {k: v.model_dump() if isinstance(v, StrictModel) else v for k, v in cores.items()}
+        classes = {}
+        for name, c in data["core_classes"].items():
+            if isinstance(c, dict):
+                c = dict(c)
+                for key in ("systolic_array", "sram"):
+                    base = cores.get(key)
+                    if isinstance(c.get(key), dict) and isinstance(base, dict):
+                        c[key] = merge_systolic(base, c[key]) if key == "systolic_array" else {**base, **c[key]}
+            classes[name] = c
+        return {**data, "core_classes": classes}
 
     @property
     def num_cores(self) -> int:

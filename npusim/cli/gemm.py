@@ -29,6 +29,9 @@ def add_parser(sub):
     p.add_argument("--dtype", default="fp16", help="fp16, bf16, int8, ... (must be supported by the array)")
     p.add_argument("--array", type=parse_grid, default=None, metavar="RxC", help="array rows x cols, e.g. 128x128")
     p.add_argument("--dataflow", choices=["ws", "os"], default=None)
+    p.add_argument("--t-inj", dest="t_inj", type=int, default=None, metavar="CYCLES",
+                   help="weight-injection cycles per WS fold (default: the arch's, which follows --array: "
+                   "rows unless the arch file sets it, then scaled with the rows)")
     p.add_argument("--batch", type=int, default=1, help="independent GEMMs back to back (default 1)")
     p.add_argument("--double-buffer", dest="double_buffer", action="store_true", default=None,
                    help="load the next fold's weights during the current fold (default: the arch's "
@@ -52,7 +55,8 @@ def add_parser(sub):
 
 
 CHIP_ONLY = (("cores", "--cores"), ("out_dtype", "--out-dtype"), ("l2", "--l2-bytes-per-cycle"))
-CORE_ONLY = (("array", "--array"), ("dataflow", "--dataflow"), ("double_buffer", "--double-buffer"))
+CORE_ONLY = (("array", "--array"), ("dataflow", "--dataflow"), ("double_buffer", "--double-buffer"),
+             ("t_inj", "--t-inj"))
 
 
 def run(args) -> int:
@@ -66,15 +70,19 @@ def run(args) -> int:
     if given:
         raise ConfigError(f"{', '.join(given)} need --chip")
     arch = load_arch(args.arch)
+    if args.t_inj is not None and args.t_inj < 0:
+        raise ConfigError(f"--t-inj must be a non-negative number of cycles, got {args.t_inj}")
     sa = arch.cores.systolic_array
-    rows, cols = args.array or (sa.rows, sa.cols)
+    # an override resizes the array: derived parameters (T_inj) follow unless --t-inj sets them
+    sa = sa.resized(*(args.array or (sa.rows, sa.cols)), t_inj=args.t_inj)
+    rows, cols = sa.rows, sa.cols
     dataflow = args.dataflow or sa.dataflow
     if args.dtype not in sa.macs_per_pe_per_cycle:
         raise ConfigError(f"--dtype {args.dtype}: {arch.name}'s array supports {sorted(sa.macs_per_pe_per_cycle)}")
     k_per_pe = sa.macs_per_pe_per_cycle[args.dtype]
     elem = DTYPE_BYTES[args.dtype]
     try:
-        cost = gemm_cost(args.m, args.k, args.n, rows, cols, dataflow, k_per_pe, sa.weight_injection_cycles,
+        cost = gemm_cost(args.m, args.k, args.n, rows, cols, dataflow, k_per_pe, sa.t_inj,
                          bytes_per_elem=max(1, int(elem)), batch=args.batch,
                          double_buffer=sa.double_buffered_weights if args.double_buffer is None else args.double_buffer)
     except ValueError as exc:

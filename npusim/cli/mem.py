@@ -14,7 +14,9 @@ def add_parser(sub):
         "mem",
         help="measure HBM bandwidth and latency for an access pattern",
         description="Stream, random or strided reads (or writes) through all cores' DMA engines into the "
-        "arch's HBM; prints achieved bandwidth vs peak and mean/p99 latency per channel.",
+        "arch's HBM; prints achieved bandwidth vs peak and vs the analytical DRAM bound for the pattern "
+        "(bound_gbps: data bus after refresh for stream; ACT rate from tRRD/tFAW and row cycle per bank for "
+        "random), and mean/p99 latency per channel.",
     )
     add_arch_arg(p)
     p.add_argument("--pattern", choices=sorted(PATTERNS), default="stream")
@@ -41,6 +43,10 @@ def run(args) -> int:
     print(f"{arch.name}: {r.pattern} {op} of {r.bytes:,} B by {r.initiators} DMA engines, {r.mode} model")
     print(f"  time              {r.time_ns / 1e3:,.2f} us ({r.cycles:,} cycles)")
     print(f"  bandwidth         {r.bandwidth_gbps:,.1f} GB/s of {r.peak_bandwidth_gbps:,.1f} peak ({100 * r.efficiency:.1f}%)")
+    if r.bound_gbps is not None:
+        terms = ", ".join(f"{k} {v:,.1f}" for k, v in r.bound_terms_gbps.items())
+        print(f"  DRAM bound        {r.bound_gbps:,.1f} GB/s ({r.bound_limit}; {terms}); achieved "
+              f"{100 * r.bandwidth_gbps / r.bound_gbps:.1f}% of it")
     print(f"  latency           mean {_fmt(r.latency_ns_mean)} ns, p99 {_fmt(r.latency_ns_p99)} ns "
           f"(unloaded row-conflict read {r.unloaded_latency_ns:.1f} ns)")
     if r.row_hit_rate is not None:

@@ -454,7 +454,7 @@ class Mapper:
 
         def comp(m, k, n):
             return _gemm_cycles(max(1, m), max(1, k), max(1, n), sa.rows, sa.cols, sa.dataflow, kpe,
-                                sa.weight_injection_cycles, sa.double_buffered_weights) / self.arch.clock_ghz
+                                sa.t_inj, sa.double_buffered_weights) / self.arch.clock_ghz
 
         t, (a, b) = self.t, self.grid
         m, k, n = op.m * op.batch, op.k, op.n

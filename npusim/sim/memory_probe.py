@@ -17,6 +17,7 @@ import numpy as np
 
 from npusim.arch.schema import Arch
 from npusim.errors import ConfigError
+from npusim.hw.memory.bounds import bandwidth_bound
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM, PATTERN_STRIDED
 from npusim.hw.memory.params import LAT_BINS, P_LAT_BIN_PS, unloaded_read_latency_ps
 from npusim.sim.simulator import Simulator
@@ -36,6 +37,9 @@ class MemoryReport:
     bandwidth_gbps: float
     peak_bandwidth_gbps: float
     efficiency: float
+    bound_gbps: float | None  # analytical DRAM bound for the pattern (npusim.hw.memory.bounds); None: strided
+    bound_limit: str | None  # the term that sets it: data_bus, act_rate or row_cycle
+    bound_terms_gbps: dict | None
     latency_ns_mean: float | None
     latency_ns_p99: float | None
     unloaded_latency_ns: float
@@ -110,9 +114,12 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
         accesses = int(mem.ch_rowstat.sum())
         hit_rate = float(mem.ch_rowstat[:, 0].sum() / accesses) if accesses else None
     bw = nbytes / time_ns if time_ns else 0.0
+    bound = bandwidth_bound(mem.p, mem.u_burst_ps, mem.u_tccd_ps, pattern, write, duration_ps=time_ns * 1000.0)
     return MemoryReport(
         pattern=pattern, mode=mode, write=write, bytes=nbytes, initiators=n_init, cycles=cycles, time_ns=time_ns,
         bandwidth_gbps=bw, peak_bandwidth_gbps=peak, efficiency=bw / peak,
+        bound_gbps=bound["bound_gbps"] if bound else None, bound_limit=bound["limit"] if bound else None,
+        bound_terms_gbps=bound["terms_gbps"] if bound else None,
         latency_ns_mean=lat_mean, latency_ns_p99=lat_p99,
         unloaded_latency_ns=unloaded_read_latency_ps(mem.p, "conflict") / 1000.0,
         row_hit_rate=hit_rate, per_channel=per_channel, checks=sim.memory_checks(),

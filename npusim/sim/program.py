@@ -143,7 +143,7 @@ class Program:
                 sel = in_group[args[in_group, 4] == d]
                 out[sel] = gemm_cycles_array(args[sel, 0], args[sel, 1], args[sel, 2], sa.rows, sa.cols,
                                              sa.dataflow, sa.macs_per_pe_per_cycle[dtype],
-                                             sa.weight_injection_cycles, batch=args[sel, 3],
+                                             sa.t_inj, batch=args[sel, 3],
                                              double_buffer=sa.double_buffered_weights)
         vu = arch.cores.vector_unit
         cache: dict[tuple, int] = {}

@@ -67,9 +67,10 @@ class Simulator:
     """One simulation of work on one chip (see module docstring)."""
 
     def __init__(self, arch: Arch, memory_mode: str = "tlm", noc_mode: str = "path", txlog_rows: int = 0,
-                 noc_graph=None):
+                 noc_graph=None, cmdlog_rows: int = 0):
         """``noc_graph``: a networkx topology (see ``npusim.hw.noc.topology``) with one router
-        per core, instead of the arch's mesh."""
+        per core, instead of the arch's mesh. ``txlog_rows`` / ``cmdlog_rows``: capacity of the
+        HBM model's transaction log / DRAM command trace (tests, debugging; 0 = off)."""
         if noc_mode not in NOC_MODES:
             raise ConfigError(f"NoC fidelity '{noc_mode}' in the engine: expected one of {NOC_MODES}")
         self.arch = arch
@@ -81,13 +82,15 @@ class Simulator:
         names = [f"core{c}.{u}" for c in range(arch.num_cores) for u in self.units]
         self.engine = Engine(names)
         params, self.period_ps = memory_params(arch, memory_mode)
-        self.mem = new_hbm_state(params, arch.num_cores * self.dma_engines, txlog_rows)
+        self.mem = new_hbm_state(params, arch.num_cores * self.dma_engines, txlog_rows, cmdlog_rows)
         # channels with their own bandwidth (core classes) move bursts, and issue them, faster or slower
-        burst_ps = np.round(arch.hbm.burst_bytes / channel_bandwidths_gbps(arch) * 1000.0).astype(np.int64)
-        scaled = burst_ps != self.mem.ch_burst_ps
-        self.mem.ch_tccd_ps[scaled] = np.maximum(1, self.mem.ch_tccd_ps[scaled] * burst_ps[scaled]
-                                                 // self.mem.ch_burst_ps[scaled])
-        self.mem.ch_burst_ps[:] = burst_ps
+        npc = arch.hbm.pseudo_channels
+        burst_ps = np.repeat(np.round(arch.hbm.burst_bytes * npc / channel_bandwidths_gbps(arch) * 1000.0)
+                             .astype(np.int64), npc)
+        scaled = burst_ps != self.mem.u_burst_ps
+        for tccd in (self.mem.u_tccd_ps, self.mem.u_tccdl_ps):
+            tccd[scaled] = np.maximum(1, tccd[scaled] * burst_ps[scaled] // self.mem.u_burst_ps[scaled])
+        self.mem.u_burst_ps[:] = burst_ps
         noc = arch.noc
         if noc_graph is None:
             noc_graph = mesh(arch.cores.grid.width, arch.cores.grid.height, noc.link_bytes_per_cycle,

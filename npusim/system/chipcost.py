@@ -338,7 +338,7 @@ class _Planner:
     @lru_cache(maxsize=4096)  # noqa: B019 - one planner per call
     def cycles(self, m: int, k: int, n: int) -> float:
         sa = self.sa
-        return gemm_cost(m, k, n, sa.rows, sa.cols, sa.dataflow, self.kpe, sa.weight_injection_cycles,
+        return gemm_cost(m, k, n, sa.rows, sa.cols, sa.dataflow, self.kpe, sa.t_inj,
                          double_buffer=sa.double_buffered_weights).cycles
 
     def chunk(self, tm: int, tn: int, kb: int) -> int:

@@ -8,25 +8,54 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
   transactions in flight. It follows the TLM **exclusion rule**: no new BEGIN_REQ on
   its socket before the previous request's END_REQ. A per-core DMA port limit
   (``dma.bytes_per_cycle``) spaces BEGIN_REQs; without it, one per core cycle.
-* **BEGIN_REQ** reaches the channel's controller at once; if its request queue
-  (``request_queue_depth``) has room it is accepted and **END_REQ** returns one tCK
-  later, otherwise the initiator waits (back-pressure) until a queue entry frees.
-  The request becomes visible to the scheduler ``frontend_latency_ns`` after
-  BEGIN_REQ (controller/PHY path).
-* **Scheduler**: FR-FCFS per channel, bank-aware: the arrived request whose column
-  command can issue first (row hits, then idle banks), oldest on ties, with a
-  starvation limit of 2 us; open-page policy. Per bank it tracks the open row and when ACT / column / PRE
-  commands are next allowed (tRCD, tRP, tRAS, tWR); per channel the data bus
-  (bursts of ``burst_length`` beats, back-to-back column commands ``tCCD`` apart)
-  and read/write turnaround (tRTW read→write, tWTR write→read). All-bank refresh
-  every tREFI closes all rows and blocks the channel for tRFC. The scheduler commits
-  a request when the data bus is within ``tRP + tRCD + tCL`` of being free, so
-  preparing a row on one bank overlaps data transfers of another.
+* **BEGIN_REQ** reaches the channel's controller at once; if its queue has room it is
+  accepted and **END_REQ** returns one tCK later, otherwise the initiator waits
+  (back-pressure) until an entry of its kind frees. Reads and writes share the
+  ``request_queue_depth`` queue, or — with ``write_queue_depth`` > 0 — writes have
+  their own write queue. The request becomes visible to the scheduler
+  ``frontend_latency_ns`` after BEGIN_REQ (controller/PHY path).
+* **Organisation**: a channel = one controller (queue + scheduler) over
+  ``pseudo_channels`` pseudo-channels (PC); each PC has its own data bus, ``banks``
+  banks in ``bank_groups`` groups, activation window and refresh. Address map:
+  channel = (addr / interleave) mod channels; within a channel, interleave chunks go to
+  the PCs in turn, transaction-sized blocks of a PC to its bank groups in turn, and the
+  blocks of a bank group fill a row, then the next bank of the group (:func:`_split_local`).
+* **Scheduler**: FR-FCFS per channel, bank-aware, one column command (one burst) at a
+  time: among requests arrived by now whose PC's data bus is within the look-ahead
+  horizon, the one whose next burst can issue first (row hits, then idle banks), oldest
+  on ties, a transaction in progress before a new one; but a transaction's next burst
+  yields to a new transaction that opens a row in another bank group and whose first
+  burst it would delay (the new one can go less than one burst time after it), so under row misses (activation-bound
+  traffic) bursts of different bank groups interleave and tCCD_L between one
+  transaction's bursts is hidden, as a bank-group-aware controller does; a request waiting longer than 2 us is served first; open-page
+  policy; a bank with a transaction in progress is not precharged for another.
+  Constraints: per bank open row, tRCD (tRCDWR for writes), tRAS, tRC (ACT to ACT),
+  tRP, tWR, tRTP; per bank group tCCD_L (column to column) and tRRD_L (ACT to ACT); per
+  PC tCCD_S, tRRD_S, tFAW (at most four ACTs in any tFAW window; ACTs of a PC issue in
+  commit order), the data bus (bursts of ``burst_length`` beats) and read/write
+  turnaround (tRTW read→write, tWTR write→read). Refresh per PC (the PCs of a channel
+  staggered by tREFI / pseudo_channels): all-bank (every tREFI all banks close for tRP +
+  tRFC) or per-bank (every tREFI/banks the next bank, round
+  robin, is closed for tRP + tRFCsb while the others keep working). A refresh that
+  falls due while a transaction is in progress on its bank(s) waits for it (no new
+  transaction starts there meanwhile). Refreshes that fell due while idle happened on
+  time and cost nothing now. Write queue: reads are served while fewer than
+  ``write_high_watermark`` writes wait (writes only when no read is waiting); from the
+  high watermark, writes are drained down to ``write_low_watermark``; writes are
+  acknowledged when their data is in the DRAM, not when buffered.
+* Commands are planned ahead: the scheduler commits bursts while their PC's data bus is
+  within ``tRP + tRCD + tCL`` of being free (several per decision if needed: decisions
+  happen on core-clock edges, which may be slower than tCK), placing each PRE/ACT/column
+  command at the earliest times the constraints allow, so preparing a row on one bank
+  overlaps data transfers of another.
 * **BEGIN_RESP** is sent when the last burst's data has left the DRAM plus the
   frontend latency; the initiator accepts at once (**END_RESP** at the same time),
-  frees the tag and may issue again. Writes are acknowledged the same way.
-* Address map: channel = (addr / interleave) mod channels; within a channel,
-  consecutive interleave chunks fill a row, then move to the next bank.
+  frees the tag and may issue again.
+* **Command trace** (tests, debugging): with ``cmdlog`` rows, every command is
+  recorded as ``(time_ps, command, channel, pseudo-channel, bank, row, write-queue
+  occupancy, burst)`` (``burst``: index of a RD/WR within its transaction), commands ``CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_REFSB``
+  (``bank`` -1 for an all-bank REF), in commit order (sort by time); ``CMD_WMODE`` records
+  a write-queue mode switch (``row`` = 1 to writes, 0 to reads) with the occupancy then.
 
 Analytical mode (:func:`analytical_finish`): latency + bytes / bandwidth. One event
 per transfer; the initiator's rate is its port and its tags over a streaming
@@ -34,8 +63,9 @@ transaction's latency, and each spanned channel's data bus is reserved for the
 transfer's share of bytes at peak rate, first come first served, so concurrent
 transfers share bandwidth but see no DRAM timing, request queueing or row effects.
 
-Not modelled: bank groups (one tCCD), tFAW/tRRD, per-bank refresh, ECC, write
-buffering, NoC traversal to the channel's router (added by the NoC models).
+Not modelled: command-bus occupancy (HBM's separate row and column command buses are
+assumed never to be the bottleneck), ECC, power-down, refresh management (RFM), NoC traversal to the channel's router
+(added by the NoC models).
 """
 
 from __future__ import annotations
@@ -47,11 +77,11 @@ from numba import njit
 
 from npusim.engine.heap import heap_push
 from npusim.hw.memory.params import (
-    LAT_BINS, MODE_ANALYTICAL, P_ACCEPT, P_BANKS, P_BURST_BYTES, P_BURST_PS, P_CAPACITY_BYTES,
+    LAT_BINS, MODE_ANALYTICAL, P_ACCEPT, P_BANK_GROUPS, P_BANKS, P_BURST_BYTES, P_BURST_PS, P_CAPACITY_BYTES,
     P_CHANNELS, P_DMA_ENGINES, P_FRONTEND, P_INTERLEAVE, P_ISSUE_GAP, P_LAT_BIN_PS, P_LOOKAHEAD, P_MAX_OUT, P_MODE,
-    P_PRIVATE_CHANNELS,
-    P_QDEPTH, P_ROW_BYTES, P_TCCD, P_TCK, P_TCL, P_TRAS, P_TRCD, P_TREFI, P_TRFC, P_TRP, P_TRTW,
-    P_TWL, P_TWR, P_TWTR, P_TXN_BYTES,
+    P_PCS, P_PRIVATE_CHANNELS, P_QDEPTH, P_REFRESH_PER_BANK, P_ROW_BYTES, P_TCCD, P_TCCD_L, P_TCK, P_TCL, P_TFAW,
+    P_TRAS, P_TRC, P_TRCD, P_TRCDWR, P_TREFI, P_TRFC, P_TRFCSB, P_TRP, P_TRRD_L, P_TRRD_S, P_TRTP, P_TRTW,
+    P_TWL, P_TWR, P_TWTR, P_TXN_BYTES, P_WQ_DEPTH, P_WQ_HIGH, P_WQ_LOW,
 )
 
 # engine event types owned by this model (the kernel routes them here)
@@ -60,7 +90,13 @@ EV_MEM_END_REQ, EV_MEM_SCHED, EV_MEM_RESP, EV_MEM_ISSUE = 10, 11, 12, 13
 # access patterns of a DMA task (param[4]); param[5] = stride bytes for PATTERN_STRIDED
 PATTERN_LINEAR, PATTERN_RANDOM, PATTERN_STRIDED = 0, 1, 2
 
+# commands in the command trace
+CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_REFSB, CMD_WMODE = range(7)
+CMD_NAMES = ("ACT", "PRE", "RD", "WR", "REF", "REFsb", "WMODE")
+CMDLOG_COLS = 8  # time_ps, command, channel, pseudo-channel, bank, row, write-queue occupancy, burst index
+
 NEVER = np.int64(2**62)
+LONG_AGO = np.int64(-(2**60))
 STARVATION_PS = 2_000_000  # a request older than 2 us is served before any other
 TXLOG_COLS = 6  # begin_req, end_req, begin_resp, end_resp, channel, initiator
 
@@ -68,52 +104,73 @@ HbmState = namedtuple(
     "HbmState",
     [
         "p",
-        # channel
-        "ch_q", "ch_qn", "ch_cmd_ps", "ch_data_free", "ch_last_write", "ch_refresh_next", "ch_wake",
+        # channel (controller)
+        "ch_q", "ch_qn", "ch_nw", "ch_wmode", "ch_cmd_ps", "ch_wake", "ch_data_free",
         "ch_wait_head", "ch_wait_tail",
-        "ch_bytes", "ch_busy_ps", "ch_nreq", "ch_lat_sum", "ch_lat_hist", "ch_rowstat", "ch_burst_ps", "ch_tccd_ps",
+        "ch_bytes", "ch_busy_ps", "ch_nreq", "ch_lat_sum", "ch_lat_hist", "ch_rowstat",
+        # pseudo-channel ("unit" = channel * pseudo_channels + pc)
+        "u_data_free", "u_last_write", "u_refresh_next", "u_ref_pending", "u_refsb_next", "u_refsb_bank",
+        "u_last_act", "u_faw", "u_faw_i", "u_last_col", "u_bg_last_act", "u_bg_last_col",
+        "u_burst_ps", "u_tccd_ps", "u_tccdl_ps",
         # bank
-        "bk_row", "bk_act_ok", "bk_col_ok", "bk_pre_ok",
+        "bk_row", "bk_act_ok", "bk_col_ok", "bk_pre_ok", "bk_inflight",
         # initiator
         "in_task", "in_next_off", "in_end_off", "in_base", "in_write", "in_pattern", "in_stride",
         "in_outstanding", "in_left", "in_socket_busy", "in_next_issue", "in_last_end_req",
         "in_free", "in_free_top", "in_txn_count",
         # slot (transaction)
-        "sl_addr", "sl_bytes", "sl_ch", "sl_bank", "sl_row", "sl_begin_req", "sl_end_req",
-        "sl_arrive", "sl_wait_next", "sl_seq",
-        # checks and optional log
-        "counters", "txlog",
+        "sl_addr", "sl_bytes", "sl_ch", "sl_unit", "sl_bank", "sl_row", "sl_begin_req", "sl_end_req",
+        "sl_arrive", "sl_wait_next", "sl_seq", "sl_bursts_left", "sl_started", "sl_write", "sl_bg",
+        # checks and optional logs
+        "counters", "txlog", "cmdlog",
     ],
 )
 # counters
-C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, C_TXNS, C_TXLOG_N, C_SEQ = range(5)
+C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, C_TXNS, C_TXLOG_N, C_SEQ, C_CMDLOG_N = range(6)
 
 
-def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0) -> HbmState:
-    """Fresh model state for ``num_initiators`` DMA engines (all banks closed)."""
+def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0, cmdlog_rows: int = 0) -> HbmState:
+    """Fresh model state for ``num_initiators`` DMA engines (all banks closed).
+
+    ``txlog_rows`` / ``cmdlog_rows``: capacity of the transaction log and the command trace
+    (0 = off; a full log stops recording)."""
     c, b, qd, mo = int(p[P_CHANNELS]), int(p[P_BANKS]), int(p[P_QDEPTH]), int(p[P_MAX_OUT])
+    npc, nbg = int(p[P_PCS]), int(p[P_BANK_GROUPS])
+    u = c * npc
+    qcap = qd + int(p[P_WQ_DEPTH])
     ni = num_initiators
     ns = ni * mo
     z = lambda *shape: np.zeros(shape, np.int64)  # noqa: E731
     full = lambda v, *shape: np.full(shape, v, np.int64)  # noqa: E731
     free = np.tile(np.arange(mo, dtype=np.int64), (ni, 1)) + (np.arange(ni, dtype=np.int64) * mo)[:, None]
-    refresh0 = int(p[P_TREFI]) if p[P_TREFI] > 0 else int(NEVER)
+    # the pseudo-channels of a channel refresh staggered by tREFI / pseudo_channels
+    stagger = np.tile(np.arange(npc, dtype=np.int64), c)
+    refi, interval = int(p[P_TREFI]), int(p[P_TREFI]) // b
+    refresh0 = refi + stagger * refi // npc if refi > 0 and not p[P_REFRESH_PER_BANK] else full(int(NEVER), u)
+    refsb0 = interval + stagger * interval // npc if refi > 0 and p[P_REFRESH_PER_BANK] else full(int(NEVER), u)
     return HbmState(
         p=p.copy(),
-        ch_q=full(-1, c, qd), ch_qn=z(c), ch_cmd_ps=z(c), ch_data_free=z(c), ch_last_write=full(-1, c),
-        ch_refresh_next=full(refresh0, c), ch_wake=full(int(NEVER), c),
+        ch_q=full(-1, c, qcap), ch_qn=z(c), ch_nw=z(c), ch_wmode=z(c), ch_cmd_ps=z(c), ch_wake=full(int(NEVER), c),
+        ch_data_free=z(c),
         ch_wait_head=full(-1, c), ch_wait_tail=full(-1, c),
         ch_bytes=z(c), ch_busy_ps=z(c), ch_nreq=z(c), ch_lat_sum=z(c), ch_lat_hist=z(c, LAT_BINS + 1),
-        ch_rowstat=z(c, 3), ch_burst_ps=full(int(p[P_BURST_PS]), c),
-        ch_tccd_ps=full(int(p[P_TCCD]), c),
-        bk_row=full(-1, c, b), bk_act_ok=z(c, b), bk_col_ok=z(c, b), bk_pre_ok=z(c, b),
+        ch_rowstat=z(c, 3),
+        u_data_free=z(u), u_last_write=full(-1, u), u_refresh_next=refresh0, u_ref_pending=full(-1, u),
+        u_refsb_next=refsb0, u_refsb_bank=z(u),
+        u_last_act=full(int(LONG_AGO), u), u_faw=full(int(LONG_AGO), u, 4), u_faw_i=z(u),
+        u_last_col=full(int(LONG_AGO), u), u_bg_last_act=full(int(LONG_AGO), u, nbg),
+        u_bg_last_col=full(int(LONG_AGO), u, nbg),
+        u_burst_ps=full(int(p[P_BURST_PS]), u), u_tccd_ps=full(int(p[P_TCCD]), u),
+        u_tccdl_ps=full(int(p[P_TCCD_L]), u),
+        bk_row=full(-1, u, b), bk_act_ok=z(u, b), bk_col_ok=z(u, b), bk_pre_ok=z(u, b), bk_inflight=z(u, b),
         in_task=full(-1, ni), in_next_off=z(ni), in_end_off=z(ni), in_base=z(ni), in_write=z(ni),
         in_pattern=z(ni), in_stride=z(ni), in_outstanding=z(ni), in_left=z(ni), in_socket_busy=z(ni),
         in_next_issue=z(ni), in_last_end_req=full(-1, ni), in_free=free, in_free_top=full(mo, ni),
         in_txn_count=z(ni),
-        sl_addr=z(ns), sl_bytes=z(ns), sl_ch=z(ns), sl_bank=z(ns), sl_row=z(ns), sl_begin_req=z(ns),
-        sl_end_req=z(ns), sl_arrive=z(ns), sl_wait_next=full(-1, ns), sl_seq=z(ns),
-        counters=z(8), txlog=z(max(txlog_rows, 1), TXLOG_COLS),
+        sl_addr=z(ns), sl_bytes=z(ns), sl_ch=z(ns), sl_unit=z(ns), sl_bank=z(ns), sl_row=z(ns),
+        sl_begin_req=z(ns), sl_end_req=z(ns), sl_arrive=z(ns), sl_wait_next=full(-1, ns), sl_seq=z(ns),
+        sl_bursts_left=z(ns), sl_started=z(ns), sl_write=z(ns), sl_bg=z(ns),
+        counters=z(8), txlog=z(max(txlog_rows, 1), TXLOG_COLS), cmdlog=z(max(cmdlog_rows, 1), CMDLOG_COLS),
     )
 
 
@@ -139,16 +196,39 @@ def _hash64(x):
     return x ^ (x >> 31)
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _split_local(p, local):
+    """(pseudo-channel * banks + bank, row) of a channel-local byte address.
+
+    ``interleave_bytes`` chunks go to the channel's pseudo-channels in turn; within a PC,
+    transaction-sized blocks go to its bank groups in turn (so a stream's consecutive
+    transactions alternate bank groups and tCCD_L is hidden, as HBM controllers map bank
+    group bits low); the blocks of one (PC, bank group) fill a row, then move to the next
+    bank of the group. With one PC and one bank group: consecutive rows, consecutive banks."""
+    il = p[P_INTERLEAVE]
+    npc = p[P_PCS]
+    nbg = p[P_BANK_GROUPS]
+    chunk = local // il
+    pc = chunk % npc
+    in_pc = (chunk // npc) * il + local % il
+    g = p[P_TXN_BYTES]
+    blk = in_pc // g
+    bg = blk % nbg
+    in_bg = (blk // nbg) * g + in_pc % g
+    row_in_bg = in_bg // p[P_ROW_BYTES]
+    per_group = p[P_BANKS] // nbg
+    return pc * p[P_BANKS] + (row_in_bg % per_group) * nbg + bg, row_in_bg // per_group
+
+
 @njit(cache=True, _nrt=False)
 def map_address(p, addr):
-    """(channel, bank, row) of a byte address (channels interleaved every ``interleave_bytes``)."""
+    """(channel, bank, row) of a byte address (channels interleaved every ``interleave_bytes``);
+    ``bank`` counts the banks of all the channel's pseudo-channels (``pc * banks + bank``)."""
     il = p[P_INTERLEAVE]
     chunk = addr // il
     ch = chunk % p[P_CHANNELS]
     local = (chunk // p[P_CHANNELS]) * il + addr % il
-    row_global = local // p[P_ROW_BYTES]
-    bank = row_global % p[P_BANKS]
-    row = row_global // p[P_BANKS]
+    bank, row = _split_local(p, local)
     return ch, bank, row
 
 
@@ -159,8 +239,8 @@ def _route(p, init, addr):
     address being local to it."""
     if p[P_PRIVATE_CHANNELS] == 0:
         return map_address(p, addr)
-    row_global = addr // p[P_ROW_BYTES]
-    return init // p[P_DMA_ENGINES], row_global % p[P_BANKS], row_global // p[P_BANKS]
+    bank, row = _split_local(p, addr)
+    return init // p[P_DMA_ENGINES], bank, row
 
 
 # --- DMA start ---------------------------------------------------------------------------
@@ -236,7 +316,8 @@ def analytical_finish(st, init, addr, nbytes, pattern, stride, now_cycle, period
     for i in range(used):
         share = base + (1 if i < extra else 0)
         start = max(t0 + first_ps - p[P_FRONTEND], st.ch_data_free[ch])
-        busy = np.int64(np.ceil(share * st.ch_burst_ps[ch] / p[P_BURST_BYTES]))
+        # the channel's pseudo-channels together: burst time of one PC / their number
+        busy = np.int64(np.ceil(share * st.u_burst_ps[ch * p[P_PCS]] / (p[P_BURST_BYTES] * p[P_PCS])))
         st.ch_data_free[ch] = start + busy
         st.ch_busy_ps[ch] += busy
         st.ch_bytes[ch] += share
@@ -268,6 +349,22 @@ def _txn_address(st, init):
     return addr, size
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _is_write(st, slot):
+    return st.sl_write[slot]
+
+
+@njit(cache=True, _nrt=False)
+def _room(st, ch, is_write):
+    """Whether the channel's queue for this kind of request has a free entry."""
+    p = st.p
+    if p[P_WQ_DEPTH] == 0:
+        return st.ch_qn[ch] < p[P_QDEPTH]
+    if is_write:
+        return st.ch_nw[ch] < p[P_WQ_DEPTH]
+    return st.ch_qn[ch] - st.ch_nw[ch] < p[P_QDEPTH]
+
+
 @njit(cache=True, _nrt=False)
 def _issue(st, heap, hs, init, t_ps, period_ps):
     """Issue the initiator's next transaction at ``t_ps`` if a tag, the socket and the
@@ -290,20 +387,25 @@ def _issue(st, heap, hs, init, t_ps, period_ps):
     st.in_outstanding[init] += 1
     st.in_socket_busy[init] = 1
     st.in_next_issue[init] = t_ps + p[P_ISSUE_GAP]
-    ch, bank, row = _route(p, init, addr)
+    ch, flat_bank, row = _route(p, init, addr)
     st.sl_addr[slot] = addr
     st.sl_bytes[slot] = size
     st.sl_ch[slot] = ch
-    st.sl_bank[slot] = bank
+    st.sl_unit[slot] = ch * p[P_PCS] + flat_bank // p[P_BANKS]
+    st.sl_bank[slot] = flat_bank % p[P_BANKS]
+    st.sl_bg[slot] = st.sl_bank[slot] % p[P_BANK_GROUPS]
+    st.sl_write[slot] = st.in_write[init]
     st.sl_row[slot] = row
     st.sl_begin_req[slot] = t_ps
     st.sl_end_req[slot] = -1
     st.sl_seq[slot] = st.counters[C_SEQ]
+    st.sl_bursts_left[slot] = (size + p[P_BURST_BYTES] - 1) // p[P_BURST_BYTES]
+    st.sl_started[slot] = 0
     st.counters[C_SEQ] += 1
     if st.in_last_end_req[init] > t_ps:
         st.counters[C_EXCLUSION_VIOLATIONS] += 1
     # BEGIN_REQ reaches the target now
-    if st.ch_qn[ch] < p[P_QDEPTH]:
+    if _room(st, ch, st.in_write[init]):
         _accept(st, heap, hs, slot, t_ps, period_ps)
     else:
         st.sl_wait_next[slot] = -1
@@ -321,11 +423,33 @@ def _accept(st, heap, hs, slot, t_ps, period_ps):
     ch = st.sl_ch[slot]
     st.ch_q[ch, st.ch_qn[ch]] = slot
     st.ch_qn[ch] += 1
+    if _is_write(st, slot):
+        st.ch_nw[ch] += 1
     end_req = t_ps + p[P_ACCEPT]
     st.sl_end_req[slot] = end_req
     st.sl_arrive[slot] = max(st.sl_begin_req[slot] + p[P_FRONTEND], t_ps)
     heap_push(heap, hs, to_cycle(end_req, period_ps), EV_MEM_END_REQ, slot)
     _wake(st, heap, hs, ch, st.sl_arrive[slot], period_ps)
+
+
+@njit(cache=True, _nrt=False)
+def _admit_waiting(st, heap, hs, ch, t_ps, period_ps):
+    """Queue entries freed: admit the oldest waiting requests that now fit."""
+    prev = -1
+    w = st.ch_wait_head[ch]
+    while w >= 0:
+        nxt = st.sl_wait_next[w]
+        if _room(st, ch, _is_write(st, w)):
+            if prev >= 0:
+                st.sl_wait_next[prev] = nxt
+            else:
+                st.ch_wait_head[ch] = nxt
+            if st.ch_wait_tail[ch] == w:
+                st.ch_wait_tail[ch] = prev
+            _accept(st, heap, hs, w, t_ps, period_ps)
+        else:
+            prev = w
+        w = nxt
 
 
 @njit(cache=True, _nrt=False)
@@ -337,127 +461,311 @@ def _wake(st, heap, hs, ch, t_ps, period_ps):
         heap_push(heap, hs, to_cycle(t, period_ps), EV_MEM_SCHED, ch)
 
 
+@njit(cache=True, _nrt=False)
+def _log_cmd(st, t, cmd, ch, unit, bank, row, burst=0):
+    n = st.counters[C_CMDLOG_N]
+    if st.cmdlog.shape[0] > 1 and n < st.cmdlog.shape[0]:
+        st.cmdlog[n, 0] = t
+        st.cmdlog[n, 1] = cmd
+        st.cmdlog[n, 2] = ch
+        st.cmdlog[n, 3] = unit % st.p[P_PCS]
+        st.cmdlog[n, 4] = bank
+        st.cmdlog[n, 5] = row
+        st.cmdlog[n, 6] = st.ch_nw[ch]
+        st.cmdlog[n, 7] = burst
+        st.counters[C_CMDLOG_N] = n + 1
+
+
 # --- controller side ---------------------------------------------------------------------
 
-@njit(cache=True, _nrt=False)
-def _earliest_column(st, ch, slot):
-    """When ``slot``'s first column command could issue, from its bank's state."""
+@njit(cache=True, _nrt=False, inline="always")
+def _act_time(st, u, bank, bg, t):
+    """Earliest ACT at or after ``t`` on ``bank`` of pseudo-channel ``u``: tRC (and refresh)
+    on the bank, tRRD_L in its bank group, tRRD_S and the four-ACT tFAW window on the PC,
+    and no earlier than the PC's last ACT (ACTs issue in commit order)."""
     p = st.p
+    a = max(t, st.bk_act_ok[u, bank])
+    a = max(a, st.u_last_act[u] + p[P_TRRD_S])
+    a = max(a, st.u_bg_last_act[u, bg] + p[P_TRRD_L])
+    if p[P_TFAW] > 0:
+        a = max(a, st.u_faw[u, st.u_faw_i[u]] + p[P_TFAW])  # the oldest of the last four
+    return max(a, st.u_last_act[u])
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _next_burst(st, slot, t):
+    """(column, act, pre) times for ``slot``'s next burst decided at ``t`` (act/pre -1 when
+    not needed); column NEVER when it may not start now (its bank is being kept open for
+    another transaction, or a refresh waits for the bank)."""
+    p = st.p
+    u = st.sl_unit[slot]
     bank = st.sl_bank[slot]
-    open_row = st.bk_row[ch, bank]
-    if open_row == st.sl_row[slot]:
-        return st.bk_col_ok[ch, bank]
-    if open_row < 0:
-        return st.bk_act_ok[ch, bank] + p[P_TRCD]
-    return max(st.bk_pre_ok[ch, bank] + p[P_TRP], st.bk_act_ok[ch, bank]) + p[P_TRCD]
+    bg = st.sl_bg[slot]
+    w = st.sl_write[slot]
+    lat = p[P_TWL] if w else p[P_TCL]
+    act = np.int64(-1)
+    pre = np.int64(-1)
+    if st.sl_started[slot]:
+        col = max(t, st.bk_col_ok[u, bank])
+    else:
+        pend = st.u_ref_pending[u]
+        if pend >= 0 and (pend == bank or pend >= p[P_BANKS]):
+            return NEVER, act, pre
+        open_row = st.bk_row[u, bank]
+        trcd = p[P_TRCDWR] if w else p[P_TRCD]
+        if open_row == st.sl_row[slot]:
+            col = max(t, st.bk_col_ok[u, bank])
+        elif open_row < 0:
+            act = _act_time(st, u, bank, bg, t)
+            col = act + trcd
+        else:
+            if st.bk_inflight[u, bank] > 0:
+                return NEVER, act, pre
+            pre = max(t, st.bk_pre_ok[u, bank])
+            act = _act_time(st, u, bank, bg, pre + p[P_TRP])
+            col = act + trcd
+    col = max(col, st.u_bg_last_col[u, bg] + st.u_tccdl_ps[u])
+    col = max(col, st.u_last_col[u] + st.u_tccd_ps[u])
+    col = max(col, st.u_data_free[u] - lat)
+    last = st.u_last_write[u]
+    if last >= 0 and last != w:
+        # bus turnaround: read->write needs tRTW after the last read data, write->read tWTR
+        col = max(col, st.u_data_free[u] + (p[P_TRTW] if w else p[P_TWTR]) - lat)
+    return col, act, pre
 
 
 @njit(cache=True, _nrt=False)
 def _pick(st, ch, t_ps):
-    """FR-FCFS with bank awareness: among requests arrived by ``t_ps``, the one whose
-    column command can issue first (row hits and idle banks win), oldest on ties; a
-    request waiting longer than ``STARVATION_PS`` is served first. -1 if none arrived."""
-    best, best_col, best_seq = -1, NEVER, NEVER
+    """FR-FCFS with bank awareness, one burst at a time (see module docstring). -1 if no
+    request may issue now."""
+    p = st.p
+    wq = p[P_WQ_DEPTH] > 0
+    mode = st.ch_wmode[ch]
+    best_c, best_c_col, best_c_seq = -1, NEVER, NEVER  # transactions in progress
+    best_f, best_f_col, best_f_seq = -1, NEVER, NEVER  # new transactions
     oldest, oldest_seq = -1, NEVER
+    horizon = t_ps + p[P_LOOKAHEAD]
     for i in range(st.ch_qn[ch]):
         slot = st.ch_q[ch, i]
         if st.sl_arrive[slot] > t_ps:
             continue
+        if st.u_data_free[st.sl_unit[slot]] > horizon:
+            continue  # its data bus is busy beyond the look-ahead horizon
+        started = st.sl_started[slot]
+        if wq and not started and st.sl_write[slot] != mode:
+            continue  # a write drain is not interrupted, even by a starving read (it is bounded)
         seq = st.sl_seq[slot]
+        # a lower bound of its column time (bus, tCCD_S) skips the full computation when it
+        # cannot win its category (speed only: the choice is the same)
+        u = st.sl_unit[slot]
+        lb = max(t_ps, st.u_data_free[u] - (p[P_TWL] if st.sl_write[slot] else p[P_TCL]),
+                 st.u_last_col[u] + st.u_tccd_ps[u])
+        if started:
+            loses = lb > best_c_col or (lb == best_c_col and seq > best_c_seq)
+        else:
+            loses = lb > best_f_col or (lb == best_f_col and seq > best_f_seq)
+        if loses and seq >= oldest_seq:
+            continue
+        col, _, _ = _next_burst(st, slot, t_ps)
+        if col >= NEVER:
+            continue
         if seq < oldest_seq:
             oldest, oldest_seq = i, seq
-        col = max(t_ps, _earliest_column(st, ch, slot))
-        if col < best_col or (col == best_col and seq < best_seq):
-            best, best_col, best_seq = i, col, seq
+        if started:
+            if col < best_c_col or (col == best_c_col and seq < best_c_seq):
+                best_c, best_c_col, best_c_seq = i, col, seq
+        elif col < best_f_col or (col == best_f_col and seq < best_f_seq):
+            best_f, best_f_col, best_f_seq = i, col, seq
     if oldest >= 0 and t_ps - st.sl_arrive[st.ch_q[ch, oldest]] > STARVATION_PS:
         return oldest
-    return best
+    if best_c < 0:
+        return best_f
+    if best_f < 0:
+        return best_c
+    if best_f_col < best_c_col:
+        return best_f
+    # a new transaction in another bank group (or PC) that can go within one burst time of the
+    # transaction in progress goes first: its bursts fill the tCCD_L gaps between the other's
+    sc, sf = st.ch_q[ch, best_c], st.ch_q[ch, best_f]
+    other = st.sl_unit[sc] != st.sl_unit[sf] or st.sl_bg[sc] != st.sl_bg[sf]
+    opens = st.bk_row[st.sl_unit[sf], st.sl_bank[sf]] != st.sl_row[sf]  # it needs an ACT
+    if other and opens and best_f_col < best_c_col + st.u_burst_ps[st.sl_unit[sc]]:
+        return best_f  # (at one burst time or later the other's burst does not delay it)
+    return best_c
 
 
 @njit(cache=True, _nrt=False)
-def _refresh(st, ch, t_ps):
-    """All-bank refresh due by ``t_ps``: precharge all, block the channel for tRFC.
-
-    Refreshes that fell due while the channel was idle happened on time and cost
-    nothing now; only the latest due one is placed (it may still be in progress)."""
+def _update_write_mode(st, ch, t_ps):
+    """Write-queue drain policy: to writes at the high watermark (or when no read waits),
+    back to reads at the low watermark if a read waits (or when no write is left)."""
     p = st.p
-    nb = p[P_BANKS]
-    missed = (t_ps - st.ch_refresh_next[ch]) // p[P_TREFI]
-    due = st.ch_refresh_next[ch] + missed * p[P_TREFI]
-    start = max(due, st.ch_data_free[ch])
-    for b in range(nb):
-        start = max(start, st.bk_pre_ok[ch, b])
+    nw = st.ch_nw[ch]
+    reads_waiting = False
+    for i in range(st.ch_qn[ch]):
+        slot = st.ch_q[ch, i]
+        if st.sl_arrive[slot] <= t_ps and not _is_write(st, slot):
+            reads_waiting = True
+            break
+    if st.ch_wmode[ch] == 0:
+        if nw >= p[P_WQ_HIGH] or (nw > 0 and not reads_waiting):
+            st.ch_wmode[ch] = 1
+            _log_cmd(st, t_ps, CMD_WMODE, ch, ch * p[P_PCS], -1, 1)
+    elif nw == 0 or (nw <= p[P_WQ_LOW] and reads_waiting):
+        st.ch_wmode[ch] = 0
+        _log_cmd(st, t_ps, CMD_WMODE, ch, ch * p[P_PCS], -1, 0)
+
+
+@njit(cache=True, _nrt=False)
+def _refresh_all(st, ch, u, t_ps):
+    """All-bank refresh of pseudo-channel ``u`` due by ``t_ps``: precharge all, the banks
+    closed for tRP + tRFC. Refreshes that fell due while idle happened on time and cost
+    nothing now; only the latest due one is placed."""
+    p = st.p
+    missed = (t_ps - st.u_refresh_next[u]) // p[P_TREFI]
+    due = st.u_refresh_next[u] + missed * p[P_TREFI]
+    start = max(due, st.u_data_free[u])
+    for b in range(p[P_BANKS]):
+        start = max(start, st.bk_pre_ok[u, b])
     done = start + p[P_TRP] + p[P_TRFC]
-    for b in range(nb):
-        st.bk_row[ch, b] = -1
-        st.bk_act_ok[ch, b] = max(st.bk_act_ok[ch, b], done)
-    st.ch_cmd_ps[ch] = max(st.ch_cmd_ps[ch], done)
-    st.ch_refresh_next[ch] = due + p[P_TREFI]
+    for b in range(p[P_BANKS]):
+        st.bk_row[u, b] = -1
+        st.bk_act_ok[u, b] = max(st.bk_act_ok[u, b], done)
+    st.u_refresh_next[u] = due + p[P_TREFI]
+    _log_cmd(st, start + p[P_TRP], CMD_REF, ch, u, -1, -1)  # after the precharge-all at ``start``
+
+
+@njit(cache=True, _nrt=False)
+def _refresh_bank(st, ch, u, t_ps):
+    """Per-bank refresh due by ``t_ps`` on the next bank (round robin) of ``u``: that bank
+    is closed for tRP (if open) + tRFCsb; the others are untouched."""
+    p = st.p
+    interval = p[P_TREFI] // p[P_BANKS]
+    missed = (t_ps - st.u_refsb_next[u]) // interval
+    due = st.u_refsb_next[u] + missed * interval
+    b = (st.u_refsb_bank[u] + missed) % p[P_BANKS]
+    start = max(due, st.bk_pre_ok[u, b])
+    if st.bk_row[u, b] >= 0:
+        _log_cmd(st, start, CMD_PRE, ch, u, b, st.bk_row[u, b])
+        start += p[P_TRP]
+    done = start + p[P_TRFCSB]
+    st.bk_row[u, b] = -1
+    st.bk_act_ok[u, b] = max(st.bk_act_ok[u, b], done)
+    st.u_refsb_bank[u] = (b + 1) % p[P_BANKS]
+    st.u_refsb_next[u] = due + interval
+    _log_cmd(st, start, CMD_REFSB, ch, u, b, -1)
+
+
+@njit(cache=True, _nrt=False)
+def _refreshes(st, ch, t_ps):
+    """Place the refreshes due on the channel's pseudo-channels (a refresh whose bank has a
+    transaction in progress is marked pending: no new transaction starts there)."""
+    p = st.p
+    npc = p[P_PCS]
+    for k in range(npc):
+        u = ch * npc + k
+        if p[P_REFRESH_PER_BANK]:
+            if t_ps >= st.u_refsb_next[u]:
+                interval = p[P_TREFI] // p[P_BANKS]
+                missed = (t_ps - st.u_refsb_next[u]) // interval
+                b = (st.u_refsb_bank[u] + missed) % p[P_BANKS]
+                if st.bk_inflight[u, b] == 0:
+                    _refresh_bank(st, ch, u, t_ps)
+                    st.u_ref_pending[u] = -1
+                else:
+                    st.u_ref_pending[u] = b
+        elif t_ps >= st.u_refresh_next[u]:
+            busy = False
+            for b in range(p[P_BANKS]):
+                if st.bk_inflight[u, b] > 0:
+                    busy = True
+                    break
+            if busy:
+                st.u_ref_pending[u] = p[P_BANKS]
+            else:
+                _refresh_all(st, ch, u, t_ps)
+                st.u_ref_pending[u] = -1
 
 
 @njit(cache=True, _nrt=False)
 def _serve(st, heap, hs, ch, idx, t_ps, period_ps):
-    """Commit the queued request at ``idx``: issue its commands, reserve the data bus,
-    schedule its response; free its queue entry (admitting a waiting request)."""
+    """Commit the next burst of the queued request at ``idx``: its PRE/ACT (first burst),
+    its column command and data; after its last burst free its queue entry (admitting
+    waiting requests) and schedule its response."""
     p = st.p
     slot = st.ch_q[ch, idx]
+    u = st.sl_unit[slot]
+    bank, row = st.sl_bank[slot], st.sl_row[slot]
+    bg = st.sl_bg[slot]
+    w = st.sl_write[slot]
+    col, act, pre = _next_burst(st, slot, t_ps)
+    if not st.sl_started[slot]:
+        open_row = st.bk_row[u, bank]
+        if open_row == row:
+            st.ch_rowstat[ch, 0] += 1
+        else:
+            if open_row < 0:
+                st.ch_rowstat[ch, 1] += 1
+            else:
+                st.ch_rowstat[ch, 2] += 1
+                _log_cmd(st, pre, CMD_PRE, ch, u, bank, open_row)
+            _log_cmd(st, act, CMD_ACT, ch, u, bank, row)
+            st.bk_row[u, bank] = row
+            st.bk_pre_ok[u, bank] = act + p[P_TRAS]
+            st.bk_act_ok[u, bank] = act + p[P_TRC]
+            st.bk_col_ok[u, bank] = act + (p[P_TRCDWR] if w else p[P_TRCD])
+            st.u_last_act[u] = act
+            st.u_bg_last_act[u, bg] = act
+            st.u_faw[u, st.u_faw_i[u]] = act
+            st.u_faw_i[u] = (st.u_faw_i[u] + 1) % 4
+        st.sl_started[slot] = 1
+        st.bk_inflight[u, bank] += 1
+    lat = p[P_TWL] if w else p[P_TCL]
+    burst = st.u_burst_ps[u]
+    data_end = col + lat + burst
+    st.u_data_free[u] = data_end
+    st.ch_busy_ps[ch] += burst
+    st.u_last_col[u] = col
+    st.u_bg_last_col[u, bg] = col
+    st.u_last_write[u] = w
+    if w:
+        st.bk_pre_ok[u, bank] = max(st.bk_pre_ok[u, bank], data_end + p[P_TWR])
+    else:
+        st.bk_pre_ok[u, bank] = max(st.bk_pre_ok[u, bank], col + p[P_TRTP])
+    nbursts = (st.sl_bytes[slot] + p[P_BURST_BYTES] - 1) // p[P_BURST_BYTES]
+    _log_cmd(st, col, CMD_WR if w else CMD_RD, ch, u, bank, row, nbursts - st.sl_bursts_left[slot])
+    st.sl_bursts_left[slot] -= 1
+    if st.sl_bursts_left[slot] > 0:
+        return
+    # last burst: the transaction leaves the queue
     for i in range(idx, st.ch_qn[ch] - 1):
         st.ch_q[ch, i] = st.ch_q[ch, i + 1]
     st.ch_qn[ch] -= 1
     st.ch_q[ch, st.ch_qn[ch]] = -1
-
-    bank, row = st.sl_bank[slot], st.sl_row[slot]
-    is_write = st.in_write[slot // p[P_MAX_OUT]]
-    open_row = st.bk_row[ch, bank]
-    if open_row == row:
-        col = max(t_ps, st.bk_col_ok[ch, bank])
-        st.ch_rowstat[ch, 0] += 1
-    else:
-        if open_row < 0:
-            act = max(t_ps, st.bk_act_ok[ch, bank])
-            st.ch_rowstat[ch, 1] += 1
-        else:
-            pre = max(t_ps, st.bk_pre_ok[ch, bank])
-            act = max(pre + p[P_TRP], st.bk_act_ok[ch, bank])
-            st.ch_rowstat[ch, 2] += 1
-        st.bk_row[ch, bank] = row
-        st.bk_pre_ok[ch, bank] = act + p[P_TRAS]
-        col = act + p[P_TRCD]
-    lat = p[P_TWL] if is_write else p[P_TCL]
-    last = st.ch_last_write[ch]
-    if last >= 0 and last != is_write:
-        # bus turnaround: read->write needs tRTW after the last read data, write->read tWTR
-        col = max(col, st.ch_data_free[ch] + (p[P_TRTW] if is_write else p[P_TWTR]) - lat)
-    nbursts = (st.sl_bytes[slot] + p[P_BURST_BYTES] - 1) // p[P_BURST_BYTES]
-    data_end = 0
-    burst_ps = st.ch_burst_ps[ch]
-    for _ in range(nbursts):
-        col = max(col, st.ch_data_free[ch] - lat)
-        data_start = col + lat
-        data_end = data_start + burst_ps
-        st.ch_data_free[ch] = data_end
-        st.ch_busy_ps[ch] += burst_ps
-        col += st.ch_tccd_ps[ch]
-    st.bk_col_ok[ch, bank] = col
-    if is_write:
-        st.bk_pre_ok[ch, bank] = max(st.bk_pre_ok[ch, bank], data_end + p[P_TWR])
-    st.ch_last_write[ch] = is_write
-    st.ch_cmd_ps[ch] = max(t_ps + p[P_TCK], st.ch_data_free[ch] - p[P_LOOKAHEAD])
+    if w:
+        st.ch_nw[ch] -= 1
+    st.bk_inflight[u, bank] -= 1
     resp = data_end + p[P_FRONTEND]
     heap_push(heap, hs, to_cycle(resp, period_ps), EV_MEM_RESP, slot)
     st.sl_arrive[slot] = resp  # reused: BEGIN_RESP time
-    # a queue entry is free: admit the oldest request waiting for END_REQ
-    w = st.ch_wait_head[ch]
-    if w >= 0:
-        st.ch_wait_head[ch] = st.sl_wait_next[w]
-        if st.ch_wait_head[ch] < 0:
-            st.ch_wait_tail[ch] = -1
-        _accept(st, heap, hs, w, t_ps, period_ps)
+    _admit_waiting(st, heap, hs, ch, t_ps, period_ps)
+
+
+@njit(cache=True, _nrt=False)
+def _next_wake(st, ch, t_ps):
+    """When a request of the channel may next be eligible: its arrival and its PC's
+    look-ahead horizon; at least one tCK on."""
+    p = st.p
+    first = NEVER
+    for i in range(st.ch_qn[ch]):
+        slot = st.ch_q[ch, i]
+        first = min(first, max(st.sl_arrive[slot], st.u_data_free[st.sl_unit[slot]] - p[P_LOOKAHEAD]))
+    return max(first, t_ps + p[P_TCK])
 
 
 @njit(cache=True, _nrt=False)
 def _schedule(st, heap, hs, ch, now_cycle, period_ps):
     """Run the channel scheduler at the current time; re-arm its wake-up."""
+    p = st.p
     t = to_ps(now_cycle, period_ps)
     if st.ch_wake[ch] <= t:
         st.ch_wake[ch] = NEVER
@@ -466,15 +774,20 @@ def _schedule(st, heap, hs, ch, now_cycle, period_ps):
         if t_dec > t:
             _wake(st, heap, hs, ch, t_dec, period_ps)
             return
-        if t >= st.ch_refresh_next[ch]:
-            _refresh(st, ch, t)
-            continue
+        _refreshes(st, ch, t)
+        # every data bus of the channel beyond the look-ahead horizon: nothing may issue yet
+        npc = p[P_PCS]
+        free = NEVER
+        for k in range(npc):
+            free = min(free, st.u_data_free[ch * npc + k])
+        if free - p[P_LOOKAHEAD] > t:
+            _wake(st, heap, hs, ch, free - p[P_LOOKAHEAD], period_ps)
+            return
+        if p[P_WQ_DEPTH] > 0:
+            _update_write_mode(st, ch, t)
         idx = _pick(st, ch, t)
         if idx < 0:
-            first = NEVER
-            for i in range(st.ch_qn[ch]):
-                first = min(first, st.sl_arrive[st.ch_q[ch, i]])
-            _wake(st, heap, hs, ch, first, period_ps)
+            _wake(st, heap, hs, ch, _next_wake(st, ch, t), period_ps)
             return
         _serve(st, heap, hs, ch, idx, t, period_ps)
 

@@ -19,8 +19,11 @@ from npusim.arch.schema import Arch
     P_TRCD, P_TCL, P_TRP, P_TRAS, P_TCCD, P_TWL, P_TWR, P_TWTR, P_TRTW, P_TREFI, P_TRFC,
     P_FRONTEND, P_ACCEPT, P_TCK, P_TXN_BYTES, P_MAX_OUT, P_ISSUE_GAP, P_MODE, P_LOOKAHEAD,
     P_CAPACITY_BYTES, P_LAT_BIN_PS, P_PRIVATE_CHANNELS, P_DMA_ENGINES,
-) = range(30)
-N_PARAMS = 30
+    # bank groups, activation limits, pseudo-channels, per-bank refresh, write queue
+    P_PCS, P_BANK_GROUPS, P_TCCD_L, P_TRRD_S, P_TRRD_L, P_TFAW, P_TRC, P_TRCDWR, P_TRTP,
+    P_REFRESH_PER_BANK, P_TRFCSB, P_WQ_DEPTH, P_WQ_HIGH, P_WQ_LOW,
+) = range(44)
+N_PARAMS = 44
 
 MODE_TLM, MODE_ANALYTICAL = 0, 1
 MODES = {"tlm": MODE_TLM, "analytical": MODE_ANALYTICAL}
@@ -43,16 +46,25 @@ def memory_params(arch: Arch, mode: str = "tlm", transaction_bytes: int | None =
         return int(round(hbm.timing_cycles(name) * tck_ps))
 
     p[P_CHANNELS] = hbm.channels
-    p[P_BANKS] = hbm.banks
+    p[P_BANKS] = hbm.banks  # per pseudo-channel
+    p[P_PCS] = hbm.pseudo_channels
+    p[P_BANK_GROUPS] = hbm.bank_groups
     p[P_QDEPTH] = hbm.request_queue_depth
     p[P_INTERLEAVE] = hbm.interleave_bytes
     p[P_ROW_BYTES] = hbm.row_bytes
     p[P_BURST_BYTES] = hbm.burst_bytes
-    p[P_BURST_PS] = int(round(hbm.burst_bytes / hbm.bandwidth_per_channel_gbps * 1000.0))
+    # one burst on one pseudo-channel's data bus
+    p[P_BURST_PS] = int(round(hbm.burst_bytes * hbm.pseudo_channels / hbm.bandwidth_per_channel_gbps * 1000.0))
     for idx, name in ((P_TRCD, "tRCD"), (P_TCL, "tCL"), (P_TRP, "tRP"), (P_TRAS, "tRAS"), (P_TCCD, "tCCD"),
                       (P_TWL, "tWL"), (P_TWR, "tWR"), (P_TWTR, "tWTR"), (P_TRTW, "tRTW"),
-                      (P_TREFI, "tREFI"), (P_TRFC, "tRFC")):
+                      (P_TREFI, "tREFI"), (P_TRFC, "tRFC"), (P_TCCD_L, "tCCD_L"), (P_TRRD_S, "tRRD_S"),
+                      (P_TRRD_L, "tRRD_L"), (P_TFAW, "tFAW"), (P_TRC, "tRC"), (P_TRCDWR, "tRCDWR"),
+                      (P_TRTP, "tRTP"), (P_TRFCSB, "tRFCsb")):
         p[idx] = cyc(name)
+    p[P_REFRESH_PER_BANK] = int(hbm.refresh == "per_bank")
+    p[P_WQ_DEPTH] = hbm.write_queue_depth
+    p[P_WQ_HIGH] = hbm.write_high_watermark if hbm.write_queue_depth else 0
+    p[P_WQ_LOW] = hbm.write_low_watermark if hbm.write_queue_depth else 0
     p[P_FRONTEND] = int(round(hbm.frontend_latency_ns * 1000.0))
     p[P_TCK] = int(round(tck_ps))
     p[P_ACCEPT] = p[P_TCK]

@@ -1,0 +1,268 @@
+"""HBM timing detail: every DRAM constraint checked on the model's command trace, the write queue,
+per-bank refresh, pseudo-channels, the presets and the analytical bound of ``npusim mem``."""
+
+import json
+
+import numpy as np
+import pytest
+
+from npusim.arch.schema import Arch, merge_arch_data
+from npusim.config import ConfigError
+from npusim.hw.memory.hbm import (
+    C_CMDLOG_N, CMD_ACT, CMD_PRE, CMD_RD, CMD_REF, CMD_REFSB, CMD_WMODE, CMD_WR, PATTERN_LINEAR, PATTERN_RANDOM,
+)
+from npusim.sim import Simulator
+from npusim.sim.memory_probe import measure_memory
+
+TCK_PS = 1000
+# 1 GHz core, tCK 1 ns: trace times / 1000 are tCK cycles
+BASE = {
+    "name": "hbm-t",
+    "clock_ghz": 1.0,
+    "cores": {"grid": {"width": 2, "height": 2}, "systolic_array": {"rows": 8, "cols": 8},
+              "vector_unit": {"lanes": 16}, "sram": {"capacity_mb": 1},
+              "dma": {"engines": 2, "max_outstanding": 16, "transaction_bytes": 64}},
+    "hbm": {"channels": 2, "capacity_gb": 1, "attach": "edge", "tck_ns": 1.0, "bus_width_bits": 64,
+            "burst_length": 4, "pseudo_channels": 2, "banks": 8, "bank_groups": 4, "row_bytes": 1024,
+            "request_queue_depth": 32, "interleave_bytes": 256, "frontend_latency_ns": 5,
+            "timing": {"tRCD": 14, "tCL": 14, "tRP": 14, "tRAS": 33, "tRC": 47, "tCCD": 2, "tCCD_L": 4,
+                       "tRRD_S": 4, "tRRD_L": 6, "tFAW": 20, "tWL": 4, "tWR": 16, "tWTR": 8, "tRTW": 4,
+                       "tREFI": 3900, "tRFC": 260, "tRFCsb": 96}},
+}
+
+
+def _arch(**hbm) -> Arch:
+    return Arch.model_validate(merge_arch_data(BASE, {"hbm": hbm}))
+
+
+def _trace(arch: Arch, pattern=PATTERN_RANDOM, nbytes=64 * 1024, write_every=0, write_pattern=None):
+    """Run every DMA engine over ``nbytes`` each; return the command trace sorted by time."""
+    sim = Simulator(arch, cmdlog_rows=1_000_000)
+    n = arch.num_cores * arch.cores.dma.engines
+    for i in range(n):
+        write = bool(write_every) and i % write_every == 0
+        pat = write_pattern if (write and write_pattern is not None) else pattern
+        sim.add_dma(i // 2, nbytes, address=i * nbytes, dma_engine=i % 2, write=write, pattern=pat)
+    sim.run()
+    log = sim.mem.cmdlog[: sim.mem.counters[C_CMDLOG_N]]
+    assert len(log) < sim.mem.cmdlog.shape[0], "trace full"
+    assert sim.memory_checks() == {"exclusion_rule_violations": 0, "phase_order_violations": 0}
+    return log[np.argsort(log[:, 0], kind="stable")], sim
+
+
+def _acts_per_pc(log):
+    acts = log[log[:, 1] == CMD_ACT]
+    for ch in np.unique(acts[:, 2]):
+        for pc in np.unique(acts[:, 3]):
+            yield acts[(acts[:, 2] == ch) & (acts[:, 3] == pc)]
+
+
+def _min_gaps(arch):
+    """(min ACT gap across bank groups, min within a group, min span of 5 ACTs) over all PCs."""
+    log, _ = _trace(arch)
+    nbg = arch.hbm.bank_groups
+    any_gap = same_bg = faw = np.inf
+    for a in _acts_per_pc(log):
+        t = a[:, 0]
+        any_gap = min(any_gap, np.diff(t).min())
+        for g in range(nbg):
+            tg = t[a[:, 4] % nbg == g]
+            if len(tg) > 1:
+                same_bg = min(same_bg, np.diff(tg).min())
+        if len(t) >= 5:
+            faw = min(faw, (t[4:] - t[:-4]).min())
+    return any_gap / TCK_PS, same_bg / TCK_PS, faw / TCK_PS
+
+
+def test_act_spacing_trrd_s_trrd_l_and_tfaw_hold_and_bind():
+    """No two ACTs of a PC closer than tRRD_S, of one bank group closer than tRRD_L, never more
+    than four ACTs in any tFAW window; and each limit is reached (so it is what spaces them)."""
+    any_gap, same_bg, faw = _min_gaps(_arch())
+    assert any_gap == 4 and same_bg == 6 and faw == 20
+    # without the limits the same workload puts ACTs closer: the checks above can fail
+    t = dict(BASE["hbm"]["timing"], tRRD_S=0, tRRD_L=0, tFAW=0)
+    any_gap, same_bg, faw = _min_gaps(_arch(timing=t))
+    assert any_gap < 4 and same_bg < 6 and faw < 20
+
+
+def test_tccd_l_within_a_bank_group_and_tccd_s_across():
+    log, _ = _trace(_arch(), pattern=PATTERN_LINEAR, nbytes=32 * 1024)
+    cols = log[np.isin(log[:, 1], (CMD_RD, CMD_WR))]
+    seen_s = seen_l = False
+    for ch in (0, 1):
+        for pc in (0, 1):
+            c = cols[(cols[:, 2] == ch) & (cols[:, 3] == pc)]
+            assert (np.diff(c[:, 0]) >= 2 * TCK_PS).all()
+            seen_s |= bool((np.diff(c[:, 0]) == 2 * TCK_PS).any())
+            for g in range(4):
+                tg = c[c[:, 4] % 4 == g, 0]
+                assert (np.diff(tg) >= 4 * TCK_PS).all()
+                seen_l |= bool((np.diff(tg) == 4 * TCK_PS).any())
+    assert seen_s and seen_l
+
+
+def test_trc_and_trp_on_a_bank():
+    log, _ = _trace(_arch())
+    for ch in (0, 1):
+        for pc in (0, 1):
+            for b in range(8):
+                sel = (log[:, 2] == ch) & (log[:, 3] == pc) & (log[:, 4] == b)
+                acts = log[sel & (log[:, 1] == CMD_ACT), 0]
+                assert (np.diff(acts) >= 47 * TCK_PS).all()
+                pres = log[sel & (log[:, 1] == CMD_PRE), 0]
+                # every ACT after a PRE on the bank waits tRP
+                for tp in pres:
+                    nxt = acts[acts > tp]
+                    if len(nxt):
+                        assert nxt[0] - tp >= 14 * TCK_PS
+
+
+def test_per_bank_refresh_blocks_only_its_bank():
+    arch = _arch(refresh="per_bank", timing=dict(BASE["hbm"]["timing"], tREFI=800))
+    log, _ = _trace(arch, nbytes=128 * 1024)
+    refs = log[log[:, 1] == CMD_REFSB]
+    assert len(refs) >= 20 and not (log[:, 1] == CMD_REF).any()
+    others_busy = 0
+    for t, _, ch, pc, bank, *_ in refs:
+        window = (log[:, 0] >= t) & (log[:, 0] < t + 96 * TCK_PS) & (log[:, 2] == ch) & (log[:, 3] == pc)
+        cmds = np.isin(log[:, 1], (CMD_ACT, CMD_RD, CMD_WR))
+        assert not (window & cmds & (log[:, 4] == bank)).any()  # its bank: nothing
+        others_busy += int((window & cmds & (log[:, 4] != bank)).any())  # the others keep working
+    assert others_busy >= 0.8 * len(refs)
+    # the refreshed banks go round robin over the PC's banks
+    one = refs[(refs[:, 2] == 0) & (refs[:, 3] == 0), 4]
+    assert (np.diff(one) % 8 != 0).all()
+
+
+def test_all_bank_refresh_blocks_the_whole_pseudo_channel_only():
+    arch = _arch(timing=dict(BASE["hbm"]["timing"], tREFI=1500))
+    log, _ = _trace(arch, nbytes=128 * 1024)
+    refs = log[log[:, 1] == CMD_REF]
+    assert len(refs) >= 4
+    other_pc = 0
+    for t, _, ch, pc, *_ in refs:
+        cmds = np.isin(log[:, 1], (CMD_ACT, CMD_RD, CMD_WR)) & (log[:, 0] >= t) & (log[:, 0] < t + 260 * TCK_PS)
+        assert not (cmds & (log[:, 2] == ch) & (log[:, 3] == pc)).any()
+        other_pc += int((cmds & (log[:, 2] == ch) & (log[:, 3] != pc)).any())
+    assert other_pc >= 0.8 * len(refs)
+
+
+def test_write_queue_drains_between_watermarks():
+    """Reads always waiting, one DMA engine writing: writes go in batches that start at the high
+    watermark and stop at the low one (the trace in commit order: the scheduler's decisions)."""
+    arch = Arch.model_validate(merge_arch_data(BASE, {
+        "cores": {"dma": {"max_outstanding": 8}},
+        "hbm": {"channels": 1, "write_queue_depth": 8, "write_high_watermark": 6, "write_low_watermark": 2}}))
+    _, sim = _trace(arch, nbytes=64 * 1024, write_every=8)
+    log = sim.mem.cmdlog[: sim.mem.counters[C_CMDLOG_N]]  # commit order: the scheduler's decisions
+    log = log[np.isin(log[:, 1], (CMD_RD, CMD_WR, CMD_WMODE)) & (log[:, 7] == 0)]  # modes, transactions
+    modes = np.flatnonzero(log[:, 1] == CMD_WMODE)
+    last_read = np.flatnonzero(log[:, 1] == CMD_RD)[-1]
+    batches = [(a, b) for a, b in zip(modes[:-1], modes[1:]) if log[a, 5] == 1 and b < last_read]
+    assert len(batches) >= 50
+    at_high, sizes = 0, []
+    for a, b in batches:
+        assert log[b, 5] == 0 and log[b, 6] <= 2  # back to reads once down to the low watermark
+        inside = log[a + 1:b, 1]
+        assert (inside == CMD_WR).all()  # writes only while draining
+        assert len(inside) >= 1 or log[a, 6] < 6  # (a switch for want of reads may find them back at once)
+        sizes.append(len(inside))
+        at_high += int(log[a, 6] >= 6)
+    assert at_high >= 0.9 * len(batches)  # began at the high watermark (else: no read was waiting)
+    # a batch takes the queue from high to low (a write begun in the batch before may finish it)
+    assert np.mean(sizes) >= 6 - 2 - 1
+
+
+def test_without_write_queue_reads_and_writes_share_one_queue():
+    log, _ = _trace(_arch(), nbytes=32 * 1024, write_every=4)
+    first = log[np.isin(log[:, 1], (CMD_RD, CMD_WR)) & (log[:, 7] == 0) & (log[:, 2] == 0)]
+    is_w = (first[:, 1] == CMD_WR).astype(int)
+    runs = np.diff(np.flatnonzero(np.diff(is_w)))
+    assert len(runs) > 20 and np.median(runs) < 8  # interleaved, not batched
+
+
+def test_pseudo_channels_have_their_own_banks_and_bus():
+    arch = _arch()
+    assert arch.hbm.bandwidth_per_channel_gbps == pytest.approx(2 * 8 * 2 / 1.0)  # 2 PCs x 64 bit DDR
+    log, sim = _trace(arch, pattern=PATTERN_LINEAR, nbytes=16 * 1024)
+    assert set(np.unique(log[:, 3])) == {0, 1}
+    # both PCs' data buses are busy at once: the channel moves more than one PC could
+    r = measure_memory(arch, "stream", 1 << 20)
+    assert r.bandwidth_gbps > 1.2 * arch.hbm.channels * arch.hbm.bandwidth_per_channel_gbps / 2
+    assert r.bandwidth_gbps <= r.bound_gbps * 1.0001
+
+
+def _preset_arch(preset: str) -> Arch:
+    """16 cores x 2 DMA engines (32 tags each) on 4 channels (8 pseudo-channels) of ``preset``."""
+    data = merge_arch_data(BASE, {"cores": {"grid": {"width": 4, "height": 4}, "dma": {"max_outstanding": 32}}})
+    data["hbm"] = {"preset": preset, "channels": 4, "capacity_gb": 4, "frontend_latency_ns": 5,
+                   "request_queue_depth": 64}
+    return Arch.model_validate(data)
+
+
+@pytest.mark.parametrize("preset", ["hbm2-2000", "hbm2-2400", "hbm3-6400"])
+def test_random_lands_just_under_its_bound_and_stream_near_peak(preset):
+    """Issue 12: random within 10% under the ACT-rate / row-cycle bound, streaming 80-97% of peak.
+    (HBM2-2000's ACT interval, tRRD_S = tFAW/4 = 4 tCK, equals a transaction's two bursts on the
+    bus: the two limits tie.)"""
+    arch = _preset_arch(preset)
+    rnd = measure_memory(arch, "random", 2 << 20)
+    act = rnd.bound_terms_gbps["act_rate"]
+    assert rnd.bound_gbps == pytest.approx(min(act, rnd.bound_terms_gbps["row_cycle"],
+                                               rnd.bound_terms_gbps["data_bus"]))
+    assert act <= rnd.bound_terms_gbps["row_cycle"]  # activation-limited
+    assert 0.90 * rnd.bound_gbps <= rnd.bandwidth_gbps <= rnd.bound_gbps, (preset, rnd.bandwidth_gbps, rnd.bound_gbps)
+    st = measure_memory(arch, "stream", 2 << 20)
+    assert 0.80 <= st.efficiency <= 0.97 and st.bandwidth_gbps <= st.bound_gbps, (preset, st.efficiency)
+
+
+def test_presets_fill_organisation_and_timings_and_keys_override():
+    data = merge_arch_data(BASE, {})
+    data["hbm"] = {"preset": "hbm3-6400", "channels": 2, "capacity_gb": 1, "timing": {"tFAW": 30}}
+    h = Arch.model_validate(data).hbm
+    assert (h.pseudo_channels, h.bank_groups, h.banks, h.bus_width_bits, h.burst_length) == (2, 4, 16, 32, 8)
+    assert h.bandwidth_per_channel_gbps == pytest.approx(51.2)
+    assert (h.timing_cycles("tCL"), h.timing_cycles("tRCD"), h.timing_cycles("tRCDWR"), h.timing_cycles("tRC"),
+            h.timing_cycles("tFAW")) == (20, 31, 15, 72, 30)
+    with pytest.raises(ValueError, match="hbm2-2000"):
+        _arch(preset="hbm9")
+
+
+def test_missing_keys_keep_the_old_behaviour():
+    """An arch file without the new keys: one PC, one bank group, tCCD_L = tCCD, no ACT limits."""
+    t = {k: v for k, v in BASE["hbm"]["timing"].items()
+         if k not in ("tCCD_L", "tRRD_S", "tRRD_L", "tFAW", "tRC", "tRFCsb")}
+    data = merge_arch_data(BASE, {})
+    data["hbm"] = {k: v for k, v in data["hbm"].items() if k not in ("pseudo_channels", "bank_groups")}
+    data["hbm"]["timing"] = t
+    h = Arch.model_validate(data).hbm
+    assert (h.pseudo_channels, h.bank_groups) == (1, 1)
+    assert [h.timing_cycles(n) for n in ("tCCD_L", "tRRD_S", "tRRD_L", "tFAW", "tRC", "tRCDWR")] == [2, 0, 0, 0, 47, 14]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"bank_groups": 3}, "multiple of hbm.bank_groups"),
+    ({"write_queue_depth": 8, "write_high_watermark": 4, "write_low_watermark": 6}, "write_low_watermark"),
+    ({"refresh": "per_bank", "timing": dict(BASE["hbm"]["timing"], tRFCsb=0)}, "tRFCsb"),
+])
+def test_inconsistent_organisation_is_one_clear_error(bad, match):
+    with pytest.raises(ValueError, match=match):
+        _arch(**bad)
+
+
+def test_mem_json_has_bound_gbps(capsys):
+    from npusim.cli import main
+
+    assert main(["mem", "--pattern", "random", "--bytes", "1MiB", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["bound_gbps"] > 0 and d["bandwidth_gbps"] <= d["bound_gbps"] * 1.0001
+    assert d["bound_limit"] in d["bound_terms_gbps"]
+
+
+def test_config_error_for_unknown_preset_in_a_file(tmp_path):
+    from npusim.arch import load_arch
+
+    path = tmp_path / "x.yaml"
+    path.write_text(json.dumps(merge_arch_data(BASE, {"hbm": {"preset": "hbm5"}})))
+    with pytest.raises(ConfigError, match="hbm.preset"):
+        load_arch(path)
