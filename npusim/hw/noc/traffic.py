@@ -134,7 +134,9 @@ class NocParams:
 
     ``flit_bytes`` = link width in bytes per cycle (one flit per link per cycle);
     ``router_stages`` = router pipeline depth in cycles; ``buffer_flits`` = depth of each
-    VC's input FIFO; ``routing`` one of ``xy``, ``yx``.
+    VC's input FIFO; ``routing`` one of ``xy``, ``yx``. ``booksim_compatible`` selects
+    BookSim2's router and latency conventions in the flit model (see
+    :mod:`npusim.hw.noc.flit`); the other fidelities do not have it.
     """
 
     width: int = 8
@@ -146,6 +148,7 @@ class NocParams:
     link_latency_cycles: int = 1
     flit_bytes: int = 64
     routing: str = "xy"
+    booksim_compatible: bool = False
 
     def __post_init__(self):
         if self.topology not in TOPOLOGIES:
