@@ -336,3 +336,39 @@ def test_cli_booksim_flag(capsys):
     assert d["avg_packet_latency_cycles"] >= 19.5
     assert main(["noc", "--fidelity", "path", "--booksim-compatible"]) == 2
     assert "only the flit fidelity" in capsys.readouterr().err
+
+
+# ---- large networks: routing computed from coordinates -----------------------------------
+
+@pytest.mark.parametrize("kind,order", [("mesh", "xy"), ("mesh", "yx"), ("torus", "xy"), ("ring", "yx")])
+def test_computed_routing_equals_the_table(kind, order):
+    from npusim.hw.noc.routing import Routing, dimension_order_hops
+
+    topo, table = _net(5, 4, kind, order)
+    computed = Routing(order, topo, None)
+    n = topo.num_routers
+    src, dst = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    assert all(computed.port(r, d) == table.next_port[r, d] for r in range(n) for d in range(n))
+    assert np.array_equal(dimension_order_hops(topo, src, dst), table.hop_matrix())
+    assert computed.route(0, n - 1) == table.route(0, n - 1)
+    # the flit kernel's computed routes deliver every packet at the zero-load latency
+    state = make_state(topo, computed, 2, 8, 3, done_capacity=n * n)
+    for s in range(n):
+        for d in range(n):
+            state_one = make_state(topo, computed, 2, 8, 3, done_capacity=4)
+            send(state_one, s, d, 2, 0, tag=1)
+            run_cycles(state_one, 0, 1000, True)
+            assert pop_completed(state_one)[1][0] == zero_load_latency_cycles(table.hops(s, d), 2, 3, 1)
+    assert conservation(state)["ok"]
+
+
+def test_large_mesh_runs_without_a_dense_table_or_says_why(capsys):
+    from npusim.hw.noc.routing import DENSE_ROUTING_MAX_ROUTERS
+
+    params = NocParams(65, 64)  # 4,160 routers: computed routing
+    topo = to_arrays(params.build_graph())
+    assert topo.num_routers > DENSE_ROUTING_MAX_ROUTERS and not build_routing(topo).dense
+    assert main(["noc", "--mesh", "300x300"]) == 2
+    assert "at most 16384" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="dense routing table"):
+        build_routing(topo).hop_matrix()

@@ -160,8 +160,10 @@ from npusim.hw.noc.flit_kernel import (  # noqa: F401  (re-exported kernel API)
 )
 from npusim.hw.noc.routing import Routing, build_routing
 from npusim.hw.noc.topology import Topology, to_arrays
-from npusim.hw.noc.traffic import NocParams, NocResult, SyntheticTraffic, make_pattern
+from npusim.hw.noc.traffic import NocParams, NocResult, SyntheticTraffic, make_pattern, mean_hops
 
+#: largest flit-model state allocated (the machines npusim targets have 24 GiB)
+MAX_STATE_BYTES = 8 * 2**30
 #: cycles without any flit moving, with flits in the network, that count as a deadlock
 DEADLOCK_CYCLES = 10_000
 #: backlog growth during the window above this fraction of the flits offered in it = saturation
@@ -196,6 +198,13 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     nvc = R * P * V
     max_pkt = R * P * V * B + R * (source_queue_packets + 1)  # every live packet holds a buffer slot or a queue entry
     done_cap = max(1, int(done_capacity))
+    need = 8 * (nvc * (fk.NVCF + B * fk.NSLF) + max_pkt * (fk.NPKF + 1) + R * (fk.NNDF + source_queue_packets
+                                                                                + P * fk.NPTF))
+    if need > MAX_STATE_BYTES:
+        raise ConfigError(f"flit NoC: {R} routers x {P} ports x {V} VCs x {B}-flit buffers (source queues of "
+                          f"{source_queue_packets} packets) need {need / 2**30:.1f} GiB of state; the limit is "
+                          f"{MAX_STATE_BYTES / 2**30:.0f} GiB (fewer routers, VCs or buffer flits)")
+    table, rt = routing.kernel_arrays()
 
     cfg = np.zeros(fk.NCFG, np.int64)
     if booksim and P > 5:
@@ -220,8 +229,8 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     return FlitState(
         cfg=cfg, ctr=ctr, vc=vc, slot=slot, port=_port_table(topo), node=node,
         sq=np.full(R * source_queue_packets, -1, np.int64), pkt=pkt, free=np.arange(max_pkt, dtype=np.int64),
-        next_port=routing.next_port.astype(np.int8), done=np.zeros((done_cap, 2), np.int64),
-        scr=np.zeros(2 * P * V, np.int64),
+        next_port=table, done=np.zeros((done_cap, 2), np.int64),
+        scr=np.zeros(2 * P * V, np.int64), rt=rt,
     )
 
 
@@ -419,7 +428,7 @@ def _result(params, traffic, topo, routing, pattern, st, out, link_window, wall)
     def avg(key):
         return float(ctr[key]) / done if done else float("nan")
 
-    t0 = zero_load_latency_cycles(routing.hop_matrix(), traffic.packet_flits, params.router_stages,
+    t0 = zero_load_latency_cycles(mean_hops(pattern, routing), traffic.packet_flits, params.router_stages,
                                   params.link_latency_cycles, params.booksim_compatible)
     reason = _saturation_reason(traffic, n, out)
     return NocResult(
@@ -434,7 +443,7 @@ def _result(params, traffic, topo, routing, pattern, st, out, link_window, wall)
         avg_network_latency_cycles=avg(fk.K_SUM_NET_LAT),
         max_packet_latency_cycles=float(ctr[fk.K_MAX_PKT_LAT]) if done else float("nan"),
         avg_hops=avg(fk.K_SUM_HOPS),
-        zero_load_latency_cycles=float((pattern.destination_probabilities() * t0).sum() / n),
+        zero_load_latency_cycles=float(t0),
         packets_measured=int(ctr[fk.K_MEAS_CREATED]),
         packets_delivered=done,
         saturated=bool(reason),

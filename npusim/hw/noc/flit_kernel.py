@@ -19,7 +19,8 @@
                             (``ND_WAKE``), NI state, source-queue ring pointers
 ``sq[r*SQ+i]``              source-queue rings of packet ids
 ``pkt[k, PK_*]``            packet table (recycled rows; ``free`` is the stack of free rows)
-``next_port[r, d]``         int8 routing table
+``next_port[r, d]``         int8 routing table (a 1x1 placeholder when routing is computed)
+``rt``                      routing parameters (see :func:`_route`)
 ``done[i, 0|1]``            (tag, tail-ejection cycle) of completed packets, when recorded
 ``scr[2*i], scr[2*i+1]``    scratch of the BookSim-mode VC allocator (requesting VC, grants)
 
@@ -43,7 +44,7 @@ from collections import namedtuple
 import numba
 import numpy as np
 
-from npusim.hw.noc.topology import PORT_DIM, PORT_LOCAL
+from npusim.hw.noc.topology import PORT_DIM, PORT_E, PORT_LOCAL, PORT_N, PORT_S, PORT_W
 
 # ---- cfg: constants ------------------------------------------------------------------
 C_R, C_P, C_V, C_B, C_S, C_NCLS, C_SQ, C_MAXPKT, C_RECORD_DONE, C_DONE_CAP, C_BOOKSIM = range(11)
@@ -77,7 +78,7 @@ NEVER = np.int64(2**62)  # a wake-up cycle that never comes
 REQ_BITS = 10
 
 FlitState = namedtuple("FlitState", ["cfg", "ctr", "vc", "slot", "port", "node", "sq", "pkt", "free",
-                                     "next_port", "done", "scr"])
+                                     "next_port", "done", "scr", "rt"])
 
 
 # =====================================================================================
@@ -222,11 +223,42 @@ def _inject_phase(st, cycle):
 # =====================================================================================
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _allocate_vc(vc, port, next_port, P, V, ncls, r, p, v, iv, dst):
+def _dim_port(delta, size, wraps, pos_port, neg_port):
+    if wraps:
+        fwd = delta % size
+        return pos_port if fwd <= size - fwd else neg_port
+    return pos_port if delta > 0 else neg_port
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _route(next_port, rt, r, d):
+    """Output port at router ``r`` towards ``d``: the table, or (``rt[0] == 1``, networks too
+    large for a table) dimension-order routing from coordinates, ``rt = [1, width,
+    height, wrap_x, wrap_y, yx]``, the same routes as :mod:`npusim.hw.noc.routing`'s."""
+    if rt[0] == 0:
+        return np.int64(next_port[r, d])
+    w = rt[1]
+    dx = d % w - r % w
+    dy = d // w - r // w
+    if rt[5] == 0:
+        if dx != 0:
+            return np.int64(_dim_port(dx, w, rt[3], PORT_E, PORT_W))
+        if dy != 0:
+            return np.int64(_dim_port(dy, rt[2], rt[4], PORT_S, PORT_N))
+        return np.int64(PORT_LOCAL)
+    if dy != 0:
+        return np.int64(_dim_port(dy, rt[2], rt[4], PORT_S, PORT_N))
+    if dx != 0:
+        return np.int64(_dim_port(dx, w, rt[3], PORT_E, PORT_W))
+    return np.int64(PORT_LOCAL)
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, dst):
     """Route the head flit at the front of input VC ``iv`` and claim a downstream VC
     (round-robin from the output's pointer, within the allowed dateline class).
     Returns the output port, or -1 if every allowed VC is claimed."""
-    o = np.int64(next_port[r, dst])
+    o = _route(next_port, rt, r, dst)
     if o == PORT_LOCAL:
         vc[iv, VC_OUTPORT] = o
         vc[iv, VC_OUTVC] = 0
@@ -276,7 +308,7 @@ def _has_credit(vc, slot, B, ov, cycle):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _input_request(vc, slot, port, pkt, next_port, P, V, B, ncls, r, p, cycle):
+def _input_request(vc, slot, port, pkt, next_port, rt, P, V, B, ncls, r, p, cycle):
     """Input stage of the separable allocator for input port ``p`` of router ``r``.
 
     Every ready head flit at a VC front gets VC allocation; the first VC (round-robin
@@ -306,7 +338,7 @@ def _input_request(vc, slot, port, pkt, next_port, P, V, B, ncls, r, p, cycle):
         wake = cycle
         o = vc[iv, VC_OUTPORT]
         if o < 0:
-            o = _allocate_vc(vc, port, next_port, P, V, ncls, r, p, v, iv, pkt[slot[s, SL_PKT], PK_DST])
+            o = _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, pkt[slot[s, SL_PKT], PK_DST])
             if o < 0:
                 continue
         if req != 0:
@@ -428,7 +460,7 @@ def _routers_phase(st, cycle):
                 p -= P
             if port[r * P + p, PT_MASK] == 0:
                 continue
-            req, port_wake = _input_request(vc, slot, port, pkt, st.next_port, P, V, B, ncls, r, p, cycle)
+            req, port_wake = _input_request(vc, slot, port, pkt, st.next_port, st.rt, P, V, B, ncls, r, p, cycle)
             wake = min(wake, port_wake)
             if req:
                 reqs |= req << (REQ_BITS * p)
@@ -474,7 +506,7 @@ def _va_class_range(port, P, V, ncls, op, p, o, v):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _islip_va(vc, port, scr, next_port, pkt, slot, P, V, B, ncls, r, nreq, cycle):
+def _islip_va(vc, port, scr, next_port, rt, pkt, slot, P, V, B, ncls, r, nreq, cycle):
     """BookSim mode: one iteration of iSLIP between the ``nreq`` head flits listed in
     ``scr`` (input VC ids) and the free VCs of the output ports they route to (the
     ejection port's VCs included). Each free output VC grants the first requesting input
@@ -489,7 +521,7 @@ def _islip_va(vc, port, scr, next_port, pkt, slot, P, V, B, ncls, r, nreq, cycle
         iv = scr[2 * i]
         ip = iv // V
         p, v = ip - r * P, iv - ip * V
-        o = np.int64(next_port[r, pkt[slot[iv * B + vc[iv, VC_HEAD], SL_PKT], PK_DST]])
+        o = _route(next_port, rt, r, pkt[slot[iv * B + vc[iv, VC_HEAD], SL_PKT], PK_DST])
         op = r * P + o
         lo, hi = _va_class_range(port, P, V, ncls, op, p, o, v)
         for dv in range(lo, hi):
@@ -507,7 +539,7 @@ def _islip_va(vc, port, scr, next_port, pkt, slot, P, V, B, ncls, r, nreq, cycle
                     continue
                 iv2 = scr[2 * jj]
                 ip2 = iv2 // V
-                if np.int64(next_port[r, pkt[slot[iv2 * B + vc[iv2, VC_HEAD], SL_PKT], PK_DST]]) != o:
+                if _route(next_port, rt, r, pkt[slot[iv2 * B + vc[iv2, VC_HEAD], SL_PKT], PK_DST]) != o:
                     continue
                 lo2, hi2 = _va_class_range(port, P, V, ncls, op, ip2 - r * P, o, iv2 - ip2 * V)
                 if dv < lo2 or dv >= hi2:
@@ -526,7 +558,7 @@ def _islip_va(vc, port, scr, next_port, pkt, slot, P, V, B, ncls, r, nreq, cycle
         if mask == 0:
             continue
         iv = scr[2 * i]
-        o = np.int64(next_port[r, pkt[slot[iv * B + vc[iv, VC_HEAD], SL_PKT], PK_DST]])
+        o = _route(next_port, rt, r, pkt[slot[iv * B + vc[iv, VC_HEAD], SL_PKT], PK_DST])
         a = vc[iv, VC_APTR] - o * V
         start = a if 0 <= a < V else 0
         dv = -1
@@ -594,7 +626,7 @@ def _routers_phase_booksim(st, cycle):
         if wake > cycle:
             continue
         if nreq:
-            _islip_va(vc, port, scr, st.next_port, pkt, slot, P, V, B, ncls, r, nreq, cycle)
+            _islip_va(vc, port, scr, st.next_port, st.rt, pkt, slot, P, V, B, ncls, r, nreq, cycle)
         # switch requests: per input port and output, the first VC (round-robin) that is
         # ready, holds a VC there and has a credit
         reqs = 0  # 5 bits (outputs requested) per input port

@@ -39,6 +39,8 @@ _ALIASES = {
     "nearest_neighbor": "neighbor", "nn": "neighbor", "random": "uniform", "uniform-random": "uniform",
 }
 TOPOLOGIES = ("mesh", "torus", "ring")
+#: largest synthetic-traffic network (routers); above 4,096 routing is computed, not tabled
+MAX_ROUTERS = 16384
 # destination kinds understood by the kernels (same values as flit.DEST_*)
 DEST_UNIFORM, DEST_TABLE, DEST_HOTSPOT = 0, 1, 2
 
@@ -84,6 +86,39 @@ class TrafficPattern:
             prob *= 1.0 - self.hot_fraction
             prob[:, self.hot_nodes] += self.hot_fraction / self.hot_nodes.size
         return prob
+
+
+def mean_hops(pattern: TrafficPattern, routing) -> float:
+    """Mean hop count of a packet (sources uniform, destinations per ``pattern``) under
+    ``routing``, without the dense ``R x R`` matrices (large meshes have no hop matrix)."""
+    from npusim.hw.noc.routing import dimension_order_hops
+
+    topo, n = routing.topo, pattern.num_nodes
+
+    def pair_hops(src, dst):
+        return routing.hops(src, dst) if routing.dense else dimension_order_hops(topo, src, dst)
+
+    def uniform():
+        if routing.dense:
+            return float(routing.hop_matrix().mean())
+        total = 0.0
+        for size, wraps in ((topo.width, topo.wrap[0]), (topo.height, topo.wrap[1])):
+            c = np.arange(size)
+            delta = c[None, :] - c[:, None]
+            dist = np.minimum(np.mod(delta, size), size - np.mod(delta, size)) if wraps else np.abs(delta)
+            total += float(dist.mean())
+        return total
+
+    if pattern.kind == DEST_UNIFORM:
+        return uniform()
+    if pattern.kind == DEST_TABLE:
+        counts = np.diff(pattern.cand_ptr)
+        src = np.repeat(np.arange(n), counts)
+        return float((pair_hops(src, pattern.cand_idx) / counts[src]).sum() / n)
+    hot = pattern.hot_nodes
+    src = np.repeat(np.arange(n), hot.size)
+    to_hot = float(pair_hops(src, np.tile(hot, n)).mean())
+    return (1.0 - pattern.hot_fraction) * uniform() + pattern.hot_fraction * to_hot
 
 
 def _table(name: str, dests: list[list[int]]) -> TrafficPattern:
@@ -159,6 +194,9 @@ class NocParams:
                 raise ConfigError(f"{key} must be a positive integer, got {value!r}")
         if self.vcs > 64:
             raise ConfigError(f"vcs must be <= 64, got {self.vcs}")
+        if self.width * self.height > MAX_ROUTERS:
+            raise ConfigError(f"{self.width}x{self.height} = {self.width * self.height} routers: at most {MAX_ROUTERS} "
+                              f"(e.g. 128x128); a 300x300 flit run of 2,000 cycles already takes ~20 minutes")
         if self.routing not in ("xy", "yx"):
             raise ConfigError(f"routing must be 'xy' or 'yx', got {self.routing!r}")
 
