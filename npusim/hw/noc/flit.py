@@ -160,7 +160,8 @@ from npusim.hw.noc.flit_kernel import (  # noqa: F401  (re-exported kernel API)
 )
 from npusim.hw.noc.routing import Routing, build_routing
 from npusim.hw.noc.topology import Topology, to_arrays
-from npusim.hw.noc.traffic import NocParams, NocResult, SyntheticTraffic, make_pattern, mean_hops
+from npusim.hw.noc.traffic import (STREAM_BLOCK_CYCLES, NocParams, NocResult, SyntheticTraffic, make_pattern,
+                                   mean_hops, packet_stream)
 
 #: largest flit-model state allocated (the machines npusim targets have 24 GiB)
 MAX_STATE_BYTES = 8 * 2**30
@@ -385,13 +386,17 @@ def simulate_flit(params: NocParams, traffic: SyntheticTraffic) -> NocResult:
 
 
 def run_traffic(st: FlitState, pattern, traffic: SyntheticTraffic) -> tuple[np.ndarray, np.ndarray]:
-    """Run a synthetic experiment (warm-up, window, drain) on a fresh state; returns the
-    kernel's summary array (``flit_kernel.O_*``) and flits per output port in the window."""
+    """Run a synthetic experiment (warm-up, window, drain) on a fresh state, fed block by
+    block from :func:`npusim.hw.noc.traffic.packet_stream`; returns the kernel's summary
+    array (``flit_kernel.O_*``) and flits per output port in the window."""
     port_window = np.zeros(st.port.shape[0], np.int64)
     out = np.zeros(fk.NOUT, np.int64)
-    run_synthetic(st, pattern.kind, pattern.cand_ptr, pattern.cand_idx, pattern.hot_nodes, pattern.hot_fraction,
-                  traffic.packet_probability, traffic.packet_flits, traffic.warmup_cycles, traffic.measure_cycles,
-                  traffic.drain_cycles, DEADLOCK_CYCLES, traffic.seed, port_window, out)
+    cycle = 0
+    block = 4 * STREAM_BLOCK_CYCLES
+    while not out[fk.O_FINISHED]:
+        cyc, src, dst = packet_stream(traffic, pattern, cycle, cycle + block)
+        cycle = run_synthetic(st, cyc, src, dst, traffic.packet_flits, cycle, cycle + block, traffic.warmup_cycles,
+                              traffic.measure_cycles, traffic.drain_cycles, DEADLOCK_CYCLES, port_window, out)
     return out, port_window
 
 

@@ -768,63 +768,34 @@ def run_cycles(st, first_cycle, ncycles, stop_when_idle):
 # Synthetic traffic
 # =====================================================================================
 
-DEST_UNIFORM, DEST_TABLE, DEST_HOTSPOT = 0, 1, 2  # same values as traffic.DEST_*
 # indices of run_synthetic's ``out`` array
 (O_CYCLES, O_WIN_FLITS_CREATED, O_WIN_FLITS_EJ, O_WIN_BACKLOG_START, O_WIN_BACKLOG_END, O_DRAINED,
- O_REFUSED, O_DEADLOCK, O_MAX_QUEUE) = range(9)
-NOUT = 9
+ O_REFUSED, O_DEADLOCK, O_MAX_QUEUE, O_FINISHED) = range(10)
+NOUT = 10
 
 
 @numba.njit(cache=True, _nrt=False)
-def _pick_dest(r, n, kind, cand_ptr, cand_idx, hot_nodes, hot_frac):
-    """Destination of a new packet from ``r`` (see traffic.TrafficPattern)."""
-    if kind == DEST_TABLE:
-        lo = cand_ptr[r]
-        cnt = cand_ptr[r + 1] - lo
-        if cnt == 1:
-            return cand_idx[lo]
-        return cand_idx[lo + np.random.randint(0, cnt)]
-    if kind == DEST_HOTSPOT and np.random.random() < hot_frac:
-        return hot_nodes[np.random.randint(0, hot_nodes.size)]
-    return np.random.randint(0, n)
+def run_synthetic(st, cyc, src, dst, nflits, first_cycle, end_cycle, warmup, measure, drain_max,
+                  deadlock_cycles, link_window, out):
+    """Cycles ``first_cycle .. end_cycle - 1`` of a synthetic-traffic run on a state that
+    ran the cycles before (call again with the next block until ``out[O_FINISHED]``).
 
-
-@numba.njit(cache=True, _nrt=False)
-def _generate(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, nflits, cycle, measured):
-    """Bernoulli packet creation at every node; returns (refused, longest source queue).
-    A node whose source queue is full does not create packets (counted as refused)."""
-    cfg, ctr, node, sq, pkt, free = st.cfg, st.ctr, st.node, st.sq, st.pkt, st.free
-    n = cfg[C_R]
-    refused = 0
-    longest = 0
-    for r in range(n):
-        if np.random.random() < pkt_prob:
-            d = _pick_dest(r, n, kind, cand_ptr, cand_idx, hot_nodes, hot_frac)
-            if enqueue_packet(cfg, ctr, node, sq, pkt, free, r, d, nflits, cycle, -1, measured) < 0:
-                refused += 1
-        if node[r, ND_SQ_CNT] > longest:
-            longest = node[r, ND_SQ_CNT]
-    return refused, longest
-
-
-@numba.njit(cache=True, _nrt=False)
-def run_synthetic(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, nflits,
-                  warmup, measure, drain_max, deadlock_cycles, seed, link_window, out):
-    """Warm-up, measurement and drain of a synthetic-traffic run on a fresh state.
-
-    Each cycle every node creates a packet of ``nflits`` flits with probability
-    ``pkt_prob`` for a destination from :func:`_pick_dest`; packets created in
-    ``[warmup, warmup + measure)`` are measured. Traffic continues after the window
-    until all measured packets have arrived (``out[O_DRAINED] = 1``) or ``drain_max``
-    cycles pass. Stops early if no flit moves for ``deadlock_cycles`` cycles while flits
-    are in the network. Flits per output port in the window go to ``link_window``
-    (indexed ``r * P + p``), summary counts to ``out`` (``O_*``).
+    ``cyc, src, dst``: the packets created in those cycles, in (cycle, source) order
+    (:func:`npusim.hw.noc.traffic.packet_stream`, the generator every fidelity shares),
+    each of ``nflits`` flits; packets created in ``[warmup, warmup + measure)`` are
+    measured. A full source queue refuses a packet (counted: past saturation). Traffic
+    continues after the window until all measured packets have arrived
+    (``out[O_DRAINED] = 1``) or ``drain_max`` cycles pass; stops early if no flit moves for
+    ``deadlock_cycles`` cycles while flits are in the network. Flits per output port in
+    the window go to ``link_window`` (indexed ``r * P + p``), summary counts to ``out``.
+    Returns the next cycle.
     """
-    np.random.seed(seed)
-    ctr, port = st.ctr, st.port
+    cfg, ctr, port, node = st.cfg, st.ctr, st.port, st.node
     start_meas, end_meas = warmup, warmup + measure
-    cycle = 0
-    while True:
+    k = 0
+    npk = cyc.size
+    cycle = first_cycle
+    while cycle < end_cycle:
         if cycle == start_meas:
             for i in range(link_window.size):
                 link_window[i] = -port[i, PT_FLITS]
@@ -839,19 +810,24 @@ def run_synthetic(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, n
             out[O_WIN_BACKLOG_END] = ctr[K_FLITS_CREATED] - ctr[K_FLITS_EJ]
         if cycle >= end_meas and ctr[K_MEAS_DONE] == ctr[K_MEAS_CREATED]:
             out[O_DRAINED] = 1
+            out[O_FINISHED] = 1
             break
         if cycle >= end_meas + drain_max:
+            out[O_FINISHED] = 1
             break
         measured = 1 if start_meas <= cycle < end_meas else 0
-        refused, longest = _generate(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, nflits,
-                                     cycle, measured)
-        out[O_REFUSED] += refused
-        if longest > out[O_MAX_QUEUE]:
-            out[O_MAX_QUEUE] = longest
+        while k < npk and cyc[k] == cycle:
+            r = src[k]
+            if enqueue_packet(cfg, ctr, node, st.sq, st.pkt, st.free, r, dst[k], nflits, cycle, -1, measured) < 0:
+                out[O_REFUSED] += 1
+            elif node[r, ND_SQ_CNT] > out[O_MAX_QUEUE]:
+                out[O_MAX_QUEUE] = node[r, ND_SQ_CNT]
+            k += 1
         step(st, cycle)
         cycle += 1
         if cycle - ctr[K_LAST_PROGRESS] > deadlock_cycles and ctr[K_FLITS_INJ] > ctr[K_FLITS_EJ]:
             out[O_DEADLOCK] = 1
+            out[O_FINISHED] = 1
             break
     out[O_CYCLES] = cycle
     return cycle

@@ -10,8 +10,10 @@
 
 Units: ``rate`` is the offered load in flits per node per cycle; each node creates a
 packet of ``packet_flits`` flits with probability ``rate / packet_flits`` per cycle
-(Bernoulli process), into an unbounded source queue (bounded in the implementation by
-``source_queue_packets``; overflowing it means the load is past saturation).
+(Bernoulli process), into an unbounded source queue (bounded in the flit model by
+``source_queue_packets``; overflowing it means the load is past saturation). One
+generator, :func:`packet_stream`, makes the packets for every fidelity: same seed, same
+packets; traffic continues during the drain until the measured packets have arrived.
 
 Measurement (standard methodology, e.g. Dally & Towles ch. 23): ``warmup_cycles``
 unmeasured, then packets created during the next ``measure_cycles`` are labelled;
@@ -86,6 +88,52 @@ class TrafficPattern:
             prob *= 1.0 - self.hot_fraction
             prob[:, self.hot_nodes] += self.hot_fraction / self.hot_nodes.size
         return prob
+
+
+#: cycles per block of the packet stream; each block draws from its own generator seeded
+#: with ``(seed, block)``, so the stream does not depend on how a consumer chunks it
+STREAM_BLOCK_CYCLES = 1024
+
+
+def packet_stream(traffic: "SyntheticTraffic", pattern: TrafficPattern, first_cycle: int, last_cycle: int):
+    """The synthetic packets created in cycles ``[first_cycle, last_cycle)``: arrays
+    ``(cycle, source, destination)`` in (cycle, source) order. Every node creates a packet
+    with probability ``traffic.packet_probability`` per cycle (Bernoulli); destinations
+    follow ``pattern``. The one generator of every fidelity (flit, path, analytical):
+    the same seed gives the same packets to all of them."""
+    n = pattern.num_nodes
+    cycles, sources, dests = [], [], []
+    b0, b1 = first_cycle // STREAM_BLOCK_CYCLES, -(-last_cycle // STREAM_BLOCK_CYCLES)
+    for block in range(b0, b1):
+        rng = np.random.default_rng((int(traffic.seed), block))
+        hit = np.flatnonzero(rng.random(STREAM_BLOCK_CYCLES * n) < traffic.packet_probability)
+        cyc = hit // n + block * STREAM_BLOCK_CYCLES
+        src = hit % n
+        dst = _draw_destinations(pattern, rng, src)
+        keep = (cyc >= first_cycle) & (cyc < last_cycle)
+        cycles.append(cyc[keep])
+        sources.append(src[keep])
+        dests.append(dst[keep])
+    if not cycles:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    return (np.concatenate(cycles).astype(np.int64), np.concatenate(sources).astype(np.int64),
+            np.concatenate(dests).astype(np.int64))
+
+
+def _draw_destinations(pattern: TrafficPattern, rng, src: np.ndarray) -> np.ndarray:
+    n = pattern.num_nodes
+    u = rng.random(src.size)
+    if pattern.kind == DEST_TABLE:
+        lo = pattern.cand_ptr[src]
+        cnt = pattern.cand_ptr[src + 1] - lo
+        return pattern.cand_idx[lo + np.minimum((u * cnt).astype(np.int64), cnt - 1)]
+    uniform = np.minimum((rng.random(src.size) * n).astype(np.int64), n - 1)
+    if pattern.kind == DEST_HOTSPOT:
+        hot = pattern.hot_nodes
+        pick = hot[np.minimum((rng.random(src.size) * hot.size).astype(np.int64), hot.size - 1)]
+        return np.where(u < pattern.hot_fraction, pick, uniform)
+    return uniform
 
 
 def mean_hops(pattern: TrafficPattern, routing) -> float:
