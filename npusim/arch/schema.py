@@ -39,6 +39,13 @@ def PosF(hi: float):  # noqa: N802
 DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 VECTOR_OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide")
+#: vector-unit throughput per lane when the arch file gives none (the one home of these
+#: defaults; ``npusim.hw.compute.vector`` uses them). Assumption, no published source:
+#: simple ALU ops and reductions at full rate, activations at half rate, exp and divide on
+#: a quarter-rate transcendental unit (a common SIMD design point; listed in
+#: docs/ARCHITECTURE.md "Assumptions")
+DEFAULT_VECTOR_OPS_PER_CYCLE_PER_LANE = {"elementwise": 1.0, "activation": 0.5, "exp": 0.25, "reduction": 1.0,
+                                         "divide": 0.25}
 
 
 class Grid(StrictModel):
@@ -81,8 +88,7 @@ class VectorUnit(StrictModel):
 
     lanes: Pos(2**20)
     ops_per_cycle_per_lane: dict[str, PosF(4096)] = Field(
-        default_factory=lambda: {"elementwise": 1.0, "activation": 0.5, "exp": 0.25, "reduction": 1.0, "divide": 0.25}
-    )
+        default_factory=lambda: dict(DEFAULT_VECTOR_OPS_PER_CYCLE_PER_LANE))
 
     @model_validator(mode="after")
     def _known_classes(self):

@@ -121,6 +121,13 @@ def _dim_dist(delta: np.ndarray, size: int, wraps: bool) -> np.ndarray:
     return np.abs(delta)
 
 
+def grid_hops(a, b, width: int):
+    """Hops of the dimension-order route between cores ``a`` and ``b`` (ids ``y * width + x``)
+    of a mesh: the one home of this count (mapping layouts, collectives)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return np.abs(a % width - b % width) + np.abs(a // width - b // width)
+
+
 def dimension_order_hops(topo: Topology, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Hop counts of dimension-order routes (either order) between router ids, by coordinates."""
     dx = topo.x[dst] - topo.x[src]
