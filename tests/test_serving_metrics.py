@@ -12,7 +12,7 @@ from npusim.errors import ConfigError
 from npusim.serving import (Request, RequestRecord, TimeSeries, chip_area_mm2, core_area_mm2, hbm_area_mm2,
                             latency_stats_ms, meets_slo, per_mm2, plot_latency_cdfs, plot_series, summarize,
                             write_serving_hdf5)
-from npusim.serving import area
+from npusim.arch import area
 
 
 def records():

@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from npusim.arch.derived import kv_cache_base_address
 from npusim.arch.schema import Arch
 from npusim.comm.collectives import ring_allgather, ring_allreduce
 from npusim.errors import ConfigError
@@ -156,8 +157,7 @@ class Mapper:
         self.buffers: dict[int, list[int]] = {}  # core -> GEMM tasks that use its last weight tiles
         self.dma_turn: dict[int, int] = {}  # core -> weight loads issued (they alternate DMA engines)
         self.resident_ops: set[str] = set()  # memory.weights partial: ops whose weights stay in SRAM
-        half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
-        self.kv_base = [half + c * (half // arch.num_cores) for c in range(arch.num_cores)]
+        self.kv_base = [kv_cache_base_address(arch, c) for c in range(arch.num_cores)]
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self) -> Mapped:
