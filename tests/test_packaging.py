@@ -46,12 +46,13 @@ def test_wheel_install_runs_outside_the_repository(wheel, tmp_path):
     # the dependencies come from this interpreter's environment (a plain path entry: its .pth
     # files, including an editable npusim's, are not processed), npusim from the wheel only
     (site / "_deps_from_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--quiet", str(wheel)],
-         cwd=tmp_path)
-    away = tmp_path / "elsewhere"
-    away.mkdir()
+    # no PYTHONPATH anywhere below: a source checkout on it would satisfy or shadow the wheel
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NPUSIM_CACHE_DIR")}
     env["NPUSIM_CACHE_DIR"] = str(tmp_path / "cache")
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--quiet", str(wheel)],
+         cwd=tmp_path, env=env)
+    away = tmp_path / "elsewhere"
+    away.mkdir()
     where = _run([str(py), "-c", "import npusim; print(npusim.__file__)"], cwd=away, env=env).strip()
     assert Path(where).is_relative_to(site), where
     npusim = str(bindir / "npusim")
