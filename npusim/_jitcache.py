@@ -7,11 +7,20 @@ editing ``npusim/hw/memory/hbm.py`` would silently leave the cached kernel loop
 locators that, for npusim's files, add a digest of every npusim module that uses
 Numba (and of every module of ``hw/`` and ``engine/``, whose constants compiled code captures)
 to the stamp, so any such edit recompiles all of them once.
+
+That uses Numba's private ``numba.core.caching.CacheImpl._locator_classes``. A Numba
+release may change it, so :func:`install` first builds the wrapped locators and probes
+them on a function of this file; if anything is missing or raises, it leaves Numba's
+locators untouched and instead points Numba's cache at a directory named by the same
+digest (``numba.config.CACHE_DIR``, the documented ``NUMBA_CACHE_DIR`` setting): every
+source change then starts from an empty cache -- a cold compile, never a crash and
+never stale code.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -31,16 +40,40 @@ def _numba_sources_digest() -> str:
 
 
 def install() -> None:
-    try:
-        from numba.core import caching
-    except ImportError:  # pragma: no cover - numba is a hard dependency
-        return
-    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
-    if impl is None or not hasattr(impl, "_locator_classes"):
-        return
-    if any(getattr(c, "_npusim", False) for c in impl._locator_classes):
-        return
+    """Stamp npusim's cached kernels with the sources digest (see the module docstring)."""
     digest = _numba_sources_digest()
+    try:
+        installed = _install_locators(digest)
+    except Exception:  # a Numba whose private caching API differs: degrade, never crash
+        installed = False
+    if not installed:
+        _digest_cache_dir(digest)
+
+
+def _digest_cache_dir(digest: str) -> None:
+    """Fallback: a cache directory per sources digest, so no stale kernel is ever loaded."""
+    import numba
+
+    base = numba.config.CACHE_DIR or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "npusim", "numba")
+    numba.config.CACHE_DIR = os.path.join(base, f"npusim-{digest}")
+
+
+def _probe() -> int:  # a function of this file: the wrapped locators must handle it
+    return 1
+
+
+def _install_locators(digest: str) -> bool:
+    """Wrap Numba's cache locators; False (nothing changed) if the private API is not as
+    expected or the wrapped locators fail on a probe function."""
+    from numba.core import caching
+
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    classes = getattr(impl, "_locator_classes", None)
+    if impl is None or not isinstance(classes, list) or not classes:
+        return False
+    if any(getattr(c, "_npusim", False) for c in classes):
+        return True
     package = str(_PACKAGE)
 
     def wrap(base):
@@ -58,4 +91,13 @@ def install() -> None:
             "from_function": classmethod(from_function),
         })
 
-    impl._locator_classes = [wrap(b) for b in impl._locator_classes] + list(impl._locator_classes)
+    wrapped = [wrap(b) for b in classes]
+    located = None
+    for cls in wrapped:
+        located = cls.from_function(_probe, __file__)
+        if located is not None:
+            break
+    if located is None or located.get_source_stamp()[0] != digest:
+        return False
+    impl._locator_classes = wrapped + list(classes)
+    return True

@@ -27,7 +27,7 @@ M = TypeVar("M", bound=BaseModel)
 class StrictModel(BaseModel):
     """Base for every schema: unknown keys are errors, instances are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf/nan: never a valid input
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

@@ -450,9 +450,9 @@ TestKVMachine.settings = settings(max_examples=150, stateful_step_count=50, dead
                                   suppress_health_check=[HealthCheck.too_slow])
 
 
-def test_many_operations_stay_fast_enough_to_run():
-    """Smoke: 10^4 admits/appends/frees over ~200 concurrent requests (no timing assertion;
-    benchmarks measure speed)."""
+def test_many_operations_keep_the_invariants():
+    """10^4 admits/appends/frees over ~200 concurrent requests leave the block accounting
+    consistent (speed is measured by benchmarks, not here)."""
     m = KVCacheManager(sram_bytes=2**20, hbm_bytes=2**30, bytes_per_token=256, block_tokens=16,
                        prefix_cache=True)
     rng = np.random.default_rng(0)

@@ -31,6 +31,14 @@ class ArchSummary:
         return asdict(self)
 
 
+def kv_cache_base_address(arch: Arch, core: int) -> int:
+    """HBM byte address of core ``core``'s KV-cache region: weights occupy the lower half of
+    HBM, KV caches the upper half, one equal slice per core (the one home of this layout;
+    the mapper's KV reads/writes and a serving instance's KV spills use it)."""
+    half = int(arch.hbm.capacity_gb * 2**30) // 2
+    return half + core * (half // arch.num_cores)
+
+
 def channel_bandwidths_gbps(arch: Arch) -> np.ndarray:
     """Data-bus bandwidth of every HBM/DRAM channel (core classes may set their own channel's)."""
     bw = np.full(arch.hbm.channels, arch.hbm.bandwidth_per_channel_gbps)

@@ -1,4 +1,5 @@
-"""Find and load arch files: a path, or a preset name from the repository's ``arch/``."""
+"""Find and load arch files: a path, or a preset name from ``arch/`` (the repository's, or the
+copy an installed wheel ships; see :mod:`npusim.resources`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from pathlib import Path
 from npusim.arch.schema import Arch, merge_arch_data
 from npusim.config import load_with_extends, load_yaml, validate
 from npusim.errors import ConfigError
+from npusim.resources import data_dir
 
-PRESET_DIR = Path(__file__).resolve().parents[2] / "arch"
+PRESET_DIR = data_dir("arch")
 DEFAULT_ARCH = "npusim-64c"
 
 

@@ -9,22 +9,57 @@ DRAM timings are given in DRAM clock cycles (tCK) or in ns (``timing.unit``).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, NonNegativeInt, model_validator
+from pydantic import Field, NonNegativeInt, model_validator
 
 from npusim.config import StrictModel
+
+
+# Every numeric field is bounded to what the models can represent: sizes that are
+# allocated (queues, banks, VCs), products that must stay far inside int64 cycle and
+# byte arithmetic, and finite floats. The bound is in pydantic's message ("less than or
+# equal to ..."). They are generous (10-1000x beyond any chip described in arch/).
+#: cores per chip: the engine's path/analytical NoC models need a dense routing table
+#: (equal to npusim.hw.noc.routing.DENSE_ROUTING_MAX_ROUTERS; a test checks)
+MAX_CORES = 4096
+
+
+def Pos(hi: int):  # noqa: N802 (a type)
+    return Annotated[int, Field(gt=0, le=hi)]
+
+
+def NonNeg(hi: int):  # noqa: N802
+    return Annotated[int, Field(ge=0, le=hi)]
+
+
+def PosF(hi: float):  # noqa: N802
+    return Annotated[float, Field(gt=0, le=hi, allow_inf_nan=False)]
 
 DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 VECTOR_OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide")
+#: vector-unit throughput per lane when the arch file gives none (the one home of these
+#: defaults; ``npusim.hw.compute.vector`` uses them). Assumption, no published source:
+#: simple ALU ops and reductions at full rate, activations at half rate, exp and divide on
+#: a quarter-rate transcendental unit (a common SIMD design point; listed in
+#: docs/ARCHITECTURE.md "Assumptions")
+DEFAULT_VECTOR_OPS_PER_CYCLE_PER_LANE = {"elementwise": 1.0, "activation": 0.5, "exp": 0.25, "reduction": 1.0,
+                                         "divide": 0.25}
 
 
 class Grid(StrictModel):
     """The 2D mesh of cores: core id = y * width + x."""
 
-    width: PositiveInt
-    height: PositiveInt
+    width: Pos(256)
+    height: Pos(256)
+
+    @model_validator(mode="after")
+    def _routable(self):
+        if self.width * self.height > MAX_CORES:
+            raise ValueError(f"{self.width}x{self.height} = {self.width * self.height} cores: at most "
+                             f"{MAX_CORES} (the chip's NoC models route with a dense table)")
+        return self
 
 
 class SystolicArray(StrictModel):
@@ -38,11 +73,11 @@ class SystolicArray(StrictModel):
     see :meth:`resized` and :func:`merge_systolic`.
     """
 
-    rows: PositiveInt
-    cols: PositiveInt
+    rows: Pos(4096)
+    cols: Pos(4096)
     dataflow: Literal["ws", "os"] = "ws"
-    macs_per_pe_per_cycle: dict[str, PositiveInt] = Field(default_factory=lambda: {"fp16": 1, "bf16": 1, "int8": 2})
-    weight_injection_cycles: NonNegativeInt | None = Field(
+    macs_per_pe_per_cycle: dict[str, Pos(4096)] = Field(default_factory=lambda: {"fp16": 1, "bf16": 1, "int8": 2})
+    weight_injection_cycles: NonNeg(10**6) | None = Field(
         default=None, description="cycles to shift a weight tile in (WS); missing = rows (one row per cycle)")
     double_buffered_weights: bool = Field(
         default=True, description="the next fold's weights load while the current fold computes (see hw/compute/systolic)")
@@ -106,10 +141,9 @@ class VectorUnit(StrictModel):
     """SIMD vector unit: ``lanes`` elements per cycle at 1 op/lane/cycle; slower op
     classes (exp, divide) have fractional ``ops_per_cycle_per_lane``."""
 
-    lanes: PositiveInt
-    ops_per_cycle_per_lane: dict[str, PositiveFloat] = Field(
-        default_factory=lambda: {"elementwise": 1.0, "activation": 0.5, "exp": 0.25, "reduction": 1.0, "divide": 0.25}
-    )
+    lanes: Pos(2**20)
+    ops_per_cycle_per_lane: dict[str, PosF(4096)] = Field(
+        default_factory=lambda: dict(DEFAULT_VECTOR_OPS_PER_CYCLE_PER_LANE))
 
     @model_validator(mode="after")
     def _known_classes(self):
@@ -122,21 +156,21 @@ class VectorUnit(StrictModel):
 class Sram(StrictModel):
     """Core-local SRAM (scratchpad): banked, each bank serves ``bytes_per_cycle_per_bank``."""
 
-    capacity_mb: PositiveFloat
-    banks: PositiveInt = 16
-    bytes_per_cycle_per_bank: PositiveInt = 64
-    access_latency_cycles: NonNegativeInt = 2
-    bank_interleave_bytes: PositiveInt = 64
+    capacity_mb: PosF(2**14)
+    banks: Pos(4096) = 16
+    bytes_per_cycle_per_bank: Pos(2**16) = 64
+    access_latency_cycles: NonNeg(10**6) = 2
+    bank_interleave_bytes: Pos(2**30) = 64
 
 
 class Dma(StrictModel):
     """DMA engines of a core; each keeps up to ``max_outstanding`` transactions in flight
     (TLM tags) and splits transfers into ``transaction_bytes`` requests."""
 
-    engines: PositiveInt = 2
-    max_outstanding: PositiveInt = 16
-    transaction_bytes: PositiveInt = 64
-    bytes_per_cycle: PositiveFloat | None = Field(default=None, description="per DMA engine port limit; None = one transaction per cycle")
+    engines: Pos(256) = 2
+    max_outstanding: Pos(4096) = 16
+    transaction_bytes: Pos(2**30) = 64
+    bytes_per_cycle: PosF(2**30) | None = Field(default=None, description="per DMA engine port limit; None = one transaction per cycle")
 
 
 class Cores(StrictModel):
@@ -161,25 +195,25 @@ class DramTiming(StrictModel):
     """
 
     unit: Literal["cycles", "ns"] = "cycles"
-    tRCD: PositiveFloat
-    tCL: PositiveFloat
-    tRP: PositiveFloat
-    tRAS: PositiveFloat
-    tCCD: PositiveFloat = 2
-    tWL: float = Field(default=2, ge=0)
-    tWR: float = Field(default=8, ge=0)
-    tWTR: float = Field(default=4, ge=0)
-    tRTW: float = Field(default=4, ge=0)
-    tREFI: float = Field(default=0, ge=0, description="0 disables refresh")
-    tRFC: float = Field(default=0, ge=0)
-    tCCD_L: float | None = Field(default=None, ge=0)
-    tRRD_S: float | None = Field(default=None, ge=0)
-    tRRD_L: float | None = Field(default=None, ge=0)
-    tFAW: float | None = Field(default=None, ge=0)
-    tRC: float | None = Field(default=None, ge=0)
-    tRCDWR: float | None = Field(default=None, ge=0)
-    tRTP: float | None = Field(default=None, ge=0)
-    tRFCsb: float | None = Field(default=None, ge=0)
+    tRCD: PosF(1e6)
+    tCL: PosF(1e6)
+    tRP: PosF(1e6)
+    tRAS: PosF(1e6)
+    tCCD: PosF(1e6) = 2
+    tWL: float = Field(default=2, ge=0, le=1e6)
+    tWR: float = Field(default=8, ge=0, le=1e6)
+    tWTR: float = Field(default=4, ge=0, le=1e6)
+    tRTW: float = Field(default=4, ge=0, le=1e6)
+    tREFI: float = Field(default=0, ge=0, le=1e6, description="0 disables refresh")
+    tRFC: float = Field(default=0, ge=0, le=1e6)
+    tCCD_L: float | None = Field(default=None, ge=0, le=1e6)
+    tRRD_S: float | None = Field(default=None, ge=0, le=1e6)
+    tRRD_L: float | None = Field(default=None, ge=0, le=1e6)
+    tFAW: float | None = Field(default=None, ge=0, le=1e6)
+    tRC: float | None = Field(default=None, ge=0, le=1e6)
+    tRCDWR: float | None = Field(default=None, ge=0, le=1e6)
+    tRTP: float | None = Field(default=None, ge=0, le=1e6)
+    tRFCsb: float | None = Field(default=None, ge=0, le=1e6)
 
 
 #: what a missing optional timing stands for: another timing (name), a sum of them, or 0
@@ -217,25 +251,25 @@ class Hbm(StrictModel):
     """
 
     preset: str | None = None
-    channels: PositiveInt
-    capacity_gb: PositiveFloat
+    channels: Pos(4096)
+    capacity_gb: PosF(2**20)
     attach: Literal["edge", "per_core"] | list[NonNegativeInt] = "edge"
-    tck_ns: PositiveFloat = 1.0
-    bus_width_bits: PositiveInt = 64
-    pin_rate_gbps: PositiveFloat | None = None
-    channel_bandwidth_gbps: PositiveFloat | None = None
-    burst_length: PositiveInt = 4
-    pseudo_channels: PositiveInt = 1
-    banks: PositiveInt = 16
-    bank_groups: PositiveInt = 1
-    row_bytes: PositiveInt = 1024
-    request_queue_depth: PositiveInt = 32
-    write_queue_depth: NonNegativeInt = 0
-    write_high_watermark: PositiveInt | None = None
-    write_low_watermark: NonNegativeInt | None = None
+    tck_ns: PosF(1e3) = 1.0
+    bus_width_bits: Pos(2**16) = 64
+    pin_rate_gbps: PosF(1e6) | None = None
+    channel_bandwidth_gbps: PosF(1e6) | None = None
+    burst_length: Pos(4096) = 4
+    pseudo_channels: Pos(64) = 1
+    banks: Pos(4096) = 16
+    bank_groups: Pos(4096) = 1
+    row_bytes: Pos(2**24) = 1024
+    request_queue_depth: Pos(2**16) = 32
+    write_queue_depth: NonNeg(2**16) = 0
+    write_high_watermark: Pos(2**16) | None = None
+    write_low_watermark: NonNeg(2**16) | None = None
     refresh: Literal["all_bank", "per_bank"] = "all_bank"
-    interleave_bytes: PositiveInt = 256
-    frontend_latency_ns: float = Field(default=10.0, ge=0, description="controller + PHY fixed latency, each way")
+    interleave_bytes: Pos(2**30) = 256
+    frontend_latency_ns: float = Field(default=10.0, ge=0, le=1e6, description="controller + PHY fixed latency, each way")
     timing: DramTiming
 
     @model_validator(mode="before")
@@ -304,13 +338,13 @@ class Hbm(StrictModel):
 class Noc(StrictModel):
     """2D-mesh network-on-chip parameters (used by the NoC models)."""
 
-    link_bytes_per_cycle: PositiveInt = 64
-    router_pipeline_cycles: PositiveInt = 4
-    link_latency_cycles: PositiveInt = 1
-    buffer_depth_flits: PositiveInt = 8
-    virtual_channels: PositiveInt = 2
+    link_bytes_per_cycle: Pos(2**16) = 64
+    router_pipeline_cycles: Pos(1024) = 4
+    link_latency_cycles: Pos(2**16) = 1
+    buffer_depth_flits: Pos(2**16) = 8
+    virtual_channels: Pos(64) = 2
     routing: Literal["xy", "yx"] = "xy"
-    max_packet_flits: PositiveInt = 16
+    max_packet_flits: Pos(2**20) = 16
 
 
 class CoreClass(StrictModel):
@@ -324,7 +358,7 @@ class CoreClass(StrictModel):
     cores: list[NonNegativeInt]
     systolic_array: SystolicArray | None = None
     sram: Sram | None = None
-    channel_bandwidth_gbps: PositiveFloat | None = None
+    channel_bandwidth_gbps: PosF(1e6) | None = None
 
 
 class Arch(StrictModel):
@@ -333,7 +367,7 @@ class Arch(StrictModel):
 
     name: str
     description: str = ""
-    clock_ghz: PositiveFloat
+    clock_ghz: PosF(1e3)
     cores: Cores
     hbm: Hbm
     noc: Noc = Noc()

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from npusim import __version__
 from npusim.errors import NpusimError
+from npusim.files import check_output_dir
 
 SUBCOMMANDS = ("run", "replay", "info", "gemm", "mem", "noc", "collective", "fabric", "model", "sweep", "report")
 
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        if isinstance(getattr(args, "out", None), Path):
+            check_output_dir(args.out)  # before a long run, not after it
         return int(args._run(args) or 0)
     except NpusimError as exc:
         print(f"npusim {args.command}: error: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ Examples::
     npusim noc --mesh 8x8 --traffic uniform --rate 0.2 --packet-flits 4
     npusim noc --arch npusim-64c --traffic transpose --rate 0.1 --json
     npusim noc --mesh 8x8 --packet-flits 1 --vcs 16 --sweep
+    npusim noc --mesh 4x4 --vcs 16 --buffer-flits 8 --booksim-compatible --rate 0.25
 
 ``--rate`` is the offered load in flits per node per cycle. NoC parameters come from
 ``--arch`` (mesh size from ``cores.grid``, the rest from ``noc``) or the schema
@@ -50,6 +51,10 @@ def add_parser(sub):
     p.add_argument("--router-stages", help="router pipeline depth in cycles (arch noc.router_pipeline_cycles, default 4)")
     p.add_argument("--link-latency-cycles", help="link latency in cycles (arch noc.link_latency_cycles, default 1)")
     p.add_argument("--routing", help="xy or yx (arch noc.routing, default xy)")
+    p.add_argument("--booksim-compatible", action="store_true",
+                   help="flit model with BookSim2's iq_router conventions: iSLIP VC and switch allocation, "
+                        "2-cycle body-flit pipeline, 1-cycle injection and ejection channels counted in the "
+                        "latency (configure like BookSim2, e.g. --vcs 16 --buffer-flits 8, to get its curves)")
     p.add_argument("--hotspot-nodes", help="comma-separated router ids for --traffic hotspot (default: centre)")
     p.add_argument("--hotspot-fraction", default="0.2", help="share of packets sent to hotspots (default 0.2)")
     p.add_argument("--sweep", action="store_true", help="sweep the rate up to saturation and print the curve")
@@ -98,6 +103,7 @@ def noc_params(args) -> NocParams:
         link_latency_cycles=_int(args.link_latency_cycles, "--link-latency-cycles"),
         routing=args.routing,
         topology=args.topology,
+        booksim_compatible=True if getattr(args, "booksim_compatible", False) else None,
     )
     if args.topology not in TOPOLOGIES:
         raise ConfigError(f"--topology: unknown topology {args.topology!r}; known: {', '.join(TOPOLOGIES)}")
@@ -142,6 +148,9 @@ def _flag(flag: str, fn, *a):
 def run(args) -> int:
     params = noc_params(args)
     simulate = _flag("--fidelity", simulator, args.fidelity)
+    if params.booksim_compatible and args.fidelity != "flit":
+        raise ConfigError(f"--booksim-compatible: only the flit fidelity has BookSim2's conventions, "
+                          f"not --fidelity {args.fidelity}")
     _flag("--traffic", canonical_pattern, args.traffic)
     rate = _rate(args.rate if args.rate is not None else DEFAULT_RATE)
     traffic = synthetic_traffic(args, rate)  # validates everything before a long run
@@ -181,9 +190,10 @@ def sweep(simulate, params: NocParams, args, step: float) -> list[NocResult]:
 
 
 def _describe(params: NocParams, res: NocResult) -> str:
+    conv = ", BookSim2 conventions" if params.booksim_compatible else ""
     return (f"{res.fidelity}-level NoC: {params.label}, {res.pattern} traffic, {res.packet_flits}-flit packets, "
             f"{params.vcs} VCs x {params.buffer_flits} flits, {params.router_stages}-stage routers, "
-            f"{params.link_latency_cycles}-cycle links, {params.routing} routing")
+            f"{params.link_latency_cycles}-cycle links, {params.routing} routing{conv}")
 
 
 def _fmt(x: float, spec: str = ".1f") -> str:
@@ -220,6 +230,7 @@ def _print_sweep(results: list[NocResult], params: NocParams, traffic: Synthetic
     summary = {
         "saturation_offered_load": max((r.offered_flits_per_node_cycle for r in stable), default=None),
         "max_accepted_flits_per_node_cycle": max(r.accepted_flits_per_node_cycle for r in results),
+        "zero_load_latency_cycles": results[0].zero_load_latency_cycles,
     }
     if as_json:
         print(json.dumps({"sweep": [_sweep_row(r) for r in results], **summary}, indent=2))

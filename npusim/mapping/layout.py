@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from npusim.hw.noc.routing import grid_hops
 from npusim.errors import ConfigError
 
 
@@ -113,10 +114,8 @@ def place_groups(width: int, height: int, tp: int, stages: int, replicas: int, k
 
 
 def ring_hop_counts(cores, width: int) -> list[int]:
-    """Manhattan (XY-routing) hops between ring neighbours."""
+    """Mesh hops between ring neighbours (:func:`npusim.hw.noc.routing.grid_hops`)."""
     n = len(cores)
-    out = []
-    for i in range(n):
-        a, b = cores[i], cores[(i + 1) % n]
-        out.append(abs(a % width - b % width) + abs(a // width - b // width))
-    return out if n > 1 else []
+    if n < 2:
+        return []
+    return [int(h) for h in grid_hops(list(cores), list(cores[1:]) + [cores[0]], width)]

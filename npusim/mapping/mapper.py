@@ -51,6 +51,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from npusim.arch.derived import kv_cache_base_address
 from npusim.arch.schema import DTYPE_BYTES, Arch
 from npusim.comm.collectives import alltoallv, ring_allgather, ring_allreduce
 from npusim.errors import ConfigError
@@ -182,8 +183,7 @@ class Mapper:
         self.resident_ops: set[str] = set()  # memory.weights partial: ops whose weights stay in SRAM
         self.moe_ops = {op.name: op for op in graph.ops if op.kind == "moe"}
         self.moe_cursor: dict[str, int] = {}  # MoE op -> first token of its next slice
-        half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
-        self.kv_base = [half + c * (half // arch.num_cores) for c in range(arch.num_cores)]
+        self.kv_base = [kv_cache_base_address(arch, c) for c in range(arch.num_cores)]
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self) -> Mapped:

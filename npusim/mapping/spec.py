@@ -37,6 +37,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from npusim.config import StrictModel, load_with_extends, validate
 from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment, SystemServing
+from npusim.resources import data_dir
 
 PARTITIONS = ("tp_k", "tp_mn", "tp_mnk", "auto")
 LAYOUTS = ("linear_seq", "linear_interleave", "ring", "mesh2d")
@@ -150,7 +151,7 @@ class MappingSpec(StrictModel):
     system_serving: SystemServing | None = None  # prefill + decode instances serving requests (--system --trace)
 
 
-MAPPER_DIR = Path(__file__).resolve().parents[2] / "mappers"
+MAPPER_DIR = data_dir("mappers")  # the repository's mappers/, or the copy a wheel ships
 
 
 def load_mapping(path: str | Path) -> MappingSpec:

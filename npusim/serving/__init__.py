@@ -6,10 +6,10 @@
 - :mod:`~npusim.serving.traces`: Mooncake JSONL and CSV trace files;
 - :mod:`~npusim.serving.metrics`: per-request records, the run summary (TTFT, TBT, TPOT, E2E,
   throughput, goodput), time series, the HDF5 result file and latency plots;
-- :mod:`~npusim.serving.area`: 7 nm area model for throughput per mm².
+- the 7 nm area model for throughput per mm² is :mod:`npusim.arch.area` (re-exported here).
 """
 
-from npusim.serving.area import arch_area_mm2, chip_area_mm2, core_area_mm2, hbm_area_mm2, per_mm2
+from npusim.arch.area import arch_area_mm2, chip_area_mm2, core_area_mm2, hbm_area_mm2, per_mm2
 from npusim.serving.metrics import (RequestRecord, TimeSeries, latency_stats_ms, meets_slo, plot_latency_cdfs,
                                     plot_series, summarize, write_serving_hdf5)
 from npusim.serving.requests import (BLOCK_TOKENS, PRESETS, Empirical, Fixed, LengthSpec, Lognormal, Preset, Request,

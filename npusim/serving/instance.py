@@ -14,6 +14,7 @@ from collections import deque
 
 import numpy as np
 
+from npusim.arch.derived import kv_cache_base_address
 from npusim.mapping.mapper import map_model
 from npusim.model.builder import build_graph
 from npusim.serving.iteration import Work, build_iteration_graph, iteration_signature
@@ -162,10 +163,9 @@ class Instance:
         cores = self.core_list
         sim = self.sim
         engine = min(1, sim.dma_engines - 1)
-        base = int(self.arch.hbm.capacity_gb * 2**30) // 2
         shares = [(c, total // len(cores) + (1 if i < total % len(cores) else 0)) for i, c in enumerate(cores)]
         shares = [(c, b) for c, b in shares if b]
-        param = [(b, base + c * 2**24, 1, sim.initiator(c, engine), 0, 0) for c, b in shares]
+        param = [(b, kv_cache_base_address(self.arch, c), 1, sim.initiator(c, engine), 0, 0) for c, b in shares]
         sim.submit_batch(np.full(len(shares), KIND_DMA), [sim.queue(c, f"dma{engine}") for c, _ in shares], param,
                          np.zeros(len(shares) + 1, dtype=np.int64), np.zeros(0, dtype=np.int64),
                          ["KV spill"] * len(shares))

@@ -2,9 +2,8 @@
 ``npusim noc`` (the ``flit`` fidelity runs its own cycle-driven kernel, ``npusim.hw.noc.flit``).
 
 The experiment follows the flit model's methodology so the fidelities can be compared:
-every node creates packets of ``F`` flits with probability ``rate / F`` per cycle
-(Bernoulli, seeded) during warm-up and measurement; destinations follow the traffic
-pattern; each node's packets queue at its ``noc`` queue (an infinite source queue, in
+the packets are the same (:func:`npusim.hw.noc.traffic.packet_stream`, same seed, same
+packets), created through warm-up, measurement and drain; each node's packets queue at its ``noc`` queue (an infinite source queue, in
 creation order). A packet is a NoC message task gated by a timer task that ends at its
 creation cycle. Packets created in the measurement window are measured; the run then
 drains for up to ``drain_cycles``. Packet latency = creation to tail ejection (source
@@ -25,7 +24,7 @@ from npusim.arch.schema import Arch
 from npusim.config import deep_merge
 from npusim.errors import ConfigError
 from npusim.hw.noc.flit import BACKLOG_GROWTH_LIMIT, zero_load_latency_cycles
-from npusim.hw.noc.traffic import NocParams, NocResult, SyntheticTraffic, make_pattern
+from npusim.hw.noc.traffic import NocParams, NocResult, SyntheticTraffic, make_pattern, packet_stream
 from npusim.sim.kernel import KIND_NOC
 from npusim.sim.simulator import Simulator
 
@@ -45,35 +44,14 @@ def _arch_for(params: NocParams) -> Arch:
     return Arch.model_validate(deep_merge(base, over))
 
 
-def _generate(params: NocParams, traffic: SyntheticTraffic, pattern, n: int):
-    """Creation cycle, source and destination of every packet, in (cycle, source) order."""
-    rng = np.random.default_rng(traffic.seed)
-    horizon = traffic.warmup_cycles + traffic.measure_cycles
-    cycles, sources = [], []
-    block = max(1, 2_000_000 // n)
-    for c0 in range(0, horizon, block):
-        span = min(block, horizon - c0)
-        hit = np.flatnonzero(rng.random((span, n)).ravel() < traffic.packet_probability)
-        cycles.append(hit // n + c0)
-        sources.append(hit % n)
-    cyc = np.concatenate(cycles) if cycles else np.zeros(0, np.int64)
-    src = np.concatenate(sources) if sources else np.zeros(0, np.int64)
-    cdf = np.cumsum(pattern.destination_probabilities(), axis=1)
-    cdf[:, -1] = 1.0
-    u = rng.random(src.shape[0])
-    dst = np.empty_like(src)
-    for s in np.unique(src):
-        sel = src == s
-        dst[sel] = np.searchsorted(cdf[s], u[sel], side="right")
-    return cyc.astype(np.int64), src.astype(np.int64), np.minimum(dst, n - 1).astype(np.int64)
-
-
 def simulate_engine(params: NocParams, traffic: SyntheticTraffic, fidelity: str) -> NocResult:
     arch = _arch_for(params)
     sim = Simulator(arch, noc_mode=fidelity, noc_graph=params.build_graph())
     n = arch.num_cores
     pattern = make_pattern(traffic.pattern, sim.topology, traffic.hotspot_nodes, traffic.hotspot_fraction)
-    created, src, dst = _generate(params, traffic, pattern, n)
+    # the packet stream every fidelity shares; traffic continues through the drain, as in the flit model
+    created, src, dst = packet_stream(traffic, pattern, 0, traffic.warmup_cycles + traffic.measure_cycles
+                                      + traffic.drain_cycles)
     F = traffic.packet_flits
     count = created.shape[0]
     # task 2i: timer ending at the creation cycle; task 2i+1: the message, after its timer

@@ -65,6 +65,8 @@ from typing import Mapping
 
 import numpy as np
 
+from npusim.arch.schema import DEFAULT_VECTOR_OPS_PER_CYCLE_PER_LANE
+
 __all__ = [
     "ACTIVATION_FUNCTIONS",
     "DEFAULT_OPS_PER_CYCLE_PER_LANE",
@@ -79,16 +81,13 @@ __all__ = [
 #: classes whose throughput the arch file gives (ops per cycle per lane)
 THROUGHPUT_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide")
 
-#: defaults: simple ALU ops at full rate, transcendental/divide on a 1/4-rate unit
-DEFAULT_OPS_PER_CYCLE_PER_LANE: dict[str, float] = {
-    "elementwise": 1.0,
-    "activation": 0.5,
-    "exp": 0.25,
-    "reduction": 1.0,
-    "divide": 0.25,
-}
+#: defaults: simple ALU ops at full rate, transcendental/divide on a 1/4-rate unit (their one
+#: home is the arch schema; an assumption, see its docstring)
+DEFAULT_OPS_PER_CYCLE_PER_LANE: dict[str, float] = dict(DEFAULT_VECTOR_OPS_PER_CYCLE_PER_LANE)
 
-#: lane pipeline latency exposed per dependent pass: SRAM read (2) + execute (4) + write (2)
+#: lane pipeline latency exposed per dependent pass: SRAM read (2, the schema's default
+#: ``sram.access_latency_cycles``) + execute (4) + write (2). Assumption, no published
+#: source (listed in docs/ARCHITECTURE.md "Assumptions")
 DEFAULT_STARTUP_CYCLES = 8
 
 #: activation fn -> (activation ops, elementwise ops) per element

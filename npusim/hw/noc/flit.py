@@ -79,12 +79,55 @@ source queueing        ``include_queuing = 1`` [same]; ``uniform`` includes the 
                        itself as a destination [same]
 =====================  ==============================================================
 
-Differences from BookSim2's ``iq_router`` that a side-by-side run will show: here
-every flit (not just the head) spends ``S`` cycles in a router, VC and switch
-allocation happen in the same (last) pipeline cycle, injection and ejection channels
-add no latency (BookSim's add one cycle each), and there is no speculation, no output
-queue and no internal speedup.
-So latency agrees in structure (per-hop cost ``S + L``) but not to the cycle.
+Differences from BookSim2's ``iq_router`` in the default mode: every flit (not just the
+head) spends ``S`` cycles in a router; VC allocation is greedy and switch allocation
+input-first; injection and ejection channels add no latency (BookSim's add 1 and 2
+cycles, see below); there is no speculation, output queue or internal speedup. Latency
+agrees in structure (per-hop cost ``S + L``) but not to the cycle: on a 4x4 mesh with
+BookSim's defaults (16 VCs x 8 flits), uniform 1-flit packets, the default mode gives
+16.6-16.8 cycles at 0.05-0.25 flits/node/cycle where BookSim2 gives 19.7-20.1.
+
+BookSim2-compatible mode (``booksim=True``; ``npusim noc --booksim-compatible``)
+-------------------------------------------------------------------------------
+Conventions read from BookSim2's source (``src/trafficmanager.cpp`` ``_Step``/``_Inject``/
+``_RetireFlit``, ``src/channel.hpp``, ``src/routers/iq_router.cpp``,
+``src/allocators/islip.cpp``, ``src/buffer_state.cpp``), each reproduced here:
+
+- *Latency is counted from creation to the NI's read of the tail.* ``ctime`` is the cycle
+  the Bernoulli trial succeeded (``include_queuing = 1``: source queueing included), the
+  head can enter the injection channel in that cycle; ``atime`` is the cycle the
+  destination reads the tail off the ejection channel. A BookSim channel of latency
+  ``d`` delivers what was sent in cycle ``t`` to a reader in ``t + d + 1``; router to
+  router this is part of the per-hop ``S + L``, but the injection channel adds one
+  cycle before the first router and the ejection channel plus the read two after the
+  last (``BOOKSIM_INJECTION_CYCLES``, ``BOOKSIM_EJECTION_CYCLES``). Zero-load latency
+  becomes ``(H + 1) * S + H * L + F - 1 + 3`` (tested).
+- *Pipeline.* A head takes route computation, VC allocation, switch allocation and
+  switch traversal (``routing_delay + vc_alloc_delay + sw_alloc_delay + st_final_delay``
+  = ``S``); body and tail flits only switch allocation and traversal (``min(S, 2)``
+  cycles). A head that reaches its VC's front when the previous packet's tail leaves
+  starts route computation in the next cycle (``_SWAllocUpdate`` sets the VC to
+  ``routing``), so it traverses the switch ``S - 1`` cycles after that tail at the
+  earliest.
+- *Allocators.* VC and switch allocation are iSLIP with one iteration
+  (``vc_allocator = sw_allocator = islip``, ``alloc_iters = 1``): every free output VC
+  grants the first requesting input VC from its pointer, every input VC accepts the
+  first grant from its own, pointers move only past an accepted grant; for the switch
+  the same between input and output ports, each input port requesting every output one
+  of its VCs can use (among its VCs for one output, round-robin). The ejection port's
+  VCs are allocated like any other. An output VC is released at the tail's switch
+  allocation (``wait_for_tail_credit = 0``) and claimable by a VC allocation two cycles
+  later; a credit is usable upstream ``L + 1`` cycles after its flit left
+  (``credit_delay = 0`` plus the credit channel and its read).
+- *Injection.* The NI puts each new packet in the next local-port VC round-robin
+  (``_last_vc``) and waits for that VC's credit if it is full; it sees the local
+  port's credits one cycle after the router frees a slot, as BookSim's does.
+
+Not reproduced: BookSim's random stream (Bernoulli trials and destinations draw from
+npusim's generator, same distributions), its warm-up/convergence rule (npusim uses a
+fixed warm-up and window), and the VC the switch allocator picks among several of one
+input requesting the same output (BookSim: the earliest to become eligible, here
+round-robin). Against BookSim2's figures, see ``validation/noc_booksim.py``.
 
 Public interface for the event engine
 -------------------------------------
@@ -117,8 +160,11 @@ from npusim.hw.noc.flit_kernel import (  # noqa: F401  (re-exported kernel API)
 )
 from npusim.hw.noc.routing import Routing, build_routing
 from npusim.hw.noc.topology import Topology, to_arrays
-from npusim.hw.noc.traffic import NocParams, NocResult, SyntheticTraffic, make_pattern
+from npusim.hw.noc.traffic import (STREAM_BLOCK_CYCLES, NocParams, NocResult, SyntheticTraffic, make_pattern,
+                                   mean_hops, packet_stream)
 
+#: largest flit-model state allocated (the machines npusim targets have 24 GiB)
+MAX_STATE_BYTES = 8 * 2**30
 #: cycles without any flit moving, with flits in the network, that count as a deadlock
 DEADLOCK_CYCLES = 10_000
 #: backlog growth during the window above this fraction of the flits offered in it = saturation
@@ -126,14 +172,15 @@ BACKLOG_GROWTH_LIMIT = 0.05
 
 
 def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, router_stages: int,
-               source_queue_packets: int = 256, done_capacity: int = 0) -> FlitState:
+               source_queue_packets: int = 256, done_capacity: int = 0, booksim: bool = False) -> FlitState:
     """Allocate an empty network: all buffers empty, all credits available.
 
     ``vcs`` VCs per port (1..64), ``buffer_flits`` flits per VC buffer, ``router_stages``
     cycles of router pipeline (>= 1); link latencies come from the topology.
     ``source_queue_packets`` bounds each NI's queue (a full queue refuses new packets).
     ``done_capacity > 0`` records completed packets for :func:`pop_completed` (the event
-    engine needs this; synthetic runs do not).
+    engine needs this; synthetic runs do not). ``booksim=True`` selects BookSim2's router
+    and latency conventions (see "BookSim2-compatible mode" in the module docstring).
     """
     R, P, V, B, S = topo.num_routers, topo.num_ports, int(vcs), int(buffer_flits), int(router_stages)
     if not 1 <= V <= 64:
@@ -152,10 +199,20 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     nvc = R * P * V
     max_pkt = R * P * V * B + R * (source_queue_packets + 1)  # every live packet holds a buffer slot or a queue entry
     done_cap = max(1, int(done_capacity))
+    need = 8 * (nvc * (fk.NVCF + B * fk.NSLF) + max_pkt * (fk.NPKF + 1) + R * (fk.NNDF + source_queue_packets
+                                                                                + P * fk.NPTF))
+    if need > MAX_STATE_BYTES:
+        raise ConfigError(f"flit NoC: {R} routers x {P} ports x {V} VCs x {B}-flit buffers (source queues of "
+                          f"{source_queue_packets} packets) need {need / 2**30:.1f} GiB of state; the limit is "
+                          f"{MAX_STATE_BYTES / 2**30:.0f} GiB (fewer routers, VCs or buffer flits)")
+    table, rt = routing.kernel_arrays()
 
     cfg = np.zeros(fk.NCFG, np.int64)
+    if booksim and P > 5:
+        raise ConfigError(f"BookSim mode supports routers of at most 5 ports, got {P}")
     cfg[[fk.C_R, fk.C_P, fk.C_V, fk.C_B, fk.C_S, fk.C_NCLS, fk.C_SQ, fk.C_MAXPKT, fk.C_RECORD_DONE,
-         fk.C_DONE_CAP]] = (R, P, V, B, S, ncls, source_queue_packets, max_pkt, int(done_capacity > 0), done_cap)
+         fk.C_DONE_CAP, fk.C_BOOKSIM]] = (R, P, V, B, S, ncls, source_queue_packets, max_pkt, int(done_capacity > 0),
+                                          done_cap, int(bool(booksim)))
     ctr = np.zeros(fk.NCTR, np.int64)
     ctr[fk.K_FREE_TOP] = max_pkt
     ctr[fk.K_LAST_CYCLE] = -1
@@ -173,7 +230,8 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     return FlitState(
         cfg=cfg, ctr=ctr, vc=vc, slot=slot, port=_port_table(topo), node=node,
         sq=np.full(R * source_queue_packets, -1, np.int64), pkt=pkt, free=np.arange(max_pkt, dtype=np.int64),
-        next_port=routing.next_port.astype(np.int8), done=np.zeros((done_cap, 2), np.int64),
+        next_port=table, done=np.zeros((done_cap, 2), np.int64),
+        scr=np.zeros(2 * P * V, np.int64), rt=rt,
     )
 
 
@@ -184,6 +242,7 @@ def _port_table(topo: Topology) -> np.ndarray:
     port = np.zeros((topo.num_routers * P, fk.NPTF), np.int64)
     for col in (fk.PT_DOWN_IN, fk.PT_LINK, fk.PT_UP_OUT):
         port[:, col] = -1
+    port[:, fk.PT_SREQ:fk.PT_SREQ + 5] = -1
     out_ip = topo.link_src * P + topo.link_src_port
     in_ip = topo.link_dst * P + topo.link_dst_port
     port[out_ip, fk.PT_DOWN_IN] = in_ip
@@ -195,10 +254,20 @@ def _port_table(topo: Topology) -> np.ndarray:
     return port
 
 
-def zero_load_latency_cycles(hops, packet_flits: int, router_stages: int, link_latency_cycles: int):
-    """``(H + 1) * S + H * L + F - 1``: creation to tail ejection on an empty network."""
+#: BookSim mode: cycles the injection channel adds before the first router, and the
+#: ejection channel plus the NI's read add after the last (see the module docstring)
+BOOKSIM_INJECTION_CYCLES = 1
+BOOKSIM_EJECTION_CYCLES = 2
+
+
+def zero_load_latency_cycles(hops, packet_flits: int, router_stages: int, link_latency_cycles: int,
+                             booksim: bool = False):
+    """``(H + 1) * S + H * L + F - 1``: creation to tail ejection on an empty network;
+    with ``booksim`` the injection and ejection channels add
+    ``BOOKSIM_INJECTION_CYCLES + BOOKSIM_EJECTION_CYCLES`` (= 3)."""
     h = np.asarray(hops)
-    return (h + 1) * router_stages + h * link_latency_cycles + packet_flits - 1
+    extra = BOOKSIM_INJECTION_CYCLES + BOOKSIM_EJECTION_CYCLES if booksim else 0
+    return (h + 1) * router_stages + h * link_latency_cycles + packet_flits - 1 + extra
 
 
 # =====================================================================================
@@ -264,6 +333,8 @@ def conservation(st: FlitState) -> dict:
         and ctr[fk.K_ERRORS] == 0
         and np.all(credits >= 0)
         and np.all(credits + st.vc[:, fk.OV_CQ_CNT] + _downstream_occupancy(st) == B)
+        # an idle network holds no VC (a VC left claimed would block its output forever)
+        and (ctr[fk.K_PKTS_CREATED] != ctr[fk.K_PKTS_DONE] or not st.vc[:, fk.OV_BUSY].any())
     )
     return report
 
@@ -297,7 +368,8 @@ def simulate_flit(params: NocParams, traffic: SyntheticTraffic) -> NocResult:
     topo = to_arrays(params.build_graph())
     routing = build_routing(topo, params.routing)
     pattern = make_pattern(traffic.pattern, topo, traffic.hotspot_nodes, traffic.hotspot_fraction)
-    st = make_state(topo, routing, params.vcs, params.buffer_flits, params.router_stages, traffic.source_queue_packets)
+    st = make_state(topo, routing, params.vcs, params.buffer_flits, params.router_stages, traffic.source_queue_packets,
+                    booksim=params.booksim_compatible)
     warm_up()
     t0 = time.perf_counter()
     out, port_window = run_traffic(st, pattern, traffic)
@@ -314,13 +386,17 @@ def simulate_flit(params: NocParams, traffic: SyntheticTraffic) -> NocResult:
 
 
 def run_traffic(st: FlitState, pattern, traffic: SyntheticTraffic) -> tuple[np.ndarray, np.ndarray]:
-    """Run a synthetic experiment (warm-up, window, drain) on a fresh state; returns the
-    kernel's summary array (``flit_kernel.O_*``) and flits per output port in the window."""
+    """Run a synthetic experiment (warm-up, window, drain) on a fresh state, fed block by
+    block from :func:`npusim.hw.noc.traffic.packet_stream`; returns the kernel's summary
+    array (``flit_kernel.O_*``) and flits per output port in the window."""
     port_window = np.zeros(st.port.shape[0], np.int64)
     out = np.zeros(fk.NOUT, np.int64)
-    run_synthetic(st, pattern.kind, pattern.cand_ptr, pattern.cand_idx, pattern.hot_nodes, pattern.hot_fraction,
-                  traffic.packet_probability, traffic.packet_flits, traffic.warmup_cycles, traffic.measure_cycles,
-                  traffic.drain_cycles, DEADLOCK_CYCLES, traffic.seed, port_window, out)
+    cycle = 0
+    block = 4 * STREAM_BLOCK_CYCLES
+    while not out[fk.O_FINISHED]:
+        cyc, src, dst = packet_stream(traffic, pattern, cycle, cycle + block)
+        cycle = run_synthetic(st, cyc, src, dst, traffic.packet_flits, cycle, cycle + block, traffic.warmup_cycles,
+                              traffic.measure_cycles, traffic.drain_cycles, DEADLOCK_CYCLES, port_window, out)
     return out, port_window
 
 
@@ -357,8 +433,8 @@ def _result(params, traffic, topo, routing, pattern, st, out, link_window, wall)
     def avg(key):
         return float(ctr[key]) / done if done else float("nan")
 
-    t0 = zero_load_latency_cycles(routing.hop_matrix(), traffic.packet_flits, params.router_stages,
-                                  params.link_latency_cycles)
+    t0 = zero_load_latency_cycles(mean_hops(pattern, routing), traffic.packet_flits, params.router_stages,
+                                  params.link_latency_cycles, params.booksim_compatible)
     reason = _saturation_reason(traffic, n, out)
     return NocResult(
         fidelity="flit",
@@ -372,7 +448,7 @@ def _result(params, traffic, topo, routing, pattern, st, out, link_window, wall)
         avg_network_latency_cycles=avg(fk.K_SUM_NET_LAT),
         max_packet_latency_cycles=float(ctr[fk.K_MAX_PKT_LAT]) if done else float("nan"),
         avg_hops=avg(fk.K_SUM_HOPS),
-        zero_load_latency_cycles=float((pattern.destination_probabilities() * t0).sum() / n),
+        zero_load_latency_cycles=float(t0),
         packets_measured=int(ctr[fk.K_MEAS_CREATED]),
         packets_delivered=done,
         saturated=bool(reason),
@@ -383,7 +459,8 @@ def _result(params, traffic, topo, routing, pattern, st, out, link_window, wall)
         link_names=[topo.link_name(k) for k in range(topo.num_links)],
         params=dict(routers=n, vcs=params.vcs, buffer_flits=params.buffer_flits, router_stages=params.router_stages,
                     link_latency_cycles=params.link_latency_cycles, flit_bytes=params.flit_bytes,
-                    routing=params.routing, warmup_cycles=traffic.warmup_cycles,
+                    routing=params.routing, booksim_compatible=params.booksim_compatible,
+                    warmup_cycles=traffic.warmup_cycles,
                     measure_cycles=traffic.measure_cycles, drain_cycles_max=traffic.drain_cycles,
                     seed=traffic.seed, packets_refused=int(out[fk.O_REFUSED]),
                     max_source_queue_packets=int(out[fk.O_MAX_QUEUE])),

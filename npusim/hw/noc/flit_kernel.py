@@ -19,8 +19,10 @@
                             (``ND_WAKE``), NI state, source-queue ring pointers
 ``sq[r*SQ+i]``              source-queue rings of packet ids
 ``pkt[k, PK_*]``            packet table (recycled rows; ``free`` is the stack of free rows)
-``next_port[r, d]``         int8 routing table
+``next_port[r, d]``         int8 routing table (a 1x1 placeholder when routing is computed)
+``rt``                      routing parameters (see :func:`_route`)
 ``done[i, 0|1]``            (tag, tail-ejection cycle) of completed packets, when recorded
+``scr[2*i], scr[2*i+1]``    scratch of the BookSim-mode VC allocator (requesting VC, grants)
 
 Performance notes (found by inspecting the LLVM IR and profiling with perf):
 
@@ -42,26 +44,29 @@ from collections import namedtuple
 import numba
 import numpy as np
 
-from npusim.hw.noc.topology import PORT_DIM, PORT_LOCAL
+from npusim.hw.noc.topology import PORT_DIM, PORT_E, PORT_LOCAL, PORT_N, PORT_S, PORT_W
 
 # ---- cfg: constants ------------------------------------------------------------------
-C_R, C_P, C_V, C_B, C_S, C_NCLS, C_SQ, C_MAXPKT, C_RECORD_DONE, C_DONE_CAP = range(10)
-NCFG = 10
+C_R, C_P, C_V, C_B, C_S, C_NCLS, C_SQ, C_MAXPKT, C_RECORD_DONE, C_DONE_CAP, C_BOOKSIM = range(11)
+NCFG = 11
 # ---- ctr: counters, cumulative since make_state ----------------------------------------
 (K_FLITS_CREATED, K_FLITS_INJ, K_FLITS_EJ, K_PKTS_CREATED, K_PKTS_DONE, K_ERRORS, K_SQ_OVERFLOW,
  K_DONE_OVERFLOW, K_LAST_CYCLE, K_LAST_PROGRESS, K_DONE_CNT, K_FREE_TOP, K_MEAS_CREATED,
  K_MEAS_DONE, K_SUM_PKT_LAT, K_SUM_NET_LAT, K_SUM_HOPS, K_MAX_PKT_LAT) = range(18)
 NCTR = 18
 # ---- vc columns ------------------------------------------------------------------------
-VC_HEAD, VC_COUNT, VC_OUTPORT, VC_OUTVC, OV_BUSY, OV_CREDITS, OV_CQ_HEAD, OV_CQ_CNT = range(8)
-NVCF = 8
+(VC_HEAD, VC_COUNT, VC_OUTPORT, VC_OUTVC, OV_BUSY, OV_CREDITS, OV_CQ_HEAD, OV_CQ_CNT, VC_APTR, OV_GPTR,
+ OV_FREE_AT) = range(11)
+# BookSim mode: VC_APTR / OV_GPTR are the iSLIP accept / grant pointers of the VC allocator;
+# OV_FREE_AT the first cycle a released output VC may be claimed again
+NVCF = 11
 # ---- slot columns ----------------------------------------------------------------------
 SL_PKT, SL_SEQ, SL_READY, SL_CQ_TIME = range(4)
 NSLF = 4
 # ---- port columns ----------------------------------------------------------------------
 (PT_DOWN_IN, PT_LINK, PT_LAT, PT_DATELINE, PT_UP_OUT, PT_UP_LAT, PT_MASK, PT_IN_RR, PT_VA_RR,
- PT_OUT_RR, PT_FLITS) = range(11)
-NPTF = 11
+ PT_OUT_RR, PT_FLITS, PT_ACC_RR, PT_SREQ) = range(13)
+NPTF = PT_SREQ + 5  # PT_SREQ + o: the VC of this input port requesting output o (BookSim mode), -1 if none
 # ---- node columns ----------------------------------------------------------------------
 ND_FLITS, ND_ROT, ND_SQ_HEAD, ND_SQ_CNT, ND_NI_PKT, ND_NI_SEQ, ND_NI_VC, ND_NI_RR, ND_WAKE = range(9)
 NNDF = 9
@@ -73,7 +78,7 @@ NEVER = np.int64(2**62)  # a wake-up cycle that never comes
 REQ_BITS = 10
 
 FlitState = namedtuple("FlitState", ["cfg", "ctr", "vc", "slot", "port", "node", "sq", "pkt", "free",
-                                     "next_port", "done"])
+                                     "next_port", "done", "scr", "rt"])
 
 
 # =====================================================================================
@@ -163,11 +168,19 @@ def _ni_next_packet(node, sq, sqcap, r):
     return k
 
 
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _body_stages(S):
+    """BookSim mode: router cycles of a body or tail flit (switch allocation + switch
+    traversal; route computation and VC allocation are the head's alone)."""
+    return S if S < 2 else 2
+
+
 @numba.njit(cache=True, _nrt=False)
 def _inject_phase(st, cycle):
     """Each NI writes at most one flit of its current packet into its local input port."""
     cfg, ctr, vc, slot, port, node, sq, pkt = st.cfg, st.ctr, st.vc, st.slot, st.port, st.node, st.sq, st.pkt
     R, P, V, B, S, sqcap = cfg[C_R], cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_S], cfg[C_SQ]
+    booksim = cfg[C_BOOKSIM] != 0
     for r in range(R):
         k = node[r, ND_NI_PKT]
         if k < 0:
@@ -177,9 +190,14 @@ def _inject_phase(st, cycle):
         seq = node[r, ND_NI_SEQ]
         ip = r * P + PORT_LOCAL
         if seq == 0:
-            v = _ni_pick_vc(vc, V, B, ip * V, node[r, ND_NI_RR])
-            if v < 0:
-                continue
+            if booksim:  # the next VC round-robin; wait for its credit if it is full
+                v = node[r, ND_NI_RR]
+                if vc[ip * V + v, VC_COUNT] >= B:
+                    continue
+            else:
+                v = _ni_pick_vc(vc, V, B, ip * V, node[r, ND_NI_RR])
+                if v < 0:
+                    continue
             node[r, ND_NI_VC] = v
             node[r, ND_NI_RR] = v + 1 if v + 1 < V else 0
             pkt[k, PK_INJECT] = cycle
@@ -187,7 +205,11 @@ def _inject_phase(st, cycle):
             v = node[r, ND_NI_VC]
             if vc[ip * V + v, VC_COUNT] >= B:
                 continue
-        _push_flit(vc, slot, port, node, B, r, ip, v, ip * V + v, k, seq, cycle + S)
+        if booksim:  # 1-cycle injection channel; body flits skip route computation and VC allocation
+            ready = cycle + 1 + (S if seq == 0 else _body_stages(S))
+        else:
+            ready = cycle + S
+        _push_flit(vc, slot, port, node, B, r, ip, v, ip * V + v, k, seq, ready)
         ctr[K_FLITS_INJ] += 1
         ctr[K_LAST_PROGRESS] = cycle
         seq += 1
@@ -201,11 +223,42 @@ def _inject_phase(st, cycle):
 # =====================================================================================
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _allocate_vc(vc, port, next_port, P, V, ncls, r, p, v, iv, dst):
+def _dim_port(delta, size, wraps, pos_port, neg_port):
+    if wraps:
+        fwd = delta % size
+        return pos_port if fwd <= size - fwd else neg_port
+    return pos_port if delta > 0 else neg_port
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _route(next_port, rt, r, d):
+    """Output port at router ``r`` towards ``d``: the table, or (``rt[0] == 1``, networks too
+    large for a table) dimension-order routing from coordinates, ``rt = [1, width,
+    height, wrap_x, wrap_y, yx]``, the same routes as :mod:`npusim.hw.noc.routing`'s."""
+    if rt[0] == 0:
+        return np.int64(next_port[r, d])
+    w = rt[1]
+    dx = d % w - r % w
+    dy = d // w - r // w
+    if rt[5] == 0:
+        if dx != 0:
+            return np.int64(_dim_port(dx, w, rt[3], PORT_E, PORT_W))
+        if dy != 0:
+            return np.int64(_dim_port(dy, rt[2], rt[4], PORT_S, PORT_N))
+        return np.int64(PORT_LOCAL)
+    if dy != 0:
+        return np.int64(_dim_port(dy, rt[2], rt[4], PORT_S, PORT_N))
+    if dx != 0:
+        return np.int64(_dim_port(dx, w, rt[3], PORT_E, PORT_W))
+    return np.int64(PORT_LOCAL)
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, dst):
     """Route the head flit at the front of input VC ``iv`` and claim a downstream VC
     (round-robin from the output's pointer, within the allowed dateline class).
     Returns the output port, or -1 if every allowed VC is claimed."""
-    o = np.int64(next_port[r, dst])
+    o = _route(next_port, rt, r, dst)
     if o == PORT_LOCAL:
         vc[iv, VC_OUTPORT] = o
         vc[iv, VC_OUTVC] = 0
@@ -255,7 +308,7 @@ def _has_credit(vc, slot, B, ov, cycle):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _input_request(vc, slot, port, pkt, next_port, P, V, B, ncls, r, p, cycle):
+def _input_request(vc, slot, port, pkt, next_port, rt, P, V, B, ncls, r, p, cycle):
     """Input stage of the separable allocator for input port ``p`` of router ``r``.
 
     Every ready head flit at a VC front gets VC allocation; the first VC (round-robin
@@ -285,7 +338,7 @@ def _input_request(vc, slot, port, pkt, next_port, P, V, B, ncls, r, p, cycle):
         wake = cycle
         o = vc[iv, VC_OUTPORT]
         if o < 0:
-            o = _allocate_vc(vc, port, next_port, P, V, ncls, r, p, v, iv, pkt[slot[s, SL_PKT], PK_DST])
+            o = _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, pkt[slot[s, SL_PKT], PK_DST])
             if o < 0:
                 continue
         if req != 0:
@@ -326,21 +379,22 @@ def _pop_flit(vc, port, node, B, r, ip, v, iv):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _return_credit(vc, slot, port, B, V, ip, v, cycle):
+def _return_credit(vc, slot, port, B, V, ip, v, cycle, extra):
     """Send a credit for VC ``v`` of input port ``ip`` back to the upstream output VC;
-    it becomes usable there after the link latency."""
+    it becomes usable there after the link latency (plus ``extra`` cycles)."""
     ov = port[ip, PT_UP_OUT] * V + v
     pos = vc[ov, OV_CQ_HEAD] + vc[ov, OV_CQ_CNT]
     if pos >= B:
         pos -= B
-    slot[ov * B + pos, SL_CQ_TIME] = cycle + port[ip, PT_UP_LAT]
+    slot[ov * B + pos, SL_CQ_TIME] = cycle + port[ip, PT_UP_LAT] + extra
     vc[ov, OV_CQ_CNT] += 1
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
 def _forward(vc, slot, port, node, pkt, P, V, B, S, op, iv, k, seq, tail, cycle):
     """Put a flit on output link ``op``: it is written into the downstream input VC now
-    (the credit reserved its slot) and is ready there after link latency + pipeline."""
+    (the credit reserved its slot) and is ready there after link latency + ``S`` cycles
+    of pipeline."""
     dv = vc[iv, VC_OUTVC]
     ov = op * V + dv
     dip = port[op, PT_DOWN_IN]
@@ -364,11 +418,14 @@ def _eject(cfg, ctr, pkt, free, done, r, k, seq, tail, cycle):
     if not tail:
         return
     ctr[K_PKTS_DONE] += 1
+    # BookSim mode: the flit crosses a 1-cycle ejection channel and the NI reads it in the
+    # cycle after (BookSim's ``atime``), 2 cycles after leaving the router
+    arrive = cycle + 2 * cfg[C_BOOKSIM]
     if pkt[k, PK_MEASURE]:
-        lat = cycle - pkt[k, PK_CREATE]
+        lat = arrive - pkt[k, PK_CREATE]
         ctr[K_MEAS_DONE] += 1
         ctr[K_SUM_PKT_LAT] += lat
-        ctr[K_SUM_NET_LAT] += cycle - pkt[k, PK_INJECT]
+        ctr[K_SUM_NET_LAT] += arrive - pkt[k, PK_INJECT]
         ctr[K_SUM_HOPS] += pkt[k, PK_HOPS]
         if lat > ctr[K_MAX_PKT_LAT]:
             ctr[K_MAX_PKT_LAT] = lat
@@ -376,7 +433,7 @@ def _eject(cfg, ctr, pkt, free, done, r, k, seq, tail, cycle):
         n = ctr[K_DONE_CNT]
         if n < cfg[C_DONE_CAP]:
             done[n, 0] = pkt[k, PK_TAG]
-            done[n, 1] = cycle
+            done[n, 1] = arrive
             ctr[K_DONE_CNT] = n + 1
         else:
             ctr[K_DONE_OVERFLOW] += 1
@@ -403,7 +460,7 @@ def _routers_phase(st, cycle):
                 p -= P
             if port[r * P + p, PT_MASK] == 0:
                 continue
-            req, port_wake = _input_request(vc, slot, port, pkt, st.next_port, P, V, B, ncls, r, p, cycle)
+            req, port_wake = _input_request(vc, slot, port, pkt, st.next_port, st.rt, P, V, B, ncls, r, p, cycle)
             wake = min(wake, port_wake)
             if req:
                 reqs |= req << (REQ_BITS * p)
@@ -422,7 +479,7 @@ def _routers_phase(st, cycle):
             s = _pop_flit(vc, port, node, B, r, ip, v, iv)
             k, seq = slot[s, SL_PKT], slot[s, SL_SEQ]
             if p != PORT_LOCAL:
-                _return_credit(vc, slot, port, B, V, ip, v, cycle)
+                _return_credit(vc, slot, port, B, V, ip, v, cycle, 0)
             tail = seq == pkt[k, PK_NFLITS] - 1
             if o == PORT_LOCAL:
                 _eject(cfg, ctr, pkt, st.free, st.done, r, k, seq, tail, cycle)
@@ -434,6 +491,231 @@ def _routers_phase(st, cycle):
             ctr[K_LAST_PROGRESS] = cycle
 
 
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _va_class_range(port, P, V, ncls, op, p, o, v):
+    """Downstream VCs a packet at input VC ``v`` of port ``p`` may claim on output ``o``
+    (dateline classes, see the module docstring of :mod:`.flit`): ``[lo, hi)``."""
+    lo, hi = 0, V
+    if ncls > 1 and o != PORT_LOCAL:
+        half = V // 2
+        if port[op, PT_DATELINE] != 0 or (p != PORT_LOCAL and PORT_DIM[p] == PORT_DIM[o] and v >= half):
+            lo = half
+        else:
+            hi = half
+    return lo, hi
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _islip_va(vc, port, scr, next_port, rt, pkt, slot, P, V, B, ncls, r, nreq, cycle):
+    """BookSim mode: one iteration of iSLIP between the ``nreq`` head flits listed in
+    ``scr`` (input VC ids) and the free VCs of the output ports they route to (the
+    ejection port's VCs included). Each free output VC grants the first requesting input
+    VC at or after its pointer; each input VC accepts the first grant at or after its
+    own; pointers move past an accepted grant. Winners get their output port and VC."""
+    PV = P * V
+    base = r * PV
+    for i in range(nreq):
+        scr[2 * i + 1] = 0
+    # grant
+    for i in range(nreq):
+        iv = scr[2 * i]
+        ip = iv // V
+        p, v = ip - r * P, iv - ip * V
+        o = _route(next_port, rt, r, pkt[slot[iv * B + vc[iv, VC_HEAD], SL_PKT], PK_DST])
+        op = r * P + o
+        lo, hi = _va_class_range(port, P, V, ncls, op, p, o, v)
+        for dv in range(lo, hi):
+            ov = op * V + dv
+            if vc[ov, OV_BUSY] != 0 or vc[ov, OV_FREE_AT] > cycle:
+                continue
+            # does an earlier requester (cyclically from the pointer) also want ov?
+            g = vc[ov, OV_GPTR]
+            mine = iv - base - g
+            if mine < 0:
+                mine += PV
+            best = mine
+            for jj in range(nreq):
+                if jj == i:
+                    continue
+                iv2 = scr[2 * jj]
+                ip2 = iv2 // V
+                if _route(next_port, rt, r, pkt[slot[iv2 * B + vc[iv2, VC_HEAD], SL_PKT], PK_DST]) != o:
+                    continue
+                lo2, hi2 = _va_class_range(port, P, V, ncls, op, ip2 - r * P, o, iv2 - ip2 * V)
+                if dv < lo2 or dv >= hi2:
+                    continue
+                d2 = iv2 - base - g
+                if d2 < 0:
+                    d2 += PV
+                if d2 < best:
+                    best = d2
+                    break
+            if best == mine:
+                scr[2 * i + 1] |= np.int64(1) << dv
+    # accept
+    for i in range(nreq):
+        mask = scr[2 * i + 1]
+        if mask == 0:
+            continue
+        iv = scr[2 * i]
+        o = _route(next_port, rt, r, pkt[slot[iv * B + vc[iv, VC_HEAD], SL_PKT], PK_DST])
+        a = vc[iv, VC_APTR] - o * V
+        start = a if 0 <= a < V else 0
+        dv = -1
+        for jj in range(V):
+            d = start + jj
+            if d >= V:
+                d -= V
+            if (mask >> d) & 1:
+                dv = d
+                break
+        op = r * P + o
+        ov = op * V + dv
+        vc[ov, OV_BUSY] = 1
+        vc[iv, VC_OUTPORT] = o
+        vc[iv, VC_OUTVC] = dv
+        nxt = iv - base + 1
+        vc[ov, OV_GPTR] = nxt if nxt < PV else 0
+        nxt = o * V + dv + 1
+        vc[iv, VC_APTR] = nxt if nxt < PV else 0
+
+
+@numba.njit(cache=True, _nrt=False)
+def _routers_phase_booksim(st, cycle):
+    """:func:`_routers_phase` with BookSim2's ``iq_router`` conventions (``booksim=True`` in
+    :func:`npusim.hw.noc.flit.make_state`): VC allocation and switch allocation are both
+    iSLIP with one iteration (:func:`_islip_va`; for the switch every input port requests
+    every output one of its VCs can use, each output grants one input round-robin, each
+    input accepts one grant round-robin, pointers move only on an accepted grant); the
+    ejection port's VCs are allocated like any other; body flits spend ``min(S, 2)``
+    cycles in a router (switch allocation and traversal only); a head that reaches its
+    VC's front when the previous packet's tail leaves starts route computation in the
+    next cycle; credits take one cycle more than the link to become usable upstream.
+    A head's VC and switch allocation happen in its ready cycle (BookSim: two cycles and
+    one cycle before switch traversal; the shift is the same for every head, so who
+    competes with whom is unchanged)."""
+    cfg, ctr, vc, slot, port, node, pkt, scr = st.cfg, st.ctr, st.vc, st.slot, st.port, st.node, st.pkt, st.scr
+    R, P, V, B, S, ncls = cfg[C_R], cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_S], cfg[C_NCLS]
+    SB = _body_stages(S)
+    head_only = S - SB  # route computation + VC allocation
+    for r in range(R):
+        if node[r, ND_WAKE] > cycle:
+            continue
+        wake = NEVER
+        nreq = 0
+        # ready fronts: heads without a VC request VC allocation
+        for p in range(P):
+            ip = r * P + p
+            m = port[ip, PT_MASK]
+            if m == 0:
+                continue
+            for v in range(V):
+                if (m >> v) & 1 == 0:
+                    continue
+                iv = ip * V + v
+                ready = slot[iv * B + vc[iv, VC_HEAD], SL_READY]
+                if ready > cycle:
+                    if ready < wake:
+                        wake = ready
+                    continue
+                wake = cycle
+                if vc[iv, VC_OUTPORT] < 0:
+                    scr[2 * nreq] = iv
+                    nreq += 1
+        node[r, ND_WAKE] = cycle + 1 if wake <= cycle else wake
+        if wake > cycle:
+            continue
+        if nreq:
+            _islip_va(vc, port, scr, st.next_port, st.rt, pkt, slot, P, V, B, ncls, r, nreq, cycle)
+        # switch requests: per input port and output, the first VC (round-robin) that is
+        # ready, holds a VC there and has a credit
+        reqs = 0  # 5 bits (outputs requested) per input port
+        for p in range(P):
+            ip = r * P + p
+            for o in range(P):
+                port[ip, PT_SREQ + o] = -1
+            m = port[ip, PT_MASK]
+            if m == 0:
+                continue
+            start = port[ip, PT_IN_RR]
+            mask = 0
+            for j in range(V):
+                v = start + j
+                if v >= V:
+                    v -= V
+                if (m >> v) & 1 == 0:
+                    continue
+                iv = ip * V + v
+                if slot[iv * B + vc[iv, VC_HEAD], SL_READY] > cycle:
+                    continue
+                o = vc[iv, VC_OUTPORT]
+                if o < 0 or (mask >> o) & 1:
+                    continue
+                if o != PORT_LOCAL and not _has_credit(vc, slot, B, (r * P + o) * V + vc[iv, VC_OUTVC], cycle):
+                    continue
+                port[ip, PT_SREQ + o] = v
+                mask |= 1 << o
+            reqs |= mask << (5 * p)
+        if reqs == 0:
+            continue
+        # grant: each output picks one requesting input, round-robin from its pointer
+        grants = 0  # valid bit | input port, 4 bits per output
+        for o in range(P):
+            start = port[r * P + o, PT_OUT_RR]
+            for jj in range(P):
+                p = start + jj
+                if p >= P:
+                    p -= P
+                if (reqs >> (5 * p + o)) & 1:
+                    grants |= (8 | p) << (4 * o)
+                    break
+        # accept: each input takes one grant, round-robin from its pointer
+        for p in range(P):
+            ip = r * P + p
+            start = port[ip, PT_ACC_RR]
+            o = -1
+            for jj in range(P):
+                oo = start + jj
+                if oo >= P:
+                    oo -= P
+                g = (grants >> (4 * oo)) & 15
+                if (g & 8) and (g & 7) == p:
+                    o = oo
+                    break
+            if o < 0:
+                continue
+            port[r * P + o, PT_OUT_RR] = p + 1 if p + 1 < P else 0
+            port[ip, PT_ACC_RR] = o + 1 if o + 1 < P else 0
+            v = port[ip, PT_SREQ + o]
+            iv = ip * V + v
+            port[ip, PT_IN_RR] = v + 1 if v + 1 < V else 0
+            s = _pop_flit(vc, port, node, B, r, ip, v, iv)
+            k, seq = slot[s, SL_PKT], slot[s, SL_SEQ]
+            if p != PORT_LOCAL:
+                _return_credit(vc, slot, port, B, V, ip, v, cycle, 1)
+            tail = seq == pkt[k, PK_NFLITS] - 1
+            if o == PORT_LOCAL:
+                _eject(cfg, ctr, pkt, st.free, st.done, r, k, seq, tail, cycle)
+                if tail:
+                    vc[(r * P + PORT_LOCAL) * V + vc[iv, VC_OUTVC], OV_BUSY] = 0
+            else:
+                _forward(vc, slot, port, node, pkt, P, V, B, S if seq == 0 else SB, r * P + o, iv, k, seq, tail,
+                         cycle)
+            if tail:
+                # BookSim releases the VC at switch allocation (a cycle before traversal, here
+                # `cycle`) and allocates VCs two cycles before traversal: claimable from cycle + 2
+                vc[(r * P + o) * V + vc[iv, VC_OUTVC], OV_FREE_AT] = cycle + 2
+            if tail:
+                vc[iv, VC_OUTPORT] = -1
+                vc[iv, VC_OUTVC] = -1
+                if vc[iv, VC_COUNT] > 0 and head_only > 0:
+                    # the next packet's head is now at the front: route computation starts next cycle
+                    s2 = iv * B + vc[iv, VC_HEAD]
+                    if slot[s2, SL_READY] < cycle + 1 + head_only:
+                        slot[s2, SL_READY] = cycle + 1 + head_only
+            ctr[K_LAST_PROGRESS] = cycle
+
+
 # =====================================================================================
 # Public kernels
 # =====================================================================================
@@ -442,7 +724,10 @@ def _routers_phase(st, cycle):
 def step(st, cycle):
     """Advance the network by exactly one cycle (call with cycle = previous + 1)."""
     _inject_phase(st, cycle)
-    _routers_phase(st, cycle)
+    if st.cfg[C_BOOKSIM]:
+        _routers_phase_booksim(st, cycle)
+    else:
+        _routers_phase(st, cycle)
     st.ctr[K_LAST_CYCLE] = cycle
 
 
@@ -483,63 +768,34 @@ def run_cycles(st, first_cycle, ncycles, stop_when_idle):
 # Synthetic traffic
 # =====================================================================================
 
-DEST_UNIFORM, DEST_TABLE, DEST_HOTSPOT = 0, 1, 2  # same values as traffic.DEST_*
 # indices of run_synthetic's ``out`` array
 (O_CYCLES, O_WIN_FLITS_CREATED, O_WIN_FLITS_EJ, O_WIN_BACKLOG_START, O_WIN_BACKLOG_END, O_DRAINED,
- O_REFUSED, O_DEADLOCK, O_MAX_QUEUE) = range(9)
-NOUT = 9
+ O_REFUSED, O_DEADLOCK, O_MAX_QUEUE, O_FINISHED) = range(10)
+NOUT = 10
 
 
 @numba.njit(cache=True, _nrt=False)
-def _pick_dest(r, n, kind, cand_ptr, cand_idx, hot_nodes, hot_frac):
-    """Destination of a new packet from ``r`` (see traffic.TrafficPattern)."""
-    if kind == DEST_TABLE:
-        lo = cand_ptr[r]
-        cnt = cand_ptr[r + 1] - lo
-        if cnt == 1:
-            return cand_idx[lo]
-        return cand_idx[lo + np.random.randint(0, cnt)]
-    if kind == DEST_HOTSPOT and np.random.random() < hot_frac:
-        return hot_nodes[np.random.randint(0, hot_nodes.size)]
-    return np.random.randint(0, n)
+def run_synthetic(st, cyc, src, dst, nflits, first_cycle, end_cycle, warmup, measure, drain_max,
+                  deadlock_cycles, link_window, out):
+    """Cycles ``first_cycle .. end_cycle - 1`` of a synthetic-traffic run on a state that
+    ran the cycles before (call again with the next block until ``out[O_FINISHED]``).
 
-
-@numba.njit(cache=True, _nrt=False)
-def _generate(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, nflits, cycle, measured):
-    """Bernoulli packet creation at every node; returns (refused, longest source queue).
-    A node whose source queue is full does not create packets (counted as refused)."""
-    cfg, ctr, node, sq, pkt, free = st.cfg, st.ctr, st.node, st.sq, st.pkt, st.free
-    n = cfg[C_R]
-    refused = 0
-    longest = 0
-    for r in range(n):
-        if np.random.random() < pkt_prob:
-            d = _pick_dest(r, n, kind, cand_ptr, cand_idx, hot_nodes, hot_frac)
-            if enqueue_packet(cfg, ctr, node, sq, pkt, free, r, d, nflits, cycle, -1, measured) < 0:
-                refused += 1
-        if node[r, ND_SQ_CNT] > longest:
-            longest = node[r, ND_SQ_CNT]
-    return refused, longest
-
-
-@numba.njit(cache=True, _nrt=False)
-def run_synthetic(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, nflits,
-                  warmup, measure, drain_max, deadlock_cycles, seed, link_window, out):
-    """Warm-up, measurement and drain of a synthetic-traffic run on a fresh state.
-
-    Each cycle every node creates a packet of ``nflits`` flits with probability
-    ``pkt_prob`` for a destination from :func:`_pick_dest`; packets created in
-    ``[warmup, warmup + measure)`` are measured. Traffic continues after the window
-    until all measured packets have arrived (``out[O_DRAINED] = 1``) or ``drain_max``
-    cycles pass. Stops early if no flit moves for ``deadlock_cycles`` cycles while flits
-    are in the network. Flits per output port in the window go to ``link_window``
-    (indexed ``r * P + p``), summary counts to ``out`` (``O_*``).
+    ``cyc, src, dst``: the packets created in those cycles, in (cycle, source) order
+    (:func:`npusim.hw.noc.traffic.packet_stream`, the generator every fidelity shares),
+    each of ``nflits`` flits; packets created in ``[warmup, warmup + measure)`` are
+    measured. A full source queue refuses a packet (counted: past saturation). Traffic
+    continues after the window until all measured packets have arrived
+    (``out[O_DRAINED] = 1``) or ``drain_max`` cycles pass; stops early if no flit moves for
+    ``deadlock_cycles`` cycles while flits are in the network. Flits per output port in
+    the window go to ``link_window`` (indexed ``r * P + p``), summary counts to ``out``.
+    Returns the next cycle.
     """
-    np.random.seed(seed)
-    ctr, port = st.ctr, st.port
+    cfg, ctr, port, node = st.cfg, st.ctr, st.port, st.node
     start_meas, end_meas = warmup, warmup + measure
-    cycle = 0
-    while True:
+    k = 0
+    npk = cyc.size
+    cycle = first_cycle
+    while cycle < end_cycle:
         if cycle == start_meas:
             for i in range(link_window.size):
                 link_window[i] = -port[i, PT_FLITS]
@@ -554,19 +810,24 @@ def run_synthetic(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, n
             out[O_WIN_BACKLOG_END] = ctr[K_FLITS_CREATED] - ctr[K_FLITS_EJ]
         if cycle >= end_meas and ctr[K_MEAS_DONE] == ctr[K_MEAS_CREATED]:
             out[O_DRAINED] = 1
+            out[O_FINISHED] = 1
             break
         if cycle >= end_meas + drain_max:
+            out[O_FINISHED] = 1
             break
         measured = 1 if start_meas <= cycle < end_meas else 0
-        refused, longest = _generate(st, kind, cand_ptr, cand_idx, hot_nodes, hot_frac, pkt_prob, nflits,
-                                     cycle, measured)
-        out[O_REFUSED] += refused
-        if longest > out[O_MAX_QUEUE]:
-            out[O_MAX_QUEUE] = longest
+        while k < npk and cyc[k] == cycle:
+            r = src[k]
+            if enqueue_packet(cfg, ctr, node, st.sq, st.pkt, st.free, r, dst[k], nflits, cycle, -1, measured) < 0:
+                out[O_REFUSED] += 1
+            elif node[r, ND_SQ_CNT] > out[O_MAX_QUEUE]:
+                out[O_MAX_QUEUE] = node[r, ND_SQ_CNT]
+            k += 1
         step(st, cycle)
         cycle += 1
         if cycle - ctr[K_LAST_PROGRESS] > deadlock_cycles and ctr[K_FLITS_INJ] > ctr[K_FLITS_EJ]:
             out[O_DEADLOCK] = 1
+            out[O_FINISHED] = 1
             break
     out[O_CYCLES] = cycle
     return cycle

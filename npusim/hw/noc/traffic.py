@@ -10,8 +10,10 @@
 
 Units: ``rate`` is the offered load in flits per node per cycle; each node creates a
 packet of ``packet_flits`` flits with probability ``rate / packet_flits`` per cycle
-(Bernoulli process), into an unbounded source queue (bounded in the implementation by
-``source_queue_packets``; overflowing it means the load is past saturation).
+(Bernoulli process), into an unbounded source queue (bounded in the flit model by
+``source_queue_packets``; overflowing it means the load is past saturation). One
+generator, :func:`packet_stream`, makes the packets for every fidelity: same seed, same
+packets; traffic continues during the drain until the measured packets have arrived.
 
 Measurement (standard methodology, e.g. Dally & Towles ch. 23): ``warmup_cycles``
 unmeasured, then packets created during the next ``measure_cycles`` are labelled;
@@ -39,6 +41,8 @@ _ALIASES = {
     "nearest_neighbor": "neighbor", "nn": "neighbor", "random": "uniform", "uniform-random": "uniform",
 }
 TOPOLOGIES = ("mesh", "torus", "ring")
+#: largest synthetic-traffic network (routers); above 4,096 routing is computed, not tabled
+MAX_ROUTERS = 16384
 # destination kinds understood by the kernels (same values as flit.DEST_*)
 DEST_UNIFORM, DEST_TABLE, DEST_HOTSPOT = 0, 1, 2
 
@@ -84,6 +88,85 @@ class TrafficPattern:
             prob *= 1.0 - self.hot_fraction
             prob[:, self.hot_nodes] += self.hot_fraction / self.hot_nodes.size
         return prob
+
+
+#: cycles per block of the packet stream; each block draws from its own generator seeded
+#: with ``(seed, block)``, so the stream does not depend on how a consumer chunks it
+STREAM_BLOCK_CYCLES = 1024
+
+
+def packet_stream(traffic: "SyntheticTraffic", pattern: TrafficPattern, first_cycle: int, last_cycle: int):
+    """The synthetic packets created in cycles ``[first_cycle, last_cycle)``: arrays
+    ``(cycle, source, destination)`` in (cycle, source) order. Every node creates a packet
+    with probability ``traffic.packet_probability`` per cycle (Bernoulli); destinations
+    follow ``pattern``. The one generator of every fidelity (flit, path, analytical):
+    the same seed gives the same packets to all of them."""
+    n = pattern.num_nodes
+    cycles, sources, dests = [], [], []
+    b0, b1 = first_cycle // STREAM_BLOCK_CYCLES, -(-last_cycle // STREAM_BLOCK_CYCLES)
+    for block in range(b0, b1):
+        rng = np.random.default_rng((int(traffic.seed), block))
+        hit = np.flatnonzero(rng.random(STREAM_BLOCK_CYCLES * n) < traffic.packet_probability)
+        cyc = hit // n + block * STREAM_BLOCK_CYCLES
+        src = hit % n
+        dst = _draw_destinations(pattern, rng, src)
+        keep = (cyc >= first_cycle) & (cyc < last_cycle)
+        cycles.append(cyc[keep])
+        sources.append(src[keep])
+        dests.append(dst[keep])
+    if not cycles:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    return (np.concatenate(cycles).astype(np.int64), np.concatenate(sources).astype(np.int64),
+            np.concatenate(dests).astype(np.int64))
+
+
+def _draw_destinations(pattern: TrafficPattern, rng, src: np.ndarray) -> np.ndarray:
+    n = pattern.num_nodes
+    u = rng.random(src.size)
+    if pattern.kind == DEST_TABLE:
+        lo = pattern.cand_ptr[src]
+        cnt = pattern.cand_ptr[src + 1] - lo
+        return pattern.cand_idx[lo + np.minimum((u * cnt).astype(np.int64), cnt - 1)]
+    uniform = np.minimum((rng.random(src.size) * n).astype(np.int64), n - 1)
+    if pattern.kind == DEST_HOTSPOT:
+        hot = pattern.hot_nodes
+        pick = hot[np.minimum((rng.random(src.size) * hot.size).astype(np.int64), hot.size - 1)]
+        return np.where(u < pattern.hot_fraction, pick, uniform)
+    return uniform
+
+
+def mean_hops(pattern: TrafficPattern, routing) -> float:
+    """Mean hop count of a packet (sources uniform, destinations per ``pattern``) under
+    ``routing``, without the dense ``R x R`` matrices (large meshes have no hop matrix)."""
+    from npusim.hw.noc.routing import dimension_order_hops
+
+    topo, n = routing.topo, pattern.num_nodes
+
+    def pair_hops(src, dst):
+        return routing.hops(src, dst) if routing.dense else dimension_order_hops(topo, src, dst)
+
+    def uniform():
+        if routing.dense:
+            return float(routing.hop_matrix().mean())
+        total = 0.0
+        for size, wraps in ((topo.width, topo.wrap[0]), (topo.height, topo.wrap[1])):
+            c = np.arange(size)
+            delta = c[None, :] - c[:, None]
+            dist = np.minimum(np.mod(delta, size), size - np.mod(delta, size)) if wraps else np.abs(delta)
+            total += float(dist.mean())
+        return total
+
+    if pattern.kind == DEST_UNIFORM:
+        return uniform()
+    if pattern.kind == DEST_TABLE:
+        counts = np.diff(pattern.cand_ptr)
+        src = np.repeat(np.arange(n), counts)
+        return float((pair_hops(src, pattern.cand_idx) / counts[src]).sum() / n)
+    hot = pattern.hot_nodes
+    src = np.repeat(np.arange(n), hot.size)
+    to_hot = float(pair_hops(src, np.tile(hot, n)).mean())
+    return (1.0 - pattern.hot_fraction) * uniform() + pattern.hot_fraction * to_hot
 
 
 def _table(name: str, dests: list[list[int]]) -> TrafficPattern:
@@ -134,7 +217,9 @@ class NocParams:
 
     ``flit_bytes`` = link width in bytes per cycle (one flit per link per cycle);
     ``router_stages`` = router pipeline depth in cycles; ``buffer_flits`` = depth of each
-    VC's input FIFO; ``routing`` one of ``xy``, ``yx``.
+    VC's input FIFO; ``routing`` one of ``xy``, ``yx``. ``booksim_compatible`` selects
+    BookSim2's router and latency conventions in the flit model (see
+    :mod:`npusim.hw.noc.flit`); the other fidelities do not have it.
     """
 
     width: int = 8
@@ -146,6 +231,7 @@ class NocParams:
     link_latency_cycles: int = 1
     flit_bytes: int = 64
     routing: str = "xy"
+    booksim_compatible: bool = False
 
     def __post_init__(self):
         if self.topology not in TOPOLOGIES:
@@ -156,6 +242,9 @@ class NocParams:
                 raise ConfigError(f"{key} must be a positive integer, got {value!r}")
         if self.vcs > 64:
             raise ConfigError(f"vcs must be <= 64, got {self.vcs}")
+        if self.width * self.height > MAX_ROUTERS:
+            raise ConfigError(f"{self.width}x{self.height} = {self.width * self.height} routers: at most {MAX_ROUTERS} "
+                              f"(e.g. 128x128); a 300x300 flit run of 2,000 cycles already takes ~20 minutes")
         if self.routing not in ("xy", "yx"):
             raise ConfigError(f"routing must be 'xy' or 'yx', got {self.routing!r}")
 
