@@ -33,9 +33,13 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
 * **MoE** layers are expert-parallel within the group (experts split over cores,
   tokens replicated, outputs all-reduced); embedding rows are fetched by DMA.
 
-Not modelled yet: the HBM data's trip over the NoC from the channel's router to the
-core (DMA transfers reach the channels directly), activation spills to HBM, and
-all-to-all (converted layouts go through an all-gather, an upper bound).
+KV addresses: each core's KV region (upper half of HBM) has one area per layer, the core's
+sequences back to back in it; a step's new keys/values are written after the cached ones.
+The trip of every DMA over the mesh to the channels' routers is the simulator's
+(:mod:`npusim.sim.mempath`), not the mapper's.
+
+Not modelled yet: activation spills to HBM, and all-to-all (converted layouts go through an
+all-gather, an upper bound).
 """
 
 from __future__ import annotations
@@ -158,6 +162,10 @@ class Mapper:
         self.resident_ops: set[str] = set()  # memory.weights partial: ops whose weights stay in SRAM
         half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
         self.kv_base = [half + c * (half // arch.num_cores) for c in range(arch.num_cores)]
+        # each core's KV region holds one area per layer (its sequences back to back), so
+        # different layers' caches sit in different DRAM rows
+        self.kv_layers = {layer: i for i, layer in enumerate(graph.layers())}
+        self.kv_layer_stride = (half // arch.num_cores) // max(1, len(self.kv_layers)) // 4096 * 4096
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self) -> Mapped:
@@ -567,6 +575,11 @@ class Mapper:
         return max(1, math.ceil(k * n * e / (self.sram_bytes / 8)))
 
     # -- attention, MoE, embedding ------------------------------------------------------------------
+    def _kv_address(self, core: int, op: Op, offset: float = 0) -> int:
+        """HBM address of ``offset`` bytes into ``core``'s KV area of ``op``'s layer."""
+        area = self.kv_layers.get(op.layer, 0) * self.kv_layer_stride
+        return self.kv_base[core] + area + int(offset) % max(1, self.kv_layer_stride)
+
     def _attention(self, st: _GroupState, op: Op, name: str) -> None:
         t, prog = self.t, self.prog
         vd = op.v_head_dim or op.head_dim
@@ -604,7 +617,7 @@ class Mapper:
             if self.kv_hbm_fraction > 0:
                 cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
                 if cache > 0:
-                    deps.append(prog.add_dma(c, cache, address=self.kv_base[c], deps=[st.ready[i]],
+                    deps.append(prog.add_dma(c, cache, address=self._kv_address(c, op), deps=[st.ready[i]],
                                              name=f"{name} read KV"))
             # MLA: every head of a sequence attends the same latent keys, so the heads are the rows of
             # one GEMM per sequence; otherwise one GEMM per (sequence, head)
@@ -614,7 +627,9 @@ class Mapper:
                                    name=f"{name} softmax", row_len=keys)
             out = prog.add_gemm(c, rows, keys, vd, op.dtype, products, deps=[soft], name=f"{name} PV")
             if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
-                prog.add_dma(c, int(seqs * q_len * kv_share), address=self.kv_base[c], write=True,
+                # the new keys/values land after the cached ones
+                prog.add_dma(c, int(seqs * q_len * kv_share),
+                             address=self._kv_address(c, op, seqs * (op.kv_len - op.q_len) * kv_share), write=True,
                              dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=[st.ready[i]],
                              name=f"{name} write KV")
             outs.append(out)
@@ -642,13 +657,15 @@ class Mapper:
             step = list(deps)
             cache = int(n * cached * kv_share * self.kv_hbm_fraction)
             if cache > 0:
-                step.append(prog.add_dma(c, cache, address=self.kv_base[c], deps=deps, name=f"{name} read KV"))
+                step.append(prog.add_dma(c, cache, address=self._kv_address(c, op, p * cache), deps=deps,
+                                         name=f"{name} read KV"))
             scores = prog.add_gemm(c, rows, op.head_dim, chunk_keys, op.dtype, n, deps=step, name=f"{name} QK")
             soft = prog.add_vector(c, "softmax", n * rows * chunk_keys, op.dtype, deps=[scores],
                                    name=f"{name} softmax", row_len=chunk_keys)
             done.append(prog.add_gemm(c, rows, chunk_keys, vd, op.dtype, n, deps=[soft], name=f"{name} PV"))
         if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
-            prog.add_dma(c, int(_split(op.batch, t, i) * op.q_len * kv_share), address=self.kv_base[c], write=True,
+            prog.add_dma(c, int(_split(op.batch, t, i) * op.q_len * kv_share),
+                         address=self._kv_address(c, op, units * cached * kv_share), write=True,
                          dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=deps, name=f"{name} write KV")
         if chunks == 1:
             return prog.add_barrier(done, name)

@@ -55,6 +55,7 @@ class Instance:
         self.running: list = []
         self.waiting: deque = deque()
         self.depth = spec.pipeline.stages
+        self.pending_spills: list[int] = []  # KV spill DMAs the next iteration's HBM KV reads wait for
         self._plan_memory(hbm_bytes)
 
     @property
@@ -132,7 +133,10 @@ class Instance:
             sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
         frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
         comp, arrays = self._compiled(slots, frac)
-        ids = submit_materialized(self.sim, arrays)
+        if self.pending_spills and comp.kv_reads.size:
+            ids = self._submit_after_spills(comp, arrays)
+        else:
+            ids = submit_materialized(self.sim, arrays)
         note = self.sim.add_notify(ids[comp.sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
         return note
@@ -155,20 +159,47 @@ class Instance:
         return spills
 
     def _spill(self, transfers) -> None:
-        """KV moved SRAM->HBM: DMA writes split over the instance's cores' second DMA engine."""
-        total = sum(t.nbytes for t in transfers)
-        if total <= 0:
-            return
+        """KV moved SRAM->HBM: per transfer, DMA writes split over the instance's cores' second DMA
+        engine, each core's share at its slice of the transfer's HBM extent (the KV manager's
+        offsets, above the weights' half of HBM). The next iteration's KV reads from HBM wait for
+        them (:meth:`launch`): they read what the spills wrote."""
         cores = self.core_list
         sim = self.sim
         engine = min(1, sim.dma_engines - 1)
         base = int(self.arch.hbm.capacity_gb * 2**30) // 2
-        shares = [(c, total // len(cores) + (1 if i < total % len(cores) else 0)) for i, c in enumerate(cores)]
-        shares = [(c, b) for c, b in shares if b]
-        param = [(b, base + c * 2**24, 1, sim.initiator(c, engine), 0, 0) for c, b in shares]
-        sim.submit_batch(np.full(len(shares), KIND_DMA), [sim.queue(c, f"dma{engine}") for c, _ in shares], param,
-                         np.zeros(len(shares) + 1, dtype=np.int64), np.zeros(0, dtype=np.int64),
-                         ["KV spill"] * len(shares))
+        span = max(1, int(self.arch.hbm.capacity_gb * 2**30) - base)
+        param, queues = [], []
+        for t in transfers:
+            off = 0
+            for i, c in enumerate(cores):
+                b = t.nbytes // len(cores) + (1 if i < t.nbytes % len(cores) else 0)
+                if b:
+                    param.append((b, base + (t.hbm_offset_bytes + off) % span, 1, sim.initiator(c, engine), 0, 0))
+                    queues.append(sim.queue(c, f"dma{engine}"))
+                off += b
+        if not param:
+            return
+        ids = sim.submit_batch(np.full(len(param), KIND_DMA), queues, param, np.zeros(len(param) + 1, dtype=np.int64),
+                               np.zeros(0, dtype=np.int64), ["KV spill"] * len(param))
+        self.pending_spills.extend(int(i) for i in ids)
+
+    def _submit_after_spills(self, comp, arrays):
+        """Submit ``arrays`` with its KV-read DMAs also depending on the pending spills."""
+        kinds, queue, param, ptr, idx = arrays
+        base = self.sim.engine.num_tasks
+        extra = np.zeros(len(kinds), dtype=np.int64)
+        extra[comp.kv_reads] = len(self.pending_spills)
+        new_ptr = np.zeros_like(ptr)
+        new_ptr[1:] = np.cumsum(np.diff(ptr) + extra)
+        new_idx = np.empty(int(new_ptr[-1]), dtype=np.int64)
+        counts = np.diff(ptr)
+        own = np.repeat(new_ptr[:-1], counts) + (np.arange(idx.size) - np.repeat(ptr[:-1], counts))
+        new_idx[own] = idx + base
+        spills = np.asarray(self.pending_spills, dtype=np.int64)
+        for r in comp.kv_reads.tolist():
+            new_idx[new_ptr[r] + counts[r]:new_ptr[r + 1]] = spills
+        self.pending_spills = []
+        return self.sim.submit_batch(kinds, queue, param, new_ptr, new_idx)
 
     def admit(self, records: dict, now_s: float) -> int:
         """Admit waiting requests FCFS; returns how many were rejected for good."""
@@ -202,5 +233,6 @@ class Instance:
         return rejected
 
     def remap(self, new_id) -> None:
-        """Renumber in-flight notify tasks after an engine compaction."""
+        """Renumber in-flight notify tasks (and pending spills) after an engine compaction."""
         self.inflight = deque((int(new_id[n]), sl, fr, sub) for n, sl, fr, sub in self.inflight)
+        self.pending_spills = [int(new_id[t]) for t in self.pending_spills if new_id[t] >= 0]
