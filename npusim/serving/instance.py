@@ -80,6 +80,9 @@ class Instance:
         mem = self.spec.memory.model_copy(update={"weights": "sram" if self.weights_resident else streamed,
                                                   "kv_cache": "auto"})
         self.iter_spec = self.spec.model_copy(update={"memory": mem})
+        # memory.weights first_use: the instance's first iteration loads the weights, later ones find them
+        self.first_use_spec = (self.spec.model_copy(update={"memory": mem.model_copy(update={"weights": "first_use"})})
+                               if self.spec.memory.weights == "first_use" else None)
         used = sorted({c for c in mapped.program.core if c >= 0})  # cores the mapping leaves idle hold no KV
         n = len(used)
         sram = int(sum(arch.sram_for(c).capacity_mb for c in used) * 2**20)
@@ -102,16 +105,20 @@ class Instance:
         pad = self.cfg.pad_shapes
         placement = 0.0 if hbm_fraction <= 0 else 1.0 if hbm_fraction >= 1 else 0.5
         key = (iteration_signature(work, pad=pad), placement)
-        hit = self.cache.get(key)
+        first = self.first_use_spec
+        hit = None if first is not None else self.cache.get(key)
         if hit is None:
             graph = build_iteration_graph(self.cfg.model, work, self.cfg.precision, self.cfg.layers, pad=pad)
-            prog = map_model(graph, self.arch, self.iter_spec, kv_hbm_fraction=placement, cores=self.cores).program
+            prog = map_model(graph, self.arch, first or self.iter_spec, kv_hbm_fraction=placement,
+                             cores=self.cores).program
             has_succ = np.zeros(len(prog), dtype=bool)
             for deps in prog.deps:
                 has_succ[list(deps)] = True
             kv_reads = np.array([i for i, n in enumerate(prog.names) if n.endswith(" read KV")], dtype=np.int64)
             hit = _Compiled(prog.materialize(self.sim), np.flatnonzero(~has_succ), kv_reads, placement)
-            self.cache[key] = hit
+            if first is None:
+                self.cache[key] = hit
+            self.first_use_spec = None  # loaded once: later iterations find the weights in SRAM
         return hit, hit.at_fraction(hbm_fraction if 0 < hbm_fraction < 1 else placement)
 
     def free_to_launch(self) -> bool:
