@@ -27,9 +27,15 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
   split by whole sequences instead (output ``m``), so no core reads another's cache. QK^T and PV run on the cube, softmax on the vector unit; the KV cache is
   read from HBM (DMA) when it lives there, and prefill writes the new keys/values.
 * **Weights** stay resident in SRAM when the stage's shards fit next to the KV cache
-  and the reserve; otherwise each core streams its shard from HBM in tiles, with two
-  tile buffers: a tile load waits until the GEMM two tiles back has freed its buffer,
-  so loads run ahead of compute exactly as far as a double-buffered NPU program can.
+  (a core holds its stage's layers' KV only) and the reserve; otherwise each core streams
+  its shard from HBM in tiles, with two tile buffers: a tile load waits until the GEMM two
+  tiles back has freed its buffer, so loads run ahead of compute exactly as far as a
+  double-buffered NPU program can. ``memory.weights: first_use`` keeps them resident but
+  loads each shard from HBM by its first use (a cold start), once per core.
+* **Micro-batches** (default: one per stage with resident weights, one otherwise): under
+  TP-MN / TP-MNK the weights a core all-gathers stay gathered for the following
+  micro-batches when the stage's gathered weights fit SRAM beside the shards; when they do
+  not, the default is one micro-batch (see ``_default_microbatches``).
 * **MoE** layers are expert-parallel within the group (experts split over cores,
   tokens replicated, outputs all-reduced); embedding rows are fetched by DMA.
 

@@ -24,9 +24,12 @@ class ForwardRun:
 
 
 def simulate_forward(graph: Graph, arch: Arch, spec: MappingSpec, memory_mode: str = "tlm",
-                     noc_mode: str = "path", progress=None, mapped: Mapped | None = None) -> ForwardRun:
+                     noc_mode: str = "path", progress=None, mapped: Mapped | None = None,
+                     memory_over_noc: bool | None = None) -> ForwardRun:
+    """``memory_over_noc``: see :class:`~npusim.sim.Simulator` (default: HBM traffic crosses the
+    mesh at the path and flit fidelities)."""
     mapped = mapped or map_model(graph, arch, spec)
-    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode)
+    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode, memory_over_noc=memory_over_noc)
     mapped.program.submit(sim)
     sim.run(progress=progress, chunk_events=500_000)
     return ForwardRun(sim, mapped, graph, summarize_forward(sim, mapped, graph))

@@ -140,6 +140,8 @@ class Instance:
             sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
         frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
         comp, arrays = self._compiled(slots, frac)
+        if hbm_tok and comp.kv_reads.size:
+            arrays = self._at_requests(slots, comp, arrays)
         if self.pending_spills and comp.kv_reads.size:
             ids = self._submit_after_spills(comp, arrays)
         else:
@@ -189,6 +191,21 @@ class Instance:
         ids = sim.submit_batch(np.full(len(param), KIND_DMA), queues, param, np.zeros(len(param) + 1, dtype=np.int64),
                                np.zeros(0, dtype=np.int64), ["KV spill"] * len(param))
         self.pending_spills.extend(int(i) for i in ids)
+
+    def _at_requests(self, slots, comp, arrays):
+        """The arrays with the KV reads moved to the batch's requests: the mapper lays each core's
+        KV out by layer; the reads start at the first request's HBM extent (its share per core), so
+        batches of other requests touch other DRAM rows."""
+        first = next((s for s in slots if self.kv.location(s.live.req.id)[1]), None)
+        if first is None:
+            return arrays
+        kinds, queue, param, ptr, idx = arrays
+        half = int(self.arch.hbm.capacity_gb * 2**30) // 2
+        shift = self.kv.hbm_extent(first.live.req.id)[0] // max(1, len(self.core_list)) // 4096 * 4096
+        param = param.copy()
+        addr = param[comp.kv_reads, 1]
+        param[comp.kv_reads, 1] = half + (addr - half + shift) % half
+        return kinds, queue, param, ptr, idx
 
     def _submit_after_spills(self, comp, arrays):
         """Submit ``arrays`` with its KV-read DMAs also depending on the pending spills."""
