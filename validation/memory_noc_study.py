@@ -1,8 +1,9 @@
 """HBM traffic over the mesh (issue 12 section 1): what it changes, and how the NoC fidelities agree.
 
 1. One 1 MiB HBM read on npusim-64c from an edge core (0, an attach router), the centre (27) and
-   a corner (63), alone and with 32 MiB of other messages aimed at the core (from its four
-   neighbours, 8 MiB each; 2 MiB each at the flit fidelity, which costs one event per cycle).
+   a corner (63), alone and with other messages aimed at the core from each of its mesh
+   neighbours (2 at a corner, 3 on an edge, 4 inside), 8 MiB each (2 MiB each at the flit
+   fidelity, which costs one event per cycle).
    Before, a DMA went straight to the memory model: the same cycles everywhere, whatever the
    traffic (the ``analytical`` column still does that).
 2. Concurrent weight-like streams: 16 cores (west 2x2 blocks) or all 64 cores each read 4 x
