@@ -42,7 +42,9 @@ task (``m_part`` = the DMA engine's initiator id): it holds no queue and, when i
 ejected, reports ``EV_NOC_PART_END`` for its initiator instead of ending a task. A stream
 stands for many one-transaction packets, not one worm, so it always moves as in cut-through
 (each link it crosses is busy for its ``F`` flits from when its header claimed it): it costs
-every link its bytes but never holds a path while its header waits.
+every link its bytes but never holds a path while its header waits. Its reservations end
+without an event unless a header waits for the link (``LAZY`` owner, ``link_free_at``): the
+same timing as a release event, half the events.
 
 NpuSim's router has a documented defect where two acknowledgements returning in
 adjacent cycles lock routers for no reason; here no acknowledgement holds anything:
@@ -60,6 +62,7 @@ from npusim.engine.heap import heap_push
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 
 EV_NOC_HOP, EV_NOC_RELEASE, EV_NOC_PART_END = 20, 21, 22
+LAZY = -2  # link_owner of a link reserved by a memory stream until link_free_at (no release event)
 MODE_PATH, MODE_ANALYTICAL, MODE_FLIT = 0, 1, 2
 MODES = {"path": MODE_PATH, "analytical": MODE_ANALYTICAL, "flit": MODE_FLIT}  # flit: see flit_engine
 
@@ -69,7 +72,7 @@ PathState = namedtuple(
         # topology and routing
         "next_port", "link_id", "nbr_router", "n_links", "prm",
         # per link (mesh links, then one ejection port per router)
-        "link_owner", "link_wait_head", "link_wait_tail", "link_flits",
+        "link_owner", "link_wait_head", "link_wait_tail", "link_flits", "link_free_at",
         # per message in flight (slots from a free list)
         "m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part", "m_free",
         "counters",
@@ -92,7 +95,7 @@ def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, 
         next_port=routing.next_port.astype(np.int64), link_id=topo.link_id.astype(np.int64),
         nbr_router=topo.nbr_router.astype(np.int64), n_links=np.int64(n_links),
         prm=np.array([router_stages, link_latency_cycles, link_bytes, MODES[mode], buffer_flits], dtype=np.int64),
-        link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total),
+        link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total), link_free_at=z(total),
         link_flits=z(total),
         m_task=full(num_slots), m_src=z(num_slots), m_dst=z(num_slots), m_flits=z(num_slots),
         m_cur=z(num_slots), m_wait_next=full(num_slots), m_hops=z(num_slots), m_part=full(num_slots),
@@ -206,14 +209,20 @@ def _claim(ps, heap, hs, slot, link, now):
         ps.m_hops[slot] += 1
         if cut_through:  # the whole packet crosses into the next router's buffer
             ps.link_flits[link] += flits
-            heap_push(heap, hs, now + flits, EV_NOC_RELEASE, link)
+            if ps.m_part[slot] >= 0:  # memory streams: released lazily (an event only if someone waits)
+                _reserve_lazily(ps, heap, hs, link, now + flits)
+            else:
+                heap_push(heap, hs, now + flits, EV_NOC_RELEASE, link)
         heap_push(heap, hs, now + L + S, EV_NOC_HOP, slot)
         return
     # ejection port claimed: head ejected now, tail F-1 cycles later; the slot is done
     t_tail = now + flits - 1
     ps.link_flits[link] += flits
-    heap_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
     part = ps.m_part[slot]
+    if part >= 0:
+        _reserve_lazily(ps, heap, hs, link, t_tail + 1)
+    else:
+        heap_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
     if part >= 0:
         heap_push(heap, hs, t_tail, EV_NOC_PART_END, part)
     else:
@@ -224,6 +233,15 @@ def _claim(ps, heap, hs, slot, link, now):
     ps.m_part[slot] = -1
     ps.m_free[ps.counters[C_FREE_TOP]] = slot
     ps.counters[C_FREE_TOP] += 1
+
+
+@njit(cache=True, _nrt=False)
+def _reserve_lazily(ps, heap, hs, link, free_at):
+    """A memory stream holds ``link`` until ``free_at``; a release event only if headers wait."""
+    ps.link_owner[link] = LAZY
+    ps.link_free_at[link] = free_at
+    if ps.link_wait_head[link] >= 0:
+        heap_push(heap, hs, free_at, EV_NOC_RELEASE, link)
 
 
 @njit(cache=True, _nrt=False)
@@ -253,9 +271,14 @@ def path_handle(ps, heap, hs, etype, eid, now):
     if etype == EV_NOC_HOP:
         slot = eid
         link = _next_link(ps, slot)
-        if ps.link_owner[link] < 0:
+        owner = ps.link_owner[link]
+        if owner == LAZY and ps.link_free_at[link] <= now and ps.link_wait_head[link] < 0:
+            owner = -1  # a memory stream's reservation that has run out
+        if owner == -1:
             _claim(ps, heap, hs, slot, link, now)
             return
+        if owner == LAZY and ps.link_wait_head[link] < 0:  # the first waiter: the release becomes an event
+            heap_push(heap, hs, max(now, ps.link_free_at[link]), EV_NOC_RELEASE, link)
         ps.counters[C_WAITS] += 1
         ps.m_wait_next[slot] = -1
         if ps.link_wait_tail[link] >= 0:
