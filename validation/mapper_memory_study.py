@@ -92,6 +92,20 @@ def main() -> None:
                   f"{end:8.2f} {s['tpot_ms']['mean']:8.3f} {s['ttft_ms']['mean']:8.3f} "
                   f"{s['hbm_bytes'] / 1e9:10.2f}", flush=True)
 
+    print("   one forward pass on the 256 MB chip (gathered weights kept), TP-MN 2 x 4 stages, 8 sequences (ms):")
+    big = load_arch(chip16(256))
+    for phase, kw in (("prefill 256", dict(phase="prefill", batch=8, seq_len=256)),
+                      ("decode KV 256", dict(phase="decode", batch=8, seq_len=1, kv_len=256))):
+        row = []
+        for micro in (None, 1, 4):
+            spec = spec_from_flags(tp=2, stages=4, partition="tp_mn").model_copy(update={"data_parallel": 1})
+            if micro:
+                spec = spec.model_copy(update={"pipeline": spec.pipeline.model_copy(update={"microbatches": micro})})
+            s = simulate_forward(gpt2(**kw), big, spec, memory_mode="analytical").summary
+            row.append(f"{'default' if micro is None else micro}: {s['latency_ms']:.3f}"
+                       + (f" ({s['mapping']['microbatches']})" if micro is None else ""))
+        print(f"   {phase:>14}  " + ", ".join(row), flush=True)
+
     print("\n3. Weights: preloaded (sram), loaded on first use then kept (first_use), streamed (hbm)")
     g = gpt2(phase="decode", batch=8, seq_len=1, kv_len=64)
     big = load_arch(chip16(256))

@@ -327,7 +327,10 @@ class Mapper:
         fit SRAM beside the shards (``keep_gathered``); when they do not, every micro-batch would
         all-gather them again — (t-1)/t of the stage's weights over the links per micro-batch,
         which costs more than the pipelining gains (a 16-core PD-disaggregation case ran 1.68x
-        longer) — so the default is then one micro-batch."""
+        longer) — so the default is then one micro-batch. (Kept gathers make micro-batches pay in
+        prefill: 2x faster on that chip with 256 MB SRAM; a decode step of a few tokens a
+        micro-batch still loses, each micro-batch injecting every weight into the array again —
+        see validation/mapper_memory_study.py.)"""
         stages = mapped.stages
         self.gathered_bytes = 0.0
         self.keep_gathered = False
