@@ -109,10 +109,11 @@ def main() -> None:
     print("\n3. Weights: preloaded (sram), loaded on first use then kept (first_use), streamed (hbm)")
     g = gpt2(phase="decode", batch=8, seq_len=1, kv_len=64)
     big = load_arch(chip16(256))
-    print(f"   one decode step, 8 sequences, TP 2 x 4 stages on {big.name} (16 cores):")
+    print(f"   one decode step, 8 sequences, TP 2 x 4 stages on {big.name} (16 cores), one micro-batch:")
     for w in ("sram", "first_use", "hbm"):
         spec = spec_from_flags(tp=2, stages=4, partition="tp_mn").model_copy(update={"data_parallel": 1})
-        spec = spec.model_copy(update={"memory": spec.memory.model_copy(update={"weights": w})})
+        spec = spec.model_copy(update={"memory": spec.memory.model_copy(update={"weights": w}),
+                                       "pipeline": spec.pipeline.model_copy(update={"microbatches": 1})})
         s = simulate_forward(g, big, spec, memory_mode="analytical").summary
         print(f"   {w:>10}: {s['latency_ms']:8.3f} ms, HBM {s['hbm_bytes'] / 1e6:8.1f} MB")
     print("   the PD serving run of 2. (SRAM 256 MB, default micro-batches):")
