@@ -83,7 +83,7 @@ def main() -> None:
 
     print("\n2. PD disaggregation on 16 cores, GPT-2, TP-MN 2 x 4 stages per instance, 10 requests 64 -> 21 tokens")
     print(f"{'SRAM MB':>7} {'micro-batches':>15} {'resident':>8} {'run ms':>8} {'TPOT ms':>8} {'TTFT ms':>8} "
-          f"{'NoC+HBM GB':>10}")
+          f"{'HBM GB':>10}")
     for sram in (96, 256):
         for micro in (None, 1, 4):
             s = serve(chip16(sram), mapping(micro))
