@@ -22,7 +22,7 @@ def test_unloaded_row_conflict_read_latency(small_arch):
     ch_a, bank_a, row_a = map_address(p, a)
     ch_b, bank_b, row_b = map_address(p, b)
     assert (ch_a, bank_a) == (ch_b, bank_b) and row_a != row_b
-    sim = Simulator(small_arch)
+    sim = Simulator(small_arch, memory_over_noc=False)  # the DRAM alone, not the trip over the mesh
     first = sim.add_dma(0, 32, address=a)
     sim.run()
     sim.run(until=sim.now + 1000)  # idle: tRAS long satisfied

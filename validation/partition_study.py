@@ -12,7 +12,10 @@ for each partition applied to every GEMM; memory at the analytical fidelity, NoC
 path level. Then the layouts (linear-seq, linear-interleave, ring, mesh2d) at TP=4 on 64
 cores and TP=16 on 256 cores.
 
-    python validation/partition_study.py [--quick]
+HBM traffic crosses the mesh to the channels' routers (issue 12 section 1);
+``--memory-shortcut`` sends it straight to the memory model as before, for the comparison.
+
+    python validation/partition_study.py [--quick] [--memory-shortcut]
 """
 
 from __future__ import annotations
@@ -43,19 +46,27 @@ def decoder_layers_only(g):
     return Graph(g.name, ops, g.phase, g.batch, g.seq_len, g.kv_len, g.meta)
 
 
+MEMORY_OVER_NOC = None  # None: the simulator's default (on at the path fidelity); False: --memory-shortcut
+
+
 def latency_ms(arch, seq, partition, layers, stages, tp=4, layout="ring"):
     g = build_graph("qwen3-4b", phase="prefill", batch=1, seq_len=seq, layers=layers)
     if layers == 1:
         g = decoder_layers_only(g)
     spec = spec_from_flags(tp=tp, partition=partition, layout=layout, stages=stages)
     spec = spec.model_copy(update={"data_parallel": 1})
-    return simulate_forward(g, arch, spec, memory_mode="analytical").summary
+    return simulate_forward(g, arch, spec, memory_mode="analytical", memory_over_noc=MEMORY_OVER_NOC).summary
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--memory-shortcut", action="store_true", help="DMA straight to HBM, not over the mesh")
     args = ap.parse_args()
+    global MEMORY_OVER_NOC
+    MEMORY_OVER_NOC = False if args.memory_shortcut else None
+    print("HBM traffic " + ("straight to the memory model (shortcut)" if args.memory_shortcut else
+                            "over the mesh to the channels' routers"))
     arch = load_arch("npusim-64c")
     seqs = [128, 256, 1024, 4096] if args.quick else [128, 256, 512, 1024, 2048, 2560, 4096]
     t0 = time.perf_counter()

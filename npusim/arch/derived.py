@@ -34,7 +34,8 @@ class ArchSummary:
 def kv_cache_base_address(arch: Arch, core: int) -> int:
     """HBM byte address of core ``core``'s KV-cache region: weights occupy the lower half of
     HBM, KV caches the upper half, one equal slice per core (the one home of this layout;
-    the mapper's KV reads/writes and a serving instance's KV spills use it)."""
+    the mapper's KV reads/writes use it; a serving instance's KV spills start at the region's
+    start and follow the KV manager's extents)."""
     half = int(arch.hbm.capacity_gb * 2**30) // 2
     return half + core * (half // arch.num_cores)
 

@@ -216,8 +216,10 @@ def print_summary(s: dict, arch) -> None:
     util = ", ".join(f"{u} {100 * v:.0f}%" for u, v in s["core_utilization"].items())
     print(f"  busy per core  {util} (mean over {s['cores_used']} cores)")
     print(f"  HBM            {s['hbm_bytes'] / 2**30:.2f} GiB at {s['hbm_bandwidth_gbps']:.1f} GB/s of "
-          f"{arch.hbm.total_bandwidth_gbps:.1f} peak")
-    print(f"  NoC links      max {100 * s['noc_link_utilization_max']:.1f}%, mean {100 * s['noc_link_utilization_mean']:.1f}%")
+          f"{arch.hbm.total_bandwidth_gbps:.1f} peak; {s['hbm_bytes_over_noc'] / 2**30:.2f} GiB of it over the NoC")
+    print(f"  NoC links      max {100 * s['noc_link_utilization_max']:.1f}%, mean {100 * s['noc_link_utilization_mean']:.1f}%"
+          f" (at the HBM routers: max {100 * s['noc_link_utilization_at_hbm_max']:.1f}%, "
+          f"mean {100 * s['noc_link_utilization_at_hbm_mean']:.1f}%)")
     print(f"  simulated      {s['tasks']:,} tasks, {s['events']:,} events")
     for note in mp["notes"]:
         print(f"  note           {note}")

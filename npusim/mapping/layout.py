@@ -4,7 +4,10 @@ Groups are numbered replica-major (``group = replica * stages + stage``) and pac
 that order, so the stages of one replica are neighbours. Shapes:
 
 * ``linear_seq`` / ``linear_interleave``: ``t`` consecutive cores along a snake
-  (boustrophedon) path through the rows; ring order along the strip
+  (boustrophedon) path through the rows — even rows west to east, odd rows east to west
+  (8x8: 0..7, then 15..8, 16..23, ...); ``layout.origin`` names the strip's first core *on
+  that path*, so a strip on an odd row starts at its eastmost core (cores 56-59 of an 8x8
+  mesh: origin 59), and a strip may wrap onto the next row; ring order along the strip
   (``linear_seq``: the last core closes the ring back across the strip) or out on even
   and back on odd positions (``linear_interleave``: every ring hop <= 2 mesh hops).
 * ``ring`` / ``mesh2d``: an ``r x c`` block (``r * c = t``, as square as the grid allows);
@@ -79,7 +82,11 @@ def place_groups(width: int, height: int, tp: int, stages: int, replicas: int, k
         starts = [path.index(o) if 0 <= o < n else n for o in origins] if origins else [g * tp for g in range(count)]
         for g, i in enumerate(starts[:count]):
             if i + tp > n:
-                raise ConfigError(f"layout.origin {origins[g] if origins else i}: a strip of {tp} cores does not fit there")
+                valid = sorted(path[:n - tp + 1])
+                raise ConfigError(f"layout.origin {origins[g] if origins else i}: a strip of {tp} cores does not fit "
+                                  f"there (strips run along the snake path: even rows west to east, odd rows east "
+                                  f"to west; valid origins for {tp} cores on the {width}x{height} mesh: "
+                                  f"{_ranges(valid)})")
             cores = path[i:i + tp]
             if kind == "linear_interleave":
                 cores = _interleave(cores)
@@ -96,8 +103,10 @@ def place_groups(width: int, height: int, tp: int, stages: int, replicas: int, k
         for g in range(count):
             if origins is not None:
                 ox, oy = origins[g] % width, origins[g] // width
-                if ox + c > width or oy + r > height:
-                    raise ConfigError(f"layout.origin {origins[g]}: a {r}x{c} block does not fit there")
+                if not 0 <= origins[g] < n or ox + c > width or oy + r > height:
+                    valid = [y * width + x for y in range(height - r + 1) for x in range(width - c + 1)]
+                    raise ConfigError(f"layout.origin {origins[g]}: a {r}x{c} block does not fit there (the origin is "
+                                      f"its north-west corner; valid origins: {_ranges(valid)})")
             else:
                 # blocks snake through the grid so consecutive groups are neighbours
                 brow, bcol = divmod(g, per_row)
@@ -111,6 +120,18 @@ def place_groups(width: int, height: int, tp: int, stages: int, replicas: int, k
     if len(set(used)) != len(used):
         raise ConfigError("layout.origin: TP groups overlap")
     return groups
+
+
+def _ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``'0-2, 5'``."""
+    out, start = [], None
+    for i, v in enumerate(ids):
+        if start is None:
+            start = v
+        if i + 1 == len(ids) or ids[i + 1] != v + 1:
+            out.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
 
 
 def ring_hop_counts(cores, width: int) -> list[int]:

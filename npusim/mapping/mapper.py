@@ -27,9 +27,15 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
   split by whole sequences instead (output ``m``), so no core reads another's cache. QK^T and PV run on the cube, softmax on the vector unit; the KV cache is
   read from HBM (DMA) when it lives there, and prefill writes the new keys/values.
 * **Weights** stay resident in SRAM when the stage's shards fit next to the KV cache
-  and the reserve; otherwise each core streams its shard from HBM in tiles, with two
-  tile buffers: a tile load waits until the GEMM two tiles back has freed its buffer,
-  so loads run ahead of compute exactly as far as a double-buffered NPU program can.
+  (a core holds its stage's layers' KV only) and the reserve; otherwise each core streams
+  its shard from HBM in tiles, with two tile buffers: a tile load waits until the GEMM two
+  tiles back has freed its buffer, so loads run ahead of compute exactly as far as a
+  double-buffered NPU program can. ``memory.weights: first_use`` keeps them resident but
+  loads each shard from HBM by its first use (a cold start), once per core.
+* **Micro-batches** (default: one per stage with resident weights, one otherwise): under
+  TP-MN / TP-MNK the weights a core all-gathers stay gathered for the following
+  micro-batches when the stage's gathered weights fit SRAM beside the shards; when they do
+  not, the default is one micro-batch (see ``_default_microbatches``).
 * **MoE** layers are expert-parallel within the group: expert ``e`` lives on the group's
   core ``e mod t``; each core owns a slice of the tokens and, when the activation is split by
   tokens, sends each of them once to every other core holding one of its experts (dispatch, an
@@ -38,9 +44,14 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
   sends the sums back to the token's owner (combine, an all-to-all), which adds them up; see
   :meth:`Mapper._moe`. Embedding rows are fetched by DMA.
 
-Not modelled yet: the HBM data's trip over the NoC from the channel's router to the
-core (DMA transfers reach the channels directly), activation spills to HBM; converted
-layouts go through an all-gather (an upper bound).
+
+KV addresses: each core's KV region (upper half of HBM) has one area per layer, the core's
+sequences back to back in it; a step's new keys/values are written after the cached ones.
+The trip of every DMA over the mesh to the channels' routers is the simulator's
+(:mod:`npusim.sim.mempath`), not the mapper's.
+
+Not modelled yet: activation spills to HBM; converted layouts go through an all-gather (an
+upper bound).
 """
 
 from __future__ import annotations
@@ -80,6 +91,7 @@ class Mapped:
     weight_bytes_per_core: int = 0
     resident_weight_bytes_per_core: int = 0  # all of them if weights_resident; some with weights: partial
     kv_in_hbm: bool = False
+    kv_bytes_per_core: int = 0  # KV cache a core holds: its stage's layers, its replica's and TP share
     notes: list[str] = field(default_factory=list)
 
 
@@ -183,7 +195,16 @@ class Mapper:
         self.resident_ops: set[str] = set()  # memory.weights partial: ops whose weights stay in SRAM
         self.moe_ops = {op.name: op for op in graph.ops if op.kind == "moe"}
         self.moe_cursor: dict[str, int] = {}  # MoE op -> first token of its next slice
+        self.first_use = False  # memory.weights first_use: resident weights loaded by their first use
+        self.loaded: set[tuple] = set()  # (core, op, piece) whose weights first_use has loaded
+        self.kept: dict[tuple, list[int]] = {}  # gathered weights kept across micro-batches -> gather tasks
+        self.gathered_bytes, self.keep_gathered = 0.0, False
+        half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
         self.kv_base = [kv_cache_base_address(arch, c) for c in range(arch.num_cores)]
+        # each core's KV region holds one area per layer (its sequences back to back), so
+        # different layers' caches sit in different DRAM rows
+        self.kv_layers = {layer: i for i, layer in enumerate(graph.layers())}
+        self.kv_layer_stride = (half // arch.num_cores) // max(1, len(self.kv_layers)) // 4096 * 4096
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self) -> Mapped:
@@ -206,14 +227,17 @@ class Mapper:
         per_replica = [_split(g.batch, replicas, r) for r in range(replicas)]
         mapped = Mapped(self.prog, groups, replicas, stages, 1, stage_layers, False)
         self._decide_memory(mapped, stage_layers)
-        # micro-batches keep the stages busy at once; with streamed weights each one would
-        # stream them again, so by default the whole batch goes through as one
-        micro = spec.pipeline.microbatches or (stages if stages > 1 and self.resident else 1)
+        stage_ops = self._ops_by_stage(stage_layers)
+        default_micro = self._default_microbatches(mapped, stage_ops, groups[0].cores[0])
+        micro = spec.pipeline.microbatches or default_micro
         micro = max(1, min(micro, min(per_replica)))
         mapped.microbatches = micro
         if micro > 1 and not self.resident:
             mapped.notes.append(f"{micro} micro-batches each stream the weights again (pipeline.microbatches)")
-        stage_ops = self._ops_by_stage(stage_layers)
+        if micro > 1 and self.resident and self.gathered_bytes and not self.keep_gathered:
+            mapped.notes.append(f"{micro} micro-batches each all-gather the TP-MN/MNK weights again "
+                                f"(pipeline.microbatches; {self.gathered_bytes / MB:.1f} MB per core gathered do not "
+                                f"fit SRAM beside the shards)")
         for r in range(replicas):
             for mb in range(micro):
                 seqs = _split(per_replica[r], micro, mb)
@@ -323,14 +347,51 @@ class Mapper:
             out[s].append(op)
         return out
 
+    def _default_microbatches(self, mapped: Mapped, stage_ops, core: int) -> int:
+        """Micro-batches keep the stages busy at once, but each one would stream streamed weights
+        again, so those go through as one batch; resident weights get one micro-batch per stage.
+        Under TP-MN / TP-MNK a core all-gathers its row's weight shards before each GEMM: gathered
+        weights stay gathered across micro-batches when every GEMM's gathered weights of the stage
+        fit SRAM beside the shards (``keep_gathered``); when they do not, every micro-batch would
+        all-gather them again — (t-1)/t of the stage's weights over the links per micro-batch,
+        which costs more than the pipelining gains (a 16-core PD-disaggregation case ran 1.68x
+        longer) — so the default is then one micro-batch. (Kept gathers make micro-batches pay in
+        prefill: 2x faster on that chip with 256 MB SRAM; a decode step of a few tokens a
+        micro-batch still loses, each micro-batch injecting every weight into the array again —
+        see validation/mapper_memory_study.py.)"""
+        stages = mapped.stages
+        self.gathered_bytes = 0.0
+        self.keep_gathered = False
+        if self.t > 1:
+            for ops in stage_ops:
+                total = 0.0
+                for op in ops:
+                    if op.kind == "gemm" and op.weight:
+                        part = self._partition(op, core)
+                        a = {"tp_mn": 1, "tp_mnk": self.grid[0]}.get(part)
+                        if a is not None:  # the core gathers K/a x N of the weights
+                            total += op.weight_bytes / a
+                self.gathered_bytes = max(self.gathered_bytes, total)
+        if not (stages > 1 and self.resident):
+            return 1
+        if not self.gathered_bytes:
+            return stages
+        self.keep_gathered = (mapped.weight_bytes_per_core + self.gathered_bytes + self.kv_sram_bytes
+                              <= self.sram_budget)
+        return stages if self.keep_gathered else 1
+
     def _decide_memory(self, mapped: Mapped, stage_layers) -> None:
-        """Resident weights if every core's shards (plus its KV share) fit its SRAM budget."""
+        """Resident weights if every core's shards (plus its KV share) fit its SRAM budget. A core
+        holds the KV cache of its stage's layers only: the largest stage's, over the replicas and
+        the TP degree."""
         arch, spec, g = self.arch, self.spec, self.graph
         stages_ops = self._ops_by_stage(stage_layers)
         # embedding tables stay in HBM (rows are fetched); everything else wants SRAM
         shard = max(sum(op.weight_bytes for op in ops if op.kind != "embedding") for ops in stages_ops) / self.t
         # with a given HBM share (a serving KV manager places the cache) KV takes no SRAM here
-        kv = 0 if self.kv_hbm_fraction is not None else g.kv_read_bytes / max(1, mapped.replicas) / self.t
+        stage_kv = max(sum(op.kv_read_bytes for op in ops) for ops in stages_ops)
+        kv = 0 if self.kv_hbm_fraction is not None else stage_kv / max(1, mapped.replicas) / self.t
+        mapped.kv_bytes_per_core = int(kv)
         sram = self.sram_bytes
         budget = sram - spec.memory.sram_reserve_mb * MB
         hbm = arch.hbm.capacity_gb * 2**30
@@ -347,17 +408,27 @@ class Mapper:
             raise ConfigError(f"memory.kv_cache: sram, but each core needs {kv / MB:.1f} MB of KV cache and "
                               f"has {budget / MB:.1f} MB (capacity minus sram_reserve_mb)")
         fits = shard + kv_sram <= budget
-        if want_w == "sram" and not fits:
-            raise ConfigError(f"memory.weights: sram, but each core's weight shards need {shard / MB:.1f} MB "
+        if want_w in ("sram", "first_use") and not fits:
+            raise ConfigError(f"memory.weights: {want_w}, but each core's weight shards need {shard / MB:.1f} MB "
                               f"(+ {kv_sram / MB:.1f} MB KV) and it has {budget / MB:.1f} MB")
-        mapped.weights_resident = want_w == "sram" or (want_w in ("auto", "partial") and fits)
+        mapped.weights_resident = want_w in ("sram", "first_use") or (want_w in ("auto", "partial") and fits)
+        self.first_use = want_w == "first_use"
+        self.sram_budget, self.kv_sram_bytes = budget, kv_sram
+        if self.first_use:
+            mapped.notes.append(f"weights stay in SRAM once loaded: each core's {shard / MB:.1f} MB per stage are "
+                                f"loaded from HBM on first use (memory.weights: first_use)")
         mapped.weight_bytes_per_core = int(shard)
         mapped.resident_weight_bytes_per_core = int(shard) if mapped.weights_resident else 0
         if want_w == "partial" and not fits:
             self._partial_residency(mapped, stages_ops, budget - kv_sram)
-        if not mapped.weights_resident:
+        if not mapped.weights_resident and want_w == "hbm":
+            mapped.notes.append(f"weights stream from HBM (memory.weights: hbm; {shard / MB:.1f} MB per core per "
+                                f"stage {'would fit' if fits else 'do not fit'} {budget / MB:.1f} MB of SRAM"
+                                + (f" beside {kv_sram / MB:.1f} MB of KV cache" if kv_sram else "") + ")")
+        elif not mapped.weights_resident:
             mapped.notes.append(f"weights stream from HBM ({shard / MB:.1f} MB per core per stage do not fit "
-                                f"{budget / MB:.1f} MB of SRAM" + (
+                                f"{budget / MB:.1f} MB of SRAM" + (f" beside {kv_sram / MB:.1f} MB of KV cache"
+                                                                    if kv_sram else "") + (
                                     f"; {mapped.resident_weight_bytes_per_core / MB:.1f} MB of them stay resident"
                                     if want_w == "partial" else "") + ")")
         self.resident = mapped.weights_resident
@@ -484,6 +555,13 @@ class Mapper:
         widths[-1] -= cols * units - n  # the last tile holds the remainder
         return widths
 
+    def _pieces(self, nbytes: int) -> list[tuple[int, int]]:
+        """``(offset, bytes)`` of the DMA loads a first-use weight load is cut into (tiles of
+        about ``weight_tile_kb``, alternating the DMA engines). They depend on nothing: a cold
+        start loads the weights as early as the DMA queues allow, each GEMM waits for its own."""
+        count = max(1, -(-int(nbytes) // self.tile_bytes))
+        return [(nbytes * i // count, nbytes * (i + 1) // count - nbytes * i // count) for i in range(count)]
+
     def _next_engine(self, core: int) -> int:
         """DMA engines take a core's weight loads in turn, so two tiles stream at once."""
         i = self.dma_turn.get(core, 0)
@@ -495,6 +573,13 @@ class Mapper:
         """The GEMM ``m x k x n`` on ``core`` with its weight shard loaded first if it is not resident:
         tiled along N, load i waits for the GEMM two tiles back (two buffers)."""
         prog = self.prog
+        if self.first_use and shard_bytes > 0 and op.weight and (core, op.name, 0) not in self.loaded:
+            self.loaded.add((core, op.name, 0))
+            base = self._weight_base(op) + rank * shard_bytes
+            loads = [prog.add_dma(core, tb, address=base + off, dma_engine=self._next_engine(core),
+                                  name=f"{name} first load W{i}")
+                     for i, (off, tb) in enumerate(self._pieces(shard_bytes))]
+            return prog.add_gemm(core, m, k, n, op.dtype, op.batch, deps=list(deps) + loads, name=name)
         if self.resident or shard_bytes <= 0 or not op.weight or op.name in self.resident_ops:
             return prog.add_gemm(core, m, k, n, op.dtype, op.batch, deps=deps, name=name)
         base = self._weight_base(op) + rank * shard_bytes
@@ -558,12 +643,22 @@ class Mapper:
             for p in range(pieces):
                 n_p = _split(n, pieces, p)
                 gathered = [st.ready[i * b + j] for j in range(b)]
-                if op.weight:
+                key = (op.name, tuple(row), p)
+                if op.weight and key in self.kept:  # gathered by an earlier micro-batch, still in SRAM
+                    gathered = self.kept[key]
+                elif op.weight:
                     free = history[-2] if len(history) >= 2 else [-1] * b
                     loads = []
                     for j, c in enumerate(row):
                         shard = int(op.weight_bytes * frac_k * _split(n_p, b, j) / n)
-                        if self.resident or shard == 0 or op.name in self.resident_ops:
+                        if self.first_use and shard and (c, op.name, p) not in self.loaded:
+                            self.loaded.add((c, op.name, p))
+                            base = self._weight_base(op) + int(op.weight_bytes * (i / a + p / (a * pieces))) + j * shard
+                            loads.append(prog.add_barrier(
+                                [free[j]] + [prog.add_dma(c, tb, address=base + off, dma_engine=self._next_engine(c),
+                                                          name=f"{name} first load W{p}")
+                                             for off, tb in self._pieces(shard)], name=f"{name} W{p} loaded"))
+                        elif self.resident or shard == 0 or op.name in self.resident_ops:
                             loads.append(free[j])
                         else:
                             base = self._weight_base(op) + int(op.weight_bytes * (i / a + p / (a * pieces))) + j * shard
@@ -571,6 +666,8 @@ class Mapper:
                                                       dma_engine=self._next_engine(c), name=f"{name} load W{p}"))
                     coll = ring_allgather(prog, row, int(op.weight_bytes * frac_k * n_p / n), deps=loads, dtype=op.dtype)
                     gathered = [coll.done[c] for c in row]
+                    if self.keep_gathered:
+                        self.kept[key] = gathered
                 for j, c in enumerate(row):
                     outs[j] = prog.add_gemm(c, _split(m, b, j), k_i, n_p, op.dtype, op.batch,
                                             deps=[gathered[j], st.ready[i * b + j], outs[j]], name=f"{name} n{p}")
@@ -593,6 +690,11 @@ class Mapper:
         return max(1, math.ceil(k * n * e / (self.sram_bytes / 8)))
 
     # -- attention, MoE, embedding ------------------------------------------------------------------
+    def _kv_address(self, core: int, op: Op, offset: float = 0) -> int:
+        """HBM address of ``offset`` bytes into ``core``'s KV area of ``op``'s layer."""
+        area = self.kv_layers.get(op.layer, 0) * self.kv_layer_stride
+        return self.kv_base[core] + area + int(offset) % max(1, self.kv_layer_stride)
+
     def _attention(self, st: _GroupState, op: Op, name: str) -> None:
         t, prog = self.t, self.prog
         vd = op.v_head_dim or op.head_dim
@@ -630,7 +732,7 @@ class Mapper:
             if self.kv_hbm_fraction > 0:
                 cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
                 if cache > 0:
-                    deps.append(prog.add_dma(c, cache, address=self.kv_base[c], deps=[st.ready[i]],
+                    deps.append(prog.add_dma(c, cache, address=self._kv_address(c, op), deps=[st.ready[i]],
                                              name=f"{name} read KV"))
             # MLA: every head of a sequence attends the same latent keys, so the heads are the rows of
             # one GEMM per sequence; otherwise one GEMM per (sequence, head)
@@ -640,7 +742,9 @@ class Mapper:
                                    name=f"{name} softmax", row_len=keys)
             out = prog.add_gemm(c, rows, keys, vd, op.dtype, products, deps=[soft], name=f"{name} PV")
             if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
-                prog.add_dma(c, int(seqs * q_len * kv_share), address=self.kv_base[c], write=True,
+                # the new keys/values land after the cached ones
+                prog.add_dma(c, int(seqs * q_len * kv_share),
+                             address=self._kv_address(c, op, seqs * (op.kv_len - op.q_len) * kv_share), write=True,
                              dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=[st.ready[i]],
                              name=f"{name} write KV")
             outs.append(out)
@@ -668,13 +772,15 @@ class Mapper:
             step = list(deps)
             cache = int(n * cached * kv_share * self.kv_hbm_fraction)
             if cache > 0:
-                step.append(prog.add_dma(c, cache, address=self.kv_base[c], deps=deps, name=f"{name} read KV"))
+                step.append(prog.add_dma(c, cache, address=self._kv_address(c, op, p * cache), deps=deps,
+                                         name=f"{name} read KV"))
             scores = prog.add_gemm(c, rows, op.head_dim, chunk_keys, op.dtype, n, deps=step, name=f"{name} QK")
             soft = prog.add_vector(c, "softmax", n * rows * chunk_keys, op.dtype, deps=[scores],
                                    name=f"{name} softmax", row_len=chunk_keys)
             done.append(prog.add_gemm(c, rows, chunk_keys, vd, op.dtype, n, deps=[soft], name=f"{name} PV"))
         if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
-            prog.add_dma(c, int(_split(op.batch, t, i) * op.q_len * kv_share), address=self.kv_base[c], write=True,
+            prog.add_dma(c, int(_split(op.batch, t, i) * op.q_len * kv_share),
+                         address=self._kv_address(c, op, units * cached * kv_share), write=True,
                          dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=deps, name=f"{name} write KV")
         if chunks == 1:
             return prog.add_barrier(done, name)

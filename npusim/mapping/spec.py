@@ -44,7 +44,7 @@ LAYOUTS = ("linear_seq", "linear_interleave", "ring", "mesh2d")
 OP_CLASSES = ("qkv", "o_proj", "ffn_up", "ffn_down", "lm_head", "other")
 Partition = Literal["tp_k", "tp_mn", "tp_mnk", "auto"]
 Placement = Literal["auto", "sram", "hbm"]
-WeightPlacement = Literal["auto", "sram", "hbm", "partial"]
+WeightPlacement = Literal["auto", "sram", "hbm", "partial", "first_use"]
 
 
 class Partitions(StrictModel):
@@ -107,13 +107,18 @@ class Pipeline(StrictModel):
 
 class Layout(StrictModel):
     group: Literal["linear_seq", "linear_interleave", "ring", "mesh2d"] = "linear_seq"
-    origin: list[int] | None = Field(default=None, description="first core of each TP group (stage-major); default: packed")
+    origin: list[int] | None = Field(default=None, description="first core of each TP group (stage-major); default: "
+                                     "packed. linear_*: the strip runs along the snake path (even rows west to "
+                                     "east, odd rows east to west), so on an odd row its first core is its "
+                                     "eastmost (8x8: the strip 56-59 has origin 59); ring/mesh2d: the block's "
+                                     "north-west corner")
 
 
 class Memory(StrictModel):
     weights: WeightPlacement = Field(
         default="auto", description="auto: all in SRAM if they fit, else all streamed from HBM; partial: as "
-        "many whole tensors resident as fit, the rest streamed")
+        "many whole tensors resident as fit, the rest streamed; first_use: resident, but loaded from HBM on "
+        "first use (a cold start: the first pass pays the load once, later ones find them in SRAM)")
     kv_cache: Placement = "auto"
     sram_reserve_mb: float = Field(default=2.0, ge=0, description="per core, kept for activations and temporaries")
     weight_tile_kb: PositiveInt = Field(default=4096, description="streamed weights move in tiles of about this size (two buffers per core)")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from npusim.arch.derived import hbm_attach_routers
 from npusim.arch.schema import Arch
 from npusim.mapping.mapper import Mapped, map_model
 from npusim.mapping.spec import MappingSpec
@@ -23,12 +24,22 @@ class ForwardRun:
 
 
 def simulate_forward(graph: Graph, arch: Arch, spec: MappingSpec, memory_mode: str = "tlm",
-                     noc_mode: str = "path", progress=None, mapped: Mapped | None = None) -> ForwardRun:
+                     noc_mode: str = "path", progress=None, mapped: Mapped | None = None,
+                     memory_over_noc: bool | None = None) -> ForwardRun:
+    """``memory_over_noc``: see :class:`~npusim.sim.Simulator` (default: HBM traffic crosses the
+    mesh at the path and flit fidelities)."""
     mapped = mapped or map_model(graph, arch, spec)
-    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode)
+    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode, memory_over_noc=memory_over_noc)
     mapped.program.submit(sim)
     sim.run(progress=progress, chunk_events=500_000)
     return ForwardRun(sim, mapped, graph, summarize_forward(sim, mapped, graph))
+
+
+def hbm_link_ids(sim: Simulator) -> np.ndarray:
+    """Ids of the mesh links that leave or enter a router where an HBM channel attaches."""
+    routers = np.unique(hbm_attach_routers(sim.arch))
+    topo = sim.topology
+    return np.flatnonzero(np.isin(topo.link_src, routers) | np.isin(topo.link_dst, routers))
 
 
 def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
@@ -41,6 +52,7 @@ def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
     hbm_bytes = int(sim.mem.ch_bytes.sum())
     n_links = sim.topology.num_links
     link_util = sim.noc.link_flits[:n_links] / cycles if cycles else np.zeros(n_links)
+    hbm_links = hbm_link_ids(sim)
     partitions: dict[str, int] = {}
     for p in mapped.decisions.values():
         partitions[p] = partitions.get(p, 0) + 1
@@ -60,9 +72,13 @@ def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
         "core_utilization": {u: float(busy[:, j].sum() / (bd["cores_used"] * cycles)) if cycles and bd["cores_used"]
                              else 0.0 for j, u in enumerate(units)},
         "hbm_bytes": hbm_bytes,
+        "hbm_bytes_over_noc": sim.hbm_bytes_over_noc,
         "hbm_bandwidth_gbps": hbm_bytes / seconds / 1e9 if seconds else 0.0,
         "noc_link_utilization_max": float(link_util.max()) if n_links else 0.0,
         "noc_link_utilization_mean": float(link_util.mean()) if n_links else 0.0,
+        # the mesh links into and out of the routers the HBM channels attach to
+        "noc_link_utilization_at_hbm_max": float(link_util[hbm_links].max()) if hbm_links.size else 0.0,
+        "noc_link_utilization_at_hbm_mean": float(link_util[hbm_links].mean()) if hbm_links.size else 0.0,
         "mapping": {
             "tp": mapped.groups[0].cores.__len__(), "stages": mapped.stages, "replicas": mapped.replicas,
             "microbatches": mapped.microbatches, "stage_layers": mapped.stage_layers,

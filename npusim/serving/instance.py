@@ -56,6 +56,7 @@ class Instance:
         self.running: list = []
         self.waiting: deque = deque()
         self.depth = spec.pipeline.stages
+        self.pending_spills: list[int] = []  # KV spill DMAs the next iteration's HBM KV reads wait for
         self._plan_memory(hbm_bytes)
 
     @property
@@ -80,6 +81,9 @@ class Instance:
         mem = self.spec.memory.model_copy(update={"weights": "sram" if self.weights_resident else streamed,
                                                   "kv_cache": "auto"})
         self.iter_spec = self.spec.model_copy(update={"memory": mem})
+        # memory.weights first_use: the instance's first iteration loads the weights, later ones find them
+        self.first_use_spec = (self.spec.model_copy(update={"memory": mem.model_copy(update={"weights": "first_use"})})
+                               if self.spec.memory.weights == "first_use" else None)
         used = sorted({c for c in mapped.program.core if c >= 0})  # cores the mapping leaves idle hold no KV
         n = len(used)
         sram = int(sum(arch.sram_for(c).capacity_mb for c in used) * 2**20)
@@ -102,16 +106,20 @@ class Instance:
         pad = self.cfg.pad_shapes
         placement = 0.0 if hbm_fraction <= 0 else 1.0 if hbm_fraction >= 1 else 0.5
         key = (iteration_signature(work, pad=pad), placement)
-        hit = self.cache.get(key)
+        first = self.first_use_spec
+        hit = None if first is not None else self.cache.get(key)
         if hit is None:
             graph = build_iteration_graph(self.cfg.model, work, self.cfg.precision, self.cfg.layers, pad=pad)
-            prog = map_model(graph, self.arch, self.iter_spec, kv_hbm_fraction=placement, cores=self.cores).program
+            prog = map_model(graph, self.arch, first or self.iter_spec, kv_hbm_fraction=placement,
+                             cores=self.cores).program
             has_succ = np.zeros(len(prog), dtype=bool)
             for deps in prog.deps:
                 has_succ[list(deps)] = True
             kv_reads = np.array([i for i, n in enumerate(prog.names) if n.endswith(" read KV")], dtype=np.int64)
             hit = _Compiled(prog.materialize(self.sim), np.flatnonzero(~has_succ), kv_reads, placement)
-            self.cache[key] = hit
+            if first is None:
+                self.cache[key] = hit
+            self.first_use_spec = None  # loaded once: later iterations find the weights in SRAM
         return hit, hit.at_fraction(hbm_fraction if 0 < hbm_fraction < 1 else placement)
 
     def free_to_launch(self) -> bool:
@@ -133,7 +141,12 @@ class Instance:
             sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
         frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
         comp, arrays = self._compiled(slots, frac)
-        ids = submit_materialized(self.sim, arrays)
+        if hbm_tok and comp.kv_reads.size:
+            arrays = self._at_requests(slots, comp, arrays)
+        if self.pending_spills and comp.kv_reads.size:
+            ids = self._submit_after_spills(comp, arrays)
+        else:
+            ids = submit_materialized(self.sim, arrays)
         note = self.sim.add_notify(ids[comp.sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
         return note
@@ -156,19 +169,62 @@ class Instance:
         return spills
 
     def _spill(self, transfers) -> None:
-        """KV moved SRAM->HBM: DMA writes split over the instance's cores' second DMA engine."""
-        total = sum(t.nbytes for t in transfers)
-        if total <= 0:
-            return
+        """KV moved SRAM->HBM: per transfer, DMA writes split over the instance's cores' second DMA
+        engine, each core's share at its slice of the transfer's HBM extent (the KV manager's
+        offsets, above the weights' half of HBM). The next iteration's KV reads from HBM wait for
+        them (:meth:`launch`): they read what the spills wrote."""
         cores = self.core_list
         sim = self.sim
         engine = min(1, sim.dma_engines - 1)
-        shares = [(c, total // len(cores) + (1 if i < total % len(cores) else 0)) for i, c in enumerate(cores)]
-        shares = [(c, b) for c, b in shares if b]
-        param = [(b, kv_cache_base_address(self.arch, c), 1, sim.initiator(c, engine), 0, 0) for c, b in shares]
-        sim.submit_batch(np.full(len(shares), KIND_DMA), [sim.queue(c, f"dma{engine}") for c, _ in shares], param,
-                         np.zeros(len(shares) + 1, dtype=np.int64), np.zeros(0, dtype=np.int64),
-                         ["KV spill"] * len(shares))
+        base = kv_cache_base_address(self.arch, 0)  # the KV region; extents are the KV manager's
+        span = max(1, int(self.arch.hbm.capacity_gb * 2**30) - base)
+        param, queues = [], []
+        for t in transfers:
+            off = 0
+            for i, c in enumerate(cores):
+                b = t.nbytes // len(cores) + (1 if i < t.nbytes % len(cores) else 0)
+                if b:
+                    param.append((b, base + (t.hbm_offset_bytes + off) % span, 1, sim.initiator(c, engine), 0, 0))
+                    queues.append(sim.queue(c, f"dma{engine}"))
+                off += b
+        if not param:
+            return
+        ids = sim.submit_batch(np.full(len(param), KIND_DMA), queues, param, np.zeros(len(param) + 1, dtype=np.int64),
+                               np.zeros(0, dtype=np.int64), ["KV spill"] * len(param))
+        self.pending_spills.extend(int(i) for i in ids)
+
+    def _at_requests(self, slots, comp, arrays):
+        """The arrays with the KV reads moved to the batch's requests: the mapper lays each core's
+        KV out by layer; the reads start at the first request's HBM extent (its share per core), so
+        batches of other requests touch other DRAM rows."""
+        first = next((s for s in slots if self.kv.location(s.live.req.id)[1]), None)
+        if first is None:
+            return arrays
+        kinds, queue, param, ptr, idx = arrays
+        half = kv_cache_base_address(self.arch, 0)  # the KV region's start = half of HBM
+        shift = self.kv.hbm_extent(first.live.req.id)[0] // max(1, len(self.core_list)) // 4096 * 4096
+        param = param.copy()
+        addr = param[comp.kv_reads, 1]
+        param[comp.kv_reads, 1] = half + (addr - half + shift) % half
+        return kinds, queue, param, ptr, idx
+
+    def _submit_after_spills(self, comp, arrays):
+        """Submit ``arrays`` with its KV-read DMAs also depending on the pending spills."""
+        kinds, queue, param, ptr, idx = arrays
+        base = self.sim.engine.num_tasks
+        extra = np.zeros(len(kinds), dtype=np.int64)
+        extra[comp.kv_reads] = len(self.pending_spills)
+        new_ptr = np.zeros_like(ptr)
+        new_ptr[1:] = np.cumsum(np.diff(ptr) + extra)
+        new_idx = np.empty(int(new_ptr[-1]), dtype=np.int64)
+        counts = np.diff(ptr)
+        own = np.repeat(new_ptr[:-1], counts) + (np.arange(idx.size) - np.repeat(ptr[:-1], counts))
+        new_idx[own] = idx + base
+        spills = np.asarray(self.pending_spills, dtype=np.int64)
+        for r in comp.kv_reads.tolist():
+            new_idx[new_ptr[r] + counts[r]:new_ptr[r + 1]] = spills
+        self.pending_spills = []
+        return self.sim.submit_batch(kinds, queue, param, new_ptr, new_idx)
 
     def admit(self, records: dict, now_s: float) -> int:
         """Admit waiting requests FCFS; returns how many were rejected for good."""
@@ -202,5 +258,6 @@ class Instance:
         return rejected
 
     def remap(self, new_id) -> None:
-        """Renumber in-flight notify tasks after an engine compaction."""
+        """Renumber in-flight notify tasks (and pending spills) after an engine compaction."""
         self.inflight = deque((int(new_id[n]), sl, fr, sub) for n, sl, fr, sub in self.inflight)
+        self.pending_spills = [int(new_id[t]) for t in self.pending_spills if new_id[t] >= 0]

@@ -53,6 +53,7 @@ class ServingConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     memory_mode: str = "analytical"
     noc_mode: str = "path"
+    memory_over_noc: bool | None = None  # HBM traffic over the mesh (default: at the path/flit fidelities)
     admission: str = "queue"
     prefix_cache: bool = False
     block_tokens: int = 16
@@ -151,7 +152,8 @@ class ServingSimulator:
     def __init__(self, arch: Arch, spec: MappingSpec, cfg: ServingConfig, pd: tuple[int, int] | None = None,
                  replicas: int = 1):
         self.arch, self.spec, self.cfg = arch, spec, cfg
-        self.sim = Simulator(arch, memory_mode=cfg.memory_mode, noc_mode=cfg.noc_mode)
+        self.sim = Simulator(arch, memory_mode=cfg.memory_mode, noc_mode=cfg.noc_mode,
+                             memory_over_noc=cfg.memory_over_noc)
         self.hz = arch.clock_ghz * 1e9
         self.tasks_total = 0  # tasks dropped by compaction, for the summary
         bands = replica_bands(arch, replicas)
@@ -350,6 +352,7 @@ class ServingSimulator:
             "instances": {i.name: {"cores": len(i.core_list), "tp": i.spec.tensor_parallel.degree,
                                    "stages": i.spec.pipeline.stages} for i in self.instances},
             "kv_transfer_bytes": transfers["bytes"], "kv_transfers": transfers["count"],
+            "hbm_bytes": int(sim.mem.ch_bytes.sum()), "hbm_bytes_over_noc": sim.hbm_bytes_over_noc,
             "tasks": self.tasks_total + sim.engine.num_tasks, "events": sim.events,
         })
         if cfg.debug:

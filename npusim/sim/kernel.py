@@ -12,7 +12,10 @@ Task kinds and their parameters (``param[:, i]``):
 * ``KIND_FIXED`` (0): duration ``param[0]`` cycles (compute tasks: the duration comes
   from the compute model when the task is built).
 * ``KIND_DMA`` (1): an HBM transfer timed by :mod:`npusim.hw.memory.hbm`:
-  ``bytes, address, is_write, initiator, pattern, stride``.
+  ``bytes, address, is_write, initiator, pattern, stride``. At the path and flit NoC
+  fidelities its transaction streams also cross the mesh between the core and the channels'
+  routers (:mod:`npusim.sim.mempath`): the task ends when the DRAM access and every stream
+  (``EV_NOC_PART_END``) have ended.
 * ``KIND_NOC`` (2): a message over the NoC, timed by :mod:`npusim.hw.noc.path`
   (path-level or analytical) or :mod:`npusim.hw.noc.flit_engine` (flit level):
   ``src_router, dst_router, bytes``.
@@ -30,7 +33,8 @@ from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVENTS, SC_NOTIFIED, SC_NOW
 from npusim.hw.memory.hbm import EV_MEM_END_REQ, EV_MEM_ISSUE, hbm_handle, hbm_start_dma
 from npusim.hw.noc.flit_engine import EV_FLIT_TICK, flit_slots_free, flit_start, flit_tick
-from npusim.hw.noc.path import MODE_FLIT, PRM_MODE, path_handle, path_start, slots_free
+from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, path_handle, path_start, slots_free
+from npusim.sim.mempath import MP_NEED_SLOTS, MP_ON, mem_part_done, mem_start
 
 KIND_DMA = 1
 KIND_NOC = 2
@@ -45,16 +49,20 @@ BASE_HEADROOM = 8
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _start(tt, heap, hs, mem, noc, fnoc, task, now, period_ps):
+def _start(tt, heap, hs, mem, noc, fnoc, mp, task, now, period_ps):
     mark_started(tt, task, now)
     kind = tt.kind[task]
     if kind == KIND_FIXED or kind == KIND_NOTIFY:
         heap_push(heap, hs, now + tt.param[task, 0], EV_TASK_END, task)
     elif kind == KIND_DMA:
         prm = tt.param[task]
+        parts = mem_start(mp, noc, fnoc, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now)
         done = hbm_start_dma(mem, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now, period_ps)
         if done >= 0:
-            heap_push(heap, hs, done, EV_TASK_END, task)
+            if parts > 0:  # the DRAM part is done; its last response still crosses the mesh
+                heap_push(heap, hs, done + mp.tail[prm[3]], EV_NOC_PART_END, prm[3])
+            else:
+                heap_push(heap, hs, done, EV_TASK_END, task)
     elif kind == KIND_NOC:
         prm = tt.param[task]
         if noc.prm[PRM_MODE] == MODE_FLIT:
@@ -67,7 +75,7 @@ def _start(tt, heap, hs, mem, noc, fnoc, task, now, period_ps):
 
 
 @njit(cache=True, _nrt=False)
-def run_loop(tt, heap, hs, mem, noc, fnoc, period_ps, until, watch, max_events, headroom):
+def run_loop(tt, heap, hs, mem, noc, fnoc, mp, period_ps, until, watch, max_events, headroom):
     """Advance the simulation; returns a ``STATUS_*`` code (see module docstring).
     ``headroom``: free heap rows needed before any handler runs (see ``BASE_HEADROOM``)."""
     events = 0
@@ -76,14 +84,15 @@ def run_loop(tt, heap, hs, mem, noc, fnoc, period_ps, until, watch, max_events, 
         while True:
             if heap_room(heap, hs) < headroom:
                 return STATUS_GROW
-            if slots_free(noc) == 0:
+            need = mp.prm[MP_NEED_SLOTS] if mp.prm[MP_ON] != 0 else 1  # a DMA may start 2 per router
+            if slots_free(noc) < (need if noc.prm[PRM_MODE] != MODE_FLIT else 1):
                 return STATUS_GROW_NOC
-            if flit_slots_free(fnoc) == 0:
+            if flit_slots_free(fnoc) < (need if noc.prm[PRM_MODE] == MODE_FLIT else 1):
                 return STATUS_GROW_FLIT
             task = pop_ready(tt)
             if task < 0:
                 break
-            _start(tt, heap, hs, mem, noc, fnoc, task, tt.sc[SC_NOW], period_ps)
+            _start(tt, heap, hs, mem, noc, fnoc, mp, task, tt.sc[SC_NOW], period_ps)
         if hs[HS_SIZE] == 0:
             return STATUS_IDLE
         if heap[0, 0] > until:
@@ -105,6 +114,13 @@ def run_loop(tt, heap, hs, mem, noc, fnoc, period_ps, until, watch, max_events, 
             release_queue(tt, eid, now)
         elif etype <= EV_MEM_ISSUE and etype >= EV_MEM_END_REQ:
             finished = hbm_handle(mem, heap, hs, etype, eid, now, period_ps)
+            if finished >= 0 and mp.prm[MP_ON] != 0:
+                init = tt.param[finished, 3]
+                if mp.task[init] == finished:  # its streams are counted as parts
+                    heap_push(heap, hs, now + mp.tail[init], EV_NOC_PART_END, init)
+                    finished = -1
+        elif etype == EV_NOC_PART_END:
+            finished = mem_part_done(mp, eid)
         elif etype == EV_FLIT_TICK:
             flit_tick(fnoc, heap, hs, now)
         else:

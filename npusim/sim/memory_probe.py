@@ -65,7 +65,7 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
         raise ConfigError(f"pattern '{pattern}': expected one of {sorted(PATTERNS)}")
     if nbytes <= 0:
         raise ConfigError(f"--bytes must be positive, got {nbytes}")
-    sim = Simulator(arch, memory_mode=mode)
+    sim = Simulator(arch, memory_mode=mode, memory_over_noc=False)  # the memory device alone
     max_init = arch.num_cores * sim.dma_engines
     n_init = max_init if initiators is None else initiators
     if not 1 <= n_init <= max_init:

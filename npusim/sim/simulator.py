@@ -5,7 +5,10 @@ Resource queues per core, in this order: ``cube``, ``vector``, ``dma0`` ..
 initiator with its own tags), ``noc`` (messages to other cores, one at a time).
 Queue id = ``core * queues_per_core + unit``. The NoC is the arch's 2D mesh at the
 ``path`` fidelity (message-level contention, the default), ``analytical`` (zero-load
-latency) or ``flit`` (cycle-accurate routers, stepped every busy cycle).
+latency) or ``flit`` (cycle-accurate routers, stepped every busy cycle). At the path and
+flit fidelities every DMA's HBM transaction streams also cross the mesh between the core and
+its channels' attach routers (:mod:`npusim.sim.mempath`); the analytical fidelity, or
+``memory_over_noc=False``, sends DMA tasks straight to the memory model.
 
 Use: build tasks with :meth:`add_compute` / :meth:`add_dma` (or
 :meth:`submit_batch` for many at once), then :meth:`run` — until a time, until a
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from npusim.arch.derived import channel_bandwidths_gbps
+from npusim.arch.derived import channel_bandwidths_gbps, hbm_attach_routers
 from npusim.arch.schema import Arch
 from npusim.engine import Engine
 from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOTIFIED, SC_NOW
@@ -31,6 +34,7 @@ from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
 from npusim.hw.noc.path import grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh, to_arrays
+from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, new_mempath
 from npusim.sim.kernel import (
     BASE_HEADROOM,
     KIND_DMA,
@@ -67,10 +71,11 @@ class Simulator:
     """One simulation of work on one chip (see module docstring)."""
 
     def __init__(self, arch: Arch, memory_mode: str = "tlm", noc_mode: str = "path", txlog_rows: int = 0,
-                 noc_graph=None, cmdlog_rows: int = 0):
+                 noc_graph=None, cmdlog_rows: int = 0, memory_over_noc: bool | None = None):
         """``noc_graph``: a networkx topology (see ``npusim.hw.noc.topology``) with one router
-        per core, instead of the arch's mesh. ``txlog_rows`` / ``cmdlog_rows``: capacity of the
-        HBM model's transaction log / DRAM command trace (tests, debugging; 0 = off)."""
+        per core, instead of the arch's mesh. ``txlog_rows`` / ``cmdlog_rows``: capacity of the HBM
+        model's transaction log / DRAM command trace (tests, debugging; 0 = off). ``memory_over_noc``: route HBM transaction streams over the
+        NoC (default: at the path and flit fidelities, not at the analytical one)."""
         if noc_mode not in NOC_MODES:
             raise ConfigError(f"NoC fidelity '{noc_mode}' in the engine: expected one of {NOC_MODES}")
         self.arch = arch
@@ -107,6 +112,20 @@ class Simulator:
                                     noc.router_pipeline_cycles, noc.link_bytes_per_cycle, noc.max_packet_flits)
         self.noc = new_path_state(self.topology, self.routing, noc.router_pipeline_cycles, noc.link_latency_cycles,
                                   noc.link_bytes_per_cycle, 256, noc_mode, noc.buffer_depth_flits)
+        if memory_over_noc is None:
+            memory_over_noc = noc_mode != "analytical"
+        if memory_over_noc and noc_mode == "analytical":
+            raise ConfigError("memory_over_noc needs the path or flit NoC fidelity (the analytical one has no "
+                              "contention to model)")
+        self.memory_over_noc = bool(memory_over_noc)
+        hbm = arch.hbm
+        self.mempath = new_mempath(hbm_attach_routers(arch), self.routing.hop_matrix(), self.memory_over_noc,
+                                   hbm.channels, hbm.interleave_bytes, hbm.attach == "per_core", self.dma_engines,
+                                   min(arch.cores.dma.transaction_bytes, hbm.interleave_bytes),
+                                   noc.link_bytes_per_cycle, noc.router_pipeline_cycles, noc.link_latency_cycles,
+                                   arch.num_cores * self.dma_engines)
+        # a DMA start pushes one event per stream it starts (two per attach router)
+        self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
 
     # -- addressing -----------------------------------------------------------------
     def queue(self, core: int, unit: str) -> int:
@@ -185,7 +204,8 @@ class Simulator:
         if watch >= 0 and eng.is_done(watch):
             return RunOutcome("task_done", self.now)
         while True:
-            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.flit, self.period_ps, limit, watch,
+            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.flit, self.mempath, self.period_ps,
+                              limit, watch,
                               chunk_events if progress else FOREVER, self._headroom)
             if status == STATUS_GROW:
                 eng.grow_heap()
@@ -234,7 +254,13 @@ class Simulator:
         remap(self.mem.in_task)
         remap(self.noc.m_task)
         remap(self.flit.m_task)
+        remap(self.mempath.task)
         return new_id
+
+    @property
+    def hbm_bytes_over_noc(self) -> int:
+        """Bytes of HBM traffic (DMA data) that crossed the mesh (0 when memory skips the NoC)."""
+        return int(self.mempath.counters[C_BYTES])
 
     def busy_cycles(self, include_running: bool = False) -> np.ndarray:
         """Busy cycles per queue, shape (cores, queues_per_core) (see ``Engine.busy_cycles``)."""

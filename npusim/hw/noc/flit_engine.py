@@ -10,6 +10,10 @@ its packets are in the FIFO (the NI sends them in order, behind earlier messages
 
 The cost is one event and one network step per cycle the NoC is busy, whatever the
 traffic — the price of cycle accuracy; the path model costs a few events per message.
+
+A message may be a *part* of a DMA task (memory streams, :mod:`npusim.sim.mempath`):
+``m_part`` holds the DMA engine's initiator id; it frees no queue and its end is reported
+as ``EV_NOC_PART_END`` for that initiator.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from npusim.engine.heap import heap_push
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 from npusim.hw.noc.flit import make_state
 from npusim.hw.noc.flit_kernel import K_DONE_CNT, network_idle, send_packet, step
+from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_FLIT_TICK = 30
 
@@ -31,7 +36,7 @@ FlitEngine = namedtuple(
     [
         "fs",  # the flit model's state
         "prm",  # [flit bytes, max packet flits]
-        "m_task", "m_src", "m_dst", "m_flits_left", "m_packets_out", "m_free",
+        "m_task", "m_src", "m_dst", "m_flits_left", "m_packets_out", "m_part", "m_free",
         "active", "sc",  # slots still enqueuing packets; scalars (see S_*)
     ],
 )
@@ -47,6 +52,7 @@ def new_flit_engine(topo, routing, vcs: int, buffer_flits: int, router_stages: i
     return FlitEngine(
         fs=fs, prm=np.array([link_bytes, max_packet_flits], np.int64),
         m_task=np.full(num_slots, -1, np.int64), m_src=z(), m_dst=z(), m_flits_left=z(), m_packets_out=z(),
+        m_part=np.full(num_slots, -1, np.int64),
         m_free=np.arange(num_slots - 1, -1, -1, dtype=np.int64), active=z(),
         sc=np.array([0, num_slots, 0, 0], np.int64),
     )
@@ -69,6 +75,7 @@ def grow_flit_slots(fe: FlitEngine) -> FlitEngine:
     fe.sc[S_FREE_TOP] = top + old
     return fe._replace(m_task=grown(fe.m_task, -1), m_src=grown(fe.m_src), m_dst=grown(fe.m_dst),
                        m_flits_left=grown(fe.m_flits_left), m_packets_out=grown(fe.m_packets_out),
+                       m_part=grown(fe.m_part, -1),
                        m_free=free, active=grown(fe.active))
 
 
@@ -80,14 +87,26 @@ def flit_slots_free(fe):
 @njit(cache=True, _nrt=False)
 def flit_start(fe, heap, hs, task, src, dst, nbytes, now):
     """Start a message; the caller made sure a slot is free."""
+    w = fe.prm[P_WIDTH]
+    _launch(fe, heap, hs, task, -1, src, dst, max(np.int64(1), (nbytes + w - 1) // w), now)
+
+
+@njit(cache=True, _nrt=False)
+def flit_start_part(fe, heap, hs, owner, src, dst, flits, now):
+    """Start a message of ``flits`` flits, part of initiator ``owner``'s DMA task."""
+    _launch(fe, heap, hs, -1, owner, src, dst, flits, now)
+
+
+@njit(cache=True, _nrt=False)
+def _launch(fe, heap, hs, task, part, src, dst, flits, now):
     top = fe.sc[S_FREE_TOP] - 1
     fe.sc[S_FREE_TOP] = top
     slot = fe.m_free[top]
-    w = fe.prm[P_WIDTH]
     fe.m_task[slot] = task
+    fe.m_part[slot] = part
     fe.m_src[slot] = src
     fe.m_dst[slot] = dst
-    fe.m_flits_left[slot] = max(np.int64(1), (nbytes + w - 1) // w)
+    fe.m_flits_left[slot] = flits
     fe.m_packets_out[slot] = 0
     fe.active[fe.sc[S_ACTIVE]] = slot
     fe.sc[S_ACTIVE] += 1
@@ -112,7 +131,8 @@ def _enqueue(fe, heap, hs, now):
             fe.m_flits_left[slot] -= n
             fe.m_packets_out[slot] += 1
         if fe.m_flits_left[slot] == 0:
-            heap_push(heap, hs, now, EV_QUEUE_FREE, fe.m_task[slot])
+            if fe.m_part[slot] < 0:
+                heap_push(heap, hs, now, EV_QUEUE_FREE, fe.m_task[slot])
             fe.sc[S_ACTIVE] -= 1
             fe.active[i] = fe.active[fe.sc[S_ACTIVE]]
         else:
@@ -129,8 +149,12 @@ def flit_tick(fe, heap, hs, now):
         slot = fs.done[i, 0]
         fe.m_packets_out[slot] -= 1
         if fe.m_packets_out[slot] == 0 and fe.m_flits_left[slot] == 0:
-            heap_push(heap, hs, fs.done[i, 1], EV_TASK_END, fe.m_task[slot])
+            if fe.m_part[slot] >= 0:
+                heap_push(heap, hs, fs.done[i, 1], EV_NOC_PART_END, fe.m_part[slot])
+            else:
+                heap_push(heap, hs, fs.done[i, 1], EV_TASK_END, fe.m_task[slot])
             fe.m_task[slot] = -1
+            fe.m_part[slot] = -1
             fe.m_free[fe.sc[S_FREE_TOP]] = slot
             fe.sc[S_FREE_TOP] += 1
     fs.ctr[K_DONE_CNT] = 0
@@ -140,5 +164,5 @@ def flit_tick(fe, heap, hs, now):
         heap_push(heap, hs, now + 1, EV_FLIT_TICK, 0)
 
 
-__all__ = ["EV_FLIT_TICK", "FlitEngine", "flit_slots_free", "flit_start", "flit_tick", "grow_flit_slots",
+__all__ = ["EV_FLIT_TICK", "FlitEngine", "flit_slots_free", "flit_start", "flit_start_part", "flit_tick", "grow_flit_slots",
            "new_flit_engine"]

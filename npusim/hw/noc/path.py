@@ -37,6 +37,15 @@ not interleaved with other messages' flits). Under dimension-order routing on a 
 the link-wait graph has no cycles, so path setup cannot deadlock; on rings/tori it
 could, and the engine then reports the stuck messages.
 
+Memory streams (:mod:`npusim.sim.mempath`): a message may instead be a *part* of a DMA
+task (``m_part`` = the DMA engine's initiator id): it holds no queue and, when its tail is
+ejected, reports ``EV_NOC_PART_END`` for its initiator instead of ending a task. A stream
+stands for many one-transaction packets, not one worm, so it always moves as in cut-through
+(each link it crosses is busy for its ``F`` flits from when its header claimed it): it costs
+every link its bytes but never holds a path while its header waits. Its reservations end
+without an event unless a header waits for the link (``LAZY`` owner, ``link_free_at``): the
+same timing as a release event, half the events.
+
 NpuSim's router has a documented defect where two acknowledgements returning in
 adjacent cycles lock routers for no reason; here no acknowledgement holds anything:
 a link is only ever held by the one message that claimed it, until its tail passes.
@@ -52,7 +61,8 @@ from numba import njit
 from npusim.engine.heap import heap_push
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 
-EV_NOC_HOP, EV_NOC_RELEASE = 20, 21
+EV_NOC_HOP, EV_NOC_RELEASE, EV_NOC_PART_END = 20, 21, 22
+LAZY = -2  # link_owner of a link reserved by a memory stream until link_free_at (no release event)
 MODE_PATH, MODE_ANALYTICAL, MODE_FLIT = 0, 1, 2
 MODES = {"path": MODE_PATH, "analytical": MODE_ANALYTICAL, "flit": MODE_FLIT}  # flit: see flit_engine
 
@@ -62,15 +72,15 @@ PathState = namedtuple(
         # topology and routing
         "next_port", "link_id", "nbr_router", "n_links", "prm",
         # per link (mesh links, then one ejection port per router)
-        "link_owner", "link_wait_head", "link_wait_tail", "link_flits",
+        "link_owner", "link_wait_head", "link_wait_tail", "link_flits", "link_free_at",
         # per message in flight (slots from a free list)
-        "m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_free",
+        "m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part", "m_free",
         "counters",
     ],
 )
 PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH, PRM_MODE, PRM_BUFFER = 0, 1, 2, 3, 4
 C_MESSAGES, C_FLITS, C_WAITS, C_FREE_TOP = 0, 1, 2, 3
-_SLOT_FIELDS = ("m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops")
+_SLOT_FIELDS = ("m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part")
 
 
 def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, link_bytes: int,
@@ -85,10 +95,10 @@ def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, 
         next_port=routing.next_port.astype(np.int64), link_id=topo.link_id.astype(np.int64),
         nbr_router=topo.nbr_router.astype(np.int64), n_links=np.int64(n_links),
         prm=np.array([router_stages, link_latency_cycles, link_bytes, MODES[mode], buffer_flits], dtype=np.int64),
-        link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total),
+        link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total), link_free_at=z(total),
         link_flits=z(total),
         m_task=full(num_slots), m_src=z(num_slots), m_dst=z(num_slots), m_flits=z(num_slots),
-        m_cur=z(num_slots), m_wait_next=full(num_slots), m_hops=z(num_slots),
+        m_cur=z(num_slots), m_wait_next=full(num_slots), m_hops=z(num_slots), m_part=full(num_slots),
         m_free=np.arange(num_slots, dtype=np.int64)[::-1].copy(),
         counters=np.array([0, 0, 0, num_slots], dtype=np.int64),
     )
@@ -101,7 +111,7 @@ def grow_slots(ps: PathState) -> PathState:
     changes = {}
     for name in _SLOT_FIELDS:
         arr = getattr(ps, name)
-        grown = np.full(new, -1 if name in ("m_task", "m_wait_next") else 0, np.int64)
+        grown = np.full(new, -1 if name in ("m_task", "m_wait_next", "m_part") else 0, np.int64)
         grown[:old] = arr
         changes[name] = grown
     top = int(ps.counters[C_FREE_TOP])
@@ -145,16 +155,31 @@ def path_start(ps, heap, hs, task, src, dst, nbytes, now):
         heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
         heap_push(heap, hs, now + (hops + 1) * S + hops * L + flits - 1, EV_TASK_END, task)
         return
+    _launch(ps, heap, hs, task, -1, src, dst, flits, now)
+
+
+@njit(cache=True, _nrt=False)
+def path_start_part(ps, heap, hs, owner, src, dst, flits, now):
+    """Start a message of ``flits`` flits that is part of initiator ``owner``'s DMA task (path
+    mode only; the caller made sure a slot is free): no queue, ``EV_NOC_PART_END`` at the end."""
+    ps.counters[C_MESSAGES] += 1
+    ps.counters[C_FLITS] += flits
+    _launch(ps, heap, hs, -1, owner, src, dst, flits, now)
+
+
+@njit(cache=True, _nrt=False)
+def _launch(ps, heap, hs, task, part, src, dst, flits, now):
     top = ps.counters[C_FREE_TOP] - 1
     ps.counters[C_FREE_TOP] = top
     slot = ps.m_free[top]
     ps.m_task[slot] = task
+    ps.m_part[slot] = part
     ps.m_src[slot] = src
     ps.m_dst[slot] = dst
     ps.m_flits[slot] = flits
     ps.m_cur[slot] = src
     ps.m_hops[slot] = 0
-    if flits <= ps.prm[PRM_BUFFER]:  # the source router's input buffer takes the whole packet
+    if flits <= ps.prm[PRM_BUFFER] and part < 0:  # the source router's input buffer takes the whole packet
         heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
     heap_push(heap, hs, now + ps.prm[PRM_STAGES], EV_NOC_HOP, slot)
 
@@ -177,25 +202,46 @@ def _claim(ps, heap, hs, slot, link, now):
     S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
     flits = ps.m_flits[slot]
     task = ps.m_task[slot]
-    cut_through = flits <= ps.prm[PRM_BUFFER]
+    # a memory stream is many one-transaction packets, not one worm: it moves cut-through
+    cut_through = flits <= ps.prm[PRM_BUFFER] or ps.m_part[slot] >= 0
     if link < ps.n_links:
         ps.m_cur[slot] = ps.nbr_router[cur, ps.next_port[cur, dst]]
         ps.m_hops[slot] += 1
         if cut_through:  # the whole packet crosses into the next router's buffer
             ps.link_flits[link] += flits
-            heap_push(heap, hs, now + flits, EV_NOC_RELEASE, link)
+            if ps.m_part[slot] >= 0:  # memory streams: released lazily (an event only if someone waits)
+                _reserve_lazily(ps, heap, hs, link, now + flits)
+            else:
+                heap_push(heap, hs, now + flits, EV_NOC_RELEASE, link)
         heap_push(heap, hs, now + L + S, EV_NOC_HOP, slot)
         return
     # ejection port claimed: head ejected now, tail F-1 cycles later; the slot is done
     t_tail = now + flits - 1
     ps.link_flits[link] += flits
-    heap_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
-    heap_push(heap, hs, t_tail, EV_TASK_END, task)
+    part = ps.m_part[slot]
+    if part >= 0:
+        _reserve_lazily(ps, heap, hs, link, t_tail + 1)
+    else:
+        heap_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
+    if part >= 0:
+        heap_push(heap, hs, t_tail, EV_NOC_PART_END, part)
+    else:
+        heap_push(heap, hs, t_tail, EV_TASK_END, task)
     if not cut_through:
         _schedule_wormhole_releases(ps, heap, hs, slot, t_tail)
     ps.m_task[slot] = -1
+    ps.m_part[slot] = -1
     ps.m_free[ps.counters[C_FREE_TOP]] = slot
     ps.counters[C_FREE_TOP] += 1
+
+
+@njit(cache=True, _nrt=False)
+def _reserve_lazily(ps, heap, hs, link, free_at):
+    """A memory stream holds ``link`` until ``free_at``; a release event only if headers wait."""
+    ps.link_owner[link] = LAZY
+    ps.link_free_at[link] = free_at
+    if ps.link_wait_head[link] >= 0:
+        heap_push(heap, hs, free_at, EV_NOC_RELEASE, link)
 
 
 @njit(cache=True, _nrt=False)
@@ -215,7 +261,8 @@ def _schedule_wormhole_releases(ps, heap, hs, slot, t_tail):
         ps.link_flits[lk] += flits
         heap_push(heap, hs, release, EV_NOC_RELEASE, lk)
         r = ps.nbr_router[r, ps.next_port[r, dst]]
-    heap_push(heap, hs, source_free, EV_QUEUE_FREE, ps.m_task[slot])
+    if ps.m_part[slot] < 0:
+        heap_push(heap, hs, source_free, EV_QUEUE_FREE, ps.m_task[slot])
 
 
 @njit(cache=True, _nrt=False)
@@ -224,9 +271,14 @@ def path_handle(ps, heap, hs, etype, eid, now):
     if etype == EV_NOC_HOP:
         slot = eid
         link = _next_link(ps, slot)
-        if ps.link_owner[link] < 0:
+        owner = ps.link_owner[link]
+        if owner == LAZY and ps.link_free_at[link] <= now and ps.link_wait_head[link] < 0:
+            owner = -1  # a memory stream's reservation that has run out
+        if owner == -1:
             _claim(ps, heap, hs, slot, link, now)
             return
+        if owner == LAZY and ps.link_wait_head[link] < 0:  # the first waiter: the release becomes an event
+            heap_push(heap, hs, max(now, ps.link_free_at[link]), EV_NOC_RELEASE, link)
         ps.counters[C_WAITS] += 1
         ps.m_wait_next[slot] = -1
         if ps.link_wait_tail[link] >= 0:

@@ -1,0 +1,182 @@
+"""HBM traffic over the mesh: a DMA task's transaction streams as NoC messages to the channels' routers.
+
+Each HBM channel meets the mesh at a router (``hbm.attach``, see
+:func:`npusim.arch.derived.hbm_attach_routers`). At the ``path`` and ``flit`` NoC fidelities a
+``KIND_DMA`` task of core ``c`` becomes, besides the DRAM access timed by
+:mod:`npusim.hw.memory.hbm`, one request stream and one response stream per attach router
+``r`` its transactions map to (by the same address map as the memory model: channel =
+``(addr / interleave) mod channels``; with ``attach: per_core`` the core's own channel;
+random addresses spread evenly over the channels):
+
+* **read**: requests ``c -> r``, one header-only packet (one flit) per transaction; responses
+  ``r -> c`` carrying the data, ``max(transactions, ceil(bytes / link width))`` flits;
+* **write**: the data ``c -> r`` (same flit count as a read response), then one one-flit
+  acknowledgement per transaction ``r -> c``.
+
+Each stream is one message of the NoC model (a *part* of the DMA task: it holds no queue), so
+it contends for links and ejection ports with every other message — collectives, KV transfers,
+other cores' memory streams. A core that hosts its channel's router still crosses that router
+(zero mesh hops: the ejection port only).
+
+Timing (a pipeline approximation, documented rather than hidden): the streams start when the
+DMA task starts, alongside the DRAM access, and the task ends when the DRAM has served every
+transaction and every stream's tail has arrived — plus, after the DRAM's last transaction, the
+zero-load time the last response header needs to cross the mesh back to the core
+(``(H + 1) S + H L``, ``H`` the hops from the farthest router used). So the slower of the DRAM
+and the mesh paces a transfer; what is left out is back-pressure from the mesh into the
+controller (a congested path does not slow the DRAM's service of other initiators) and a
+write's data arriving at the controller before the DRAM writes it.
+
+The ``analytical`` NoC fidelity keeps the shortcut (DMA tasks go straight to the memory model,
+no mesh traffic), as does any simulator built with ``memory_over_noc=False`` (``npusim mem``
+measures the memory device alone).
+
+Counters: ``C_BYTES`` is the DMA data bytes that crossed the mesh (``hbm_bytes_over_noc``);
+``C_PARTS`` the stream messages started.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM
+from npusim.hw.noc.flit_engine import flit_start_part
+from npusim.hw.noc.path import MODE_FLIT, PRM_MODE, path_start_part
+
+MemPath = namedtuple("MemPath", ["prm", "attach", "routers", "pending", "task", "tail", "r_bytes", "r_txn",
+                                 "hops", "counters"])
+(MP_ON, MP_CHANNELS, MP_INTERLEAVE, MP_PRIVATE, MP_ENGINES, MP_TXN, MP_WIDTH, MP_S, MP_L,
+ MP_NEED_SLOTS, MP_NROUTERS) = range(11)
+C_BYTES, C_PARTS, C_DMAS = 0, 1, 2
+
+
+def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, interleave: int, private: bool,
+                dma_engines: int, txn_bytes: int, link_bytes: int, router_stages: int, link_latency: int,
+                num_initiators: int) -> MemPath:
+    """State for ``num_initiators`` DMA engines; ``attach[ch]`` = router of channel ``ch``;
+    ``hops[a, b]`` = mesh hops from router ``a`` to ``b``."""
+    attach = np.asarray(attach, np.int64)
+    routers = np.unique(attach)
+    n_routers = int(hops.shape[0])
+    prm = np.array([int(on), channels, interleave, int(private), dma_engines, txn_bytes, link_bytes,
+                    router_stages, link_latency, 2 * (1 if private else len(routers)) + 1, n_routers], np.int64)
+    return MemPath(prm=prm, attach=attach, routers=routers, pending=np.zeros(num_initiators, np.int64),
+                   task=np.full(num_initiators, -1, np.int64), tail=np.zeros(num_initiators, np.int64),
+                   r_bytes=np.zeros(n_routers, np.int64), r_txn=np.zeros(n_routers, np.int64),
+                   hops=np.asarray(hops, np.int64), counters=np.zeros(4, np.int64))
+
+
+@njit(cache=True, _nrt=False)
+def _add(mp, ch, nbytes, ntxn):
+    r = mp.attach[ch]
+    mp.r_bytes[r] += nbytes
+    mp.r_txn[r] += ntxn
+
+
+@njit(cache=True, _nrt=False)
+def _split_over_routers(mp, core, nbytes, addr, pattern, stride):
+    """Bytes and transactions of the DMA per attach router (into ``r_bytes``/``r_txn``)."""
+    p = mp.prm
+    txn = p[MP_TXN]
+    il = p[MP_INTERLEAVE]
+    n_ch = p[MP_CHANNELS]
+    if p[MP_PRIVATE] != 0:
+        mp.r_bytes[core] += nbytes
+        mp.r_txn[core] += (nbytes + txn - 1) // txn
+        return
+    if pattern == PATTERN_RANDOM:
+        base, extra = nbytes // n_ch, nbytes % n_ch
+        for ch in range(n_ch):
+            b = base + (1 if ch < extra else 0)
+            if b > 0:
+                _add(mp, ch, b, (b + txn - 1) // txn)
+        return
+    if pattern != PATTERN_LINEAR:  # strided: transaction by transaction, as the memory model walks them
+        off = 0
+        i = 0
+        while off < nbytes:
+            a = addr + i * stride
+            size = min(txn, nbytes - off, il - a % il)
+            _add(mp, (a // il) % n_ch, size, 1)
+            off += size
+            i += 1
+        return
+    end = addr + nbytes
+    a = addr
+    # the head chunk, up to the first interleave boundary
+    first = min(end, (a // il + 1) * il)
+    _add(mp, (a // il) % n_ch, first - a, (first - a + txn - 1) // txn)
+    if first >= end:
+        return
+    j0 = first // il
+    j1 = end // il  # full chunks j0 .. j1 - 1, then a tail chunk
+    full = j1 - j0
+    if full > 0:
+        per, extra = full // n_ch, full % n_ch
+        per_txn = (il + txn - 1) // txn
+        for i in range(min(n_ch, full)):
+            ch = (j0 + i) % n_ch
+            cnt = per + (1 if i < extra else 0)
+            _add(mp, ch, cnt * il, cnt * per_txn)
+    tail = end - j1 * il
+    if tail > 0:
+        _add(mp, j1 % n_ch, tail, (tail + txn - 1) // txn)
+
+
+@njit(cache=True, _nrt=False)
+def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, pattern, stride, now):
+    """Start the mesh streams of initiator ``init``'s DMA task; returns how many started (0:
+    the DMA goes to the memory model alone). The task then has ``parts + 1`` parts pending
+    (the streams and the DRAM access)."""
+    p = mp.prm
+    if p[MP_ON] == 0 or nbytes <= 0:
+        return 0
+    core = init // p[MP_ENGINES]
+    _split_over_routers(mp, core, nbytes, addr, pattern, stride)
+    w = p[MP_WIDTH]
+    S, L = p[MP_S], p[MP_L]
+    flit_mode = noc.prm[PRM_MODE] == MODE_FLIT
+    parts = 0
+    tail = 0
+    for r in range(p[MP_NROUTERS]):
+        b = mp.r_bytes[r]
+        if b == 0:
+            continue
+        n = mp.r_txn[r]
+        data_flits = max(n, (b + w - 1) // w)
+        out_flits, back_flits = (data_flits, n) if is_write else (n, data_flits)
+        if flit_mode:
+            flit_start_part(fnoc, heap, hs, init, core, r, out_flits, now)
+            flit_start_part(fnoc, heap, hs, init, r, core, back_flits, now)
+        else:
+            path_start_part(noc, heap, hs, init, core, r, out_flits, now)
+            path_start_part(noc, heap, hs, init, r, core, back_flits, now)
+        parts += 2
+        h = mp.hops[r, core]
+        tail = max(tail, (h + 1) * S + h * L)
+        mp.counters[C_BYTES] += b
+        mp.r_bytes[r] = 0
+        mp.r_txn[r] = 0
+    mp.counters[C_PARTS] += parts
+    mp.counters[C_DMAS] += 1
+    mp.pending[init] = parts + 1
+    mp.task[init] = task
+    mp.tail[init] = tail
+    return parts
+
+
+@njit(cache=True, _nrt=False)
+def mem_part_done(mp, init):
+    """One part of ``init``'s DMA task ended; returns the task if it was the last, else -1."""
+    mp.pending[init] -= 1
+    if mp.pending[init] > 0:
+        return -1
+    task = mp.task[init]
+    mp.task[init] = -1
+    return task
+
+
+__all__ = ["C_BYTES", "C_DMAS", "C_PARTS", "MemPath", "mem_part_done", "mem_start", "new_mempath"]

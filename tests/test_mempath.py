@@ -1,0 +1,150 @@
+"""HBM traffic over the mesh (npusim.sim.mempath): DMA transaction streams between cores and the
+channels' attach routers at the path and flit fidelities; the analytical fidelity's shortcut."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npusim.arch.derived import hbm_attach_routers
+from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM, PATTERN_STRIDED, map_address
+from npusim.hw.memory.params import memory_params
+from npusim.sim import Simulator
+from npusim.sim.mempath import _split_over_routers
+
+MIB = 1 << 20
+
+
+def _dma_cycles(arch, core, noc, nbytes=MIB, traffic=(), write=False, memory="tlm"):
+    sim = Simulator(arch, memory_mode=memory, noc_mode=noc)
+    for src, size in traffic:
+        sim.add_send(src, core, size)
+    d = sim.add_dma(core, nbytes, write=write)
+    sim.run(until_task=d)
+    return sim.now, sim.hbm_bytes_over_noc
+
+
+@pytest.mark.parametrize("memory", ["tlm", "analytical"])
+def test_position_matters_on_the_mesh_only(arch64, memory):
+    """A 1 MiB read from an edge core, the centre and a corner: the same cycles without the
+    mesh; at the path fidelity each pays its own distance to the farthest attach router, and
+    every byte crosses the mesh."""
+    cores = (0, 27, 3)
+    plain = [_dma_cycles(arch64, c, "analytical", memory=memory) for c in cores]
+    mesh = [_dma_cycles(arch64, c, "path", memory=memory) for c in cores]
+    assert len({t for t, _ in plain}) == 1 and all(b == 0 for _, b in plain)
+    assert all(b == MIB for _, b in mesh)
+    assert all(t > plain[0][0] for t, _ in mesh)  # responses cross the mesh after the DRAM
+    assert len({t for t, _ in mesh}) == 3
+
+
+def test_other_traffic_into_the_core_slows_its_dma(arch64):
+    """Messages aimed at the core share its ejection port with the DMA's responses."""
+    traffic = [(26, 8 * MIB), (28, 8 * MIB), (19, 8 * MIB), (35, 8 * MIB)]
+    alone, _ = _dma_cycles(arch64, 27, "path")
+    busy, over = _dma_cycles(arch64, 27, "path", traffic=traffic)
+    assert over == MIB
+    # the DMA cannot end before the core's ejection port has taken 32 MiB of other flits
+    assert busy > 32 * MIB // arch64.noc.link_bytes_per_cycle > alone
+    shortcut, _ = _dma_cycles(arch64, 27, "analytical", traffic=traffic)
+    assert shortcut == _dma_cycles(arch64, 27, "analytical")[0]
+
+
+@pytest.mark.parametrize("noc", ["path", "flit"])
+@pytest.mark.parametrize("write", [False, True])
+def test_reads_and_writes_complete_with_their_bytes_counted(arch64, noc, write):
+    t, over = _dma_cycles(arch64, 9, noc, nbytes=64 * 1024, write=write)
+    assert over == 64 * 1024 and t > 0
+
+
+def test_zero_byte_dma_and_disabled_path(arch64):
+    sim = Simulator(arch64, noc_mode="path")
+    d = sim.add_dma(5, 0)
+    sim.run()
+    assert sim.engine.is_done(d) and sim.hbm_bytes_over_noc == 0
+    off = Simulator(arch64, noc_mode="path", memory_over_noc=False)
+    off.add_dma(5, MIB)
+    off.run()
+    assert off.hbm_bytes_over_noc == 0
+
+
+def test_mesh_streams_load_the_links_next_to_the_controllers(arch64):
+    """Every byte a core reads enters its router from the attach routers: the flits ejected at
+    the core cover the data, and some attach router's links carry traffic."""
+    sim = Simulator(arch64, memory_mode="analytical", noc_mode="path")
+    sim.add_dma(27, MIB)
+    sim.run()
+    n = sim.topology.num_links
+    width = arch64.noc.link_bytes_per_cycle
+    assert sim.noc.link_flits[n + 27] >= MIB // width  # the core's ejection port
+    routers = np.unique(hbm_attach_routers(arch64))
+    out_of_attach = np.isin(sim.topology.link_src, routers)
+    assert sim.noc.link_flits[:n][out_of_attach].sum() > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(addr=st.integers(0, 1 << 24), nbytes=st.integers(1, 1 << 18),
+       pattern=st.sampled_from([PATTERN_LINEAR, PATTERN_STRIDED, PATTERN_RANDOM]),
+       stride=st.sampled_from([64, 4096, 16384]))
+def test_split_conserves_bytes_and_follows_the_address_map(arch64, addr, nbytes, pattern, stride):
+    sim = Simulator(arch64, noc_mode="path")
+    mp = sim.mempath
+    _split_over_routers(mp, 0, nbytes, addr, pattern, stride)
+    got = mp.r_bytes.copy()
+    mp.r_bytes[:] = 0
+    mp.r_txn[:] = 0
+    assert got.sum() == nbytes
+    if pattern == PATTERN_LINEAR:  # byte by interleave chunk through the memory model's own map
+        p, _ = memory_params(arch64)
+        attach = hbm_attach_routers(arch64)
+        want = np.zeros_like(got)
+        il = arch64.hbm.interleave_bytes
+        a = addr
+        while a < addr + nbytes:
+            take = min(il - a % il, addr + nbytes - a)
+            want[attach[map_address(p, a)[0]]] += take
+            a += take
+        assert (got == want).all()
+
+
+def test_serving_reports_hbm_bytes_over_the_mesh(arch64):
+    """KV spills, KV reads and streamed weights of a serving run all cross the mesh at the path
+    fidelity (equal counts), none at the analytical one."""
+    from npusim.mapping.spec import spec_from_flags
+    from npusim.serving.requests import synthetic_requests
+    from npusim.serving.scheduler import SchedulerConfig
+    from npusim.serving.simulate import ServingConfig, simulate_serving
+
+    spec = spec_from_flags(tp=4, stages=2, layout="ring").model_copy(update={"data_parallel": 1})
+    reqs = synthetic_requests(4, 1000.0, input_len=64, output_len=4, seed=2)
+    out = {}
+    for noc in ("path", "analytical"):
+        cfg = ServingConfig(model="qwen3-4b", layers=2, noc_mode=noc,
+                            scheduler=SchedulerConfig(policy="fusion", budget=256, chunk_tokens=64))
+        out[noc] = simulate_serving(arch64, spec, reqs, cfg).summary
+    assert out["path"]["hbm_bytes"] > 0 and out["path"]["hbm_bytes_over_noc"] == out["path"]["hbm_bytes"]
+    assert out["analytical"]["hbm_bytes_over_noc"] == 0
+
+
+def test_iteration_kv_reads_wait_for_pending_spills(arch64):
+    """The CSR rewrite behind Instance._submit_after_spills: the KV reads gain the spills as
+    predecessors, every other dependency is kept."""
+    from types import SimpleNamespace
+
+    from npusim.serving.instance import Instance
+    from npusim.sim.kernel import KIND_DMA
+
+    sim = Simulator(arch64, memory_mode="analytical", noc_mode="path")
+    spill = sim.add_dma(0, 1 << 20, write=True)
+    kinds = np.array([0, KIND_DMA, 0], np.int64)
+    queue = np.array([sim.queue(1, "cube"), sim.queue(1, "dma0"), sim.queue(1, "cube")], np.int64)
+    param = np.zeros((3, 6), np.int64)
+    param[0, 0] = param[2, 0] = 10
+    param[1, :3] = (4096, 1 << 33, 0)
+    ptr, idx = np.array([0, 0, 1, 3], np.int64), np.array([0, 0, 1], np.int64)  # 1 <- 0; 2 <- 0, 1
+    fake = SimpleNamespace(sim=sim, pending_spills=[spill])
+    ids = Instance._submit_after_spills(fake, SimpleNamespace(kv_reads=np.array([1])), (kinds, queue, param, ptr, idx))
+    assert fake.pending_spills == []
+    sim.run()
+    start, end = sim.task_times()
+    assert start[ids[1]] >= end[spill] and start[ids[1]] >= end[ids[0]] and start[ids[2]] >= end[ids[1]]
