@@ -46,12 +46,36 @@ def _sent_per_core(prog, cores):
     return sent
 
 
-def test_tp_k_allreduce_volume(arch64):
+def test_tp_k_reduce_scatter_volume(arch64):
     m, k, n, t = 256, 1024, 512, 4
     mapped = map_model(_one_gemm(m, k, n), arch64, spec_from_flags(tp=t, partition="tp_k"))
     sent = _sent_per_core(mapped.program, mapped.groups[0].cores)
-    for v in sent.values():  # ring all-reduce: 2(t-1)/t * M * N elements per core
-        assert v == pytest.approx(2 * (t - 1) / t * m * n * 2, rel=0.01)
+    for v in sent.values():  # ring reduce-scatter: (t-1)/t * M * N elements per core, output split by features
+        assert v == pytest.approx((t - 1) / t * m * n * 2, rel=0.01)
+
+
+def _two_gemms(m, k, n1, n2):
+    return Graph("g", [Op("L0.mlp.up_proj", "gemm", 0, m=m, k=k, n=n1, weight=True),
+                       Op("L0.mlp.down_proj", "gemm", 0, m=m, k=n1, n=n2, weight=True, inputs=("L0.mlp.up_proj",))],
+                 batch=1, seq_len=m)
+
+
+@pytest.mark.parametrize("second, gather", [("tp_k", False), ("tp_mn", True)])
+def test_tp_k_chain_never_all_gathers(arch64, second, gather):
+    """A K-split GEMM's reduce-scattered output is the K-split input the next tp_k GEMM wants; a
+    tp_mn consumer needs the whole activation, so it all-gathers it (reduce-scatter + all-gather
+    = the all-reduce a replicated output would have cost)."""
+    m, k, n1, n2, t = 256, 1024, 512, 768, 4
+    spec = spec_from_flags(tp=t, partition="tp_k")
+    spec = spec.model_copy(update={"tensor_parallel": spec.tensor_parallel.model_copy(update={
+        "partition": spec.tensor_parallel.partition.model_copy(update={"ffn_down": second})})})
+    mapped = map_model(_two_gemms(m, k, n1, n2), arch64, spec)
+    assert mapped.decisions["L0.mlp.down_proj"] == second
+    sent = _sent_per_core(mapped.program, mapped.groups[0].cores)
+    first = (t - 1) / t * m * n1 * 2
+    rest = ((t - 1) / t * m * n1 * 2 + (t - 1) / t * n1 * n2 * 2) if gather else (t - 1) / t * m * n2 * 2
+    for v in sent.values():
+        assert v == pytest.approx(first + rest, rel=0.01)
 
 
 def test_tp_mn_weight_allgather_volume(arch64):

@@ -1,6 +1,6 @@
 """DeepSeek-V3/R1 deployments on CloudMatrix384 and Atlas 800I A2 vs the published figures.
 
-Sources (validation/published_systems.yaml, shared PUBLISHED.md B1-B3): the Huawei best-practice
+Sources (npusim/validate/published.yaml, shared PUBLISHED.md B1-B3): the Huawei best-practice
 report (Atlas 800I A2 decode B1 and prefill B2) and the CloudMatrix384 paper (decode B3; prefill
 throughput, read from the abstract). One set of hardware parameters per chip and fabric (the presets),
 no per-deployment factor; nothing here was calibrated on these figures. The model is partial (see
@@ -12,27 +12,23 @@ npusim/system/moe_step.py): each row's breakdown says where the layer's time goe
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-import yaml
-
-from npusim.mapping.spec import load_deployment
+from npusim.mapping.spec import MAPPER_DIR, load_deployment
 from npusim.system.load import load_system
+from npusim.validate.published import published
 from npusim.system.moe_step import simulate_step
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 TOLERANCE = 0.10
 
 
 def main() -> int:
-    rows = yaml.safe_load((HERE / "published_systems.yaml").read_text())["deepseek_deployments"]
+    rows = published()["deepseek_deployments"]
     systems = {}
     misses = 0
     print(f"{'case':36s} {'metric':22s} {'published':>10s} {'simulated':>10s} {'error':>7s}  verdict  layer breakdown (us)")
     for row in rows:
         loaded = systems.setdefault(row["system"], load_system(row["system"]))
-        dep = load_deployment(ROOT / row["mapping"])
+        dep = load_deployment(MAPPER_DIR / row["mapping"])
         r = simulate_step(loaded, dep, batch=row.get("batch"), kv=row.get("kv", 4096),
                           batch_tokens=row.get("batch_tokens"), seq=row.get("seq", 4096), mtp=row.get("mtp"),
                           mtp_acceptance=row.get("mtp_acceptance"), eplb=row.get("eplb"))

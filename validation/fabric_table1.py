@@ -1,6 +1,6 @@
 """CloudMatrix384 point-to-point bandwidth and 512 B latency vs the paper's Table 1.
 
-Source: CloudMatrix384 paper (arXiv 2506.12708), Table 1 (validation/published_systems.yaml).
+Source: CloudMatrix384 paper (arXiv 2506.12708), Table 1 (npusim/validate/published.yaml).
 Table 1 is CALIBRATION, not validation: the cloudmatrix384 preset's switch latency, protocol
 efficiencies and per-transfer overheads were derived from it (see the preset's header):
 
@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-import yaml
 
 from npusim.system.load import load_system
+from npusim.validate.published import published
 from npusim.system.measure import point_to_point
 
-HERE = Path(__file__).resolve().parent
 TOLERANCE = 0.10
 
 
@@ -34,7 +31,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fidelity", choices=["flow", "packet"], default="flow")
     args = ap.parse_args()
-    pub = yaml.safe_load((HERE / "published_systems.yaml").read_text())["cloudmatrix384_table1"]
+    pub = published()["cloudmatrix384_table1"]
     loaded = load_system("cloudmatrix384", nodes=2)
     print(f"CloudMatrix384 Table 1 ({pub['source']})")
     print(f"fabric model: {args.fidelity}; role: {pub['role']} (held-out cells marked *)\n")
@@ -46,13 +43,13 @@ def main() -> int:
             held_out = row["pair"] == "npu-cpu" and where == "inter"
             bw = point_to_point(loaded, "npu0.die0", dst, row["op"], 256 << 20, args.fidelity).bandwidth_gbps
             lat = point_to_point(loaded, "npu0.die0", dst, row["op"], 512, args.fidelity).latency_us
-            for quantity, published, simulated, unit in (("bandwidth", row[f"{where}_gbps"], bw, "GB/s"),
+            for quantity, pub_value, simulated, unit in (("bandwidth", row[f"{where}_gbps"], bw, "GB/s"),
                                                          ("latency", row[f"{where}_us"], lat, "us")):
-                err = simulated / published - 1
+                err = simulated / pub_value - 1
                 worst = max(worst, abs(err))
                 verdict = "ok" if abs(err) <= TOLERANCE else "OFF"
                 mark = "*" if held_out else " "
-                print(f"{row['pair']:8s} {row['op']:5s} {where:6s} {quantity:10s} {published:>8g} {unit:4s}"
+                print(f"{row['pair']:8s} {row['op']:5s} {where:6s} {quantity:10s} {pub_value:>8g} {unit:4s}"
                       f"{simulated:>8.3g} {err:>+8.1%}  {verdict}{mark}")
     print(f"\nworst error {worst:.1%} (tolerance {TOLERANCE:.0%})")
     return 0 if worst <= TOLERANCE else 1

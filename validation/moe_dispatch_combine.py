@@ -1,6 +1,6 @@
 """MoE dispatch/combine on CloudMatrix384: the fabric model vs published operator latencies.
 
-Sources (validation/published_systems.yaml): the CloudMatrix384 paper's fused dispatch/combine
+Sources (npusim/validate/published.yaml): the CloudMatrix384 paper's fused dispatch/combine
 operators (EP8 and EP256 rows; read through secondary sources, confidence medium) and the
 DeepEP-Ascend low-latency kernels on an A3 384 SuperPOD (sgl-project/sgl-kernel-npu README; EP 8,
 16, 32). Setting: 128 tokens per rank, hidden 7168, top-8 of 256 experts, INT8 dispatch with a
@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-import yaml
 
 from npusim.system.load import load_system
+from npusim.validate.published import published
 from npusim.system.measure import run_moe
 
-HERE = Path(__file__).resolve().parent
 TOLERANCE = 0.25
 
 
@@ -38,7 +35,7 @@ def main() -> int:
     ap.add_argument("--fidelity", choices=["flow", "packet"], default="flow")
     args = ap.parse_args()
     loaded = load_system("cloudmatrix384")
-    sets = yaml.safe_load((HERE / "published_systems.yaml").read_text())["moe_operators"]
+    sets = published()["moe_operators"]
     print(f"{'op':9s} {'EP':>4s} {'published us':>12s} {'simulated':>10s} {'error':>8s} {'fabric':>7s}  verdict  source")
     misses = 0
     cache: dict[tuple[str, int], float] = {}

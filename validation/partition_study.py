@@ -7,10 +7,11 @@ size (2,560 for Qwen3-4B), where TP-MN wins; TP-MNK gives a 1.44x average speed-
 sequences 512-1024 (the most balanced across lengths).
 
 Here: prefill of one sequence, one decoder layer (per-layer latency, without embedding
-and LM head) on one TP-4 group of npusim-64c, and the whole model over 9 pipeline stages x TP 4 (36 cores, 4 layers a stage),
-for each partition applied to every GEMM; memory at the analytical fidelity, NoC at the
-path level. Then the layouts (linear-seq, linear-interleave, ring, mesh2d) at TP=4 on 64
-cores and TP=16 on 256 cores.
+and LM head) on one TP-4 group of npusim-64c, and the whole model over 9 pipeline stages x TP 4
+(36 cores, 4 layers a stage), for each partition applied to every GEMM; memory at the analytical
+fidelity, NoC at the path level. Then the layouts (linear-seq, linear-interleave, ring, mesh2d)
+at TP=4 on 64 cores and TP=16 on 256 cores. The rows judged against the study are the ones
+`npusim validate --only partition` prints (npusim/validate/partition.py).
 
 HBM traffic crosses the mesh to the channels' routers (issue 12 section 1);
 ``--memory-shortcut`` sends it straight to the memory model as before, for the comparison.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 import time
 from pathlib import Path
 
@@ -30,32 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 from machine import machine_line  # noqa: E402
 
 from npusim.arch import load_arch  # noqa: E402
-from npusim.mapping.spec import spec_from_flags  # noqa: E402
-from npusim.model.builder import build_graph  # noqa: E402
-from npusim.model.ir import Graph  # noqa: E402
-from npusim.scenarios.forward import simulate_forward  # noqa: E402
-
-PUBLISHED = "arXiv 2510.05632 (NpuSim), A3/A4"
-
-
-def decoder_layers_only(g):
-    """The graph without embedding, final norm and LM head (for per-layer figures)."""
-    ops = [op for op in g.ops if op.layer >= 0]
-    kept = {op.name for op in ops}
-    ops = [replace(op, inputs=tuple(i for i in op.inputs if i in kept)) for op in ops]
-    return Graph(g.name, ops, g.phase, g.batch, g.seq_len, g.kv_len, g.meta)
-
-
-MEMORY_OVER_NOC = None  # None: the simulator's default (on at the path fidelity); False: --memory-shortcut
-
-
-def latency_ms(arch, seq, partition, layers, stages, tp=4, layout="ring"):
-    g = build_graph("qwen3-4b", phase="prefill", batch=1, seq_len=seq, layers=layers)
-    if layers == 1:
-        g = decoder_layers_only(g)
-    spec = spec_from_flags(tp=tp, partition=partition, layout=layout, stages=stages)
-    spec = spec.model_copy(update={"data_parallel": 1})
-    return simulate_forward(g, arch, spec, memory_mode="analytical", memory_over_noc=MEMORY_OVER_NOC).summary
+from npusim.cli.validate import print_table  # noqa: E402
+from npusim.validate.partition import PARTITIONS, crossover, latency, partition_rows  # noqa: E402
 
 
 def main() -> None:
@@ -63,8 +39,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--memory-shortcut", action="store_true", help="DMA straight to HBM, not over the mesh")
     args = ap.parse_args()
-    global MEMORY_OVER_NOC
-    MEMORY_OVER_NOC = False if args.memory_shortcut else None
+    over_noc = False if args.memory_shortcut else None
     print("HBM traffic " + ("straight to the memory model (shortcut)" if args.memory_shortcut else
                             "over the mesh to the channels' routers"))
     arch = load_arch("npusim-64c")
@@ -73,23 +48,27 @@ def main() -> None:
     for scope, layers, stages in (("per layer", 1, 1), ("end to end", None, 9)):
         print(f"\nQwen3-4B prefill, TP=4, {scope} (ms); ratios > 1 mean the first is faster")
         print(f"{'seq':>6} {'TP-K':>9} {'TP-MN':>9} {'TP-MNK':>9} | {'MN/K':>6} {'best/MNK':>8} | comm share K / MN")
+        lat_all = {}
         for seq in seqs:
-            res = {p: latency_ms(arch, seq, p, layers, stages) for p in ("tp_k", "tp_mn", "tp_mnk")}
+            res = {p: latency(arch, seq, p, layers, stages, memory_over_noc=over_noc) for p in PARTITIONS}
             lat = {p: r["latency_ms"] for p, r in res.items()}
+            lat_all[seq] = lat
             comm = {p: r["breakdown_fraction"]["communication"] for p, r in res.items()}
             best_other = min(lat["tp_k"], lat["tp_mn"])
             print(f"{seq:>6} {lat['tp_k']:9.3f} {lat['tp_mn']:9.3f} {lat['tp_mnk']:9.3f} | "
                   f"{lat['tp_mn'] / lat['tp_k']:6.2f} {best_other / lat['tp_mnk']:8.2f} | "
                   f"{100 * comm['tp_k']:.0f}% / {100 * comm['tp_mn']:.0f}%")
-    print(f"published ({PUBLISHED}): MN/K up to 6.03 at seq 256 and below 1 beyond the hidden size (2560); "
-          "TP-MNK 1.44x on average at 512-1024")
+        x = crossover(lat_all)
+        print(f"TP-MN/TP-K crosses 1 at ~{x:.0f} tokens" if x else "TP-MN/TP-K does not cross 1 in this range")
     print("\nLayouts, Qwen3-4B prefill seq 1024, one layer, partition auto (ms):")
     print(f"{'chip':>12} {'TP':>3} " + " ".join(f"{k:>18}" for k in ("linear_seq", "linear_interleave", "ring", "mesh2d")))
     for preset, tp in (("npusim-64c", 4), ("npusim-256c", 16)):
         chip = load_arch(preset)
-        row = [latency_ms(chip, 1024, "auto", 1, 1, tp=tp, layout=k)["latency_ms"]
+        row = [latency(chip, 1024, "auto", 1, 1, tp=tp, layout=k, memory_over_noc=over_noc)["latency_ms"]
                for k in ("linear_seq", "linear_interleave", "ring", "mesh2d")]
         print(f"{preset:>12} {tp:>3} " + " ".join(f"{v:18.3f}" for v in row))
+    print("\nAgainst the study (npusim validate --only partition):")
+    print_table(partition_rows(args.quick))
     print(f"\nwall time {time.perf_counter() - t0:.1f} s; {machine_line()}")
 
 

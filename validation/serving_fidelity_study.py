@@ -46,22 +46,11 @@ import sys
 import time
 from pathlib import Path
 
-from npusim.arch import load_arch
-from npusim.arch.schema import Arch
-from npusim.config import deep_merge, validate
-from npusim.mapping.mapper import map_model
-from npusim.mapping.spec import spec_from_flags
-from npusim.model.builder import build_graph
 from npusim.model.zoo import get_config
 from npusim.serving.requests import synthetic_requests
-from npusim.serving.scheduler import SchedulerConfig
-from npusim.serving.simulate import ServingConfig, simulate_serving
-
-FIDELITIES = {"cheap": ("analytical", "analytical"), "detailed": ("tlm", "path")}
-PUB_SPEEDUP = (4.93, 11.27)
-PUB_MEM_ERR = 0.3856
-PUB_CMP_ERR = 0.03
-METRICS = (("TTFT", "ttft_ms"), ("TBT", "tbt_ms"), ("E2E", "e2e_ms"))
+from npusim.mapping.spec import spec_from_flags
+from npusim.validate.fidelity import (  # the study's simulation lives in the package
+    FIDELITIES, METRICS, PUB_CMP_ERR, PUB_MEM_ERR, PUB_SPEEDUP, err, run, sram_per_core_mb, study_arch)
 
 
 def machine() -> str:
@@ -71,60 +60,6 @@ def machine() -> str:
     from machine import machine_line
 
     return machine_line()
-
-
-def study_arch(sram_mb: float) -> Arch:
-    base = load_arch("npusim-64c")
-    if sram_mb == base.cores.sram.capacity_mb:
-        return base
-    data = deep_merge(base.model_dump(), {"name": f"npusim-64c-S{sram_mb:g}",
-                                          "cores": {"sram": {"capacity_mb": sram_mb}}})
-    return validate(Arch, data, f"npusim-64c with {sram_mb:g} MB SRAM per core")
-
-
-def run(arch, spec, reqs, model, layers, fidelity, min_wall):
-    """One serving run at ``fidelity``; returns (summary, wall seconds, stats of the last run)."""
-    memory, noc = FIDELITIES[fidelity]
-    cfg = ServingConfig(model=model, layers=layers, memory_mode=memory, noc_mode=noc,
-                        scheduler=SchedulerConfig(policy="continuous", chunk_tokens=0))
-    best, spent = math.inf, 0.0
-    while True:
-        t0 = time.perf_counter()
-        out = simulate_serving(arch, spec, reqs, cfg)
-        wall = time.perf_counter() - t0
-        best, spent = min(best, wall), spent + wall
-        if spent >= min_wall:
-            break
-    sim, s = out.sim, out.summary
-    busy = sim.busy_cycles()
-    used = busy.sum(axis=1) > 0
-    span = max(1, sim.now)
-    frac = {u: float(busy[used, i].mean() / span) for i, u in enumerate(sim.units)}
-    frac["dma"] = max(v for k, v in frac.items() if k.startswith("dma"))
-    mem = sim.mem
-    nreq = int(mem.ch_nreq.sum())
-    stats = {"busy": frac, "hbm_bytes": float(mem.ch_bytes.sum()),
-             "lat_ns": float(mem.ch_lat_sum.sum() / nreq / 1000.0) if memory == "tlm" and nreq else None,
-             "checks": sim.memory_checks() if memory == "tlm" else None}
-    return s, best, stats
-
-
-def sram_per_core_mb(arch, spec, model, layers, reqs, kv_bytes_per_token):
-    """(resident weights, peak KV cache) per core of the TP group, MB: every request's whole
-    context held at once (all arrive together), split over the group. The serving KV manager
-    budgets the SRAM of every core of the chip even when the mapping uses only one TP group,
-    so an over-full SRAM would go unnoticed without this check."""
-    probe = build_graph(model, phase="decode", batch=1, seq_len=1, kv_len=2, precision="bf16", layers=layers)
-    mapped = map_model(probe, arch, spec)
-    weights = mapped.weight_bytes_per_core if mapped.weights_resident else 0
-    kv = kv_bytes_per_token * sum(r.input_len + r.output_len for r in reqs) / spec.tensor_parallel.degree
-    return weights / 2**20, kv / 2**20
-
-
-def err(cheap, detailed):
-    if cheap is None or detailed is None or detailed == 0:
-        return None
-    return abs(cheap - detailed) / detailed
 
 
 def pct(x):

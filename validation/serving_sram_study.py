@@ -38,35 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 from machine import machine_line
 
 from npusim.arch import load_arch
-from npusim.arch.schema import Arch
-from npusim.config import deep_merge, validate
-from npusim.errors import NpusimError
-from npusim.mapping.mapper import map_model
-from npusim.mapping.spec import spec_from_flags
-from npusim.model.builder import build_graph
-from npusim.serving.requests import parse_length, synthetic_requests
-from npusim.serving.scheduler import SchedulerConfig
-from npusim.serving.simulate import ServingConfig, simulate_serving
+from npusim.cli.validate import print_table
+from npusim.serving.requests import parse_length
+from npusim.validate.sram import SramSetup, requests, rows_from, run_cell, variant
 
 SOURCE = "arXiv 2510.05632 (NpuSim)"
-
-
-def variant(base: Arch, sram_mb: float) -> Arch:
-    data = deep_merge(base.model_dump(), {"cores": {"sram": {"capacity_mb": sram_mb}}})
-    return validate(Arch, data, f"{base.name} with {sram_mb:g} MB SRAM per core")
-
-
-def mapping(stages: int, tp: int, weights: str):
-    spec = spec_from_flags(tp=tp, stages=stages, layout="linear_seq").model_copy(update={"data_parallel": 1})
-    return spec.model_copy(update={"memory": spec.memory.model_copy(update={"weights": weights})})
-
-
-def shard_mb(arch: Arch, spec, cfg: ServingConfig) -> tuple[float, float]:
-    """Weight MB each core of the fullest stage must hold, and how many stay resident."""
-    probe = build_graph(cfg.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=cfg.precision,
-                        layers=cfg.layers)
-    mapped = map_model(probe, arch, spec)
-    return mapped.weight_bytes_per_core / 2**20, mapped.resident_weight_bytes_per_core / 2**20
 
 
 def ints(text: str) -> list[int]:
@@ -88,73 +64,38 @@ def main() -> None:
     args = ap.parse_args()
     base = load_arch("npusim-64c")
     srams, stage_counts = ints(args.sram), ints(args.stages)
-    reqs = synthetic_requests(args.requests, args.rate, input_len=parse_length(args.input_len),
-                              output_len=parse_length(args.output_len), seed=4)
-    cfg = ServingConfig(model=args.model, precision=args.precision,
-                        scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256))
-    print(f"A9: PD fusion on {base.name}, {args.model} {args.precision}, TP {args.tp} per stage, weights "
-          f"{args.weights}; {args.requests} requests of {args.input_len} in / {args.output_len} out tokens at "
-          f"{args.rate:g}/s")
+    setup = SramSetup(args.requests, args.rate, parse_length(args.input_len), parse_length(args.output_len),
+                      args.model, args.precision, args.tp, args.weights, tuple(srams), tuple(stage_counts))
+    reqs = requests(setup)
+    print(f"A9: PD fusion on {base.name}, {setup.describe()}")
     print(f"{'SRAM':>5} {'stages':>6} {'TP':>3} | {'E2E ms':>9} {'TTFT ms':>9} {'TBT ms':>8} {'tok/s':>8} | "
           f"{'resident':>8} {'W MB/core':>9} {'kept MB':>7} {'done':>5} {'wall s':>6}")
     t0 = time.perf_counter()
-    e2e: dict[tuple[int, int], float] = {}
+    cells = {}
     for mb in srams:
         arch = variant(base, mb)
         for st in stage_counts:
             head = f"{mb:>3}MB {st:>6} {args.tp:>3} | "
             t1 = time.perf_counter()
-            try:
-                spec = mapping(st, args.tp, args.weights)
-                shard, kept = shard_mb(arch, spec, cfg)
-                s = simulate_serving(arch, spec, reqs, cfg).summary
-            except NpusimError as exc:
-                print(f"{head}cannot run: {exc}", flush=True)
+            s = cells[(mb, st)] = run_cell(arch, st, setup, reqs)
+            if "error" in s:
+                print(f"{head}cannot run: {s['error']}", flush=True)
                 continue
             wall = time.perf_counter() - t1
             done = f"{s['requests_completed']}/{s['requests_total']}"
-            res = f"{s['weights_resident']!s:>8} {shard:9.1f} {kept:7.1f} {done:>5} {wall:6.0f}"
+            res = f"{s['weights_resident']!s:>8} {s['shard_mb']:9.1f} {s['kept_mb']:7.1f} {done:>5} {wall:6.0f}"
             if s["e2e_ms"]["mean"] is None:
                 print(f"{head}{'no request completed':>38} | {res} {s['rejected_reasons']}", flush=True)
                 continue
-            e2e[(mb, st)] = s["e2e_ms"]["mean"]
             tbt = s["tbt_ms"]["mean"]
             print(f"{head}{s['e2e_ms']['mean']:9.1f} {s['ttft_ms']['mean']:9.1f} "
                   f"{float('nan') if tbt is None else tbt:8.2f} {s['throughput_tokens_per_s']:8.1f} | "
                   f"{res}", flush=True)
-    checks(e2e)
-    print(f"\nwall time {time.perf_counter() - t0:.0f} s; {machine_line()}")
-
-
-def verdict(ok: bool | None) -> str:
-    return "n/a (cells missing)" if ok is None else ("holds" if ok else "does not hold")
-
-
-def checks(e2e: dict[tuple[int, int], float]) -> None:
-    """Published ratios beside the simulated ones (mean E2E latency; > 1 = the first is faster)."""
-    print(f"\npublished ({SOURCE}, A9) vs simulated, ratios of mean E2E latency")
-    print(f"{'comparison':>30} | {'simulated':>9} {'published':>10} | trend")
-
-    def speedup(slow, fast):
-        return e2e[slow] / e2e[fast] if slow in e2e and fast in e2e else None
-
-    def row(name, ratio, published, ok):
-        sim = "-" if ratio is None else f"{ratio:.2f}x"
-        print(f"{name:>30} | {sim:>9} {published:>10} | {verdict(None if ratio is None else ok(ratio))}")
-
-    for other in (12, 18):
-        r = speedup((16, other), (16, 36))
-        # the trend: 36 stages faster (> 1); the number: within the published 1.1-1.61x
-        row(f"16 MB: 36 vs {other} stages", r, "1.1-1.61x", lambda x: x > 1)
-    for st in sorted({s for _, s in e2e}):
-        # the trend: a clear cut (> 5%); published 2.6-3.7x
-        row(f"{st} stages: 16 -> 32 MB", speedup((16, st), (32, st)), "2.6-3.7x", lambda x: x > 1.05)
-    at48 = {st: v for (mb, st), v in e2e.items() if mb == 48}
-    best = min(at48, key=at48.get) if at48 else None
-    sim = "-" if best is None else f"{best} st."
-    print(f"{'48 MB: best stage count':>30} | {sim:>9} {'18 st.':>10} | {verdict(None if best is None else best == 18)}")
+    print_table(rows_from(cells, setup))
+    at48 = {st: c["e2e_ms"]["mean"] for (mb, st), c in cells.items() if mb == 48 and "error" not in c}
     if at48:
         print("   48 MB mean E2E ms by stages: " + ", ".join(f"{st}: {v:.1f}" for st, v in sorted(at48.items())))
+    print(f"\nwall time {time.perf_counter() - t0:.0f} s; {machine_line()}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from npusim import __version__
 from npusim.errors import NpusimError
 from npusim.files import check_output_dir
 
-SUBCOMMANDS = ("run", "replay", "info", "gemm", "mem", "noc", "collective", "fabric", "model", "sweep", "report")
+SUBCOMMANDS = ("run", "replay", "info", "gemm", "mem", "noc", "collective", "fabric", "model", "sweep", "report",
+               "validate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,11 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    out = args.out if isinstance(getattr(args, "out", None), Path) else None
+    created = out is not None and not out.exists()
     try:
-        if isinstance(getattr(args, "out", None), Path):
-            check_output_dir(args.out)  # before a long run, not after it
+        if out is not None:
+            check_output_dir(out)  # before a long run, not after it
         return int(args._run(args) or 0)
     except NpusimError as exc:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a failed run leaves no empty result directory behind
         print(f"npusim {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `npusim mem | head`

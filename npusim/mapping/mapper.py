@@ -13,9 +13,13 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
   ``mb`` (``tp_mnk``: split by tokens over the grid's ``b`` axis, replicated over
   ``a``) or ``feat`` (split by features, e.g. attention heads). An op that needs
   another layout first converts it with a collective (all-gather); slicing a
-  replicated activation is free.
-* **GEMMs** follow their partition: ``tp_k`` (K-split, partial sums all-reduced;
-  input ``rep`` or ``feat``, output ``rep``), ``tp_mn`` (weights all-gathered N-tile by
+  replicated activation is free. A norm over whole rows of a ``feat`` activation first
+  all-reduces each token's partial statistics (4 bytes a token).
+* **GEMMs** follow their partition: ``tp_k`` (K-split, partial sums reduce-scattered by
+  output features; input ``rep`` or ``feat``, output ``feat`` — exactly the K-split input the
+  next ``tp_k`` GEMM wants, so a chain of K-split GEMMs never all-gathers; an op that needs
+  the whole activation all-gathers it first, which makes reduce-scatter + all-gather = the
+  all-reduce), ``tp_mn`` (weights all-gathered N-tile by
   N-tile so only one gathered tile is in SRAM at a time, each core computes its token
   rows; output ``m``), ``tp_mnk`` (``a x b`` grid: weights all-gathered along ``b``,
   partial sums all-reduced along ``a``; output ``mb``); ``auto`` picks the lowest
@@ -64,7 +68,7 @@ import numpy as np
 
 from npusim.arch.derived import kv_cache_base_address
 from npusim.arch.schema import DTYPE_BYTES, Arch
-from npusim.comm.collectives import alltoallv, ring_allgather, ring_allreduce
+from npusim.comm.collectives import alltoallv, ring_allgather, ring_allreduce, ring_reduce_scatter
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
 from npusim.mapping.layout import Group, place_groups
@@ -485,6 +489,11 @@ class Mapper:
         """Each core works on its share of rows (whole rows for row-wise ops: norms, softmax)."""
         row = op.row_len or 1
         rows = max(1, op.elements // row)
+        hidden = self.graph.meta.get("config", {}).get("hidden_size", 0)
+        if st.layout == "feat" and self.t > 1 and op.op_class in ("rmsnorm", "layernorm") and hidden and row >= hidden:
+            # each core holds a slice of every row: all-reduce the per-token partial sums (fp32)
+            coll = ring_allreduce(self.prog, st.cores, 4 * rows, deps=st.ready, dtype="fp32")
+            st.ready = [coll.done[c] for c in st.cores]
         tasks = [self.prog.add_vector(c, op.op_class, self._share(st, rows, i) * row, op.dtype,
                                       deps=[st.ready[i]], name=name, fn=op.fn, row_len=op.row_len)
                  for i, c in enumerate(st.cores)]
@@ -530,11 +539,12 @@ class Mapper:
         t, (a, b) = self.t, self.grid
         m, k, n = op.m * op.batch, op.k, op.n
         cost = {
-            "tp_k": comp(m, math.ceil(k / t), n) + 2 * (t - 1) / t * m * n * e / bw,
-            "tp_mn": comp(math.ceil(m / t), k, n) + (t - 1) / t * k * n * e / bw,
+            # both overlap their communication with compute tile by tile
+            "tp_k": max(comp(m, math.ceil(k / t), n), (t - 1) / t * m * n * e / bw),  # reduce-scatter
+            "tp_mn": max(comp(math.ceil(m / t), k, n), (t - 1) / t * k * n * e / bw),
         }
         if a > 1 and b > 1:
-            cost["tp_mnk"] = (comp(math.ceil(m / b), math.ceil(k / a), n) + (b - 1) / b * (k / a) * n * e / bw
+            cost["tp_mnk"] = (max(comp(math.ceil(m / b), math.ceil(k / a), n), (b - 1) / b * (k / a) * n * e / bw)
                               + 2 * (a - 1) / a * (m / b) * n * e / bw)
         return min(cost, key=cost.get)
 
@@ -569,24 +579,38 @@ class Mapper:
         return i % self.arch.cores.dma.engines
 
     def _compute_with_weights(self, core: int, rank: int, op: Op, shard_bytes: int, m: int, k: int, n: int,
-                              deps: list[int], name: str) -> int:
+                              deps: list[int], name: str, widths: list[int] | None = None) -> list[int]:
         """The GEMM ``m x k x n`` on ``core`` with its weight shard loaded first if it is not resident:
-        tiled along N, load i waits for the GEMM two tiles back (two buffers)."""
+        tiled along N, load i waits for the GEMM two tiles back (two buffers). Returns each N tile's
+        GEMM task. ``widths`` (summing to ``n``) fixes the tiles, also for resident weights (a
+        K-split GEMM reduces its output tile by tile); by default resident weights run as one GEMM."""
         prog = self.prog
+        deps = list(deps)
         if self.first_use and shard_bytes > 0 and op.weight and (core, op.name, 0) not in self.loaded:
             self.loaded.add((core, op.name, 0))
             base = self._weight_base(op) + rank * shard_bytes
-            loads = [prog.add_dma(core, tb, address=base + off, dma_engine=self._next_engine(core),
+            deps += [prog.add_dma(core, tb, address=base + off, dma_engine=self._next_engine(core),
                                   name=f"{name} first load W{i}")
                      for i, (off, tb) in enumerate(self._pieces(shard_bytes))]
-            return prog.add_gemm(core, m, k, n, op.dtype, op.batch, deps=list(deps) + loads, name=name)
-        if self.resident or shard_bytes <= 0 or not op.weight or op.name in self.resident_ops:
-            return prog.add_gemm(core, m, k, n, op.dtype, op.batch, deps=deps, name=name)
+        elif not (self.resident or shard_bytes <= 0 or not op.weight or op.name in self.resident_ops):
+            return self._streamed_gemm(core, rank, op, shard_bytes, m, k, n, deps, name, widths)
+        tasks, last = [], -1
+        for i, n_i in enumerate(widths or [n]):
+            last = prog.add_gemm(core, m, k, n_i, op.dtype, op.batch, deps=[last, *deps] if last >= 0 else deps,
+                                 name=name if widths is None else f"{name} tile{i}")
+            tasks.append(last)
+        return tasks
+
+    def _streamed_gemm(self, core: int, rank: int, op: Op, shard_bytes: int, m: int, k: int, n: int,
+                       deps: list[int], name: str, widths: list[int] | None) -> list[int]:
+        """The weight shard streamed from HBM in N tiles through two buffers (see above)."""
+        prog = self.prog
         base = self._weight_base(op) + rank * shard_bytes
         buffers = self.buffers.setdefault(core, [])
         last = -1
         offset = 0
-        for i, n_i in enumerate(self._tile_widths(core, shard_bytes, n)):
+        tasks = []
+        for i, n_i in enumerate(widths or self._tile_widths(core, shard_bytes, n)):
             tb = shard_bytes * (offset + n_i) // n - shard_bytes * offset // n
             load_deps = [buffers[-2]] if len(buffers) >= 2 else []
             load = prog.add_dma(core, tb, address=base + shard_bytes * offset // n, deps=load_deps,
@@ -594,9 +618,10 @@ class Mapper:
             offset += n_i
             last = prog.add_gemm(core, m, k, n_i, op.dtype, op.batch, deps=[load, last, *deps] if last >= 0 else
                                  [load, *deps], name=f"{name} tile{i}")
+            tasks.append(last)
             buffers.append(last)
             del buffers[:-2]
-        return last
+        return tasks
 
     def _gemm(self, st: _GroupState, op: Op, name: str) -> None:
         part = self._partition(op, st.cores[0])
@@ -612,7 +637,7 @@ class Mapper:
         if not ok:
             self._to_rep(st, int(op.m * op.batch * op.k * op.elem_bytes), name + " gather")
         self._grid_gemm(st, op, a, b, name)
-        st.layout = "rep" if not needs_rows else ("m" if a == 1 else "mb")
+        st.layout = "feat" if not needs_rows else ("m" if a == 1 else "mb")
         if t == 1:
             st.layout = "rep"
 
@@ -620,9 +645,13 @@ class Mapper:
         """The GEMM on an ``a x b`` grid of the group (row-major over its ring order): core
         ``(i, j)`` holds a ``K/a x N/b`` weight shard; the shards are all-gathered along each
         row (``b > 1``) N-piece by N-piece, each core computes ``M/b x K/a x N``, and partial
-        sums are all-reduced along each column (``a > 1``). ``tp_k`` is ``t x 1``, ``tp_mn``
-        ``1 x t``. Weight pieces use two buffers: piece ``p`` is fetched once the GEMM of
-        piece ``p - 2`` has finished with its buffer."""
+        sums are all-reduced along each column (``a > 1``). ``tp_k`` is ``t x 1`` (its partial
+        sums reduce-scattered N tile by N tile, see :meth:`_k_split_gemm`), ``tp_mn`` ``1 x t``.
+        Weight pieces use two buffers: piece ``p`` is fetched once the GEMM of piece ``p - 2``
+        has finished with its buffer."""
+        if b == 1:
+            self._k_split_gemm(st, op, a, name)
+            return
         prog = self.prog
         m, k, n = op.m, op.k, op.n
         e = op.elem_bytes
@@ -632,11 +661,6 @@ class Mapper:
             row = grid[i]
             k_i = _split(k, a, i)
             frac_k = k_i / k
-            if b == 1:  # no gather: the core's own shard, streamed in tiles or resident
-                idx = i
-                shard = int(op.weight_bytes * frac_k) if op.weight else 0
-                partial[idx] = self._compute_with_weights(row[0], idx, op, shard, m, k_i, n, [st.ready[idx]], name)
-                continue
             pieces = self._gathered_tiles(k_i, n, op.weight_elem_bytes) if op.weight else 1
             outs = [st.ready[i * b + j] for j in range(b)]
             history: list[list[int]] = []
@@ -684,6 +708,32 @@ class Mapper:
                     done[i * b + j] = coll.done[col[i]]
         st.ready = done
 
+    def _k_split_gemm(self, st: _GroupState, op: Op, a: int, name: str) -> None:
+        """``tp_k`` (or one core): core ``i`` computes ``M x K/a x N`` with its own weight shard
+        (streamed in tiles or resident); with ``a > 1`` the partial sums are reduce-scattered N
+        tile by N tile (the tiles weights stream in, or as large for resident weights), each
+        tile's reduction overlapping the next tile's GEMM, so each core ends with its N/a output
+        features summed over the group."""
+        prog = self.prog
+        m, k, n = op.m, op.k, op.n
+        widths = self._tile_widths(st.cores[0], max(1, int(op.weight_bytes / a)) if op.weight else 1, n) \
+            if a > 1 else None
+        tiles = []
+        for i, c in enumerate(st.cores[:a]):
+            k_i = _split(k, a, i)
+            shard = int(op.weight_bytes * k_i / k) if op.weight else 0
+            tiles.append(self._compute_with_weights(c, i, op, shard, m, k_i, n, [st.ready[i]], name, widths))
+        if a == 1:
+            st.ready = [tiles[0][-1]]
+            return
+        ends: list[list[int]] = [[] for _ in range(a)]
+        for p, n_p in enumerate(widths):
+            coll = ring_reduce_scatter(prog, st.cores, int(m * op.batch * n_p * op.elem_bytes),
+                                       deps=[tiles[i][p] for i in range(a)], dtype=op.dtype)
+            for i, c in enumerate(st.cores):
+                ends[i].append(coll.done[c])
+        st.ready = [prog.add_barrier(x, f"{name} reduced") if len(x) > 1 else x[0] for x in ends]
+
     def _gathered_tiles(self, k: int, n: int, e: float) -> int:
         """How many N-pieces a weight all-gather is cut into so a gathered piece takes at most
         an eighth of a core's SRAM."""
@@ -700,7 +750,7 @@ class Mapper:
         vd = op.v_head_dim or op.head_dim
         pairs_per_seq = op.attended_pairs / max(1, op.batch)
         keys = max(1, int(round(pairs_per_seq / max(1, op.q_len))))  # mean keys per query
-        if st.layout == "mb":
+        if st.layout == "mb" or (op.variant == "mla" and st.layout == "feat" and t > 1 and op.batch >= t):
             self._to_rep(st, op.activation_in_bytes, name + " gather")
         # MLA's one latent KV "head" is shared by all query heads: split by heads, every core would
         # read every sequence's whole cache; decode splits whole sequences instead
@@ -879,7 +929,7 @@ class Mapper:
         if self.resident or op.name in self.resident_ops:
             return self.prog.add_gemm(c, m, k, n, op.dtype, deps=deps, name=f"{name} e{e} {part}")
         w = Op(f"{op.name}.e{e}.{part}", "gemm", op.layer, op.dtype, op.weight_dtype, m=m, k=k, n=n, weight=True)
-        return self._compute_with_weights(c, 0, w, w.weight_bytes, m, k, n, deps, f"{name} e{e} {part}")
+        return self._compute_with_weights(c, 0, w, w.weight_bytes, m, k, n, deps, f"{name} e{e} {part}")[-1]
 
     def _embedding(self, st: _GroupState, op: Op, name: str) -> None:
         row = int(op.n * op.weight_elem_bytes)

@@ -1,0 +1,91 @@
+"""`npusim validate`: rows judge magnitudes against published figures, the figures live in the
+package with their sources, the command's JSON keeps its contract and its exit code follows the
+verdicts."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from npusim.arch import load_arch
+from npusim.errors import ConfigError
+from npusim.validate import CHECK_NAMES, CHECKS, select
+from npusim.validate.partition import crossover
+from npusim.validate.published import PUBLISHED_FILE, published
+from npusim.validate.rows import Row, judge
+
+CONTRACT = {"name", "source", "published", "simulated", "error", "tolerance", "within_tolerance"}
+
+
+def test_judge_relations():
+    assert judge("eq", 2.0, 2.5) == pytest.approx(0.25)
+    assert judge("le", 0.70, 0.60) == 0.0 and judge("le", 0.70, 0.77) == pytest.approx(0.1)
+    assert judge("ge", 0.95, 0.99) == 0.0 and judge("ge", 0.95, 0.54) < -0.4
+    assert judge("range", (1.1, 1.61), 1.3) == 0.0 and judge("range", (1.1, 1.61), 0.99) == pytest.approx(-0.1)
+    assert judge("match", "18 stages", "36 stages") == 1.0
+    assert judge("eq", 1.0, None) is None
+
+
+def test_a_row_judges_the_magnitude_not_the_sign():
+    # the hetero study's old check accepted x1.2 where the study reports x2.28
+    assert not Row("r", "s", 2.28, 1.2, tolerance=0.25).within_tolerance
+    assert Row("r", "s", 2.28, 2.0, tolerance=0.25).within_tolerance
+    assert not Row("r", "s", 1.0, None, tolerance=0.25).within_tolerance
+    with pytest.raises(ValueError, match="tolerance"):
+        Row("r", "s", 1.0, 1.0, tolerance=0.5)
+
+
+def test_published_figures_have_sources_and_tolerances():
+    pub = published()
+    assert PUBLISHED_FILE.name == "published.yaml"
+    study = pub["npusim_study"]
+    assert "2510.05632" in study["source"]
+    for key, fig in study["figures"].items():
+        assert fig["claim"] and fig["where"], key
+        assert 0 <= fig["tolerance"] <= 0.25, key
+    assert all(e["source"] for e in pub["moe_operators"])
+    assert all(r["source"] for r in pub["deepseek_deployments"])
+    assert pub["cloudmatrix384_table1"]["source"]
+
+
+def test_select_and_unknown_check():
+    assert [c.name for c in select()] == list(CHECK_NAMES)
+    quick = select(quick=True)
+    assert 0 < len(quick) < len(CHECKS) and all(c.quick for c in quick)
+    assert [c.name for c in select("scalesim,partition")] == ["scalesim", "partition"]
+    with pytest.raises(ConfigError, match="no such check"):
+        select("nope")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "npusim", "validate", *args], capture_output=True, text=True)
+
+
+def test_cli_json_contract_and_exit_code():
+    out = _cli("--only", "scalesim", "--json")
+    rows = json.loads(out.stdout)["rows"]
+    assert rows and all(CONTRACT <= set(r) for r in rows)
+    assert all(r["kind"] == "peer" for r in rows)
+    assert out.returncode == (0 if all(r["within_tolerance"] for r in rows) else 1)
+
+
+def test_cli_bad_check_is_one_line():
+    out = _cli("--only", "nope")
+    assert out.returncode == 2 and "no such check" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_hetero_chip_is_the_example_file():
+    from npusim.validate.chips import hetero_chip
+
+    built = hetero_chip().model_dump()
+    example = load_arch("examples/hetero-pd.yaml").model_dump()
+    for d in (built, example):
+        d.pop("description")
+    assert built == example
+
+
+def test_crossover_interpolates():
+    lat = {256: {"tp_k": 1.0, "tp_mn": 4.0}, 1024: {"tp_k": 2.0, "tp_mn": 2.0}, 4096: {"tp_k": 4.0, "tp_mn": 2.0}}
+    assert crossover(lat) == pytest.approx(1024, rel=1e-6)
+    assert crossover({256: {"tp_k": 1.0, "tp_mn": 4.0}, 512: {"tp_k": 1.0, "tp_mn": 3.0}}) is None
