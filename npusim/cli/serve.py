@@ -21,6 +21,7 @@ from npusim.config import validate
 from npusim.files import write_json
 from npusim.mapping.spec import Serving
 from npusim.report.perfetto import write_serving_timeline
+from npusim.serving.itercache import EXACT, Buckets, parse_buckets
 from npusim.serving.metrics import write_serving_hdf5
 from npusim.serving.requests import cap_lengths, parse_length, synthetic_requests
 from npusim.serving.scheduler import SchedulerConfig
@@ -73,6 +74,16 @@ def add_serving_args(p) -> None:
     g.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput: TTFT objective")
     g.add_argument("--slo-tbt-ms", type=float, default=None, help="goodput: time-between-tokens objective")
     g.add_argument("--seed", type=int, default=0, help="synthetic arrivals and lengths")
+    g.add_argument("--iteration-cache", choices=["on", "off"], default="off",
+                   help="replay each iteration shape's chip timing, simulated once alone, instead of simulating "
+                   "every iteration (a cheaper fidelity: see validation/serving_iteration_cache.py; default off)")
+    g.add_argument("--iteration-cache-buckets", default=None,
+                   help="iteration cache key buckets: kv=TOKENS (multiple of 256, interpolated between), batch=N "
+                   "(decode counts rounded up), chunk=TOKENS (multiple of 16), any of them, or exact "
+                   "(default kv=256,batch=8,chunk=16: exact)")
+    g.add_argument("--iteration-cache-dir", type=Path, default=None,
+                   help="keep the iteration cache's measured shapes in this directory and reuse them in later runs "
+                   "(keyed by chip, mapping, model, fidelity and npusim's code; default: this run only)")
 
 
 def is_serving(args) -> bool:
@@ -129,6 +140,17 @@ def serving_options(args, spec) -> dict:
     return opts
 
 
+def _iteration_cache(args) -> Buckets | None:
+    """``--iteration-cache on`` with its buckets, or None (every iteration simulated)."""
+    text = getattr(args, "iteration_cache_buckets", None)
+    if getattr(args, "iteration_cache", "off") != "on":
+        for flag in ("buckets", "dir"):
+            if getattr(args, f"iteration_cache_{flag}", None) is not None:
+                raise ConfigError(f"--iteration-cache-{flag} needs --iteration-cache on")
+        return None
+    return EXACT if text is None else parse_buckets(text)
+
+
 def _pair(text: str, flag: str) -> tuple[int, int]:
     try:
         a, b = (int(x) for x in text.split(":"))
@@ -168,7 +190,9 @@ def serve(args, arch, spec):
                             max_tokens=opts["max_tokens"], chunk_tokens=opts["chunk_tokens"], budget=opts["budget"])
     cfg = ServingConfig(model=args.model, precision=args.precision, layers=args.layers, scheduler=sched,
                         memory_mode=args.memory, noc_mode=args.fidelity, admission=args.admission,
-                        prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms)
+                        prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms,
+                        iteration_cache=_iteration_cache(args),
+                        iteration_cache_dir=getattr(args, "iteration_cache_dir", None))
     with request_progress(len(reqs), enabled=not args.no_progress) as progress:
         run = simulate_serving(arch, spec, reqs, cfg, progress=progress, pd=pd, replicas=opts["replicas"])
     s = run.summary
@@ -233,6 +257,11 @@ def _print(s: dict) -> None:
         print(f"  instances      {inst}" + (f"; {s['kv_transfers']} KV transfers, "
                                             f"{s['kv_transfer_bytes'] / 2**20:,.1f} MiB over the NoC"
                                             if s["scheduler"]["policy"] == "disagg" else ""))
+    ic = s.get("iteration_cache") or {}
+    if ic.get("enabled"):
+        b = ic["buckets"]
+        print(f"  iter. cache    on (kv {b['kv']}, batch {b['batch']}, chunk {b['chunk']}): {ic['shapes_simulated']} "
+              f"shapes simulated ({ic['shapes_from_disk']} more from disk), {ic['hits']} hits, {ic['misses']} misses, {ic['interpolated']} interpolated")
     hit = s.get("prefix_hit_rate")
     print(f"  KV cache       {s['kv_bytes_per_token']:,} B/token; {kvm.get('spills', 0)} spills SRAM->HBM "
           f"({kvm.get('spilled_bytes', 0) / 2**20:,.1f} MiB), {kvm.get('preemptions', 0)} preemptions"

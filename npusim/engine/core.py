@@ -11,6 +11,7 @@ from numba import njit
 
 from npusim.engine.tasks import (
     DONE,
+    KIND_FIXED,
     PENDING,
     RUNNING,
     SC_NDONE,
@@ -100,7 +101,10 @@ def release_queue(tt, task, now):
     q = tt.queue[task]
     if q < 0 or tt.q_running[q] != task:
         return
-    tt.q_busy[q] += now - tt.start[task]
+    held = now - tt.start[task]
+    if tt.kind[task] == KIND_FIXED and tt.param[task, 1] > 0:  # a hold: busy only param[1] of it
+        held = min(held, tt.param[task, 1])
+    tt.q_busy[q] += held
     tt.q_running[q] = -1
     head = tt.q_head[q]
     if head >= 0 and _can_start(tt, head):

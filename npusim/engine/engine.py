@@ -69,12 +69,14 @@ class Engine:
         dep_ptr: np.ndarray,
         dep_idx: np.ndarray,
         names: Sequence[str] | None = None,
+        check: bool = True,
     ) -> np.ndarray:
         """Add ``n`` tasks at once; returns their ids (consecutive).
 
         ``param`` is ``(n, k)`` with ``k <= NPARAM``; ``dep_idx[dep_ptr[i]:dep_ptr[i+1]]``
         lists task ``i``'s predecessors as absolute ids (earlier tasks or tasks of this
-        batch). Raises ConfigError for an out-of-range queue or dependency.
+        batch). Raises ConfigError for an out-of-range queue or dependency (``check=False``
+        skips the checks: for arrays a caller built and checked once, submitted many times).
         """
         kind = np.asarray(kind, dtype=np.int64).ravel()
         n = kind.shape[0]
@@ -85,7 +87,8 @@ class Engine:
         dep_ptr = np.asarray(dep_ptr, dtype=np.int64)
         dep_idx = np.asarray(dep_idx, dtype=np.int64)
         first = self.num_tasks
-        self._check_batch(first, n, queue, param, dep_ptr, dep_idx)
+        if check:
+            self._check_batch(first, n, queue, param, dep_ptr, dep_idx)
         self.tt = ensure_capacity(self.tt, first + n, int(self.tt.sc[SC_NEDGES]) + dep_idx.shape[0])
         tt = self.tt
         tt.kind[first : first + n] = kind
@@ -191,7 +194,11 @@ class Engine:
         if include_running:
             running = self.tt.q_running
             held = running >= 0
-            busy[held] += self.now - self.tt.start[running[held]]
+            tasks = running[held]
+            elapsed = self.now - self.tt.start[tasks]
+            hold = (self.tt.kind[tasks] == KIND_FIXED) & (self.tt.param[tasks, 1] > 0)  # see release_queue
+            elapsed[hold] = np.minimum(elapsed[hold], self.tt.param[tasks[hold], 1])
+            busy[held] += elapsed
         return busy
 
     def task_times(self) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,9 @@ its source once its tail is injected, though it completes only at the destinatio
 like an NPU's instruction pipes. What a task does, and how long it
 takes, is decided by the model its ``kind`` selects (see ``npusim.sim``); the
 engine only knows kinds as integers, except :data:`KIND_FIXED` whose duration is
-``param[0]`` cycles.
+``param[0]`` cycles. A ``KIND_FIXED`` task with ``param[1] > 0`` is a *hold*: it keeps its
+queue for ``param[0]`` cycles but counts only ``param[1]`` of them as busy (the serving
+iteration cache's stand-in for a queue's work of an iteration: its span, and its busy time).
 
 Layout (struct of arrays, grown by doubling on the Python side):
 

@@ -10,18 +10,34 @@ makes the engine hand control back when it completes.
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 
 from npusim.arch.derived import kv_cache_base_address
 from npusim.mapping.mapper import map_model
 from npusim.model.builder import build_graph
-from npusim.serving.iteration import Work, build_iteration_graph, iteration_signature
+from npusim.serving.iteration import Work, build_groups_graph, iteration_groups
+from npusim.serving.itercache import GAP_FRACTION, PIECE_FRACTION, IterationCostCache, ShapeStore, measure
 from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import submit_materialized
+
+
+def _file_digest(model: str) -> str | None:
+    """A model file's content digest (ONNX models), so an edited file is not taken for the old one."""
+    path = Path(str(model))
+    if not path.is_file():
+        return None
+    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+
+
+def _placement(hbm_fraction: float) -> float:
+    """The kind of KV placement a program is compiled for: none in HBM, all, or a share (0.5)."""
+    return 0.0 if hbm_fraction <= 0 else 1.0 if hbm_fraction >= 1 else 0.5
 
 
 class _Compiled:
@@ -52,12 +68,27 @@ class Instance:
         self.cores = cores
         self.scheduler = Scheduler(sched_cfg)
         self.cache: dict[tuple, _Compiled] = {}
+        self.shapes_compiled = 0
+        self._submitted: set[int] = set()  # ids of the task-kind arrays of shapes submitted before
+        self.pending_spills: list[int] = []  # KV spill DMAs the next iteration's HBM KV reads wait for
+        buckets = cfg.iteration_cache
+        self.costs = None
+        self._plan_memory(hbm_bytes)
+        if buckets is not None:
+            store = None
+            if cfg.iteration_cache_dir is not None:
+                store = ShapeStore(cfg.iteration_cache_dir, {
+                    "arch": self.arch.model_dump(mode="json", exclude={"name", "description"}),
+                    "spec": self.iter_spec.model_dump(mode="json", exclude={"name", "description"}),
+                    "cores": self.core_list, "model": cfg.model, "model_file": _file_digest(cfg.model),
+                    "precision": cfg.precision, "layers": cfg.layers,
+                    "pad": cfg.pad_shapes, "memory": cfg.memory_mode, "noc": cfg.noc_mode,
+                    "segments": [GAP_FRACTION, PIECE_FRACTION]})
+            self.costs = IterationCostCache(buckets, self._measure, store)
         self.inflight: deque = deque()  # (notify task, slots, kv share in HBM, submitted_s)
         self.running: list = []
         self.waiting: deque = deque()
         self.depth = spec.pipeline.stages
-        self.pending_spills: list[int] = []  # KV spill DMAs the next iteration's HBM KV reads wait for
-        self._plan_memory(hbm_bytes)
 
     @property
     def core_list(self) -> list[int]:
@@ -98,29 +129,49 @@ class Instance:
             activation_bytes=int(self.spec.memory.sram_reserve_mb * 2**20 * n),
             admission=cfg.admission, prefix_cache=cfg.prefix_cache, debug=cfg.debug)
 
+    def _compile(self, groups, sampled: int, placement: float, spec=None) -> _Compiled:
+        """Map the iteration graph of ``groups`` (see ``iteration_groups``) at a KV placement
+        (with ``spec`` instead of the instance's iteration spec: the first-use load)."""
+        graph = build_groups_graph(self.cfg.model, groups, sampled, self.cfg.precision, self.cfg.layers,
+                                   pad=self.cfg.pad_shapes)
+        prog = map_model(graph, self.arch, spec or self.iter_spec, kv_hbm_fraction=placement,
+                         cores=self.cores).program
+        arrays = prog.materialize(self.sim)
+        has_succ = np.zeros(len(prog), dtype=bool)
+        has_succ[arrays[4]] = True  # every task some other task depends on
+        kv_reads = np.array([i for i, n in enumerate(prog.names) if n.endswith(" read KV")], dtype=np.int64)
+        self.shapes_compiled += 1
+        return _Compiled(arrays, np.flatnonzero(~has_succ), kv_reads, placement)
+
+    def _measure(self, groups, sampled: int, placement: float):
+        """An iteration shape's cost skeleton: its program simulated alone (the iteration cache)."""
+        comp = self._compile(groups, sampled, placement)
+        return measure(self.arch, self.cfg.memory_mode, self.cfg.noc_mode, comp.arrays, comp.kv_reads, placement)
+
     def _compiled(self, slots, hbm_fraction: float) -> tuple:
         """The iteration's materialised arrays. Programs are compiled per shape and per *kind*
         of KV placement: none in HBM (no KV reads by DMA), all of it, or a share, compiled at
         one half and rescaled per iteration (the share changes only the KV reads' bytes)."""
         work = [Work(s.q, s.kv, s.samples) for s in slots]
-        pad = self.cfg.pad_shapes
-        placement = 0.0 if hbm_fraction <= 0 else 1.0 if hbm_fraction >= 1 else 0.5
-        key = (iteration_signature(work, pad=pad), placement)
+        groups, sampled = iteration_groups(work, pad=self.cfg.pad_shapes)
+        placement = _placement(hbm_fraction)
+        key = (groups + (sampled,), placement)
         first = self.first_use_spec
         hit = None if first is not None else self.cache.get(key)
         if hit is None:
-            graph = build_iteration_graph(self.cfg.model, work, self.cfg.precision, self.cfg.layers, pad=pad)
-            prog = map_model(graph, self.arch, first or self.iter_spec, kv_hbm_fraction=placement,
-                             cores=self.cores).program
-            has_succ = np.zeros(len(prog), dtype=bool)
-            for deps in prog.deps:
-                has_succ[list(deps)] = True
-            kv_reads = np.array([i for i, n in enumerate(prog.names) if n.endswith(" read KV")], dtype=np.int64)
-            hit = _Compiled(prog.materialize(self.sim), np.flatnonzero(~has_succ), kv_reads, placement)
+            hit = self._compile(list(groups), sampled, placement, first)
             if first is None:
                 self.cache[key] = hit
             self.first_use_spec = None  # loaded once: later iterations find the weights in SRAM
         return hit, hit.at_fraction(hbm_fraction if 0 < hbm_fraction < 1 else placement)
+
+    def _cached(self, slots, hbm_fraction: float) -> tuple:
+        """The iteration's cost skeleton from the iteration cache: its arrays and the relative
+        id of the task that ends with it."""
+        work = [Work(s.q, s.kv, s.samples) for s in slots]
+        groups, sampled = iteration_groups(work, pad=self.cfg.pad_shapes)
+        placement = _placement(hbm_fraction)
+        return self.costs.tasks(groups, sampled, placement, hbm_fraction if 0 < hbm_fraction < 1 else placement)
 
     def free_to_launch(self) -> bool:
         return len(self.inflight) < self.depth
@@ -140,14 +191,23 @@ class Instance:
             a, b = self.kv.location(s.live.req.id)
             sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
         frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
-        comp, arrays = self._compiled(slots, frac)
-        if hbm_tok and comp.kv_reads.size:
-            arrays = self._at_requests(slots, comp, arrays)
-        if self.pending_spills and comp.kv_reads.size:
+        if self.costs is None:
+            comp, arrays = self._compiled(slots, frac)
+            sinks = comp.sinks
+            if hbm_tok and comp.kv_reads.size:
+                arrays = self._at_requests(slots, comp, arrays)
+        else:  # the cost skeleton (it does not wait for pending spills nor load first-use weights)
+            comp = None
+            arrays, last = self._cached(slots, frac)
+            sinks = [last]
+        if comp is not None and self.pending_spills and comp.kv_reads.size:
             ids = self._submit_after_spills(comp, arrays)
         else:
-            ids = submit_materialized(self.sim, arrays)
-        note = self.sim.add_notify(ids[comp.sinks].tolist(), name=f"{self.name} iteration end")
+            # a shape's arrays (kept by the caches) are checked on their first submission only
+            check = id(arrays[0]) not in self._submitted
+            self._submitted.add(id(arrays[0]))
+            ids = submit_materialized(self.sim, arrays, check=check)
+        note = self.sim.add_notify(ids[sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
         return note
 

@@ -60,6 +60,9 @@ def _buckets(work: list[Work], decode_buckets: int, pad: bool) -> list[tuple[int
     return out
 
 
+KV_QUANTUM = 256  # compiled shapes round KV lengths up to this many tokens
+
+
 def _groups(work, decode_buckets, kv_quantum, pad) -> tuple[list[tuple[int, int, int, bool]], int]:
     """The attention groups with KV lengths rounded up to ``kv_quantum``, and the sampled rows
     (padded like a decode group, at most one per token row)."""
@@ -70,17 +73,35 @@ def _groups(work, decode_buckets, kv_quantum, pad) -> tuple[list[tuple[int, int,
     return groups, sampled
 
 
-def iteration_signature(work: list[Work], decode_buckets: int = 2, kv_quantum: int = 256, pad: bool = True) -> tuple:
+def iteration_groups(work: list[Work], decode_buckets: int = 2, kv_quantum: int = KV_QUANTUM,
+                     pad: bool = True) -> tuple[tuple[tuple[int, int, int, bool], ...], int]:
+    """The iteration's attention groups ``(count, q, kv, causal)`` and its sampled rows: all its
+    graph depends on (:func:`build_groups_graph`)."""
+    groups, sampled = _groups(work, decode_buckets, kv_quantum, pad)
+    return tuple(groups), sampled
+
+
+def iteration_signature(work: list[Work], decode_buckets: int = 2, kv_quantum: int = KV_QUANTUM,
+                        pad: bool = True) -> tuple:
     """A key under which iterations cost the same: their graphs are identical."""
     groups, sampled = _groups(work, decode_buckets, kv_quantum, pad)
     return tuple(groups) + (sampled,)
 
 
 def build_iteration_graph(model, work: list[Work], precision: str = "bf16", layers: int | None = None,
-                          decode_buckets: int = 2, kv_quantum: int = 256, pad: bool = True) -> Graph:
+                          decode_buckets: int = 2, kv_quantum: int = KV_QUANTUM, pad: bool = True) -> Graph:
     if not work:
         raise ValueError("an iteration needs at least one request")
     groups, sampled = _groups(work, decode_buckets, kv_quantum, pad)
+    return build_groups_graph(model, groups, sampled, precision, layers, pad)
+
+
+def build_groups_graph(model, groups, sampled: int, precision: str = "bf16", layers: int | None = None,
+                       pad: bool = True) -> Graph:
+    """The iteration graph of attention ``groups`` ``(count, q, kv, causal)`` with ``sampled``
+    LM-head rows (see :func:`iteration_groups`)."""
+    if not groups:
+        raise ValueError("an iteration needs at least one request")
     tokens = sum(n * q for n, q, _, _ in groups)
     base = build_graph(model, phase="decode", batch=1, seq_len=tokens, kv_len=tokens, precision=precision,
                        layers=layers)

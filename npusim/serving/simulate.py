@@ -33,12 +33,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from npusim.arch.schema import Arch
 from npusim.errors import ConfigError
 from npusim.mapping.spec import MappingSpec
 from npusim.model.builder import build_graph
 from npusim.serving.instance import Instance
+from npusim.serving.itercache import Buckets
+from npusim.serving.itercache import summary as itercache_summary
 from npusim.serving.metrics import RequestRecord, TimeSeries, summarize
 from npusim.serving.sampling import UtilizationSampler
 from npusim.serving.scheduler import Live, SchedulerConfig
@@ -62,6 +65,8 @@ class ServingConfig:
     debug: bool = False
     pad_shapes: bool = True  # pad iteration graphs like graph-mode engines (see npusim.serving.iteration)
     core_window_s: float = 0.05  # per-core utilisation windows (npusim.serving.sampling)
+    iteration_cache: Buckets | None = None  # replay iteration costs per shape (npusim.serving.itercache)
+    iteration_cache_dir: Path | None = None  # keep measured shapes on disk there (reused by later runs)
 
 
 @dataclass
@@ -340,7 +345,9 @@ class ServingSimulator:
         summary = summarize(recs, slo_ttft_s=None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3,
                             slo_tbt_s=None if cfg.slo_tbt_ms is None else cfg.slo_tbt_ms / 1e3)
         summary.update({
-            "iterations": len(iterations), "compiled_iteration_shapes": sum(len(i.cache) for i in self.instances),
+            "iterations": len(iterations), "compiled_iteration_shapes": sum(i.shapes_compiled for i in self.instances),
+            "iteration_cache": itercache_summary([i.costs for i in self.instances if i.costs is not None],
+                                                 cfg.iteration_cache),
             "simulated_s": self._seconds(sim.now), "weights_resident": all(i.weights_resident for i in self.instances),
             "kv_bytes_per_token": self.entries[0].kv_bytes_per_token,
             "kv_manager": self.entries[0].kv.stats() if len(self.instances) == 1 else

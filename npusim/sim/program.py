@@ -233,10 +233,11 @@ def _array_groups(arch: Arch) -> list:
     return groups
 
 
-def submit_materialized(sim, arrays: tuple, names=None) -> np.ndarray:
-    """Submit materialised program arrays after the tasks ``sim`` already has."""
+def submit_materialized(sim, arrays: tuple, names=None, check: bool = True) -> np.ndarray:
+    """Submit materialised program arrays after the tasks ``sim`` already has (``check=False``:
+    arrays submitted before, whose queues and dependencies were checked then)."""
     kinds, queue, param, ptr, idx = arrays
-    return sim.submit_batch(kinds, queue, param, ptr, idx + sim.engine.num_tasks, names)
+    return sim.submit_batch(kinds, queue, param, ptr, idx + sim.engine.num_tasks, names, check=check)
 
 
 def load_program(path: str | Path) -> Program:

@@ -10,8 +10,12 @@ a 16-stage pipeline per 64 cores: a chip with more cores runs one data-parallel 
 64 cores (256 cores: 4 replicas on bands of columns). ``--layers N`` simulates only the first
 N decoder layers (for the long growth series; say so when quoting).
 
+``--cache off,on`` runs each point without and with the iteration-cost cache
+(``npusim run --iteration-cache``; ``--cache-buckets`` its buckets, default exact).
+
     python validation/perf/bench_serving.py [--requests 100,1000] [--arch npusim-64c,npusim-256c]
-        [--memory analytical,tlm] [--noc path,analytical] [--layers N]
+        [--memory analytical,tlm] [--noc path,analytical] [--layers N] [--cache off,on]
+        [--cache-buckets kv=1024] [--trace FILE]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from machine import machine_line  # noqa: E402
 
 from npusim.arch import load_arch  # noqa: E402
 from npusim.mapping.spec import spec_from_flags  # noqa: E402
+from npusim.serving.itercache import parse_buckets  # noqa: E402
 from npusim.serving.requests import cap_lengths  # noqa: E402
 from npusim.serving.scheduler import SchedulerConfig  # noqa: E402
 from npusim.serving.simulate import ServingConfig, simulate_serving  # noqa: E402
@@ -37,8 +42,13 @@ CORES_PER_REPLICA = 64
 
 
 def trace_path() -> Path:
-    shared = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
-    return shared if shared.is_file() else ROOT / "traces" / "mooncake_sample.jsonl"
+    """The shared Mooncake conversation trace beside the checkout (or a worktree's parents), else
+    the repository's 200-line sample."""
+    for parent in ROOT.parents:
+        shared = parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+        if shared.is_file():
+            return shared
+    return ROOT / "traces" / "mooncake_sample.jsonl"
 
 
 def main() -> None:
@@ -50,12 +60,16 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="simulate only the first N decoder layers")
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=128)
+    ap.add_argument("--cache", default="off", help="iteration cache: off, on or off,on")
+    ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
+    ap.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL (default: the shared trace, else the sample)")
     args = ap.parse_args()
-    path = trace_path()
+    path = args.trace or trace_path()
+    buckets = parse_buckets(args.cache_buckets)
     layers = "all" if args.layers is None else str(args.layers)
     print(f"trace {path.name}; prompts clipped to {args.max_input}, outputs to {args.max_output} tokens; "
           f"Qwen3-4B, {layers} layers; TP 4 x 16 stages per {CORES_PER_REPLICA} cores")
-    print(f"{'requests':>8} {'arch':>12} {'memory':>10} {'noc':>10} | {'clipped':>7} {'wall s':>8} {'sim s':>8} "
+    print(f"{'requests':>8} {'arch':>12} {'memory':>10} {'noc':>10} {'cache':>5} | {'clipped':>7} {'wall s':>8} {'cpu s':>8} {'sim s':>8} "
           f"{'sim s/wall s':>12} {'iterations':>10} {'shapes':>6} {'tasks':>12} {'Mevents/s':>9} {'tok/s':>8}")
     spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
     warm = ServingConfig(model="qwen3-4b", layers=16)  # as many layers as stages
@@ -65,16 +79,17 @@ def main() -> None:
             arch = load_arch(arch_name)
             replicas = max(1, arch.num_cores // CORES_PER_REPLICA)
             for memory in args.memory.split(","):
-                for noc in args.noc.split(","):
+                for noc, cache in ((x, c) for x in args.noc.split(",") for c in args.cache.split(",")):
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
-                                        scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256))
+                                        scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
+                                        iteration_cache=buckets if cache == "on" else None)
                     # compile the kernel for this fidelity outside the timing
                     simulate_serving(arch, spec, reqs[:1], replace(warm, memory_mode=memory, noc_mode=noc),
                                      replicas=replicas)
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     s = simulate_serving(arch, spec, reqs, cfg, replicas=replicas).summary
-                    wall = time.perf_counter() - t0
-                    print(f"{n:>8} {arch_name:>12} {memory:>10} {noc:>10} | {clipped:>7} {wall:8.1f} "
+                    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                    print(f"{n:>8} {arch_name:>12} {memory:>10} {noc:>10} {cache:>5} | {clipped:>7} {wall:8.1f} {cpu:8.1f} "
                           f"{s['simulated_s']:8.2f} {s['simulated_s'] / wall:12.3f} {s['iterations']:>10} "
                           f"{s['compiled_iteration_shapes']:>6} {s['tasks']:>12,} {s['events'] / wall / 1e6:9.2f} "
                           f"{s['throughput_tokens_per_s']:8.1f}", flush=True)

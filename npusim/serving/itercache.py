@@ -1,0 +1,544 @@
+"""The iteration-cost cache: a cheaper serving fidelity that reuses each iteration shape's chip timing.
+
+Without it every serving iteration's whole program (tens of thousands of compute, DMA and NoC
+tasks) runs on the engine. With it (``npusim run --iteration-cache on``) an iteration *shape* is
+simulated once, alone on an idle chip at the run's memory and NoC fidelity, and every later
+iteration of that shape is replayed from a small *cost skeleton* — in the spirit of Vidur's
+profiled operator costs, but measured by our own chip simulation instead of on a GPU.
+
+Shape (the cache key, per instance): the iteration's attention groups ``(count, q, kv, causal)``
+and sampled rows (:func:`npusim.serving.iteration.iteration_groups`) plus the kind of KV placement
+(none, some or all in HBM), with three bucket sizes (:class:`Buckets`):
+
+* ``kv`` tokens: group KV lengths (already rounded up to 256 by the compiled shapes) are placed
+  between bucket edges; the two corner shapes (every group at its lower edge, never below 256, every
+  group at its upper edge) are simulated, and the iteration replays the upper corner's skeleton with its
+  delays, spans and busy cycles scaled to the duration interpolated linearly between the corners
+  by the iteration's share of the attention KV tokens, and its KV reads to the interpolated KV
+  bytes (weights are read in full): never more than the upper corner. ``kv=256`` is exact: the
+  key is the compiled shape itself.
+* ``batch``: decode-group request counts above the bucket are rounded up to a multiple of it
+  (graph-mode padding already uses multiples of 8: ``batch=8`` is exact);
+* ``chunk`` tokens: prefill chunks rounded up to a multiple of it (they are padded to 16
+  already: ``chunk=16`` is exact); the chunk's cached prefix is kept.
+
+Skeleton (:class:`IterationCost`): each queue's tasks cut into *segments* of activity (at idle
+gaps over 1% of the iteration; DMA segments also at 1/64 of it, since the analytical HBM model
+books a transfer's channel time when it starts), each with its offsets, busy cycles and, for DMA
+segments, bytes (KV reads kept apart so they rescale with the share of KV in HBM), and the
+dependencies between segments taken from the program's (through barriers). Replayed
+(:meth:`IterationCost.tasks`), a segment is one task — a *hold* on compute/NoC queues (kept for the
+span, counted busy for the busy cycles: ``KIND_FIXED`` with ``param[1]``) or a real DMA of its bytes
+— gated by its source segments, plus a delay where it started later than they explain. Alone on
+an idle chip the skeleton ends when the iteration did (to within ~0.5%: a hold does not wait for
+the dependencies of the tasks inside it); in a loaded run in-order queues pipeline iterations and
+DMAs share HBM bandwidth with every other transfer as before. Not reproduced: the NoC messages
+inside an iteration (their queue time is kept; their link contention with other traffic, e.g.
+PD disaggregation's KV transfers, is not).
+
+KV-cache management, scheduling, spills, KV transfers and metrics run exactly as without the
+cache: only the chip timing of an iteration is reused. Results are deterministic: every
+measurement runs on a fresh simulator. :class:`ShapeStore` keeps measured skeletons on disk
+(``--iteration-cache-dir``) for later runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from npusim.engine.tasks import KIND_FIXED
+from npusim.errors import ConfigError
+from npusim.files import write_with
+from npusim.serving.iteration import KV_QUANTUM
+from npusim.sim import Simulator
+from npusim.sim.kernel import KIND_DMA, KIND_NOC
+from npusim.sim.program import submit_materialized
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """Bucket sizes of the cache key (see module docstring); the defaults are exact (the key is
+    the compiled shape): coarser KV buckets simulate fewer shapes at a larger error (measured by
+    ``validation/serving_iteration_cache.py``)."""
+
+    kv: int = KV_QUANTUM
+    batch: int = 8
+    chunk: int = 16
+
+    def __post_init__(self):
+        if self.kv < KV_QUANTUM or self.kv % KV_QUANTUM:
+            raise ConfigError(f"iteration cache kv bucket {self.kv}: expected a positive multiple of {KV_QUANTUM} "
+                              f"tokens (compiled shapes already round KV lengths to {KV_QUANTUM})")
+        if self.batch < 1:
+            raise ConfigError(f"iteration cache batch bucket {self.batch}: expected at least 1")
+        if self.chunk < 16 or self.chunk % 16:
+            raise ConfigError(f"iteration cache chunk bucket {self.chunk}: expected a positive multiple of 16 tokens "
+                              f"(chunks are padded to 16 already)")
+
+    @property
+    def exact(self) -> bool:
+        """Every key is a compiled shape: no rounding, no interpolation."""
+        return self.kv == KV_QUANTUM and self.batch <= 8 and self.chunk == 16
+
+
+EXACT = Buckets(kv=KV_QUANTUM, batch=8, chunk=16)
+
+
+def parse_buckets(text: str) -> Buckets:
+    """``kv=1024,batch=8,chunk=16`` (any subset; the rest default), or ``exact``."""
+    if text.strip() == "exact":
+        return EXACT
+    values = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, val = part.partition("=")
+        if not sep or key.strip() not in ("kv", "batch", "chunk"):
+            raise ConfigError(f"--iteration-cache-buckets '{text}': expected kv=N,batch=N,chunk=N (any of them) "
+                              f"or exact, got '{part}'")
+        try:
+            values[key.strip()] = int(val)
+        except ValueError:
+            raise ConfigError(f"--iteration-cache-buckets '{text}': {key.strip()} must be an integer, "
+                              f"got '{val}'") from None
+    return Buckets(**values)
+
+
+# -- the key ---------------------------------------------------------------------------------------
+
+def corners(groups, buckets: Buckets) -> tuple[tuple, tuple, float]:
+    """``(lower, upper, t)``: the two corner group tuples and the iteration's position between
+    them (``t = 1``: the upper corner; both corners are the same when the buckets are exact)."""
+    lo, hi = [], []
+    num = den = 0
+    for n, q, kv, causal in groups:
+        if q == 1 and n > buckets.batch:
+            n = -(-n // buckets.batch) * buckets.batch
+        if q > 1:
+            padded = -(-q // buckets.chunk) * buckets.chunk
+            kv, q = kv + padded - q, padded
+        up = -(-kv // buckets.kv) * buckets.kv
+        down = max(up - buckets.kv, q, KV_QUANTUM)  # compiled KV lengths are 256 at least
+        if kv == up:
+            down = up
+        lo.append((n, q, down, causal))
+        hi.append((n, q, up, causal))
+        num += n * (kv - down)
+        den += n * (up - down)
+    t = 1.0 if den == 0 else num / den
+    return tuple(lo), tuple(hi), t
+
+
+# -- the cost skeleton -----------------------------------------------------------------------------
+
+GAP_FRACTION = 0.01  # a queue idle for longer than this share of the iteration starts a new segment
+PIECE_FRACTION = 1 / 64  # a DMA segment spans at most about this share of the iteration
+
+
+@dataclass
+class IterationCost:
+    """One iteration shape's chip timing, measured alone on an idle chip (cycles, bytes).
+
+    Per *segment* (a run of one queue's tasks, see :func:`measure`): ``queue`` (engine queue
+    id), ``kind`` (``KIND_FIXED`` for compute and NoC queues, or ``KIND_DMA``), ``start``/``end``
+    (offsets from the iteration's start), ``busy`` cycles, and for DMA segments ``read``,
+    ``kv_read`` (KV-cache reads at the share of KV in HBM ``fraction``) and ``write`` bytes with
+    the ``initiator``, ``address`` and ``pattern`` of its first transfer. ``edge_src``/``edge_dst``
+    are the segments' dependencies, from the program's: the destination's first task waited for
+    a task of the source (through barriers too); ``edge_end`` says whether it waited for the
+    source's end (else for a task inside it: the edge then runs from the source's start)."""
+
+    duration: int
+    queue: np.ndarray
+    kind: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    busy: np.ndarray
+    read: np.ndarray
+    kv_read: np.ndarray
+    write: np.ndarray
+    initiator: np.ndarray
+    address: np.ndarray
+    pattern: np.ndarray
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_end: np.ndarray
+    fraction: float
+    noc_bytes: int
+    tasks_simulated: int
+
+    def __post_init__(self):
+        self._template = None
+        self._plain = None
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.read.sum() + self.kv_read.sum() + self.write.sum())
+
+    def _build(self) -> tuple:
+        """The skeleton's task arrays (structure fixed per shape) and the rows whose parameters
+        :meth:`tasks` sets per iteration."""
+        n = len(self.queue)
+        order = np.lexsort((np.arange(n), self.start))
+        preds: list[list[tuple[int, bool]]] = [[] for _ in range(n)]
+        for x, y, at_end in zip(self.edge_src.tolist(), self.edge_dst.tolist(), self.edge_end.tolist()):
+            preds[y].append((x, at_end))
+        kinds, queues, deps = [], [], []
+        delay_rows, delay_cycles = [], []  # barrier delays (scaled by interpolation)
+        hold_rows, hold_seg = [], []
+        read_rows, read_seg, write_rows, write_seg = [], [], [], []
+
+        def add(kind, queue, dep):
+            kinds.append(kind)
+            queues.append(queue)
+            deps.append(dep)
+            return len(kinds) - 1
+
+        def delay(cycles, dep):
+            row = add(KIND_FIXED, -1, dep)
+            delay_rows.append(row)
+            delay_cycles.append(int(max(0, cycles)))
+            return row
+
+        root = add(KIND_FIXED, -1, [])
+        gate = np.full(n, -1, dtype=np.int64)  # the barrier a segment's task waits on (its start)
+        task = np.full(n, -1, dtype=np.int64)  # the segment's (last) task
+        for y in order.tolist():
+            sy = int(self.start[y])
+            if not preds[y]:
+                g = delay(sy, [root]) if sy > 0 else root
+            else:
+                # a dependency on a segment's end adds no delay (the real one did not), except
+                # for the latest-ending one, which carries any gap before the segment started;
+                # one on a task inside a segment runs from that segment's start (an edge into a
+                # segment binds by construction: then no end edge carries a delay)
+                ends = [int(self.end[x]) for x, at_end in preds[y] if at_end]
+                latest = max(ends) if ends and all(at_end for _, at_end in preds[y]) else None
+                nodes = []
+                for x, at_end in preds[y]:
+                    if not at_end:
+                        d = sy - int(self.start[x])
+                        nodes.append(delay(d, [int(gate[x])]) if d > 0 else int(gate[x]))
+                    elif int(self.end[x]) == latest and sy > latest:
+                        nodes.append(delay(sy - latest, [int(task[x])]))
+                        latest = None  # one carrier
+                    else:
+                        nodes.append(int(task[x]))
+                nodes = sorted(set(nodes))
+                g = nodes[0] if len(nodes) == 1 else add(KIND_FIXED, -1, nodes)
+            gate[y] = g
+            q = int(self.queue[y])
+            if self.kind[y] == KIND_DMA:
+                prev = g
+                if self.read[y] or self.kv_read[y] or not self.write[y]:
+                    prev = add(KIND_DMA, q, [prev])
+                    read_rows.append(prev)
+                    read_seg.append(y)
+                if self.write[y]:
+                    prev = add(KIND_DMA, q, [prev])
+                    write_rows.append(prev)
+                    write_seg.append(y)
+                task[y] = prev
+            else:
+                task[y] = add(KIND_FIXED, q, [g])
+                hold_rows.append(task[y])
+                hold_seg.append(y)
+        last = add(KIND_FIXED, -1, [root] + task.tolist())
+        ptr = np.zeros(len(kinds) + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum([len(d) for d in deps])
+        idx = np.fromiter((d for ds in deps for d in ds), dtype=np.int64, count=int(ptr[-1]))
+        param = np.zeros((len(kinds), 6), dtype=np.int64)
+        rw = np.array(write_rows, dtype=np.int64)
+        ws = np.array(write_seg, dtype=np.int64)
+        param[rw, 0] = self.write[ws]
+        for rows, segs in ((np.array(read_rows, dtype=np.int64), np.array(read_seg, dtype=np.int64)), (rw, ws)):
+            param[rows, 1], param[rows, 3], param[rows, 4] = self.address[segs], self.initiator[segs], \
+                self.pattern[segs]
+        param[rw, 2] = 1
+        arrays = (np.asarray(kinds, dtype=np.int64), np.asarray(queues, dtype=np.int64), param, ptr, idx)
+        return (arrays, last, np.array(delay_rows, dtype=np.int64), np.array(delay_cycles, dtype=np.int64),
+                np.array(hold_rows, dtype=np.int64), np.array(hold_seg, dtype=np.int64),
+                np.array(read_rows, dtype=np.int64), np.array(read_seg, dtype=np.int64))
+
+    def tasks(self, fraction: float, time_scale: float = 1.0, kv_scale: float = 1.0) -> tuple[tuple, int]:
+        """Engine arrays ``(kind, queue, param, dep_ptr, dep_idx)`` of the skeleton (dependencies
+        relative to its first task, as :func:`npusim.sim.program.submit_materialized` takes), and
+        the relative id of its last task (which ends when the iteration does). KV reads are
+        scaled from the measured share of KV in HBM to ``fraction`` (and by ``kv_scale``); delays,
+        spans and busy cycles by ``time_scale`` (interpolation, see :meth:`IterationCostCache.cost`)."""
+        if self._template is None:
+            self._template = self._build()
+        (kinds, queue, param, ptr, idx), last, drows, dcyc, hrows, hseg, rrows, rseg = self._template
+        plain = time_scale == 1.0 and kv_scale == 1.0 and (fraction == self.fraction or not self.kv_read.any())
+        if plain and self._plain is not None:  # the common case, computed once (the engine copies it)
+            return (kinds, queue, self._plain, ptr, idx), last
+        param = param.copy()
+        span = self.end[hseg] - self.start[hseg]
+        busy = np.minimum(self.busy[hseg], span)
+        if time_scale != 1.0:
+            dcyc = np.round(dcyc * time_scale).astype(np.int64)
+            span = np.round(span * time_scale).astype(np.int64)
+            busy = np.minimum(np.round(busy * time_scale).astype(np.int64), span)
+        param[drows, 0] = dcyc
+        param[hrows, 0] = span
+        # a hold counts only its busy cycles (param[1] > 0); a fully busy span is a plain task
+        param[hrows, 1] = np.where(busy >= span, 0, np.maximum(1, busy))
+        kv = self.kv_read[rseg]
+        if self.fraction > 0 and (fraction != self.fraction or kv_scale != 1.0):
+            kv = np.round(kv * (fraction / self.fraction) * kv_scale).astype(np.int64)
+        param[rrows, 0] = self.read[rseg] + np.maximum(kv, 0)
+        if plain:
+            param.flags.writeable = False
+            self._plain = param
+        return (kinds, queue, param, ptr, idx), last
+
+
+def _segments(q, start, end, dma, gap: int, piece: int) -> np.ndarray:
+    """Where segments begin, over tasks sorted by queue then start: a new queue, an idle gap
+    longer than ``gap`` cycles, or (DMA queues) a segment already ``piece`` cycles long — the
+    analytical HBM model books a transfer's channel time when it starts, so one transfer for a
+    long stream would claim bandwidth the real stream spreads over its span."""
+    new = np.ones(q.size, dtype=bool)
+    seg_start = reach = -1
+    prev = -1
+    for i in range(q.size):
+        s, e = int(start[i]), int(end[i])
+        if q[i] == prev and s <= reach + gap and not (dma[i] and s - seg_start >= piece):
+            new[i] = False
+            reach = max(reach, e)
+            continue
+        prev, seg_start, reach = q[i], s, e
+    return new
+
+
+def measure(arch, memory_mode: str, noc_mode: str, arrays: tuple, kv_reads: np.ndarray,
+            fraction: float, gap_fraction: float = GAP_FRACTION,
+            piece_fraction: float = PIECE_FRACTION) -> IterationCost:
+    """Simulate one iteration's materialised program alone on a fresh simulator and reduce it to
+    its :class:`IterationCost`: each queue's tasks cut into *segments* of activity wherever the
+    queue stays idle for more than ``gap_fraction`` of the iteration (a stage's first weight
+    tiles are prefetched at once, the rest stream when its activations arrive), one entry per
+    segment, and the segments' dependencies from the program's."""
+    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode)
+    kinds, queue, param, ptr, idx = arrays
+    ids = submit_materialized(sim, arrays)
+    sim.run()
+    start, end = sim.task_times()
+    start, end = start[ids], end[ids]
+    duration = int(end.max(initial=0))
+    gap = max(1, int(duration * gap_fraction))
+    on = np.flatnonzero(queue >= 0)
+    order = on[np.lexsort((start[on], queue[on]))]
+    q, st, en = queue[order], start[order], end[order]
+    new = _segments(q, st, en, kinds[order] == KIND_DMA, gap, max(1, int(duration * piece_fraction)))
+    seg = np.cumsum(new) - 1
+    n = int(seg[-1]) + 1 if seg.size else 0
+    heads = np.flatnonzero(new)
+    seg_queue = q[heads]
+    first = st[heads]
+    last = np.zeros(n, dtype=np.int64)
+    np.maximum.at(last, seg, en)
+    held = np.zeros(n, dtype=np.int64)
+    np.add.at(held, seg, en - st)
+    # the engine's busy cycles per queue, shared among its segments by the time their tasks held it
+    qbusy = sim.engine.busy_cycles()[seg_queue]
+    qheld = np.zeros(int(queue.max(initial=0)) + 1, dtype=np.int64)
+    np.add.at(qheld, seg_queue, held)
+    busy = np.where(qheld[seg_queue] > 0, qbusy * held // np.maximum(qheld[seg_queue], 1), 0)
+    k = kinds[order]
+    is_dma = k == KIND_DMA
+    seg_kind = np.full(n, KIND_FIXED, dtype=np.int64)
+    seg_kind[seg[is_dma]] = KIND_DMA
+    is_kv = np.zeros(len(kinds), dtype=bool)
+    is_kv[kv_reads] = True
+    nbytes, is_write, kv = param[order, 0], param[order, 2] != 0, is_kv[order]
+    read = np.zeros(n, dtype=np.int64)
+    kv_read = np.zeros(n, dtype=np.int64)
+    write = np.zeros(n, dtype=np.int64)
+    np.add.at(write, seg[is_dma & is_write], nbytes[is_dma & is_write])
+    np.add.at(kv_read, seg[is_dma & ~is_write & kv], nbytes[is_dma & ~is_write & kv])
+    np.add.at(read, seg[is_dma & ~is_write & ~kv], nbytes[is_dma & ~is_write & ~kv])
+    # each segment's first transfer gives its initiator, address and pattern
+    initiator, address, pattern = (np.zeros(n, dtype=np.int64) for _ in range(3))
+    dma_rows = np.flatnonzero(is_dma)
+    if dma_rows.size:
+        segs, firsts = np.unique(seg[dma_rows], return_index=True)
+        rows = order[dma_rows[firsts]]
+        initiator[segs], address[segs], pattern[segs] = param[rows, 3], param[rows, 1], param[rows, 4]
+    src, dst, at_end = _edges(order, seg, heads, ptr, idx, queue, start, end, first, last)
+    noc = kinds == KIND_NOC
+    return IterationCost(
+        duration=duration, queue=seg_queue, kind=seg_kind, start=first, end=last, busy=busy, read=read,
+        kv_read=kv_read, write=write, initiator=initiator, address=address, pattern=pattern,
+        edge_src=src, edge_dst=dst, edge_end=at_end, fraction=fraction,
+        noc_bytes=int(param[noc, 2].sum()), tasks_simulated=len(kinds))
+
+
+def _edges(order, seg, heads, ptr, idx, queue, start, end, seg_start, seg_end):
+    """Segment dependencies: for each segment's first task, the segments of the queued tasks it
+    waited for (through barriers: tasks without a queue). Only edges from a segment that started
+    earlier (ties: a lower index) are kept, so the skeleton is acyclic; an edge waits for the
+    source's end when the source ended by the destination's start, else for its start."""
+    seg_of = np.full(len(queue), -1, dtype=np.int64)
+    seg_of[order] = seg
+    memo: dict[int, frozenset] = {}
+
+    def sources(t: int) -> frozenset:
+        """Segments of the queued tasks barrier ``t`` waits for (iteratively, memoised)."""
+        stack = [t]
+        while stack:
+            b = stack[-1]
+            if b in memo:
+                stack.pop()
+                continue
+            missing = [int(p) for p in idx[ptr[b]:ptr[b + 1]] if queue[p] < 0 and int(p) not in memo]
+            if missing:
+                stack.extend(missing)
+                continue
+            out = set()
+            for p in idx[ptr[b]:ptr[b + 1]].tolist():
+                if queue[p] >= 0:
+                    out.add(int(seg_of[p]))
+                else:
+                    out |= memo[p]
+            memo[b] = frozenset(out)
+            stack.pop()
+        return memo[t]
+
+    src, dst, at_end = [], [], []
+    for y, row in enumerate(heads.tolist()):
+        t = int(order[row])
+        found = set()
+        for p in idx[ptr[t]:ptr[t + 1]].tolist():
+            found |= {int(seg_of[p])} if queue[p] >= 0 else sources(p)
+        for x in sorted(found):
+            if x == y or (seg_start[x], x) >= (seg_start[y], y):
+                continue
+            src.append(x)
+            dst.append(y)
+            at_end.append(bool(seg_end[x] <= seg_start[y]))
+    return (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), np.array(at_end, dtype=bool))
+
+
+KEY_VERSION = 1
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """Digest of every npusim source file: any code change invalidates stored skeletons."""
+    h = hashlib.blake2b(digest_size=12)
+    for f in sorted(_PACKAGE.rglob("*.py")):
+        h.update(f.relative_to(_PACKAGE).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+_ARRAYS = ("queue", "kind", "start", "end", "busy", "read", "kv_read", "write", "initiator", "address", "pattern",
+           "edge_src", "edge_dst", "edge_end")
+_SCALARS = ("duration", "fraction", "noc_bytes", "tasks_simulated")
+
+
+class ShapeStore:
+    """Measured skeletons on disk, one ``.npz`` per shape under ``directory/<code digest>/``, keyed
+    by everything that determines them (``context``: the chip, the instance's mapping and cores,
+    the model, the fidelity, the segmentation) plus the shape. Writes are atomic; a missing,
+    foreign or corrupt file is measured again. Lets sweeps and repeated runs reuse shapes."""
+
+    def __init__(self, directory: Path, context: dict):
+        self.dir = Path(directory) / code_digest()
+        self.context = {"v": KEY_VERSION, **context}
+
+    def _key(self, shape: tuple) -> tuple[str, str]:
+        text = json.dumps({**self.context, "shape": shape}, sort_keys=True, separators=(",", ":"), default=str)
+        return text, hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+    def get(self, shape: tuple) -> IterationCost | None:
+        text, digest = self._key(shape)
+        try:
+            with np.load(self.dir / f"{digest}.npz") as f:
+                if str(f["key"]) != text:
+                    return None
+                return IterationCost(**{k: f[k].copy() for k in _ARRAYS},
+                                     duration=int(f["duration"]), fraction=float(f["fraction"]),
+                                     noc_bytes=int(f["noc_bytes"]), tasks_simulated=int(f["tasks_simulated"]))
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def put(self, shape: tuple, cost: IterationCost) -> None:
+        text, digest = self._key(shape)
+        data = {k: getattr(cost, k) for k in _ARRAYS + _SCALARS}
+
+        def writer(tmp: Path) -> None:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, key=np.array(text), **data)
+
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_with(self.dir / f"{digest}.npz", writer)
+        except OSError:
+            pass  # a read-only or full directory costs speed, not correctness
+
+
+class IterationCostCache:
+    """Per-instance store of measured shapes: ``cost(groups, sampled, placement, fraction)``
+    returns the skeleton to replay, measuring the corner shapes it needs on first use.
+    ``measure_fn(groups, sampled, placement)`` simulates a shape (the instance's)."""
+
+    def __init__(self, buckets: Buckets, measure_fn, store: ShapeStore | None = None):
+        self.buckets = buckets
+        self._measure = measure_fn
+        self.store = store
+        self.shapes: dict[tuple, IterationCost] = {}
+        self.stats = {"hits": 0, "misses": 0, "shapes_simulated": 0, "shapes_from_disk": 0, "interpolated": 0}
+
+    def _shape(self, groups, sampled, placement) -> IterationCost:
+        key = (groups, sampled, placement)
+        hit = self.shapes.get(key)
+        if hit is None and self.store is not None:
+            hit = self.store.get(key)
+            if hit is not None:
+                self.stats["shapes_from_disk"] += 1
+        if hit is None:
+            hit = self._measure(list(groups), sampled, placement)
+            self.stats["shapes_simulated"] += 1
+            if self.store is not None:
+                self.store.put(key, hit)
+        self.shapes[key] = hit
+        return hit
+
+    def tasks(self, groups, sampled: int, placement: float, fraction: float) -> tuple[tuple, int]:
+        """The skeleton to replay for an iteration (see :meth:`IterationCost.tasks`): the upper
+        corner's, with its delays, spans and busy cycles scaled to the duration interpolated
+        between the corners and its KV reads to the interpolated KV bytes — so the iteration
+        costs no more than its upper corner and no less than its lower one."""
+        lo, hi, t = corners(groups, self.buckets)
+        known = (hi, sampled, placement) in self.shapes and (t >= 1 or (lo, sampled, placement) in self.shapes)
+        self.stats["hits" if known else "misses"] += 1
+        upper = self._shape(hi, sampled, placement)
+        if t >= 1 or lo == hi:
+            return upper.tasks(fraction)
+        lower = self._shape(lo, sampled, placement)
+        self.stats["interpolated"] += 1
+        duration = lower.duration + (upper.duration - lower.duration) * t
+        time_scale = min(1.0, duration / upper.duration) if upper.duration else 1.0
+        kv_hi = upper.kv_read.sum()
+        kv_scale = min(1.0, (lower.kv_read.sum() + (kv_hi - lower.kv_read.sum()) * t) / kv_hi) if kv_hi else 1.0
+        return upper.tasks(fraction, time_scale, kv_scale)
+
+
+def summary(caches: list[IterationCostCache], buckets: Buckets | None) -> dict:
+    """The ``iteration_cache`` section of a serving summary."""
+    if buckets is None:
+        return {"enabled": False}
+    out = {"enabled": True, "buckets": {"kv": buckets.kv, "batch": buckets.batch, "chunk": buckets.chunk}}
+    for key in ("hits", "misses", "shapes_simulated", "shapes_from_disk", "interpolated"):
+        out[key] = sum(c.stats[key] for c in caches)
+    n = out["hits"] + out["misses"]
+    out["hit_rate"] = out["hits"] / n if n else math.nan
+    return out

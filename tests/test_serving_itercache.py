@@ -1,0 +1,162 @@
+"""The serving iteration-cost cache: its key, exact replay, interpolation bounds, determinism, the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+
+from npusim.cli import main
+from npusim.errors import ConfigError
+from npusim.mapping.spec import spec_from_flags
+from npusim.serving.itercache import EXACT, Buckets, corners, measure, parse_buckets
+from npusim.serving.requests import synthetic_requests
+from npusim.serving.scheduler import SchedulerConfig
+from npusim.serving.simulate import ServingConfig, ServingSimulator, simulate_serving
+from npusim.sim import Simulator
+from npusim.sim.program import submit_materialized
+
+SCHED = SchedulerConfig(policy="fusion", budget=256, chunk_tokens=64, max_batch=8)
+
+
+def _spec(stages):
+    return spec_from_flags(tp=4, stages=stages, layout="ring").model_copy(update={"data_parallel": 1})
+
+
+def _run(arch, cache, stages=2, n=10, rate=200.0, seed=3):
+    reqs = synthetic_requests(n, rate, input_len=(16, 600), output_len=(2, 10), seed=seed)
+    cfg = ServingConfig(model="qwen3-0.6b", layers=2, debug=True, scheduler=SCHED, iteration_cache=cache)
+    return simulate_serving(arch, _spec(stages), reqs, cfg)
+
+
+def _times(run):
+    return [(r.first_scheduled_s, tuple(r.token_times_s), r.finish_s) for r in run.records]
+
+
+def test_buckets_parse_and_validate():
+    assert parse_buckets("exact") == EXACT and EXACT.exact
+    b = parse_buckets("kv=1024, chunk=64")
+    assert (b.kv, b.batch, b.chunk) == (1024, 8, 64) and not b.exact
+    for bad in ("kv=100", "kv=0", "chunk=20", "batch=0", "tokens=5", "kv=abc"):
+        with pytest.raises(ConfigError):
+            parse_buckets(bad)
+
+
+def test_corners_bracket_the_shape():
+    groups = ((1, 48, 512, True), (16, 1, 768, False), (3, 1, 1280, False))  # compiled shapes: KV in 256s
+    lo, hi, t = corners(groups, EXACT)  # exact: the key is the shape itself
+    assert lo == hi == groups and t == 1.0
+    lo, hi, t = corners(groups, Buckets(kv=1024, batch=8, chunk=64))
+    assert [g[1] for g in hi] == [64, 1, 1]  # the chunk padded to 64 tokens, its prefix kept
+    assert hi[0][2] == 1024 and lo[0][2] == 256 and [g[2] for g in hi[1:]] == [1024, 2048]
+    assert [g[2] for g in lo[1:]] == [256, 1024]
+    assert 0 < t < 1
+    assert all(a[0] == b[0] for a, b in zip(lo, hi))
+
+
+def test_skeleton_replays_the_iteration_exactly_when_alone(arch64):
+    """Alone on an idle chip the replayed skeleton ends when the simulated iteration did (within
+    3%: a segment's hold does not wait for the tasks inside it, and since HBM traffic crosses the
+    mesh a DMA segment's bytes cross it as one DMA's memory streams, not as the many DMAs the
+    segment stands for), with the same HBM bytes and far fewer tasks."""
+    sim = ServingSimulator(arch64, _spec(2), ServingConfig(model="qwen3-0.6b", layers=2, iteration_cache=EXACT))
+    inst = sim.instances[0]
+    for groups, sampled, placement in (([(1, 1, 512, False)], 1, 0.0), ([(1, 64, 256, True), (4, 1, 768, False)], 5, 0.0),
+                                       ([(8, 1, 1024, False)], 8, 1.0)):
+        comp = inst._compile(groups, sampled, placement)
+        cost = measure(arch64, "analytical", "path", comp.arrays, comp.kv_reads, placement)
+        arrays, last = cost.tasks(placement)
+        assert len(arrays[0]) < cost.tasks_simulated
+        replay = Simulator(arch64, memory_mode="analytical", noc_mode="path")
+        ids = submit_materialized(replay, arrays)
+        replay.run()
+        assert replay.task_times()[1][ids[last]] == pytest.approx(cost.duration, rel=3e-2)
+        dma = arrays[0] == 1
+        assert arrays[2][dma, 0].sum() == cost.hbm_bytes == comp.arrays[2][comp.arrays[0] == 1, 0].sum()
+
+
+def test_exact_buckets_reproduce_the_uncached_run_when_iterations_run_alone(arch64):
+    """One pipeline stage and sparse arrivals: every iteration runs alone, so the cache with exact
+    buckets gives the uncached run's request times, to the skeleton's replay error (< 0.5%)."""
+    off = _run(arch64, None, stages=1, n=4, rate=5.0)
+    on = _run(arch64, EXACT, stages=1, n=4, rate=5.0)
+    assert on.summary["iteration_cache"]["hits"] > on.summary["iteration_cache"]["misses"] > 0
+    for a, b in zip(_times(on), _times(off)):
+        assert a[0] == b[0]  # the same schedule
+        assert np.allclose(a[1], b[1], rtol=5e-3) and a[2] == pytest.approx(b[2], rel=5e-3)
+    assert on.summary["iterations"] == off.summary["iterations"]
+
+
+def test_cache_is_deterministic_and_keeps_serving_semantics(arch64):
+    a, b = _run(arch64, Buckets(kv=1024)), _run(arch64, Buckets(kv=1024))
+    assert _times(a) == _times(b) and a.summary["iteration_cache"] == b.summary["iteration_cache"]
+    off = _run(arch64, None)
+    s, t = a.summary, off.summary
+    # KV management, scheduling and metrics run as without the cache: every request completes
+    assert s["requests_completed"] == t["requests_completed"] == len(a.records)
+    for rec in a.records:
+        assert len(rec.token_times_s) == rec.output_len
+    assert s["kv_manager"]["freed"] == t["kv_manager"]["freed"]
+    ic = s["iteration_cache"]
+    assert ic["enabled"] and ic["hits"] + ic["misses"] == s["iterations"] and ic["interpolated"] > 0
+    assert t["iteration_cache"] == {"enabled": False}
+    # and the chip timing stays close to the simulated one on this small case
+    assert s["throughput_tokens_per_s"] == pytest.approx(t["throughput_tokens_per_s"], rel=0.1)
+    # busy counters: holds count only their busy cycles, so utilisation stays a fraction
+    util = a.series["utilization"].to_arrays()[1]
+    assert np.all(util >= 0) and np.all(util <= 1 + 1e-9)
+
+
+def test_interpolation_is_bounded_by_its_corners(arch64):
+    """An iteration between two KV buckets replays no faster than its lower corner and no slower
+    than its upper one."""
+    sim = ServingSimulator(arch64, _spec(2), ServingConfig(model="qwen3-0.6b", layers=2,
+                                                           iteration_cache=Buckets(kv=2048)))
+    cache = sim.instances[0].costs
+
+    def replayed(groups):
+        arrays, last = cache.tasks(groups, sum(n for n, q, _, _ in groups), 0.0, 0.0)
+        eng = Simulator(arch64, memory_mode="analytical", noc_mode="path")
+        ids = submit_materialized(eng, arrays)
+        eng.run()
+        return eng.task_times()[1][ids[last]]
+
+    mid = replayed(((8, 1, 1280, False),))
+    low, high = replayed(((8, 1, 256, False),)), replayed(((8, 1, 2048, False),))
+    lo_shape, hi_shape, _ = corners(((8, 1, 1280, False),), cache.buckets)
+    assert cache.shapes[(hi_shape, 8, 0.0)].duration == pytest.approx(high, rel=5e-3)
+    assert low <= mid <= high and cache.shapes[(lo_shape, 8, 0.0)].duration <= high
+
+
+def test_cli_flag(tmp_path, capsys):
+    args = ["run", "--model", "qwen3-0.6b", "--layers", "2", "--tp", "4", "--stages", "2", "--rate", "100",
+            "--requests", "4", "--no-progress", "--json"]
+    assert main(args + ["--iteration-cache", "on", "--iteration-cache-buckets", "kv=512"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["iteration_cache"]["enabled"] and s["iteration_cache"]["buckets"]["kv"] == 512
+    assert main(args + ["--iteration-cache", "off"]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_cache"] == {"enabled": False}
+    assert main(args + ["--iteration-cache-buckets", "kv=512"]) == 2  # needs --iteration-cache on
+    assert main(args + ["--iteration-cache-dir", str(tmp_path)]) == 2  # likewise
+    assert main(args + ["--iteration-cache", "on", "--iteration-cache-buckets", "kv=300"]) == 2
+    with pytest.raises(SystemExit):
+        main(args + ["--iteration-cache", "maybe"])
+
+
+def test_shapes_kept_on_disk_are_reused(arch64, tmp_path):
+    reqs = synthetic_requests(4, 200.0, input_len=(16, 300), output_len=(2, 6), seed=1)
+
+    def run():
+        cfg = ServingConfig(model="qwen3-0.6b", layers=2, scheduler=SCHED, iteration_cache=EXACT,
+                            iteration_cache_dir=tmp_path)
+        return simulate_serving(arch64, _spec(2), reqs, cfg)
+
+    first = run()
+    stored = list(tmp_path.rglob("*.npz"))
+    assert first.summary["iteration_cache"]["shapes_simulated"] == len(stored) > 0
+    second = run()
+    ic = second.summary["iteration_cache"]
+    assert ic["shapes_simulated"] == 0 and ic["shapes_from_disk"] == len(stored)
+    assert _times(second) == _times(first)
+    stored[0].write_bytes(b"not an npz")  # a corrupt file is measured again
+    third = run()
+    assert third.summary["iteration_cache"]["shapes_simulated"] == 1 and _times(third) == _times(first)
