@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -179,8 +180,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     for r in requests:
         if seqs[r.id].record.rejected_reason is None:
             push(r.arrival_s, ARRIVAL, r.id)
-    waiting: list[int] = []  # prompts queued for a prefill instance
-    idle = list(range(plan.prefill.instances))
+    waiting: deque[int] = deque()  # prompts queued for a prefill instance
+    idle = deque(range(plan.prefill.instances))
     wait_decode: list[int] = []  # prefilled, waiting for decode room
     die_seqs = [0] * d_dies
     die_tokens = [0] * d_dies
@@ -200,7 +201,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
             compute = q.req.input_len - hit
             if batch and tokens + compute > budget:
                 break
-            waiting.pop(0)
+            waiting.popleft()
             if pool is not None:
                 pool.lookup(q.req.hash_ids)
                 stats["looked_blocks"] += len(q.req.hash_ids)
@@ -333,7 +334,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                 assign_decode(t, again, ([], [], []))
             start_step(t)
         while idle and waiting:
-            start_prefill(t, idle.pop(0))
+            start_prefill(t, idle.popleft())
 
     records = [seqs[r.id].record for r in requests]
     slo_t = plan.slo_ttft_ms / 1e3 if plan.slo_ttft_ms else None
