@@ -272,3 +272,23 @@ def test_mla_decode_splits_the_kv_to_balance_cores(batch):
     assert _gemm_flops(r.mapped.program) == pytest.approx(op.flops, rel=0.01)
     ratio = r.summary["cycles"] / base.summary["cycles"]
     assert ratio == pytest.approx(batch / 16, rel=0.12)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_mla_decode_with_fewer_sequences_than_cores_splits_their_kv(batch):
+    """Fewer sequences than cores: each sequence's KV is spread over all cores (split-KV), so the
+    cache is read once (not once per core, as splitting by heads would), the FLOPs are the op's,
+    and one sequence is far faster than on one core."""
+    arch = load_arch("ascend-910b")
+    op = Op("L0.attn.attention", "attention", 0, "bf16", q_len=1, kv_len=8192, heads=128, kv_heads=1,
+            head_dim=576, v_head_dim=512, variant="mla", batch=batch, kv_bytes_per_token_override=576 * 2)
+    g = Graph("mla", [op], phase="decode", batch=batch, seq_len=1, kv_len=8192)
+
+    def run(tp):
+        spec = spec_from_flags(tp=tp, stages=1).model_copy(update={"data_parallel": 1})
+        return simulate_forward(g, arch, spec, memory_mode="analytical", noc_mode="analytical")
+
+    r, one = run(16), run(1)
+    assert r.summary["hbm_bytes"] == pytest.approx(batch * (8192 - 1) * 576 * 2, rel=0.01)
+    assert _gemm_flops(r.mapped.program) == pytest.approx(op.flops, rel=0.01)
+    assert r.summary["cycles"] < one.summary["cycles"] / 4

@@ -750,11 +750,14 @@ class Mapper:
         vd = op.v_head_dim or op.head_dim
         pairs_per_seq = op.attended_pairs / max(1, op.batch)
         keys = max(1, int(round(pairs_per_seq / max(1, op.q_len))))  # mean keys per query
-        if st.layout == "mb" or (op.variant == "mla" and st.layout == "feat" and t > 1 and op.batch >= t):
+        # MLA decode (the cached KV dominates): split the KV over the cores, whatever the batch
+        mla_decode = op.variant == "mla" and t > 1 and op.kv_len > 4 * op.q_len
+        if st.layout == "mb" or (op.variant == "mla" and st.layout == "feat" and t > 1 and
+                                 (op.batch >= t or mla_decode)):
             self._to_rep(st, op.activation_in_bytes, name + " gather")
         # MLA's one latent KV "head" is shared by all query heads: split by heads, every core would
         # read every sequence's whole cache; decode splits whole sequences instead
-        mla_by_sequence = op.variant == "mla" and st.layout in ("rep", "m") and t > 1 and op.batch >= t
+        mla_by_sequence = op.variant == "mla" and st.layout in ("rep", "m") and t > 1 and (op.batch >= t or mla_decode)
         head_parallel = (st.layout in ("rep", "feat") or t == 1) and not mla_by_sequence
         if not head_parallel and op.q_len > 1 and t > 1 and not mla_by_sequence:
             # token-parallel prefill: every core needs every key and value
@@ -763,6 +766,9 @@ class Mapper:
             st.ready = [coll.done[c] for c in st.cores]
         outs = []
         for i, c in enumerate(st.cores):
+            if mla_by_sequence and mla_decode:
+                outs.append(self._mla_split_kv(c, op, i, keys, op.kv_bytes_per_token, [st.ready[i]], name))
+                continue
             if head_parallel:
                 seqs, q_len, heads = op.batch, op.q_len, _split(op.heads, t, i)
                 kv_share = op.kv_bytes_per_token * max(1, _split(op.kv_heads, t, i)) / max(1, op.kv_heads)
@@ -775,9 +781,6 @@ class Mapper:
             deps = [st.ready[i]]
             if seqs <= 0 or heads <= 0 or q_len <= 0:
                 outs.append(prog.add_barrier(deps, name))
-                continue
-            if mla_by_sequence and op.kv_len > 4 * op.q_len:  # decode: the cached KV dominates
-                outs.append(self._mla_split_kv(c, op, i, keys, kv_share, deps, name))
                 continue
             if self.kv_hbm_fraction > 0:
                 cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
@@ -803,7 +806,8 @@ class Mapper:
     def _mla_split_kv(self, c: int, op: Op, i: int, keys: int, kv_share: float, deps: list[int], name: str) -> int:
         """Core ``i``'s share of MLA decode attention, balanced by splitting the KV (split-KV, as
         FlashMLA / flash-decoding kernels do): each sequence's keys are cut into ``chunks`` pieces
-        so that ``batch x chunks`` (sequence, piece) units divide evenly over the ``t`` cores, at
+        so that ``batch x chunks`` (sequence, piece) units divide evenly over the ``t`` cores (also
+        when there are fewer sequences than cores: one sequence's KV is spread over all), at
         least 4 a core (a kernel streams a sequence's KV in tiles too); a core's units run in at
         most 8 pipeline steps whose KV reads overlap the previous step's
         compute (DMA and compute are separate in-order queues); the partial outputs of a split
@@ -812,7 +816,7 @@ class Mapper:
         chunks = t // math.gcd(op.batch, t)
         chunks *= -(-4 // (op.batch * chunks // t))  # at least 4 units a core, so loads pipeline
         units = op.batch * chunks // t
-        chunk_keys = max(1, keys // chunks)
+        chunk_keys = max(1, round(keys / chunks))  # keys per unit (the sequence's keys to within chunks/2)
         cached = max(0, op.kv_len - op.q_len) / chunks  # cached tokens per unit, read from HBM
         rows, vd = op.q_len * op.heads, op.v_head_dim or op.head_dim
         pieces = min(units, 8)
