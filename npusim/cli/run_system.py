@@ -141,9 +141,7 @@ def run_system_serving(args) -> int:
 
 
 def _print_serving(s: dict) -> None:
-    def stat(key):
-        v = s.get(key) or {}
-        return "-" if v.get("mean") is None else f"mean {v['mean']:,.1f}  p50 {v['p50']:,.1f}  p99 {v['p99']:,.1f}"
+    from npusim.cli.serve import latency_line
 
     print(f"{s['model']} serving on {s['system']}: {s['requests_total']} requests; prefill {s['npus_prefill']} NPUs, "
           f"decode {s['npus_decode']} NPUs (MTP {s['mtp']} at {s['mtp_acceptance']:g})")
@@ -154,7 +152,7 @@ def _print_serving(s: dict) -> None:
     print(f"  throughput     {s['throughput_tokens_per_s'] or 0:,.0f} output tokens/s; "
           f"{tput or 0:,.1f} per NPU of the system, {s['decode_tokens_per_s_per_npu'] or 0:,.1f} per decode NPU")
     for key, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("tbt_ms", "TBT ms"), ("e2e_ms", "E2E ms")):
-        print(f"  {label:<14} {stat(key)}")
+        print(f"  {label:<14} {latency_line(s.get(key))}")
     if s.get("slo_attainment") is not None:
         print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
               f"{s['goodput_tokens_per_s']:,.0f} tokens/s")

@@ -233,11 +233,13 @@ def _plots(out: Path, run) -> dict:
     return files
 
 
-def _print(s: dict) -> None:
-    def stat(key):
-        v = s.get(key) or {}
-        return "-" if v.get("mean") is None else f"mean {v['mean']:.1f}  p50 {v['p50']:.1f}  p99 {v['p99']:.1f}"
+def latency_line(stats: dict | None) -> str:
+    """``mean .. p50 .. p99 ..`` of a :func:`npusim.serving.metrics.latency_stats_ms` dict (``-`` if empty)."""
+    v = stats or {}
+    return "-" if v.get("mean") is None else f"mean {v['mean']:.1f}  p50 {v['p50']:.1f}  p99 {v['p99']:.1f}"
 
+
+def _print(s: dict) -> None:
     print(f"{s['model']} serving on {s['arch']}: {s['requests']} requests, schedule {s['scheduler']['policy']} "
           f"(memory {s['memory_fidelity']}, NoC {s['noc_fidelity']})")
     print(f"  completed      {s['requests_completed']} completed, {s['requests_rejected']} rejected, "
@@ -245,7 +247,7 @@ def _print(s: dict) -> None:
     print(f"  throughput     {s['throughput_tokens_per_s']:,.1f} output tokens/s, {s['requests_per_s']:.2f} requests/s")
     for key, label in (("ttft_ms", "TTFT ms"), ("tbt_ms", "TBT ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "E2E ms"),
                        ("queueing_ms", "queueing ms")):
-        print(f"  {label:<14} {stat(key)}")
+        print(f"  {label:<14} {latency_line(s.get(key))}")
     if s.get("slo_attainment") is not None:
         print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
               f"{s['goodput_requests_per_s']:.2f} requests/s")

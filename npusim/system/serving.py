@@ -84,7 +84,6 @@ class _Fabric:
 
     def __init__(self, loaded: LoadedSystem, fidelity: str):
         self.loaded, self.fidelity = loaded, fidelity
-        self.bytes_moved = 0
 
     def run(self, batches: list[tuple[list[int], list[int], list[int], str, str, str]]) -> list[np.ndarray]:
         """``batches`` of ``(initiators, targets, nbytes, op, fabric, via)``; durations (s) per transfer."""
@@ -97,7 +96,6 @@ class _Fabric:
             kinds, queues, params = sim.transfers(inits, tgts, np.asarray(sizes, np.int64), op, via, fabric)
             n = kinds.shape[0]
             ids.append(sim.submit(kinds, queues, params, np.zeros(n + 1, np.int64), np.zeros(0, np.int64)))
-            self.bytes_moved += int(np.sum(sizes))
         sim.run()
         return [sim.task_times_ps(i)[1] / (PS_PER_US * 1e6) if i.shape[0] else np.zeros(0) for i in ids]
 
