@@ -85,3 +85,32 @@ def test_presets_load():
     ep64 = load_deployment(ROOT / "examples" / "mappings" / "cm384-deepseek-decode-ep64.yaml")
     assert (ep64.npus * 2, ep64.routed_experts.per_die * ep64.npus * 2) == (64, 256)  # EP64: 4 experts a die
     assert ep64.microbatches == 2  # the rest from the decode preset it extends
+
+
+def test_shared_expert_is_costed_in_every_mode(cm1):
+    """dp: every die computes the shared FFN for its own tokens (none of its bytes move); tp: T dies
+    split it, all-gather their tokens and scatter the partial sums back (bytes of both directions
+    = (T-1) peers x tokens x message size, per die and microbatch), each holding 1/T of its weights."""
+    from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token
+    from npusim.system.moe_step import _shared_expert_cost, weights_per_die_gb
+    from npusim.system.chipcost import ChipCost
+    cfg = get_config("deepseek-r1")
+    cc = ChipCost(cm1.chip)
+    dp_ps, dp_group = _shared_expert_cost(cfg, _dep(), cc, 8, 24, 16)
+    assert dp_ps > 0 and dp_group["gather_bytes"].sum() == 0
+    tp_ps, tp_group = _shared_expert_cost(cfg, _dep(shared_expert={"mode": "tp", "degree": 4}), cc, 8, 24, 16)
+    assert tp_ps > 0
+    per_die_gather = tp_group["gather_bytes"].sum(axis=1)
+    assert np.all(per_die_gather == 3 * 8 * dispatch_bytes_per_token(cfg.hidden_size, "int8"))
+    assert np.all(tp_group["scatter_bytes"].sum(axis=0) == 3 * 8 * combine_bytes_per_token(cfg.hidden_size))
+    assert tp_group["gather_bytes"][0, 4] == 0  # die 0 and die 4 are in different groups
+    assert _shared_expert_cost(cfg, _dep(shared_expert={"mode": "dedicated", "degree": 2}), cc, 8, 24, 16)[0] == 0
+    w_dp = weights_per_die_gb(cfg, _dep())
+    w_tp = weights_per_die_gb(cfg, _dep(shared_expert={"mode": "tp", "degree": 4}))
+    shared_gb = 3 * cfg.hidden_size * cfg.moe_intermediate_size * (cfg.num_layers - cfg.first_dense_layers) / 2**30
+    assert w_dp - w_tp == pytest.approx(shared_gb * 3 / 4)
+    with pytest.raises(ConfigError, match="does not divide"):
+        _shared_expert_cost(cfg, _dep(shared_expert={"mode": "tp", "degree": 3}), cc, 8, 24, 16)
+    r_dp = simulate_step(cm1, _dep(), batch=8, kv=1024)
+    r_tp = simulate_step(cm1, _dep(shared_expert={"mode": "tp", "degree": 4}), batch=8, kv=1024)
+    assert r_tp.breakdown_us["shared_expert_comm"] > 0 and r_dp.breakdown_us["shared_expert_comm"] == 0

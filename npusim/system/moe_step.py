@@ -43,8 +43,8 @@ from npusim.system.work import WorkBuilder
 
 PAD_ROWS = 16
 SIM_LAYERS = 2
-PARTIAL_NOTE = ("partial model: the die's L2, KV writes and quantisation kernels are not modelled, shared-expert "
-                "TP is costed as DP; see validation/deepseek_deployments.py for the gap")
+PARTIAL_NOTE = ("partial model: the die's L2, KV writes and quantisation kernels are not modelled; "
+                "see validation/deepseek_deployments.py for the gap")
 
 
 @dataclass
@@ -229,6 +229,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     per_expert = np.ceil(per_die / np.where(np.isin(np.arange(dies), shared), 1, dep.routed_experts.per_die))
     moe_ps = np.array([expert_time_ps(int(per_expert[d]), d) * (1 if d in shared else dep.routed_experts.per_die)
                        for d in range(dies)], np.int64)
+    shared_ps, group = _shared_expert_cost(cfg, dep, cc, tokens_mb, moe_cores, dies)
 
     sim = SystemSim(loaded, fidelity)
     w = WorkBuilder(sim)
@@ -250,14 +251,20 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         for m in range(mb):
             att = [w.compute(int(ranks[d]), att_ps, [done[m][d]] if done[m][d] >= 0 else []) for d in range(dies)]
             disp_start = [w.compute(int(ranks[d]), disp_ps, [att[d]], unit=moe_unit) for d in range(dies)]
+            # the shared expert runs while the dispatch is in flight (its tokens are the die's own,
+            # or under TP its group's, all-gathered after attention)
+            gather_ids, gathered = matrix_transfers(w, ranks, group["gather_bytes"], "aiv", att)
+            shared_ids = [w.compute(int(ranks[d]), int(shared_ps), gathered[d] + [disp_start[d]], unit=moe_unit)
+                          if shared_ps else disp_start[d] for d in range(dies)]
             disp_ids, into = matrix_transfers(w, ranks, disp_bytes, "aiv", disp_start)
-            exp_ids = [w.compute(int(ranks[e]), int(moe_ps[e]), into[e] + [disp_start[e]], unit=moe_unit)
+            exp_ids = [w.compute(int(ranks[e]), int(moe_ps[e]), into[e] + [shared_ids[e]], unit=moe_unit)
                        for e in range(dies)]
+            scatter_ids, scattered = matrix_transfers(w, ranks, group["scatter_bytes"], "aiv", shared_ids)
             comb_start = [w.compute(int(ranks[e]), comb_ps, [exp_ids[e]], unit=moe_unit) for e in range(dies)]
             comb_ids, back = matrix_transfers(w, ranks, comb_bytes, "aiv", comb_start)
             for d in range(dies):
-                done[m][d] = w.barrier(back[d] + [exp_ids[d]])
-            layer_marks.append((disp_ids, comb_ids))
+                done[m][d] = w.barrier(back[d] + scattered[d] + [exp_ids[d]])
+            layer_marks.append((disp_ids, comb_ids, np.concatenate([gather_ids, scatter_ids])))
         end = w.barrier([done[m][d] for m in range(mb) for d in range(dies)])
         marks.append((layer_marks, end))
     w.submit()
@@ -272,11 +279,13 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     last = marks[-1][0]
     dispatch_us = sum(span_us(lm[0]) for lm in last) + mb * ops.dispatch_overhead_us
     combine_us = sum(span_us(lm[1]) for lm in last) + mb * ops.combine_overhead_us
-    moe_us = float(moe_ps.max() * mb / PS_PER_US)
+    moe_us = float((moe_ps + shared_ps).max() * mb / PS_PER_US)
+    shared_comm_us = sum(span_us(lm[2]) for lm in last)
     att_us = attention.time_us * mb
     layer_us = layer_ps / PS_PER_US
-    parts = att_us + moe_us + dispatch_us + combine_us
+    parts = att_us + moe_us + dispatch_us + combine_us + shared_comm_us
     breakdown = {"attention": att_us, "moe_compute": moe_us, "dispatch": dispatch_us, "combine": combine_us,
+                 "shared_expert_comm": shared_comm_us,
                  "other": max(0.0, layer_us - parts), "overlap_hidden": max(0.0, parts - layer_us)}
     n_moe = cfg.num_layers - cfg.first_dense_layers + (1 if dep.mtp > 0 else 0)  # the MTP module is a MoE layer
     dense_us = (dense.time_us * mb if dense else 0.0) * cfg.first_dense_layers  # both microbatches, all cores
@@ -298,6 +307,34 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     )
 
 
+def _shared_expert_cost(cfg, dep: Deployment, cc: ChipCost, tokens_mb: int, cores: int, dies: int):
+    """The shared expert on every die for one microbatch, unless dedicated dies hold it
+    (``dedicated``: costed there as a routed destination, 0 here). ``dp``: each die computes the
+    whole shared FFN for its own ``tokens_mb`` tokens. ``tp: T``: groups of T consecutive dies
+    (the dies of a node when T is the node's size) split its intermediate dimension: each die
+    all-gathers its group's tokens (INT8 with their scales, as dispatched), computes its 1/T slice
+    for all of them, and sends each peer the BF16 partial sums of the peer's tokens (the
+    reduce-scatter; the adds ride on the combine). Returns the compute time (ps) per die and the
+    group's ``gather_bytes`` / ``scatter_bytes`` matrices (die x die)."""
+    zero = np.zeros((dies, dies), np.int64)
+    mode, t = dep.shared_expert.mode, dep.shared_expert.degree
+    if mode == "dedicated" or cfg.num_shared_experts <= 0 or tokens_mb <= 0:
+        return 0, {"gather_bytes": zero, "scatter_bytes": zero}
+    t = t if mode == "tp" else 1
+    if dies % t:
+        raise ConfigError(f"mapping: shared_expert tp {t} does not divide the instance's {dies} dies")
+    width = cfg.moe_intermediate_size * cfg.num_shared_experts
+    if width % t:
+        raise ConfigError(f"mapping: shared_expert tp {t} does not divide the shared FFN width {width}")
+    m = _pad(tokens_mb * t)
+    up = cc.gemm(m, cfg.hidden_size, 2 * width // t, "int8", cores=cores)
+    down = cc.gemm(m, width // t, cfg.hidden_size, "int8", cores=cores)
+    in_group = (np.arange(dies)[:, None] // t == np.arange(dies)[None, :] // t) & ~np.eye(dies, dtype=bool)
+    gather = np.where(in_group, tokens_mb * dispatch_bytes_per_token(cfg.hidden_size, "int8"), 0).astype(np.int64)
+    scatter = np.where(in_group, tokens_mb * combine_bytes_per_token(cfg.hidden_size), 0).astype(np.int64)
+    return int(round((up.time_us + down.time_us) * PS_PER_US)), {"gather_bytes": gather, "scatter_bytes": scatter}
+
+
 def kv_bytes_per_token(cfg) -> int:
     """Bytes of KV cache one token keeps over all layers, in BF16: MLA keeps the compressed latent
     (``kv_lora_rank``) and the decoupled RoPE key (``qk_rope_head_dim``) per layer; other
@@ -309,7 +346,8 @@ def kv_bytes_per_token(cfg) -> int:
 def weights_per_die_gb(cfg, dep: Deployment) -> float:
     """INT8 weights a die holds: attention of every layer (data parallel: a full copy), the dense
     FFNs (``dp``: full; ``tp: T``: 1/T), its routed experts of every MoE layer, the shared expert
-    (``dp``: full), embedding and LM head (``dp``: full)."""
+    (``dp``: full; ``tp: T``: 1/T; ``dedicated``: on its own dies, not counted here), embedding and
+    LM head (``dp``: full)."""
     h = cfg.hidden_size
     graph = build_graph(cfg, "decode", batch=1, seq_len=1, kv_len=2, precision="a8w8",
                         layers=cfg.first_dense_layers + 1)
@@ -318,7 +356,8 @@ def weights_per_die_gb(cfg, dep: Deployment) -> float:
     dense /= dep.dense_ffn.degree if dep.dense_ffn.mode == "tp" else 1
     expert = 3 * h * cfg.moe_intermediate_size
     moe_layers = cfg.num_layers - cfg.first_dense_layers
-    shared = expert * cfg.num_shared_experts * moe_layers if dep.shared_expert.mode == "dp" else 0
+    shared = expert * cfg.num_shared_experts * moe_layers
+    shared = {"dp": shared, "tp": shared / dep.shared_expert.degree}.get(dep.shared_expert.mode, 0)
     emb = 2 * cfg.vocab_size * h / (dep.lm_head.degree if dep.lm_head.mode == "tp" else 1)
     total = att * cfg.num_layers + dense * cfg.first_dense_layers + expert * dep.routed_experts.per_die * moe_layers \
         + shared + emb
