@@ -37,8 +37,9 @@ def main() -> int:
         ok = abs(err) <= TOLERANCE
         misses += not ok
         parts = ", ".join(f"{k} {v:.0f}" for k, v in r.breakdown_us.items() if v)
+        steps = ", ".join(f"{k} {v:.1f}" for k, v in r.step_breakdown_ms.items() if v)
         print(f"{row['name']:36s} {row['metric']:22s} {row['published']:>10g} {sim:>10.1f} {err:>+7.1%}  "
-              f"{'ok' if ok else 'MISS':7s}  layer {r.layer_us:.0f}: {parts}")
+              f"{'ok' if ok else 'MISS':7s}  layer {r.layer_us:.0f}: {parts}; step (ms) {steps}")
     print(f"\n{misses} of {len(rows)} rows outside ±{TOLERANCE:.0%}. {r.note}")
     return 1 if misses else 0
 

@@ -15,8 +15,11 @@ How DeepSeek-V3/R1 (or another MoE model of the zoo) is laid over an instance of
   to one of them, round robin by source die, like a 9th expert), or ``dp`` (every die computes it
   for its own tokens), or ``tp: T`` (groups of T dies split it);
 * ``dense_ffn`` (the first dense layers) and ``lm_head``: ``dp`` or ``tp: T``;
-* ``microbatches`` (1 or 2): two microbatches on two core shares (``core_split``) so that one
-  microbatch's MoE and communication overlap the other's attention;
+* ``microbatches`` (1 or 2) and ``overlap``: two microbatches so that one's communication hides
+  under the other's compute — ``core_split`` (decode, the CloudMatrix384 paper's streams): two core
+  shares (``core_split``), attention on one, MoE and communication on the other; ``dma`` (prefill:
+  all-to-all on the DMA engines): all cores compute attention of both microbatches, then their
+  experts, while the SDMA engines move one microbatch's tokens under the other's compute;
 * ``mtp`` / ``mtp_acceptance``: speculative tokens per step and their acceptance (0 = off);
 * ``step_overhead_us``: graph launch / scheduling time per step, with its source;
 * ``eplb``: ``none`` | ``greedy`` | ``perfect`` expert placement by load.
@@ -59,6 +62,7 @@ class Deployment(StrictModel):
     dense_ffn: Parallel = Field(default_factory=Parallel)
     lm_head: Parallel = Field(default_factory=Parallel)
     microbatches: Literal[1, 2] = 1
+    overlap: Literal["core_split", "dma"] = "core_split"
     core_split: dict[str, CoreShare] = Field(default_factory=dict)
     mtp: NonNegativeInt = 0
     mtp_acceptance: float = Field(default=0.7, ge=0.0, le=1.0)
@@ -68,8 +72,9 @@ class Deployment(StrictModel):
 
     @model_validator(mode="after")
     def _split(self):
-        if self.microbatches == 2 and set(self.core_split) != {"attention", "moe"}:
-            raise ValueError("microbatches: 2 needs core_split with 'attention' and 'moe' shares (cube, vector)")
+        if self.microbatches == 2 and self.overlap == "core_split" and set(self.core_split) != {"attention", "moe"}:
+            raise ValueError("microbatches: 2 needs core_split with 'attention' and 'moe' shares (cube, vector), "
+                             "or overlap: dma")
         return self
 
 

@@ -47,8 +47,8 @@ embedding table), ``mtp.enorm`` / ``mtp.hnorm``, ``mtp.eh_proj`` (``2*hidden -> 
 full decoder layer, ``mtp.norm`` and ``mtp.lm_head`` (shared with the main head).
 
 Precision: ``bf16`` everything; ``a8w8`` makes GEMM and expert operands int8 (weights and
-activations) while the KV cache, attention, embeddings, the router and all vector ops stay
-bf16. Ops whose weight is shared with another op (tied embeddings, MTP's embedding and
+activations) while the KV cache, attention, embeddings, the router, the LM head and all
+vector ops stay bf16. Ops whose weight is shared with another op (tied embeddings, MTP's embedding and
 head) carry ``attrs["shared_weight"]`` naming the owner, so totals can count it once.
 """
 
@@ -219,9 +219,12 @@ def _embedding(b: _Builder, ctx: _Ctx) -> str:
 
 
 def _lm_head(b: _Builder, ctx: _Ctx, name: str, layer: int, x: str, shared: str | None) -> str:
+    """The vocabulary projection, bf16 under every precision: W8A8 recipes keep it in floating
+    point (msModelSlim's quantisation descriptions mark ``lm_head.weight`` FLOAT, as vllm-ascend
+    reads them)."""
     m = ctx.batch if ctx.phase == "prefill" else ctx.tokens
     attrs = {"shared_weight": shared} if shared else {}
-    return b.gemm(name, layer, m, ctx.cfg.hidden_size, ctx.cfg.vocab_size, x, **attrs)
+    return b.gemm(name, layer, m, ctx.cfg.hidden_size, ctx.cfg.vocab_size, x, dtype="bf16", **attrs)
 
 
 def _decoder_layer(b: _Builder, ctx: _Ctx, layer: int, x: str, prefix: str) -> str:

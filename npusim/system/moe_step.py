@@ -14,8 +14,9 @@ What one step is made of (each piece simulated, none a constant):
   waits for all of that die's combine transfers;
 * two layers are simulated back to back and ``layer_us`` is the period between them (so two
   microbatches overlap one's MoE with the other's attention as they would in steady state);
-  the step adds the dense layers, the MoE layers, the MTP layer, the LM head and the per-step
-  overhead.
+  the step adds the dense layers, the MoE layers, the MTP module (its decoder layer, ``eh_proj``
+  and its own LM-head pass for the drafts), the LM head (bf16) and the per-step overhead
+  (``step_breakdown_ms``).
 
 Not modelled (the output says so): the 910C's L2 (expert GEMMs run from HBM at 30-40% of
 peak, see ``arch/ascend-910c-die.yaml``), quantisation kernels, and KV writes of the new tokens.
@@ -62,6 +63,7 @@ class StepResult:
     tokens_per_s_per_npu: float
     layer_us: float
     breakdown_us: dict
+    step_breakdown_ms: dict  # dense_layers, moe_layers (incl. the MTP module's layer), lm_head, mtp_module, step_overhead
     microbatches: int
     mtp: int
     mtp_acceptance: float
@@ -155,8 +157,9 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         raise ConfigError(f"--model {model}: a multi-NPU step needs a MoE model")
     dep = dep.model_copy(update={k: v for k, v in (("mtp", mtp), ("mtp_acceptance", mtp_acceptance),
                                                     ("microbatches", microbatches), ("eplb", eplb)) if v is not None})
-    if dep.microbatches == 2 and set(dep.core_split) != {"attention", "moe"}:
-        raise ConfigError("--microbatches 2 needs the mapping's core_split (attention and moe core shares)")
+    if dep.microbatches == 2 and dep.overlap == "core_split" and set(dep.core_split) != {"attention", "moe"}:
+        raise ConfigError("--microbatches 2 needs the mapping's core_split (attention and moe core shares) "
+                          "or overlap: dma")
     dpn = s.npu.dies
     if dep.npus > s.num_npus:
         raise ConfigError(f"mapping: npus {dep.npus} but {s.name} has {s.num_npus} NPUs (use a bigger --nodes or system)")
@@ -169,8 +172,9 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     mb = dep.microbatches
     if mb == 2 and (batch or 0) / dpn < 2 and dep.phase == "decode":
         mb = 1  # fewer than two sequences on a die: no second microbatch to overlap with
-    att_cores = dep.core_split["attention"].cube if mb == 2 else ncores
-    moe_cores = dep.core_split["moe"].cube if mb == 2 else ncores
+    split = mb == 2 and dep.overlap == "core_split"  # two core shares; else all cores, one stream
+    att_cores = dep.core_split["attention"].cube if split else ncores
+    moe_cores = dep.core_split["moe"].cube if split else ncores
     if dep.phase == "decode":
         if batch is None or batch <= 0:
             raise ConfigError("--batch: sequences per NPU, a positive number, is needed for a decode step")
@@ -196,7 +200,14 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     dense = cc.graph(_layer_subgraph(graph, 0), cores=ncores) if cfg.first_dense_layers else None
     tokens_mb = int(round(tokens_die / mb))
     lm_tokens = int(round(seqs_die * (1 + dep.mtp))) if dep.phase == "decode" else int(round(seqs_die))
-    lm_head = cc.gemm(max(1, lm_tokens), cfg.hidden_size, cfg.vocab_size, "int8", cores=ncores)
+    # the LM head in bf16 (W8A8 recipes keep it in floating point, as npusim.model.builder does)
+    lm_head = cc.gemm(max(1, lm_tokens), cfg.hidden_size, cfg.vocab_size, "bf16", cores=ncores)
+    mtp_module_us = 0.0  # the MTP module besides its decoder layer: eh_proj over the step's tokens, its own head pass
+    if dep.phase == "decode" and dep.mtp > 0:
+        eh_proj = cc.gemm(max(1, lm_tokens), 2 * cfg.hidden_size, cfg.hidden_size, "int8", cores=ncores)
+        draft_head = cc.gemm(max(1, int(round(seqs_die * dep.mtp))), cfg.hidden_size, cfg.vocab_size, "bf16",
+                             cores=ncores)
+        mtp_module_us = eh_proj.time_us + draft_head.time_us
 
     # memory check: KV of the die's sequences and the weights a die holds
     kv_gb = seqs_die * kv_tokens * kv_bytes_per_token(cfg) / 2**30
@@ -243,28 +254,39 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     ops = s.moe_operators
     disp_ps = int(round(ops.dispatch_overhead_us * PS_PER_US))
     comb_ps = int(round(ops.combine_overhead_us * PS_PER_US))
-    moe_unit = "moe" if mb == 2 else "compute"
+    moe_unit = "moe" if split else "compute"
+    via = "sdma" if mb == 2 and dep.overlap == "dma" else "aiv"
     done = [[-1] * dies for _ in range(mb)]
-    marks = []  # per layer: ([(dispatch ids, combine ids) per microbatch], layer end barrier)
+    marks = []  # per layer: ([(dispatch ids, combine ids, shared-expert TP ids) per microbatch], layer end barrier)
+
+    def attention_and_dispatch(m: int) -> dict:
+        att = [w.compute(int(ranks[d]), att_ps, [done[m][d]] if done[m][d] >= 0 else []) for d in range(dies)]
+        disp_start = [w.compute(int(ranks[d]), disp_ps, [att[d]], unit=moe_unit) for d in range(dies)]
+        gather_ids, gathered = matrix_transfers(w, ranks, group["gather_bytes"], via, att)
+        disp_ids, into = matrix_transfers(w, ranks, disp_bytes, via, disp_start)
+        return dict(disp_start=disp_start, gather_ids=gather_ids, gathered=gathered, disp_ids=disp_ids, into=into)
+
+    def experts_and_combine(m: int, a: dict) -> tuple:
+        # the shared expert runs while the dispatch is in flight (its tokens are the die's own, or
+        # under TP its group's, all-gathered after attention)
+        shared_ids = [w.compute(int(ranks[d]), int(shared_ps), a["gathered"][d] + [a["disp_start"][d]], unit=moe_unit)
+                      if shared_ps else a["disp_start"][d] for d in range(dies)]
+        exp_ids = [w.compute(int(ranks[e]), int(moe_ps[e]), a["into"][e] + [shared_ids[e]], unit=moe_unit)
+                   for e in range(dies)]
+        scatter_ids, scattered = matrix_transfers(w, ranks, group["scatter_bytes"], via, shared_ids)
+        comb_start = [w.compute(int(ranks[e]), comb_ps, [exp_ids[e]], unit=moe_unit) for e in range(dies)]
+        comb_ids, back = matrix_transfers(w, ranks, comb_bytes, via, comb_start)
+        for d in range(dies):
+            done[m][d] = w.barrier(back[d] + scattered[d] + [exp_ids[d]])
+        return a["disp_ids"], comb_ids, np.concatenate([a["gather_ids"], scatter_ids])
+
     for layer in range(SIM_LAYERS):
-        layer_marks = []
-        for m in range(mb):
-            att = [w.compute(int(ranks[d]), att_ps, [done[m][d]] if done[m][d] >= 0 else []) for d in range(dies)]
-            disp_start = [w.compute(int(ranks[d]), disp_ps, [att[d]], unit=moe_unit) for d in range(dies)]
-            # the shared expert runs while the dispatch is in flight (its tokens are the die's own,
-            # or under TP its group's, all-gathered after attention)
-            gather_ids, gathered = matrix_transfers(w, ranks, group["gather_bytes"], "aiv", att)
-            shared_ids = [w.compute(int(ranks[d]), int(shared_ps), gathered[d] + [disp_start[d]], unit=moe_unit)
-                          if shared_ps else disp_start[d] for d in range(dies)]
-            disp_ids, into = matrix_transfers(w, ranks, disp_bytes, "aiv", disp_start)
-            exp_ids = [w.compute(int(ranks[e]), int(moe_ps[e]), into[e] + [shared_ids[e]], unit=moe_unit)
-                       for e in range(dies)]
-            scatter_ids, scattered = matrix_transfers(w, ranks, group["scatter_bytes"], "aiv", shared_ids)
-            comb_start = [w.compute(int(ranks[e]), comb_ps, [exp_ids[e]], unit=moe_unit) for e in range(dies)]
-            comb_ids, back = matrix_transfers(w, ranks, comb_bytes, "aiv", comb_start)
-            for d in range(dies):
-                done[m][d] = w.barrier(back[d] + scattered[d] + [exp_ids[d]])
-            layer_marks.append((disp_ids, comb_ids, np.concatenate([gather_ids, scatter_ids])))
+        if split or mb == 1:  # each microbatch's MoE stream in order, beside the attention stream
+            layer_marks = [experts_and_combine(m, attention_and_dispatch(m)) for m in range(mb)]
+        else:  # one stream (overlap: dma): attention of both microbatches, then their experts, while
+            # the SDMA engines move one microbatch's tokens under the other's compute
+            started = [attention_and_dispatch(m) for m in range(mb)]
+            layer_marks = [experts_and_combine(m, a) for m, a in enumerate(started)]
         end = w.barrier([done[m][d] for m in range(mb) for d in range(dies)])
         marks.append((layer_marks, end))
     w.submit()
@@ -289,7 +311,9 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
                  "other": max(0.0, layer_us - parts), "overlap_hidden": max(0.0, parts - layer_us)}
     n_moe = cfg.num_layers - cfg.first_dense_layers + (1 if dep.mtp > 0 else 0)  # the MTP module is a MoE layer
     dense_us = (dense.time_us * mb if dense else 0.0) * cfg.first_dense_layers  # both microbatches, all cores
-    step_us = dense_us + n_moe * layer_us + lm_head.time_us + dep.step_overhead_us
+    step_parts_us = {"dense_layers": dense_us, "moe_layers": n_moe * layer_us, "lm_head": lm_head.time_us,
+                     "mtp_module": mtp_module_us, "step_overhead": dep.step_overhead_us}
+    step_us = sum(step_parts_us.values())
     tokens_step = 1 + dep.mtp * dep.mtp_acceptance if dep.phase == "decode" else 1.0
     per_npu_tokens = (batch * tokens_step) if dep.phase == "decode" else batch_tokens
     tokens_per_s = per_npu_tokens / (step_us / 1e6)
@@ -300,7 +324,8 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         tokens_per_step=tokens_step, step_ms=step_us / 1e3,
         tpot_ms=step_us / 1e3 / tokens_step if dep.phase == "decode" else step_us / 1e3,
         tokens_per_s_per_npu=tokens_per_s, layer_us=layer_us,
-        breakdown_us={k: round(v, 3) for k, v in breakdown.items()}, microbatches=mb, mtp=dep.mtp,
+        breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
+        step_breakdown_ms={k: round(v / 1e3, 4) for k, v in step_parts_us.items()}, microbatches=mb, mtp=dep.mtp,
         mtp_acceptance=dep.mtp_acceptance, eplb=dep.eplb, kv_gb_per_die=kv_gb, weights_gb_per_die=weights_gb,
         imbalance=float(received.max() / received.mean()) if received.mean() > 0 else 1.0,
         chip_cost=cc.stats.as_dict(),
@@ -344,10 +369,10 @@ def kv_bytes_per_token(cfg) -> int:
 
 
 def weights_per_die_gb(cfg, dep: Deployment) -> float:
-    """INT8 weights a die holds: attention of every layer (data parallel: a full copy), the dense
-    FFNs (``dp``: full; ``tp: T``: 1/T), its routed experts of every MoE layer, the shared expert
-    (``dp``: full; ``tp: T``: 1/T; ``dedicated``: on its own dies, not counted here), embedding and
-    LM head (``dp``: full)."""
+    """Weights a die holds (INT8; embedding and LM head bf16): attention of every layer (data
+    parallel: a full copy), the dense FFNs (``dp``: full; ``tp: T``: 1/T), its routed experts of
+    every MoE layer, the shared expert (``dp``: full; ``tp: T``: 1/T; ``dedicated``: on its own
+    dies, not counted here), the embedding (full) and the LM head (``dp``: full; ``tp: T``: 1/T)."""
     h = cfg.hidden_size
     graph = build_graph(cfg, "decode", batch=1, seq_len=1, kv_len=2, precision="a8w8",
                         layers=cfg.first_dense_layers + 1)
@@ -358,7 +383,7 @@ def weights_per_die_gb(cfg, dep: Deployment) -> float:
     moe_layers = cfg.num_layers - cfg.first_dense_layers
     shared = expert * cfg.num_shared_experts * moe_layers
     shared = {"dp": shared, "tp": shared / dep.shared_expert.degree}.get(dep.shared_expert.mode, 0)
-    emb = 2 * cfg.vocab_size * h / (dep.lm_head.degree if dep.lm_head.mode == "tp" else 1)
+    emb = 2 * cfg.vocab_size * h * (1 + 1 / (dep.lm_head.degree if dep.lm_head.mode == "tp" else 1))  # bf16
     total = att * cfg.num_layers + dense * cfg.first_dense_layers + expert * dep.routed_experts.per_die * moe_layers \
         + shared + emb
     return total / 2**30
