@@ -114,3 +114,18 @@ def test_shared_expert_is_costed_in_every_mode(cm1):
     r_dp = simulate_step(cm1, _dep(), batch=8, kv=1024)
     r_tp = simulate_step(cm1, _dep(shared_expert={"mode": "tp", "degree": 4}), batch=8, kv=1024)
     assert r_tp.breakdown_us["shared_expert_comm"] > 0 and r_dp.breakdown_us["shared_expert_comm"] == 0
+
+
+def test_attention_tp_splits_heads_and_moves_the_groups_activations(cm1):
+    """attention tp: T dies split the heads of the group's tokens: each die holds the group's KV
+    (MLA's latent KV is per token), less attention weight, and its inputs/outputs cross the fabric."""
+    dp = simulate_step(cm1, _dep(), batch=8, kv=1024)
+    tp = simulate_step(cm1, _dep(attention={"mode": "tp", "degree": 4}), batch=8, kv=1024)
+    assert tp.kv_gb_per_die == pytest.approx(4 * dp.kv_gb_per_die)
+    assert tp.weights_gb_per_die < dp.weights_gb_per_die
+    assert dp.breakdown_us["attention_comm"] == 0 and tp.breakdown_us["attention_comm"] > 0
+    with pytest.raises(ConfigError, match="attention tp 3"):
+        simulate_step(cm1, _dep(attention={"mode": "tp", "degree": 3}), batch=8, kv=1024)
+    with pytest.raises(ValueError, match="not dedicated"):
+        _dep(attention={"mode": "dedicated", "degree": 2})
+    assert _dep(attention="dp").attention.mode == "dp"  # the short form of the preset files

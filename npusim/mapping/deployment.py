@@ -5,9 +5,12 @@ How DeepSeek-V3/R1 (or another MoE model of the zoo) is laid over an instance of
 (``mappers/cm384-deepseek-decode.yaml`` ...):
 
 * ``npus``: NPUs of the instance (disjoint from other instances); every die of them is one
-  attention data-parallel rank and one expert-parallel rank;
-* ``attention``: ``dp`` (MLA data parallel over the dies) — ``tp`` inside a die is the chip
-  mapper's business;
+  expert-parallel rank;
+* ``attention``: ``dp`` (MLA data parallel over the dies: each die's own sequences) or
+  ``{mode: tp, degree: T}`` (groups of T consecutive dies split the heads: each die of a group
+  computes its heads for all of the group's tokens, all-gathers the group's inputs before and
+  reduce-scatters the output after — MLA's latent KV is per token, not per head, so every die
+  of the group holds the group's whole KV cache); TP inside a die is the chip mapper's business;
 * ``routed_experts``: ``per_die`` routed experts on each expert die, ``redundant`` extra copies
   placed by the load profile (``eplb``), on ``dies`` dies (default: all dies not holding shared
   experts);
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from npusim.config import StrictModel
 
@@ -56,7 +59,7 @@ class CoreShare(StrictModel):
 class Deployment(StrictModel):
     phase: Literal["decode", "prefill"]
     npus: PositiveInt
-    attention: Literal["dp"] = "dp"
+    attention: Parallel = Field(default_factory=Parallel)
     routed_experts: RoutedExperts = Field(default_factory=RoutedExperts)
     shared_expert: Parallel = Field(default_factory=Parallel)
     dense_ffn: Parallel = Field(default_factory=Parallel)
@@ -70,8 +73,15 @@ class Deployment(StrictModel):
     step_overhead_us: NonNegativeFloat = 0.0
     step_overhead_source: str = ""
 
+    @field_validator("attention", mode="before")
+    @classmethod
+    def _attention_mode(cls, v):
+        return {"mode": "dp"} if v == "dp" else v
+
     @model_validator(mode="after")
     def _split(self):
+        if self.attention.mode == "dedicated":
+            raise ValueError("attention: dp or {mode: tp, degree: T}, not dedicated")
         if self.microbatches == 2 and self.overlap == "core_split" and set(self.core_split) != {"attention", "moe"}:
             raise ValueError("microbatches: 2 needs core_split with 'attention' and 'moe' shares (cube, vector), "
                              "or overlap: dma")

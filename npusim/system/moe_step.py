@@ -82,12 +82,16 @@ def _pad(tokens: int) -> int:
     return int(math.ceil(tokens / PAD_ROWS) * PAD_ROWS) if tokens > 0 else 0
 
 
-def _layer_subgraph(graph: Graph, layer: int, upto: str | None = None) -> Graph:
-    """The ops of one decoder layer (up to and including the op whose name ends with ``upto``)."""
+def _layer_subgraph(graph: Graph, layer: int, upto: str | None = None, after: str | None = None) -> Graph:
+    """The ops of one decoder layer (up to and including the op whose name ends with ``upto``;
+    from the op after the one whose name ends with ``after``)."""
     ops = [op for op in graph.ops if op.layer == layer]
     if upto is not None:
         cut = next(i for i, op in enumerate(ops) if op.name.endswith(upto))
         ops = ops[: cut + 1]
+    if after is not None:
+        cut = next(i for i, op in enumerate(ops) if op.name.endswith(after))
+        ops = ops[cut + 1:]
     kept = {op.name for op in ops}
     ops = [replace(op, inputs=tuple(i for i in op.inputs if i in kept)) for op in ops]
     return Graph(graph.name, ops, graph.phase, graph.batch, graph.seq_len, graph.kv_len, graph.meta)
@@ -175,6 +179,8 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     split = mb == 2 and dep.overlap == "core_split"  # two core shares; else all cores, one stream
     att_cores = dep.core_split["attention"].cube if split else ncores
     moe_cores = dep.core_split["moe"].cube if split else ncores
+    att_t, att_cfg = _attention_tp(cfg, dep, dies)
+    layers = cfg.first_dense_layers + 1
     if dep.phase == "decode":
         if batch is None or batch <= 0:
             raise ConfigError("--batch: sequences per NPU, a positive number, is needed for a decode step")
@@ -182,22 +188,32 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         seqs_die = batch / dpn
         tokens_die = seqs_die * q_len
         seqs_mb = max(1, int(round(seqs_die / mb)))
-        graph = build_graph(cfg, "decode", batch=seqs_mb, seq_len=q_len, kv_len=kv, precision="a8w8",
-                            layers=cfg.first_dense_layers + 1)
+        graph = build_graph(cfg, "decode", batch=seqs_mb, seq_len=q_len, kv_len=kv, precision="a8w8", layers=layers)
+        att_graph = graph if att_t == 1 else build_graph(att_cfg, "decode", batch=seqs_mb * att_t, seq_len=q_len,
+                                                         kv_len=kv, precision="a8w8", layers=layers)
         kv_tokens = kv
     else:
         if batch_tokens is None or batch_tokens <= 0:
             raise ConfigError("--batch-tokens: prompt tokens per NPU, a positive number, is needed for a prefill step")
         tokens_die = batch_tokens / dpn
-        q_len = min(seq, int(tokens_die / mb)) or 1
-        seqs_mb = max(1, int(round(tokens_die / mb / q_len)))
+
+        def prefill_graph(model, tokens):
+            q = min(seq, int(tokens)) or 1
+            return build_graph(model, "prefill", batch=max(1, int(round(tokens / q))), seq_len=q, kv_len=q,
+                               precision="a8w8", layers=layers)
+        graph = prefill_graph(cfg, tokens_die / mb)
+        att_graph = graph if att_t == 1 else prefill_graph(att_cfg, tokens_die * att_t / mb)  # the group's prompts
         seqs_die = tokens_die / seq
-        graph = build_graph(cfg, "prefill", batch=seqs_mb, seq_len=q_len, kv_len=q_len, precision="a8w8",
-                            layers=cfg.first_dense_layers + 1)
         kv_tokens = seq
     moe_layer = cfg.first_dense_layers
-    attention = cc.graph(_layer_subgraph(graph, moe_layer, "moe.route"), cores=att_cores)
-    dense = cc.graph(_layer_subgraph(graph, 0), cores=ncores) if cfg.first_dense_layers else None
+    attention = cc.graph(_layer_subgraph(att_graph, moe_layer, "moe.route"), cores=att_cores)
+    if not cfg.first_dense_layers:
+        dense = None
+    elif att_t == 1:
+        dense = cc.graph(_layer_subgraph(graph, 0), cores=ncores)
+    else:  # the dense layer's attention as the group splits it, its FFN on the die's own tokens
+        dense = [cc.graph(_layer_subgraph(att_graph, 0, "mlp_norm"), cores=ncores),
+                 cc.graph(_layer_subgraph(graph, 0, after="mlp_norm"), cores=ncores)]
     tokens_mb = int(round(tokens_die / mb))
     lm_tokens = int(round(seqs_die * (1 + dep.mtp))) if dep.phase == "decode" else int(round(seqs_die))
     # the LM head in bf16 (W8A8 recipes keep it in floating point, as npusim.model.builder does)
@@ -210,7 +226,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         mtp_module_us = eh_proj.time_us + draft_head.time_us
 
     # memory check: KV of the die's sequences and the weights a die holds
-    kv_gb = seqs_die * kv_tokens * kv_bytes_per_token(cfg) / 2**30
+    kv_gb = seqs_die * att_t * kv_tokens * kv_bytes_per_token(cfg) / 2**30  # attention TP: the group's KV on each
     weights_gb = weights_per_die_gb(cfg, dep)
     hbm_gb = summarize(chip).hbm_gb
     if check_fit and kv_gb + weights_gb > hbm_gb:
@@ -241,6 +257,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     moe_ps = np.array([expert_time_ps(int(per_expert[d]), d) * (1 if d in shared else dep.routed_experts.per_die)
                        for d in range(dies)], np.int64)
     shared_ps, group = _shared_expert_cost(cfg, dep, cc, tokens_mb, moe_cores, dies)
+    att_bytes = _group_bytes(dies, att_t, tokens_mb * 2 * cfg.hidden_size)  # bf16 activations each way
 
     sim = SystemSim(loaded, fidelity)
     w = WorkBuilder(sim)
@@ -260,11 +277,16 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     marks = []  # per layer: ([(dispatch ids, combine ids, shared-expert TP ids) per microbatch], layer end barrier)
 
     def attention_and_dispatch(m: int) -> dict:
-        att = [w.compute(int(ranks[d]), att_ps, [done[m][d]] if done[m][d] >= 0 else []) for d in range(dies)]
-        disp_start = [w.compute(int(ranks[d]), disp_ps, [att[d]], unit=moe_unit) for d in range(dies)]
+        # attention TP: the group's inputs all-gathered before, the outputs reduce-scattered after
+        in_ids, inputs = matrix_transfers(w, ranks, att_bytes, via, done[m])
+        att = [w.compute(int(ranks[d]), att_ps, inputs[d] + ([done[m][d]] if done[m][d] >= 0 else []))
+               for d in range(dies)]
+        out_ids, outputs = matrix_transfers(w, ranks, att_bytes, via, att)
+        disp_start = [w.compute(int(ranks[d]), disp_ps, [att[d]] + outputs[d], unit=moe_unit) for d in range(dies)]
         gather_ids, gathered = matrix_transfers(w, ranks, group["gather_bytes"], via, att)
         disp_ids, into = matrix_transfers(w, ranks, disp_bytes, via, disp_start)
-        return dict(disp_start=disp_start, gather_ids=gather_ids, gathered=gathered, disp_ids=disp_ids, into=into)
+        return dict(disp_start=disp_start, gather_ids=gather_ids, gathered=gathered, disp_ids=disp_ids, into=into,
+                    att_comm=np.concatenate([in_ids, out_ids]))
 
     def experts_and_combine(m: int, a: dict) -> tuple:
         # the shared expert runs while the dispatch is in flight (its tokens are the die's own, or
@@ -278,7 +300,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         comb_ids, back = matrix_transfers(w, ranks, comb_bytes, via, comb_start)
         for d in range(dies):
             done[m][d] = w.barrier(back[d] + scattered[d] + [exp_ids[d]])
-        return a["disp_ids"], comb_ids, np.concatenate([a["gather_ids"], scatter_ids])
+        return a["disp_ids"], comb_ids, np.concatenate([a["gather_ids"], scatter_ids]), a["att_comm"]
 
     for layer in range(SIM_LAYERS):
         if split or mb == 1:  # each microbatch's MoE stream in order, beside the attention stream
@@ -303,14 +325,16 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     combine_us = sum(span_us(lm[1]) for lm in last) + mb * ops.combine_overhead_us
     moe_us = float((moe_ps + shared_ps).max() * mb / PS_PER_US)
     shared_comm_us = sum(span_us(lm[2]) for lm in last)
+    att_comm_us = sum(span_us(lm[3]) for lm in last)
     att_us = attention.time_us * mb
     layer_us = layer_ps / PS_PER_US
-    parts = att_us + moe_us + dispatch_us + combine_us + shared_comm_us
+    parts = att_us + moe_us + dispatch_us + combine_us + shared_comm_us + att_comm_us
     breakdown = {"attention": att_us, "moe_compute": moe_us, "dispatch": dispatch_us, "combine": combine_us,
-                 "shared_expert_comm": shared_comm_us,
+                 "shared_expert_comm": shared_comm_us, "attention_comm": att_comm_us,
                  "other": max(0.0, layer_us - parts), "overlap_hidden": max(0.0, parts - layer_us)}
     n_moe = cfg.num_layers - cfg.first_dense_layers + (1 if dep.mtp > 0 else 0)  # the MTP module is a MoE layer
-    dense_us = (dense.time_us * mb if dense else 0.0) * cfg.first_dense_layers  # both microbatches, all cores
+    dense_parts = dense if isinstance(dense, list) else [dense] if dense else []
+    dense_us = sum(d.time_us for d in dense_parts) * mb * cfg.first_dense_layers  # both microbatches, all cores
     step_parts_us = {"dense_layers": dense_us, "moe_layers": n_moe * layer_us, "lm_head": lm_head.time_us,
                      "mtp_module": mtp_module_us, "step_overhead": dep.step_overhead_us}
     step_us = sum(step_parts_us.values())
@@ -330,6 +354,23 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         imbalance=float(received.max() / received.mean()) if received.mean() > 0 else 1.0,
         chip_cost=cc.stats.as_dict(),
     )
+
+
+def _attention_tp(cfg, dep: Deployment, dies: int):
+    """The attention TP degree and the model as one die of a group sees it (its share of the heads)."""
+    if dep.attention.mode != "tp" or dep.attention.degree == 1:
+        return 1, cfg
+    t = dep.attention.degree
+    if dies % t or cfg.num_heads % t:
+        raise ConfigError(f"mapping: attention tp {t} must divide the instance's {dies} dies and the model's "
+                          f"{cfg.num_heads} heads")
+    return t, replace(cfg, num_heads=cfg.num_heads // t, num_kv_heads=max(1, cfg.num_kv_heads // t))
+
+
+def _group_bytes(dies: int, t: int, per_peer: int) -> np.ndarray:
+    """``bytes[i, j]``: ``per_peer`` between different dies of the same group of ``t`` consecutive dies."""
+    same = (np.arange(dies)[:, None] // t == np.arange(dies)[None, :] // t) & ~np.eye(dies, dtype=bool)
+    return np.where(same, per_peer, 0).astype(np.int64)
 
 
 def _shared_expert_cost(cfg, dep: Deployment, cc: ChipCost, tokens_mb: int, cores: int, dies: int):
@@ -354,9 +395,8 @@ def _shared_expert_cost(cfg, dep: Deployment, cc: ChipCost, tokens_mb: int, core
     m = _pad(tokens_mb * t)
     up = cc.gemm(m, cfg.hidden_size, 2 * width // t, "int8", cores=cores)
     down = cc.gemm(m, width // t, cfg.hidden_size, "int8", cores=cores)
-    in_group = (np.arange(dies)[:, None] // t == np.arange(dies)[None, :] // t) & ~np.eye(dies, dtype=bool)
-    gather = np.where(in_group, tokens_mb * dispatch_bytes_per_token(cfg.hidden_size, "int8"), 0).astype(np.int64)
-    scatter = np.where(in_group, tokens_mb * combine_bytes_per_token(cfg.hidden_size), 0).astype(np.int64)
+    gather = _group_bytes(dies, t, tokens_mb * dispatch_bytes_per_token(cfg.hidden_size, "int8"))
+    scatter = _group_bytes(dies, t, tokens_mb * combine_bytes_per_token(cfg.hidden_size))
     return int(round((up.time_us + down.time_us) * PS_PER_US)), {"gather_bytes": gather, "scatter_bytes": scatter}
 
 
@@ -369,12 +409,14 @@ def kv_bytes_per_token(cfg) -> int:
 
 
 def weights_per_die_gb(cfg, dep: Deployment) -> float:
-    """Weights a die holds (INT8; embedding and LM head bf16): attention of every layer (data
-    parallel: a full copy), the dense FFNs (``dp``: full; ``tp: T``: 1/T), its routed experts of
+    """Weights a die holds (INT8; embedding and LM head bf16): attention of every layer (``dp``: a
+    full copy; ``tp: T``: its heads' share, the low-rank down-projections whole), the dense FFNs (``dp``: full; ``tp: T``: 1/T), its routed experts of
     every MoE layer, the shared expert (``dp``: full; ``tp: T``: 1/T; ``dedicated``: on its own
     dies, not counted here), the embedding (full) and the LM head (``dp``: full; ``tp: T``: 1/T)."""
     h = cfg.hidden_size
-    graph = build_graph(cfg, "decode", batch=1, seq_len=1, kv_len=2, precision="a8w8",
+    att_t = dep.attention.degree if dep.attention.mode == "tp" else 1
+    att_cfg = replace(cfg, num_heads=max(1, cfg.num_heads // att_t), num_kv_heads=max(1, cfg.num_kv_heads // att_t))
+    graph = build_graph(att_cfg, "decode", batch=1, seq_len=1, kv_len=2, precision="a8w8",
                         layers=cfg.first_dense_layers + 1)
     att = sum(op.weight_bytes for op in graph.ops if op.layer == cfg.first_dense_layers and ".attn." in op.name)
     dense = sum(op.weight_bytes for op in graph.ops if op.layer == 0 and ".mlp." in op.name)
