@@ -292,3 +292,38 @@ def test_mla_decode_with_fewer_sequences_than_cores_splits_their_kv(batch):
     assert r.summary["hbm_bytes"] == pytest.approx(batch * (8192 - 1) * 576 * 2, rel=0.01)
     assert _gemm_flops(r.mapped.program) == pytest.approx(op.flops, rel=0.01)
     assert r.summary["cycles"] < one.summary["cycles"] / 4
+
+
+def _decode_gemm(op, tp=16, partition=None):
+    arch = load_arch("ascend-910b")
+    g = Graph("decode-gemm", [op], phase="decode", batch=48, seq_len=1, kv_len=4096)
+    spec = spec_from_flags(tp=tp, stages=1, partition=partition).model_copy(update={"data_parallel": 1})
+    return simulate_forward(g, arch, spec, memory_mode="analytical", noc_mode="analytical")
+
+
+def test_head_batched_gemm_splits_heads_and_reads_each_weight_once():
+    """MLA's absorbed uk (a weight per head): split by heads, each core loading only its heads'
+    weights — the weights are read from HBM once, no partial sums cross the mesh, and it is far
+    faster than treating the heads as rows of one GEMM split along K (tp_k: 8 of 128 K each)."""
+    op = Op("L0.attn.uk_absorb", "gemm", 0, "int8", m=48, k=128, n=512, batch=128, weight=True,
+            weight_batched=True)
+    r = _decode_gemm(op)
+    assert r.mapped.decisions[op.name] == "tp_heads"
+    assert _gemm_flops(r.mapped.program) == pytest.approx(op.flops, rel=0.01)
+    assert op.weight_bytes == 128 * 128 * 512
+    assert r.summary["hbm_bytes"] == pytest.approx(op.weight_bytes, rel=0.02)
+    as_rows = Op("L0.attn.uk_rows", "gemm", 0, "int8", m=48 * 128, k=128, n=512, weight=True)  # the old lowering's shape
+    assert r.summary["cycles"] < _decode_gemm(as_rows, partition="tp_k").summary["cycles"] / 2
+
+
+def test_decode_gemm_auto_picks_the_column_split():
+    """Few tokens, large weights: ``auto`` picks tp_n (each core its K x N/t shard for every
+    token), which reads every weight byte once and beats tp_k (idle array on K/16 slices) and
+    tp_mn (every core gathering all the weights)."""
+    op = Op("L0.attn.q_b_proj", "gemm", 0, "int8", m=48, k=1536, n=24576, weight=True)
+    auto = _decode_gemm(op)
+    assert auto.mapped.decisions[op.name] == "tp_n"
+    assert op.weight_bytes == 1536 * 24576
+    assert auto.summary["hbm_bytes"] == pytest.approx(op.weight_bytes, rel=0.02)
+    for other in ("tp_k", "tp_mn"):
+        assert auto.summary["cycles"] < _decode_gemm(op, partition=other).summary["cycles"]

@@ -61,7 +61,7 @@ upper bound).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -543,6 +543,7 @@ class Mapper:
             "tp_k": max(comp(m, math.ceil(k / t), n), (t - 1) / t * m * n * e / bw),  # reduce-scatter
             "tp_mn": max(comp(math.ceil(m / t), k, n), (t - 1) / t * k * n * e / bw),
         }
+        cost["tp_n"] = comp(m, k, math.ceil(n / t)) + (t - 1) / t * m * k * e / bw  # input gathered first
         if a > 1 and b > 1:
             cost["tp_mnk"] = (max(comp(math.ceil(m / b), math.ceil(k / a), n), (b - 1) / b * (k / a) * n * e / bw)
                               + 2 * (a - 1) / a * (m / b) * n * e / bw)
@@ -623,9 +624,54 @@ class Mapper:
             del buffers[:-2]
         return tasks
 
+    def _reshard(self, st: _GroupState, to: str, total_bytes: int, rows: int, heads: int, name: str) -> None:
+        """Between the head split (``feat``: core ``i`` holds heads share ``i`` of every row) and the
+        row split (``m``: core ``j`` holds rows share ``j`` of every head) of an activation of
+        ``total_bytes``: an all-to-all in which each core sends each other core the block the
+        other needs (what cores sharing L2 do by reading each other's output)."""
+        t = self.t
+        frm = st.layout
+        own = [_split(heads, t, i) / heads for i in range(t)] if frm == "feat" else [_split(rows, t, i) / rows
+                                                                                      for i in range(t)]
+        need = [_split(rows, t, j) / rows for j in range(t)] if to == "m" else [_split(heads, t, j) / heads
+                                                                                 for j in range(t)]
+        sizes = [[0 if i == j else int(total_bytes * own[i] * need[j]) for j in range(t)] for i in range(t)]
+        coll = alltoallv(self.prog, st.cores, sizes, ready=[[r] for r in st.ready], name=f"{name} reshard")
+        st.set(to, [coll.done[c] for c in st.cores])
+
+    def _head_batched_gemm(self, st: _GroupState, op: Op, name: str) -> None:
+        """A GEMM batched over heads with a weight per head (MLA's absorbed ``uk``/``uv``): the
+        heads are split over the cores, each core computing its heads for every token with only
+        its heads' weights (as an attention kernel splits heads); no partial sums to reduce. The
+        input is made head-split first (an all-to-all from a row split, nothing from ``rep`` or
+        ``feat``); the output is head-split (``feat``)."""
+        t, prog = self.t, self.prog
+        self.decisions[op.name] = "tp_heads"
+        if st.layout == "m":
+            self._reshard(st, "feat", int(op.m * op.batch * op.k * op.elem_bytes), op.m, op.batch, name)
+        elif st.layout == "mb":
+            self._to_rep(st, int(op.m * op.batch * op.k * op.elem_bytes), name + " gather")
+        self._weight_base(op)  # the whole op's weights get their address range
+        outs = []
+        for i, c in enumerate(st.cores):
+            heads = _split(op.batch, t, i)
+            if heads <= 0:
+                outs.append(st.ready[i])
+                continue
+            share = replace(op, batch=heads)
+            shard = int(op.weight_bytes * heads / op.batch) if op.weight else 0
+            outs.append(self._compute_with_weights(c, i, share, shard, op.m, op.k, op.n, [st.ready[i]], name)[-1])
+        st.set("feat", outs)
+
     def _gemm(self, st: _GroupState, op: Op, name: str) -> None:
+        if op.weight_batched and op.batch >= self.t > 1:
+            self._head_batched_gemm(st, op, name)
+            return
         part = self._partition(op, st.cores[0])
         self.decisions[op.name] = part
+        if part == "tp_n":
+            self._n_split_gemm(st, op, name)
+            return
         t = self.t
         a, b = {"tp_k": (t, 1), "tp_mn": (1, t), "tp_mnk": self.grid}.get(part, (0, 0))
         if a == 0:
@@ -708,6 +754,21 @@ class Mapper:
                     done[i * b + j] = coll.done[col[i]]
         st.ready = done
 
+    def _n_split_gemm(self, st: _GroupState, op: Op, name: str) -> None:
+        """``tp_n``: every core computes all ``M`` rows against its ``K x N/t`` weight shard (its
+        own, streamed or resident: no weight moves between cores); the input replicated first."""
+        if self.t > 1:
+            self._to_rep(st, int(op.m * op.batch * op.k * op.elem_bytes), name + " gather")
+        outs = []
+        for i, c in enumerate(st.cores):
+            n_i = _split(op.n, self.t, i)
+            if n_i <= 0:
+                outs.append(st.ready[i])
+                continue
+            shard = int(op.weight_bytes * n_i / op.n) if op.weight else 0
+            outs.append(self._compute_with_weights(c, i, op, shard, op.m, op.k, n_i, [st.ready[i]], name)[-1])
+        st.set("feat" if self.t > 1 else "rep", outs)
+
     def _k_split_gemm(self, st: _GroupState, op: Op, a: int, name: str) -> None:
         """``tp_k`` (or one core): core ``i`` computes ``M x K/a x N`` with its own weight shard
         (streamed in tiles or resident); with ``a > 1`` the partial sums are reduce-scattered N
@@ -752,8 +813,9 @@ class Mapper:
         keys = max(1, int(round(pairs_per_seq / max(1, op.q_len))))  # mean keys per query
         # MLA decode (the cached KV dominates): split the KV over the cores, whatever the batch
         mla_decode = op.variant == "mla" and t > 1 and op.kv_len > 4 * op.q_len
-        if st.layout == "mb" or (op.variant == "mla" and st.layout == "feat" and t > 1 and
-                                 (op.batch >= t or mla_decode)):
+        if st.layout == "feat" and mla_decode:  # head-split queries (the absorbed q): each core its sequences'
+            self._reshard(st, "m", op.activation_in_bytes, op.batch * op.q_len, op.heads, name)
+        elif st.layout == "mb" or (op.variant == "mla" and st.layout == "feat" and t > 1 and op.batch >= t):
             self._to_rep(st, op.activation_in_bytes, name + " gather")
         # MLA's one latent KV "head" is shared by all query heads: split by heads, every core would
         # read every sequence's whole cache; decode splits whole sequences instead

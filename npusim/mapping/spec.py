@@ -17,6 +17,11 @@ Partitions (per GEMM, following the NpuSim study's definitions):
   ``M/t`` token rows. Activations stay split by tokens.
 * ``tp_mnk``: a ``a x b`` grid: K split over ``a`` (all-reduce along it), M/N split over
   ``b`` (weight all-gather along it).
+* ``tp_n``: split N only (Megatron's column-parallel linear): each core holds a ``K x N/t``
+  weight shard and computes ``Y[M, N/t]`` for every token; the input is all-gathered first
+  unless replicated (``(t-1)/t * M * K`` per core). Output split by features. The cheap one
+  when M is small (decode), where ``tp_mn`` moves the weights and ``tp_k``'s K slices leave
+  the array idle.
 * ``auto``: per GEMM, the partition with the least estimated time (compute +
   communication at link bandwidth).
 
@@ -39,10 +44,10 @@ from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment, SystemServing
 from npusim.resources import data_dir
 
-PARTITIONS = ("tp_k", "tp_mn", "tp_mnk", "auto")
+PARTITIONS = ("tp_k", "tp_mn", "tp_mnk", "tp_n", "auto")
 LAYOUTS = ("linear_seq", "linear_interleave", "ring", "mesh2d")
 OP_CLASSES = ("qkv", "o_proj", "ffn_up", "ffn_down", "lm_head", "other")
-Partition = Literal["tp_k", "tp_mn", "tp_mnk", "auto"]
+Partition = Literal["tp_k", "tp_mn", "tp_mnk", "tp_n", "auto"]
 Placement = Literal["auto", "sram", "hbm"]
 WeightPlacement = Literal["auto", "sram", "hbm", "partial", "first_use"]
 
