@@ -77,6 +77,13 @@ class StepResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def metric(self, name: str) -> float:
+        """A field by name, or ``dispatch_us_per_call`` / ``combine_us_per_call``: one operator
+        call's span (a layer's breakdown over its microbatches)."""
+        if name in ("dispatch_us_per_call", "combine_us_per_call"):
+            return self.breakdown_us[name.split("_")[0]] / self.microbatches
+        return getattr(self, name)
+
 
 def _pad(tokens: int) -> int:
     return int(math.ceil(tokens / PAD_ROWS) * PAD_ROWS) if tokens > 0 else 0
