@@ -40,7 +40,10 @@ def test_small_decode_step_runs_and_adds_up(cm1):
     assert r.tokens_per_s_per_npu == pytest.approx(8 / (r.step_ms / 1e3))
     b = r.breakdown_us
     assert b["attention"] > 0 and b["moe_compute"] > 0 and b["dispatch"] > 0 and b["combine"] > 0
-    assert r.layer_us <= sum(b[k] for k in ("attention", "moe_compute", "dispatch", "combine", "other")) + 1e-6
+    assert b["other_kernels"] > 0  # the system's per-layer small kernels
+    parts = sum(v for k, v in b.items() if k not in ("other", "overlap_hidden"))
+    assert r.layer_us == pytest.approx(parts + b["other"] - b["overlap_hidden"], abs=1e-2)
+    assert r.layer_us <= parts + b["other"] + 1e-6
     mtp = simulate_step(cm1, _dep(), batch=8, kv=1024, mtp=1, mtp_acceptance=0.8)
     assert mtp.tokens_per_step == pytest.approx(1.8)
     assert mtp.step_ms > r.step_ms  # more tokens and the MTP layer

@@ -3,7 +3,8 @@
 Sources (npusim/validate/published.yaml, shared PUBLISHED.md B1-B3): the Huawei best-practice
 report (Atlas 800I A2 decode B1 and prefill B2) and the CloudMatrix384 paper (decode B3; prefill
 throughput, read from the abstract). One set of hardware parameters per chip and fabric (the presets),
-no per-deployment factor; nothing here was calibrated on these figures. The model is partial (see
+no per-deployment factor; rows marked "calib" are the figures a preset parameter was calibrated on
+(not counted as validation). The model is partial (see
 npusim/system/moe_step.py): each row's breakdown says where the layer's time goes.
 
     python validation/deepseek_deployments.py
@@ -35,11 +36,12 @@ def main() -> int:
         sim = r.metric(row["metric"])
         err = sim / row["published"] - 1
         ok = abs(err) <= TOLERANCE
-        misses += not ok
+        calib = row.get("role") == "calibration"
+        misses += not ok and not calib
         parts = ", ".join(f"{k} {v:.0f}" for k, v in r.breakdown_us.items() if v)
         steps = ", ".join(f"{k} {v:.1f}" for k, v in r.step_breakdown_ms.items() if v)
         print(f"{row['name']:36s} {row['metric']:22s} {row['published']:>10g} {sim:>10.1f} {err:>+7.1%}  "
-              f"{'ok' if ok else 'MISS':7s}  layer {r.layer_us:.0f}: {parts}; step (ms) {steps}")
+              f"{'calib' if calib else 'ok' if ok else 'MISS':7s}  layer {r.layer_us:.0f}: {parts}; step (ms) {steps}")
     print(f"\n{misses} of {len(rows)} rows outside ±{TOLERANCE:.0%}. {r.note}")
     return 1 if misses else 0
 

@@ -12,6 +12,8 @@ What one step is made of (each piece simulated, none a constant):
   AIV-direct writes, each operator call first paying the system's ``moe_operators`` overhead on
   the die's MoE stream; the slowest die sets the pace because the next layer's attention on a die
   waits for all of that die's combine transfers;
+* the layer's small kernels the chip model does not cost (``moe_operators.other_kernels_us``,
+  calibrated on a published kernel breakdown): half on each stream, per microbatch;
 * two layers are simulated back to back and ``layer_us`` is the period between them (so two
   microbatches overlap one's MoE with the other's attention as they would in steady state);
   the step adds the dense layers, the MoE layers, the MTP module (its decoder layer, ``eh_proj``
@@ -274,9 +276,10 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     comb_bytes = tokens.T * combine_bytes_per_token(cfg.hidden_size)
     np.fill_diagonal(disp_bytes, 0)
     np.fill_diagonal(comb_bytes, 0)
-    att_ps = int(round(attention.time_us * PS_PER_US))
     ops = s.moe_operators
-    disp_ps = int(round(ops.dispatch_overhead_us * PS_PER_US))
+    half_other_ps = int(round(ops.other_kernels_us / 2 * PS_PER_US))
+    att_ps = int(round(attention.time_us * PS_PER_US)) + half_other_ps
+    disp_ps = int(round(ops.dispatch_overhead_us * PS_PER_US)) + half_other_ps
     comb_ps = int(round(ops.combine_overhead_us * PS_PER_US))
     moe_unit = "moe" if split else "compute"
     via = "sdma" if mb == 2 and dep.overlap == "dma" else "aiv"
@@ -328,6 +331,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         return float((tt.end[ids].max() - tt.start[ids].min()) / PS_PER_US) if ids.shape[0] else 0.0
 
     last = marks[-1][0]
+    other_us = mb * ops.other_kernels_us
     dispatch_us = sum(span_us(lm[0]) for lm in last) + mb * ops.dispatch_overhead_us
     combine_us = sum(span_us(lm[1]) for lm in last) + mb * ops.combine_overhead_us
     moe_us = float((moe_ps + shared_ps).max() * mb / PS_PER_US)
@@ -335,13 +339,13 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     att_comm_us = sum(span_us(lm[3]) for lm in last)
     att_us = attention.time_us * mb
     layer_us = layer_ps / PS_PER_US
-    parts = att_us + moe_us + dispatch_us + combine_us + shared_comm_us + att_comm_us
+    parts = att_us + moe_us + dispatch_us + combine_us + shared_comm_us + att_comm_us + other_us
     breakdown = {"attention": att_us, "moe_compute": moe_us, "dispatch": dispatch_us, "combine": combine_us,
-                 "shared_expert_comm": shared_comm_us, "attention_comm": att_comm_us,
+                 "shared_expert_comm": shared_comm_us, "attention_comm": att_comm_us, "other_kernels": other_us,
                  "other": max(0.0, layer_us - parts), "overlap_hidden": max(0.0, parts - layer_us)}
     n_moe = cfg.num_layers - cfg.first_dense_layers + (1 if dep.mtp > 0 else 0)  # the MTP module is a MoE layer
     dense_parts = dense if isinstance(dense, list) else [dense] if dense else []
-    dense_us = sum(d.time_us for d in dense_parts) * mb * cfg.first_dense_layers  # both microbatches, all cores
+    dense_us = (sum(d.time_us for d in dense_parts) + ops.other_kernels_us) * mb * cfg.first_dense_layers
     step_parts_us = {"dense_layers": dense_us, "moe_layers": n_moe * layer_us, "lm_head": lm_head.time_us,
                      "mtp_module": mtp_module_us, "step_overhead": dep.step_overhead_us}
     step_us = sum(step_parts_us.values())

@@ -79,11 +79,19 @@ class Initiator(StrictModel):
 class MoeOperators(StrictModel):
     """Fixed time of the MoE dispatch and combine operators on a die besides moving their bytes:
     kernel launch, token counting and layout, quantisation, synchronisation between ranks. Charged
-    once per operator call per die, before its transfers."""
+    once per operator call per die, before its transfers.
+
+    ``other_kernels_us``: a decoder layer's small kernels that the chip model does not cost
+    (dynamic quantisation before each INT8 matmul, gating top-k, routing bookkeeping, KV-cache
+    scatter, launch gaps), per layer and microbatch on a die; a microbatch pays half on its
+    attention stream and half on its MoE stream (each kernel is a call of its own, whatever the
+    tokens)."""
 
     dispatch_overhead_us: NonNegativeFloat = 0.0
     combine_overhead_us: NonNegativeFloat = 0.0
     source: str = ""
+    other_kernels_us: NonNegativeFloat = 0.0
+    other_kernels_source: str = ""
 
 
 class Protocol(StrictModel):

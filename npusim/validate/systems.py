@@ -63,7 +63,8 @@ def moe_rows(quick: bool = False) -> list[Row]:
 
 def deepseek_rows(quick: bool = False) -> list[Row]:
     """DeepSeek-V3/R1 decode and prefill steps on Atlas 800I A2 and CloudMatrix384 (the presets'
-    parameters, no per-deployment factor; nothing calibrated on these figures)."""
+    parameters, no per-deployment factor; rows with ``role: calibration`` are the figures a preset
+    parameter was calibrated on)."""
     rows, systems = [], {}
     for r in published()["deepseek_deployments"]:
         loaded = systems.setdefault(r["system"], load_system(r["system"]))
@@ -79,5 +80,6 @@ def deepseek_rows(quick: bool = False) -> list[Row]:
         rows.append(Row(name=f"DeepSeek {r['name']} {metric}", source=f"{r['source']} [{r['confidence']}]",
                         published=float(r["published"]), simulated=float(res.metric(r["metric"])),
                         tolerance=DEEPSEEK_TOLERANCE, unit=unit,
+                        kind="calibration" if r.get("role") == "calibration" else "outside",
                         note=res.note.split(";")[0]))
     return rows
