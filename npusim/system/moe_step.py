@@ -21,7 +21,8 @@ What one step is made of (each piece simulated, none a constant):
   (``step_breakdown_ms``).
 
 Not modelled (the output says so): the 910C's L2 (expert GEMMs run from HBM at 30-40% of
-peak, see ``arch/ascend-910c-die.yaml``), quantisation kernels, and KV writes of the new tokens.
+peak, see ``arch/ascend-910c-die.yaml``) and KV writes of the new tokens; quantisation and the
+other small kernels are one calibrated time per layer, not simulated kernel by kernel.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from npusim.system.work import WorkBuilder
 
 PAD_ROWS = 16
 SIM_LAYERS = 2
-PARTIAL_NOTE = ("partial model: the die's L2, KV writes and quantisation kernels are not modelled; "
-                "see validation/deepseek_deployments.py for the gap")
+PARTIAL_NOTE = ("partial model: the die's L2 and KV writes are not modelled, a layer's small kernels (quantisation, "
+                "gating, launch gaps) are one calibrated time; see validation/deepseek_deployments.py")
 
 
 @dataclass
