@@ -147,30 +147,39 @@ def test_all_bank_refresh_blocks_the_whole_pseudo_channel_only():
     assert other_pc >= 0.8 * len(refs)
 
 
-def test_write_queue_drains_between_watermarks():
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_write_queue_drains_between_watermarks(partitioned):
     """Reads always waiting, one DMA engine writing: writes go in batches that start at the high
-    watermark and stop at the low one (the trace in commit order: the scheduler's decisions)."""
+    watermark and stop at the low one (the trace in commit order: the scheduler's decisions).
+    With partitioned queues each of the 2 pseudo-channels has half the write queue and half the
+    watermarks (3 and 1 of 4 entries) and its own drain mode."""
     arch = Arch.model_validate(merge_arch_data(BASE, {
         "cores": {"dma": {"max_outstanding": 8}},
-        "hbm": {"channels": 1, "write_queue_depth": 8, "write_high_watermark": 6, "write_low_watermark": 2}}))
+        "hbm": {"channels": 1, "write_queue_depth": 8, "write_high_watermark": 6, "write_low_watermark": 2,
+                "partitioned_queues": partitioned}}))
+    parts = 2 if partitioned else 1
+    high, low = 6 // parts, 2 // parts
     _, sim = _trace(arch, nbytes=64 * 1024, write_every=8)
-    log = sim.mem.cmdlog[: sim.mem.counters[C_CMDLOG_N]]  # commit order: the scheduler's decisions
-    log = log[np.isin(log[:, 1], (CMD_RD, CMD_WR, CMD_WMODE)) & (log[:, 7] == 0)]  # modes, transactions
-    modes = np.flatnonzero(log[:, 1] == CMD_WMODE)
-    last_read = np.flatnonzero(log[:, 1] == CMD_RD)[-1]
-    batches = [(a, b) for a, b in zip(modes[:-1], modes[1:]) if log[a, 5] == 1 and b < last_read]
-    assert len(batches) >= 50
-    at_high, sizes = 0, []
-    for a, b in batches:
-        assert log[b, 5] == 0 and log[b, 6] <= 2  # back to reads once down to the low watermark
-        inside = log[a + 1:b, 1]
-        assert (inside == CMD_WR).all()  # writes only while draining
-        assert len(inside) >= 1 or log[a, 6] < 6  # (a switch for want of reads may find them back at once)
-        sizes.append(len(inside))
-        at_high += int(log[a, 6] >= 6)
-    assert at_high >= 0.9 * len(batches)  # began at the high watermark (else: no read was waiting)
-    # a batch takes the queue from high to low (a write begun in the batch before may finish it)
-    assert np.mean(sizes) >= 6 - 2 - 1
+    full = sim.mem.cmdlog[: sim.mem.counters[C_CMDLOG_N]]  # commit order: the scheduler's decisions
+    full = full[np.isin(full[:, 1], (CMD_RD, CMD_WR, CMD_WMODE)) & (full[:, 7] == 0)]  # modes, transactions
+    assert set(np.unique(full[full[:, 1] == CMD_WMODE, 3])) == set(range(parts))  # a drain mode per partition
+    for part in range(parts):
+        log = full[full[:, 3] == part] if partitioned else full
+        modes = np.flatnonzero(log[:, 1] == CMD_WMODE)
+        last_read = np.flatnonzero(log[:, 1] == CMD_RD)[-1]
+        batches = [(a, b) for a, b in zip(modes[:-1], modes[1:]) if log[a, 5] == 1 and b < last_read]
+        assert len(batches) >= 50 // parts
+        at_high, sizes = 0, []
+        for a, b in batches:
+            assert log[b, 5] == 0 and log[b, 6] <= low  # back to reads once down to the low watermark
+            inside = log[a + 1:b, 1]
+            assert (inside == CMD_WR).all()  # writes only while draining
+            assert len(inside) >= 1 or log[a, 6] < high  # (a switch for want of reads may find them back at once)
+            sizes.append(len(inside))
+            at_high += int(log[a, 6] >= high)
+        assert at_high >= 0.9 * len(batches)  # began at the high watermark (else: no read was waiting)
+        # a batch takes the queue from high to low (a write begun in the batch before may finish it)
+        assert np.mean(sizes) >= high - low - 1
 
 
 def test_without_write_queue_reads_and_writes_share_one_queue():
