@@ -385,7 +385,8 @@ class Arch(StrictModel):
 
     name: str
     description: str = ""
-    clock_ghz: PosF(1e3)
+    # at least 1 MHz: slower clocks overflow the picosecond timebase of the memory model
+    clock_ghz: float = Field(ge=1e-3, le=1e3, allow_inf_nan=False)
     cores: Cores
     hbm: Hbm
     noc: Noc = Noc()
