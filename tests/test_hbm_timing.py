@@ -10,6 +10,7 @@ from npusim.arch.schema import Arch, merge_arch_data
 from npusim.config import ConfigError
 from npusim.hw.memory.hbm import (
     C_CMDLOG_N, CMD_ACT, CMD_PRE, CMD_RD, CMD_REF, CMD_REFSB, CMD_WMODE, CMD_WR, PATTERN_LINEAR, PATTERN_RANDOM,
+    PATTERN_STRIDED,
 )
 from npusim.sim import Simulator
 from npusim.sim.memory_probe import measure_memory
@@ -147,30 +148,39 @@ def test_all_bank_refresh_blocks_the_whole_pseudo_channel_only():
     assert other_pc >= 0.8 * len(refs)
 
 
-def test_write_queue_drains_between_watermarks():
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_write_queue_drains_between_watermarks(partitioned):
     """Reads always waiting, one DMA engine writing: writes go in batches that start at the high
-    watermark and stop at the low one (the trace in commit order: the scheduler's decisions)."""
+    watermark and stop at the low one (the trace in commit order: the scheduler's decisions).
+    With partitioned queues each of the 2 pseudo-channels has half the write queue and half the
+    watermarks (3 and 1 of 4 entries) and its own drain mode."""
     arch = Arch.model_validate(merge_arch_data(BASE, {
         "cores": {"dma": {"max_outstanding": 8}},
-        "hbm": {"channels": 1, "write_queue_depth": 8, "write_high_watermark": 6, "write_low_watermark": 2}}))
+        "hbm": {"channels": 1, "write_queue_depth": 8, "write_high_watermark": 6, "write_low_watermark": 2,
+                "partitioned_queues": partitioned}}))
+    parts = 2 if partitioned else 1
+    high, low = 6 // parts, 2 // parts
     _, sim = _trace(arch, nbytes=64 * 1024, write_every=8)
-    log = sim.mem.cmdlog[: sim.mem.counters[C_CMDLOG_N]]  # commit order: the scheduler's decisions
-    log = log[np.isin(log[:, 1], (CMD_RD, CMD_WR, CMD_WMODE)) & (log[:, 7] == 0)]  # modes, transactions
-    modes = np.flatnonzero(log[:, 1] == CMD_WMODE)
-    last_read = np.flatnonzero(log[:, 1] == CMD_RD)[-1]
-    batches = [(a, b) for a, b in zip(modes[:-1], modes[1:]) if log[a, 5] == 1 and b < last_read]
-    assert len(batches) >= 50
-    at_high, sizes = 0, []
-    for a, b in batches:
-        assert log[b, 5] == 0 and log[b, 6] <= 2  # back to reads once down to the low watermark
-        inside = log[a + 1:b, 1]
-        assert (inside == CMD_WR).all()  # writes only while draining
-        assert len(inside) >= 1 or log[a, 6] < 6  # (a switch for want of reads may find them back at once)
-        sizes.append(len(inside))
-        at_high += int(log[a, 6] >= 6)
-    assert at_high >= 0.9 * len(batches)  # began at the high watermark (else: no read was waiting)
-    # a batch takes the queue from high to low (a write begun in the batch before may finish it)
-    assert np.mean(sizes) >= 6 - 2 - 1
+    full = sim.mem.cmdlog[: sim.mem.counters[C_CMDLOG_N]]  # commit order: the scheduler's decisions
+    full = full[np.isin(full[:, 1], (CMD_RD, CMD_WR, CMD_WMODE)) & (full[:, 7] == 0)]  # modes, transactions
+    assert set(np.unique(full[full[:, 1] == CMD_WMODE, 3])) == set(range(parts))  # a drain mode per partition
+    for part in range(parts):
+        log = full[full[:, 3] == part] if partitioned else full
+        modes = np.flatnonzero(log[:, 1] == CMD_WMODE)
+        last_read = np.flatnonzero(log[:, 1] == CMD_RD)[-1]
+        batches = [(a, b) for a, b in zip(modes[:-1], modes[1:]) if log[a, 5] == 1 and b < last_read]
+        assert len(batches) >= 50 // parts
+        at_high, sizes = 0, []
+        for a, b in batches:
+            assert log[b, 5] == 0 and log[b, 6] <= low  # back to reads once down to the low watermark
+            inside = log[a + 1:b, 1]
+            assert (inside == CMD_WR).all()  # writes only while draining
+            assert len(inside) >= 1 or log[a, 6] < high  # (a switch for want of reads may find them back at once)
+            sizes.append(len(inside))
+            at_high += int(log[a, 6] >= high)
+        assert at_high >= 0.9 * len(batches)  # began at the high watermark (else: no read was waiting)
+        # a batch takes the queue from high to low (a write begun in the batch before may finish it)
+        assert np.mean(sizes) >= high - low - 1
 
 
 def test_without_write_queue_reads_and_writes_share_one_queue():
@@ -179,6 +189,40 @@ def test_without_write_queue_reads_and_writes_share_one_queue():
     is_w = (first[:, 1] == CMD_WR).astype(int)
     runs = np.diff(np.flatnonzero(np.diff(is_w)))
     assert len(runs) > 20 and np.median(runs) < 8  # interleaved, not batched
+
+
+def _other_pc_during_refresh(partitioned: bool) -> tuple[list, float]:
+    """One channel, two pseudo-channels, all-bank refresh every 1.5 us: six DMA engines stream into
+    PC 0 only, two into PC 1 only (strided over every other interleave chunk). Returns PC 1's
+    column commands in each tRFC window of a PC 0 refresh (while PC 1 still has work), and how
+    many its data bus could take in such a window."""
+    arch = Arch.model_validate(merge_arch_data(BASE, {"hbm": {"channels": 1, "partitioned_queues": partitioned,
+                                                               "timing": {"tREFI": 1500}}}))
+    sim = Simulator(arch, cmdlog_rows=1_000_000)
+    for i in range(arch.num_cores * arch.cores.dma.engines):
+        pc = int(i % 4 == 0)
+        sim.add_dma(i // 2, 32 * 1024, address=pc * 256 + (i // 2) * 64, dma_engine=i % 2,
+                    pattern=PATTERN_STRIDED, stride=512)
+    sim.run()
+    log = sim.mem.cmdlog[: sim.mem.counters[C_CMDLOG_N]]
+    assert sim.memory_checks() == {"exclusion_rule_violations": 0, "phase_order_violations": 0}
+    rd1 = np.sort(log[(log[:, 1] == CMD_RD) & (log[:, 3] == 1), 0])
+    refs0 = np.sort(log[(log[:, 1] == CMD_REF) & (log[:, 3] == 0), 0])
+    w = 260 * TCK_PS
+    refs0 = refs0[refs0 + w < rd1[-1]]
+    return [int(((rd1 >= t) & (rd1 < t + w)).sum()) for t in refs0], w / (2 * TCK_PS)
+
+
+def test_partitioned_queue_keeps_the_other_pseudo_channel_working_during_a_refresh():
+    """gem5 HBMCtrl's partitioned queues: PC 0's requests blocked by its all-bank refresh fill only
+    PC 0's half of the queue, so PC 1 keeps issuing at its bus rate (one burst per tCCD_S = 2 tCK)
+    through the refresh. With one shared queue they take every entry and PC 1 starves."""
+    during, full_rate = _other_pc_during_refresh(partitioned=True)
+    assert len(during) >= 2
+    assert min(during) >= 0.8 * full_rate, (during, full_rate)
+    during, full_rate = _other_pc_during_refresh(partitioned=False)
+    assert len(during) >= 2
+    assert max(during) <= 0.2 * full_rate, (during, full_rate)
 
 
 def test_pseudo_channels_have_their_own_banks_and_bus():
@@ -200,20 +244,32 @@ def _preset_arch(preset: str) -> Arch:
     return Arch.model_validate(data)
 
 
-@pytest.mark.parametrize("preset", ["hbm2-2000", "hbm2-2400", "hbm3-6400"])
-def test_random_lands_just_under_its_bound_and_stream_near_peak(preset):
-    """Issue 12: random within 10% under the ACT-rate / row-cycle bound, streaming 80-97% of peak.
-    (HBM2-2000's ACT interval, tRRD_S = tFAW/4 = 4 tCK, equals a transaction's two bursts on the
-    bus: the two limits tie.)"""
+PRESETS = ["hbm2-2000", "hbm2-2400", "hbm3-6400"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_random_under_its_bound_and_stream_near_peak(preset):
+    """Random reads never beat the ACT-rate / row-cycle bound (it is an upper bound); streaming
+    80-97% of peak and under the data-bus bound (issue 12). (HBM2-2000's ACT interval, tRRD_S =
+    tFAW/4 = 4 tCK, equals a transaction's two bursts on the bus: the two limits tie.)"""
     arch = _preset_arch(preset)
     rnd = measure_memory(arch, "random", 2 << 20)
     act = rnd.bound_terms_gbps["act_rate"]
     assert rnd.bound_gbps == pytest.approx(min(act, rnd.bound_terms_gbps["row_cycle"],
                                                rnd.bound_terms_gbps["data_bus"]))
     assert act <= rnd.bound_terms_gbps["row_cycle"]  # activation-limited
-    assert 0.90 * rnd.bound_gbps <= rnd.bandwidth_gbps <= rnd.bound_gbps, (preset, rnd.bandwidth_gbps, rnd.bound_gbps)
+    assert rnd.bandwidth_gbps <= rnd.bound_gbps, (preset, rnd.bandwidth_gbps, rnd.bound_gbps)
     st = measure_memory(arch, "stream", 2 << 20)
     assert 0.80 <= st.efficiency <= 0.97 and st.bandwidth_gbps <= st.bound_gbps, (preset, st.efficiency)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_random_lands_within_10_percent_of_its_bound(preset):
+    """Issue 12: random within 10% under the ACT-rate / row-cycle bound (a 2 MiB run; at 64 MiB,
+    validation/hbm_timing.py, the presets land 1-2.5 points short: during a pseudo-channel's
+    all-bank refresh the DMA engines stall in order on its requests and the other runs dry)."""
+    rnd = measure_memory(_preset_arch(preset), "random", 2 << 20)
+    assert rnd.bandwidth_gbps >= 0.90 * rnd.bound_gbps, (preset, rnd.bandwidth_gbps / rnd.bound_gbps)
 
 
 def test_presets_fill_organisation_and_timings_and_keys_override():
@@ -244,6 +300,9 @@ def test_missing_keys_keep_the_old_behaviour():
     ({"bank_groups": 3}, "multiple of hbm.bank_groups"),
     ({"write_queue_depth": 8, "write_high_watermark": 4, "write_low_watermark": 6}, "write_low_watermark"),
     ({"refresh": "per_bank", "timing": dict(BASE["hbm"]["timing"], tRFCsb=0)}, "tRFCsb"),
+    ({"request_queue_depth": 33, "partitioned_queues": True},
+     "request_queue_depth .33. must be a multiple of hbm.pseudo_channels"),
+    ({"write_queue_depth": 5, "partitioned_queues": True}, "write_queue_depth .5. must be a multiple"),
 ])
 def test_inconsistent_organisation_is_one_clear_error(bad, match):
     with pytest.raises(ValueError, match=match):

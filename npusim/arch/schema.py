@@ -245,6 +245,18 @@ class Hbm(StrictModel):
     waiting) down to ``write_low_watermark`` (missing: 3/4 and 1/4 of the depth); 0
     (missing) = reads and writes share one queue, scheduled alike.
 
+    ``partitioned_queues`` (default false): ``false`` is one queue shared by the channel's
+    pseudo-channels (Ramulator2's generic controller, whose HBM timings the presets use).
+    ``true``: the channel's ``request_queue_depth`` and ``write_queue_depth`` entries (and the
+    write watermarks) are split evenly between its pseudo-channels, each with its own
+    read/write drain mode, so requests waiting on one pseudo-channel (e.g. during its refresh)
+    cannot take the other's entries — gem5's HBM controller (``HBMCtrl.partitioned_q``;
+    DRAMSys's default ``Bankwise`` buffer partitions per bank). Measured
+    (``validation/hbm_timing.py``), splitting does not help random reads in npusim: the DMA
+    engines stall in order on the refreshing pseudo-channel's full share either way. Partitioned, the depths must divide by
+    ``pseudo_channels``; a watermark applies to a pseudo-channel's partition as
+    ``watermark / pseudo_channels`` (unrounded: occupancy x pseudo_channels is compared).
+
     ``preset`` names a DRAM organisation + timing set from
     :mod:`npusim.arch.hbm_presets` (HBM2/HBM3, shared PUBLISHED.md section C); keys given
     next to it override the preset's, timing key by timing key.
@@ -268,6 +280,7 @@ class Hbm(StrictModel):
     write_high_watermark: Pos(2**16) | None = None
     write_low_watermark: NonNeg(2**16) | None = None
     refresh: Literal["all_bank", "per_bank"] = "all_bank"
+    partitioned_queues: bool = False
     interleave_bytes: Pos(2**30) = 256
     frontend_latency_ns: float = Field(default=10.0, ge=0, le=1e6, description="controller + PHY fixed latency, each way")
     timing: DramTiming
@@ -301,6 +314,13 @@ class Hbm(StrictModel):
             if not (0 <= lo < hi <= self.write_queue_depth):
                 raise ValueError(f"hbm write queue: need 0 <= write_low_watermark ({lo}) < write_high_watermark "
                                  f"({hi}) <= write_queue_depth ({self.write_queue_depth})")
+        if self.partitioned_queues and self.pseudo_channels > 1:
+            for key in ("request_queue_depth", "write_queue_depth"):
+                v = getattr(self, key)
+                if v and v % self.pseudo_channels:
+                    raise ValueError(f"hbm.{key} ({v}) must be a multiple of hbm.pseudo_channels "
+                                     f"({self.pseudo_channels}) with partitioned_queues (split evenly between "
+                                     f"the pseudo-channels); or set hbm.partitioned_queues: false")
         if self.refresh == "per_bank" and (not self.timing.tRFCsb or not self.timing.tREFI):
             raise ValueError("hbm.refresh 'per_bank' needs timing.tRFCsb and timing.tREFI > 0")
         return self
@@ -367,7 +387,8 @@ class Arch(StrictModel):
 
     name: str
     description: str = ""
-    clock_ghz: PosF(1e3)
+    # at least 1 MHz: slower clocks overflow the picosecond timebase of the memory model
+    clock_ghz: float = Field(ge=1e-3, le=1e3, allow_inf_nan=False)
     cores: Cores
     hbm: Hbm
     noc: Noc = Noc()

@@ -12,8 +12,16 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
   accepted and **END_REQ** returns one tCK later, otherwise the initiator waits
   (back-pressure) until an entry of its kind frees. Reads and writes share the
   ``request_queue_depth`` queue, or — with ``write_queue_depth`` > 0 — writes have
-  their own write queue. The request becomes visible to the scheduler
-  ``frontend_latency_ns`` after BEGIN_REQ (controller/PHY path).
+  their own write queue. With ``partitioned_queues`` (default) the entries are split
+  evenly between the channel's pseudo-channels, each with its own read/write drain mode,
+  as gem5's HBM controller does (``src/mem/HBMCtrl.py`` ``partitioned_q = True``;
+  ``hbm_ctrl.cc``: a PC's read or write request is refused when that PC already holds
+  half of the read or write buffer; write thresholds are per PC, and gem5's bus state is
+  per interface, i.e. per PC): requests blocked on a refreshing PC cannot fill the
+  entries of the other, which keeps working. Unpartitioned, one queue serves both PCs
+  (Ramulator2's generic controller: one read and one write buffer per channel). The
+  request becomes visible to the scheduler ``frontend_latency_ns`` after BEGIN_REQ
+  (controller/PHY path).
 * **Organisation**: a channel = one controller (queue + scheduler) over
   ``pseudo_channels`` pseudo-channels (PC); each PC has its own data bus, ``banks``
   banks in ``bank_groups`` groups, activation window and refresh. Address map:
@@ -41,7 +49,8 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
   transaction starts there meanwhile). Refreshes that fell due while idle happened on
   time and cost nothing now. Write queue: reads are served while fewer than
   ``write_high_watermark`` writes wait (writes only when no read is waiting); from the
-  high watermark, writes are drained down to ``write_low_watermark``; writes are
+  high watermark, writes are drained down to ``write_low_watermark`` (per queue
+  partition, its share of the watermarks); writes are
   acknowledged when their data is in the DRAM, not when buffered.
 * Commands are planned ahead: the scheduler commits bursts while their PC's data bus is
   within ``tRP + tRCD + tCL`` of being free (several per decision if needed: decisions
@@ -53,7 +62,7 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
   frees the tag and may issue again.
 * **Command trace** (tests, debugging): with ``cmdlog`` rows, every command is
   recorded as ``(time_ps, command, channel, pseudo-channel, bank, row, write-queue
-  occupancy, burst)`` (``burst``: index of a RD/WR within its transaction), commands ``CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_REFSB``
+  occupancy of the command's queue partition, burst)`` (``burst``: index of a RD/WR within its transaction), commands ``CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_REFSB``
   (``bank`` -1 for an all-bank REF), in commit order (sort by time); ``CMD_WMODE`` records
   a write-queue mode switch (``row`` = 1 to writes, 0 to reads) with the occupancy then.
 
@@ -79,7 +88,7 @@ from npusim.engine.heap import heap_push
 from npusim.hw.memory.params import (
     LAT_BINS, MODE_ANALYTICAL, P_ACCEPT, P_BANK_GROUPS, P_BANKS, P_BURST_BYTES, P_BURST_PS, P_CAPACITY_BYTES,
     P_CHANNELS, P_DMA_ENGINES, P_FRONTEND, P_INTERLEAVE, P_ISSUE_GAP, P_LAT_BIN_PS, P_LOOKAHEAD, P_MAX_OUT, P_MODE,
-    P_PCS, P_PRIVATE_CHANNELS, P_QDEPTH, P_REFRESH_PER_BANK, P_ROW_BYTES, P_TCCD, P_TCCD_L, P_TCK, P_TCL, P_TFAW,
+    P_PCS, P_PRIVATE_CHANNELS, P_QDEPTH, P_QPARTS, P_REFRESH_PER_BANK, P_ROW_BYTES, P_TCCD, P_TCCD_L, P_TCK, P_TCL, P_TFAW,
     P_TRAS, P_TRC, P_TRCD, P_TRCDWR, P_TREFI, P_TRFC, P_TRFCSB, P_TRP, P_TRRD_L, P_TRRD_S, P_TRTP, P_TRTW,
     P_TWL, P_TWR, P_TWTR, P_TXN_BYTES, P_WQ_DEPTH, P_WQ_HIGH, P_WQ_LOW,
 )
@@ -105,9 +114,12 @@ HbmState = namedtuple(
     [
         "p",
         # channel (controller)
-        "ch_q", "ch_qn", "ch_nw", "ch_wmode", "ch_cmd_ps", "ch_wake", "ch_data_free",
+        "ch_q", "ch_qn", "ch_cmd_ps", "ch_wake", "ch_data_free",
         "ch_wait_head", "ch_wait_tail",
         "ch_bytes", "ch_busy_ps", "ch_nreq", "ch_lat_sum", "ch_lat_hist", "ch_rowstat",
+        # queue partition ("group": the channel, or with partitioned queues its pseudo-channel's
+        # unit): entries, writes among them, read/write drain mode
+        "g_qn", "g_nw", "g_wmode",
         # pseudo-channel ("unit" = channel * pseudo_channels + pc)
         "u_data_free", "u_last_write", "u_refresh_next", "u_ref_pending", "u_refsb_next", "u_refsb_bank",
         "u_last_act", "u_faw", "u_faw_i", "u_last_col", "u_bg_last_act", "u_bg_last_col",
@@ -150,11 +162,12 @@ def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0, cmdlo
     refsb0 = interval + stagger * interval // npc if refi > 0 and p[P_REFRESH_PER_BANK] else full(int(NEVER), u)
     return HbmState(
         p=p.copy(),
-        ch_q=full(-1, c, qcap), ch_qn=z(c), ch_nw=z(c), ch_wmode=z(c), ch_cmd_ps=z(c), ch_wake=full(int(NEVER), c),
+        ch_q=full(-1, c, qcap), ch_qn=z(c), ch_cmd_ps=z(c), ch_wake=full(int(NEVER), c),
         ch_data_free=z(c),
         ch_wait_head=full(-1, c), ch_wait_tail=full(-1, c),
         ch_bytes=z(c), ch_busy_ps=z(c), ch_nreq=z(c), ch_lat_sum=z(c), ch_lat_hist=z(c, LAT_BINS + 1),
         ch_rowstat=z(c, 3),
+        g_qn=z(u), g_nw=z(u), g_wmode=z(u),
         u_data_free=z(u), u_last_write=full(-1, u), u_refresh_next=refresh0, u_ref_pending=full(-1, u),
         u_refsb_next=refsb0, u_refsb_bank=z(u),
         u_last_act=full(int(LONG_AGO), u), u_faw=full(int(LONG_AGO), u, 4), u_faw_i=z(u),
@@ -354,15 +367,25 @@ def _is_write(st, slot):
     return st.sl_write[slot]
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _qgroup(st, slot):
+    """Queue partition of ``slot``: its pseudo-channel with partitioned queues, else its channel."""
+    if st.p[P_QPARTS] > 1:
+        return st.sl_unit[slot]
+    return st.sl_ch[slot]
+
+
 @njit(cache=True, _nrt=False)
-def _room(st, ch, is_write):
-    """Whether the channel's queue for this kind of request has a free entry."""
+def _room(st, g, is_write):
+    """Whether queue partition ``g`` has a free entry for this kind of request (each of the
+    P_QPARTS partitions of a channel holds 1/P_QPARTS of its entries)."""
     p = st.p
+    parts = p[P_QPARTS]
     if p[P_WQ_DEPTH] == 0:
-        return st.ch_qn[ch] < p[P_QDEPTH]
+        return st.g_qn[g] < p[P_QDEPTH] // parts
     if is_write:
-        return st.ch_nw[ch] < p[P_WQ_DEPTH]
-    return st.ch_qn[ch] - st.ch_nw[ch] < p[P_QDEPTH]
+        return st.g_nw[g] < p[P_WQ_DEPTH] // parts
+    return st.g_qn[g] - st.g_nw[g] < p[P_QDEPTH] // parts
 
 
 @njit(cache=True, _nrt=False)
@@ -405,7 +428,7 @@ def _issue(st, heap, hs, init, t_ps, period_ps):
     if st.in_last_end_req[init] > t_ps:
         st.counters[C_EXCLUSION_VIOLATIONS] += 1
     # BEGIN_REQ reaches the target now
-    if _room(st, ch, st.in_write[init]):
+    if _room(st, _qgroup(st, slot), st.in_write[init]):
         _accept(st, heap, hs, slot, t_ps, period_ps)
     else:
         st.sl_wait_next[slot] = -1
@@ -423,8 +446,10 @@ def _accept(st, heap, hs, slot, t_ps, period_ps):
     ch = st.sl_ch[slot]
     st.ch_q[ch, st.ch_qn[ch]] = slot
     st.ch_qn[ch] += 1
+    g = _qgroup(st, slot)
+    st.g_qn[g] += 1
     if _is_write(st, slot):
-        st.ch_nw[ch] += 1
+        st.g_nw[g] += 1
     end_req = t_ps + p[P_ACCEPT]
     st.sl_end_req[slot] = end_req
     st.sl_arrive[slot] = max(st.sl_begin_req[slot] + p[P_FRONTEND], t_ps)
@@ -439,7 +464,7 @@ def _admit_waiting(st, heap, hs, ch, t_ps, period_ps):
     w = st.ch_wait_head[ch]
     while w >= 0:
         nxt = st.sl_wait_next[w]
-        if _room(st, ch, _is_write(st, w)):
+        if _room(st, _qgroup(st, w), _is_write(st, w)):
             if prev >= 0:
                 st.sl_wait_next[prev] = nxt
             else:
@@ -471,7 +496,7 @@ def _log_cmd(st, t, cmd, ch, unit, bank, row, burst=0):
         st.cmdlog[n, 3] = unit % st.p[P_PCS]
         st.cmdlog[n, 4] = bank
         st.cmdlog[n, 5] = row
-        st.cmdlog[n, 6] = st.ch_nw[ch]
+        st.cmdlog[n, 6] = st.g_nw[unit if st.p[P_QPARTS] > 1 else ch]  # its queue partition's writes
         st.cmdlog[n, 7] = burst
         st.counters[C_CMDLOG_N] = n + 1
 
@@ -540,7 +565,6 @@ def _pick(st, ch, t_ps):
     request may issue now."""
     p = st.p
     wq = p[P_WQ_DEPTH] > 0
-    mode = st.ch_wmode[ch]
     best_c, best_c_col, best_c_seq = -1, NEVER, NEVER  # transactions in progress
     best_f, best_f_col, best_f_seq = -1, NEVER, NEVER  # new transactions
     oldest, oldest_seq = -1, NEVER
@@ -552,7 +576,7 @@ def _pick(st, ch, t_ps):
         if st.u_data_free[st.sl_unit[slot]] > horizon:
             continue  # its data bus is busy beyond the look-ahead horizon
         started = st.sl_started[slot]
-        if wq and not started and st.sl_write[slot] != mode:
+        if wq and not started and st.sl_write[slot] != st.g_wmode[_qgroup(st, slot)]:
             continue  # a write drain is not interrupted, even by a starving read (it is bounded)
         seq = st.sl_seq[slot]
         # a lower bound of its column time (bus, tCCD_S) skips the full computation when it
@@ -596,23 +620,29 @@ def _pick(st, ch, t_ps):
 
 @njit(cache=True, _nrt=False)
 def _update_write_mode(st, ch, t_ps):
-    """Write-queue drain policy: to writes at the high watermark (or when no read waits),
-    back to reads at the low watermark if a read waits (or when no write is left)."""
+    """Write-queue drain policy, per queue partition (the channel, or each pseudo-channel with
+    partitioned queues): to writes at the high watermark (or when no read waits), back to
+    reads at the low watermark if a read waits (or when no write is left). A partition's
+    watermarks are the channel's / P_QPARTS (compared as occupancy x P_QPARTS, unrounded)."""
     p = st.p
-    nw = st.ch_nw[ch]
-    reads_waiting = False
-    for i in range(st.ch_qn[ch]):
-        slot = st.ch_q[ch, i]
-        if st.sl_arrive[slot] <= t_ps and not _is_write(st, slot):
-            reads_waiting = True
-            break
-    if st.ch_wmode[ch] == 0:
-        if nw >= p[P_WQ_HIGH] or (nw > 0 and not reads_waiting):
-            st.ch_wmode[ch] = 1
-            _log_cmd(st, t_ps, CMD_WMODE, ch, ch * p[P_PCS], -1, 1)
-    elif nw == 0 or (nw <= p[P_WQ_LOW] and reads_waiting):
-        st.ch_wmode[ch] = 0
-        _log_cmd(st, t_ps, CMD_WMODE, ch, ch * p[P_PCS], -1, 0)
+    parts = p[P_QPARTS]
+    for k in range(parts):
+        g = ch * parts + k if parts > 1 else ch
+        unit = g if parts > 1 else ch * p[P_PCS]
+        nw = st.g_nw[g] * parts
+        reads_waiting = False
+        for i in range(st.ch_qn[ch]):
+            slot = st.ch_q[ch, i]
+            if st.sl_arrive[slot] <= t_ps and not _is_write(st, slot) and _qgroup(st, slot) == g:
+                reads_waiting = True
+                break
+        if st.g_wmode[g] == 0:
+            if nw >= p[P_WQ_HIGH] or (nw > 0 and not reads_waiting):
+                st.g_wmode[g] = 1
+                _log_cmd(st, t_ps, CMD_WMODE, ch, unit, -1, 1)
+        elif nw == 0 or (nw <= p[P_WQ_LOW] and reads_waiting):
+            st.g_wmode[g] = 0
+            _log_cmd(st, t_ps, CMD_WMODE, ch, unit, -1, 0)
 
 
 @njit(cache=True, _nrt=False)
@@ -741,8 +771,10 @@ def _serve(st, heap, hs, ch, idx, t_ps, period_ps):
         st.ch_q[ch, i] = st.ch_q[ch, i + 1]
     st.ch_qn[ch] -= 1
     st.ch_q[ch, st.ch_qn[ch]] = -1
+    g = _qgroup(st, slot)
+    st.g_qn[g] -= 1
     if w:
-        st.ch_nw[ch] -= 1
+        st.g_nw[g] -= 1
     st.bk_inflight[u, bank] -= 1
     resp = data_end + p[P_FRONTEND]
     heap_push(heap, hs, to_cycle(resp, period_ps), EV_MEM_RESP, slot)

@@ -22,8 +22,10 @@ from npusim.arch.schema import Arch
     # bank groups, activation limits, pseudo-channels, per-bank refresh, write queue
     P_PCS, P_BANK_GROUPS, P_TCCD_L, P_TRRD_S, P_TRRD_L, P_TFAW, P_TRC, P_TRCDWR, P_TRTP,
     P_REFRESH_PER_BANK, P_TRFCSB, P_WQ_DEPTH, P_WQ_HIGH, P_WQ_LOW,
-) = range(44)
-N_PARAMS = 44
+    # queue partitions per channel: pseudo_channels with partitioned queues, else 1
+    P_QPARTS,
+) = range(45)
+N_PARAMS = 45
 
 MODE_TLM, MODE_ANALYTICAL = 0, 1
 MODES = {"tlm": MODE_TLM, "analytical": MODE_ANALYTICAL}
@@ -65,6 +67,9 @@ def memory_params(arch: Arch, mode: str = "tlm", transaction_bytes: int | None =
     p[P_WQ_DEPTH] = hbm.write_queue_depth
     p[P_WQ_HIGH] = hbm.write_high_watermark if hbm.write_queue_depth else 0
     p[P_WQ_LOW] = hbm.write_low_watermark if hbm.write_queue_depth else 0
+    # partitioned queues: each pseudo-channel gets 1/pseudo_channels of the channel's entries
+    # (and of its watermarks), as gem5's HBMCtrl (see npusim.hw.memory.hbm)
+    p[P_QPARTS] = hbm.pseudo_channels if hbm.partitioned_queues else 1
     p[P_FRONTEND] = int(round(hbm.frontend_latency_ns * 1000.0))
     p[P_TCK] = int(round(tck_ps))
     p[P_ACCEPT] = p[P_TCK]
