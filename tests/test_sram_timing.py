@@ -203,3 +203,35 @@ def test_cli_gemm_json(capsys, tmp_path):
     assert detailed["sram_stall_cycles"] > 0
     assert detailed["cycles"] == cheap["cycles"] + detailed["sram_stall_cycles"]
     assert 0 < detailed["sram_port_utilization"] <= 1.0
+
+
+def _serve(arch, memory):
+    from npusim.mapping.spec import spec_from_flags
+    from npusim.serving.requests import synthetic_requests
+    from npusim.serving.scheduler import SchedulerConfig
+    from npusim.serving.simulate import ServingConfig, simulate_serving
+
+    spec = spec_from_flags(tp=4, stages=2, layout="ring").model_copy(update={"data_parallel": 1})
+    reqs = synthetic_requests(4, 200.0, input_len=(64, 128), output_len=(2, 4), seed=1)
+    cfg = ServingConfig(model="gpt2", layers=2, memory_mode=memory, noc_mode="analytical",
+                        scheduler=SchedulerConfig(policy="fusion", budget=256, chunk_tokens=64, max_batch=4))
+    return simulate_serving(arch, spec, reqs, cfg).summary
+
+
+def _forward(arch, memory):
+    from npusim.mapping.spec import spec_from_flags
+    from npusim.model.builder import build_graph
+    from npusim.scenarios.forward import simulate_forward
+
+    g = build_graph("gpt2", phase="prefill", batch=1, seq_len=256, layers=1)
+    spec = spec_from_flags(tp=4, stages=1).model_copy(update={"data_parallel": 1})
+    return simulate_forward(g, arch, spec, memory_mode=memory, noc_mode="analytical").summary
+
+
+@pytest.mark.parametrize("run", [_forward, _serve])
+def test_summaries_total_the_stalls(run):
+    narrow = run(with_port(8), "tlm")
+    assert narrow["sram_stall_cycles"] > 0
+    cheap = run(with_port(8), "analytical")
+    assert cheap["sram_stall_cycles"] == 0
+    assert run(ARCH, "tlm")["sram_stall_cycles"] < narrow["sram_stall_cycles"]

@@ -168,7 +168,7 @@ def run_chip(args) -> int:
         "hbm_bytes": r.hbm_bytes, "hbm_read_bytes": r.hbm_read_bytes, "hbm_write_bytes": r.hbm_write_bytes,
         "min_hbm_bytes": r.min_hbm_bytes, "l2_read_bytes": r.l2_read_bytes, "l2_bytes_per_cycle": args.l2,
         "hbm_bandwidth_gbps": r.hbm_bandwidth_gbps, "hbm_peak_bandwidth_gbps": r.hbm_peak_bandwidth_gbps,
-        "hbm_utilization": r.hbm_utilization, "mapping": r.mapping,
+        "hbm_utilization": r.hbm_utilization, "sram_stall_cycles": r.sram_stall_cycles, "mapping": r.mapping,
     }
     if args.json:
         print(json.dumps(out, indent=2))
