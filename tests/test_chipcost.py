@@ -241,6 +241,8 @@ SINGLE_CORE_KEYS = {
     "m", "k", "n", "batch", "dtype", "array", "k_per_pe", "dataflow", "cycles", "time_ns", "macs", "utilization",
     "tflops", "folds", "t_tile", "n_tile", "t_inj", "fill_drain", "formula", "sram_read_bytes",
     "sram_write_bytes", "sram_bound_cycles", "sram_bound",
+    "memory_fidelity", "stall_free_cycles", "sram_stall_cycles", "sram_port_width_bits", "sram_feeds_compute",
+    "sram_port_utilization",
 }
 
 
@@ -286,7 +288,7 @@ def test_cli_gemm_chip_text(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--cores", "4"], "need --chip"),
-    (["--memory", "tlm"], "need --chip"),
+    (["--no-cache"], "need --chip"),  # --memory applies to the single core too (its SRAM ports)
     (["--chip", "--array", "32x32"], "single-core model"),
     (["--chip", "--cores", "25"], "has 24 cores"),
     (["--chip", "--dtype", "fp8"], "supports"),

@@ -154,13 +154,28 @@ class VectorUnit(StrictModel):
 
 
 class Sram(StrictModel):
-    """Core-local SRAM (scratchpad): banked, each bank serves ``bytes_per_cycle_per_bank``."""
+    """Core-local SRAM (scratchpad): ``banks`` banks, each with one port that moves
+    ``bytes_per_cycle_per_bank`` bytes per cycle. The port width in bits is
+    ``8 * bytes_per_cycle_per_bank`` (NpuSim's ``sram_bitwidth``: the study's 64/128/256-bit
+    ports are 8/16/32 here). The cube, the vector unit and the DMA engines share these ports.
+
+    ``feeds_compute``: the cube and vector unit read their operands from this SRAM, so at the
+    detailed (TLM) memory fidelity its port bandwidth can stall them (:mod:`npusim.hw.memory.sram_timing`).
+    ``false`` says they read private operand buffers this file does not describe (Ascend's cube
+    reads L0A/L0B, its vector cores the UB; the "sram" of those arch files is L1): the SRAM then
+    never stalls compute, at any fidelity."""
 
     capacity_mb: PosF(2**14)
     banks: Pos(4096) = 16
     bytes_per_cycle_per_bank: Pos(2**16) = 64
     access_latency_cycles: NonNeg(10**6) = 2
     bank_interleave_bytes: Pos(2**30) = 64
+    feeds_compute: bool = True
+
+    @property
+    def port_width_bits(self) -> int:
+        """Width of one bank's port in bits (``8 * bytes_per_cycle_per_bank``)."""
+        return 8 * self.bytes_per_cycle_per_bank
 
 
 class Dma(StrictModel):

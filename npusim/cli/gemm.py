@@ -11,6 +11,7 @@ from npusim.cli.util import add_arch_arg, parse_grid
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
 from npusim.hw.memory.sram import sram_access_cost
+from npusim.hw.memory.sram_timing import gemm_sram_timing
 
 
 def add_parser(sub):
@@ -18,7 +19,10 @@ def add_parser(sub):
         "gemm",
         help="cycles and utilisation of one GEMM on one core's systolic array (or, with --chip, on the chip)",
         description="Time C[M x N] = A[M x K] . B[K x N] on one core with operands already in SRAM "
-        "(the systolic-array model alone); --array and --dataflow override the arch file. With --chip: "
+        "(the systolic-array model alone); --array and --dataflow override the arch file. --memory tlm "
+        "(the detailed fidelity) serves the array's operand, weight and output streams through the "
+        "SRAM's ports and reports the cycles it stalls (sram_stall_cycles); analytical (default) is the "
+        "stall-free closed form. With --chip: "
         "spread over all of the chip's cores (or --cores N of them) by the chip simulator, A and B read "
         "from HBM and C written back, as a vendor's operator benchmark reports it.",
     )
@@ -42,8 +46,9 @@ def add_parser(sub):
     chip.add_argument("--chip", action="store_true",
                       help="time the GEMM on all of the chip's cores with its HBM traffic (the chip simulator)")
     chip.add_argument("--cores", type=int, default=None, metavar="N", help="only the first N cores (a share)")
-    chip.add_argument("--memory", choices=["analytical", "tlm"], default="analytical",
-                      help="HBM fidelity (default analytical)")
+    p.add_argument("--memory", choices=["analytical", "tlm"], default="analytical",
+                   help="memory fidelity (default analytical): on one core, tlm puts the SRAM ports in the "
+                   "timing path; with --chip, the HBM (and SRAM) fidelity of the chip simulator")
     chip.add_argument("--out-dtype", dest="out_dtype", default=None,
                       help="dtype of C (default: bf16 for int8/int4/fp8 inputs, else --dtype)")
     chip.add_argument("--l2-bytes-per-cycle", dest="l2", type=float, default=None, metavar="B",
@@ -63,8 +68,6 @@ def run(args) -> int:
     if args.chip:
         return run_chip(args)
     given = [flag for attr, flag in CHIP_ONLY if getattr(args, attr) is not None]
-    if args.memory != "analytical":
-        given.append("--memory")
     if not args.cache:
         given.append("--no-cache")
     if given:
@@ -88,29 +91,46 @@ def run(args) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     sram = arch.cores.sram
+    double_buffer = sa.double_buffered_weights if args.double_buffer is None else args.double_buffer
+    timing = gemm_sram_timing(args.m, args.k, args.n, rows, cols, dataflow, k_per_pe, sa.t_inj,
+                              sram if args.memory == "tlm" else None, args.dtype, args.batch, double_buffer,
+                              out_dtype=args.dtype)
     traffic = cost.sram_read_bytes + cost.sram_write_bytes
     sram_cycles = sram_access_cost(sram, count=max(1, -(-traffic // 64)), access_bytes=64).cycles if traffic else 0
-    tflops = 2 * cost.macs / (cost.cycles / arch.clock_ghz) / 1e3 if cost.cycles else 0.0  # macs include batch
+    cycles = timing.cycles
+    tflops = 2 * cost.macs / (cycles / arch.clock_ghz) / 1e3 if cycles else 0.0  # macs include batch
+    utilization = cost.macs / (cycles * rows * cols * k_per_pe)
     out = {
         "m": args.m, "k": args.k, "n": args.n, "batch": cost.batch, "dtype": args.dtype,
         "array": f"{rows}x{cols}", "k_per_pe": k_per_pe, "dataflow": dataflow,
-        "cycles": cost.cycles, "time_ns": cost.cycles / arch.clock_ghz, "macs": cost.macs,
-        "utilization": cost.utilization, "tflops": tflops, "folds": cost.folds,
+        "memory_fidelity": args.memory,
+        "cycles": cycles, "time_ns": cycles / arch.clock_ghz, "macs": cost.macs,
+        "utilization": utilization, "tflops": tflops, "folds": cost.folds,
         "t_tile": cost.t_tile, "n_tile": cost.n_tile, "t_inj": cost.t_inj, "fill_drain": cost.fill_drain,
         "formula": cost.formula,
         "sram_read_bytes": cost.sram_read_bytes, "sram_write_bytes": cost.sram_write_bytes,
         "sram_bound_cycles": sram_cycles, "sram_bound": sram_cycles > cost.cycles,
+        "stall_free_cycles": cost.cycles, "sram_stall_cycles": timing.stall_cycles,
+        "sram_port_width_bits": sram.port_width_bits, "sram_feeds_compute": sram.feeds_compute,
+        "sram_port_utilization": timing.port_utilization,
     }
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     print(f"GEMM {args.m}x{args.k}x{args.n} ({args.dtype}, batch {cost.batch}) on a {rows}x{cols} "
           f"{dataflow.upper()} array, {k_per_pe} MAC/PE/cycle")
-    print(f"  cycles        {cost.cycles:,} ({out['time_ns']:,.1f} ns at {arch.clock_ghz} GHz)")
-    print(f"  utilisation   {100 * cost.utilization:.1f}%  ({tflops:,.2f} TFLOPS on one core)")
+    print(f"  cycles        {cycles:,} ({out['time_ns']:,.1f} ns at {arch.clock_ghz} GHz)")
+    print(f"  utilisation   {100 * utilization:.1f}%  ({tflops:,.2f} TFLOPS on one core)")
     print(f"  tiling        {cost.folds} folds: {cost.formula}")
     print(f"  SRAM traffic  {cost.sram_read_bytes:,} B read, {cost.sram_write_bytes:,} B written "
           f"(>= {sram_cycles:,} cycles at the SRAM's bandwidth{'; SRAM-bound' if out['sram_bound'] else ''})")
+    if args.memory == "tlm" and sram.feeds_compute:
+        print(f"  SRAM stalls   {timing.stall_cycles:,} cycles ({sram.banks} banks x {sram.port_width_bits}-bit ports, "
+              f"{100 * timing.port_utilization:.1f}% busy; stall-free {cost.cycles:,})")
+    elif args.memory == "tlm":
+        print(f"  SRAM stalls   none: {arch.name}'s SRAM does not feed the array (sram.feeds_compute: false)")
+    else:
+        print("  SRAM stalls   not modelled at the analytical fidelity (--memory tlm times the SRAM ports)")
     return 0
 
 
@@ -148,7 +168,7 @@ def run_chip(args) -> int:
         "hbm_bytes": r.hbm_bytes, "hbm_read_bytes": r.hbm_read_bytes, "hbm_write_bytes": r.hbm_write_bytes,
         "min_hbm_bytes": r.min_hbm_bytes, "l2_read_bytes": r.l2_read_bytes, "l2_bytes_per_cycle": args.l2,
         "hbm_bandwidth_gbps": r.hbm_bandwidth_gbps, "hbm_peak_bandwidth_gbps": r.hbm_peak_bandwidth_gbps,
-        "hbm_utilization": r.hbm_utilization, "mapping": r.mapping,
+        "hbm_utilization": r.hbm_utilization, "sram_stall_cycles": r.sram_stall_cycles, "mapping": r.mapping,
     }
     if args.json:
         print(json.dumps(out, indent=2))

@@ -211,6 +211,11 @@ def print_summary(s: dict, arch) -> None:
           f"({mp['weight_mb_per_core']:.1f} MB per core); KV cache in {'HBM' if mp['kv_cache_in_hbm'] else 'SRAM'}")
     print(f"  latency        {s['latency_ms']:.3f} ms ({s['cycles']:,} cycles), {s['tokens_per_s']:,.0f} tokens/s")
     print(f"  compute        {s['tflops_achieved']:.1f} TFLOPS achieved")
+    if s.get("memory_fidelity") == "tlm":
+        print(f"  SRAM stalls    {s['sram_stall_cycles']:,} compute cycles waited on SRAM ports, summed over tasks "
+              f"({s['sram_dma_stall_cycles']:,} of them behind DMA traffic)")
+    else:
+        print("  SRAM stalls    not modelled at the analytical memory fidelity (operands always arrive)")
     bd, frac = s["breakdown_ms"], s["breakdown_fraction"]
     print("  time went to   " + ", ".join(f"{k} {bd[k]:.3f} ms ({100 * frac[k]:.0f}%)" for k in bd))
     util = ", ".join(f"{u} {100 * v:.0f}%" for u, v in s["core_utilization"].items())

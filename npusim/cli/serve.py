@@ -245,6 +245,8 @@ def _print(s: dict) -> None:
     print(f"  completed      {s['requests_completed']} completed, {s['requests_rejected']} rejected, "
           f"{s['iterations']} iterations over {s['simulated_s']:.3f} s simulated")
     print(f"  throughput     {s['throughput_tokens_per_s']:,.1f} output tokens/s, {s['requests_per_s']:.2f} requests/s")
+    if s.get("memory_fidelity") == "tlm" and "sram_stall_cycles" in s:
+        print(f"  SRAM stalls    {s['sram_stall_cycles']:,} compute cycles waited on SRAM ports, summed over tasks")
     for key, label in (("ttft_ms", "TTFT ms"), ("tbt_ms", "TBT ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "E2E ms"),
                        ("queueing_ms", "queueing ms")):
         print(f"  {label:<14} {latency_line(s.get(key))}")

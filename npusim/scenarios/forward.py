@@ -74,6 +74,9 @@ def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
         "hbm_bytes": hbm_bytes,
         "hbm_bytes_over_noc": sim.hbm_bytes_over_noc,
         "hbm_bandwidth_gbps": hbm_bytes / seconds / 1e9 if seconds else 0.0,
+        # compute cycles lost to the SRAM ports (summed over tasks; 0 at the analytical memory fidelity)
+        "sram_stall_cycles": sim.sram_stall_cycles,
+        "sram_dma_stall_cycles": sim.sram_dma_stall_cycles,
         "noc_link_utilization_max": float(link_util.max()) if n_links else 0.0,
         "noc_link_utilization_mean": float(link_util.mean()) if n_links else 0.0,
         # the mesh links into and out of the routers the HBM channels attach to

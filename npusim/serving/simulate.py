@@ -360,6 +360,7 @@ class ServingSimulator:
                                    "stages": i.spec.pipeline.stages} for i in self.instances},
             "kv_transfer_bytes": transfers["bytes"], "kv_transfers": transfers["count"],
             "hbm_bytes": int(sim.mem.ch_bytes.sum()), "hbm_bytes_over_noc": sim.hbm_bytes_over_noc,
+            "sram_stall_cycles": sim.sram_stall_cycles,
             "tasks": self.tasks_total + sim.engine.num_tasks, "events": sim.events,
         })
         if cfg.debug:

@@ -10,7 +10,9 @@ NoC's message slots need to grow, or when nothing is left to do.
 Task kinds and their parameters (``param[:, i]``):
 
 * ``KIND_FIXED`` (0): duration ``param[0]`` cycles (compute tasks: the duration comes
-  from the compute model when the task is built).
+  from the compute model when the task is built; at the TLM memory fidelity a compute task
+  with SRAM demand ``param[2]`` may be stretched at its start by DMA traffic competing for the
+  core's SRAM ports, :mod:`npusim.sim.sramport`).
 * ``KIND_DMA`` (1): an HBM transfer timed by :mod:`npusim.hw.memory.hbm`:
   ``bytes, address, is_write, initiator, pattern, stride``. At the path and flit NoC
   fidelities its transaction streams also cross the mesh between the core and the channels'
@@ -35,6 +37,7 @@ from npusim.hw.memory.hbm import EV_MEM_END_REQ, EV_MEM_ISSUE, hbm_handle, hbm_s
 from npusim.hw.noc.flit_engine import EV_FLIT_TICK, flit_slots_free, flit_start, flit_tick
 from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, path_handle, path_start, slots_free
 from npusim.sim.mempath import MP_NEED_SLOTS, MP_ON, mem_part_done, mem_start
+from npusim.sim.sramport import P_SRAM_BITS, P_SRAM_STALL, sram_task_cycles
 
 KIND_DMA = 1
 KIND_NOC = 2
@@ -49,10 +52,14 @@ BASE_HEADROOM = 8
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _start(tt, heap, hs, mem, noc, fnoc, mp, task, now, period_ps):
+def _start(tt, heap, hs, mem, noc, fnoc, mp, sp, task, now, period_ps):
     mark_started(tt, task, now)
     kind = tt.kind[task]
-    if kind == KIND_FIXED or kind == KIND_NOTIFY:
+    if kind == KIND_FIXED:
+        dur = sram_task_cycles(sp, mem.in_task, mem.in_left, tt.queue[task], tt.param[task, 0],
+                               tt.param[task, P_SRAM_BITS], tt.param[task, P_SRAM_STALL])
+        heap_push(heap, hs, now + dur, EV_TASK_END, task)
+    elif kind == KIND_NOTIFY:
         heap_push(heap, hs, now + tt.param[task, 0], EV_TASK_END, task)
     elif kind == KIND_DMA:
         prm = tt.param[task]
@@ -75,7 +82,7 @@ def _start(tt, heap, hs, mem, noc, fnoc, mp, task, now, period_ps):
 
 
 @njit(cache=True, _nrt=False)
-def run_loop(tt, heap, hs, mem, noc, fnoc, mp, period_ps, until, watch, max_events, headroom):
+def run_loop(tt, heap, hs, mem, noc, fnoc, mp, sp, period_ps, until, watch, max_events, headroom):
     """Advance the simulation; returns a ``STATUS_*`` code (see module docstring).
     ``headroom``: free heap rows needed before any handler runs (see ``BASE_HEADROOM``)."""
     events = 0
@@ -92,7 +99,7 @@ def run_loop(tt, heap, hs, mem, noc, fnoc, mp, period_ps, until, watch, max_even
             task = pop_ready(tt)
             if task < 0:
                 break
-            _start(tt, heap, hs, mem, noc, fnoc, mp, task, tt.sc[SC_NOW], period_ps)
+            _start(tt, heap, hs, mem, noc, fnoc, mp, sp, task, tt.sc[SC_NOW], period_ps)
         if hs[HS_SIZE] == 0:
             return STATUS_IDLE
         if heap[0, 0] > until:

@@ -28,10 +28,13 @@ import numpy as np
 from npusim.arch.schema import DTYPE_BYTES, Arch
 from npusim.engine.tasks import KIND_FIXED, NPARAM
 from npusim.errors import ConfigError
-from npusim.hw.compute.systolic import gemm_cycles_array
+from npusim.hw.compute.systolic import dataflow_code, gemm_cycles_array
 from npusim.hw.compute.vector import OP_CLASSES, vector_cost
+from npusim.hw.memory.sram_timing import (UNLIMITED, elem_bits, gemm_sram_array, out_bits, sram_supply_bits,
+                                          vector_sram_timing)
 from npusim.files import write_with
 from npusim.sim.kernel import KIND_DMA, KIND_NOC
+from npusim.sim.sramport import P_SRAM_BITS, P_SRAM_STALL
 
 COST_FIXED, COST_GEMM, COST_VECTOR = 0, 1, 2
 DTYPES = tuple(DTYPE_BYTES)
@@ -127,13 +130,25 @@ class Program:
 
     # -- timing and submission ------------------------------------------------------------
     def durations(self, arch: Arch) -> np.ndarray:
-        """Cycles of every compute task on ``arch`` (0 for tasks timed by other models)."""
+        """Cycles of every compute task on ``arch`` (0 for tasks timed by other models), the
+        stall-free closed forms: the analytical memory fidelity."""
+        return self.timings(arch, sram=False)[0]
+
+    def timings(self, arch: Arch, sram: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(cycles, sram_bits, stall_cycles)`` of every task (0 for tasks timed by other models).
+        ``sram=False``: the stall-free closed forms (analytical memory fidelity; bits and stalls
+        0). ``sram=True`` (TLM fidelity): GEMMs and vector ops on cores whose SRAM feeds compute
+        are timed with their operands served by the SRAM's ports
+        (:mod:`npusim.hw.memory.sram_timing`): ``cycles`` include ``stall_cycles``, and
+        ``sram_bits`` is the demand the kernel weighs against DMA traffic (:mod:`npusim.sim.sramport`)."""
         ck = np.asarray(self.cost_kind, dtype=np.int64)
         args = np.asarray(self.cost_args, dtype=np.int64).reshape(len(self), 6)
         out = np.asarray([p[0] for p in self.param], dtype=np.int64)
+        bits = np.zeros(len(self), dtype=np.int64)
+        stall = np.zeros(len(self), dtype=np.int64)
         gemm = np.flatnonzero(ck == COST_GEMM)
         cores = np.asarray(self.core, dtype=np.int64)
-        for sa, members in _array_groups(arch):  # core classes may have their own arrays
+        for sa, sram_cfg, members in _core_groups(arch):  # core classes may have their own arrays / SRAM
             in_group = gemm[np.isin(cores[gemm], members)]
             for d in np.unique(args[in_group, 4]):
                 dtype = DTYPES[int(d)]
@@ -141,20 +156,45 @@ class Program:
                     raise ConfigError(f"the program uses {dtype} GEMMs; {arch.name}'s array supports "
                                       f"{sorted(sa.macs_per_pe_per_cycle)}")
                 sel = in_group[args[in_group, 4] == d]
-                out[sel] = gemm_cycles_array(args[sel, 0], args[sel, 1], args[sel, 2], sa.rows, sa.cols,
-                                             sa.dataflow, sa.macs_per_pe_per_cycle[dtype],
-                                             sa.t_inj, batch=args[sel, 3],
-                                             double_buffer=sa.double_buffered_weights)
+                kpe = sa.macs_per_pe_per_cycle[dtype]
+                base = gemm_cycles_array(args[sel, 0], args[sel, 1], args[sel, 2], sa.rows, sa.cols,
+                                         sa.dataflow, kpe, sa.t_inj, batch=args[sel, 3],
+                                         double_buffer=sa.double_buffered_weights)
+                out[sel] = base
+                if sram and sram_cfg.feeds_compute:
+                    shapes, inv = np.unique(args[sel, :4], axis=0, return_inverse=True)
+                    eb = elem_bits(dtype)
+                    cyc, b = gemm_sram_array(shapes[:, 0], shapes[:, 1], shapes[:, 2], shapes[:, 3], sa.rows,
+                                             sa.cols, dataflow_code(sa.dataflow), kpe, sa.t_inj,
+                                             sa.double_buffered_weights, eb, out_bits(dtype),
+                                             sram_supply_bits(sram_cfg, max(1, sa.rows * kpe * eb // 8)))
+                    inv = inv.ravel()
+                    out[sel] = cyc[inv]
+                    bits[sel] = b[inv]
+                    stall[sel] = cyc[inv] - base
         vu = arch.cores.vector_unit
-        cache: dict[tuple, int] = {}
+        cache: dict[tuple, tuple[int, int, int]] = {}
+        supply = {}
         for i in np.flatnonzero(ck == COST_VECTOR).tolist():
-            key = tuple(args[i, :4].tolist())
+            sram_cfg = arch.sram_for(self.core[i]) if sram else None
+            sup = UNLIMITED
+            if sram_cfg is not None and sram_cfg.feeds_compute:
+                if id(sram_cfg) not in supply:
+                    supply[id(sram_cfg)] = sram_supply_bits(sram_cfg)
+                sup = supply[id(sram_cfg)]
+            key = (*args[i, :5].tolist(), sup)
             if key not in cache:
-                op_class, elements, fn_id, row_len = key
-                cache[key] = vector_cost(OP_CLASSES[op_class], elements, vu.lanes, vu.ops_per_cycle_per_lane,
-                                         fn=self.vector_fns[fn_id] or None, row_len=row_len or None).cycles
-            out[i] = cache[key]
-        return out
+                op_class, elements, fn_id, row_len, d, _ = key
+                fn = self.vector_fns[fn_id] or None
+                if sup >= UNLIMITED:
+                    cache[key] = (vector_cost(OP_CLASSES[op_class], elements, vu.lanes, vu.ops_per_cycle_per_lane,
+                                              fn=fn, row_len=row_len or None).cycles, 0, 0)
+                else:
+                    t = vector_sram_timing(OP_CLASSES[op_class], elements, vu.lanes, vu.ops_per_cycle_per_lane,
+                                           sup, elem_bits_=elem_bits(DTYPES[d]), fn=fn, row_len=row_len or None)
+                    cache[key] = (t.cycles, int(t.sram_bytes * 8), t.stall_cycles)
+            out[i], bits[i], stall[i] = cache[key]
+        return out, bits, stall
 
     def submit(self, sim) -> np.ndarray:
         """Time the compute tasks on ``sim.arch`` and submit everything; returns task ids."""
@@ -169,9 +209,11 @@ class Program:
                               f"{sim.arch.num_cores}")
         n = len(self)
         param = np.asarray(self.param, dtype=np.int64).reshape(n, NPARAM).copy()
-        dur = self.durations(sim.arch)
+        dur, bits, stall = self.timings(sim.arch, sram=getattr(sim, "sram_timing", False))
         fixed = np.asarray(self.kind, dtype=np.int64) == KIND_FIXED
         param[fixed, 0] = dur[fixed]
+        param[fixed, P_SRAM_BITS] = bits[fixed]
+        param[fixed, P_SRAM_STALL] = stall[fixed]
         queue = np.empty(n, dtype=np.int64)
         units = {u: i for i, u in enumerate(sim.units)}
         for i, (c, u) in enumerate(zip(self.core, self.unit)):
@@ -224,12 +266,14 @@ class Program:
         return write_with(path, writer)
 
 
-def _array_groups(arch: Arch) -> list:
-    """(systolic array, core ids) for the default cores and each core class with its own array."""
-    special = {c for cls in arch.core_classes.values() if cls.systolic_array for c in cls.cores}
-    groups = [(arch.cores.systolic_array, np.array(sorted(set(range(arch.num_cores)) - special), np.int64))]
-    groups += [(cls.systolic_array, np.array(cls.cores, np.int64)) for cls in arch.core_classes.values()
-               if cls.systolic_array]
+def _core_groups(arch: Arch) -> list:
+    """(systolic array, SRAM, core ids) for the default cores and each core class with its own
+    array or SRAM."""
+    special = {c for cls in arch.core_classes.values() if cls.systolic_array or cls.sram for c in cls.cores}
+    groups = [(arch.cores.systolic_array, arch.cores.sram,
+               np.array(sorted(set(range(arch.num_cores)) - special), np.int64))]
+    groups += [(arch.systolic_for(cls.cores[0]), arch.sram_for(cls.cores[0]), np.array(cls.cores, np.int64))
+               for cls in arch.core_classes.values() if (cls.systolic_array or cls.sram) and cls.cores]
     return groups
 
 

@@ -35,6 +35,7 @@ from npusim.hw.noc.path import grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh, to_arrays
 from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, new_mempath
+from npusim.sim.sramport import C_ARRAY, C_DMA, new_sram_ports
 from npusim.sim.kernel import (
     BASE_HEADROOM,
     KIND_DMA,
@@ -126,6 +127,18 @@ class Simulator:
                                    arch.num_cores * self.dma_engines)
         # a DMA start pushes one event per stream it starts (two per attach router)
         self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
+        # the SRAM ports in the timing path: at the TLM memory fidelity only (sramport.py)
+        dma = arch.cores.dma
+        rate = 8 * int(dma.bytes_per_cycle if dma.bytes_per_cycle is not None else dma.transaction_bytes)
+        srams = [arch.sram_for(c) for c in range(arch.num_cores)]
+        self.sram_ports = new_sram_ports(memory_mode == "tlm", self.queues_per_core, self.dma_engines,
+                                         [8 * s.banks * s.bytes_per_cycle_per_bank for s in srams],
+                                         [max(1, rate)] * arch.num_cores)
+
+    @property
+    def sram_timing(self) -> bool:
+        """Whether the SRAM ports can stall compute: the detailed (TLM) memory fidelity."""
+        return self.memory_mode == "tlm"
 
     # -- addressing -----------------------------------------------------------------
     def queue(self, core: int, unit: str) -> int:
@@ -205,7 +218,8 @@ class Simulator:
         if watch >= 0 and eng.is_done(watch):
             return RunOutcome("task_done", self.now)
         while True:
-            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.flit, self.mempath, self.period_ps,
+            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.flit, self.mempath, self.sram_ports,
+                              self.period_ps,
                               limit, watch,
                               chunk_events if progress else FOREVER, self._headroom)
             if status == STATUS_GROW:
@@ -262,6 +276,19 @@ class Simulator:
     def hbm_bytes_over_noc(self) -> int:
         """Bytes of HBM traffic (DMA data) that crossed the mesh (0 when memory skips the NoC)."""
         return int(self.mempath.counters[C_BYTES])
+
+    @property
+    def sram_stall_cycles(self) -> int:
+        """Cycles compute tasks started so far were stalled by the SRAM ports: their own operand
+        streams (``param[3]``, decided when the program was timed) plus DMA traffic competing for
+        the ports (decided at their start). 0 at the analytical memory fidelity."""
+        c = self.sram_ports.counters
+        return int(c[C_ARRAY] + c[C_DMA])
+
+    @property
+    def sram_dma_stall_cycles(self) -> int:
+        """The part of :attr:`sram_stall_cycles` caused by DMA traffic sharing the ports."""
+        return int(self.sram_ports.counters[C_DMA])
 
     def busy_cycles(self, include_running: bool = False) -> np.ndarray:
         """Busy cycles per queue, shape (cores, queues_per_core) (see ``Engine.busy_cycles``)."""

@@ -200,6 +200,7 @@ class ChipCostResult:
     tasks: int
     mapping: str  # what the kernel / mapper did, for people
     plan: tuple = ()  # GEMM: (pb, pm, pn, pk, tile_m, tile_n, k_chunk, reuse); else ()
+    sram_stall_cycles: int = 0  # compute cycles lost to the SRAM ports, summed over tasks (TLM memory only)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -835,7 +836,8 @@ class ChipCost:
             hbm_bytes=hbm, hbm_read_bytes=int(sizes[~writes].sum()), hbm_write_bytes=int(sizes[writes].sum()),
             min_hbm_bytes=int(min_bytes), l2_read_bytes=int(l2_bytes), hbm_bandwidth_gbps=bw,
             hbm_peak_bandwidth_gbps=peak_bw,
-            hbm_utilization=bw / peak_bw if peak_bw else 0.0, tasks=len(prog), mapping=mapping, plan=plan)
+            hbm_utilization=bw / peak_bw if peak_bw else 0.0, tasks=len(prog), mapping=mapping, plan=plan,
+            sram_stall_cycles=sim.sram_stall_cycles)
 
     def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label) -> ChipCostResult:
         planner = _Planner(self.arch, share, dtype, out_dtype, self._summary.hbm_bandwidth_gbps * frac, self.l2)
