@@ -18,9 +18,9 @@ pool), as a discrete-event simulation over requests:
   sequences among those with a sequence slot and KV room for its whole prompt + output) and its
   prompt's KV (``input_len`` x :func:`~npusim.system.moe_step.kv_bytes_per_token` bytes) is
   written from its prefill die to that die over ``kv_transfer.fabric``; a request with no room
-  waits (its KV stays on the prefill die) until a decode sequence finishes. The transfers (and pool
-  writes) of one prefill batch are timed together by one fabric run (:class:`SystemSim`, flow
-  model): they contend with each other, not with other batches' transfers (not modelled).
+  waits (its KV stays on the prefill die) until a decode sequence finishes. All transfers of the
+  run (KV, pool reads and writes) share one fabric simulation (:class:`SystemSim`, flow model)
+  started as the serving clock reaches them, so they contend with everything in flight.
 * **decode instance**: continuous batching; each step runs every sequence that has arrived, at
   most ``max_batch_per_npu`` per NPU; its time is the decode table's at (the busiest die's
   sequences x dies per NPU, the mean KV length); a sequence makes ``1 + accepted`` tokens a step
@@ -49,14 +49,15 @@ from npusim.system.chipcost import ChipCost
 from npusim.system.kv_pool import KVPool
 from npusim.system.load import LoadedSystem
 from npusim.system.moe_step import kv_bytes_per_token, weights_per_die_gb
+from npusim.engine.tasks import DONE, KIND_FIXED
 from npusim.system.simulator import PS_PER_US, SystemSim
 from npusim.system.step_table import StepTable
 
 NOTE = ("partial model: step times interpolated between simulated step shapes (see step_table), every die of "
-        "a step at the busiest die's batch; KV transfers of one prefill batch contend with each other only; "
-        "prefill-side KV capacity, pool reads overlapping compute and decode preemption are not modelled")
+        "a step at the busiest die's batch; prefill-side KV capacity, pool reads overlapping compute and "
+        "decode preemption are not modelled")
 
-ARRIVAL, PREFILL_DONE, KV_ARRIVED, STEP_DONE = range(4)
+ARRIVAL, PREFILL_DONE, KV_ARRIVED, STEP_DONE, POOL_LOADED = range(5)
 
 
 @dataclass
@@ -79,25 +80,53 @@ class SystemServingResult:
     steps: list[dict] = field(default_factory=list)
 
 
-class _Fabric:
-    """Times a batch of transfers on a fresh fabric state (one flow-model run); returns seconds."""
+class _LiveFabric:
+    """One fabric simulation for the whole serving run (flow model): every transfer group starts
+    at its serving time and contends with all transfers in flight then (KV transfers of every
+    prefill batch, pool reads and writes). The serving loop advances it to its next event's time
+    and gets back the groups that finished by then; it never runs ahead of the serving clock, so
+    a transfer started later can still slow one already in flight."""
+
+    PS_PER_S = PS_PER_US * 1e6
 
     def __init__(self, loaded: LoadedSystem, fidelity: str):
-        self.loaded, self.fidelity = loaded, fidelity
+        self.sim = SystemSim(loaded, fidelity)
+        self.pending: list[tuple[np.ndarray, float, int, object]] = []  # (task ids, start s, event kind, payload)
 
-    def run(self, batches: list[tuple[list[int], list[int], list[int], str, str, str]]) -> list[np.ndarray]:
-        """``batches`` of ``(initiators, targets, nbytes, op, fabric, via)``; durations (s) per transfer."""
-        sim = SystemSim(self.loaded, self.fidelity)
-        ids = []
-        for inits, tgts, sizes, op, fabric, via in batches:
+    def start(self, t_s: float, batches, kinds_payloads) -> None:
+        """Start transfer ``batches`` (``(initiators, targets, nbytes, op, fabric, via)``) at ``t_s``;
+        ``kinds_payloads[b]`` is ``(event kind, payload)`` for the whole batch ``b`` (its event
+        comes when its last transfer ends), a list of them (one per transfer) or None (no event)."""
+        sim = self.sim
+        delay = max(0, int(round(t_s * self.PS_PER_S)) - sim.now_ps)
+        gate = sim.submit(np.array([KIND_FIXED]), np.array([-1]), np.array([[delay, 0, 0, 0]], np.int64),
+                          np.zeros(2, np.int64), np.zeros(0, np.int64))
+        for (inits, tgts, sizes, op, fabric, via), what in zip(batches, kinds_payloads):
             if not inits:
-                ids.append(np.zeros(0, np.int64))
                 continue
             kinds, queues, params = sim.transfers(inits, tgts, np.asarray(sizes, np.int64), op, via, fabric)
             n = kinds.shape[0]
-            ids.append(sim.submit(kinds, queues, params, np.zeros(n + 1, np.int64), np.zeros(0, np.int64)))
-        sim.run()
-        return [sim.task_times_ps(i)[1] / (PS_PER_US * 1e6) if i.shape[0] else np.zeros(0) for i in ids]
+            ids = sim.submit(kinds, queues, params, np.arange(n + 1, dtype=np.int64), np.repeat(gate, n))
+            if isinstance(what, list):
+                self.pending += [(ids[i: i + 1], t_s, k, pl) for i, (k, pl) in enumerate(what)]
+            elif what is not None:
+                self.pending.append((ids, t_s, what[0], what[1]))
+
+    def advance(self, t_s: float | None) -> list[tuple[float, int, object, np.ndarray]]:
+        """Run to ``t_s`` (None: until idle); ``(end s, kind, payload, durations s)`` of the groups done."""
+        if not self.pending:
+            return []
+        self.sim.run(None if t_s is None else int(round(t_s * self.PS_PER_S)))
+        tt = self.sim.engine.tt
+        done, still = [], []
+        for ids, t0, kind, payload in self.pending:
+            if np.all(tt.state[ids] == DONE):
+                ends = tt.end[ids] / self.PS_PER_S
+                done.append((float(ends.max()), kind, payload, ends - t0))
+            else:
+                still.append((ids, t0, kind, payload))
+        self.pending = still
+        return sorted(done, key=lambda d: d[0])
 
 
 def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Deployment, ddep: Deployment,
@@ -159,7 +188,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                        chip_cost=cc, x_min=min(128, plan.prefill.tokens_per_npu))
     dtable = StepTable(loaded, ddep, model, x_max=slots_per_die * dpn, y_max=max(max_ctx, 128), seed=seed,
                        chip_cost=cc)
-    fabric = _Fabric(loaded, fidelity)
+    fabric = _LiveFabric(loaded, fidelity)
     rng = np.random.default_rng(seed)
 
     seqs = {r.id: _Seq(r, RequestRecord.from_request(r)) for r in requests}
@@ -208,8 +237,9 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
             q.prefill_die = inst_dies[inst][len(batch) % len(inst_dies[inst])]
             batch.append((q, hit, compute))
             tokens += compute
+        stats["prefill_batches"] += 1
+        stats["saved_tokens"] += sum(h for _, h, _ in batch)
         # reads of the cached prefix blocks from the pool's CPUs, before the prefill
-        load_s = 0.0
         if pool is not None and any(hit for _, hit, _ in batch):
             inits, tgts, sizes = [], [], []
             for q, hit, _ in batch:
@@ -217,18 +247,21 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                     inits.append(q.prefill_die)
                     tgts.append(cpu_ids[pool.cpu_of(q.req.hash_ids[b])])
                     sizes.append(min(block, hit - b * block) * kvb)
-            (durs,) = fabric.run([(inits, tgts, sizes, "read", pool_cfg.fabric, plan.kv_transfer.via)])
-            load_s = float(durs.max())
             stats["pool_read_bytes"] += int(sum(sizes))
+            fabric.start(t, [(inits, tgts, sizes, "read", pool_cfg.fabric, plan.kv_transfer.via)],
+                         [(POOL_LOADED, (inst, batch, tokens, t))])
+        else:
+            run_prefill(t, inst, batch, tokens, t)
+
+    def run_prefill(t: float, inst: int, batch, tokens: int, submitted: float) -> None:
+        """The batch's prefill steps, from ``t`` (its pool reads done)."""
         seq_len = sum(q.req.input_len * c for q, _, c in batch) / max(1, tokens)
         n_steps = max(1, math.ceil(tokens / budget))
         per_npu = min(tokens, budget) / pdep.npus
-        dur = load_s + n_steps * ptable.step_ms(per_npu, seq_len) / 1e3
-        stats["prefill_batches"] += 1
-        stats["saved_tokens"] += sum(h for _, h, _ in batch)
-        steps.append({"instance": f"prefill{inst}", "submitted_s": t, "end_s": t + dur, "requests": len(batch),
+        end = t + n_steps * ptable.step_ms(per_npu, seq_len) / 1e3
+        steps.append({"instance": f"prefill{inst}", "submitted_s": submitted, "end_s": end, "requests": len(batch),
                       "tokens": tokens, "mean_context": seq_len})
-        push(t + dur, PREFILL_DONE, (inst, [q.req.id for q, _, _ in batch]))
+        push(end, PREFILL_DONE, (inst, [q.req.id for q, _, _ in batch]))
 
     def assign_decode(t: float, ids: list[int], pool_writes) -> None:
         """Give each request a decode die if one has room, and time the KV writes (and pool writes)."""
@@ -249,12 +282,9 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
             return
         kv = ([q.prefill_die for q in placed], [decode_die_ids[q.decode_die] for q in placed],
               [q.req.input_len * kvb for q in placed], "write", kv_fab, plan.kv_transfer.via)
-        durs, _ = fabric.run([kv, (*pool_writes, "write", pool_cfg.fabric if pool_cfg else kv_fab,
-                                   plan.kv_transfer.via)])
-        for q, dur in zip(placed, durs):
-            stats["kv_bytes"] += q.req.input_len * kvb
-            stats["kv_s"].append(float(dur))
-            push(t + float(dur), KV_ARRIVED, q.req.id)
+        stats["kv_bytes"] += sum(kv[2])
+        fabric.start(t, [kv, (*pool_writes, "write", pool_cfg.fabric if pool_cfg else kv_fab, plan.kv_transfer.via)],
+                     [[(KV_ARRIVED, q.req.id) for q in placed], None])
 
     def start_step(t: float) -> None:
         nonlocal decoding
@@ -274,9 +304,15 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                       "tokens": len(ready) * (1 + ddep.mtp), "mean_context": y})
         push(t + dur, STEP_DONE, list(ready))
 
-    while events:
+    while events or fabric.pending:
+        for end, fkind, fpayload, durs in fabric.advance(events[0][0] if events else None):
+            if fkind == KV_ARRIVED:
+                stats["kv_s"].append(float(durs[0]))
+            push(end, fkind, fpayload)
         t, _, kind, payload = heapq.heappop(events)
-        if kind == ARRIVAL:
+        if kind == POOL_LOADED:
+            run_prefill(t, *payload)
+        elif kind == ARRIVAL:
             waiting.append(payload)
         elif kind == PREFILL_DONE:
             inst, ids = payload
