@@ -376,7 +376,14 @@ def _attention_tp(cfg, dep: Deployment, dies: int):
     if dies % t or cfg.num_heads % t:
         raise ConfigError(f"mapping: attention tp {t} must divide the instance's {dies} dies and the model's "
                           f"{cfg.num_heads} heads")
-    return t, replace(cfg, num_heads=cfg.num_heads // t, num_kv_heads=max(1, cfg.num_kv_heads // t))
+    return t, _heads_share(cfg, t)
+
+
+def _heads_share(cfg, t: int):
+    """The model as one of ``t`` dies splitting its attention heads sees it."""
+    if t == 1:
+        return cfg
+    return replace(cfg, num_heads=max(1, cfg.num_heads // t), num_kv_heads=max(1, cfg.num_kv_heads // t))
 
 
 def _group_bytes(dies: int, t: int, per_peer: int) -> np.ndarray:
@@ -422,13 +429,13 @@ def kv_bytes_per_token(cfg) -> int:
 
 def weights_per_die_gb(cfg, dep: Deployment) -> float:
     """Weights a die holds (INT8; embedding and LM head bf16): attention of every layer (``dp``: a
-    full copy; ``tp: T``: its heads' share, the low-rank down-projections whole), the dense FFNs (``dp``: full; ``tp: T``: 1/T), its routed experts of
-    every MoE layer, the shared expert (``dp``: full; ``tp: T``: 1/T; ``dedicated``: on its own
-    dies, not counted here), the embedding (full) and the LM head (``dp``: full; ``tp: T``: 1/T)."""
+    full copy; ``tp: T``: its heads' share, the low-rank down-projections whole), the dense FFNs
+    (``dp``: full; ``tp: T``: 1/T), its routed experts of every MoE layer, the shared expert
+    (``dp``: full; ``tp: T``: 1/T; ``dedicated``: on its own dies, not counted here), the
+    embedding (full) and the LM head (``dp``: full; ``tp: T``: 1/T)."""
     h = cfg.hidden_size
     att_t = dep.attention.degree if dep.attention.mode == "tp" else 1
-    att_cfg = replace(cfg, num_heads=max(1, cfg.num_heads // att_t), num_kv_heads=max(1, cfg.num_kv_heads // att_t))
-    graph = build_graph(att_cfg, "decode", batch=1, seq_len=1, kv_len=2, precision="a8w8",
+    graph = build_graph(_heads_share(cfg, att_t), "decode", batch=1, seq_len=1, kv_len=2, precision="a8w8",
                         layers=cfg.first_dense_layers + 1)
     att = sum(op.weight_bytes for op in graph.ops if op.layer == cfg.first_dense_layers and ".attn." in op.name)
     dense = sum(op.weight_bytes for op in graph.ops if op.layer == 0 and ".mlp." in op.name)
