@@ -138,6 +138,7 @@ def corners(groups, buckets: Buckets) -> tuple[tuple, tuple, float]:
 
 GAP_FRACTION = 0.01  # a queue idle for longer than this share of the iteration starts a new segment
 PIECE_FRACTION = 1 / 64  # a DMA segment spans at most about this share of the iteration
+SPLIT_AT_DMA_WAITS = False
 
 
 @dataclass
@@ -298,7 +299,25 @@ class IterationCost:
         return (kinds, queue, param, ptr, idx), last
 
 
-def _segments(q, start, end, dma, gap: int, piece: int) -> np.ndarray:
+def _dma_bound(kinds, queue, ptr, idx, start, end) -> np.ndarray:
+    """Per task: whether it started when a DMA it depends on (directly or through barriers)
+    ended — it waited for its data (streamed weights, KV reads) rather than for its queue."""
+    is_dma = kinds == KIND_DMA
+    ends_dma = np.zeros(len(kinds), dtype=bool)  # the task is a DMA, or a barrier a DMA released
+    for t in np.argsort(end, kind="stable").tolist():
+        if is_dma[t]:
+            ends_dma[t] = True
+        elif queue[t] < 0:
+            d = idx[ptr[t]:ptr[t + 1]]
+            ends_dma[t] = bool(d.size) and bool((ends_dma[d] & (end[d] >= end[t])).any())
+    bound = np.zeros(len(kinds), dtype=bool)
+    for t in np.flatnonzero((queue >= 0) & ~is_dma).tolist():
+        d = idx[ptr[t]:ptr[t + 1]]
+        bound[t] = bool(d.size) and bool((ends_dma[d] & (end[d] >= start[t])).any())
+    return bound
+
+
+def _segments(q, start, end, dma, gap: int, piece: int, cut=None) -> np.ndarray:
     """Where segments begin, over tasks sorted by queue then start: a new queue, an idle gap
     longer than ``gap`` cycles, or (DMA queues) a segment already ``piece`` cycles long — the
     analytical HBM model books a transfer's channel time when it starts, so one transfer for a
@@ -308,7 +327,8 @@ def _segments(q, start, end, dma, gap: int, piece: int) -> np.ndarray:
     prev = -1
     for i in range(q.size):
         s, e = int(start[i]), int(end[i])
-        if q[i] == prev and s <= reach + gap and not (dma[i] and s - seg_start >= piece):
+        if q[i] == prev and s <= reach + gap and not (dma[i] and s - seg_start >= piece) and \
+                not (cut is not None and cut[i]):
             new[i] = False
             reach = max(reach, e)
             continue
@@ -318,13 +338,15 @@ def _segments(q, start, end, dma, gap: int, piece: int) -> np.ndarray:
 
 def measure(arch, memory_mode: str, noc_mode: str, arrays: tuple, kv_reads: np.ndarray,
             fraction: float, gap_fraction: float = GAP_FRACTION,
-            piece_fraction: float = PIECE_FRACTION) -> IterationCost:
+            piece_fraction: float = PIECE_FRACTION, memory_over_noc: bool | None = None,
+            memory_streams: str = "reserve") -> IterationCost:
     """Simulate one iteration's materialised program alone on a fresh simulator and reduce it to
     its :class:`IterationCost`: each queue's tasks cut into *segments* of activity wherever the
     queue stays idle for more than ``gap_fraction`` of the iteration (a stage's first weight
     tiles are prefetched at once, the rest stream when its activations arrive), one entry per
     segment, and the segments' dependencies from the program's."""
-    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode)
+    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode, memory_over_noc=memory_over_noc,
+                    memory_streams=memory_streams)
     kinds, queue, param, ptr, idx = arrays
     ids = submit_materialized(sim, arrays)
     sim.run()
@@ -335,7 +357,8 @@ def measure(arch, memory_mode: str, noc_mode: str, arrays: tuple, kv_reads: np.n
     on = np.flatnonzero(queue >= 0)
     order = on[np.lexsort((start[on], queue[on]))]
     q, st, en = queue[order], start[order], end[order]
-    new = _segments(q, st, en, kinds[order] == KIND_DMA, gap, max(1, int(duration * piece_fraction)))
+    cut = _dma_bound(kinds, queue, ptr, idx, start, end)[order] if SPLIT_AT_DMA_WAITS else None
+    new = _segments(q, st, en, kinds[order] == KIND_DMA, gap, max(1, int(duration * piece_fraction)), cut)
     seg = np.cumsum(new) - 1
     n = int(seg[-1]) + 1 if seg.size else 0
     heads = np.flatnonzero(new)

@@ -63,6 +63,7 @@ from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 
 EV_NOC_HOP, EV_NOC_RELEASE, EV_NOC_PART_END = 20, 21, 22
 LAZY = -2  # link_owner of a link reserved by a memory stream until link_free_at (no release event)
+WALK = -2  # m_task of a memory stream that walks ahead through free links (path_reserve_part)
 MODE_PATH, MODE_ANALYTICAL, MODE_FLIT = 0, 1, 2
 MODES = {"path": MODE_PATH, "analytical": MODE_ANALYTICAL, "flit": MODE_FLIT}  # flit: see flit_engine
 
@@ -168,7 +169,69 @@ def path_start_part(ps, heap, hs, owner, src, dst, flits, now):
 
 
 @njit(cache=True, _nrt=False)
-def _launch(ps, heap, hs, task, part, src, dst, flits, now):
+def path_reserve_part(ps, heap, hs, owner, src, dst, flits, now):
+    """Start a memory stream of ``flits`` flits (part of initiator ``owner``'s DMA task) that
+    *walks ahead*: its header claims each free link of its route in one go, at the time it
+    would reach it (``now + S``, then ``S + L`` per hop), reserving it for its ``F`` flits as
+    :func:`_claim` does for a stream, without the hop events. Where a link is not free when the
+    header would reach it (another message holds it, headers queue for it, or a stream's
+    reservation runs past that time on a mesh link), the stream becomes an event-driven message
+    there (it waits like any header, see :func:`path_handle`) and walks ahead again after each
+    link it claims. Returns the tail's ejection time when the walk reached the destination (the
+    caller reports the part's end), else -1 (the message reports its own ``EV_NOC_PART_END``;
+    the caller made sure a slot is free). At the ejection port the tail simply follows the
+    earlier stream's (nothing is reserved beyond it, so waiting there needs no event).
+
+    Approximation (measured by ``validation/memory_stream_model.py``): a free link is reserved
+    when the header's walk starts, up to its hops times ``S + L`` cycles before the header
+    reaches it, so a message reaching it in between waits instead of going first."""
+    ps.counters[C_MESSAGES] += 1
+    ps.counters[C_FLITS] += flits
+    return _walk(ps, heap, hs, -1, owner, src, dst, flits, src, 0, now + ps.prm[PRM_STAGES])
+
+
+@njit(cache=True, _nrt=False)
+def _walk(ps, heap, hs, slot, part, src, dst, flits, r, hops, t):
+    """Walk stream ``part``'s header from router ``r`` (reached at ``t`` after ``hops`` hops),
+    reserving free links (see :func:`path_reserve_part`); ``slot``: its message slot (-1: none
+    yet). Returns the tail's ejection time (the slot, if any, freed) or -1 (a hop event pushed)."""
+    S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
+    while True:
+        link = ps.n_links + dst if r == dst else ps.link_id[r, ps.next_port[r, dst]]
+        o = ps.link_owner[link]
+        busy = o == LAZY and ps.link_free_at[link] > t
+        if o >= 0 or ps.link_wait_head[link] >= 0 or (busy and r != dst):
+            if slot < 0:
+                slot = _take_slot(ps, WALK, part, src, dst, flits)
+            ps.m_cur[slot] = r
+            ps.m_hops[slot] = hops
+            heap_push(heap, hs, t, EV_NOC_HOP, slot)
+            return -1
+        if busy:
+            ps.counters[C_WAITS] += 1
+            t = ps.link_free_at[link]
+        ps.link_owner[link] = LAZY
+        ps.link_free_at[link] = t + flits
+        ps.link_flits[link] += flits
+        if r == dst:
+            if slot >= 0:
+                _free_slot(ps, slot)
+            return t + flits - 1
+        r = ps.nbr_router[r, ps.next_port[r, dst]]
+        hops += 1
+        t += L + S
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _free_slot(ps, slot):
+    ps.m_task[slot] = -1
+    ps.m_part[slot] = -1
+    ps.m_free[ps.counters[C_FREE_TOP]] = slot
+    ps.counters[C_FREE_TOP] += 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _take_slot(ps, task, part, src, dst, flits):
     top = ps.counters[C_FREE_TOP] - 1
     ps.counters[C_FREE_TOP] = top
     slot = ps.m_free[top]
@@ -179,6 +242,12 @@ def _launch(ps, heap, hs, task, part, src, dst, flits, now):
     ps.m_flits[slot] = flits
     ps.m_cur[slot] = src
     ps.m_hops[slot] = 0
+    return slot
+
+
+@njit(cache=True, _nrt=False)
+def _launch(ps, heap, hs, task, part, src, dst, flits, now):
+    slot = _take_slot(ps, task, part, src, dst, flits)
     if flits <= ps.prm[PRM_BUFFER] and part < 0:  # the source router's input buffer takes the whole packet
         heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
     heap_push(heap, hs, now + ps.prm[PRM_STAGES], EV_NOC_HOP, slot)
@@ -213,6 +282,13 @@ def _claim(ps, heap, hs, slot, link, now):
                 _reserve_lazily(ps, heap, hs, link, now + flits)
             else:
                 heap_push(heap, hs, now + flits, EV_NOC_RELEASE, link)
+        if task == WALK:  # a walking memory stream: on through the free links ahead
+            part = ps.m_part[slot]
+            t_tail = _walk(ps, heap, hs, slot, part, ps.m_src[slot], dst, flits, ps.m_cur[slot], ps.m_hops[slot],
+                           now + L + S)
+            if t_tail >= 0:
+                heap_push(heap, hs, t_tail, EV_NOC_PART_END, part)
+            return
         heap_push(heap, hs, now + L + S, EV_NOC_HOP, slot)
         return
     # ejection port claimed: head ejected now, tail F-1 cycles later; the slot is done
@@ -229,10 +305,7 @@ def _claim(ps, heap, hs, slot, link, now):
         heap_push(heap, hs, t_tail, EV_TASK_END, task)
     if not cut_through:
         _schedule_wormhole_releases(ps, heap, hs, slot, t_tail)
-    ps.m_task[slot] = -1
-    ps.m_part[slot] = -1
-    ps.m_free[ps.counters[C_FREE_TOP]] = slot
-    ps.counters[C_FREE_TOP] += 1
+    _free_slot(ps, slot)
 
 
 @njit(cache=True, _nrt=False)
