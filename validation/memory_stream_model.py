@@ -10,7 +10,8 @@ against ``hop`` (cycles, throughput, latency) and what it saves (events, CPU sec
 
 1. concurrent weight-like streams: 16 or 64 cores each reading 4 x 256 KiB (analytical memory);
 2. forward passes of Qwen3-4B on npusim-64c with the serving mapping (TP 4 x 16 stages): decode
-   batches and a prefill, memory analytical (all layers) and TLM (the first 2 layers);
+   batches and a prefill, memory analytical (all layers) and TLM (the first 2 layers, TP 4 x 2
+   stages);
 3. serving: Qwen3-4B's first 8 layers, TP 4 x 8 stages, PD fusion, 16 requests (Poisson 50/s,
    256 -> 32 tokens) — the ``memory_noc_study.py`` case.
 
@@ -74,9 +75,10 @@ def main() -> None:
         worst = max(worst, abs(vals["reserve"]["bw"] / vals["hop"]["bw"] - 1))
         print(row(name, vals, "bw", "{:.1f}"), flush=True)
 
-    print("\n2. Forward passes, Qwen3-4B on npusim-64c, TP 4 x 16 stages: cycles")
+    print("\n2. Forward passes, Qwen3-4B on npusim-64c, TP 4 x 16 stages (2L: first 2 layers, TP 4 x 2): cycles")
     head("cycles")
     spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
+    spec2 = spec_from_flags(tp=4, stages=2, layout="ring").model_copy(update={"data_parallel": 1})
     cases = [("decode", 1, 1, 512), ("decode", 8, 1, 1024), ("decode", 32, 1, 2048), ("prefill", 1, 512, 0)]
     for memory, layers in (("analytical", None), ("tlm", 2)):  # TLM: the first 2 layers (its DRAM events cost)
         for phase, batch, seq, kv in cases if layers is None else cases[1:2] + cases[3:]:
@@ -84,7 +86,8 @@ def main() -> None:
             vals = {}
             for m in MODELS:
                 c0 = time.process_time()
-                run = simulate_forward(g, arch, spec, memory_mode=memory, noc_mode="path", memory_streams=m)
+                run = simulate_forward(g, arch, spec if layers is None else spec2, memory_mode=memory, noc_mode="path",
+                                       memory_streams=m)
                 vals[m] = {"cycles": run.summary["cycles"], "events": run.sim.events, "cpu": time.process_time() - c0}
             worst = max(worst, abs(vals["reserve"]["cycles"] / vals["hop"]["cycles"] - 1))
             label = f"{memory} {phase} b{batch}" + (f" kv{kv}" if kv else f" s{seq}") + (f" {layers}L" if layers else "")

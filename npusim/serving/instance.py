@@ -20,7 +20,7 @@ from npusim.arch.derived import kv_cache_base_address
 from npusim.mapping.mapper import map_model
 from npusim.model.builder import build_graph
 from npusim.serving.iteration import Work, build_groups_graph, iteration_groups
-from npusim.serving.itercache import GAP_FRACTION, PIECE_FRACTION, IterationCostCache, ShapeStore, measure
+from npusim.serving.itercache import GAP_FRACTION, IterationCostCache, ShapeStore, measure
 from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
 from npusim.sim.kernel import KIND_DMA
@@ -84,7 +84,7 @@ class Instance:
                     "precision": cfg.precision, "layers": cfg.layers,
                     "pad": cfg.pad_shapes, "memory": cfg.memory_mode, "noc": cfg.noc_mode,
                     "memory_over_noc": sim.memory_over_noc, "memory_streams": sim.memory_streams,
-                    "segments": [GAP_FRACTION, PIECE_FRACTION]})
+                    "segments": [GAP_FRACTION, "one per DMA"]})
             self.costs = IterationCostCache(buckets, self._measure, store)
         self.inflight: deque = deque()  # (notify task, slots, kv share in HBM, submitted_s)
         self.running: list = []
