@@ -81,7 +81,7 @@ def main() -> None:
     spec2 = spec_from_flags(tp=4, stages=2, layout="ring").model_copy(update={"data_parallel": 1})
     cases = [("decode", 1, 1, 512), ("decode", 8, 1, 1024), ("decode", 32, 1, 2048), ("prefill", 1, 512, 0)]
     for memory, layers in (("analytical", None), ("tlm", 2)):  # TLM: the first 2 layers (its DRAM events cost)
-        for phase, batch, seq, kv in cases if layers is None else cases[1:2] + cases[3:]:
+        for phase, batch, seq, kv in cases if layers is None else cases[1:2]:
             g = build_graph("qwen3-4b", phase=phase, batch=batch, seq_len=seq, kv_len=kv or None, layers=layers)
             vals = {}
             for m in MODELS:

@@ -79,13 +79,15 @@ PathState = namedtuple(
         "counters",
     ],
 )
-PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH, PRM_MODE, PRM_BUFFER = 0, 1, 2, 3, 4
+PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH, PRM_MODE, PRM_BUFFER, PRM_WALK = 0, 1, 2, 3, 4, 5
+WALK_HOPS = 8  # a memory stream's header walks at most this many hops' time ahead of the event
 C_MESSAGES, C_FLITS, C_WAITS, C_FREE_TOP = 0, 1, 2, 3
 _SLOT_FIELDS = ("m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part")
 
 
 def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, link_bytes: int,
-                   num_slots: int = 256, mode: str = "path", buffer_flits: int = 8) -> PathState:
+                   num_slots: int = 256, mode: str = "path", buffer_flits: int = 8,
+                   walk_hops: int = WALK_HOPS) -> PathState:
     """Empty network. ``num_slots`` messages can be in flight at once; the kernel returns to
     Python to :func:`grow_slots` when they run out."""
     n_links = topo.num_links
@@ -95,7 +97,9 @@ def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, 
     return PathState(
         next_port=routing.next_port.astype(np.int64), link_id=topo.link_id.astype(np.int64),
         nbr_router=topo.nbr_router.astype(np.int64), n_links=np.int64(n_links),
-        prm=np.array([router_stages, link_latency_cycles, link_bytes, MODES[mode], buffer_flits], dtype=np.int64),
+        prm=np.array([router_stages, link_latency_cycles, link_bytes, MODES[mode], buffer_flits,
+                      walk_hops * (router_stages + link_latency_cycles)],
+                     dtype=np.int64),
         link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total), link_free_at=z(total),
         link_flits=z(total),
         m_task=full(num_slots), m_src=z(num_slots), m_dst=z(num_slots), m_flits=z(num_slots),
@@ -177,21 +181,23 @@ def path_reserve_part(ps, heap, hs, owner, src, dst, flits, now):
     header would reach it (another message holds it, headers queue for it, or a stream's
     reservation runs past that time on a mesh link), the stream becomes an event-driven message
     there (it waits like any header, see :func:`path_handle`) and walks ahead again after each
-    link it claims. Returns the tail's ejection time when the walk reached the destination (the
+    link it claims; so it does, without waiting, where the next link is more than ``WALK_HOPS``
+    hops' time (``8 (S + L)`` cycles) ahead of the event it walks from. Returns the tail's ejection time when the walk reached the destination (the
     caller reports the part's end), else -1 (the message reports its own ``EV_NOC_PART_END``;
     the caller made sure a slot is free). At the ejection port the tail simply follows the
     earlier stream's (nothing is reserved beyond it, so waiting there needs no event).
 
     Approximation (measured by ``validation/memory_stream_model.py``): a free link is reserved
-    when the header's walk starts, up to its hops times ``S + L`` cycles before the header
-    reaches it, so a message reaching it in between waits instead of going first."""
+    when the header's walk starts, up to ``8 (S + L)`` cycles before the header reaches it, so a
+    message reaching it in between waits instead of going first (an unbounded walk, up to the
+    mesh's diameter ahead, put the mean TTFT of a serving case 6% off; 8 hops, 0.2%)."""
     ps.counters[C_MESSAGES] += 1
     ps.counters[C_FLITS] += flits
-    return _walk(ps, heap, hs, -1, owner, src, dst, flits, src, 0, now + ps.prm[PRM_STAGES])
+    return _walk(ps, heap, hs, -1, owner, src, dst, flits, src, 0, now + ps.prm[PRM_STAGES], now)
 
 
 @njit(cache=True, _nrt=False)
-def _walk(ps, heap, hs, slot, part, src, dst, flits, r, hops, t):
+def _walk(ps, heap, hs, slot, part, src, dst, flits, r, hops, t, now):
     """Walk stream ``part``'s header from router ``r`` (reached at ``t`` after ``hops`` hops),
     reserving free links (see :func:`path_reserve_part`); ``slot``: its message slot (-1: none
     yet). Returns the tail's ejection time (the slot, if any, freed) or -1 (a hop event pushed)."""
@@ -200,7 +206,7 @@ def _walk(ps, heap, hs, slot, part, src, dst, flits, r, hops, t):
         link = ps.n_links + dst if r == dst else ps.link_id[r, ps.next_port[r, dst]]
         o = ps.link_owner[link]
         busy = o == LAZY and ps.link_free_at[link] > t
-        if o >= 0 or ps.link_wait_head[link] >= 0 or (busy and r != dst):
+        if o >= 0 or ps.link_wait_head[link] >= 0 or (busy and r != dst) or t - now > ps.prm[PRM_WALK]:
             if slot < 0:
                 slot = _take_slot(ps, WALK, part, src, dst, flits)
             ps.m_cur[slot] = r
@@ -285,7 +291,7 @@ def _claim(ps, heap, hs, slot, link, now):
         if task == WALK:  # a walking memory stream: on through the free links ahead
             part = ps.m_part[slot]
             t_tail = _walk(ps, heap, hs, slot, part, ps.m_src[slot], dst, flits, ps.m_cur[slot], ps.m_hops[slot],
-                           now + L + S)
+                           now + L + S, now)
             if t_tail >= 0:
                 heap_push(heap, hs, t_tail, EV_NOC_PART_END, part)
             return
