@@ -4,14 +4,14 @@ HBM traffic crosses the mesh as one request and one response stream per attach r
 (:mod:`npusim.sim.mempath`). ``hop`` moves each stream's header link by link, one event per hop
 (and two per wait); ``reserve`` lets the header claim every free link ahead of it in one go, at
 the time it would reach it, and falls back to hop-by-hop only where it must wait on a mesh link
-(:func:`npusim.hw.noc.path.path_reserve_part`). The approximation: a free link is reserved up to
-``hops x (S + L)`` cycles before the header reaches it. This prints the error of ``reserve``
+(:func:`npusim.hw.noc.path.path_reserve_part`), at most 8 hops' time ahead. The approximation: a
+free link is reserved up to ``8 (S + L)`` cycles before the header reaches it. This prints the error of ``reserve``
 against ``hop`` (cycles, throughput, latency) and what it saves (events, CPU seconds) on
 
 1. concurrent weight-like streams: 16 or 64 cores each reading 4 x 256 KiB (analytical memory);
 2. forward passes of Qwen3-4B on npusim-64c with the serving mapping (TP 4 x 16 stages): decode
-   batches and a prefill, memory analytical (all layers) and TLM (the first 2 layers, TP 4 x 2
-   stages);
+   batches and a prefill, memory analytical (all layers), and a decode batch with TLM memory (the
+   first 2 layers, TP 4 x 2 stages: its DRAM events dominate, the streams' share is small);
 3. serving: Qwen3-4B's first 8 layers, TP 4 x 8 stages, PD fusion, 16 requests (Poisson 50/s,
    256 -> 32 tokens) — the ``memory_noc_study.py`` case.
 
