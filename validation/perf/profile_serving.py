@@ -4,7 +4,7 @@ The Mooncake conversation trace's first N requests (prompts clipped to 2,048 tok
 128), Qwen3-4B TP 4 x 16 stages on npusim-64c, PD fusion budget 512, chunks of 256, memory
 analytical, NoC path — with or without the iteration-cost cache. The kernel is compiled
 outside the profile. Parts (cumulative seconds of the named functions, so a part includes what
-it calls; "engine" excludes the runs inside skeleton measurements):
+it calls; "engine" excludes the runs inside skeleton measurements), in CPU seconds:
 
 * building programs of new shapes: ``Instance._compile`` (iteration graph, mapper, collectives,
   materialisation);
@@ -72,7 +72,7 @@ def main() -> None:
     cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
                         iteration_cache=parse_buckets(args.cache_buckets) if args.cache == "on" else None)
     simulate_serving(arch, spec, reqs[:1], replace(cfg, layers=16, iteration_cache=None))  # compile the kernel
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)  # CPU seconds: the machine may be shared
     t0, c0 = time.perf_counter(), time.process_time()
     prof.enable()
     s = simulate_serving(arch, spec, reqs, cfg).summary
@@ -96,7 +96,7 @@ def main() -> None:
     label = "on, " + args.cache_buckets if args.cache == "on" else "off"
     print(f"profile: {args.requests} Mooncake requests ({path.name}, {clipped} clipped), Qwen3-4B TP 4 x 16 on "
           f"npusim-64c, cache {label}")
-    print(f"wall {wall:.1f} s, CPU {cpu:.1f} s (profiled: cProfile slows Python, not the kernel); iterations "
+    print(f"wall {wall:.1f} s, CPU {cpu:.1f} s (profiled, parts in CPU s: cProfile slows Python, not the kernel); iterations "
           f"{s['iterations']:,}, shapes compiled {s['compiled_iteration_shapes']}, tasks {s['tasks']:,}, events "
           f"{s['events']:,}")
     rows = [("building programs of new shapes (graph, mapper, collectives, materialise)", compile_),
