@@ -90,7 +90,8 @@ def main() -> None:
                                        memory_streams=m)
                 vals[m] = {"cycles": run.summary["cycles"], "events": run.sim.events, "cpu": time.process_time() - c0}
             worst = max(worst, abs(vals["reserve"]["cycles"] / vals["hop"]["cycles"] - 1))
-            label = f"{memory} {phase} b{batch}" + (f" kv{kv}" if kv else f" s{seq}") + (f" {layers}L" if layers else "")
+            label = f"{memory} {phase} b{batch}" + (f" kv{kv}" if kv else f" s{seq}")
+            label += f" {layers}L" if layers else ""
             print(row(label, vals, "cycles"), flush=True)
 
     print("\n3. Serving Qwen3-4B's first 8 layers, TP 4 x 8 stages, PD fusion, 16 requests (50/s, 256 -> 32)")

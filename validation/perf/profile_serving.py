@@ -96,7 +96,8 @@ def main() -> None:
     label = "on, " + args.cache_buckets if args.cache == "on" else "off"
     print(f"profile: {args.requests} Mooncake requests ({path.name}, {clipped} clipped), Qwen3-4B TP 4 x 16 on "
           f"npusim-64c, cache {label}")
-    print(f"wall {wall:.1f} s, CPU {cpu:.1f} s (profiled, parts in CPU s: cProfile slows Python, not the kernel); iterations "
+    print(f"wall {wall:.1f} s, CPU {cpu:.1f} s (profiled, parts in CPU s: cProfile slows Python, not the kernel); "
+          f"iterations "
           f"{s['iterations']:,}, shapes compiled {s['compiled_iteration_shapes']}, tasks {s['tasks']:,}, events "
           f"{s['events']:,}")
     rows = [("building programs of new shapes (graph, mapper, collectives, materialise)", compile_),

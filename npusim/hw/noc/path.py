@@ -174,18 +174,18 @@ def path_start_part(ps, heap, hs, owner, src, dst, flits, now):
 
 @njit(cache=True, _nrt=False)
 def path_reserve_part(ps, heap, hs, owner, src, dst, flits, now):
-    """Start a memory stream of ``flits`` flits (part of initiator ``owner``'s DMA task) that
-    *walks ahead*: its header claims each free link of its route in one go, at the time it
-    would reach it (``now + S``, then ``S + L`` per hop), reserving it for its ``F`` flits as
-    :func:`_claim` does for a stream, without the hop events. Where a link is not free when the
-    header would reach it (another message holds it, headers queue for it, or a stream's
-    reservation runs past that time on a mesh link), the stream becomes an event-driven message
-    there (it waits like any header, see :func:`path_handle`) and walks ahead again after each
-    link it claims; so it does, without waiting, where the next link is more than ``WALK_HOPS``
-    hops' time (``8 (S + L)`` cycles) ahead of the event it walks from. Returns the tail's ejection time when the walk reached the destination (the
-    caller reports the part's end), else -1 (the message reports its own ``EV_NOC_PART_END``;
-    the caller made sure a slot is free). At the ejection port the tail simply follows the
-    earlier stream's (nothing is reserved beyond it, so waiting there needs no event).
+    """Start a memory stream of ``flits`` flits (part of initiator ``owner``'s DMA task) that *walks
+    ahead*: its header claims each free link of its route in one go, at the time it would reach it
+    (``now + S``, then ``S + L`` per hop), reserving it for its ``F`` flits as :func:`_claim` does
+    for a stream, without the hop events. Where a link is not free when the header would reach it
+    (another message holds it, headers queue for it, or a stream's reservation runs past that time
+    on a mesh link), the stream becomes an event-driven message there (it waits like any header, see
+    :func:`path_handle`) and walks ahead again after each link it claims; so it does, without
+    waiting, where the next link is more than ``WALK_HOPS`` hops' time (``8 (S + L)`` cycles) ahead
+    of the event it walks from. Returns the tail's ejection time when the walk reached the
+    destination (the caller reports the part's end), else -1 (the message reports its own
+    ``EV_NOC_PART_END``; the caller made sure a slot is free). At the ejection port the tail simply
+    follows the earlier stream's (nothing is reserved beyond it, so waiting there needs no event).
 
     Approximation (measured by ``validation/memory_stream_model.py``): a free link is reserved
     when the header's walk starts, up to ``8 (S + L)`` cycles before the header reaches it, so a
