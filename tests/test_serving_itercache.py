@@ -55,9 +55,8 @@ def test_corners_bracket_the_shape():
 
 def test_skeleton_replays_the_iteration_exactly_when_alone(arch64):
     """Alone on an idle chip the replayed skeleton ends when the simulated iteration did (within
-    3%: a segment's hold does not wait for the tasks inside it, and since HBM traffic crosses the
-    mesh a DMA segment's bytes cross it as one DMA's memory streams, not as the many DMAs the
-    segment stands for), with the same HBM bytes and far fewer tasks."""
+    0.5%: a segment's hold does not wait for the tasks inside it; every DMA replays as itself, its
+    memory streams crossing the mesh), with the same HBM bytes and fewer tasks."""
     sim = ServingSimulator(arch64, _spec(2), ServingConfig(model="qwen3-0.6b", layers=2, iteration_cache=EXACT))
     inst = sim.instances[0]
     for groups, sampled, placement in (([(1, 1, 512, False)], 1, 0.0), ([(1, 64, 256, True), (4, 1, 768, False)], 5, 0.0),
@@ -69,7 +68,7 @@ def test_skeleton_replays_the_iteration_exactly_when_alone(arch64):
         replay = Simulator(arch64, memory_mode="analytical", noc_mode="path")
         ids = submit_materialized(replay, arrays)
         replay.run()
-        assert replay.task_times()[1][ids[last]] == pytest.approx(cost.duration, rel=3e-2)
+        assert replay.task_times()[1][ids[last]] == pytest.approx(cost.duration, rel=5e-3)
         dma = arrays[0] == 1
         assert arrays[2][dma, 0].sum() == cost.hbm_bytes == comp.arrays[2][comp.arrays[0] == 1, 0].sum()
 

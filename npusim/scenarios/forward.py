@@ -25,11 +25,12 @@ class ForwardRun:
 
 def simulate_forward(graph: Graph, arch: Arch, spec: MappingSpec, memory_mode: str = "tlm",
                      noc_mode: str = "path", progress=None, mapped: Mapped | None = None,
-                     memory_over_noc: bool | None = None) -> ForwardRun:
-    """``memory_over_noc``: see :class:`~npusim.sim.Simulator` (default: HBM traffic crosses the
-    mesh at the path and flit fidelities)."""
+                     memory_over_noc: bool | None = None, memory_streams: str = "reserve") -> ForwardRun:
+    """``memory_over_noc``, ``memory_streams``: see :class:`~npusim.sim.Simulator` (default: HBM
+    traffic crosses the mesh at the path and flit fidelities, its streams reserving their paths)."""
     mapped = mapped or map_model(graph, arch, spec)
-    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode, memory_over_noc=memory_over_noc)
+    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode, memory_over_noc=memory_over_noc,
+                    memory_streams=memory_streams)
     mapped.program.submit(sim)
     sim.run(progress=progress, chunk_events=500_000)
     return ForwardRun(sim, mapped, graph, summarize_forward(sim, mapped, graph))

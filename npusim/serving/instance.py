@@ -20,7 +20,7 @@ from npusim.arch.derived import kv_cache_base_address
 from npusim.mapping.mapper import map_model
 from npusim.model.builder import build_graph
 from npusim.serving.iteration import Work, build_groups_graph, iteration_groups
-from npusim.serving.itercache import GAP_FRACTION, PIECE_FRACTION, IterationCostCache, ShapeStore, measure
+from npusim.serving.itercache import GAP_FRACTION, IterationCostCache, ShapeStore, measure
 from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
 from npusim.sim.kernel import KIND_DMA
@@ -83,7 +83,8 @@ class Instance:
                     "cores": self.core_list, "model": cfg.model, "model_file": _file_digest(cfg.model),
                     "precision": cfg.precision, "layers": cfg.layers,
                     "pad": cfg.pad_shapes, "memory": cfg.memory_mode, "noc": cfg.noc_mode,
-                    "segments": [GAP_FRACTION, PIECE_FRACTION]})
+                    "memory_over_noc": sim.memory_over_noc, "memory_streams": sim.memory_streams,
+                    "segments": [GAP_FRACTION, "one per DMA"]})
             self.costs = IterationCostCache(buckets, self._measure, store)
         self.inflight: deque = deque()  # (notify task, slots, kv share in HBM, submitted_s)
         self.running: list = []
@@ -146,7 +147,8 @@ class Instance:
     def _measure(self, groups, sampled: int, placement: float):
         """An iteration shape's cost skeleton: its program simulated alone (the iteration cache)."""
         comp = self._compile(groups, sampled, placement)
-        return measure(self.arch, self.cfg.memory_mode, self.cfg.noc_mode, comp.arrays, comp.kv_reads, placement)
+        return measure(self.arch, self.cfg.memory_mode, self.cfg.noc_mode, comp.arrays, comp.kv_reads, placement,
+                       memory_over_noc=self.sim.memory_over_noc, memory_streams=self.sim.memory_streams)
 
     def _compiled(self, slots, hbm_fraction: float) -> tuple:
         """The iteration's materialised arrays. Programs are compiled per shape and per *kind*

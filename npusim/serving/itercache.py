@@ -22,19 +22,25 @@ and sampled rows (:func:`npusim.serving.iteration.iteration_groups`) plus the ki
 * ``chunk`` tokens: prefill chunks rounded up to a multiple of it (they are padded to 16
   already: ``chunk=16`` is exact); the chunk's cached prefix is kept.
 
-Skeleton (:class:`IterationCost`): each queue's tasks cut into *segments* of activity (at idle
-gaps over 1% of the iteration; DMA segments also at 1/64 of it, since the analytical HBM model
-books a transfer's channel time when it starts), each with its offsets, busy cycles and, for DMA
-segments, bytes (KV reads kept apart so they rescale with the share of KV in HBM), and the
+Skeleton (:class:`IterationCost`): each compute and NoC queue's tasks cut into *segments* of
+activity (at idle gaps over 1% of the iteration), and every DMA task a segment of its own (its
+memory streams cross the mesh: merged transfers would claim links and HBM channel time ahead of
+other cores' transfers that really went first — that made a replay alone up to 2.5% slow), each
+with its offsets, busy cycles and, for DMA segments, bytes (KV reads kept apart so they rescale
+with the share of KV in HBM), and the
 dependencies between segments taken from the program's (through barriers). Replayed
 (:meth:`IterationCost.tasks`), a segment is one task — a *hold* on compute/NoC queues (kept for the
 span, counted busy for the busy cycles: ``KIND_FIXED`` with ``param[1]``) or a real DMA of its bytes
 — gated by its source segments, plus a delay where it started later than they explain. Alone on
-an idle chip the skeleton ends when the iteration did (to within ~0.5%: a hold does not wait for
+an idle chip the skeleton ends when the iteration did (to within 0.5%: a hold does not wait for
 the dependencies of the tasks inside it); in a loaded run in-order queues pipeline iterations and
-DMAs share HBM bandwidth with every other transfer as before. Not reproduced: the NoC messages
-inside an iteration (their queue time is kept; their link contention with other traffic, e.g.
-PD disaggregation's KV transfers, is not).
+DMAs share HBM bandwidth and mesh links with every other transfer as before. Not reproduced: the
+NoC messages inside an iteration (their queue time is kept; their link contention with other
+traffic is not). Since HBM traffic crosses the mesh that matters: under load the pipeline's
+stages stream weights over the mesh at once, the collectives of the uncached run wait behind
+those streams and the cache's holds do not, so the cache is fast by ~15% on the default
+scenario's throughput and ~78% on the Mooncake replay (``validation/serving_iteration_cache.py``),
+and it stays off by default.
 
 KV-cache management, scheduling, spills, KV transfers and metrics run exactly as without the
 cache: only the chip timing of an iteration is reused. Results are deterministic: every
@@ -137,7 +143,6 @@ def corners(groups, buckets: Buckets) -> tuple[tuple, tuple, float]:
 # -- the cost skeleton -----------------------------------------------------------------------------
 
 GAP_FRACTION = 0.01  # a queue idle for longer than this share of the iteration starts a new segment
-PIECE_FRACTION = 1 / 64  # a DMA segment spans at most about this share of the iteration
 
 
 @dataclass
@@ -298,33 +303,35 @@ class IterationCost:
         return (kinds, queue, param, ptr, idx), last
 
 
-def _segments(q, start, end, dma, gap: int, piece: int) -> np.ndarray:
+def _segments(q, start, end, dma, gap: int) -> np.ndarray:
     """Where segments begin, over tasks sorted by queue then start: a new queue, an idle gap
-    longer than ``gap`` cycles, or (DMA queues) a segment already ``piece`` cycles long — the
-    analytical HBM model books a transfer's channel time when it starts, so one transfer for a
-    long stream would claim bandwidth the real stream spreads over its span."""
+    longer than ``gap`` cycles, or a DMA task — each transfer replays as itself: its memory
+    streams cross the mesh, and a transfer merged with the next ones would claim the links (and
+    the analytical HBM model's channel time, booked when a transfer starts) for all of them at
+    once, before the transfers of other cores that really went first."""
     new = np.ones(q.size, dtype=bool)
-    seg_start = reach = -1
+    reach = -1
     prev = -1
     for i in range(q.size):
         s, e = int(start[i]), int(end[i])
-        if q[i] == prev and s <= reach + gap and not (dma[i] and s - seg_start >= piece):
+        if q[i] == prev and s <= reach + gap and not dma[i]:
             new[i] = False
             reach = max(reach, e)
             continue
-        prev, seg_start, reach = q[i], s, e
+        prev, reach = q[i], e
     return new
 
 
 def measure(arch, memory_mode: str, noc_mode: str, arrays: tuple, kv_reads: np.ndarray,
-            fraction: float, gap_fraction: float = GAP_FRACTION,
-            piece_fraction: float = PIECE_FRACTION) -> IterationCost:
+            fraction: float, gap_fraction: float = GAP_FRACTION, memory_over_noc: bool | None = None,
+            memory_streams: str = "reserve") -> IterationCost:
     """Simulate one iteration's materialised program alone on a fresh simulator and reduce it to
     its :class:`IterationCost`: each queue's tasks cut into *segments* of activity wherever the
     queue stays idle for more than ``gap_fraction`` of the iteration (a stage's first weight
     tiles are prefetched at once, the rest stream when its activations arrive), one entry per
     segment, and the segments' dependencies from the program's."""
-    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode)
+    sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode, memory_over_noc=memory_over_noc,
+                    memory_streams=memory_streams)
     kinds, queue, param, ptr, idx = arrays
     ids = submit_materialized(sim, arrays)
     sim.run()
@@ -335,7 +342,7 @@ def measure(arch, memory_mode: str, noc_mode: str, arrays: tuple, kv_reads: np.n
     on = np.flatnonzero(queue >= 0)
     order = on[np.lexsort((start[on], queue[on]))]
     q, st, en = queue[order], start[order], end[order]
-    new = _segments(q, st, en, kinds[order] == KIND_DMA, gap, max(1, int(duration * piece_fraction)))
+    new = _segments(q, st, en, kinds[order] == KIND_DMA, gap)
     seg = np.cumsum(new) - 1
     n = int(seg[-1]) + 1 if seg.size else 0
     heads = np.flatnonzero(new)
@@ -425,7 +432,7 @@ def _edges(order, seg, heads, ptr, idx, queue, start, end, seg_start, seg_end):
     return (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), np.array(at_end, dtype=bool))
 
 
-KEY_VERSION = 1
+KEY_VERSION = 2  # 2: one segment per DMA task
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 

@@ -57,6 +57,7 @@ class ServingConfig:
     memory_mode: str = "analytical"
     noc_mode: str = "path"
     memory_over_noc: bool | None = None  # HBM traffic over the mesh (default: at the path/flit fidelities)
+    memory_streams: str = "reserve"  # path fidelity's memory-stream model (npusim.sim.mempath): reserve or hop
     admission: str = "queue"
     prefix_cache: bool = False
     block_tokens: int = 16
@@ -158,7 +159,7 @@ class ServingSimulator:
                  replicas: int = 1):
         self.arch, self.spec, self.cfg = arch, spec, cfg
         self.sim = Simulator(arch, memory_mode=cfg.memory_mode, noc_mode=cfg.noc_mode,
-                             memory_over_noc=cfg.memory_over_noc)
+                             memory_over_noc=cfg.memory_over_noc, memory_streams=cfg.memory_streams)
         self.hz = arch.clock_ghz * 1e9
         self.tasks_total = 0  # tasks dropped by compaction, for the summary
         bands = replica_bands(arch, replicas)

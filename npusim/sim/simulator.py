@@ -34,7 +34,7 @@ from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
 from npusim.hw.noc.path import grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh, to_arrays
-from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, new_mempath
+from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, STREAM_MODELS, new_mempath
 from npusim.sim.sramport import C_ARRAY, C_DMA, new_sram_ports
 from npusim.sim.kernel import (
     BASE_HEADROOM,
@@ -72,11 +72,14 @@ class Simulator:
     """One simulation of work on one chip (see module docstring)."""
 
     def __init__(self, arch: Arch, memory_mode: str = "tlm", noc_mode: str = "path", txlog_rows: int = 0,
-                 noc_graph=None, cmdlog_rows: int = 0, memory_over_noc: bool | None = None):
+                 noc_graph=None, cmdlog_rows: int = 0, memory_over_noc: bool | None = None,
+                 memory_streams: str = "reserve"):
         """``noc_graph``: a networkx topology (see ``npusim.hw.noc.topology``) with one router
         per core, instead of the arch's mesh. ``txlog_rows`` / ``cmdlog_rows``: capacity of the HBM
         model's transaction log / DRAM command trace (tests, debugging; 0 = off). ``memory_over_noc``: route HBM transaction streams over the
-        NoC (default: at the path and flit fidelities, not at the analytical one)."""
+        NoC (default: at the path and flit fidelities, not at the analytical one). ``memory_streams``:
+        at the path fidelity, ``reserve`` (default) times each memory stream by reserving its path
+        when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`)."""
         if noc_mode not in NOC_MODES:
             raise ConfigError(f"NoC fidelity '{noc_mode}' in the engine: expected one of {NOC_MODES}")
         self.arch = arch
@@ -119,12 +122,15 @@ class Simulator:
             raise ConfigError("memory_over_noc needs the path or flit NoC fidelity (the analytical one has no "
                               "contention to model)")
         self.memory_over_noc = bool(memory_over_noc)
+        if memory_streams not in STREAM_MODELS:
+            raise ConfigError(f"memory stream model '{memory_streams}': expected one of {STREAM_MODELS}")
+        self.memory_streams = memory_streams
         hbm = arch.hbm
         self.mempath = new_mempath(hbm_attach_routers(arch), self.routing.hop_matrix(), self.memory_over_noc,
                                    hbm.channels, hbm.interleave_bytes, hbm.attach == "per_core", self.dma_engines,
                                    min(arch.cores.dma.transaction_bytes, hbm.interleave_bytes),
                                    noc.link_bytes_per_cycle, noc.router_pipeline_cycles, noc.link_latency_cycles,
-                                   arch.num_cores * self.dma_engines)
+                                   arch.num_cores * self.dma_engines, memory_streams)
         # a DMA start pushes one event per stream it starts (two per attach router)
         self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
         # the SRAM ports in the timing path: at the TLM memory fidelity only (sramport.py)
