@@ -630,11 +630,11 @@ class Mapper:
         ``total_bytes``: an all-to-all in which each core sends each other core the block the
         other needs (what cores sharing L2 do by reading each other's output)."""
         t = self.t
-        frm = st.layout
-        own = [_split(heads, t, i) / heads for i in range(t)] if frm == "feat" else [_split(rows, t, i) / rows
-                                                                                      for i in range(t)]
-        need = [_split(rows, t, j) / rows for j in range(t)] if to == "m" else [_split(heads, t, j) / heads
-                                                                                 for j in range(t)]
+
+        def shares(parts: int) -> list[float]:
+            return [_split(parts, t, i) / parts for i in range(t)]
+        own = shares(heads if st.layout == "feat" else rows)
+        need = shares(rows if to == "m" else heads)
         sizes = [[0 if i == j else int(total_bytes * own[i] * need[j]) for j in range(t)] for i in range(t)]
         coll = alltoallv(self.prog, st.cores, sizes, ready=[[r] for r in st.ready], name=f"{name} reshard")
         st.set(to, [coll.done[c] for c in st.cores])
@@ -645,7 +645,7 @@ class Mapper:
         its heads' weights (as an attention kernel splits heads); no partial sums to reduce. The
         input is made head-split first (an all-to-all from a row split, nothing from ``rep`` or
         ``feat``); the output is head-split (``feat``)."""
-        t, prog = self.t, self.prog
+        t = self.t
         self.decisions[op.name] = "tp_heads"
         if st.layout == "m":
             self._reshard(st, "feat", int(op.m * op.batch * op.k * op.elem_bytes), op.m, op.batch, name)
