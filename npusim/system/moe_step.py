@@ -81,8 +81,11 @@ class StepResult:
         return asdict(self)
 
     def metric(self, name: str) -> float:
-        """A field by name, or ``dispatch_us_per_call`` / ``combine_us_per_call``: one operator
-        call's span (a layer's breakdown over its microbatches)."""
+        """A field by name, or ``dispatch_us_per_call`` / ``combine_us_per_call`` (one operator
+        call's span: a layer's breakdown over its microbatches) or their sum,
+        ``dispatch_combine_us_per_call``."""
+        if name == "dispatch_combine_us_per_call":
+            return self.metric("dispatch_us_per_call") + self.metric("combine_us_per_call")
         if name in ("dispatch_us_per_call", "combine_us_per_call"):
             return self.breakdown_us[name.split("_")[0]] / self.microbatches
         return getattr(self, name)

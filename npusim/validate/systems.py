@@ -73,7 +73,8 @@ def deepseek_rows(quick: bool = False) -> list[Row]:
                             batch_tokens=r.get("batch_tokens"), seq=r.get("seq", 4096), mtp=r.get("mtp"),
                             mtp_acceptance=r.get("mtp_acceptance"), eplb=r.get("eplb"))
         metric = {"tpot_ms": "TPOT", "tokens_per_s_per_npu": "tok/s/NPU", "kv_gb_per_die": "KV GiB/die",
-                  "dispatch_us_per_call": "dispatch per call", "combine_us_per_call": "combine per call"
+                  "dispatch_us_per_call": "dispatch per call", "combine_us_per_call": "combine per call",
+                  "dispatch_combine_us_per_call": "per layer"
                   }.get(r["metric"], r["metric"])
         unit = " us" if r["metric"].endswith("_us_per_call") else {"tpot_ms": " ms", "kv_gb_per_die": " GiB"}.get(
             r["metric"], "")
