@@ -132,3 +132,18 @@ def test_attention_tp_splits_heads_and_moves_the_groups_activations(cm1):
     with pytest.raises(ValueError, match="not dedicated"):
         _dep(attention={"mode": "dedicated", "degree": 2})
     assert _dep(attention="dp").attention.mode == "dp"  # the short form of the preset files
+
+
+def test_spread_contexts_make_the_slowest_die_set_the_attention(cm1):
+    """kv_min: contexts drawn per sequence over [kv_min, 2 kv - kv_min]; dies' attention differs
+    (seeded, deterministic), the breakdown's attention is the slowest die's, never faster than all
+    at the mean; a bad kv_min is a clear error."""
+    even = simulate_step(cm1, _dep(), batch=8, kv=2048)
+    spread = simulate_step(cm1, _dep(), batch=8, kv=2048, kv_min=512)
+    again = simulate_step(cm1, _dep(), batch=8, kv=2048, kv_min=512)
+    assert even.attention_imbalance == 1.0
+    assert spread.attention_imbalance > 1.0 and spread.attention_imbalance == again.attention_imbalance
+    assert spread.breakdown_us["attention"] > even.breakdown_us["attention"]
+    assert spread.step_ms >= even.step_ms * 0.999
+    with pytest.raises(ConfigError, match="kv-min"):
+        simulate_step(cm1, _dep(), batch=8, kv=2048, kv_min=4096)

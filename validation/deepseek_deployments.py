@@ -32,7 +32,7 @@ def main() -> int:
         dep = load_deployment(MAPPER_DIR / row["mapping"])
         r = simulate_step(loaded, dep, batch=row.get("batch"), kv=row.get("kv", 4096),
                           batch_tokens=row.get("batch_tokens"), seq=row.get("seq", 4096), mtp=row.get("mtp"),
-                          mtp_acceptance=row.get("mtp_acceptance"), eplb=row.get("eplb"))
+                          mtp_acceptance=row.get("mtp_acceptance"), eplb=row.get("eplb"), kv_min=row.get("kv_min"))
         sim = r.metric(row["metric"])
         err = sim / row["published"] - 1
         ok = abs(err) <= TOLERANCE

@@ -30,6 +30,9 @@ def add_system_run_args(p) -> None:
     g.add_argument("--microbatches", type=int, choices=[1, 2], default=None, help="default: the mapping's")
     g.add_argument("--eplb", choices=["none", "greedy", "perfect"], default=None, help="expert placement by load")
     g.add_argument("--routing", default="uniform", help="expert popularity: uniform, zipf:S or a load-profile file")
+    g.add_argument("--kv-min", type=int, default=None, help="decode: spread the sequences' contexts uniformly over "
+                   "[KV_MIN, 2 x --kv - KV_MIN] (seeded), so the die with the longest sets the pace (default: all "
+                   "at --kv)")
     g.add_argument("--kv-fabric", default=None, help="serving: the fabric KV moves over from prefill to decode "
                    "(e.g. rdma or ub; default: the mapping's)")
     g.add_argument("--caching-pool", choices=["on", "off"], default=None,
@@ -65,7 +68,7 @@ def run_system_step(args) -> int:
     model = args.model if args.model != "qwen3-4b" else "deepseek-r1"
     r = simulate_step(loaded, dep, model=model, batch=args.batch, kv=args.kv or 4096, batch_tokens=args.batch_tokens,
                       seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
-                      microbatches=args.microbatches, eplb=args.eplb, routing=args.routing)
+                      microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min)
     out = r.to_dict()
     if args.out:
         write_json(args.out / "summary.json", out)
@@ -81,7 +84,7 @@ def run_system_step(args) -> int:
     print(f"  MoE layer     {r.layer_us:,.1f} us: " + ", ".join(f"{k} {v:,.1f}" for k, v in r.breakdown_us.items()))
     print("  step parts    " + ", ".join(f"{k} {v:,.2f} ms" for k, v in r.step_breakdown_ms.items()))
     print(f"  memory        {r.kv_gb_per_die:.1f} GB KV + {r.weights_gb_per_die:.1f} GB weights per die; "
-          f"expert load imbalance {r.imbalance:.2f}")
+          f"expert load imbalance {r.imbalance:.2f}, attention {r.attention_imbalance:.2f}")
     print(f"  note          {r.note}")
     return 0
 

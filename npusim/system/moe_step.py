@@ -74,6 +74,7 @@ class StepResult:
     kv_gb_per_die: float
     weights_gb_per_die: float
     imbalance: float
+    attention_imbalance: float  # slowest die's attention / the mean (1 unless contexts are spread: kv_min)
     chip_cost: dict
     note: str = PARTIAL_NOTE
 
@@ -163,9 +164,14 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
                   kv: int = 4096, batch_tokens: int | None = None, seq: int = 4096, mtp: int | None = None,
                   mtp_acceptance: float | None = None, microbatches: int | None = None, eplb: str | None = None,
                   routing: str = "uniform", seed: int = 0, chip_cost: ChipCost | None = None,
-                  fidelity: str = "flow", check_fit: bool = True) -> StepResult:
+                  fidelity: str = "flow", check_fit: bool = True, kv_min: int | None = None) -> StepResult:
     """One decode step (``batch`` sequences per NPU at context ``kv``) or prefill step
     (``batch_tokens`` per NPU of ``seq``-token prompts); flags override the deployment.
+    ``kv_min`` (decode): the sequences' contexts are spread uniformly over ``[kv_min, 2 kv -
+    kv_min]`` (mean ``kv``; e.g. 2K prompts midway through 2K outputs), drawn per sequence
+    (seeded), so dies' attention differs and the slowest die's sets the pace (each die's
+    attention interpolated linearly in its mean context between chip costs at ``kv`` and at the
+    top of the range); None: every sequence at ``kv``.
     ``check_fit=False`` times a step whose KV would not fit (a serving run's cost table, whose
     own KV manager enforces the capacity)."""
     s = loaded.system
@@ -201,9 +207,12 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         seqs_die = batch / dpn
         tokens_die = seqs_die * q_len
         seqs_mb = max(1, int(round(seqs_die / mb)))
-        graph = build_graph(cfg, "decode", batch=seqs_mb, seq_len=q_len, kv_len=kv, precision="a8w8", layers=layers)
-        att_graph = graph if att_t == 1 else build_graph(att_cfg, "decode", batch=seqs_mb * att_t, seq_len=q_len,
-                                                         kv_len=kv, precision="a8w8", layers=layers)
+
+        def decode_graph(model, seqs, kv_len):
+            return build_graph(model, "decode", batch=seqs, seq_len=q_len, kv_len=kv_len, precision="a8w8",
+                               layers=layers)
+        graph = decode_graph(cfg, seqs_mb, kv)
+        att_graph = graph if att_t == 1 else decode_graph(att_cfg, seqs_mb * att_t, kv)
         kv_tokens = kv
     else:
         if batch_tokens is None or batch_tokens <= 0:
@@ -220,6 +229,17 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         kv_tokens = seq
     moe_layer = cfg.first_dense_layers
     attention = cc.graph(_layer_subgraph(att_graph, moe_layer, "moe.route"), cores=att_cores)
+    att_die_us = np.full(dies, attention.time_us)  # each die's attention block (one microbatch)
+    if kv_min is not None and dep.phase == "decode":
+        if not 0 < kv_min < kv:
+            raise ConfigError(f"--kv-min {kv_min}: the shortest context, between 0 and --kv {kv} (the mean)")
+        kv_hi = 2 * kv - kv_min
+        top = cc.graph(_layer_subgraph(decode_graph(att_cfg, seqs_mb * att_t, kv_hi), moe_layer, "moe.route"),
+                       cores=att_cores)
+        rng = np.random.default_rng([seed, 1])
+        per_group = max(1, int(round(seqs_die * att_t)))
+        means = rng.uniform(kv_min, kv_hi, size=(dies // att_t, per_group)).mean(axis=1).repeat(att_t)
+        att_die_us = np.maximum(0.0, attention.time_us + (top.time_us - attention.time_us) * (means - kv) / (kv_hi - kv))
     if not cfg.first_dense_layers:
         dense = None
     elif att_t == 1:
@@ -282,7 +302,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     np.fill_diagonal(comb_bytes, 0)
     ops = s.moe_operators
     half_other_ps = int(round(ops.other_kernels_us / 2 * PS_PER_US))
-    att_ps = int(round(attention.time_us * PS_PER_US)) + half_other_ps
+    att_ps = np.round(att_die_us * PS_PER_US).astype(np.int64) + half_other_ps
     disp_ps = int(round(ops.dispatch_overhead_us * PS_PER_US)) + half_other_ps
     comb_ps = int(round(ops.combine_overhead_us * PS_PER_US))
     moe_unit = "moe" if split else "compute"
@@ -293,7 +313,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     def attention_and_dispatch(m: int) -> dict:
         # attention TP: the group's inputs all-gathered before, the outputs reduce-scattered after
         in_ids, inputs = matrix_transfers(w, ranks, att_bytes, via, done[m])
-        att = [w.compute(int(ranks[d]), att_ps, inputs[d] + ([done[m][d]] if done[m][d] >= 0 else []))
+        att = [w.compute(int(ranks[d]), int(att_ps[d]), inputs[d] + ([done[m][d]] if done[m][d] >= 0 else []))
                for d in range(dies)]
         out_ids, outputs = matrix_transfers(w, ranks, att_bytes, via, att)
         disp_start = [w.compute(int(ranks[d]), disp_ps, [att[d]] + outputs[d], unit=moe_unit) for d in range(dies)]
@@ -341,7 +361,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     moe_us = float((moe_ps + shared_ps).max() * mb / PS_PER_US)
     shared_comm_us = sum(span_us(lm[2]) for lm in last)
     att_comm_us = sum(span_us(lm[3]) for lm in last)
-    att_us = attention.time_us * mb
+    att_us = float(att_die_us.max()) * mb  # the slowest die's
     layer_us = layer_ps / PS_PER_US
     parts = att_us + moe_us + dispatch_us + combine_us + shared_comm_us + att_comm_us + other_us
     breakdown = {"attention": att_us, "moe_compute": moe_us, "dispatch": dispatch_us, "combine": combine_us,
@@ -367,6 +387,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         step_breakdown_ms={k: round(v / 1e3, 4) for k, v in step_parts_us.items()}, microbatches=mb, mtp=dep.mtp,
         mtp_acceptance=dep.mtp_acceptance, eplb=dep.eplb, kv_gb_per_die=kv_gb, weights_gb_per_die=weights_gb,
         imbalance=float(received.max() / received.mean()) if received.mean() > 0 else 1.0,
+        attention_imbalance=float(att_die_us.max() / att_die_us.mean()),
         chip_cost=cc.stats.as_dict(),
     )
 

@@ -71,7 +71,7 @@ def deepseek_rows(quick: bool = False) -> list[Row]:
         dep = load_deployment(MAPPER_DIR / r["mapping"])
         res = simulate_step(loaded, dep, batch=r.get("batch"), kv=r.get("kv", 4096),
                             batch_tokens=r.get("batch_tokens"), seq=r.get("seq", 4096), mtp=r.get("mtp"),
-                            mtp_acceptance=r.get("mtp_acceptance"), eplb=r.get("eplb"))
+                            mtp_acceptance=r.get("mtp_acceptance"), eplb=r.get("eplb"), kv_min=r.get("kv_min"))
         metric = {"tpot_ms": "TPOT", "tokens_per_s_per_npu": "tok/s/NPU", "kv_gb_per_die": "KV GiB/die",
                   "dispatch_us_per_call": "dispatch per call", "combine_us_per_call": "combine per call",
                   "dispatch_combine_us_per_call": "per layer"
