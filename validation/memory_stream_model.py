@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 from machine import machine_line  # noqa: E402
+from memory_noc_study import WEST_16, load_concurrent_streams  # noqa: E402
 
 from npusim.arch import load_arch  # noqa: E402
 from npusim.mapping.spec import spec_from_flags  # noqa: E402
@@ -57,20 +58,14 @@ def main() -> None:
     print("memory streams over the mesh at the path fidelity: reserve vs hop (error = reserve / hop - 1)\n")
     print("1. Concurrent streams, 4 x 256 KiB a core (analytical memory): bytes per cycle delivered")
     head("B/cycle")
-    west = [0, 1, 8, 9, 2, 3, 10, 11, 16, 17, 24, 25, 18, 19, 26, 27]
-    for name, cores in (("16 cores", west), ("64 cores", list(range(64)))):
+    for name, cores in (("16 cores", WEST_16), ("64 cores", list(range(64)))):
         vals = {}
         for m in MODELS:
             sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams=m)
-            a = 0
-            for c in cores:
-                for e in range(2):
-                    for _ in range(2):
-                        sim.add_dma(c, 256 * 1024, address=a, dma_engine=e)
-                        a += 256 * 1024
+            nbytes = load_concurrent_streams(sim, cores)
             c0 = time.process_time()
             sim.run()
-            vals[m] = {"bw": 4 * 256 * 1024 * len(cores) / sim.makespan(), "events": sim.events,
+            vals[m] = {"bw": nbytes / sim.makespan(), "events": sim.events,
                        "cpu": time.process_time() - c0}
         worst = max(worst, abs(vals["reserve"]["bw"] / vals["hop"]["bw"] - 1))
         print(row(name, vals, "bw", "{:.1f}"), flush=True)
