@@ -109,7 +109,8 @@ def test_interpolation_is_bounded_by_its_corners(arch64):
     """An iteration between two KV buckets replays no faster than its lower corner and no slower
     than its upper one."""
     sim = ServingSimulator(arch64, _spec(2), ServingConfig(model="qwen3-0.6b", layers=2,
-                                                           iteration_cache=Buckets(kv=2048)))
+                                                           iteration_cache=Buckets(kv=2048),
+                                                           iteration_replay="skeleton"))
     cache = sim.instances[0].costs
 
     def replayed(groups):

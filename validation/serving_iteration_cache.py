@@ -7,11 +7,12 @@
   clipped to 2048 tokens and outputs to 128, PD fusion budget 512, chunks of 256);
 * PD disaggregation (``--schedule disagg``, 2:1 prefill:decode cores, the default requests).
 
-Each cached run is shown at exact buckets (the compiled shapes) and at coarser ones (KV
+Each cached run (stage replay by default; ``--replay stages,skeleton`` adds the skeleton
+replay) is shown at exact buckets (the compiled shapes) and at coarser ones (KV
 interpolated, batch and chunk rounded up). The goal (issue 14): error on throughput and mean TTFT/TBT under 5%.
 
     python validation/serving_iteration_cache.py [--mooncake N] [--buckets "exact;kv=1024"]
-        [--only default,mooncake,pd]
+        [--only default,mooncake,pd] [--replay stages,skeleton]
 """
 
 from __future__ import annotations
@@ -64,13 +65,15 @@ def main() -> None:
     ap.add_argument("--buckets", default="exact;kv=1024",
                     help="';'-separated bucket settings of the cached runs (see npusim run --iteration-cache-buckets)")
     ap.add_argument("--only", default="default,mooncake,pd")
+    ap.add_argument("--replay", default="stages",
+                    help="','-separated replays of the cached runs: stages (the default), skeleton")
     args = ap.parse_args()
     arch = load_arch("npusim-64c")
     print("iteration cache vs every iteration simulated (Qwen3-4B, npusim-64c, memory analytical, NoC path); "
           "error = cached / uncached - 1")
     labels = [k if s is None else f"{k} {s}" for k, s in METRICS]
     head = " ".join(f"{lab:>10}" for lab in labels)
-    print(f"{'scenario':>9} {'cache':>8} | {'wall s':>7} {'cpu s':>7} {'shapes':>6} | {head}")
+    print(f"{'scenario':>9} {'cache':>14} | {'wall s':>7} {'cpu s':>7} {'shapes':>6} | {head}")
     all_scen = scenarios(args.mooncake)
     for name in args.only.split(","):
         spec, reqs, cfg, pd = all_scen[name]
@@ -79,12 +82,13 @@ def main() -> None:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         ref = metrics(base)
         vals = " ".join(f"{ref[m]:>10.1f}" for m in ref)
-        print(f"{name:>9} {'off':>8} | {wall:7.1f} {cpu:7.1f} {base['compiled_iteration_shapes']:>6} | {vals}", flush=True)
+        print(f"{name:>9} {'off':>14} | {wall:7.1f} {cpu:7.1f} {base['compiled_iteration_shapes']:>6} | {vals}", flush=True)
         worst = 0.0
-        for text in args.buckets.split(";"):
+        for text, replay in ((t, r) for r in args.replay.split(",") for t in args.buckets.split(";")):
             b = parse_buckets(text)
             t0, c0 = time.perf_counter(), time.process_time()
-            s = simulate_serving(arch, spec, reqs, ServingConfig(**{**cfg.__dict__, "iteration_cache": b}), pd=pd).summary
+            s = simulate_serving(arch, spec, reqs, ServingConfig(**{**cfg.__dict__, "iteration_cache": b,
+                                                                    "iteration_replay": replay}), pd=pd).summary
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             got = metrics(s)
             errs = {m: got[m] / ref[m] - 1 for m in ref}
@@ -92,7 +96,8 @@ def main() -> None:
             cells = " ".join(f"{100 * errs[m]:>+9.1f}%" for m in ref)
             label = "exact" if b.exact else ",".join(f"{k}={getattr(b, k)}" for k in ("kv", "batch", "chunk")
                                                      if getattr(b, k) != getattr(EXACT, k))
-            print(f"{name:>9} {label:>8} | {wall:7.1f} {cpu:7.1f} {s['iteration_cache']['shapes_simulated']:>6} | "
+            label = f"{replay[:5]} {label}"
+            print(f"{name:>9} {label:>14} | {wall:7.1f} {cpu:7.1f} {s['iteration_cache']['shapes_simulated']:>6} | "
                   f"{cells}", flush=True)
         print(f"{'':>9} worst error on throughput / mean TTFT / mean TBT: {100 * worst:.1f}% "
               f"({'within' if worst < 0.05 else 'OVER'} the 5% goal)")

@@ -81,6 +81,9 @@ def add_serving_args(p) -> None:
                    help="iteration cache key buckets: kv=TOKENS (multiple of 256, interpolated between), batch=N "
                    "(decode counts rounded up), chunk=TOKENS (multiple of 16), any of them, or exact "
                    "(default kv=256,batch=8,chunk=16: exact)")
+    g.add_argument("--iteration-cache-replay", choices=["stages", "skeleton"], default=None,
+                   help="how a cached iteration replays: stages (one hold per pipeline stage, set by how many "
+                   "iterations are in flight; the default) or skeleton (each DMA replayed, compute and NoC held)")
     g.add_argument("--iteration-cache-dir", type=Path, default=None,
                    help="keep the iteration cache's measured shapes in this directory and reuse them in later runs "
                    "(keyed by chip, mapping, model, fidelity and npusim's code; default: this run only)")
@@ -144,7 +147,7 @@ def _iteration_cache(args) -> Buckets | None:
     """``--iteration-cache on`` with its buckets, or None (every iteration simulated)."""
     text = getattr(args, "iteration_cache_buckets", None)
     if getattr(args, "iteration_cache", "off") != "on":
-        for flag in ("buckets", "dir"):
+        for flag in ("buckets", "dir", "replay"):
             if getattr(args, f"iteration_cache_{flag}", None) is not None:
                 raise ConfigError(f"--iteration-cache-{flag} needs --iteration-cache on")
         return None
@@ -192,7 +195,8 @@ def serve(args, arch, spec):
                         memory_mode=args.memory, noc_mode=args.fidelity, admission=args.admission,
                         prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms,
                         iteration_cache=_iteration_cache(args),
-                        iteration_cache_dir=getattr(args, "iteration_cache_dir", None))
+                        iteration_cache_dir=getattr(args, "iteration_cache_dir", None),
+                        iteration_replay=getattr(args, "iteration_cache_replay", None) or "stages")
     with request_progress(len(reqs), enabled=not args.no_progress) as progress:
         run = simulate_serving(arch, spec, reqs, cfg, progress=progress, pd=pd, replicas=opts["replicas"])
     s = run.summary
@@ -264,7 +268,8 @@ def _print(s: dict) -> None:
     ic = s.get("iteration_cache") or {}
     if ic.get("enabled"):
         b = ic["buckets"]
-        print(f"  iter. cache    on (kv {b['kv']}, batch {b['batch']}, chunk {b['chunk']}): {ic['shapes_simulated']} "
+        print(f"  iter. cache    on, {ic['replay']} replay (kv {b['kv']}, batch {b['batch']}, chunk {b['chunk']}): "
+              f"{ic['shapes_simulated']} "
               f"shapes simulated ({ic['shapes_from_disk']} more from disk), {ic['hits']} hits, {ic['misses']} misses, {ic['interpolated']} interpolated")
     hit = s.get("prefix_hit_rate")
     print(f"  KV cache       {s['kv_bytes_per_token']:,} B/token; {kvm.get('spills', 0)} spills SRAM->HBM "

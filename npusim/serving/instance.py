@@ -17,12 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from npusim.arch.derived import kv_cache_base_address
+from npusim.engine.tasks import PENDING
 from npusim.mapping.mapper import map_model
 from npusim.model.builder import build_graph
 from npusim.serving.iteration import Work, build_groups_graph, iteration_groups
-from npusim.serving.itercache import GAP_FRACTION, IterationCostCache, ShapeStore, measure
+from npusim.serving.itercache import GAP_FRACTION, IterationCost, IterationCostCache, ShapeStore, measure
 from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
+from npusim.serving.stagecost import Lanes, StageCost, measure_stages
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import submit_materialized
 
@@ -73,6 +75,7 @@ class Instance:
         self.pending_spills: list[int] = []  # KV spill DMAs the next iteration's HBM KV reads wait for
         buckets = cfg.iteration_cache
         self.costs = None
+        self.replayed = {"hbm_bytes": 0, "noc_bytes": 0}  # what cached iterations moved (not simulated)
         self._plan_memory(hbm_bytes)
         if buckets is not None:
             store = None
@@ -84,9 +87,12 @@ class Instance:
                     "precision": cfg.precision, "layers": cfg.layers,
                     "pad": cfg.pad_shapes, "memory": cfg.memory_mode, "noc": cfg.noc_mode,
                     "memory_over_noc": sim.memory_over_noc, "memory_streams": sim.memory_streams,
-                    "segments": [GAP_FRACTION, "one per DMA"]})
+                    "segments": [GAP_FRACTION, "one per DMA"], "replay": cfg.iteration_replay},
+                    StageCost if self.stage_replay else IterationCost)
             self.costs = IterationCostCache(buckets, self._measure, store)
         self.inflight: deque = deque()  # (notify task, slots, kv share in HBM, submitted_s)
+        self.holds: dict[int, tuple] = {}  # stage replay: notify task -> (its units' hold tasks, StageCost)
+        self._replaying = None
         self.running: list = []
         self.waiting: deque = deque()
         self.depth = spec.pipeline.stages
@@ -108,6 +114,7 @@ class Instance:
                           not op.attrs.get("shared_weight"))
         weights_sram = sum(op.weight_bytes for op in probe.ops if op.kind != "embedding")
         mapped = map_model(probe, arch, self.spec, cores=self.cores)
+        self.lanes = Lanes.of_groups(mapped.groups)
         self.weights_resident = mapped.weights_resident
         streamed = "partial" if self.spec.memory.weights == "partial" else "hbm"
         mem = self.spec.memory.model_copy(update={"weights": "sram" if self.weights_resident else streamed,
@@ -144,9 +151,18 @@ class Instance:
         self.shapes_compiled += 1
         return _Compiled(arrays, np.flatnonzero(~has_succ), kv_reads, placement)
 
+    @property
+    def stage_replay(self) -> bool:
+        return self.cfg.iteration_replay == "stages"
+
     def _measure(self, groups, sampled: int, placement: float):
-        """An iteration shape's cost skeleton: its program simulated alone (the iteration cache)."""
+        """An iteration shape's cost for the iteration cache: its stage timing, or its cost
+        skeleton (its program simulated alone)."""
         comp = self._compile(groups, sampled, placement)
+        if self.stage_replay:
+            return measure_stages(self.arch, self.lanes, comp.arrays, {
+                "memory_mode": self.cfg.memory_mode, "noc_mode": self.cfg.noc_mode,
+                "memory_over_noc": self.sim.memory_over_noc, "memory_streams": self.sim.memory_streams})
         return measure(self.arch, self.cfg.memory_mode, self.cfg.noc_mode, comp.arrays, comp.kv_reads, placement,
                        memory_over_noc=self.sim.memory_over_noc, memory_streams=self.sim.memory_streams)
 
@@ -168,10 +184,17 @@ class Instance:
         return hit, hit.at_fraction(hbm_fraction if 0 < hbm_fraction < 1 else placement)
 
     def _cached(self, slots, hbm_fraction: float) -> tuple:
-        """The iteration's cost skeleton from the iteration cache: its arrays and the relative
-        id of the task that ends with it."""
+        """The iteration's replay from the iteration cache (its stage holds at the pipeline's
+        current fill, or its cost skeleton): its arrays and the relative id of the task that ends
+        with it."""
         work = [Work(s.q, s.kv, s.samples) for s in slots]
         groups, sampled = iteration_groups(work, pad=self.cfg.pad_shapes)
+        if self.stage_replay:
+            cost = self.costs.stage_cost(groups, sampled, hbm_fraction)
+            self.replayed["hbm_bytes"] += cost.hbm_bytes
+            self.replayed["noc_bytes"] += cost.noc_bytes
+            self._replaying = cost
+            return cost.tasks(self.lanes, len(self.inflight) + 1)
         placement = _placement(hbm_fraction)
         return self.costs.tasks(groups, sampled, placement, hbm_fraction if 0 < hbm_fraction < 1 else placement)
 
@@ -198,7 +221,7 @@ class Instance:
             sinks = comp.sinks
             if hbm_tok and comp.kv_reads.size:
                 arrays = self._at_requests(slots, comp, arrays)
-        else:  # the cost skeleton (it does not wait for pending spills nor load first-use weights)
+        else:  # the cached cost (it does not wait for pending spills nor load first-use weights)
             comp = None
             arrays, last = self._cached(slots, frac)
             sinks = [last]
@@ -207,11 +230,34 @@ class Instance:
         else:
             # a shape's arrays (kept by the caches) are checked on their first submission only
             check = id(arrays[0]) not in self._submitted
-            self._submitted.add(id(arrays[0]))
+            if comp is not None or not self.stage_replay:  # stage replays are built anew each time
+                self._submitted.add(id(arrays[0]))
             ids = submit_materialized(self.sim, arrays, check=check)
         note = self.sim.add_notify(ids[sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
+        if comp is None and self.stage_replay:
+            cost, self._replaying = self._replaying, None
+            self.holds[note] = (ids[cost.unit_rows()], cost)
+            self.retime()
         return note
+
+    def retime(self) -> None:
+        """Stage replay: set the holds not yet started of every iteration in flight to the
+        pipeline's current fill (called when it changes: at a launch and at an iteration's end),
+        so a lane's hold reflects the iterations in flight when it starts."""
+        k = len(self.inflight)
+        tt = self.sim.engine.tt
+        for note in [n for n in self.holds if n not in self._inflight_notes()]:
+            del self.holds[note]
+        for ids, cost in self.holds.values():
+            waiting = (ids >= 0) & (tt.state[np.maximum(ids, 0)] == PENDING)  # -1: compacted away (done)
+            if waiting.any():
+                span, busy = cost.unit_params(k, self.lanes.depth)
+                tt.param[ids[waiting], 0] = span[waiting]
+                tt.param[ids[waiting], 1] = busy[waiting]
+
+    def _inflight_notes(self) -> set:
+        return {it[0] for it in self.inflight}
 
     def advance(self, slots, records: dict, end_s: float) -> list:
         """The iteration's tokens exist at ``end_s``: grow KV, record tokens; returns spills (issued)."""
@@ -322,4 +368,5 @@ class Instance:
     def remap(self, new_id) -> None:
         """Renumber in-flight notify tasks (and pending spills) after an engine compaction."""
         self.inflight = deque((int(new_id[n]), sl, fr, sub) for n, sl, fr, sub in self.inflight)
+        self.holds = {int(new_id[n]): (new_id[ids], cost) for n, (ids, cost) in self.holds.items() if new_id[n] >= 0}
         self.pending_spills = [int(new_id[t]) for t in self.pending_spills if new_id[t] >= 0]

@@ -177,6 +177,10 @@ class IterationCost:
     noc_bytes: int
     tasks_simulated: int
 
+    ARRAYS = ("queue", "kind", "start", "end", "busy", "read", "kv_read", "write", "initiator", "address",
+              "pattern", "edge_src", "edge_dst", "edge_end")
+    SCALARS = ("duration", "fraction", "noc_bytes", "tasks_simulated")
+
     def __post_init__(self):
         self._template = None
         self._plain = None
@@ -446,20 +450,18 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-_ARRAYS = ("queue", "kind", "start", "end", "busy", "read", "kv_read", "write", "initiator", "address", "pattern",
-           "edge_src", "edge_dst", "edge_end")
-_SCALARS = ("duration", "fraction", "noc_bytes", "tasks_simulated")
-
-
 class ShapeStore:
     """Measured skeletons on disk, one ``.npz`` per shape under ``directory/<code digest>/``, keyed
     by everything that determines them (``context``: the chip, the instance's mapping and cores,
     the model, the fidelity, the segmentation) plus the shape. Writes are atomic; a missing,
-    foreign or corrupt file is measured again. Lets sweeps and repeated runs reuse shapes."""
+    foreign or corrupt file is measured again. Lets sweeps and repeated runs reuse shapes.
+    ``cls``: the kind of cost kept (:class:`IterationCost` or a stage replay's
+    :class:`~npusim.serving.stagecost.StageCost`), with its ``ARRAYS`` and ``SCALARS`` fields."""
 
-    def __init__(self, directory: Path, context: dict):
+    def __init__(self, directory: Path, context: dict, cls=IterationCost):
         self.dir = Path(directory) / code_digest()
-        self.context = {"v": KEY_VERSION, **context}
+        self.cls = cls
+        self.context = {"v": KEY_VERSION, "cost": cls.__name__, **context}
 
     def _key(self, shape: tuple) -> tuple[str, str]:
         text = json.dumps({**self.context, "shape": shape}, sort_keys=True, separators=(",", ":"), default=str)
@@ -471,15 +473,14 @@ class ShapeStore:
             with np.load(self.dir / f"{digest}.npz") as f:
                 if str(f["key"]) != text:
                     return None
-                return IterationCost(**{k: f[k].copy() for k in _ARRAYS},
-                                     duration=int(f["duration"]), fraction=float(f["fraction"]),
-                                     noc_bytes=int(f["noc_bytes"]), tasks_simulated=int(f["tasks_simulated"]))
+                return self.cls(**{k: f[k].copy() for k in self.cls.ARRAYS},
+                                **{k: f[k].item() for k in self.cls.SCALARS})
         except (OSError, ValueError, KeyError):
             return None
 
     def put(self, shape: tuple, cost: IterationCost) -> None:
         text, digest = self._key(shape)
-        data = {k: getattr(cost, k) for k in _ARRAYS + _SCALARS}
+        data = {k: getattr(cost, k) for k in self.cls.ARRAYS + self.cls.SCALARS}
 
         def writer(tmp: Path) -> None:
             with open(tmp, "wb") as fh:
@@ -538,12 +539,34 @@ class IterationCostCache:
         kv_scale = min(1.0, (lower.kv_read.sum() + (kv_hi - lower.kv_read.sum()) * t) / kv_hi) if kv_hi else 1.0
         return upper.tasks(fraction, time_scale, kv_scale)
 
+    def stage_cost(self, groups, sampled: int, fraction: float):
+        """The stage timing of an iteration (:mod:`npusim.serving.stagecost`): the corners'
+        interpolated by the iteration's share of the attention KV tokens, each corner's between its
+        shapes measured with no KV and with all KV in HBM by the share ``fraction`` in HBM (KV reads
+        scale with it)."""
+        before = self.stats["shapes_simulated"] + self.stats["shapes_from_disk"]
 
-def summary(caches: list[IterationCostCache], buckets: Buckets | None) -> dict:
+        def at(g):
+            if fraction <= 0 or fraction >= 1:
+                return self._shape(g, sampled, 0.0 if fraction <= 0 else 1.0)
+            return self._shape(g, sampled, 0.0).blend(self._shape(g, sampled, 1.0), fraction)
+
+        lo, hi, t = corners(groups, self.buckets)
+        cost = at(hi)
+        if t < 1 and lo != hi:
+            cost = at(lo).blend(cost, t)
+            self.stats["interpolated"] += 1
+        fresh = self.stats["shapes_simulated"] + self.stats["shapes_from_disk"] > before
+        self.stats["misses" if fresh else "hits"] += 1
+        return cost
+
+
+def summary(caches: list[IterationCostCache], buckets: Buckets | None, replay: str) -> dict:
     """The ``iteration_cache`` section of a serving summary."""
     if buckets is None:
         return {"enabled": False}
-    out = {"enabled": True, "buckets": {"kv": buckets.kv, "batch": buckets.batch, "chunk": buckets.chunk}}
+    out = {"enabled": True, "replay": replay,
+           "buckets": {"kv": buckets.kv, "batch": buckets.batch, "chunk": buckets.chunk}}
     for key in ("hits", "misses", "shapes_simulated", "shapes_from_disk", "interpolated"):
         out[key] = sum(c.stats[key] for c in caches)
     n = out["hits"] + out["misses"]

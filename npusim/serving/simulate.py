@@ -48,6 +48,9 @@ from npusim.serving.scheduler import Live, SchedulerConfig
 from npusim.sim import Simulator
 
 
+REPLAYS = ("stages", "skeleton")  # how the iteration cache replays an iteration
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     model: str = "qwen3-4b"
@@ -68,6 +71,11 @@ class ServingConfig:
     core_window_s: float = 0.05  # per-core utilisation windows (npusim.serving.sampling)
     iteration_cache: Buckets | None = None  # replay iteration costs per shape (npusim.serving.itercache)
     iteration_cache_dir: Path | None = None  # keep measured shapes on disk there (reused by later runs)
+    iteration_replay: str = "stages"  # how cached iterations replay: stages or skeleton (npusim.serving.stagecost)
+
+    def __post_init__(self):
+        if self.iteration_replay not in REPLAYS:
+            raise ConfigError(f"iteration cache replay '{self.iteration_replay}': expected one of {REPLAYS}")
 
 
 @dataclass
@@ -312,6 +320,7 @@ class ServingSimulator:
 
     def _iteration_done(self, inst: Instance, note: int, records, end_s, handlers, transfers) -> dict:
         first, slots, frac, submitted_s = inst.inflight.popleft()
+        inst.retime()  # the pipeline's fill changed (stage replay)
         assert first == note, "an instance's iterations complete in order"
         spills = inst.advance(slots, records, end_s)
         for live in [r for r in inst.running if r.done]:
@@ -348,7 +357,7 @@ class ServingSimulator:
         summary.update({
             "iterations": len(iterations), "compiled_iteration_shapes": sum(i.shapes_compiled for i in self.instances),
             "iteration_cache": itercache_summary([i.costs for i in self.instances if i.costs is not None],
-                                                 cfg.iteration_cache),
+                                                 cfg.iteration_cache, cfg.iteration_replay),
             "simulated_s": self._seconds(sim.now), "weights_resident": all(i.weights_resident for i in self.instances),
             "kv_bytes_per_token": self.entries[0].kv_bytes_per_token,
             "kv_manager": self.entries[0].kv.stats() if len(self.instances) == 1 else
@@ -360,7 +369,9 @@ class ServingSimulator:
             "instances": {i.name: {"cores": len(i.core_list), "tp": i.spec.tensor_parallel.degree,
                                    "stages": i.spec.pipeline.stages} for i in self.instances},
             "kv_transfer_bytes": transfers["bytes"], "kv_transfers": transfers["count"],
-            "hbm_bytes": int(sim.mem.ch_bytes.sum()), "hbm_bytes_over_noc": sim.hbm_bytes_over_noc,
+            # cached iterations (stage replay) move their measured bytes without simulating them
+            "hbm_bytes": int(sim.mem.ch_bytes.sum()) + sum(i.replayed["hbm_bytes"] for i in self.instances),
+            "hbm_bytes_over_noc": sim.hbm_bytes_over_noc,
             "sram_stall_cycles": sim.sram_stall_cycles,
             "tasks": self.tasks_total + sim.engine.num_tasks, "events": sim.events,
         })

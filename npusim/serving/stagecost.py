@@ -1,0 +1,239 @@
+"""Stage replay: the iteration cache's cheapest fidelity, an iteration replayed as one hold per
+pipeline stage whose length depends on how full the pipeline is.
+
+Why: since HBM traffic crosses the mesh, an iteration's time on a pipelined instance is set by
+the *other* iterations in flight — the pipeline's stages stream their weights at once and share
+the HBM channels and the links next to them. The skeleton replay (:mod:`.itercache`) replays each
+DMA but holds the NoC messages it measured alone, so under load it is 15–80% fast, and replaying
+the DMAs costs nearly as much as the iteration itself. Here contention is measured, not replayed.
+
+Measured per iteration shape (two simulations on fresh chips at the run's fidelity):
+
+* **alone** — the program as it is: lane ``l`` (one pipeline stage of one data-parallel
+  replica: its TP group's cores) *adds* ``alone[l]`` cycles to the iteration (its last task's end
+  minus its predecessor lane's), so the chain of increments ends when the iteration did;
+* **loaded** — the same program with every dependency between lanes cut, so all stages work
+  at once, as they do when the pipeline is full of (similar) iterations: ``loaded[l]`` is when
+  lane ``l`` ends then, and the last of them, ``wave = max(loaded)``, the pipeline's period at
+  full load (the time it takes to move one iteration's weights and KV with every stage streaming).
+
+Replayed with ``k`` iterations in flight on the instance (this one included) out of ``depth``
+stages, lane ``l`` holds every unit of its cores for::
+
+    d[l] = max(alone[l], min(loaded[l], wave * k / depth))
+
+the saturation form: while the shared HBM channels and mesh links are saturated the chip
+completes at most one iteration per ``wave``, so by Little's law an iteration with ``k`` in
+flight takes ``k * wave``, spread over the lanes — but no lane takes longer than it did with
+every stage competing, nor less than it took alone. Measured against simulating every iteration
+(Qwen3-4B on npusim-64c, TP 4 x 16 stages, 8 requests) the latency matches within 4% at 5–8
+iterations in flight and is short by 12–40% at 2–4, where the streams of a few stages already
+contend but the chip is not yet saturated. Each lane's holds wait for its
+predecessor lane's; the engine's in-order queues then pipeline iterations as the real ones do
+(lane ``l`` of iteration ``i+1`` starts when lane ``l`` of iteration ``i`` is done and lane
+``l-1`` of ``i+1`` has finished). Busy cycles of each unit: compute units their busy cycles
+alone, DMA and NoC units theirs stretched with the lane (their transfers wait longer under load).
+
+Assumptions (their error is measured by ``validation/serving_iteration_cache.py``): the iterations
+in flight beside this one are of a similar shape; ``k`` is taken at launch; traffic of other
+instances (PD disaggregation's other half, KV spills and transfers) does not slow a cached
+iteration, nor does a cached iteration slow them; KV-spill ordering is not waited for.
+Units: cycles of the chip clock; bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npusim.engine.tasks import KIND_FIXED
+from npusim.sim import Simulator
+from npusim.sim.kernel import KIND_DMA, KIND_NOC
+from npusim.sim.program import submit_materialized
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """An instance's pipeline lanes: ``cores[l]`` of lane ``l`` and the lane it waits for
+    (``prev[l]``, -1 for a first stage); ``depth`` is the pipeline's stage count."""
+
+    cores: tuple[tuple[int, ...], ...]
+    prev: tuple[int, ...]
+    depth: int
+
+    @staticmethod
+    def of_groups(groups) -> "Lanes":
+        """From a mapping's groups (``replica``, ``stage``, ``cores``): one lane per group, each
+        waiting for the same replica's previous stage."""
+        order = sorted(range(len(groups)), key=lambda g: (groups[g].replica, groups[g].stage))
+        where = {(groups[g].replica, groups[g].stage): i for i, g in enumerate(order)}
+        cores = tuple(tuple(groups[g].cores) for g in order)
+        prev = tuple(where.get((groups[g].replica, groups[g].stage - 1), -1) for g in order)
+        return Lanes(cores, prev, max(g.stage for g in groups) + 1)
+
+
+def _task_lanes(sim, lanes: Lanes, queue: np.ndarray, ptr: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Each task's lane: its core's, or for a barrier (no queue) the one lane all its consumers
+    are in (-1 if none or several)."""
+    core_lane = np.full(sim.arch.num_cores, -1, dtype=np.int64)
+    for lane, cores in enumerate(lanes.cores):
+        core_lane[list(cores)] = lane
+    lane = np.where(queue >= 0, core_lane[np.maximum(queue, 0) // sim.queues_per_core], -1)
+    barriers = np.flatnonzero(queue < 0)
+    if barriers.size:
+        owner = np.repeat(np.arange(len(queue)), np.diff(ptr))  # the consumer of each dependency
+        by_src = np.argsort(idx, kind="stable")
+        starts = np.searchsorted(idx[by_src], np.arange(len(queue) + 1))
+        for b in barriers[::-1].tolist():  # consumers have higher ids: they are resolved first
+            found = set(lane[owner[by_src[starts[b]:starts[b + 1]]]].tolist())
+            if len(found) == 1:
+                lane[b] = found.pop()
+    return lane
+
+
+def _cut(arrays: tuple, task_lane: np.ndarray) -> tuple:
+    """The arrays without dependencies between tasks of different lanes."""
+    kinds, queue, param, ptr, idx = arrays
+    owner = np.repeat(np.arange(len(kinds)), np.diff(ptr))
+    a, b = task_lane[idx], task_lane[owner]
+    keep = (a < 0) | (b < 0) | (a == b)
+    new_ptr = np.zeros_like(ptr)
+    new_ptr[1:] = np.cumsum(np.bincount(owner[keep], minlength=len(kinds)))
+    return kinds, queue, param, new_ptr, idx[keep]
+
+
+def _lane_ends(sim, arrays: tuple, task_lane: np.ndarray, lanes: int) -> tuple[np.ndarray, int]:
+    """Run ``arrays`` on ``sim``; each lane's last end (cycles) and the run's end."""
+    ids = submit_materialized(sim, arrays)
+    sim.run()
+    _, end = sim.task_times()
+    end = end[ids]
+    out = np.zeros(lanes, dtype=np.int64)
+    on = task_lane >= 0
+    np.maximum.at(out, task_lane[on], end[on])
+    return out, int(end.max(initial=0))
+
+
+@dataclass
+class StageCost:
+    """One iteration shape's stage timing (see the module docstring): ``duration`` alone
+    (cycles); per lane ``alone`` and ``loaded`` cycles; per unit of the lanes' cores (``unit_queue``, engine queue ids, with
+    ``unit_lane``): ``unit_busy`` cycles alone and ``unit_stretch`` (1 for DMA/NoC units, whose
+    busy time grows with the lane's hold). ``hbm_bytes`` and ``noc_bytes`` the iteration moves."""
+
+    duration: int
+    alone: np.ndarray
+    loaded: np.ndarray
+    unit_queue: np.ndarray
+    unit_lane: np.ndarray
+    unit_busy: np.ndarray
+    unit_stretch: np.ndarray
+    hbm_bytes: int
+    noc_bytes: int
+    tasks_simulated: int
+
+    ARRAYS = ("alone", "loaded", "unit_queue", "unit_lane", "unit_busy", "unit_stretch")
+    SCALARS = ("duration", "hbm_bytes", "noc_bytes", "tasks_simulated")
+
+    def blend(self, other: "StageCost", t: float) -> "StageCost":
+        """The shape ``t`` of the way from this one to ``other`` (same lanes): every time and byte
+        count interpolated linearly."""
+        if t <= 0:
+            return self
+        if t >= 1:
+            return other
+
+        def mix(a, b):
+            return np.round(a + (b - a) * t).astype(np.int64)
+
+        return StageCost(duration=int(round(self.duration + (other.duration - self.duration) * t)),
+                         alone=mix(self.alone, other.alone), loaded=mix(self.loaded, other.loaded),
+                         unit_queue=self.unit_queue, unit_lane=self.unit_lane,
+                         unit_busy=mix(self.unit_busy, other.unit_busy), unit_stretch=self.unit_stretch,
+                         hbm_bytes=int(round(self.hbm_bytes + (other.hbm_bytes - self.hbm_bytes) * t)),
+                         noc_bytes=int(round(self.noc_bytes + (other.noc_bytes - self.noc_bytes) * t)),
+                         tasks_simulated=0)
+
+    def holds(self, k: int, depth: int) -> np.ndarray:
+        """Each lane's hold (cycles) with ``k`` iterations in flight out of ``depth``."""
+        k = min(max(1, k), depth)
+        share = -(-int(self.loaded.max(initial=0)) * k // depth)  # the wave's k/depth
+        return np.maximum(self.alone, np.minimum(self.loaded, share))
+
+    def unit_params(self, k: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per unit: its hold's ``param[0]`` (the lane's hold) and ``param[1]`` (the busy cycles
+        it counts: 0 for all of them) at ``k`` iterations in flight."""
+        lane = self.unit_lane
+        span = self.holds(k, depth)[lane]
+        busy = np.where(self.unit_stretch > 0, self.unit_busy * span // np.maximum(self.alone[lane], 1),
+                        self.unit_busy)
+        return span, np.where(busy >= span, 0, np.maximum(1, busy))
+
+    def unit_rows(self) -> np.ndarray:
+        """The rows of the units' holds in :meth:`tasks`' arrays (each earlier lane adds a barrier)."""
+        return np.arange(self.unit_lane.size) + self.unit_lane
+
+    def tasks(self, lanes: Lanes, k: int) -> tuple[tuple, int]:
+        """Engine arrays ``(kind, queue, param, dep_ptr, dep_idx)`` of the replay (dependencies
+        relative to its first task) and the relative id of its last task: per lane, a hold on each
+        unit of its cores waiting for the predecessor lane's barrier, then the lane's barrier."""
+        n_lanes = len(lanes.prev)
+        lane = self.unit_lane  # units come lane by lane, lanes in chain order (a lane after its predecessor)
+        per_lane = np.bincount(lane, minlength=n_lanes)
+        # rows: each lane's unit holds then its barrier, lane by lane; then the last task
+        barrier = np.cumsum(per_lane + 1) - 1
+        unit_row = self.unit_rows()
+        n = int(barrier[-1]) + 2
+        kinds = np.full(n, KIND_FIXED, dtype=np.int64)
+        queue = np.full(n, -1, dtype=np.int64)
+        queue[unit_row] = self.unit_queue
+        param = np.zeros((n, 6), dtype=np.int64)
+        param[unit_row, 0], param[unit_row, 1] = self.unit_params(k, lanes.depth)
+        prev = np.asarray(lanes.prev, dtype=np.int64)
+        # dependencies: a hold waits for its lane's predecessor's barrier; a barrier for its
+        # lane's holds; the last task for the barriers no lane waits for
+        deps = np.zeros(n, dtype=np.int64)
+        deps[unit_row] = prev[lane] >= 0
+        deps[barrier] = per_lane
+        sinks = np.setdiff1d(np.arange(n_lanes), prev[prev >= 0])
+        deps[-1] = sinks.size
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum(deps)
+        idx = np.empty(int(ptr[-1]), dtype=np.int64)
+        has_prev = prev[lane] >= 0
+        idx[ptr[unit_row[has_prev]]] = barrier[prev[lane[has_prev]]]
+        for l in range(n_lanes):  # a lane's holds are the rows just before its barrier
+            b = int(barrier[l])
+            idx[ptr[b]:ptr[b + 1]] = np.arange(b - per_lane[l], b)
+        idx[ptr[n - 1]:] = barrier[sinks]
+        return (kinds, queue, param, ptr, idx), n - 1
+
+
+def measure_stages(arch, lanes: Lanes, arrays: tuple, sim_options: dict) -> StageCost:
+    """Simulate an iteration's materialised program alone and with its lanes cut apart (two fresh
+    simulators with ``sim_options``) and reduce it to its :class:`StageCost`."""
+    sim = Simulator(arch, **sim_options)
+    kinds, queue, param, ptr, idx = arrays
+    task_lane = _task_lanes(sim, lanes, queue, ptr, idx)
+    n_lanes = len(lanes.prev)
+    ends, duration = _lane_ends(sim, arrays, task_lane, n_lanes)
+    prev = np.asarray(lanes.prev, dtype=np.int64)
+    alone = np.maximum(0, ends - np.where(prev >= 0, ends[np.maximum(prev, 0)], 0))
+    busy_q = sim.engine.busy_cycles()
+    loaded, _ = _lane_ends(Simulator(arch, **sim_options), _cut(arrays, task_lane), task_lane, n_lanes)
+    unit_queue, unit_lane = [], []
+    for lane, cores in enumerate(lanes.cores):
+        for c in cores:
+            for u in sim.units:
+                unit_queue.append(sim.queue(c, u))
+                unit_lane.append(lane)
+    unit_queue = np.asarray(unit_queue, dtype=np.int64)
+    stretch = np.array([u.startswith("dma") or u == "noc" for u in sim.units] * (len(unit_queue) // len(sim.units)),
+                       dtype=np.int64)
+    dma, noc = kinds == KIND_DMA, kinds == KIND_NOC
+    return StageCost(duration=duration, alone=alone, loaded=loaded,
+                     unit_queue=unit_queue, unit_lane=np.asarray(unit_lane, dtype=np.int64),
+                     unit_busy=busy_q[unit_queue].astype(np.int64), unit_stretch=stretch,
+                     hbm_bytes=int(param[dma, 0].sum()), noc_bytes=int(param[noc, 2].sum()),
+                     tasks_simulated=len(kinds))
