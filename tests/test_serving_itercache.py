@@ -160,3 +160,91 @@ def test_shapes_kept_on_disk_are_reused(arch64, tmp_path):
     stored[0].write_bytes(b"not an npz")  # a corrupt file is measured again
     third = run()
     assert third.summary["iteration_cache"]["shapes_simulated"] == 1 and _times(third) == _times(first)
+
+
+# -- the stage replay (the default replay) ---------------------------------------------------------
+
+def _stage_cost(arch, stages=4, groups=((4, 1, 512, False),), sampled=4):
+    sim = ServingSimulator(arch, _spec(stages), ServingConfig(model="qwen3-0.6b", layers=4, iteration_cache=EXACT))
+    inst = sim.instances[0]
+    return inst, inst.costs.stage_cost(groups, sampled, 0.0)
+
+
+def _replay(arch, cost, lanes, ks):
+    """Replay ``cost`` once per entry of ``ks`` (its in-flight count), back to back on a fresh chip;
+    each replay's end."""
+    eng = Simulator(arch, memory_mode="analytical", noc_mode="path")
+    ends = []
+    for k in ks:
+        arrays, last = cost.tasks(lanes, k)
+        ends.append(submit_materialized(eng, arrays)[last])
+    eng.run()
+    return eng.task_times()[1][ends]
+
+
+def test_stage_replay_alone_ends_when_the_iteration_did(arch64):
+    """One iteration in flight: each lane holds for what it added to the iteration alone, so the
+    replay ends exactly when the simulated iteration did; the lanes are the mapping's stages."""
+    inst, cost = _stage_cost(arch64)
+    assert len(inst.lanes.prev) == 4 and inst.lanes.prev == (-1, 0, 1, 2) and inst.lanes.depth == 4
+    assert cost.alone.sum() == cost.duration
+    assert _replay(arch64, cost, inst.lanes, [1])[0] == cost.duration
+    # every stage competing slows each lane, never below what it took alone
+    assert np.all(cost.loaded >= 1) and cost.loaded.max() > cost.alone.max()
+
+
+def test_stage_replay_full_pipeline_completes_one_iteration_per_wave(arch64):
+    """A full pipeline of one shape: each lane holds min(loaded, wave) = its loaded span, so the
+    iterations complete one per wave (the slowest lane's loaded span) once the pipeline is full."""
+    inst, cost = _stage_cost(arch64)
+    depth = inst.lanes.depth
+    holds = cost.holds(depth, depth)
+    assert np.array_equal(holds, np.maximum(cost.alone, cost.loaded))
+    ends = _replay(arch64, cost, inst.lanes, [depth] * (3 * depth))
+    assert np.all(np.diff(ends[depth:]) == holds.max())
+    # between: the k/depth share of the wave, monotone in k
+    prev = cost.holds(1, depth)
+    assert np.array_equal(prev, cost.alone)
+    for k in range(2, depth + 1):
+        now = cost.holds(k, depth)
+        assert np.all(now >= prev)
+        prev = now
+
+
+def test_stage_replay_keeps_bytes_and_busy_fractions(arch64):
+    """Cached iterations move the HBM bytes the simulated ones do (counted, not simulated: the
+    same schedule, iterations alone, moves the same bytes); a unit's hold is busy no longer than it
+    lasts, so utilisation stays a fraction."""
+    off, on = _run(arch64, None, stages=1, n=4, rate=5.0), _run(arch64, EXACT, stages=1, n=4, rate=5.0)
+    assert on.summary["iteration_cache"]["replay"] == "stages"
+    assert on.summary["iterations"] == off.summary["iterations"]
+    assert on.summary["hbm_bytes"] == off.summary["hbm_bytes"] > 0
+    util = on.series["utilization"].to_arrays()[1]
+    assert np.all(util >= 0) and np.all(util <= 1 + 1e-9) and util.max() > 0
+
+
+def test_stage_replay_retimes_holds_not_yet_started(arch64):
+    """A launch raises the pipeline's fill: the holds of earlier iterations that have not started
+    yet take the new in-flight count; the ones running keep theirs."""
+    sim = ServingSimulator(arch64, _spec(4), ServingConfig(model="qwen3-0.6b", layers=4, iteration_cache=EXACT))
+    inst = sim.instances[0]
+    cost = inst.costs.stage_cost(((4, 1, 512, False),), 4, 0.0)
+    arrays, last = cost.tasks(inst.lanes, 1)
+    ids = submit_materialized(sim.sim, arrays)
+    note = sim.sim.add_notify([int(ids[last])])
+    inst.inflight.append((note, [], 0.0, 0.0))
+    inst.holds[note] = (ids[cost.unit_rows()], cost)
+    sim.sim.run(until=1)  # the first lane starts
+    for _ in range(3):
+        inst.inflight.append((-1, [], 0.0, 0.0))
+    inst.retime()
+    tt = sim.sim.engine.tt
+    hold_ids = ids[cost.unit_rows()]
+    first_lane = cost.unit_lane == 0
+    assert np.all(tt.param[hold_ids[first_lane], 0] == cost.holds(1, 4)[0])
+    assert np.all(tt.param[hold_ids[~first_lane], 0] == cost.holds(4, 4)[cost.unit_lane[~first_lane]])
+
+
+def test_replay_option_is_checked():
+    with pytest.raises(ConfigError, match="replay"):
+        ServingConfig(iteration_replay="fast")

@@ -20,7 +20,7 @@ Measured per iteration shape (two simulations on fresh chips at the run's fideli
 Replayed with ``k`` iterations in flight on the instance (this one included) out of ``depth``
 stages, lane ``l`` holds every unit of its cores for::
 
-    d[l] = max(alone[l], min(loaded[l], wave * k / depth))
+    d[l] = max(alone[l], min(loaded[l], wave * k / depth))     (alone[l] when k = 1)
 
 the saturation form: while the shared HBM channels and mesh links are saturated the chip
 completes at most one iteration per ``wave``, so by Little's law an iteration with ``k`` in
@@ -158,6 +158,8 @@ class StageCost:
     def holds(self, k: int, depth: int) -> np.ndarray:
         """Each lane's hold (cycles) with ``k`` iterations in flight out of ``depth``."""
         k = min(max(1, k), depth)
+        if k == 1:  # alone: what was measured alone
+            return self.alone
         share = -(-int(self.loaded.max(initial=0)) * k // depth)  # the wave's k/depth
         return np.maximum(self.alone, np.minimum(self.loaded, share))
 
