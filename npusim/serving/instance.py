@@ -221,12 +221,22 @@ class Instance:
             sinks = comp.sinks
             if hbm_tok and comp.kv_reads.size:
                 arrays = self._at_requests(slots, comp, arrays)
-        else:  # the cached cost (it does not wait for pending spills nor load first-use weights)
+        else:  # the cached cost (it does not load first-use weights)
             comp = None
             arrays, last = self._cached(slots, frac)
             sinks = [last]
-        if comp is not None and self.pending_spills and comp.kv_reads.size:
-            ids = self._submit_after_spills(comp, arrays)
+        # the KV reads from HBM wait for the spills that write that KV: the program's KV-read DMAs,
+        # or a stage replay's first stage (the skeleton replay does not wait)
+        if comp is not None:
+            gated = comp.kv_reads
+        elif self.stage_replay and hbm_tok:
+            gated = self._replaying.unit_rows()[self._replaying.unit_lane == 0]
+        else:
+            gated = np.zeros(0, dtype=np.int64)
+        if not self.cfg.spill_waits:
+            self.pending_spills = []
+        if self.pending_spills and gated.size:
+            ids = self._submit_after_spills(gated, arrays)
         else:
             # a shape's arrays (kept by the caches) are checked on their first submission only
             check = id(arrays[0]) not in self._submitted
@@ -316,12 +326,12 @@ class Instance:
         param[comp.kv_reads, 1] = half + (addr - half + shift) % half
         return kinds, queue, param, ptr, idx
 
-    def _submit_after_spills(self, comp, arrays):
-        """Submit ``arrays`` with its KV-read DMAs also depending on the pending spills."""
+    def _submit_after_spills(self, rows: np.ndarray, arrays):
+        """Submit ``arrays`` with its tasks ``rows`` (the KV reads) also depending on the pending spills."""
         kinds, queue, param, ptr, idx = arrays
         base = self.sim.engine.num_tasks
         extra = np.zeros(len(kinds), dtype=np.int64)
-        extra[comp.kv_reads] = len(self.pending_spills)
+        extra[rows] = len(self.pending_spills)
         new_ptr = np.zeros_like(ptr)
         new_ptr[1:] = np.cumsum(np.diff(ptr) + extra)
         new_idx = np.empty(int(new_ptr[-1]), dtype=np.int64)
@@ -329,7 +339,7 @@ class Instance:
         own = np.repeat(new_ptr[:-1], counts) + (np.arange(idx.size) - np.repeat(ptr[:-1], counts))
         new_idx[own] = idx + base
         spills = np.asarray(self.pending_spills, dtype=np.int64)
-        for r in comp.kv_reads.tolist():
+        for r in rows.tolist():
             new_idx[new_ptr[r] + counts[r]:new_ptr[r + 1]] = spills
         self.pending_spills = []
         return self.sim.submit_batch(kinds, queue, param, new_ptr, new_idx)

@@ -31,8 +31,12 @@ iterations in flight and is short by 12–40% at 2–4, where the streams of a f
 contend but the chip is not yet saturated. Each lane's holds wait for its
 predecessor lane's; the engine's in-order queues then pipeline iterations as the real ones do
 (lane ``l`` of iteration ``i+1`` starts when lane ``l`` of iteration ``i`` is done and lane
-``l-1`` of ``i+1`` has finished). Busy cycles of each unit: compute units their busy cycles
-alone, DMA and NoC units theirs stretched with the lane (their transfers wait longer under load).
+``l-1`` of ``i+1`` has finished). The holds sit on the cores' compute units (cube, vector),
+counted busy for the cycles they were busy alone; the DMA engines and NoC ports stay free for the
+transfers that are simulated (KV spills, PD KV transfers), so their utilisation series do not
+count cached iterations' traffic (the summary's ``hbm_bytes`` does). The holds are retimed when
+the fill changes (see :meth:`npusim.serving.instance.Instance.retime`); a cached iteration's first
+stage waits for pending KV spills when it reads KV from HBM, as the simulated KV reads do.
 
 Assumptions (their error is measured by ``validation/serving_iteration_cache.py``): the iterations
 in flight beside this one are of a similar shape; ``k`` is taken at launch; traffic of other
@@ -51,6 +55,9 @@ from npusim.engine.tasks import KIND_FIXED
 from npusim.sim import Simulator
 from npusim.sim.kernel import KIND_DMA, KIND_NOC
 from npusim.sim.program import submit_materialized
+
+
+COMPUTE_UNITS = ("cube", "vector")  # where a stage replay's holds sit
 
 
 @dataclass(frozen=True)
@@ -119,8 +126,7 @@ def _lane_ends(sim, arrays: tuple, task_lane: np.ndarray, lanes: int) -> tuple[n
 class StageCost:
     """One iteration shape's stage timing (see the module docstring): ``duration`` alone
     (cycles); per lane ``alone`` and ``loaded`` cycles; per unit of the lanes' cores (``unit_queue``, engine queue ids, with
-    ``unit_lane``): ``unit_busy`` cycles alone and ``unit_stretch`` (1 for DMA/NoC units, whose
-    busy time grows with the lane's hold). ``hbm_bytes`` and ``noc_bytes`` the iteration moves."""
+    ``unit_lane``; compute units only): ``unit_busy`` cycles alone. ``hbm_bytes`` and ``noc_bytes`` the iteration moves."""
 
     duration: int
     alone: np.ndarray
@@ -128,12 +134,11 @@ class StageCost:
     unit_queue: np.ndarray
     unit_lane: np.ndarray
     unit_busy: np.ndarray
-    unit_stretch: np.ndarray
     hbm_bytes: int
     noc_bytes: int
     tasks_simulated: int
 
-    ARRAYS = ("alone", "loaded", "unit_queue", "unit_lane", "unit_busy", "unit_stretch")
+    ARRAYS = ("alone", "loaded", "unit_queue", "unit_lane", "unit_busy")
     SCALARS = ("duration", "hbm_bytes", "noc_bytes", "tasks_simulated")
 
     def blend(self, other: "StageCost", t: float) -> "StageCost":
@@ -150,7 +155,7 @@ class StageCost:
         return StageCost(duration=int(round(self.duration + (other.duration - self.duration) * t)),
                          alone=mix(self.alone, other.alone), loaded=mix(self.loaded, other.loaded),
                          unit_queue=self.unit_queue, unit_lane=self.unit_lane,
-                         unit_busy=mix(self.unit_busy, other.unit_busy), unit_stretch=self.unit_stretch,
+                         unit_busy=mix(self.unit_busy, other.unit_busy),
                          hbm_bytes=int(round(self.hbm_bytes + (other.hbm_bytes - self.hbm_bytes) * t)),
                          noc_bytes=int(round(self.noc_bytes + (other.noc_bytes - self.noc_bytes) * t)),
                          tasks_simulated=0)
@@ -168,9 +173,7 @@ class StageCost:
         it counts: 0 for all of them) at ``k`` iterations in flight."""
         lane = self.unit_lane
         span = self.holds(k, depth)[lane]
-        busy = np.where(self.unit_stretch > 0, self.unit_busy * span // np.maximum(self.alone[lane], 1),
-                        self.unit_busy)
-        return span, np.where(busy >= span, 0, np.maximum(1, busy))
+        return span, np.where(self.unit_busy >= span, 0, np.maximum(1, self.unit_busy))
 
     def unit_rows(self) -> np.ndarray:
         """The rows of the units' holds in :meth:`tasks`' arrays (each earlier lane adds a barrier)."""
@@ -227,15 +230,13 @@ def measure_stages(arch, lanes: Lanes, arrays: tuple, sim_options: dict) -> Stag
     unit_queue, unit_lane = [], []
     for lane, cores in enumerate(lanes.cores):
         for c in cores:
-            for u in sim.units:
+            for u in (u for u in sim.units if u in COMPUTE_UNITS):
                 unit_queue.append(sim.queue(c, u))
                 unit_lane.append(lane)
     unit_queue = np.asarray(unit_queue, dtype=np.int64)
-    stretch = np.array([u.startswith("dma") or u == "noc" for u in sim.units] * (len(unit_queue) // len(sim.units)),
-                       dtype=np.int64)
     dma, noc = kinds == KIND_DMA, kinds == KIND_NOC
     return StageCost(duration=duration, alone=alone, loaded=loaded,
                      unit_queue=unit_queue, unit_lane=np.asarray(unit_lane, dtype=np.int64),
-                     unit_busy=busy_q[unit_queue].astype(np.int64), unit_stretch=stretch,
+                     unit_busy=busy_q[unit_queue].astype(np.int64),
                      hbm_bytes=int(param[dma, 0].sum()), noc_bytes=int(param[noc, 2].sum()),
                      tasks_simulated=len(kinds))
