@@ -143,7 +143,7 @@ def test_iteration_kv_reads_wait_for_pending_spills(arch64):
     param[1, :3] = (4096, 1 << 33, 0)
     ptr, idx = np.array([0, 0, 1, 3], np.int64), np.array([0, 0, 1], np.int64)  # 1 <- 0; 2 <- 0, 1
     fake = SimpleNamespace(sim=sim, pending_spills=[spill])
-    ids = Instance._submit_after_spills(fake, SimpleNamespace(kv_reads=np.array([1])), (kinds, queue, param, ptr, idx))
+    ids = Instance._submit_after_spills(fake, np.array([1]), (kinds, queue, param, ptr, idx))
     assert fake.pending_spills == []
     sim.run()
     start, end = sim.task_times()
