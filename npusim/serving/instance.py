@@ -75,7 +75,7 @@ class Instance:
         self.pending_spills: list[int] = []  # KV spill DMAs the next iteration's HBM KV reads wait for
         buckets = cfg.iteration_cache
         self.costs = None
-        self.replayed = {"hbm_bytes": 0, "noc_bytes": 0}  # what cached iterations moved (not simulated)
+        self.replayed_hbm_bytes = 0  # what cached (stage-replayed) iterations moved, not simulated
         self._plan_memory(hbm_bytes)
         if buckets is not None:
             store = None
@@ -92,7 +92,6 @@ class Instance:
             self.costs = IterationCostCache(buckets, self._measure, store)
         self.inflight: deque = deque()  # (notify task, slots, kv share in HBM, submitted_s)
         self.holds: dict[int, tuple] = {}  # stage replay: notify task -> (its units' hold tasks, StageCost)
-        self._replaying = None
         self.running: list = []
         self.waiting: deque = deque()
         self.depth = spec.pipeline.stages
@@ -185,18 +184,17 @@ class Instance:
 
     def _cached(self, slots, hbm_fraction: float) -> tuple:
         """The iteration's replay from the iteration cache (its stage holds at the pipeline's
-        current fill, or its cost skeleton): its arrays and the relative id of the task that ends
-        with it."""
+        current fill, or its cost skeleton): its arrays, the relative id of the task that ends
+        with it, and its :class:`StageCost` (None for a skeleton)."""
         work = [Work(s.q, s.kv, s.samples) for s in slots]
         groups, sampled = iteration_groups(work, pad=self.cfg.pad_shapes)
         if self.stage_replay:
             cost = self.costs.stage_cost(groups, sampled, hbm_fraction)
-            self.replayed["hbm_bytes"] += cost.hbm_bytes
-            self.replayed["noc_bytes"] += cost.noc_bytes
-            self._replaying = cost
-            return cost.tasks(self.lanes, len(self.inflight) + 1)
+            self.replayed_hbm_bytes += cost.hbm_bytes
+            return (*cost.tasks(self.lanes, len(self.inflight) + 1), cost)
         placement = _placement(hbm_fraction)
-        return self.costs.tasks(groups, sampled, placement, hbm_fraction if 0 < hbm_fraction < 1 else placement)
+        return (*self.costs.tasks(groups, sampled, placement, hbm_fraction if 0 < hbm_fraction < 1 else placement),
+                None)
 
     def free_to_launch(self) -> bool:
         return len(self.inflight) < self.depth
@@ -216,6 +214,7 @@ class Instance:
             a, b = self.kv.location(s.live.req.id)
             sram_tok, hbm_tok = sram_tok + a, hbm_tok + b
         frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
+        stages = None  # the stage replay's cost, if that is how this iteration replays
         if self.costs is None:
             comp, arrays = self._compiled(slots, frac)
             sinks = comp.sinks
@@ -223,14 +222,14 @@ class Instance:
                 arrays = self._at_requests(slots, comp, arrays)
         else:  # the cached cost (it does not load first-use weights)
             comp = None
-            arrays, last = self._cached(slots, frac)
+            arrays, last, stages = self._cached(slots, frac)
             sinks = [last]
         # the KV reads from HBM wait for the spills that write that KV: the program's KV-read DMAs,
         # or a stage replay's first stage (the skeleton replay does not wait)
         if comp is not None:
             gated = comp.kv_reads
-        elif self.stage_replay and hbm_tok:
-            gated = self._replaying.unit_rows()[self._replaying.unit_lane == 0]
+        elif stages is not None and hbm_tok:
+            gated = stages.unit_rows()[stages.unit_lane == 0]
         else:
             gated = np.zeros(0, dtype=np.int64)
         if not self.cfg.spill_waits:
@@ -240,14 +239,13 @@ class Instance:
         else:
             # a shape's arrays (kept by the caches) are checked on their first submission only
             check = id(arrays[0]) not in self._submitted
-            if comp is not None or not self.stage_replay:  # stage replays are built anew each time
+            if stages is None:  # stage replays are built anew each time
                 self._submitted.add(id(arrays[0]))
             ids = submit_materialized(self.sim, arrays, check=check)
         note = self.sim.add_notify(ids[sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
-        if comp is None and self.stage_replay:
-            cost, self._replaying = self._replaying, None
-            self.holds[note] = (ids[cost.unit_rows()], cost)
+        if stages is not None:
+            self.holds[note] = (ids[stages.unit_rows()], stages)
             self.retime()
         return note
 
@@ -257,17 +255,14 @@ class Instance:
         so a lane's hold reflects the iterations in flight when it starts."""
         k = len(self.inflight)
         tt = self.sim.engine.tt
-        for note in [n for n in self.holds if n not in self._inflight_notes()]:
-            del self.holds[note]
+        live = {it[0] for it in self.inflight}
+        self.holds = {n: h for n, h in self.holds.items() if n in live}
         for ids, cost in self.holds.values():
             waiting = (ids >= 0) & (tt.state[np.maximum(ids, 0)] == PENDING)  # -1: compacted away (done)
             if waiting.any():
                 span, busy = cost.unit_params(k, self.lanes.depth)
                 tt.param[ids[waiting], 0] = span[waiting]
                 tt.param[ids[waiting], 1] = busy[waiting]
-
-    def _inflight_notes(self) -> set:
-        return {it[0] for it in self.inflight}
 
     def advance(self, slots, records: dict, end_s: float) -> list:
         """The iteration's tokens exist at ``end_s``: grow KV, record tokens; returns spills (issued)."""

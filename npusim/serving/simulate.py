@@ -321,8 +321,8 @@ class ServingSimulator:
 
     def _iteration_done(self, inst: Instance, note: int, records, end_s, handlers, transfers) -> dict:
         first, slots, frac, submitted_s = inst.inflight.popleft()
-        inst.retime()  # the pipeline's fill changed (stage replay)
         assert first == note, "an instance's iterations complete in order"
+        inst.retime()  # the pipeline's fill changed (stage replay)
         spills = inst.advance(slots, records, end_s)
         for live in [r for r in inst.running if r.done]:
             records[live.req.id].finish_s = end_s
@@ -371,7 +371,7 @@ class ServingSimulator:
                                    "stages": i.spec.pipeline.stages} for i in self.instances},
             "kv_transfer_bytes": transfers["bytes"], "kv_transfers": transfers["count"],
             # cached iterations (stage replay) move their measured bytes without simulating them
-            "hbm_bytes": int(sim.mem.ch_bytes.sum()) + sum(i.replayed["hbm_bytes"] for i in self.instances),
+            "hbm_bytes": int(sim.mem.ch_bytes.sum()) + sum(i.replayed_hbm_bytes for i in self.instances),
             "hbm_bytes_over_noc": sim.hbm_bytes_over_noc,
             "sram_stall_cycles": sim.sram_stall_cycles,
             "tasks": self.tasks_total + sim.engine.num_tasks, "events": sim.events,

@@ -39,9 +39,9 @@ the fill changes (see :meth:`npusim.serving.instance.Instance.retime`); a cached
 stage waits for pending KV spills when it reads KV from HBM, as the simulated KV reads do.
 
 Assumptions (their error is measured by ``validation/serving_iteration_cache.py``): the iterations
-in flight beside this one are of a similar shape; ``k`` is taken at launch; traffic of other
-instances (PD disaggregation's other half, KV spills and transfers) does not slow a cached
-iteration, nor does a cached iteration slow them; KV-spill ordering is not waited for.
+in flight beside this one are of a similar shape; a lane's hold is fixed once it starts; traffic
+of other instances (PD disaggregation's other half, KV spills and transfers) does not slow a
+cached iteration, nor does a cached iteration slow them.
 Units: cycles of the chip clock; bytes.
 """
 
@@ -53,7 +53,7 @@ import numpy as np
 
 from npusim.engine.tasks import KIND_FIXED
 from npusim.sim import Simulator
-from npusim.sim.kernel import KIND_DMA, KIND_NOC
+from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import submit_materialized
 
 
@@ -125,8 +125,9 @@ def _lane_ends(sim, arrays: tuple, task_lane: np.ndarray, lanes: int) -> tuple[n
 @dataclass
 class StageCost:
     """One iteration shape's stage timing (see the module docstring): ``duration`` alone
-    (cycles); per lane ``alone`` and ``loaded`` cycles; per unit of the lanes' cores (``unit_queue``, engine queue ids, with
-    ``unit_lane``; compute units only): ``unit_busy`` cycles alone. ``hbm_bytes`` and ``noc_bytes`` the iteration moves."""
+    (cycles); per lane ``alone`` and ``loaded`` cycles; per unit of the lanes' cores (``unit_queue``,
+    engine queue ids, with ``unit_lane``; compute units only): ``unit_busy`` cycles alone.
+    ``hbm_bytes``: what the iteration reads and writes in HBM."""
 
     duration: int
     alone: np.ndarray
@@ -135,11 +136,9 @@ class StageCost:
     unit_lane: np.ndarray
     unit_busy: np.ndarray
     hbm_bytes: int
-    noc_bytes: int
-    tasks_simulated: int
 
     ARRAYS = ("alone", "loaded", "unit_queue", "unit_lane", "unit_busy")
-    SCALARS = ("duration", "hbm_bytes", "noc_bytes", "tasks_simulated")
+    SCALARS = ("duration", "hbm_bytes")
 
     def blend(self, other: "StageCost", t: float) -> "StageCost":
         """The shape ``t`` of the way from this one to ``other`` (same lanes): every time and byte
@@ -156,9 +155,7 @@ class StageCost:
                          alone=mix(self.alone, other.alone), loaded=mix(self.loaded, other.loaded),
                          unit_queue=self.unit_queue, unit_lane=self.unit_lane,
                          unit_busy=mix(self.unit_busy, other.unit_busy),
-                         hbm_bytes=int(round(self.hbm_bytes + (other.hbm_bytes - self.hbm_bytes) * t)),
-                         noc_bytes=int(round(self.noc_bytes + (other.noc_bytes - self.noc_bytes) * t)),
-                         tasks_simulated=0)
+                         hbm_bytes=int(round(self.hbm_bytes + (other.hbm_bytes - self.hbm_bytes) * t)))
 
     def holds(self, k: int, depth: int) -> np.ndarray:
         """Each lane's hold (cycles) with ``k`` iterations in flight out of ``depth``."""
@@ -234,9 +231,7 @@ def measure_stages(arch, lanes: Lanes, arrays: tuple, sim_options: dict) -> Stag
                 unit_queue.append(sim.queue(c, u))
                 unit_lane.append(lane)
     unit_queue = np.asarray(unit_queue, dtype=np.int64)
-    dma, noc = kinds == KIND_DMA, kinds == KIND_NOC
     return StageCost(duration=duration, alone=alone, loaded=loaded,
                      unit_queue=unit_queue, unit_lane=np.asarray(unit_lane, dtype=np.int64),
                      unit_busy=busy_q[unit_queue].astype(np.int64),
-                     hbm_bytes=int(param[dma, 0].sum()), noc_bytes=int(param[noc, 2].sum()),
-                     tasks_simulated=len(kinds))
+                     hbm_bytes=int(param[kinds == KIND_DMA, 0].sum()))
