@@ -63,10 +63,19 @@ def test_routing_conserves_tokens():
     rng = np.random.default_rng(0)
     picks = np.stack([[rng.choice(256, 8, replace=False) for _ in range(12)] for _ in range(16)])
     homes = _expert_placement(cfg, dep, 16, np.bincount(picks.ravel(), minlength=256))
-    tokens, per_die = _traffic(picks, homes, [], 16, "none")
+    tokens, per_die = _traffic(picks, homes, [], 16, "none", "per_rank")
     assert per_die.sum() == picks.size  # every (token, expert) pair computed once
-    assert np.all(tokens.sum(axis=1) >= 12) and np.all(tokens.sum(axis=1) <= 12 * 8)  # deduplicated per rank
-    perfect, per_die_p = _traffic(picks, homes, [], 16, "perfect")
+    # deduplicated: exactly the distinct home dies of each token's picks
+    want = np.zeros((16, 16), np.int64)
+    for src in range(16):
+        for tok in range(12):
+            for die in {int(e) // 16 for e in picks[src, tok]}:
+                want[src, die] += 1
+    assert np.array_equal(tokens, want)
+    per_expert, _ = _traffic(picks, homes, [], 16, "none", "per_expert")
+    assert np.all(per_expert.sum(axis=1) == 12 * 8)  # one copy per pick
+    assert np.array_equal(per_expert.sum(axis=0), per_die) and np.all(per_expert >= tokens)
+    perfect, per_die_p = _traffic(picks, homes, [], 16, "perfect", "per_expert")
     assert per_die_p.sum() == picks.size and per_die_p.max() - per_die_p.min() <= 1
 
 

@@ -245,6 +245,13 @@ def test_moe_token_conservation_and_dedup():
     per_token_ranks = t.tokens.sum(axis=1)
     assert np.all(per_token_ranks >= 64) and np.all(per_token_ranks <= 64 * 8)
     assert t.expert_tokens.sum() == 16 * 64 * 8
+    # low-latency kernels: one copy per pick, so each rank receives exactly its experts' tokens
+    e = moe_traffic(16, 64, 8, 256, "uniform", seed=3, copies="per_expert")
+    assert np.all(e.tokens.sum(axis=1) == 64 * 8)
+    assert np.array_equal(e.tokens.sum(axis=0), e.expert_tokens.reshape(16, 16).sum(axis=0))
+    assert np.all(e.tokens >= t.tokens)
+    with pytest.raises(ConfigError, match="per_expert, per_rank"):
+        moe_traffic(16, 64, 8, 256, copies="per_token")
     # determinism: same seed, same routing
     assert np.array_equal(t.tokens, moe_traffic(16, 64, 8, 256, "uniform", seed=3).tokens)
 

@@ -55,6 +55,10 @@ def add_parser(sub):
     s.add_argument("--top-k", type=int, default=8, help="dispatch/combine: experts per token (default 8)")
     s.add_argument("--hidden", type=int, default=7168, help="dispatch/combine: hidden size (default 7168)")
     s.add_argument("--experts", type=int, default=256, help="dispatch/combine: routed experts (default 256)")
+    s.add_argument("--copies", choices=["per-expert", "per-rank"], default=None,
+                   help="dispatch/combine: one copy per selected expert (the low-latency kernels) or once per "
+                        "destination rank (DeepEP's normal kernels); default: the system's decode kernels "
+                        "(moe_operators.decode_copies)")
     s.add_argument("--routing", default="uniform",
                    help="dispatch/combine: uniform, zipf:S (skewed expert popularity) or a load-profile file")
     s.add_argument("--seed", type=int, default=0, help="routing seed (default 0)")
@@ -97,7 +101,8 @@ def run_system(args) -> int:
     with system_progress(args.progress and not args.json, args.op) as bar:
         if args.op in MOE_OPS:
             r = run_moe(loaded, args.op, args.ep, args.tokens_per_rank, args.top_k, args.hidden, args.experts,
-                        args.routing, args.dtype or "int8", fidelity, args.via or "aiv", args.seed, progress=bar)
+                        args.routing, args.dtype or "int8", fidelity, args.via or "aiv", args.seed, progress=bar,
+                        copies=args.copies and args.copies.replace("-", "_"))
         else:
             r = run_system_collective(loaded, args.op, parse_ranks(loaded, args.ranks), args.bytes, args.algorithm,
                                       fidelity, args.via, progress=bar, dtype=args.dtype or "bf16")

@@ -150,16 +150,19 @@ def run_collective(loaded: LoadedSystem, op: str, ranks: Sequence[int], nbytes: 
 
 def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k: int = 8, hidden: int = 7168,
             experts: int = 256, routing: str = "uniform", dtype: str = "int8", fidelity: str = "flow",
-            via: str = "aiv", seed: int = 0, progress=None, **sim_options) -> CollectiveRun:
+            via: str = "aiv", seed: int = 0, progress=None, copies: str | None = None,
+            **sim_options) -> CollectiveRun:
     """MoE dispatch (tokens to the ranks of their experts) or combine (results back), EP ranks =
-    the first ``ep`` dies (see :mod:`npusim.system.moe`)."""
+    the first ``ep`` dies (see :mod:`npusim.system.moe`); ``copies`` default: the system's decode
+    (low-latency) kernels'."""
     if op not in ("dispatch", "combine"):
         raise ConfigError(f"--op {op}: expected dispatch or combine")
     dies = loaded.topology.die_names
     if ep > len(dies):
         raise ConfigError(f"--ep {ep}: {loaded.system.name} has {len(dies)} dies (one EP rank per die)")
     ranks = [loaded.topology.index[d] for d in dies[:ep]]
-    traffic = moe_traffic(ep, tokens_per_rank, top_k, experts, routing, seed)
+    copies = copies or loaded.system.moe_operators.decode_copies
+    traffic = moe_traffic(ep, tokens_per_rank, top_k, experts, routing, seed, copies)
     per_token = dispatch_bytes_per_token(hidden, dtype) if op == "dispatch" else combine_bytes_per_token(hidden)
     counts = traffic.tokens if op == "dispatch" else traffic.tokens.T  # combine flows expert rank -> token rank
     sizes = counts * per_token
@@ -177,7 +180,7 @@ def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k:
     mean = float(rank_bytes.mean())
     return _finish(sim, w, op, "direct", ep, int(sizes.sum() // max(ep, 1)), 1.0, via, progress,
                    tokens_per_rank=tokens_per_rank, top_k=top_k, hidden=hidden, experts=experts,
-                   routing=routing, dtype=dtype if op == "dispatch" else "bf16", bytes_per_token=per_token,
+                   routing=routing, dtype=dtype if op == "dispatch" else "bf16", bytes_per_token=per_token, copies=copies,
                    max_rank_bytes=int(rank_bytes.max()), mean_rank_bytes=mean, operator_overhead_us=overhead_us,
                    imbalance=float(rank_bytes.max() / mean) if mean > 0 else 1.0,
                    max_expert_tokens=int(traffic.expert_tokens.max()),

@@ -12,12 +12,22 @@ experts out of ``experts``; expert ``e`` lives on rank ``e mod ep`` (round robin
 A token picks its ``top_k`` experts without replacement in proportion to the weights (the
 Gumbel top-k trick, seeded: deterministic).
 
-*Dispatch*: each token goes once to every rank holding at least one of its experts
-(deduplicated per rank, as DeepEP and the CloudMatrix384 operators do), ``bytes_per_token``
-each: INT8 activations plus a 512 B scale slot (``hidden + 512``: 7.5 KB at hidden 7168, shared
-PUBLISHED.md B5) or BF16 (``2 x hidden``). *Combine* sends back, from every rank that received
-a token, its locally summed expert outputs in BF16 (``2 x hidden``: 14 KB). A token whose
-expert is on its own rank moves nothing over the fabric.
+*Dispatch* sends each token, ``bytes_per_token`` each (INT8 activations plus a 512 B scale
+slot, ``hidden + 512``: 7.5 KB at hidden 7168, shared PUBLISHED.md B5; or BF16, ``2 x hidden``),
+as the operator's ``copies`` say:
+
+* ``per_expert``: one copy per selected expert, so a rank holding two of a token's experts
+  receives it twice. The low-latency (decode) kernels work so: DeepEP's ``low_latency_dispatch``
+  fills one receive buffer per local expert (its test checks each expert's count against
+  ``topk_idx == expert`` and counts bytes per selection), and CANN's MoeDistributeDispatch sizes
+  a rank's receive buffer ``A >= BS x epWorldSize x min(localExpertNum, K)``;
+* ``per_rank``: once to every rank holding at least one of its experts (DeepEP's normal,
+  prefill kernels deduplicate per rank).
+
+*Combine* returns the same copies in BF16 (``2 x hidden``: 14 KB): every expert output
+(``per_expert``; the weighted sum is taken on the token's own rank) or each rank's locally
+summed outputs (``per_rank``). A token whose expert is on its own rank moves nothing over the
+fabric.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import yaml
 from npusim.errors import ConfigError
 
 SCALE_SLOT_BYTES = 512
+COPIES = ("per_expert", "per_rank")
 
 
 def dispatch_bytes_per_token(hidden: int, dtype: str) -> int:
@@ -116,7 +127,7 @@ def route_tokens(ep: int, tokens_per_rank: int, top_k: int, experts: int, weight
 class MoeTraffic:
     """Token counts of one dispatch: ``tokens[src, dst]`` = tokens rank ``src`` sends to ``dst``."""
 
-    tokens: np.ndarray  # (ep, ep), deduplicated per destination rank; diagonal = tokens kept local
+    tokens: np.ndarray  # (ep, ep) token copies (as the operator's copies say); diagonal = kept local
     expert_tokens: np.ndarray  # (experts,) tokens each expert computes
 
     def received(self) -> np.ndarray:
@@ -126,18 +137,36 @@ class MoeTraffic:
         return off.sum(axis=0)
 
 
+def check_copies(copies: str) -> str:
+    if copies not in COPIES:
+        raise ConfigError(f"copies {copies!r}: expected one of {', '.join(COPIES)}")
+    return copies
+
+
 def moe_traffic(ep: int, tokens_per_rank: int, top_k: int, experts: int, routing: str = "uniform",
-                seed: int = 0) -> MoeTraffic:
+                seed: int = 0, copies: str = "per_rank") -> MoeTraffic:
+    check_copies(copies)
     for flag, value, low in (("--ep", ep, 1), ("--tokens-per-rank", tokens_per_rank, 0), ("--top-k", top_k, 1),
                              ("--experts", experts, 1)):
         if value < low:
             raise ConfigError(f"{flag} must be >= {low}, got {value}")
     picks = route_tokens(ep, tokens_per_rank, top_k, experts, expert_weights(routing, experts, seed), seed)
     rank_of = picks % ep  # expert e on rank e mod ep
-    hit = np.zeros((ep, tokens_per_rank, ep), dtype=bool)
-    src = np.repeat(np.arange(ep), tokens_per_rank * top_k)
-    tok = np.tile(np.repeat(np.arange(tokens_per_rank), top_k), ep)
-    hit[src, tok, rank_of.ravel()] = True
-    tokens = hit.sum(axis=1).astype(np.int64)
+    tokens = token_copies(rank_of, ep, copies)
     expert_tokens = np.bincount(picks.ravel(), minlength=experts).astype(np.int64)
     return MoeTraffic(tokens, expert_tokens)
+
+
+def token_copies(dest: np.ndarray, ranks: int, copies: str) -> np.ndarray:
+    """``tokens[src, dst]``: copies rank ``src`` sends to ``dst``, from ``dest[src, token, k]`` (the
+    rank of each token's k-th expert): every pick (``per_expert``) or each destination once per
+    token (``per_rank``)."""
+    nsrc, ntok, k = dest.shape
+    src = np.repeat(np.arange(nsrc), ntok * k)
+    if copies == "per_expert":
+        out = np.zeros((nsrc, ranks), dtype=np.int64)
+        np.add.at(out, (src, dest.ravel()), 1)
+        return out
+    hit = np.zeros((nsrc, ntok, ranks), dtype=bool)
+    hit[src, np.tile(np.repeat(np.arange(ntok), k), nsrc), dest.ravel()] = True
+    return hit.sum(axis=1).astype(np.int64)

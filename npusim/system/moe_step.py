@@ -41,7 +41,8 @@ from npusim.system.chipcost import ChipCost
 from npusim.system.collectives import matrix_transfers
 from npusim.mapping.deployment import Deployment
 from npusim.system.load import LoadedSystem
-from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, route_tokens
+from npusim.system.moe import (combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, route_tokens,
+                               token_copies)
 from npusim.system.simulator import PS_PER_US, SystemSim
 from npusim.system.work import WorkBuilder
 
@@ -131,10 +132,11 @@ def _expert_placement(cfg, dep: Deployment, expert_dies: int, load: np.ndarray) 
     return homes
 
 
-def _traffic(picks: np.ndarray, homes: list[list[int]], shared_dies: list[int], dies: int, eplb: str):
-    """Token counts ``tokens[src, dst]`` (deduplicated per destination) and expert tokens per die."""
+def _traffic(picks: np.ndarray, homes: list[list[int]], shared_dies: list[int], dies: int, eplb: str,
+             copies: str):
+    """Token copies ``tokens[src, dst]`` (per selected expert or per destination die, as ``copies``
+    says; see :mod:`npusim.system.moe`) and expert tokens per die."""
     ndies, ntok, k = picks.shape
-    hit = np.zeros((ndies, ntok, dies), dtype=bool)
     per_die = np.zeros(dies, np.int64)
     if eplb == "perfect":  # every expert slot gets the same share: spread (token, pick) pairs evenly
         slots = [d for h in homes for d in h]
@@ -149,15 +151,13 @@ def _traffic(picks: np.ndarray, homes: list[list[int]], shared_dies: list[int], 
         tok = np.arange(ntok)[None, :, None]
         copy = (src + tok) % nhomes[picks]  # copies of an expert share its tokens round robin
         dest = table[picks, copy]
-    s_idx = np.repeat(np.arange(ndies), ntok * k)
-    t_idx = np.tile(np.repeat(np.arange(ntok), k), ndies)
-    hit[s_idx, t_idx, dest.ravel()] = True
+    tokens = token_copies(dest, dies, copies)
     np.add.at(per_die, dest.ravel(), 1)
-    if shared_dies:  # each token also visits one shared-expert die (round robin by source die)
+    if shared_dies:  # each token also visits one shared-expert die (round robin by source die), once
         target = np.asarray(shared_dies)[np.arange(ndies) % len(shared_dies)]
-        hit[np.arange(ndies), :, target] = True
+        tokens[np.arange(ndies), target] += ntok
         np.add.at(per_die, target, ntok)
-    return hit.sum(axis=1).astype(np.int64), per_die
+    return tokens, per_die
 
 
 def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-r1", batch: float | None = None,
@@ -270,7 +270,8 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     load_w = expert_weights(routing, cfg.num_experts, seed)
     picks = route_tokens(dies, tokens_mb, cfg.experts_per_token, cfg.num_experts, load_w, seed)
     homes = _expert_placement(cfg, dep, expert_dies, np.bincount(picks.ravel(), minlength=cfg.num_experts))
-    tokens, per_die = _traffic(picks, homes, shared, dies, dep.eplb)
+    copies = s.moe_operators.decode_copies if dep.phase == "decode" else s.moe_operators.prefill_copies
+    tokens, per_die = _traffic(picks, homes, shared, dies, dep.eplb, copies)
     expert_ps = {}
 
     def expert_time_ps(n_tok: int, d: int) -> int:

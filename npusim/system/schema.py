@@ -85,13 +85,21 @@ class MoeOperators(StrictModel):
     (dynamic quantisation before each INT8 matmul, gating top-k, routing bookkeeping, KV-cache
     scatter, launch gaps), per layer and microbatch on a die; a microbatch pays half on its
     attention stream and half on its MoE stream (each kernel is a call of its own, whatever the
-    tokens)."""
+    tokens).
+
+    ``decode_copies`` / ``prefill_copies``: what the phase's dispatch and combine kernels move per
+    token (:mod:`npusim.system.moe`): ``per_expert``, one copy per selected expert (the
+    low-latency kernels of decode: DeepEP low-latency, CANN MoeDistributeDispatch), or
+    ``per_rank``, once per destination die (DeepEP's normal kernels of prefill). The standalone
+    operator (``npusim collective --system ... --op dispatch``) is the decode kernel."""
 
     dispatch_overhead_us: NonNegativeFloat = 0.0
     combine_overhead_us: NonNegativeFloat = 0.0
     source: str = ""
     other_kernels_us: NonNegativeFloat = 0.0
     other_kernels_source: str = ""
+    decode_copies: Literal["per_expert", "per_rank"] = "per_expert"
+    prefill_copies: Literal["per_expert", "per_rank"] = "per_rank"
 
 
 class Protocol(StrictModel):
