@@ -284,8 +284,10 @@ class Instance:
     def _spill(self, transfers) -> None:
         """KV moved SRAM->HBM: per transfer, DMA writes split over the instance's cores' second DMA
         engine, each core's share at its slice of the transfer's HBM extent (the KV manager's
-        offsets, above the weights' half of HBM). The next iteration's KV reads from HBM wait for
-        them (:meth:`launch`): they read what the spills wrote."""
+        offsets, above the weights' half of HBM). Readers do not wait for them: a spilled block
+        stays valid in SRAM until its write completes (the copy is freed after), so the next
+        iteration reads it either way; with ``ServingConfig.spill_waits`` the next iteration's KV
+        reads from HBM wait for every pending spill instead (:meth:`launch`), a pessimistic bound."""
         cores = self.core_list
         sim = self.sim
         engine = min(1, sim.dma_engines - 1)

@@ -72,7 +72,9 @@ class ServingConfig:
     iteration_cache: Buckets | None = None  # replay iteration costs per shape (npusim.serving.itercache)
     iteration_cache_dir: Path | None = None  # keep measured shapes on disk there (reused by later runs)
     iteration_replay: str = "stages"  # how cached iterations replay: stages or skeleton (npusim.serving.stagecost)
-    spill_waits: bool = True  # an iteration's KV reads from HBM wait for every pending KV spill (else for none)
+    # an iteration's KV reads from HBM wait for every pending KV spill (a pessimistic bound); default no:
+    # a spilled block stays valid in SRAM until its write completes, so a reader never waits for it
+    spill_waits: bool = False
 
     def __post_init__(self):
         if self.iteration_replay not in REPLAYS:
