@@ -248,3 +248,14 @@ def test_stage_replay_retimes_holds_not_yet_started(arch64):
 def test_replay_option_is_checked():
     with pytest.raises(ConfigError, match="replay"):
         ServingConfig(iteration_replay="fast")
+
+
+def test_cache_says_what_it_misses_when_instances_share_the_chip(arch64):
+    """PD disaggregation: two instances on one chip. Each instance's cached iterations are timed
+    without the other's traffic, and the summary says so (one instance: no such limit)."""
+    reqs = synthetic_requests(3, 50.0, input_len=(16, 64), output_len=(2, 4), seed=1)
+    cfg = ServingConfig(model="qwen3-0.6b", layers=2, iteration_cache=EXACT,
+                        scheduler=SchedulerConfig(policy="continuous"))
+    pd = simulate_serving(arch64, _spec(2), reqs, cfg, pd=(42, 21)).summary["iteration_cache"]
+    assert len(pd["limits"]) == 1 and "--iteration-cache off" in pd["limits"][0]
+    assert _run(arch64, EXACT, n=2).summary["iteration_cache"]["limits"] == []

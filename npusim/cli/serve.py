@@ -271,6 +271,8 @@ def _print(s: dict) -> None:
         print(f"  iter. cache    on, {ic['replay']} replay (kv {b['kv']}, batch {b['batch']}, chunk {b['chunk']}): "
               f"{ic['shapes_simulated']} "
               f"shapes simulated ({ic['shapes_from_disk']} more from disk), {ic['hits']} hits, {ic['misses']} misses, {ic['interpolated']} interpolated")
+        for limit in ic.get("limits", []):
+            print(f"  NOTE           iteration cache: {limit}")
     hit = s.get("prefix_hit_rate")
     print(f"  KV cache       {s['kv_bytes_per_token']:,} B/token; {kvm.get('spills', 0)} spills SRAM->HBM "
           f"({kvm.get('spilled_bytes', 0) / 2**20:,.1f} MiB), {kvm.get('preemptions', 0)} preemptions"

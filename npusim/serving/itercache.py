@@ -561,12 +561,20 @@ class IterationCostCache:
         return cost
 
 
-def summary(caches: list[IterationCostCache], buckets: Buckets | None, replay: str) -> dict:
-    """The ``iteration_cache`` section of a serving summary."""
+SHARED_CHIP_LIMIT = ("instances share the chip's HBM and mesh, but each instance's cached iterations were "
+                     "measured without the others' traffic and replay without it: interference between "
+                     "instances is missing (PD disaggregation, validation/serving_iteration_cache.py: mean TTFT "
+                     "-70%, mean TBT -14%); simulate such runs with --iteration-cache off")
+
+
+def summary(caches: list[IterationCostCache], buckets: Buckets | None, replay: str, instances: int = 1) -> dict:
+    """The ``iteration_cache`` section of a serving summary (``limits``: what the replay misses in
+    this run, said plainly)."""
     if buckets is None:
         return {"enabled": False}
     out = {"enabled": True, "replay": replay,
-           "buckets": {"kv": buckets.kv, "batch": buckets.batch, "chunk": buckets.chunk}}
+           "buckets": {"kv": buckets.kv, "batch": buckets.batch, "chunk": buckets.chunk},
+           "limits": [SHARED_CHIP_LIMIT] if instances > 1 else []}
     for key in ("hits", "misses", "shapes_simulated", "shapes_from_disk", "interpolated"):
         out[key] = sum(c.stats[key] for c in caches)
     n = out["hits"] + out["misses"]

@@ -360,7 +360,7 @@ class ServingSimulator:
         summary.update({
             "iterations": len(iterations), "compiled_iteration_shapes": sum(i.shapes_compiled for i in self.instances),
             "iteration_cache": itercache_summary([i.costs for i in self.instances if i.costs is not None],
-                                                 cfg.iteration_cache, cfg.iteration_replay),
+                                                 cfg.iteration_cache, cfg.iteration_replay, len(self.instances)),
             "simulated_s": self._seconds(sim.now), "weights_resident": all(i.weights_resident for i in self.instances),
             "kv_bytes_per_token": self.entries[0].kv_bytes_per_token,
             "kv_manager": self.entries[0].kv.stats() if len(self.instances) == 1 else

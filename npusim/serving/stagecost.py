@@ -41,7 +41,9 @@ stage waits for pending KV spills when it reads KV from HBM, as the simulated KV
 Assumptions (their error is measured by ``validation/serving_iteration_cache.py``): the iterations
 in flight beside this one are of a similar shape; a lane's hold is fixed once it starts; traffic
 of other instances (PD disaggregation's other half, KV spills and transfers) does not slow a
-cached iteration, nor does a cached iteration slow them.
+cached iteration, nor does a cached iteration slow them — which is wrong when instances share the
+chip's HBM (PD disaggregation: mean TTFT −70%), and the run's summary says so
+(``iteration_cache.limits``).
 Units: cycles of the chip clock; bytes.
 """
 
