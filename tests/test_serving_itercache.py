@@ -134,9 +134,16 @@ def test_cli_flag(tmp_path, capsys):
     s = json.loads(capsys.readouterr().out)
     assert s["iteration_cache"]["enabled"] and s["iteration_cache"]["buckets"]["kv"] == 512
     assert main(args + ["--iteration-cache", "off"]) == 0
-    assert json.loads(capsys.readouterr().out)["iteration_cache"] == {"enabled": False}
-    assert main(args + ["--iteration-cache-buckets", "kv=512"]) == 2  # needs --iteration-cache on
-    assert main(args + ["--iteration-cache-dir", str(tmp_path)]) == 2  # likewise
+    assert json.loads(capsys.readouterr().out)["iteration_cache"] == {"enabled": False, "requested": "off"}
+    # the default, auto: on for one instance on the chip, off for PD disaggregation (instances share it)
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_cache"]["enabled"]
+    disagg = args + ["--schedule", "disagg", "--pd-stages", "1:1"]
+    assert main(disagg) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_cache"] == {"enabled": False, "requested": "auto"}
+    assert main(disagg + ["--iteration-cache-buckets", "kv=512"]) == 2  # auto turned it off
+    assert main(args + ["--iteration-cache", "off", "--iteration-cache-buckets", "kv=512"]) == 2  # needs it on
+    assert main(args + ["--iteration-cache", "off", "--iteration-cache-dir", str(tmp_path)]) == 2  # likewise
     assert main(args + ["--iteration-cache", "on", "--iteration-cache-buckets", "kv=300"]) == 2
     with pytest.raises(SystemExit):
         main(args + ["--iteration-cache", "maybe"])
