@@ -535,6 +535,22 @@ class Mapper:
             self.weight_addr[op.name] = address
         self.next_addr = next_addr
 
+    def _memo_vector(self, st: _GroupState, op: Op, name: str) -> None:
+        """A vector op through :meth:`Program.recorded` (see :meth:`_memo_emit`): it reads the op,
+        the group's cores and layout and the model's hidden size, and sets only the readiness."""
+        hidden = self.graph.meta.get("config", {}).get("hidden_size", 0)
+        key = ("vector", self.memo_ctx, op, name, tuple(st.cores), st.layout, hidden)
+        built = []
+
+        def build():
+            built.append(True)
+            self._vector(st, op, name)
+            return list(st.ready), (st.layout, len(st.ready))
+
+        outs, (layout, n) = self.prog.recorded(key, st.ready, build, fn_table=True)
+        if not built:
+            st.layout, st.ready = layout, outs[:n]
+
     # -- emission ---------------------------------------------------------------------------
     def _emit(self, st: _GroupState, op: Op, tag: str) -> None:
         name = tag + op.name
@@ -549,7 +565,10 @@ class Mapper:
             else:
                 self._memo_emit(st, op, name, self._attention, self.attention_ctx)
         elif op.kind == "vector":
-            self._vector(st, op, name)
+            if self.memo_ctx is None:
+                self._vector(st, op, name)
+            else:
+                self._memo_vector(st, op, name)
         elif op.kind == "embedding":
             self._embedding(st, op, name)
         elif op.kind == "moe":

@@ -126,7 +126,7 @@ class Program:
         return self._add(KIND_FIXED, -1, BARRIER_UNIT, (0,), COST_FIXED, (), deps, name)
 
     # -- recorded blocks ------------------------------------------------------------------
-    def recorded(self, key, ext, build) -> tuple[list[int], object]:
+    def recorded(self, key, ext, build, fn_table: bool = False) -> tuple[list[int], object]:
         """Append the tasks ``build()`` records, or replay them when a block of the same ``key`` was
         recorded before (by any program of as many cores) with external tasks ``ext`` equal in the
         same pattern (the same entries negative, the same entries equal to each other).
@@ -138,11 +138,12 @@ class Program:
         everything else the tasks depend on (the replay is then exactly what ``build`` would record:
         same kinds, queues, parameters, names and dependencies). Memoised across programs because
         mappers lower the same op on the same cores again and again (serving iterations that share
-        token counts, layers whose collectives move the same bytes)."""
+        token counts, layers whose collectives move the same bytes). ``fn_table``: the block may use
+        vector functions (their ids index the program's function table, so it is part of the key)."""
         ext = list(ext)
         first: dict[int, int] = {}
         pattern = tuple(-1 if v < 0 else first.setdefault(v, i) for i, v in enumerate(ext))
-        full = (key, self.num_cores, pattern)
+        full = (key, self.num_cores, pattern, tuple(self.vector_fns) if fn_table else None)
         block = _BLOCKS.get(full)
         if block is not None:
             _BLOCKS.move_to_end(full)
@@ -151,7 +152,7 @@ class Program:
         fns = len(self.vector_fns)
         outs, extra = build()
         if extra is not None and len(self.vector_fns) == fns:
-            block = _Block.capture(self, base, first, outs, extra)
+            block = _Block.capture(self, base, first, outs, extra, fn_table)
             if block is not None:
                 _remember(full, block)
         return outs, extra
@@ -165,7 +166,11 @@ class Program:
         self.cost_kind.extend(block.cost_kind)
         self.cost_args.extend(block.cost_args)
         self.names.extend(block.names)
-        self.deps.extend([tuple([base + r if r >= 0 else ext[-r - 2] for r in d]) if d else () for d in block.deps])
+        dep = block.rel + base
+        if block.ext_at.size:
+            dep[block.ext_at] = np.asarray(ext, dtype=np.int64)[block.ext_slot]
+        flat = dep.tolist()
+        self.deps.extend([tuple(flat[a:e]) for a, e in zip(block.starts, block.ends)])
         return [base + r if r >= 0 else -1 if r == -1 else ext[-r - 2] for r in block.outs]
 
     def _fn_id(self, fn: str) -> int:
@@ -239,7 +244,7 @@ class Program:
                             supply[id(sram_cfg)] = sram_supply_bits(sram_cfg)
                         per_core[c] = supply[id(sram_cfg)]
                 sup = per_core[cores[vec]]
-            keys, inv = np.unique(np.column_stack([args[vec, :5], sup]), axis=0, return_inverse=True)
+            keys, inv = _unique_rows(np.column_stack([args[vec, :5], sup]))
             res = np.zeros((len(keys), 3), dtype=np.int64)
             for j, (op_class, elements, fn_id, row_len, d, s) in enumerate(keys.tolist()):
                 fn = self.vector_fns[fn_id] or None
@@ -250,7 +255,6 @@ class Program:
                     t = vector_sram_timing(OP_CLASSES[op_class], elements, vu.lanes, vu.ops_per_cycle_per_lane,
                                            s, elem_bits_=elem_bits(DTYPES[d]), fn=fn, row_len=row_len or None)
                     res[j] = (t.cycles, int(t.sram_bytes * 8), t.stall_cycles)
-            inv = inv.ravel()
             out[vec], bits[vec], stall[vec] = res[inv, 0], res[inv, 1], res[inv, 2]
         return out, bits, stall
 
@@ -327,19 +331,33 @@ class Program:
         return write_with(path, writer)
 
 
-class _Block:
-    """A recorded run of tasks (see :meth:`Program.recorded`): the task fields as recorded, and
-    dependencies and outputs encoded ``r >= 0``: the block's task ``r``; ``-k - 2``: external task
-    ``k``; ``-1``: none (outputs only)."""
+def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of an integer matrix and each row's index among them (``np.unique(axis=0)``
+    without its slow sort of raw bytes; the distinct rows come in lexicographic order too)."""
+    order = np.lexsort(rows.T[::-1])
+    ordered = rows[order]
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    inv = np.empty(len(rows), dtype=np.int64)
+    inv[order] = np.cumsum(new) - 1
+    return ordered[new], inv
 
-    __slots__ = ("kind", "core", "unit", "param", "cost_kind", "cost_args", "names", "deps", "outs", "extra")
+
+class _Block:
+    """A recorded run of tasks (see :meth:`Program.recorded`): the task fields as recorded; the
+    dependencies flat (``rel``: relative to the block's first task; at ``ext_at`` external tasks
+    ``ext_slot`` instead), task ``i``'s from ``starts[i]`` to ``ends[i]``; outputs encoded ``r >= 0``: the block's
+    task ``r``; ``-k - 2``: external task ``k``; ``-1``: none."""
+
+    __slots__ = ("kind", "core", "unit", "param", "cost_kind", "cost_args", "names", "rel", "ext_at", "ext_slot",
+                 "starts", "ends", "outs", "extra")
 
     @staticmethod
-    def capture(prog: Program, base: int, first: dict[int, int], outs, extra) -> "_Block | None":
+    def capture(prog: Program, base: int, first: dict[int, int], outs, extra, fn_table: bool) -> "_Block | None":
         b = _Block()
         for f in ("kind", "core", "unit", "param", "cost_kind", "cost_args", "names"):
             setattr(b, f, getattr(prog, f)[base:])
-        if any(ck == COST_VECTOR and args[2] != 0 for ck, args in zip(b.cost_kind, b.cost_args)):
+        if not fn_table and any(ck == COST_VECTOR and args[2] != 0 for ck, args in zip(b.cost_kind, b.cost_args)):
             return None  # a vector function's id depends on the program's function table
 
         def enc(v: int) -> int | None:
@@ -350,13 +368,18 @@ class _Block:
             k = first.get(v)
             return None if k is None else -k - 2
 
-        deps = []
-        for d in prog.deps[base:]:
-            e = tuple(enc(x) for x in d)
-            if None in e or -1 in e:
-                return None  # depends on a task that is neither the block's nor external
-            deps.append(e)
-        b.deps = deps
+        deps = prog.deps[base:]
+        lens = np.fromiter(map(len, deps), dtype=np.int64, count=len(deps))
+        ptr = np.zeros(len(deps) + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        flat = np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=int(ptr[-1]))
+        outside = np.flatnonzero(flat < base)
+        slots = [first.get(v, -1) for v in flat[outside].tolist()]
+        if -1 in slots:
+            return None  # depends on a task that is neither the block's nor external
+        b.rel = flat - base
+        b.ext_at, b.ext_slot = outside, np.asarray(slots, dtype=np.int64)
+        b.starts, b.ends = ptr[:-1].tolist(), ptr[1:].tolist()  # ints: nothing for the garbage collector
         b.outs = [enc(v) for v in outs]
         if None in b.outs:
             return None
