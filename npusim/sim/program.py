@@ -147,6 +147,7 @@ class Program:
         block = _BLOCKS.get(full)
         if block is not None:
             _BLOCKS.move_to_end(full)
+            _BLOCK_STATS["replayed"] += 1
             return self._replay(block, ext), block.extra
         base = len(self.kind)
         fns = len(self.vector_fns)
@@ -170,7 +171,7 @@ class Program:
         if block.ext_at.size:
             dep[block.ext_at] = np.asarray(ext, dtype=np.int64)[block.ext_slot]
         flat = dep.tolist()
-        self.deps.extend([tuple(flat[a:e]) for a, e in zip(block.starts, block.ends)])
+        self.deps.extend([tuple(flat[a:e]) for a, e in zip(block.starts.tolist(), block.ends.tolist())])
         return [base + r if r >= 0 else -1 if r == -1 else ext[-r - 2] for r in block.outs]
 
     def _fn_id(self, fn: str) -> int:
@@ -379,7 +380,7 @@ class _Block:
             return None  # depends on a task that is neither the block's nor external
         b.rel = flat - base
         b.ext_at, b.ext_slot = outside, np.asarray(slots, dtype=np.int64)
-        b.starts, b.ends = ptr[:-1].tolist(), ptr[1:].tolist()  # ints: nothing for the garbage collector
+        b.starts, b.ends = ptr[:-1], ptr[1:]  # arrays: compact, and nothing for the garbage collector to scan
         b.outs = [enc(v) for v in outs]
         if None in b.outs:
             return None
@@ -387,17 +388,28 @@ class _Block:
         return b
 
 
-_BLOCKS: OrderedDict = OrderedDict()  # (key, cores, pattern) -> _Block, least recently used first
-_BLOCK_TASKS = [0]
-BLOCK_TASK_LIMIT = 1_500_000  # tasks kept over all blocks (about 150 bytes each)
+_BLOCKS: OrderedDict = OrderedDict()  # (key, cores, pattern, fn table) -> _Block, least recently used first
+_BLOCK_STATS = {"tasks": 0, "replayed": 0}
+BLOCK_TASK_LIMIT = 1_500_000  # tasks kept over all blocks (about 100 bytes each)
 
 
 def _remember(full, block: _Block) -> None:
     _BLOCKS[full] = block
-    _BLOCK_TASKS[0] += len(block.kind)
-    while _BLOCK_TASKS[0] > BLOCK_TASK_LIMIT and len(_BLOCKS) > 1:
+    _BLOCK_STATS["tasks"] += len(block.kind)
+    while _BLOCK_STATS["tasks"] > BLOCK_TASK_LIMIT and len(_BLOCKS) > 1:
         _, old = _BLOCKS.popitem(last=False)
-        _BLOCK_TASKS[0] -= len(old.kind)
+        _BLOCK_STATS["tasks"] -= len(old.kind)
+
+
+def recorded_stats() -> dict:
+    """Recorded blocks kept (``blocks``), their ``tasks``, and blocks ``replayed`` so far."""
+    return {"blocks": len(_BLOCKS), **_BLOCK_STATS}
+
+
+def clear_recorded() -> None:
+    """Forget every recorded block (the next lowering of anything records it afresh)."""
+    _BLOCKS.clear()
+    _BLOCK_STATS.update(tasks=0, replayed=0)
 
 
 def _core_groups(arch: Arch) -> list:
@@ -446,4 +458,5 @@ def load_program(path: str | Path) -> Program:
     return prog
 
 
-__all__ = ["COST_FIXED", "COST_GEMM", "COST_VECTOR", "KIND_NOC", "Program", "load_program"]
+__all__ = ["COST_FIXED", "COST_GEMM", "COST_VECTOR", "KIND_NOC", "Program", "clear_recorded", "load_program",
+           "recorded_stats"]
