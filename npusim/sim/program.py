@@ -18,6 +18,7 @@ plus whatever ``meta`` the mapper recorded (model, phase, spec...).
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import chain
@@ -144,10 +145,12 @@ class Program:
         first: dict[int, int] = {}
         pattern = tuple(-1 if v < 0 else first.setdefault(v, i) for i, v in enumerate(ext))
         full = (key, self.num_cores, pattern, tuple(self.vector_fns) if fn_table else None)
-        block = _BLOCKS.get(full)
+        with _BLOCK_LOCK:  # sweeps may map in several threads
+            block = _BLOCKS.get(full)
+            if block is not None:
+                _BLOCKS.move_to_end(full)
+                _BLOCK_STATS["replayed"] += 1
         if block is not None:
-            _BLOCKS.move_to_end(full)
-            _BLOCK_STATS["replayed"] += 1
             return self._replay(block, ext), block.extra
         base = len(self.kind)
         fns = len(self.vector_fns)
@@ -390,15 +393,19 @@ class _Block:
 
 _BLOCKS: OrderedDict = OrderedDict()  # (key, cores, pattern, fn table) -> _Block, least recently used first
 _BLOCK_STATS = {"tasks": 0, "replayed": 0}
+_BLOCK_LOCK = threading.Lock()
 BLOCK_TASK_LIMIT = 1_500_000  # tasks kept over all blocks (about 100 bytes each)
 
 
 def _remember(full, block: _Block) -> None:
-    _BLOCKS[full] = block
-    _BLOCK_STATS["tasks"] += len(block.kind)
-    while _BLOCK_STATS["tasks"] > BLOCK_TASK_LIMIT and len(_BLOCKS) > 1:
-        _, old = _BLOCKS.popitem(last=False)
-        _BLOCK_STATS["tasks"] -= len(old.kind)
+    with _BLOCK_LOCK:
+        if full in _BLOCKS:  # recorded meanwhile by another thread
+            return
+        _BLOCKS[full] = block
+        _BLOCK_STATS["tasks"] += len(block.kind)
+        while _BLOCK_STATS["tasks"] > BLOCK_TASK_LIMIT and len(_BLOCKS) > 1:
+            _, old = _BLOCKS.popitem(last=False)
+            _BLOCK_STATS["tasks"] -= len(old.kind)
 
 
 def recorded_stats() -> dict:
@@ -408,8 +415,9 @@ def recorded_stats() -> dict:
 
 def clear_recorded() -> None:
     """Forget every recorded block (the next lowering of anything records it afresh)."""
-    _BLOCKS.clear()
-    _BLOCK_STATS.update(tasks=0, replayed=0)
+    with _BLOCK_LOCK:
+        _BLOCKS.clear()
+        _BLOCK_STATS.update(tasks=0, replayed=0)
 
 
 def _core_groups(arch: Arch) -> list:
