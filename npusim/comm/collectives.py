@@ -83,7 +83,25 @@ def _chunks(nbytes: int, n: int) -> list[int]:
 def _ring_phase(prog, coll, cores, chunks, ready, reduce, dtype, tag, offset=0):
     """One ring phase (reduce-scatter if ``reduce`` else all-gather): in step ``s`` core ``i``
     sends chunk ``(i + offset - s) mod n``. ``ready[i]`` is the task after which core ``i`` may
-    send (or -1). Returns the per-core readiness after the phase."""
+    send (or -1). Returns the per-core readiness after the phase. Recorded into a
+    :class:`Program`, a phase is a block replayed for the same cores, chunks and readiness
+    pattern (:meth:`Program.recorded`): the same tasks, recorded faster."""
+    n = len(cores)
+    if not isinstance(prog, Program):
+        return _ring_steps(prog, coll.tasks, cores, chunks, ready, reduce, dtype, tag, offset)
+
+    def build():
+        tasks: list[int] = []
+        out = _ring_steps(prog, tasks, cores, chunks, ready, reduce, dtype, tag, offset)
+        return out + tasks, True
+
+    outs, _ = prog.recorded(("ring", tuple(cores), tuple(chunks), bool(reduce), dtype, tag, offset), ready, build)
+    coll.tasks.extend(outs[n:])
+    return outs[:n]
+
+
+def _ring_steps(prog, tasks, cores, chunks, ready, reduce, dtype, tag, offset):
+    """The steps of :func:`_ring_phase`, recording each task (appending it to ``tasks``)."""
     n = len(cores)
     ready = list(ready)
     for s in range(n - 1):
@@ -93,13 +111,13 @@ def _ring_phase(prog, coll, cores, chunks, ready, reduce, dtype, tag, offset=0):
             chunk = chunks[(i + offset - s) % n]
             deps = [t for t in (ready[i],) if t >= 0]
             send = prog.add_send(src, cores[dst_i], chunk, deps=deps, name=f"{tag} step{s} {src}->{cores[dst_i]}")
-            coll.tasks.append(send)
+            tasks.append(send)
             after = send
             if reduce:
                 red_deps = [send] + ([ready[dst_i]] if ready[dst_i] >= 0 else [])
                 after = prog.add_vector(cores[dst_i], "elementwise", max(1, int(chunk / DTYPE_BYTES[dtype])), dtype,
                                        deps=red_deps, name=f"{tag} reduce step{s}")
-                coll.tasks.append(after)
+                tasks.append(after)
             new_ready[dst_i] = after
         ready = new_ready
     return ready

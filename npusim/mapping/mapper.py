@@ -60,6 +60,7 @@ upper bound).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -116,6 +117,11 @@ def op_class(op: Op) -> str:
 def _gemm_cycles(m, k, n, rows, cols, dataflow, k_per_pe, injection, double_buffer) -> int:
     """Cycles of one GEMM (memoised: serving maps the same shapes over and over)."""
     return gemm_cost(m, k, n, rows, cols, dataflow, k_per_pe, injection, double_buffer=double_buffer).cycles
+
+
+@lru_cache(maxsize=64)
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def _split(total: int, parts: int, i: int) -> int:
@@ -203,6 +209,8 @@ class Mapper:
         self.loaded: set[tuple] = set()  # (core, op, piece) whose weights first_use has loaded
         self.kept: dict[tuple, list[int]] = {}  # gathered weights kept across micro-batches -> gather tasks
         self.gathered_bytes, self.keep_gathered = 0.0, False
+        self.memo_ctx: tuple | None = None  # set by plan() once memory is decided (see _memo_context)
+        self.attention_ctx: tuple | None = None
         half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
         self.kv_base = [kv_cache_base_address(arch, c) for c in range(arch.num_cores)]
         # each core's KV region holds one area per layer (its sequences back to back), so
@@ -236,6 +244,8 @@ class Mapper:
         micro = spec.pipeline.microbatches or default_micro
         micro = max(1, min(micro, min(per_replica)))
         mapped.microbatches = micro
+        self.memo_ctx = self._memo_context()
+        self.attention_ctx = None if self.memo_ctx is None else (self.memo_ctx, self._kv_context())
         if micro > 1 and not self.resident:
             mapped.notes.append(f"{micro} micro-batches each stream the weights again (pipeline.microbatches)")
         if micro > 1 and self.resident and self.gathered_bytes and not self.keep_gathered:
@@ -459,15 +469,106 @@ class Mapper:
             most = max(most, int(used))
         mapped.resident_weight_bytes_per_core = most
 
+    # -- memoised lowering ---------------------------------------------------------------------
+    def _memo_context(self) -> tuple | None:
+        """Everything besides the op, its group's cores and state that lowering a GEMM or an
+        attention op reads (the chip, the spec and what was decided from them), as a key; None
+        when lowering has effects a replay would not reproduce (first-use loads, weights kept
+        gathered across micro-batches)."""
+        if self.first_use or self.keep_gathered:
+            return None
+        return (_digest(self.arch.model_dump_json()), _digest(self.spec.model_dump_json()), self.t, self.grid,
+                self.sram_bytes, self.tile_bytes, self.resident, tuple(sorted(self.resident_ops)))
+
+    def _kv_context(self) -> tuple:
+        """What lowering an attention op reads beyond :meth:`_memo_context`: where the KV cache is."""
+        return (self.kv_hbm_fraction, self.kv_in_hbm, tuple(self.kv_base), self.kv_layer_stride,
+                tuple(sorted(self.kv_layers.items())))
+
+    def _memo_emit(self, st: _GroupState, op: Op, name: str, lower, ctx: tuple) -> None:
+        """Lower a GEMM or attention op through :meth:`Program.recorded`: an op lowered before with
+        the same name, shape, cores, activation layout, weight address, DMA-engine turns and
+        pending weight buffers (by any mapper of the same context, e.g. an earlier serving
+        iteration with as many tokens) is replayed, task for task, with its effects on the
+        mapper's state; otherwise ``lower(st, op, name)`` records it."""
+        cores = st.cores
+        engines = self.arch.cores.dma.engines
+        bufs = [self.buffers.get(c) for c in cores]
+        ext = list(st.ready) + [x for b in bufs if b for x in b]
+        key = ("op", ctx, op, name, tuple(cores), st.layout,
+               tuple(-1 if b is None else len(b) for b in bufs),
+               tuple(self.dma_turn.get(c, 0) % engines for c in cores),
+               self.weight_addr.get(op.name), self.next_addr)
+        turns = [self.dma_turn.get(c, 0) for c in cores]
+        addresses, had_address = len(self.weight_addr), op.name in self.weight_addr
+        built = []
+
+        def build():
+            built.append(True)
+            lower(st, op, name)
+            after = [self.buffers.get(c) for c in cores]
+            outs = list(st.ready) + [x for b in after if b for x in b]
+            new_address = not had_address and op.name in self.weight_addr
+            if len(self.weight_addr) != addresses + new_address:
+                return outs, None  # it placed other weights: effects this block does not track
+            extra = (len(st.ready), st.layout, tuple(-1 if b is None else len(b) for b in after),
+                     tuple(self.dma_turn.get(c, 0) - t for c, t in zip(cores, turns)),
+                     self.decisions.get(op.name), self.weight_addr.get(op.name), self.next_addr)
+            return outs, extra
+
+        outs, extra = self.prog.recorded(key, ext, build)
+        if built:  # lowered now: the mapper's state is already what it did
+            return
+        n_ready, layout, lens, turned, decision, address, next_addr = extra
+        st.layout, st.ready = layout, outs[:n_ready]
+        at = n_ready
+        for c, n in zip(cores, lens):
+            if n >= 0:
+                self.buffers[c] = outs[at:at + n]
+                at += n
+        for c, d in zip(cores, turned):
+            if d:
+                self.dma_turn[c] = self.dma_turn.get(c, 0) + d
+        if decision is not None:
+            self.decisions[op.name] = decision
+        if address is not None:
+            self.weight_addr[op.name] = address
+        self.next_addr = next_addr
+
+    def _memo_vector(self, st: _GroupState, op: Op, name: str) -> None:
+        """A vector op through :meth:`Program.recorded` (see :meth:`_memo_emit`): it reads the op,
+        the group's cores and layout and the model's hidden size, and sets only the readiness."""
+        hidden = self.graph.meta.get("config", {}).get("hidden_size", 0)
+        key = ("vector", self.memo_ctx, op, name, tuple(st.cores), st.layout, hidden)
+        built = []
+
+        def build():
+            built.append(True)
+            self._vector(st, op, name)
+            return list(st.ready), (st.layout, len(st.ready))
+
+        outs, (layout, n) = self.prog.recorded(key, st.ready, build, fn_table=True)
+        if not built:
+            st.layout, st.ready = layout, outs[:n]
+
     # -- emission ---------------------------------------------------------------------------
     def _emit(self, st: _GroupState, op: Op, tag: str) -> None:
         name = tag + op.name
         if op.kind == "gemm":
-            self._gemm(st, op, name)
+            if self.memo_ctx is None:
+                self._gemm(st, op, name)
+            else:
+                self._memo_emit(st, op, name, self._gemm, self.memo_ctx)
         elif op.kind == "attention":
-            self._attention(st, op, name)
+            if self.memo_ctx is None:
+                self._attention(st, op, name)
+            else:
+                self._memo_emit(st, op, name, self._attention, self.attention_ctx)
         elif op.kind == "vector":
-            self._vector(st, op, name)
+            if self.memo_ctx is None:
+                self._vector(st, op, name)
+            else:
+                self._memo_vector(st, op, name)
         elif op.kind == "embedding":
             self._embedding(st, op, name)
         elif op.kind == "moe":

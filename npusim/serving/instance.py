@@ -146,7 +146,9 @@ class Instance:
         arrays = prog.materialize(self.sim)
         has_succ = np.zeros(len(prog), dtype=bool)
         has_succ[arrays[4]] = True  # every task some other task depends on
-        kv_reads = np.array([i for i, n in enumerate(prog.names) if n.endswith(" read KV")], dtype=np.int64)
+        names = prog.names  # KV reads are DMA tasks (the mapper's add_dma): look only at those
+        kv_reads = np.array([i for i in np.flatnonzero(arrays[0] == KIND_DMA).tolist() if names[i].endswith(" read KV")],
+                            dtype=np.int64)
         self.shapes_compiled += 1
         return _Compiled(arrays, np.flatnonzero(~has_succ), kv_reads, placement)
 

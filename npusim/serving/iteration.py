@@ -117,7 +117,8 @@ def build_groups_graph(model, groups, sampled: int, precision: str = "bf16", lay
         else:
             ops.append(op)
     kept = {o.name for o in ops}
-    ops = [replace(o, inputs=tuple(i for i in o.inputs if i in kept)) for o in ops]
+    ops = [o if all(i in kept for i in o.inputs) else replace(o, inputs=tuple(i for i in o.inputs if i in kept))
+           for o in ops]
     # everything about the graph follows from the groups, so equal signatures mean equal graphs
     return Graph(name=f"{base.meta.get('model', base.name)}-iteration", ops=ops, phase="mixed",
                  batch=sum(n for n, _, _, _ in groups), seq_len=tokens, kv_len=max(kv for _, _, kv, _ in groups),

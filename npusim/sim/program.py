@@ -18,7 +18,10 @@ plus whatever ``meta`` the mapper recorded (model, phase, spec...).
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,6 +126,57 @@ class Program:
     def add_barrier(self, deps: Sequence[int] = (), name: str | None = None) -> int:
         return self._add(KIND_FIXED, -1, BARRIER_UNIT, (0,), COST_FIXED, (), deps, name)
 
+    # -- recorded blocks ------------------------------------------------------------------
+    def recorded(self, key, ext, build, fn_table: bool = False) -> tuple[list[int], object]:
+        """Append the tasks ``build()`` records, or replay them when a block of the same ``key`` was
+        recorded before (by any program of as many cores) with external tasks ``ext`` equal in the
+        same pattern (the same entries negative, the same entries equal to each other).
+
+        ``build()`` returns ``(outs, extra)``: ``outs`` task ids (of its own tasks, of ``ext``'s or
+        -1), ``extra`` anything else the caller needs back (``None``: do not keep this block).
+        Replayed, ``outs`` come back as the ids the replayed tasks got. Every task of the block may
+        depend only on tasks of the block and on ``ext``'s; the caller's ``key`` must hold
+        everything else the tasks depend on (the replay is then exactly what ``build`` would record:
+        same kinds, queues, parameters, names and dependencies). Memoised across programs because
+        mappers lower the same op on the same cores again and again (serving iterations that share
+        token counts, layers whose collectives move the same bytes). ``fn_table``: the block may use
+        vector functions (their ids index the program's function table, so it is part of the key)."""
+        ext = list(ext)
+        first: dict[int, int] = {}
+        pattern = tuple(-1 if v < 0 else first.setdefault(v, i) for i, v in enumerate(ext))
+        full = (key, self.num_cores, pattern, tuple(self.vector_fns) if fn_table else None)
+        with _BLOCK_LOCK:  # sweeps may map in several threads
+            block = _BLOCKS.get(full)
+            if block is not None:
+                _BLOCKS.move_to_end(full)
+                _BLOCK_STATS["replayed"] += 1
+        if block is not None:
+            return self._replay(block, ext), block.extra
+        base = len(self.kind)
+        fns = len(self.vector_fns)
+        outs, extra = build()
+        if extra is not None and len(self.vector_fns) == fns:
+            block = _Block.capture(self, base, first, outs, extra, fn_table)
+            if block is not None:
+                _remember(full, block)
+        return outs, extra
+
+    def _replay(self, block: "_Block", ext: list[int]) -> list[int]:
+        base = len(self.kind)
+        self.kind.extend(block.kind)
+        self.core.extend(block.core)
+        self.unit.extend(block.unit)
+        self.param.extend(block.param)
+        self.cost_kind.extend(block.cost_kind)
+        self.cost_args.extend(block.cost_args)
+        self.names.extend(block.names)
+        dep = block.rel + base
+        if block.ext_at.size:
+            dep[block.ext_at] = np.asarray(ext, dtype=np.int64)[block.ext_slot]
+        flat = dep.tolist()
+        self.deps.extend([tuple(flat[a:e]) for a, e in zip(block.starts.tolist(), block.ends.tolist())])
+        return [base + r if r >= 0 else -1 if r == -1 else ext[-r - 2] for r in block.outs]
+
     def _fn_id(self, fn: str) -> int:
         if fn not in self.vector_fns:
             self.vector_fns.append(fn)
@@ -141,9 +195,16 @@ class Program:
         are timed with their operands served by the SRAM's ports
         (:mod:`npusim.hw.memory.sram_timing`): ``cycles`` include ``stall_cycles``, and
         ``sram_bits`` is the demand the kernel weighs against DMA traffic (:mod:`npusim.sim.sramport`)."""
+        return self._timings(arch, sram, self._param_array()[:, 0].copy())
+
+    def _param_array(self) -> np.ndarray:
+        n = len(self)
+        return np.fromiter(chain.from_iterable(self.param), dtype=np.int64, count=n * NPARAM).reshape(n, NPARAM)
+
+    def _timings(self, arch: Arch, sram: bool, out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`timings` with ``out`` holding every task's ``param[0]`` (overwritten for compute)."""
         ck = np.asarray(self.cost_kind, dtype=np.int64)
-        args = np.asarray(self.cost_args, dtype=np.int64).reshape(len(self), 6)
-        out = np.asarray([p[0] for p in self.param], dtype=np.int64)
+        args = np.fromiter(chain.from_iterable(self.cost_args), dtype=np.int64, count=6 * len(self)).reshape(len(self), 6)
         bits = np.zeros(len(self), dtype=np.int64)
         stall = np.zeros(len(self), dtype=np.int64)
         gemm = np.flatnonzero(ck == COST_GEMM)
@@ -173,27 +234,32 @@ class Program:
                     bits[sel] = b[inv]
                     stall[sel] = cyc[inv] - base
         vu = arch.cores.vector_unit
-        cache: dict[tuple, tuple[int, int, int]] = {}
-        supply = {}
-        for i in np.flatnonzero(ck == COST_VECTOR).tolist():
-            sram_cfg = arch.sram_for(self.core[i]) if sram else None
-            sup = UNLIMITED
-            if sram_cfg is not None and sram_cfg.feeds_compute:
-                if id(sram_cfg) not in supply:
-                    supply[id(sram_cfg)] = sram_supply_bits(sram_cfg)
-                sup = supply[id(sram_cfg)]
-            key = (*args[i, :5].tolist(), sup)
-            if key not in cache:
-                op_class, elements, fn_id, row_len, d, _ = key
+        vec = np.flatnonzero(ck == COST_VECTOR)
+        if vec.size:
+            # each distinct (op class, elements, fn, row length, dtype, SRAM supply) is timed once
+            sup = np.full(vec.size, UNLIMITED, dtype=np.int64)
+            if sram:
+                supply = {}
+                per_core = np.full(self.num_cores, UNLIMITED, dtype=np.int64)
+                for c in range(self.num_cores):
+                    sram_cfg = arch.sram_for(c)
+                    if sram_cfg.feeds_compute:
+                        if id(sram_cfg) not in supply:
+                            supply[id(sram_cfg)] = sram_supply_bits(sram_cfg)
+                        per_core[c] = supply[id(sram_cfg)]
+                sup = per_core[cores[vec]]
+            keys, inv = _unique_rows(np.column_stack([args[vec, :5], sup]))
+            res = np.zeros((len(keys), 3), dtype=np.int64)
+            for j, (op_class, elements, fn_id, row_len, d, s) in enumerate(keys.tolist()):
                 fn = self.vector_fns[fn_id] or None
-                if sup >= UNLIMITED:
-                    cache[key] = (vector_cost(OP_CLASSES[op_class], elements, vu.lanes, vu.ops_per_cycle_per_lane,
-                                              fn=fn, row_len=row_len or None).cycles, 0, 0)
+                if s >= UNLIMITED:
+                    res[j, 0] = vector_cost(OP_CLASSES[op_class], elements, vu.lanes, vu.ops_per_cycle_per_lane,
+                                            fn=fn, row_len=row_len or None).cycles
                 else:
                     t = vector_sram_timing(OP_CLASSES[op_class], elements, vu.lanes, vu.ops_per_cycle_per_lane,
-                                           sup, elem_bits_=elem_bits(DTYPES[d]), fn=fn, row_len=row_len or None)
-                    cache[key] = (t.cycles, int(t.sram_bytes * 8), t.stall_cycles)
-            out[i], bits[i], stall[i] = cache[key]
+                                           s, elem_bits_=elem_bits(DTYPES[d]), fn=fn, row_len=row_len or None)
+                    res[j] = (t.cycles, int(t.sram_bytes * 8), t.stall_cycles)
+            out[vec], bits[vec], stall[vec] = res[inv, 0], res[inv, 1], res[inv, 2]
         return out, bits, stall
 
     def submit(self, sim) -> np.ndarray:
@@ -208,29 +274,32 @@ class Program:
             raise ConfigError(f"the program was compiled for {self.num_cores} cores; {sim.arch.name} has "
                               f"{sim.arch.num_cores}")
         n = len(self)
-        param = np.asarray(self.param, dtype=np.int64).reshape(n, NPARAM).copy()
-        dur, bits, stall = self.timings(sim.arch, sram=getattr(sim, "sram_timing", False))
-        fixed = np.asarray(self.kind, dtype=np.int64) == KIND_FIXED
+        param = self._param_array()
+        dur, bits, stall = self._timings(sim.arch, getattr(sim, "sram_timing", False), param[:, 0].copy())
+        kinds = np.fromiter(self.kind, dtype=np.int64, count=n)
+        fixed = kinds == KIND_FIXED
         param[fixed, 0] = dur[fixed]
         param[fixed, P_SRAM_BITS] = bits[fixed]
         param[fixed, P_SRAM_STALL] = stall[fixed]
-        queue = np.empty(n, dtype=np.int64)
+        names = sorted(set(self.unit))
+        code = {u: i for i, u in enumerate(names)}
+        unit = np.fromiter(map(code.__getitem__, self.unit), dtype=np.int64, count=n)
         units = {u: i for i, u in enumerate(sim.units)}
-        for i, (c, u) in enumerate(zip(self.core, self.unit)):
-            if u == BARRIER_UNIT:
-                queue[i] = -1
-                continue
-            if u not in units:
-                raise ConfigError(f"task {self.names[i] or i} uses unit '{u}', which {sim.arch.name}'s cores lack "
-                                  f"(units: {sim.units})")
-            queue[i] = c * sim.queues_per_core + units[u]
-        kinds = np.asarray(self.kind, dtype=np.int64)
+        bad = [self.unit.index(u) for u in names if u != BARRIER_UNIT and u not in units]
+        if bad:
+            i = min(bad)
+            u = self.unit[i]
+            raise ConfigError(f"task {self.names[i] or i} uses unit '{u}', which {sim.arch.name}'s cores lack "
+                              f"(units: {sim.units})")
+        slot = np.array([-1 if u == BARRIER_UNIT else units[u] for u in names], dtype=np.int64)[unit]
+        core = np.fromiter(self.core, dtype=np.int64, count=n)
+        queue = np.where(slot < 0, -1, core * sim.queues_per_core + slot)
         dma = kinds == KIND_DMA
         if dma.any():  # the DMA engine's initiator id depends on the chip's engine count
-            engine = np.array([int(u[3:]) if u.startswith("dma") else 0 for u in self.unit])
-            param[dma, 3] = np.asarray(self.core)[dma] * sim.dma_engines + engine[dma]
+            engine = np.array([int(u[3:]) if u.startswith("dma") else 0 for u in names], dtype=np.int64)[unit]
+            param[dma, 3] = core[dma] * sim.dma_engines + engine[dma]
         ptr = np.zeros(n + 1, dtype=np.int64)
-        ptr[1:] = np.cumsum([len(d) for d in self.deps])
+        ptr[1:] = np.cumsum(np.fromiter(map(len, self.deps), dtype=np.int64, count=n))
         idx = np.fromiter((d for ds in self.deps for d in ds), dtype=np.int64, count=int(ptr[-1]))
         return kinds, queue, param, ptr, idx
 
@@ -264,6 +333,91 @@ class Program:
                 g.attrs["meta"] = json.dumps(self.meta)
 
         return write_with(path, writer)
+
+
+def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of an integer matrix and each row's index among them (``np.unique(axis=0)``
+    without its slow sort of raw bytes; the distinct rows come in lexicographic order too)."""
+    order = np.lexsort(rows.T[::-1])
+    ordered = rows[order]
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    inv = np.empty(len(rows), dtype=np.int64)
+    inv[order] = np.cumsum(new) - 1
+    return ordered[new], inv
+
+
+class _Block:
+    """A recorded run of tasks (see :meth:`Program.recorded`): the task fields as recorded; the
+    dependencies flat (``rel``: relative to the block's first task; at ``ext_at`` external tasks
+    ``ext_slot`` instead), task ``i``'s from ``starts[i]`` to ``ends[i]``; outputs encoded ``r >= 0``: the block's
+    task ``r``; ``-k - 2``: external task ``k``; ``-1``: none."""
+
+    __slots__ = ("kind", "core", "unit", "param", "cost_kind", "cost_args", "names", "rel", "ext_at", "ext_slot",
+                 "starts", "ends", "outs", "extra")
+
+    @staticmethod
+    def capture(prog: Program, base: int, first: dict[int, int], outs, extra, fn_table: bool) -> "_Block | None":
+        b = _Block()
+        for f in ("kind", "core", "unit", "param", "cost_kind", "cost_args", "names"):
+            setattr(b, f, getattr(prog, f)[base:])
+        if not fn_table and any(ck == COST_VECTOR and args[2] != 0 for ck, args in zip(b.cost_kind, b.cost_args)):
+            return None  # a vector function's id depends on the program's function table
+
+        def enc(v: int) -> int | None:
+            if v >= base:
+                return v - base
+            if v < 0:
+                return -1
+            k = first.get(v)
+            return None if k is None else -k - 2
+
+        deps = prog.deps[base:]
+        lens = np.fromiter(map(len, deps), dtype=np.int64, count=len(deps))
+        ptr = np.zeros(len(deps) + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        flat = np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=int(ptr[-1]))
+        outside = np.flatnonzero(flat < base)
+        slots = [first.get(v, -1) for v in flat[outside].tolist()]
+        if -1 in slots:
+            return None  # depends on a task that is neither the block's nor external
+        b.rel = flat - base
+        b.ext_at, b.ext_slot = outside, np.asarray(slots, dtype=np.int64)
+        b.starts, b.ends = ptr[:-1], ptr[1:]  # arrays: compact, and nothing for the garbage collector to scan
+        b.outs = [enc(v) for v in outs]
+        if None in b.outs:
+            return None
+        b.extra = extra
+        return b
+
+
+_BLOCKS: OrderedDict = OrderedDict()  # (key, cores, pattern, fn table) -> _Block, least recently used first
+_BLOCK_STATS = {"tasks": 0, "replayed": 0}
+_BLOCK_LOCK = threading.Lock()
+BLOCK_TASK_LIMIT = 1_500_000  # tasks kept over all blocks (about 100 bytes each)
+
+
+def _remember(full, block: _Block) -> None:
+    with _BLOCK_LOCK:
+        if full in _BLOCKS:  # recorded meanwhile by another thread
+            return
+        _BLOCKS[full] = block
+        _BLOCK_STATS["tasks"] += len(block.kind)
+        while _BLOCK_STATS["tasks"] > BLOCK_TASK_LIMIT and len(_BLOCKS) > 1:
+            _, old = _BLOCKS.popitem(last=False)
+            _BLOCK_STATS["tasks"] -= len(old.kind)
+
+
+def recorded_stats() -> dict:
+    """Recorded blocks kept (``blocks``), their ``tasks``, and blocks ``replayed`` so far."""
+    return {"blocks": len(_BLOCKS), **_BLOCK_STATS}
+
+
+def clear_recorded() -> None:
+    """Forget every recorded block (the next lowering of anything records it afresh)."""
+    with _BLOCK_LOCK:
+        _BLOCKS.clear()
+        _BLOCK_STATS.update(tasks=0, replayed=0)
 
 
 def _core_groups(arch: Arch) -> list:
@@ -312,4 +466,5 @@ def load_program(path: str | Path) -> Program:
     return prog
 
 
-__all__ = ["COST_FIXED", "COST_GEMM", "COST_VECTOR", "KIND_NOC", "Program", "load_program"]
+__all__ = ["COST_FIXED", "COST_GEMM", "COST_VECTOR", "KIND_NOC", "Program", "clear_recorded", "load_program",
+           "recorded_stats"]

@@ -8,8 +8,9 @@ it calls; "engine" excludes the runs inside skeleton measurements), in CPU secon
 
 * building programs of new shapes: ``Instance._compile`` (iteration graph, mapper, collectives,
   materialisation);
-* measuring cost skeletons: ``itercache.measure`` less the program it is given (cache on);
-* engine: ``Simulator.run`` (the Numba kernel) outside ``measure``;
+* measuring shapes: ``itercache.measure`` (skeleton replay) or ``stagecost.measure_stages`` (stage
+  replay, the default) less the program it is given (cache on);
+* engine: ``Simulator.run`` (the Numba kernel) outside those measurements;
 * submitting tasks: ``submit_materialized`` and notify tasks;
 * per-launch Python of the cache: ``IterationCostCache.tasks`` less measuring;
 * scheduler, KV manager, sampling, metrics: the rest of ``ServingSimulator.run``.
@@ -83,8 +84,11 @@ def main() -> None:
         st.dump_stats(args.out)
     total = cumulative(st, "serving/simulate.py", "simulate_serving")
     compile_ = cumulative(st, "serving/instance.py", "_compile")
-    measure = cumulative(st, "serving/itercache.py", "measure")
-    measure_run = callers_share(st, "sim/simulator.py", "run", "serving/itercache.py", "measure")
+    # measuring a shape: the skeleton replay's measure, or the stage replay's measure_stages (the default)
+    measure = cumulative(st, "serving/itercache.py", "measure") + cumulative(st, "serving/stagecost.py",
+                                                                            "measure_stages")
+    measure_run = (callers_share(st, "sim/simulator.py", "run", "serving/itercache.py", "measure")
+                   + callers_share(st, "sim/simulator.py", "run", "serving/stagecost.py", "_lane_ends"))
     engine = cumulative(st, "sim/simulator.py", "run") - measure_run
     submit = (callers_share(st, "sim/program.py", "submit_materialized", "serving/instance.py", "launch")
               + cumulative(st, "serving/instance.py", "_submit_after_spills")
@@ -102,14 +106,14 @@ def main() -> None:
           f"{s['events']:,}")
     rows = [("building programs of new shapes (graph, mapper, collectives, materialise)", compile_),
             ("engine kernel, serving runs", engine),
-            ("engine kernel, measuring skeletons", measure_run),
-            ("reducing runs to skeletons (measure, less its run)", measure - measure_run),
+            ("engine kernel, measuring shapes (skeletons or stage timings)", measure_run),
+            ("reducing runs to shape costs (measure, less its runs)", measure - measure_run),
             ("per-launch skeleton parameters (cache)", skeleton),
             ("submitting tasks to the engine", submit),
             ("scheduler, KV manager, sampling, metrics, rest", rest)]
     print(f"{'part':>75} {'s':>8} {'share':>7}")
     for name, sec in rows:
-        if args.cache == "off" and "skeleton" in name:
+        if args.cache == "off" and ("skeleton" in name or name.startswith(("engine kernel, measuring", "reducing"))):
             continue
         print(f"{name:>75} {sec:8.1f} {100 * sec / total:6.1f}%")
     print(f"{'total (simulate_serving)':>75} {total:8.1f}")
