@@ -155,6 +155,37 @@ def test_kv_reads_need_not_wait_for_spills(tmp_path):
     assert free["simulated_s"] <= wait["simulated_s"]
 
 
+def test_stage_replay_spills_off_the_mesh_change_no_latency(tmp_path, monkeypatch):
+    """With the stage replay the serving chip's only DMAs are KV spills, which nothing waits for:
+    sending them to the memory model alone (the default there) leaves every request's token times,
+    the spills and the HBM bytes unchanged and costs far fewer events than their mesh streams."""
+    from npusim.arch import load_arch
+    from npusim.mapping.spec import spec_from_flags
+    from npusim.serving.itercache import EXACT
+    from npusim.serving.requests import synthetic_requests
+    from npusim.serving.scheduler import SchedulerConfig
+    from npusim.serving.simulate import ServingConfig, simulate_serving
+
+    small = tmp_path / "small-sram.yaml"
+    small.write_text("extends: npusim-64c\ncores:\n  sram:\n    capacity_mb: 12\n")
+    arch = load_arch(small)
+    spec = spec_from_flags(tp=4, stages=2, layout="ring").model_copy(update={"data_parallel": 1})
+    reqs = synthetic_requests(4, 1000.0, input_len=2048, output_len=16, seed=2)
+    cfg = ServingConfig(model="qwen3-4b", layers=2, iteration_cache=EXACT,
+                        scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256))
+    assert cfg.spills_off_mesh(disaggregated=False) and not cfg.spills_off_mesh(disaggregated=True)
+    off = simulate_serving(arch, spec, reqs, cfg)
+    monkeypatch.setattr(ServingConfig, "spills_off_mesh", lambda self, disaggregated: False)
+    over = simulate_serving(arch, spec, reqs, cfg)
+    a, b = off.summary, over.summary
+    assert a["kv_manager"]["spills"] > 0 and a["kv_manager"] == b["kv_manager"]
+    assert not a["iteration_cache"]["kv_spills_over_mesh"] and b["iteration_cache"]["kv_spills_over_mesh"]
+    assert [r.token_times_s for r in off.records] == [r.token_times_s for r in over.records]
+    assert a["hbm_bytes"] == b["hbm_bytes"]
+    assert a["hbm_bytes_over_noc"] == 0 < b["hbm_bytes_over_noc"]
+    assert a["events"] < b["events"]
+
+
 def test_iteration_kv_reads_wait_for_pending_spills(arch64):
     """The CSR rewrite behind Instance._submit_after_spills: the KV reads gain the spills as
     predecessors, every other dependency is kept."""

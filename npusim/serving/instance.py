@@ -86,7 +86,7 @@ class Instance:
                     "cores": self.core_list, "model": cfg.model, "model_file": _file_digest(cfg.model),
                     "precision": cfg.precision, "layers": cfg.layers,
                     "pad": cfg.pad_shapes, "memory": cfg.memory_mode, "noc": cfg.noc_mode,
-                    "memory_over_noc": sim.memory_over_noc, "memory_streams": sim.memory_streams,
+                    "memory_over_noc": cfg.measured_over_noc, "memory_streams": sim.memory_streams,
                     "segments": [GAP_FRACTION, "one per DMA"], "replay": cfg.iteration_replay},
                     StageCost if self.stage_replay else IterationCost)
             self.costs = IterationCostCache(buckets, self._measure, store)
@@ -163,9 +163,9 @@ class Instance:
         if self.stage_replay:
             return measure_stages(self.arch, self.lanes, comp.arrays, {
                 "memory_mode": self.cfg.memory_mode, "noc_mode": self.cfg.noc_mode,
-                "memory_over_noc": self.sim.memory_over_noc, "memory_streams": self.sim.memory_streams})
+                "memory_over_noc": self.cfg.measured_over_noc, "memory_streams": self.sim.memory_streams})
         return measure(self.arch, self.cfg.memory_mode, self.cfg.noc_mode, comp.arrays, comp.kv_reads, placement,
-                       memory_over_noc=self.sim.memory_over_noc, memory_streams=self.sim.memory_streams)
+                       memory_over_noc=self.cfg.measured_over_noc, memory_streams=self.sim.memory_streams)
 
     def _compiled(self, slots, hbm_fraction: float) -> tuple:
         """The iteration's materialised arrays. Programs are compiled per shape and per *kind*

@@ -567,14 +567,16 @@ SHARED_CHIP_LIMIT = ("instances share the chip's HBM and mesh, but each instance
                      "-70%, mean TBT -14%); simulate such runs with --iteration-cache off")
 
 
-def summary(caches: list[IterationCostCache], buckets: Buckets | None, replay: str, instances: int = 1) -> dict:
+def summary(caches: list[IterationCostCache], buckets: Buckets | None, replay: str, instances: int = 1,
+            spills_over_mesh: bool = True) -> dict:
     """The ``iteration_cache`` section of a serving summary (``limits``: what the replay misses in
-    this run, said plainly)."""
+    this run, said plainly; ``kv_spills_over_mesh``: whether KV spills crossed the mesh or went
+    straight to the memory model, see :meth:`npusim.serving.simulate.ServingConfig.spills_off_mesh`)."""
     if buckets is None:
         return {"enabled": False}
     out = {"enabled": True, "replay": replay,
            "buckets": {"kv": buckets.kv, "batch": buckets.batch, "chunk": buckets.chunk},
-           "limits": [SHARED_CHIP_LIMIT] if instances > 1 else []}
+           "limits": [SHARED_CHIP_LIMIT] if instances > 1 else [], "kv_spills_over_mesh": spills_over_mesh}
     for key in ("hits", "misses", "shapes_simulated", "shapes_from_disk", "interpolated"):
         out[key] = sum(c.stats[key] for c in caches)
     n = out["hits"] + out["misses"]
