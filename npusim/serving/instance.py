@@ -73,6 +73,7 @@ class Instance:
         self.shapes_compiled = 0
         self._submitted: set[int] = set()  # ids of the task-kind arrays of shapes submitted before
         self.pending_spills: list[int] = []  # KV spill DMAs the next iteration's HBM KV reads wait for
+        self._spill_engine = None  # (initiators, queues) of the cores' spill DMA engine, built on first use
         buckets = cfg.iteration_cache
         self.costs = None
         self.replayed_hbm_bytes = 0  # what cached (stage-replayed) iterations moved, not simulated
@@ -239,10 +240,10 @@ class Instance:
         if self.pending_spills and gated.size:
             ids = self._submit_after_spills(gated, arrays)
         else:
-            # a shape's arrays (kept by the caches) are checked on their first submission only
+            # a shape's arrays (kept by the caches; a stage replay's, all but its hold times, shared by
+            # every replay) are checked on their first submission only
             check = id(arrays[0]) not in self._submitted
-            if stages is None:  # stage replays are built anew each time
-                self._submitted.add(id(arrays[0]))
+            self._submitted.add(id(arrays[0]))
             ids = submit_materialized(self.sim, arrays, check=check)
         note = self.sim.add_notify(ids[sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
@@ -254,17 +255,23 @@ class Instance:
     def retime(self) -> None:
         """Stage replay: set the holds not yet started of every iteration in flight to the
         pipeline's current fill (called when it changes: at a launch and at an iteration's end),
-        so a lane's hold reflects the iterations in flight when it starts."""
+        so a lane's hold reflects the iterations in flight when it starts. An iteration whose
+        holds have all started is not looked at again."""
         k = len(self.inflight)
         tt = self.sim.engine.tt
         live = {it[0] for it in self.inflight}
-        self.holds = {n: h for n, h in self.holds.items() if n in live}
-        for ids, cost in self.holds.values():
+        kept = {}
+        for note, (ids, cost) in self.holds.items():
+            if note not in live:
+                continue
             waiting = (ids >= 0) & (tt.state[np.maximum(ids, 0)] == PENDING)  # -1: compacted away (done)
-            if waiting.any():
-                span, busy = cost.unit_params(k, self.lanes.depth)
-                tt.param[ids[waiting], 0] = span[waiting]
-                tt.param[ids[waiting], 1] = busy[waiting]
+            if not waiting.any():
+                continue
+            kept[note] = (ids, cost)
+            span, busy = cost.unit_params(k, self.lanes.depth)
+            tt.param[ids[waiting], 0] = span[waiting]
+            tt.param[ids[waiting], 1] = busy[waiting]
+        self.holds = kept
 
     def advance(self, slots, records: dict, end_s: float) -> list:
         """The iteration's tokens exist at ``end_s``: grow KV, record tokens; returns spills (issued)."""
@@ -290,25 +297,32 @@ class Instance:
         stays valid in SRAM until its write completes (the copy is freed after), so the next
         iteration reads it either way; with ``ServingConfig.spill_waits`` the next iteration's KV
         reads from HBM wait for every pending spill instead (:meth:`launch`), a pessimistic bound."""
-        cores = self.core_list
         sim = self.sim
-        engine = min(1, sim.dma_engines - 1)
+        if not transfers:
+            return
+        if self._spill_engine is None:  # each core's second DMA engine (its initiator and queue)
+            engine = min(1, sim.dma_engines - 1)
+            self._spill_engine = (np.array([sim.initiator(c, engine) for c in self.core_list], dtype=np.int64),
+                                  np.array([sim.queue(c, f"dma{engine}") for c in self.core_list], dtype=np.int64))
+        initiators, queues = self._spill_engine
+        n = len(initiators)
         base = kv_cache_base_address(self.arch, 0)  # the KV region; extents are the KV manager's
         span = max(1, int(self.arch.hbm.capacity_gb * 2**30) - base)
-        param, queues = [], []
-        for t in transfers:
-            off = 0
-            for i, c in enumerate(cores):
-                b = t.nbytes // len(cores) + (1 if i < t.nbytes % len(cores) else 0)
-                if b:
-                    param.append((b, base + (t.hbm_offset_bytes + off) % span, 1, sim.initiator(c, engine), 0, 0))
-                    queues.append(sim.queue(c, f"dma{engine}"))
-                off += b
-        if not param:
+        params, queue = [], []
+        for t in transfers:  # each core's share, at its slice of the transfer's HBM extent
+            b = t.nbytes // n + (np.arange(n) < t.nbytes % n)
+            on = b > 0
+            row = np.zeros((int(on.sum()), 6), dtype=np.int64)  # bytes, address, write, initiator
+            row[:, 0], row[:, 2], row[:, 3] = b[on], 1, initiators[on]
+            row[:, 1] = (base + (t.hbm_offset_bytes + np.cumsum(b) - b) % span)[on]
+            params.append(row)
+            queue.append(queues[on])
+        param, queue = np.concatenate(params), np.concatenate(queue)
+        if not len(param):
             return
-        ids = sim.submit_batch(np.full(len(param), KIND_DMA), queues, param, np.zeros(len(param) + 1, dtype=np.int64),
+        ids = sim.submit_batch(np.full(len(param), KIND_DMA), queue, param, np.zeros(len(param) + 1, dtype=np.int64),
                                np.zeros(0, dtype=np.int64), ["KV spill"] * len(param))
-        self.pending_spills.extend(int(i) for i in ids)
+        self.pending_spills.extend(ids.tolist())
 
     def _at_requests(self, slots, comp, arrays):
         """The arrays with the KV reads moved to the batch's requests: the mapper lays each core's

@@ -49,7 +49,8 @@ Units: cycles of the chip clock; bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -138,6 +139,7 @@ class StageCost:
     unit_lane: np.ndarray
     unit_busy: np.ndarray
     hbm_bytes: int
+    _unit_params: dict = field(default_factory=dict, repr=False, compare=False)  # (k, depth) -> unit_params
 
     ARRAYS = ("alone", "loaded", "unit_queue", "unit_lane", "unit_busy")
     SCALARS = ("duration", "hbm_bytes")
@@ -169,10 +171,14 @@ class StageCost:
 
     def unit_params(self, k: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """Per unit: its hold's ``param[0]`` (the lane's hold) and ``param[1]`` (the busy cycles
-        it counts: 0 for all of them) at ``k`` iterations in flight."""
-        lane = self.unit_lane
-        span = self.holds(k, depth)[lane]
-        return span, np.where(self.unit_busy >= span, 0, np.maximum(1, self.unit_busy))
+        it counts: 0 for all of them) at ``k`` iterations in flight (memoised: a cost in flight is
+        retimed at every launch and end)."""
+        key = (min(max(1, k), depth), depth)
+        memo = self._unit_params
+        if key not in memo:
+            span = self.holds(*key)[self.unit_lane]
+            memo[key] = span, np.where(self.unit_busy >= span, 0, np.maximum(1, self.unit_busy))
+        return memo[key]
 
     def unit_rows(self) -> np.ndarray:
         """The rows of the units' holds in :meth:`tasks`' arrays (each earlier lane adds a barrier)."""
@@ -181,37 +187,49 @@ class StageCost:
     def tasks(self, lanes: Lanes, k: int) -> tuple[tuple, int]:
         """Engine arrays ``(kind, queue, param, dep_ptr, dep_idx)`` of the replay (dependencies
         relative to its first task) and the relative id of its last task: per lane, a hold on each
-        unit of its cores waiting for the predecessor lane's barrier, then the lane's barrier."""
-        n_lanes = len(lanes.prev)
-        lane = self.unit_lane  # units come lane by lane, lanes in chain order (a lane after its predecessor)
-        per_lane = np.bincount(lane, minlength=n_lanes)
-        # rows: each lane's unit holds then its barrier, lane by lane; then the last task
-        barrier = np.cumsum(per_lane + 1) - 1
+        unit of its cores waiting for the predecessor lane's barrier, then the lane's barrier.
+        Only ``param`` is new each time: the other arrays depend on the lanes and units alone and
+        are shared by every replay of them."""
+        kinds, queue, ptr, idx = _replay_structure(lanes, self.unit_lane.tobytes(), self.unit_queue.tobytes())
+        param = np.zeros((len(kinds), 6), dtype=np.int64)
         unit_row = self.unit_rows()
-        n = int(barrier[-1]) + 2
-        kinds = np.full(n, KIND_FIXED, dtype=np.int64)
-        queue = np.full(n, -1, dtype=np.int64)
-        queue[unit_row] = self.unit_queue
-        param = np.zeros((n, 6), dtype=np.int64)
         param[unit_row, 0], param[unit_row, 1] = self.unit_params(k, lanes.depth)
-        prev = np.asarray(lanes.prev, dtype=np.int64)
-        # dependencies: a hold waits for its lane's predecessor's barrier; a barrier for its
-        # lane's holds; the last task for the barriers no lane waits for
-        deps = np.zeros(n, dtype=np.int64)
-        deps[unit_row] = prev[lane] >= 0
-        deps[barrier] = per_lane
-        sinks = np.setdiff1d(np.arange(n_lanes), prev[prev >= 0])
-        deps[-1] = sinks.size
-        ptr = np.zeros(n + 1, dtype=np.int64)
-        ptr[1:] = np.cumsum(deps)
-        idx = np.empty(int(ptr[-1]), dtype=np.int64)
-        has_prev = prev[lane] >= 0
-        idx[ptr[unit_row[has_prev]]] = barrier[prev[lane[has_prev]]]
-        for l in range(n_lanes):  # a lane's holds are the rows just before its barrier
-            b = int(barrier[l])
-            idx[ptr[b]:ptr[b + 1]] = np.arange(b - per_lane[l], b)
-        idx[ptr[n - 1]:] = barrier[sinks]
-        return (kinds, queue, param, ptr, idx), n - 1
+        return (kinds, queue, param, ptr, idx), len(kinds) - 1
+
+
+@lru_cache(maxsize=64)
+def _replay_structure(lanes: Lanes, unit_lane_bytes: bytes, unit_queue_bytes: bytes) -> tuple:
+    """The arrays of :meth:`StageCost.tasks` but ``param`` (read-only: shared by every replay)."""
+    lane = np.frombuffer(unit_lane_bytes, dtype=np.int64)  # units come lane by lane, in chain order
+    n_lanes = len(lanes.prev)
+    per_lane = np.bincount(lane, minlength=n_lanes)
+    # rows: each lane's unit holds then its barrier, lane by lane; then the last task
+    barrier = np.cumsum(per_lane + 1) - 1
+    unit_row = np.arange(lane.size) + lane
+    n = int(barrier[-1]) + 2
+    kinds = np.full(n, KIND_FIXED, dtype=np.int64)
+    queue = np.full(n, -1, dtype=np.int64)
+    queue[unit_row] = np.frombuffer(unit_queue_bytes, dtype=np.int64)
+    prev = np.asarray(lanes.prev, dtype=np.int64)
+    # dependencies: a hold waits for its lane's predecessor's barrier; a barrier for its
+    # lane's holds; the last task for the barriers no lane waits for
+    deps = np.zeros(n, dtype=np.int64)
+    deps[unit_row] = prev[lane] >= 0
+    deps[barrier] = per_lane
+    sinks = np.setdiff1d(np.arange(n_lanes), prev[prev >= 0])
+    deps[-1] = sinks.size
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(deps)
+    idx = np.empty(int(ptr[-1]), dtype=np.int64)
+    has_prev = prev[lane] >= 0
+    idx[ptr[unit_row[has_prev]]] = barrier[prev[lane[has_prev]]]
+    for l in range(n_lanes):  # a lane's holds are the rows just before its barrier
+        b = int(barrier[l])
+        idx[ptr[b]:ptr[b + 1]] = np.arange(b - per_lane[l], b)
+    idx[ptr[n - 1]:] = barrier[sinks]
+    for a in (kinds, queue, ptr, idx):
+        a.flags.writeable = False
+    return kinds, queue, ptr, idx
 
 
 def measure_stages(arch, lanes: Lanes, arrays: tuple, sim_options: dict) -> StageCost:
