@@ -81,7 +81,7 @@ def _start(tt, heap, hs, mem, noc, fnoc, mp, sp, task, now, period_ps):
         heap_push(heap, hs, now, EV_TASK_END, task)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, nogil=True)  # no Python objects inside: simulators may run in threads
 def run_loop(tt, heap, hs, mem, noc, fnoc, mp, sp, period_ps, until, watch, max_events, headroom):
     """Advance the simulation; returns a ``STATUS_*`` code (see module docstring).
     ``headroom``: free heap rows needed before any handler runs (see ``BASE_HEADROOM``)."""
