@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from npusim.arch.derived import kv_cache_base_address
-from npusim.engine.tasks import PENDING
 from npusim.mapping.mapper import map_model
 from npusim.model.builder import build_graph
 from npusim.serving.iteration import Work, build_groups_graph, iteration_groups
 from npusim.serving.itercache import GAP_FRACTION, IterationCost, IterationCostCache, ShapeStore, measure
 from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
-from npusim.serving.stagecost import Lanes, StageCost, measure_stages
+from npusim.serving.stagecost import HoldsInFlight, Lanes, StageCost, measure_stages
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import submit_materialized
 
@@ -92,7 +91,7 @@ class Instance:
                     StageCost if self.stage_replay else IterationCost)
             self.costs = IterationCostCache(buckets, self._measure, store)
         self.inflight: deque = deque()  # (notify task, slots, kv share in HBM, submitted_s)
-        self.holds: dict[int, tuple] = {}  # stage replay: notify task -> (its units' hold tasks, StageCost)
+        self.holds = HoldsInFlight(self.lanes.depth) if self.costs is not None and self.stage_replay else None
         self.running: list = []
         self.waiting: deque = deque()
         self.depth = spec.pipeline.stages
@@ -248,30 +247,18 @@ class Instance:
         note = self.sim.add_notify(ids[sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
         if stages is not None:
-            self.holds[note] = (ids[stages.unit_rows()], stages)
+            self.holds.add(note, ids[stages.unit_rows()], stages)
             self.retime()
         return note
 
     def retime(self) -> None:
         """Stage replay: set the holds not yet started of every iteration in flight to the
         pipeline's current fill (called when it changes: at a launch and at an iteration's end),
-        so a lane's hold reflects the iterations in flight when it starts. An iteration whose
-        holds have all started is not looked at again."""
-        k = len(self.inflight)
-        tt = self.sim.engine.tt
-        live = {it[0] for it in self.inflight}
-        kept = {}
-        for note, (ids, cost) in self.holds.items():
-            if note not in live:
-                continue
-            waiting = (ids >= 0) & (tt.state[np.maximum(ids, 0)] == PENDING)  # -1: compacted away (done)
-            if not waiting.any():
-                continue
-            kept[note] = (ids, cost)
-            span, busy = cost.unit_params(k, self.lanes.depth)
-            tt.param[ids[waiting], 0] = span[waiting]
-            tt.param[ids[waiting], 1] = busy[waiting]
-        self.holds = kept
+        so a lane's hold reflects the iterations in flight when it starts."""
+        if self.holds is not None:
+            while len(self.holds.notes) > len(self.inflight):  # iterations end in launch order
+                self.holds.drop_oldest()
+            self.holds.retime(self.sim.engine.tt, len(self.inflight))
 
     def advance(self, slots, records: dict, end_s: float) -> list:
         """The iteration's tokens exist at ``end_s``: grow KV, record tokens; returns spills (issued)."""
@@ -391,5 +378,6 @@ class Instance:
     def remap(self, new_id) -> None:
         """Renumber in-flight notify tasks (and pending spills) after an engine compaction."""
         self.inflight = deque((int(new_id[n]), sl, fr, sub) for n, sl, fr, sub in self.inflight)
-        self.holds = {int(new_id[n]): (new_id[ids], cost) for n, (ids, cost) in self.holds.items() if new_id[n] >= 0}
+        if self.holds is not None:
+            self.holds.remap(new_id)
         self.pending_spills = [int(new_id[t]) for t in self.pending_spills if new_id[t] >= 0]

@@ -51,12 +51,13 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
-from npusim.engine.tasks import KIND_FIXED
+from npusim.engine.tasks import KIND_FIXED, PENDING
 from npusim.sim import Simulator
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import submit_materialized
@@ -197,6 +198,51 @@ class StageCost:
         unit_row = self.unit_rows()
         param[unit_row, 0], param[unit_row, 1] = self.unit_params(k, lanes.depth)
         return (kinds, queue, param, ptr, idx), len(kinds) - 1
+
+
+class HoldsInFlight:
+    """The hold tasks of an instance's stage-replayed iterations in flight, flattened so that a
+    change of the pipeline's fill retimes all of them with a few array operations: per unit, its
+    hold's engine task (-1 once compacted away), its lane's ``alone`` and ``loaded`` cycles, its
+    iteration's wave and its busy cycles alone. Iterations leave in launch order."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self.notes: deque = deque()  # (notify task, units) per iteration, oldest first
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.cols = np.zeros((4, 0), dtype=np.int64)  # alone, loaded, wave, busy per unit
+
+    def add(self, note: int, ids: np.ndarray, cost: StageCost) -> None:
+        lane = cost.unit_lane
+        wave = np.full(lane.size, int(cost.loaded.max(initial=0)), dtype=np.int64)
+        self.notes.append((note, lane.size))
+        self.ids = np.concatenate([self.ids, ids])
+        self.cols = np.concatenate([self.cols, np.stack([cost.alone[lane], cost.loaded[lane], wave,
+                                                         cost.unit_busy])], axis=1)
+
+    def drop_oldest(self) -> None:
+        """The oldest iteration ended."""
+        _, units = self.notes.popleft()
+        self.ids, self.cols = self.ids[units:], self.cols[:, units:]
+
+    def retime(self, tt, k: int) -> None:
+        """Set every hold not yet started to ``k`` iterations in flight, as
+        :meth:`StageCost.unit_params` gives it."""
+        waiting = np.flatnonzero((self.ids >= 0) & (tt.state[np.maximum(self.ids, 0)] == PENDING))
+        if not waiting.size:
+            return
+        alone, loaded, wave, busy = self.cols[:, waiting]
+        k = min(max(1, k), self.depth)
+        span = alone if k == 1 else np.maximum(alone, np.minimum(loaded, -(-wave * k // self.depth)))
+        ids = self.ids[waiting]
+        tt.param[ids, 0] = span
+        tt.param[ids, 1] = np.where(busy >= span, 0, np.maximum(1, busy))
+
+    def remap(self, new_id: np.ndarray) -> None:
+        """Renumber after an engine compaction (finished holds become -1)."""
+        self.notes = deque((int(new_id[n]), u) for n, u in self.notes)
+        live = self.ids >= 0
+        self.ids = np.where(live, new_id[np.maximum(self.ids, 0)], -1)
 
 
 @lru_cache(maxsize=64)
