@@ -240,7 +240,7 @@ def test_stage_replay_retimes_holds_not_yet_started(arch64):
     ids = submit_materialized(sim.sim, arrays)
     note = sim.sim.add_notify([int(ids[last])])
     inst.inflight.append((note, [], 0.0, 0.0))
-    inst.holds[note] = (ids[cost.unit_rows()], cost)
+    inst.holds.add(note, ids[cost.unit_rows()], cost)
     sim.sim.run(until=1)  # the first lane starts
     for _ in range(3):
         inst.inflight.append((-1, [], 0.0, 0.0))
@@ -250,6 +250,12 @@ def test_stage_replay_retimes_holds_not_yet_started(arch64):
     first_lane = cost.unit_lane == 0
     assert np.all(tt.param[hold_ids[first_lane], 0] == cost.holds(1, 4)[0])
     assert np.all(tt.param[hold_ids[~first_lane], 0] == cost.holds(4, 4)[cost.unit_lane[~first_lane]])
+    span, busy = cost.unit_params(4, 4)
+    assert np.array_equal(tt.param[hold_ids[~first_lane], 1], busy[~first_lane])
+    # the iteration ends (in launch order): its holds leave the table
+    inst.inflight.popleft()
+    inst.retime()
+    assert not inst.holds.notes and inst.holds.ids.size == 0
 
 
 def test_replay_option_is_checked():

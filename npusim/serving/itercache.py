@@ -38,9 +38,10 @@ DMAs share HBM bandwidth and mesh links with every other transfer as before. Not
 NoC messages inside an iteration (their queue time is kept; their link contention with other
 traffic is not). Since HBM traffic crosses the mesh that matters: under load the pipeline's
 stages stream weights over the mesh at once, the collectives of the uncached run wait behind
-those streams and the cache's holds do not, so the cache is fast by ~15% on the default
-scenario's throughput and ~78% on the Mooncake replay (``validation/serving_iteration_cache.py``),
-and it stays off by default.
+those streams and the cache's holds do not, so the skeleton replay is fast by ~15% on the default
+scenario's throughput and ~78% on the Mooncake replay (``validation/serving_iteration_cache.py``).
+The default replay is therefore the stage replay (:mod:`.stagecost`), which measures that contention
+and is within 5%; ``npusim run`` uses it by default when one instance runs on the chip.
 
 KV-cache management, scheduling, spills, KV transfers and metrics run exactly as without the
 cache: only the chip timing of an iteration is reused. Results are deterministic: every

@@ -35,8 +35,12 @@ predecessor lane's; the engine's in-order queues then pipeline iterations as the
 counted busy for the cycles they were busy alone; the DMA engines and NoC ports stay free for the
 transfers that are simulated (KV spills, PD KV transfers), so their utilisation series do not
 count cached iterations' traffic (the summary's ``hbm_bytes`` does). The holds are retimed when
-the fill changes (see :meth:`npusim.serving.instance.Instance.retime`); a cached iteration's first
-stage waits for pending KV spills when it reads KV from HBM, as the simulated KV reads do.
+the fill changes (:class:`HoldsInFlight`, called by :meth:`npusim.serving.instance.Instance.retime`);
+with ``ServingConfig.spill_waits`` a cached iteration's first stage waits for pending KV spills when it
+reads KV from HBM, as the simulated KV reads then do. Without it (the default) nothing waits for a
+spill, and with one instance on the chip nothing else crosses the mesh, so the serving chip's DMAs
+(the spills: cached iterations have none) go to the memory model alone, not over the mesh
+(:meth:`npusim.serving.simulate.ServingConfig.spills_off_mesh`; same token times, far fewer events).
 
 Assumptions (their error is measured by ``validation/serving_iteration_cache.py``): the iterations
 in flight beside this one are of a similar shape; a lane's hold is fixed once it starts; traffic
