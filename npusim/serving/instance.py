@@ -256,7 +256,8 @@ class Instance:
         pipeline's current fill (called when it changes: at a launch and at an iteration's end),
         so a lane's hold reflects the iterations in flight when it starts."""
         if self.holds is not None:
-            while len(self.holds.notes) > len(self.inflight):  # iterations end in launch order
+            live = {it[0] for it in self.inflight}
+            while self.holds.notes and self.holds.notes[0][0] not in live:  # iterations end in launch order
                 self.holds.drop_oldest()
             self.holds.retime(self.sim.engine.tt, len(self.inflight))
 
