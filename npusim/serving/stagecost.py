@@ -54,8 +54,8 @@ Units: cycles of the chip clock; bytes.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -132,6 +132,20 @@ def _lane_ends(sim, arrays: tuple, task_lane: np.ndarray, lanes: int) -> tuple[n
     return out, int(end.max(initial=0))
 
 
+def _spans(alone, loaded, wave, k: int, depth: int):
+    """Hold cycles with ``k`` iterations in flight out of ``depth`` (the module docstring's
+    saturation form): ``alone`` at ``k = 1``, else ``max(alone, min(loaded, ceil(wave k / depth)))``."""
+    k = min(max(1, k), depth)
+    if k == 1:  # alone: what was measured alone
+        return alone
+    return np.maximum(alone, np.minimum(loaded, -(-wave * k // depth)))
+
+
+def _counted_busy(busy, span):
+    """A hold's ``param[1]``: the busy cycles it counts, 0 when busy for all of ``span``."""
+    return np.where(busy >= span, 0, np.maximum(1, busy))
+
+
 @dataclass
 class StageCost:
     """One iteration shape's stage timing (see the module docstring): ``duration`` alone
@@ -170,11 +184,7 @@ class StageCost:
 
     def holds(self, k: int, depth: int) -> np.ndarray:
         """Each lane's hold (cycles) with ``k`` iterations in flight out of ``depth``."""
-        k = min(max(1, k), depth)
-        if k == 1:  # alone: what was measured alone
-            return self.alone
-        share = -(-int(self.loaded.max(initial=0)) * k // depth)  # the wave's k/depth
-        return np.maximum(self.alone, np.minimum(self.loaded, share))
+        return _spans(self.alone, self.loaded, int(self.loaded.max(initial=0)), k, depth)
 
     def unit_params(self, k: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """Per unit: its hold's ``param[0]`` (the lane's hold) and ``param[1]`` (the busy cycles
@@ -184,7 +194,7 @@ class StageCost:
         memo = self._unit_params
         if key not in memo:
             span = self.holds(*key)[self.unit_lane]
-            memo[key] = span, np.where(self.unit_busy >= span, 0, np.maximum(1, self.unit_busy))
+            memo[key] = span, _counted_busy(self.unit_busy, span)
         return memo[key]
 
     def unit_rows(self) -> np.ndarray:
@@ -236,11 +246,10 @@ class HoldsInFlight:
         if not waiting.size:
             return
         alone, loaded, wave, busy = self.cols[:, waiting]
-        k = min(max(1, k), self.depth)
-        span = alone if k == 1 else np.maximum(alone, np.minimum(loaded, -(-wave * k // self.depth)))
+        span = _spans(alone, loaded, wave, k, self.depth)
         ids = self.ids[waiting]
         tt.param[ids, 0] = span
-        tt.param[ids, 1] = np.where(busy >= span, 0, np.maximum(1, busy))
+        tt.param[ids, 1] = _counted_busy(busy, span)
 
     def remap(self, new_id: np.ndarray) -> None:
         """Renumber after an engine compaction (finished holds become -1)."""
