@@ -282,7 +282,9 @@ def _print(s: dict) -> None:
         b = ic["buckets"]
         print(f"  iter. cache    on ({ic.get('requested', 'on')}), {ic['replay']} replay (kv {b['kv']}, batch {b['batch']}, chunk {b['chunk']}): "
               f"{ic['shapes_simulated']} "
-              f"shapes simulated ({ic['shapes_from_disk']} more from disk), {ic['hits']} hits, {ic['misses']} misses, {ic['interpolated']} interpolated")
+              f"shapes simulated ({ic['shapes_from_disk']} more from disk), {ic['hits']} hits, {ic['misses']} misses, {ic['interpolated']} interpolated"
+              + ("; KV spills timed by the memory model alone (nothing waits for them)"
+                 if ic.get("kv_spills_over_mesh") is False else ""))
         for limit in ic.get("limits", []):
             print(f"  NOTE           iteration cache: {limit}")
     hit = s.get("prefix_hit_rate")
