@@ -326,16 +326,21 @@ def analytical_finish(st, init, addr, nbytes, pattern, stride, now_cycle, period
     base, extra = nbytes // used, nbytes % used
     channels_done = t0
     ch = first_ch
+    pcs, frontend = p[P_PCS], p[P_FRONTEND]
+    ready = t0 + first_ps - frontend
+    per_burst = p[P_BURST_BYTES] * pcs
     for i in range(used):
         share = base + (1 if i < extra else 0)
-        start = max(t0 + first_ps - p[P_FRONTEND], st.ch_data_free[ch])
+        start = max(ready, st.ch_data_free[ch])
         # the channel's pseudo-channels together: burst time of one PC / their number
-        busy = np.int64(np.ceil(share * st.u_burst_ps[ch * p[P_PCS]] / (p[P_BURST_BYTES] * p[P_PCS])))
+        busy = np.int64(np.ceil(share * st.u_burst_ps[ch * pcs] / per_burst))
         st.ch_data_free[ch] = start + busy
         st.ch_busy_ps[ch] += busy
         st.ch_bytes[ch] += share
-        channels_done = max(channels_done, start + busy + p[P_FRONTEND])
-        ch = (ch + step) % n_ch
+        channels_done = max(channels_done, start + busy + frontend)
+        ch += step  # the next channel: (ch + step) mod n_ch without a division (step < n_ch)
+        if ch >= n_ch:
+            ch -= n_ch
     return to_cycle(max(initiator_done, channels_done), period_ps)
 
 
