@@ -63,7 +63,9 @@ def _start(tt, heap, hs, mem, noc, fnoc, mp, sp, task, now, period_ps):
         heap_push(heap, hs, now + tt.param[task, 0], EV_TASK_END, task)
     elif kind == KIND_DMA:
         prm = tt.param[task]
-        parts = mem_start(mp, noc, fnoc, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now)
+        parts = 0  # (tested here: a call with every model's state costs more than the work when off)
+        if mp.prm[MP_ON] != 0:
+            parts = mem_start(mp, noc, fnoc, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now)
         done = hbm_start_dma(mem, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now, period_ps)
         if done >= 0:
             if parts > 0:  # the DRAM part is done; its last response still crosses the mesh

@@ -81,14 +81,14 @@ def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, i
                    hops=np.asarray(hops, np.int64), counters=np.zeros(4, np.int64))
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _add(mp, ch, nbytes, ntxn):
     r = mp.attach[ch]
     mp.r_bytes[r] += nbytes
     mp.r_txn[r] += ntxn
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _split_over_routers(mp, core, nbytes, addr, pattern, stride):
     """Bytes and transactions of the DMA per attach router (into ``r_bytes``/``r_txn``)."""
     p = mp.prm
@@ -138,7 +138,7 @@ def _split_over_routers(mp, core, nbytes, addr, pattern, stride):
         _add(mp, j1 % n_ch, tail, (tail + txn - 1) // txn)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, pattern, stride, now):
     """Start the mesh streams of initiator ``init``'s DMA task; returns how many started (0:
     the DMA goes to the memory model alone). The task then has ``parts + 1`` parts pending
@@ -193,7 +193,7 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
     return parts
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def mem_part_done(mp, init):
     """One part of ``init``'s DMA task ended; returns the task if it was the last, else -1."""
     mp.pending[init] -= 1

@@ -46,7 +46,7 @@ def new_sram_ports(on: bool, queues_per_core: int, engines: int, supply_bits, dm
                      counters=np.zeros(4, np.int64))
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def sram_task_cycles(sp, in_task, in_left, queue, duration, demand_bits, array_stall):
     """Duration of a compute task starting now on ``queue`` (see module docstring)."""
     if sp.prm[SP_ON] == 0 or demand_bits <= 0 or queue < 0:

@@ -258,7 +258,7 @@ def _route(p, init, addr):
 
 # --- DMA start ---------------------------------------------------------------------------
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def hbm_start_dma(st, heap, hs, init, task, nbytes, addr, is_write, pattern, stride, now_cycle, period_ps):
     """Begin a DMA task on initiator ``init``. Returns the finish cycle if it is known now
     (analytical mode or zero bytes), else -1 (completion comes through events)."""
@@ -290,7 +290,7 @@ def stream_latency_ps(p):
     return p[P_TCL] + 2 * p[P_FRONTEND] + bursts * p[P_BURST_PS] + (p[P_TRP] + p[P_TRCD]) * txn // p[P_ROW_BYTES]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def analytical_finish(st, init, addr, nbytes, pattern, stride, now_cycle, period_ps):
     """Finish cycle of a transfer in the analytical model.
 

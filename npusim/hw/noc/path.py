@@ -133,13 +133,13 @@ def slots_free(ps):
     return ps.counters[C_FREE_TOP]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def flits_of(ps, nbytes):
     w = ps.prm[PRM_WIDTH]
     return max(np.int64(1), (nbytes + w - 1) // w)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def path_start(ps, heap, hs, task, src, dst, nbytes, now):
     """Start a message (the caller made sure a slot is free). Path mode: its header tries
     its first hop after the source router. Analytical mode: it frees its source after
@@ -163,7 +163,7 @@ def path_start(ps, heap, hs, task, src, dst, nbytes, now):
     _launch(ps, heap, hs, task, -1, src, dst, flits, now)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def path_start_part(ps, heap, hs, owner, src, dst, flits, now):
     """Start a message of ``flits`` flits that is part of initiator ``owner``'s DMA task (path
     mode only; the caller made sure a slot is free): no queue, ``EV_NOC_PART_END`` at the end."""
@@ -172,7 +172,7 @@ def path_start_part(ps, heap, hs, owner, src, dst, flits, now):
     _launch(ps, heap, hs, -1, owner, src, dst, flits, now)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def path_reserve_part(ps, heap, hs, owner, src, dst, flits, now):
     """Start a memory stream of ``flits`` flits (part of initiator ``owner``'s DMA task) that *walks
     ahead*: its header claims each free link of its route in one go, at the time it would reach it
@@ -196,7 +196,7 @@ def path_reserve_part(ps, heap, hs, owner, src, dst, flits, now):
     return _walk(ps, heap, hs, -1, owner, src, dst, flits, src, 0, now + ps.prm[PRM_STAGES], now)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _walk(ps, heap, hs, slot, part, src, dst, flits, r, hops, t, now):
     """Walk stream ``part``'s header from router ``r`` (reached at ``t`` after ``hops`` hops),
     reserving free links (see :func:`path_reserve_part`); ``slot``: its message slot (-1: none
@@ -251,7 +251,7 @@ def _take_slot(ps, task, part, src, dst, flits):
     return slot
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _launch(ps, heap, hs, task, part, src, dst, flits, now):
     slot = _take_slot(ps, task, part, src, dst, flits)
     if flits <= ps.prm[PRM_BUFFER] and part < 0:  # the source router's input buffer takes the whole packet
@@ -259,7 +259,7 @@ def _launch(ps, heap, hs, task, part, src, dst, flits, now):
     heap_push(heap, hs, now + ps.prm[PRM_STAGES], EV_NOC_HOP, slot)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _next_link(ps, slot):
     """The link (or ejection port) the header at ``m_cur`` needs next."""
     cur, dst = ps.m_cur[slot], ps.m_dst[slot]
@@ -268,7 +268,7 @@ def _next_link(ps, slot):
     return ps.link_id[cur, ps.next_port[cur, dst]]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _claim(ps, heap, hs, slot, link, now):
     """``slot`` owns ``link`` from ``now``: advance the header, or — when the link is the
     ejection port — schedule the tail, the link releases and the end of the task."""
@@ -314,7 +314,7 @@ def _claim(ps, heap, hs, slot, link, now):
     _free_slot(ps, slot)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _reserve_lazily(ps, heap, hs, link, free_at):
     """A memory stream holds ``link`` until ``free_at``; a release event only if headers wait."""
     ps.link_owner[link] = LAZY
@@ -323,7 +323,7 @@ def _reserve_lazily(ps, heap, hs, link, free_at):
         heap_push(heap, hs, free_at, EV_NOC_RELEASE, link)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _schedule_wormhole_releases(ps, heap, hs, slot, t_tail):
     """Free each link of the path when the tail has crossed it, and the source queue when
     the tail has left the source."""
@@ -344,7 +344,7 @@ def _schedule_wormhole_releases(ps, heap, hs, slot, t_tail):
         heap_push(heap, hs, source_free, EV_QUEUE_FREE, ps.m_task[slot])
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def path_handle(ps, heap, hs, etype, eid, now):
     """Handle a NoC event (a header's hop, or a link's release)."""
     if etype == EV_NOC_HOP:
