@@ -27,8 +27,9 @@ Task kinds and their parameters (``param[:, i]``):
 
 Speed rule: a model function called per task or per event is ``@njit(..., inline="always")``.
 Numba passes a namedtuple of arrays (a model's state) to a function it does not inline as every
-array's fields, so such a call costs more than most models' work (an analytical DMA took ~1 µs in the
-kernel against ~0.35 µs for its model function called in a loop). The price is compile time (~95 s once per machine; the cache keeps it).
+array's fields, so such a call costs more than most models' work (an analytical DMA took ~1 µs
+in the kernel against ~0.35 µs for its model function called in a loop). The price is compile
+time (~95 s once per machine; the cache keeps it).
 """
 
 from __future__ import annotations
@@ -68,9 +69,7 @@ def _start(tt, heap, hs, mem, noc, fnoc, mp, sp, task, now, period_ps):
         heap_push(heap, hs, now + tt.param[task, 0], EV_TASK_END, task)
     elif kind == KIND_DMA:
         prm = tt.param[task]
-        parts = 0  # HBM traffic over the mesh off: the memory model alone
-        if mp.prm[MP_ON] != 0:
-            parts = mem_start(mp, noc, fnoc, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now)
+        parts = mem_start(mp, noc, fnoc, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now)
         done = hbm_start_dma(mem, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5], now, period_ps)
         if done >= 0:
             if parts > 0:  # the DRAM part is done; its last response still crosses the mesh
