@@ -554,21 +554,14 @@ class Mapper:
     # -- emission ---------------------------------------------------------------------------
     def _emit(self, st: _GroupState, op: Op, tag: str) -> None:
         name = tag + op.name
-        if op.kind == "gemm":
-            if self.memo_ctx is None:
-                self._gemm(st, op, name)
+        if op.kind in ("gemm", "attention"):  # memoised unless memo_ctx is None (see _memo_context)
+            lower, ctx = (self._gemm, self.memo_ctx) if op.kind == "gemm" else (self._attention, self.attention_ctx)
+            if ctx is None:
+                lower(st, op, name)
             else:
-                self._memo_emit(st, op, name, self._gemm, self.memo_ctx)
-        elif op.kind == "attention":
-            if self.memo_ctx is None:
-                self._attention(st, op, name)
-            else:
-                self._memo_emit(st, op, name, self._attention, self.attention_ctx)
+                self._memo_emit(st, op, name, lower, ctx)
         elif op.kind == "vector":
-            if self.memo_ctx is None:
-                self._vector(st, op, name)
-            else:
-                self._memo_vector(st, op, name)
+            (self._vector if self.memo_ctx is None else self._memo_vector)(st, op, name)
         elif op.kind == "embedding":
             self._embedding(st, op, name)
         elif op.kind == "moe":

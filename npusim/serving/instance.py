@@ -71,7 +71,7 @@ class Instance:
         self.cache: dict[tuple, _Compiled] = {}
         self.shapes_compiled = 0
         self._submitted: set[int] = set()  # ids of the task-kind arrays of shapes submitted before
-        self.pending_spills: list[int] = []  # KV spill DMAs the next iteration's HBM KV reads wait for
+        self.pending_spills: list[int] = []  # spill_waits: KV spill DMAs the next iteration's HBM KV reads wait for
         self._spill_engine = None  # (initiators, queues) of the cores' spill DMA engine, built on first use
         buckets = cfg.iteration_cache
         self.costs = None
@@ -226,17 +226,15 @@ class Instance:
             comp = None
             arrays, last, stages = self._cached(slots, frac)
             sinks = [last]
-        # the KV reads from HBM wait for the spills that write that KV: the program's KV-read DMAs,
-        # or a stage replay's first stage (the skeleton replay does not wait)
-        if comp is not None:
-            gated = comp.kv_reads
-        elif stages is not None and hbm_tok:
-            gated = stages.unit_rows()[stages.unit_lane == 0]
-        else:
-            gated = np.zeros(0, dtype=np.int64)
-        if not self.cfg.spill_waits:
-            self.pending_spills = []
-        if self.pending_spills and gated.size:
+        # with spill_waits, the KV reads from HBM wait for the spills that write that KV: the
+        # program's KV-read DMAs, or a stage replay's first stage (the skeleton replay does not wait)
+        gated = None
+        if self.pending_spills:  # only kept with spill_waits (see _spill)
+            if comp is not None:
+                gated = comp.kv_reads
+            elif stages is not None and hbm_tok:
+                gated = stages.unit_rows()[stages.unit_lane == 0]
+        if gated is not None and gated.size:
             ids = self._submit_after_spills(gated, arrays)
         else:
             # a shape's arrays (kept by the caches; a stage replay's, all but its hold times, shared by
@@ -310,7 +308,8 @@ class Instance:
             return
         ids = sim.submit_batch(np.full(len(param), KIND_DMA), queue, param, np.zeros(len(param) + 1, dtype=np.int64),
                                np.zeros(0, dtype=np.int64), ["KV spill"] * len(param), check=False)  # built valid
-        self.pending_spills.extend(ids.tolist())
+        if self.cfg.spill_waits:  # the next KV-reading iteration waits for them
+            self.pending_spills.extend(ids.tolist())
 
     def _at_requests(self, slots, comp, arrays):
         """The arrays with the KV reads moved to the batch's requests: the mapper lays each core's

@@ -223,13 +223,12 @@ class Program:
                                          double_buffer=sa.double_buffered_weights)
                 out[sel] = base
                 if sram and sram_cfg.feeds_compute:
-                    shapes, inv = np.unique(args[sel, :4], axis=0, return_inverse=True)
+                    shapes, inv = _unique_rows(args[sel, :4])
                     eb = elem_bits(dtype)
                     cyc, b = gemm_sram_array(shapes[:, 0], shapes[:, 1], shapes[:, 2], shapes[:, 3], sa.rows,
                                              sa.cols, dataflow_code(sa.dataflow), kpe, sa.t_inj,
                                              sa.double_buffered_weights, eb, out_bits(dtype),
                                              sram_supply_bits(sram_cfg, max(1, sa.rows * kpe * eb // 8)))
-                    inv = inv.ravel()
                     out[sel] = cyc[inv]
                     bits[sel] = b[inv]
                     stall[sel] = cyc[inv] - base
@@ -298,9 +297,7 @@ class Program:
         if dma.any():  # the DMA engine's initiator id depends on the chip's engine count
             engine = np.array([int(u[3:]) if u.startswith("dma") else 0 for u in names], dtype=np.int64)[unit]
             param[dma, 3] = core[dma] * sim.dma_engines + engine[dma]
-        ptr = np.zeros(n + 1, dtype=np.int64)
-        ptr[1:] = np.cumsum(np.fromiter(map(len, self.deps), dtype=np.int64, count=n))
-        idx = np.fromiter((d for ds in self.deps for d in ds), dtype=np.int64, count=int(ptr[-1]))
+        ptr, idx = _deps_csr(self.deps)
         return kinds, queue, param, ptr, idx
 
     # -- files ----------------------------------------------------------------------------
@@ -310,14 +307,13 @@ class Program:
         def writer(tmp: Path) -> None:
             with h5py.File(tmp, "w") as f:
                 g = f.create_group("program")
-                ptr = np.zeros(n + 1, dtype=np.int64)
-                ptr[1:] = np.cumsum([len(d) for d in self.deps])
+                ptr, idx = _deps_csr(self.deps)
                 data = {
                     "kind": np.asarray(self.kind, np.int64), "core": np.asarray(self.core, np.int64),
                     "param": np.asarray(self.param, np.int64).reshape(n, NPARAM),
                     "cost_kind": np.asarray(self.cost_kind, np.int64),
                     "cost_args": np.asarray(self.cost_args, np.int64).reshape(n, 6),
-                    "dep_ptr": ptr, "dep_idx": np.fromiter((d for ds in self.deps for d in ds), np.int64),
+                    "dep_ptr": ptr, "dep_idx": idx,
                 }
                 for key, arr in data.items():
                     g.create_dataset(key, data=arr, compression="gzip", compression_opts=1)
@@ -333,6 +329,13 @@ class Program:
                 g.attrs["meta"] = json.dumps(self.meta)
 
         return write_with(path, writer)
+
+
+def _deps_csr(deps: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-task dependency tuples as ``(ptr, idx)``: task ``i``'s are ``idx[ptr[i]:ptr[i + 1]]``."""
+    ptr = np.zeros(len(deps) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, deps), dtype=np.int64, count=len(deps)), out=ptr[1:])
+    return ptr, np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=int(ptr[-1]))
 
 
 def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -372,11 +375,7 @@ class _Block:
             k = first.get(v)
             return None if k is None else -k - 2
 
-        deps = prog.deps[base:]
-        lens = np.fromiter(map(len, deps), dtype=np.int64, count=len(deps))
-        ptr = np.zeros(len(deps) + 1, dtype=np.int64)
-        np.cumsum(lens, out=ptr[1:])
-        flat = np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=int(ptr[-1]))
+        ptr, flat = _deps_csr(prog.deps[base:])
         outside = np.flatnonzero(flat < base)
         slots = [first.get(v, -1) for v in flat[outside].tolist()]
         if -1 in slots:

@@ -107,7 +107,9 @@ def main() -> None:
     rows = [("building programs of new shapes (graph, mapper, collectives, materialise)", compile_),
             ("engine kernel, serving runs", engine),
             ("engine kernel, measuring shapes (skeletons or stage timings)", measure_run),
-            ("reducing runs to shape costs (measure, less its runs)", measure - measure_run),
+            # the stage replay's loaded run is in a worker thread, which cProfile does not see: the
+            # main thread's wait for it lands here
+            ("reducing runs to shape costs, waiting for loaded runs (measure, less its runs)", measure - measure_run),
             ("per-launch skeleton parameters (cache)", skeleton),
             ("submitting tasks to the engine", submit),
             ("scheduler, KV manager, sampling, metrics, rest", rest)]
