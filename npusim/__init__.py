@@ -5,7 +5,3 @@ engine -> hw (compute, memory, noc) -> model -> mapping -> serving -> scaleup ->
 """
 
 __version__ = "0.1.0"
-
-from npusim._jitcache import install as _install_jit_cache_locators
-
-_install_jit_cache_locators()

@@ -101,3 +101,6 @@ def _install_locators(digest: str) -> bool:
         return False
     impl._locator_classes = wrapped + list(classes)
     return True
+
+
+install()  # on first import, before any module of npusim that uses Numba decorates a function

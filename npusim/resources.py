@@ -23,3 +23,8 @@ def data_dir(folder: str) -> Path:
         raise ValueError(f"not a shipped folder: {folder!r}")
     installed = _PACKAGE / "data" / folder  # present only in a built wheel / installed copy
     return installed if installed.is_dir() else _PACKAGE.parent / folder
+
+
+def preset_names() -> list[str]:
+    """Every preset shipped in ``arch/``: chips and multi-NPU systems (names without ``.yaml``)."""
+    return sorted(p.stem for p in data_dir("arch").glob("*.yaml"))

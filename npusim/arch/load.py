@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from npusim.arch.schema import Arch, merge_arch_data
+from npusim.choices import DEFAULT_ARCH
 from npusim.config import load_with_extends, load_yaml, validate
 from npusim.errors import ConfigError
 from npusim.resources import data_dir
 
 PRESET_DIR = data_dir("arch")
-DEFAULT_ARCH = "npusim-64c"
 
 
 def _is_system(path: Path) -> bool:

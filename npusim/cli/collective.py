@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import json
 
-from npusim.arch import load_arch
-from npusim.cli.progress import system_progress
+from npusim.choices import CHIP_COLLECTIVES as CHIP_OPS
+from npusim.choices import FABRIC_FIDELITIES, MOE_OPS, NOC_FIDELITIES, SYSTEM_ALGORITHMS
+from npusim.choices import SYSTEM_COLLECTIVES as SYSTEM_OPS
 from npusim.cli.util import add_arch_arg, parse_grid, parse_int_list, parse_size
-from npusim.comm.collectives import OPS as CHIP_OPS
-from npusim.comm.run import run_collective
 from npusim.errors import ConfigError
-from npusim.system.collectives import OPS as SYSTEM_OPS
-from npusim.system.measure import ALGORITHM_CHOICES, parse_ranks, run_moe
-from npusim.system.measure import run_collective as run_system_collective
-from npusim.system.simulator import FIDELITIES as FABRIC_FIDELITIES
 
-MOE_OPS = ("dispatch", "combine")
-NOC_FIDELITIES = ("path", "analytical", "flit")
+ALGORITHM_CHOICES = sorted({a for algs in SYSTEM_ALGORITHMS.values() for a in algs})
 
 
 def add_parser(sub):
@@ -74,6 +68,9 @@ def run(args) -> int:
     fidelity = args.fidelity or "path"
     if fidelity not in NOC_FIDELITIES:
         raise ConfigError(f"--fidelity {fidelity} is a fabric model (with --system); the NoC: {', '.join(NOC_FIDELITIES)}")
+    from npusim.arch import load_arch
+    from npusim.comm.run import run_collective
+
     arch = load_arch(args.arch)
     r = run_collective(arch, args.op, args.cores, args.bytes, fidelity, args.grid, args.dtype or "bf16")
     if args.json:
@@ -90,7 +87,10 @@ def run(args) -> int:
 
 
 def run_system(args) -> int:
+    from npusim.cli.progress import system_progress
     from npusim.system.load import load_system
+    from npusim.system.measure import parse_ranks, run_moe
+    from npusim.system.measure import run_collective as run_system_collective
 
     fidelity = args.fidelity or "flow"
     if fidelity not in FABRIC_FIDELITIES:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 
+from npusim.choices import FABRIC_FIDELITIES
 from npusim.cli.util import add_system_args, parse_size
-from npusim.system.load import load_system
-from npusim.system.measure import point_to_point
-from npusim.system.simulator import FIDELITIES
 
 
 def add_parser(sub):
@@ -26,12 +24,15 @@ def add_parser(sub):
     p.add_argument("--bytes", type=parse_size, default="64MiB", help="transfer size: 512, 64KiB, 256MiB (default 64MiB)")
     p.add_argument("--fabric", default=None, help="fabric to use (default: the first that connects them, e.g. ub)")
     p.add_argument("--via", choices=["sdma", "aiv"], default=None, help="SDMA engine or AIV-direct (default: the system's)")
-    p.add_argument("--fidelity", choices=FIDELITIES, default="flow", help="fabric model (default flow)")
+    p.add_argument("--fidelity", choices=FABRIC_FIDELITIES, default="flow", help="fabric model (default flow)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
 def run(args) -> int:
+    from npusim.system.load import load_system
+    from npusim.system.measure import point_to_point
+
     loaded = load_system(args.system, nodes=args.nodes)
     r = point_to_point(loaded, args.src, args.dst, args.op, args.bytes, args.fidelity, args.via, args.fabric)
     if args.json:

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import json
 
-from npusim.arch import load_arch
-from npusim.arch.schema import DTYPE_BYTES
+from npusim.choices import MEMORY_FIDELITIES
 from npusim.cli.util import add_arch_arg, parse_grid
 from npusim.errors import ConfigError
-from npusim.hw.compute.systolic import gemm_cost
-from npusim.hw.memory.sram import sram_access_cost
-from npusim.hw.memory.sram_timing import gemm_sram_timing
 
 
 def add_parser(sub):
@@ -46,7 +42,7 @@ def add_parser(sub):
     chip.add_argument("--chip", action="store_true",
                       help="time the GEMM on all of the chip's cores with its HBM traffic (the chip simulator)")
     chip.add_argument("--cores", type=int, default=None, metavar="N", help="only the first N cores (a share)")
-    p.add_argument("--memory", choices=["analytical", "tlm"], default="analytical",
+    p.add_argument("--memory", choices=MEMORY_FIDELITIES, default="analytical",
                    help="memory fidelity (default analytical): on one core, tlm puts the SRAM ports in the "
                    "timing path; with --chip, the HBM (and SRAM) fidelity of the chip simulator")
     chip.add_argument("--out-dtype", dest="out_dtype", default=None,
@@ -72,6 +68,12 @@ def run(args) -> int:
         given.append("--no-cache")
     if given:
         raise ConfigError(f"{', '.join(given)} need --chip")
+    from npusim.arch import load_arch
+    from npusim.arch.schema import DTYPE_BYTES
+    from npusim.hw.compute.systolic import gemm_cost
+    from npusim.hw.memory.sram import sram_access_cost
+    from npusim.hw.memory.sram_timing import gemm_sram_timing
+
     arch = load_arch(args.arch)
     if args.t_inj is not None and args.t_inj < 0:
         raise ConfigError(f"--t-inj must be a non-negative number of cycles, got {args.t_inj}")
@@ -136,6 +138,8 @@ def run(args) -> int:
 
 def run_chip(args) -> int:
     """``--chip``: the GEMM over a chip (share) through the chip-cost interface."""
+    from npusim.arch import load_arch
+    from npusim.arch.schema import DTYPE_BYTES
     from npusim.system.chipcost import ChipCost
 
     given = [flag for attr, flag in CORE_ONLY if getattr(args, attr) is not None]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from npusim.arch import load_arch, summarize
-from npusim.arch.load import DEFAULT_ARCH, list_presets
+from npusim.choices import DEFAULT_ARCH
+from npusim.resources import preset_names
 
 
 def add_parser(sub):
@@ -13,7 +13,7 @@ def add_parser(sub):
         "info",
         help="print peak TFLOPS, SRAM, HBM and NoC figures of an arch file, or NPUs and fabrics of a system",
         description="Print the derived figures of an arch file or preset, or of a multi-NPU system file "
-        f"(presets: {', '.join(list_presets())}).",
+        f"(presets: {', '.join(preset_names())}).",
     )
     p.add_argument("arch", nargs="?", default=DEFAULT_ARCH,
                    help=f"arch or system YAML path or preset name (default {DEFAULT_ARCH})")
@@ -33,6 +33,8 @@ def run(args) -> int:
 
     if is_system_file(args.arch):
         return run_system(args)
+    from npusim.arch import load_arch, summarize
+
     s = summarize(load_arch(args.arch))
     if args.json:
         print(json.dumps(s.to_dict(), indent=2))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from npusim.arch import load_arch
+from npusim.choices import MEMORY_FIDELITIES, MEMORY_PATTERNS
 from npusim.cli.util import add_arch_arg, parse_size
-from npusim.sim.memory_probe import PATTERNS, measure_memory
 
 
 def add_parser(sub):
@@ -19,9 +18,9 @@ def add_parser(sub):
         "random), and mean/p99 latency per channel.",
     )
     add_arch_arg(p)
-    p.add_argument("--pattern", choices=sorted(PATTERNS), default="stream")
+    p.add_argument("--pattern", choices=MEMORY_PATTERNS, default="stream")
     p.add_argument("--bytes", type=parse_size, default="64MiB", help="total bytes moved (e.g. 64MiB, 1e6; default 64MiB)")
-    p.add_argument("--mode", choices=["tlm", "analytical"], default="tlm", help="memory model fidelity (default tlm)")
+    p.add_argument("--mode", choices=MEMORY_FIDELITIES, default="tlm", help="memory model fidelity (default tlm)")
     p.add_argument("--initiators", type=int, default=None, help="DMA engines used (default: all)")
     p.add_argument("--write", action="store_true", help="write instead of read")
     p.add_argument("--stride", type=parse_size, default=4096, help="bytes between requests for --pattern strided")
@@ -34,6 +33,9 @@ def _fmt(x, spec=".1f"):
 
 
 def run(args) -> int:
+    from npusim.arch import load_arch
+    from npusim.sim.memory_probe import measure_memory
+
     arch = load_arch(args.arch)
     r = measure_memory(arch, args.pattern, args.bytes, args.mode, args.initiators, args.write, args.stride)
     if args.json:

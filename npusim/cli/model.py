@@ -10,9 +10,6 @@ import argparse
 import json
 
 from npusim.errors import ConfigError
-from npusim.model.builder import build_graph
-from npusim.model.summary import REF_DECODE_KV_LEN, REF_PREFILL_SEQ_LEN, graph_totals, model_summary
-from npusim.model.zoo import BUILTIN, get_config, published
 
 
 def _dim(text: str) -> tuple[str, int]:
@@ -32,8 +29,8 @@ def add_parser(sub):
     p = sub.add_parser(
         "model",
         help="parameters, FLOPs, bytes and KV cache per token of a model; its graph by op kind",
-        description="Summarise a model: parameters, FLOPs and bytes per token (prefill at a "
-                    f"{REF_PREFILL_SEQ_LEN}-token prompt, decode at {REF_DECODE_KV_LEN} keys, batch 1), KV-cache "
+        description="Summarise a model: parameters, FLOPs and bytes per token (prefill of a reference "
+                    "prompt, decode at a reference context, batch 1: the output names both), KV-cache "
                     "bytes per token, and the operator graph built for --phase/--batch/--seq/--kv broken down by "
                     "op kind. NAME is a built-in model (--list), a config .json or an .onnx file.",
     )
@@ -70,6 +67,8 @@ def run(args) -> int:
 
 
 def _list(as_json: bool) -> int:
+    from npusim.model.zoo import BUILTIN, published
+
     rows = []
     for name, cfg in BUILTIN.items():
         pub = published(name)
@@ -88,6 +87,8 @@ def _list(as_json: bool) -> int:
 
 def _sizes(args, onnx_file=False, reference=None) -> tuple[int, int]:
     """(seq, kv) from the flags; defaults: the summary's reference sizes (``reference``)."""
+    from npusim.model.summary import REF_DECODE_KV_LEN, REF_PREFILL_SEQ_LEN
+
     ref = reference or {"prefill_seq_len": REF_PREFILL_SEQ_LEN, "decode_kv_len": REF_DECODE_KV_LEN}
     if args.phase == "decode":
         seq = args.seq or 1
@@ -99,6 +100,10 @@ def _sizes(args, onnx_file=False, reference=None) -> tuple[int, int]:
 
 
 def _builtin(args) -> int:
+    from npusim.model.builder import build_graph
+    from npusim.model.summary import graph_totals, model_summary
+    from npusim.model.zoo import get_config
+
     cfg = get_config(args.name)
     summary = model_summary(args.name if not str(args.name).endswith(".json") else cfg, precision=args.precision)
     seq, kv = _sizes(args, reference=summary["reference"])
@@ -137,6 +142,7 @@ def _builtin(args) -> int:
 
 def _onnx(args) -> int:
     from npusim.model.onnx_import import load_onnx
+    from npusim.model.summary import graph_totals
 
     seq, kv = _sizes(args, onnx_file=True)
     graph = load_onnx(args.name, batch=args.batch, seq_len=seq, kv_len=kv, dims=dict(args.dim),

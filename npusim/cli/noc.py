@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 import math
 
+from typing import TYPE_CHECKING
+
+from npusim.choices import NOC_FIDELITIES, TOPOLOGIES, TRAFFIC_PATTERNS
 from npusim.errors import ConfigError
-from npusim.hw.noc import PATTERNS, NocParams, NocResult, SyntheticTraffic
-from npusim.sim.noc_synthetic import FIDELITIES, simulator
-from npusim.hw.noc.topology import parse_mesh
-from npusim.hw.noc.traffic import TOPOLOGIES, canonical_pattern
+
+if TYPE_CHECKING:
+    from npusim.hw.noc import NocParams, NocResult, SyntheticTraffic
 
 DEFAULT_RATE = 0.1
 SWEEP_REFINEMENTS = 3  # bisection steps between the last stable and the first saturated rate
@@ -39,10 +41,10 @@ def add_parser(sub):
     p.add_argument("--arch", help="take NoC parameters and mesh size from this arch file or preset")
     p.add_argument("--mesh", help="WIDTHxHEIGHT, e.g. 8x8 (default: the arch grid, else 8x8)")
     p.add_argument("--topology", default="mesh", help=f"one of {', '.join(TOPOLOGIES)} (default mesh)")
-    p.add_argument("--traffic", default="uniform", help=f"pattern: {', '.join(PATTERNS)} (default uniform)")
+    p.add_argument("--traffic", default="uniform", help=f"pattern: {', '.join(TRAFFIC_PATTERNS)} (default uniform)")
     p.add_argument("--rate", help=f"offered load, flits/node/cycle, in (0, 1] (default {DEFAULT_RATE})")
     p.add_argument("--packet-flits", default="1", help="flits per packet (default 1)")
-    p.add_argument("--fidelity", default="flit", help=f"model: {', '.join(FIDELITIES)} (default flit)")
+    p.add_argument("--fidelity", default="flit", help=f"model: {', '.join(NOC_FIDELITIES)} (default flit)")
     p.add_argument("--cycles", default="10000", help="measurement window in cycles (default 10000)")
     p.add_argument("--warmup", default="1000", help="warm-up cycles before the window (default 1000)")
     p.add_argument("--seed", default="1", help="random seed (default 1)")
@@ -96,6 +98,9 @@ def _rate(text, flag: str = "--rate") -> float:
 
 def noc_params(args) -> NocParams:
     """NocParams from --arch (if given) with explicit flags overriding."""
+    from npusim.hw.noc import NocParams
+    from npusim.hw.noc.topology import parse_mesh
+
     overrides = dict(
         vcs=_int(args.vcs, "--vcs"),
         buffer_flits=_int(args.buffer_flits, "--buffer-flits"),
@@ -117,6 +122,8 @@ def noc_params(args) -> NocParams:
 
 
 def synthetic_traffic(args, rate: float) -> SyntheticTraffic:
+    from npusim.hw.noc import SyntheticTraffic
+
     hot = None
     if args.hotspot_nodes:
         try:
@@ -146,6 +153,9 @@ def _flag(flag: str, fn, *a):
 
 
 def run(args) -> int:
+    from npusim.hw.noc.traffic import canonical_pattern
+    from npusim.sim.noc_synthetic import simulator
+
     params = noc_params(args)
     simulate = _flag("--fidelity", simulator, args.fidelity)
     if params.booksim_compatible and args.fidelity != "flit":

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from tqdm import tqdm
-
 
 @contextmanager
 def _bar(desc: str, unit: str, total: int, enabled: bool, clock: Callable[[float], str]):
     """Yield ``progress(now, done, total)``: ``done`` of ``total`` items, ``clock(now)`` as postfix."""
+    from tqdm import tqdm
+
     bar = tqdm(total=total, desc=desc, unit=unit, disable=None if enabled else True, leave=False, dynamic_ncols=True)
 
     def update(now: float, done: int, new_total: int) -> None:

@@ -5,13 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from npusim.arch import load_arch
-from npusim.cli.util import add_arch_arg
-from npusim.cli.progress import task_progress
 from npusim.cli.run import add_fidelity_args, write_outputs
-from npusim.report.breakdown import time_breakdown
-from npusim.sim import Simulator
-from npusim.sim.program import load_program
+from npusim.cli.util import add_arch_arg
 
 
 def add_parser(sub):
@@ -31,6 +26,12 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    from npusim.arch import load_arch
+    from npusim.cli.progress import task_progress
+    from npusim.report.breakdown import time_breakdown
+    from npusim.sim import Simulator
+    from npusim.sim.program import load_program
+
     prog = load_program(args.program)
     arch = load_arch(args.arch)
     sim = Simulator(arch, memory_mode=args.memory, noc_mode=args.fidelity)

@@ -25,17 +25,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from npusim.arch import load_arch
-from npusim.cli.util import add_arch_arg
-from npusim.cli.progress import task_progress
+from npusim.choices import LAYOUTS, MEMORY_FIDELITIES, NOC_FIDELITIES, PARTITIONS
 from npusim.cli.run_system import add_system_run_args, run_system
 from npusim.cli.serve import add_serving_args, is_serving, run_serving, serve
+from npusim.cli.util import add_arch_arg
 from npusim.errors import ConfigError
-from npusim.files import write_json
-from npusim.mapping.spec import LAYOUTS, PARTITIONS, load_mapping, spec_from_flags
-from npusim.report.hdf5 import write_task_hdf5
-from npusim.report.perfetto import write_perfetto
-from npusim.scenarios.forward import simulate_forward
 
 DEFAULT_MODEL = "qwen3-4b"
 SERVING_DEFAULT_TP = 4  # many short pipeline stages: iterations of disjoint requests overlap
@@ -88,9 +82,8 @@ def add_mapping_args(p):
 
 
 def add_fidelity_args(p, memory_default="tlm"):
-    p.add_argument("--fidelity", choices=["path", "analytical", "flit"], default="path",
-                   help="NoC model (default path)")
-    p.add_argument("--memory", choices=["tlm", "analytical"], default=memory_default,
+    p.add_argument("--fidelity", choices=NOC_FIDELITIES, default="path", help="NoC model (default path)")
+    p.add_argument("--memory", choices=MEMORY_FIDELITIES, default=memory_default,
                    help=f"HBM model (default {memory_default})")
 
 
@@ -143,6 +136,8 @@ def build_graph_for_spec(args):
 
 def build_spec(args, arch, graph, default_tp: int = 16, base=None):
     """The mapping: ``base`` (a MappingSpec, e.g. a sweep point's), else ``--mapping``, else derived from the chip."""
+    from npusim.mapping.spec import load_mapping, spec_from_flags
+
     if base is None:
         base = load_mapping(args.mapping) if args.mapping else None
     tp = args.tp if args.tp is not None else (None if base else min(default_tp, arch.num_cores))
@@ -159,6 +154,8 @@ def build_spec(args, arch, graph, default_tp: int = 16, base=None):
 def run(args) -> int:
     if args.system is not None:
         return run_system(args)
+    from npusim.arch import load_arch
+
     arch = load_arch(args.arch)
     if not _forward_asked(args):
         probe = build_graph_for_spec(args)
@@ -183,6 +180,9 @@ def _forward_asked(args) -> bool:
 
 def simulate_forward_args(args, arch, base=None):
     """The forward pass the options describe, simulated on ``arch`` (mapping ``base`` if given)."""
+    from npusim.cli.progress import task_progress
+    from npusim.scenarios.forward import simulate_forward
+
     graph = build_model(args)
     spec = build_spec(args, arch, graph, base=base)
     with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:
@@ -233,6 +233,10 @@ def print_summary(s: dict, arch) -> None:
 
 
 def write_outputs(out: Path, sim, summary: dict, program) -> dict:
+    from npusim.files import write_json
+    from npusim.report.hdf5 import write_task_hdf5
+    from npusim.report.perfetto import write_perfetto
+
     eng = sim.engine
     n = eng.num_tasks
     start, end = sim.task_times()

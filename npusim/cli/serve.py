@@ -15,18 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from npusim.cli.progress import request_progress
 from npusim.errors import ConfigError
-from npusim.config import validate
-from npusim.files import write_json
-from npusim.mapping.spec import Serving
-from npusim.report.perfetto import write_serving_timeline
-from npusim.serving.itercache import EXACT, Buckets, parse_buckets
-from npusim.serving.metrics import write_serving_hdf5
-from npusim.serving.requests import cap_lengths, parse_length, synthetic_requests
-from npusim.serving.scheduler import SchedulerConfig
-from npusim.serving.simulate import ServingConfig, simulate_serving
-from npusim.serving.traces import load_trace
 
 SERVING_FLAGS = ("trace", "rate", "requests")
 DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_INPUT, DEFAULT_OUTPUT = 8.0, 32, "128:512", "32:128"
@@ -97,6 +86,9 @@ def is_serving(args) -> bool:
 
 
 def requests_from_args(args):
+    from npusim.serving.requests import cap_lengths, synthetic_requests
+    from npusim.serving.traces import load_trace
+
     if args.trace is not None:
         window = (0.0, args.duration) if args.duration else None
         reqs = load_trace(args.trace, first=args.requests, window=window, scale=args.time_scale)
@@ -116,6 +108,8 @@ def requests_from_args(args):
 
 
 def _length(text, flag):
+    from npusim.serving.requests import parse_length
+
     try:
         return parse_length(text)
     except (ValueError, ConfigError) as exc:
@@ -124,6 +118,9 @@ def _length(text, flag):
 
 def serving_options(args, spec) -> dict:
     """The spec's ``serving:`` section with the command-line flags applied."""
+    from npusim.config import validate
+    from npusim.mapping.spec import Serving
+
     opts = spec.serving.model_dump()
     for key, flag in (("schedule", "schedule"), ("pd_layout", "pd_layout"), ("replicas", "replicas"),
                       ("budget", "budget"), ("chunk_tokens", "chunk"), ("max_batch", "max_batch"),
@@ -146,10 +143,12 @@ def serving_options(args, spec) -> dict:
     return opts
 
 
-def _iteration_cache(args, shared_chip: bool) -> Buckets | None:
+def _iteration_cache(args, shared_chip: bool):
     """The iteration cache's buckets, or None (every iteration simulated): ``--iteration-cache
     on``, or ``auto`` when one instance runs on the chip (``shared_chip``: PD disaggregation or
     replicas, whose interference the cache does not see)."""
+    from npusim.serving.itercache import EXACT, parse_buckets
+
     text = getattr(args, "iteration_cache_buckets", None)
     mode = getattr(args, "iteration_cache", "auto")
     if mode == "off" or (mode == "auto" and shared_chip):
@@ -193,6 +192,10 @@ def pd_split(args, arch, opts: dict) -> tuple[int, int] | None:
 
 def serve(args, arch, spec):
     """Simulate the request stream the options describe: (summary dict, the serving run)."""
+    from npusim.cli.progress import request_progress
+    from npusim.serving.scheduler import SchedulerConfig
+    from npusim.serving.simulate import ServingConfig, simulate_serving
+
     opts = serving_options(args, spec)
     spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": opts["pd_stages"]})})
     pd = pd_split(args, arch, opts)
@@ -215,6 +218,10 @@ def serve(args, arch, spec):
 
 
 def run_serving(args, arch, spec) -> int:
+    from npusim.files import write_json
+    from npusim.report.perfetto import write_serving_timeline
+    from npusim.serving.metrics import write_serving_hdf5
+
     s, run = serve(args, arch, spec)
     if args.out:
         files = {"summary": args.out / "summary.json", "serving": args.out / "serving.h5",

@@ -18,7 +18,6 @@ import signal
 import sys
 from pathlib import Path
 
-from npusim.cli.progress import point_progress
 from npusim.errors import ConfigError
 
 
@@ -40,6 +39,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    from npusim.cli.progress import point_progress
     from npusim.sweep.runner import default_workers, run_sweep
     from npusim.sweep.spec import load_sweep
 

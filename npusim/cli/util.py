@@ -51,7 +51,7 @@ def parse_int_list(text: str) -> list[int]:
 
 def add_arch_arg(p) -> None:
     """The ``--arch`` option every chip-level subcommand takes."""
-    from npusim.arch.load import DEFAULT_ARCH
+    from npusim.choices import DEFAULT_ARCH
 
     p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
 

@@ -37,10 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from npusim.arch.schema import DTYPE_BYTES
+from npusim.choices import CHIP_COLLECTIVES as OPS
 from npusim.errors import ConfigError
 from npusim.sim.program import Program
-
-OPS = ("allreduce", "allgather", "reducescatter", "allreduce2d", "allgather2d", "multicast", "sendrecv", "alltoall")
 
 
 @dataclass

@@ -7,6 +7,7 @@ See :mod:`npusim.engine.tasks` for the table layout and queue semantics.
 
 from __future__ import annotations
 
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
 from npusim.engine.tasks import (

@@ -12,6 +12,7 @@ Python, which enlarges the array (see ``npusim.engine.Engine``).
 from __future__ import annotations
 
 import numpy as np
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
 TIME, SEQ, ETYPE, EID = 0, 1, 2, 3

@@ -39,13 +39,12 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
+from npusim.choices import LAYOUTS, PARTITIONS  # noqa: F401  (re-exported: the mapping vocabulary)
 from npusim.config import StrictModel, load_with_extends, validate
 from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment, SystemServing
 from npusim.resources import data_dir
 
-PARTITIONS = ("tp_k", "tp_mn", "tp_mnk", "tp_n", "auto")
-LAYOUTS = ("linear_seq", "linear_interleave", "ring", "mesh2d")
 OP_CLASSES = ("qkv", "o_proj", "ffn_up", "ffn_down", "lm_head", "other")
 Partition = Literal["tp_k", "tp_mn", "tp_mnk", "tp_n", "auto"]
 Placement = Literal["auto", "sram", "hbm"]

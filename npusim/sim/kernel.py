@@ -34,6 +34,7 @@ time (~95 s once per machine; the cache keeps it).
 
 from __future__ import annotations
 
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
 from npusim.engine.core import mark_finished, mark_started, pop_ready, release_queue

@@ -16,13 +16,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from npusim.arch.schema import Arch
+from npusim.choices import MEMORY_PATTERNS
 from npusim.errors import ConfigError
 from npusim.hw.memory.bounds import bandwidth_bound
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM, PATTERN_STRIDED
 from npusim.hw.memory.params import LAT_BINS, P_LAT_BIN_PS, unloaded_read_latency_ps
 from npusim.sim.simulator import Simulator
 
-PATTERNS = {"stream": PATTERN_LINEAR, "random": PATTERN_RANDOM, "strided": PATTERN_STRIDED}
+PATTERNS = dict(zip(MEMORY_PATTERNS, (PATTERN_LINEAR, PATTERN_RANDOM, PATTERN_STRIDED), strict=True))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 
 from npusim.arch import load_arch
 from npusim.arch.schema import Arch
+from npusim.choices import NOC_FIDELITIES
 from npusim.config import deep_merge
 from npusim.errors import ConfigError
 from npusim.hw.noc.flit import BACKLOG_GROWTH_LIMIT, zero_load_latency_cycles
@@ -138,7 +139,7 @@ def simulate_analytical(params: NocParams, traffic: SyntheticTraffic) -> NocResu
     return simulate_engine(params, traffic, "analytical")
 
 
-FIDELITIES = ("flit", "path", "analytical")
+FIDELITIES = NOC_FIDELITIES
 
 
 def simulator(fidelity: str):

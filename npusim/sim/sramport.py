@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
 SramPorts = namedtuple("SramPorts", ["prm", "supply", "dma_rate", "counters"])

@@ -34,18 +34,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from npusim.choices import SYSTEM_ALGORITHMS as ALGORITHMS
+from npusim.choices import SYSTEM_COLLECTIVES as OPS
 from npusim.errors import ConfigError
 from npusim.system.work import WorkBuilder
 
-OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
-ALGORITHMS = {
-    "allreduce": ("ring", "halving_doubling", "hierarchical"),
-    "allgather": ("ring",),
-    "reducescatter": ("ring",),
-    "alltoall": ("direct", "hierarchical"),
-    "broadcast": ("binomial",),
-    "sendrecv": ("direct",),
-}
 
 
 @dataclass

@@ -14,6 +14,7 @@ completes, after ``max_events`` events, when the heap or the packet pool must gr
 
 from __future__ import annotations
 
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
 from npusim.engine.core import mark_finished, mark_started, pop_ready, release_queue

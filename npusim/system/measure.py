@@ -187,4 +187,3 @@ def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k:
                    mean_expert_tokens=float(traffic.expert_tokens.mean()))
 
 
-ALGORITHM_CHOICES = sorted({a for algs in ALGORITHMS.values() for a in algs})

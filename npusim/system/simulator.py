@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from npusim.choices import FABRIC_FIDELITIES as FIDELITIES
 from npusim.engine import Engine
 from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS
 from npusim.errors import ConfigError, DeadlockError
@@ -41,7 +42,6 @@ from npusim.system.kernel import (KINDS, KIND_FLOW, STATUS_EVENT_LIMIT, STATUS_G
                                   STATUS_NOTIFY, STATUS_TIME_LIMIT, STATUS_WATCH, system_loop)
 from npusim.system.load import LoadedSystem
 
-FIDELITIES = ("flow", "packet")
 # the flow model's speed knobs (npusim.hw.fabric.flow); 0 and ~0 = exact max-min
 DEFAULT_QUANTUM_NS = 50.0
 DEFAULT_TOLERANCE = 1e-3

@@ -99,6 +99,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 import numba
 import numpy as np
 

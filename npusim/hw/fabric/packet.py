@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
 from npusim.engine.heap import heap_push

@@ -82,6 +82,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
 from npusim.engine.heap import heap_push

@@ -62,6 +62,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 import numba
 import numpy as np
 

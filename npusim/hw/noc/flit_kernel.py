@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 import numba
 import numpy as np
 

@@ -31,16 +31,16 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from npusim.choices import TOPOLOGIES, TRAFFIC_PATTERNS
 from npusim.errors import ConfigError
 from npusim.hw.noc.topology import Topology, mesh, ring, torus
 
-PATTERNS = ("uniform", "transpose", "bitcomp", "hotspot", "neighbor")
+PATTERNS = TRAFFIC_PATTERNS
 _ALIASES = {
     "bit-complement": "bitcomp", "bitcomplement": "bitcomp", "bit_complement": "bitcomp",
     "neighbour": "neighbor", "nearest-neighbor": "neighbor", "nearest-neighbour": "neighbor",
     "nearest_neighbor": "neighbor", "nn": "neighbor", "random": "uniform", "uniform-random": "uniform",
 }
-TOPOLOGIES = ("mesh", "torus", "ring")
 #: largest synthetic-traffic network (routers); above 4,096 routing is computed, not tabled
 MAX_ROUTERS = 16384
 # destination kinds understood by the kernels (same values as flit.DEST_*)

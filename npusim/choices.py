@@ -1,0 +1,44 @@
+"""The names the command line offers: fidelities, partitions, layouts, collectives, patterns.
+
+One light module (standard library only: no numpy, Numba or pydantic) so that ``npusim --help``
+and ``npusim SUB --help`` build their parsers without importing the simulators. The modules
+that implement these names import their tuples from here, so the parser's choices and what
+the implementation accepts are one list.
+"""
+
+#: the chip preset used when no ``--arch`` is given
+DEFAULT_ARCH = "npusim-64c"
+
+#: NoC models of a chip (``npusim.sim``): cycle-accurate flits, NpuSim's path handshake, hops and bandwidth
+NOC_FIDELITIES = ("path", "analytical", "flit")
+#: memory models (``npusim.hw.memory``): transaction-level, or latency + bandwidth
+MEMORY_FIDELITIES = ("tlm", "analytical")
+#: fabric models between NPUs (``npusim.system.simulator``): max-min fair flows, or packets
+FABRIC_FIDELITIES = ("flow", "packet")
+
+#: GEMM partitions and TP-group core layouts of the chip mapper (``npusim.mapping``)
+PARTITIONS = ("tp_k", "tp_mn", "tp_mnk", "tp_n", "auto")
+LAYOUTS = ("linear_seq", "linear_interleave", "ring", "mesh2d")
+
+#: collectives over cores of a chip (``npusim.comm.collectives``)
+CHIP_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "allreduce2d", "allgather2d", "multicast", "sendrecv",
+                    "alltoall")
+#: collectives over dies of a system and the algorithms each offers, the first its default
+#: (``npusim.system.collectives``)
+SYSTEM_ALGORITHMS = {
+    "allreduce": ("ring", "halving_doubling", "hierarchical"),
+    "allgather": ("ring",),
+    "reducescatter": ("ring",),
+    "alltoall": ("direct", "hierarchical"),
+    "broadcast": ("binomial",),
+    "sendrecv": ("direct",),
+}
+SYSTEM_COLLECTIVES = tuple(SYSTEM_ALGORITHMS)
+#: MoE expert-parallel token traffic (``npusim.system.measure.run_moe``)
+MOE_OPS = ("dispatch", "combine")
+
+#: HBM access patterns of ``npusim mem`` (``npusim.sim.memory_probe``)
+MEMORY_PATTERNS = ("stream", "random", "strided")
+#: synthetic NoC traffic patterns and topologies of ``npusim noc`` (``npusim.hw.noc.traffic``)
+TRAFFIC_PATTERNS = ("uniform", "transpose", "bitcomp", "hotspot", "neighbor")
+TOPOLOGIES = ("mesh", "torus", "ring")
