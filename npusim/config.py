@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from npusim.errors import ConfigError
+from npusim.files import read_text
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -32,12 +33,7 @@ class StrictModel(BaseModel):
 
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read one YAML mapping with ``yaml.safe_load``; syntax errors name the line."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    text = read_text(path, "a YAML file")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -12,6 +12,23 @@ from pathlib import Path
 from npusim.errors import ConfigError
 
 
+def read_text(path: str | Path, expected: str, missing: str = "file not found") -> str:
+    """The text of a user's input file (UTF-8; a leading BOM is not data). Anything else -- missing,
+    a directory, unreadable, binary -- is one ConfigError naming the file and ``expected`` (what it
+    should be, e.g. "a YAML file")."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {missing}; expected {expected}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory; expected {expected}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); expected {expected}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc}); expected {expected}") from None
+
+
 def check_output_dir(path: str | Path) -> None:
     """Create the output directory ``path`` now, before a long simulation, so that a path
     that cannot be a directory fails at once with one clear error."""

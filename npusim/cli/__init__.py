@@ -21,8 +21,15 @@ SUBCOMMANDS = ("run", "replay", "info", "gemm", "mem", "noc", "collective", "fab
                "validate")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line naming the flag (its subparsers are too)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="npusim",
         description="Simulate multi-core NPUs (systolic arrays, SRAM, 2D-mesh NoC, HBM) running LLMs.",
     )

@@ -7,7 +7,7 @@ import json
 from npusim.choices import CHIP_COLLECTIVES as CHIP_OPS
 from npusim.choices import FABRIC_FIDELITIES, MOE_OPS, NOC_FIDELITIES, SYSTEM_ALGORITHMS
 from npusim.choices import SYSTEM_COLLECTIVES as SYSTEM_OPS
-from npusim.cli.util import add_arch_arg, parse_grid, parse_int_list, parse_size
+from npusim.cli.util import add_arch_arg, non_negative_int, parse_grid, parse_int_list, parse_size, positive_int
 from npusim.errors import ConfigError
 
 ALGORITHM_CHOICES = sorted({a for algs in SYSTEM_ALGORITHMS.values() for a in algs})
@@ -38,24 +38,24 @@ def add_parser(sub):
     p.add_argument("--json", action="store_true", help="print one JSON object")
     s = p.add_argument_group("multi-NPU system (--system)")
     s.add_argument("--system", default=None, help="system YAML path or preset (cloudmatrix384, atlas-800i-a2)")
-    s.add_argument("--nodes", type=int, default=None, help="use the first N nodes of the system")
+    s.add_argument("--nodes", type=positive_int, default=None, help="use the first N nodes of the system")
     s.add_argument("--ranks", default="16", help="first N dies, or names like npu0.die0,npu8.die1 (default 16)")
     s.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default=None,
                    help="all-reduce: ring|halving_doubling|hierarchical; all-to-all: direct|hierarchical")
     s.add_argument("--via", choices=["sdma", "aiv"], default=None,
                    help="SDMA engines or AIV-direct writes (default: the system's; dispatch/combine: aiv)")
-    s.add_argument("--ep", type=int, default=32, help="dispatch/combine: EP ranks = the first EP dies (default 32)")
-    s.add_argument("--tokens-per-rank", type=int, default=128, help="dispatch/combine: tokens per rank (default 128)")
-    s.add_argument("--top-k", type=int, default=8, help="dispatch/combine: experts per token (default 8)")
-    s.add_argument("--hidden", type=int, default=7168, help="dispatch/combine: hidden size (default 7168)")
-    s.add_argument("--experts", type=int, default=256, help="dispatch/combine: routed experts (default 256)")
+    s.add_argument("--ep", type=positive_int, default=32, help="dispatch/combine: EP ranks = the first EP dies (default 32)")
+    s.add_argument("--tokens-per-rank", type=positive_int, default=128, help="dispatch/combine: tokens per rank (default 128)")
+    s.add_argument("--top-k", type=positive_int, default=8, help="dispatch/combine: experts per token (default 8)")
+    s.add_argument("--hidden", type=positive_int, default=7168, help="dispatch/combine: hidden size (default 7168)")
+    s.add_argument("--experts", type=positive_int, default=256, help="dispatch/combine: routed experts (default 256)")
     s.add_argument("--copies", choices=["per-expert", "per-rank"], default=None,
                    help="dispatch/combine: one copy per selected expert (the low-latency kernels) or once per "
                         "destination rank (DeepEP's normal kernels); default: the system's decode kernels "
                         "(moe_operators.decode_copies)")
     s.add_argument("--routing", default="uniform",
                    help="dispatch/combine: uniform, zipf:S (skewed expert popularity) or a load-profile file")
-    s.add_argument("--seed", type=int, default=0, help="routing seed (default 0)")
+    s.add_argument("--seed", type=non_negative_int, default=0, help="routing seed (default 0)")
     s.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
 

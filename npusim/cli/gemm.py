@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from npusim.choices import MEMORY_FIDELITIES
-from npusim.cli.util import add_arch_arg, parse_grid
+from npusim.cli.util import add_arch_arg, non_negative_int, parse_grid, positive_float, positive_int
 from npusim.errors import ConfigError
 
 
@@ -23,16 +23,16 @@ def add_parser(sub):
         "from HBM and C written back, as a vendor's operator benchmark reports it.",
     )
     add_arch_arg(p)
-    p.add_argument("--m", type=int, required=True)
-    p.add_argument("--k", type=int, required=True)
-    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--m", type=positive_int, required=True)
+    p.add_argument("--k", type=positive_int, required=True)
+    p.add_argument("--n", type=positive_int, required=True)
     p.add_argument("--dtype", default="fp16", help="fp16, bf16, int8, ... (must be supported by the array)")
     p.add_argument("--array", type=parse_grid, default=None, metavar="RxC", help="array rows x cols, e.g. 128x128")
     p.add_argument("--dataflow", choices=["ws", "os"], default=None)
-    p.add_argument("--t-inj", dest="t_inj", type=int, default=None, metavar="CYCLES",
+    p.add_argument("--t-inj", dest="t_inj", type=non_negative_int, default=None, metavar="CYCLES",
                    help="weight-injection cycles per WS fold (default: the arch's, which follows --array: "
                    "rows unless the arch file sets it, then scaled with the rows)")
-    p.add_argument("--batch", type=int, default=1, help="independent GEMMs back to back (default 1)")
+    p.add_argument("--batch", type=positive_int, default=1, help="independent GEMMs back to back (default 1)")
     p.add_argument("--double-buffer", dest="double_buffer", action="store_true", default=None,
                    help="load the next fold's weights during the current fold (default: the arch's "
                    "systolic_array.double_buffered_weights)")
@@ -41,18 +41,40 @@ def add_parser(sub):
     chip = p.add_argument_group("whole chip (--chip)")
     chip.add_argument("--chip", action="store_true",
                       help="time the GEMM on all of the chip's cores with its HBM traffic (the chip simulator)")
-    chip.add_argument("--cores", type=int, default=None, metavar="N", help="only the first N cores (a share)")
+    chip.add_argument("--cores", type=positive_int, default=None, metavar="N", help="only the first N cores (a share)")
     p.add_argument("--memory", choices=MEMORY_FIDELITIES, default="analytical",
                    help="memory fidelity (default analytical): on one core, tlm puts the SRAM ports in the "
                    "timing path; with --chip, the HBM (and SRAM) fidelity of the chip simulator")
     chip.add_argument("--out-dtype", dest="out_dtype", default=None,
                       help="dtype of C (default: bf16 for int8/int4/fp8 inputs, else --dtype)")
-    chip.add_argument("--l2-bytes-per-cycle", dest="l2", type=float, default=None, metavar="B",
+    chip.add_argument("--l2-bytes-per-cycle", dest="l2", type=positive_float, default=None, metavar="B",
                       help="assume an ideal shared L2 serving operand re-reads at B bytes/cycle per core "
                       "(not part of the chip model; default: none, every load from HBM)")
     chip.add_argument("--no-cache", dest="cache", action="store_false",
                       help="do not read or write the on-disk chip-cost cache")
+    p.add_argument("--force", action="store_true",
+                   help=f"run a GEMM of more than {MAX_FOLDS:.0e} array folds (one core) or {MAX_CHIP_TILES:.0e} "
+                   "tiles (--chip) anyway")
     return p
+
+
+#: the most array folds (x batch) one core's model walks fold by fold unless --force (~1 minute)
+MAX_FOLDS = 1e9
+#: the most output tiles (x batch) a chip GEMM is simulated with unless --force (a task each)
+MAX_CHIP_TILES = 1e7
+#: the largest GEMM at all, in MACs: its cycles must fit a 64-bit integer on any array
+MAX_MACS = 2**62
+
+
+def check_size(args, tiles: int, limit: float, what: str) -> None:
+    """Refuse, up front and with the estimate, a GEMM the model cannot finish or represent."""
+    macs = args.m * args.k * args.n * args.batch
+    if macs > MAX_MACS:
+        raise ConfigError(f"--m x --k x --n x --batch = {macs:.2e} MACs: more than {MAX_MACS:.2e}, beyond 64-bit cycle "
+                          "counts")
+    if tiles > limit and not args.force:
+        raise ConfigError(f"this GEMM is {tiles:.2e} {what} (x --batch), more than {limit:.0e}: minutes to hours of "
+                          "simulation; add --force to run it anyway")
 
 
 CHIP_ONLY = (("cores", "--cores"), ("out_dtype", "--out-dtype"), ("l2", "--l2-bytes-per-cycle"))
@@ -85,6 +107,8 @@ def run(args) -> int:
     if args.dtype not in sa.macs_per_pe_per_cycle:
         raise ConfigError(f"--dtype {args.dtype}: {arch.name}'s array supports {sorted(sa.macs_per_pe_per_cycle)}")
     k_per_pe = sa.macs_per_pe_per_cycle[args.dtype]
+    dataflow_folds = -(-args.k // (rows * k_per_pe)) if dataflow == "ws" else -(-args.m // rows)
+    check_size(args, dataflow_folds * -(-args.n // cols) * args.batch, MAX_FOLDS, "array folds")
     elem = DTYPE_BYTES[args.dtype]
     try:
         cost = gemm_cost(args.m, args.k, args.n, rows, cols, dataflow, k_per_pe, sa.t_inj,
@@ -146,9 +170,6 @@ def run_chip(args) -> int:
     if given:
         raise ConfigError(f"{', '.join(given)} apply to the single-core model, not to --chip "
                           "(edit the arch file instead)")
-    for label, value in (("--m", args.m), ("--k", args.k), ("--n", args.n), ("--batch", args.batch)):
-        if value < 1:
-            raise ConfigError(f"{label} must be a positive integer, got {value}")
     arch = load_arch(args.arch)
     sa = arch.cores.systolic_array
     if args.dtype not in sa.macs_per_pe_per_cycle:
@@ -159,6 +180,7 @@ def run_chip(args) -> int:
         raise ConfigError(f"--cores {args.cores}: {arch.name} has {arch.num_cores} cores (1..{arch.num_cores})")
     if args.l2 is not None and args.l2 <= 0:
         raise ConfigError(f"--l2-bytes-per-cycle must be positive, got {args.l2:g}")
+    check_size(args, -(-args.m // 128) * -(-args.n // 128) * args.batch, MAX_CHIP_TILES, "128x128 output tiles")
     cc = ChipCost(arch, memory=args.memory, persist=args.cache, l2_bytes_per_cycle=args.l2)
     r = cc.gemm(args.m, args.k, args.n, args.dtype, args.cores, batch=args.batch, out_dtype=args.out_dtype)
     out = {

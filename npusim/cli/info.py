@@ -6,6 +6,7 @@ import json
 
 from npusim.choices import DEFAULT_ARCH
 from npusim.resources import preset_names
+from npusim.cli.util import positive_int
 
 
 def add_parser(sub):
@@ -17,7 +18,7 @@ def add_parser(sub):
     )
     p.add_argument("arch", nargs="?", default=DEFAULT_ARCH,
                    help=f"arch or system YAML path or preset name (default {DEFAULT_ARCH})")
-    p.add_argument("--nodes", type=int, default=None, help="systems: use the first N nodes")
+    p.add_argument("--nodes", type=positive_int, default=None, help="systems: use the first N nodes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from npusim.choices import MEMORY_FIDELITIES, MEMORY_PATTERNS
-from npusim.cli.util import add_arch_arg, parse_size
+from npusim.cli.util import add_arch_arg, parse_size, positive_int
 
 
 def add_parser(sub):
@@ -21,7 +21,7 @@ def add_parser(sub):
     p.add_argument("--pattern", choices=MEMORY_PATTERNS, default="stream")
     p.add_argument("--bytes", type=parse_size, default="64MiB", help="total bytes moved (e.g. 64MiB, 1e6; default 64MiB)")
     p.add_argument("--mode", choices=MEMORY_FIDELITIES, default="tlm", help="memory model fidelity (default tlm)")
-    p.add_argument("--initiators", type=int, default=None, help="DMA engines used (default: all)")
+    p.add_argument("--initiators", type=positive_int, default=None, help="DMA engines used (default: all)")
     p.add_argument("--write", action="store_true", help="write instead of read")
     p.add_argument("--stride", type=parse_size, default=4096, help="bytes between requests for --pattern strided")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -10,6 +10,7 @@ import argparse
 import json
 
 from npusim.errors import ConfigError
+from npusim.cli.util import non_negative_float, non_negative_int, positive_int
 
 
 def _dim(text: str) -> tuple[str, int]:
@@ -37,16 +38,16 @@ def add_parser(sub):
     p.add_argument("name", nargs="?", metavar="NAME", help="built-in model, config .json or .onnx file")
     p.add_argument("--list", action="store_true", help="list the built-in models and exit")
     p.add_argument("--phase", choices=["prefill", "decode"], default="prefill")
-    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
-    p.add_argument("--seq", type=int, default=None,
+    p.add_argument("--batch", type=positive_int, default=1, help="sequences (default 1)")
+    p.add_argument("--seq", type=positive_int, default=None,
                    help="new tokens per sequence (default: prefill 2048, decode 1; .onnx 128)")
-    p.add_argument("--kv", type=int, default=None,
+    p.add_argument("--kv", type=positive_int, default=None,
                    help="keys per sequence incl. the new tokens (default: prefill = --seq, decode 2048)")
     p.add_argument("--precision", choices=["bf16", "a8w8"], default="bf16")
-    p.add_argument("--layers", type=int, default=None, help="build only the first N layers")
+    p.add_argument("--layers", type=positive_int, default=None, help="build only the first N layers")
     p.add_argument("--mtp", action="store_true", help="add the multi-token-prediction layer (DeepSeek-V3)")
-    p.add_argument("--moe-skew", type=float, default=0.0, help="Zipf exponent of expert popularity (0 = uniform)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the expert routing profile")
+    p.add_argument("--moe-skew", type=non_negative_float, default=0.0, help="Zipf exponent of expert popularity (0 = uniform)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the expert routing profile")
     p.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=VALUE",
                    help=".onnx: value of a symbolic dimension (repeatable)")
     p.add_argument("--dtype", default=None, help=".onnx: cost floating-point tensors as this dtype (e.g. bf16)")

@@ -28,10 +28,11 @@ from pathlib import Path
 from npusim.choices import LAYOUTS, MEMORY_FIDELITIES, NOC_FIDELITIES, PARTITIONS
 from npusim.cli.run_system import add_system_run_args, run_system
 from npusim.cli.serve import add_serving_args, is_serving, run_serving, serve
-from npusim.cli.util import add_arch_arg
+from npusim.cli.util import add_arch_arg, non_negative_int, positive_int
 from npusim.errors import ConfigError
 
 DEFAULT_MODEL = "qwen3-4b"
+SYSTEM_DEFAULT_MODEL = "deepseek-r1"
 SERVING_DEFAULT_TP = 4  # many short pipeline stages: iterations of disjoint requests overlap
 
 
@@ -56,29 +57,30 @@ def add_parser(sub):
 
 def add_model_args(p):
     add_arch_arg(p)
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model or .onnx file (default {DEFAULT_MODEL})")
+    p.add_argument("--model", default=None, help=f"built-in model, config .json or .onnx file (default {DEFAULT_MODEL}; "
+                   f"with --system {SYSTEM_DEFAULT_MODEL})")
     p.add_argument("--forward", action="store_true", help="simulate one forward pass (implied by the next four)")
     p.add_argument("--phase", choices=["prefill", "decode"], default=None, help="forward pass: phase (default decode)")
-    p.add_argument("--batch", type=int, default=None, help="forward pass: sequences (default 16)")
-    p.add_argument("--seq", type=int, default=None,
+    p.add_argument("--batch", type=positive_int, default=None, help="forward pass: sequences (default 16)")
+    p.add_argument("--seq", type=positive_int, default=None,
                    help="forward pass: prefill prompt tokens per sequence, or decode tokens already cached "
                    "(default 1024)")
-    p.add_argument("--kv", type=int, default=None,
+    p.add_argument("--kv", type=non_negative_int, default=None,
                    help="tokens already in the KV cache (decode: default --seq; prefill: a cached prefix, default none)")
     p.add_argument("--precision", choices=["bf16", "a8w8"], default="bf16",
                    help="bf16, or A8W8 (int8 GEMM operands); ONNX models' floating-point tensors are re-labelled "
                    "bf16 or int8 accordingly")
-    p.add_argument("--layers", type=int, default=None, help="build only the first N layers (quick what-ifs)")
+    p.add_argument("--layers", type=positive_int, default=None, help="build only the first N layers (quick what-ifs)")
     p.add_argument("--allow-unsupported", action="store_true",
                    help="ONNX: cost unsupported ops as data movement instead of failing")
 
 
 def add_mapping_args(p):
     p.add_argument("--mapping", default=None, help="mapping spec YAML (default: derived from the flags below)")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 16, or all cores if fewer)")
+    p.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel degree (default 16, or all cores if fewer)")
     p.add_argument("--partition", choices=PARTITIONS, default=None, help="GEMM partition for all classes")
     p.add_argument("--layout", choices=LAYOUTS, default=None, help="core layout of TP groups (default ring)")
-    p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: fill the chip)")
+    p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: fill the chip)")
 
 
 def add_fidelity_args(p, memory_default="tlm"):
@@ -88,6 +90,12 @@ def add_fidelity_args(p, memory_default="tlm"):
 
 
 FORWARD_DEFAULTS = {"phase": "decode", "batch": 16, "seq": 1024}
+
+
+def fill_model_default(args) -> None:
+    """``--model`` when not given: Qwen3-4B on a chip, DeepSeek-R1 on a system."""
+    if getattr(args, "model", None) is None:
+        args.model = DEFAULT_MODEL if getattr(args, "system", None) is None else SYSTEM_DEFAULT_MODEL
 
 
 def is_forward(args) -> bool:
@@ -115,15 +123,20 @@ def build_model(args):
         # exporters write fp32; an NPU runs the model at the chosen precision
         dtype = {"bf16": "bf16", "a8w8": "int8"}[args.precision]
         return load_onnx(args.model, batch=args.batch, seq_len=1 if decode else args.seq,
-                         kv_len=(args.kv or args.seq) + (1 if decode else 0), allow_unsupported=args.allow_unsupported,
+                         kv_len=_kv(args) + (1 if decode else 0), allow_unsupported=args.allow_unsupported,
                          dtype=dtype)
     from npusim.model.builder import build_graph
 
     if args.phase == "decode":  # one new token per sequence, attending to the cache and itself
-        return build_graph(args.model, phase="decode", batch=args.batch, seq_len=1, kv_len=(args.kv or args.seq) + 1,
+        return build_graph(args.model, phase="decode", batch=args.batch, seq_len=1, kv_len=_kv(args) + 1,
                            precision=args.precision, layers=args.layers)
     return build_graph(args.model, phase="prefill", batch=args.batch, seq_len=args.seq,
-                       kv_len=max(args.kv or args.seq, args.seq), precision=args.precision, layers=args.layers)
+                       kv_len=max(_kv(args), args.seq), precision=args.precision, layers=args.layers)
+
+
+def _kv(args) -> int:
+    """Tokens in the KV cache: ``--kv``, else ``--seq``."""
+    return args.seq if args.kv is None else args.kv
 
 
 def build_graph_for_spec(args):
@@ -152,6 +165,7 @@ def build_spec(args, arch, graph, default_tp: int = 16, base=None):
 
 
 def run(args) -> int:
+    fill_model_default(args)
     if args.system is not None:
         return run_system(args)
     from npusim.arch import load_arch
@@ -194,6 +208,7 @@ def run_summary(args, arch, base=None) -> dict:
     """What ``npusim run --json`` prints for parsed options on a loaded chip, without writing files or
     printing: the run path that sweeps (``npusim.sweep``) call for each point. ``base`` is a
     MappingSpec that replaces ``--mapping``."""
+    fill_model_default(args)
     if not _forward_asked(args):
         probe = build_graph_for_spec(args)
         return serve(args, arch, build_spec(args, arch, probe, default_tp=SERVING_DEFAULT_TP, base=base))[0]

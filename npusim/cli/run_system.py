@@ -15,6 +15,7 @@ import json
 
 from npusim.errors import ConfigError
 from npusim.files import write_json
+from npusim.cli.util import fraction, non_negative_int, positive_float, positive_int
 
 
 def add_system_run_args(p) -> None:
@@ -23,23 +24,23 @@ def add_system_run_args(p) -> None:
                    "one step of a MoE model deployed by --mapping's system section, or, with --trace/--rate/"
                    "--requests, serve requests by its system_serving section (default: mappers/cm384-deepseek-"
                    "serving.yaml or a2-deepseek-serving.yaml)")
-    g.add_argument("--nodes", type=int, default=None, help="use the first N nodes of the system")
-    g.add_argument("--batch-tokens", type=int, default=None, help="prefill: prompt tokens per NPU in the step")
-    g.add_argument("--mtp", type=int, default=None, help="speculative (MTP) tokens per step (default: the mapping's, 0)")
-    g.add_argument("--mtp-acceptance", type=float, default=None, help="MTP acceptance rate (default 0.7)")
+    g.add_argument("--nodes", type=positive_int, default=None, help="use the first N nodes of the system")
+    g.add_argument("--batch-tokens", type=positive_int, default=None, help="prefill: prompt tokens per NPU in the step")
+    g.add_argument("--mtp", type=non_negative_int, default=None, help="speculative (MTP) tokens per step (default: the mapping's, 0)")
+    g.add_argument("--mtp-acceptance", type=fraction, default=None, help="MTP acceptance rate (default 0.7)")
     g.add_argument("--microbatches", type=int, choices=[1, 2], default=None, help="default: the mapping's")
     g.add_argument("--eplb", choices=["none", "greedy", "perfect"], default=None, help="expert placement by load")
     g.add_argument("--routing", default="uniform", help="expert popularity: uniform, zipf:S or a load-profile file")
-    g.add_argument("--kv-min", type=int, default=None, help="decode: spread the sequences' contexts uniformly over "
+    g.add_argument("--kv-min", type=non_negative_int, default=None, help="decode: spread the sequences' contexts uniformly over "
                    "[KV_MIN, 2 x --kv - KV_MIN] (seeded), so the die with the longest sets the pace (default: all "
                    "at --kv)")
     g.add_argument("--kv-fabric", default=None, help="serving: the fabric KV moves over from prefill to decode "
                    "(e.g. rdma or ub; default: the mapping's)")
     g.add_argument("--caching-pool", choices=["on", "off"], default=None,
                    help="serving: the EMS-style prefix KV pool in the CPUs' DRAM (default: the mapping's)")
-    g.add_argument("--slo-tpot-ms", type=float, default=None, help="serving: TPOT objective for goodput (default: "
+    g.add_argument("--slo-tpot-ms", type=positive_float, default=None, help="serving: TPOT objective for goodput (default: "
                    "the mapping's; --slo-tbt-ms bounds every gap instead)")
-    g.add_argument("--prefill-instances", type=int, default=None, help="serving: prefill instances (default: the "
+    g.add_argument("--prefill-instances", type=positive_int, default=None, help="serving: prefill instances (default: the "
                    "mapping's)")
 
 
@@ -65,8 +66,7 @@ def run_system_step(args) -> int:
     phase = args.phase or dep.phase
     if phase != dep.phase:
         raise ConfigError(f"--phase {phase}, but {args.mapping} deploys the model for {dep.phase}")
-    model = args.model if args.model != "qwen3-4b" else "deepseek-r1"
-    r = simulate_step(loaded, dep, model=model, batch=args.batch, kv=args.kv or 4096, batch_tokens=args.batch_tokens,
+    r = simulate_step(loaded, dep, model=args.model, batch=args.batch, kv=4096 if args.kv is None else args.kv, batch_tokens=args.batch_tokens,
                       seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
                       microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min)
     out = r.to_dict()
@@ -118,10 +118,9 @@ def run_system_serving(args) -> int:
     reqs, clipped = requests_from_args(args)
     if not reqs:
         raise ConfigError("no requests to serve (check --trace, --duration or --requests)")
-    model = args.model if args.model != "qwen3-4b" else "deepseek-r1"
     pool = None if args.caching_pool is None else args.caching_pool == "on"
     with request_progress(len(reqs), enabled=not (args.no_progress or args.json)) as progress:
-        run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=model, seed=args.seed,
+        run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=args.model, seed=args.seed,
                                       kv_fabric=args.kv_fabric, caching_pool=pool, mtp=args.mtp,
                                       mtp_acceptance=args.mtp_acceptance, slo_tbt_ms=args.slo_tbt_ms,
                                       progress=progress)
@@ -145,7 +144,7 @@ def run_system_serving(args) -> int:
 
 
 def _print_serving(s: dict) -> None:
-    from npusim.cli.serve import latency_line
+    from npusim.cli.serve import fmt, latency_line
 
     print(f"{s['model']} serving on {s['system']}: {s['requests_total']} requests; prefill {s['npus_prefill']} NPUs, "
           f"decode {s['npus_decode']} NPUs (MTP {s['mtp']} at {s['mtp_acceptance']:g})")
@@ -159,7 +158,7 @@ def _print_serving(s: dict) -> None:
         print(f"  {label:<14} {latency_line(s.get(key))}")
     if s.get("slo_attainment") is not None:
         print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
-              f"{s['goodput_tokens_per_s']:,.0f} tokens/s")
+              f"{fmt(s['goodput_tokens_per_s'], ',.0f')} tokens/s")
     kv = s["kv_transfer"]
     print(f"  KV transfer    {kv['bytes'] / 2**30:,.2f} GiB over {kv['fabric']}, mean {kv['mean_ms'] or 0:.2f} ms, "
           f"p99 {kv['p99_ms'] or 0:.2f} ms per request")

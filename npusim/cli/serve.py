@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from npusim.errors import ConfigError
+from npusim.cli.util import non_negative_int, positive_float, positive_int
 
 SERVING_FLAGS = ("trace", "rate", "requests")
 DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_INPUT, DEFAULT_OUTPUT = 8.0, 32, "128:512", "32:128"
@@ -24,18 +25,18 @@ DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_INPUT, DEFAULT_OUTPUT = 8.0, 32, "128:51
 def add_serving_args(p) -> None:
     g = p.add_argument_group("serving (a request stream; selected by --trace or --rate)")
     g.add_argument("--trace", type=Path, default=None, help="request trace: Mooncake .jsonl or .csv")
-    g.add_argument("--rate", type=float, default=None,
+    g.add_argument("--rate", type=positive_float, default=None,
                    help=f"synthetic Poisson arrivals, requests per second (default {DEFAULT_RATE:g})")
-    g.add_argument("--requests", type=int, default=None,
+    g.add_argument("--requests", type=positive_int, default=None,
                    help=f"number of requests (synthetic: default {DEFAULT_REQUESTS}; trace: the first N)")
     g.add_argument("--input-len", default=DEFAULT_INPUT, help=f"synthetic prompt tokens: N or I1:I2 uniform "
                    f"(default {DEFAULT_INPUT})")
     g.add_argument("--output-len", default=DEFAULT_OUTPUT, help=f"synthetic output tokens: N or O1:O2 uniform "
                    f"(default {DEFAULT_OUTPUT})")
-    g.add_argument("--duration", type=float, default=None, help="trace: only arrivals in the first S seconds")
-    g.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times by this")
-    g.add_argument("--max-input", type=int, default=None, help="clip prompts to this many tokens")
-    g.add_argument("--max-output", type=int, default=None, help="clip outputs to this many tokens")
+    g.add_argument("--duration", type=positive_float, default=None, help="trace: only arrivals in the first S seconds")
+    g.add_argument("--time-scale", type=positive_float, default=1.0, help="trace: multiply arrival times by this")
+    g.add_argument("--max-input", type=positive_int, default=None, help="clip prompts to this many tokens")
+    g.add_argument("--max-output", type=positive_int, default=None, help="clip outputs to this many tokens")
     g.add_argument("--schedule", choices=["fusion", "continuous", "disagg"], default=None,
                    help="PD fusion under a budget, continuous batching, or PD disaggregation (default: the "
                    "mapping spec's serving.schedule, else fusion)")
@@ -48,21 +49,21 @@ def add_serving_args(p) -> None:
     g.add_argument("--pd-stages", default=None,
                    help="--schedule disagg: pipeline stages of the prefill and decode instances, P:D (default: the "
                    "fewest with at most 32 cores a stage)")
-    g.add_argument("--replicas", type=int, default=None,
+    g.add_argument("--replicas", type=positive_int, default=None,
                    help="data-parallel copies, each on an equal band of columns (default 1; dp_first: 2)")
-    g.add_argument("--budget", type=int, default=None, help="fusion: units per iteration (decode 1, chunk = tokens; "
+    g.add_argument("--budget", type=positive_int, default=None, help="fusion: units per iteration (decode 1, chunk = tokens; "
                    "default 1024)")
-    g.add_argument("--chunk", type=int, default=None, help="prefill chunk tokens (0: whole prompts, continuous only; "
+    g.add_argument("--chunk", type=non_negative_int, default=None, help="prefill chunk tokens (0: whole prompts, continuous only; "
                    "default 512)")
-    g.add_argument("--max-batch", type=int, default=None, help="running requests at most (default 256)")
-    g.add_argument("--max-tokens", type=int, default=None, help="continuous: tokens per iteration at most "
+    g.add_argument("--max-batch", type=positive_int, default=None, help="running requests at most (default 256)")
+    g.add_argument("--max-tokens", type=positive_int, default=None, help="continuous: tokens per iteration at most "
                    "(default 8192)")
     g.add_argument("--admission", choices=["queue", "preempt"], default="queue",
                    help="when KV memory is full: make arrivals wait, or preempt the newest running request")
     g.add_argument("--prefix-cache", action="store_true", help="reuse KV of shared prompt prefixes (trace hash_ids)")
-    g.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput: TTFT objective")
-    g.add_argument("--slo-tbt-ms", type=float, default=None, help="goodput: time-between-tokens objective")
-    g.add_argument("--seed", type=int, default=0, help="synthetic arrivals and lengths")
+    g.add_argument("--slo-ttft-ms", type=positive_float, default=None, help="goodput: TTFT objective")
+    g.add_argument("--slo-tbt-ms", type=positive_float, default=None, help="goodput: time-between-tokens objective")
+    g.add_argument("--seed", type=non_negative_int, default=0, help="synthetic arrivals and lengths")
     g.add_argument("--iteration-cache", choices=["auto", "on", "off"], default="auto",
                    help="replay each iteration shape's chip timing, simulated once, instead of simulating every "
                    "iteration: a cheaper fidelity, 4-9x less CPU, within 5%% of off on throughput and mean "
@@ -253,6 +254,11 @@ def _plots(out: Path, run) -> dict:
     return files
 
 
+def fmt(value, spec: str = ",.1f") -> str:
+    """``value`` formatted, or ``-`` when there is none (e.g. a rate when no request completed)."""
+    return "-" if value is None else format(value, spec)
+
+
 def latency_line(stats: dict | None) -> str:
     """``mean .. p50 .. p99 ..`` of a :func:`npusim.serving.metrics.latency_stats_ms` dict (``-`` if empty)."""
     v = stats or {}
@@ -264,7 +270,11 @@ def _print(s: dict) -> None:
           f"(memory {s['memory_fidelity']}, NoC {s['noc_fidelity']})")
     print(f"  completed      {s['requests_completed']} completed, {s['requests_rejected']} rejected, "
           f"{s['iterations']} iterations over {s['simulated_s']:.3f} s simulated")
-    print(f"  throughput     {s['throughput_tokens_per_s']:,.1f} output tokens/s, {s['requests_per_s']:.2f} requests/s")
+    if not s["requests_completed"]:
+        print("  NOTE           no request completed in the simulated time: no throughput or latency to report "
+              "(a request rejected says why in serving.h5; see the rejected count above)")
+    print(f"  throughput     {fmt(s['throughput_tokens_per_s'])} output tokens/s, {fmt(s['requests_per_s'], '.2f')} "
+          "requests/s")
     if s.get("memory_fidelity") == "tlm" and "sram_stall_cycles" in s:
         print(f"  SRAM stalls    {s['sram_stall_cycles']:,} compute cycles waited on SRAM ports, summed over tasks")
     for key, label in (("ttft_ms", "TTFT ms"), ("tbt_ms", "TBT ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "E2E ms"),
@@ -272,7 +282,7 @@ def _print(s: dict) -> None:
         print(f"  {label:<14} {latency_line(s.get(key))}")
     if s.get("slo_attainment") is not None:
         print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
-              f"{s['goodput_requests_per_s']:.2f} requests/s")
+              f"{fmt(s['goodput_requests_per_s'], '.2f')} requests/s")
     kvm = s.get("kv_manager", {})
     if len(s["instances"]) > 1:  # one manager per instance
         kvm = {k: sum(m.get(k, 0) for m in kvm.values()) for k in ("spills", "spilled_bytes", "preemptions")}

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from npusim.errors import ConfigError
+from npusim.cli.util import positive_int
 
 
 def add_parser(sub):
@@ -28,7 +29,7 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, required=True, help="directory for results.h5 (reused: finished points are "
                    "skipped)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=int, default=None,
+    where.add_argument("--workers", type=positive_int, default=None,
                        help="local worker processes (default: one per CPU; 1 runs points in this process)")
     where.add_argument("--scheduler", default=None, help="Dask distributed scheduler address, tcp://HOST:PORT")
     p.add_argument("--retry-failed", action="store_true", help="run points that failed last time again")

@@ -3,10 +3,44 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30}
+
+
+#: the largest integer a flag takes: beyond it no simulation could run (and NumPy's int64 overflows)
+MAX_INT = 2**53
+
+
+def _number(base: type, low: float, low_open: bool, high: float | None, what: str):
+    """An argparse ``type`` for a finite number of ``base`` in a range; says what it expected."""
+
+    def parse(text: str):
+        try:
+            value = base(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"'{text}' is not {what}") from None
+        ok = math.isfinite(value) and (value > low if low_open else value >= low) and abs(value) <= MAX_INT
+        if not ok or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"'{text}' is not {what}")
+        return value
+
+    parse.base_type = base  # the sweep schema types options by it (npusim.sweep.spec)
+    parse.__name__ = what.replace(" ", "_")
+    return parse
+
+
+positive_int = _number(int, 0, True, None, "a positive integer")
+non_negative_int = _number(int, 0, False, None, "a non-negative integer")
+positive_float = _number(float, 0.0, True, None, "a positive finite number")
+non_negative_float = _number(float, 0.0, False, None, "a non-negative finite number")
+fraction = _number(float, 0.0, False, 1.0, "a number in [0, 1]")
+
+
+#: the largest size a flag takes, in bytes (1 PB: a thousand times a CloudMatrix384's HBM)
+MAX_SIZE = 1e15
 
 
 def parse_size(text: str) -> int:
@@ -18,6 +52,9 @@ def parse_size(text: str) -> int:
     value = float(m.group(1)) * _UNITS[unit]
     if value <= 0 or value != int(value):
         raise argparse.ArgumentTypeError(f"'{text}' must be a positive whole number of bytes")
+    if value > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"'{text}' is more than {MAX_SIZE:.0e} bytes (1 PB), beyond any memory "
+                                         "or fabric npusim models")
     return int(value)
 
 
@@ -60,5 +97,5 @@ def add_system_args(p, required: bool = False) -> None:
     """``--system`` (a system preset or file) and ``--nodes`` (a slice of it)."""
     p.add_argument("--system", default=None if required else "cloudmatrix384", required=required,
                    help="system YAML path or preset: cloudmatrix384, atlas-800i-a2 (default cloudmatrix384)")
-    p.add_argument("--nodes", type=int, default=None,
+    p.add_argument("--nodes", type=positive_int, default=None,
                    help="use the first N nodes of the system (e.g. 1, 2, 4, 20 of CloudMatrix384's 48)")

@@ -36,7 +36,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from npusim.config import StrictModel
+from npusim.config import StrictModel, validate
 
 
 class RoutedExperts(StrictModel):
@@ -72,6 +72,14 @@ class Deployment(StrictModel):
     eplb: Literal["none", "greedy", "perfect"] = "none"
     step_overhead_us: NonNegativeFloat = 0.0
     step_overhead_source: str = ""
+
+    def overridden(self, **changes) -> Deployment:
+        """A copy with ``changes`` (None values skipped), validated like the file: a value out of
+        range (an MTP acceptance of 1.5) is one ConfigError, not a silently wrong step."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if not changes:
+            return self
+        return validate(Deployment, {**self.model_dump(), **changes}, "command-line options (--mtp, ...)")
 
     @field_validator("attention", mode="before")
     @classmethod

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from npusim.errors import ConfigError
+from npusim.files import read_text
 
 FAMILIES = ("gpt2", "llama", "qwen3", "qwen3_moe", "deepseek_v3")
 
@@ -233,11 +234,10 @@ def _family_defaults(family: str, out: dict) -> dict:
 def config_from_json(path: str | Path) -> ModelConfig:
     """Read a config JSON file (ours or a Hugging Face ``config.json``)."""
     p = Path(path)
+    text = read_text(p, "a JSON model config (ours or a Hugging Face config.json)", missing="no such model config file")
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such model config file") from None
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise ConfigError(f"{p}: cannot read a JSON model config: {exc}") from None
     if isinstance(data, dict):
         data.setdefault("source", str(p))

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from npusim.errors import ConfigError
-from npusim.files import atomic_path
+from npusim.files import atomic_path, read_text
 from npusim.serving.requests import (BLOCK_TOKENS, Request, _sorted, blocks_for, scale_arrivals, take_first,
                                      time_window)
 
@@ -193,14 +193,7 @@ def parse_csv(lines: Iterable[str], source: str = "<trace>") -> list[Request]:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8-sig")  # a leading BOM is not data
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such trace file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); expected a .jsonl or .csv trace") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return read_text(path, "a .jsonl or .csv trace", missing="no such trace file")
 
 
 def trace_format(path: str | Path, fmt: str | None = None) -> str:

@@ -445,7 +445,7 @@ def load_program(path: str | Path) -> Program:
         raise ConfigError(f"{path}: cannot open as an HDF5 program ({exc})") from None
     with f:
         if "program" not in f:
-            raise ConfigError(f"{path}: no /program group; is this a program written by `npusim run --save-program`?")
+            raise ConfigError(f"{path}: no /program group; is this a program.h5 written by `npusim run --forward --out DIR`?")
         g = f["program"]
         version = int(g.attrs.get("format_version", -1))
         if version != FORMAT_VERSION:

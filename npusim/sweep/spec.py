@@ -55,6 +55,7 @@ from npusim.arch.load import DEFAULT_ARCH, resolve_arch_path
 from npusim.arch.schema import Arch
 from npusim.config import StrictModel, deep_merge, load_with_extends, load_yaml, validate
 from npusim.errors import ConfigError
+from npusim.files import read_text
 from npusim.mapping.spec import MAPPER_DIR, MappingSpec
 
 SECTIONS = ("arch", "model", "mapping", "workload", "run")
@@ -92,9 +93,10 @@ def _annotation(action: argparse.Action):
         return bool | None
     if action.choices:
         return Literal[tuple(action.choices)] | None
-    if action.type is int:
+    base = getattr(action.type, "base_type", action.type)  # npusim.cli.util's range-checked numbers
+    if base is int:
         return int | None
-    if action.type is float:
+    if base is float:
         return float | None
     return str | int | float | None  # strings such as "128:512"; YAML may read "256" as a number
 
@@ -198,7 +200,7 @@ def load_sweep(path: str | Path) -> Sweep:
     names = list(dict.fromkeys(k for combo in combos for k in combo))
     for name in names:
         check_axis_key(name, path)
-    sweep = Sweep(path=path, spec=spec, text=path.read_text(), axis_names=names)
+    sweep = Sweep(path=path, spec=spec, text=read_text(path, "a sweep YAML file"), axis_names=names)
     seen: dict[str, int] = {}
     for i, combo in enumerate(combos):
         point = build_point(spec, combo, i, path)

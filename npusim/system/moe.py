@@ -41,6 +41,7 @@ import numpy as np
 import yaml
 
 from npusim.errors import ConfigError
+from npusim.files import read_text
 
 SCALE_SLOT_BYTES = 512
 COPIES = ("per_expert", "per_rank")
@@ -78,7 +79,7 @@ def expert_weights(routing: str, experts: int, seed: int = 0) -> np.ndarray:
 
 
 def _load_profile(path: Path, experts: int) -> np.ndarray:
-    text = path.read_text()
+    text = read_text(path, "a load profile (a list of per-expert weights)")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:

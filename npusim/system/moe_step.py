@@ -176,10 +176,12 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     own KV manager enforces the capacity)."""
     s = loaded.system
     cfg = get_config(model)
-    if cfg.num_experts <= 0:
-        raise ConfigError(f"--model {model}: a multi-NPU step needs a MoE model")
-    dep = dep.model_copy(update={k: v for k, v in (("mtp", mtp), ("mtp_acceptance", mtp_acceptance),
-                                                    ("microbatches", microbatches), ("eplb", eplb)) if v is not None})
+    if not (cfg.is_mla and cfg.num_experts > 0):
+        raise ConfigError(f"--model {model}: the multi-NPU step models DeepSeek-V3/R1's layer (MLA attention, routed "
+                          f"and shared experts) only; {cfg.name} ({cfg.family}) cannot be placed on a system yet")
+    if dep.phase == "decode" and kv < 1:
+        raise ConfigError(f"--kv {kv}: a decode step attends to at least one cached token")
+    dep = dep.overridden(mtp=mtp, mtp_acceptance=mtp_acceptance, microbatches=microbatches, eplb=eplb)
     if dep.microbatches == 2 and dep.overlap == "core_split" and set(dep.core_split) != {"attention", "moe"}:
         raise ConfigError("--microbatches 2 needs the mapping's core_split (attention and moe core shares) "
                           "or overlap: dma")

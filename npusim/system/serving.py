@@ -143,8 +143,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     topo = loaded.topology
     dpn = s.npu.dies
     if mtp is not None or mtp_acceptance is not None:
-        ddep = ddep.model_copy(update={k: v for k, v in (("mtp", mtp), ("mtp_acceptance", mtp_acceptance))
-                                       if v is not None})
+        ddep = ddep.overridden(mtp=mtp, mtp_acceptance=mtp_acceptance)
     used = ddep.npus + plan.prefill.instances * pdep.npus
     if used > s.num_npus:
         raise ConfigError(f"system_serving: decode {ddep.npus} NPUs + {plan.prefill.instances} prefill instances x "
