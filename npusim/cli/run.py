@@ -126,7 +126,13 @@ def build_model(args):
                          kv_len=_kv(args) + (1 if decode else 0), allow_unsupported=args.allow_unsupported,
                          dtype=dtype)
     from npusim.model.builder import build_graph
+    from npusim.model.zoo import get_config
 
+    context = get_config(args.model).max_position_embeddings
+    tokens = _kv(args) + 1 if args.phase == "decode" else max(_kv(args), args.seq)
+    if context and tokens > context:
+        raise ConfigError(f"--seq/--kv: {tokens:,} tokens in the KV cache, more than {args.model}'s context of "
+                          f"{context:,} (max_position_embeddings)")
     if args.phase == "decode":  # one new token per sequence, attending to the cache and itself
         return build_graph(args.model, phase="decode", batch=args.batch, seq_len=1, kv_len=_kv(args) + 1,
                            precision=args.precision, layers=args.layers)
@@ -140,8 +146,13 @@ def _kv(args) -> int:
 
 
 def build_graph_for_spec(args):
-    """A small graph of the model (one decode token) to derive a mapping from."""
+    """A small graph of the model (one decode token) to derive a serving mapping from."""
     from npusim.model.builder import build_graph
+
+    if str(args.model).lower().endswith(".onnx"):
+        raise ConfigError(f"--model {args.model}: serving builds each iteration's graph from a model config (a "
+                          "built-in name or a config.json); an ONNX graph runs one forward pass (--forward) but "
+                          "cannot be served yet")
 
     return build_graph(args.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=args.precision,
                        layers=args.layers)

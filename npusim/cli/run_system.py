@@ -115,7 +115,7 @@ def run_system_serving(args) -> int:
         if value is not None and key:
             updates[key] = value
     plan = plan.model_copy(update=updates)
-    reqs, clipped = requests_from_args(args)
+    reqs, clipped, over_context = requests_from_args(args)
     if not reqs:
         raise ConfigError("no requests to serve (check --trace, --duration or --requests)")
     pool = None if args.caching_pool is None else args.caching_pool == "on"
@@ -127,6 +127,7 @@ def run_system_serving(args) -> int:
     out = run.summary
     out["mapping"] = str(mapping)
     out["requests_clipped"] = clipped
+    out["context_clipped"] = over_context
     if args.out:
         from npusim.report.perfetto import write_serving_timeline
 

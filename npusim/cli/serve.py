@@ -13,6 +13,7 @@ override the mapping spec's ``serving:`` section.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from npusim.errors import ConfigError
@@ -105,7 +106,26 @@ def requests_from_args(args):
     clipped = 0
     if args.max_input or args.max_output:
         reqs, clipped = cap_lengths(reqs, args.max_input, args.max_output, policy="clip")
-    return reqs, clipped
+    reqs, over = _fit_context(args.model, reqs)
+    return reqs, clipped, over
+
+
+def _fit_context(model: str, reqs):
+    """Requests clipped to ``model``'s context (said once on stderr), and how many were."""
+    from npusim.model.zoo import get_config
+    from npusim.serving.requests import fit_context
+
+    if str(model).lower().endswith(".onnx"):
+        return reqs, 0
+    cfg = get_config(model)
+    if cfg.max_position_embeddings <= 0:  # a config that does not say
+        return reqs, 0
+    reqs, over = fit_context(reqs, cfg.max_position_embeddings)
+    if over:
+        print(f"npusim run: warning: {over} of {len(reqs)} requests are longer than {cfg.name}'s context of "
+              f"{cfg.max_position_embeddings:,} tokens (prompt + output); their prompts are clipped to fit",
+              file=sys.stderr)
+    return reqs, over
 
 
 def _length(text, flag):
@@ -200,7 +220,7 @@ def serve(args, arch, spec):
     opts = serving_options(args, spec)
     spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": opts["pd_stages"]})})
     pd = pd_split(args, arch, opts)
-    reqs, clipped = requests_from_args(args)
+    reqs, clipped, over_context = requests_from_args(args)
     sched = SchedulerConfig(policy="continuous" if pd else opts["schedule"], max_batch=opts["max_batch"],
                             max_tokens=opts["max_tokens"], chunk_tokens=opts["chunk_tokens"], budget=opts["budget"])
     cfg = ServingConfig(model=args.model, precision=args.precision, layers=args.layers, scheduler=sched,
@@ -213,6 +233,7 @@ def serve(args, arch, spec):
         run = simulate_serving(arch, spec, reqs, cfg, progress=progress, pd=pd, replicas=opts["replicas"])
     s = run.summary
     s.update({"model": args.model, "arch": arch.name, "requests": len(reqs), "lengths_clipped": clipped,
+              "context_clipped": over_context,
               "memory_fidelity": args.memory, "noc_fidelity": args.fidelity})
     s["iteration_cache"]["requested"] = getattr(args, "iteration_cache", "auto")
     return s, run

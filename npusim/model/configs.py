@@ -57,7 +57,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bias: bool = False  # biases on every linear layer and norm (GPT-2)
     rope: bool = True
-    max_position_embeddings: int = 0  # learned absolute position table rows when rope is False
+    max_position_embeddings: int = 0  # [max_position_embeddings]: the context in tokens (0: unknown); the
+    # learned absolute position table's rows when rope is False
     fused_qkv: bool = False
     # mixture of experts
     num_experts: int = 0  # [num_experts] / [n_routed_experts]

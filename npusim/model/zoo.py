@@ -40,14 +40,14 @@ def _qwen3(name, layers, hidden, ffn, heads, kv_heads, tied):
     return ModelConfig(
         name=name, family="qwen3", source=f"Qwen/{name} config.json (huggingface.co/Qwen/{name})",
         vocab_size=151936, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=128, intermediate_size=ffn, qk_norm=True, tie_word_embeddings=tied)
+        head_dim=128, intermediate_size=ffn, qk_norm=True, tie_word_embeddings=tied, max_position_embeddings=40960)
 
 
 def _llama3(name, layers, hidden, ffn, heads, kv_heads):
     return ModelConfig(
         name=name, family="llama", source=f"meta-llama/Meta-{name} config.json (huggingface.co/meta-llama/Meta-{name})",
         vocab_size=128256, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=hidden // heads, intermediate_size=ffn)
+        head_dim=hidden // heads, intermediate_size=ffn, max_position_embeddings=8192)
 
 
 def _gpt2(name, repo, layers, hidden, heads):
@@ -67,7 +67,7 @@ _DEEPSEEK_V3 = ModelConfig(
     intermediate_size=18432, num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
     num_shared_experts=1, first_dense_layers=3, router_scoring="sigmoid", router_bias=True,
     q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-    num_mtp_layers=1)
+    num_mtp_layers=1, max_position_embeddings=163840)
 
 #: name -> configuration (insertion order is the --list order)
 BUILTIN: dict[str, ModelConfig] = {
@@ -84,7 +84,8 @@ BUILTIN: dict[str, ModelConfig] = {
         name="Qwen3-30B-A3B", family="qwen3_moe",
         source="Qwen/Qwen3-30B-A3B config.json (huggingface.co/Qwen/Qwen3-30B-A3B)",
         vocab_size=151936, hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128,
-        intermediate_size=6144, qk_norm=True, num_experts=128, experts_per_token=8, moe_intermediate_size=768),
+        intermediate_size=6144, qk_norm=True, num_experts=128, experts_per_token=8, moe_intermediate_size=768,
+        max_position_embeddings=40960),
     "Llama-3-8B": _llama3("Llama-3-8B", 32, 4096, 14336, 32, 8),
     "Llama-3-70B": _llama3("Llama-3-70B", 80, 8192, 28672, 64, 8),
     "DeepSeek-V3": _DEEPSEEK_V3,

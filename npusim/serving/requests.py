@@ -407,6 +407,24 @@ def cap_lengths(reqs: Iterable[Request], max_input: int | None = None, max_outpu
     return kept, affected
 
 
+def fit_context(reqs: Iterable[Request], context_tokens: int) -> tuple[list[Request], int]:
+    """Clip each request so that its prompt and output fit a model's context (``context_tokens``,
+    its ``max_position_embeddings``): the output keeps at most ``context - 1`` tokens, then the
+    prompt is cut to what is left (as a serving engine truncating prompts would; vLLM rejects
+    them instead). Returns ``(requests, clipped)``; ids unchanged."""
+    context = _as_int(context_tokens, "context_tokens", 2)
+    out: list[Request] = []
+    clipped = 0
+    for r in _sorted(reqs):
+        if r.input_len + r.output_len <= context:
+            out.append(r)
+            continue
+        clipped += 1
+        output_len = min(r.output_len, context - 1)
+        out.append(_clip(r, context - output_len, output_len))
+    return out, clipped
+
+
 def renumber(reqs: Iterable[Request]) -> list[Request]:
     """The requests in arrival order with ids 0..n-1."""
     return [replace(r, id=i) for i, r in enumerate(_sorted(reqs))]

@@ -49,6 +49,8 @@ from npusim.sim import Simulator
 
 
 REPLAYS = ("stages", "skeleton")  # how the iteration cache replays an iteration
+#: the latest arrival a run takes, in cycles: its iterations must still fit the engine's int64 clock
+MAX_ARRIVAL_CYCLES = 2**62
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,10 @@ class ServingSimulator:
     def run(self, requests, progress=None) -> ServingRun:
         sim = self.sim
         arrivals = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
+        if arrivals and self._cycles(arrivals[-1].arrival_s) > MAX_ARRIVAL_CYCLES:
+            raise ConfigError(f"the last request arrives {arrivals[-1].arrival_s:.3g} s into the run, beyond the "
+                              f"{MAX_ARRIVAL_CYCLES / self.hz:.3g} s a 64-bit cycle count holds at {self.hz / 1e9:g} "
+                              "GHz (a higher --rate, or --time-scale for a trace)")
         records: dict[int, RequestRecord] = {}
         iterations: list[dict] = []
         util = UtilizationSampler(sim, self.cfg.core_window_s)

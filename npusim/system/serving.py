@@ -53,6 +53,8 @@ from npusim.engine.tasks import DONE, KIND_FIXED
 from npusim.system.simulator import PS_PER_US, SystemSim
 from npusim.system.step_table import StepTable
 
+#: the latest arrival a run takes, in picoseconds: the fabric engine's clock is an int64
+MAX_ARRIVAL_PS = 2**62
 NOTE = ("partial model: step times interpolated between simulated step shapes (see step_table), every die of "
         "a step at the busiest die's batch; prefill-side KV capacity, pool reads overlapping compute and "
         "decode preemption are not modelled")
@@ -203,6 +205,10 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         heapq.heappush(events, (t, counter, kind, payload))
         counter += 1
 
+    last = max((r.arrival_s for r in requests), default=0.0)
+    if last * _LiveFabric.PS_PER_S > MAX_ARRIVAL_PS:
+        raise ConfigError(f"the last request arrives {last:.3g} s into the run, beyond the {MAX_ARRIVAL_PS / 1e12:.3g} s "
+                          "the fabric's 64-bit picosecond clock holds (a higher --rate, or --time-scale for a trace)")
     for r in requests:
         if seqs[r.id].record.rejected_reason is None:
             push(r.arrival_s, ARRIVAL, r.id)
