@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -63,10 +64,26 @@ def atomic_path(path: str | Path):
         raise
 
 
+def _finite(obj):
+    """``obj`` with every non-finite float (inf, NaN) replaced by None: JSON has no such numbers."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def json_text(obj, indent: int | None = 2) -> str:
+    """Strict JSON (no Infinity or NaN: those become null; other objects by ``str``)."""
+    return json.dumps(_finite(obj), indent=indent, default=str, allow_nan=False)
+
+
 def write_json(path: str | Path, obj, indent: int | None = 2) -> Path:
     with atomic_path(path) as tmp:
         with open(tmp, "w") as f:
-            json.dump(obj, f, indent=indent)
+            f.write(json_text(obj, indent))
             f.write("\n")
     return Path(path)
 

@@ -44,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help or --version (0), or a usage error already printed in one line (2)
+        return exc.code if isinstance(exc.code, int) else 0
     if args.command is None:
         parser.print_help()
         return 0

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 
 from npusim.choices import CHIP_COLLECTIVES as CHIP_OPS
 from npusim.choices import FABRIC_FIDELITIES, MOE_OPS, NOC_FIDELITIES, SYSTEM_ALGORITHMS
 from npusim.choices import SYSTEM_COLLECTIVES as SYSTEM_OPS
-from npusim.cli.util import add_arch_arg, non_negative_int, parse_grid, parse_int_list, parse_size, positive_int
+from npusim.cli.util import (add_arch_arg, add_force_arg, non_negative_int, parse_grid, parse_int_list, parse_size,
+                              positive_int, refuse_many_packets)
 from npusim.errors import ConfigError
+from npusim.files import json_text
 
 ALGORITHM_CHOICES = sorted({a for algs in SYSTEM_ALGORITHMS.values() for a in algs})
 
@@ -57,6 +58,7 @@ def add_parser(sub):
                    help="dispatch/combine: uniform, zipf:S (skewed expert popularity) or a load-profile file")
     s.add_argument("--seed", type=non_negative_int, default=0, help="routing seed (default 0)")
     s.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_force_arg(p, "more than 1e8 packets at --fidelity packet")
     return p
 
 
@@ -74,7 +76,7 @@ def run(args) -> int:
     arch = load_arch(args.arch)
     r = run_collective(arch, args.op, args.cores, args.bytes, fidelity, args.grid, args.dtype or "bf16")
     if args.json:
-        print(json.dumps(r.to_dict(), indent=2))
+        print(json_text(r.to_dict()))
         return 0
     print(f"{arch.name}: {r.op} of {r.bytes:,} B over cores {','.join(map(str, r.cores))} ({r.fidelity} NoC)")
     print(f"  time           {r.time_us:,.3f} us ({r.cycles:,} cycles)")
@@ -98,18 +100,23 @@ def run_system(args) -> int:
     if args.op not in SYSTEM_OPS + MOE_OPS:
         raise ConfigError(f"--op {args.op} is a chip collective; with --system: {', '.join(SYSTEM_OPS + MOE_OPS)}")
     loaded = load_system(args.system, nodes=args.nodes)
+    ranks = parse_ranks(loaded, args.ranks)
+    if args.op in MOE_OPS:
+        refuse_many_packets(args, loaded, args.ep * args.tokens_per_rank * args.top_k * args.hidden * 2)
+    else:
+        refuse_many_packets(args, loaded, 2 * args.bytes * len(ranks))
     with system_progress(args.progress and not args.json, args.op) as bar:
         if args.op in MOE_OPS:
             r = run_moe(loaded, args.op, args.ep, args.tokens_per_rank, args.top_k, args.hidden, args.experts,
                         args.routing, args.dtype or "int8", fidelity, args.via or "aiv", args.seed, progress=bar,
                         copies=args.copies and args.copies.replace("-", "_"))
         else:
-            r = run_system_collective(loaded, args.op, parse_ranks(loaded, args.ranks), args.bytes, args.algorithm,
+            r = run_system_collective(loaded, args.op, ranks, args.bytes, args.algorithm,
                                       fidelity, args.via, progress=bar, dtype=args.dtype or "bf16")
     out = r.to_dict()
     out["system"] = loaded.system.name
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json_text(out))
         return 0
     print(f"{loaded.system.name}: {r.op} ({r.algorithm}) over {r.ranks} ranks, {r.bytes_per_rank:,} B per rank "
           f"({r.fidelity} model, {r.via})")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 
 from npusim.choices import FABRIC_FIDELITIES
-from npusim.cli.util import add_system_args, parse_size
+from npusim.files import json_text
+from npusim.cli.util import add_force_arg, add_system_args, parse_size, refuse_many_packets
 
 
 def add_parser(sub):
@@ -26,6 +26,7 @@ def add_parser(sub):
     p.add_argument("--via", choices=["sdma", "aiv"], default=None, help="SDMA engine or AIV-direct (default: the system's)")
     p.add_argument("--fidelity", choices=FABRIC_FIDELITIES, default="flow", help="fabric model (default flow)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_force_arg(p, "more than 1e8 packets at --fidelity packet")
     return p
 
 
@@ -34,9 +35,10 @@ def run(args) -> int:
     from npusim.system.measure import point_to_point
 
     loaded = load_system(args.system, nodes=args.nodes)
+    refuse_many_packets(args, loaded, args.bytes)
     r = point_to_point(loaded, args.src, args.dst, args.op, args.bytes, args.fidelity, args.via, args.fabric)
     if args.json:
-        print(json.dumps(r.to_dict(), indent=2))
+        print(json_text(r.to_dict()))
         return 0
     print(f"{loaded.system.name}: {r.op} of {r.bytes:,} B, {r.src} -> {r.dst} over {r.fabric} "
           f"({r.fidelity} model, {r.via})")

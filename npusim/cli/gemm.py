@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-import json
 
 from npusim.choices import MEMORY_FIDELITIES
-from npusim.cli.util import add_arch_arg, non_negative_int, parse_grid, positive_float, positive_int
+from npusim.cli.util import (add_arch_arg, add_force_arg, non_negative_int, parse_grid, positive_float, positive_int,
+                              refuse_unless_forced)
 from npusim.errors import ConfigError
+from npusim.files import json_text
 
 
 def add_parser(sub):
@@ -52,9 +53,8 @@ def add_parser(sub):
                       "(not part of the chip model; default: none, every load from HBM)")
     chip.add_argument("--no-cache", dest="cache", action="store_false",
                       help="do not read or write the on-disk chip-cost cache")
-    p.add_argument("--force", action="store_true",
-                   help=f"run a GEMM of more than {MAX_FOLDS:.0e} array folds (one core) or {MAX_CHIP_TILES:.0e} "
-                   "tiles (--chip) anyway")
+    add_force_arg(p, f"a GEMM of more than {MAX_FOLDS:.0e} array folds (one core) or {MAX_CHIP_TILES:.0e} output "
+                  "tiles (--chip)")
     return p
 
 
@@ -72,9 +72,7 @@ def check_size(args, tiles: int, limit: float, what: str) -> None:
     if macs > MAX_MACS:
         raise ConfigError(f"--m x --k x --n x --batch = {macs:.2e} MACs: more than {MAX_MACS:.2e}, beyond 64-bit cycle "
                           "counts")
-    if tiles > limit and not args.force:
-        raise ConfigError(f"this GEMM is {tiles:.2e} {what} (x --batch), more than {limit:.0e}: minutes to hours of "
-                          "simulation; add --force to run it anyway")
+    refuse_unless_forced(args, tiles, limit, f"{what} (x --batch)", "minutes to hours of simulation")
 
 
 CHIP_ONLY = (("cores", "--cores"), ("out_dtype", "--out-dtype"), ("l2", "--l2-bytes-per-cycle"))
@@ -141,7 +139,7 @@ def run(args) -> int:
         "sram_port_utilization": timing.port_utilization,
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json_text(out))
         return 0
     print(f"GEMM {args.m}x{args.k}x{args.n} ({args.dtype}, batch {cost.batch}) on a {rows}x{cols} "
           f"{dataflow.upper()} array, {k_per_pe} MAC/PE/cycle")
@@ -197,7 +195,7 @@ def run_chip(args) -> int:
         "hbm_utilization": r.hbm_utilization, "sram_stall_cycles": r.sram_stall_cycles, "mapping": r.mapping,
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json_text(out))
         return 0
     share = f"{r.cores} of {r.chip_cores} cores" if r.cores < r.chip_cores else f"all {r.chip_cores} cores"
     print(f"GEMM {'%dx' % args.batch if args.batch > 1 else ''}{args.m}x{args.k}x{args.n} ({args.dtype} -> "

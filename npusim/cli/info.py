@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 
 from npusim.choices import DEFAULT_ARCH
 from npusim.resources import preset_names
+from npusim.files import json_text
 from npusim.cli.util import positive_int
 
 
@@ -38,7 +38,7 @@ def run(args) -> int:
 
     s = summarize(load_arch(args.arch))
     if args.json:
-        print(json.dumps(s.to_dict(), indent=2))
+        print(json_text(s.to_dict()))
         return 0
     peak = ", ".join(f"{d} {v:,.1f}" for d, v in s.peak_tflops.items())
     _print_rows([
@@ -57,7 +57,7 @@ def run_system(args) -> int:
 
     s = summarize_system(load_system(args.arch, nodes=args.nodes))
     if args.json:
-        print(json.dumps(s.to_dict(), indent=2))
+        print(json_text(s.to_dict()))
         return 0
     rows = [
         ("system", f"{s.name}: {s.description}" if s.description else s.name),

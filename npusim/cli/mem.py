@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 
 from npusim.choices import MEMORY_FIDELITIES, MEMORY_PATTERNS
+from npusim.files import json_text
 from npusim.cli.util import add_arch_arg, parse_size, positive_int
 
 
@@ -39,7 +39,7 @@ def run(args) -> int:
     arch = load_arch(args.arch)
     r = measure_memory(arch, args.pattern, args.bytes, args.mode, args.initiators, args.write, args.stride)
     if args.json:
-        print(json.dumps(r.to_dict(), indent=2))
+        print(json_text(r.to_dict()))
         return 0
     op = "write" if r.write else "read"
     print(f"{arch.name}: {r.pattern} {op} of {r.bytes:,} B by {r.initiators} DMA engines, {r.mode} model")
@@ -49,7 +49,8 @@ def run(args) -> int:
         terms = ", ".join(f"{k} {v:,.1f}" for k, v in r.bound_terms_gbps.items())
         print(f"  DRAM bound        {r.bound_gbps:,.1f} GB/s ({r.bound_limit}; {terms}); achieved "
               f"{100 * r.bandwidth_gbps / r.bound_gbps:.1f}% of it")
-    print(f"  latency           mean {_fmt(r.latency_ns_mean)} ns, p99 {_fmt(r.latency_ns_p99)} ns "
+    p99 = f"> {r.latency_ns_hist_max:,.0f}" if r.latency_ns_p99 is None and r.latency_ns_mean else _fmt(r.latency_ns_p99)
+    print(f"  latency           mean {_fmt(r.latency_ns_mean)} ns, p99 {p99} ns "
           f"(unloaded row-conflict read {r.unloaded_latency_ns:.1f} ns)")
     if r.row_hit_rate is not None:
         print(f"  row-buffer hits   {100 * r.row_hit_rate:.1f}%")

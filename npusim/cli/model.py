@@ -7,10 +7,10 @@ Hugging Face ``config.json``) or an ``.onnx`` file.
 from __future__ import annotations
 
 import argparse
-import json
 
 from npusim.errors import ConfigError
 from npusim.cli.util import non_negative_float, non_negative_int, positive_int
+from npusim.files import json_text
 
 
 def _dim(text: str) -> tuple[str, int]:
@@ -76,7 +76,7 @@ def _list(as_json: bool) -> int:
         rows.append({"name": name, "family": cfg.family, "layers": cfg.num_layers, "hidden": cfg.hidden_size,
                      "published_params": pub.params if pub else None, "source": cfg.source})
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json_text(rows))
         return 0
     print(f"{'model':<15} {'family':<12} {'layers':>6} {'hidden':>7} {'params':>9}  source")
     for r in rows:
@@ -113,7 +113,7 @@ def _builtin(args) -> int:
     totals = graph_totals(graph)
     gsum = _graph_json(graph, totals, args.precision)
     if args.json:
-        print(json.dumps({**summary, "graph": gsum}, indent=2, default=str))
+        print(json_text({**summary, "graph": gsum}))
         return 0
     s = summary
     print(f"{cfg.name} ({cfg.family}) - {cfg.source}")
@@ -157,7 +157,7 @@ def _onnx(args) -> int:
            f"flops_per_token_{graph.phase}": totals["flops"] / tokens,
            "kv_bytes_per_token": totals["kv_bytes_per_token"], "meta": graph.meta, "graph": gsum}
     if args.json:
-        print(json.dumps(out, indent=2, default=str))
+        print(json_text(out))
         return 0
     m = graph.meta
     opsets = ", ".join(f"{k} {v}" for k, v in m["opsets"].items())

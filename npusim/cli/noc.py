@@ -15,13 +15,13 @@ defaults; explicit flags override either. ``--cycles`` is the measurement window
 
 from __future__ import annotations
 
-import json
 import math
 
 from typing import TYPE_CHECKING
 
 from npusim.choices import NOC_FIDELITIES, TOPOLOGIES, TRAFFIC_PATTERNS
 from npusim.errors import ConfigError
+from npusim.files import json_text
 
 if TYPE_CHECKING:
     from npusim.hw.noc import NocParams, NocResult, SyntheticTraffic
@@ -170,7 +170,7 @@ def run(args) -> int:
         return 0
     result = simulate(params, traffic)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json_text(result.to_dict()))
     else:
         _print_result(result, params)
     return 0
@@ -243,7 +243,7 @@ def _print_sweep(results: list[NocResult], params: NocParams, traffic: Synthetic
         "zero_load_latency_cycles": results[0].zero_load_latency_cycles,
     }
     if as_json:
-        print(json.dumps({"sweep": [_sweep_row(r) for r in results], **summary}, indent=2))
+        print(json_text({"sweep": [_sweep_row(r) for r in results], **summary}))
         return
     print(_describe(params, results[0]))
     print(f"  {'offered':>8} {'accepted':>9} {'pkt lat':>8} {'net lat':>8} {'max link':>8}  saturated")

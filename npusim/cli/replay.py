@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from npusim.cli.run import add_fidelity_args, write_outputs
 from npusim.cli.util import add_arch_arg
+from npusim.files import json_text
 
 
 def add_parser(sub):
@@ -48,7 +48,7 @@ def run(args) -> int:
     if args.out:
         summary["files"] = write_outputs(args.out, sim, summary, prog)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json_text(summary))
         return 0
     m = prog.meta
     print(f"replayed {args.program} ({m.get('model', '?')} {m.get('phase', '')}, {len(prog):,} tasks) on {arch.name}")

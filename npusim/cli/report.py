@@ -12,8 +12,8 @@ names one, is printed beside a table of the simulated metric.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from npusim.files import json_text
 
 
 def add_parser(sub):
@@ -37,7 +37,7 @@ def run(args) -> int:
 
     rep = make_report(args.results, x=args.x, y=args.y, hue=args.hue, out=args.out, fmt=args.format)
     if args.json:
-        print(json.dumps(rep, indent=2, default=str))
+        print(json_text(rep))
         return 0
     print_report(rep)
     return 0

@@ -22,14 +22,14 @@ the transaction model and takes minutes: ``--memory tlm``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from npusim.choices import LAYOUTS, MEMORY_FIDELITIES, NOC_FIDELITIES, PARTITIONS
 from npusim.cli.run_system import add_system_run_args, run_system
-from npusim.cli.serve import add_serving_args, is_serving, run_serving, serve
-from npusim.cli.util import add_arch_arg, non_negative_int, positive_int
+from npusim.cli.serve import MAX_REQUESTS, add_serving_args, is_serving, run_serving, serve
+from npusim.cli.util import add_arch_arg, add_force_arg, non_negative_int, positive_int
 from npusim.errors import ConfigError
+from npusim.files import json_text
 
 DEFAULT_MODEL = "qwen3-4b"
 SYSTEM_DEFAULT_MODEL = "deepseek-r1"
@@ -52,6 +52,7 @@ def add_parser(sub):
                    "serving: summary.json, serving.h5, timeline.json (Perfetto) and, with matplotlib, plots")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_force_arg(p, f"more than {MAX_REQUESTS:,} synthetic requests")
     return p
 
 
@@ -190,7 +191,7 @@ def run(args) -> int:
     if args.out:
         summary["files"] = write_outputs(args.out, result.sim, summary, result.mapped.program)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json_text(summary))
         return 0
     print_summary(summary, arch)
     return 0

@@ -11,10 +11,9 @@ Serving (``--trace``, ``--rate`` or ``--requests``): the mapping's ``system_serv
 
 from __future__ import annotations
 
-import json
 
 from npusim.errors import ConfigError
-from npusim.files import write_json
+from npusim.files import json_text, write_json
 from npusim.cli.util import fraction, non_negative_int, positive_float, positive_int
 
 
@@ -73,7 +72,7 @@ def run_system_step(args) -> int:
     if args.out:
         write_json(args.out / "summary.json", out)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json_text(out))
         return 0
     print(f"{r.model} {r.phase} on {r.system}: {r.npus} NPUs = {r.dies} dies, {r.batch_per_npu:g} per NPU "
           f"({r.batch_per_die:g} per die), {r.microbatches} microbatch(es), MTP {r.mtp} at {r.mtp_acceptance:g}")
@@ -138,7 +137,7 @@ def run_system_serving(args) -> int:
         out["files"] = {k: str(v) for k, v in files.items()}
         write_json(files["summary"], out)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json_text(out))
         return 0
     _print_serving(out)
     return 0

@@ -12,14 +12,18 @@ override the mapping spec's ``serving:`` section.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from npusim.errors import ConfigError
-from npusim.cli.util import non_negative_int, positive_float, positive_int
+from npusim.files import json_text
+from npusim.cli.util import non_negative_int, positive_float, positive_int, refuse_unless_forced
 
 SERVING_FLAGS = ("trace", "rate", "requests")
+#: synthetic requests a run takes without --force, and the memory each costs (request, record and
+#: its token times, measured on the default scenario's lengths)
+MAX_REQUESTS = 1_000_000
+BYTES_PER_REQUEST = 3_000
 DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_INPUT, DEFAULT_OUTPUT = 8.0, 32, "128:512", "32:128"
 
 
@@ -99,8 +103,8 @@ def requests_from_args(args):
         if rate <= 0:
             raise ConfigError("--rate must be a positive number of requests per second")
         n = DEFAULT_REQUESTS if args.requests is None else args.requests
-        if n <= 0:
-            raise ConfigError(f"--requests must be positive, got {n}")
+        refuse_unless_forced(args, n, MAX_REQUESTS, "--requests",
+                             f"~{n * BYTES_PER_REQUEST / 1e9:,.1f} GB of request records and days of simulation")
         reqs = synthetic_requests(n, rate, input_len=_length(args.input_len, "--input-len"),
                                   output_len=_length(args.output_len, "--output-len"), seed=args.seed)
     clipped = 0
@@ -255,7 +259,7 @@ def run_serving(args, arch, spec) -> int:
         s["files"] = {k: str(v) for k, v in files.items()}
         write_json(files["summary"], s)
     if args.json:
-        print(json.dumps(s, indent=2, default=str))
+        print(json_text(s))
         return 0
     _print(s)
     return 0

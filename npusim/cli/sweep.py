@@ -13,12 +13,12 @@ draws it.
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from pathlib import Path
 
 from npusim.errors import ConfigError
+from npusim.files import json_text
 from npusim.cli.util import positive_int
 
 
@@ -68,7 +68,7 @@ def run(args) -> int:
     result = {"points": outcome.points, "ran": outcome.ran, "skipped": outcome.skipped, "failed": outcome.failed,
               "results": str(outcome.results)}
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json_text(result))
         return 0
     print(f"{sweep.spec.name}: {outcome.points} points; ran {outcome.ran}, skipped {outcome.skipped} "
           f"(already in the table), {outcome.failed} failed")
@@ -94,7 +94,7 @@ def _dry_run(sweep, as_json: bool) -> int:
     rows = [{"point": p.index, "config_hash": p.config_hash[:12], **p.axes, "argv": " ".join(p.argv)}
             for p in sweep.points]
     if as_json:
-        print(json.dumps({"points": len(rows), "axes": sweep.axis_names, "rows": rows}, indent=2, default=str))
+        print(json_text({"points": len(rows), "axes": sweep.axis_names, "rows": rows}))
         return 0
     print(f"{sweep.spec.name}: {len(rows)} points over {', '.join(sweep.axis_names) or 'no axes'}")
     for r in rows:

@@ -6,6 +6,8 @@ import argparse
 import math
 import re
 
+from npusim.errors import ConfigError
+
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30}
 
@@ -84,6 +86,33 @@ def parse_int_list(text: str) -> list[int]:
     if not out:
         raise argparse.ArgumentTypeError("the list of core ids is empty")
     return out
+
+
+def add_force_arg(p, what: str) -> None:
+    """``--force``: run a size the command would otherwise refuse as too big (``what``)."""
+    p.add_argument("--force", action="store_true", help=f"run {what} anyway (refused by default: hours of "
+                   "simulation or more memory than a workstation has)")
+
+
+def refuse_unless_forced(args, amount: float, limit: float, what: str, estimate: str) -> None:
+    """A ConfigError, before anything runs, when ``amount`` of ``what`` exceeds ``limit`` and
+    ``--force`` was not given; ``estimate`` says what the run would cost."""
+    if amount > limit and not getattr(args, "force", False):
+        raise ConfigError(f"{what}: {amount:,.0f}, more than {limit:,.0f} ({estimate}); add --force to run it anyway")
+
+
+#: packets the packet-level fabric model simulates without --force (~500,000 a second on one core)
+MAX_PACKETS = 1e8
+
+
+def refuse_many_packets(args, loaded, total_bytes: float) -> None:
+    """At ``--fidelity packet``, refuse up front a transfer of more packets than :data:`MAX_PACKETS`."""
+    if args.fidelity != "packet":
+        return
+    packet = min(f.packet_bytes for f in loaded.system.fabrics.values())
+    refuse_unless_forced(args, total_bytes / packet, MAX_PACKETS, f"packets of {packet:,} B",
+                         f"~{total_bytes / packet / 5e5 / 3600:,.1f} hours at the packet fidelity; the flow "
+                         "fidelity times any size at once")
 
 
 def add_arch_arg(p) -> None:

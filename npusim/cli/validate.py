@@ -5,12 +5,12 @@ row is within its tolerance, 1 otherwise."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 from npusim.validate import CHECKS, run_checks, select
 from npusim.validate.rows import fmt_value
+from npusim.files import json_text
 
 SECTIONS = (("outside", "published figures (held out)"), ("peer", "peer simulators"),
             ("calibration", "calibration (the preset was derived from these figures; they match by construction)"),
@@ -47,7 +47,7 @@ def run(args) -> int:
     rows = [(c, r) for c, rs, _ in results for r in rs]
     ok = all(r.within_tolerance for _, r in rows)
     if args.json:
-        print(json.dumps({"rows": [{"check": c.name, **r.to_dict()} for c, r in rows]}, indent=1))
+        print(json_text({"rows": [{"check": c.name, **r.to_dict()} for c, r in rows]}, 1))
         return 0 if ok else 1
     print_table([r for _, r in rows])
     bad = sum(not r.within_tolerance for _, r in rows)

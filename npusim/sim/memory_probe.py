@@ -42,7 +42,8 @@ class MemoryReport:
     bound_limit: str | None  # the term that sets it: data_bus, act_rate or row_cycle
     bound_terms_gbps: dict | None
     latency_ns_mean: float | None
-    latency_ns_p99: float | None
+    latency_ns_p99: float | None  # None: no request, or beyond latency_ns_hist_max
+    latency_ns_hist_max: float  # the latency histogram's range; a p99 above it is reported as None
     unloaded_latency_ns: float
     row_hit_rate: float | None
     per_channel: list[dict]
@@ -57,7 +58,7 @@ def _percentile_from_hist(hist: np.ndarray, q: float, bin_ns: float) -> float | 
     if total == 0:
         return None
     idx = int(np.searchsorted(np.cumsum(hist), q * total))
-    return (idx + 1) * bin_ns if idx < LAT_BINS else float("inf")
+    return (idx + 1) * bin_ns if idx < LAT_BINS else None  # beyond the histogram: latency_ns_hist_max
 
 
 def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, mode: str = "tlm",
@@ -121,7 +122,7 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
         bandwidth_gbps=bw, peak_bandwidth_gbps=peak, efficiency=bw / peak,
         bound_gbps=bound["bound_gbps"] if bound else None, bound_limit=bound["limit"] if bound else None,
         bound_terms_gbps=bound["terms_gbps"] if bound else None,
-        latency_ns_mean=lat_mean, latency_ns_p99=lat_p99,
+        latency_ns_mean=lat_mean, latency_ns_p99=lat_p99, latency_ns_hist_max=LAT_BINS * bin_ns,
         unloaded_latency_ns=unloaded_read_latency_ps(mem.p, "conflict") / 1000.0,
         row_hit_rate=hit_rate, per_channel=per_channel, checks=sim.memory_checks(),
     )
