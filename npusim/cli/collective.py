@@ -7,10 +7,12 @@ from npusim.choices import CHIP_COLLECTIVES as CHIP_OPS
 from npusim.choices import FABRIC_FIDELITIES, MOE_OPS, NOC_FIDELITIES, SYSTEM_ALGORITHMS
 from npusim.choices import SYSTEM_COLLECTIVES as SYSTEM_OPS
 from npusim.cli.util import (add_arch_arg, add_force_arg, non_negative_int, parse_grid, parse_int_list, parse_size,
-                              positive_int, refuse_many_packets)
+                              positive_int, refuse_many_packets, refuse_unless_forced)
 from npusim.errors import ConfigError
 from npusim.files import json_text
 
+#: flits the cycle-accurate NoC moves without --force (~1 M a second on one core)
+MAX_FLITS = 1e8
 ALGORITHM_CHOICES = sorted({a for algs in SYSTEM_ALGORITHMS.values() for a in algs})
 
 
@@ -58,7 +60,7 @@ def add_parser(sub):
                    help="dispatch/combine: uniform, zipf:S (skewed expert popularity) or a load-profile file")
     s.add_argument("--seed", type=non_negative_int, default=0, help="routing seed (default 0)")
     s.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    add_force_arg(p, "more than 1e8 packets at --fidelity packet")
+    add_force_arg(p, "more than 1e8 packets (--system --fidelity packet) or flits (--fidelity flit)")
     return p
 
 
@@ -74,6 +76,10 @@ def run(args) -> int:
     from npusim.comm.run import run_collective
 
     arch = load_arch(args.arch)
+    if fidelity == "flit":
+        flits = args.bytes * len(args.cores) / arch.noc.link_bytes_per_cycle
+        refuse_unless_forced(args, flits, MAX_FLITS, "flits at the flit fidelity",
+                             f"~{flits / 1e6 / 60:,.0f} minutes; the path fidelity times any size at once")
     r = run_collective(arch, args.op, args.cores, args.bytes, fidelity, args.grid, args.dtype or "bf16")
     if args.json:
         print(json_text(r.to_dict()))

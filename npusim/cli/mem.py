@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from npusim.choices import MEMORY_FIDELITIES, MEMORY_PATTERNS
 from npusim.files import json_text
-from npusim.cli.util import add_arch_arg, parse_size, positive_int
+from npusim.cli.util import add_arch_arg, add_force_arg, parse_size, positive_int, refuse_unless_forced
 
 
 def add_parser(sub):
@@ -25,7 +25,12 @@ def add_parser(sub):
     p.add_argument("--write", action="store_true", help="write instead of read")
     p.add_argument("--stride", type=parse_size, default=4096, help="bytes between requests for --pattern strided")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_force_arg(p, f"more than {MAX_TRANSACTIONS:.0e} DMA transactions at --mode tlm")
     return p
+
+
+#: DMA transactions the TLM model takes without --force: ~3 minutes (~500,000 a second on one core)
+MAX_TRANSACTIONS = 1e8
 
 
 def _fmt(x, spec=".1f"):
@@ -37,6 +42,10 @@ def run(args) -> int:
     from npusim.sim.memory_probe import measure_memory
 
     arch = load_arch(args.arch)
+    if args.mode == "tlm":
+        n = args.bytes / arch.cores.dma.transaction_bytes
+        refuse_unless_forced(args, n, MAX_TRANSACTIONS, f"{arch.cores.dma.transaction_bytes}-byte DMA transactions",
+                             f"~{n / 5e5 / 60:,.0f} minutes of TLM simulation; --mode analytical times any size")
     r = measure_memory(arch, args.pattern, args.bytes, args.mode, args.initiators, args.write, args.stride)
     if args.json:
         print(json_text(r.to_dict()))

@@ -20,6 +20,7 @@ import math
 from typing import TYPE_CHECKING
 
 from npusim.choices import NOC_FIDELITIES, TOPOLOGIES, TRAFFIC_PATTERNS
+from npusim.cli.util import add_force_arg, refuse_unless_forced
 from npusim.errors import ConfigError
 from npusim.files import json_text
 
@@ -62,7 +63,13 @@ def add_parser(sub):
     p.add_argument("--sweep", action="store_true", help="sweep the rate up to saturation and print the curve")
     p.add_argument("--sweep-step", default="0.05", help="rate step of --sweep (default 0.05)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_force_arg(p, f"more than {MAX_ROUTER_CYCLES:.0e} router-cycles (routers x (warm-up + window))")
     return p
+
+
+#: router-cycles (routers x simulated cycles) a run takes without --force: about a minute at the flit
+#: fidelity (~4 M router-cycles a second on one core), several at the path fidelity
+MAX_ROUTER_CYCLES = 2e8
 
 
 # ---- argument parsing (every problem is a one-line ConfigError) ------------------------
@@ -164,6 +171,9 @@ def run(args) -> int:
     _flag("--traffic", canonical_pattern, args.traffic)
     rate = _rate(args.rate if args.rate is not None else DEFAULT_RATE)
     traffic = synthetic_traffic(args, rate)  # validates everything before a long run
+    work = params.width * params.height * (traffic.warmup_cycles + traffic.measure_cycles)
+    refuse_unless_forced(args, work, MAX_ROUTER_CYCLES, "router-cycles",
+                         f"~{work / 4e6 / 60:,.0f} minutes at the flit fidelity")
     if args.sweep:
         results = sweep(simulate, params, args, _rate(args.sweep_step, "--sweep-step"))
         _print_sweep(results, params, traffic, args.json)

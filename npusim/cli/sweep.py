@@ -19,7 +19,7 @@ from pathlib import Path
 
 from npusim.errors import ConfigError
 from npusim.files import json_text
-from npusim.cli.util import positive_int
+from npusim.cli.util import add_force_arg, positive_int
 
 
 def add_parser(sub):
@@ -36,17 +36,18 @@ def add_parser(sub):
     p.add_argument("--dry-run", action="store_true", help="validate the file and list its points; run nothing")
     p.add_argument("--json", action="store_true", help="print one JSON object: points, ran, skipped, failed, results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_force_arg(p, "a sweep of more than 10,000 points")
     return p
 
 
 def run(args) -> int:
     from npusim.cli.progress import point_progress
     from npusim.sweep.runner import default_workers, run_sweep
-    from npusim.sweep.spec import load_sweep
+    from npusim.sweep.spec import MAX_POINTS, load_sweep
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
-    sweep = load_sweep(args.sweep)
+    sweep = load_sweep(args.sweep, max_points=None if args.force else MAX_POINTS)
     if args.dry_run:
         return _dry_run(sweep, args.json)
     workers = args.workers if args.workers is not None else default_workers()

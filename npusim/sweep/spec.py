@@ -43,6 +43,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -188,11 +189,21 @@ class Sweep:
     points: list[Point] = field(default_factory=list)
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read, validate and expand a sweep file; raises ConfigError naming the file and key on bad input."""
+#: points a sweep file may expand to unless the caller lifts the limit (``npusim sweep --force``):
+#: at a few seconds a point, about a day on a 2-core machine
+MAX_POINTS = 10_000
+
+
+def load_sweep(path: str | Path, max_points: int | None = MAX_POINTS) -> Sweep:
+    """Read, validate and expand a sweep file; raises ConfigError naming the file and key on bad input,
+    and, before expanding, when it has more than ``max_points`` points (None: no limit)."""
     path = Path(path)
     data = load_yaml(path)
     spec = validate(SweepFile, data, path)
+    count = point_count(spec)
+    if max_points is not None and count > max_points:
+        raise ConfigError(f"{path}: {count:,} points, more than {max_points:,} (at a few seconds each, "
+                          f"~{count * 3 / 3600 / 2:,.0f} hours on 2 workers); narrow the axes, or add --force")
     workload_model, run_model = option_models()
     validate(workload_model, spec.base.workload, f"{path}: base.workload")
     validate(run_model, spec.base.run, f"{path}: base.run")
@@ -210,6 +221,16 @@ def load_sweep(path: str | Path) -> Sweep:
         seen[point.config_hash] = i
         sweep.points.append(point)
     return sweep
+
+
+def point_count(spec: SweepFile) -> int:
+    """How many points ``spec`` expands to, at most (duplicate random samples are dropped), computed
+    without expanding it."""
+    groups = [spec.zip] if isinstance(spec.zip, dict) else list(spec.zip)
+    count = math.prod(len(v) for v in spec.grid.values())
+    for group in (g for g in groups if g):
+        count *= max((len(v) for v in group.values()), default=1)
+    return count * (spec.random.samples if spec.random is not None else 1)
 
 
 def expand(spec: SweepFile, path: Path) -> list[dict[str, Any]]:
@@ -231,8 +252,10 @@ def expand(spec: SweepFile, path: Path) -> list[dict[str, Any]]:
         rng = np.random.default_rng(spec.random.seed)
         drawn = [{k: _sample(rng, d) for k, d in spec.random.axes.items()} for _ in range(spec.random.samples)]
         # a sample that repeats an earlier one (choices, integers) is dropped
-        rand = list({json.dumps(r, sort_keys=True): r for r in reversed(drawn)}.values())[::-1]
-        rand = sorted(rand, key=lambda r: next(i for i, d in enumerate(drawn) if d == r))
+        first = {}
+        for r in drawn:
+            first.setdefault(json.dumps(r, sort_keys=True), r)
+        rand = list(first.values())  # in the order first drawn
     names = [*spec.grid, *(k for g in groups for k in g), *(spec.random.axes if spec.random else ())]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
