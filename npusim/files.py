@@ -40,6 +40,29 @@ def check_output_dir(path: str | Path) -> None:
         raise ConfigError(f"--out {path}: cannot create the directory ({exc.strerror or exc})") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {path}: the directory is not writable")
+    remove_partials(path)
+
+
+def remove_partials(folder: str | Path) -> None:
+    """Remove the hidden ``.NAME.*.partial`` files that a killed run (SIGKILL, a power cut) left in ``folder``."""
+    for stale in Path(folder).glob(".*.partial"):
+        stale.unlink(missing_ok=True)
+
+
+@contextmanager
+def result_files(files: dict[str, Path]):
+    """Write one run's result ``files`` as a set, ``summary`` last (the caller's duty: it marks the set
+    complete). An earlier run's files of the same names are removed first, so old and new results
+    never stand side by side; if writing fails or is interrupted, the files written so far are
+    removed too, so no incomplete set is left behind."""
+    for path in files.values():
+        Path(path).unlink(missing_ok=True)
+    try:
+        yield files
+    except BaseException:
+        for path in files.values():
+            Path(path).unlink(missing_ok=True)
+        raise
 
 
 @contextmanager

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from npusim import __version__
@@ -53,21 +55,40 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = args.out if isinstance(getattr(args, "out", None), Path) else None
     created = out is not None and not out.exists()
+    _terminate_like_interrupt()
     try:
         if out is not None:
             check_output_dir(out)  # before a long run, not after it
         return int(args._run(args) or 0)
     except NpusimError as exc:
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # a failed run leaves no empty result directory behind
+        _remove_if_empty(out if created else None)
         print(f"npusim {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `npusim mem | head`
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print(f"npusim {args.command}: interrupted", file=sys.stderr)
+        _remove_if_empty(out if created else None)
+        print(f"npusim {args.command}: interrupted" + (f"; no incomplete result files were left in {out}" if out else ""),
+              file=sys.stderr)
         return 130
+
+
+def _remove_if_empty(out: Path | None) -> None:
+    """A failed or interrupted run leaves no empty result directory of its own making behind."""
+    if out is not None and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _terminate_like_interrupt() -> None:
+    """SIGTERM (a job scheduler's stop, ``kill``) unwinds like Ctrl-C, so result files being written
+    are removed rather than left half-written (a SIGKILL's leftovers are removed by the next run)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
 
 
 if __name__ == "__main__":

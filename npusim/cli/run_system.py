@@ -128,14 +128,16 @@ def run_system_serving(args) -> int:
     out["requests_clipped"] = clipped
     out["context_clipped"] = over_context
     if args.out:
+        from npusim.files import result_files
         from npusim.report.perfetto import write_serving_timeline
 
         files = {"summary": args.out / "summary.json", "results": args.out / "serving.h5",
                  "timeline": args.out / "timeline.json"}
-        write_serving_hdf5(files["results"], run.records, run.steps, attrs={"system": out["system"]})
-        write_serving_timeline(files["timeline"], run.records, run.steps)
-        out["files"] = {k: str(v) for k, v in files.items()}
-        write_json(files["summary"], out)
+        with result_files(files):
+            write_serving_hdf5(files["results"], run.records, run.steps, attrs={"system": out["system"]})
+            write_serving_timeline(files["timeline"], run.records, run.steps)
+            out["files"] = {k: str(v) for k, v in files.items()}
+            write_json(files["summary"], out)
     if args.json:
         print(json_text(out))
         return 0

@@ -244,7 +244,7 @@ def serve(args, arch, spec):
 
 
 def run_serving(args, arch, spec) -> int:
-    from npusim.files import write_json
+    from npusim.files import result_files, write_json
     from npusim.report.perfetto import write_serving_timeline
     from npusim.serving.metrics import write_serving_hdf5
 
@@ -252,12 +252,15 @@ def run_serving(args, arch, spec) -> int:
     if args.out:
         files = {"summary": args.out / "summary.json", "serving": args.out / "serving.h5",
                  "timeline": args.out / "timeline.json"}
-        write_serving_hdf5(files["serving"], run.records, run.iterations, run.series,
-                           attrs={"arch": arch.name, "model": args.model})
-        write_serving_timeline(files["timeline"], run.records, run.iterations)
-        files.update(_plots(args.out, run))
-        s["files"] = {k: str(v) for k, v in files.items()}
-        write_json(files["summary"], s)
+        plots = {k: args.out / name for k, name in PLOTS.items()}
+        with result_files({**files, **plots}):
+            write_serving_hdf5(files["serving"], run.records, run.iterations, run.series,
+                               attrs={"arch": arch.name, "model": args.model})
+            write_serving_timeline(files["timeline"], run.records, run.iterations)
+            if _plots(run, plots):
+                files.update(plots)
+            s["files"] = {k: str(v) for k, v in files.items()}
+            write_json(files["summary"], s)
     if args.json:
         print(json_text(s))
         return 0
@@ -265,18 +268,22 @@ def run_serving(args, arch, spec) -> int:
     return 0
 
 
-def _plots(out: Path, run) -> dict:
-    """Latency CDFs and utilisation over time as PNGs, when matplotlib (the plot extra) is installed."""
+#: the serving plots written with --out when matplotlib (the plot extra) is installed
+PLOTS = {"latency_plot": "latency_cdf.png", "series_plot": "over_time.png"}
+
+
+def _plots(run, files: dict) -> bool:
+    """Latency CDFs and utilisation over time as PNGs at ``files`` (keys of :data:`PLOTS`); False
+    without matplotlib."""
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        return {}
+        return False
     from npusim.serving.metrics import plot_latency_cdfs, plot_series
 
-    files = {"latency_plot": out / "latency_cdf.png", "series_plot": out / "over_time.png"}
     plot_latency_cdfs(run.records, files["latency_plot"])
     plot_series(run.series, files["series_plot"])
-    return files
+    return True
 
 
 def fmt(value, spec: str = ",.1f") -> str:
