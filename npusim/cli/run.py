@@ -22,6 +22,8 @@ the transaction model and takes minutes: ``--memory tlm``).
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
 from pathlib import Path
 
 from npusim.choices import LAYOUTS, MEMORY_FIDELITIES, NOC_FIDELITIES, PARTITIONS
@@ -123,9 +125,16 @@ def build_model(args):
         decode = args.phase == "decode"
         # exporters write fp32; an NPU runs the model at the chosen precision
         dtype = {"bf16": "bf16", "a8w8": "int8"}[args.precision]
-        return load_onnx(args.model, batch=args.batch, seq_len=1 if decode else args.seq,
-                         kv_len=_kv(args) + (1 if decode else 0), allow_unsupported=args.allow_unsupported,
-                         dtype=dtype)
+        graph = load_onnx(args.model, batch=args.batch, seq_len=1 if decode else args.seq,
+                          kv_len=_kv(args) + (1 if decode else 0), allow_unsupported=args.allow_unsupported,
+                          dtype=dtype)
+        skipped = graph.meta.get("unsupported") or []
+        if skipped:
+            kinds = Counter(u["op_type"] for u in skipped)
+            print(f"npusim run: warning: --allow-unsupported: {len(skipped)} ONNX node(s) costed as data movement "
+                  f"of their outputs, not computed: " + ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())),
+                  file=sys.stderr)
+        return graph
     from npusim.model.builder import build_graph
     from npusim.model.zoo import get_config
 

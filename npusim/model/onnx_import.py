@@ -1339,6 +1339,10 @@ class _Converter:
             return self.vector(idx, node, cls, elems)
         return self.passthrough(node)  # pragma: no cover - every SUPPORTED_OPS entry is handled above
 
+    def shape_error(self, idx, node, problem: str):
+        """Operand shapes that no runtime would accept: one ConfigError naming the node."""
+        raise ConfigError(f"{self.path}: node {self.node_name(idx)} ({node.op_type}): {problem}")
+
     def _shapes_known(self, node):
         return all(self.shape(o) is not None for o in node.output if o)
 
@@ -1350,6 +1354,8 @@ class _Converter:
             if None in (xs, ws, ys):
                 raise _UnknownShape(x if xs is None else w if ws is None else node.output[0])
             groups = int(at.get("group", 1))
+            if len(xs) < 2 or len(ws) < 2 or groups < 1 or xs[1] != ws[1] * groups:
+                self.shape_error(idx, node, f"input channels disagree: X {xs}, W {ws}, group {groups}")
             m = ys[0] * math.prod(ys[2:])
             k = ws[1] * math.prod(ws[2:])
             n = ws[0] // groups
@@ -1360,8 +1366,12 @@ class _Converter:
             sa, sb = self.shape(a), self.shape(b)
             if sa is None or sb is None:
                 raise _UnknownShape(a if sa is None else b)
+            if len(sa) != 2 or len(sb) != 2:
+                self.shape_error(idx, node, f"Gemm takes 2-D A and B, got A {sa}, B {sb}")
             m, k = (sa[1], sa[0]) if at.get("transA", 0) else (sa[0], sa[1])
-            n = sb[0] if at.get("transB", 0) else sb[1]
+            kb, n = (sb[1], sb[0]) if at.get("transB", 0) else (sb[0], sb[1])
+            if k != kb:
+                self.shape_error(idx, node, f"inner dimensions disagree: A {sa} x B {sb} (K {k} vs {kb})")
             return self.gemm(idx, node, m, k, n, a=a, b=b)
         if op == "MatMulNBits":
             a, b = node.input[0], node.input[1]
@@ -1377,9 +1387,13 @@ class _Converter:
         sa = (1,) + sa if len(sa) == 1 else sa
         sb = sb + (1,) if len(sb) == 1 else sb
         m, k, n = sa[-2], sa[-1], sb[-1]
+        if k != sb[-2]:
+            self.shape_error(idx, node, f"inner dimensions disagree: A {sa} x B {sb} (K {k} vs {sb[-2]})")
         ba, bb = sa[:-2], sb[:-2]
         rank = max(len(ba), len(bb))
         ba, bb = (1,) * (rank - len(ba)) + ba, (1,) * (rank - len(bb)) + bb
+        if any(da != db and 1 not in (da, db) for da, db in zip(ba, bb)):
+            self.shape_error(idx, node, f"batch dimensions do not broadcast: A {sa} x B {sb}")
         batch = 1
         for da, db in zip(ba, bb):
             if db > 1:
