@@ -1,0 +1,195 @@
+"""Issue 24: every input a newcomer tried that ended in a traceback, a hang or a silently wrong
+answer now exits 0 with a sensible result (and a warning where it changed the input) or 2 with one
+line naming the flag, file or limit. The commands are the issue's own, run as written (in-process,
+through ``npusim.cli.main``); the serving ones use small models so the suite stays fast."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npusim.cli import main
+from npusim.cli import progress as progress_mod
+from npusim.errors import ConfigError
+from npusim.files import check_output_dir, result_files
+from npusim.serving.requests import Request, fit_context
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *words):
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", "--forward", "--tp", "0"], ["--tp", "positive"]),
+    (["run", "--arch", "/bin/ls"], ["not UTF-8", "YAML"]),
+    (["info", "/bin/ls"], ["not UTF-8"]),
+    (["fabric", "--system", "cloudmatrix384", "--src", "npu0.die0", "--dst", "npu8.die0", "--bytes", "1e30"],
+     ["--bytes"]),
+    (["fabric", "--system", "cloudmatrix384", "--src", "npu0.die0", "--dst", "npu8.die0", "--bytes", "1e18"],
+     ["--bytes"]),
+    (["run", "--rate", "1e-12", "--no-progress"], ["arrives", "--rate"]),
+    (["run", "--rate", "1e-9", "--no-progress"], ["arrives", "--rate"]),
+    (["run", "--rate", "nan"], ["--rate"]),
+    (["gemm", "--m", "10000000000", "--n", "10000000000", "--k", "10000000000"], ["MACs"]),
+    (["run", "--requests", "100000000"], ["--requests", "--force", "GB"]),
+    (["fabric", "--system", "cloudmatrix384", "--src", "npu0.die0", "--dst", "npu8.die0", "--bytes", "1e15",
+      "--fidelity", "packet"], ["packets", "--force"]),
+    (["run", "--system", "cloudmatrix384", "--model", "qwen3-4b", "--mapping", "mappers/cm384-deepseek-decode.yaml",
+      "--phase", "decode", "--batch", "8"], ["qwen3-4b", "cannot be placed"]),
+    (["run", "--system", "cloudmatrix384", "--model", "qwen3-30b-a3b", "--mapping",
+      "mappers/cm384-deepseek-decode.yaml", "--phase", "decode", "--batch", "8"], ["qwen3-30b-a3b", "cannot be placed"]),
+    (["run", "--system", "cloudmatrix384", "--mapping", "mappers/cm384-deepseek-decode.yaml", "--phase", "decode",
+      "--batch", "8", "--kv", "0"], ["--kv 0"]),
+    (["run", "--system", "cloudmatrix384", "--mapping", "mappers/cm384-deepseek-decode.yaml", "--phase", "decode",
+      "--batch", "8", "--mtp", "1", "--mtp-acceptance", "1.5"], ["--mtp-acceptance"]),
+    (["run", "--system", "cloudmatrix384", "--mapping", "mappers/cm384-deepseek-decode.yaml", "--phase", "decode",
+      "--batch", "8", "--mtp", "1", "--mtp-acceptance", "-0.2"], ["--mtp-acceptance"]),
+    (["collective", "--system", "cloudmatrix384", "--op", "dispatch", "--ep", "32", "--tokens-per-rank", "0"],
+     ["--tokens-per-rank"]),
+    (["run", "--slo-ttft-ms", "-5", "--requests", "2"], ["--slo-ttft-ms"]),
+    (["run", "--forward", "--seq", "50000"], ["context", "40,960"]),
+    (["mem", "--bytes", "1e15"], ["--force", "analytical"]),
+    (["noc", "--cycles", "100000000"], ["router-cycles", "--force"]),
+    (["collective", "--bytes", "1e15", "--fidelity", "flit"], ["flits", "--force"]),
+])
+def test_issue_inputs_are_one_line_errors(capsys, monkeypatch, argv, words):
+    monkeypatch.chdir(ROOT)
+    assert_one_line_error(*run(capsys, *argv)[::2], *words)
+
+
+def test_a_huge_sweep_is_refused_before_it_expands(capsys, tmp_path):
+    axes = "\n".join(f"  run.{k}: [{', '.join(map(str, range(1, 11)))}]" for k in ("tp", "stages", "layers"))
+    axes += "\n" + "\n".join(f"  workload.{k}: [{', '.join(map(str, range(1, 11)))}]" for k in ("batch", "seq", "kv"))
+    sweep = tmp_path / "big.yaml"
+    sweep.write_text(f"name: big\nbase: {{model: qwen3-0.6b, workload: {{forward: true}}}}\ngrid:\n{axes}\n")
+    code, _, err = run(capsys, "sweep", str(sweep), "--out", str(tmp_path / "out"))
+    assert_one_line_error(code, err, "1,000,000 points", "--force")
+    assert not (tmp_path / "out").exists()  # a refused run leaves no empty result directory
+
+
+def test_system_defaults_to_deepseek_and_says_which_model(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code, out, err = run(capsys, "run", "--system", "cloudmatrix384", "--nodes", "1", "--mapping",
+                         "mappers/cm384-deepseek-decode.yaml", "--phase", "decode", "--batch", "4", "--kv", "256",
+                         "--json")
+    if code == 2:  # the slice may be too small for the deployment: still one line, naming the limit
+        assert_one_line_error(code, err)
+        return
+    assert code == 0 and "deepseek" in json.loads(out)["model"].lower()
+
+
+def test_nothing_completed_prints_a_summary_not_a_traceback(capsys, tmp_path):
+    """Every request longer than the KV capacity of a chip with 2 GB of HBM: all rejected, and the
+    text summary says so (a TypeError formatting None before)."""
+    arch = tmp_path / "tiny-hbm.yaml"
+    arch.write_text("extends: npusim-64c\nname: tiny-hbm\nhbm: {capacity_gb: 2}\n")
+    code, out, err = run(capsys, "run", "--arch", str(arch), "--model", "qwen3-0.6b", "--requests", "2",
+                         "--input-len", "30000", "--output-len", "8", "--no-progress", "--fidelity", "analytical")
+    assert code == 0, err
+    assert "0 completed, 2 rejected" in out and "no request completed" in out and "Traceback" not in err
+    assert "throughput     - output tokens/s" in out
+
+
+def test_prompts_beyond_the_context_are_clipped_with_one_warning(capsys):
+    code, out, err = run(capsys, "run", "--model", "gpt2", "--input-len", "2000", "--output-len", "4",
+                         "--requests", "2", "--no-progress", "--json", "--fidelity", "analytical")
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["context_clipped"] == 2 and s["requests_completed"] == 2
+    assert err.count("warning") == 1 and "1,024" in err
+
+
+def test_fit_context_keeps_every_request_within_the_context():
+    reqs = [Request(i, 0.1 * i, n, o) for i, (n, o) in enumerate([(10, 5), (40_000, 2_000), (100, 50_000)])]
+    fitted, clipped = fit_context(reqs, 40_960)
+    assert clipped == 2
+    assert all(r.input_len >= 1 and r.output_len >= 1 and r.input_len + r.output_len <= 40_960 for r in fitted)
+    assert fitted[0] == reqs[0] and fitted[1].output_len == 2_000  # the output kept, the prompt cut
+    with pytest.raises(ConfigError):
+        fit_context(reqs, 1)
+
+
+def _onnx(path, nodes, inputs, outputs, inits, value_info=()):
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits, value_info=list(value_info))),
+              path)
+    return str(path)
+
+
+def test_onnx_shapes_that_disagree_are_an_error(capsys, tmp_path):
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.zeros((4, 5), np.float32), "W")
+    model = _onnx(tmp_path / "bad.onnx", [helper.make_node("MatMul", ["A", "W"], ["Y"], name="mm")], [a], [y], [w])
+    assert_one_line_error(*run(capsys, "run", "--model", model, "--forward")[::2], "mm", "MatMul", "K 3 vs 4")
+    assert_one_line_error(*run(capsys, "model", model)[::2], "inner dimensions disagree")
+
+
+def test_allow_unsupported_lists_what_it_did_not_compute(capsys, tmp_path):
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 4])
+    h = helper.make_tensor_value_info("H", TensorProto.FLOAT, [2, 5])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 5])
+    w = numpy_helper.from_array(np.zeros((4, 5), np.float32), "W")
+    model = _onnx(tmp_path / "unsup.onnx", [helper.make_node("MatMul", ["A", "W"], ["H"], name="mm"),
+                                            helper.make_node("Hardmax", ["H"], ["Y"], name="hm")],
+                  [a], [y], [w], [h])
+    code, _, err = run(capsys, "run", "--model", model, "--forward", "--allow-unsupported", "--no-progress",
+                       "--fidelity", "analytical")
+    assert code == 0 and "Hardmax x1" in err and "not computed" in err
+    # serving an ONNX graph is refused plainly (it was "unknown model" for a file that exists)
+    assert_one_line_error(*run(capsys, "run", "--model", model, "--rate", "5", "--requests", "5")[::2],
+                          "cannot be served")
+
+
+def test_mem_json_is_strict_json(capsys):
+    code, out, _ = run(capsys, "mem", "--pattern", "strided", "--bytes", "4MiB", "--json")
+    assert code == 0
+    d = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in JSON output"))
+    assert d["latency_ns_p99"] is None or d["latency_ns_p99"] <= d["latency_ns_hist_max"]
+
+
+def test_long_runs_print_progress_lines_when_not_on_a_terminal(capsys, monkeypatch):
+    monkeypatch.setattr(progress_mod, "LOG_EVERY_S", 0.0)
+    with progress_mod.request_progress(10) as update:
+        update(1.5, 4, 10)
+    err = capsys.readouterr().err
+    assert "serving: 4/10 reqs" in err and "t=1.500 s" in err and "left" in err
+
+
+def test_an_interrupted_result_set_leaves_neither_old_nor_partial_files(tmp_path):
+    files = {"summary": tmp_path / "summary.json", "serving": tmp_path / "serving.h5"}
+    for p in files.values():
+        p.write_text("an earlier run")
+    with pytest.raises(KeyboardInterrupt):
+        with result_files(files):
+            files["serving"].write_text("new, half written")
+            raise KeyboardInterrupt
+    assert not any(p.exists() for p in files.values())
+    (tmp_path / ".summary.json.abc.partial").write_text("left by a SIGKILL")
+    check_output_dir(tmp_path)  # the next run's --out check removes it
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_help_builds_no_simulator():
+    """``npusim --help`` and every subcommand's parser import neither Numba nor NumPy (they made
+    --help take 0.8 s)."""
+    code = ("import sys; from npusim.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('numba', 'numpy', 'pydantic', 'h5py') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
