@@ -80,13 +80,15 @@ def load_with_extends(path: Path, resolve_name, _seen: tuple[Path, ...] = (), me
 
 
 def validate(model: type[M], data: dict[str, Any], source: str | Path) -> M:
-    """Validate ``data`` against ``model``; raise one ConfigError listing every problem."""
+    """Validate ``data`` against ``model``; raise one ConfigError listing every problem (one line
+    when there is one)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         lines = [_describe(model, err) for err in exc.errors()]
-        plural = "s" if len(lines) > 1 else ""
-        raise ConfigError(f"{source}: {len(lines)} problem{plural}:\n  " + "\n  ".join(lines)) from None
+        if len(lines) == 1:
+            raise ConfigError(f"{source}: {lines[0]}") from None
+        raise ConfigError(f"{source}: {len(lines)} problems:\n  " + "\n  ".join(lines)) from None
 
 
 def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
@@ -101,7 +103,7 @@ def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
         return f"{key}: required key is missing"
     got = err.get("input")
     got_text = "" if isinstance(got, dict) else f" (got {got!r})"
-    return f"{key}: {err['msg']}{got_text}"
+    return f"{key}: {err['msg'].removeprefix('Value error, ')}{got_text}"
 
 
 def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:

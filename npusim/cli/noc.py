@@ -83,6 +83,8 @@ def _int(text, flag: str, minimum: int = 1) -> int | None:
         raise ConfigError(f"{flag}: expected an integer, got {text!r}") from None
     if value < minimum:
         raise ConfigError(f"{flag}: must be >= {minimum}, got {value}")
+    if value > 2**31 - 1:
+        raise ConfigError(f"{flag}: must be at most 2**31 - 1, got {value}")
     return value
 
 

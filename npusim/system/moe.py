@@ -144,6 +144,11 @@ def check_copies(copies: str) -> str:
     return copies
 
 
+#: routed (token, expert) pairs a traffic draw holds at most, and experts at most
+MAX_ROUTED_TOKENS = 10**8
+MAX_EXPERTS = 10**6
+
+
 def moe_traffic(ep: int, tokens_per_rank: int, top_k: int, experts: int, routing: str = "uniform",
                 seed: int = 0, copies: str = "per_rank") -> MoeTraffic:
     check_copies(copies)
@@ -151,6 +156,12 @@ def moe_traffic(ep: int, tokens_per_rank: int, top_k: int, experts: int, routing
                              ("--experts", experts, 1)):
         if value < low:
             raise ConfigError(f"{flag} must be >= {low}, got {value}")
+    if ep * tokens_per_rank * top_k > MAX_ROUTED_TOKENS:
+        raise ConfigError(f"--ep x --tokens-per-rank x --top-k = {ep * tokens_per_rank * top_k:,} routed tokens: more "
+                          f"than {MAX_ROUTED_TOKENS:.0e}, each drawn and held in memory (~{MAX_ROUTED_TOKENS * 16 / 1e9:.1f} "
+                          "GB at the limit)")
+    if experts > MAX_EXPERTS:
+        raise ConfigError(f"--experts {experts:,}: more than {MAX_EXPERTS:,} (a weight per expert is drawn)")
     picks = route_tokens(ep, tokens_per_rank, top_k, experts, expert_weights(routing, experts, seed), seed)
     rank_of = picks % ep  # expert e on rank e mod ep
     tokens = token_copies(rank_of, ep, copies)

@@ -171,6 +171,10 @@ class Fabric(StrictModel):
         return self
 
 
+#: dies and CPUs a system may have: each is a vertex of the fabric graph with its own queues
+MAX_ENDPOINTS = 65_536
+
+
 class System(StrictModel):
     """A multi-NPU system: nodes of NPUs and CPUs on one or more fabrics."""
 
@@ -189,6 +193,9 @@ class System(StrictModel):
     def _some_fabric(self):
         if not self.fabrics:
             raise ValueError("fabrics: at least one fabric is needed")
+        if self.num_dies + self.num_cpus > MAX_ENDPOINTS:
+            raise ValueError(f"nodes x (npus_per_node x npu.dies + cpus_per_node) = {self.num_dies + self.num_cpus:,} "
+                             f"endpoints: at most {MAX_ENDPOINTS:,} (CloudMatrix384 has 960)")
         return self
 
     @property

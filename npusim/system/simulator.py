@@ -46,6 +46,8 @@ from npusim.system.load import LoadedSystem
 DEFAULT_QUANTUM_NS = 50.0
 DEFAULT_TOLERANCE = 1e-3
 PS_PER_US = 1_000_000
+#: the largest transfer, in bytes: at 1 GB/s it lasts 1e6 s = 1e18 ps, within the int64 clock
+MAX_TRANSFER_BYTES = 1e15
 
 
 class SystemSim:
@@ -135,6 +137,9 @@ class SystemSim:
             raise ConfigError(f"transfer mechanism '{via}': expected sdma or aiv")
         inits = np.atleast_1d(np.asarray(initiators, np.int64))
         tgts = np.atleast_1d(np.asarray(targets, np.int64))
+        if np.any(np.asarray(nbytes, np.float64) > MAX_TRANSFER_BYTES):
+            raise ConfigError(f"a transfer of {np.max(nbytes):.3g} bytes: more than {MAX_TRANSFER_BYTES:.0e}, beyond "
+                              "what the fabric's 64-bit picosecond clock times")
         sizes = np.broadcast_to(np.asarray(nbytes, np.int64), inits.shape)
         n = inits.shape[0]
         kinds = np.full(n, KIND_FLOW, np.int64)

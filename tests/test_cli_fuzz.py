@@ -1,0 +1,175 @@
+"""Fuzz every input surface of the command line (issue 24): numbers given to each subcommand's flags
+(0, negative, NaN, infinities, 1e30, huge integers, text), system files, sweep files and ONNX graphs
+with shapes that do not agree. The property: exit 0 with strict JSON of finite numbers, or exit 2 with
+one line on stderr; never a traceback. (A run the flags make too long to finish is refused up front,
+with ``--force`` to insist; the values here stay within what the refusals let through quickly.)
+
+The example counts come from the hypothesis profile (tests/conftest.py: a small ``dev`` count, the
+full count in CI)."""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from npusim.cli import main
+from npusim.errors import NpusimError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: what a user (or a script) might type for a number
+NUMBERS = st.one_of(
+    st.sampled_from(["0", "-1", "-1e9", "nan", "NaN", "inf", "-inf", "1e30", "1e-300", str(2**70), str(2**63),
+                     str(2**53), str(2**31), "1.5", "abc", "", "0x10", "1e5", " 7 "]),
+    st.integers(-3, 64).map(str),
+)
+
+#: (cheap base command, its numeric flags)
+SURFACES = {
+    "gemm": (["gemm", "--m", "64", "--k", "64", "--n", "64", "--json"], ["--m", "--k", "--n", "--batch", "--t-inj"]),
+    "gemm-chip": (["gemm", "--chip", "--arch", "ascend-910b", "--m", "256", "--k", "256", "--n", "256", "--no-cache",
+                   "--json"], ["--m", "--k", "--n", "--batch", "--cores", "--l2-bytes-per-cycle"]),
+    "mem": (["mem", "--mode", "analytical", "--bytes", "1MiB", "--json"], ["--bytes", "--initiators", "--stride"]),
+    "info": (["info", "cloudmatrix384", "--json"], ["--nodes"]),
+    "model": (["model", "qwen3-0.6b", "--json"], ["--batch", "--seq", "--kv", "--layers", "--moe-skew", "--seed"]),
+    "fabric": (["fabric", "--system", "cloudmatrix384", "--nodes", "2", "--bytes", "1MiB", "--json"],
+               ["--bytes", "--nodes"]),
+    "collective": (["collective", "--bytes", "64KiB", "--fidelity", "analytical", "--json"], ["--bytes"]),
+    "dispatch": (["collective", "--system", "cloudmatrix384", "--nodes", "1", "--op", "dispatch", "--ep", "8",
+                  "--experts", "64", "--json", "--no-progress"],
+                 ["--tokens-per-rank", "--top-k", "--hidden", "--experts", "--ep", "--seed", "--nodes"]),
+    "noc": (["noc", "--mesh", "4x4", "--cycles", "300", "--warmup", "50", "--json"],
+            ["--rate", "--packet-flits", "--cycles", "--warmup", "--vcs", "--buffer-flits", "--seed",
+             "--hotspot-fraction"]),
+    "forward": (["run", "--model", "qwen3-0.6b", "--layers", "1", "--forward", "--fidelity", "analytical", "--json",
+                 "--no-progress"], ["--batch", "--seq", "--kv", "--tp", "--stages", "--layers"]),
+    "serve": (["run", "--model", "qwen3-0.6b", "--layers", "1", "--requests", "2", "--input-len", "32",
+               "--output-len", "4", "--fidelity", "analytical", "--json", "--no-progress"],
+              ["--rate", "--requests", "--budget", "--chunk", "--max-batch", "--slo-ttft-ms", "--slo-tbt-ms",
+               "--seed", "--max-input", "--max-output"]),
+}
+
+
+def check_outcome(code: int, out: str, err: str) -> None:
+    assert "Traceback" not in err, err
+    if code == 2:
+        assert len([line for line in err.splitlines() if line.strip()]) == 1, err
+        return
+    assert code == 0, (code, err)
+    finite = [True]
+
+    def number(text):
+        value = float(text)
+        finite[0] &= math.isfinite(value)
+        return value
+
+    json.loads(out, parse_float=number, parse_constant=lambda c: pytest.fail(f"{c} in JSON output"))
+    assert finite[0], out
+
+
+@pytest.mark.parametrize("surface", sorted(SURFACES))
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_cli_numbers_exit_cleanly(capsys, monkeypatch, surface, data):
+    monkeypatch.chdir(ROOT)
+    base, flags = SURFACES[surface]
+    flag = data.draw(st.sampled_from(flags), label="flag")
+    value = data.draw(NUMBERS, label="value")
+    argv = list(base)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    check_outcome(code, out, err)
+
+
+def _paths(node, prefix=()):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+
+
+def _mutate(data, path, value):
+    out = copy.deepcopy(data)
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+VALUES = st.one_of(st.integers(-2, 3), st.sampled_from([2**70, 1e308, -1e308, float("nan"), float("inf"), 0.5]),
+                   st.text(max_size=5), st.none(), st.booleans(), st.lists(st.integers(-3, 9), max_size=3))
+SYSTEM = yaml.safe_load((ROOT / "arch" / "atlas-800i-a2.yaml").read_text())
+SYSTEM_PATHS = sorted(_paths(SYSTEM), key=str)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=st.sampled_from(SYSTEM_PATHS), value=VALUES, tmp=st.integers(0, 10**9))
+def test_system_file_mutations_load_or_raise_our_error(tmp_path_factory, path, value, tmp):
+    from npusim.system.load import load_system
+
+    out = tmp_path_factory.mktemp("sys") / "system.yaml"
+    try:
+        out.write_text(yaml.safe_dump(_mutate(SYSTEM, path, value)))
+    except (yaml.YAMLError, UnicodeEncodeError):
+        return
+    try:
+        load_system(out, nodes=1)
+    except NpusimError:
+        pass
+
+
+SWEEP = yaml.safe_load((ROOT / "examples" / "sweeps" / "smoke.yaml").read_text())
+SWEEP_PATHS = sorted(_paths(SWEEP), key=str)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=st.sampled_from(SWEEP_PATHS), value=VALUES, tmp=st.integers(0, 10**9))
+def test_sweep_file_mutations_load_or_raise_our_error(tmp_path_factory, path, value, tmp):
+    from npusim.sweep.spec import load_sweep
+
+    out = tmp_path_factory.mktemp("sweep") / "sweep.yaml"
+    try:
+        out.write_text(yaml.safe_dump(_mutate(SWEEP, path, value)))
+    except (yaml.YAMLError, UnicodeEncodeError):
+        return
+    try:
+        load_sweep(out)
+    except NpusimError:
+        pass
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=st.lists(st.integers(1, 6), min_size=1, max_size=4), b=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+       tmp=st.integers(0, 10**9))
+def test_onnx_matmul_of_any_shapes_converts_or_raises_our_error(tmp_path_factory, a, b, tmp):
+    """A MatMul of arbitrary (often incompatible) static shapes: an IR op whose FLOPs match the shapes,
+    or one error naming the node; never a 0-FLOP graph from shapes that do not agree."""
+    from npusim.model.onnx_import import load_onnx
+
+    x = helper.make_tensor_value_info("A", TensorProto.FLOAT, a)
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.zeros(b, np.float32), "W")
+    path = tmp_path_factory.mktemp("onnx") / "mm.onnx"
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("MatMul", ["A", "W"], ["Y"], name="mm")], "g",
+                                                  [x], [y], [w])), path)
+    try:
+        graph = load_onnx(path)
+    except NpusimError as exc:
+        assert "\n" not in str(exc).strip() or "mm" in str(exc)
+        return
+    ref = np.matmul(np.zeros(a, np.float32), np.zeros(b, np.float32))  # numpy agrees the shapes are valid
+    k = a[-1]
+    assert sum(op.flops for op in graph.ops) == 2 * ref.size * k
