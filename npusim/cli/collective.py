@@ -6,8 +6,8 @@ from __future__ import annotations
 from npusim.choices import CHIP_COLLECTIVES as CHIP_OPS
 from npusim.choices import FABRIC_FIDELITIES, MOE_OPS, NOC_FIDELITIES, SYSTEM_ALGORITHMS
 from npusim.choices import SYSTEM_COLLECTIVES as SYSTEM_OPS
-from npusim.cli.util import (add_arch_arg, add_force_arg, non_negative_int, parse_grid, parse_int_list, parse_size,
-                              positive_int, refuse_many_packets, refuse_unless_forced)
+from npusim.cli.util import (NODES_HELP, add_arch_arg, add_force_arg, non_negative_int, parse_grid, parse_int_list,
+                              parse_size, positive_int, refuse_many_packets, refuse_unless_forced)
 from npusim.errors import ConfigError
 from npusim.files import json_text
 
@@ -41,7 +41,7 @@ def add_parser(sub):
     p.add_argument("--json", action="store_true", help="print one JSON object")
     s = p.add_argument_group("multi-NPU system (--system)")
     s.add_argument("--system", default=None, help="system YAML path or preset (cloudmatrix384, atlas-800i-a2)")
-    s.add_argument("--nodes", type=positive_int, default=None, help="use the first N nodes of the system")
+    s.add_argument("--nodes", type=positive_int, default=None, help=NODES_HELP)
     s.add_argument("--ranks", default="16", help="first N dies, or names like npu0.die0,npu8.die1 (default 16)")
     s.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default=None,
                    help="all-reduce: ring|halving_doubling|hierarchical; all-to-all: direct|hierarchical")

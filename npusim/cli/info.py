@@ -6,7 +6,7 @@ from __future__ import annotations
 from npusim.choices import DEFAULT_ARCH
 from npusim.resources import preset_names
 from npusim.files import json_text
-from npusim.cli.util import positive_int
+from npusim.cli.util import NODES_HELP, positive_int
 
 
 def add_parser(sub):
@@ -18,7 +18,7 @@ def add_parser(sub):
     )
     p.add_argument("arch", nargs="?", default=DEFAULT_ARCH,
                    help=f"arch or system YAML path or preset name (default {DEFAULT_ARCH})")
-    p.add_argument("--nodes", type=positive_int, default=None, help="systems: use the first N nodes")
+    p.add_argument("--nodes", type=positive_int, default=None, help=NODES_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 

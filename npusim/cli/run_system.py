@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from npusim.errors import ConfigError
 from npusim.files import json_text, write_json
-from npusim.cli.util import fraction, non_negative_int, positive_float, positive_int
+from npusim.cli.util import NODES_HELP, fraction, non_negative_int, positive_float, positive_int
 
 
 def add_system_run_args(p) -> None:
@@ -23,7 +23,7 @@ def add_system_run_args(p) -> None:
                    "one step of a MoE model deployed by --mapping's system section, or, with --trace/--rate/"
                    "--requests, serve requests by its system_serving section (default: mappers/cm384-deepseek-"
                    "serving.yaml or a2-deepseek-serving.yaml)")
-    g.add_argument("--nodes", type=positive_int, default=None, help="use the first N nodes of the system")
+    g.add_argument("--nodes", type=positive_int, default=None, help=NODES_HELP)
     g.add_argument("--batch-tokens", type=positive_int, default=None, help="prefill: prompt tokens per NPU in the step")
     g.add_argument("--mtp", type=non_negative_int, default=None, help="speculative (MTP) tokens per step (default: the mapping's, 0)")
     g.add_argument("--mtp-acceptance", type=fraction, default=None, help="MTP acceptance rate (default 0.7)")

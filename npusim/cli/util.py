@@ -122,9 +122,13 @@ def add_arch_arg(p) -> None:
     p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
 
 
+NODES_HELP = ("nodes of the system: fewer than the file's takes its first N (a slice, e.g. 1, 2, 4, 20 of "
+              "CloudMatrix384's 48), more repeats its node (a bigger system of the same design, if its switches "
+              "have the ports)")
+
+
 def add_system_args(p, required: bool = False) -> None:
     """``--system`` (a system preset or file) and ``--nodes`` (a slice of it)."""
     p.add_argument("--system", default=None if required else "cloudmatrix384", required=required,
                    help="system YAML path or preset: cloudmatrix384, atlas-800i-a2 (default cloudmatrix384)")
-    p.add_argument("--nodes", type=positive_int, default=None,
-                   help="use the first N nodes of the system (e.g. 1, 2, 4, 20 of CloudMatrix384's 48)")
+    p.add_argument("--nodes", type=positive_int, default=None, help=NODES_HELP)
