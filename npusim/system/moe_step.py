@@ -21,8 +21,9 @@ What one step is made of (each piece simulated, none a constant):
   (``step_breakdown_ms``).
 
 Not modelled (the output says so): the 910C's L2 (expert GEMMs run from HBM at 30-40% of
-peak, see ``arch/ascend-910c-die.yaml``) and KV writes of the new tokens; quantisation and the
-other small kernels are one calibrated time per layer, not simulated kernel by kernel.
+peak, see ``arch/ascend-910c-die.yaml``); quantisation and the other small kernels are one
+calibrated time per layer, not simulated kernel by kernel. (The new tokens' KV writes are in the
+chip cost of attention: the chip mapper writes them to HBM.)
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from npusim.system.work import WorkBuilder
 
 PAD_ROWS = 16
 SIM_LAYERS = 2
-PARTIAL_NOTE = ("partial model: the die's L2 and KV writes are not modelled, a layer's small kernels (quantisation, "
+PARTIAL_NOTE = ("partial model: the die's L2 is not modelled, a layer's small kernels (quantisation, "
                 "gating, launch gaps) are one calibrated time; see validation/deepseek_deployments.py")
 
 
