@@ -1,6 +1,6 @@
 """DeepSeek-V3/R1 deployments on CloudMatrix384 and Atlas 800I A2 vs the published figures.
 
-Sources (npusim/validate/published.yaml, shared PUBLISHED.md B1-B3): the Huawei best-practice
+Sources (npusim/validate/published.yaml, each row naming its publication): the Huawei best-practice
 report (Atlas 800I A2 decode B1 and prefill B2) and the CloudMatrix384 paper (decode B3; prefill
 throughput, read from the abstract). One set of hardware parameters per chip and fabric (the presets),
 no per-deployment factor; rows marked "calib" are the figures a preset parameter was calibrated on

@@ -2,7 +2,7 @@
 DRAM simulator with the same timings delivers (issue 12, section 2).
 
 For the chip presets (npusim-64c, ascend-910b) and for the HBM2/HBM3 timing presets of shared
-PUBLISHED.md section C ("HBM timing presets used by public DRAM simulators": Ramulator2
+the HBM timing presets of public DRAM simulators (Ramulator2
 HBM2-2000, HBM2-2400, HBM3-6400; what those rows leave out is taken from the DRAMSys HBM2 row,
 see npusim/arch/hbm_presets.py) put on the npusim-64c chip (8x8 cores, 128 DMA engines) as 32
 channels x 2 pseudo-channels, every DMA engine reads ``--bytes`` in total, ``stream`` and
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--bytes", type=parse_size, default="64MiB")
     args = ap.parse_args()
     chips = [load_arch("npusim-64c"), load_arch("ascend-910b")] + [preset_chip(p) for p in PRESETS]
-    print(f"{args.bytes:,} bytes read by every DMA engine of each chip (npusim mem); sources: PUBLISHED.md C")
+    print(f"{args.bytes:,} bytes read by every DMA engine of each chip (npusim mem); sources: Ramulator2 and DRAMSys HBM presets")
     print(f"{'chip':<30} {'pattern':>7} {'GB/s':>8} {'peak':>7} {'%peak':>6} {'bound':>8} {'limit':>9} "
           f"{'%bound':>7} {'expectation':>22} {'ok':>3}")
     failures = checked = 0

@@ -1,4 +1,4 @@
-"""The NpuSim partition study (PUBLISHED.md A3, A4): TP-K vs TP-MN vs TP-MNK for Qwen3-4B.
+"""The NpuSim partition study (NpuSim, arXiv 2510.05632: TP-K vs TP-MN and TP-MNK studies): TP-K vs TP-MN vs TP-MNK for Qwen3-4B.
 
 Source: "From Principles to Practice: A Systematic Study of LLM Serving on Multi-core
 NPUs" (arXiv 2510.05632). Published: with TP=4 on 64 cores, TP-K is up to 6.03x faster

@@ -1,4 +1,4 @@
-"""Cheap vs detailed memory/interconnect fidelity in a serving run (PUBLISHED.md A2).
+"""Cheap vs detailed memory/interconnect fidelity in a serving run (NpuSim, arXiv 2510.05632).
 
 Source: the NpuSim study, arXiv 2510.05632. Published: the analytical ("performance model")
 memory and interconnect are 4.93-11.27x faster than the transaction-level (TLM) ones, with up

@@ -1,4 +1,4 @@
-"""Heterogeneous decode cores under PD disaggregation (PUBLISHED.md A8).
+"""Heterogeneous decode cores under PD disaggregation (NpuSim, arXiv 2510.05632).
 
 Source: the NpuSim study, arXiv 2510.05632. Published (P:D cores 2:1, 7 nm area): raising the
 decode cores' DRAM bandwidth 60 -> 240 GB/s gives x2.28 throughput (x2.18 per area); 480 GB/s

@@ -1,4 +1,4 @@
-"""PD disaggregation core ratios and PD fusion vs disaggregation (PUBLISHED.md A7, A10).
+"""PD disaggregation core ratios and PD fusion vs disaggregation (NpuSim, arXiv 2510.05632).
 
 Source: the NpuSim study, arXiv 2510.05632 ("From Principles to Practice: A Systematic Study
 of LLM Serving on Multi-core NPUs"), Qwen3-4B on 64 cores.

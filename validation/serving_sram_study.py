@@ -1,4 +1,4 @@
-"""PD fusion: per-core SRAM and pipeline stages (PUBLISHED.md A9).
+"""PD fusion: per-core SRAM and pipeline stages (NpuSim, arXiv 2510.05632).
 
 Source: the NpuSim study, arXiv 2510.05632 ("From Principles to Practice: A Systematic Study
 of LLM Serving on Multi-core NPUs"). Published (PD fusion, 64 cores): at 16 MB SRAM per core,

@@ -1,4 +1,4 @@
-"""The example study sweeps' published trends beside the simulated ones (PUBLISHED.md A5, A6, A7).
+"""The example study sweeps' published trends beside the simulated ones (NpuSim, arXiv 2510.05632).
 
 Source: the NpuSim study, arXiv 2510.05632 ("From Principles to Practice: A Systematic Study of
 LLM Serving on Multi-core NPUs"). Reads the results table of ``examples/sweeps/hw-space.yaml``

@@ -13,8 +13,8 @@ unit and divides by the 7 nm logic density, 96.3 million transistors per mm²:
 - HBM2e PHY: 10.45 mm² per 1024-bit stack interface (PHYs do not scale with the process);
 - HBM2e controller: 552.7 M Tr per stack -> 5.740 mm² per stack.
 
-So a 128×128 array is 4.31 mm² and 32 MiB of SRAM 75.8 mm² (the figures quoted in the project's
-PUBLISHED.md section C: ≈2.37 mm²/MB, ≈263 µm²/PE, 10.45 mm²/stack).
+So a 128×128 array is 4.31 mm² and 32 MiB of SRAM 75.8 mm² (LLMCompass's 7 nm figures, rounded:
+≈2.37 mm²/MB, ≈263 µm²/PE, 10.45 mm²/stack).
 
 Assumptions: a PE is one FP16 multiply-accumulate unit (INT8 support adds nothing); a vector lane
 is one FP32 FPU plus LLMCompass's per-lane control overhead (derived from GPU SMs, so it is an

@@ -1,15 +1,16 @@
 """Named DRAM organisations + timing sets for ``hbm.preset`` (HBM2 / HBM3 pseudo-channel mode).
 
-Sources (shared PUBLISHED.md, section C, "HBM timing presets used by public DRAM simulators"):
+Sources: the HBM timing presets of public DRAM simulators (Ramulator2's HBM2-2000, HBM2-2400 and
+HBM3-6400 presets; the DRAMSys HBM2 memspec shipped with NPU-SIM, the NpuSim study's simulator):
 
-* The Ramulator2 rows give tCK, pin rate, CL (and CWL for HBM3), tRCD read/write, tRP, tRAS,
+* The Ramulator2 presets give tCK, pin rate, CL (and CWL for HBM3), tRCD read/write, tRP, tRAS,
   tRC, tCCD_S/L, tFAW (HBM3), tREFI and the organisation (2 pseudo-channels per channel,
   4 bank groups x 4 banks; 64-bit pseudo-channels for HBM2, 32-bit for HBM3).
-* What those rows leave out ("—" or no column) is taken from the DRAMSys HBM2 memspec shipped
-  with NPU-SIM (the table's first row, tCK 1 ns): tFAW 16 ns (HBM2), tRRD_S 4 ns, tRRD_L 6 ns,
-  tRFCsb 96 ns, tWL 7, tWR 14 ns; DRAMsim3's HBM2 config gives the same tRRD_S/L. As
-  Ramulator2 itself does for HBM3 (whose timings were not published), these absolute
-  times are carried to the faster parts by converting ns to cycles (rounded up).
+* What those presets leave out is taken from the DRAMSys HBM2 memspec shipped with NPU-SIM
+  (tCK 1 ns): tFAW 16 ns (HBM2), tRRD_S 4 ns, tRRD_L 6 ns, tRFCsb 96 ns, tWL 7, tWR 14 ns;
+  DRAMsim3's HBM2 config gives the same tRRD_S/L. As Ramulator2 itself does for HBM3 (whose
+  timings were not published), these absolute times are carried to the faster parts by
+  converting ns to cycles (rounded up).
 * tRFC 260 ns is Ramulator2's HBM2 refresh table for 4 Gb dies; tREFI 3.9 us.
 
 Every value below is in tCK cycles of the preset's own ``tck_ns``; ``channels`` and

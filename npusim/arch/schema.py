@@ -273,7 +273,7 @@ class Hbm(StrictModel):
     ``watermark / pseudo_channels`` (unrounded: occupancy x pseudo_channels is compared).
 
     ``preset`` names a DRAM organisation + timing set from
-    :mod:`npusim.arch.hbm_presets` (HBM2/HBM3, shared PUBLISHED.md section C); keys given
+    :mod:`npusim.arch.hbm_presets` (HBM2/HBM3, after Ramulator2's and DRAMSys's presets); keys given
     next to it override the preset's, timing key by timing key.
     """
 

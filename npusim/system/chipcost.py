@@ -50,7 +50,7 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   ideal shared L2 of unlimited capacity and aggregate bandwidth. Each operand is then read from
   HBM once in all (every load of A or B reaches HBM with the fraction compulsory / loaded bytes of
   that operand, the rest hits) and a hit holds the core's DMA engines for ``bytes /
-  l2_bytes_per_cycle`` cycles (PUBLISHED.md C: ~110 B/cycle per 910B core). It is optimistic when
+  l2_bytes_per_cycle`` cycles (~110 B/cycle per 910B core, from public Ascend 910B specifications; no single source). It is optimistic when
   the operands exceed the L2 (e.g. 16384 x 7168 plus 7168 x 18432 INT8 = 249 MB > 192 MB).
 * Planning: an analytical estimate (per-core compute, per-core DMA, chip HBM time, prologue,
   epilogue, reduction) ranks every grid and tiling; the best grid for each number of cores used,

@@ -13,7 +13,7 @@ A token picks its ``top_k`` experts without replacement in proportion to the wei
 Gumbel top-k trick, seeded: deterministic).
 
 *Dispatch* sends each token, ``bytes_per_token`` each (INT8 activations plus a 512 B scale
-slot, ``hidden + 512``: 7.5 KB at hidden 7168, shared PUBLISHED.md B5; or BF16, ``2 x hidden``),
+slot, ``hidden + 512``: 7.5 KB at hidden 7168, as the Huawei DeepSeek-V3/R1 on Ascend best-practice report and the CloudMatrix384 paper (arXiv 2506.12708) size it; or BF16, ``2 x hidden``),
 as the operator's ``copies`` say:
 
 * ``per_expert``: one copy per selected expert, so a rank holding two of a token's experts
