@@ -30,16 +30,16 @@ def read_text(path: str | Path, expected: str, missing: str = "file not found") 
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc}); expected {expected}") from None
 
 
-def check_output_dir(path: str | Path) -> None:
+def check_output_dir(path: str | Path, flag: str = "--out") -> None:
     """Create the output directory ``path`` now, before a long simulation, so that a path
-    that cannot be a directory fails at once with one clear error."""
+    that cannot be a directory fails at once with one clear error naming ``flag``."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"--out {path}: cannot create the directory ({exc.strerror or exc})") from None
+        raise ConfigError(f"{flag} {path}: cannot create the directory ({exc.strerror or exc})") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {path}: the directory is not writable")
+        raise ConfigError(f"{flag} {path}: the directory is not writable")
     remove_partials(path)
 
 

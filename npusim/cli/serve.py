@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from npusim.errors import ConfigError
-from npusim.files import json_text
+from npusim.files import check_output_dir, json_text
 from npusim.cli.util import non_negative_int, positive_float, positive_int, refuse_unless_forced
 
 SERVING_FLAGS = ("trace", "rate", "requests")
@@ -183,6 +183,8 @@ def _iteration_cache(args, shared_chip: bool):
             if getattr(args, f"iteration_cache_{flag}", None) is not None:
                 raise ConfigError(f"--iteration-cache-{flag} needs the iteration cache on{why}")
         return None
+    if getattr(args, "iteration_cache_dir", None) is not None:
+        check_output_dir(args.iteration_cache_dir, "--iteration-cache-dir")
     return EXACT if text is None else parse_buckets(text)
 
 
