@@ -1,11 +1,58 @@
+"""Shared test setup.
+
+* **Numba cache.** Compiled kernels are cached in ``$TMPDIR/npusim-test-numba-cache`` (unless
+  ``NUMBA_CACHE_DIR`` is set), so only the first run after a change to npusim's sources compiles.
+* **Chip-cost cache.** Every test run gets one fresh chip-cost cache directory
+  (``NPUSIM_CACHE_DIR``, set by the session fixture ``_session_chipcost_cache`` before any test and
+  inherited by subprocesses and Dask workers): tests share its results, so a GEMM shape is simulated
+  once per run, and no test reads or writes the user's ``~/.cache/npusim``. Tests of the cache itself
+  (``test_chipcost.py``) and of an installed wheel (``test_packaging.py``) set their own directory.
+* **Hypothesis profiles.** ``dev`` (the default): at most ``DEV_MAX_EXAMPLES`` (20) examples per
+  property and no deadline, for a quick local ``pytest -q``. ``ci``: Hypothesis's built-in CI
+  profile (derandomised, no deadline, no example database) with every test's full example count;
+  it is loaded when ``CI`` is set (``CI=true``, as ``.ci/run`` does; empty, ``0``, ``false`` or ``no``
+  count as unset) or with
+  ``HYPOTHESIS_PROFILE=ci`` (``HYPOTHESIS_PROFILE`` names any registered profile;
+  ``pytest --hypothesis-profile=NAME`` works too). A test that needs more examples than the
+  profile's default writes ``@settings(max_examples=examples(N))`` (``from hyp import examples``,
+  ``tests/hyp.py``): N under ``ci``, capped at 20 under ``dev``.
+* **Slow tests.** ``@pytest.mark.slow`` marks tests of many seconds to minutes (wheel install,
+  Dask cluster, the full-system serving CLI); ``pyproject.toml`` deselects them by default, and
+  ``pytest -q -m slow`` runs them.
+"""
+
 import os
 import tempfile
 
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "npusim-test-numba-cache"))
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 from npusim.arch import load_arch  # noqa: E402
+
+DEV_MAX_EXAMPLES = 20
+
+settings.register_profile("dev", max_examples=DEV_MAX_EXAMPLES, deadline=None)
+settings.register_profile("ci", settings.get_profile("ci"))  # Hypothesis's own: full counts
+
+
+def _profile() -> str:
+    if os.environ.get("HYPOTHESIS_PROFILE"):
+        return os.environ["HYPOTHESIS_PROFILE"]
+    return "ci" if os.environ.get("CI", "").lower() not in ("", "0", "false", "no") else "dev"
+
+
+settings.load_profile(_profile())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_chipcost_cache(tmp_path_factory):
+    """One chip-cost cache for the whole run (see the module docstring)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NPUSIM_CACHE_DIR", str(tmp_path_factory.mktemp("npusim-cache")))
+    yield
+    mp.undo()
 
 
 @pytest.fixture(scope="session")

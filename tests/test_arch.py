@@ -7,6 +7,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.arch import load_arch, summarize
 from npusim.arch.load import PRESET_DIR, list_presets
 from npusim.errors import ConfigError
@@ -136,7 +137,7 @@ JUNK = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_n
                  st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.sampled_from(ALL_PATHS), st.sampled_from(["delete", "junk", "extra"]), JUNK),
                       min_size=1, max_size=3))
 def test_broken_configs_never_crash(tmp_path, edits):

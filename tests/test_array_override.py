@@ -12,6 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.arch import load_arch
 from npusim.arch.load import PRESET_DIR
 from npusim.arch.schema import Arch, merge_arch_data
@@ -48,7 +49,7 @@ def test_issue_case_64x64_follows_the_array():
     assert (d["cycles"], d["t_inj"]) == (408_000, 128)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(rows=st.integers(1, 256), cols=st.integers(1, 256), m=st.integers(1, 600), k=st.integers(1, 3000),
        n=st.integers(1, 3000))
 def test_ws_serial_matches_the_documented_fold_formula(rows, cols, m, k, n):
@@ -69,7 +70,7 @@ def test_ws_serial_fold_formula_square_arrays(size):
     assert d["cycles"] == folds * (size + 1 + 2 * size - 2)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(rows=st.integers(1, 200), cols=st.integers(1, 200), m=st.integers(1, 400), k=st.integers(1, 2000),
        n=st.integers(1, 2000), dataflow=st.sampled_from(["ws", "os"]), double=st.booleans())
 def test_override_equals_a_fresh_arch_file(rows, cols, m, k, n, dataflow, double):

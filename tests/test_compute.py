@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.hw.compute import (
     DATAFLOWS,
     gemm_cost,
@@ -202,7 +203,7 @@ gemm_args = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(gemm_args)
 def test_utilization_at_most_one(a):
     c = gemm_cost(**a)
@@ -210,7 +211,7 @@ def test_utilization_at_most_one(a):
     assert c.cycles >= math.ceil(c.macs / (a["rows"] * a["cols"] * a["k_per_pe"]))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(gemm_args)
 def test_numba_matches_python(a):
     py = gemm_cost(**a).cycles
@@ -224,7 +225,7 @@ def test_numba_matches_python(a):
                               a["weight_injection_cycles"]) == py
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(gemm_args, st.sampled_from(["m", "k", "n"]), st.integers(min_value=1, max_value=3000))
 def test_monotonic_in_m_k_n(a, dim, extra):
     bigger = dict(a)
@@ -333,7 +334,7 @@ def test_vector_norms_and_rope():
     assert vector_cost("rope", 4096, 128).cycles == 72
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.sampled_from(["elementwise", "exp", "divide", "reduction", "softmax", "rmsnorm",
                         "layernorm", "rope"]),
        st.integers(1, 64), st.integers(1, 5000), st.sampled_from([1, 8, 16, 32, 128, 256]),

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.errors import ConfigError, DeadlockError
 from npusim.sim import Simulator
 
@@ -50,7 +51,7 @@ def _submit_all(sim, queues, durations, deps, lo, hi):
     return sim.submit_batch(np.zeros(hi - lo), queues[lo:hi], durations[lo:hi, None], ptr, idx)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 300), pieces=st.integers(1, 5))
 def test_incremental_submit_before_time_advances_equals_one_shot(small_arch, seed, n, pieces):
     """Submitting in batches (with runs that stop before any time passes) is the same as one shot."""

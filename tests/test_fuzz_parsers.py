@@ -10,6 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.arch.load import PRESET_DIR
 from npusim.arch.schema import MAX_CORES, Arch
 from npusim.config import validate
@@ -51,7 +52,7 @@ def test_grid_limit_matches_the_routing_limit():
     assert MAX_CORES == DENSE_ROUTING_MAX_ROUTERS
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(path=st.sampled_from(ARCH_PATHS), value=VALUES)
 def test_arch_single_key_mutations_load_or_raise_our_error(path, value):
     try:
@@ -82,7 +83,7 @@ def _numbers(node):
 MAPPING_FILES = sorted(MAPPER_DIR.glob("*.yaml"))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=st.sampled_from(MAPPING_FILES), pick=st.integers(0, 10**6), value=VALUES, tmp=st.integers(0, 10**9))
 def test_mapping_single_key_mutations_load_or_raise_our_error(tmp_path_factory, spec, pick, value, tmp):
     data = yaml.safe_load(spec.read_text())
@@ -99,7 +100,7 @@ def test_mapping_single_key_mutations_load_or_raise_our_error(tmp_path_factory, 
         pass
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(st.one_of(
     st.text(max_size=40),
     st.builds(lambda t, i, o: f"{t},{i},{o}", st.one_of(st.floats(), st.integers()), st.integers(-5, 2**70),

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from hyp import examples
 from npusim.errors import ConfigError
 from npusim.serving.kvcache import EXCEEDS_HBM, HBM_FULL, KVCacheManager, Transfer
 
@@ -331,7 +332,7 @@ def workloads(draw):
     return reqs
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(), reqs=workloads(), seed=st.integers(0, 2**16), chunk=st.integers(1, 40))
 def test_serving_loop_finishes_or_rejects_every_request(cfg, reqs, seed, chunk):
     """A little continuous-batching loop: FCFS admission, chunked prefill then decode,
@@ -446,7 +447,7 @@ class KVMachine(RuleBasedStateMachine):
 
 
 TestKVMachine = KVMachine.TestCase
-TestKVMachine.settings = settings(max_examples=150, stateful_step_count=50, deadline=None,
+TestKVMachine.settings = settings(max_examples=examples(150), stateful_step_count=50, deadline=None,
                                   suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.arch.derived import hbm_attach_routers
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM, PATTERN_STRIDED, map_address
 from npusim.hw.memory.params import memory_params
@@ -82,7 +83,7 @@ def test_mesh_streams_load_the_links_next_to_the_controllers(arch64):
     assert sim.noc.link_flits[:n][out_of_attach].sum() > 0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(addr=st.integers(0, 1 << 24), nbytes=st.integers(1, 1 << 18),
        pattern=st.sampled_from([PATTERN_LINEAR, PATTERN_STRIDED, PATTERN_RANDOM]),
        stride=st.sampled_from([64, 4096, 16384]))

@@ -106,7 +106,7 @@ def test_attention_flops_closed_form(phase, seq, kv):
 def test_kv_bytes_per_token():
     assert model_summary("Qwen3-4B")["kv_bytes_per_token"] == 36 * 2 * 8 * 128 * BF16
     assert model_summary("Llama-3-70B")["kv_bytes_per_token"] == 80 * 2 * 8 * 128 * BF16
-    # MLA caches the 512 + 64 latent: 70,272 B per token; 72 requests x 4K tokens ~ 20 GB (PUBLISHED B4)
+    # MLA caches the 512 + 64 latent: 70,272 B per token; 72 requests x 4K tokens ~ 20 GB (Huawei DeepSeek-V3/R1 on Ascend best-practice report, A2 decode)
     ds = model_summary("DeepSeek-V3")["kv_bytes_per_token"]
     assert ds == 61 * 576 * BF16
     assert rel(72 * 4096 * ds, 20e9) < 0.05

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.cli import main
 from npusim.comm import alltoall, alltoallv
 from npusim.comm.run import run_collective
@@ -26,7 +27,7 @@ H, N = 64, 32  # hidden size, expert intermediate size of the test layer
 
 
 # -- routing ----------------------------------------------------------------------------------
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(tokens=st.integers(0, 40), experts=st.integers(1, 24), data=st.data(),
        skew=st.sampled_from([0.0, 0.7, 2.0]), seed=st.integers(0, 50))
 def test_routing_is_top_k_distinct_and_deterministic(tokens, experts, data, skew, seed):
@@ -55,7 +56,7 @@ def test_routing_follows_the_popularity_profile():
     assert route_tokens(8, 128, 8, 0.0, 1).tolist() != route_tokens(8, 128, 8, 0.0, 2).tolist()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(tokens=st.integers(1, 30), experts=st.integers(1, 12), data=st.data())
 def test_routing_from_counts_meets_the_counts(tokens, experts, data):
     k = data.draw(st.integers(1, experts))
@@ -197,7 +198,7 @@ def _expected_traffic(picks, t):
     return out
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tokens=st.integers(1, 24), experts=st.integers(1, 12), data=st.data(), t=st.sampled_from([1, 2, 4]),
        part=st.sampled_from(["tp_k", "tp_mn"]), seed=st.integers(0, 20), counts_only=st.booleans())
 def test_moe_layer_conserves_tokens_and_flops(arch64, tokens, experts, data, t, part, seed, counts_only):

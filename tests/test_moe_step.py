@@ -22,11 +22,6 @@ def cm1():
     return load_system("cloudmatrix384", nodes=1)  # 8 NPUs = 16 dies
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("NPUSIM_CACHE_DIR", str(tmp_path / "npusim-cache"))
-
-
 def _dep(**kw):
     base = dict(phase="decode", npus=8, routed_experts={"per_die": 16}, shared_expert={"mode": "dp"})
     base.update(kw)

@@ -3,6 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.serving.iteration import Work, build_iteration_graph, iteration_signature, padded_count
 
 works = st.lists(st.one_of(
@@ -16,7 +17,7 @@ def _shape(graph):
             [(o.name, o.kind, o.m, o.k, o.n, o.batch, o.q_len, o.kv_len) for o in graph.ops])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(works, works)
 def test_equal_signatures_build_equal_graphs(a, b):
     if iteration_signature(a) == iteration_signature(b):
@@ -27,7 +28,7 @@ def test_equal_signatures_build_equal_graphs(a, b):
     assert iteration_signature(six) == iteration_signature(seven)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(works)
 def test_padding_keeps_attention_work_and_token_rows(work):
     padded = build_iteration_graph("qwen3-0.6b", work, layers=1, kv_quantum=1)

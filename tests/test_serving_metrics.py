@@ -170,7 +170,7 @@ def test_plots_write_png(tmp_path):
 
 
 def test_area_constants_match_published_figures():
-    assert area.PE_FP16_UM2 == pytest.approx(263, abs=0.5)  # PUBLISHED.md C: one FP16 PE ~263 um^2
+    assert area.PE_FP16_UM2 == pytest.approx(263, abs=0.5)  # LLMCompass 7 nm cost model: one FP16 PE ~263 um^2
     assert 128 * 128 * area.PE_FP16_UM2 * 1e-6 == pytest.approx(4.3, abs=0.02)  # 128x128 array ~4.3 mm^2
     assert area.SRAM_MM2_PER_MB == pytest.approx(2.37, abs=0.005)  # ~2.37 mm^2 per MB
     assert area.HBM2E_PHY_MM2_PER_STACK == 10.45

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.arch.schema import Sram
 from npusim.hw.memory.sram import sram_access_cost
 
@@ -34,7 +35,7 @@ def test_bad_arguments():
         sram_access_cost(SRAM, count=1, access_bytes=4, stride_bytes=0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(count=st.integers(1, 300), access=st.integers(1, 70), stride=st.integers(1, 400))
 def test_matches_brute_force_and_never_beats_peak(count, access, stride):
     c = sram_access_cost(SRAM, count, access, stride)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.arch import load_arch
 from npusim.cli import main
 from npusim.hw.compute.systolic import gemm_cost, gemm_cycles_array
@@ -46,7 +47,7 @@ arrays = st.tuples(st.integers(1, 24), st.integers(1, 24), st.sampled_from([0, 1
                    st.integers(1, 40), st.booleans())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(shapes, arrays)
 def test_unlimited_supply_is_the_closed_form(shape, array):
     m, k, n, b = shape
@@ -56,7 +57,7 @@ def test_unlimited_supply_is_the_closed_form(shape, array):
                             double_buffer=db).cycles
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(shapes, arrays)
 def test_bytes_conserved(shape, array):
     """The per-fold demand adds up to gemm_cost's SRAM traffic (A, B, partial sums, C)."""
@@ -68,7 +69,7 @@ def test_bytes_conserved(shape, array):
     assert bits == 8 * (c.sram_read_bytes + c.sram_write_bytes)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(shapes, arrays)
 def test_no_stall_when_ports_cover_the_peak_demand(shape, array):
     m, k, n, b = shape
@@ -78,7 +79,7 @@ def test_no_stall_when_ports_cover_the_peak_demand(shape, array):
     assert core(m, k, n, rows, cols, df, kpe, t_inj, b, db, sup)[0] == base
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(shapes, arrays, st.integers(1, 4000), st.integers(1, 4000))
 def test_stalls_grow_as_ports_narrow_and_ports_never_exceed_100_percent(shape, array, s1, s2):
     m, k, n, b = shape

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.cli import main
 from npusim.errors import ConfigError
 from npusim.sweep.report import make_report, pareto_front
@@ -115,7 +116,8 @@ def test_flatten_nested_keys():
 # --- running -----------------------------------------------------------------------------------------------------
 
 
-def test_smoke_local_pool_and_dask_cluster_give_the_same_table(tmp_path, capsys):
+def _smoke_on_the_local_pool(tmp_path, capsys):
+    """The smoke sweep on a local pool of two workers: a complete table that shows the physics."""
     code = main(["sweep", str(SMOKE), "--out", str(tmp_path / "pool"), "--workers", "2", "--json", "--no-progress"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -131,7 +133,16 @@ def test_smoke_local_pool_and_dask_cluster_give_the_same_table(tmp_path, capsys)
     # nor does a bigger array (it takes in a weight row of twice the width per cycle)
     assert all(lat[(s, 128, bw)] <= lat[(s, 64, bw)] for s, _, bw in lat)
     assert all(a > 0 for a in pool.columns["area_mm2"])
+    return pool
 
+
+def test_smoke_on_a_local_pool_is_complete_and_physical(tmp_path, capsys):
+    _smoke_on_the_local_pool(tmp_path, capsys)
+
+
+@pytest.mark.slow  # a Dask LocalCluster: starting its worker processes takes seconds
+def test_smoke_local_pool_and_dask_cluster_give_the_same_table(tmp_path, capsys):
+    pool = _smoke_on_the_local_pool(tmp_path, capsys)
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
@@ -216,7 +227,7 @@ def test_report_writes_pictures_and_page(tmp_path, capsys):
         make_report(tmp_path / "o", y="latncy_ms")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(st.floats(0.1, 100), st.floats(0.1, 100)), min_size=1, max_size=30))
 def test_pareto_front_is_exactly_the_undominated_points(pts):
     cost, gain = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])

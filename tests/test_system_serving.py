@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hyp import examples
 from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment, SystemServing
 from npusim.mapping.spec import load_system_serving
@@ -29,14 +30,6 @@ KVB = kv_bytes_per_token(get_config("deepseek-r1"))
 @pytest.fixture(scope="module")
 def cm1():
     return load_system("cloudmatrix384", nodes=2)  # 16 NPUs = 32 dies, 8 CPUs
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NPUSIM_CACHE_DIR", str(tmp_path_factory.mktemp("npusim-cache")))
-    yield
-    mp.undo()
 
 
 def _plan(**kw):
@@ -154,6 +147,7 @@ def test_shipped_serving_mappings_load():
     assert ddep.npus + plan.prefill.instances * pdep.npus == 6 * 8  # the file says: --nodes 6
 
 
+@pytest.mark.slow  # all of CloudMatrix384 (176 NPUs) in a fresh interpreter; the tests above serve a 2-node slice
 def test_cli_serves_a_trace_on_a_system(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 512, "output_length": 3,
@@ -195,7 +189,7 @@ def test_step_table_grid_and_bilinear_interpolation():
         t.step_ms(65, 128)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.integers(0, 6), st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=5), max_size=30))
 def test_pool_holds_at_most_its_capacity_and_conserves_blocks(cap, prompts):
     pool = KVPool(cap, cpus=4)

@@ -176,8 +176,8 @@ def run_chip(args) -> int:
         raise ConfigError(f"--out-dtype {args.out_dtype}: expected one of {list(DTYPE_BYTES)}")
     if args.cores is not None and not 1 <= args.cores <= arch.num_cores:
         raise ConfigError(f"--cores {args.cores}: {arch.name} has {arch.num_cores} cores (1..{arch.num_cores})")
-    if args.l2 is not None and args.l2 <= 0:
-        raise ConfigError(f"--l2-bytes-per-cycle must be positive, got {args.l2:g}")
+    if args.l2 is not None and args.l2 < 1e-3:
+        raise ConfigError(f"--l2-bytes-per-cycle must be at least 0.001 bytes per cycle per core, got {args.l2:g}")
     check_size(args, -(-args.m // 128) * -(-args.n // 128) * args.batch, MAX_CHIP_TILES, "128x128 output tiles")
     cc = ChipCost(arch, memory=args.memory, persist=args.cache, l2_bytes_per_cycle=args.l2)
     r = cc.gemm(args.m, args.k, args.n, args.dtype, args.cores, batch=args.batch, out_dtype=args.out_dtype)
