@@ -7,7 +7,6 @@ with ``--force`` to insist; the values here stay within what the refusals let th
 The example counts come from the hypothesis profile (tests/conftest.py: a small ``dev`` count, the
 full count in CI)."""
 
-import copy
 import json
 import math
 from pathlib import Path
@@ -20,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from mutation import key_paths, mutated
 from npusim.cli import main
 from npusim.errors import NpusimError
 
@@ -93,60 +93,42 @@ def test_cli_numbers_exit_cleanly(capsys, monkeypatch, surface, data):
     check_outcome(code, out, err)
 
 
-def _paths(node, prefix=()):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield prefix + (k,)
-            yield from _paths(v, prefix + (k,))
-
-
-def _mutate(data, path, value):
-    out = copy.deepcopy(data)
-    node = out
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return out
-
-
 VALUES = st.one_of(st.integers(-2, 3), st.sampled_from([2**70, 1e308, -1e308, float("nan"), float("inf"), 0.5]),
                    st.text(max_size=5), st.none(), st.booleans(), st.lists(st.integers(-3, 9), max_size=3))
-SYSTEM = yaml.safe_load((ROOT / "arch" / "atlas-800i-a2.yaml").read_text())
-SYSTEM_PATHS = sorted(_paths(SYSTEM), key=str)
-
-
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(path=st.sampled_from(SYSTEM_PATHS), value=VALUES, tmp=st.integers(0, 10**9))
-def test_system_file_mutations_load_or_raise_our_error(tmp_path_factory, path, value, tmp):
+def _load_system(path):
     from npusim.system.load import load_system
 
-    out = tmp_path_factory.mktemp("sys") / "system.yaml"
-    try:
-        out.write_text(yaml.safe_dump(_mutate(SYSTEM, path, value)))
-    except (yaml.YAMLError, UnicodeEncodeError):
-        return
-    try:
-        load_system(out, nodes=1)
-    except NpusimError:
-        pass
+    return load_system(path, nodes=1)
 
 
-SWEEP = yaml.safe_load((ROOT / "examples" / "sweeps" / "smoke.yaml").read_text())
-SWEEP_PATHS = sorted(_paths(SWEEP), key=str)
-
-
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(path=st.sampled_from(SWEEP_PATHS), value=VALUES, tmp=st.integers(0, 10**9))
-def test_sweep_file_mutations_load_or_raise_our_error(tmp_path_factory, path, value, tmp):
+def _load_sweep(path):
     from npusim.sweep.spec import load_sweep
 
-    out = tmp_path_factory.mktemp("sweep") / "sweep.yaml"
+    return load_sweep(path)
+
+
+#: (a shipped file, the loader a user's edited copy goes through)
+FILES = {"system": (ROOT / "arch" / "atlas-800i-a2.yaml", _load_system),
+         "sweep": (ROOT / "examples" / "sweeps" / "smoke.yaml", _load_sweep)}
+
+
+@pytest.mark.parametrize("kind", sorted(FILES))
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_file_mutations_load_or_raise_our_error(tmp_path_factory, kind, data):
+    """A shipped system or sweep file with one key set to an odd value: it loads, or raises the
+    project's own error (never another exception)."""
+    source, load = FILES[kind]
+    doc = yaml.safe_load(source.read_text())
+    path = data.draw(st.sampled_from(sorted(key_paths(doc), key=str)), label="key")
+    value = data.draw(VALUES, label="value")
+    out = tmp_path_factory.mktemp(kind) / source.name
     try:
-        out.write_text(yaml.safe_dump(_mutate(SWEEP, path, value)))
+        out.write_text(yaml.safe_dump(mutated(doc, path, value)))
     except (yaml.YAMLError, UnicodeEncodeError):
         return
     try:
-        load_sweep(out)
+        load(out)
     except NpusimError:
         pass
 

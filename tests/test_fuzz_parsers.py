@@ -3,7 +3,6 @@ loads or raises the project's own error (``NpusimError``), never another excepti
 (issue 13: 2**70 integers, 1e308 floats, infinities and huge queues once ended in
 OverflowError or a 954 GiB allocation). A loaded arch must also build a simulator."""
 
-import copy
 import math
 
 import yaml
@@ -11,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hyp import examples
+from mutation import key_paths, mutated
 from npusim.arch.load import PRESET_DIR
 from npusim.arch.schema import MAX_CORES, Arch
 from npusim.config import validate
@@ -29,23 +29,7 @@ VALUES = st.one_of(
 )
 
 
-def _paths(node, prefix=()):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield prefix + (k,)
-            yield from _paths(v, prefix + (k,))
-
-
-ARCH_PATHS = sorted(_paths(BASE_ARCH), key=str)
-
-
-def _mutate(data, path, value):
-    out = copy.deepcopy(data)
-    node = out
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return out
+ARCH_PATHS = sorted(key_paths(BASE_ARCH), key=str)
 
 
 def test_grid_limit_matches_the_routing_limit():
@@ -56,7 +40,7 @@ def test_grid_limit_matches_the_routing_limit():
 @given(path=st.sampled_from(ARCH_PATHS), value=VALUES)
 def test_arch_single_key_mutations_load_or_raise_our_error(path, value):
     try:
-        arch = validate(Arch, _mutate(BASE_ARCH, path, value), "fuzz.yaml")
+        arch = validate(Arch, mutated(BASE_ARCH, path, value), "fuzz.yaml")
     except NpusimError:
         return
     for x in _numbers(arch.model_dump()):
@@ -87,11 +71,11 @@ MAPPING_FILES = sorted(MAPPER_DIR.glob("*.yaml"))
 @given(spec=st.sampled_from(MAPPING_FILES), pick=st.integers(0, 10**6), value=VALUES, tmp=st.integers(0, 10**9))
 def test_mapping_single_key_mutations_load_or_raise_our_error(tmp_path_factory, spec, pick, value, tmp):
     data = yaml.safe_load(spec.read_text())
-    paths = sorted(_paths(data), key=str)
+    paths = sorted(key_paths(data), key=str)
     path = paths[pick % len(paths)]
     out = tmp_path_factory.mktemp("map") / spec.name
     try:
-        out.write_text(yaml.safe_dump(_mutate(data, path, value)))
+        out.write_text(yaml.safe_dump(mutated(data, path, value)))
     except (yaml.YAMLError, UnicodeEncodeError):
         return
     try:
