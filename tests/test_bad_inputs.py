@@ -193,3 +193,14 @@ def test_help_builds_no_simulator():
             "print(sorted(m for m in ('numba', 'numpy', 'pydantic', 'h5py') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_serving_library_refuses_requests_beyond_the_context(arch64):
+    """The check is the serving layer's, not only the command line's: a caller of simulate_serving
+    gets one error naming the fix (npusim run clips with a warning first)."""
+    from npusim.mapping.spec import MappingSpec
+    from npusim.serving.simulate import ServingConfig, simulate_serving
+
+    reqs = [Request(0, 0.0, 1_000, 100)]
+    with pytest.raises(ConfigError, match="gpt2's context of 1,024.*fit_context"):
+        simulate_serving(arch64, MappingSpec(), reqs, ServingConfig(model="gpt2"))

@@ -134,9 +134,14 @@ def test_impossible_plans_are_clear_errors(cm1):
 
 
 def test_a_request_too_long_for_a_decode_die_is_rejected(cm1):
+    """DeepSeek-V3's context (163,840 tokens) fits a decode die's KV room, so a die can refuse a
+    request only for a model whose config does not bound the context: this one."""
+    unbounded = {**get_config("deepseek-v3").to_dict(), "max_position_embeddings": 0}
     reqs = [Request(0, 0.0, 256, 4), Request(1, 0.0, 3_000_000, 4)]
-    s = simulate_system_serving(cm1, _plan(caching_pool=None), PDEP, DDEP, reqs).summary
+    s = simulate_system_serving(cm1, _plan(caching_pool=None), PDEP, DDEP, reqs, model=unbounded).summary
     assert s["requests_completed"] == 1 and s["requests_rejected"] == 1
+    with pytest.raises(ConfigError, match="context of 163,840"):  # the model as published refuses it up front
+        simulate_system_serving(cm1, _plan(caching_pool=None), PDEP, DDEP, reqs)
 
 
 def test_shipped_serving_mappings_load():

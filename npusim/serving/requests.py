@@ -425,6 +425,19 @@ def fit_context(reqs: Iterable[Request], context_tokens: int) -> tuple[list[Requ
     return out, clipped
 
 
+def check_context(reqs: Iterable[Request], context_tokens: int, model: str) -> None:
+    """A ConfigError when a request's prompt and output do not fit ``model``'s context
+    (``context_tokens``; 0: unknown, nothing checked): :func:`fit_context` clips them."""
+    if context_tokens <= 0:
+        return
+    over = [r for r in reqs if r.input_len + r.output_len > context_tokens]
+    if over:
+        longest = max(r.input_len + r.output_len for r in over)
+        raise ConfigError(f"{len(over)} request(s) longer than {model}'s context of {context_tokens:,} tokens (prompt + "
+                          f"output; the longest {longest:,}): clip them first (npusim.serving.requests.fit_context; "
+                          "npusim run does, with a warning)")
+
+
 def renumber(reqs: Iterable[Request]) -> list[Request]:
     """The requests in arrival order with ids 0..n-1."""
     return [replace(r, id=i) for i, r in enumerate(_sorted(reqs))]

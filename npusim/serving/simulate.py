@@ -39,10 +39,12 @@ from npusim.arch.schema import Arch
 from npusim.errors import ConfigError
 from npusim.mapping.spec import MappingSpec
 from npusim.model.builder import build_graph
+from npusim.model.zoo import get_config
 from npusim.serving.instance import Instance
 from npusim.serving.itercache import Buckets
 from npusim.serving.itercache import summary as itercache_summary
 from npusim.serving.metrics import RequestRecord, TimeSeries, summarize
+from npusim.serving.requests import check_context
 from npusim.serving.sampling import UtilizationSampler
 from npusim.serving.scheduler import Live, SchedulerConfig
 from npusim.sim import Simulator
@@ -278,6 +280,7 @@ class ServingSimulator:
     def run(self, requests, progress=None) -> ServingRun:
         sim = self.sim
         arrivals = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
+        check_context(arrivals, get_config(self.cfg.model).max_position_embeddings, str(self.cfg.model))
         if arrivals and self._cycles(arrivals[-1].arrival_s) > MAX_ARRIVAL_CYCLES:
             raise ConfigError(f"the last request arrives {arrivals[-1].arrival_s:.3g} s into the run, beyond the "
                               f"{MAX_ARRIVAL_CYCLES / self.hz:.3g} s a 64-bit cycle count holds at {self.hz / 1e9:g} "

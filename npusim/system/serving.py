@@ -44,7 +44,7 @@ from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment, SystemServing
 from npusim.model.zoo import get_config
 from npusim.serving.metrics import RequestRecord, summarize
-from npusim.serving.requests import Request
+from npusim.serving.requests import Request, check_context
 from npusim.system.chipcost import ChipCost
 from npusim.system.kv_pool import KVPool
 from npusim.system.load import LoadedSystem
@@ -142,6 +142,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     within ``slo_tbt_ms`` when given)."""
     s = loaded.system
     cfg = get_config(model)
+    check_context(requests, cfg.max_position_embeddings, model)
     topo = loaded.topology
     dpn = s.npu.dies
     if mtp is not None or mtp_acceptance is not None:
