@@ -40,7 +40,6 @@ def check_output_dir(path: str | Path, flag: str = "--out") -> None:
         raise ConfigError(f"{flag} {path}: cannot create the directory ({exc.strerror or exc})") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {path}: the directory is not writable")
-    remove_partials(path)
 
 
 def remove_partials(folder: str | Path) -> None:

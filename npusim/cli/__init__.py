@@ -17,7 +17,7 @@ from pathlib import Path
 
 from npusim import __version__
 from npusim.errors import NpusimError
-from npusim.files import check_output_dir
+from npusim.files import check_output_dir, remove_partials
 
 SUBCOMMANDS = ("run", "replay", "info", "gemm", "mem", "noc", "collective", "fabric", "model", "sweep", "report",
                "validate")
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if out is not None:
             check_output_dir(out)  # before a long run, not after it
+            remove_partials(out)  # what a killed run (SIGKILL) left half-written
         return int(args._run(args) or 0)
     except NpusimError as exc:
         _remove_if_empty(out if created else None)
