@@ -103,4 +103,17 @@ def _install_locators(digest: str) -> bool:
     return True
 
 
+def will_compile(dispatcher) -> bool:
+    """Whether calling ``dispatcher`` (a ``cache=True`` ``@njit`` function) will compile it: nothing
+    compiled for it in this process, and no overload in its on-disk cache for the current sources
+    (whose stamp :func:`install` set). False when unsure: it reads Numba's private cache index, and
+    a Numba whose API differs only loses the notice this answers for."""
+    try:
+        if dispatcher.overloads:
+            return False
+        return not dispatcher._cache._cache_file._load_index()
+    except Exception:
+        return False
+
+
 install()  # on first import, before any module of npusim that uses Numba decorates a function

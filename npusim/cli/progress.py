@@ -40,9 +40,31 @@ class _LogLines:
               file=sys.stderr, flush=True)
 
 
+#: the Numba kernels a run may compile on first use: (module, function)
+KERNELS = {"chip": ("npusim.sim.kernel", "run_loop"), "system": ("npusim.system.kernel", "system_loop")}
+
+
+def compile_notice(kernels: tuple[str, ...]) -> None:
+    """One line on stderr when a run is about to compile a simulation kernel (the first run after an
+    install or a change to npusim's compiled sources), so the wait before the progress bar is said."""
+    import importlib
+
+    from npusim._jitcache import will_compile
+
+    names = [k for k in kernels if will_compile(getattr(importlib.import_module(KERNELS[k][0]), KERNELS[k][1]))]
+    if names:
+        print(f"npusim: compiling the {' and '.join(names)} simulation kernel{'s' * (len(names) > 1)} with Numba, once "
+              "after an install or an update (about 90 s on a 2-core machine; later runs load it from the cache)",
+              file=sys.stderr, flush=True)
+
+
 @contextmanager
-def _bar(desc: str, unit: str, total: int, enabled: bool, clock: Callable[[float], str]):
-    """Yield ``progress(now, done, total)``: ``done`` of ``total`` items, ``clock(now)`` as postfix."""
+def _bar(desc: str, unit: str, total: int, enabled: bool, clock: Callable[[float], str],
+         kernels: tuple[str, ...] = ()):
+    """Yield ``progress(now, done, total)``: ``done`` of ``total`` items, ``clock(now)`` as postfix;
+    first say if one of ``kernels`` (:data:`KERNELS`) is about to be compiled."""
+    if enabled and kernels:
+        compile_notice(kernels)
     if enabled and not sys.stderr.isatty():
         yield _LogLines(desc, unit, clock, LOG_EVERY_S)
         return
@@ -64,17 +86,17 @@ def _bar(desc: str, unit: str, total: int, enabled: bool, clock: Callable[[float
 
 def task_progress(clock_ghz: float, enabled: bool = True, desc: str = "simulating"):
     """Tasks done, with simulated time (the callback gets cycles)."""
-    return _bar(desc, "task", 0, enabled, lambda now: f"t={now / clock_ghz / 1e3:,.1f} us")
+    return _bar(desc, "task", 0, enabled, lambda now: f"t={now / clock_ghz / 1e3:,.1f} us", ("chip",))
 
 
-def request_progress(total: int, enabled: bool = True):
+def request_progress(total: int, enabled: bool = True, kernels: tuple[str, ...] = ("chip",)):
     """Requests finished, with simulated time (the callback gets seconds)."""
-    return _bar("serving", "req", total, enabled, lambda now: f"t={now:,.3f} s")
+    return _bar("serving", "req", total, enabled, lambda now: f"t={now:,.3f} s", kernels)
 
 
 def system_progress(enabled: bool = True, desc: str = "simulating"):
     """System-level tasks done, with simulated time (the callback gets picoseconds)."""
-    return _bar(desc, "task", 0, enabled, lambda now: f"t={now / 1e6:,.1f} us")
+    return _bar(desc, "task", 0, enabled, lambda now: f"t={now / 1e6:,.1f} us", ("chip", "system"))
 
 
 def point_progress(total: int, enabled: bool = True):

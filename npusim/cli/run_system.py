@@ -118,7 +118,7 @@ def run_system_serving(args) -> int:
     if not reqs:
         raise ConfigError("no requests to serve (check --trace, --duration or --requests)")
     pool = None if args.caching_pool is None else args.caching_pool == "on"
-    with request_progress(len(reqs), enabled=not (args.no_progress or args.json)) as progress:
+    with request_progress(len(reqs), enabled=not (args.no_progress or args.json), kernels=("chip", "system")) as progress:
         run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=args.model, seed=args.seed,
                                       kv_fabric=args.kv_fabric, caching_pool=pool, mtp=args.mtp,
                                       mtp_acceptance=args.mtp_acceptance, slo_tbt_ms=args.slo_tbt_ms,
