@@ -155,3 +155,42 @@ def test_onnx_matmul_of_any_shapes_converts_or_raises_our_error(tmp_path_factory
     ref = np.matmul(np.zeros(a, np.float32), np.zeros(b, np.float32))  # numpy agrees the shapes are valid
     k = a[-1]
     assert sum(op.flops for op in graph.ops) == 2 * ref.size * k
+
+
+#: what a user might type for a flag that takes a structured string (ranges, ratios, lists, grids)
+TEXTS = st.one_of(
+    st.sampled_from(["0:0", "-1:5", "5:2", "1e30:3", "3:nan", "a:b", "", ":", ":::", "7", "0", "-3", "2:1",
+                     "128:512", "kv=300", "kv=1024,batch=0", "batch=-1", "chunk=7", "exact", "zipf:-1", "zipf:nan",
+                     "zipf:1e308", "0,1,2,3", "0-3", "3-0", "0,0,0", "99999", "4x4", "0x4", "9999999x9999999",
+                     "npu0.die0,npu0.die0", "1,2,a"]),
+    st.text(alphabet="0123456789:,-x.=ab", max_size=8),
+)
+
+#: (cheap base command, its structured-string flags)
+TEXT_SURFACES = {
+    "serve": (SURFACES["serve"][0], ["--input-len", "--output-len", "--iteration-cache-buckets"]),
+    "disagg": (SURFACES["serve"][0] + ["--schedule", "disagg"], ["--pd-ratio", "--pd-stages"]),
+    "collective": (SURFACES["collective"][0], ["--cores", "--grid"]),
+    "dispatch": (SURFACES["dispatch"][0], ["--routing", "--ranks"]),
+    "noc": (SURFACES["noc"][0], ["--mesh", "--hotspot-nodes", "--routing", "--topology", "--traffic"]),
+    "mem": (SURFACES["mem"][0], ["--bytes", "--stride"]),
+    "gemm": (SURFACES["gemm"][0], ["--array", "--dtype"]),
+}
+
+
+@pytest.mark.parametrize("surface", sorted(TEXT_SURFACES))
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_cli_structured_strings_exit_cleanly(capsys, monkeypatch, surface, data):
+    monkeypatch.chdir(ROOT)
+    base, flags = TEXT_SURFACES[surface]
+    flag = data.draw(st.sampled_from(flags), label="flag")
+    value = data.draw(TEXTS, label="value")
+    argv = list(base)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    check_outcome(code, out, err)

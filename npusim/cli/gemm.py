@@ -53,15 +53,16 @@ def add_parser(sub):
                       "(not part of the chip model; default: none, every load from HBM)")
     chip.add_argument("--no-cache", dest="cache", action="store_false",
                       help="do not read or write the on-disk chip-cost cache")
-    add_force_arg(p, f"a GEMM of more than {MAX_FOLDS:.0e} array folds (one core) or {MAX_CHIP_TILES:.0e} output "
-                  "tiles (--chip)")
+    add_force_arg(p, f"a GEMM of more than {MAX_FOLDS:.0e} array folds (one core) or {MAX_CHIP_UNITS:.0e} "
+                  "128x512x128 units (--chip)")
     return p
 
 
 #: the most array folds (x batch) one core's model walks fold by fold unless --force (~1 minute)
 MAX_FOLDS = 1e9
-#: the most output tiles (x batch) a chip GEMM is simulated with unless --force (a task each)
-MAX_CHIP_TILES = 1e7
+#: the most 128 x 512 x 128 (m x k x n) units (x batch) a chip GEMM is built from unless --force: the
+#: kernel's tasks and the Python that plans them grow with them (~20 s per million)
+MAX_CHIP_UNITS = 1e6
 #: the largest GEMM at all, in MACs: its cycles must fit a 64-bit integer on any array
 MAX_MACS = 2**62
 
@@ -178,7 +179,8 @@ def run_chip(args) -> int:
         raise ConfigError(f"--cores {args.cores}: {arch.name} has {arch.num_cores} cores (1..{arch.num_cores})")
     if args.l2 is not None and args.l2 < 1e-3:
         raise ConfigError(f"--l2-bytes-per-cycle must be at least 0.001 bytes per cycle per core, got {args.l2:g}")
-    check_size(args, -(-args.m // 128) * -(-args.n // 128) * args.batch, MAX_CHIP_TILES, "128x128 output tiles")
+    units = -(-args.m // 128) * -(-args.k // 512) * -(-args.n // 128) * args.batch
+    check_size(args, units, MAX_CHIP_UNITS, "128x512x128 units")
     cc = ChipCost(arch, memory=args.memory, persist=args.cache, l2_bytes_per_cycle=args.l2)
     r = cc.gemm(args.m, args.k, args.n, args.dtype, args.cores, batch=args.batch, out_dtype=args.out_dtype)
     out = {
