@@ -75,14 +75,10 @@ def check_outcome(code: int, out: str, err: str) -> None:
     assert finite[0], out
 
 
-@pytest.mark.parametrize("surface", sorted(SURFACES))
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_cli_numbers_exit_cleanly(capsys, monkeypatch, surface, data):
-    monkeypatch.chdir(ROOT)
-    base, flags = SURFACES[surface]
+def run_with_one_flag_changed(capsys, data, base: list[str], flags: list[str], values) -> None:
+    """Run ``base`` with one of ``flags`` set to a value drawn from ``values``; check the outcome."""
     flag = data.draw(st.sampled_from(flags), label="flag")
-    value = data.draw(NUMBERS, label="value")
+    value = data.draw(values, label="value")
     argv = list(base)
     if flag in argv:
         argv[argv.index(flag) + 1] = value
@@ -178,19 +174,15 @@ TEXT_SURFACES = {
 }
 
 
-@pytest.mark.parametrize("surface", sorted(TEXT_SURFACES))
+#: (what a flag takes, the surface): numbers on every surface's number flags, structured strings on
+#: every surface's string flags
+CASES = [("numbers", s) for s in sorted(SURFACES)] + [("strings", s) for s in sorted(TEXT_SURFACES)]
+
+
+@pytest.mark.parametrize("kind, surface", CASES)
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_cli_structured_strings_exit_cleanly(capsys, monkeypatch, surface, data):
+def test_cli_flags_exit_cleanly(capsys, monkeypatch, kind, surface, data):
     monkeypatch.chdir(ROOT)
-    base, flags = TEXT_SURFACES[surface]
-    flag = data.draw(st.sampled_from(flags), label="flag")
-    value = data.draw(TEXTS, label="value")
-    argv = list(base)
-    if flag in argv:
-        argv[argv.index(flag) + 1] = value
-    else:
-        argv += [flag, value]
-    code = main(argv)
-    out, err = capsys.readouterr()
-    check_outcome(code, out, err)
+    base, flags = (SURFACES if kind == "numbers" else TEXT_SURFACES)[surface]
+    run_with_one_flag_changed(capsys, data, base, flags, NUMBERS if kind == "numbers" else TEXTS)
