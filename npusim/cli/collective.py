@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from npusim.choices import CHIP_COLLECTIVES as CHIP_OPS
 from npusim.choices import FABRIC_FIDELITIES, MOE_OPS, NOC_FIDELITIES, SYSTEM_ALGORITHMS
 from npusim.choices import SYSTEM_COLLECTIVES as SYSTEM_OPS
@@ -106,10 +105,10 @@ def run_system(args) -> int:
     if args.op not in SYSTEM_OPS + MOE_OPS:
         raise ConfigError(f"--op {args.op} is a chip collective; with --system: {', '.join(SYSTEM_OPS + MOE_OPS)}")
     loaded = load_system(args.system, nodes=args.nodes)
-    ranks = parse_ranks(loaded, args.ranks)
     if args.op in MOE_OPS:
         refuse_many_packets(args, loaded, args.ep * args.tokens_per_rank * args.top_k * args.hidden * 2)
     else:
+        ranks = parse_ranks(loaded, args.ranks)
         refuse_many_packets(args, loaded, 2 * args.bytes * len(ranks))
     with system_progress(args.progress and not args.json, args.op) as bar:
         if args.op in MOE_OPS:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
 from npusim.choices import FABRIC_FIDELITIES
-from npusim.files import json_text
 from npusim.cli.util import add_force_arg, add_system_args, parse_size, refuse_many_packets
+from npusim.files import json_text
 
 
 def add_parser(sub):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 from npusim.choices import MEMORY_FIDELITIES
 from npusim.cli.util import (add_arch_arg, add_force_arg, non_negative_int, parse_grid, positive_float, positive_int,
                               refuse_unless_forced)
@@ -67,13 +66,14 @@ MAX_CHIP_UNITS = 1e6
 MAX_MACS = 2**62
 
 
-def check_size(args, tiles: int, limit: float, what: str) -> None:
-    """Refuse, up front and with the estimate, a GEMM the model cannot finish or represent."""
+def check_size(args, work: int, limit: float, what: str) -> None:
+    """Refuse, up front and with the estimate, a GEMM the model cannot represent, or whose ``work``
+    (folds or units of ``what``) exceeds ``limit`` without --force."""
     macs = args.m * args.k * args.n * args.batch
     if macs > MAX_MACS:
         raise ConfigError(f"--m x --k x --n x --batch = {macs:.2e} MACs: more than {MAX_MACS:.2e}, beyond 64-bit cycle "
                           "counts")
-    refuse_unless_forced(args, tiles, limit, f"{what} (x --batch)", "minutes to hours of simulation")
+    refuse_unless_forced(args, work, limit, f"{what} (x --batch)", "minutes to hours of simulation")
 
 
 CHIP_ONLY = (("cores", "--cores"), ("out_dtype", "--out-dtype"), ("l2", "--l2-bytes-per-cycle"))
@@ -96,8 +96,6 @@ def run(args) -> int:
     from npusim.hw.memory.sram_timing import gemm_sram_timing
 
     arch = load_arch(args.arch)
-    if args.t_inj is not None and args.t_inj < 0:
-        raise ConfigError(f"--t-inj must be a non-negative number of cycles, got {args.t_inj}")
     sa = arch.cores.systolic_array
     # an override resizes the array: derived parameters (T_inj) follow unless --t-inj sets them
     sa = sa.resized(*(args.array or (sa.rows, sa.cols)), t_inj=args.t_inj)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
 from npusim.choices import MEMORY_FIDELITIES, MEMORY_PATTERNS
-from npusim.files import json_text
 from npusim.cli.util import add_arch_arg, add_force_arg, parse_size, positive_int, refuse_unless_forced
+from npusim.files import json_text
 
 
 def add_parser(sub):

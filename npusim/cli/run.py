@@ -116,10 +116,7 @@ def fill_forward_defaults(args) -> None:
 
 def build_model(args):
     """The operator graph the flags describe (built-in builder or ONNX import)."""
-    fill_forward_defaults(args)
-    for name in ("batch", "seq"):
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
+    fill_forward_defaults(args)  # --batch and --seq are positive: the parser's types say so
     if str(args.model).endswith(".onnx"):
         from npusim.model.onnx_import import load_onnx
 

@@ -100,8 +100,6 @@ def requests_from_args(args):
         reqs = load_trace(args.trace, first=args.requests, window=window, scale=args.time_scale)
     else:
         rate = DEFAULT_RATE if args.rate is None else args.rate
-        if rate <= 0:
-            raise ConfigError("--rate must be a positive number of requests per second")
         n = DEFAULT_REQUESTS if args.requests is None else args.requests
         refuse_unless_forced(args, n, MAX_REQUESTS, "--requests",
                              f"~{n * BYTES_PER_REQUEST / 1e9:,.1f} GB of request records and days of simulation")
@@ -119,8 +117,6 @@ def _fit_context(model: str, reqs):
     from npusim.model.zoo import get_config
     from npusim.serving.requests import fit_context
 
-    if str(model).lower().endswith(".onnx"):
-        return reqs, 0
     cfg = get_config(model)
     if cfg.max_position_embeddings <= 0:  # a config that does not say
         return reqs, 0

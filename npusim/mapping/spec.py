@@ -39,7 +39,6 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from npusim.choices import LAYOUTS, PARTITIONS  # noqa: F401  (re-exported: the mapping vocabulary)
 from npusim.config import StrictModel, load_with_extends, validate
 from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment, SystemServing

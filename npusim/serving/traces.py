@@ -192,10 +192,6 @@ def parse_csv(lines: Iterable[str], source: str = "<trace>") -> list[Request]:
     return _sorted(reqs)
 
 
-def _read_text(path: Path) -> str:
-    return read_text(path, "a .jsonl or .csv trace", missing="no such trace file")
-
-
 def trace_format(path: str | Path, fmt: str | None = None) -> str:
     """The format name of a trace: ``fmt`` if given, else from the extension."""
     if fmt is not None:
@@ -224,7 +220,7 @@ def load_trace(path: str | Path, fmt: str | None = None, first: int | None = Non
     """
     path = Path(path)
     kind = trace_format(path, fmt)
-    lines = list(_numbered_lines(_read_text(path)))
+    lines = list(_numbered_lines(read_text(path, "a .jsonl or .csv trace", missing="no such trace file")))
     parser = parse_mooncake if kind == "mooncake" else parse_csv
     reqs = parser((line for _, line in lines), str(path))
     if not reqs:
