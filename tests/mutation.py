@@ -19,3 +19,21 @@ def mutated(data, path, value):
         node = node[key]
     node[path[-1]] = value
     return out
+
+
+def loads_or_raises_our_error(load, path, data, key, value) -> None:
+    """Write ``data`` with ``key`` set to ``value`` as YAML at ``path`` and ``load`` it: it loads, or
+    raises the project's own error (anything else fails the test). A value YAML cannot write is
+    skipped."""
+    import yaml
+
+    from npusim.errors import NpusimError
+
+    try:
+        path.write_text(yaml.safe_dump(mutated(data, key, value)))
+    except (yaml.YAMLError, UnicodeEncodeError):
+        return
+    try:
+        load(path)
+    except NpusimError:
+        pass

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hyp import examples
-from mutation import key_paths, mutated
+from mutation import key_paths, loads_or_raises_our_error, mutated
 from npusim.arch.load import PRESET_DIR
 from npusim.arch.schema import MAX_CORES, Arch
 from npusim.config import validate
@@ -73,15 +73,7 @@ def test_mapping_single_key_mutations_load_or_raise_our_error(tmp_path_factory, 
     data = yaml.safe_load(spec.read_text())
     paths = sorted(key_paths(data), key=str)
     path = paths[pick % len(paths)]
-    out = tmp_path_factory.mktemp("map") / spec.name
-    try:
-        out.write_text(yaml.safe_dump(mutated(data, path, value)))
-    except (yaml.YAMLError, UnicodeEncodeError):
-        return
-    try:
-        load_mapping(out)
-    except NpusimError:
-        pass
+    loads_or_raises_our_error(load_mapping, tmp_path_factory.mktemp("map") / spec.name, data, path, value)
 
 
 @settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
