@@ -920,12 +920,20 @@ class Mapper:
             kv_bytes = int(op.batch * op.q_len * op.kv_bytes_per_token)
             coll = ring_allgather(prog, st.cores, kv_bytes, deps=st.ready, dtype=op.dtype)
             st.ready = [coll.done[c] for c in st.cores]
+        # decode with fewer KV heads than cores: (sequence, KV head) units over the cores, each unit's
+        # query heads the rows of one GEMM and its KV read once, as grouped-query decode kernels do
+        # (split by query heads, every core of a KV head's group would read that head's whole cache)
+        gqa_units = (head_parallel and op.variant != "mla" and t > 1 and op.kv_heads < t
+                     and op.kv_len > 4 * op.q_len and op.heads % op.kv_heads == 0)
         outs = []
         for i, c in enumerate(st.cores):
             if mla_by_sequence and mla_decode:
                 outs.append(self._mla_split_kv(c, op, i, keys, op.kv_bytes_per_token, [st.ready[i]], name))
                 continue
-            if head_parallel:
+            if gqa_units:  # "seqs" counts units here, "heads" the query heads of one unit
+                seqs, q_len, heads = _split(op.batch * op.kv_heads, t, i), op.q_len, op.heads // op.kv_heads
+                kv_share = op.kv_bytes_per_token / op.kv_heads
+            elif head_parallel:
                 seqs, q_len, heads = op.batch, op.q_len, _split(op.heads, t, i)
                 kv_share = op.kv_bytes_per_token * max(1, _split(op.kv_heads, t, i)) / max(1, op.kv_heads)
             elif op.batch >= t or op.q_len == 1:  # token-parallel by whole sequences
@@ -944,8 +952,8 @@ class Mapper:
                     deps.append(prog.add_dma(c, cache, address=self._kv_address(c, op), deps=[st.ready[i]],
                                              name=f"{name} read KV"))
             # MLA: every head of a sequence attends the same latent keys, so the heads are the rows of
-            # one GEMM per sequence; otherwise one GEMM per (sequence, head)
-            rows, products = (q_len * heads, seqs) if op.variant == "mla" else (q_len, seqs * heads)
+            # one GEMM per sequence (grouped-query units: per unit); otherwise one GEMM per (sequence, head)
+            rows, products = (q_len * heads, seqs) if op.variant == "mla" or gqa_units else (q_len, seqs * heads)
             scores = prog.add_gemm(c, rows, op.head_dim, keys, op.dtype, products, deps=deps, name=f"{name} QK")
             soft = prog.add_vector(c, "softmax", seqs * heads * q_len * keys, op.dtype, deps=[scores],
                                    name=f"{name} softmax", row_len=keys)
