@@ -48,6 +48,7 @@ class BuiltCollective:
     ranks: list[int]
     bytes_per_rank: int
     done: int  # barrier task after which every rank holds its result
+    per_rank: list[int] | None = None  # each rank's last task: after it, that rank holds its result
 
     def bus_factor(self) -> float:
         n = len(self.ranks)
@@ -87,8 +88,9 @@ def _split(nbytes: int, n: int) -> int:
 
 def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, algorithm: str | None = None,
                      via: str | None = None, reduce_ps: Callable[[int], int] = lambda b: 0,
-                     node_of: Callable[[int], int] | None = None) -> BuiltCollective:
-    """Record one collective into ``w`` (see module docstring); raises ConfigError for bad choices."""
+                     node_of: Callable[[int], int] | None = None, ready: list[int] | None = None) -> BuiltCollective:
+    """Record one collective into ``w`` (see module docstring); raises ConfigError for bad choices.
+    ``ready[i]``: the task rank ``i`` must finish before it takes part (-1 or None: none)."""
     if op in ("allreduce", "reducescatter"):
         topo = w.sim.topology
         cpus = [topo.names[r] for r in ranks if topo.vertex_kind[r] != "die"]
@@ -105,36 +107,39 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
     n = len(ranks)
     if n < 2:
         raise ConfigError(f"--ranks: {op} needs at least two ranks")
-    start = [-1] * n
+    start = [-1] * n if ready is None else [int(r) for r in ready]
+    if len(start) != n:
+        raise ValueError(f"ready: {len(start)} tasks for {n} ranks")
     if op == "allreduce" and algorithm == "ring":
         chunk = _split(nbytes, n)
         last = _ring_phase(w, ranks, chunk, start, reduce_ps, via)
         last = _ring_phase(w, ranks, chunk, last, None, via)
     elif op == "allreduce" and algorithm == "halving_doubling":
-        last = _halving_doubling(w, ranks, nbytes, reduce_ps, via)
+        last = _halving_doubling(w, ranks, nbytes, reduce_ps, via, start)
     elif op == "allreduce":
-        last = _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of)
+        last = _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of, start)
     elif op == "reducescatter":
         last = _ring_phase(w, ranks, _split(nbytes, n), start, reduce_ps, via)
     elif op == "allgather":
         last = _ring_phase(w, ranks, _split(nbytes, n), start, None, via)
     elif op == "alltoall" and algorithm == "direct":
-        last = _alltoall_direct(w, ranks, np.full((n, n), _split(nbytes, n)), via)
+        last = _alltoall_direct(w, ranks, np.full((n, n), _split(nbytes, n)), via, start)
     elif op == "alltoall":
-        last = _alltoall_hierarchical(w, ranks, _split(nbytes, n), via, node_of)
+        last = _alltoall_hierarchical(w, ranks, _split(nbytes, n), via, node_of, start)
     elif op == "broadcast":
-        last = _binomial(w, ranks, nbytes, via)
-    else:
-        last = [w.transfer(ranks[0], ranks[1], nbytes, "write", via)]
+        last = _binomial(w, ranks, nbytes, via, start)
+    else:  # send/recv: the first rank writes to the second
+        sent = w.transfer(ranks[0], ranks[1], nbytes, "write", via, deps=[d for d in start[:2] if d >= 0])
+        last = [sent] * 2
     done = w.barrier([t for t in last if t >= 0])
-    return BuiltCollective(op, algorithm, list(ranks), nbytes, done)
+    return BuiltCollective(op, algorithm, list(ranks), nbytes, done, last)
 
 
-def _halving_doubling(w, ranks, nbytes, reduce_ps, via):
+def _halving_doubling(w, ranks, nbytes, reduce_ps, via, start):
     n = len(ranks)
     if n & (n - 1):
         raise ConfigError(f"halving_doubling all-reduce needs a power-of-two number of ranks, got {n}")
-    last = [-1] * n
+    last = list(start)
     size = nbytes
     dist = n // 2
     schedule = []
@@ -169,10 +174,10 @@ def _groups_by_node(ranks, node_of):
     return list(groups.values())
 
 
-def _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of):
+def _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of, start):
     groups = _groups_by_node(ranks, node_of)
     local = len(groups[0])
-    last = [-1] * len(ranks)
+    last = list(start)
     shard = _split(nbytes, local)
     if local > 1:
         for g in groups:  # reduce-scatter inside each node
@@ -226,7 +231,7 @@ def _alltoall_direct(w, ranks, sizes, via, ready=None):
     return [everything] * len(ranks)
 
 
-def _alltoall_hierarchical(w, ranks, chunk, via, node_of):
+def _alltoall_hierarchical(w, ranks, chunk, via, node_of, ready):
     groups = np.asarray(_groups_by_node(ranks, node_of))  # (nodes, local) rank indices
     nodes, local = groups.shape
     n = len(ranks)
@@ -234,7 +239,7 @@ def _alltoall_hierarchical(w, ranks, chunk, via, node_of):
     for g in groups:
         intra[np.ix_(g, g)] = chunk * nodes
     np.fill_diagonal(intra, 0)
-    first = _alltoall_direct(w, ranks, intra, via)
+    first = _alltoall_direct(w, ranks, intra, via, ready)
     inter = np.zeros((n, n), np.int64)  # then (a, l) -> (b, l): what node a had for node b's index l
     for li in range(local):
         col = groups[:, li]
@@ -243,15 +248,16 @@ def _alltoall_hierarchical(w, ranks, chunk, via, node_of):
     return _alltoall_direct(w, ranks, inter, via, ready=first)
 
 
-def _binomial(w, ranks, nbytes, via):
+def _binomial(w, ranks, nbytes, via, start):
     n = len(ranks)
-    have = {0: -1}
+    have = {0: start[0]}
     step = 1
     while step < n:
         for i in list(have):
             j = i + step
             if j < n:
                 deps = [have[i]] if have[i] >= 0 else []
-                have[j] = w.transfer(ranks[i], ranks[j], nbytes, "write", via, deps=deps)
+                t = w.transfer(ranks[i], ranks[j], nbytes, "write", via, deps=deps)
+                have[j] = w.barrier([t, start[j]]) if start[j] >= 0 else t
         step *= 2
     return [have[i] for i in range(n)]

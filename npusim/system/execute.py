@@ -1,0 +1,177 @@
+"""Time a :class:`~npusim.system.workload.Workload` on a system: chip costs + the fabric engine.
+
+Each kernel of the workload is costed once by the chip simulator on the system's die
+(:class:`~npusim.system.chipcost.ChipCost`, memoised on disk); each node becomes system tasks:
+a compute node one task on its rank's stream (the die's ``compute`` or ``moe`` queue, in order),
+a collective the transfers and reductions of :func:`~npusim.system.collectives.build_collective`
+(reductions cost by :func:`~npusim.system.measure.reduction_ps`), a transfers node its writes
+(:func:`~npusim.system.collectives.matrix_transfers`, AIV-direct or SDMA as the system's
+initiator default says). The fabric model times the transfers with contention.
+
+Results: the step time (the makespan; with ``meta.repeat``, plus the remaining layers at the
+measured period), each node's start and end, and ``breakdown_us``: the step's critical path
+(walked back from the last node through the dependency that finished last), each piece of it
+filed under the category of the node it ends in, so the parts sum to the step time. Waiting for
+a busy stream counts under the node that waited. ``link_utilization``: each directed fabric
+link's wire bytes over (capacity x makespan), the busiest links first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from npusim.errors import ConfigError
+from npusim.model.zoo import get_config
+from npusim.system.chipcost import ChipCost
+from npusim.system.collectives import build_collective, matrix_transfers
+from npusim.system.load import LoadedSystem
+from npusim.system.measure import reduction_ps
+from npusim.system.parts import layer_part_graph
+from npusim.system.simulator import PS_PER_US, SystemSim
+from npusim.system.work import WorkBuilder
+from npusim.system.workload import Workload
+
+
+@dataclass
+class WorkloadTiming:
+    step_us: float
+    makespan_us: float
+    breakdown_us: dict
+    node_start_us: np.ndarray
+    node_end_us: np.ndarray
+    kernel_us: list[float]
+    links: list[dict] = field(default_factory=list)
+    fabric: dict = field(default_factory=dict)
+
+
+def cost_kernels(wl: Workload, cc: ChipCost) -> list[float]:
+    """Each kernel's time on the die, in microseconds."""
+    cfg = get_config(wl.meta["model"])
+    out = []
+    for spec in wl.kernels:
+        if spec["type"] == "gemm":
+            r = cc.gemm(spec["m"], spec["k"], spec["n"], spec.get("dtype", "bf16"), batch=spec.get("batch", 1))
+        else:
+            r = cc.graph(layer_part_graph(cfg, spec))
+        out.append(r.time_us)
+    return out
+
+
+def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None = None,
+                  fidelity: str = "flow") -> WorkloadTiming:
+    """Time ``wl`` on ``loaded`` (ranks on the system's first dies); see the module docstring."""
+    topo = loaded.topology
+    if wl.ranks > len(topo.die_names):
+        raise ConfigError(f"the workload has {wl.ranks} ranks but {loaded.system.name} has {len(topo.die_names)} dies "
+                          "(a bigger --nodes or system)")
+    cc = chip_cost or ChipCost(loaded.chip)
+    kernel_us = cost_kernels(wl, cc)
+    vertex = [topo.index[n] for n in topo.die_names[: wl.ranks]]
+    sim = SystemSim(loaded, fidelity)
+    w = WorkBuilder(sim)
+    reduce = reduction_ps(loaded, cc)
+    node_rank_task: list[dict[int, int]] = []  # per node: rank -> its last task there
+    node_done: list[int] = []  # per node: the task after which all of it is done
+    spans: list[tuple[int, int]] = []  # per node: its first and last task id
+
+    def ready(deps: list[int], rank: int) -> list[int]:
+        return [node_rank_task[d].get(rank, node_done[d]) for d in deps]
+
+    def joined(tasks: list[int]) -> int:
+        tasks = [t for t in tasks if t >= 0]
+        return -1 if not tasks else tasks[0] if len(tasks) == 1 else w.barrier(tasks)
+
+    for n in wl.nodes:
+        first = w.base + w.count
+        kind, deps = n["kind"], n["deps"]
+        if kind == "compute":
+            r = n["rank"]
+            t = w.compute(vertex[r], int(round(kernel_us[n["kernel"]] * PS_PER_US)), ready(deps, r),
+                          unit=n.get("stream", "compute"))
+            per_rank, done = {r: t}, t
+        elif kind == "barrier":
+            done = w.barrier([node_done[d] for d in deps])
+            per_rank = {}
+        else:
+            ranks = n["ranks"]
+            starts = [joined(ready(deps, r)) for r in ranks]
+            if kind == "collective":
+                built = build_collective(w, n["op"], [vertex[r] for r in ranks], n["bytes"], reduce_ps=reduce,
+                                         node_of=lambda v: topo.node_of(v), ready=starts)
+                per_rank, done = dict(zip(ranks, built.per_rank)), built.done
+            else:
+                _, into = matrix_transfers(w, [vertex[r] for r in ranks], np.asarray(n["bytes"], np.int64), None,
+                                           starts)
+                per_rank = {r: joined(into[i] + [starts[i]]) for i, r in enumerate(ranks)}
+                done = w.barrier([t for t in per_rank.values() if t >= 0] or [s for s in starts if s >= 0])
+        node_rank_task.append(per_rank)
+        node_done.append(done)
+        spans.append((first, w.base + w.count - 1))
+    w.submit()
+    sim.run()
+    tt = sim.engine.tt
+    start = np.array([tt.start[a: b + 1].min() for a, b in spans], np.float64) / PS_PER_US
+    end = np.array([tt.end[a: b + 1].max() for a, b in spans], np.float64) / PS_PER_US
+    makespan = float(end.max()) if len(end) else 0.0
+    breakdown, period_parts = _critical_path(wl, start, end)
+    step = makespan
+    repeat = wl.meta.get("repeat")
+    if repeat and len(repeat["marks"]) >= 2:
+        marks = repeat["marks"]
+        period = float(end[marks[-1]] - end[marks[-2]])
+        extra = repeat["layers"] - len(marks)
+        step += extra * period
+        lo, hi = end[marks[-2]], end[marks[-1]]
+        for cat, us in period_parts(lo, hi).items():
+            breakdown[cat] = breakdown.get(cat, 0.0) + extra * us
+    return WorkloadTiming(step_us=step, makespan_us=makespan, breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
+                          node_start_us=start, node_end_us=end, kernel_us=kernel_us,
+                          links=_link_utilization(sim, makespan),
+                          fabric={"fidelity": fidelity, "events": sim.events, "tasks": int(w.count)})
+
+
+def _critical_path(wl: Workload, start: np.ndarray, end: np.ndarray):
+    """The critical path's time by category (sums to the makespan), and a function giving the same
+    for the part of the path that ends within ``(lo, hi]`` (the repeated layer's period)."""
+    if not wl.nodes:
+        return {}, lambda lo, hi: {}
+    path = []  # (node, its piece of the path)
+    node = int(np.argmax(end))
+    while True:
+        deps = wl.nodes[node]["deps"]
+        pred = max(deps, key=lambda d: end[d]) if deps else None
+        base = end[pred] if pred is not None else 0.0
+        path.append((node, max(0.0, end[node] - base)))
+        if pred is None:
+            break
+        node = pred
+    totals: dict[str, float] = {}
+    for i, us in path:
+        cat = wl.nodes[i]["category"]
+        totals[cat] = totals.get(cat, 0.0) + us
+
+    def within(lo: float, hi: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for i, us in path:
+            if lo < end[i] <= hi:
+                cat = wl.nodes[i]["category"]
+                out[cat] = out.get(cat, 0.0) + us
+        return out
+
+    return totals, within
+
+
+def _link_utilization(sim: SystemSim, makespan_us: float, top: int = 20) -> list[dict]:
+    """The ``top`` busiest directed links: wire bytes, mean GB/s over the step, utilisation (<= 1)."""
+    topo = sim.topology
+    wire = sim.link_bytes()
+    if makespan_us <= 0 or wire.sum() == 0:
+        return []
+    ps = makespan_us * PS_PER_US
+    util = wire / (topo.link_cap * ps)
+    order = np.argsort(-util, kind="stable")[:top]
+    return [{"link": f"{topo.names[topo.link_src[i]]}->{topo.names[topo.link_dst[i]]}",
+             "fabric": topo.link_fabric[i], "bytes": int(wire[i]), "gbps": float(wire[i] / ps * 1000),
+             "utilization": float(util[i])} for i in order if wire[i] > 0]

@@ -1,0 +1,172 @@
+"""A system step as data: kernels to cost on a die, nodes that use them, dependencies.
+
+A :class:`Workload` is what the system mapper (:mod:`npusim.system.mapper`) builds from a model
+and a parallel plan, and what :func:`npusim.system.execute.time_workload` times on a system. It
+names no system: ranks are the instance's dies ``0 .. ranks-1`` (placed on the system's first dies
+when timed), and compute is named by *what* runs, not by how long it takes, so the same workload
+can be re-timed on another system file (``npusim replay DIR --system S``) and its kernels are
+costed there by that system's die.
+
+``kernels`` (each costed once per timing, memoised by :class:`~npusim.system.chipcost.ChipCost`):
+
+* ``{"type": "gemm", "m", "k", "n", "batch", "dtype"}``: ``batch`` GEMMs on the whole die;
+* ``{"type": "layer", "part", "layer", "phase", "batch", "seq_len", "kv_len", "heads_split",
+  "ffn_split", "vocab_split", "kv_dtype"}``: ops of decoder layer ``layer`` of the workload's model
+  (``meta.model``) built for that batch and sharded (heads, FFN width, vocabulary divided by the
+  splits), the ``part`` being ``attention`` (norm to the attention residual), ``ffn`` (the dense
+  FFN block), ``router`` (the MoE block's norm and gate), ``shared`` (DeepSeek-style shared experts),
+  ``moe_tail`` (what follows the experts: their weighted sum and the residual), or ``head`` (final
+  norm and LM head; ``layer`` -1).
+
+``nodes`` (in an order where every dependency comes first):
+
+* ``{"kind": "compute", "rank", "kernel", "stream"}``: a kernel on one rank's stream (``compute``
+  or ``moe``: the die's two in-order queues);
+* ``{"kind": "collective", "op", "ranks", "bytes"}``: ``allreduce``, ``allgather``,
+  ``reducescatter``, ``alltoall``, ``broadcast`` or ``sendrecv`` over those ranks (nccl-tests
+  byte convention, :mod:`npusim.system.collectives`);
+* ``{"kind": "transfers", "ranks", "bytes"}``: rank ``ranks[i]`` writes ``bytes[i][j]`` to
+  ``ranks[j]`` (MoE dispatch and combine with their real token counts);
+* ``{"kind": "barrier"}``: a zero-time mark.
+
+Every node has ``deps`` (earlier node indices), ``name`` and ``category`` (what the step's
+breakdown files its time under). A rank of a node waits for a dependency's part *on that rank*
+when the dependency has one (a compute node on the rank, the rank's share of a collective),
+else for the whole dependency.
+
+``meta``: ``model`` (the model's config, our field names), ``plan``, ``phase``, ``batch``,
+``seq_len``, ``kv_len``, ``tokens`` (output tokens of the step, for throughput) and
+``repeat`` (optional: ``{"marks": [node indices of the simulated layers' ends], "layers": L}``:
+the step stands for ``L`` layers, the simulated ones and ``L - len(marks)`` more at the period
+between the last two marks).
+
+Saved as one JSON file, ``workload.json`` in a directory (``--save-workload DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from npusim.errors import ConfigError
+from npusim.files import read_text, write_json
+
+FORMAT = "npusim-system-workload"
+VERSION = 1
+FILE_NAME = "workload.json"
+NODE_KINDS = ("compute", "collective", "transfers", "barrier")
+KERNEL_TYPES = ("gemm", "layer")
+LAYER_PARTS = ("attention", "ffn", "router", "shared", "moe_tail", "head")
+STREAMS = ("compute", "moe")
+
+
+@dataclass
+class Workload:
+    ranks: int
+    kernels: list[dict] = field(default_factory=list)
+    nodes: list[dict] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    _kernel_index: dict = field(default_factory=dict, repr=False)
+
+    # -- building ------------------------------------------------------------------------------
+    def kernel(self, spec: dict) -> int:
+        """The index of ``spec`` in the kernel table (added once)."""
+        key = json.dumps(spec, sort_keys=True)
+        if key not in self._kernel_index:
+            self._kernel_index[key] = len(self.kernels)
+            self.kernels.append(dict(spec))
+        return self._kernel_index[key]
+
+    def _add(self, node: dict, deps, name: str, category: str) -> int:
+        node.update(deps=sorted({int(d) for d in deps if d is not None and d >= 0}), name=name, category=category)
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def compute(self, rank: int, kernel: dict, deps=(), name: str = "", category: str = "compute",
+                stream: str = "compute") -> int:
+        return self._add({"kind": "compute", "rank": int(rank), "kernel": self.kernel(kernel), "stream": stream},
+                         deps, name, category)
+
+    def collective(self, op: str, ranks, nbytes: int, deps=(), name: str = "", category: str = "comm") -> int:
+        return self._add({"kind": "collective", "op": op, "ranks": [int(r) for r in ranks], "bytes": int(nbytes)},
+                         deps, name, category)
+
+    def transfers(self, ranks, nbytes, deps=(), name: str = "", category: str = "comm") -> int:
+        return self._add({"kind": "transfers", "ranks": [int(r) for r in ranks],
+                          "bytes": [[int(b) for b in row] for row in nbytes]}, deps, name, category)
+
+    def barrier(self, deps, name: str = "", category: str = "mark") -> int:
+        return self._add({"kind": "barrier"}, deps, name, category)
+
+    # -- files ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "ranks": self.ranks, "meta": self.meta,
+                "kernels": self.kernels, "nodes": self.nodes}
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        return write_json(directory / FILE_NAME, self.to_dict(), indent=None)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Workload:
+        """Read a saved workload (a directory holding ``workload.json``, or the file), checked:
+        a bad file is one ConfigError naming the file and the node or key."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / FILE_NAME
+        try:
+            d = json.loads(read_text(path, "a saved system workload (npusim run --system ... --save-workload DIR)"))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(d, str(path))
+
+    @classmethod
+    def from_dict(cls, d, where: str = "workload") -> Workload:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ConfigError(f"{where}: not an npusim system workload (expected \"format\": \"{FORMAT}\")")
+        if d.get("version") != VERSION:
+            raise ConfigError(f"{where}: workload version {d.get('version')!r}; this npusim reads version {VERSION}")
+        for key, kind in (("ranks", int), ("meta", dict), ("kernels", list), ("nodes", list)):
+            if not isinstance(d.get(key), kind) or isinstance(d.get(key), bool):
+                raise ConfigError(f"{where}: key '{key}' must be a {kind.__name__}")
+        wl = cls(d["ranks"], d["kernels"], d["nodes"], d["meta"])
+        wl.check(where)
+        return wl
+
+    def check(self, where: str = "workload") -> None:
+        """Structural checks: kinds, ranks in range, kernels known, dependencies on earlier nodes."""
+        if self.ranks < 1:
+            raise ConfigError(f"{where}: ranks must be at least 1")
+        for i, k in enumerate(self.kernels):
+            if not isinstance(k, dict) or k.get("type") not in KERNEL_TYPES:
+                raise ConfigError(f"{where}: kernels[{i}]: 'type' must be one of {', '.join(KERNEL_TYPES)}")
+            if k["type"] == "layer" and k.get("part") not in LAYER_PARTS:
+                raise ConfigError(f"{where}: kernels[{i}]: 'part' must be one of {', '.join(LAYER_PARTS)}")
+        for i, n in enumerate(self.nodes):
+            at = f"{where}: nodes[{i}]"
+            if not isinstance(n, dict) or n.get("kind") not in NODE_KINDS:
+                raise ConfigError(f"{at}: 'kind' must be one of {', '.join(NODE_KINDS)}")
+            deps = n.get("deps", [])
+            if not isinstance(deps, list) or any(not isinstance(x, int) or not 0 <= x < i for x in deps):
+                raise ConfigError(f"{at}: 'deps' must list indices of earlier nodes")
+            ranks = [n["rank"]] if n["kind"] == "compute" else n.get("ranks", [])
+            if any(not isinstance(r, int) or not 0 <= r < self.ranks for r in ranks):
+                raise ConfigError(f"{at}: rank(s) {ranks} outside 0..{self.ranks - 1}")
+            if n["kind"] == "compute":
+                if not isinstance(n.get("kernel"), int) or not 0 <= n["kernel"] < len(self.kernels):
+                    raise ConfigError(f"{at}: 'kernel' must index the kernel table (0..{len(self.kernels) - 1})")
+                if n.get("stream", "compute") not in STREAMS:
+                    raise ConfigError(f"{at}: 'stream' must be one of {', '.join(STREAMS)}")
+            elif n["kind"] == "collective":
+                if not isinstance(n.get("bytes"), int) or n["bytes"] < 0 or len(ranks) < 2:
+                    raise ConfigError(f"{at}: a collective needs 'bytes' >= 0 and two or more 'ranks'")
+            elif n["kind"] == "transfers":
+                b = n.get("bytes")
+                if not isinstance(b, list) or len(b) != len(ranks) or any(
+                        not isinstance(row, list) or len(row) != len(ranks) for row in b):
+                    raise ConfigError(f"{at}: 'bytes' must be a {len(ranks)} x {len(ranks)} matrix")
+        marks = self.meta.get("repeat", {}).get("marks", [])
+        if any(not isinstance(m, int) or not 0 <= m < len(self.nodes) for m in marks):
+            raise ConfigError(f"{where}: meta.repeat.marks must index nodes")
