@@ -26,9 +26,9 @@ CHIP_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "allreduce2d", "a
 #: collectives over dies of a system and the algorithms each offers, the first its default
 #: (``npusim.system.collectives``)
 SYSTEM_ALGORITHMS = {
-    "allreduce": ("ring", "halving_doubling", "hierarchical"),
-    "allgather": ("ring",),
-    "reducescatter": ("ring",),
+    "allreduce": ("ring", "halving_doubling", "hierarchical", "direct"),
+    "allgather": ("ring", "direct"),
+    "reducescatter": ("ring", "direct"),
     "alltoall": ("direct", "hierarchical"),
     "broadcast": ("binomial",),
     "sendrecv": ("direct",),

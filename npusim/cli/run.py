@@ -36,7 +36,9 @@ from npusim.files import json_text
 
 DEFAULT_MODEL = "qwen3-4b"
 SYSTEM_DEFAULT_MODEL = "deepseek-r1"
-SERVING_DEFAULT_TP = 4  # many short pipeline stages: iterations of disjoint requests overlap
+SERVING_DEFAULT_TP = 4
+#: the operator graph's precision for a --precision choice (fp16 runs as bf16: same width and rate)
+CHIP_PRECISION = {"bf16": "bf16", "fp16": "bf16", "a8w8": "a8w8", "w8a8": "a8w8"}  # many short pipeline stages: iterations of disjoint requests overlap
 
 
 def add_parser(sub):
@@ -71,9 +73,9 @@ def add_model_args(p):
                    "(default 1024)")
     p.add_argument("--kv", type=non_negative_int, default=None,
                    help="tokens already in the KV cache (decode: default --seq; prefill: a cached prefix, default none)")
-    p.add_argument("--precision", choices=["bf16", "a8w8"], default="bf16",
-                   help="bf16, or A8W8 (int8 GEMM operands); ONNX models' floating-point tensors are re-labelled "
-                   "bf16 or int8 accordingly")
+    p.add_argument("--precision", choices=["bf16", "fp16", "a8w8", "w8a8"], default="bf16",
+                   help="bf16, fp16 (run as bf16: same width and cube rate on the modelled chips), or A8W8 = W8A8 "
+                   "(int8 GEMM operands); ONNX models' floating-point tensors are re-labelled bf16 or int8 accordingly")
     p.add_argument("--layers", type=positive_int, default=None, help="build only the first N layers (quick what-ifs)")
     p.add_argument("--allow-unsupported", action="store_true",
                    help="ONNX: cost unsupported ops as data movement instead of failing")
@@ -81,7 +83,8 @@ def add_model_args(p):
 
 def add_mapping_args(p):
     p.add_argument("--mapping", default=None, help="mapping spec YAML (default: derived from the flags below)")
-    p.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel degree (default 16, or all cores if fewer)")
+    p.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel degree: cores of a TP group on a chip "
+                   "(default 16, or all cores if fewer); dies of a TP group with --system")
     p.add_argument("--partition", choices=PARTITIONS, default=None, help="GEMM partition for all classes")
     p.add_argument("--layout", choices=LAYOUTS, default=None, help="core layout of TP groups (default ring)")
     p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: fill the chip)")
@@ -187,6 +190,7 @@ def run(args) -> int:
     fill_model_default(args)
     if args.system is not None:
         return run_system(args)
+    args.precision = CHIP_PRECISION[args.precision]
     from npusim.arch import load_arch
 
     arch = load_arch(args.arch)

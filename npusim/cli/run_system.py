@@ -11,6 +11,8 @@ Serving (``--trace``, ``--rate`` or ``--requests``): the mapping's ``system_serv
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from npusim.cli.util import NODES_HELP, fraction, non_negative_int, positive_float, positive_int
 from npusim.errors import ConfigError
 from npusim.files import json_text, write_json
@@ -26,7 +28,17 @@ def add_system_run_args(p) -> None:
     g.add_argument("--batch-tokens", type=positive_int, default=None, help="prefill: prompt tokens per NPU in the step")
     g.add_argument("--mtp", type=non_negative_int, default=None, help="speculative (MTP) tokens per step (default: the mapping's, 0)")
     g.add_argument("--mtp-acceptance", type=fraction, default=None, help="MTP acceptance rate (default 0.7)")
-    g.add_argument("--microbatches", type=int, choices=[1, 2], default=None, help="default: the mapping's")
+    g.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step (default: the "
+                   "mapping's, or 1; DeepSeek deployment files take 1 or 2)")
+    g.add_argument("--npus", type=positive_int, default=None, help="NPUs of the instance (plan path; default: one node "
+                   "of the system)")
+    g.add_argument("--dp", type=positive_int, default=None, help="attention data-parallel groups (plan path)")
+    g.add_argument("--ep", type=positive_int, default=None, help="expert-parallel degree (plan path; default: every "
+                   "rank of a stage for MoE models, 1 for dense)")
+    g.add_argument("--pp", type=positive_int, default=None, help="pipeline stages across NPUs (plan path; default 1)")
+    g.add_argument("--kv-dtype", choices=["bf16", "int8"], default=None, help="KV-cache dtype (plan path; default bf16)")
+    g.add_argument("--save-workload", type=Path, default=None, metavar="DIR",
+                   help="write the step's workload (workload.json) to DIR; re-time it with `npusim replay DIR --system S`")
     g.add_argument("--eplb", choices=["none", "greedy", "perfect"], default=None, help="expert placement by load")
     g.add_argument("--routing", default="uniform", help="expert popularity: uniform, zipf:S or a load-profile file")
     g.add_argument("--kv-min", type=non_negative_int, default=None, help="decode: spread the sequences' contexts uniformly over "
@@ -52,14 +64,26 @@ def run_system(args) -> int:
     return run_system_serving(args) if is_serving(args) else run_system_step(args)
 
 
+PLAN_FLAGS = ("npus", "dp", "ep", "pp", "kv_dtype")
+
+
 def run_system_step(args) -> int:
+    """A DeepSeek deployment file (``--mapping`` with a ``system:`` deployment) runs the hand-built
+    MoE step; anything else runs the plan path (:mod:`npusim.system.step`)."""
     from npusim.mapping.spec import load_deployment
     from npusim.system.load import load_system
     from npusim.system.moe_step import simulate_step
 
     if args.mapping is None:
-        raise ConfigError("--system needs --mapping with a system section (e.g. mappers/cm384-deepseek-decode.yaml)")
+        return run_plan_step(args)
     loaded = load_system(args.system, nodes=args.nodes)
+    given = [f"--{k.replace('_', '-')}" for k in PLAN_FLAGS if getattr(args, k, None) is not None]
+    if args.tp is not None:
+        given.append("--tp")
+    if given or args.save_workload:
+        raise ConfigError(f"{', '.join(given + (['--save-workload'] if args.save_workload else []))}: not taken by "
+                          f"the DeepSeek deployment file {args.mapping} (its hand-built step is not a plan yet); "
+                          "drop --mapping to run the model by a parallel plan")
     dep = load_deployment(args.mapping)
     phase = args.phase or dep.phase
     if phase != dep.phase:
@@ -85,6 +109,99 @@ def run_system_step(args) -> int:
           f"expert load imbalance {r.imbalance:.2f}, attention {r.attention_imbalance:.2f}")
     print(f"  note          {r.note}")
     return 0
+
+
+#: --precision choices as a plan names them
+PLAN_PRECISION = {"bf16": "bf16", "fp16": "fp16", "a8w8": "w8a8", "w8a8": "w8a8"}
+PLAN_DEFAULT_BATCH = {"decode": 16, "prefill": 4}
+PLAN_DEFAULT_TOKENS = 1024  # decode context (--kv) and prefill prompt (--seq)
+
+
+def plan_from_args(args, loaded, cfg):
+    """The plan the flags give, the rest filled by :func:`npusim.system.plan.default_plan`; the
+    instance defaults to one node of the system."""
+    from npusim.system.plan import default_plan
+
+    npus = args.npus or loaded.system.npus_per_node
+    return default_plan(cfg, npus, loaded.system.npu.dies, tp=args.tp, dp=args.dp, ep=args.ep, pp=args.pp,
+                        microbatches=args.microbatches, precision=PLAN_PRECISION[args.precision],
+                        kv_dtype=args.kv_dtype)
+
+
+def shape_from_args(args):
+    from npusim.system.mapper import StepShape
+
+    phase = args.phase or "decode"
+    batch = args.batch or PLAN_DEFAULT_BATCH[phase]
+    if phase == "decode":
+        return StepShape("decode", batch, 1, args.kv if args.kv else PLAN_DEFAULT_TOKENS)
+    seq = args.seq or PLAN_DEFAULT_TOKENS
+    return StepShape("prefill", batch, seq, seq)
+
+
+def run_plan_step(args) -> int:
+    """One step of any model by a parallel plan (flags; defaults in :func:`plan_from_args`)."""
+    from npusim.model.zoo import get_config
+    from npusim.system.load import load_system
+    from npusim.system.step import simulate_plan_step
+
+    for flag in ("mtp", "batch_tokens", "kv_min", "eplb"):
+        if getattr(args, flag, None) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')}: taken by the DeepSeek deployment files only (--mapping "
+                              "mappers/cm384-deepseek-*.yaml); the plan path does not model it yet")
+    loaded = load_system(args.system, nodes=args.nodes)
+    cfg = get_config(args.model)
+    plan = plan_from_args(args, loaded, cfg)
+    out, wl, timing = simulate_plan_step(loaded, cfg, plan, shape_from_args(args), routing=args.routing, seed=args.seed)
+    if args.save_workload:
+        out["workload"] = str(wl.save(args.save_workload))
+    if args.out:
+        write_plan_outputs(args.out, out, wl, timing)
+    if args.json:
+        print(json_text(out))
+        return 0
+    print_plan_step(out)
+    return 0
+
+
+def write_plan_outputs(directory, out: dict, wl, timing) -> None:
+    """summary.json, timeline.json (Perfetto: each rank's streams and its communication) and
+    links.json (every fabric link's bytes and utilisation over the step)."""
+    from npusim.files import result_files
+    from npusim.report.perfetto import write_workload_timeline
+
+    files = {"summary": directory / "summary.json", "timeline": directory / "timeline.json",
+             "links": directory / "links.json"}
+    with result_files(files):
+        write_workload_timeline(files["timeline"], wl.nodes, timing.node_start_us, timing.node_end_us)
+        write_json(files["links"], timing.links)
+        out["files"] = {k: str(v) for k, v in files.items()}
+        write_json(files["summary"], out)
+
+
+def print_plan_step(r: dict) -> None:
+    p = r["plan"]
+    print(f"{r['model']} {r['phase']} on {r['system']}: {r['npus']} NPUs = {r['dies']} dies; plan tp {p['tp']} dp "
+          f"{p['dp']} ep {p['ep']} pp {p['pp']}, {p['microbatches']} microbatch(es), {p['precision']}, KV "
+          f"{p['kv_dtype']}; batch {r['batch']}" + (f" at context {r['kv']}" if r["phase"] == "decode" else
+                                                     f" prompts of {r['seq']}"))
+    print(f"  step          {r['step_ms']:,.3f} ms" + (" (TPOT)" if r["phase"] == "decode" else " (TTFT)"))
+    print(f"  throughput    {r['tokens_per_s_per_npu']:,.1f} tokens/s per NPU")
+    total = sum(r["breakdown_us"].values()) or 1.0
+    print("  critical path " + ", ".join(f"{k} {v / 1e3:,.3f} ms ({100 * v / total:.0f}%)"
+                                         for k, v in sorted(r["breakdown_us"].items(), key=lambda kv: -kv[1])))
+    print(f"  memory        {r['weights_gb_per_die']:.1f} GB weights + {r['kv_gb_per_die']:.1f} GB KV per die of "
+          f"{r['hbm_gb_per_die']:g} GB")
+    if r["busiest_links"]:
+        b = r["busiest_links"][0]
+        print(f"  busiest link  {b['link']} ({b['fabric']}): {b['gbps']:,.1f} GB/s mean, {100 * b['utilization']:.0f}%")
+    print(f"  simulated     {r['simulated_layers']} layers (the rest at the measured period); "
+          f"{r['fabric']['tasks']:,} fabric tasks")
+    for name, path in r.get("files", {}).items():
+        print(f"  wrote {name:<9} {path}")
+    if r.get("workload"):
+        print(f"  wrote workload {r['workload']}")
+    print(f"  note          {r['note']}")
 
 
 def run_system_serving(args) -> int:

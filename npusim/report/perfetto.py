@@ -95,3 +95,30 @@ def write_serving_timeline(path: str | Path, records, iterations: list[dict], ma
         json.dump({"displayTimeUnit": "ms", "otherData": {"dropped_spans": dropped},
                    "traceEvents": meta + events[:max_events]}, f, separators=(",", ":"))
     return {"events": min(len(events), max_events), "dropped": dropped}
+
+
+def write_workload_timeline(path: str | Path, nodes: list[dict], start_us: np.ndarray, end_us: np.ndarray) -> dict:
+    """A system step's timeline: one process per rank (die), a track per compute stream and one
+    for its communication (a collective or MoE transfer node appears on each of its ranks'
+    ``comm`` track, from its first to its last transfer). Zero-time marks are left out."""
+    tracks = {"compute": 0, "moe": 1, "comm": 2}
+    events = []
+    ranks = set()
+    for i, n in enumerate(nodes):
+        if n["kind"] == "barrier":
+            continue
+        members = [n["rank"]] if n["kind"] == "compute" else n["ranks"]
+        track = n.get("stream", "compute") if n["kind"] == "compute" else "comm"
+        for r in members:
+            ranks.add(r)
+            events.append({"ph": "X", "name": n["name"] or n["kind"], "cat": n["category"], "pid": r,
+                           "tid": tracks[track], "ts": round(float(start_us[i]), 3),
+                           "dur": round(float(end_us[i] - start_us[i]), 3), "args": {"node": i}})
+    meta = []
+    for r in sorted(ranks):
+        meta.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
+        meta.extend({"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": name}}
+                    for name, tid in tracks.items())
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump({"displayTimeUnit": "ns", "traceEvents": meta + events}, f, separators=(",", ":"))
+    return {"events": len(events)}

@@ -16,6 +16,11 @@ Algorithms:
   shards across nodes among the ranks of equal local index, ring all-gather inside each node
   (all nodes must hold the same number of the ranks);
 * all-gather / reduce-scatter: ring;
+* ``direct`` all-reduce, reduce-scatter and all-gather (the one-shot "mesh" algorithms of
+  fully connected servers, e.g. HCCL's on an 8-NPU HCCS mesh): reduce-scatter as every rank
+  writing chunk ``j`` (``nbytes / n``) straight to rank ``j``, which adds the ``n - 1`` chunks it
+  receives; all-gather as every rank writing its chunk to every other rank; all-reduce is the
+  one then the other. Every link of a full mesh carries traffic at once, in two steps;
 * all-to-all ``direct``: every rank writes its ``nbytes / n`` chunk to every other rank, all at
   once, destinations in the staggered order ``i+1, i+2, ...`` (SDMA transfers then queue on the
   engines in that order); ``hierarchical``: an intra-node all-to-all that gathers, on the rank
@@ -116,8 +121,13 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
         last = _ring_phase(w, ranks, chunk, last, None, via)
     elif op == "allreduce" and algorithm == "halving_doubling":
         last = _halving_doubling(w, ranks, nbytes, reduce_ps, via, start)
-    elif op == "allreduce":
+    elif op == "allreduce" and algorithm == "hierarchical":
         last = _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of, start)
+    elif op == "allreduce":
+        last = _direct_phase(w, ranks, _split(nbytes, n), _direct_phase(w, ranks, _split(nbytes, n), start, reduce_ps,
+                                                                           via), None, via)
+    elif op in ("reducescatter", "allgather") and algorithm == "direct":
+        last = _direct_phase(w, ranks, _split(nbytes, n), start, reduce_ps if op == "reducescatter" else None, via)
     elif op == "reducescatter":
         last = _ring_phase(w, ranks, _split(nbytes, n), start, reduce_ps, via)
     elif op == "allgather":
@@ -133,6 +143,20 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
         last = [sent] * 2
     done = w.barrier([t for t in last if t >= 0])
     return BuiltCollective(op, algorithm, list(ranks), nbytes, done, last)
+
+
+def _direct_phase(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int], reduce_ps, via):
+    """Every rank writes ``chunk`` bytes to every other rank at once (after its ``ready``); a rank's
+    result: all it received (added, ``n - 1`` chunks, when ``reduce_ps`` is given). Returns each
+    rank's last task."""
+    n = len(ranks)
+    _, into = matrix_transfers(w, ranks, np.full((n, n), chunk, np.int64), via, ready)
+    last = []
+    for j in range(n):
+        deps = into[j] + ([ready[j]] if ready[j] >= 0 else [])
+        last.append(w.compute(ranks[j], reduce_ps(chunk) * (n - 1), deps) if reduce_ps is not None
+                    else w.barrier(deps))
+    return last
 
 
 def _halving_doubling(w, ranks, nbytes, reduce_ps, via, start):

@@ -98,7 +98,7 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
             ranks = n["ranks"]
             starts = [joined(ready(deps, r)) for r in ranks]
             if kind == "collective":
-                built = build_collective(w, n["op"], [vertex[r] for r in ranks], n["bytes"], reduce_ps=reduce,
+                built = build_collective(w, n["op"], [vertex[r] for r in ranks], n["bytes"], n.get("algorithm"), reduce_ps=reduce,
                                          node_of=lambda v: topo.node_of(v), ready=starts)
                 per_rank, done = dict(zip(ranks, built.per_rank)), built.done
             else:

@@ -7,7 +7,7 @@ through the pipeline stages (:mod:`npusim.system.plan` defines the terms). Per l
 on the ranks of a data-parallel group of ``tp`` ranks:
 
 * dense layer: attention (heads / tp) -> all-reduce of the hidden states (bf16) -> FFN
-  (width / tp) -> all-reduce;
+  (width / tp) -> all-reduce (tensor-parallel collectives by ``TP_ALGORITHM``);
 * MoE layer: attention (heads / tp) -> all-reduce -> router and gate (each rank for the group's
   tokens) -> each rank dispatches its 1/tp of the group's tokens to the ranks of its
   expert-parallel group holding their top-k experts (INT8 or BF16 activations as the precision
@@ -42,6 +42,10 @@ from npusim.system.plan import ParallelPlan
 from npusim.system.workload import Workload
 
 SIM_LAYERS = 3
+#: the tensor-parallel collectives' algorithm: one-shot ("mesh") reduce-scatter and all-gather through
+#: every peer at once, as HCCL runs them on fully connected servers (ring and halving-doubling are
+#: the alternatives a workload file may name)
+TP_ALGORITHM = "direct"
 PAD_ROWS = 16
 ACT_BYTES = 2  # bf16 hidden states between ranks
 
@@ -100,7 +104,7 @@ class _Builder:
         if len(ranks) == 1:
             return prev
         nbytes = seqs * self.shape.tokens_per_seq * self.cfg.hidden_size * ACT_BYTES
-        node = self.wl.collective("allreduce", ranks, nbytes, list(prev.values()), name, "tp_comm")
+        node = self.wl.collective("allreduce", ranks, nbytes, list(prev.values()), name, "tp_comm", TP_ALGORITHM)
         return dict.fromkeys(ranks, node)
 
     def dense_ffn(self, ranks, seqs: int, prev: dict, tag: str) -> dict:
@@ -163,7 +167,8 @@ class _Builder:
             tail = {r: wl.compute(r, k, [c_node] + experts[r], f"{tag}.moe_tail", "moe_compute") for r in ranks}
             if tp > 1:
                 nbytes = seqs * self.shape.tokens_per_seq * h * ACT_BYTES
-                node = wl.collective("allgather", ranks, nbytes, list(tail.values()), f"{tag}.moe_allgather", "tp_comm")
+                node = wl.collective("allgather", ranks, nbytes, list(tail.values()), f"{tag}.moe_allgather", "tp_comm",
+                                     TP_ALGORITHM)
                 tail = dict.fromkeys(ranks, node)
             out.update(tail)
         return out
@@ -174,7 +179,7 @@ class _Builder:
         if len(ranks) > 1:  # the logits gathered for sampling
             rows = seqs if self.shape.phase == "prefill" else seqs * self.shape.tokens_per_seq
             node = self.wl.collective("allgather", ranks, rows * self.cfg.vocab_size * ACT_BYTES, list(out.values()),
-                                      f"{tag}.logits_allgather", "lm_head")
+                                      f"{tag}.logits_allgather", "lm_head", TP_ALGORITHM)
             out = dict.fromkeys(ranks, node)
         return out
 

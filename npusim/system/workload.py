@@ -22,9 +22,9 @@ costed there by that system's die.
 
 * ``{"kind": "compute", "rank", "kernel", "stream"}``: a kernel on one rank's stream (``compute``
   or ``moe``: the die's two in-order queues);
-* ``{"kind": "collective", "op", "ranks", "bytes"}``: ``allreduce``, ``allgather``,
+* ``{"kind": "collective", "op", "ranks", "bytes", "algorithm"}``: ``allreduce``, ``allgather``,
   ``reducescatter``, ``alltoall``, ``broadcast`` or ``sendrecv`` over those ranks (nccl-tests
-  byte convention, :mod:`npusim.system.collectives`);
+  byte convention and algorithms of :mod:`npusim.system.collectives`; ``algorithm`` optional);
 * ``{"kind": "transfers", "ranks", "bytes"}``: rank ``ranks[i]`` writes ``bytes[i][j]`` to
   ``ranks[j]`` (MoE dispatch and combine with their real token counts);
 * ``{"kind": "barrier"}``: a zero-time mark.
@@ -88,9 +88,12 @@ class Workload:
         return self._add({"kind": "compute", "rank": int(rank), "kernel": self.kernel(kernel), "stream": stream},
                          deps, name, category)
 
-    def collective(self, op: str, ranks, nbytes: int, deps=(), name: str = "", category: str = "comm") -> int:
-        return self._add({"kind": "collective", "op": op, "ranks": [int(r) for r in ranks], "bytes": int(nbytes)},
-                         deps, name, category)
+    def collective(self, op: str, ranks, nbytes: int, deps=(), name: str = "", category: str = "comm",
+                   algorithm: str | None = None) -> int:
+        node = {"kind": "collective", "op": op, "ranks": [int(r) for r in ranks], "bytes": int(nbytes)}
+        if algorithm:
+            node["algorithm"] = algorithm
+        return self._add(node, deps, name, category)
 
     def transfers(self, ranks, nbytes, deps=(), name: str = "", category: str = "comm") -> int:
         return self._add({"kind": "transfers", "ranks": [int(r) for r in ranks],

@@ -1,0 +1,75 @@
+"""One step of any model on a system under a parallel plan: map, check memory, time, summarise.
+
+:func:`simulate_plan_step` is the library entry ``npusim run --system`` (without a DeepSeek
+deployment file) and ``npusim plan`` call; :func:`summarize_timing` turns a timed workload (built
+here or loaded from ``--save-workload``) into the result keys: ``step_ms``, ``tpot_ms`` (decode) or
+``ttft_ms`` (prefill: the batch's prompts all arrive together), ``tokens_per_s_per_npu`` (output
+tokens of decode, prompt tokens of prefill, per NPU of the instance), ``breakdown_us`` (the
+critical path by category, :mod:`npusim.system.execute`), ``plan``, memory per die.
+"""
+
+from __future__ import annotations
+
+from npusim.arch import summarize
+from npusim.errors import ConfigError
+from npusim.model.zoo import get_config
+from npusim.system.chipcost import ChipCost
+from npusim.system.execute import WorkloadTiming, time_workload
+from npusim.system.load import LoadedSystem
+from npusim.system.mapper import StepShape, build_step, memory_per_rank_gb
+from npusim.system.plan import ParallelPlan, check_plan
+from npusim.system.workload import Workload
+
+NOTE = ("derived step: every kernel timed by the chip simulator, every collective and MoE transfer by the fabric "
+        "model; not modelled on this path: the embedding lookup, the experts' activation/quantisation kernels, "
+        "kernel launch gaps, speculative tokens")
+
+
+def check_fit(cfg, plan: ParallelPlan, shape: StepShape, hbm_gb: float) -> tuple[float, float]:
+    """(weights, KV) GB per die; ConfigError when they do not fit the die's HBM."""
+    weights, kv = memory_per_rank_gb(cfg, plan, shape)
+    if weights + kv > hbm_gb:
+        raise ConfigError(f"plan does not fit: {weights:.1f} GB of weights + {kv:.1f} GB of KV cache per die > "
+                          f"{hbm_gb:g} GB of HBM (more NPUs, a larger tp/ep/pp, w8a8, --kv-dtype int8, or a "
+                          "smaller batch or context)")
+    return weights, kv
+
+
+def simulate_plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, shape: StepShape,
+                       chip_cost: ChipCost | None = None, fidelity: str = "flow", routing: str = "uniform",
+                       seed: int = 0, fit: bool = True) -> tuple[dict, Workload, WorkloadTiming]:
+    """Map ``model`` by ``plan`` for ``shape`` and time it on ``loaded``: (result, workload, timing)."""
+    cfg = get_config(model)
+    dpn = loaded.system.npu.dies
+    check_plan(plan, cfg, dpn, loaded.system.num_npus)
+    if shape.phase == "decode" and shape.kv_len > cfg.max_position_embeddings:
+        raise ConfigError(f"--kv {shape.kv_len}: longer than {cfg.name}'s context of {cfg.max_position_embeddings}")
+    if shape.phase == "prefill" and shape.seq_len > cfg.max_position_embeddings:
+        raise ConfigError(f"--seq {shape.seq_len}: longer than {cfg.name}'s context of {cfg.max_position_embeddings}")
+    hbm_gb = summarize(loaded.chip).hbm_gb
+    weights, kv = check_fit(cfg, plan, shape, hbm_gb) if fit else memory_per_rank_gb(cfg, plan, shape)
+    wl = build_step(cfg, plan, shape, dpn, routing, seed)
+    cc = chip_cost or ChipCost(loaded.chip)
+    timing = time_workload(wl, loaded, cc, fidelity)
+    out = summarize_timing(wl, timing, loaded, cc)
+    out.update(weights_gb_per_die=round(weights, 3), kv_gb_per_die=round(kv, 3), hbm_gb_per_die=hbm_gb,
+               chip_cost=cc.stats.as_dict())
+    return out, wl, timing
+
+
+def summarize_timing(wl: Workload, timing: WorkloadTiming, loaded: LoadedSystem, cc: ChipCost) -> dict:
+    m = wl.meta
+    plan = m["plan"]
+    step_ms = timing.step_us / 1e3
+    out = {"system": loaded.system.name, "model": m["model"]["name"], "phase": m["phase"], "npus": plan["npus"],
+           "dies": wl.ranks, "plan": plan, "batch": m["batch"], "batch_per_npu": m["batch"] / plan["npus"],
+           "seq": m["seq_len"], "kv": m["kv_len"], "step_ms": step_ms}
+    if m["phase"] == "decode":
+        out["tpot_ms"] = step_ms
+    else:
+        out["ttft_ms"] = step_ms
+    out.update(tokens_per_s_per_npu=m["tokens"] / (timing.step_us / 1e6) / plan["npus"] if timing.step_us else None,
+               breakdown_us=timing.breakdown_us, simulated_layers=m.get("simulated_layers"),
+               fidelity={"chip_memory": cc.memory, "chip_noc": cc.noc, "fabric": timing.fabric["fidelity"]},
+               fabric=timing.fabric, busiest_links=timing.links[:5], note=NOTE)
+    return out
