@@ -1,22 +1,29 @@
-"""``npusim replay PROGRAM``: run a saved program (``npusim run --out``) on a chip."""
+"""``npusim replay PROGRAM``: run a saved program (``npusim run --out``) on a chip; ``npusim replay DIR
+--system S``: re-time a saved system step (``npusim run --system ... --save-workload DIR``) on a system."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from npusim.cli.run import add_fidelity_args, write_outputs
-from npusim.cli.util import add_arch_arg
+from npusim.cli.util import NODES_HELP, add_arch_arg, positive_int
 from npusim.files import json_text
 
 
 def add_parser(sub):
     p = sub.add_parser(
         "replay",
-        help="run a saved program (program.h5 from npusim run --out) on a chip of the same core count",
+        help="run a saved program (program.h5 from npusim run --out) on a chip of the same core count, or a saved "
+        "system step (--save-workload DIR) on a system",
         description="Replay a compiled program on an arch file with the same number of cores: compute tasks "
-        "are re-timed for its arrays and vector units, memory and NoC are simulated again.",
+        "are re-timed for its arrays and vector units, memory and NoC are simulated again. With --system, "
+        "PROGRAM is a workload directory (or its workload.json) from `npusim run --system ... --save-workload "
+        "DIR`: its kernels are costed on that system's die and its collectives and transfers timed on its fabric.",
     )
-    p.add_argument("program", type=Path, help="program.h5 written by `npusim run --out DIR`")
+    p.add_argument("program", type=Path, help="program.h5 written by `npusim run --out DIR`, or with --system a "
+                   "workload directory")
+    p.add_argument("--system", default=None, help="system preset or file: re-time a saved system workload on it")
+    p.add_argument("--nodes", type=positive_int, default=None, help="with --system: " + NODES_HELP)
     add_arch_arg(p)
     add_fidelity_args(p, memory_default="analytical")
     p.add_argument("--out", type=Path, default=None, help="directory for summary.json, tasks.h5, timeline.json")
@@ -26,6 +33,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    if args.system is not None:
+        return run_system_workload(args)
     from npusim.arch import load_arch
     from npusim.cli.progress import task_progress
     from npusim.report.breakdown import time_breakdown
@@ -54,4 +63,28 @@ def run(args) -> int:
     print(f"replayed {args.program} ({m.get('model', '?')} {m.get('phase', '')}, {len(prog):,} tasks) on {arch.name}")
     print(f"  latency        {summary['latency_ms']:.3f} ms ({cycles:,} cycles)")
     print("  time went to   " + ", ".join(f"{k} {v:.3f} ms" for k, v in summary["breakdown_ms"].items()))
+    return 0
+
+
+def run_system_workload(args) -> int:
+    from npusim.cli.run_system import print_plan_step, write_plan_outputs
+    from npusim.system.chipcost import ChipCost
+    from npusim.system.execute import time_workload
+    from npusim.system.load import load_system
+    from npusim.system.step import summarize_timing
+    from npusim.system.workload import Workload
+
+    wl = Workload.load(args.program)
+    loaded = load_system(args.system, nodes=args.nodes)
+    cc = ChipCost(loaded.chip)
+    timing = time_workload(wl, loaded, cc)
+    out = summarize_timing(wl, timing, loaded, cc)
+    out.update(replayed=str(args.program), chip_cost=cc.stats.as_dict())
+    if args.out:
+        write_plan_outputs(args.out, out, wl, timing)
+    if args.json:
+        print(json_text(out))
+        return 0
+    print(f"replayed {args.program} on {loaded.system.name}")
+    print_plan_step(out)
     return 0

@@ -190,8 +190,9 @@ def print_plan_step(r: dict) -> None:
     total = sum(r["breakdown_us"].values()) or 1.0
     print("  critical path " + ", ".join(f"{k} {v / 1e3:,.3f} ms ({100 * v / total:.0f}%)"
                                          for k, v in sorted(r["breakdown_us"].items(), key=lambda kv: -kv[1])))
-    print(f"  memory        {r['weights_gb_per_die']:.1f} GB weights + {r['kv_gb_per_die']:.1f} GB KV per die of "
-          f"{r['hbm_gb_per_die']:g} GB")
+    if "weights_gb_per_die" in r:  # not known to a replayed workload
+        print(f"  memory        {r['weights_gb_per_die']:.1f} GB weights + {r['kv_gb_per_die']:.1f} GB KV per die of "
+              f"{r['hbm_gb_per_die']:g} GB")
     if r["busiest_links"]:
         b = r["busiest_links"][0]
         print(f"  busiest link  {b['link']} ({b['fabric']}): {b['gbps']:,.1f} GB/s mean, {100 * b['utilization']:.0f}%")

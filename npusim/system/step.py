@@ -61,14 +61,15 @@ def summarize_timing(wl: Workload, timing: WorkloadTiming, loaded: LoadedSystem,
     m = wl.meta
     plan = m["plan"]
     step_ms = timing.step_us / 1e3
-    out = {"system": loaded.system.name, "model": m["model"]["name"], "phase": m["phase"], "npus": plan["npus"],
-           "dies": wl.ranks, "plan": plan, "batch": m["batch"], "batch_per_npu": m["batch"] / plan["npus"],
+    npus = -(-wl.ranks // loaded.system.npu.dies)  # the plan's, or as many as the ranks fill on another system
+    out = {"system": loaded.system.name, "model": m["model"]["name"], "phase": m["phase"], "npus": npus,
+           "dies": wl.ranks, "plan": plan, "batch": m["batch"], "batch_per_npu": m["batch"] / npus,
            "seq": m["seq_len"], "kv": m["kv_len"], "step_ms": step_ms}
     if m["phase"] == "decode":
         out["tpot_ms"] = step_ms
     else:
         out["ttft_ms"] = step_ms
-    out.update(tokens_per_s_per_npu=m["tokens"] / (timing.step_us / 1e6) / plan["npus"] if timing.step_us else None,
+    out.update(tokens_per_s_per_npu=m["tokens"] / (timing.step_us / 1e6) / npus if timing.step_us else None,
                breakdown_us=timing.breakdown_us, simulated_layers=m.get("simulated_layers"),
                fidelity={"chip_memory": cc.memory, "chip_noc": cc.noc, "fabric": timing.fabric["fidelity"]},
                fabric=timing.fabric, busiest_links=timing.links[:5], note=NOTE)
