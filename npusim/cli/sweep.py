@@ -42,7 +42,8 @@ def add_parser(sub):
 
 def run(args) -> int:
     from npusim.cli.progress import point_progress
-    from npusim.sweep.runner import default_workers, run_sweep
+    from npusim.pool import default_workers
+    from npusim.sweep.runner import run_sweep
     from npusim.sweep.spec import MAX_POINTS, load_sweep
 
     if args.workers is not None and args.workers < 1:

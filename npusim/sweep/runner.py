@@ -14,25 +14,21 @@ SIGTERM, a lost cluster) leaves a valid table whose ``missing`` rows are the poi
 run. Rows are in the sweep file's order whatever order points finish in, so a resumed sweep's
 table equals an uninterrupted one except for the wall-time column.
 
-Workers: ``workers=1`` runs points in this process; more use a ``spawn`` process pool (fresh
-interpreters: no state forked from the parent, Numba's on-disk cache shared); ``scheduler``
-(``tcp://host:port``) submits them to a Dask distributed cluster whose workers can import the
-same npusim and read the same input files (traces, ONNX models).
+Workers: :func:`npusim.pool.run_points` (this process, a ``spawn`` process pool, or a Dask cluster
+whose workers can import the same npusim and read the same input files: traces, ONNX models).
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from npusim import __version__
 from npusim.errors import ConfigError, NpusimError
+from npusim.pool import connect, run_points
 from npusim.sweep.spec import Point, Sweep
 from npusim.sweep.table import RESULTS_NAME, flatten, missing_record, read_table, write_table
 
@@ -128,27 +124,17 @@ def run_sweep(sweep: Sweep, out: str | Path, workers: int | None = None, schedul
         if time.monotonic() - state["last"] >= WRITE_EVERY_S:
             save()
 
-    client = _dask_client(scheduler) if scheduler and todo else None  # before any file is written
+    client = connect(scheduler) if scheduler and todo else None  # before any file is written
     save()
     if progress:
         progress(len(records), len(sweep.points), 0)
     try:
-        if client is not None:
-            _run_dask(todo, client, finished)
-        elif (workers or 1) <= 1 or len(todo) <= 1:
-            for p in todo:
-                finished(run_point(p))
-        else:
-            _run_pool(todo, min(workers, len(todo)), finished)
+        run_points(run_point, todo, finished, _died, workers, client, key=lambda p: f"npusim-point-{p.config_hash}")
     finally:  # also on Ctrl-C: the table then lists the points still missing
         save()
     failed_total = sum(r["status"] == "failed" for r in records.values())
     return SweepOutcome(points=len(sweep.points), ran=state["ran"], skipped=len(done), failed=failed_total,
                         results=path, missing=len(sweep.points) - len(records))
-
-
-def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def _previous(path: Path, sweep: Sweep, retry_failed: bool) -> dict[str, dict]:
@@ -169,86 +155,8 @@ def _attrs(sweep: Sweep) -> dict[str, Any]:
             "report": spec.report.model_dump()}
 
 
-def _run_pool(todo: list[Point], workers: int, finished: Callable[[dict], None]) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_ignore_sigint)
-    futures = {pool.submit(run_point, p): p for p in todo}
-    pending = set(futures)
-    try:
-        while pending:
-            ready, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in sorted(ready, key=lambda f: futures[f].index):
-                finished(_result(fut, futures[fut]))
-    except BaseException:
-        # keep what finished meanwhile, then stop the workers this pool started (running points
-        # are abandoned: they are 'missing' in the table and run again next time)
-        for fut in list(pending):
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                finished(fut.result())
-        for proc in list((getattr(pool, "_processes", None) or {}).values()):
-            proc.terminate()
-        pool.shutdown(wait=True, cancel_futures=True)  # returns at once: its workers are gone
-        raise
-    pool.shutdown()
-
-
-def _ignore_sigint() -> None:
-    """Pool workers leave Ctrl-C to the parent, which saves the table and then stops them."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _result(fut, point: Point) -> dict:
-    exc = fut.exception()
-    if exc is None:
-        return fut.result()
+def _died(point: Point, exc: BaseException) -> dict:
+    """The record of a point whose worker died."""
     return {"point": point.index, "axes": point.axes, "config_hash": point.config_hash, "npusim_version": __version__,
             "seed": point.seed, "config": point.config, "metrics": {}, "status": "failed", "wall_s": None,
             "error": f"the worker running this point died ({type(exc).__name__}: {exc}); rerun with --retry-failed"}
-
-
-def _dask_client(scheduler: str):
-    try:
-        from distributed import Client
-    except ImportError:
-        raise ConfigError("--scheduler needs Dask's distributed scheduler: pip install 'dask[distributed]'") from None
-    try:
-        return Client(scheduler, timeout="10s")
-    except (OSError, TimeoutError, ValueError) as exc:
-        raise ConfigError(f"--scheduler {scheduler}: cannot connect to a Dask scheduler there ({exc})") from None
-
-
-def _run_dask(todo: list[Point], client, finished: Callable[[dict], None]) -> None:
-    from distributed import as_completed
-
-    try:
-        futures = {}
-        for p in todo:
-            futures[client.submit(run_point, p, key=f"npusim-point-{p.config_hash}", pure=False)] = p
-        try:
-            for fut in as_completed(list(futures)):
-                finished(_result_dask(fut, futures[fut]))
-        except BaseException:
-            client.cancel(list(futures))
-            raise
-    finally:
-        client.close()
-
-
-def _result_dask(fut, point: Point) -> dict:
-    if fut.status == "finished":
-        return fut.result()
-    try:
-        exc = fut.exception()
-    except Exception as err:  # cancelled
-        exc = err
-    return _result(_Failed(exc), point)
-
-
-class _Failed:
-    def __init__(self, exc):
-        self._exc = exc
-
-    def exception(self):
-        return self._exc
