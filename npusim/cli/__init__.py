@@ -19,8 +19,8 @@ from npusim import __version__
 from npusim.errors import NpusimError
 from npusim.files import check_output_dir, remove_partials
 
-SUBCOMMANDS = ("run", "replay", "info", "gemm", "mem", "noc", "collective", "fabric", "model", "sweep", "report",
-               "validate")
+SUBCOMMANDS = ("run", "replay", "plan", "info", "gemm", "mem", "noc", "collective", "fabric", "model", "sweep",
+               "report", "validate")
 
 
 class _Parser(argparse.ArgumentParser):

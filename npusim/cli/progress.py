@@ -102,3 +102,8 @@ def system_progress(enabled: bool = True, desc: str = "simulating"):
 def point_progress(total: int, enabled: bool = True):
     """Sweep points finished (this run's and earlier runs'), with how many failed (the callback gets the count)."""
     return _bar("sweep", "pt", total, enabled, lambda failed: f"{int(failed)} failed")
+
+
+def plan_progress(total: int, enabled: bool = True):
+    """Plan points finished (the total shrinks as plans stop early: memory or the latency objective)."""
+    return _bar("plan", "pt", total, enabled, lambda _: "", ("chip", "system"))

@@ -1,0 +1,157 @@
+"""``npusim plan``: search parallel plans and batch sizes for a model on a system.
+
+Every plan of the instance's NPUs (TP x DP x PP splits of its dies, EP for MoE models,
+micro-batches) is tried at growing batch sizes; each point is one simulated step (chip costs
+memoised on disk, the fabric simulated), checked against the dies' HBM and the latency
+objective (``--slo-tpot-ms`` for decode, ``--slo-ttft-ms`` for prefill). Prints the ranking by
+tokens/s per NPU, the Pareto front (tokens/s per NPU against latency) and why rejected plans
+were rejected; ``--out DIR`` writes plan.json and, with matplotlib, pareto.png. Points run on
+the local worker pool (``--workers``) or a Dask cluster (``--scheduler``), as ``npusim sweep``'s do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from npusim.cli.util import NODES_HELP, positive_float, positive_int
+from npusim.errors import ConfigError
+from npusim.files import json_text, write_json
+
+
+def add_parser(sub):
+    p = sub.add_parser("plan", help="search parallel plans (TP/DP/EP/PP, micro-batches, batch) for a model on a system",
+                       description=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--system", default="atlas-800i-a2", help="system preset or file (default atlas-800i-a2)")
+    p.add_argument("--nodes", type=positive_int, default=None, help=NODES_HELP)
+    p.add_argument("--npus", type=positive_int, default=None, help="NPUs of the instance (default: one node)")
+    p.add_argument("--model", default="qwen3-30b-a3b", help="built-in model or config.json (default qwen3-30b-a3b)")
+    p.add_argument("--phase", choices=["decode", "prefill"], default="decode")
+    p.add_argument("--kv", type=positive_int, default=1024, help="decode: context length attended (default 1024)")
+    p.add_argument("--seq", type=positive_int, default=1024, help="prefill: prompt tokens (default 1024)")
+    p.add_argument("--slo-tpot-ms", type=positive_float, default=None, help="decode: TPOT objective")
+    p.add_argument("--slo-ttft-ms", type=positive_float, default=None, help="prefill: TTFT objective")
+    p.add_argument("--precision", choices=["bf16", "fp16", "a8w8", "w8a8"], default="bf16")
+    p.add_argument("--kv-dtype", choices=["bf16", "int8"], default="bf16")
+    p.add_argument("--batches", default=None, help="batch sizes of the instance to try, comma-separated (default: "
+                   "1, 2, 4 ... 64 per NPU for decode, 16 per NPU for prefill)")
+    p.add_argument("--max-pp", type=positive_int, default=8, help="most pipeline stages tried (default 8)")
+    p.add_argument("--routing", default="uniform", help="MoE expert popularity: uniform, zipf:S or a load-profile file")
+    p.add_argument("--seed", type=int, default=0, help="MoE routing seed")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=positive_int, default=None,
+                       help="local worker processes (default: one per CPU; 1 runs points in this process)")
+    where.add_argument("--scheduler", default=None, help="Dask distributed scheduler address, tcp://HOST:PORT")
+    p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _batches(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--batches {text!r}: expected comma-separated positive integers, e.g. 1,8,32") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"--batches {text!r}: expected comma-separated positive integers, e.g. 1,8,32")
+    return values
+
+
+def run(args) -> int:
+    from npusim.cli.progress import plan_progress
+    from npusim.cli.run_system import PLAN_PRECISION
+    from npusim.pool import connect, default_workers
+    from npusim.system.load import load_system
+    from npusim.system.search import search_plans
+
+    if args.phase == "decode" and args.slo_ttft_ms is not None:
+        raise ConfigError("--slo-ttft-ms is the prefill objective; decode takes --slo-tpot-ms")
+    if args.phase == "prefill" and args.slo_tpot_ms is not None:
+        raise ConfigError("--slo-tpot-ms is the decode objective; prefill takes --slo-ttft-ms")
+    loaded = load_system(args.system, nodes=args.nodes)
+    npus = args.npus or loaded.system.npus_per_node
+    if npus > loaded.system.num_npus:
+        raise ConfigError(f"--npus {npus}: {loaded.system.name} has {loaded.system.num_npus} NPUs")
+    client = connect(args.scheduler) if args.scheduler else None
+    workers = args.workers if args.workers is not None else default_workers()
+    with plan_progress(0, enabled=not (args.no_progress or args.json)) as progress:
+        result = search_plans(args.system, args.nodes, args.model, npus, args.phase, args.seq, args.kv,
+                              args.slo_tpot_ms if args.phase == "decode" else args.slo_ttft_ms,
+                              PLAN_PRECISION[args.precision], args.kv_dtype, _batches(args.batches), args.max_pp,
+                              args.routing, args.seed, workers, client,
+                              progress=lambda done, total: progress(0, done, total))
+    if args.out:
+        from npusim.files import result_files
+
+        files = {"summary": args.out / "plan.json", "pareto": args.out / "pareto.png"}
+        with result_files(files):
+            if not _plot(files["pareto"], result):
+                del files["pareto"]
+            result["files"] = {k: str(v) for k, v in files.items()}
+            write_json(files["summary"], result)
+    if args.json:
+        print(json_text(result))
+        return 0
+    _print(result)
+    return 0
+
+
+def _print(r: dict) -> None:
+    from npusim.system.search import latency_key, plan_label
+
+    lat = latency_key(r["phase"])
+    name = lat[:-3].upper()
+    print(f"{r['model']} {r['phase']} on {r['system']}, {r['npus']} NPUs: {r['plans']} plans, {r['evaluated']} points "
+          f"simulated, {r['rejected_plans']} plans rejected")
+    ranked = sorted((c for c in r["candidates"] if c["feasible"]), key=lambda c: -c["tokens_per_s_per_npu"])
+    print(f"  {'plan':<26} {'batch':>6} {name + ' ms':>10} {'tok/s/NPU':>11}")
+    for c in ranked[:10]:
+        mark = " *" if c is r["best"] or c == r["best"] else ""
+        print(f"  {plan_label(c['plan']):<26} {c['batch']:>6} {c[lat]:>10.2f} {c['tokens_per_s_per_npu']:>11.1f}{mark}")
+    if not ranked:
+        print("  no feasible point")
+    print("  Pareto front  " + "; ".join(f"{plan_label(c['plan'])} b{c['batch']}: {c[lat]:.1f} ms, "
+                                          f"{c['tokens_per_s_per_npu']:.0f} tok/s/NPU" for c in r["pareto"]))
+    reasons: dict[str, int] = {}
+    for c in r["candidates"]:
+        if not c["feasible"]:
+            reasons[c["reason"].split(":")[0] if c["reason"] else "?"] = reasons.get(
+                c["reason"].split(":")[0] if c["reason"] else "?", 0) + 1
+    if reasons:
+        print("  rejected      " + ", ".join(f"{n} x {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])))
+    for c in [c for c in r["candidates"] if not c["feasible"]][:5]:
+        print(f"    {plan_label(c['plan'])} b{c['batch']}: {c['reason']}")
+    for key, path in r.get("files", {}).items():
+        print(f"  wrote {key:<8} {path}")
+
+
+def _plot(path: Path, r: dict) -> bool:
+    """The feasible points and the Pareto front, tokens/s per NPU against latency; False without matplotlib."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from npusim.files import atomic_path
+    from npusim.system.search import latency_key
+
+    lat = latency_key(r["phase"])
+    ok = [c for c in r["candidates"] if c["feasible"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter([c[lat] for c in ok], [c["tokens_per_s_per_npu"] for c in ok], s=12, alpha=0.5, label="feasible")
+    ax.plot([c[lat] for c in r["pareto"]], [c["tokens_per_s_per_npu"] for c in r["pareto"]], "r.-", label="Pareto front")
+    ax.set_xlabel(f"{lat[:-3].upper()} (ms)")
+    ax.set_ylabel("tokens/s per NPU")
+    ax.set_title(f"{r['model']} {r['phase']} on {r['system']} ({r['npus']} NPUs)")
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    return True
