@@ -8,8 +8,9 @@ a collective the transfers and reductions of :func:`~npusim.system.collectives.b
 (:func:`~npusim.system.collectives.matrix_transfers`, AIV-direct or SDMA as the system's
 initiator default says). The fabric model times the transfers with contention.
 
-Results: the step time (the makespan; with ``meta.repeat``, plus the remaining layers at the
-measured period), each node's start and end, and ``breakdown_us``: the step's critical path
+Results: the step time (the makespan; with ``meta.repeat``, the simulated layers replaced by the
+layer count at the measured period), each node's start and end (over its transfer and compute
+tasks), and ``breakdown_us``: the step's critical path
 (walked back from the last node through the dependency that finished last), each piece of it
 filed under the category of the node it ends in, so the parts sum to the step time. Waiting for
 a busy stream counts under the node that waited. ``link_utilization``: each directed fabric
@@ -29,6 +30,7 @@ from npusim.system.collectives import build_collective, matrix_transfers
 from npusim.system.load import LoadedSystem
 from npusim.system.measure import reduction_ps
 from npusim.system.parts import layer_part_graph
+from npusim.system.kernel import KIND_FLOW
 from npusim.system.simulator import PS_PER_US, SystemSim
 from npusim.system.work import WorkBuilder
 from npusim.system.workload import Workload
@@ -49,13 +51,22 @@ class WorkloadTiming:
 def cost_kernels(wl: Workload, cc: ChipCost) -> list[float]:
     """Each kernel's time on the die, in microseconds."""
     cfg = get_config(wl.meta["model"])
-    out = []
+    out: list[float] = []
     for spec in wl.kernels:
-        if spec["type"] == "gemm":
-            r = cc.gemm(spec["m"], spec["k"], spec["n"], spec.get("dtype", "bf16"), batch=spec.get("batch", 1))
-        else:
-            r = cc.graph(layer_part_graph(cfg, spec))
-        out.append(r.time_us)
+        kind, cores = spec["type"], spec.get("cores")
+        if kind == "gemm":
+            us = cc.gemm(spec["m"], spec["k"], spec["n"], spec.get("dtype", "bf16"), cores,
+                         batch=spec.get("batch", 1)).time_us
+        elif kind == "layer":
+            us = cc.graph(layer_part_graph(cfg, spec), cores).time_us
+        elif kind == "fixed":
+            us = float(spec["us"])
+        elif kind == "sum":
+            us = sum(out[i] for i in spec["of"]) * spec.get("times", 1)
+        else:  # blend
+            a, b = out[spec["a"]], out[spec["b"]]
+            us = max(0.0, a + (b - a) * spec["weight"])
+        out.append(us)
     return out
 
 
@@ -91,6 +102,9 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
             t = w.compute(vertex[r], int(round(kernel_us[n["kernel"]] * PS_PER_US)), ready(deps, r),
                           unit=n.get("stream", "compute"))
             per_rank, done = {r: t}, t
+        elif kind == "barrier" and "rank" in n:
+            done = w.barrier(ready(deps, n["rank"]))
+            per_rank = {n["rank"]: done}
         elif kind == "barrier":
             done = w.barrier([node_done[d] for d in deps])
             per_rank = {}
@@ -102,8 +116,8 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
                                          node_of=lambda v: topo.node_of(v), ready=starts)
                 per_rank, done = dict(zip(ranks, built.per_rank)), built.done
             else:
-                _, into = matrix_transfers(w, [vertex[r] for r in ranks], np.asarray(n["bytes"], np.int64), None,
-                                           starts)
+                _, into = matrix_transfers(w, [vertex[r] for r in ranks], np.asarray(n["bytes"], np.int64),
+                                           n.get("via"), starts)
                 per_rank = {r: joined(into[i] + [starts[i]]) for i, r in enumerate(ranks)}
                 done = w.barrier([t for t in per_rank.values() if t >= 0] or [s for s in starts if s >= 0])
         node_rank_task.append(per_rank)
@@ -111,25 +125,42 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
         spans.append((first, w.base + w.count - 1))
     w.submit()
     sim.run()
-    tt = sim.engine.tt
-    start = np.array([tt.start[a: b + 1].min() for a, b in spans], np.float64) / PS_PER_US
-    end = np.array([tt.end[a: b + 1].max() for a, b in spans], np.float64) / PS_PER_US
+    start, end = _node_times(sim, spans)
     makespan = float(end.max()) if len(end) else 0.0
-    breakdown, period_parts = _critical_path(wl, start, end)
+    breakdown, path_within = _critical_path(wl, start, end)
     step = makespan
     repeat = wl.meta.get("repeat")
-    if repeat and len(repeat["marks"]) >= 2:
+    if repeat and len(repeat["marks"]) >= 2:  # the simulated stretch -> L periods
         marks = repeat["marks"]
-        period = float(end[marks[-1]] - end[marks[-2]])
-        extra = repeat["layers"] - len(marks)
-        step += extra * period
-        lo, hi = end[marks[-2]], end[marks[-1]]
-        for cat, us in period_parts(lo, hi).items():
-            breakdown[cat] = breakdown.get(cat, 0.0) + extra * us
+        t0, t1, t2 = end[repeat["start"]], end[marks[-2]], end[marks[-1]]
+        period = float(t2 - t1)
+        step += repeat["layers"] * period - float(t2 - t0)
+        for cat, us in path_within(t0, t2).items():
+            breakdown[cat] -= us
+        for cat, us in path_within(t1, t2).items():
+            breakdown[cat] = breakdown.get(cat, 0.0) + repeat["layers"] * us
+        breakdown = {k: v for k, v in breakdown.items() if abs(v) > 1e-9}
     return WorkloadTiming(step_us=step, makespan_us=makespan, breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
                           node_start_us=start, node_end_us=end, kernel_us=kernel_us,
                           links=_link_utilization(sim, makespan),
                           fabric={"fidelity": fidelity, "events": sim.events, "tasks": int(w.count)})
+
+
+def _node_times(sim: SystemSim, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's first start and last end (us) over its tasks that do work (transfers, compute);
+    a node of zero-time marks only takes theirs."""
+    tt = sim.engine.tt
+    n_tasks = sim.engine.num_tasks
+    work = (tt.queue[:n_tasks] >= 0) | (tt.kind[:n_tasks] == KIND_FLOW)
+    start = np.empty(len(spans))
+    end = np.empty(len(spans))
+    for i, (a, b) in enumerate(spans):
+        sel = np.flatnonzero(work[a: b + 1]) + a
+        if not sel.shape[0]:
+            sel = np.arange(a, b + 1)
+        start[i] = tt.start[sel].min()
+        end[i] = tt.end[sel].max()
+    return start / PS_PER_US, end / PS_PER_US
 
 
 def _critical_path(wl: Workload, start: np.ndarray, end: np.ndarray):

@@ -210,6 +210,7 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
     simulated = _simulated_layers(cfg, moe_from) if repeat else list(range(cfg.num_layers))
     prev: list[dict] = [{} for _ in range(plan.microbatches)]
     marks = []
+    start = -1
 
     def layer(stage: int, m: int, idx: int) -> None:
         tag = f"L{idx}.mb{m}"
@@ -237,6 +238,8 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
 
     if plan.pp == 1:
         for idx in simulated:  # layer by layer, the microbatches interleaved (one's comm under the other's compute)
+            if repeat and idx == repeated_from:
+                start = wl.barrier([d for p in prev for d in p.values()], "repeated_layers.start")
             for m in range(plan.microbatches):
                 layer(0, m, idx)
             if repeat and idx >= repeated_from:
@@ -258,7 +261,7 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
                "tokens": shape.batch * (shape.seq_len if shape.phase == "prefill" else 1),
                "simulated_layers": len(simulated), "routing": routing, "seed": seed}
     if repeat:
-        wl.meta["repeat"] = {"marks": marks, "layers": cfg.num_layers - repeated_from}
+        wl.meta["repeat"] = {"start": start, "marks": marks, "layers": cfg.num_layers - repeated_from}
     return wl
 
 

@@ -9,14 +9,20 @@ costed there by that system's die.
 
 ``kernels`` (each costed once per timing, memoised by :class:`~npusim.system.chipcost.ChipCost`):
 
-* ``{"type": "gemm", "m", "k", "n", "batch", "dtype"}``: ``batch`` GEMMs on the whole die;
-* ``{"type": "layer", "part", "layer", "phase", "batch", "seq_len", "kv_len", "heads_split",
-  "ffn_split", "vocab_split", "kv_dtype"}``: ops of decoder layer ``layer`` of the workload's model
-  (``meta.model``) built for that batch and sharded (heads, FFN width, vocabulary divided by the
-  splits), the ``part`` being ``attention`` (norm to the attention residual), ``ffn`` (the dense
-  FFN block), ``router`` (the MoE block's norm and gate), ``shared`` (DeepSeek-style shared experts),
-  ``moe_tail`` (what follows the experts: their weighted sum and the residual), or ``head`` (final
-  norm and LM head; ``layer`` -1).
+* ``{"type": "gemm", "m", "k", "n", "batch", "dtype", "cores"}``: ``batch`` GEMMs on the die
+  (``cores``: on that many of its cores; default all);
+* ``{"type": "layer", "part", "layer", "phase", "batch", "seq_len", "kv_len", "precision",
+  "heads_split", "ffn_split", "vocab_split", "kv_dtype", "cores"}``: ops of decoder layer ``layer``
+  of the workload's model (``meta.model``) built for that batch and sharded (heads, FFN width,
+  vocabulary divided by the splits, :mod:`npusim.system.parts`), cut to ``part`` (see there; none:
+  the whole layer, or the ops ``after`` / ``upto`` ops whose names end so);
+* ``{"type": "fixed", "us", "source"}``: a time taken from a figure, not simulated (a calibrated
+  constant: the step's breakdown files it under ``calibrated``);
+* ``{"type": "sum", "of": [kernel indices], "times": n}``: those kernels back to back, ``n`` times;
+* ``{"type": "blend", "a", "b", "weight"}``: ``a + (b - a) x weight`` (at least 0): a kernel between
+  two costed shapes (a sequence group's mean context between two context lengths).
+
+A kernel's indices refer to earlier kernels.
 
 ``nodes`` (in an order where every dependency comes first):
 
@@ -25,9 +31,11 @@ costed there by that system's die.
 * ``{"kind": "collective", "op", "ranks", "bytes", "algorithm"}``: ``allreduce``, ``allgather``,
   ``reducescatter``, ``alltoall``, ``broadcast`` or ``sendrecv`` over those ranks (nccl-tests
   byte convention and algorithms of :mod:`npusim.system.collectives`; ``algorithm`` optional);
-* ``{"kind": "transfers", "ranks", "bytes"}``: rank ``ranks[i]`` writes ``bytes[i][j]`` to
-  ``ranks[j]`` (MoE dispatch and combine with their real token counts);
-* ``{"kind": "barrier"}``: a zero-time mark.
+* ``{"kind": "transfers", "ranks", "bytes", "via"}``: rank ``ranks[i]`` writes ``bytes[i][j]`` to
+  ``ranks[j]`` (MoE dispatch and combine with their real token counts); ``via``: ``sdma`` or
+  ``aiv`` (default: the system's initiator default);
+* ``{"kind": "barrier", "rank"}``: a zero-time mark; with ``rank``, it waits only for its
+  dependencies' parts on that rank.
 
 Every node has ``deps`` (earlier node indices), ``name`` and ``category`` (what the step's
 breakdown files its time under). A rank of a node waits for a dependency's part *on that rank*
@@ -36,9 +44,10 @@ else for the whole dependency.
 
 ``meta``: ``model`` (the model's config, our field names), ``plan``, ``phase``, ``batch``,
 ``seq_len``, ``kv_len``, ``tokens`` (output tokens of the step, for throughput) and
-``repeat`` (optional: ``{"marks": [node indices of the simulated layers' ends], "layers": L}``:
-the step stands for ``L`` layers, the simulated ones and ``L - len(marks)`` more at the period
-between the last two marks).
+``repeat`` (optional: ``{"start": node, "marks": [nodes], "layers": L}``: the simulated layers
+between the ``start`` mark and the last of the ``marks`` (each a layer's end) stand for ``L``
+layers at the period between the last two marks: the step is the makespan with that stretch
+replaced by ``L`` periods).
 
 Saved as one JSON file, ``workload.json`` in a directory (``--save-workload DIR``).
 """
@@ -56,8 +65,8 @@ FORMAT = "npusim-system-workload"
 VERSION = 1
 FILE_NAME = "workload.json"
 NODE_KINDS = ("compute", "collective", "transfers", "barrier")
-KERNEL_TYPES = ("gemm", "layer")
-LAYER_PARTS = ("attention", "ffn", "router", "shared", "moe_tail", "head")
+KERNEL_TYPES = ("gemm", "layer", "fixed", "sum", "blend")
+LAYER_PARTS = ("attention", "ffn", "router", "attention+router", "shared", "moe_tail", "head")
 STREAMS = ("compute", "moe")
 
 
@@ -95,12 +104,15 @@ class Workload:
             node["algorithm"] = algorithm
         return self._add(node, deps, name, category)
 
-    def transfers(self, ranks, nbytes, deps=(), name: str = "", category: str = "comm") -> int:
-        return self._add({"kind": "transfers", "ranks": [int(r) for r in ranks],
-                          "bytes": [[int(b) for b in row] for row in nbytes]}, deps, name, category)
+    def transfers(self, ranks, nbytes, deps=(), name: str = "", category: str = "comm", via: str | None = None) -> int:
+        node = {"kind": "transfers", "ranks": [int(r) for r in ranks], "bytes": [[int(b) for b in row] for row in nbytes]}
+        if via:
+            node["via"] = via
+        return self._add(node, deps, name, category)
 
-    def barrier(self, deps, name: str = "", category: str = "mark") -> int:
-        return self._add({"kind": "barrier"}, deps, name, category)
+    def barrier(self, deps, name: str = "", category: str = "mark", rank: int | None = None) -> int:
+        return self._add({"kind": "barrier"} if rank is None else {"kind": "barrier", "rank": int(rank)}, deps, name,
+                         category)
 
     # -- files ---------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -145,8 +157,13 @@ class Workload:
         for i, k in enumerate(self.kernels):
             if not isinstance(k, dict) or k.get("type") not in KERNEL_TYPES:
                 raise ConfigError(f"{where}: kernels[{i}]: 'type' must be one of {', '.join(KERNEL_TYPES)}")
-            if k["type"] == "layer" and k.get("part") not in LAYER_PARTS:
+            if k["type"] == "layer" and k.get("part") not in (*LAYER_PARTS, None):
                 raise ConfigError(f"{where}: kernels[{i}]: 'part' must be one of {', '.join(LAYER_PARTS)}")
+            refs = k.get("of", []) if k["type"] == "sum" else [k.get("a"), k.get("b")] if k["type"] == "blend" else []
+            if any(not isinstance(j, int) or not 0 <= j < i for j in refs):
+                raise ConfigError(f"{where}: kernels[{i}]: a {k['type']} kernel refers to earlier kernels only")
+            if k["type"] == "fixed" and (not isinstance(k.get("us"), (int, float)) or k["us"] < 0):
+                raise ConfigError(f"{where}: kernels[{i}]: a fixed kernel needs 'us' >= 0")
         for i, n in enumerate(self.nodes):
             at = f"{where}: nodes[{i}]"
             if not isinstance(n, dict) or n.get("kind") not in NODE_KINDS:
@@ -154,7 +171,7 @@ class Workload:
             deps = n.get("deps", [])
             if not isinstance(deps, list) or any(not isinstance(x, int) or not 0 <= x < i for x in deps):
                 raise ConfigError(f"{at}: 'deps' must list indices of earlier nodes")
-            ranks = [n["rank"]] if n["kind"] == "compute" else n.get("ranks", [])
+            ranks = [n["rank"]] if "rank" in n else n.get("ranks", [])
             if any(not isinstance(r, int) or not 0 <= r < self.ranks for r in ranks):
                 raise ConfigError(f"{at}: rank(s) {ranks} outside 0..{self.ranks - 1}")
             if n["kind"] == "compute":
@@ -170,6 +187,7 @@ class Workload:
                 if not isinstance(b, list) or len(b) != len(ranks) or any(
                         not isinstance(row, list) or len(row) != len(ranks) for row in b):
                     raise ConfigError(f"{at}: 'bytes' must be a {len(ranks)} x {len(ranks)} matrix")
-        marks = self.meta.get("repeat", {}).get("marks", [])
-        if any(not isinstance(m, int) or not 0 <= m < len(self.nodes) for m in marks):
-            raise ConfigError(f"{where}: meta.repeat.marks must index nodes")
+        repeat = self.meta.get("repeat") or {}
+        marks = [*repeat.get("marks", []), repeat.get("start", 0)]
+        if repeat and any(not isinstance(m, int) or not 0 <= m < len(self.nodes) for m in marks):
+            raise ConfigError(f"{where}: meta.repeat's start and marks must index nodes")
