@@ -99,25 +99,27 @@ def test_shared_expert_is_costed_in_every_mode(cm1):
     split it, all-gather their tokens and scatter the partial sums back (bytes of both directions
     = (T-1) peers x tokens x message size, per die and microbatch), each holding 1/T of its weights."""
     from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token
-    from npusim.system.moe_step import _shared_expert_cost, weights_per_die_gb
-    from npusim.system.chipcost import ChipCost
+    from npusim.system.moe_step import _shared_expert_kernel, weights_per_die_gb
+    from npusim.system.workload import Workload
     cfg = get_config("deepseek-r1")
-    cc = ChipCost(cm1.chip)
-    dp_ps, dp_group = _shared_expert_cost(cfg, _dep(), cc, 8, 24, 16)
-    assert dp_ps > 0 and dp_group["gather_bytes"].sum() == 0
-    tp_ps, tp_group = _shared_expert_cost(cfg, _dep(shared_expert={"mode": "tp", "degree": 4}), cc, 8, 24, 16)
-    assert tp_ps > 0
+    wl = Workload(16)
+    dp_k, dp_group = _shared_expert_kernel(cfg, _dep(), wl.kernel, 8, 24, 16)
+    assert wl.kernels[dp_k]["type"] == "sum" and dp_group["gather_bytes"].sum() == 0
+    tp_k, tp_group = _shared_expert_kernel(cfg, _dep(shared_expert={"mode": "tp", "degree": 4}), wl.kernel, 8, 24, 16)
+    up = wl.kernels[wl.kernels[tp_k]["of"][0]]
+    assert up["n"] == 2 * cfg.moe_intermediate_size // 4 and up["m"] == 32  # 1/4 of the width, 4 dies' tokens
     per_die_gather = tp_group["gather_bytes"].sum(axis=1)
     assert np.all(per_die_gather == 3 * 8 * dispatch_bytes_per_token(cfg.hidden_size, "int8"))
     assert np.all(tp_group["scatter_bytes"].sum(axis=0) == 3 * 8 * combine_bytes_per_token(cfg.hidden_size))
     assert tp_group["gather_bytes"][0, 4] == 0  # die 0 and die 4 are in different groups
-    assert _shared_expert_cost(cfg, _dep(shared_expert={"mode": "dedicated", "degree": 2}), cc, 8, 24, 16)[0] == 0
+    assert _shared_expert_kernel(cfg, _dep(shared_expert={"mode": "dedicated", "degree": 2}), wl.kernel, 8, 24,
+                                 16)[0] is None
     w_dp = weights_per_die_gb(cfg, _dep())
     w_tp = weights_per_die_gb(cfg, _dep(shared_expert={"mode": "tp", "degree": 4}))
     shared_gb = 3 * cfg.hidden_size * cfg.moe_intermediate_size * (cfg.num_layers - cfg.first_dense_layers) / 2**30
     assert w_dp - w_tp == pytest.approx(shared_gb * 3 / 4)
     with pytest.raises(ConfigError, match="does not divide"):
-        _shared_expert_cost(cfg, _dep(shared_expert={"mode": "tp", "degree": 3}), cc, 8, 24, 16)
+        _shared_expert_kernel(cfg, _dep(shared_expert={"mode": "tp", "degree": 3}), wl.kernel, 8, 24, 16)
     r_dp = simulate_step(cm1, _dep(), batch=8, kv=1024)
     r_tp = simulate_step(cm1, _dep(shared_expert={"mode": "tp", "degree": 4}), batch=8, kv=1024)
     assert r_tp.breakdown_us["shared_expert_comm"] > 0 and r_dp.breakdown_us["shared_expert_comm"] == 0

@@ -80,10 +80,9 @@ def run_system_step(args) -> int:
     given = [f"--{k.replace('_', '-')}" for k in PLAN_FLAGS if getattr(args, k, None) is not None]
     if args.tp is not None:
         given.append("--tp")
-    if given or args.save_workload:
-        raise ConfigError(f"{', '.join(given + (['--save-workload'] if args.save_workload else []))}: not taken by "
-                          f"the DeepSeek deployment file {args.mapping} (its hand-built step is not a plan yet); "
-                          "drop --mapping to run the model by a parallel plan")
+    if given:
+        raise ConfigError(f"{', '.join(given)}: not taken by the DeepSeek deployment file {args.mapping} (its layout "
+                          "is the file's system section); drop --mapping to run the model by a parallel plan")
     dep = load_deployment(args.mapping)
     phase = args.phase or dep.phase
     if phase != dep.phase:
@@ -92,6 +91,8 @@ def run_system_step(args) -> int:
                       seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
                       microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min)
     out = r.to_dict()
+    if args.save_workload:
+        out["workload"] = str(r.workload.save(args.save_workload))
     if args.out:
         write_json(args.out / "summary.json", out)
     if args.json:

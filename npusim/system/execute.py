@@ -87,8 +87,19 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
     node_done: list[int] = []  # per node: the task after which all of it is done
     spans: list[tuple[int, int]] = []  # per node: its first and last task id
 
-    def ready(deps: list[int], rank: int) -> list[int]:
-        return [node_rank_task[d].get(rank, node_done[d]) for d in deps]
+    single = [("rank" in n) for n in wl.nodes]  # a node of one rank: compute, or a rank's barrier
+
+    def ready(deps: list[int], rank: int, multi: bool = False) -> list[int]:
+        """What ``rank`` waits for: each dependency's part on it, else the whole dependency; a
+        node of several ranks skips other ranks' single-rank nodes (data crosses ranks only by
+        communication)."""
+        out = []
+        for d in deps:
+            if rank in node_rank_task[d]:
+                out.append(node_rank_task[d][rank])
+            elif not (multi and single[d]):
+                out.append(node_done[d])
+        return out
 
     def joined(tasks: list[int]) -> int:
         tasks = [t for t in tasks if t >= 0]
@@ -110,7 +121,7 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
             per_rank = {}
         else:
             ranks = n["ranks"]
-            starts = [joined(ready(deps, r)) for r in ranks]
+            starts = [joined(ready(deps, r, multi=True)) for r in ranks]
             if kind == "collective":
                 built = build_collective(w, n["op"], [vertex[r] for r in ranks], n["bytes"], n.get("algorithm"), reduce_ps=reduce,
                                          node_of=lambda v: topo.node_of(v), ready=starts)

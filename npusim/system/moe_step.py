@@ -29,23 +29,22 @@ chip cost of attention: the chip mapper writes them to HBM.)
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from copy import deepcopy
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
 from npusim.arch import summarize
 from npusim.errors import ConfigError
 from npusim.model.builder import build_graph
-from npusim.model.ir import Graph
 from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
-from npusim.system.collectives import matrix_transfers
 from npusim.mapping.deployment import Deployment
 from npusim.system.load import LoadedSystem
 from npusim.system.moe import (combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, route_tokens,
                                token_copies)
-from npusim.system.simulator import PS_PER_US, SystemSim
-from npusim.system.work import WorkBuilder
+from npusim.system.execute import time_workload
+from npusim.system.workload import Workload
 
 PAD_ROWS = 16
 SIM_LAYERS = 2
@@ -78,10 +77,13 @@ class StepResult:
     imbalance: float
     attention_imbalance: float  # slowest die's attention / the mean (1 unless contexts are spread: kv_min)
     chip_cost: dict
+    plan: dict = field(default_factory=dict)  # the deployment in plan keys (npusim.system.plan)
     note: str = PARTIAL_NOTE
+    workload: Workload | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "workload"}
+        return deepcopy(d)
 
     def metric(self, name: str) -> float:
         """A field by name, or ``dispatch_us_per_call`` / ``combine_us_per_call`` (one operator
@@ -96,21 +98,6 @@ class StepResult:
 
 def _pad(tokens: int) -> int:
     return int(math.ceil(tokens / PAD_ROWS) * PAD_ROWS) if tokens > 0 else 0
-
-
-def _layer_subgraph(graph: Graph, layer: int, upto: str | None = None, after: str | None = None) -> Graph:
-    """The ops of one decoder layer (up to and including the op whose name ends with ``upto``;
-    from the op after the one whose name ends with ``after``)."""
-    ops = [op for op in graph.ops if op.layer == layer]
-    if upto is not None:
-        cut = next(i for i, op in enumerate(ops) if op.name.endswith(upto))
-        ops = ops[: cut + 1]
-    if after is not None:
-        cut = next(i for i, op in enumerate(ops) if op.name.endswith(after))
-        ops = ops[cut + 1:]
-    kept = {op.name for op in ops}
-    ops = [replace(op, inputs=tuple(i for i in op.inputs if i in kept)) for op in ops]
-    return Graph(graph.name, ops, graph.phase, graph.batch, graph.seq_len, graph.kv_len, graph.meta)
 
 
 def _expert_placement(cfg, dep: Deployment, expert_dies: int, load: np.ndarray) -> list[list[int]]:
@@ -201,8 +188,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     split = mb == 2 and dep.overlap == "core_split"  # two core shares; else all cores, one stream
     att_cores = dep.core_split["attention"].cube if split else ncores
     moe_cores = dep.core_split["moe"].cube if split else ncores
-    att_t, att_cfg = _attention_tp(cfg, dep, dies)
-    layers = cfg.first_dense_layers + 1
+    att_t = _attention_tp(cfg, dep, dies)
     if dep.phase == "decode":
         if batch is None or batch <= 0:
             raise ConfigError("--batch: sequences per NPU, a positive number, is needed for a decode step")
@@ -211,55 +197,32 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         tokens_die = seqs_die * q_len
         seqs_mb = max(1, int(round(seqs_die / mb)))
 
-        def decode_graph(model, seqs, kv_len):
-            return build_graph(model, "decode", batch=seqs, seq_len=q_len, kv_len=kv_len, precision="a8w8",
-                               layers=layers)
-        graph = decode_graph(cfg, seqs_mb, kv)
-        att_graph = graph if att_t == 1 else decode_graph(att_cfg, seqs_mb * att_t, kv)
+        def decode_args(seqs: int) -> dict:
+            return {"phase": "decode", "batch": seqs, "seq_len": q_len, "kv_len": kv}
+        graph_args = decode_args(seqs_mb)
+        att_graph_args = {**decode_args(seqs_mb * att_t), "heads_split": att_t}
         kv_tokens = kv
     else:
         if batch_tokens is None or batch_tokens <= 0:
             raise ConfigError("--batch-tokens: prompt tokens per NPU, a positive number, is needed for a prefill step")
         tokens_die = batch_tokens / dpn
 
-        def prefill_graph(model, tokens):
+        def prefill_args(tokens: float) -> dict:
             q = min(seq, int(tokens)) or 1
-            return build_graph(model, "prefill", batch=max(1, int(round(tokens / q))), seq_len=q, kv_len=q,
-                               precision="a8w8", layers=layers)
-        graph = prefill_graph(cfg, tokens_die / mb)
-        att_graph = graph if att_t == 1 else prefill_graph(att_cfg, tokens_die * att_t / mb)  # the group's prompts
+            return {"phase": "prefill", "batch": max(1, int(round(tokens / q))), "seq_len": q, "kv_len": q}
+        graph_args = prefill_args(tokens_die / mb)
+        att_graph_args = {**prefill_args(tokens_die * att_t / mb), "heads_split": att_t}  # the group's prompts
         seqs_die = tokens_die / seq
         kv_tokens = seq
+        q_len = seq
     moe_layer = cfg.first_dense_layers
-    attention = cc.graph(_layer_subgraph(att_graph, moe_layer, "moe.route"), cores=att_cores)
-    att_die_us = np.full(dies, attention.time_us)  # each die's attention block (one microbatch)
-    if kv_min is not None and dep.phase == "decode":
-        if not 0 < kv_min < kv:
-            raise ConfigError(f"--kv-min {kv_min}: the shortest context, between 0 and --kv {kv} (the mean)")
-        kv_hi = 2 * kv - kv_min
-        top = cc.graph(_layer_subgraph(decode_graph(att_cfg, seqs_mb * att_t, kv_hi), moe_layer, "moe.route"),
-                       cores=att_cores)
-        rng = np.random.default_rng([seed, 1])
-        per_group = max(1, int(round(seqs_die * att_t)))
-        means = rng.uniform(kv_min, kv_hi, size=(dies // att_t, per_group)).mean(axis=1).repeat(att_t)
-        att_die_us = np.maximum(0.0, attention.time_us + (top.time_us - attention.time_us) * (means - kv) / (kv_hi - kv))
-    if not cfg.first_dense_layers:
-        dense = None
-    elif att_t == 1:
-        dense = cc.graph(_layer_subgraph(graph, 0), cores=ncores)
-    else:  # the dense layer's attention as the group splits it, its FFN on the die's own tokens
-        dense = [cc.graph(_layer_subgraph(att_graph, 0, "mlp_norm"), cores=ncores),
-                 cc.graph(_layer_subgraph(graph, 0, after="mlp_norm"), cores=ncores)]
+    # routing: the die's tokens of each microbatch pick top-k experts
     tokens_mb = int(round(tokens_die / mb))
-    lm_tokens = int(round(seqs_die * (1 + dep.mtp))) if dep.phase == "decode" else int(round(seqs_die))
-    # the LM head in bf16 (W8A8 recipes keep it in floating point, as npusim.model.builder does)
-    lm_head = cc.gemm(max(1, lm_tokens), cfg.hidden_size, cfg.vocab_size, "bf16", cores=ncores)
-    mtp_module_us = 0.0  # the MTP module besides its decoder layer: eh_proj over the step's tokens, its own head pass
-    if dep.phase == "decode" and dep.mtp > 0:
-        eh_proj = cc.gemm(max(1, lm_tokens), 2 * cfg.hidden_size, cfg.hidden_size, "int8", cores=ncores)
-        draft_head = cc.gemm(max(1, int(round(seqs_die * dep.mtp))), cfg.hidden_size, cfg.vocab_size, "bf16",
-                             cores=ncores)
-        mtp_module_us = eh_proj.time_us + draft_head.time_us
+    load_w = expert_weights(routing, cfg.num_experts, seed)
+    picks = route_tokens(dies, tokens_mb, cfg.experts_per_token, cfg.num_experts, load_w, seed)
+    homes = _expert_placement(cfg, dep, expert_dies, np.bincount(picks.ravel(), minlength=cfg.num_experts))
+    copies = s.moe_operators.decode_copies if dep.phase == "decode" else s.moe_operators.prefill_copies
+    tokens, per_die = _traffic(picks, homes, shared, dies, dep.eplb, copies)
 
     # memory check: KV of the die's sequences and the weights a die holds
     kv_gb = seqs_die * att_t * kv_tokens * kv_bytes_per_token(cfg) / 2**30  # attention TP: the group's KV on each
@@ -269,119 +232,60 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         raise ConfigError(f"batch does not fit: {kv_gb:.1f} GB of KV cache + {weights_gb:.1f} GB of weights per die "
                           f"> {hbm_gb:g} GB of HBM (fewer sequences per NPU, or a shorter --kv)")
 
-    # routing: the die's tokens of each microbatch pick top-k experts
-    load_w = expert_weights(routing, cfg.num_experts, seed)
-    picks = route_tokens(dies, tokens_mb, cfg.experts_per_token, cfg.num_experts, load_w, seed)
-    homes = _expert_placement(cfg, dep, expert_dies, np.bincount(picks.ravel(), minlength=cfg.num_experts))
-    copies = s.moe_operators.decode_copies if dep.phase == "decode" else s.moe_operators.prefill_copies
-    tokens, per_die = _traffic(picks, homes, shared, dies, dep.eplb, copies)
-    expert_ps = {}
+    shape = _Shapes(dep.phase, graph_args, att_graph_args, att_t, att_cores, moe_cores, ncores, moe_layer)
+    kv_blend = None
+    if kv_min is not None and dep.phase == "decode":
+        if not 0 < kv_min < kv:
+            raise ConfigError(f"--kv-min {kv_min}: the shortest context, between 0 and --kv {kv} (the mean)")
+        kv_hi = 2 * kv - kv_min
+        rng = np.random.default_rng([seed, 1])
+        per_group = max(1, int(round(seqs_die * att_t)))
+        means = rng.uniform(kv_min, kv_hi, size=(dies // att_t, per_group)).mean(axis=1).repeat(att_t)
+        kv_blend = (kv_hi, (means - kv) / (kv_hi - kv))
+    tokens_step = 1 + dep.mtp * dep.mtp_acceptance if dep.phase == "decode" else 1.0
+    per_npu_tokens = (batch * tokens_step) if dep.phase == "decode" else batch_tokens
+    n_moe = cfg.num_layers - cfg.first_dense_layers + (1 if dep.mtp > 0 else 0)  # the MTP module is a MoE layer
+    lm_tokens = int(round(seqs_die * (1 + dep.mtp))) if dep.phase == "decode" else int(round(seqs_die))
+    built = _build_workload(s, cfg, dep, shape, mb, split, dies, shared, tokens, per_die, tokens_mb, kv_blend,
+                            lm_tokens, int(round(seqs_die * dep.mtp)), n_moe)
+    wl = built.workload
+    wl.meta.update(model=cfg.to_dict(), plan=deployment_plan(dep, dies, att_t, mb), phase=dep.phase,
+                   batch=float(batch * dep.npus) if dep.phase == "decode" else float(seqs_die * dies),
+                   seq_len=q_len if dep.phase == "decode" else seq, kv_len=kv_tokens,
+                   tokens=float(per_npu_tokens * dep.npus), tokens_per_sequence=tokens_step, simulated_layers=SIM_LAYERS,
+                   deployment=dep.model_dump(mode="json"))
+    timing = time_workload(wl, loaded, cc, fidelity)
+    k_us = timing.kernel_us
+    node_start, node_end = timing.node_start_us, timing.node_end_us
 
-    def expert_time_ps(n_tok: int, d: int) -> int:
-        if n_tok <= 0:
-            return 0
-        key = (_pad(n_tok), d in shared)
-        if key not in expert_ps:
-            m = key[0]
-            width = cfg.moe_intermediate_size * (cfg.num_shared_experts if key[1] else 1)
-            up = cc.gemm(m, cfg.hidden_size, 2 * width, "int8", cores=moe_cores)
-            down = cc.gemm(m, width, cfg.hidden_size, "int8", cores=moe_cores)
-            expert_ps[key] = int(round((up.time_us + down.time_us) * PS_PER_US))
-        return expert_ps[key]
+    def span_us(nodes: list[int]) -> float:
+        nodes = [n for n in nodes if n >= 0]
+        return float(node_end[nodes].max() - node_start[nodes].min()) if nodes else 0.0
 
-    # experts per die: a die's token count is split over its routed experts (per_die of them)
-    per_expert = np.ceil(per_die / np.where(np.isin(np.arange(dies), shared), 1, dep.routed_experts.per_die))
-    moe_ps = np.array([expert_time_ps(int(per_expert[d]), d) * (1 if d in shared else dep.routed_experts.per_die)
-                       for d in range(dies)], np.int64)
-    shared_ps, group = _shared_expert_cost(cfg, dep, cc, tokens_mb, moe_cores, dies)
-    att_bytes = _group_bytes(dies, att_t, tokens_mb * 2 * cfg.hidden_size)  # bf16 activations each way
-
-    sim = SystemSim(loaded, fidelity)
-    w = WorkBuilder(sim)
-    topo = loaded.topology
-    ranks = np.asarray([topo.index[n] for n in topo.die_names[:dies]], np.int64)
-    disp_bytes = tokens * dispatch_bytes_per_token(cfg.hidden_size, "int8")
-    comb_bytes = tokens.T * combine_bytes_per_token(cfg.hidden_size)
-    np.fill_diagonal(disp_bytes, 0)
-    np.fill_diagonal(comb_bytes, 0)
+    marks = wl.meta["repeat"]["marks"]
+    layer_us = float(node_end[marks[-1]] - node_end[marks[-2]])
     ops = s.moe_operators
-    half_other_ps = int(round(ops.other_kernels_us / 2 * PS_PER_US))
-    att_ps = np.round(att_die_us * PS_PER_US).astype(np.int64) + half_other_ps
-    disp_ps = int(round(ops.dispatch_overhead_us * PS_PER_US)) + half_other_ps
-    comb_ps = int(round(ops.combine_overhead_us * PS_PER_US))
-    moe_unit = "moe" if split else "compute"
-    via = "sdma" if mb == 2 and dep.overlap == "dma" else "aiv"
-    done = [[-1] * dies for _ in range(mb)]
-    marks = []  # per layer: ([(dispatch ids, combine ids, shared-expert TP ids) per microbatch], layer end barrier)
-
-    def attention_and_dispatch(m: int) -> dict:
-        # attention TP: the group's inputs all-gathered before, the outputs reduce-scattered after
-        in_ids, inputs = matrix_transfers(w, ranks, att_bytes, via, done[m])
-        att = [w.compute(int(ranks[d]), int(att_ps[d]), inputs[d] + ([done[m][d]] if done[m][d] >= 0 else []))
-               for d in range(dies)]
-        out_ids, outputs = matrix_transfers(w, ranks, att_bytes, via, att)
-        disp_start = [w.compute(int(ranks[d]), disp_ps, [att[d]] + outputs[d], unit=moe_unit) for d in range(dies)]
-        gather_ids, gathered = matrix_transfers(w, ranks, group["gather_bytes"], via, att)
-        disp_ids, into = matrix_transfers(w, ranks, disp_bytes, via, disp_start)
-        return dict(disp_start=disp_start, gather_ids=gather_ids, gathered=gathered, disp_ids=disp_ids, into=into,
-                    att_comm=np.concatenate([in_ids, out_ids]))
-
-    def experts_and_combine(m: int, a: dict) -> tuple:
-        # the shared expert runs while the dispatch is in flight (its tokens are the die's own, or
-        # under TP its group's, all-gathered after attention)
-        shared_ids = [w.compute(int(ranks[d]), int(shared_ps), a["gathered"][d] + [a["disp_start"][d]], unit=moe_unit)
-                      if shared_ps else a["disp_start"][d] for d in range(dies)]
-        exp_ids = [w.compute(int(ranks[e]), int(moe_ps[e]), a["into"][e] + [shared_ids[e]], unit=moe_unit)
-                   for e in range(dies)]
-        scatter_ids, scattered = matrix_transfers(w, ranks, group["scatter_bytes"], via, shared_ids)
-        comb_start = [w.compute(int(ranks[e]), comb_ps, [exp_ids[e]], unit=moe_unit) for e in range(dies)]
-        comb_ids, back = matrix_transfers(w, ranks, comb_bytes, via, comb_start)
-        for d in range(dies):
-            done[m][d] = w.barrier(back[d] + scattered[d] + [exp_ids[d]])
-        return a["disp_ids"], comb_ids, np.concatenate([a["gather_ids"], scatter_ids]), a["att_comm"]
-
-    for layer in range(SIM_LAYERS):
-        if split or mb == 1:  # each microbatch's MoE stream in order, beside the attention stream
-            layer_marks = [experts_and_combine(m, attention_and_dispatch(m)) for m in range(mb)]
-        else:  # one stream (overlap: dma): attention of both microbatches, then their experts, while
-            # the SDMA engines move one microbatch's tokens under the other's compute
-            started = [attention_and_dispatch(m) for m in range(mb)]
-            layer_marks = [experts_and_combine(m, a) for m, a in enumerate(started)]
-        end = w.barrier([done[m][d] for m in range(mb) for d in range(dies)])
-        marks.append((layer_marks, end))
-    w.submit()
-    sim.run()
-    tt = sim.engine.tt
-    ends = [int(tt.end[end]) for _, end in marks]
-    layer_ps = ends[-1] - ends[-2] if SIM_LAYERS > 1 else ends[0]
-
-    def span_us(ids):
-        return float((tt.end[ids].max() - tt.start[ids].min()) / PS_PER_US) if ids.shape[0] else 0.0
-
-    last = marks[-1][0]
+    last = built.last_layer
     other_us = mb * ops.other_kernels_us
-    dispatch_us = sum(span_us(lm[0]) for lm in last) + mb * ops.dispatch_overhead_us
-    combine_us = sum(span_us(lm[1]) for lm in last) + mb * ops.combine_overhead_us
-    moe_us = float((moe_ps + shared_ps).max() * mb / PS_PER_US)
-    shared_comm_us = sum(span_us(lm[2]) for lm in last)
-    att_comm_us = sum(span_us(lm[3]) for lm in last)
+    dispatch_us = sum(span_us([lm["dispatch"]]) for lm in last) + mb * ops.dispatch_overhead_us
+    combine_us = sum(span_us([lm["combine"]]) for lm in last) + mb * ops.combine_overhead_us
+    moe_us = max(k_us[k] for k in built.expert_kernels) * mb
+    shared_comm_us = sum(span_us([lm["gather"], lm["scatter"]]) for lm in last)
+    att_comm_us = sum(span_us([lm["att_in"], lm["att_out"]]) for lm in last)
+    att_die_us = np.array([k_us[k] for k in built.attention_kernels])
     att_us = float(att_die_us.max()) * mb  # the slowest die's
-    layer_us = layer_ps / PS_PER_US
     parts = att_us + moe_us + dispatch_us + combine_us + shared_comm_us + att_comm_us + other_us
     breakdown = {"attention": att_us, "moe_compute": moe_us, "dispatch": dispatch_us, "combine": combine_us,
                  "shared_expert_comm": shared_comm_us, "attention_comm": att_comm_us, "other_kernels": other_us,
                  "other": max(0.0, layer_us - parts), "overlap_hidden": max(0.0, parts - layer_us)}
-    n_moe = cfg.num_layers - cfg.first_dense_layers + (1 if dep.mtp > 0 else 0)  # the MTP module is a MoE layer
-    dense_parts = dense if isinstance(dense, list) else [dense] if dense else []
-    dense_us = (sum(d.time_us for d in dense_parts) + ops.other_kernels_us) * mb * cfg.first_dense_layers
-    step_parts_us = {"dense_layers": dense_us, "moe_layers": n_moe * layer_us, "lm_head": lm_head.time_us,
-                     "mtp_module": mtp_module_us, "step_overhead": dep.step_overhead_us}
-    step_us = sum(step_parts_us.values())
-    tokens_step = 1 + dep.mtp * dep.mtp_acceptance if dep.phase == "decode" else 1.0
-    per_npu_tokens = (batch * tokens_step) if dep.phase == "decode" else batch_tokens
+    step_parts_us = {"dense_layers": k_us[built.dense_kernel] * mb * cfg.first_dense_layers if cfg.first_dense_layers
+                     else 0.0, "moe_layers": n_moe * layer_us, "lm_head": k_us[built.lm_head_kernel],
+                     "mtp_module": k_us[built.mtp_kernel] if built.mtp_kernel >= 0 else 0.0,
+                     "step_overhead": dep.step_overhead_us}
+    step_us = timing.step_us
     tokens_per_s = per_npu_tokens / (step_us / 1e6)
     received = per_die[:expert_dies]
-    return StepResult(
+    result = StepResult(
         system=s.name, model=cfg.name, phase=dep.phase, npus=dep.npus, dies=dies,
         batch_per_npu=float(batch if dep.phase == "decode" else seqs_die * dpn), batch_per_die=float(seqs_die),
         tokens_per_step=tokens_step, step_ms=step_us / 1e3,
@@ -392,19 +296,186 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         mtp_acceptance=dep.mtp_acceptance, eplb=dep.eplb, kv_gb_per_die=kv_gb, weights_gb_per_die=weights_gb,
         imbalance=float(received.max() / received.mean()) if received.mean() > 0 else 1.0,
         attention_imbalance=float(att_die_us.max() / att_die_us.mean()),
-        chip_cost=cc.stats.as_dict(),
+        chip_cost=cc.stats.as_dict(), plan=wl.meta["plan"], workload=wl,
     )
+    return result
 
 
-def _attention_tp(cfg, dep: Deployment, dies: int):
-    """The attention TP degree and the model as one die of a group sees it (its share of the heads)."""
+@dataclass(frozen=True)
+class _Shapes:
+    """The chip-cost shapes of one microbatch on a die: the layer graph arguments (the die's own
+    tokens; ``att``: as the attention group splits the heads), the core shares, the MoE layer's index."""
+
+    phase: str
+    graph: dict
+    att: dict
+    att_t: int
+    att_cores: int
+    moe_cores: int
+    cores: int
+    moe_layer: int
+
+    def layer(self, args: dict, layer: int, cores: int, **cut) -> dict:
+        return {"type": "layer", "layer": layer, "precision": "a8w8", "cores": cores, **args, **cut}
+
+
+@dataclass
+class _Built:
+    workload: Workload
+    last_layer: list[dict]  # per microbatch of the last simulated layer: node ids by role
+    attention_kernels: list[int]  # per die (without the small kernels' share)
+    expert_kernels: list[int]  # per die: routed (or shared, on a dedicated die) experts plus the shared expert
+    dense_kernel: int
+    lm_head_kernel: int
+    mtp_kernel: int
+
+
+def _gemm(m: int, k: int, n: int, dtype: str, cores: int) -> dict:
+    return {"type": "gemm", "m": int(m), "k": int(k), "n": int(n), "dtype": dtype, "cores": int(cores)}
+
+
+def _build_workload(s, cfg, dep: Deployment, sh: _Shapes, mb: int, split: bool, dies: int, shared: list[int],
+                    tokens: np.ndarray, per_die: np.ndarray, tokens_mb: int, kv_blend, lm_tokens: int,
+                    draft_tokens: int, n_moe: int) -> _Built:
+    """The step as a workload: the dense layers, two MoE layers (microbatches overlapping as the
+    deployment says), the LM head, the MTP module and the step overhead, on every die of the instance."""
+    wl = Workload(dies)
+    K = wl.kernel
+    ops = s.moe_operators
+    src = f"{s.name} moe_operators: {ops.source}"
+    half_other = K({"type": "fixed", "us": ops.other_kernels_us / 2, "source": ops.other_kernels_source or src})
+    other = K({"type": "fixed", "us": ops.other_kernels_us, "source": ops.other_kernels_source or src})
+    disp_over = K({"type": "fixed", "us": ops.dispatch_overhead_us, "source": src})
+    comb_over = K({"type": "fixed", "us": ops.combine_overhead_us, "source": src})
+    # attention (to the router) per die: every die the same, or blended by its sequences' mean context
+    att = K(sh.layer(sh.att, sh.moe_layer, sh.att_cores, upto="moe.route"))
+    att_k = [att] * dies
+    if kv_blend is not None:
+        top = K(sh.layer({**sh.att, "kv_len": kv_blend[0]}, sh.moe_layer, sh.att_cores, upto="moe.route"))
+        att_k = [K({"type": "blend", "a": att, "b": top, "weight": float(w)}) for w in kv_blend[1]]
+    att_task = [K({"type": "sum", "of": [a, half_other]}) for a in att_k]
+    disp_task = K({"type": "sum", "of": [disp_over, half_other]})
+    # experts: a die's tokens split over its routed experts (per_die of them), rows padded to the cube's tile
+    experts = dep.routed_experts.per_die
+    per_expert = np.ceil(per_die / np.where(np.isin(np.arange(dies), shared), 1, experts))
+    exp_k = []
+    for d in range(dies):
+        rows = _pad(int(per_expert[d]))
+        if rows == 0:
+            exp_k.append(K({"type": "sum", "of": []}))
+            continue
+        width = cfg.moe_intermediate_size * (cfg.num_shared_experts if d in shared else 1)
+        up = K(_gemm(rows, cfg.hidden_size, 2 * width, "int8", sh.moe_cores))
+        down = K(_gemm(rows, width, cfg.hidden_size, "int8", sh.moe_cores))
+        exp_k.append(K({"type": "sum", "of": [up, down], "times": 1 if d in shared else experts}))
+    shared_k, group = _shared_expert_kernel(cfg, dep, K, tokens_mb, sh.moe_cores, dies)
+    att_bytes = _group_bytes(dies, sh.att_t, tokens_mb * 2 * cfg.hidden_size)  # bf16 activations each way
+    disp_bytes = tokens * dispatch_bytes_per_token(cfg.hidden_size, "int8")
+    comb_bytes = tokens.T * combine_bytes_per_token(cfg.hidden_size)
+    np.fill_diagonal(disp_bytes, 0)
+    np.fill_diagonal(comb_bytes, 0)
+    moe_unit = "moe" if split else "compute"
+    via = "sdma" if mb == 2 and dep.overlap == "dma" else "aiv"
+    ranks = list(range(dies))
+
+    def moves(matrix, deps, name, cat) -> int:
+        return wl.transfers(ranks, matrix, deps, name, cat, via) if matrix.any() else -1
+
+    # the dense layers, then the MoE stretch from a common start
+    if cfg.first_dense_layers:
+        if sh.att_t == 1:
+            parts = [K(sh.layer(sh.graph, 0, sh.cores))]
+        else:  # the dense layer's attention as the group splits it, its FFN on the die's own tokens
+            parts = [K(sh.layer(sh.att, 0, sh.cores, upto="mlp_norm")), K(sh.layer(sh.graph, 0, sh.cores,
+                                                                                   after="mlp_norm"))]
+        dense = K({"type": "sum", "of": [*parts, other]})
+        for d in ranks:
+            prev = -1
+            for _ in range(mb * cfg.first_dense_layers):
+                prev = wl.compute(d, {**wl.kernels[dense]}, [prev], "dense_layer", "dense_layers")
+    else:
+        dense = K({"type": "sum", "of": []})
+    start = wl.barrier(range(len(wl.nodes)), "moe_layers.start")
+    done = [[start] * dies for _ in range(mb)]
+    marks, last = [], []
+
+    def attention_and_dispatch(m: int, tag: str) -> dict:
+        # attention TP: the group's inputs all-gathered before, the outputs reduce-scattered after
+        att_in = moves(att_bytes, done[m], f"{tag}.attention_gather", "attention_comm")
+        att_ids = [wl.compute(d, wl.kernels[att_task[d]], [att_in, done[m][d]], f"{tag}.attention", "attention")
+                   for d in ranks]
+        att_out = moves(att_bytes, att_ids, f"{tag}.attention_scatter", "attention_comm")
+        disp_start = [wl.compute(d, wl.kernels[disp_task], [att_ids[d], att_out], f"{tag}.dispatch_launch",
+                                 "calibrated", moe_unit) for d in ranks]
+        gather = moves(group["gather_bytes"], att_ids, f"{tag}.shared_gather", "shared_expert_comm")
+        disp = moves(disp_bytes, disp_start, f"{tag}.dispatch", "dispatch")
+        return {"att_in": att_in, "att_out": att_out, "disp_start": disp_start, "gather": gather, "dispatch": disp}
+
+    def experts_and_combine(m: int, a: dict, tag: str) -> dict:
+        # the shared expert runs while the dispatch is in flight (its tokens are the die's own, or
+        # under TP its group's, all-gathered after attention)
+        shared_ids = [wl.compute(d, wl.kernels[shared_k], [a["gather"], a["disp_start"][d]], f"{tag}.shared_expert",
+                                 "moe_compute", moe_unit) if shared_k is not None else a["disp_start"][d]
+                      for d in ranks]
+        exp_ids = [wl.compute(e, wl.kernels[exp_k[e]], [a["dispatch"], shared_ids[e]], f"{tag}.experts",
+                              "moe_compute", moe_unit) for e in ranks]
+        scatter = moves(group["scatter_bytes"], shared_ids, f"{tag}.shared_scatter", "shared_expert_comm")
+        comb_start = [wl.compute(e, wl.kernels[comb_over], [exp_ids[e]], f"{tag}.combine_launch", "calibrated",
+                                 moe_unit) for e in ranks]
+        comb = moves(comb_bytes, comb_start, f"{tag}.combine", "combine")
+        for d in ranks:
+            done[m][d] = wl.barrier([comb, scatter, exp_ids[d]], f"{tag}.done", rank=d)
+        return {**a, "scatter": scatter, "combine": comb}
+
+    for layer in range(SIM_LAYERS):
+        tags = [f"L{sh.moe_layer + layer}.mb{m}" for m in range(mb)]
+        if split or mb == 1:  # each microbatch's MoE stream in order, beside the attention stream
+            last = [experts_and_combine(m, attention_and_dispatch(m, tags[m]), tags[m]) for m in range(mb)]
+        else:  # one stream (overlap: dma): attention of both microbatches, then their experts, while
+            # the SDMA engines move one microbatch's tokens under the other's compute
+            started = [attention_and_dispatch(m, tags[m]) for m in range(mb)]
+            last = [experts_and_combine(m, a, tags[m]) for m, a in enumerate(started)]
+        marks.append(wl.barrier([done[m][d] for m in range(mb) for d in ranks], f"L{sh.moe_layer + layer}.end"))
+    # the LM head (bf16: W8A8 recipes keep it in floating point), the MTP module (eh_proj over the
+    # step's tokens, its own head pass for the drafts), the step overhead
+    lm_head = K(_gemm(max(1, lm_tokens), cfg.hidden_size, cfg.vocab_size, "bf16", sh.cores))
+    mtp = -1
+    if sh.phase == "decode" and dep.mtp > 0:
+        mtp = K({"type": "sum", "of": [K(_gemm(max(1, lm_tokens), 2 * cfg.hidden_size, cfg.hidden_size, "int8",
+                                               sh.cores)),
+                                       K(_gemm(max(1, draft_tokens), cfg.hidden_size, cfg.vocab_size, "bf16",
+                                               sh.cores))]})
+    overhead = K({"type": "fixed", "us": dep.step_overhead_us, "source": dep.step_overhead_source or "mapping"})
+    for d in ranks:
+        t = wl.compute(d, wl.kernels[lm_head], [marks[-1]], "lm_head", "lm_head")
+        if mtp >= 0:
+            t = wl.compute(d, wl.kernels[mtp], [t], "mtp_module", "mtp_module")
+        wl.compute(d, wl.kernels[overhead], [t], "step_overhead", "calibrated")
+    wl.meta["repeat"] = {"start": start, "marks": marks, "layers": n_moe}
+    return _Built(wl, last, att_k, [_plus(wl, exp_k[d], shared_k) for d in ranks], dense, lm_head, mtp)
+
+
+def _plus(wl: Workload, a: int, b: int | None) -> int:
+    return a if b is None else wl.kernel({"type": "sum", "of": [a, b]})
+
+
+def deployment_plan(dep: Deployment, dies: int, att_t: int, mb: int) -> dict:
+    """The deployment in plan keys (:mod:`npusim.system.plan`): attention TP groups, DP over them,
+    experts over the expert dies, one stage."""
+    expert_dies = dies - (dep.shared_expert.degree if dep.shared_expert.mode == "dedicated" else 0)
+    return {"npus": dep.npus, "tp": att_t, "dp": dies // att_t, "ep": expert_dies, "pp": 1, "microbatches": mb,
+            "precision": "w8a8", "kv_dtype": "bf16"}
+
+
+def _attention_tp(cfg, dep: Deployment, dies: int) -> int:
+    """The attention TP degree (groups of that many dies split the heads)."""
     if dep.attention.mode != "tp" or dep.attention.degree == 1:
-        return 1, cfg
+        return 1
     t = dep.attention.degree
     if dies % t or cfg.num_heads % t:
         raise ConfigError(f"mapping: attention tp {t} must divide the instance's {dies} dies and the model's "
                           f"{cfg.num_heads} heads")
-    return t, _heads_share(cfg, t)
+    return t
 
 
 def _heads_share(cfg, t: int):
@@ -420,19 +491,20 @@ def _group_bytes(dies: int, t: int, per_peer: int) -> np.ndarray:
     return np.where(same, per_peer, 0).astype(np.int64)
 
 
-def _shared_expert_cost(cfg, dep: Deployment, cc: ChipCost, tokens_mb: int, cores: int, dies: int):
+def _shared_expert_kernel(cfg, dep: Deployment, kernel, tokens_mb: int, cores: int, dies: int):
     """The shared expert on every die for one microbatch, unless dedicated dies hold it
-    (``dedicated``: costed there as a routed destination, 0 here). ``dp``: each die computes the
+    (``dedicated``: costed there as a routed destination, none here). ``dp``: each die computes the
     whole shared FFN for its own ``tokens_mb`` tokens. ``tp: T``: groups of T consecutive dies
     (the dies of a node when T is the node's size) split its intermediate dimension: each die
     all-gathers its group's tokens (INT8 with their scales, as dispatched), computes its 1/T slice
     for all of them, and sends each peer the BF16 partial sums of the peer's tokens (the
-    reduce-scatter; the adds ride on the combine). Returns the compute time (ps) per die and the
-    group's ``gather_bytes`` / ``scatter_bytes`` matrices (die x die)."""
+    reduce-scatter; the adds ride on the combine). Returns the kernel index (``kernel(spec)``
+    adds a kernel; None: no shared expert here) and the group's ``gather_bytes`` / ``scatter_bytes``
+    matrices (die x die)."""
     zero = np.zeros((dies, dies), np.int64)
     mode, t = dep.shared_expert.mode, dep.shared_expert.degree
     if mode == "dedicated" or cfg.num_shared_experts <= 0 or tokens_mb <= 0:
-        return 0, {"gather_bytes": zero, "scatter_bytes": zero}
+        return None, {"gather_bytes": zero, "scatter_bytes": zero}
     t = t if mode == "tp" else 1
     if dies % t:
         raise ConfigError(f"mapping: shared_expert tp {t} does not divide the instance's {dies} dies")
@@ -440,11 +512,11 @@ def _shared_expert_cost(cfg, dep: Deployment, cc: ChipCost, tokens_mb: int, core
     if width % t:
         raise ConfigError(f"mapping: shared_expert tp {t} does not divide the shared FFN width {width}")
     m = _pad(tokens_mb * t)
-    up = cc.gemm(m, cfg.hidden_size, 2 * width // t, "int8", cores=cores)
-    down = cc.gemm(m, width // t, cfg.hidden_size, "int8", cores=cores)
+    up = kernel(_gemm(m, cfg.hidden_size, 2 * width // t, "int8", cores))
+    down = kernel(_gemm(m, width // t, cfg.hidden_size, "int8", cores))
     gather = _group_bytes(dies, t, tokens_mb * dispatch_bytes_per_token(cfg.hidden_size, "int8"))
     scatter = _group_bytes(dies, t, tokens_mb * combine_bytes_per_token(cfg.hidden_size))
-    return int(round((up.time_us + down.time_us) * PS_PER_US)), {"gather_bytes": gather, "scatter_bytes": scatter}
+    return kernel({"type": "sum", "of": [up, down]}), {"gather_bytes": gather, "scatter_bytes": scatter}
 
 
 def kv_bytes_per_token(cfg) -> int:

@@ -65,8 +65,8 @@ def summarize_timing(wl: Workload, timing: WorkloadTiming, loaded: LoadedSystem,
     out = {"system": loaded.system.name, "model": m["model"]["name"], "phase": m["phase"], "npus": npus,
            "dies": wl.ranks, "plan": plan, "batch": m["batch"], "batch_per_npu": m["batch"] / npus,
            "seq": m["seq_len"], "kv": m["kv_len"], "step_ms": step_ms}
-    if m["phase"] == "decode":
-        out["tpot_ms"] = step_ms
+    if m["phase"] == "decode":  # speculative (MTP) steps emit more than one token per sequence
+        out["tpot_ms"] = step_ms / m.get("tokens_per_sequence", 1.0)
     else:
         out["ttft_ms"] = step_ms
     out.update(tokens_per_s_per_npu=m["tokens"] / (timing.step_us / 1e6) / npus if timing.step_us else None,

@@ -40,7 +40,8 @@ A kernel's indices refer to earlier kernels.
 Every node has ``deps`` (earlier node indices), ``name`` and ``category`` (what the step's
 breakdown files its time under). A rank of a node waits for a dependency's part *on that rank*
 when the dependency has one (a compute node on the rank, the rank's share of a collective),
-else for the whole dependency.
+else for the whole dependency -- except that a collective or transfers node does not make one
+rank wait for another rank's compute or barrier (data crosses ranks only by communication).
 
 ``meta``: ``model`` (the model's config, our field names), ``plan``, ``phase``, ``batch``,
 ``seq_len``, ``kv_len``, ``tokens`` (output tokens of the step, for throughput) and
