@@ -30,15 +30,13 @@ from pathlib import Path
 from npusim.choices import LAYOUTS, MEMORY_FIDELITIES, NOC_FIDELITIES, PARTITIONS
 from npusim.cli.run_system import add_system_run_args, run_system
 from npusim.cli.serve import MAX_REQUESTS, add_serving_args, is_serving, run_serving, serve
-from npusim.cli.util import add_arch_arg, add_force_arg, non_negative_int, positive_int
+from npusim.cli.util import add_arch_arg, add_force_arg, chip_precision, non_negative_int, positive_int
 from npusim.errors import ConfigError
 from npusim.files import json_text
 
 DEFAULT_MODEL = "qwen3-4b"
 SYSTEM_DEFAULT_MODEL = "deepseek-r1"
-SERVING_DEFAULT_TP = 4
-#: the operator graph's precision for a --precision choice (fp16 runs as bf16: same width and rate)
-CHIP_PRECISION = {"bf16": "bf16", "fp16": "bf16", "a8w8": "a8w8", "w8a8": "a8w8"}  # many short pipeline stages: iterations of disjoint requests overlap
+SERVING_DEFAULT_TP = 4  # many short pipeline stages: iterations of disjoint requests overlap
 
 
 def add_parser(sub):
@@ -73,8 +71,8 @@ def add_model_args(p):
                    "(default 1024)")
     p.add_argument("--kv", type=non_negative_int, default=None,
                    help="tokens already in the KV cache (decode: default --seq; prefill: a cached prefix, default none)")
-    p.add_argument("--precision", choices=["bf16", "fp16", "a8w8", "w8a8"], default="bf16",
-                   help="bf16, fp16 (run as bf16: same width and cube rate on the modelled chips), or A8W8 = W8A8 "
+    p.add_argument("--precision", choices=["bf16", "fp16", "a8w8", "w8a8"], default=None,
+                   help="default bf16 (with --system: the mapping's plan, else bf16); bf16, fp16 (run as bf16: same width and cube rate on the modelled chips), or A8W8 = W8A8 "
                    "(int8 GEMM operands); ONNX models' floating-point tensors are re-labelled bf16 or int8 accordingly")
     p.add_argument("--layers", type=positive_int, default=None, help="build only the first N layers (quick what-ifs)")
     p.add_argument("--allow-unsupported", action="store_true",
@@ -125,7 +123,7 @@ def build_model(args):
 
         decode = args.phase == "decode"
         # exporters write fp32; an NPU runs the model at the chosen precision
-        dtype = {"bf16": "bf16", "a8w8": "int8"}[args.precision]
+        dtype = {"bf16": "bf16", "a8w8": "int8"}[chip_precision(args)]
         graph = load_onnx(args.model, batch=args.batch, seq_len=1 if decode else args.seq,
                           kv_len=_kv(args) + (1 if decode else 0), allow_unsupported=args.allow_unsupported,
                           dtype=dtype)
@@ -146,9 +144,9 @@ def build_model(args):
                           f"{context:,} (max_position_embeddings)")
     if args.phase == "decode":  # one new token per sequence, attending to the cache and itself
         return build_graph(args.model, phase="decode", batch=args.batch, seq_len=1, kv_len=_kv(args) + 1,
-                           precision=args.precision, layers=args.layers)
+                           precision=chip_precision(args), layers=args.layers)
     return build_graph(args.model, phase="prefill", batch=args.batch, seq_len=args.seq,
-                       kv_len=max(_kv(args), args.seq), precision=args.precision, layers=args.layers)
+                       kv_len=max(_kv(args), args.seq), precision=chip_precision(args), layers=args.layers)
 
 
 def _kv(args) -> int:
@@ -165,7 +163,7 @@ def build_graph_for_spec(args):
                           "built-in name or a config.json); an ONNX graph runs one forward pass (--forward) but "
                           "cannot be served yet")
 
-    return build_graph(args.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=args.precision,
+    return build_graph(args.model, phase="decode", batch=1, seq_len=1, kv_len=2, precision=chip_precision(args),
                        layers=args.layers)
 
 
@@ -190,7 +188,6 @@ def run(args) -> int:
     fill_model_default(args)
     if args.system is not None:
         return run_system(args)
-    args.precision = CHIP_PRECISION[args.precision]
     from npusim.arch import load_arch
 
     arch = load_arch(args.arch)

@@ -74,8 +74,14 @@ def run_system_step(args) -> int:
     from npusim.system.load import load_system
     from npusim.system.moe_step import simulate_step
 
-    if args.mapping is None:
-        return run_plan_step(args)
+    from npusim.mapping.spec import load_mapping
+
+    spec = None if args.mapping is None else load_mapping(args.mapping)
+    if spec is None or spec.system is None:
+        if spec is not None and spec.plan is None:
+            raise ConfigError(f"--mapping {args.mapping}: no 'plan:' or 'system:' section for --system (see "
+                              "mappers/a2-llama3-70b-tp8.yaml or mappers/cm384-deepseek-decode.yaml)")
+        return run_plan_step(args, spec.plan.model_dump() if spec is not None else {})
     loaded = load_system(args.system, nodes=args.nodes)
     given = [f"--{k.replace('_', '-')}" for k in PLAN_FLAGS if getattr(args, k, None) is not None]
     if args.tp is not None:
@@ -118,15 +124,18 @@ PLAN_DEFAULT_BATCH = {"decode": 16, "prefill": 4}
 PLAN_DEFAULT_TOKENS = 1024  # decode context (--kv) and prefill prompt (--seq)
 
 
-def plan_from_args(args, loaded, cfg):
-    """The plan the flags give, the rest filled by :func:`npusim.system.plan.default_plan`; the
-    instance defaults to one node of the system."""
+def plan_from_args(args, loaded, cfg, base: dict | None = None):
+    """The plan the flags give over the mapping file's ``plan:`` section (``base``), the rest
+    filled by :func:`npusim.system.plan.default_plan`; the instance defaults to one node."""
     from npusim.system.plan import default_plan
 
-    npus = args.npus or loaded.system.npus_per_node
-    return default_plan(cfg, npus, loaded.system.npu.dies, tp=args.tp, dp=args.dp, ep=args.ep, pp=args.pp,
-                        microbatches=args.microbatches, precision=PLAN_PRECISION[args.precision],
-                        kv_dtype=args.kv_dtype)
+    keys = ("npus", "tp", "dp", "ep", "pp", "microbatches", "kv_dtype")
+    given = {k: v for k, v in (base or {}).items() if v is not None}
+    given.update({k: getattr(args, k) for k in keys if getattr(args, k, None) is not None})
+    if args.precision is not None or "precision" not in given:
+        given["precision"] = PLAN_PRECISION[args.precision or "bf16"]
+    npus = given.pop("npus", None) or loaded.system.npus_per_node
+    return default_plan(cfg, npus, loaded.system.npu.dies, **given)
 
 
 def shape_from_args(args):
@@ -140,8 +149,9 @@ def shape_from_args(args):
     return StepShape("prefill", batch, seq, seq)
 
 
-def run_plan_step(args) -> int:
-    """One step of any model by a parallel plan (flags; defaults in :func:`plan_from_args`)."""
+def run_plan_step(args, base: dict | None = None) -> int:
+    """One step of any model by a parallel plan (a mapping file's ``plan:`` section ``base``,
+    flags over it; defaults in :func:`plan_from_args`)."""
     from npusim.model.zoo import get_config
     from npusim.system.load import load_system
     from npusim.system.step import simulate_plan_step
@@ -152,7 +162,7 @@ def run_plan_step(args) -> int:
                               "mappers/cm384-deepseek-*.yaml); the plan path does not model it yet")
     loaded = load_system(args.system, nodes=args.nodes)
     cfg = get_config(args.model)
-    plan = plan_from_args(args, loaded, cfg)
+    plan = plan_from_args(args, loaded, cfg, base)
     out, wl, timing = simulate_plan_step(loaded, cfg, plan, shape_from_args(args), routing=args.routing, seed=args.seed)
     if args.save_workload:
         out["workload"] = str(wl.save(args.save_workload))

@@ -132,3 +132,12 @@ def add_system_args(p, required: bool = False) -> None:
     p.add_argument("--system", default=None if required else "cloudmatrix384", required=required,
                    help="system YAML path or preset: cloudmatrix384, atlas-800i-a2 (default cloudmatrix384)")
     p.add_argument("--nodes", type=positive_int, default=None, help=NODES_HELP)
+
+
+#: the operator graph's precision for a ``--precision`` choice (fp16 runs as bf16: same width and rate)
+CHIP_PRECISION = {"bf16": "bf16", "fp16": "bf16", "a8w8": "a8w8", "w8a8": "a8w8"}
+
+
+def chip_precision(args) -> str:
+    """The chip path's operator-graph precision for ``--precision`` (default bf16)."""
+    return CHIP_PRECISION[getattr(args, "precision", None) or "bf16"]

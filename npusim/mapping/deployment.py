@@ -96,6 +96,21 @@ class Deployment(StrictModel):
         return self
 
 
+class PlanSection(StrictModel):
+    """A parallel plan (:mod:`npusim.system.plan`) in a mapping spec's ``plan:`` section: how any
+    model's instance is split over its NPUs' dies; each key may be left out (a flag, or the
+    default plan, fills it)."""
+
+    npus: PositiveInt | None = None
+    tp: PositiveInt | None = None
+    dp: PositiveInt | None = None
+    ep: PositiveInt | None = None
+    pp: PositiveInt | None = None
+    microbatches: PositiveInt | None = None
+    precision: Literal["bf16", "fp16", "w8a8"] | None = None
+    kv_dtype: Literal["bf16", "int8"] | None = None
+
+
 class PrefillPool(StrictModel):
     """``instances`` prefill instances, each deployed by the mapping spec ``mapping`` (its
     ``system:`` section, phase prefill); an instance runs one batch of prompts at a time, at most

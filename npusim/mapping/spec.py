@@ -41,7 +41,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from npusim.config import StrictModel, load_with_extends, validate
 from npusim.errors import ConfigError
-from npusim.mapping.deployment import Deployment, SystemServing
+from npusim.mapping.deployment import Deployment, PlanSection, SystemServing
 from npusim.resources import data_dir
 
 OP_CLASSES = ("qkv", "o_proj", "ffn_up", "ffn_down", "lm_head", "other")
@@ -155,7 +155,8 @@ class MappingSpec(StrictModel):
     layout: Layout = Layout()
     memory: Memory = Memory()
     serving: Serving = Serving()
-    system: Deployment | None = None  # how a MoE model is laid over many NPUs (npusim run --system)
+    system: Deployment | None = None  # how DeepSeek-V3/R1 is laid over many NPUs (npusim run --system)
+    plan: PlanSection | None = None  # a parallel plan of any model over many NPUs (npusim run --system)
     system_serving: SystemServing | None = None  # prefill + decode instances serving requests (--system --trace)
 
 

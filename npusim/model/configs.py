@@ -68,6 +68,9 @@ class ModelConfig:
     first_dense_layers: int = 0  # [first_k_dense_replace]
     router_scoring: str = "softmax"  # softmax | sigmoid
     router_bias: bool = False  # DeepSeek-V3 e_score_correction_bias
+    expert_groups: int = 0  # [n_group]: experts in that many equal groups (0: no groups)
+    groups_per_token: int = 0  # [topk_group]: a token's experts come from its best groups only
+    experts_per_group_balanced: bool = False  # Mixture of Grouped Experts: the same number from each group
     # multi-head latent attention (DeepSeek)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -98,6 +101,15 @@ class ModelConfig:
                                 f"({self.num_experts})")
             if self.moe_intermediate_size <= 0:
                 problems.append("moe_intermediate_size must be > 0 for a MoE model")
+        if self.expert_groups:
+            if not self.num_experts or self.num_experts % self.expert_groups:
+                problems.append(f"expert_groups {self.expert_groups} must divide num_experts ({self.num_experts})")
+            elif not 0 < self.groups_per_token <= self.expert_groups:
+                problems.append(f"groups_per_token {self.groups_per_token} must be in 1..expert_groups "
+                                f"({self.expert_groups})")
+            elif self.experts_per_group_balanced and self.experts_per_token % self.groups_per_token:
+                problems.append(f"balanced grouped experts: experts_per_token {self.experts_per_token} must be a "
+                                f"multiple of groups_per_token {self.groups_per_token}")
         if self.intermediate_size <= 0 and (not self.num_experts or self.first_dense_layers):
             problems.append("intermediate_size must be > 0 (dense MLP layers)")
         if self.is_mla and min(self.kv_lora_rank, self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) <= 0:
@@ -157,6 +169,7 @@ _HF_ALIASES = {
     "num_experts_per_tok": "experts_per_token",
     "n_shared_experts": "num_shared_experts",
     "first_k_dense_replace": "first_dense_layers",
+    "n_group": "expert_groups", "topk_group": "groups_per_token",
     "num_nextn_predict_layers": "num_mtp_layers",
     "model_type": "family",
 }

@@ -19,7 +19,8 @@ on the ranks of a data-parallel group of ``tp`` ranks:
   stage; the last stage runs the final norm and the LM head (vocabulary / tp) and all-gathers
   the logits (bf16) over the group.
 
-Routing is drawn (:mod:`npusim.system.moe`, seeded); experts sit in order on the ranks of an EP
+Routing is drawn (:mod:`npusim.system.moe`, seeded; group-limited when the model groups its experts:
+DeepSeek-V3's ``n_group``/``topk_group``, Mixture of Grouped Experts); experts sit in order on the ranks of an EP
 group (expert ``e`` on rank ``e // (experts / ep)``), no redundant copies. With ``pp = 1`` and
 more than ``SIM_LAYERS`` identical layers, ``SIM_LAYERS`` are simulated and the rest extrapolated
 at the period between the last two (``meta.repeat``); with ``pp > 1`` every layer is simulated.
@@ -128,7 +129,8 @@ class _Builder:
         n = len(stage_ranks)
         most = max(tokens_of.values())
         picks = route_tokens(n, max(1, most), cfg.experts_per_token, cfg.num_experts, self.weights,
-                             self.seed * 1_000_003 + self.moe_layer_calls)
+                             self.seed * 1_000_003 + self.moe_layer_calls, cfg.expert_groups, cfg.groups_per_token,
+                             cfg.experts_per_group_balanced)
         self.moe_layer_calls += 1
         valid = np.arange(max(1, most))[None, :] < np.array([tokens_of[r] for r in stage_ranks])[:, None]
         per_rank_experts = cfg.num_experts // plan.ep

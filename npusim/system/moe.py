@@ -104,8 +104,14 @@ def _load_profile(path: Path, experts: int) -> np.ndarray:
 
 
 def route_tokens(ep: int, tokens_per_rank: int, top_k: int, experts: int, weights: np.ndarray,
-                 seed: int = 0) -> np.ndarray:
-    """``experts_of[rank, token, k]``: the experts each token picked (Gumbel top-k, seeded)."""
+                 seed: int = 0, groups: int = 0, groups_per_token: int = 0, balanced: bool = False) -> np.ndarray:
+    """``experts_of[rank, token, k]``: the experts each token picked (Gumbel top-k, seeded).
+
+    Grouped experts (``groups`` equal groups of consecutive experts): a token first keeps its
+    ``groups_per_token`` best groups, each scored by the sum of its two best experts' keys
+    (DeepSeek-V3's group-limited routing, ``n_group`` / ``topk_group``), then picks its top-k among
+    their experts; ``balanced`` (Mixture of Grouped Experts): ``top_k / groups_per_token`` from
+    each kept group."""
     if top_k > experts:
         raise ConfigError(f"--top-k {top_k}: more than the {experts} experts")
     if np.count_nonzero(weights) < top_k:
@@ -116,12 +122,30 @@ def route_tokens(ep: int, tokens_per_rank: int, top_k: int, experts: int, weight
     neg = rng.gumbel(size=(ep, tokens_per_rank, experts))  # becomes -(log w + Gumbel), in place
     neg += logw[None, None, :]
     np.negative(neg, out=neg)
+    if groups > 1:
+        return _route_grouped(neg, top_k, groups, groups_per_token or groups, balanced)
     if top_k == experts:
         return np.argsort(neg, axis=2, kind="stable")
     # the k largest keys (argpartition, linear), then in descending order: argsort's first k
     top = np.argpartition(neg, top_k - 1, axis=2)[:, :, :top_k]
     order = np.argsort(np.take_along_axis(neg, top, axis=2), axis=2, kind="stable")
     return np.take_along_axis(top, order, axis=2)
+
+
+def _route_grouped(neg: np.ndarray, top_k: int, groups: int, keep: int, balanced: bool) -> np.ndarray:
+    ep, ntok, experts = neg.shape
+    size = experts // groups
+    g = neg.reshape(ep, ntok, groups, size)  # negated keys: smaller is better
+    best2 = np.sort(g, axis=3)[..., : min(2, size)].sum(axis=3)
+    kept = np.argsort(best2, axis=2, kind="stable")[..., :keep]  # (ep, ntok, keep) best groups
+    if balanced:
+        per = top_k // keep
+        inside = np.argsort(np.take_along_axis(g, kept[..., None], axis=2), axis=3, kind="stable")[..., :per]
+        return (kept[..., None] * size + inside).reshape(ep, ntok, keep * per)
+    masked = np.full_like(neg, np.inf).reshape(ep, ntok, groups, size)
+    np.put_along_axis(masked, kept[..., None], np.take_along_axis(g, kept[..., None], axis=2), axis=2)
+    masked = masked.reshape(ep, ntok, experts)
+    return np.argsort(masked, axis=2, kind="stable")[..., :top_k]
 
 
 @dataclass(frozen=True)
