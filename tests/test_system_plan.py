@@ -1,0 +1,213 @@
+"""Any model on a system by a parallel plan: the plan's checks, the system mapper's workload (bytes
+conserved, saved and re-timed identically), the executor's step (its critical path sums to the
+step, links never above capacity, the extrapolated layers agree with simulating them all), group-
+limited routing, and the plan search."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npusim.errors import ConfigError
+from npusim.model.zoo import get_config
+from npusim.system import mapper as system_mapper
+from npusim.system.execute import time_workload
+from npusim.system.load import load_system
+from npusim.system.mapper import StepShape, build_step
+from npusim.system.moe import dispatch_bytes_per_token, route_tokens
+from npusim.system.plan import ParallelPlan, check_plan, default_plan
+from npusim.system.search import pareto, search_plans
+from npusim.system.step import simulate_plan_step
+from npusim.system.workload import Workload
+
+
+@pytest.fixture(scope="module")
+def a2():
+    return load_system("atlas-800i-a2", nodes=1)  # 8 NPUs, one die each
+
+
+def test_impossible_plans_name_their_limit(a2):
+    cfg = get_config("qwen3-4b")  # 32 heads, 8 KV heads, no experts
+    with pytest.raises(ConfigError, match="must match"):
+        check_plan(ParallelPlan(npus=4, tp=2), cfg, 1, 8)
+    with pytest.raises(ConfigError, match="does not divide .* 32 attention heads"):
+        check_plan(ParallelPlan(npus=3, tp=3), cfg, 1, 8)
+    with pytest.raises(ConfigError, match="no routed experts"):
+        check_plan(ParallelPlan(npus=2, dp=2, ep=2), cfg, 1, 8)
+    with pytest.raises(ConfigError, match="system has 8"):
+        check_plan(ParallelPlan(npus=16, dp=16), cfg, 1, 8)
+    with pytest.raises(ConfigError, match="does not fit"):  # 140 GB of bf16 weights on one 64 GB die
+        simulate_plan_step(a2, "llama-3-70b", ParallelPlan(npus=1), StepShape("decode", 1, 1, 128))
+    with pytest.raises(ConfigError, match="fewer sequences than dp"):
+        build_step(cfg, ParallelPlan(npus=4, dp=4), StepShape("decode", 2, 1, 128))
+    moe = get_config("qwen3-30b-a3b")
+    with pytest.raises(ConfigError, match="ep 3 does not divide"):
+        check_plan(ParallelPlan(npus=4, dp=4, ep=3), moe, 1, 8)
+
+
+def test_default_plan_is_tensor_parallel_over_the_heads_then_data_parallel():
+    assert default_plan(get_config("qwen3-4b"), 8, 1) == ParallelPlan(npus=8, tp=8, dp=1)
+    assert default_plan(get_config("qwen3-30b-a3b"), 4, 2) == ParallelPlan(npus=4, tp=8, dp=1, ep=8)
+    assert default_plan(get_config("gpt2"), 8, 1).tp == 4  # 12 heads: the largest power of two dividing them
+    assert default_plan(get_config("qwen3-4b"), 8, 1, pp=2) == ParallelPlan(npus=8, tp=4, pp=2)
+
+
+def test_breakdown_is_the_critical_path_and_links_stay_within_capacity(a2):
+    out, wl, timing = simulate_plan_step(a2, "qwen3-4b", ParallelPlan(npus=4, tp=4), StepShape("decode", 8, 1, 512))
+    assert sum(out["breakdown_us"].values()) == pytest.approx(timing.step_us, rel=1e-6)
+    assert set(out["breakdown_us"]) >= {"attention", "ffn", "tp_comm", "lm_head"}
+    assert out["tpot_ms"] == pytest.approx(timing.step_us / 1e3)
+    assert out["tokens_per_s_per_npu"] == pytest.approx(8 / (timing.step_us / 1e6) / 4)
+    assert 0 < max(link["utilization"] for link in timing.links) <= 1.0 + 1e-9
+    assert np.all(timing.node_end_us >= timing.node_start_us)
+
+
+def test_extrapolated_layers_agree_with_simulating_every_layer(a2, monkeypatch):
+    """SIM_LAYERS layers and the rest at the measured period against all 28 layers simulated."""
+    plan, shape = ParallelPlan(npus=2, tp=2, microbatches=2), StepShape("decode", 8, 1, 256)
+    cut, _, _ = simulate_plan_step(a2, "qwen3-0.6b", plan, shape)
+    assert cut["simulated_layers"] == system_mapper.SIM_LAYERS < 28
+    monkeypatch.setattr(system_mapper, "SIM_LAYERS", 10_000)
+    full, wl, _ = simulate_plan_step(a2, "qwen3-0.6b", plan, shape)
+    assert full["simulated_layers"] == 28 and "repeat" not in wl.meta
+    assert cut["step_ms"] == pytest.approx(full["step_ms"], rel=0.01)
+
+
+def test_more_tensor_parallel_dies_make_a_memory_bound_decode_faster(a2):
+    steps = [simulate_plan_step(a2, "qwen3-8b", ParallelPlan(npus=t, tp=t), StepShape("decode", 8, 1, 1024))[0]
+             ["step_ms"] for t in (1, 2, 4)]
+    assert steps[0] > steps[1] > steps[2]
+    grow = [simulate_plan_step(a2, "qwen3-8b", ParallelPlan(npus=2, tp=2), StepShape("decode", b, 1, 4096))[0]
+            ["step_ms"] for b in (1, 16, 64)]
+    assert grow[0] < grow[1] < grow[2]  # the KV read grows with the batch
+
+
+def test_moe_dispatch_conserves_token_copies(a2):
+    cfg = get_config("qwen3-30b-a3b")
+    plan = ParallelPlan(npus=4, dp=4, ep=4, precision="w8a8")
+    wl = build_step(cfg, plan, StepShape("decode", 16, 1, 512))
+    dispatch = [n for n in wl.nodes if n["kind"] == "transfers" and n["name"].endswith(".dispatch")]
+    combine = [n for n in wl.nodes if n["kind"] == "transfers" and n["name"].endswith(".combine")]
+    assert dispatch and len(dispatch) == len(combine)
+    per_token = dispatch_bytes_per_token(cfg.hidden_size, "int8")
+    for d, c in zip(dispatch, combine):
+        sent = np.asarray(d["bytes"])
+        assert np.all(np.diag(sent) == 0) and np.all(sent % per_token == 0)
+        copies = sent // per_token
+        assert np.all(copies.sum(axis=1) <= 4 * 3)  # 4 tokens a rank, at most 3 other ranks each
+        assert np.array_equal(np.asarray(c["bytes"]) > 0, sent.T > 0)  # combine returns what was dispatched
+
+
+def test_saved_workload_re_times_identically(a2, tmp_path):
+    out, wl, _ = simulate_plan_step(a2, "qwen3-30b-a3b", ParallelPlan(npus=2, dp=2, ep=2, precision="w8a8"),
+                                    StepShape("decode", 8, 1, 512))
+    wl.save(tmp_path)
+    again = Workload.load(tmp_path)
+    assert again.to_dict() == json.loads(json.dumps(wl.to_dict()))
+    assert time_workload(again, a2).step_us == pytest.approx(out["step_ms"] * 1e3, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"format": "x"}, "not an npusim system workload"),
+    ({"nodes": [{"kind": "compute", "rank": 0, "kernel": 0, "deps": [5]}]}, "earlier nodes"),
+    ({"nodes": [{"kind": "compute", "rank": 9, "kernel": 0, "deps": []}]}, "outside"),
+    ({"kernels": [{"type": "sum", "of": [3]}]}, "earlier kernels"),
+    ({"kernels": [{"type": "warp"}]}, "'type' must be one of"),
+])
+def test_a_bad_workload_file_is_one_clear_error(tmp_path, bad, match):
+    d = {"format": "npusim-system-workload", "version": 1, "ranks": 2, "meta": {},
+         "kernels": [{"type": "fixed", "us": 1.0}], "nodes": [], **bad}
+    (tmp_path / "workload.json").write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=match):
+        Workload.load(tmp_path)
+
+
+@settings(deadline=None)
+@given(groups=st.sampled_from([2, 4, 8]), keep=st.integers(1, 8), seed=st.integers(0, 1000))
+def test_group_limited_routing_keeps_tokens_in_their_best_groups(groups, keep, seed):
+    keep = min(keep, groups)
+    experts, k = 64, 4
+    picks = route_tokens(2, 50, k, experts, np.ones(experts), seed, groups, keep)
+    size = experts // groups
+    for row in picks.reshape(-1, k):
+        assert len(set(row.tolist())) == k
+        assert len(set((row // size).tolist())) <= keep
+    if k % keep == 0:
+        balanced = route_tokens(2, 50, k, experts, np.ones(experts), seed, groups, keep, balanced=True)
+        for row in balanced.reshape(-1, k):
+            counts = np.bincount(row // size, minlength=groups)
+            assert set(counts[counts > 0].tolist()) == {k // keep}
+
+
+def test_plan_search_ranks_feasible_points_and_explains_rejections():
+    r = search_plans("atlas-800i-a2", 1, "qwen3-4b", 2, "decode", 1024, 1024, slo_ms=6.0, batches=[1, 8, 64, 512])
+    assert r["evaluated"] > 0 and r["best"]["feasible"]
+    feasible = [c for c in r["candidates"] if c["feasible"]]
+    assert r["best"]["tokens_per_s_per_npu"] == max(c["tokens_per_s_per_npu"] for c in feasible)
+    assert all(c["tpot_ms"] <= 6.0 for c in feasible)
+    assert all(c["reason"] for c in r["candidates"] if not c["feasible"])
+    front = r["pareto"]
+    assert front == pareto(r["candidates"], "tpot_ms")
+    for a in front:  # nothing feasible beats a front point on both axes
+        assert not any(c["tpot_ms"] < a["tpot_ms"] and c["tokens_per_s_per_npu"] > a["tokens_per_s_per_npu"]
+                       for c in feasible)
+    # a plan whose batch misses the objective stops there: no larger batch of it was simulated
+    for plan in {json.dumps(c["plan"], sort_keys=True) for c in r["candidates"] if c["batch"]}:
+        rows = sorted((c for c in r["candidates"] if json.dumps(c["plan"], sort_keys=True) == plan),
+                      key=lambda c: c["batch"])
+        assert all(row["feasible"] for row in rows[:-1])
+
+
+def _cli(capsys, *argv):
+    from npusim.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_system_honours_the_model_and_the_plan_flags(capsys, tmp_path):
+    code, out, err = _cli(capsys, "run", "--system", "cloudmatrix384", "--nodes", "1", "--model", "qwen3-4b", "--phase",
+                          "decode", "--batch", "8", "--kv", "1024", "--npus", "1", "--json", "--out",
+                          str(tmp_path / "o"), "--save-workload", str(tmp_path / "w"))
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["model"] == "Qwen3-4B" and r["npus"] == 1 and r["dies"] == 2
+    assert {"tp", "dp", "ep", "pp", "microbatches"} <= set(r["plan"]) and r["step_ms"] == r["tpot_ms"] > 0
+    timeline = json.loads((tmp_path / "o" / "timeline.json").read_text())
+    tracks = {(e["pid"], e["tid"]) for e in timeline["traceEvents"] if e["ph"] == "X"}
+    assert {(0, 0), (1, 0), (0, 2), (1, 2)} <= tracks  # both dies' compute and communication
+    assert json.loads((tmp_path / "o" / "links.json").read_text())
+    code, out, err = _cli(capsys, "replay", str(tmp_path / "w"), "--system", "cloudmatrix384", "--nodes", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["step_ms"] == pytest.approx(r["step_ms"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "qwen3-4b", "--npus", "3", "--tp", "3"], ["does not divide", "heads"]),
+    (["--model", "qwen3-4b", "--npus", "2", "--tp", "3"], ["the product must match"]),
+    (["--model", "qwen3-4b", "--mtp", "1"], ["--mtp", "DeepSeek deployment"]),
+    (["--model", "llama-3-70b", "--npus", "1"], ["does not fit", "GB of HBM"]),
+    (["--mapping", "mappers/cm384-deepseek-decode.yaml", "--tp", "2"], ["--tp", "not taken"]),
+])
+def test_plan_path_errors_are_one_line(capsys, monkeypatch, argv, words):
+    from pathlib import Path
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    code, _, err = _cli(capsys, "run", "--system", "atlas-800i-a2", "--nodes", "1", *argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert all(w in lines[0] for w in words), lines[0]
+
+
+def test_plan_command_contract(capsys):
+    code, out, err = _cli(capsys, "plan", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model",
+                          "qwen3-30b-a3b", "--kv", "1024", "--slo-tpot-ms", "50", "--precision", "w8a8", "--batches",
+                          "2,16", "--workers", "1", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert {"plan", "batch", "tpot_ms", "tokens_per_s_per_npu"} <= set(r["best"])
+    assert r["evaluated"] >= 1 and r["pareto"]
+    assert all({"plan", "batch", "tpot_ms", "tokens_per_s_per_npu", "feasible", "reason"} <= set(c)
+               for c in r["candidates"])
