@@ -84,11 +84,11 @@ class _Builder:
         self.moe_layer_calls = 0
 
     # kernels -----------------------------------------------------------------------------------
-    def layer_kernel(self, part: str, layer: int, seqs: int, **split) -> dict:
+    def layer_kernel(self, part: str, layer: int, seqs: int, **split) -> int:
         s = self.shape
-        return {"type": "layer", "part": part, "layer": layer, "phase": s.phase, "batch": max(1, seqs),
+        return self.wl.kernel({"type": "layer", "part": part, "layer": layer, "phase": s.phase, "batch": max(1, seqs),
                 "seq_len": s.seq_len, "kv_len": s.kv_len if s.phase == "decode" else s.seq_len,
-                "precision": self.plan.graph_precision, "kv_dtype": self.plan.kv_dtype, **split}
+                "precision": self.plan.graph_precision, "kv_dtype": self.plan.kv_dtype, **split})
 
     def group_ranks(self, stage: int, group: int) -> list[int]:
         base = stage * self.per_stage + group * self.plan.tp
@@ -155,8 +155,10 @@ class _Builder:
                 deps.append(wl.compute(r, sk, [gate[r]], f"{tag}.shared_experts", "moe_compute"))
             rows = _pad(math.ceil(pairs[i] / per_rank_experts))
             if rows:
-                up = {"type": "gemm", "m": rows, "k": h, "n": 2 * width, "batch": per_rank_experts, "dtype": dtype}
-                down = {"type": "gemm", "m": rows, "k": width, "n": h, "batch": per_rank_experts, "dtype": dtype}
+                up = wl.kernel({"type": "gemm", "m": rows, "k": h, "n": 2 * width, "batch": per_rank_experts,
+                                "dtype": dtype})
+                down = wl.kernel({"type": "gemm", "m": rows, "k": width, "n": h, "batch": per_rank_experts,
+                                  "dtype": dtype})
                 u = wl.compute(r, up, deps, f"{tag}.experts_up", "moe_compute")
                 deps = [wl.compute(r, down, [u], f"{tag}.experts_down", "moe_compute")]
             experts[r] = deps

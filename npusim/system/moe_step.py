@@ -392,7 +392,7 @@ def _build_workload(s, cfg, dep: Deployment, sh: _Shapes, mb: int, split: bool, 
         for d in ranks:
             prev = -1
             for _ in range(mb * cfg.first_dense_layers):
-                prev = wl.compute(d, {**wl.kernels[dense]}, [prev], "dense_layer", "dense_layers")
+                prev = wl.compute(d, dense, [prev], "dense_layer", "dense_layers")
     else:
         dense = K({"type": "sum", "of": []})
     start = wl.barrier(range(len(wl.nodes)), "moe_layers.start")
@@ -402,10 +402,10 @@ def _build_workload(s, cfg, dep: Deployment, sh: _Shapes, mb: int, split: bool, 
     def attention_and_dispatch(m: int, tag: str) -> dict:
         # attention TP: the group's inputs all-gathered before, the outputs reduce-scattered after
         att_in = moves(att_bytes, done[m], f"{tag}.attention_gather", "attention_comm")
-        att_ids = [wl.compute(d, wl.kernels[att_task[d]], [att_in, done[m][d]], f"{tag}.attention", "attention")
+        att_ids = [wl.compute(d, att_task[d], [att_in, done[m][d]], f"{tag}.attention", "attention")
                    for d in ranks]
         att_out = moves(att_bytes, att_ids, f"{tag}.attention_scatter", "attention_comm")
-        disp_start = [wl.compute(d, wl.kernels[disp_task], [att_ids[d], att_out], f"{tag}.dispatch_launch",
+        disp_start = [wl.compute(d, disp_task, [att_ids[d], att_out], f"{tag}.dispatch_launch",
                                  "calibrated", moe_unit) for d in ranks]
         gather = moves(group["gather_bytes"], att_ids, f"{tag}.shared_gather", "shared_expert_comm")
         disp = moves(disp_bytes, disp_start, f"{tag}.dispatch", "dispatch")
@@ -414,13 +414,13 @@ def _build_workload(s, cfg, dep: Deployment, sh: _Shapes, mb: int, split: bool, 
     def experts_and_combine(m: int, a: dict, tag: str) -> dict:
         # the shared expert runs while the dispatch is in flight (its tokens are the die's own, or
         # under TP its group's, all-gathered after attention)
-        shared_ids = [wl.compute(d, wl.kernels[shared_k], [a["gather"], a["disp_start"][d]], f"{tag}.shared_expert",
+        shared_ids = [wl.compute(d, shared_k, [a["gather"], a["disp_start"][d]], f"{tag}.shared_expert",
                                  "moe_compute", moe_unit) if shared_k is not None else a["disp_start"][d]
                       for d in ranks]
-        exp_ids = [wl.compute(e, wl.kernels[exp_k[e]], [a["dispatch"], shared_ids[e]], f"{tag}.experts",
+        exp_ids = [wl.compute(e, exp_k[e], [a["dispatch"], shared_ids[e]], f"{tag}.experts",
                               "moe_compute", moe_unit) for e in ranks]
         scatter = moves(group["scatter_bytes"], shared_ids, f"{tag}.shared_scatter", "shared_expert_comm")
-        comb_start = [wl.compute(e, wl.kernels[comb_over], [exp_ids[e]], f"{tag}.combine_launch", "calibrated",
+        comb_start = [wl.compute(e, comb_over, [exp_ids[e]], f"{tag}.combine_launch", "calibrated",
                                  moe_unit) for e in ranks]
         comb = moves(comb_bytes, comb_start, f"{tag}.combine", "combine")
         for d in ranks:
@@ -447,10 +447,10 @@ def _build_workload(s, cfg, dep: Deployment, sh: _Shapes, mb: int, split: bool, 
                                                sh.cores))]})
     overhead = K({"type": "fixed", "us": dep.step_overhead_us, "source": dep.step_overhead_source or "mapping"})
     for d in ranks:
-        t = wl.compute(d, wl.kernels[lm_head], [marks[-1]], "lm_head", "lm_head")
+        t = wl.compute(d, lm_head, [marks[-1]], "lm_head", "lm_head")
         if mtp >= 0:
-            t = wl.compute(d, wl.kernels[mtp], [t], "mtp_module", "mtp_module")
-        wl.compute(d, wl.kernels[overhead], [t], "step_overhead", "calibrated")
+            t = wl.compute(d, mtp, [t], "mtp_module", "mtp_module")
+        wl.compute(d, overhead, [t], "step_overhead", "calibrated")
     wl.meta["repeat"] = {"start": start, "marks": marks, "layers": n_moe}
     return _Built(wl, last, att_k, [_plus(wl, exp_k[d], shared_k) for d in ranks], dense, lm_head, mtp)
 

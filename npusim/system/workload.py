@@ -93,10 +93,12 @@ class Workload:
         self.nodes.append(node)
         return len(self.nodes) - 1
 
-    def compute(self, rank: int, kernel: dict, deps=(), name: str = "", category: str = "compute",
+    def compute(self, rank: int, kernel: dict | int, deps=(), name: str = "", category: str = "compute",
                 stream: str = "compute") -> int:
-        return self._add({"kind": "compute", "rank": int(rank), "kernel": self.kernel(kernel), "stream": stream},
-                         deps, name, category)
+        """A kernel (a spec, or the index :meth:`kernel` gave) on one rank's stream."""
+        index = kernel if isinstance(kernel, int) else self.kernel(kernel)
+        return self._add({"kind": "compute", "rank": int(rank), "kernel": index, "stream": stream}, deps, name,
+                         category)
 
     def collective(self, op: str, ranks, nbytes: int, deps=(), name: str = "", category: str = "comm",
                    algorithm: str | None = None) -> int:
