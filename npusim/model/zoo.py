@@ -67,7 +67,7 @@ _DEEPSEEK_V3 = ModelConfig(
     intermediate_size=18432, num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
     num_shared_experts=1, first_dense_layers=3, router_scoring="sigmoid", router_bias=True,
     q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-    num_mtp_layers=1, max_position_embeddings=163840)
+    num_mtp_layers=1, max_position_embeddings=163840, expert_groups=8, groups_per_token=4)
 
 #: name -> configuration (insertion order is the --list order)
 BUILTIN: dict[str, ModelConfig] = {
@@ -88,6 +88,34 @@ BUILTIN: dict[str, ModelConfig] = {
         max_position_embeddings=40960),
     "Llama-3-8B": _llama3("Llama-3-8B", 32, 4096, 14336, 32, 8),
     "Llama-3-70B": _llama3("Llama-3-70B", 80, 8192, 28672, 64, 8),
+    "Llama-2-70B": ModelConfig(
+        name="Llama-2-70B", family="llama", source="meta-llama/Llama-2-70b-hf config.json "
+        "(huggingface.co/meta-llama/Llama-2-70b-hf)", vocab_size=32000, hidden_size=8192, num_layers=80,
+        num_heads=64, num_kv_heads=8, head_dim=128, intermediate_size=28672, max_position_embeddings=4096),
+    # Qwen2's q/k/v biases (a few MB) are left out, as the llama family has none
+    "Qwen2-7B": ModelConfig(
+        name="Qwen2-7B", family="llama", source="Qwen/Qwen2-7B config.json (huggingface.co/Qwen/Qwen2-7B)",
+        vocab_size=152064, hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
+        intermediate_size=18944, max_position_embeddings=131072),
+    "Qwen2-72B": ModelConfig(
+        name="Qwen2-72B", family="llama", source="Qwen/Qwen2-72B config.json (huggingface.co/Qwen/Qwen2-72B)",
+        vocab_size=152064, hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
+        intermediate_size=29568, max_position_embeddings=131072),
+    "Qwen3-235B-A22B": ModelConfig(
+        name="Qwen3-235B-A22B", family="qwen3_moe",
+        source="Qwen/Qwen3-235B-A22B config.json (huggingface.co/Qwen/Qwen3-235B-A22B)",
+        vocab_size=151936, hidden_size=4096, num_layers=94, num_heads=64, num_kv_heads=4, head_dim=128,
+        intermediate_size=12288, qk_norm=True, num_experts=128, experts_per_token=8, moe_intermediate_size=1536,
+        max_position_embeddings=40960),
+    # Mixture of Grouped Experts: 64 routed experts in 8 groups, each token takes one from every group
+    "Pangu-Pro-MoE": ModelConfig(
+        name="Pangu-Pro-MoE", family="qwen3_moe",
+        source="Pangu Pro MoE configuration_pangu_moe.py defaults (vocab 153376, hidden 5120, 48 layers, 40 heads, "
+        "8 KV heads, 64 experts, top-8, moe_intermediate 1344, shared expert 5376 = 4 x 1344); 8 expert groups, "
+        "one expert per group: arXiv 2505.21411 (MoGE)", vocab_size=153376, hidden_size=5120, num_layers=48,
+        num_heads=40, num_kv_heads=8, head_dim=128, intermediate_size=0, num_experts=64, experts_per_token=8,
+        moe_intermediate_size=1344, num_shared_experts=4, expert_groups=8, groups_per_token=8,
+        experts_per_group_balanced=True, max_position_embeddings=131072),
     "DeepSeek-V3": _DEEPSEEK_V3,
 }
 
@@ -111,6 +139,14 @@ PUBLISHED: dict[str, Published] = {
                                        "29.9B non-embedding", non_embedding=29.9e9, active=3.3e9),
     "Llama-3-8B": Published(8.03e9, "meta-llama/Meta-Llama-3-8B safetensors: 8.03B"),
     "Llama-3-70B": Published(70.6e9, "meta-llama/Meta-Llama-3-70B safetensors: 70.6B"),
+    "Llama-2-70B": Published(70e9, "Llama 2 paper (arXiv 2307.09288) Table 1: 70B"),
+    "Qwen2-7B": Published(7.62e9, "Qwen2 technical report (arXiv 2407.10671): 7.62B, 6.53B non-embedding",
+                          non_embedding=6.53e9),
+    "Qwen2-72B": Published(72.71e9, "Qwen2 technical report (arXiv 2407.10671): 72.71B, 70.21B non-embedding",
+                           non_embedding=70.21e9),
+    "Qwen3-235B-A22B": Published(235e9, "Qwen/Qwen3-235B-A22B model card: 235B total, 22B activated, 234B "
+                                        "non-embedding", non_embedding=234e9, active=22e9),
+    "Pangu-Pro-MoE": Published(72e9, "Pangu Pro MoE (arXiv 2505.21411): 72B total, 16B activated"),
     "DeepSeek-V3": Published(671e9, "DeepSeek-V3 technical report / model card: 671B total, 37B activated; "
                                     "HF checkpoint 685B = 671B main model + 14B MTP module",
                              active=37e9, mtp=14e9),
