@@ -57,8 +57,10 @@ def run(args) -> int:
 
 
 def print_table(rows) -> None:
-    """The rows grouped by kind (outside figures, peers, calibration, self), with their notes."""
-    head = f"{'name':46s} {'published':>14s} {'simulated':>11s} {'error':>8s} {'tol':>5s} {'verdict':7s} source"
+    """The rows grouped by kind (outside figures, peers, calibration, self), with their notes; ``naive``:
+    a naive model's error on the row (a roofline or a constant), where the row has one."""
+    head = (f"{'name':46s} {'published':>14s} {'simulated':>11s} {'error':>8s} {'tol':>5s} {'verdict':7s} "
+            f"{'naive':>7s} source")
     for kind, title in SECTIONS:
         these = [r for r in rows if r.kind == kind]
         if not these:
@@ -73,8 +75,10 @@ def print_table(rows) -> None:
                 if r.note not in notes:
                     notes.append(r.note)
                 mark = f" [{notes.index(r.note) + 1}]"
+            naive = "-" if r.baseline_error is None else f"{r.baseline_error:+.0%}"
             print(f"{r.name[:46]:46s} {fmt_value(r.published, r.unit, r.relation):>14s} "
-                  f"{fmt_value(r.simulated, r.unit):>11s} {err:>8s} {tol(r.tolerance):>5s} {verdict:7s} {r.source}{mark}")
+                  f"{fmt_value(r.simulated, r.unit):>11s} {err:>8s} {tol(r.tolerance):>5s} {verdict:7s} {naive:>7s} "
+                  f"{r.source}{mark}")
         for i, note in enumerate(notes, 1):
             print(f"  [{i}] {note}")
 

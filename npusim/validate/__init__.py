@@ -36,6 +36,8 @@ CHECKS = (
     Check("fabric-table1", "CloudMatrix384 Table 1: point-to-point bandwidth and latency", "systems:table1_rows", True),
     Check("moe-dispatch-combine", "MoE dispatch/combine operator latency on CloudMatrix384", "systems:moe_rows", True),
     Check("deepseek", "DeepSeek-V3/R1 deployments on Atlas 800I A2 and CloudMatrix384", "systems:deepseek_rows", True),
+    Check("plans", "any model by a parallel plan: dense 7B-72B and Qwen3-235B-A22B steps on Atlas 800I A2",
+          "plans:plan_rows", True, "one decode and one prefill row per dense model"),
     Check("partition", "NpuSim A3/A4: TP-K vs TP-MN vs TP-MNK", "partition:partition_rows", True,
           "lengths 256-4096 (no 128)"),
     Check("pd-ratios", "NpuSim A7: PD disaggregation core ratios", "serving_pd:pd_ratio_rows", True,

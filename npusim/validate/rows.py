@@ -14,7 +14,9 @@ A row judges a magnitude, never only a sign. ``published`` is a number with a re
 preset's parameters were derived from: it matches by construction and proves only that the
 calibration is applied), ``peer`` (another simulator's output), ``self`` (the project compared
 with itself, e.g. its cheap against its detailed fidelity). ``setup`` says whether the source's
-setup is known; rows with ``setup: "unknown ..."`` say what was assumed.
+setup is known; rows with ``setup: "unknown ..."`` say what was assumed. ``baseline``: what a
+naive model scores on the same row (``baseline_error``): a row the naive model passes as well
+does not tell the simulator apart from it.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ class Row:
     unit: str = ""
     kind: str = "outside"
     note: str = ""
+    baseline: float | None = None  # what a naive model (a roofline of the same work, a constant) gives
     error: float | None = field(default=None)
     within_tolerance: bool = field(default=False)
+    baseline_error: float | None = field(default=None)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -49,6 +53,8 @@ class Row:
             raise ValueError(f"row {self.name}: tolerance {self.tolerance} outside [0, 0.25]")
         self.error = judge(self.relation, self.published, self.simulated)
         self.within_tolerance = self.error is not None and abs(self.error) <= self.tolerance + 1e-12
+        if self.baseline is not None:
+            self.baseline_error = judge(self.relation, self.published, self.baseline)
 
     def to_dict(self) -> dict:
         d = asdict(self)
