@@ -211,3 +211,23 @@ def test_plan_command_contract(capsys):
     assert r["evaluated"] >= 1 and r["pareto"]
     assert all({"plan", "batch", "tpot_ms", "tokens_per_s_per_npu", "feasible", "reason"} <= set(c)
                for c in r["candidates"])
+
+
+def test_a_hugging_face_config_runs_on_a_system(capsys, tmp_path):
+    """--model PATH/config.json (a dense Qwen2 and a MoE Qwen3 config) on the plan path, named by its folder."""
+    dense = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+             "intermediate_size": 4864, "num_hidden_layers": 4, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "vocab_size": 151936, "max_position_embeddings": 32768, "tie_word_embeddings": True}
+    moe = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 1024,
+           "intermediate_size": 3072, "moe_intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 16,
+           "num_key_value_heads": 4, "head_dim": 64, "num_experts": 16, "num_experts_per_tok": 4,
+           "vocab_size": 151936, "max_position_embeddings": 40960}
+    for name, cfg, extra in (("Tiny-Qwen2", dense, ["--tp", "2"]), ("Tiny-MoE", moe, ["--dp", "2", "--ep", "2"])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+        for phase in (["--phase", "decode", "--kv", "512"], ["--phase", "prefill", "--seq", "256"]):
+            code, out, err = _cli(capsys, "run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model",
+                                  str(tmp_path / name / "config.json"), "--batch", "4", *phase, *extra, "--json")
+            assert code == 0, err
+            r = json.loads(out)
+            assert r["model"] == name and r["step_ms"] > 0

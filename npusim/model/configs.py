@@ -255,7 +255,10 @@ def config_from_json(path: str | Path) -> ModelConfig:
         raise ConfigError(f"{p}: cannot read a JSON model config: {exc}") from None
     if isinstance(data, dict):
         data.setdefault("source", str(p))
-    return config_from_dict(data, name=(data.get("name") if isinstance(data, dict) else None) or p.stem)
+    # a Hugging Face checkout's config.json is named by its directory (e.g. Qwen2-7B/config.json)
+    stem = p.resolve().parent.name if p.stem == "config" and p.resolve().parent.name else p.stem
+    named = data.get("name") or data.get("_name_or_path") if isinstance(data, dict) else None
+    return config_from_dict(data, name=(str(named).rstrip("/").split("/")[-1] if named else None) or stem)
 
 
 __all__ = ["FAMILIES", "ModelConfig", "config_from_dict", "config_from_json"]
