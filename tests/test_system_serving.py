@@ -178,15 +178,14 @@ def test_cli_serves_a_trace_on_a_system(tmp_path):
 def test_step_table_grid_and_bilinear_interpolation():
     assert grid(1, 20) == [1, 2, 3, 4, 6, 8, 12, 16]
 
-    class Plane(StepTable):  # a step time linear in x and y: bilinear interpolation must be exact
-        def __init__(self):
-            self.xs, self.ys, self._ms, self.lookups = grid(1, 64), grid(128, 8192), {}, 0
-            self.dep = DDEP
+    calls = []
 
-        def _point(self, x, y):
-            return 2.0 * x + 0.01 * y + 3.0
+    def plane(x, y):  # a step time linear in x and y: bilinear interpolation must be exact
+        calls.append((x, y))
+        return 2.0 * x + 0.01 * y + 3.0
 
-    t = Plane()
+    t = StepTable(plane, "decode", x_max=64, y_max=8192)
+    assert t.xs == grid(1, 64) and t.ys == grid(128, 8192)
     for x, y in ((1, 128), (5, 300), (47.5, 5000), (64, 8192)):
         assert t.step_ms(x, y) == pytest.approx(2.0 * x + 0.01 * y + 3.0)
     assert t.step_ms(0.2, 50) == pytest.approx(t.step_ms(1, 128))  # below the grid: its first point
@@ -232,3 +231,23 @@ def test_transfers_of_different_batches_share_the_fabric(cm1):
     assert both[0] > alone * 1.2 and both[1] > alone * 1.2  # they shared the destination's port
     after = run([(a, 0.0), (b, alone * 1.5)])
     assert after[0] == pytest.approx(alone, rel=1e-6) and after[1] == pytest.approx(alone, rel=1e-6)
+
+
+def test_any_model_serves_by_parallel_plans(cm1):
+    """Qwen3-0.6B with TP-2 prefill instances and a TP-4 x DP-2 decode instance: every request
+    completes, each decode unit is a TP group whose dies each receive their share of a prompt's KV
+    (8 KV heads over 4 dies: 1/4 each, so the bytes moved equal the prompts' KV), and the run is
+    deterministic."""
+    from npusim.system.plan import ParallelPlan
+    cfg = get_config("qwen3-0.6b")
+    pplan, dplan = ParallelPlan(npus=1, tp=2), ParallelPlan(npus=4, tp=4, dp=2)
+    reqs = _requests()
+    run = simulate_system_serving(cm1, _plan(caching_pool=None), pplan, dplan, reqs, model="qwen3-0.6b")
+    s = run.summary
+    assert s["requests_completed"] == len(reqs) and s["npus_decode"] == 4 and s["npus_prefill"] == 2
+    assert s["instances"]["decode"].startswith("plan tp4 dp2")
+    assert s["kv_transfer"]["bytes"] == pytest.approx(sum(r.input_len for r in reqs) * kv_bytes_per_token(cfg))
+    again = simulate_system_serving(cm1, _plan(caching_pool=None), pplan, dplan, reqs, model="qwen3-0.6b")
+    assert again.summary["ttft_ms"] == s["ttft_ms"] and again.summary["tpot_ms"] == s["tpot_ms"]
+    with pytest.raises(ConfigError, match="DeepSeek deployments only"):
+        simulate_system_serving(cm1, _plan(caching_pool=None), pplan, dplan, reqs, model="qwen3-0.6b", mtp=1)

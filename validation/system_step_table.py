@@ -20,7 +20,7 @@ from npusim.mapping.spec import load_deployment
 from npusim.system.chipcost import ChipCost
 from npusim.system.load import load_system
 from npusim.system.moe_step import simulate_step
-from npusim.system.step_table import StepTable
+from npusim.system.step_table import StepTable, deployment_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def main() -> None:
     errors = []
     for phase, x_max, y_max in (("decode", 72, 6144), ("prefill", 4096, 8192)):
         dep = load_deployment(ROOT / "mappers" / f"a2-deepseek-{phase}.yaml")
-        table = StepTable(a2, dep, "deepseek-r1", x_max=x_max, y_max=y_max, chip_cost=cc,
+        table = StepTable(deployment_step(a2, dep, "deepseek-r1", chip_cost=cc), phase, x_max=x_max, y_max=y_max,
                           x_min=1 if phase == "decode" else 128)
         for _ in range(args.points):
             x = float(rng.uniform(table.xs[0], x_max))

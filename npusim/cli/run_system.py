@@ -224,12 +224,22 @@ def run_system_serving(args) -> int:
     from npusim.system.load import load_system
     from npusim.system.serving import simulate_system_serving
 
+    from npusim.mapping.deployment import Deployment
+    from npusim.model.zoo import get_config
+
     loaded = load_system(args.system, nodes=args.nodes)
     mapping = args.mapping or SERVING_MAPPINGS.get(loaded.system.name)
     if mapping is None:
         raise ConfigError(f"--system {args.system} with a request stream needs --mapping with a system_serving "
                           "section (e.g. mappers/cm384-deepseek-serving.yaml)")
     plan, pdep, ddep = load_system_serving(mapping)
+    cfg = get_config(args.model)
+    plan_flags = any(getattr(args, k, None) is not None for k in (*PLAN_FLAGS, "tp"))
+    if plan_flags or not (cfg.is_mla and cfg.num_experts) or not isinstance(ddep, Deployment):
+        # any model: each instance by a parallel plan (the file's plan: sections, flags over them; a
+        # DeepSeek deployment file's instances take the default plan over one node)
+        pdep, ddep = (plan_from_args(args, loaded, cfg, {} if isinstance(d, Deployment) else d.model_dump())
+                      for d in (pdep, ddep))
     updates = {}
     if args.prefill_instances is not None:  # positive, as are the SLOs: the parser's types say so
         updates["prefill"] = plan.prefill.model_copy(update={"instances": args.prefill_instances})

@@ -183,9 +183,12 @@ def load_deployment(path: str | Path) -> Deployment:
     return spec.system
 
 
-def load_system_serving(path: str | Path) -> tuple[SystemServing, Deployment, Deployment]:
-    """The ``system_serving:`` section of a mapping spec and the prefill and decode deployments it
-    names (mapping names resolve next to the file first, then as usual); ConfigError otherwise."""
+def load_system_serving(path: str | Path) -> tuple[SystemServing, Deployment | PlanSection,
+                                                    Deployment | PlanSection]:
+    """The ``system_serving:`` section of a mapping spec and the prefill and decode instances it
+    names: each a DeepSeek deployment (the named file's ``system:`` section) or a parallel plan of
+    any model (its ``plan:`` section). Mapping names resolve next to the file first, then as usual;
+    ConfigError otherwise."""
     spec = load_mapping(path)
     plan = spec.system_serving
     if plan is None:
@@ -196,6 +199,10 @@ def load_system_serving(path: str | Path) -> tuple[SystemServing, Deployment, De
     for key, phase in (("prefill", "prefill"), ("decode", "decode")):
         name = getattr(plan, key).mapping
         local = here / name
+        named = load_mapping(local if local.is_file() else name)
+        if named.system is None and named.plan is not None:
+            deps.append(named.plan)
+            continue
         dep = load_deployment(local if local.is_file() else name)
         if dep.phase != phase:
             raise ConfigError(f"{path}: system_serving.{key}.mapping {name} deploys the model for {dep.phase}, "

@@ -48,7 +48,9 @@ from npusim.serving.requests import Request, check_context
 from npusim.system.chipcost import ChipCost
 from npusim.system.kv_pool import KVPool
 from npusim.system.load import LoadedSystem
-from npusim.system.moe_step import kv_bytes_per_token, weights_per_die_gb
+from npusim.system.instance import deployment_instance, plan_instance
+from npusim.system.moe_step import kv_bytes_per_token
+from npusim.system.plan import ParallelPlan
 from npusim.engine.tasks import DONE, KIND_FIXED
 from npusim.system.simulator import PS_PER_US, SystemSim
 from npusim.system.step_table import StepTable
@@ -66,8 +68,9 @@ ARRIVAL, PREFILL_DONE, KV_ARRIVED, STEP_DONE, POOL_LOADED = range(5)
 class _Seq:
     req: Request
     record: RequestRecord
-    prefill_die: int = -1
-    decode_die: int = -1
+    prefill_die: int = -1  # the fabric vertex its pool reads and writes start from (its prefill unit's first die)
+    prefill_unit: list[int] = field(default_factory=list)  # fabric vertices of the prefill unit
+    decode_die: int = -1  # the decode unit (a die, or a TP group) it runs on
     remaining: int = 0  # output tokens still to make
     kv_len: int = 0
 
@@ -131,26 +134,34 @@ class _LiveFabric:
         return sorted(done, key=lambda d: d[0])
 
 
-def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Deployment, ddep: Deployment,
+def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Deployment | ParallelPlan,
+                            ddep: Deployment | ParallelPlan,
                             requests: list[Request], model: str = "deepseek-r1", seed: int = 0,
                             kv_fabric: str | None = None, caching_pool: bool | None = None,
                             mtp: int | None = None, mtp_acceptance: float | None = None,
                             fidelity: str = "flow", slo_tbt_ms: float | None = None,
                             progress=None) -> SystemServingResult:
-    """Serve ``requests`` (see module docstring); flags override the plan's choices. Goodput
-    counts requests within the plan's TTFT and TPOT objectives (and every gap between tokens
-    within ``slo_tbt_ms`` when given)."""
+    """Serve ``requests`` (see module docstring); flags override the plan's choices. ``pdep`` and
+    ``ddep``: DeepSeek deployments, or parallel plans of any model (:mod:`npusim.system.instance`).
+    Goodput counts requests within the plan's TTFT and TPOT objectives (and every gap between
+    tokens within ``slo_tbt_ms`` when given)."""
     s = loaded.system
     cfg = get_config(model)
     check_context(requests, cfg.max_position_embeddings, model)
     topo = loaded.topology
     dpn = s.npu.dies
+    if (mtp is not None or mtp_acceptance is not None) and isinstance(ddep, ParallelPlan):
+        raise ConfigError("--mtp/--mtp-acceptance: speculative tokens are modelled for the DeepSeek deployments only")
     if mtp is not None or mtp_acceptance is not None:
         ddep = ddep.overridden(mtp=mtp, mtp_acceptance=mtp_acceptance)
-    used = ddep.npus + plan.prefill.instances * pdep.npus
+    cc = ChipCost(loaded.chip)
+    pinst, dinst = (deployment_instance(loaded, d, model, seed, cc) if isinstance(d, Deployment)
+                    else plan_instance(loaded, d, phase, model, seed, cc)
+                    for d, phase in ((pdep, "prefill"), (ddep, "decode")))
+    used = dinst.npus + plan.prefill.instances * pinst.npus
     if used > s.num_npus:
-        raise ConfigError(f"system_serving: decode {ddep.npus} NPUs + {plan.prefill.instances} prefill instances x "
-                          f"{pdep.npus} NPUs = {used} NPUs, but {s.name} has {s.num_npus} "
+        raise ConfigError(f"system_serving: decode {dinst.npus} NPUs + {plan.prefill.instances} prefill instances x "
+                          f"{pinst.npus} NPUs = {used} NPUs, but {s.name} has {s.num_npus} "
                           f"(a larger --nodes, or fewer --prefill-instances)")
     kv_fab = kv_fabric or plan.kv_transfer.fabric
     pool_cfg = plan.caching_pool
@@ -163,18 +174,18 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     if use_pool and s.num_cpus == 0:
         raise ConfigError(f"--caching-pool on: {s.name} has no CPUs to hold the pool")
 
-    kvb = kv_bytes_per_token(cfg)
+    kvb = kv_bytes_per_token(cfg) * (0.5 if getattr(ddep, "kv_dtype", "bf16") == "int8" else 1)  # a token, whole
     hbm = chip_summary(loaded.chip).hbm_gb * 2**30
-    room_tokens = int((hbm - weights_per_die_gb(cfg, ddep) * 2**30) // kvb)
+    room_tokens = int((hbm - dinst.weights_gb_per_die * 2**30) // dinst.kv_bytes_per_die)
     if room_tokens <= 0:
-        raise ConfigError(f"system_serving: the decode deployment's weights ({weights_per_die_gb(cfg, ddep):.1f} GB per "
+        raise ConfigError(f"system_serving: the decode instance's weights ({dinst.weights_gb_per_die:.1f} GB per "
                           f"die) leave no HBM for KV ({hbm / 2**30:g} GB per die): more decode NPUs")
-    slots_per_die = max(1, plan.decode.max_batch_per_npu // dpn)
-    d_dies = ddep.npus * dpn
-    decode_die_ids = [topo.index[n] for n in topo.die_names[:d_dies]]
-    inst_dies = [[topo.index[n] for n in topo.die_names[(ddep.npus + i * pdep.npus) * dpn:
-                                                          (ddep.npus + (i + 1) * pdep.npus) * dpn]]
-                 for i in range(plan.prefill.instances)]
+    d_units = len(dinst.units)
+    slots_per_die = max(1, plan.decode.max_batch_per_npu * dinst.npus // d_units)  # per unit
+    dies = [topo.index[n] for n in topo.die_names]
+    decode_units = [[dies[d] for d in unit] for unit in dinst.units]
+    inst_units = [[[dies[(dinst.npus + i * pinst.npus) * dpn + d] for d in unit] for unit in pinst.units]
+                  for i in range(plan.prefill.instances)]
     cpu_ids = [topo.index[f"cpu{c}"] for c in range(s.num_cpus)]
     block = pool_cfg.block_tokens if pool_cfg else 512
     pool = None
@@ -182,14 +193,12 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         cap_gb = pool_cfg.capacity_gb or s.cpu.dram_gb * s.num_cpus
         pool = KVPool(int(cap_gb * 2**30 // (block * kvb)), len(cpu_ids))
 
-    budget = plan.prefill.tokens_per_npu * pdep.npus
+    budget = plan.prefill.tokens_per_npu * pinst.npus
     max_in = max((r.input_len for r in requests), default=1)
     max_ctx = max((r.input_len + r.output_len for r in requests), default=2)
-    cc = ChipCost(loaded.chip)
-    ptable = StepTable(loaded, pdep, model, x_max=plan.prefill.tokens_per_npu, y_max=max(max_in, 128), seed=seed,
-                       chip_cost=cc, x_min=min(128, plan.prefill.tokens_per_npu))
-    dtable = StepTable(loaded, ddep, model, x_max=slots_per_die * dpn, y_max=max(max_ctx, 128), seed=seed,
-                       chip_cost=cc)
+    ptable = StepTable(pinst.step, "prefill", x_max=plan.prefill.tokens_per_npu, y_max=max(max_in, 128),
+                       x_min=min(128, plan.prefill.tokens_per_npu))
+    dtable = StepTable(dinst.step, "decode", x_max=slots_per_die * dinst.x_scale, y_max=max(max_ctx, 128))
     fabric = _LiveFabric(loaded, fidelity)
     rng = np.random.default_rng(seed)
 
@@ -216,8 +225,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     waiting: deque[int] = deque()  # prompts queued for a prefill instance
     idle = deque(range(plan.prefill.instances))
     wait_decode: list[int] = []  # prefilled, waiting for decode room
-    die_seqs = [0] * d_dies
-    die_tokens = [0] * d_dies
+    die_seqs = [0] * d_units  # per decode unit (a die, or a TP group)
+    die_tokens = [0] * d_units
     ready: list[_Seq] = []  # decode sequences whose KV has arrived
     decoding = False
     stats = {"prefill_batches": 0, "decode_steps": 0, "batch_sum": 0, "kv_bytes": 0, "kv_s": [],
@@ -240,7 +249,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                 stats["looked_blocks"] += len(q.req.hash_ids)
             q.record.prefix_hit_tokens = hit
             q.record.first_scheduled_s = t
-            q.prefill_die = inst_dies[inst][len(batch) % len(inst_dies[inst])]
+            q.prefill_unit = inst_units[inst][len(batch) % len(inst_units[inst])]
+            q.prefill_die = q.prefill_unit[0]
             batch.append((q, hit, compute))
             tokens += compute
         stats["prefill_batches"] += 1
@@ -263,7 +273,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         """The batch's prefill steps, from ``t`` (its pool reads done)."""
         seq_len = sum(q.req.input_len * c for q, _, c in batch) / max(1, tokens)
         n_steps = max(1, math.ceil(tokens / budget))
-        per_npu = min(tokens, budget) / pdep.npus
+        per_npu = min(tokens, budget) / pinst.npus
         end = t + n_steps * ptable.step_ms(per_npu, seq_len) / 1e3
         steps.append({"instance": f"prefill{inst}", "submitted_s": submitted, "end_s": end, "requests": len(batch),
                       "tokens": tokens, "mean_context": seq_len})
@@ -275,7 +285,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         for rid in ids:
             q = seqs[rid]
             need = q.req.input_len + q.req.output_len
-            cands = [d for d in range(d_dies) if die_seqs[d] < slots_per_die and die_tokens[d] + need <= room_tokens]
+            cands = [d for d in range(d_units) if die_seqs[d] < slots_per_die and die_tokens[d] + need <= room_tokens]
             if not cands:
                 wait_decode.append(rid)
                 continue
@@ -286,8 +296,11 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
             placed.append(q)
         if not placed and not pool_writes[0]:
             return
-        kv = ([q.prefill_die for q in placed], [decode_die_ids[q.decode_die] for q in placed],
-              [q.req.input_len * kvb for q in placed], "write", kv_fab, plan.kv_transfer.via)
+        # each die of the decode unit receives its share, from the prefill unit's die of the same index
+        moves = [(q.prefill_unit[j % len(q.prefill_unit)], die, q.req.input_len * dinst.kv_bytes_per_die)
+                 for q in placed for j, die in enumerate(decode_units[q.decode_die])]
+        kv = ([m[0] for m in moves], [m[1] for m in moves], [m[2] for m in moves], "write", kv_fab,
+              plan.kv_transfer.via)
         stats["kv_bytes"] += sum(kv[2])
         fabric.start(t, [kv, (*pool_writes, "write", pool_cfg.fabric if pool_cfg else kv_fab, plan.kv_transfer.via)],
                      [[(KV_ARRIVED, q.req.id) for q in placed], None])
@@ -301,13 +314,13 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         per_die: dict[int, int] = {}
         for q in ready:
             per_die[q.decode_die] = per_die.get(q.decode_die, 0) + 1
-        x = max(per_die.values()) * dpn
+        x = max(per_die.values()) * dinst.x_scale
         y = sum(q.kv_len for q in ready) / len(ready)
         dur = dtable.step_ms(x, y) / 1e3
         stats["decode_steps"] += 1
         stats["batch_sum"] += len(ready)
         steps.append({"instance": "decode", "submitted_s": t, "end_s": t + dur, "requests": len(ready),
-                      "tokens": len(ready) * (1 + ddep.mtp), "mean_context": y})
+                      "tokens": len(ready) * (1 + dinst.mtp), "mean_context": y})
         push(t + dur, STEP_DONE, list(ready))
 
     while events or fabric.pending:
@@ -351,8 +364,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
             finished = []
             for q in payload:
                 made = 1
-                for _ in range(ddep.mtp):
-                    if rng.random() >= ddep.mtp_acceptance:
+                for _ in range(dinst.mtp):
+                    if rng.random() >= dinst.mtp_acceptance:
                         break
                     made += 1
                 made = min(made, q.remaining)
@@ -381,17 +394,18 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     slo_p = plan.slo_tpot_ms / 1e3 if plan.slo_tpot_ms else None
     out = summarize(records, slo_ttft_s=slo_t, slo_tbt_s=slo_tbt_ms / 1e3 if slo_tbt_ms else None, slo_tpot_s=slo_p)
     dur = out["duration_s"] or 0.0
-    n_prefill = plan.prefill.instances * pdep.npus
+    n_prefill = plan.prefill.instances * pinst.npus
     kv_s = np.asarray(stats["kv_s"]) * 1e3
     out.update({
         "system": s.name, "model": cfg.name,
-        "npus_prefill": n_prefill, "npus_decode": ddep.npus, "npus_total": n_prefill + ddep.npus,
-        "tokens_per_s_per_npu": out["output_tokens"] / dur / (n_prefill + ddep.npus) if dur else None,
-        "decode_tokens_per_s_per_npu": (out["output_tokens"] - out["requests_completed"]) / dur / ddep.npus
+        "npus_prefill": n_prefill, "npus_decode": dinst.npus, "npus_total": n_prefill + dinst.npus,
+        "tokens_per_s_per_npu": out["output_tokens"] / dur / (n_prefill + dinst.npus) if dur else None,
+        "decode_tokens_per_s_per_npu": (out["output_tokens"] - out["requests_completed"]) / dur / dinst.npus
         if dur else None,
-        "mtp": ddep.mtp, "mtp_acceptance": ddep.mtp_acceptance,
+        "mtp": dinst.mtp, "mtp_acceptance": dinst.mtp_acceptance,
+        "instances": {"prefill": pinst.label, "decode": dinst.label},
         "prefill_batches": stats["prefill_batches"], "decode_steps": stats["decode_steps"],
-        "mean_decode_batch_per_npu": stats["batch_sum"] / stats["decode_steps"] / ddep.npus
+        "mean_decode_batch_per_npu": stats["batch_sum"] / stats["decode_steps"] / dinst.npus
         if stats["decode_steps"] else 0.0,
         "kv_transfer": {"fabric": kv_fab, "via": plan.kv_transfer.via, "bytes": stats["kv_bytes"],
                         "mean_ms": float(kv_s.mean()) if kv_s.size else None,

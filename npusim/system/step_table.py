@@ -1,12 +1,14 @@
-"""Step times of a deployed MoE model over a grid of step shapes, simulated on demand, bilinear between.
+"""Step times of a deployed model over a grid of step shapes, simulated on demand, bilinear between.
 
 A serving run on a multi-NPU system takes thousands of decode and prefill steps whose shapes
 differ a little each time; simulating every one (chip costs plus a fabric run over hundreds of
-dies, seconds each) would be slow, so a :class:`StepTable` simulates
-:func:`~npusim.system.moe_step.simulate_step` only at grid points and interpolates between them:
+dies, seconds each) would be slow, so a :class:`StepTable` simulates a step function (a DeepSeek
+deployment's :func:`~npusim.system.moe_step.simulate_step`, or a parallel plan's step) only at grid
+points and interpolates between them:
 
-* decode: ``x`` = sequences per NPU (the busiest die's count times the dies of an NPU: the slowest
-  die sets the pace), ``y`` = the mean KV length of the step's sequences;
+* decode: ``x`` = sequences (a DeepSeek deployment: per NPU, the busiest die's count times the dies
+  of an NPU; a plan: of the busiest data-parallel group: the slowest sets the pace), ``y`` = the
+  mean KV length of the step's sequences;
 * prefill: ``x`` = prompt tokens per NPU computed in the step, ``y`` = the prompt length the
   tokens attend to.
 
@@ -14,13 +16,14 @@ Grid points are powers of two (and 1.5 times them, so neighbours differ by at mo
 simulated lazily, the first time a step falls next to them; between points the step time is
 bilinear in ``(x, y)``. Below the first point the step is the first point's (a step never takes
 less than the smallest simulated one); above the last the table raises. Each point is one
-``simulate_step`` with ``check_fit=False`` (the serving run's KV accounting bounds what runs).
+step without the HBM check (the serving run's KV accounting bounds what runs).
 ``points`` counts the simulated points; ``lookups`` the steps answered.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment
@@ -41,13 +44,14 @@ def grid(lo: int, hi: int) -> list[int]:
 
 
 class StepTable:
-    """Step times (ms) of one deployment for one phase (see module docstring)."""
+    """Step times (ms) of one instance for one phase (see module docstring). ``step(x, y)`` simulates
+    one grid point (decode: sequences, context; prefill: prompt tokens per NPU, prompt length):
+    :func:`deployment_step` for a DeepSeek deployment, :func:`npusim.system.instance.plan_step` for a
+    parallel plan."""
 
-    def __init__(self, loaded: LoadedSystem, dep: Deployment, model: str, x_max: int, y_max: int,
-                 seed: int = 0, chip_cost: ChipCost | None = None, routing: str = "uniform",
+    def __init__(self, step: Callable[[int, int], float], phase: str, x_max: int, y_max: int,
                  x_min: int = 1, y_min: int = 128):
-        self.loaded, self.dep, self.model, self.seed, self.routing = loaded, dep, model, seed, routing
-        self.chip_cost = chip_cost or ChipCost(loaded.chip)
+        self.step, self.phase = step, phase
         self.xs = grid(x_min, max(x_min, x_max))
         self.ys = grid(y_min, max(y_min, y_max))
         if self.xs[-1] < x_max:
@@ -63,13 +67,7 @@ class StepTable:
 
     def _point(self, x: int, y: int) -> float:
         if (x, y) not in self._ms:
-            if self.dep.phase == "decode":
-                r = simulate_step(self.loaded, self.dep, self.model, batch=x, kv=y, seed=self.seed,
-                                  routing=self.routing, chip_cost=self.chip_cost, check_fit=False)
-            else:
-                r = simulate_step(self.loaded, self.dep, self.model, batch_tokens=x, seq=y, seed=self.seed,
-                                  routing=self.routing, chip_cost=self.chip_cost, check_fit=False)
-            self._ms[(x, y)] = r.step_ms
+            self._ms[(x, y)] = self.step(x, y)
         return self._ms[(x, y)]
 
     @staticmethod
@@ -86,7 +84,7 @@ class StepTable:
     def step_ms(self, x: float, y: float) -> float:
         """The step time at ``(x, y)``, bilinear between the four grid points around it."""
         self.lookups += 1
-        names = ("sequences per NPU", "KV length") if self.dep.phase == "decode" else \
+        names = ("sequences", "KV length") if self.phase == "decode" else \
             ("prompt tokens per NPU", "prompt length")
         x0, x1, fx = self._bracket(self.xs, x, names[0])
         y0, y1, fy = self._bracket(self.ys, y, names[1])
@@ -95,3 +93,18 @@ class StepTable:
             return a
         b = self._point(x0, y1) * (1 - fx) + (self._point(x1, y1) * fx if fx else 0.0)
         return a * (1 - fy) + b * fy
+
+
+def deployment_step(loaded: LoadedSystem, dep: Deployment, model: str, seed: int = 0, routing: str = "uniform",
+                    chip_cost: ChipCost | None = None) -> Callable[[int, int], float]:
+    """A DeepSeek deployment's step time (ms) at (sequences per NPU, KV) for decode or (prompt tokens
+    per NPU, prompt length) for prefill, not checked against HBM (the serving run's KV manager is)."""
+    cc = chip_cost or ChipCost(loaded.chip)
+
+    def step(x: int, y: int) -> float:
+        if dep.phase == "decode":
+            return simulate_step(loaded, dep, model, batch=x, kv=y, seed=seed, routing=routing, chip_cost=cc,
+                                 check_fit=False).step_ms
+        return simulate_step(loaded, dep, model, batch_tokens=x, seq=y, seed=seed, routing=routing, chip_cost=cc,
+                             check_fit=False).step_ms
+    return step
