@@ -112,6 +112,8 @@ def run_system_step(args) -> int:
     print(f"  throughput    {r.tokens_per_s_per_npu:,.0f} tokens/s per NPU")
     print(f"  MoE layer     {r.layer_us:,.1f} us: " + ", ".join(f"{k} {v:,.1f}" for k, v in r.breakdown_us.items()))
     print("  step parts    " + ", ".join(f"{k} {v:,.2f} ms" for k, v in r.step_breakdown_ms.items()))
+    print(f"  calibrated    {r.calibrated_ms:,.2f} ms of the step's critical path ({100 * r.calibrated_share:.0f}%) is calibrated "
+          f"constants, not simulated work (small kernels, operator overheads, step overhead)")
     print(f"  memory        {r.kv_gb_per_die:.1f} GB KV + {r.weights_gb_per_die:.1f} GB weights per die; "
           f"expert load imbalance {r.imbalance:.2f}, attention {r.attention_imbalance:.2f}")
     print(f"  note          {r.note}")

@@ -46,6 +46,7 @@ class WorkloadTiming:
     kernel_us: list[float]
     links: list[dict] = field(default_factory=list)
     fabric: dict = field(default_factory=dict)
+    period_breakdown_us: dict = field(default_factory=dict)  # the critical path within one repeated layer
 
 
 def cost_kernels(wl: Workload, cc: ChipCost) -> list[float]:
@@ -140,6 +141,7 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
     makespan = float(end.max()) if len(end) else 0.0
     breakdown, path_within = _critical_path(wl, start, end)
     step = makespan
+    period_parts: dict[str, float] = {}
     repeat = wl.meta.get("repeat")
     if repeat and len(repeat["marks"]) >= 2:  # the simulated stretch -> L periods
         marks = repeat["marks"]
@@ -148,13 +150,15 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
         step += repeat["layers"] * period - float(t2 - t0)
         for cat, us in path_within(t0, t2).items():
             breakdown[cat] -= us
-        for cat, us in path_within(t1, t2).items():
+        period_parts = path_within(t1, t2)
+        for cat, us in period_parts.items():
             breakdown[cat] = breakdown.get(cat, 0.0) + repeat["layers"] * us
         breakdown = {k: v for k, v in breakdown.items() if abs(v) > 1e-9}
     return WorkloadTiming(step_us=step, makespan_us=makespan, breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
                           node_start_us=start, node_end_us=end, kernel_us=kernel_us,
                           links=_link_utilization(sim, makespan),
-                          fabric={"fidelity": fidelity, "events": sim.events, "tasks": int(w.count)})
+                          fabric={"fidelity": fidelity, "events": sim.events, "tasks": int(w.count)},
+                          period_breakdown_us={k: round(v, 3) for k, v in period_parts.items()})
 
 
 def _node_times(sim: SystemSim, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -78,6 +78,9 @@ class StepResult:
     attention_imbalance: float  # slowest die's attention / the mean (1 unless contexts are spread: kv_min)
     chip_cost: dict
     plan: dict = field(default_factory=dict)  # the deployment in plan keys (npusim.system.plan)
+    calibrated_ms: float = 0.0  # the step's time in calibrated constants (small kernels, operator overheads, step overhead)
+    calibrated_share: float = 0.0  # calibrated_ms / step_ms
+    fidelity: dict = field(default_factory=dict)  # the chip costs' memory and NoC fidelity, the fabric's
     note: str = PARTIAL_NOTE
     workload: Workload | None = field(default=None, repr=False, compare=False)
 
@@ -267,6 +270,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     ops = s.moe_operators
     last = built.last_layer
     other_us = mb * ops.other_kernels_us
+    k_dense = k_us[built.dense_kernel] + ops.other_kernels_us if cfg.first_dense_layers else 0.0
     dispatch_us = sum(span_us([lm["dispatch"]]) for lm in last) + mb * ops.dispatch_overhead_us
     combine_us = sum(span_us([lm["combine"]]) for lm in last) + mb * ops.combine_overhead_us
     moe_us = max(k_us[k] for k in built.expert_kernels) * mb
@@ -277,12 +281,14 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     parts = att_us + moe_us + dispatch_us + combine_us + shared_comm_us + att_comm_us + other_us
     breakdown = {"attention": att_us, "moe_compute": moe_us, "dispatch": dispatch_us, "combine": combine_us,
                  "shared_expert_comm": shared_comm_us, "attention_comm": att_comm_us, "other_kernels": other_us,
-                 "other": max(0.0, layer_us - parts), "overlap_hidden": max(0.0, parts - layer_us)}
-    step_parts_us = {"dense_layers": k_us[built.dense_kernel] * mb * cfg.first_dense_layers if cfg.first_dense_layers
-                     else 0.0, "moe_layers": n_moe * layer_us, "lm_head": k_us[built.lm_head_kernel],
+                 "other": max(0.0, layer_us - parts), "overlap_hidden": max(0.0, parts - layer_us),
+                 # the layer's critical path through calibrated constants rather than simulated work
+                 "calibrated": timing.period_breakdown_us.get("calibrated", 0.0)}
+    step_parts_us = {"dense_layers": k_dense * mb * cfg.first_dense_layers, "moe_layers": n_moe * layer_us, "lm_head": k_us[built.lm_head_kernel],
                      "mtp_module": k_us[built.mtp_kernel] if built.mtp_kernel >= 0 else 0.0,
                      "step_overhead": dep.step_overhead_us}
     step_us = timing.step_us
+    calibrated_us = timing.breakdown_us.get("calibrated", 0.0)  # on the step's critical path
     tokens_per_s = per_npu_tokens / (step_us / 1e6)
     received = per_die[:expert_dies]
     result = StepResult(
@@ -297,6 +303,8 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         imbalance=float(received.max() / received.mean()) if received.mean() > 0 else 1.0,
         attention_imbalance=float(att_die_us.max() / att_die_us.mean()),
         chip_cost=cc.stats.as_dict(), plan=wl.meta["plan"], workload=wl,
+        calibrated_ms=calibrated_us / 1e3, calibrated_share=calibrated_us / step_us if step_us else 0.0,
+        fidelity={"chip_memory": cc.memory, "chip_noc": cc.noc, "fabric": fidelity},
     )
     return result
 
@@ -353,7 +361,6 @@ def _build_workload(s, cfg, dep: Deployment, sh: _Shapes, mb: int, split: bool, 
     if kv_blend is not None:
         top = K(sh.layer({**sh.att, "kv_len": kv_blend[0]}, sh.moe_layer, sh.att_cores, upto="moe.route"))
         att_k = [K({"type": "blend", "a": att, "b": top, "weight": float(w)}) for w in kv_blend[1]]
-    att_task = [K({"type": "sum", "of": [a, half_other]}) for a in att_k]
     disp_task = K({"type": "sum", "of": [disp_over, half_other]})
     # experts: a die's tokens split over its routed experts (per_die of them), rows padded to the cube's tile
     experts = dep.routed_experts.per_die
@@ -388,22 +395,27 @@ def _build_workload(s, cfg, dep: Deployment, sh: _Shapes, mb: int, split: bool, 
         else:  # the dense layer's attention as the group splits it, its FFN on the die's own tokens
             parts = [K(sh.layer(sh.att, 0, sh.cores, upto="mlp_norm")), K(sh.layer(sh.graph, 0, sh.cores,
                                                                                    after="mlp_norm"))]
-        dense = K({"type": "sum", "of": [*parts, other]})
+        dense = K({"type": "sum", "of": parts})
         for d in ranks:
             prev = -1
             for _ in range(mb * cfg.first_dense_layers):
                 prev = wl.compute(d, dense, [prev], "dense_layer", "dense_layers")
+                prev = wl.compute(d, other, [prev], "dense_layer.small_kernels", "calibrated")
     else:
         dense = K({"type": "sum", "of": []})
     start = wl.barrier(range(len(wl.nodes)), "moe_layers.start")
     done = [[start] * dies for _ in range(mb)]
     marks, last = [], []
 
+    def attention_then_small_kernels(d: int, deps: list[int], tag: str) -> int:
+        """The die's attention, then its share of the layer's small kernels (a calibrated time)."""
+        att_node = wl.compute(d, att_k[d], deps, f"{tag}.attention", "attention")
+        return wl.compute(d, half_other, [att_node], f"{tag}.small_kernels", "calibrated")
+
     def attention_and_dispatch(m: int, tag: str) -> dict:
         # attention TP: the group's inputs all-gathered before, the outputs reduce-scattered after
         att_in = moves(att_bytes, done[m], f"{tag}.attention_gather", "attention_comm")
-        att_ids = [wl.compute(d, att_task[d], [att_in, done[m][d]], f"{tag}.attention", "attention")
-                   for d in ranks]
+        att_ids = [attention_then_small_kernels(d, [att_in, done[m][d]], tag) for d in ranks]
         att_out = moves(att_bytes, att_ids, f"{tag}.attention_scatter", "attention_comm")
         disp_start = [wl.compute(d, disp_task, [att_ids[d], att_out], f"{tag}.dispatch_launch",
                                  "calibrated", moe_unit) for d in ranks]
