@@ -36,8 +36,11 @@ def test_small_decode_step_runs_and_adds_up(cm1):
     b = r.breakdown_us
     assert b["attention"] > 0 and b["moe_compute"] > 0 and b["dispatch"] > 0 and b["combine"] > 0
     assert b["other_kernels"] > 0  # the system's per-layer small kernels
-    parts = sum(v for k, v in b.items() if k not in ("other", "overlap_hidden"))
+    parts = sum(v for k, v in b.items() if k not in ("other", "overlap_hidden", "calibrated"))
     assert r.layer_us == pytest.approx(parts + b["other"] - b["overlap_hidden"], abs=1e-2)
+    # calibrated: the part of the layer's critical path (and the step's) that is calibrated constants
+    assert 0 < b["calibrated"] <= r.layer_us and 0 < r.calibrated_ms <= r.step_ms
+    assert r.calibrated_share == pytest.approx(r.calibrated_ms / r.step_ms)
     assert r.layer_us <= parts + b["other"] + 1e-6
     mtp = simulate_step(cm1, _dep(), batch=8, kv=1024, mtp=1, mtp_acceptance=0.8)
     assert mtp.tokens_per_step == pytest.approx(1.8)
