@@ -89,3 +89,16 @@ def test_crossover_interpolates():
     lat = {256: {"tp_k": 1.0, "tp_mn": 4.0}, 1024: {"tp_k": 2.0, "tp_mn": 2.0}, 4096: {"tp_k": 4.0, "tp_mn": 2.0}}
     assert crossover(lat) == pytest.approx(1024, rel=1e-6)
     assert crossover({256: {"tp_k": 1.0, "tp_mn": 4.0}, 512: {"tp_k": 1.0, "tp_mn": 3.0}}) is None
+
+
+def test_calibrate_check_recomputes_the_operator_overheads():
+    """npusim calibrate --check on the MoE operator overheads: each stored constant is within 2% of its
+    recomputation (published operator time minus the simulated fabric time), and the JSON has the contract keys."""
+    out = subprocess.run([sys.executable, "-m", "npusim", "calibrate", "--only", "operators", "--check", "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert len(doc["constants"]) == 4 and not doc["drifted"]
+    for c in doc["constants"]:
+        assert {"name", "preset", "value", "recomputed", "source", "drift"} <= set(c)
+        assert abs(c["drift"]) <= 0.02 and c["recomputed"] > 0

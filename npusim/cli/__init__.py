@@ -20,7 +20,7 @@ from npusim.errors import NpusimError
 from npusim.files import check_output_dir, remove_partials
 
 SUBCOMMANDS = ("run", "replay", "plan", "info", "gemm", "mem", "noc", "collective", "fabric", "model", "sweep",
-               "report", "validate")
+               "report", "validate", "calibrate")
 
 
 class _Parser(argparse.ArgumentParser):
