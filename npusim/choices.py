@@ -42,3 +42,6 @@ MEMORY_PATTERNS = ("stream", "random", "strided")
 #: synthetic NoC traffic patterns and topologies of ``npusim noc`` (``npusim.hw.noc.traffic``)
 TRAFFIC_PATTERNS = ("uniform", "transpose", "bitcomp", "hotspot", "neighbor")
 TOPOLOGIES = ("mesh", "torus", "ring")
+
+#: groups of calibrated constants ``npusim calibrate --only`` recomputes (``npusim.validate.calibrate.GROUPS``)
+CALIBRATION_GROUPS = ("operators", "hccs", "table1", "other_kernels")

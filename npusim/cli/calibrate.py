@@ -17,7 +17,7 @@ from npusim.files import json_text, write_json
 
 
 def add_parser(sub):
-    from npusim.validate.calibrate import GROUPS
+    from npusim.choices import CALIBRATION_GROUPS as GROUPS
 
     p = sub.add_parser("calibrate", help="recompute the presets' calibrated constants from their cited figures",
                        description=__doc__.split("\n\n", 1)[1])
@@ -29,7 +29,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from npusim.validate.calibrate import DRIFT_LIMIT, GROUPS, calibrate
+    from npusim.choices import CALIBRATION_GROUPS as GROUPS
+    from npusim.validate.calibrate import DRIFT_LIMIT, calibrate
 
     groups = None
     if args.only:

@@ -30,7 +30,7 @@ from pathlib import Path
 from npusim.choices import LAYOUTS, MEMORY_FIDELITIES, NOC_FIDELITIES, PARTITIONS
 from npusim.cli.run_system import add_system_run_args, run_system
 from npusim.cli.serve import MAX_REQUESTS, add_serving_args, is_serving, run_serving, serve
-from npusim.cli.util import add_arch_arg, add_force_arg, chip_precision, non_negative_int, positive_int
+from npusim.cli.util import add_arch_arg, add_force_arg, chip_noc, chip_precision, non_negative_int, positive_int
 from npusim.errors import ConfigError
 from npusim.files import json_text
 
@@ -47,7 +47,7 @@ def add_parser(sub):
     )
     add_model_args(p)
     add_mapping_args(p)
-    add_fidelity_args(p, memory_default="analytical")
+    add_fidelity_args(p, memory_default="analytical", system=True)
     add_serving_args(p)
     add_system_run_args(p)
     p.add_argument("--out", type=Path, default=None,
@@ -88,8 +88,12 @@ def add_mapping_args(p):
     p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: fill the chip)")
 
 
-def add_fidelity_args(p, memory_default="tlm"):
-    p.add_argument("--fidelity", choices=NOC_FIDELITIES, default="path", help="NoC model (default path)")
+def add_fidelity_args(p, memory_default="tlm", system: bool = False):
+    """--fidelity (NoC) and --memory (HBM); ``system``: the command also runs --system, whose chip
+    costs default to the analytical NoC (the flag's default is then resolved by :func:`chip_noc`)."""
+    p.add_argument("--fidelity", choices=NOC_FIDELITIES, default=None if system else "path",
+                   help="NoC model (default path" + ("; with --system: the chip costs' NoC, default analytical)"
+                                                     if system else ")"))
     p.add_argument("--memory", choices=MEMORY_FIDELITIES, default=memory_default,
                    help=f"HBM model (default {memory_default})")
 
@@ -220,7 +224,7 @@ def simulate_forward_args(args, arch, base=None):
     graph = build_model(args)
     spec = build_spec(args, arch, graph, base=base)
     with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:
-        return simulate_forward(graph, arch, spec, memory_mode=args.memory, noc_mode=args.fidelity,
+        return simulate_forward(graph, arch, spec, memory_mode=args.memory, noc_mode=chip_noc(args),
                                 progress=progress)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from npusim.cli.util import NODES_HELP, fraction, non_negative_int, positive_float, positive_int
+from npusim.cli.util import NODES_HELP, fraction, non_negative_int, positive_float, positive_int, system_chip_cost
 from npusim.errors import ConfigError
 from npusim.files import json_text, write_json
 
@@ -95,7 +95,8 @@ def run_system_step(args) -> int:
         raise ConfigError(f"--phase {phase}, but {args.mapping} deploys the model for {dep.phase}")
     r = simulate_step(loaded, dep, model=args.model, batch=args.batch, kv=4096 if args.kv is None else args.kv, batch_tokens=args.batch_tokens,
                       seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
-                      microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min)
+                      microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min,
+                      chip_cost=system_chip_cost(args, loaded))
     out = r.to_dict()
     if args.save_workload:
         out["workload"] = str(r.workload.save(args.save_workload))
@@ -165,7 +166,8 @@ def run_plan_step(args, base: dict | None = None) -> int:
     loaded = load_system(args.system, nodes=args.nodes)
     cfg = get_config(args.model)
     plan = plan_from_args(args, loaded, cfg, base)
-    out, wl, timing = simulate_plan_step(loaded, cfg, plan, shape_from_args(args), routing=args.routing, seed=args.seed)
+    out, wl, timing = simulate_plan_step(loaded, cfg, plan, shape_from_args(args), routing=args.routing, seed=args.seed,
+                                         chip_cost=system_chip_cost(args, loaded))
     if args.save_workload:
         out["workload"] = str(wl.save(args.save_workload))
     if args.out:
@@ -255,6 +257,7 @@ def run_system_serving(args) -> int:
     pool = None if args.caching_pool is None else args.caching_pool == "on"
     with request_progress(len(reqs), enabled=not (args.no_progress or args.json), kernels=("chip", "system")) as progress:
         run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=args.model, seed=args.seed,
+                                      chip_cost=system_chip_cost(args, loaded),
                                       kv_fabric=args.kv_fabric, caching_pool=pool, mtp=args.mtp,
                                       mtp_acceptance=args.mtp_acceptance, slo_tbt_ms=args.slo_tbt_ms,
                                       progress=progress)

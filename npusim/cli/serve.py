@@ -17,7 +17,7 @@ from pathlib import Path
 
 from npusim.errors import ConfigError
 from npusim.files import check_output_dir, json_text
-from npusim.cli.util import chip_precision, non_negative_int, positive_float, positive_int, refuse_unless_forced
+from npusim.cli.util import chip_noc, chip_precision, non_negative_int, positive_float, positive_int, refuse_unless_forced
 
 SERVING_FLAGS = ("trace", "rate", "requests")
 #: synthetic requests a run takes without --force, and the memory each costs (request, record and
@@ -226,7 +226,7 @@ def serve(args, arch, spec):
     sched = SchedulerConfig(policy="continuous" if pd else opts["schedule"], max_batch=opts["max_batch"],
                             max_tokens=opts["max_tokens"], chunk_tokens=opts["chunk_tokens"], budget=opts["budget"])
     cfg = ServingConfig(model=args.model, precision=chip_precision(args), layers=args.layers, scheduler=sched,
-                        memory_mode=args.memory, noc_mode=args.fidelity, admission=args.admission,
+                        memory_mode=args.memory, noc_mode=chip_noc(args), admission=args.admission,
                         prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms,
                         iteration_cache=_iteration_cache(args, pd is not None or opts["replicas"] > 1),
                         iteration_cache_dir=getattr(args, "iteration_cache_dir", None),
@@ -236,7 +236,7 @@ def serve(args, arch, spec):
     s = run.summary
     s.update({"model": args.model, "arch": arch.name, "requests": len(reqs), "lengths_clipped": clipped,
               "context_clipped": over_context,
-              "memory_fidelity": args.memory, "noc_fidelity": args.fidelity})
+              "memory_fidelity": args.memory, "noc_fidelity": chip_noc(args)})
     s["iteration_cache"]["requested"] = getattr(args, "iteration_cache", "auto")
     return s, run
 

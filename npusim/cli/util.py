@@ -141,3 +141,17 @@ CHIP_PRECISION = {"bf16": "bf16", "fp16": "bf16", "a8w8": "a8w8", "w8a8": "a8w8"
 def chip_precision(args) -> str:
     """The chip path's operator-graph precision for ``--precision`` (default bf16)."""
     return CHIP_PRECISION[getattr(args, "precision", None) or "bf16"]
+
+
+def chip_noc(args) -> str:
+    """The chip path's NoC fidelity: ``--fidelity``, default path."""
+    return getattr(args, "fidelity", None) or "path"
+
+
+def system_chip_cost(args, loaded):
+    """The chip-cost model of a --system run at the chip fidelity the flags ask for: ``--memory``
+    (default analytical) and ``--fidelity`` (the NoC; default analytical)."""
+    from npusim.system.chipcost import ChipCost
+
+    return ChipCost(loaded.chip, memory=getattr(args, "memory", None) or "analytical",
+                    noc=getattr(args, "fidelity", None) or "analytical")

@@ -140,7 +140,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                             kv_fabric: str | None = None, caching_pool: bool | None = None,
                             mtp: int | None = None, mtp_acceptance: float | None = None,
                             fidelity: str = "flow", slo_tbt_ms: float | None = None,
-                            progress=None) -> SystemServingResult:
+                            progress=None, chip_cost: ChipCost | None = None) -> SystemServingResult:
     """Serve ``requests`` (see module docstring); flags override the plan's choices. ``pdep`` and
     ``ddep``: DeepSeek deployments, or parallel plans of any model (:mod:`npusim.system.instance`).
     Goodput counts requests within the plan's TTFT and TPOT objectives (and every gap between
@@ -154,7 +154,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         raise ConfigError("--mtp/--mtp-acceptance: speculative tokens are modelled for the DeepSeek deployments only")
     if mtp is not None or mtp_acceptance is not None:
         ddep = ddep.overridden(mtp=mtp, mtp_acceptance=mtp_acceptance)
-    cc = ChipCost(loaded.chip)
+    cc = chip_cost or ChipCost(loaded.chip)
     pinst, dinst = (deployment_instance(loaded, d, model, seed, cc) if isinstance(d, Deployment)
                     else plan_instance(loaded, d, phase, model, seed, cc)
                     for d, phase in ((pdep, "prefill"), (ddep, "decode")))

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
+from npusim.choices import CALIBRATION_GROUPS
 from npusim.config import deep_merge
 from npusim.system.load import LoadedSystem, load_system
 from npusim.system.measure import point_to_point, run_moe
@@ -179,6 +180,9 @@ GROUPS: dict[str, Callable[[], list[Constant]]] = {
     "operators": operator_constants, "hccs": hccs_constants, "table1": table1_constants,
     "other_kernels": other_kernels_constant,
 }
+
+
+assert tuple(GROUPS) == CALIBRATION_GROUPS, "npusim.choices.CALIBRATION_GROUPS lists the groups for the CLI"
 
 
 def calibrate(groups: list[str] | None = None) -> list[Constant]:
