@@ -231,3 +231,19 @@ def test_a_hugging_face_config_runs_on_a_system(capsys, tmp_path):
             assert code == 0, err
             r = json.loads(out)
             assert r["model"] == name and r["step_ms"] > 0
+
+
+def test_an_onnx_export_runs_data_parallel_on_a_system(capsys, tmp_path):
+    from pathlib import Path
+    onnx = Path(__file__).resolve().parents[1] / "examples" / "onnx" / "qwen3_tiny_opset18.onnx"
+    code, out, err = _cli(capsys, "run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model", str(onnx),
+                          "--phase", "decode", "--batch", "8", "--kv", "256", "--json", "--save-workload",
+                          str(tmp_path / "w"))
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["model"] == "qwen3_tiny_opset18" and r["plan"]["dp"] == 2 and r["step_ms"] > 0
+    code, out, err = _cli(capsys, "replay", str(tmp_path / "w"), "--system", "atlas-800i-a2", "--nodes", "1", "--json")
+    assert code == 0 and json.loads(out)["step_ms"] == pytest.approx(r["step_ms"])
+    code, _, err = _cli(capsys, "run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model", str(onnx),
+                        "--tp", "2", "--dp", "1")
+    assert code == 2 and "data parallel only" in err

@@ -157,6 +157,7 @@ def run_plan_step(args, base: dict | None = None) -> int:
     flags over it; defaults in :func:`plan_from_args`)."""
     from npusim.model.zoo import get_config
     from npusim.system.load import load_system
+    from npusim.system.plan import ParallelPlan
     from npusim.system.step import simulate_plan_step
 
     for flag in ("mtp", "batch_tokens", "kv_min", "eplb"):
@@ -164,8 +165,15 @@ def run_plan_step(args, base: dict | None = None) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')}: taken by the DeepSeek deployment files only (--mapping "
                               "mappers/cm384-deepseek-*.yaml); the plan path does not model it yet")
     loaded = load_system(args.system, nodes=args.nodes)
-    cfg = get_config(args.model)
-    plan = plan_from_args(args, loaded, cfg, base)
+    if str(args.model).endswith(".onnx"):  # data parallel over the instance's dies (the export has no heads to split)
+        dies = loaded.system.npu.dies
+        npus = args.npus or (base or {}).get("npus") or loaded.system.npus_per_node
+        plan = ParallelPlan(npus=npus, tp=args.tp or 1, dp=args.dp or npus * dies, ep=args.ep or 1, pp=args.pp or 1,
+                            microbatches=1, precision=PLAN_PRECISION[args.precision or "bf16"])
+        cfg = args.model
+    else:
+        cfg = get_config(args.model)
+        plan = plan_from_args(args, loaded, cfg, base)
     out, wl, timing = simulate_plan_step(loaded, cfg, plan, shape_from_args(args), routing=args.routing, seed=args.seed,
                                          chip_cost=system_chip_cost(args, loaded))
     if args.save_workload:
@@ -211,8 +219,8 @@ def print_plan_step(r: dict) -> None:
     if r["busiest_links"]:
         b = r["busiest_links"][0]
         print(f"  busiest link  {b['link']} ({b['fabric']}): {b['gbps']:,.1f} GB/s mean, {100 * b['utilization']:.0f}%")
-    print(f"  simulated     {r['simulated_layers']} layers (the rest at the measured period); "
-          f"{r['fabric']['tasks']:,} fabric tasks")
+    layers = f"{r['simulated_layers']} layers (the rest at the measured period); " if r["simulated_layers"] else ""
+    print(f"  simulated     {layers}{r['fabric']['tasks']:,} fabric tasks")
     for name, path in r.get("files", {}).items():
         print(f"  wrote {name:<9} {path}")
     if r.get("workload"):

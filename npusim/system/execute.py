@@ -29,7 +29,7 @@ from npusim.system.chipcost import ChipCost
 from npusim.system.collectives import build_collective, matrix_transfers
 from npusim.system.load import LoadedSystem
 from npusim.system.measure import reduction_ps
-from npusim.system.parts import layer_part_graph
+from npusim.system.parts import layer_part_graph, onnx_graph
 from npusim.system.kernel import KIND_FLOW
 from npusim.system.simulator import PS_PER_US, SystemSim
 from npusim.system.work import WorkBuilder
@@ -51,7 +51,7 @@ class WorkloadTiming:
 
 def cost_kernels(wl: Workload, cc: ChipCost) -> list[float]:
     """Each kernel's time on the die, in microseconds."""
-    cfg = get_config(wl.meta["model"])
+    cfg = None
     out: list[float] = []
     for spec in wl.kernels:
         kind, cores = spec["type"], spec.get("cores")
@@ -59,7 +59,10 @@ def cost_kernels(wl: Workload, cc: ChipCost) -> list[float]:
             us = cc.gemm(spec["m"], spec["k"], spec["n"], spec.get("dtype", "bf16"), cores,
                          batch=spec.get("batch", 1)).time_us
         elif kind == "layer":
+            cfg = cfg or get_config(wl.meta["model"])
             us = cc.graph(layer_part_graph(cfg, spec), cores).time_us
+        elif kind == "onnx":
+            us = cc.graph(onnx_graph(spec), cores).time_us
         elif kind == "fixed":
             us = float(spec["us"])
         elif kind == "sum":

@@ -309,3 +309,28 @@ def memory_per_rank_gb(cfg, plan: ParallelPlan, shape: StepShape) -> tuple[float
     context = shape.kv_len if shape.phase == "decode" else shape.seq_len
     kv = seqs_group * context * kv_tok * layers  # kv_tok: per layer, in the plan's KV dtype
     return w / 1e9, kv / 1e9
+
+
+def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1) -> Workload:
+    """An ONNX-exported model's step: data parallel only (the export names no heads or layers to
+    split), every rank the whole model for its share of the batch, no communication. Raises
+    ConfigError for a plan with tp, ep or pp above 1."""
+    from pathlib import Path
+
+    if plan.tp * plan.ep * plan.pp != 1:
+        raise ConfigError(f"{path}: an ONNX-exported model runs data parallel only on a system (tp 1, ep 1, pp 1; "
+                          f"got tp {plan.tp}, ep {plan.ep}, pp {plan.pp}): the export names no heads or layers to split")
+    ranks = plan.npus * dies_per_npu
+    if shape.batch < ranks:
+        raise ConfigError(f"--batch {shape.batch}: fewer sequences than the {ranks} data-parallel dies")
+    wl = Workload(ranks)
+    dtype = "int8" if plan.precision == "w8a8" else "bf16"
+    for r, seqs in enumerate(_split(shape.batch, ranks)):
+        kernel = {"type": "onnx", "path": str(Path(path).resolve()), "phase": shape.phase, "batch": seqs,
+                  "seq_len": shape.seq_len, "kv_len": shape.kv_len + (1 if shape.phase == "decode" else 0),
+                  "dtype": dtype}
+        wl.compute(r, kernel, (), "forward", "model")
+    wl.meta = {"model": {"name": Path(path).stem, "onnx": str(Path(path).resolve())}, "plan": plan.to_dict(),
+               "phase": shape.phase, "batch": shape.batch, "seq_len": shape.seq_len, "kv_len": shape.kv_len,
+               "tokens": shape.batch * (shape.seq_len if shape.phase == "prefill" else 1), "simulated_layers": None}
+    return wl

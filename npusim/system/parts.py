@@ -65,3 +65,12 @@ def layer_part_graph(cfg, spec: dict) -> Graph:
     kept = {op.name for op in ops}
     ops = [replace(op, inputs=tuple(i for i in op.inputs if i in kept)) for op in ops]
     return Graph(f"{graph.name}.{spec.get('part') or 'layer'}", ops, graph.phase, graph.batch, graph.seq_len, graph.kv_len, graph.meta)
+
+
+def onnx_graph(spec: dict) -> Graph:
+    """An ``onnx`` kernel's graph: the exported model's forward pass for the kernel's batch."""
+    from npusim.model.onnx_import import load_onnx
+
+    decode = spec["phase"] == "decode"
+    return load_onnx(spec["path"], batch=spec["batch"], seq_len=1 if decode else spec["seq_len"],
+                     kv_len=spec["kv_len"], dtype=spec.get("dtype", "bf16"))

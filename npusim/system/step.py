@@ -16,7 +16,7 @@ from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
 from npusim.system.execute import WorkloadTiming, time_workload
 from npusim.system.load import LoadedSystem
-from npusim.system.mapper import StepShape, build_step, memory_per_rank_gb
+from npusim.system.mapper import StepShape, build_onnx_step, build_step, memory_per_rank_gb
 from npusim.system.plan import ParallelPlan, check_plan
 from npusim.system.workload import Workload
 
@@ -38,7 +38,10 @@ def check_fit(cfg, plan: ParallelPlan, shape: StepShape, hbm_gb: float) -> tuple
 def simulate_plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, shape: StepShape,
                        chip_cost: ChipCost | None = None, fidelity: str = "flow", routing: str = "uniform",
                        seed: int = 0, fit: bool = True) -> tuple[dict, Workload, WorkloadTiming]:
-    """Map ``model`` by ``plan`` for ``shape`` and time it on ``loaded``: (result, workload, timing)."""
+    """Map ``model`` by ``plan`` for ``shape`` and time it on ``loaded``: (result, workload, timing).
+    An ``.onnx`` path runs data parallel (:func:`npusim.system.mapper.build_onnx_step`)."""
+    if str(model).endswith(".onnx"):
+        return _onnx_step(loaded, str(model), plan, shape, chip_cost, fidelity, fit)
     cfg = get_config(model)
     dpn = loaded.system.npu.dies
     check_plan(plan, cfg, dpn, loaded.system.num_npus)
@@ -74,3 +77,26 @@ def summarize_timing(wl: Workload, timing: WorkloadTiming, loaded: LoadedSystem,
                fidelity={"chip_memory": cc.memory, "chip_noc": cc.noc, "fabric": timing.fabric["fidelity"]},
                fabric=timing.fabric, busiest_links=timing.links[:5], note=NOTE)
     return out
+
+
+def _onnx_step(loaded: LoadedSystem, path: str, plan: ParallelPlan, shape: StepShape, chip_cost: ChipCost | None,
+               fidelity: str, fit: bool) -> tuple[dict, Workload, WorkloadTiming]:
+    from npusim.system.parts import onnx_graph
+
+    if plan.npus > loaded.system.num_npus:
+        raise ConfigError(f"plan: {plan.npus} NPUs but the system has {loaded.system.num_npus}")
+    wl = build_onnx_step(path, plan, shape, loaded.system.npu.dies)
+    busiest = onnx_graph(wl.kernels[wl.nodes[0]["kernel"]])  # rank 0 has the most sequences
+    weights = sum(op.weight_bytes for op in busiest.ops) / 1e9
+    kv = sum(op.kv_read_bytes for op in busiest.ops if op.kind == "attention") / 1e9
+    hbm_gb = summarize(loaded.chip).hbm_gb
+    if fit and weights + kv > hbm_gb:
+        raise ConfigError(f"plan does not fit: {weights:.1f} GB of weights + {kv:.1f} GB of KV cache per die > "
+                          f"{hbm_gb:g} GB of HBM")
+    cc = chip_cost or ChipCost(loaded.chip)
+    timing = time_workload(wl, loaded, cc, fidelity)
+    out = summarize_timing(wl, timing, loaded, cc)
+    out.update(weights_gb_per_die=round(weights, 3), kv_gb_per_die=round(kv, 3), hbm_gb_per_die=hbm_gb,
+               chip_cost=cc.stats.as_dict(), note="ONNX export, data parallel: each die runs the whole model for its "
+               "sequences; no communication")
+    return out, wl, timing

@@ -16,6 +16,8 @@ costed there by that system's die.
   of the workload's model (``meta.model``) built for that batch and sharded (heads, FFN width,
   vocabulary divided by the splits, :mod:`npusim.system.parts`), cut to ``part`` (see there; none:
   the whole layer, or the ops ``after`` / ``upto`` ops whose names end so);
+* ``{"type": "onnx", "path", "phase", "batch", "seq_len", "kv_len", "dtype"}``: an ONNX-exported
+  model's whole forward pass (:func:`npusim.model.onnx_import.load_onnx`) on the die;
 * ``{"type": "fixed", "us", "source"}``: a time taken from a figure, not simulated (a calibrated
   constant: the step's breakdown files it under ``calibrated``);
 * ``{"type": "sum", "of": [kernel indices], "times": n}``: those kernels back to back, ``n`` times;
@@ -66,7 +68,7 @@ FORMAT = "npusim-system-workload"
 VERSION = 1
 FILE_NAME = "workload.json"
 NODE_KINDS = ("compute", "collective", "transfers", "barrier")
-KERNEL_TYPES = ("gemm", "layer", "fixed", "sum", "blend")
+KERNEL_TYPES = ("gemm", "layer", "onnx", "fixed", "sum", "blend")
 LAYER_PARTS = ("attention", "ffn", "router", "attention+router", "shared", "moe_tail", "head")
 STREAMS = ("compute", "moe")
 
