@@ -12,7 +12,8 @@ on the ranks of a data-parallel group of ``tp`` ranks:
   tokens) -> each rank dispatches its 1/tp of the group's tokens to the ranks of its
   expert-parallel group holding their top-k experts (INT8 or BF16 activations as the precision
   says, one copy per destination rank) -> grouped expert GEMMs on each rank for the token copies
-  it received (rows padded to 16, the cube's tile), shared experts on each rank for its own
+  it received (spread evenly over its experts, rows padded to 16, the cube's tile), shared experts
+  on each rank for its own
   tokens -> combine (BF16 outputs back) -> the weighted sum and residual -> with tp > 1, an
   all-gather of the group's tokens;
 * between stages, each rank sends its hidden states to the rank of the same index in the next
