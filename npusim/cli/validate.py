@@ -1,6 +1,7 @@
 """``npusim validate``: run every comparison with published figures and peer simulators, print
-one table (name, source, published, simulated, error, tolerance, verdict) and exit 0 when every
-row is within its tolerance, 1 otherwise."""
+one table (name, source, published, simulated, error, tolerance, verdict, a naive model's error)
+and exit 0 when every *outside* row (a figure no modelling choice was steered by) is within its
+tolerance, 1 otherwise; fitted, calibration, peer and self rows are shown, not counted."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from npusim.validate import CHECKS, run_checks, select
 from npusim.validate.rows import fmt_value
 from npusim.files import json_text
 
-SECTIONS = (("outside", "published figures (held out)"), ("peer", "peer simulators"),
+SECTIONS = (("outside", "published figures (held out)"),
+            ("fitted", "fitted (figures modelling choices were steered by: matching them proves little)"),
+            ("peer", "peer simulators"),
             ("calibration", "calibration (the preset was derived from these figures; they match by construction)"),
             ("self", "the project compared with itself (not an outside figure)"))
 
@@ -26,8 +29,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="Run every comparison npusim makes with published figures (papers, vendor reports) and\n"
                     "peer simulators, and print one table: name, source, published, simulated, error,\n"
                     "tolerance, verdict. Every simulated figure is computed now; the published ones are in\n"
-                    "npusim/validate/published.yaml with their sources. Exit 0 when every row is within its\n"
-                    "tolerance, 1 otherwise.\n\nchecks:\n" + checks)
+                    "npusim/validate/published.yaml with their sources. Exit 0 when every outside row (a\n"
+                    "figure no modelling choice was steered by) is within its tolerance, 1 otherwise.\n\n"
+                    "checks:\n" + checks)
     p.add_argument("--quick", action="store_true",
                    help="only the checks marked [quick] (reduced where a row says so): ~10 min on 2 cores")
     p.add_argument("--only", metavar="NAME", help="run only this check (or a comma list of checks)")
@@ -45,13 +49,15 @@ def run(args) -> int:
 
     results = run_checks(checks, args.quick, progress)
     rows = [(c, r) for c, rs, _ in results for r in rs]
-    ok = all(r.within_tolerance for _, r in rows)
+    outside = [r for _, r in rows if r.kind == "outside"]
+    ok = all(r.within_tolerance for r in outside)
     if args.json:
         print(json_text({"rows": [{"check": c.name, **r.to_dict()} for c, r in rows]}, 1))
         return 0 if ok else 1
     print_table([r for _, r in rows])
-    bad = sum(not r.within_tolerance for _, r in rows)
-    print(f"\n{len(rows)} rows, {len(rows) - bad} within tolerance, {bad} outside; checks: "
+    bad = sum(not r.within_tolerance for r in outside)
+    print(f"\n{len(outside)} outside rows, {len(outside) - bad} within tolerance, {bad} not; "
+          f"{len(rows) - len(outside)} fitted, calibration, peer and self rows not counted; checks: "
           + ", ".join(f"{c.name} {t:.0f} s" for c, _, t in results) + f"; total {time.perf_counter() - t0:.0f} s")
     return 0 if ok else 1
 

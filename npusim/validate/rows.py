@@ -10,7 +10,9 @@ A row judges a magnitude, never only a sign. ``published`` is a number with a re
 * ``match``: a categorical figure (e.g. the best stage count); error 0 or 1.
 
 ``within_tolerance`` is ``|error| <= tolerance``. ``kind`` keeps comparisons apart:
-``outside`` (a published figure not used to build the model), ``calibration`` (a figure the
+``outside`` (a published figure not used to build the model; only these count in ``npusim
+validate``'s verdict), ``fitted`` (a figure modelling choices were steered by: matching it proves
+little), ``calibration`` (a figure the
 preset's parameters were derived from: it matches by construction and proves only that the
 calibration is applied), ``peer`` (another simulator's output), ``self`` (the project compared
 with itself, e.g. its cheap against its detailed fidelity). ``setup`` says whether the source's
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-KINDS = ("outside", "calibration", "peer", "self")
+KINDS = ("outside", "fitted", "calibration", "peer", "self")
 RELATIONS = ("eq", "le", "ge", "range", "match")
 
 

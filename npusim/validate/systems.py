@@ -84,6 +84,6 @@ def deepseek_rows(quick: bool = False) -> list[Row]:
         rows.append(Row(name=f"DeepSeek {r['name']} {metric}", source=f"{r['source']} [{r['confidence']}]",
                         published=float(r["published"]), simulated=float(res.metric(r["metric"])),
                         tolerance=DEEPSEEK_TOLERANCE, unit=unit,
-                        kind="calibration" if r.get("role") == "calibration" else "outside",
-                        note=res.note.split(";")[0]))
+                        kind="calibration" if r.get("role") == "calibration" else "fitted" if r.get("fitted")
+                        else "outside", note=res.note.split(";")[0]))
     return rows
