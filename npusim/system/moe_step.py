@@ -48,6 +48,7 @@ from npusim.system.workload import Workload
 
 PAD_ROWS = 16
 SIM_LAYERS = 2
+EPLB_SAMPLE_SEED = 7919  # offsets the seed of the routing sample greedy EPLB places experts by
 PARTIAL_NOTE = ("partial model: the die's L2 is not modelled, a layer's small kernels (quantisation, "
                 "gating, launch gaps) are one calibrated time; see validation/deepseek_deployments.py")
 
@@ -223,7 +224,10 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     tokens_mb = int(round(tokens_die / mb))
     load_w = expert_weights(routing, cfg.num_experts, seed)
     picks = route_tokens(dies, tokens_mb, cfg.experts_per_token, cfg.num_experts, load_w, seed)
-    homes = _expert_placement(cfg, dep, expert_dies, np.bincount(picks.ravel(), minlength=cfg.num_experts))
+    # greedy EPLB places experts by the load of an earlier routing sample (as deployments do, from
+    # the loads they observed), not by this step's own routing, which no deployment knows ahead
+    observed = route_tokens(dies, tokens_mb, cfg.experts_per_token, cfg.num_experts, load_w, seed + EPLB_SAMPLE_SEED)
+    homes = _expert_placement(cfg, dep, expert_dies, np.bincount(observed.ravel(), minlength=cfg.num_experts))
     copies = s.moe_operators.decode_copies if dep.phase == "decode" else s.moe_operators.prefill_copies
     tokens, per_die = _traffic(picks, homes, shared, dies, dep.eplb, copies)
 
