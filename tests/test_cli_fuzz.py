@@ -178,3 +178,43 @@ def test_cli_flags_exit_cleanly(capsys, monkeypatch, kind, surface, data):
     monkeypatch.chdir(ROOT)
     base, flags = (SURFACES if kind == "numbers" else TEXT_SURFACES)[surface]
     run_with_one_flag_changed(capsys, data, base, flags, NUMBERS if kind == "numbers" else TEXTS)
+
+
+# -- saved system workloads (npusim replay DIR --system S) ------------------------------------------
+
+def _small_workloads():
+    from npusim.model.zoo import get_config
+    from npusim.system.mapper import StepShape, build_step
+    from npusim.system.plan import ParallelPlan
+
+    dense = build_step(get_config("qwen3-0.6b"), ParallelPlan(npus=2, tp=2), StepShape("decode", 4, 1, 128))
+    moe = build_step(get_config("qwen3-30b-a3b"), ParallelPlan(npus=2, dp=2, ep=2), StepShape("decode", 4, 1, 128))
+    return [dense.to_dict(), moe.to_dict()]
+
+
+WORKLOADS = _small_workloads()
+ODD = st.sampled_from([None, -1, 0, "x", 1e20, 2**70, [], {}, True, 3.5, [[1]], {"a": 1}, float("nan")])
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.integers(0, 1), section=st.sampled_from(["nodes", "kernels", "meta", "top"]), pick=st.integers(0, 10**6),
+       value=ODD)
+def test_a_mutated_workload_replays_or_is_one_clear_error(which, section, pick, value):
+    """One field of a saved workload (a node's, a kernel's, the meta's or a top-level key) set to an odd
+    value: it times, or the project's own error says what is wrong (no traceback, no hang, no runaway
+    memory: kernel shapes are bounded)."""
+    import copy
+
+    from npusim.system.execute import time_workload
+    from npusim.system.load import load_system
+    from npusim.system.workload import Workload
+
+    d = copy.deepcopy(WORKLOADS[which])
+    target = d if section == "top" else d["meta"] if section == "meta" else d[section][pick % len(d[section])]
+    keys = sorted(target)
+    target[keys[pick % len(keys)]] = value
+    try:
+        wl = Workload.from_dict(json.loads(json.dumps(d, allow_nan=True)))
+        time_workload(wl, load_system("atlas-800i-a2", nodes=1))
+    except NpusimError:
+        pass

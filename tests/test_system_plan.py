@@ -109,15 +109,26 @@ def test_saved_workload_re_times_identically(a2, tmp_path):
     assert time_workload(again, a2).step_us == pytest.approx(out["step_ms"] * 1e3, rel=1e-12)
 
 
+META = {"model": "qwen3-0.6b", "plan": {"npus": 2}, "phase": "decode", "batch": 4, "tokens": 4, "seq_len": 1,
+        "kv_len": 128}
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"format": "x"}, "not an npusim system workload"),
     ({"nodes": [{"kind": "compute", "rank": 0, "kernel": 0, "deps": [5]}]}, "earlier nodes"),
-    ({"nodes": [{"kind": "compute", "rank": 9, "kernel": 0, "deps": []}]}, "outside"),
+    ({"nodes": [{"kind": "compute", "rank": 9, "kernel": 0, "deps": []}]}, "'rank' must be an integer 0..1"),
+    ({"nodes": [{"kind": "compute", "kernel": 0, "deps": []}]}, "'rank'"),
+    ({"nodes": [{"kind": "transfers", "ranks": [0, 1], "bytes": [[0, "x"], [0, 0]]}]}, "'bytes'"),
     ({"kernels": [{"type": "sum", "of": [3]}]}, "earlier kernels"),
     ({"kernels": [{"type": "warp"}]}, "'type' must be one of"),
+    ({"kernels": [{"type": "gemm", "m": 2**40, "k": 8, "n": 8}]}, "'m' must be an integer"),
+    ({"kernels": [{"type": "layer", "layer": 0, "phase": "prefill", "batch": 4096, "seq_len": 4096,
+                   "kv_len": 4096}]}, "tokens, more than"),
+    ({"meta": {**META, "phase": "train"}}, "meta.phase"),
+    ({"meta": {**META, "repeat": {"start": 0, "marks": [0], "layers": 3}}}, "repeat"),
 ])
 def test_a_bad_workload_file_is_one_clear_error(tmp_path, bad, match):
-    d = {"format": "npusim-system-workload", "version": 1, "ranks": 2, "meta": {},
+    d = {"format": "npusim-system-workload", "version": 1, "ranks": 2, "meta": META,
          "kernels": [{"type": "fixed", "us": 1.0}], "nodes": [], **bad}
     (tmp_path / "workload.json").write_text(json.dumps(d))
     with pytest.raises(ConfigError, match=match):

@@ -26,15 +26,20 @@ from npusim.model.ir import Graph
 
 def _select(ops, part: str | None, after: str | None = None, upto: str | None = None):
     names = [op.name.split(".", 1)[1] if "." in op.name else op.name for op in ops]
+
+    def index(name: str) -> int:
+        if name not in names:
+            raise ConfigError(f"the layer has no op named '{name}' (its ops: {', '.join(names) or 'none'})")
+        return names.index(name)
     if part is None:  # the whole layer, or the ops after / up to the named ones
-        lo = names.index(after) + 1 if after else 0
-        hi = names.index(upto) + 1 if upto else len(ops)
+        lo = index(after) + 1 if after else 0
+        hi = index(upto) + 1 if upto else len(ops)
         return ops[lo:hi]
     if part == "attention+router":
         return _select(ops, "attention") + _select(ops, "router")
     if part == "head":
         return [op for op in ops if op.name != "embed"]
-    cut = names.index("attn_residual") + 1
+    cut = index("attn_residual") + 1
     if part == "attention":
         return ops[:cut]
     rest = list(zip(names[cut:], ops[cut:]))

@@ -156,43 +156,151 @@ class Workload:
         return wl
 
     def check(self, where: str = "workload") -> None:
-        """Structural checks: kinds, ranks in range, kernels known, dependencies on earlier nodes."""
-        if self.ranks < 1:
-            raise ConfigError(f"{where}: ranks must be at least 1")
+        """Every field a timing reads, with its type and range (a saved file is user input): kinds,
+        ranks in range, kernels' shapes within :data:`MAX_KERNEL_TOKENS` / :data:`MAX_KERNEL_MACS`,
+        references to earlier kernels and nodes only, the meta the summary reads."""
+        _int(self.ranks, f"{where}: 'ranks'", 1, MAX_RANKS)
         for i, k in enumerate(self.kernels):
-            if not isinstance(k, dict) or k.get("type") not in KERNEL_TYPES:
-                raise ConfigError(f"{where}: kernels[{i}]: 'type' must be one of {', '.join(KERNEL_TYPES)}")
-            if k["type"] == "layer" and k.get("part") not in (*LAYER_PARTS, None):
-                raise ConfigError(f"{where}: kernels[{i}]: 'part' must be one of {', '.join(LAYER_PARTS)}")
-            refs = k.get("of", []) if k["type"] == "sum" else [k.get("a"), k.get("b")] if k["type"] == "blend" else []
-            if any(not isinstance(j, int) or not 0 <= j < i for j in refs):
-                raise ConfigError(f"{where}: kernels[{i}]: a {k['type']} kernel refers to earlier kernels only")
-            if k["type"] == "fixed" and (not isinstance(k.get("us"), (int, float)) or k["us"] < 0):
-                raise ConfigError(f"{where}: kernels[{i}]: a fixed kernel needs 'us' >= 0")
+            _check_kernel(k, i, f"{where}: kernels[{i}]")
         for i, n in enumerate(self.nodes):
-            at = f"{where}: nodes[{i}]"
-            if not isinstance(n, dict) or n.get("kind") not in NODE_KINDS:
-                raise ConfigError(f"{at}: 'kind' must be one of {', '.join(NODE_KINDS)}")
-            deps = n.get("deps", [])
-            if not isinstance(deps, list) or any(not isinstance(x, int) or not 0 <= x < i for x in deps):
-                raise ConfigError(f"{at}: 'deps' must list indices of earlier nodes")
-            ranks = [n["rank"]] if "rank" in n else n.get("ranks", [])
-            if any(not isinstance(r, int) or not 0 <= r < self.ranks for r in ranks):
-                raise ConfigError(f"{at}: rank(s) {ranks} outside 0..{self.ranks - 1}")
-            if n["kind"] == "compute":
-                if not isinstance(n.get("kernel"), int) or not 0 <= n["kernel"] < len(self.kernels):
-                    raise ConfigError(f"{at}: 'kernel' must index the kernel table (0..{len(self.kernels) - 1})")
-                if n.get("stream", "compute") not in STREAMS:
-                    raise ConfigError(f"{at}: 'stream' must be one of {', '.join(STREAMS)}")
-            elif n["kind"] == "collective":
-                if not isinstance(n.get("bytes"), int) or n["bytes"] < 0 or len(ranks) < 2:
-                    raise ConfigError(f"{at}: a collective needs 'bytes' >= 0 and two or more 'ranks'")
-            elif n["kind"] == "transfers":
-                b = n.get("bytes")
-                if not isinstance(b, list) or len(b) != len(ranks) or any(
-                        not isinstance(row, list) or len(row) != len(ranks) for row in b):
-                    raise ConfigError(f"{at}: 'bytes' must be a {len(ranks)} x {len(ranks)} matrix")
-        repeat = self.meta.get("repeat") or {}
-        marks = [*repeat.get("marks", []), repeat.get("start", 0)]
-        if repeat and any(not isinstance(m, int) or not 0 <= m < len(self.nodes) for m in marks):
-            raise ConfigError(f"{where}: meta.repeat's start and marks must index nodes")
+            _check_node(n, i, self.ranks, len(self.kernels), f"{where}: nodes[{i}]")
+        _check_meta(self.meta, len(self.nodes), f"{where}: meta")
+
+
+#: the largest rank count a workload names (the system schema's endpoint limit)
+MAX_RANKS = 65_536
+#: a kernel's tokens (batch x seq_len) and context: beyond them one kernel's chip simulation would not end
+MAX_KERNEL_TOKENS = 2**22
+#: a GEMM kernel's multiply-accumulates (batch x m x k x n)
+MAX_KERNEL_MACS = 2**50
+COLLECTIVE_OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
+
+
+def _int(value, what: str, lo: int = 0, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        rng = f"{lo}..{hi:,}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{what} must be an integer {rng}, got {value!r}")
+    return value
+
+
+def _number(value, what: str, lo: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= lo or value == float("inf"):
+        raise ConfigError(f"{what} must be a finite number >= {lo:g}, got {value!r}")
+    return float(value)
+
+
+def _str(value, what: str, choices=None) -> str:
+    if not isinstance(value, str) or (choices is not None and value not in choices):
+        expected = f"one of {', '.join(choices)}" if choices else "a string"
+        raise ConfigError(f"{what} must be {expected}, got {value!r}")
+    return value
+
+
+def _check_kernel(k, i: int, at: str) -> None:
+    if not isinstance(k, dict):
+        raise ConfigError(f"{at}: expected a mapping with a 'type'")
+    kind = _str(k.get("type"), f"{at}: 'type'", KERNEL_TYPES)
+    if k.get("cores") is not None:
+        _int(k["cores"], f"{at}: 'cores'", 1, 1 << 20)
+    if kind == "gemm":
+        dims = [_int(k.get(d, 1 if d == "batch" else None), f"{at}: '{d}'", 1, MAX_KERNEL_TOKENS)
+                for d in ("m", "k", "n", "batch")]
+        if dims[0] * dims[1] * dims[2] * dims[3] > MAX_KERNEL_MACS:
+            raise ConfigError(f"{at}: a GEMM of {dims[3]} x {dims[0]} x {dims[1]} x {dims[2]} multiply-accumulates, "
+                              f"more than {MAX_KERNEL_MACS:.1e}")
+        _str(k.get("dtype", "bf16"), f"{at}: 'dtype'")
+    elif kind in ("layer", "onnx"):
+        _str(k.get("phase"), f"{at}: 'phase'", ("decode", "prefill"))
+        batch, seq = (_int(k.get(d), f"{at}: '{d}'", 1, MAX_KERNEL_TOKENS) for d in ("batch", "seq_len"))
+        _int(k.get("kv_len"), f"{at}: 'kv_len'", 1, MAX_KERNEL_TOKENS)
+        if batch * seq > MAX_KERNEL_TOKENS:
+            raise ConfigError(f"{at}: {batch} x {seq} tokens, more than {MAX_KERNEL_TOKENS:,} in one kernel")
+        if kind == "onnx":
+            _str(k.get("path"), f"{at}: 'path'")
+        else:
+            _int(k.get("layer"), f"{at}: 'layer'", -1, 1 << 16)
+            if k.get("part") is not None:
+                _str(k["part"], f"{at}: 'part'", LAYER_PARTS)
+            for cut in ("after", "upto"):
+                if k.get(cut) is not None:
+                    _str(k[cut], f"{at}: '{cut}'")
+            for split in ("heads_split", "ffn_split", "vocab_split"):
+                _int(k.get(split, 1), f"{at}: '{split}'", 1, 1 << 20)
+            _str(k.get("precision", "bf16"), f"{at}: 'precision'")
+            _str(k.get("kv_dtype", "bf16"), f"{at}: 'kv_dtype'", ("bf16", "int8"))
+    elif kind == "fixed":
+        _number(k.get("us"), f"{at}: 'us'")
+    elif kind == "sum":
+        refs = k.get("of")
+        if not isinstance(refs, list):
+            raise ConfigError(f"{at}: 'of' must list earlier kernels")
+        for j in refs:
+            _int(j, f"{at}: 'of' (a sum kernel refers to earlier kernels only)", 0, i - 1)
+        _int(k.get("times", 1), f"{at}: 'times'", 1, 1 << 20)
+    else:  # blend
+        for ref in ("a", "b"):
+            _int(k.get(ref), f"{at}: '{ref}' (a blend kernel refers to earlier kernels only)", 0, i - 1)
+        _number(k.get("weight"), f"{at}: 'weight'", float("-inf"))
+
+
+def _check_node(n, i: int, ranks: int, kernels: int, at: str) -> None:
+    if not isinstance(n, dict):
+        raise ConfigError(f"{at}: expected a mapping with a 'kind'")
+    kind = _str(n.get("kind"), f"{at}: 'kind'", NODE_KINDS)
+    deps = n.get("deps", [])
+    if not isinstance(deps, list):
+        raise ConfigError(f"{at}: 'deps' must list indices of earlier nodes")
+    for d in deps:
+        _int(d, f"{at}: 'deps' (indices of earlier nodes)", 0, i - 1)
+    _str(n.get("name", ""), f"{at}: 'name'")
+    _str(n.get("category", ""), f"{at}: 'category'")
+    if kind == "compute" or (kind == "barrier" and "rank" in n):
+        _int(n.get("rank"), f"{at}: 'rank'", 0, ranks - 1)
+    if kind == "compute":
+        _int(n.get("kernel"), f"{at}: 'kernel' (an index of the kernel table)", 0, kernels - 1)
+        _str(n.get("stream", "compute"), f"{at}: 'stream'", STREAMS)
+    if kind in ("collective", "transfers"):
+        members = n.get("ranks")
+        if not isinstance(members, list) or len(members) < 2:
+            raise ConfigError(f"{at}: 'ranks' must list two or more ranks")
+        for r in members:
+            _int(r, f"{at}: 'ranks'", 0, ranks - 1)
+        if n.get("via") is not None:
+            _str(n["via"], f"{at}: 'via'", ("sdma", "aiv"))
+    if kind == "collective":
+        _str(n.get("op"), f"{at}: 'op'", COLLECTIVE_OPS)
+        _int(n.get("bytes"), f"{at}: 'bytes'", 0)
+        if n.get("algorithm") is not None:
+            _str(n["algorithm"], f"{at}: 'algorithm'")
+    elif kind == "transfers":
+        b, size = n.get("bytes"), len(n["ranks"])
+        if not isinstance(b, list) or len(b) != size or any(not isinstance(row, list) or len(row) != size for row in b):
+            raise ConfigError(f"{at}: 'bytes' must be a {size} x {size} matrix of byte counts")
+        for row in b:
+            for v in row:
+                _int(v, f"{at}: 'bytes'", 0)
+
+
+def _check_meta(meta, nodes: int, at: str) -> None:
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{at}: expected a mapping")
+    model = meta.get("model")
+    if not isinstance(model, (dict, str)):
+        raise ConfigError(f"{at}.model must be a model config (a mapping) or a model name")
+    if not isinstance(meta.get("plan"), dict):
+        raise ConfigError(f"{at}.plan must be a mapping of plan keys (npus, tp, dp, ep, pp, microbatches)")
+    _int(meta["plan"].get("npus"), f"{at}.plan.npus", 1, MAX_RANKS)
+    _str(meta.get("phase"), f"{at}.phase", ("decode", "prefill"))
+    _number(meta.get("batch"), f"{at}.batch")
+    _number(meta.get("tokens"), f"{at}.tokens")
+    for key in ("seq_len", "kv_len"):
+        _int(meta.get(key), f"{at}.{key}", 1)
+    _number(meta.get("tokens_per_sequence", 1.0), f"{at}.tokens_per_sequence", 1e-9)
+    repeat = meta.get("repeat")
+    if repeat is None:
+        return
+    if not isinstance(repeat, dict) or not isinstance(repeat.get("marks"), list) or len(repeat["marks"]) < 2:
+        raise ConfigError(f"{at}.repeat must be a mapping with 'start', 'marks' (two or more) and 'layers'")
+    for m in [repeat.get("start"), *repeat["marks"]]:
+        _int(m, f"{at}.repeat's start and marks (node indices)", 0, nodes - 1)
+    _int(repeat.get("layers"), f"{at}.repeat.layers", 1, 1 << 20)
