@@ -51,6 +51,12 @@ SURFACES = {
              "--hotspot-fraction"]),
     "forward": (["run", "--model", "qwen3-0.6b", "--layers", "1", "--forward", "--fidelity", "analytical", "--json",
                  "--no-progress"], ["--batch", "--seq", "--kv", "--tp", "--stages", "--layers"]),
+    "system-plan": (["run", "--system", "atlas-800i-a2", "--nodes", "1", "--model", "qwen3-0.6b", "--npus", "2",
+                     "--batch", "4", "--kv", "256", "--json", "--no-progress"],
+                    ["--npus", "--tp", "--dp", "--ep", "--pp", "--microbatches", "--batch", "--kv", "--seq", "--nodes"]),
+    "plan": (["plan", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "1", "--model", "qwen3-0.6b",
+              "--batches", "1,4", "--workers", "1", "--json", "--no-progress"],
+             ["--npus", "--kv", "--seq", "--slo-tpot-ms", "--max-pp", "--seed", "--nodes"]),
     "serve": (["run", "--model", "qwen3-0.6b", "--layers", "1", "--requests", "2", "--input-len", "32",
                "--output-len", "4", "--fidelity", "analytical", "--json", "--no-progress"],
               ["--rate", "--requests", "--budget", "--chunk", "--max-batch", "--slo-ttft-ms", "--slo-tbt-ms",
@@ -163,6 +169,8 @@ TEXT_SURFACES = {
     "noc": (SURFACES["noc"][0], ["--mesh", "--hotspot-nodes", "--routing", "--topology", "--traffic"]),
     "mem": (SURFACES["mem"][0], ["--bytes", "--stride"]),
     "gemm": (SURFACES["gemm"][0], ["--array", "--dtype"]),
+    "plan": (SURFACES["plan"][0], ["--batches", "--routing"]),
+    "system-plan": (SURFACES["system-plan"][0], ["--routing", "--model"]),
 }
 
 
