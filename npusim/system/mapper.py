@@ -11,11 +11,11 @@ on the ranks of a data-parallel group of ``tp`` ranks:
 * MoE layer: attention (heads / tp) -> all-reduce -> router and gate (each rank for the group's
   tokens) -> each rank dispatches its 1/tp of the group's tokens to the ranks of its
   expert-parallel group holding their top-k experts (INT8 or BF16 activations as the precision
-  says, one copy per destination rank) -> grouped expert GEMMs on each rank for the token copies
-  it received (spread evenly over its experts, rows padded to 16, the cube's tile), shared experts
-  on each rank for its own
-  tokens -> combine (BF16 outputs back) -> the weighted sum and residual -> with tp > 1, an
-  all-gather of the group's tokens;
+  says, one copy per destination rank or per selected expert, as the system's operators send) ->
+  grouped expert GEMMs on each rank for the token copies it received (spread evenly over its
+  experts, rows padded to 16, the cube's tile), shared experts on each rank for its own tokens ->
+  combine (BF16 outputs back) -> the weighted sum and residual -> with tp > 1, an all-gather of
+  the group's tokens;
 * between stages, each rank sends its hidden states to the rank of the same index in the next
   stage; the last stage runs the final norm and the LM head (vocabulary / tp) and all-gathers
   the logits (bf16) over the group.
@@ -76,8 +76,9 @@ def _pad(rows: int) -> int:
 
 
 class _Builder:
-    def __init__(self, cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int, routing: str, seed: int):
-        self.cfg, self.plan, self.shape, self.seed = cfg, plan, shape, seed
+    def __init__(self, cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int, routing: str, seed: int,
+                 copies: str):
+        self.cfg, self.plan, self.shape, self.seed, self.copies = cfg, plan, shape, seed, copies
         ranks = plan.npus * dies_per_npu
         self.per_stage = ranks // plan.pp
         self.wl = Workload(ranks)
@@ -138,7 +139,7 @@ class _Builder:
         group_base = (np.arange(n) // plan.ep) * plan.ep
         dest = group_base[:, None, None] + picks // per_rank_experts
         dest = np.where(valid[:, :, None], dest, -1)
-        copies = token_copies(np.where(dest >= 0, dest, np.arange(n)[:, None, None]), n, "per_rank")
+        copies = token_copies(np.where(dest >= 0, dest, np.arange(n)[:, None, None]), n, self.copies)
         pairs = np.zeros(n, np.int64)  # token-expert pairs each rank computes
         np.add.at(pairs, dest[dest >= 0], 1)
         dtype = "int8" if plan.precision == "w8a8" else "bf16"
@@ -197,13 +198,15 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
 
 
 def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1, routing: str = "uniform",
-               seed: int = 0) -> Workload:
-    """The workload of one step (see the module docstring). Raises ConfigError when the batch
-    cannot be split as the plan says."""
+               seed: int = 0, copies: str = "per_rank") -> Workload:
+    """The workload of one step (see the module docstring). ``copies``: how dispatch sends a token
+    to a rank holding several of its experts (``per_rank`` once, ``per_expert`` once per expert: the
+    system's decode or prefill operators, ``moe_operators.*_copies``). Raises ConfigError when the
+    batch cannot be split as the plan says."""
     if shape.batch < plan.dp * plan.microbatches:
         raise ConfigError(f"--batch {shape.batch}: fewer sequences than dp {plan.dp} x microbatches "
                           f"{plan.microbatches} (each part needs one)")
-    b = _Builder(cfg, plan, shape, dies_per_npu, routing, seed)
+    b = _Builder(cfg, plan, shape, dies_per_npu, routing, seed, copies)
     wl = b.wl
     stages = stage_layers(cfg.num_layers, plan.pp)
     moe_from = cfg.first_dense_layers if cfg.num_experts else cfg.num_layers

@@ -51,7 +51,9 @@ def simulate_plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, shape: S
         raise ConfigError(f"--seq {shape.seq_len}: longer than {cfg.name}'s context of {cfg.max_position_embeddings}")
     hbm_gb = summarize(loaded.chip).hbm_gb
     weights, kv = check_fit(cfg, plan, shape, hbm_gb) if fit else memory_per_rank_gb(cfg, plan, shape)
-    wl = build_step(cfg, plan, shape, dpn, routing, seed)
+    ops = loaded.system.moe_operators
+    wl = build_step(cfg, plan, shape, dpn, routing, seed,
+                    ops.decode_copies if shape.phase == "decode" else ops.prefill_copies)
     cc = chip_cost or ChipCost(loaded.chip)
     timing = time_workload(wl, loaded, cc, fidelity)
     out = summarize_timing(wl, timing, loaded, cc)
