@@ -199,7 +199,8 @@ def test_run_system_honours_the_model_and_the_plan_flags(capsys, tmp_path):
 @pytest.mark.parametrize("argv, words", [
     (["--model", "qwen3-4b", "--npus", "3", "--tp", "3"], ["does not divide", "heads"]),
     (["--model", "qwen3-4b", "--npus", "2", "--tp", "3"], ["the product must match"]),
-    (["--model", "qwen3-4b", "--mtp", "1"], ["--mtp", "DeepSeek deployment"]),
+    (["--model", "qwen3-4b", "--mtp", "1"], ["mtp 1", "no multi-token-prediction module"]),
+    (["--model", "qwen3-4b", "--kv-min", "10"], ["--kv-min", "DeepSeek deployment"]),
     (["--model", "llama-3-70b", "--npus", "1"], ["does not fit", "GB of HBM"]),
     (["--mapping", "mappers/cm384-deepseek-decode.yaml", "--tp", "2"], ["--tp", "not taken"]),
 ])
@@ -260,7 +261,8 @@ def test_an_onnx_export_runs_data_parallel_on_a_system(capsys, tmp_path):
     assert code == 2 and "data parallel only" in err
 
 
-def test_the_plan_mapper_and_the_deepseek_builder_agree_on_a_common_layout():
+@pytest.mark.parametrize("mtp", [0, 1])
+def test_the_plan_mapper_and_the_deepseek_builder_agree_on_a_common_layout(mtp):
     """DeepSeek-R1 decode on 16 CloudMatrix384 NPUs, DP attention and EP32 over all 32 dies, shared
     expert on every die, one micro-batch, no MTP, the calibrated constants set to zero: the plan mapper
     and the hand-written DeepSeek builder model the same work and agree within 5% (they differ in the
@@ -274,7 +276,9 @@ def test_the_plan_mapper_and_the_deepseek_builder_agree_on_a_common_layout():
                                            "combine_overhead_us": 0.0}})
     dep = Deployment.model_validate(dict(phase="decode", npus=16, routed_experts={"per_die": 8},
                                          shared_expert={"mode": "dp"}))
-    built = simulate_step(bare, dep, batch=8, kv=4096).step_ms
-    planned = simulate_plan_step(bare, "deepseek-r1", ParallelPlan(npus=16, dp=32, ep=32, precision="w8a8"),
-                                 StepShape("decode", 8 * 16, 1, 4096))[0]["step_ms"]
-    assert planned == pytest.approx(built, rel=0.05)
+    built = simulate_step(bare, dep, batch=8, kv=4096, mtp=mtp, mtp_acceptance=0.7)
+    planned = simulate_plan_step(bare, "deepseek-r1", ParallelPlan(npus=16, dp=32, ep=32, precision="w8a8", mtp=mtp),
+                                 StepShape("decode", 8 * 16, 1, 4096))[0]
+    assert planned["step_ms"] == pytest.approx(built.step_ms, rel=0.05)
+    assert planned["tpot_ms"] == pytest.approx(built.tpot_ms, rel=0.05)
+    assert planned["tokens_per_s_per_npu"] == pytest.approx(built.tokens_per_s_per_npu, rel=0.05)

@@ -132,7 +132,7 @@ def plan_from_args(args, loaded, cfg, base: dict | None = None):
     filled by :func:`npusim.system.plan.default_plan`; the instance defaults to one node."""
     from npusim.system.plan import default_plan
 
-    keys = ("npus", "tp", "dp", "ep", "pp", "microbatches", "kv_dtype")
+    keys = ("npus", "tp", "dp", "ep", "pp", "microbatches", "kv_dtype", "mtp", "mtp_acceptance")
     given = {k: v for k, v in (base or {}).items() if v is not None}
     given.update({k: getattr(args, k) for k in keys if getattr(args, k, None) is not None})
     if args.precision is not None or "precision" not in given:
@@ -160,7 +160,7 @@ def run_plan_step(args, base: dict | None = None) -> int:
     from npusim.system.plan import ParallelPlan
     from npusim.system.step import simulate_plan_step
 
-    for flag in ("mtp", "batch_tokens", "kv_min", "eplb"):
+    for flag in ("batch_tokens", "kv_min", "eplb"):
         if getattr(args, flag, None) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')}: taken by the DeepSeek deployment files only (--mapping "
                               "mappers/cm384-deepseek-*.yaml); the plan path does not model it yet")
@@ -208,7 +208,11 @@ def print_plan_step(r: dict) -> None:
           f"{p['dp']} ep {p['ep']} pp {p['pp']}, {p['microbatches']} microbatch(es), {p['precision']}, KV "
           f"{p['kv_dtype']}; batch {r['batch']}" + (f" at context {r['kv']}" if r["phase"] == "decode" else
                                                      f" prompts of {r['seq']}"))
-    print(f"  step          {r['step_ms']:,.3f} ms" + (" (TPOT)" if r["phase"] == "decode" else " (TTFT)"))
+    if r["phase"] == "decode" and r["tpot_ms"] != r["step_ms"]:
+        print(f"  step          {r['step_ms']:,.3f} ms; TPOT {r['tpot_ms']:,.3f} ms (speculative tokens: "
+              f"mtp {p['mtp']} at {p['mtp_acceptance']:g})")
+    else:
+        print(f"  step          {r['step_ms']:,.3f} ms" + (" (TPOT)" if r["phase"] == "decode" else " (TTFT)"))
     print(f"  throughput    {r['tokens_per_s_per_npu']:,.1f} tokens/s per NPU")
     total = sum(r["breakdown_us"].values()) or 1.0
     print("  critical path " + ", ".join(f"{k} {v / 1e3:,.3f} ms ({100 * v / total:.0f}%)"

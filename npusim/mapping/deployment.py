@@ -109,6 +109,8 @@ class PlanSection(StrictModel):
     microbatches: PositiveInt | None = None
     precision: Literal["bf16", "fp16", "w8a8"] | None = None
     kv_dtype: Literal["bf16", "int8"] | None = None
+    mtp: NonNegativeInt | None = None
+    mtp_acceptance: float | None = Field(default=None, ge=0.0, le=1.0)
 
 
 class PrefillPool(StrictModel):

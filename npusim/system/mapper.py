@@ -16,6 +16,10 @@ on the ranks of a data-parallel group of ``tp`` ranks:
   experts, rows padded to 16, the cube's tile), shared experts on each rank for its own tokens ->
   combine (BF16 outputs back) -> the weighted sum and residual -> with tp > 1, an all-gather of
   the group's tokens;
+* speculative tokens (``plan.mtp``, models with an MTP module): each sequence's step carries 1 +
+  mtp tokens through every layer, the MTP decoder layer runs once per speculative token (as one
+  more layer of the repeated kind), then ``eh_proj`` and the drafts' LM-head pass; a step gains
+  ``1 + mtp x mtp_acceptance`` tokens a sequence;
 * between stages, each rank sends its hidden states to the rank of the same index in the next
   stage; the last stage runs the final norm and the LM head (vocabulary / tp) and all-gathers
   the logits (bf16) over the group.
@@ -64,7 +68,8 @@ class StepShape:
 
     @property
     def tokens_per_seq(self) -> int:
-        return self.seq_len if self.phase == "prefill" else 1
+        """New tokens of a sequence in the step (decode: 1, or 1 + the speculative tokens)."""
+        return self.seq_len
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -179,6 +184,22 @@ class _Builder:
             out.update(tail)
         return out
 
+    def mtp_module(self, ranks, seqs: int, mtp: int, prev: dict, tag: str) -> dict:
+        """The MTP module besides its decoder layer: ``eh_proj`` over the step's tokens and the draft
+        tokens' pass through the (shared, vocabulary-split) LM head, on each rank of the group."""
+        cfg, s = self.cfg, self.shape
+        dtype = "int8" if self.plan.precision == "w8a8" else "bf16"
+        eh = self.wl.kernel({"type": "gemm", "m": seqs * s.tokens_per_seq, "k": 2 * cfg.hidden_size,
+                             "n": cfg.hidden_size, "dtype": dtype})
+        draft = self.wl.kernel({"type": "layer", "part": "head", "layer": -1, "phase": "decode", "batch": seqs,
+                                "seq_len": mtp, "kv_len": s.kv_len, "precision": self.plan.graph_precision,
+                                "kv_dtype": self.plan.kv_dtype, "vocab_split": self.plan.tp})
+        out = {}
+        for r in ranks:
+            e = self.wl.compute(r, eh, [prev[r]], f"{tag}.eh_proj", "mtp_module")
+            out[r] = self.wl.compute(r, draft, [e], f"{tag}.draft_head", "mtp_module")
+        return out
+
     def head(self, ranks, seqs: int, prev: dict, tag: str) -> dict:
         k = self.layer_kernel("head", -1, seqs, vocab_split=self.plan.tp)
         out = {r: self.wl.compute(r, k, [prev[r]], f"{tag}.lm_head", "lm_head") for r in ranks}
@@ -206,6 +227,9 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
     if shape.batch < plan.dp * plan.microbatches:
         raise ConfigError(f"--batch {shape.batch}: fewer sequences than dp {plan.dp} x microbatches "
                           f"{plan.microbatches} (each part needs one)")
+    mtp = plan.mtp if shape.phase == "decode" else 0
+    if mtp:  # each sequence's step verifies its new token and the speculative ones
+        shape = StepShape("decode", shape.batch, 1 + mtp, shape.kv_len)
     b = _Builder(cfg, plan, shape, dies_per_npu, routing, seed, copies)
     wl = b.wl
     stages = stage_layers(cfg.num_layers, plan.pp)
@@ -252,10 +276,14 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
                 layer(0, m, idx)
             if repeat and idx >= repeated_from:
                 marks.append(wl.barrier([d for p in prev for d in p.values()], f"L{idx}.end"))
+        if not repeat:  # the MTP module's decoder layer, once per speculative token
+            for _ in range(mtp):
+                for m in range(plan.microbatches):
+                    layer(0, m, cfg.num_layers - 1)
     else:
         for s, layers in enumerate(stages):  # a stage runs its microbatches one after another
             for m in range(plan.microbatches):
-                for idx in layers:
+                for idx in [*layers, *([cfg.num_layers - 1] * mtp if s == plan.pp - 1 else [])]:
                     layer(s, m, idx)
                 if s + 1 < plan.pp:
                     send_on(s, m)
@@ -264,12 +292,16 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
         for g, s in enumerate(seqs[m]):
             ranks = b.group_ranks(last, g)
             prev[m].update(b.head(ranks, s, prev[m], f"head.mb{m}"))
+            if mtp:
+                prev[m].update(b.mtp_module(ranks, s, mtp, prev[m], f"mtp.mb{m}"))
+    accepted = 1 + mtp * plan.mtp_acceptance  # tokens a sequence gains per step
     wl.meta = {"model": cfg.to_dict(), "plan": plan.to_dict(), "phase": shape.phase, "batch": shape.batch,
                "seq_len": shape.seq_len, "kv_len": shape.kv_len,
-               "tokens": shape.batch * (shape.seq_len if shape.phase == "prefill" else 1),
+               "tokens": shape.batch * (shape.seq_len if shape.phase == "prefill" else accepted),
+               "tokens_per_sequence": accepted if shape.phase == "decode" else 1.0,
                "simulated_layers": len(simulated), "routing": routing, "seed": seed}
     if repeat:
-        wl.meta["repeat"] = {"start": start, "marks": marks, "layers": cfg.num_layers - repeated_from}
+        wl.meta["repeat"] = {"start": start, "marks": marks, "layers": cfg.num_layers - repeated_from + mtp}
     return wl
 
 

@@ -20,10 +20,11 @@ instance of ``npus`` NPUs of ``dies_per_npu`` dies each (``ranks = npus x dies_p
   another (with ``pp = 1``, one part's communication overlaps the next part's compute);
 * ``precision``: ``bf16``, ``fp16`` (run as bf16: same width and cube rate on the modelled dies)
   or ``w8a8`` (INT8 weights and activations in the GEMMs, the LM head in bf16);
-* ``kv_dtype``: ``bf16`` or ``int8`` (halves the cache's bytes and its reads).
+* ``kv_dtype``: ``bf16`` or ``int8`` (halves the cache's bytes and its reads);
+* ``mtp`` / ``mtp_acceptance``: speculative tokens per decode step from the model's multi-token-
+  prediction module (DeepSeek-V3), each accepted with that probability.
 
-Not modelled: TP inside one expert, sequence/context parallelism, speculative decoding on this
-path (the DeepSeek deployments' MTP is in :mod:`npusim.system.moe_step`).
+Not modelled: TP inside one expert, sequence/context parallelism.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class ParallelPlan:
     microbatches: int = 1
     precision: str = "bf16"
     kv_dtype: str = "bf16"
+    mtp: int = 0
+    mtp_acceptance: float = 0.7
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,6 +79,11 @@ class ParallelPlan:
             raise ConfigError(f"{where}: precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
         if self.kv_dtype not in KV_DTYPES:
             raise ConfigError(f"{where}: kv_dtype {self.kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
+        if isinstance(self.mtp, bool) or not isinstance(self.mtp, int) or not 0 <= self.mtp <= 8:
+            raise ConfigError(f"{where}: mtp must be an integer 0..8 (speculative tokens per step), got {self.mtp!r}")
+        if isinstance(self.mtp_acceptance, bool) or not isinstance(self.mtp_acceptance, (int, float)) \
+                or not 0 <= self.mtp_acceptance <= 1:
+            raise ConfigError(f"{where}: mtp_acceptance must be in [0, 1], got {self.mtp_acceptance!r}")
 
     def with_changes(self, **changes) -> ParallelPlan:
         """A copy with ``changes`` (None values skipped), checked like a file's."""
@@ -146,3 +154,5 @@ def check_plan(plan: ParallelPlan, cfg, dies_per_npu: int, system_npus: int) -> 
             raise ConfigError(f"plan: ep {plan.ep} does not divide {cfg.name}'s {cfg.num_experts} routed experts")
     elif plan.ep != 1:
         raise ConfigError(f"plan: ep {plan.ep}, but {cfg.name} has no routed experts (dense: ep 1)")
+    if plan.mtp and not cfg.num_mtp_layers:
+        raise ConfigError(f"plan: mtp {plan.mtp}, but {cfg.name} has no multi-token-prediction module")

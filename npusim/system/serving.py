@@ -150,10 +150,9 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     check_context(requests, cfg.max_position_embeddings, model)
     topo = loaded.topology
     dpn = s.npu.dies
-    if (mtp is not None or mtp_acceptance is not None) and isinstance(ddep, ParallelPlan):
-        raise ConfigError("--mtp/--mtp-acceptance: speculative tokens are modelled for the DeepSeek deployments only")
     if mtp is not None or mtp_acceptance is not None:
-        ddep = ddep.overridden(mtp=mtp, mtp_acceptance=mtp_acceptance)
+        ddep = ddep.with_changes(mtp=mtp, mtp_acceptance=mtp_acceptance) if isinstance(ddep, ParallelPlan) \
+            else ddep.overridden(mtp=mtp, mtp_acceptance=mtp_acceptance)
     cc = chip_cost or ChipCost(loaded.chip)
     pinst, dinst = (deployment_instance(loaded, d, model, seed, cc) if isinstance(d, Deployment)
                     else plan_instance(loaded, d, phase, model, seed, cc)
