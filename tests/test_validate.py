@@ -68,7 +68,7 @@ def test_cli_json_contract_and_exit_code():
     assert rows and all(CONTRACT <= set(r) for r in rows)
     assert all(r["kind"] == "peer" for r in rows)
     assert out.returncode == 0  # only outside rows count in the verdict: peer rows are shown, not counted
-    out = _cli("--only", "plans", "--json")
+    out = _cli("--only", "plans", "--quick", "--json")
     rows = json.loads(out.stdout)["rows"]
     outside = [r for r in rows if r["kind"] == "outside"]
     assert outside and all(r["baseline_error"] is not None for r in outside)
