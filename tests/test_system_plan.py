@@ -282,3 +282,26 @@ def test_the_plan_mapper_and_the_deepseek_builder_agree_on_a_common_layout(mtp):
     assert planned["step_ms"] == pytest.approx(built.step_ms, rel=0.05)
     assert planned["tpot_ms"] == pytest.approx(built.tpot_ms, rel=0.05)
     assert planned["tokens_per_s_per_npu"] == pytest.approx(built.tokens_per_s_per_npu, rel=0.05)
+
+
+def test_a2_decode_layout_with_shared_expert_tp_agrees_with_the_deepseek_builder():
+    """B1's layout on Atlas 800I A2 (32 cards, DP attention, EP32 with 8 experts a card, the shared
+    expert split over the 8 cards of a node, MTP 1), calibrated constants zeroed: the plan path's
+    shared_tp (tokens all-gathered, partial sums scattered back under the routed experts) agrees with
+    the DeepSeek builder within 5%."""
+    from npusim.mapping.deployment import Deployment
+    from npusim.system.moe_step import simulate_step
+    from npusim.validate.calibrate import _variant
+
+    a2 = _variant(load_system("atlas-800i-a2"), {"moe_operators": {"other_kernels_us": 0.0, "dispatch_overhead_us": 0.0,
+                                                                   "combine_overhead_us": 0.0}})
+    dep = Deployment.model_validate(dict(phase="decode", npus=32, routed_experts={"per_die": 8},
+                                         shared_expert={"mode": "tp", "degree": 8}))
+    built = simulate_step(a2, dep, batch=8, kv=3072, mtp=1).step_ms
+    plan = ParallelPlan(npus=32, dp=32, ep=32, precision="w8a8", mtp=1, shared_tp=8)
+    out, wl, _ = simulate_plan_step(a2, "deepseek-r1", plan, StepShape("decode", 8 * 32, 1, 3072))
+    assert out["step_ms"] == pytest.approx(built, rel=0.05)
+    gathers = [n for n in wl.nodes if n["name"].endswith(".shared_gather")]
+    assert gathers and all(np.asarray(n["bytes"])[0, 8:].sum() == 0 for n in gathers)  # within a node's 8 cards
+    with pytest.raises(ConfigError, match="shared_tp 3"):
+        check_plan(ParallelPlan(npus=32, dp=32, ep=32, shared_tp=3), get_config("deepseek-r1"), 1, 32)

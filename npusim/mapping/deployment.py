@@ -111,6 +111,7 @@ class PlanSection(StrictModel):
     kv_dtype: Literal["bf16", "int8"] | None = None
     mtp: NonNegativeInt | None = None
     mtp_acceptance: float | None = Field(default=None, ge=0.0, le=1.0)
+    shared_tp: PositiveInt | None = None
 
 
 class PrefillPool(StrictModel):

@@ -154,12 +154,11 @@ class _Builder:
         np.fill_diagonal(disp, 0)
         np.fill_diagonal(comb, 0)
         d_node = wl.transfers(stage_ranks, disp, list(gate.values()), f"{tag}.dispatch", "ep_comm")
+        shared, scatter = self.shared_experts(stage_ranks, tokens_of, gate, dtype, tag) if cfg.num_shared_experts \
+            else ({}, -1)
         experts = {}
         for i, r in enumerate(stage_ranks):
-            deps = [d_node, gate[r]]
-            if cfg.num_shared_experts:
-                sk = self.layer_kernel("shared", layer, max(1, math.ceil(tokens_of[r] / self.shape.tokens_per_seq)))
-                deps.append(wl.compute(r, sk, [gate[r]], f"{tag}.shared_experts", "moe_compute"))
+            deps = [d_node, gate[r], *shared.get(r, [])]
             rows = _pad(math.ceil(pairs[i] / per_rank_experts))
             if rows:
                 up = wl.kernel({"type": "gemm", "m": rows, "k": h, "n": 2 * width, "batch": per_rank_experts,
@@ -175,7 +174,8 @@ class _Builder:
         for g, seqs in enumerate(seqs_by_group):
             ranks = self.group_ranks(stage, g)
             k = self.layer_kernel("moe_tail", layer, seqs)
-            tail = {r: wl.compute(r, k, [c_node] + experts[r], f"{tag}.moe_tail", "moe_compute") for r in ranks}
+            tail = {r: wl.compute(r, k, [c_node, scatter] + experts[r], f"{tag}.moe_tail", "moe_compute")
+                    for r in ranks}
             if tp > 1:
                 nbytes = seqs * self.shape.tokens_per_seq * h * ACT_BYTES
                 node = wl.collective("allgather", ranks, nbytes, list(tail.values()), f"{tag}.moe_allgather", "tp_comm",
@@ -183,6 +183,40 @@ class _Builder:
                 tail = dict.fromkeys(ranks, node)
             out.update(tail)
         return out
+
+    def shared_experts(self, stage_ranks: list[int], tokens_of: dict, gate: dict, dtype: str, tag: str) -> dict:
+        """The shared experts of a MoE layer, per rank: with ``shared_tp`` 1 each rank computes them
+        for its own tokens; with ``shared_tp: T`` groups of T consecutive ranks split their width:
+        each rank all-gathers its group's tokens (as dispatched: INT8 or BF16 with scales), computes
+        its 1/T for all of them and sends each peer the BF16 partial sums of the peer's tokens (the
+        scatter overlaps the routed experts). Returns each rank's shared-expert nodes and the scatter
+        node (-1: none) the layer's tail waits for."""
+        cfg, plan, wl = self.cfg, self.plan, self.wl
+        layer, t = cfg.first_dense_layers, plan.shared_tp
+        if t == 1:
+            return {r: [wl.compute(r, self.layer_kernel("shared", layer, max(1, math.ceil(
+                tokens_of[r] / self.shape.tokens_per_seq))), [gate[r]], f"{tag}.shared_experts", "moe_compute")]
+                for r in stage_ranks}, -1
+        n, h = len(stage_ranks), cfg.hidden_size
+        width = cfg.moe_intermediate_size * cfg.num_shared_experts // t
+        same = (np.arange(n)[:, None] // t == np.arange(n)[None, :] // t) & ~np.eye(n, dtype=bool)
+        own = np.array([tokens_of[r] for r in stage_ranks], np.int64)
+        gather = np.where(same, own[:, None] * dispatch_bytes_per_token(h, dtype), 0)
+        scatter = np.where(same, own[None, :] * combine_bytes_per_token(h), 0)
+        g_node = wl.transfers(stage_ranks, gather, list(gate.values()), f"{tag}.shared_gather", "shared_comm")
+        done = {}
+        for i, r in enumerate(stage_ranks):
+            rows = _pad(int(own[(i // t) * t:(i // t + 1) * t].sum()))
+            ids = [g_node, gate[r]]
+            if rows:
+                up = wl.kernel({"type": "gemm", "m": rows, "k": h, "n": 2 * width, "dtype": dtype})
+                down = wl.kernel({"type": "gemm", "m": rows, "k": width, "n": h, "dtype": dtype})
+                ids = [wl.compute(r, down, [wl.compute(r, up, ids, f"{tag}.shared_up", "moe_compute")],
+                                  f"{tag}.shared_down", "moe_compute")]
+            done[r] = ids
+        s_node = wl.transfers(stage_ranks, scatter, [d for ids in done.values() for d in ids], f"{tag}.shared_scatter",
+                              "shared_comm")
+        return done, s_node
 
     def mtp_module(self, ranks, seqs: int, mtp: int, prev: dict, tag: str) -> dict:
         """The MTP module besides its decoder layer: ``eh_proj`` over the step's tokens and the draft
@@ -337,7 +371,7 @@ def memory_per_rank_gb(cfg, plan: ParallelPlan, shape: StepShape) -> tuple[float
         w += moe_layers * (3 * cfg.hidden_size * cfg.moe_intermediate_size * elem * cfg.num_experts / plan.ep
                            + part_bytes("router", moe_from)[0])
         if cfg.num_shared_experts:
-            w += moe_layers * part_bytes("shared", moe_from)[0]
+            w += moe_layers * part_bytes("shared", moe_from)[0] / plan.shared_tp
     emb = cfg.vocab_size * cfg.hidden_size * 2
     head = emb / plan.tp
     w += emb + (head if plan.pp > 1 or not cfg.tie_word_embeddings else 0)

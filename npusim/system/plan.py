@@ -21,6 +21,8 @@ instance of ``npus`` NPUs of ``dies_per_npu`` dies each (``ranks = npus x dies_p
 * ``precision``: ``bf16``, ``fp16`` (run as bf16: same width and cube rate on the modelled dies)
   or ``w8a8`` (INT8 weights and activations in the GEMMs, the LM head in bf16);
 * ``kv_dtype``: ``bf16`` or ``int8`` (halves the cache's bytes and its reads);
+* ``shared_tp``: the shared experts split over groups of that many consecutive ranks (their tokens
+  all-gathered, partial sums scattered back); 1: every rank computes them for its own tokens;
 * ``mtp`` / ``mtp_acceptance``: speculative tokens per decode step from the model's multi-token-
   prediction module (DeepSeek-V3), each accepted with that probability.
 
@@ -54,6 +56,7 @@ class ParallelPlan:
     kv_dtype: str = "bf16"
     mtp: int = 0
     mtp_acceptance: float = 0.7
+    shared_tp: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,7 +74,7 @@ class ParallelPlan:
         return plan
 
     def check_values(self, where: str = "plan") -> None:
-        for name in ("npus", "tp", "dp", "ep", "pp", "microbatches"):
+        for name in ("npus", "tp", "dp", "ep", "pp", "microbatches", "shared_tp"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{where}: {name} must be a positive integer, got {v!r}")
@@ -154,5 +157,12 @@ def check_plan(plan: ParallelPlan, cfg, dies_per_npu: int, system_npus: int) -> 
             raise ConfigError(f"plan: ep {plan.ep} does not divide {cfg.name}'s {cfg.num_experts} routed experts")
     elif plan.ep != 1:
         raise ConfigError(f"plan: ep {plan.ep}, but {cfg.name} has no routed experts (dense: ep 1)")
+    if plan.shared_tp > 1:
+        width = cfg.moe_intermediate_size * cfg.num_shared_experts
+        if not cfg.num_shared_experts:
+            raise ConfigError(f"plan: shared_tp {plan.shared_tp}, but {cfg.name} has no shared experts")
+        if plan.ranks_per_stage() % plan.shared_tp or width % plan.shared_tp:
+            raise ConfigError(f"plan: shared_tp {plan.shared_tp} must divide the {plan.ranks_per_stage()} ranks of a "
+                              f"stage and the shared experts' width {width}")
     if plan.mtp and not cfg.num_mtp_layers:
         raise ConfigError(f"plan: mtp {plan.mtp}, but {cfg.name} has no multi-token-prediction module")
