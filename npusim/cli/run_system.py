@@ -37,6 +37,8 @@ def add_system_run_args(p) -> None:
                    "rank of a stage for MoE models, 1 for dense)")
     g.add_argument("--pp", type=positive_int, default=None, help="pipeline stages across NPUs (plan path; default 1)")
     g.add_argument("--kv-dtype", choices=["bf16", "int8"], default=None, help="KV-cache dtype (plan path; default bf16)")
+    g.add_argument("--shared-tp", type=positive_int, default=None, help="shared experts split over groups of this many "
+                   "dies (plan path; default 1: every die computes them for its own tokens)")
     g.add_argument("--save-workload", type=Path, default=None, metavar="DIR",
                    help="write the step's workload (workload.json) to DIR; re-time it with `npusim replay DIR --system S`")
     g.add_argument("--eplb", choices=["none", "greedy", "perfect"], default=None, help="expert placement by load")
@@ -64,7 +66,7 @@ def run_system(args) -> int:
     return run_system_serving(args) if is_serving(args) else run_system_step(args)
 
 
-PLAN_FLAGS = ("npus", "dp", "ep", "pp", "kv_dtype")
+PLAN_FLAGS = ("npus", "dp", "ep", "pp", "kv_dtype", "shared_tp")
 
 
 def run_system_step(args) -> int:
@@ -132,7 +134,7 @@ def plan_from_args(args, loaded, cfg, base: dict | None = None):
     filled by :func:`npusim.system.plan.default_plan`; the instance defaults to one node."""
     from npusim.system.plan import default_plan
 
-    keys = ("npus", "tp", "dp", "ep", "pp", "microbatches", "kv_dtype", "mtp", "mtp_acceptance")
+    keys = ("npus", "tp", "dp", "ep", "pp", "microbatches", "kv_dtype", "mtp", "mtp_acceptance", "shared_tp")
     given = {k: v for k, v in (base or {}).items() if v is not None}
     given.update({k: getattr(args, k) for k in keys if getattr(args, k, None) is not None})
     if args.precision is not None or "precision" not in given:
