@@ -112,8 +112,9 @@ def _print(r: dict) -> None:
         print(f"  {plan_label(c['plan']):<26} {c['batch']:>6} {c[lat]:>10.2f} {c['tokens_per_s_per_npu']:>11.1f}{mark}")
     if not ranked:
         print("  no feasible point")
-    print("  Pareto front  " + "; ".join(f"{plan_label(c['plan'])} b{c['batch']}: {c[lat]:.1f} ms, "
-                                          f"{c['tokens_per_s_per_npu']:.0f} tok/s/NPU" for c in r["pareto"]))
+    print(f"  Pareto front ({name} against tokens/s per NPU):")
+    for c in r["pareto"]:
+        print(f"    {plan_label(c['plan']):<26} {c['batch']:>6} {c[lat]:>10.2f} {c['tokens_per_s_per_npu']:>11.1f}")
     reasons: dict[str, int] = {}
     for c in r["candidates"]:
         if not c["feasible"]:
