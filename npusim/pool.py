@@ -41,7 +41,7 @@ def connect(scheduler: str):
 def run_points(fn: Callable, items: Sequence, finished: Callable[[dict], None], failed: Callable,
                workers: int | None = 1, client=None, key: Callable | None = None) -> None:
     """Run ``fn`` on every item (see the module docstring); ``client``: a Dask client (from
-    :func:`connect`), ``key(item)``: its task name there."""
+    :func:`connect`; the caller closes it), ``key(item)``: its task name there."""
     if client is not None:
         _run_dask(fn, items, client, finished, failed, key or (lambda item: None))
     elif (workers or 1) <= 1 or len(items) <= 1:
@@ -55,18 +55,19 @@ def _run_pool(fn, items, workers: int, finished, failed) -> None:
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_ignore_sigint)
     futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-    pending = set(futures)
+    pending, delivered = set(futures), set()
     try:
         while pending:
             ready, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in sorted(ready, key=lambda f: futures[f]):
                 exc = fut.exception()
                 finished(fut.result() if exc is None else failed(items[futures[fut]], exc))
+                delivered.add(fut)
     except BaseException:
         # keep what finished meanwhile, then stop the workers this pool started (running items
         # are abandoned)
-        for fut in list(pending):
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
+        for fut in futures:
+            if fut not in delivered and fut.done() and not fut.cancelled() and fut.exception() is None:
                 finished(fut.result())
         for proc in list((getattr(pool, "_processes", None) or {}).values()):
             proc.terminate()
@@ -85,22 +86,19 @@ def _ignore_sigint() -> None:
 def _run_dask(fn, items, client, finished, failed, key) -> None:
     from distributed import as_completed
 
+    futures = {}
+    for item in items:
+        futures[client.submit(fn, item, key=key(item), pure=False)] = item
     try:
-        futures = {}
-        for item in items:
-            futures[client.submit(fn, item, key=key(item), pure=False)] = item
-        try:
-            for fut in as_completed(list(futures)):
-                if fut.status == "finished":
-                    finished(fut.result())
-                    continue
-                try:
-                    exc = fut.exception()
-                except Exception as err:  # cancelled
-                    exc = err
-                finished(failed(futures[fut], exc))
-        except BaseException:
-            client.cancel(list(futures))
-            raise
-    finally:
-        client.close()
+        for fut in as_completed(list(futures)):
+            if fut.status == "finished":
+                finished(fut.result())
+                continue
+            try:
+                exc = fut.exception()
+            except Exception as err:  # cancelled
+                exc = err
+            finished(failed(futures[fut], exc))
+    except BaseException:
+        client.cancel(list(futures))
+        raise

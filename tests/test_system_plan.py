@@ -109,8 +109,8 @@ def test_saved_workload_re_times_identically(a2, tmp_path):
     assert time_workload(again, a2).step_us == pytest.approx(out["step_ms"] * 1e3, rel=1e-12)
 
 
-META = {"model": "qwen3-0.6b", "plan": {"npus": 2}, "phase": "decode", "batch": 4, "tokens": 4, "seq_len": 1,
-        "kv_len": 128}
+META = {"model": get_config("qwen3-0.6b").to_dict(), "plan": {"npus": 2, "tp": 2}, "phase": "decode", "batch": 4,
+        "tokens": 4, "seq_len": 1, "kv_len": 128}
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -125,11 +125,14 @@ META = {"model": "qwen3-0.6b", "plan": {"npus": 2}, "phase": "decode", "batch": 
     ({"kernels": [{"type": "layer", "layer": 0, "phase": "prefill", "batch": 4096, "seq_len": 4096,
                    "kv_len": 4096}]}, "tokens, more than"),
     ({"meta": {**META, "phase": "train"}}, "meta.phase"),
+    ({"meta": {**META, "model": "qwen3-0.6b"}}, "meta.model"),
+    ({"meta": {**META, "plan": {"npus": 2, "tp": "x"}}}, "meta.plan: tp"),
     ({"meta": {**META, "repeat": {"start": 0, "marks": [0], "layers": 3}}}, "repeat"),
+    ({"nodes": []}, "no work"),
 ])
 def test_a_bad_workload_file_is_one_clear_error(tmp_path, bad, match):
     d = {"format": "npusim-system-workload", "version": 1, "ranks": 2, "meta": META,
-         "kernels": [{"type": "fixed", "us": 1.0}], "nodes": [], **bad}
+         "kernels": [{"type": "fixed", "us": 1.0}], "nodes": [{"kind": "compute", "rank": 0, "kernel": 0}], **bad}
     (tmp_path / "workload.json").write_text(json.dumps(d))
     with pytest.raises(ConfigError, match=match):
         Workload.load(tmp_path)

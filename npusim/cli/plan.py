@@ -76,12 +76,16 @@ def run(args) -> int:
         raise ConfigError(f"--npus {npus}: {loaded.system.name} has {loaded.system.num_npus} NPUs")
     client = connect(args.scheduler) if args.scheduler else None
     workers = args.workers if args.workers is not None else default_workers()
-    with plan_progress(0, enabled=not (args.no_progress or args.json)) as progress:
-        result = search_plans(args.system, args.nodes, args.model, npus, args.phase, args.seq, args.kv,
-                              args.slo_tpot_ms if args.phase == "decode" else args.slo_ttft_ms,
-                              PLAN_PRECISION[args.precision], args.kv_dtype, _batches(args.batches), args.max_pp,
-                              args.routing, args.seed, workers, client,
-                              progress=lambda done, total: progress(0, done, total))
+    try:
+        with plan_progress(0, enabled=not (args.no_progress or args.json)) as progress:
+            result = search_plans(args.system, args.nodes, args.model, npus, args.phase, args.seq, args.kv,
+                                  args.slo_tpot_ms if args.phase == "decode" else args.slo_ttft_ms,
+                                  PLAN_PRECISION[args.precision], args.kv_dtype, _batches(args.batches), args.max_pp,
+                                  args.routing, args.seed, workers, client,
+                                  progress=lambda done, total: progress(0, done, total))
+    finally:
+        if client is not None:
+            client.close()
     if args.out:
         from npusim.files import result_files
 

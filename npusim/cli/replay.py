@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from npusim.cli.run import add_fidelity_args, write_outputs
-from npusim.cli.util import NODES_HELP, add_arch_arg, positive_int
+from npusim.cli.util import NODES_HELP, add_arch_arg, chip_noc, positive_int, system_chip_cost
 from npusim.files import json_text
 
 
@@ -25,7 +25,7 @@ def add_parser(sub):
     p.add_argument("--system", default=None, help="system preset or file: re-time a saved system workload on it")
     p.add_argument("--nodes", type=positive_int, default=None, help="with --system: " + NODES_HELP)
     add_arch_arg(p)
-    add_fidelity_args(p, memory_default="analytical")
+    add_fidelity_args(p, memory_default="analytical", system=True)
     p.add_argument("--out", type=Path, default=None, help="directory for summary.json, tasks.h5, timeline.json")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
@@ -43,7 +43,7 @@ def run(args) -> int:
 
     prog = load_program(args.program)
     arch = load_arch(args.arch)
-    sim = Simulator(arch, memory_mode=args.memory, noc_mode=args.fidelity)
+    sim = Simulator(arch, memory_mode=args.memory, noc_mode=chip_noc(args))
     prog.submit(sim)
     with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:
         sim.run(progress=progress, chunk_events=500_000)
@@ -68,7 +68,6 @@ def run(args) -> int:
 
 def run_system_workload(args) -> int:
     from npusim.cli.run_system import print_plan_step, write_plan_outputs
-    from npusim.system.chipcost import ChipCost
     from npusim.system.execute import time_workload
     from npusim.system.load import load_system
     from npusim.system.step import summarize_timing
@@ -76,7 +75,7 @@ def run_system_workload(args) -> int:
 
     wl = Workload.load(args.program)
     loaded = load_system(args.system, nodes=args.nodes)
-    cc = ChipCost(loaded.chip)
+    cc = system_chip_cost(args, loaded)
     timing = time_workload(wl, loaded, cc)
     out = summarize_timing(wl, timing, loaded, cc)
     out.update(replayed=str(args.program), chip_cost=cc.stats.as_dict())

@@ -168,8 +168,13 @@ def run_plan_step(args, base: dict | None = None) -> int:
                               "mappers/cm384-deepseek-*.yaml); the plan path does not model it yet")
     loaded = load_system(args.system, nodes=args.nodes)
     if str(args.model).endswith(".onnx"):  # data parallel over the instance's dies (the export has no heads to split)
+        refused = [f"--{k.replace('_', '-')}" for k in ("microbatches", "kv_dtype", "mtp", "shared_tp")
+                   if getattr(args, k, None) not in (None, 0, 1) or (k == "kv_dtype" and args.kv_dtype)]
+        if refused or base:
+            raise ConfigError(f"{args.model}: an ONNX export runs data parallel over the instance's dies (--npus, "
+                              f"--precision); {', '.join(refused) or 'a mapping plan'} cannot be applied to it")
         dies = loaded.system.npu.dies
-        npus = args.npus or (base or {}).get("npus") or loaded.system.npus_per_node
+        npus = args.npus or loaded.system.npus_per_node
         plan = ParallelPlan(npus=npus, tp=args.tp or 1, dp=args.dp or npus * dies, ep=args.ep or 1, pp=args.pp or 1,
                             microbatches=1, precision=PLAN_PRECISION[args.precision or "bf16"])
         cfg = args.model

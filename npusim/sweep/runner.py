@@ -132,6 +132,8 @@ def run_sweep(sweep: Sweep, out: str | Path, workers: int | None = None, schedul
         run_points(run_point, todo, finished, _died, workers, client, key=lambda p: f"npusim-point-{p.config_hash}")
     finally:  # also on Ctrl-C: the table then lists the points still missing
         save()
+        if client is not None:
+            client.close()
     failed_total = sum(r["status"] == "failed" for r in records.values())
     return SweepOutcome(points=len(sweep.points), ran=state["ran"], skipped=len(done), failed=failed_total,
                         results=path, missing=len(sweep.points) - len(records))

@@ -83,6 +83,6 @@ def plan_instance(loaded: LoadedSystem, plan: ParallelPlan, phase: str, model: s
     if not math.isfinite(kv_gb) or kv_gb <= 0:
         raise ConfigError(f"{cfg.name}: no KV cache per token on the plan's dies")
     mtp = plan.mtp if phase == "decode" else 0
-    return Instance(phase, plan.npus, units, kv_gb * 1e9, weights, plan_step(loaded, cfg, plan, phase, seed, chip_cost),
+    return Instance(phase, plan.npus, units, kv_gb * 2**30, weights, plan_step(loaded, cfg, plan, phase, seed, chip_cost),
                     mtp=mtp, mtp_acceptance=plan.mtp_acceptance if mtp else 0.0,
                     label=f"plan tp{plan.tp} dp{plan.dp} ep{plan.ep} pp{plan.pp}")

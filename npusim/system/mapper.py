@@ -30,7 +30,7 @@ group (expert ``e`` on rank ``e // (experts / ep)``), no redundant copies. With 
 more than ``SIM_LAYERS`` identical layers, ``SIM_LAYERS`` are simulated and the rest extrapolated
 at the period between the last two (``meta.repeat``); with ``pp > 1`` every layer is simulated.
 Not modelled here: the embedding lookup, the expert SwiGLU and quantisation kernels between the
-GEMMs (the chip cost of the GEMMs only), speculative tokens.
+GEMMs (the chip cost of the GEMMs only), the MTP layer's own weights in the memory check.
 """
 
 from __future__ import annotations
@@ -193,10 +193,15 @@ class _Builder:
         node (-1: none) the layer's tail waits for."""
         cfg, plan, wl = self.cfg, self.plan, self.wl
         layer, t = cfg.first_dense_layers, plan.shared_tp
-        if t == 1:
-            return {r: [wl.compute(r, self.layer_kernel("shared", layer, max(1, math.ceil(
-                tokens_of[r] / self.shape.tokens_per_seq))), [gate[r]], f"{tag}.shared_experts", "moe_compute")]
-                for r in stage_ranks}, -1
+        if t == 1:  # each rank its own tokens (the shared FFN's ops for that many rows)
+            out = {}
+            for r in stage_ranks:
+                if tokens_of[r]:
+                    k = wl.kernel({"type": "layer", "part": "shared", "layer": layer, "phase": self.shape.phase,
+                                   "batch": tokens_of[r], "seq_len": 1, "kv_len": 1,
+                                   "precision": plan.graph_precision, "kv_dtype": plan.kv_dtype})
+                    out[r] = [wl.compute(r, k, [gate[r]], f"{tag}.shared_experts", "moe_compute")]
+            return out, -1
         n, h = len(stage_ranks), cfg.hidden_size
         width = cfg.moe_intermediate_size * cfg.num_shared_experts // t
         same = (np.arange(n)[:, None] // t == np.arange(n)[None, :] // t) & ~np.eye(n, dtype=bool)
@@ -347,12 +352,18 @@ def _simulated_layers(cfg, moe_from: int) -> list[int]:
 
 
 def memory_per_rank_gb(cfg, plan: ParallelPlan, shape: StepShape) -> tuple[float, float]:
-    """(weights, KV cache) in GB on the busiest rank: its stage's layers (sharded as the plan says),
-    its routed experts, the embedding (first stage) and the LM head (last stage); the KV of its
-    group's sequences at the step's context."""
-    stages = stage_layers(cfg.num_layers, plan.pp)
-    layers = len(stages[0])
+    """(weights, KV cache) in GiB (2^30 bytes) on the busiest rank: each stage's layers (sharded as the
+    plan says), its routed experts, the embedding (first stage) and the LM head (last stage); the KV
+    of its group's sequences at the step's context; the stage whose sum is largest."""
     moe_from = cfg.first_dense_layers if cfg.num_experts else cfg.num_layers
+    stages = stage_layers(cfg.num_layers, plan.pp)
+    return max((_stage_memory(cfg, plan, shape, layers, moe_from, s == 0, s == plan.pp - 1)
+                for s, layers in enumerate(stages)), key=sum)
+
+
+def _stage_memory(cfg, plan: ParallelPlan, shape: StepShape, stage: range, moe_from: int, first: bool,
+                  last: bool) -> tuple[float, float]:
+    layers = len(stage)
     spec = {"phase": "decode", "batch": 1, "seq_len": 1, "kv_len": 2, "precision": plan.graph_precision,
             "kv_dtype": plan.kv_dtype}
 
@@ -361,7 +372,7 @@ def memory_per_rank_gb(cfg, plan: ParallelPlan, shape: StepShape) -> tuple[float
         return sum(op.weight_bytes for op in g.ops), sum(op.kv_bytes_per_token for op in g.ops
                                                          if op.kind == "attention")
     att_w, kv_tok = part_bytes("attention", moe_from if moe_from < cfg.num_layers else 0, heads_split=plan.tp)
-    dense_layers = min(layers, moe_from)
+    dense_layers = len([i for i in stage if i < moe_from])
     moe_layers = layers - dense_layers
     w = att_w * layers
     if dense_layers:
@@ -374,11 +385,11 @@ def memory_per_rank_gb(cfg, plan: ParallelPlan, shape: StepShape) -> tuple[float
             w += moe_layers * part_bytes("shared", moe_from)[0] / plan.shared_tp
     emb = cfg.vocab_size * cfg.hidden_size * 2
     head = emb / plan.tp
-    w += emb + (head if plan.pp > 1 or not cfg.tie_word_embeddings else 0)
+    w += (emb if first else 0) + (head if last and (plan.pp > 1 or not cfg.tie_word_embeddings) else 0)
     seqs_group = math.ceil(shape.batch / plan.dp)
     context = shape.kv_len if shape.phase == "decode" else shape.seq_len
     kv = seqs_group * context * kv_tok * layers  # kv_tok: per layer, in the plan's KV dtype
-    return w / 1e9, kv / 1e9
+    return w / 2**30, kv / 2**30
 
 
 def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1) -> Workload:
@@ -397,7 +408,7 @@ def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_np
     dtype = "int8" if plan.precision == "w8a8" else "bf16"
     for r, seqs in enumerate(_split(shape.batch, ranks)):
         kernel = {"type": "onnx", "path": str(Path(path).resolve()), "phase": shape.phase, "batch": seqs,
-                  "seq_len": shape.seq_len, "kv_len": shape.kv_len + (1 if shape.phase == "decode" else 0),
+                  "seq_len": shape.seq_len, "kv_len": shape.kv_len,
                   "dtype": dtype}
         wl.compute(r, kernel, (), "forward", "model")
     wl.meta = {"model": {"name": Path(path).stem, "onnx": str(Path(path).resolve())}, "plan": plan.to_dict(),

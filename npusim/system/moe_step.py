@@ -479,8 +479,10 @@ def deployment_plan(dep: Deployment, dies: int, att_t: int, mb: int) -> dict:
     """The deployment in plan keys (:mod:`npusim.system.plan`): attention TP groups, DP over them,
     experts over the expert dies, one stage."""
     expert_dies = dies - (dep.shared_expert.degree if dep.shared_expert.mode == "dedicated" else 0)
+    shared_tp = dep.shared_expert.degree if dep.shared_expert.mode == "tp" else 1
     return {"npus": dep.npus, "tp": att_t, "dp": dies // att_t, "ep": expert_dies, "pp": 1, "microbatches": mb,
-            "precision": "w8a8", "kv_dtype": "bf16"}
+            "precision": "w8a8", "kv_dtype": "bf16", "mtp": dep.mtp, "mtp_acceptance": dep.mtp_acceptance,
+            "shared_tp": shared_tp}
 
 
 def _attention_tp(cfg, dep: Deployment, dies: int) -> int:

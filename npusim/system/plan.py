@@ -1,6 +1,6 @@
 """A parallel plan: how one model instance is split over the dies of a group of NPUs.
 
-The plan is data (a mapping spec's ``system: {plan: ...}`` section, or ``--tp/--dp/--ep/--pp``
+The plan is data (a mapping spec's ``plan:`` section, or ``--tp/--dp/--ep/--pp``
 flags); :mod:`npusim.system.mapper` turns a plan and a model into a step workload. Terms, for an
 instance of ``npus`` NPUs of ``dies_per_npu`` dies each (``ranks = npus x dies_per_npu``):
 
@@ -14,8 +14,7 @@ instance of ``npus`` NPUs of ``dies_per_npu`` dies each (``ranks = npus x dies_p
   share of the sequences (``tp x dp x pp = ranks``);
 * ``ep``: routed experts split over groups of ``ep`` ranks of a stage (each rank holds
   ``experts / ep``; a token goes to the ranks of its group that hold its top-k experts, all-to-all
-  dispatch and combine); ``ep`` divides ``tp x dp``; dense models take ``ep = 1``; shared experts
-  run on every rank for its own tokens (data parallel);
+  dispatch and combine); ``ep`` divides ``tp x dp``; dense models take ``ep = 1``;
 * ``microbatches``: the batch split into ``M`` parts that flow through the stages one after
   another (with ``pp = 1``, one part's communication overlaps the next part's compute);
 * ``precision``: ``bf16``, ``fp16`` (run as bf16: same width and cube rate on the modelled dies)

@@ -172,8 +172,7 @@ def search_plans(system: str, nodes: int | None, model, npus: int, phase: str, s
             if progress:
                 progress(done[0], total)
 
-        run_points(run_plan_point, [pt for _, pt in round_items], finished, _died, workers, client,
-                   key=lambda pt: None)
+        run_points(run_plan_point, [pt for _, pt in round_items], finished, _died, workers, client)
         by_key = {(str(r["plan"]), r["batch"]): r for r in got}
         for i, pt in round_items:
             rec = by_key[(str(pt.plan), pt.batch)]

@@ -70,7 +70,7 @@ class _Seq:
     record: RequestRecord
     prefill_die: int = -1  # the fabric vertex its pool reads and writes start from (its prefill unit's first die)
     prefill_unit: list[int] = field(default_factory=list)  # fabric vertices of the prefill unit
-    decode_die: int = -1  # the decode unit (a die, or a TP group) it runs on
+    decode_unit: int = -1  # the decode unit (a die, or a TP group) it runs on
     remaining: int = 0  # output tokens still to make
     kv_len: int = 0
 
@@ -180,7 +180,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         raise ConfigError(f"system_serving: the decode instance's weights ({dinst.weights_gb_per_die:.1f} GB per "
                           f"die) leave no HBM for KV ({hbm / 2**30:g} GB per die): more decode NPUs")
     d_units = len(dinst.units)
-    slots_per_die = max(1, plan.decode.max_batch_per_npu * dinst.npus // d_units)  # per unit
+    slots_per_unit = max(1, plan.decode.max_batch_per_npu * dinst.npus // d_units)  # per unit
     dies = [topo.index[n] for n in topo.die_names]
     decode_units = [[dies[d] for d in unit] for unit in dinst.units]
     inst_units = [[[dies[(dinst.npus + i * pinst.npus) * dpn + d] for d in unit] for unit in pinst.units]
@@ -197,7 +197,7 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     max_ctx = max((r.input_len + r.output_len for r in requests), default=2)
     ptable = StepTable(pinst.step, "prefill", x_max=plan.prefill.tokens_per_npu, y_max=max(max_in, 128),
                        x_min=min(128, plan.prefill.tokens_per_npu))
-    dtable = StepTable(dinst.step, "decode", x_max=slots_per_die * dinst.x_scale, y_max=max(max_ctx, 128))
+    dtable = StepTable(dinst.step, "decode", x_max=slots_per_unit * dinst.x_scale, y_max=max(max_ctx, 128))
     fabric = _LiveFabric(loaded, fidelity)
     rng = np.random.default_rng(seed)
 
@@ -224,8 +224,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     waiting: deque[int] = deque()  # prompts queued for a prefill instance
     idle = deque(range(plan.prefill.instances))
     wait_decode: list[int] = []  # prefilled, waiting for decode room
-    die_seqs = [0] * d_units  # per decode unit (a die, or a TP group)
-    die_tokens = [0] * d_units
+    unit_seqs = [0] * d_units  # per decode unit (a die, or a TP group)
+    unit_tokens = [0] * d_units
     ready: list[_Seq] = []  # decode sequences whose KV has arrived
     decoding = False
     stats = {"prefill_batches": 0, "decode_steps": 0, "batch_sum": 0, "kv_bytes": 0, "kv_s": [],
@@ -284,20 +284,20 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         for rid in ids:
             q = seqs[rid]
             need = q.req.input_len + q.req.output_len
-            cands = [d for d in range(d_units) if die_seqs[d] < slots_per_die and die_tokens[d] + need <= room_tokens]
+            cands = [d for d in range(d_units) if unit_seqs[d] < slots_per_unit and unit_tokens[d] + need <= room_tokens]
             if not cands:
                 wait_decode.append(rid)
                 continue
-            d = min(cands, key=lambda x: (die_seqs[x], x))
-            die_seqs[d] += 1
-            die_tokens[d] += need
-            q.decode_die = d
+            d = min(cands, key=lambda x: (unit_seqs[x], x))
+            unit_seqs[d] += 1
+            unit_tokens[d] += need
+            q.decode_unit = d
             placed.append(q)
         if not placed and not pool_writes[0]:
             return
         # each die of the decode unit receives its share, from the prefill unit's die of the same index
         moves = [(q.prefill_unit[j % len(q.prefill_unit)], die, q.req.input_len * dinst.kv_bytes_per_die)
-                 for q in placed for j, die in enumerate(decode_units[q.decode_die])]
+                 for q in placed for j, die in enumerate(decode_units[q.decode_unit])]
         kv = ([m[0] for m in moves], [m[1] for m in moves], [m[2] for m in moves], "write", kv_fab,
               plan.kv_transfer.via)
         stats["kv_bytes"] += sum(kv[2])
@@ -310,10 +310,10 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
             decoding = False
             return
         decoding = True
-        per_die: dict[int, int] = {}
+        per_unit: dict[int, int] = {}
         for q in ready:
-            per_die[q.decode_die] = per_die.get(q.decode_die, 0) + 1
-        x = max(per_die.values()) * dinst.x_scale
+            per_unit[q.decode_unit] = per_unit.get(q.decode_unit, 0) + 1
+        x = max(per_unit.values()) * dinst.x_scale
         y = sum(q.kv_len for q in ready) / len(ready)
         dur = dtable.step_ms(x, y) / 1e3
         stats["decode_steps"] += 1
@@ -376,8 +376,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                     finished.append(q)
             for q in finished:
                 ready.remove(q)
-                die_seqs[q.decode_die] -= 1
-                die_tokens[q.decode_die] -= q.req.input_len + q.req.output_len
+                unit_seqs[q.decode_unit] -= 1
+                unit_tokens[q.decode_unit] -= q.req.input_len + q.req.output_len
                 done_count += 1
             if progress is not None and finished:
                 progress(t, done_count, len(requests))

@@ -22,7 +22,7 @@ from npusim.system.workload import Workload
 
 NOTE = ("derived step: every kernel timed by the chip simulator, every collective and MoE transfer by the fabric "
         "model; not modelled on this path: the embedding lookup, the experts' activation/quantisation kernels, "
-        "kernel launch gaps, speculative tokens")
+        "kernel launch gaps")
 
 
 def check_fit(cfg, plan: ParallelPlan, shape: StepShape, hbm_gb: float) -> tuple[float, float]:
@@ -89,8 +89,8 @@ def _onnx_step(loaded: LoadedSystem, path: str, plan: ParallelPlan, shape: StepS
         raise ConfigError(f"plan: {plan.npus} NPUs but the system has {loaded.system.num_npus}")
     wl = build_onnx_step(path, plan, shape, loaded.system.npu.dies)
     busiest = onnx_graph(wl.kernels[wl.nodes[0]["kernel"]])  # rank 0 has the most sequences
-    weights = sum(op.weight_bytes for op in busiest.ops) / 1e9
-    kv = sum(op.kv_read_bytes for op in busiest.ops if op.kind == "attention") / 1e9
+    weights = sum(op.weight_bytes for op in busiest.ops) / 2**30
+    kv = sum(op.kv_read_bytes for op in busiest.ops if op.kind == "attention") / 2**30
     hbm_gb = summarize(loaded.chip).hbm_gb
     if fit and weights + kv > hbm_gb:
         raise ConfigError(f"plan does not fit: {weights:.1f} GB of weights + {kv:.1f} GB of KV cache per die > "

@@ -15,7 +15,8 @@ costed there by that system's die.
   "heads_split", "ffn_split", "vocab_split", "kv_dtype", "cores"}``: ops of decoder layer ``layer``
   of the workload's model (``meta.model``) built for that batch and sharded (heads, FFN width,
   vocabulary divided by the splits, :mod:`npusim.system.parts`), cut to ``part`` (see there; none:
-  the whole layer, or the ops ``after`` / ``upto`` ops whose names end so);
+  the whole layer, or the ops after the op named ``after`` up to the one named ``upto``: names
+  without the ``L<i>.`` prefix, e.g. ``mlp_norm``);
 * ``{"type": "onnx", "path", "phase", "batch", "seq_len", "kv_len", "dtype"}``: an ONNX-exported
   model's whole forward pass (:func:`npusim.model.onnx_import.load_onnx`) on the die;
 * ``{"type": "fixed", "us", "source"}``: a time taken from a figure, not simulated (a calibrated
@@ -45,8 +46,10 @@ when the dependency has one (a compute node on the rank, the rank's share of a c
 else for the whole dependency -- except that a collective or transfers node does not make one
 rank wait for another rank's compute or barrier (data crosses ranks only by communication).
 
-``meta``: ``model`` (the model's config, our field names), ``plan``, ``phase``, ``batch``,
-``seq_len``, ``kv_len``, ``tokens`` (output tokens of the step, for throughput) and
+``meta``: ``model`` (the model's config, our field names; an ONNX export: its name and path),
+``plan`` (:class:`~npusim.system.plan.ParallelPlan` keys), ``phase``, ``batch``, ``seq_len``,
+``kv_len``, ``tokens`` (output tokens of the step, for throughput), ``tokens_per_sequence``
+(decode: 1 + the accepted speculative tokens), ``simulated_layers`` and
 ``repeat`` (optional: ``{"start": node, "marks": [nodes], "layers": L}``: the simulated layers
 between the ``start`` mark and the last of the ``marks`` (each a layer's end) stand for ``L``
 layers at the period between the last two marks: the step is the makespan with that stretch
@@ -162,6 +165,8 @@ class Workload:
         _int(self.ranks, f"{where}: 'ranks'", 1, MAX_RANKS)
         for i, k in enumerate(self.kernels):
             _check_kernel(k, i, f"{where}: kernels[{i}]")
+        if not self.nodes:
+            raise ConfigError(f"{where}: 'nodes' lists no work")
         for i, n in enumerate(self.nodes):
             _check_node(n, i, self.ranks, len(self.kernels), f"{where}: nodes[{i}]")
         _check_meta(self.meta, len(self.nodes), f"{where}: meta")
@@ -247,7 +252,9 @@ def _check_node(n, i: int, ranks: int, kernels: int, at: str) -> None:
     if not isinstance(n, dict):
         raise ConfigError(f"{at}: expected a mapping with a 'kind'")
     kind = _str(n.get("kind"), f"{at}: 'kind'", NODE_KINDS)
-    deps = n.get("deps", [])
+    for key, default in (("deps", []), ("name", ""), ("category", "other")):
+        n.setdefault(key, default)
+    deps = n["deps"]
     if not isinstance(deps, list):
         raise ConfigError(f"{at}: 'deps' must list indices of earlier nodes")
     for d in deps:
@@ -284,12 +291,20 @@ def _check_node(n, i: int, ranks: int, kernels: int, at: str) -> None:
 def _check_meta(meta, nodes: int, at: str) -> None:
     if not isinstance(meta, dict):
         raise ConfigError(f"{at}: expected a mapping")
+    from npusim.model.zoo import get_config
+    from npusim.system.plan import ParallelPlan
+
     model = meta.get("model")
-    if not isinstance(model, (dict, str)):
-        raise ConfigError(f"{at}.model must be a model config (a mapping) or a model name")
-    if not isinstance(meta.get("plan"), dict):
-        raise ConfigError(f"{at}.plan must be a mapping of plan keys (npus, tp, dp, ep, pp, microbatches)")
-    _int(meta["plan"].get("npus"), f"{at}.plan.npus", 1, MAX_RANKS)
+    if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+        raise ConfigError(f"{at}.model must be the model's config (a mapping with a 'name')")
+    if "onnx" in model:
+        _str(model["onnx"], f"{at}.model.onnx")
+    else:
+        try:
+            get_config(model)
+        except ConfigError as exc:
+            raise ConfigError(f"{at}.model: {exc}") from None
+    ParallelPlan.from_dict(meta.get("plan"), f"{at}.plan")
     _str(meta.get("phase"), f"{at}.phase", ("decode", "prefill"))
     _number(meta.get("batch"), f"{at}.batch")
     _number(meta.get("tokens"), f"{at}.tokens")
@@ -301,6 +316,9 @@ def _check_meta(meta, nodes: int, at: str) -> None:
         return
     if not isinstance(repeat, dict) or not isinstance(repeat.get("marks"), list) or len(repeat["marks"]) < 2:
         raise ConfigError(f"{at}.repeat must be a mapping with 'start', 'marks' (two or more) and 'layers'")
-    for m in [repeat.get("start"), *repeat["marks"]]:
+    points = [repeat.get("start"), *repeat["marks"]]
+    for m in points:
         _int(m, f"{at}.repeat's start and marks (node indices)", 0, nodes - 1)
+    if any(b <= a for a, b in zip(points, points[1:])):
+        raise ConfigError(f"{at}.repeat: the start, then the marks, in increasing node order")
     _int(repeat.get("layers"), f"{at}.repeat.layers", 1, 1 << 20)

@@ -98,7 +98,7 @@ def table1_constants() -> list[Constant]:
             sim = (point_to_point(no_switch, "npu0.die0", inter, op, 512).latency_us
                    - point_to_point(no_switch, "npu0.die0", intra, op, 512).latency_us)
             switch.append(((r["inter_us"] - r["intra_us"]) - sim) * 1e3 / 4)
-    for i, s in enumerate(base.system.fabrics["ub"].switches):
+    for s in base.system.fabrics["ub"].switches:
         out.append(Constant(f"fabrics.ub.switches[{s.name}].latency_ns", "cloudmatrix384", s.latency_ns,
                             sum(switch) / len(switch), f"{pub['source']} (NPU-NPU rows)",
                             "mean over read and write of (inter - intra latency - simulated difference with "
@@ -154,7 +154,7 @@ def other_kernels_constant() -> list[Constant]:
     r = simulate_step(bare, dep, batch=row["batch"], kv=row["kv"], mtp=row["mtp"], mtp_acceptance=row["mtp_acceptance"],
                       kv_min=row.get("kv_min"))
     layers = fig["layers"]  # 61 + the MTP layer
-    vector_us = _vector_ops_us(r)
+    vector_us = _vector_ops_us(r, base)
     costed_ms = r.step_breakdown_ms["lm_head"] + r.step_breakdown_ms["mtp_module"] + layers * vector_us / 1e3
     value = (fig["others_ms"] - costed_ms) / layers * 1e3
     return [Constant("moe_operators.other_kernels_us", row["system"], base.system.moe_operators.other_kernels_us,
@@ -162,7 +162,7 @@ def other_kernels_constant() -> list[Constant]:
                      f"{layers} layers' vector ops as simulated) / {layers} layers")]
 
 
-def _vector_ops_us(result) -> float:
+def _vector_ops_us(result, loaded: LoadedSystem) -> float:
     """The vector ops of one MoE layer's attention part on a die, as the chip cost of each op."""
     from npusim.model.zoo import get_config
     from npusim.system.chipcost import ChipCost
@@ -171,7 +171,7 @@ def _vector_ops_us(result) -> float:
     wl = result.workload
     att = next(k for k in wl.kernels if k["type"] == "layer" and k.get("upto") == "moe.route")
     cfg = get_config(wl.meta["model"])
-    cc = ChipCost(load_system("cloudmatrix384", nodes=1).chip)
+    cc = ChipCost(loaded.chip)
     graph = layer_part_graph(cfg, att)
     return sum(cc.op(op, att.get("cores")).time_us for op in graph.ops if op.kind == "vector")
 
