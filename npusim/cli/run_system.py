@@ -213,7 +213,7 @@ def print_plan_step(r: dict) -> None:
     p = r["plan"]
     print(f"{r['model']} {r['phase']} on {r['system']}: {r['npus']} NPUs = {r['dies']} dies; plan tp {p['tp']} dp "
           f"{p['dp']} ep {p['ep']} pp {p['pp']}, {p['microbatches']} microbatch(es), {p['precision']}, KV "
-          f"{p['kv_dtype']}; batch {r['batch']}" + (f" at context {r['kv']}" if r["phase"] == "decode" else
+          f"{p['kv_dtype']}; batch {r['batch']:g}" + (f" at context {r['kv']}" if r["phase"] == "decode" else
                                                      f" prompts of {r['seq']}"))
     if r["phase"] == "decode" and r["tpot_ms"] != r["step_ms"]:
         print(f"  step          {r['step_ms']:,.3f} ms; TPOT {r['tpot_ms']:,.3f} ms (speculative tokens: "
