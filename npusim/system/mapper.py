@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from npusim.errors import ConfigError
-from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, route_tokens, \
-    token_copies
+from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, pad_rows, \
+    route_tokens, token_copies
 from npusim.system.parts import layer_part_graph
 from npusim.system.plan import ParallelPlan
 from npusim.system.workload import Workload
@@ -52,7 +52,6 @@ SIM_LAYERS = 3
 #: every peer at once, as HCCL runs them on fully connected servers (ring and halving-doubling are
 #: the alternatives a workload file may name)
 TP_ALGORITHM = "direct"
-PAD_ROWS = 16
 ACT_BYTES = 2  # bf16 hidden states between ranks
 
 
@@ -74,10 +73,6 @@ class StepShape:
 
 def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
-def _pad(rows: int) -> int:
-    return int(math.ceil(rows / PAD_ROWS) * PAD_ROWS) if rows > 0 else 0
 
 
 class _Builder:
@@ -147,7 +142,7 @@ class _Builder:
         copies = token_copies(np.where(dest >= 0, dest, np.arange(n)[:, None, None]), n, self.copies)
         pairs = np.zeros(n, np.int64)  # token-expert pairs each rank computes
         np.add.at(pairs, dest[dest >= 0], 1)
-        dtype = "int8" if plan.precision == "w8a8" else "bf16"
+        dtype = plan.gemm_dtype
         h, width = cfg.hidden_size, cfg.moe_intermediate_size
         disp = copies * dispatch_bytes_per_token(h, dtype)
         comb = copies.T * combine_bytes_per_token(h)
@@ -159,7 +154,7 @@ class _Builder:
         experts = {}
         for i, r in enumerate(stage_ranks):
             deps = [d_node, gate[r], *shared.get(r, [])]
-            rows = _pad(math.ceil(pairs[i] / per_rank_experts))
+            rows = pad_rows(math.ceil(pairs[i] / per_rank_experts))
             if rows:
                 up = wl.kernel({"type": "gemm", "m": rows, "k": h, "n": 2 * width, "batch": per_rank_experts,
                                 "dtype": dtype})
@@ -211,7 +206,7 @@ class _Builder:
         g_node = wl.transfers(stage_ranks, gather, list(gate.values()), f"{tag}.shared_gather", "shared_comm")
         done = {}
         for i, r in enumerate(stage_ranks):
-            rows = _pad(int(own[(i // t) * t:(i // t + 1) * t].sum()))
+            rows = pad_rows(int(own[(i // t) * t:(i // t + 1) * t].sum()))
             ids = [g_node, gate[r]]
             if rows:
                 up = wl.kernel({"type": "gemm", "m": rows, "k": h, "n": 2 * width, "dtype": dtype})
@@ -227,7 +222,7 @@ class _Builder:
         """The MTP module besides its decoder layer: ``eh_proj`` over the step's tokens and the draft
         tokens' pass through the (shared, vocabulary-split) LM head, on each rank of the group."""
         cfg, s = self.cfg, self.shape
-        dtype = "int8" if self.plan.precision == "w8a8" else "bf16"
+        dtype = self.plan.gemm_dtype
         eh = self.wl.kernel({"type": "gemm", "m": seqs * s.tokens_per_seq, "k": 2 * cfg.hidden_size,
                              "n": cfg.hidden_size, "dtype": dtype})
         draft = self.wl.kernel({"type": "layer", "part": "head", "layer": -1, "phase": "decode", "batch": seqs,
@@ -405,7 +400,7 @@ def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_np
     if shape.batch < ranks:
         raise ConfigError(f"--batch {shape.batch}: fewer sequences than the {ranks} data-parallel dies")
     wl = Workload(ranks)
-    dtype = "int8" if plan.precision == "w8a8" else "bf16"
+    dtype = plan.gemm_dtype
     for r, seqs in enumerate(_split(shape.batch, ranks)):
         kernel = {"type": "onnx", "path": str(Path(path).resolve()), "phase": shape.phase, "batch": seqs,
                   "seq_len": shape.seq_len, "kv_len": shape.kv_len,

@@ -33,6 +33,7 @@ fabric.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,13 @@ from npusim.files import read_text
 
 SCALE_SLOT_BYTES = 512
 COPIES = ("per_expert", "per_rank")
+#: an expert GEMM's token rows are padded to the cube's tile, as graph-mode engines pad them
+PAD_ROWS = 16
+
+
+def pad_rows(tokens: int) -> int:
+    """``tokens`` rounded up to a multiple of :data:`PAD_ROWS` (0 stays 0)."""
+    return int(math.ceil(tokens / PAD_ROWS) * PAD_ROWS) if tokens > 0 else 0
 
 
 def dispatch_bytes_per_token(hidden: int, dtype: str) -> int:

@@ -28,7 +28,6 @@ chip cost of attention: the chip mapper writes them to HBM.)
 
 from __future__ import annotations
 
-import math
 from copy import deepcopy
 from dataclasses import dataclass, field, fields, replace
 
@@ -41,12 +40,11 @@ from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
 from npusim.mapping.deployment import Deployment
 from npusim.system.load import LoadedSystem
-from npusim.system.moe import (combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, route_tokens,
-                               token_copies)
+from npusim.system.moe import (combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, pad_rows,
+                               route_tokens, token_copies)
 from npusim.system.execute import time_workload
 from npusim.system.workload import Workload
 
-PAD_ROWS = 16
 SIM_LAYERS = 2
 EPLB_SAMPLE_SEED = 7919  # offsets the seed of the routing sample greedy EPLB places experts by
 PARTIAL_NOTE = ("partial model: the die's L2 is not modelled, a layer's small kernels (quantisation, "
@@ -98,10 +96,6 @@ class StepResult:
         if name in ("dispatch_us_per_call", "combine_us_per_call"):
             return self.breakdown_us[name.split("_")[0]] / self.microbatches
         return getattr(self, name)
-
-
-def _pad(tokens: int) -> int:
-    return int(math.ceil(tokens / PAD_ROWS) * PAD_ROWS) if tokens > 0 else 0
 
 
 def _expert_placement(cfg, dep: Deployment, expert_dies: int, load: np.ndarray) -> list[list[int]]:
@@ -371,7 +365,7 @@ def _build_workload(s, cfg, dep: Deployment, sh: _Shapes, mb: int, split: bool, 
     per_expert = np.ceil(per_die / np.where(np.isin(np.arange(dies), shared), 1, experts))
     exp_k = []
     for d in range(dies):
-        rows = _pad(int(per_expert[d]))
+        rows = pad_rows(int(per_expert[d]))
         if rows == 0:
             exp_k.append(K({"type": "sum", "of": []}))
             continue
@@ -529,7 +523,7 @@ def _shared_expert_kernel(cfg, dep: Deployment, kernel, tokens_mb: int, cores: i
     width = cfg.moe_intermediate_size * cfg.num_shared_experts
     if width % t:
         raise ConfigError(f"mapping: shared_expert tp {t} does not divide the shared FFN width {width}")
-    m = _pad(tokens_mb * t)
+    m = pad_rows(tokens_mb * t)
     up = kernel(_gemm(m, cfg.hidden_size, 2 * width // t, "int8", cores))
     down = kernel(_gemm(m, width // t, cfg.hidden_size, "int8", cores))
     gather = _group_bytes(dies, t, tokens_mb * dispatch_bytes_per_token(cfg.hidden_size, "int8"))

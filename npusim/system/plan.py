@@ -97,6 +97,11 @@ class ParallelPlan:
     def graph_precision(self) -> str:
         return GRAPH_PRECISION[self.precision]
 
+    @property
+    def gemm_dtype(self) -> str:
+        """The GEMM operands' dtype (and the MoE dispatch's): int8 under w8a8, else bf16."""
+        return "int8" if self.precision == "w8a8" else "bf16"
+
     def ranks_per_stage(self) -> int:
         return self.tp * self.dp
 

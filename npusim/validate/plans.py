@@ -32,7 +32,7 @@ def roofline_ms(loaded, model: str, plan: ParallelPlan, shape: StepShape) -> flo
     s = summarize(loaded.chip)
     flops = sum(op.flops for op in g.ops) / ranks
     nbytes = sum(op.weight_bytes + (op.kv_read_bytes if op.kind == "attention" else 0) for op in g.ops) / ranks
-    peak = s.peak_tflops["int8" if plan.precision == "w8a8" else "bf16"] * 1e12
+    peak = s.peak_tflops[plan.gemm_dtype] * 1e12
     return max(flops / peak, nbytes / (s.hbm_bandwidth_gbps * 1e9)) * 1e3
 
 
