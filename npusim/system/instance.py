@@ -48,7 +48,7 @@ def deployment_instance(loaded: LoadedSystem, dep: Deployment, model: str, seed:
     cfg = get_config(model)
     dpn = loaded.system.npu.dies
     return Instance(dep.phase, dep.npus, [[d] for d in range(dep.npus * dpn)], float(kv_bytes_per_token(cfg)),
-                    weights_per_die_gb(cfg, dep), deployment_step(loaded, dep, model, seed, chip_cost=chip_cost),
+                    weights_per_die_gb(cfg, dep, dpn), deployment_step(loaded, dep, model, seed, chip_cost=chip_cost),
                     x_scale=dpn, mtp=dep.mtp, mtp_acceptance=dep.mtp_acceptance, label="deployment")
 
 

@@ -53,22 +53,47 @@ SIM_LAYERS = 3
 #: the alternatives a workload file may name)
 TP_ALGORITHM = "direct"
 ACT_BYTES = 2  # bf16 hidden states between ranks
+#: offsets the seed of the routing sample greedy EPLB places experts by (an earlier sample, as
+#: deployments place by the loads they observed, never the step's own routing)
+EPLB_SAMPLE_SEED = 7919
 
 
 @dataclass(frozen=True)
 class StepShape:
     """What one step computes: ``batch`` sequences (decode: context ``kv_len`` after the new token;
-    prefill: prompts of ``seq_len`` tokens)."""
+    prefill: prompts of ``seq_len`` tokens). ``kv_min`` (decode): the sequences' contexts spread
+    uniformly over ``[kv_min, 2 kv_len - kv_min]`` (mean ``kv_len``, drawn per sequence, seeded), so
+    data-parallel groups' attention differs and the slowest sets the pace (a group's attention is
+    interpolated linearly in its mean context between chip costs at ``kv_len`` and at the top of
+    the range); None: every sequence at ``kv_len``."""
 
     phase: str
     batch: int
     seq_len: int = 1
     kv_len: int = 1
+    kv_min: int | None = None
 
     @property
     def tokens_per_seq(self) -> int:
         """New tokens of a sequence in the step (decode: 1, or 1 + the speculative tokens)."""
         return self.seq_len
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Calibrated times (us) a deployment adds where the chip model does not cost the work (each
+    a ``fixed`` kernel, filed under ``calibrated``): ``small_kernels_us`` per layer and microbatch
+    (quantisation, gating, launch gaps; in a MoE layer half after attention and half with the
+    dispatch launch, in a dense layer after it), ``dispatch_us`` / ``combine_us`` per operator call
+    (on the MoE stream before the transfers), ``step_us`` once per step; ``source`` cites them."""
+
+    small_kernels_us: float = 0.0
+    dispatch_us: float = 0.0
+    combine_us: float = 0.0
+    step_us: float = 0.0
+    source: str = ""
+    small_kernels_source: str = ""
+    step_source: str = ""
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -77,106 +102,258 @@ def _split(total: int, parts: int) -> list[int]:
 
 class _Builder:
     def __init__(self, cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int, routing: str, seed: int,
-                 copies: str):
+                 copies: str, overheads: Overheads | None):
         self.cfg, self.plan, self.shape, self.seed, self.copies = cfg, plan, shape, seed, copies
+        self.oh = overheads or Overheads()
         ranks = plan.npus * dies_per_npu
         self.per_stage = ranks // plan.pp
         self.wl = Workload(ranks)
         self.weights = expert_weights(routing, cfg.num_experts, seed) if cfg.num_experts else None
         self.moe_layer_calls = 0
+        split = plan.overlap == "core_split" and plan.microbatches > 1
+        self.att_cores = plan.attention_cores if split else None
+        self.moe_cores = plan.moe_cores if split else None
+        self.moe_stream = "moe" if split else "compute"
+        # MoE and shared-expert transfers: AIV-direct writes, as the dispatch/combine operators move
+        # tokens; under the dma overlap, the SDMA engines (the cores stay on the other microbatch)
+        self.via = "sdma" if plan.overlap == "dma" and plan.microbatches > 1 else "aiv"
+        self.kv_weights = None  # per DP group: where its mean context sits between kv_len and kv_top
+        self.kv_top = shape.kv_len
+        self.expert_load = None  # token-expert pairs per rank of the stage, last MoE layer
+        self.homes = None  # ranks (within an EP group) holding each expert, placed at the first MoE layer
+        self.pending: dict[int, tuple] = {}  # a rank's "combined" mark -> its MoE tail not yet run (settle)
 
     # kernels -----------------------------------------------------------------------------------
-    def layer_kernel(self, part: str, layer: int, seqs: int, **split) -> int:
+    def layer_kernel(self, part: str, layer: int, seqs: int, cores: int | None = None, kv_len: int | None = None,
+                     **split) -> int:
         s = self.shape
-        return self.wl.kernel({"type": "layer", "part": part, "layer": layer, "phase": s.phase, "batch": max(1, seqs),
-                "seq_len": s.seq_len, "kv_len": s.kv_len if s.phase == "decode" else s.seq_len,
-                "precision": self.plan.graph_precision, "kv_dtype": self.plan.kv_dtype, **split})
+        spec = {"type": "layer", "part": part, "layer": layer, "phase": s.phase, "batch": max(1, seqs),
+                "seq_len": s.seq_len, "kv_len": kv_len or (s.kv_len if s.phase == "decode" else s.seq_len),
+                "precision": self.plan.graph_precision, "kv_dtype": self.plan.kv_dtype, **split}
+        if cores:
+            spec["cores"] = cores
+        return self.wl.kernel(spec)
+
+    def token_kernel(self, part: str, layer: int, tokens: int, cores: int | None = None) -> int:
+        """A part whose work is per token only (router, shared experts, the MoE tail, a dense FFN)
+        for ``tokens`` tokens."""
+        spec = {"type": "layer", "part": part, "layer": layer, "phase": self.shape.phase, "batch": max(1, tokens),
+                "seq_len": 1, "kv_len": 1, "precision": self.plan.graph_precision, "kv_dtype": self.plan.kv_dtype}
+        if cores:
+            spec["cores"] = cores
+        return self.wl.kernel(spec)
+
+    def gemm(self, m: int, k: int, n: int, dtype: str, batch: int = 1, cores: int | None = None) -> int:
+        spec = {"type": "gemm", "m": int(m), "k": int(k), "n": int(n), "dtype": dtype}
+        if batch > 1:
+            spec["batch"] = int(batch)
+        if cores:
+            spec["cores"] = cores
+        return self.wl.kernel(spec)
+
+    def fixed(self, us: float, source: str) -> int:
+        return self.wl.kernel({"type": "fixed", "us": float(us), "source": source or "the mapping"})
+
+    def attention_kernel(self, group: int, layer: int, seqs: int, part: str = "attention") -> int:
+        """The group's attention (heads / tp) for its sequences (a MoE layer's on the attention
+        stream's cores); with spread contexts (``kv_min``) a blend between the costs at ``kv_len``
+        and at the range's top by the group's mean context."""
+        cores = self.att_cores if part != "attention" or layer >= self.cfg.first_dense_layers else None
+        if not self.cfg.num_experts:
+            cores = None
+        k = self.layer_kernel(part, layer, seqs, cores, heads_split=self.plan.tp)
+        if self.kv_weights is None:
+            return k
+        top = self.layer_kernel(part, layer, seqs, cores, kv_len=self.kv_top, heads_split=self.plan.tp)
+        return self.wl.kernel({"type": "blend", "a": k, "b": top, "weight": float(self.kv_weights[group])})
 
     def group_ranks(self, stage: int, group: int) -> list[int]:
         base = stage * self.per_stage + group * self.plan.tp
         return list(range(base, base + self.plan.tp))
 
-    # one layer of one microbatch of one DP group --------------------------------------------------
-    def attention(self, ranks, layer_kind: int, seqs: int, prev: dict, tag: str) -> dict:
-        wl, tp = self.wl, self.plan.tp
-        k = self.layer_kernel("attention", layer_kind, seqs, heads_split=tp)
-        out = {r: wl.compute(r, k, [prev.get(r)], f"{tag}.attention", "attention") for r in ranks}
-        return self.allreduce(ranks, seqs, out, f"{tag}.attention_allreduce")
+    def calibrated(self, ranks, us: float, prev: dict, name: str, source: str, stream: str = "compute") -> dict:
+        """A calibrated time on each rank after ``prev`` (nothing when ``us`` is 0)."""
+        if us <= 0:
+            return prev
+        k = self.fixed(us, source)
+        return {r: self.wl.compute(r, k, [prev.get(r)], name, "calibrated", stream) for r in ranks}
 
-    def allreduce(self, ranks, seqs: int, prev: dict, name: str) -> dict:
+    # collectives of a TP group ------------------------------------------------------------------
+    def group_collective(self, op: str, ranks, tokens: int, prev: dict, name: str) -> dict:
+        """``op`` over the group for ``tokens`` tokens' hidden states (bf16): after it every rank's
+        next work waits for it."""
         if len(ranks) == 1:
             return prev
-        nbytes = seqs * self.shape.tokens_per_seq * self.cfg.hidden_size * ACT_BYTES
-        node = self.wl.collective("allreduce", ranks, nbytes, list(prev.values()), name, "tp_comm", TP_ALGORITHM)
+        nbytes = tokens * self.cfg.hidden_size * ACT_BYTES
+        node = self.wl.collective(op, ranks, nbytes, list(prev.values()), name, "tp_comm", TP_ALGORITHM)
         return dict.fromkeys(ranks, node)
 
-    def dense_ffn(self, ranks, seqs: int, prev: dict, tag: str) -> dict:
-        k = self.layer_kernel("ffn", 0, seqs, ffn_split=self.plan.tp)
-        out = {r: self.wl.compute(r, k, [prev[r]], f"{tag}.ffn", "ffn") for r in ranks}
-        return self.allreduce(ranks, seqs, out, f"{tag}.ffn_allreduce")
+    # one layer of one microbatch of one DP group --------------------------------------------------
+    def attention(self, ranks, group: int, layer: int, seqs: int, prev: dict, tag: str, reduce: str = "allreduce",
+                  part: str = "attention") -> dict:
+        k = self.attention_kernel(group, layer, seqs, part)
+        prev = self.settle(ranks, prev)
+        out = {r: self.wl.compute(r, k, [prev.get(r)], f"{tag}.attention", "attention") for r in ranks}
+        return self.group_collective(reduce, ranks, seqs * self.shape.tokens_per_seq, out, f"{tag}.attention_{reduce}")
 
-    def moe(self, stage: int, seqs_by_group: list[int], prev: dict, tag: str) -> dict:
-        """The MoE block of one layer for all DP groups of a stage (dispatch crosses groups)."""
+    def dense_layer(self, ranks, group: int, seqs: int, prev: dict, tag: str) -> dict:
+        """Attention, then the dense FFN split over the group (``dense_ffn: tp``: all-reduce after
+        each) or on each rank's token share (``dp``: reduce-scatter after attention, all-gather after
+        the FFN); then the layer's calibrated small kernels, if any."""
+        tokens = seqs * self.shape.tokens_per_seq
+        if self.plan.dense_ffn == "tp" or len(ranks) == 1:
+            a = self.attention(ranks, group, 0, seqs, prev, tag)
+            k = self.layer_kernel("ffn", 0, seqs, ffn_split=self.plan.tp)
+            out = {r: self.wl.compute(r, k, [a[r]], f"{tag}.ffn", "ffn") for r in ranks}
+            out = self.group_collective("allreduce", ranks, tokens, out, f"{tag}.ffn_allreduce")
+        else:
+            a = self.attention(ranks, group, 0, seqs, prev, tag, "reducescatter")
+            out = {r: self.wl.compute(r, self.token_kernel("ffn", 0, share), [a[r]], f"{tag}.ffn", "ffn")
+                   for r, share in zip(ranks, _split(tokens, len(ranks)))}
+            out = self.group_collective("allgather", ranks, tokens, out, f"{tag}.ffn_allgather")
+        return self.calibrated(ranks, self.oh.small_kernels_us, out, f"{tag}.small_kernels",
+                               self.oh.small_kernels_source or self.oh.source)
+
+    # MoE ---------------------------------------------------------------------------------------
+    def _placement(self, ranks: int, tokens: int) -> list[list[int]]:
+        """Ranks (within an EP group) holding each routed expert: a home each, in order (``slots``
+        a rank), plus, under greedy EPLB, the redundant copies given one by one to the expert with
+        the most tokens per copy in an earlier routing sample (``tokens`` on each of ``ranks``)."""
+        cfg, plan = self.cfg, self.plan
+        n, slots = cfg.num_experts, plan.expert_slots(cfg.num_experts)
+        homes = [[e // slots] for e in range(n)]
+        if plan.eplb == "greedy" and plan.redundant_experts:
+            sample = route_tokens(ranks, tokens, cfg.experts_per_token, n, self.weights, self.seed + EPLB_SAMPLE_SEED,
+                                  cfg.expert_groups, cfg.groups_per_token, cfg.experts_per_group_balanced)
+            load = np.bincount(sample.ravel(), minlength=n).astype(float)
+            share = load.copy()
+            for c in range(plan.redundant_experts):
+                e = int(np.argmax(share))
+                homes[e].append((n + c) // slots)
+                share[e] = load[e] / len(homes[e])
+        return homes
+
+    def _destinations(self, picks: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """``dest[src, token, k]``: the stage rank computing each token's k-th expert (-1: no token).
+        EP groups are consecutive ranks; shared-expert dies dispatch to the groups in turn."""
+        plan = self.plan
+        n, ntok, k = picks.shape
+        groups = (n - plan.shared_dies) // plan.ep
+        base = (np.arange(n) % (groups * plan.ep)) // plan.ep * plan.ep
+        if plan.eplb == "perfect":  # every (token, pick) pair of a group spread evenly over its slots
+            slots = np.asarray([r for h in self.homes for r in h])
+            local = slots[np.arange(n * ntok * k) % len(slots)].reshape(n, ntok, k)
+        else:  # the copies of an expert share its tokens round robin
+            nhomes = np.array([len(h) for h in self.homes])
+            table = np.full((len(self.homes), nhomes.max()), -1, np.int64)
+            for e, h in enumerate(self.homes):
+                table[e, : len(h)] = h
+            copy = (np.arange(n)[:, None, None] + np.arange(ntok)[None, :, None]) % nhomes[picks]
+            local = table[picks, copy]
+        return np.where(valid[:, :, None], base[:, None, None] + local, -1)
+
+    def moe_front(self, stage: int, seqs_by_group: list[int], prev: dict, tag: str) -> dict:
+        """Attention, the router on each rank's token share and the dispatch, for all DP groups of
+        a stage (dispatch crosses groups). With tp > 1 attention's output is reduce-scattered to the
+        ranks' token shares (each dispatches its own), and all-gathered after the MoE block."""
         cfg, plan, wl = self.cfg, self.plan, self.wl
-        tp, layer = plan.tp, cfg.first_dense_layers
+        layer = cfg.first_dense_layers
         stage_ranks = list(range(stage * self.per_stage, (stage + 1) * self.per_stage))
-        tokens_of = {}  # rank -> tokens it dispatches (its 1/tp of its group's)
-        gate = {}
+        tokens_of, gate = {}, {}
+        half = self.oh.small_kernels_us / 2
         for g, seqs in enumerate(seqs_by_group):
             ranks = self.group_ranks(stage, g)
-            k = self.layer_kernel("router", layer, seqs)
-            for r, share in zip(ranks, _split(seqs * self.shape.tokens_per_seq, tp)):
-                tokens_of[r] = share
-                gate[r] = wl.compute(r, k, [prev[r]], f"{tag}.router", "moe_compute")
+            shares = _split(seqs * self.shape.tokens_per_seq, plan.tp)
+            if plan.tp == 1:  # attention and router in one kernel
+                out = self.attention(ranks, g, layer, seqs, prev, tag, part="attention+router")
+            else:
+                att = self.attention(ranks, g, layer, seqs, prev, tag, "reducescatter")
+                out = {r: wl.compute(r, self.token_kernel("router", layer, share, self.att_cores), [att[r]],
+                                     f"{tag}.router", "moe_compute") for r, share in zip(ranks, shares)}
+            out = self.calibrated(ranks, half, out, f"{tag}.small_kernels", self.oh.small_kernels_source or
+                                  self.oh.source)
+            tokens_of.update(zip(ranks, shares))
+            gate.update(out)
+        launch = self.oh.dispatch_us + half
+        gate = self.calibrated(stage_ranks, launch, gate, f"{tag}.dispatch_launch", self.oh.source, self.moe_stream)
         n = len(stage_ranks)
-        most = max(tokens_of.values())
-        picks = route_tokens(n, max(1, most), cfg.experts_per_token, cfg.num_experts, self.weights,
+        most = max(1, max(tokens_of.values()))
+        picks = route_tokens(n, most, cfg.experts_per_token, cfg.num_experts, self.weights,
                              self.seed * 1_000_003 + self.moe_layer_calls, cfg.expert_groups, cfg.groups_per_token,
                              cfg.experts_per_group_balanced)
         self.moe_layer_calls += 1
-        valid = np.arange(max(1, most))[None, :] < np.array([tokens_of[r] for r in stage_ranks])[:, None]
-        per_rank_experts = cfg.num_experts // plan.ep
-        group_base = (np.arange(n) // plan.ep) * plan.ep
-        dest = group_base[:, None, None] + picks // per_rank_experts
-        dest = np.where(valid[:, :, None], dest, -1)
+        if self.homes is None:
+            self.homes = self._placement(n, most)
+        own = np.array([tokens_of[r] for r in stage_ranks], np.int64)
+        dest = self._destinations(picks, np.arange(most)[None, :] < own[:, None])
         copies = token_copies(np.where(dest >= 0, dest, np.arange(n)[:, None, None]), n, self.copies)
         pairs = np.zeros(n, np.int64)  # token-expert pairs each rank computes
         np.add.at(pairs, dest[dest >= 0], 1)
-        dtype = plan.gemm_dtype
-        h, width = cfg.hidden_size, cfg.moe_intermediate_size
-        disp = copies * dispatch_bytes_per_token(h, dtype)
+        if plan.shared_dies:  # each rank's tokens also visit one shared-expert die, once
+            target = n - plan.shared_dies + np.arange(n) % plan.shared_dies
+            copies[np.arange(n), target] += own
+            np.add.at(pairs, target, own)
+        self.expert_load = pairs
+        h = cfg.hidden_size
+        disp = copies * dispatch_bytes_per_token(h, plan.gemm_dtype)
         comb = copies.T * combine_bytes_per_token(h)
         np.fill_diagonal(disp, 0)
         np.fill_diagonal(comb, 0)
-        d_node = wl.transfers(stage_ranks, disp, list(gate.values()), f"{tag}.dispatch", "ep_comm")
-        shared, scatter = self.shared_experts(stage_ranks, tokens_of, gate, dtype, tag) if cfg.num_shared_experts \
-            else ({}, -1)
+        d_node = wl.transfers(stage_ranks, disp, list(gate.values()), f"{tag}.dispatch", "dispatch", self.via)
+        return {"stage": stage, "seqs": seqs_by_group, "ranks": stage_ranks, "tokens_of": tokens_of, "gate": gate,
+                "dispatch": d_node, "pairs": pairs, "combine_bytes": comb, "tag": tag}
+
+    def moe_back(self, f: dict) -> dict:
+        """Shared and routed experts, the combine, the weighted sum (and, with tp > 1, the group's
+        all-gather) for what :meth:`moe_front` dispatched."""
+        cfg, plan, wl = self.cfg, self.plan, self.wl
+        tag, stage_ranks, gate, pairs = f["tag"], f["ranks"], f["gate"], f["pairs"]
+        h, width, dtype = cfg.hidden_size, cfg.moe_intermediate_size, plan.gemm_dtype
+        slots = plan.expert_slots(cfg.num_experts)
+        first_shared = len(stage_ranks) - plan.shared_dies
+        shared, scatter = ({}, -1) if not cfg.num_shared_experts or plan.shared_dies else \
+            self.shared_experts(stage_ranks, f["tokens_of"], gate, dtype, tag)
         experts = {}
         for i, r in enumerate(stage_ranks):
-            deps = [d_node, gate[r], *shared.get(r, [])]
-            rows = pad_rows(math.ceil(pairs[i] / per_rank_experts))
+            deps = [f["dispatch"], gate[r], *shared.get(r, [])]
+            dedicated = i >= first_shared  # all its tokens through the shared experts, one GEMM pair
+            rows = pad_rows(int(pairs[i]) if dedicated else math.ceil(pairs[i] / slots))
             if rows:
-                up = wl.kernel({"type": "gemm", "m": rows, "k": h, "n": 2 * width, "batch": per_rank_experts,
-                                "dtype": dtype})
-                down = wl.kernel({"type": "gemm", "m": rows, "k": width, "n": h, "batch": per_rank_experts,
-                                  "dtype": dtype})
-                u = wl.compute(r, up, deps, f"{tag}.experts_up", "moe_compute")
-                deps = [wl.compute(r, down, [u], f"{tag}.experts_down", "moe_compute")]
+                w, b = (width * cfg.num_shared_experts, 1) if dedicated else (width, slots)
+                up = self.gemm(rows, h, 2 * w, dtype, b, self.moe_cores)
+                down = self.gemm(rows, w, h, dtype, b, self.moe_cores)
+                u = wl.compute(r, up, deps, f"{tag}.experts_up", "moe_compute", self.moe_stream)
+                deps = [wl.compute(r, down, [u], f"{tag}.experts_down", "moe_compute", self.moe_stream)]
             experts[r] = deps
-        c_node = wl.transfers(stage_ranks, comb, [d for deps in experts.values() for d in deps], f"{tag}.combine",
-                              "ep_comm")
+        launch = self.calibrated(stage_ranks, self.oh.combine_us, {r: d[-1] for r, d in experts.items()},
+                                 f"{tag}.combine_launch", self.oh.source, self.moe_stream)
+        c_node = wl.transfers(stage_ranks, f["combine_bytes"], [d for deps in experts.values() for d in deps]
+                              + list(launch.values()), f"{tag}.combine", "combine", self.via)
         out = {}
-        for g, seqs in enumerate(seqs_by_group):
-            ranks = self.group_ranks(stage, g)
-            k = self.layer_kernel("moe_tail", layer, seqs)
-            tail = {r: wl.compute(r, k, [c_node, scatter] + experts[r], f"{tag}.moe_tail", "moe_compute")
-                    for r in ranks}
-            if tp > 1:
-                nbytes = seqs * self.shape.tokens_per_seq * h * ACT_BYTES
-                node = wl.collective("allgather", ranks, nbytes, list(tail.values()), f"{tag}.moe_allgather", "tp_comm",
-                                     TP_ALGORITHM)
-                tail = dict.fromkeys(ranks, node)
-            out.update(tail)
+        for g, seqs in enumerate(f["seqs"]):
+            ranks = self.group_ranks(f["stage"], g)
+            for r in ranks:
+                out[r] = wl.barrier([c_node, scatter, launch.get(r)] + experts[r], f"{tag}.combined", rank=r)
+                tail = self.token_kernel("moe_tail", cfg.first_dense_layers, f["tokens_of"][r], self.att_cores)
+                self.pending[out[r]] = (tail, tuple(ranks), seqs * self.shape.tokens_per_seq, tag)
+        return out
+
+    def settle(self, ranks, prev: dict) -> dict:
+        """``prev`` with the MoE tails still pending on ``ranks`` run: the weighted sum of the
+        combined expert outputs and the residual on each rank's tokens (then, with tp > 1, the
+        group's all-gather). A tail is created when the next work needs it, so that on an in-order
+        stream it never waits for its combine ahead of another microbatch's work."""
+        out = dict(prev)
+        gathers = {}
+        for r in ranks:
+            if prev.get(r) not in self.pending:
+                continue
+            kernel, group, tokens, tag = self.pending.pop(prev[r])
+            out[r] = self.wl.compute(r, kernel, [prev[r]], f"{tag}.moe_tail", "moe_compute")
+            gathers[group] = (tokens, tag)
+        for group, (tokens, tag) in gathers.items():
+            out.update(self.group_collective("allgather", list(group), tokens, {r: out[r] for r in group},
+                                             f"{tag}.moe_allgather"))
         return out
 
     def shared_experts(self, stage_ranks: list[int], tokens_of: dict, gate: dict, dtype: str, tag: str) -> dict:
@@ -189,60 +366,64 @@ class _Builder:
         cfg, plan, wl = self.cfg, self.plan, self.wl
         layer, t = cfg.first_dense_layers, plan.shared_tp
         if t == 1:  # each rank its own tokens (the shared FFN's ops for that many rows)
-            out = {}
-            for r in stage_ranks:
-                if tokens_of[r]:
-                    k = wl.kernel({"type": "layer", "part": "shared", "layer": layer, "phase": self.shape.phase,
-                                   "batch": tokens_of[r], "seq_len": 1, "kv_len": 1,
-                                   "precision": plan.graph_precision, "kv_dtype": plan.kv_dtype})
-                    out[r] = [wl.compute(r, k, [gate[r]], f"{tag}.shared_experts", "moe_compute")]
-            return out, -1
+            return {r: [wl.compute(r, self.token_kernel("shared", layer, tokens_of[r], self.moe_cores), [gate[r]],
+                                   f"{tag}.shared_experts", "moe_compute", self.moe_stream)]
+                    for r in stage_ranks if tokens_of[r]}, -1
         n, h = len(stage_ranks), cfg.hidden_size
         width = cfg.moe_intermediate_size * cfg.num_shared_experts // t
         same = (np.arange(n)[:, None] // t == np.arange(n)[None, :] // t) & ~np.eye(n, dtype=bool)
         own = np.array([tokens_of[r] for r in stage_ranks], np.int64)
         gather = np.where(same, own[:, None] * dispatch_bytes_per_token(h, dtype), 0)
         scatter = np.where(same, own[None, :] * combine_bytes_per_token(h), 0)
-        g_node = wl.transfers(stage_ranks, gather, list(gate.values()), f"{tag}.shared_gather", "shared_comm")
+        g_node = wl.transfers(stage_ranks, gather, list(gate.values()), f"{tag}.shared_gather", "shared_comm",
+                              self.via)
         done = {}
         for i, r in enumerate(stage_ranks):
             rows = pad_rows(int(own[(i // t) * t:(i // t + 1) * t].sum()))
             ids = [g_node, gate[r]]
             if rows:
-                up = wl.kernel({"type": "gemm", "m": rows, "k": h, "n": 2 * width, "dtype": dtype})
-                down = wl.kernel({"type": "gemm", "m": rows, "k": width, "n": h, "dtype": dtype})
-                ids = [wl.compute(r, down, [wl.compute(r, up, ids, f"{tag}.shared_up", "moe_compute")],
-                                  f"{tag}.shared_down", "moe_compute")]
+                up = self.gemm(rows, h, 2 * width, dtype, cores=self.moe_cores)
+                down = self.gemm(rows, width, h, dtype, cores=self.moe_cores)
+                ids = [wl.compute(r, down, [wl.compute(r, up, ids, f"{tag}.shared_up", "moe_compute", self.moe_stream)],
+                                  f"{tag}.shared_down", "moe_compute", self.moe_stream)]
             done[r] = ids
         s_node = wl.transfers(stage_ranks, scatter, [d for ids in done.values() for d in ids], f"{tag}.shared_scatter",
-                              "shared_comm")
+                              "shared_comm", self.via)
         return done, s_node
+
+    # the end of the step -----------------------------------------------------------------------
+    def head_shares(self, ranks, seqs: int) -> list[tuple[int, int, int]]:
+        """(rank, sequences, vocabulary split) of the LM head: the group's sequences over a
+        vocabulary split ``tp`` ways (``lm_head: tp``), or each rank's share of the sequences over
+        the whole vocabulary (``dp``)."""
+        if self.plan.lm_head == "tp" or len(ranks) == 1:
+            return [(r, seqs, self.plan.tp) for r in ranks]
+        return [(r, s, 1) for r, s in zip(ranks, _split(seqs, len(ranks))) if s]
 
     def mtp_module(self, ranks, seqs: int, mtp: int, prev: dict, tag: str) -> dict:
         """The MTP module besides its decoder layer: ``eh_proj`` over the step's tokens and the draft
-        tokens' pass through the (shared, vocabulary-split) LM head, on each rank of the group."""
+        tokens' pass through the (shared) LM head, on each rank as the LM head is split."""
         cfg, s = self.cfg, self.shape
-        dtype = self.plan.gemm_dtype
-        eh = self.wl.kernel({"type": "gemm", "m": seqs * s.tokens_per_seq, "k": 2 * cfg.hidden_size,
-                             "n": cfg.hidden_size, "dtype": dtype})
-        draft = self.wl.kernel({"type": "layer", "part": "head", "layer": -1, "phase": "decode", "batch": seqs,
-                                "seq_len": mtp, "kv_len": s.kv_len, "precision": self.plan.graph_precision,
-                                "kv_dtype": self.plan.kv_dtype, "vocab_split": self.plan.tp})
         out = {}
-        for r in ranks:
+        for r, n, vocab_split in self.head_shares(ranks, seqs):
+            eh = self.gemm(n * s.tokens_per_seq, 2 * cfg.hidden_size, cfg.hidden_size, self.plan.gemm_dtype)
+            draft = self.wl.kernel({"type": "layer", "part": "head", "layer": -1, "phase": "decode", "batch": n,
+                                    "seq_len": mtp, "kv_len": s.kv_len, "precision": self.plan.graph_precision,
+                                    "kv_dtype": self.plan.kv_dtype, "vocab_split": vocab_split})
             e = self.wl.compute(r, eh, [prev[r]], f"{tag}.eh_proj", "mtp_module")
             out[r] = self.wl.compute(r, draft, [e], f"{tag}.draft_head", "mtp_module")
-        return out
+        return {**prev, **out}
 
     def head(self, ranks, seqs: int, prev: dict, tag: str) -> dict:
-        k = self.layer_kernel("head", -1, seqs, vocab_split=self.plan.tp)
-        out = {r: self.wl.compute(r, k, [prev[r]], f"{tag}.lm_head", "lm_head") for r in ranks}
-        if len(ranks) > 1:  # the logits gathered for sampling
+        prev = self.settle(ranks, prev)
+        out = {r: self.wl.compute(r, self.layer_kernel("head", -1, n, vocab_split=split), [prev[r]], f"{tag}.lm_head",
+                                  "lm_head") for r, n, split in self.head_shares(ranks, seqs)}
+        if self.plan.lm_head == "tp" and len(ranks) > 1:  # the logits gathered for sampling
             rows = seqs if self.shape.phase == "prefill" else seqs * self.shape.tokens_per_seq
             node = self.wl.collective("allgather", ranks, rows * self.cfg.vocab_size * ACT_BYTES, list(out.values()),
                                       f"{tag}.logits_allgather", "lm_head", TP_ALGORITHM)
             out = dict.fromkeys(ranks, node)
-        return out
+        return {**prev, **out}
 
 
 def stage_layers(num_layers: int, pp: int) -> list[range]:
@@ -253,90 +434,122 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
 
 
 def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1, routing: str = "uniform",
-               seed: int = 0, copies: str = "per_rank") -> Workload:
+               seed: int = 0, copies: str = "per_rank", overheads: Overheads | None = None) -> Workload:
     """The workload of one step (see the module docstring). ``copies``: how dispatch sends a token
     to a rank holding several of its experts (``per_rank`` once, ``per_expert`` once per expert: the
-    system's decode or prefill operators, ``moe_operators.*_copies``). Raises ConfigError when the
-    batch cannot be split as the plan says."""
+    system's decode or prefill operators, ``moe_operators.*_copies``). ``overheads``: calibrated
+    times a deployment adds (none by default). Raises ConfigError when the batch cannot be split
+    as the plan says."""
     if shape.batch < plan.dp * plan.microbatches:
         raise ConfigError(f"--batch {shape.batch}: fewer sequences than dp {plan.dp} x microbatches "
                           f"{plan.microbatches} (each part needs one)")
     mtp = plan.mtp if shape.phase == "decode" else 0
     if mtp:  # each sequence's step verifies its new token and the speculative ones
-        shape = StepShape("decode", shape.batch, 1 + mtp, shape.kv_len)
-    b = _Builder(cfg, plan, shape, dies_per_npu, routing, seed, copies)
+        shape = StepShape("decode", shape.batch, 1 + mtp, shape.kv_len, shape.kv_min)
+    b = _Builder(cfg, plan, shape, dies_per_npu, routing, seed, copies, overheads)
     wl = b.wl
     stages = stage_layers(cfg.num_layers, plan.pp)
     moe_from = cfg.first_dense_layers if cfg.num_experts else cfg.num_layers
     # per microbatch m, per DP group g: sequences
     seqs = [[s for s in _split(g_seqs, plan.microbatches)] for g_seqs in _split(shape.batch, plan.dp)]
     seqs = [[seqs[g][m] for g in range(plan.dp)] for m in range(plan.microbatches)]
+    if shape.kv_min is not None and shape.phase == "decode":
+        b.kv_top, b.kv_weights = _context_spread(shape, plan.dp, seed)
     repeated_from = moe_from if moe_from < cfg.num_layers else 0  # the first of the identical layers
     repeat = plan.pp == 1 and cfg.num_layers - repeated_from > SIM_LAYERS
     simulated = _simulated_layers(cfg, moe_from) if repeat else list(range(cfg.num_layers))
     prev: list[dict] = [{} for _ in range(plan.microbatches)]
     marks = []
     start = -1
+    one_stream_moe = plan.overlap == "dma"  # every microbatch's attention and dispatch, then their experts
 
-    def layer(stage: int, m: int, idx: int) -> None:
-        tag = f"L{idx}.mb{m}"
-        out = {}
+    def layers(stage: int, parts: list[int], idx: int) -> None:
+        """Layer ``idx`` of the microbatches ``parts`` on ``stage``."""
+        tag = f"L{idx}"
         if idx < moe_from:
-            for g, s in enumerate(seqs[m]):
-                ranks = b.group_ranks(stage, g)
-                a = b.attention(ranks, 0, s, prev[m], tag)
-                out.update(b.dense_ffn(ranks, s, a, tag))
+            for m in parts:
+                out = {}
+                for g, s in enumerate(seqs[m]):
+                    out.update(b.dense_layer(b.group_ranks(stage, g), g, s, prev[m], f"{tag}.mb{m}"))
+                prev[m] = out
+        elif one_stream_moe:
+            fronts = [b.moe_front(stage, seqs[m], prev[m], f"{tag}.mb{m}") for m in parts]
+            for m, f in zip(parts, fronts):
+                prev[m] = b.moe_back(f)
         else:
-            att = {}
-            for g, s in enumerate(seqs[m]):
-                att.update(b.attention(b.group_ranks(stage, g), moe_from, s, prev[m], tag))
-            out = b.moe(stage, seqs[m], att, tag)
-        prev[m] = out
+            for m in parts:
+                prev[m] = b.moe_back(b.moe_front(stage, seqs[m], prev[m], f"{tag}.mb{m}"))
 
     def send_on(stage: int, m: int) -> None:
         nxt = {}
         for g, s in enumerate(seqs[m]):
+            prev[m] = b.settle(b.group_ranks(stage, g), prev[m])
             for j, r in enumerate(b.group_ranks(stage, g)):
                 to = b.group_ranks(stage + 1, g)[j]
                 nbytes = s * shape.tokens_per_seq * cfg.hidden_size * ACT_BYTES
                 nxt[to] = wl.collective("sendrecv", [r, to], nbytes, [prev[m][r]], f"S{stage}.mb{m}.send", "pp_comm")
         prev[m] = nxt
 
+    everyone = list(range(plan.microbatches))
     if plan.pp == 1:
         for idx in simulated:  # layer by layer, the microbatches interleaved (one's comm under the other's compute)
             if repeat and idx == repeated_from:
                 start = wl.barrier([d for p in prev for d in p.values()], "repeated_layers.start")
-            for m in range(plan.microbatches):
-                layer(0, m, idx)
+            layers(0, everyone, idx)
             if repeat and idx >= repeated_from:
                 marks.append(wl.barrier([d for p in prev for d in p.values()], f"L{idx}.end"))
         if not repeat:  # the MTP module's decoder layer, once per speculative token
             for _ in range(mtp):
-                for m in range(plan.microbatches):
-                    layer(0, m, cfg.num_layers - 1)
+                layers(0, everyone, cfg.num_layers - 1)
     else:
-        for s, layers in enumerate(stages):  # a stage runs its microbatches one after another
-            for m in range(plan.microbatches):
-                for idx in [*layers, *([cfg.num_layers - 1] * mtp if s == plan.pp - 1 else [])]:
-                    layer(s, m, idx)
+        for s, stage in enumerate(stages):  # a stage runs its microbatches one after another
+            for m in everyone:
+                for idx in [*stage, *([cfg.num_layers - 1] * mtp if s == plan.pp - 1 else [])]:
+                    layers(s, [m], idx)
                 if s + 1 < plan.pp:
                     send_on(s, m)
     last = plan.pp - 1
-    for m in range(plan.microbatches):
+    if plan.pp == 1 and plan.microbatches > 1:  # one LM head pass for all microbatches (its weights read once)
+        prev = [b.settle(range(wl.ranks), p) for p in prev]
+        prev = [{r: wl.barrier([p[r] for p in prev], "head.ready", rank=r) for r in sorted(prev[0])}]
+        seqs = [[sum(col) for col in zip(*seqs)]]
+    for m in range(len(prev)):
         for g, s in enumerate(seqs[m]):
             ranks = b.group_ranks(last, g)
             prev[m].update(b.head(ranks, s, prev[m], f"head.mb{m}"))
             if mtp:
                 prev[m].update(b.mtp_module(ranks, s, mtp, prev[m], f"mtp.mb{m}"))
+    if b.oh.step_us > 0:  # the step's calibrated overhead on every rank, after its last work
+        ends: dict[int, list[int]] = {}
+        for p in prev:
+            for r, node in p.items():
+                ends.setdefault(r, []).append(node)
+        k = b.fixed(b.oh.step_us, b.oh.step_source or b.oh.source)
+        for r in range(wl.ranks):
+            wl.compute(r, k, ends.get(r, [len(wl.nodes) - 1]), "step_overhead", "calibrated")
     accepted = 1 + mtp * plan.mtp_acceptance  # tokens a sequence gains per step
     wl.meta = {"model": cfg.to_dict(), "plan": plan.to_dict(), "phase": shape.phase, "batch": shape.batch,
                "seq_len": shape.seq_len, "kv_len": shape.kv_len,
                "tokens": shape.batch * (shape.seq_len if shape.phase == "prefill" else accepted),
                "tokens_per_sequence": accepted if shape.phase == "decode" else 1.0,
                "simulated_layers": len(simulated), "routing": routing, "seed": seed}
+    if b.expert_load is not None:
+        wl.meta["expert_load"] = [int(x) for x in b.expert_load]
     if repeat:
         wl.meta["repeat"] = {"start": start, "marks": marks, "layers": cfg.num_layers - repeated_from + mtp}
     return wl
+
+
+def _context_spread(shape: StepShape, groups: int, seed: int) -> tuple[int, np.ndarray]:
+    """(top of the context range, each DP group's weight between ``kv_len`` and it) for
+    ``shape.kv_min``: contexts drawn uniformly per sequence (seeded), a group's mean taken."""
+    kv, lo = shape.kv_len, shape.kv_min
+    if not 0 < lo < kv:
+        raise ConfigError(f"--kv-min {lo}: the shortest context, between 0 and --kv {kv} (the mean)")
+    top = 2 * kv - lo
+    per_group = max(1, int(round(shape.batch / groups)))
+    means = np.random.default_rng([seed, 1]).uniform(lo, top, size=(groups, per_group)).mean(axis=1)
+    return top, (means - kv) / (top - kv)
 
 
 def _simulated_layers(cfg, moe_from: int) -> list[int]:
@@ -371,15 +584,15 @@ def _stage_memory(cfg, plan: ParallelPlan, shape: StepShape, stage: range, moe_f
     moe_layers = layers - dense_layers
     w = att_w * layers
     if dense_layers:
-        w += part_bytes("ffn", 0, ffn_split=plan.tp)[0] * dense_layers
-    if moe_layers:
+        w += part_bytes("ffn", 0, ffn_split=plan.tp if plan.dense_ffn == "tp" else 1)[0] * dense_layers
+    if moe_layers:  # a routed-expert rank's slots, or a dedicated die's shared experts, whichever is larger
         elem = 1 if plan.precision == "w8a8" else 2
-        w += moe_layers * (3 * cfg.hidden_size * cfg.moe_intermediate_size * elem * cfg.num_experts / plan.ep
-                           + part_bytes("router", moe_from)[0])
-        if cfg.num_shared_experts:
-            w += moe_layers * part_bytes("shared", moe_from)[0] / plan.shared_tp
+        routed = 3 * cfg.hidden_size * cfg.moe_intermediate_size * elem * plan.expert_slots(cfg.num_experts)
+        shared = part_bytes("shared", moe_from)[0] if cfg.num_shared_experts else 0
+        per_layer = max(routed, shared) if plan.shared_dies else routed + shared / plan.shared_tp
+        w += moe_layers * (per_layer + part_bytes("router", moe_from)[0])
     emb = cfg.vocab_size * cfg.hidden_size * 2
-    head = emb / plan.tp
+    head = emb / (plan.tp if plan.lm_head == "tp" else 1)
     w += (emb if first else 0) + (head if last and (plan.pp > 1 or not cfg.tie_word_embeddings) else 0)
     seqs_group = math.ceil(shape.batch / plan.dp)
     context = shape.kv_len if shape.phase == "decode" else shape.seq_len

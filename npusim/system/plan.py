@@ -23,7 +23,24 @@ instance of ``npus`` NPUs of ``dies_per_npu`` dies each (``ranks = npus x dies_p
 * ``shared_tp``: the shared experts split over groups of that many consecutive ranks (their tokens
   all-gathered, partial sums scattered back); 1: every rank computes them for its own tokens;
 * ``mtp`` / ``mtp_acceptance``: speculative tokens per decode step from the model's multi-token-
-  prediction module (DeepSeek-V3), each accepted with that probability.
+  prediction module (DeepSeek-V3), each accepted with that probability;
+* ``dense_ffn`` and ``lm_head``: ``tp`` (split over the ``tp`` group like attention) or ``dp`` (each
+  rank of the group computes the whole FFN or LM head for its ``1/tp`` share of the group's tokens:
+  attention's output is reduce-scattered to the token shares, and all-gathered before the next
+  attention);
+* ``shared_dies``: ranks at the end of each stage dedicated to the shared experts (no routed
+  experts there): every token goes to one of them, round robin by source rank, like one more
+  routed expert; 0: the shared experts run on every rank (``shared_tp``);
+* ``redundant_experts``: extra expert slots in each EP group (``(experts + redundant) / ep`` slots
+  a rank), filled with copies of the most loaded experts when ``eplb`` is ``greedy``;
+* ``eplb``: ``none`` (experts in order, no copies), ``greedy`` (copies to the most loaded experts by
+  an earlier routing sample, not the step's own), ``perfect`` (every token-expert pair spread evenly
+  over the slots: the bound a perfect balancer reaches);
+* ``overlap`` (with two or more microbatches): ``none`` (one stream, the microbatches' layers in
+  turn; communication overlaps the other's compute), ``dma`` (one stream: every microbatch's
+  attention, then their experts, the all-to-all on the SDMA engines), ``core_split`` (two streams on
+  each die: attention on ``attention_cores`` cube cores, the MoE side -- dispatch and combine
+  launches, experts, shared experts -- on ``moe_cores``; the CloudMatrix384 paper's decode streams).
 
 Not modelled: TP inside one expert, sequence/context parallelism.
 """
@@ -39,6 +56,9 @@ KV_DTYPES = ("bf16", "int8")
 #: the operator graph's precision (npusim.model.builder) for a plan precision
 GRAPH_PRECISION = {"bf16": "bf16", "fp16": "bf16", "w8a8": "a8w8"}
 KV_BYTES = {"bf16": 2, "int8": 1}
+SPLITS = ("tp", "dp")
+EPLB = ("none", "greedy", "perfect")
+OVERLAPS = ("none", "dma", "core_split")
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,14 @@ class ParallelPlan:
     mtp: int = 0
     mtp_acceptance: float = 0.7
     shared_tp: int = 1
+    dense_ffn: str = "tp"
+    lm_head: str = "tp"
+    shared_dies: int = 0
+    redundant_experts: int = 0
+    eplb: str = "none"
+    overlap: str = "none"
+    attention_cores: int = 0  # core_split: cube cores of the attention stream (0: all)
+    moe_cores: int = 0  # core_split: cube cores of the MoE stream (0: all)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,6 +105,16 @@ class ParallelPlan:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{where}: {name} must be a positive integer, got {v!r}")
+        for name in ("shared_dies", "redundant_experts", "attention_cores", "moe_cores"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{where}: {name} must be a non-negative integer, got {v!r}")
+        for name, choices in (("dense_ffn", SPLITS), ("lm_head", SPLITS), ("eplb", EPLB), ("overlap", OVERLAPS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{where}: {name} {getattr(self, name)!r}: expected one of {', '.join(choices)}")
+        if self.overlap == "core_split" and self.microbatches > 1 and not (self.attention_cores and self.moe_cores):
+            raise ConfigError(f"{where}: overlap core_split needs attention_cores and moe_cores (the two streams' "
+                              "cube cores)")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"{where}: precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
         if self.kv_dtype not in KV_DTYPES:
@@ -104,6 +142,10 @@ class ParallelPlan:
 
     def ranks_per_stage(self) -> int:
         return self.tp * self.dp
+
+    def expert_slots(self, num_experts: int) -> int:
+        """Expert slots on each rank of an EP group (its experts and their redundant copies)."""
+        return (num_experts + self.redundant_experts) // self.ep
 
 
 def default_plan(cfg, npus: int, dies_per_npu: int, **given) -> ParallelPlan:
@@ -154,13 +196,20 @@ def check_plan(plan: ParallelPlan, cfg, dies_per_npu: int, system_npus: int) -> 
     if plan.pp > cfg.num_layers:
         raise ConfigError(f"plan: pp {plan.pp} stages for {cfg.name}'s {cfg.num_layers} layers")
     if cfg.num_experts:
-        if plan.ranks_per_stage() % plan.ep:
-            raise ConfigError(f"plan: ep {plan.ep} does not divide the {plan.ranks_per_stage()} ranks of a stage "
-                              f"(tp {plan.tp} x dp {plan.dp})")
-        if cfg.num_experts % plan.ep:
-            raise ConfigError(f"plan: ep {plan.ep} does not divide {cfg.name}'s {cfg.num_experts} routed experts")
-    elif plan.ep != 1:
-        raise ConfigError(f"plan: ep {plan.ep}, but {cfg.name} has no routed experts (dense: ep 1)")
+        expert_ranks = plan.ranks_per_stage() - plan.shared_dies
+        if expert_ranks < 1 or expert_ranks % plan.ep:
+            raise ConfigError(f"plan: ep {plan.ep} does not divide the {expert_ranks} expert ranks of a stage "
+                              f"(tp {plan.tp} x dp {plan.dp}, less {plan.shared_dies} shared-expert dies)")
+        slots = cfg.num_experts + plan.redundant_experts
+        if slots % plan.ep:
+            raise ConfigError(f"plan: ep {plan.ep} does not divide {cfg.name}'s {cfg.num_experts} routed experts"
+                              + (f" + {plan.redundant_experts} redundant copies" if plan.redundant_experts else ""))
+    elif plan.ep != 1 or plan.redundant_experts or plan.shared_dies:
+        raise ConfigError(f"plan: ep {plan.ep}, redundant_experts or shared_dies, but {cfg.name} has no routed "
+                          "experts (dense: ep 1)")
+    if plan.shared_dies and (not cfg.num_shared_experts or plan.shared_tp > 1):
+        raise ConfigError(f"plan: shared_dies {plan.shared_dies} needs a model with shared experts "
+                          f"({cfg.name} has {cfg.num_shared_experts}) and shared_tp 1")
     if plan.shared_tp > 1:
         width = cfg.moe_intermediate_size * cfg.num_shared_experts
         if not cfg.num_shared_experts:
