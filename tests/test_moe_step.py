@@ -1,5 +1,6 @@
-"""The multi-NPU MoE step (npusim.system.moe_step): it runs on a small instance, conserves tokens,
-responds to the knobs the right way, and rejects impossible deployments with clear errors."""
+"""The multi-NPU MoE step of a deployment (npusim.system.moe_step over the system mapper): it runs on
+a small instance, conserves tokens, responds to the knobs the right way, and rejects impossible
+deployments with clear errors."""
 
 from pathlib import Path
 
@@ -9,9 +10,11 @@ import pytest
 from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment
 from npusim.mapping.spec import load_deployment
-from npusim.system.load import load_system
-from npusim.system.moe_step import _expert_placement, _traffic, simulate_step
 from npusim.model.zoo import get_config
+from npusim.system.load import load_system
+from npusim.system.mapper import StepShape, build_step
+from npusim.system.moe_step import simulate_step, weights_per_die_gb
+from npusim.system.plan import ParallelPlan
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +26,7 @@ def cm1():
 
 
 def _dep(**kw):
-    base = dict(phase="decode", npus=8, routed_experts={"per_die": 16}, shared_expert={"mode": "dp"})
+    base = dict(phase="decode", npus=8, tp=1, ep=16, precision="w8a8", dense_ffn="dp", lm_head="dp")
     base.update(kw)
     return Deployment.model_validate(base)
 
@@ -55,37 +58,39 @@ def test_longer_context_is_slower(cm1):
     assert long.step_ms > short.step_ms
 
 
-def test_routing_conserves_tokens():
+@pytest.mark.parametrize("eplb", ["none", "greedy", "perfect"])
+def test_routing_conserves_tokens(eplb):
+    """Every (token, expert) pair is computed once on some rank; a token goes to a rank at most once
+    per_rank (at least once per distinct rank of its picks), once per pick per_expert; perfect EPLB
+    spreads the pairs evenly over the slots."""
     cfg = get_config("deepseek-r1")
-    dep = _dep(routed_experts={"per_die": 16, "redundant": 0})
-    rng = np.random.default_rng(0)
-    picks = np.stack([[rng.choice(256, 8, replace=False) for _ in range(12)] for _ in range(16)])
-    homes = _expert_placement(cfg, dep, 16, np.bincount(picks.ravel(), minlength=256))
-    tokens, per_die = _traffic(picks, homes, [], 16, "none", "per_rank")
-    assert per_die.sum() == picks.size  # every (token, expert) pair computed once
-    # deduplicated: exactly the distinct home dies of each token's picks
-    want = np.zeros((16, 16), np.int64)
-    for src in range(16):
-        for tok in range(12):
-            for die in {int(e) // 16 for e in picks[src, tok]}:
-                want[src, die] += 1
-    assert np.array_equal(tokens, want)
-    per_expert, _ = _traffic(picks, homes, [], 16, "none", "per_expert")
-    assert np.all(per_expert.sum(axis=1) == 12 * 8)  # one copy per pick
-    assert np.array_equal(per_expert.sum(axis=0), per_die) and np.all(per_expert >= tokens)
-    perfect, per_die_p = _traffic(picks, homes, [], 16, "perfect", "per_expert")
-    assert per_die_p.sum() == picks.size and per_die_p.max() - per_die_p.min() <= 1
+    plan = ParallelPlan(npus=16, dp=16, ep=16, precision="w8a8", redundant_experts=16 if eplb == "greedy" else 0,
+                        eplb=eplb)
+    shape = StepShape("decode", 16 * 12, 1, 1024)
+    loads, copies = {}, {}
+    for mode in ("per_rank", "per_expert"):
+        wl = build_step(cfg, plan, shape, 1, copies=mode)
+        loads[mode] = np.asarray(wl.meta["expert_load"])
+        node = next(n for n in wl.nodes if n["kind"] == "transfers" and n["name"].endswith("dispatch"))
+        copies[mode] = np.asarray(node["bytes"]).sum()
+        assert loads[mode].sum() == 16 * 12 * cfg.experts_per_token  # no pair lost or doubled
+    assert copies["per_rank"] <= copies["per_expert"]
+    if eplb == "perfect":
+        assert loads["per_rank"].max() - loads["per_rank"].min() <= 1
 
 
 def test_impossible_deployments_are_clear_errors(cm1):
     with pytest.raises(ConfigError, match="NPUs"):
         simulate_step(cm1, _dep(npus=160), batch=8, kv=1024)
-    with pytest.raises(ConfigError, match="slots"):
-        simulate_step(cm1, _dep(routed_experts={"per_die": 4}), batch=8, kv=1024)
+    with pytest.raises(ConfigError, match="does not divide"):
+        simulate_step(cm1, _dep(ep=12), batch=8, kv=1024)
     with pytest.raises(ConfigError, match="does not fit"):
         simulate_step(cm1, _dep(), batch=512, kv=131072)
-    with pytest.raises(ValueError, match="core_split"):  # pydantic's error; files get a ConfigError
-        _dep(microbatches=2)
+    with pytest.raises(ConfigError, match="core_split needs attention_cores"):
+        simulate_step(cm1, _dep(microbatches=2, overlap="core_split"), batch=8, kv=1024)
+    with pytest.raises(ConfigError, match="cube cores"):
+        simulate_step(cm1, _dep(microbatches=2, overlap="core_split", attention_cores=99, moe_cores=8), batch=8,
+                      kv=1024)
 
 
 def test_presets_load():
@@ -93,54 +98,43 @@ def test_presets_load():
         dep = load_deployment(ROOT / "mappers" / f"{name}.yaml")
         assert dep.phase in name
     ep64 = load_deployment(ROOT / "examples" / "mappings" / "cm384-deepseek-decode-ep64.yaml")
-    assert (ep64.npus * 2, ep64.routed_experts.per_die * ep64.npus * 2) == (64, 256)  # EP64: 4 experts a die
-    assert ep64.microbatches == 2  # the rest from the decode preset it extends
+    assert (ep64.npus * 2, ep64.ep) == (64, 64)  # EP64: 4 experts a die
+    assert ep64.microbatches == 2 and ep64.overlap == "core_split"  # the rest from the decode preset it extends
+    with pytest.raises(ConfigError, match="phase"):
+        load_deployment(ROOT / "mappers" / "a2-llama3-70b-tp8.yaml")  # a plan, not a deployment
 
 
 def test_shared_expert_is_costed_in_every_mode(cm1):
     """dp: every die computes the shared FFN for its own tokens (none of its bytes move); tp: T dies
-    split it, all-gather their tokens and scatter the partial sums back (bytes of both directions
-    = (T-1) peers x tokens x message size, per die and microbatch), each holding 1/T of its weights."""
-    from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token
-    from npusim.system.moe_step import _shared_expert_kernel, weights_per_die_gb
-    from npusim.system.workload import Workload
+    split it, all-gather their tokens and scatter the partial sums back, each holding 1/T of its
+    weights; dedicated dies: every token dispatched to one of them, which hold no routed experts."""
     cfg = get_config("deepseek-r1")
-    wl = Workload(16)
-    dp_k, dp_group = _shared_expert_kernel(cfg, _dep(), wl.kernel, 8, 24, 16)
-    assert wl.kernels[dp_k]["type"] == "sum" and dp_group["gather_bytes"].sum() == 0
-    tp_k, tp_group = _shared_expert_kernel(cfg, _dep(shared_expert={"mode": "tp", "degree": 4}), wl.kernel, 8, 24, 16)
-    up = wl.kernels[wl.kernels[tp_k]["of"][0]]
-    assert up["n"] == 2 * cfg.moe_intermediate_size // 4 and up["m"] == 32  # 1/4 of the width, 4 dies' tokens
-    per_die_gather = tp_group["gather_bytes"].sum(axis=1)
-    assert np.all(per_die_gather == 3 * 8 * dispatch_bytes_per_token(cfg.hidden_size, "int8"))
-    assert np.all(tp_group["scatter_bytes"].sum(axis=0) == 3 * 8 * combine_bytes_per_token(cfg.hidden_size))
-    assert tp_group["gather_bytes"][0, 4] == 0  # die 0 and die 4 are in different groups
-    assert _shared_expert_kernel(cfg, _dep(shared_expert={"mode": "dedicated", "degree": 2}), wl.kernel, 8, 24,
-                                 16)[0] is None
-    w_dp = weights_per_die_gb(cfg, _dep())
-    w_tp = weights_per_die_gb(cfg, _dep(shared_expert={"mode": "tp", "degree": 4}))
+    w_dp = weights_per_die_gb(cfg, _dep(), 2)
+    w_tp = weights_per_die_gb(cfg, _dep(shared_tp=4), 2)
     shared_gb = 3 * cfg.hidden_size * cfg.moe_intermediate_size * (cfg.num_layers - cfg.first_dense_layers) / 2**30
-    assert w_dp - w_tp == pytest.approx(shared_gb * 3 / 4)
-    with pytest.raises(ConfigError, match="does not divide"):
-        _shared_expert_kernel(cfg, _dep(shared_expert={"mode": "tp", "degree": 3}), wl.kernel, 8, 24, 16)
+    assert w_dp - w_tp == pytest.approx(shared_gb * 3 / 4, rel=0.01)
     r_dp = simulate_step(cm1, _dep(), batch=8, kv=1024)
-    r_tp = simulate_step(cm1, _dep(shared_expert={"mode": "tp", "degree": 4}), batch=8, kv=1024)
+    r_tp = simulate_step(cm1, _dep(shared_tp=4), batch=8, kv=1024)
     assert r_tp.breakdown_us["shared_expert_comm"] > 0 and r_dp.breakdown_us["shared_expert_comm"] == 0
+    with pytest.raises(ConfigError, match="shared_tp 3"):
+        simulate_step(cm1, _dep(shared_tp=3), batch=8, kv=1024)
+    ded = simulate_step(cm1, _dep(ep=8, shared_dies=8, redundant_experts=0), batch=8, kv=1024, check_fit=False)
+    load = ded.workload.meta["expert_load"]
+    tokens = 8 * 8  # sequences of the instance
+    assert sum(load[8:]) == tokens and sum(load[:8]) == tokens * cfg.experts_per_token
+    assert ded.step_ms > 0
 
 
 def test_attention_tp_splits_heads_and_moves_the_groups_activations(cm1):
     """attention tp: T dies split the heads of the group's tokens: each die holds the group's KV
     (MLA's latent KV is per token), less attention weight, and its inputs/outputs cross the fabric."""
     dp = simulate_step(cm1, _dep(), batch=8, kv=1024)
-    tp = simulate_step(cm1, _dep(attention={"mode": "tp", "degree": 4}), batch=8, kv=1024)
+    tp = simulate_step(cm1, _dep(tp=4), batch=8, kv=1024)
     assert tp.kv_gb_per_die == pytest.approx(4 * dp.kv_gb_per_die)
     assert tp.weights_gb_per_die < dp.weights_gb_per_die
     assert dp.breakdown_us["attention_comm"] == 0 and tp.breakdown_us["attention_comm"] > 0
-    with pytest.raises(ConfigError, match="attention tp 3"):
-        simulate_step(cm1, _dep(attention={"mode": "tp", "degree": 3}), batch=8, kv=1024)
-    with pytest.raises(ValueError, match="not dedicated"):
-        _dep(attention={"mode": "dedicated", "degree": 2})
-    assert _dep(attention="dp").attention.mode == "dp"  # the short form of the preset files
+    with pytest.raises(ConfigError, match="tp 3"):
+        simulate_step(cm1, _dep(tp=3), batch=8, kv=1024)
 
 
 def test_spread_contexts_make_the_slowest_die_set_the_attention(cm1):

@@ -205,7 +205,7 @@ def test_run_system_honours_the_model_and_the_plan_flags(capsys, tmp_path):
     (["--model", "qwen3-4b", "--mtp", "1"], ["mtp 1", "no multi-token-prediction module"]),
     (["--model", "qwen3-4b", "--kv-min", "10"], ["--kv-min", "DeepSeek deployment"]),
     (["--model", "llama-3-70b", "--npus", "1"], ["does not fit", "GB of HBM"]),
-    (["--mapping", "mappers/cm384-deepseek-decode.yaml", "--tp", "2"], ["--tp", "not taken"]),
+    (["--mapping", "mappers/a2-deepseek-decode.yaml", "--npus", "8", "--tp", "3"], ["tp 3", "must match"]),
 ])
 def test_plan_path_errors_are_one_line(capsys, monkeypatch, argv, words):
     from pathlib import Path
@@ -265,45 +265,24 @@ def test_an_onnx_export_runs_data_parallel_on_a_system(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("mtp", [0, 1])
-def test_the_plan_mapper_and_the_deepseek_builder_agree_on_a_common_layout(mtp):
-    """DeepSeek-R1 decode on 16 CloudMatrix384 NPUs, DP attention and EP32 over all 32 dies, shared
-    expert on every die, one micro-batch, no MTP, the calibrated constants set to zero: the plan mapper
-    and the hand-written DeepSeek builder model the same work and agree within 5% (they differ in the
-    dispatch copies -- per rank vs per selected expert -- the routing draw and the MoE tail kernel)."""
-    from npusim.mapping.deployment import Deployment
-    from npusim.system.moe_step import simulate_step
-    from npusim.validate.calibrate import _variant
-
-    cm = load_system("cloudmatrix384", nodes=2)
-    bare = _variant(cm, {"moe_operators": {"other_kernels_us": 0.0, "dispatch_overhead_us": 0.0,
-                                           "combine_overhead_us": 0.0}})
-    dep = Deployment.model_validate(dict(phase="decode", npus=16, routed_experts={"per_die": 8},
-                                         shared_expert={"mode": "dp"}))
-    built = simulate_step(bare, dep, batch=8, kv=4096, mtp=mtp, mtp_acceptance=0.7)
-    planned = simulate_plan_step(bare, "deepseek-r1", ParallelPlan(npus=16, dp=32, ep=32, precision="w8a8", mtp=mtp),
-                                 StepShape("decode", 8 * 16, 1, 4096))[0]
-    assert planned["step_ms"] == pytest.approx(built.step_ms, rel=0.05)
-    assert planned["tpot_ms"] == pytest.approx(built.tpot_ms, rel=0.05)
-    assert planned["tokens_per_s_per_npu"] == pytest.approx(built.tokens_per_s_per_npu, rel=0.05)
-
-
-def test_a2_decode_layout_with_shared_expert_tp_agrees_with_the_deepseek_builder():
+def test_a_deployment_is_a_plan_plus_its_calibrated_constants(mtp):
     """B1's layout on Atlas 800I A2 (32 cards, DP attention, EP32 with 8 experts a card, the shared
-    expert split over the 8 cards of a node, MTP 1), calibrated constants zeroed: the plan path's
-    shared_tp (tokens all-gathered, partial sums scattered back under the routed experts) agrees with
-    the DeepSeek builder within 5%."""
+    expert split over the 8 cards of a node): run as a deployment with the system's calibrated
+    constants zeroed, it is exactly the plan path's step (one mapper builds both); with them, slower."""
     from npusim.mapping.deployment import Deployment
     from npusim.system.moe_step import simulate_step
     from npusim.validate.calibrate import _variant
 
-    a2 = _variant(load_system("atlas-800i-a2"), {"moe_operators": {"other_kernels_us": 0.0, "dispatch_overhead_us": 0.0,
-                                                                   "combine_overhead_us": 0.0}})
-    dep = Deployment.model_validate(dict(phase="decode", npus=32, routed_experts={"per_die": 8},
-                                         shared_expert={"mode": "tp", "degree": 8}))
-    built = simulate_step(a2, dep, batch=8, kv=3072, mtp=1).step_ms
-    plan = ParallelPlan(npus=32, dp=32, ep=32, precision="w8a8", mtp=1, shared_tp=8)
+    a2 = load_system("atlas-800i-a2")
+    bare = _variant(a2, {"moe_operators": {"other_kernels_us": 0.0, "dispatch_overhead_us": 0.0,
+                                           "combine_overhead_us": 0.0}})
+    dep = Deployment.model_validate(dict(phase="decode", npus=32, tp=1, ep=32, shared_tp=8, precision="w8a8"))
+    built = simulate_step(bare, dep, batch=8, kv=3072, mtp=mtp)
+    plan = ParallelPlan(npus=32, dp=32, ep=32, precision="w8a8", mtp=mtp, shared_tp=8)
     out, wl, _ = simulate_plan_step(a2, "deepseek-r1", plan, StepShape("decode", 8 * 32, 1, 3072))
-    assert out["step_ms"] == pytest.approx(built, rel=0.05)
+    assert out["step_ms"] == pytest.approx(built.step_ms, rel=1e-9)
+    assert built.plan == plan.to_dict() and built.calibrated_ms == 0
+    assert simulate_step(a2, dep, batch=8, kv=3072, mtp=mtp).step_ms > built.step_ms
     gathers = [n for n in wl.nodes if n["name"].endswith(".shared_gather")]
     assert gathers and all(np.asarray(n["bytes"])[0, 8:].sum() == 0 for n in gathers)  # within a node's 8 cards
     with pytest.raises(ConfigError, match="shared_tp 3"):

@@ -42,10 +42,8 @@ def _plan(**kw):
     return SystemServing.model_validate(base)
 
 
-PDEP = Deployment.model_validate(dict(phase="prefill", npus=4, routed_experts={"per_die": 32},
-                                      shared_expert={"mode": "dp"}))
-DDEP = Deployment.model_validate(dict(phase="decode", npus=8, routed_experts={"per_die": 16},
-                                      shared_expert={"mode": "dp"}))
+PDEP = Deployment.model_validate(dict(phase="prefill", npus=4, tp=1, precision="w8a8"))  # EP8: 32 experts a die
+DDEP = Deployment.model_validate(dict(phase="decode", npus=8, tp=1, precision="w8a8"))  # EP16: 16 experts a die
 
 
 def _requests(n=6, shared_prefix=True):

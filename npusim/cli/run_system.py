@@ -70,28 +70,25 @@ PLAN_FLAGS = ("npus", "dp", "ep", "pp", "kv_dtype", "shared_tp")
 
 
 def run_system_step(args) -> int:
-    """A DeepSeek deployment file (``--mapping`` with a ``system:`` deployment) runs the hand-built
-    MoE step; anything else runs the plan path (:mod:`npusim.system.step`)."""
-    from npusim.mapping.spec import load_deployment
+    """A deployment file (``--mapping`` whose ``plan:`` section names its ``phase``: the DeepSeek
+    deployments) runs as a deployment, with the system's calibrated constants and the published
+    reports' figures (:func:`npusim.system.moe_step.simulate_step`); anything else runs the plan path
+    (:mod:`npusim.system.step`). Both build the step with the one system mapper."""
+    from npusim.mapping.spec import load_deployment, load_mapping
     from npusim.system.load import load_system
     from npusim.system.moe_step import simulate_step
 
-    from npusim.mapping.spec import load_mapping
-
     spec = None if args.mapping is None else load_mapping(args.mapping)
-    if spec is None or spec.system is None:
-        if spec is not None and spec.plan is None:
-            raise ConfigError(f"--mapping {args.mapping}: no 'plan:' or 'system:' section for --system (see "
-                              "mappers/a2-llama3-70b-tp8.yaml or mappers/cm384-deepseek-decode.yaml)")
-        return run_plan_step(args, spec.plan.model_dump() if spec is not None else {})
+    if spec is not None and spec.plan is None:
+        raise ConfigError(f"--mapping {args.mapping}: no 'plan:' section for --system (see "
+                          "mappers/a2-llama3-70b-tp8.yaml or mappers/cm384-deepseek-decode.yaml)")
+    if spec is None or spec.plan.phase is None:
+        return run_plan_step(args, spec.plan.plan_keys() if spec is not None else {})
     loaded = load_system(args.system, nodes=args.nodes)
-    given = [f"--{k.replace('_', '-')}" for k in PLAN_FLAGS if getattr(args, k, None) is not None]
-    if args.tp is not None:
-        given.append("--tp")
-    if given:
-        raise ConfigError(f"{', '.join(given)}: not taken by the DeepSeek deployment file {args.mapping} (its layout "
-                          "is the file's system section); drop --mapping to run the model by a parallel plan")
-    dep = load_deployment(args.mapping)
+    flags = {k: getattr(args, k, None) for k in (*PLAN_FLAGS, "tp")}
+    if args.precision is not None:
+        flags["precision"] = PLAN_PRECISION[args.precision]
+    dep = load_deployment(args.mapping).overridden(**flags)
     phase = args.phase or dep.phase
     if phase != dep.phase:
         raise ConfigError(f"--phase {phase}, but {args.mapping} deploys the model for {dep.phase}")
@@ -261,7 +258,7 @@ def run_system_serving(args) -> int:
     if plan_flags or not (cfg.is_mla and cfg.num_experts) or not isinstance(ddep, Deployment):
         # any model: each instance by a parallel plan (the file's plan: sections, flags over them; a
         # DeepSeek deployment file's instances take the default plan over one node)
-        pdep, ddep = (plan_from_args(args, loaded, cfg, {} if isinstance(d, Deployment) else d.model_dump())
+        pdep, ddep = (plan_from_args(args, loaded, cfg, {} if isinstance(d, Deployment) else d.plan_keys())
                       for d in (pdep, ddep))
     updates = {}
     if args.prefill_instances is not None:  # positive, as are the SLOs: the parser's types say so

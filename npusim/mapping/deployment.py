@@ -1,105 +1,41 @@
-"""The multi-NPU deployment of a MoE model: the ``system:`` section of a mapping spec
-(:class:`npusim.mapping.spec.MappingSpec`; read by :func:`npusim.mapping.spec.load_deployment`).
+"""Multi-NPU sections of a mapping spec (:class:`npusim.mapping.spec.MappingSpec`): the ``plan:``
+section (a parallel plan, :mod:`npusim.system.plan`, for any model on a system; with a ``phase`` it
+is a *deployment*: the instance one serving phase runs, read by
+:func:`npusim.mapping.spec.load_deployment`) and ``system_serving:`` (prefill and decode instances
+serving a request stream).
 
-How DeepSeek-V3/R1 (or another MoE model of the zoo) is laid over an instance of NPUs
-(``mappers/cm384-deepseek-decode.yaml`` ...):
+A deployment file (``mappers/cm384-deepseek-decode.yaml`` ...) lays a MoE model over an instance
+of NPUs in the plan's keys: ``tp`` (attention heads split over groups of ``tp`` dies; 1: data
+parallel attention, each die its own sequences), ``ep`` (the expert dies), ``shared_dies`` (dies
+dedicated to the shared experts) or ``shared_tp``, ``redundant_experts`` and ``eplb``,
+``dense_ffn`` / ``lm_head`` (``tp`` or ``dp``), ``microbatches`` with ``overlap`` (``core_split``
+with ``attention_cores`` / ``moe_cores`` cube cores, or ``dma``), ``mtp`` / ``mtp_acceptance``,
+``precision``; besides the plan, ``step_overhead_us`` (graph launch / scheduling time per step, a
+calibrated constant) with its ``step_overhead_source``.
 
-* ``npus``: NPUs of the instance (disjoint from other instances); every die of them is one
-  expert-parallel rank;
-* ``attention``: ``dp`` (MLA data parallel over the dies: each die's own sequences) or
-  ``{mode: tp, degree: T}`` (groups of T consecutive dies split the heads: each die of a group
-  computes its heads for all of the group's tokens, all-gathers the group's inputs before and
-  reduce-scatters the output after — MLA's latent KV is per token, not per head, so every die
-  of the group holds the group's whole KV cache); TP inside a die is the chip mapper's business;
-* ``routed_experts``: ``per_die`` routed experts on each expert die, ``redundant`` extra copies
-  placed by the load profile (``eplb``), on ``dies`` dies (default: all dies not holding shared
-  experts);
-* ``shared_expert``: ``dedicated: N`` dies that compute only the shared expert (every token goes
-  to one of them, round robin by source die, like a 9th expert), or ``dp`` (every die computes it
-  for its own tokens), or ``tp: T`` (groups of T dies split it);
-* ``dense_ffn`` (the first dense layers) and ``lm_head``: ``dp`` or ``tp: T``;
-* ``microbatches`` (1 or 2) and ``overlap``: two microbatches so that one's communication hides
-  under the other's compute — ``core_split`` (decode, the CloudMatrix384 paper's streams): two core
-  shares (``core_split``), attention on one, MoE and communication on the other; ``dma`` (prefill:
-  all-to-all on the DMA engines): all cores compute attention of both microbatches, then their
-  experts, while the SDMA engines move one microbatch's tokens under the other's compute;
-* ``mtp`` / ``mtp_acceptance``: speculative tokens per step and their acceptance (0 = off);
-* ``step_overhead_us``: graph launch / scheduling time per step, with its source;
-* ``eplb``: ``none`` | ``greedy`` | ``perfect`` expert placement by load.
-
-Units: ``_us`` microseconds. Everything not given takes the default stated on its field.
+Units: ``_us`` microseconds. Everything not given takes the default stated on its field (or the
+default plan's, :func:`npusim.system.plan.default_plan`).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from npusim.config import StrictModel, validate
 
-
-class RoutedExperts(StrictModel):
-    per_die: PositiveInt = 1
-    redundant: NonNegativeInt = 0
-
-
-class Parallel(StrictModel):
-    """``dp`` (each die for its own tokens), ``tp: T`` (T dies split it) or ``dedicated: N`` dies."""
-
-    mode: Literal["dp", "tp", "dedicated"] = "dp"
-    degree: PositiveInt = 1
-
-
-class CoreShare(StrictModel):
-    cube: PositiveInt
-    vector: PositiveInt
-
-
-class Deployment(StrictModel):
-    phase: Literal["decode", "prefill"]
-    npus: PositiveInt
-    attention: Parallel = Field(default_factory=Parallel)
-    routed_experts: RoutedExperts = Field(default_factory=RoutedExperts)
-    shared_expert: Parallel = Field(default_factory=Parallel)
-    dense_ffn: Parallel = Field(default_factory=Parallel)
-    lm_head: Parallel = Field(default_factory=Parallel)
-    microbatches: Literal[1, 2] = 1
-    overlap: Literal["core_split", "dma"] = "core_split"
-    core_split: dict[str, CoreShare] = Field(default_factory=dict)
-    mtp: NonNegativeInt = 0
-    mtp_acceptance: float = Field(default=0.7, ge=0.0, le=1.0)
-    eplb: Literal["none", "greedy", "perfect"] = "none"
-    step_overhead_us: NonNegativeFloat = 0.0
-    step_overhead_source: str = ""
-
-    def overridden(self, **changes) -> Deployment:
-        """A copy with ``changes`` (None values skipped), validated like the file: a value out of
-        range (an MTP acceptance of 1.5) is one ConfigError, not a silently wrong step."""
-        changes = {k: v for k, v in changes.items() if v is not None}
-        if not changes:
-            return self
-        return validate(Deployment, {**self.model_dump(), **changes}, "command-line options (--mtp, ...)")
-
-    @field_validator("attention", mode="before")
-    @classmethod
-    def _attention_mode(cls, v):
-        return {"mode": "dp"} if v == "dp" else v
-
-    @model_validator(mode="after")
-    def _split(self):
-        if self.attention.mode == "dedicated":
-            raise ValueError("attention: dp or {mode: tp, degree: T}, not dedicated")
-        if self.microbatches == 2 and self.overlap == "core_split" and set(self.core_split) != {"attention", "moe"}:
-            raise ValueError("microbatches: 2 needs core_split with 'attention' and 'moe' shares (cube, vector), "
-                             "or overlap: dma")
-        return self
+#: the keys of a plan section that are parallel-plan keys (:class:`npusim.system.plan.ParallelPlan`)
+PLAN_KEYS = ("npus", "tp", "dp", "ep", "pp", "microbatches", "precision", "kv_dtype", "mtp", "mtp_acceptance",
+             "shared_tp", "dense_ffn", "lm_head", "shared_dies", "redundant_experts", "eplb", "overlap",
+             "attention_cores", "moe_cores")
 
 
 class PlanSection(StrictModel):
     """A parallel plan (:mod:`npusim.system.plan`) in a mapping spec's ``plan:`` section: how any
     model's instance is split over its NPUs' dies; each key may be left out (a flag, or the
-    default plan, fills it)."""
+    default plan, fills it). ``phase``: the serving phase the instance runs (a deployment);
+    ``step_overhead_us``: a calibrated per-step time (scheduling bubble) with its source."""
 
     npus: PositiveInt | None = None
     tp: PositiveInt | None = None
@@ -112,6 +48,37 @@ class PlanSection(StrictModel):
     mtp: NonNegativeInt | None = None
     mtp_acceptance: float | None = Field(default=None, ge=0.0, le=1.0)
     shared_tp: PositiveInt | None = None
+    dense_ffn: Literal["tp", "dp"] | None = None
+    lm_head: Literal["tp", "dp"] | None = None
+    shared_dies: NonNegativeInt | None = None
+    redundant_experts: NonNegativeInt | None = None
+    eplb: Literal["none", "greedy", "perfect"] | None = None
+    overlap: Literal["none", "dma", "core_split"] | None = None
+    attention_cores: NonNegativeInt | None = None
+    moe_cores: NonNegativeInt | None = None
+    phase: Literal["decode", "prefill"] | None = None
+    step_overhead_us: NonNegativeFloat = 0.0
+    step_overhead_source: str = ""
+
+    def plan_keys(self) -> dict:
+        """The parallel-plan keys the section gives (None: left to flags or the default plan)."""
+        return {k: getattr(self, k) for k in PLAN_KEYS if getattr(self, k) is not None}
+
+
+class Deployment(PlanSection):
+    """A plan section with its ``phase`` and ``npus``: one serving instance of a model (the DeepSeek
+    deployments on CloudMatrix384 and Atlas 800I A2)."""
+
+    phase: Literal["decode", "prefill"]
+    npus: PositiveInt
+
+    def overridden(self, **changes) -> Deployment:
+        """A copy with ``changes`` (None values skipped), validated like the file: a value out of
+        range (an MTP acceptance of 1.5) is one ConfigError, not a silently wrong step."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if not changes:
+            return self
+        return validate(Deployment, {**self.model_dump(), **changes}, "command-line options (--mtp, ...)")
 
 
 class PrefillPool(StrictModel):

@@ -155,7 +155,6 @@ class MappingSpec(StrictModel):
     layout: Layout = Layout()
     memory: Memory = Memory()
     serving: Serving = Serving()
-    system: Deployment | None = None  # how DeepSeek-V3/R1 is laid over many NPUs (npusim run --system)
     plan: PlanSection | None = None  # a parallel plan of any model over many NPUs (npusim run --system)
     system_serving: SystemServing | None = None  # prefill + decode instances serving requests (--system --trace)
 
@@ -175,19 +174,20 @@ def load_mapping(path: str | Path) -> MappingSpec:
 
 
 def load_deployment(path: str | Path) -> Deployment:
-    """The ``system:`` section of a mapping spec (ConfigError if the file has none)."""
+    """The ``plan:`` section of a mapping spec as a deployment (ConfigError if the file has none, or
+    it names no ``phase`` and ``npus``)."""
     spec = load_mapping(path)
-    if spec.system is None:
-        raise ConfigError(f"{path}: no 'system:' section; a multi-NPU run needs one "
+    if spec.plan is None or spec.plan.phase is None or spec.plan.npus is None:
+        raise ConfigError(f"{path}: no 'plan:' section with a 'phase' and 'npus'; a deployment needs them "
                           "(see mappers/cm384-deepseek-decode.yaml)")
-    return spec.system
+    return validate(Deployment, spec.plan.model_dump(exclude_none=True), f"{path}: plan")
 
 
 def load_system_serving(path: str | Path) -> tuple[SystemServing, Deployment | PlanSection,
                                                     Deployment | PlanSection]:
     """The ``system_serving:`` section of a mapping spec and the prefill and decode instances it
-    names: each a DeepSeek deployment (the named file's ``system:`` section) or a parallel plan of
-    any model (its ``plan:`` section). Mapping names resolve next to the file first, then as usual;
+    names: each the named file's ``plan:`` section, a deployment when it gives its ``phase`` (which
+    must match), else a parallel plan. Mapping names resolve next to the file first, then as usual;
     ConfigError otherwise."""
     spec = load_mapping(path)
     plan = spec.system_serving
@@ -200,7 +200,9 @@ def load_system_serving(path: str | Path) -> tuple[SystemServing, Deployment | P
         name = getattr(plan, key).mapping
         local = here / name
         named = load_mapping(local if local.is_file() else name)
-        if named.system is None and named.plan is not None:
+        if named.plan is None:
+            raise ConfigError(f"{path}: system_serving.{key}.mapping {name} has no 'plan:' section")
+        if named.plan.phase is None:
             deps.append(named.plan)
             continue
         dep = load_deployment(local if local.is_file() else name)

@@ -49,7 +49,8 @@ def deployment_instance(loaded: LoadedSystem, dep: Deployment, model: str, seed:
     dpn = loaded.system.npu.dies
     return Instance(dep.phase, dep.npus, [[d] for d in range(dep.npus * dpn)], float(kv_bytes_per_token(cfg)),
                     weights_per_die_gb(cfg, dep, dpn), deployment_step(loaded, dep, model, seed, chip_cost=chip_cost),
-                    x_scale=dpn, mtp=dep.mtp, mtp_acceptance=dep.mtp_acceptance, label="deployment")
+                    x_scale=dpn, mtp=dep.mtp or 0, mtp_acceptance=dep.mtp_acceptance if dep.mtp_acceptance is not None
+                    else ParallelPlan.mtp_acceptance, label="deployment")
 
 
 def plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, phase: str, seed: int = 0,

@@ -8,25 +8,31 @@ on the ranks of a data-parallel group of ``tp`` ranks:
 
 * dense layer: attention (heads / tp) -> all-reduce of the hidden states (bf16) -> FFN
   (width / tp) -> all-reduce (tensor-parallel collectives by ``TP_ALGORITHM``);
-* MoE layer: attention (heads / tp) -> all-reduce -> router and gate (each rank for the group's
-  tokens) -> each rank dispatches its 1/tp of the group's tokens to the ranks of its
-  expert-parallel group holding their top-k experts (INT8 or BF16 activations as the precision
-  says, one copy per destination rank or per selected expert, as the system's operators send) ->
-  grouped expert GEMMs on each rank for the token copies it received (spread evenly over its
-  experts, rows padded to 16, the cube's tile), shared experts on each rank for its own tokens ->
-  combine (BF16 outputs back) -> the weighted sum and residual -> with tp > 1, an all-gather of
-  the group's tokens;
+* MoE layer: attention (heads / tp; with tp 1 the router in the same kernel) -> with tp > 1 a
+  reduce-scatter to each rank's 1/tp share of the group's tokens and the router on it -> each rank
+  dispatches its tokens to the ranks of its expert-parallel group holding their top-k experts (INT8
+  or BF16 activations as the precision says, one copy per destination rank or per selected expert,
+  as the system's operators send; AIV-direct writes, SDMA under ``overlap: dma``) and to its
+  shared-expert die (``shared_dies``) -> grouped expert GEMMs on each rank for the token copies it
+  received (spread evenly over its expert slots, rows padded to 16, the cube's tile), shared experts
+  on each rank for its own tokens (or split ``shared_tp`` ways) -> combine (BF16 outputs back) -> the
+  weighted sum and residual (created when the next work needs it, so an in-order stream never waits
+  on one microbatch's combine ahead of another's work) -> with tp > 1, an all-gather of the group's
+  tokens;
 * speculative tokens (``plan.mtp``, models with an MTP module): each sequence's step carries 1 +
   mtp tokens through every layer, the MTP decoder layer runs once per speculative token (as one
   more layer of the repeated kind), then ``eh_proj`` and the drafts' LM-head pass; a step gains
   ``1 + mtp x mtp_acceptance`` tokens a sequence;
 * between stages, each rank sends its hidden states to the rank of the same index in the next
-  stage; the last stage runs the final norm and the LM head (vocabulary / tp) and all-gathers
-  the logits (bf16) over the group.
+  stage; the last stage runs the final norm and the LM head (vocabulary / tp, then the logits
+  all-gathered (bf16) over the group; ``lm_head: dp``: the whole vocabulary for each rank's share of
+  the sequences), once for all microbatches when ``pp = 1``.
 
 Routing is drawn (:mod:`npusim.system.moe`, seeded; group-limited when the model groups its experts:
-DeepSeek-V3's ``n_group``/``topk_group``, Mixture of Grouped Experts); experts sit in order on the ranks of an EP
-group (expert ``e`` on rank ``e // (experts / ep)``), no redundant copies. With ``pp = 1`` and
+DeepSeek-V3's ``n_group``/``topk_group``, Mixture of Grouped Experts); experts sit in order on the
+ranks of an EP group (expert ``e`` on rank ``e // slots``), redundant copies as ``eplb`` says.
+Microbatches overlap as ``plan.overlap`` says; a deployment's calibrated times (:class:`Overheads`)
+are ``fixed`` kernels. With ``pp = 1`` and
 more than ``SIM_LAYERS`` identical layers, ``SIM_LAYERS`` are simulated and the rest extrapolated
 at the period between the last two (``meta.repeat``); with ``pp > 1`` every layer is simulated.
 Not modelled here: the embedding lookup, the expert SwiGLU and quantisation kernels between the

@@ -40,7 +40,7 @@ from npusim.system.chipcost import ChipCost
 from npusim.system.execute import time_workload
 from npusim.system.load import LoadedSystem
 from npusim.system.mapper import Overheads, StepShape, build_step, memory_per_rank_gb
-from npusim.system.plan import ParallelPlan, check_plan
+from npusim.system.plan import ParallelPlan, check_plan, default_plan
 from npusim.system.workload import Workload
 
 PARTIAL_NOTE = ("partial model: the die's L2 is not modelled, a layer's small kernels (quantisation, "
@@ -95,43 +95,14 @@ class StepResult:
 
 
 def deployment_plan(dep: Deployment, cfg, dies_per_npu: int, microbatches: int | None = None) -> ParallelPlan:
-    """The deployment in plan keys: attention TP groups (``tp``) and DP over them, experts over the
-    expert dies (``ep``, ``per_die`` slots each, the spare slots redundant copies), shared experts
-    dedicated / TP / DP, dense FFN and LM head ``tp`` or ``dp``, one stage, the overlap streams.
-    ``microbatches`` overrides the file's (1 when a die has too few sequences for two)."""
-    dies = dep.npus * dies_per_npu
-    tp = dep.attention.degree if dep.attention.mode == "tp" else 1
-    if dies % tp or cfg.num_heads % tp:
-        raise ConfigError(f"mapping: attention tp {tp} must divide the instance's {dies} dies and the model's "
-                          f"{cfg.num_heads} heads")
-    shared = dep.shared_expert
-    shared_dies = shared.degree if shared.mode == "dedicated" else 0
-    expert_dies = dies - shared_dies
-    slots = expert_dies * dep.routed_experts.per_die
-    if slots < cfg.num_experts:
-        raise ConfigError(f"mapping: {expert_dies} expert dies x {dep.routed_experts.per_die} per die = {slots} slots "
-                          f"for {cfg.num_experts} routed experts")
-    spare = slots - cfg.num_experts
-    if dep.routed_experts.redundant not in (0, spare):
-        raise ConfigError(f"mapping: routed_experts.redundant {dep.routed_experts.redundant}, but {expert_dies} dies x "
-                          f"{dep.routed_experts.per_die} slots leave {spare} for copies of {cfg.num_experts} experts "
-                          "(every spare slot holds one)")
-    splits = {}
-    for name in ("dense_ffn", "lm_head"):
-        part = getattr(dep, name)
-        if part.mode == "tp" and part.degree not in (1, tp):
-            raise ConfigError(f"mapping: {name} tp {part.degree}: a plan splits it over the attention group (tp {tp}) "
-                              "or not at all (dp)")
-        splits[name] = "tp" if part.mode == "tp" and tp > 1 else "dp"
-    mb = microbatches or dep.microbatches
-    overlap = dep.overlap if mb > 1 else "none"
-    split = overlap == "core_split"
-    return ParallelPlan(npus=dep.npus, tp=tp, dp=dies // tp, ep=expert_dies, pp=1, microbatches=mb,
-                        precision="w8a8", kv_dtype="bf16", mtp=dep.mtp, mtp_acceptance=dep.mtp_acceptance,
-                        shared_tp=shared.degree if shared.mode == "tp" else 1, shared_dies=shared_dies,
-                        redundant_experts=spare, eplb=dep.eplb, overlap=overlap,
-                        attention_cores=dep.core_split["attention"].cube if split else 0,
-                        moe_cores=dep.core_split["moe"].cube if split else 0, **splits)
+    """The deployment's plan: its plan keys, the rest from :func:`~npusim.system.plan.default_plan`;
+    ``microbatches`` overrides the file's (1 when a die has too few sequences for two: no overlap)."""
+    keys = {k: v for k, v in dep.plan_keys().items() if k != "npus"}
+    if microbatches is not None:
+        keys["microbatches"] = microbatches
+    if keys.get("microbatches", 1) == 1:
+        keys.update(overlap="none", attention_cores=0, moe_cores=0)
+    return default_plan(cfg, dep.npus, dies_per_npu, **keys)
 
 
 def deployment_overheads(loaded: LoadedSystem, dep: Deployment) -> Overheads:
@@ -180,16 +151,13 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         raise ConfigError(f"--model {model}: a deployment file lays out a MoE model's experts; {cfg.name} is dense "
                           "(run it by a parallel plan: drop --mapping, or use a mapping with a 'plan:' section)")
     dep = dep.overridden(mtp=mtp, mtp_acceptance=mtp_acceptance, microbatches=microbatches, eplb=eplb)
-    if dep.microbatches == 2 and dep.overlap == "core_split" and set(dep.core_split) != {"attention", "moe"}:
-        raise ConfigError("--microbatches 2 needs the mapping's core_split (attention and moe core shares) "
-                          "or overlap: dma")
     if dep.npus > s.num_npus:
         raise ConfigError(f"mapping: npus {dep.npus} but {s.name} has {s.num_npus} NPUs (use a bigger --nodes or system)")
     dpn = s.npu.dies
     dies = dep.npus * dpn
-    mb = dep.microbatches
-    if mb == 2 and dep.phase == "decode" and (batch or 0) / dpn < 2:
-        mb = 1  # fewer than two sequences on a die: no second microbatch to overlap with
+    mb = dep.microbatches or 1
+    if mb > 1 and dep.phase == "decode" and (batch or 0) / dpn < mb:
+        mb = 1  # fewer sequences on a die than microbatches: nothing to overlap with
     plan = deployment_plan(dep, cfg, dpn, mb)
     check_plan(plan, cfg, dpn, s.num_npus)
     ncores = loaded.chip.num_cores
@@ -212,7 +180,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     layer_us, breakdown, parts = _layer_report(wl, timing, oh, plan.microbatches)
     imbalance = parts.pop("attention_imbalance")
     step_us = timing.step_us
-    tokens_step = 1 + dep.mtp * dep.mtp_acceptance if dep.phase == "decode" else 1.0
+    tokens_step = wl.meta["tokens_per_sequence"]
     per_npu_tokens = wl.meta["tokens"] / dep.npus
     calibrated_us = timing.breakdown_us.get("calibrated", 0.0)  # on the step's critical path
     load = np.asarray(wl.meta.get("expert_load", [1]), float)[: dies - plan.shared_dies]
@@ -225,7 +193,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         tokens_per_s_per_npu=per_npu_tokens / (step_us / 1e6), layer_us=layer_us,
         breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
         step_breakdown_ms={k: round(v / 1e3, 4) for k, v in parts.items()}, microbatches=plan.microbatches,
-        mtp=dep.mtp, mtp_acceptance=dep.mtp_acceptance, eplb=dep.eplb, kv_gb_per_die=kv_gb,
+        mtp=plan.mtp, mtp_acceptance=plan.mtp_acceptance, eplb=plan.eplb, kv_gb_per_die=kv_gb,
         weights_gb_per_die=weights_gb, imbalance=float(load.max() / load.mean()) if load.mean() > 0 else 1.0,
         attention_imbalance=imbalance, chip_cost=cc.stats.as_dict(), plan=plan.to_dict(),
         workload=wl, calibrated_ms=calibrated_us / 1e3, calibrated_share=calibrated_us / step_us if step_us else 0.0,
