@@ -169,8 +169,9 @@ def _vector_ops_us(result, loaded: LoadedSystem) -> float:
     from npusim.system.parts import layer_part_graph
 
     wl = result.workload
-    att = next(k for k in wl.kernels if k["type"] == "layer" and k.get("upto") == "moe.route")
     cfg = get_config(wl.meta["model"])
+    att = next(k for k in wl.kernels if k["type"] == "layer" and k["layer"] == cfg.first_dense_layers
+               and k.get("part") in ("attention+router", "attention"))
     cc = ChipCost(loaded.chip)
     graph = layer_part_graph(cfg, att)
     return sum(cc.op(op, att.get("cores")).time_us for op in graph.ops if op.kind == "vector")
