@@ -29,7 +29,7 @@ def add_system_run_args(p) -> None:
     g.add_argument("--mtp", type=non_negative_int, default=None, help="speculative (MTP) tokens per step (default: the mapping's, 0)")
     g.add_argument("--mtp-acceptance", type=fraction, default=None, help="MTP acceptance rate (default 0.7)")
     g.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step (default: the "
-                   "mapping's, or 1; DeepSeek deployment files take 1 or 2)")
+                   "mapping's, or 1)")
     g.add_argument("--npus", type=positive_int, default=None, help="NPUs of the instance (plan path; default: one node "
                    "of the system)")
     g.add_argument("--dp", type=positive_int, default=None, help="attention data-parallel groups (plan path)")

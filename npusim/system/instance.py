@@ -22,7 +22,7 @@ from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
 from npusim.system.load import LoadedSystem
 from npusim.system.mapper import StepShape, memory_per_rank_gb
-from npusim.system.moe_step import kv_bytes_per_token, weights_per_die_gb
+from npusim.system.moe_step import deployment_plan, kv_bytes_per_token, weights_per_die_gb
 from npusim.system.plan import ParallelPlan, check_plan
 from npusim.system.step import simulate_plan_step
 from npusim.system.step_table import deployment_step
@@ -47,10 +47,10 @@ def deployment_instance(loaded: LoadedSystem, dep: Deployment, model: str, seed:
     """DeepSeek's deployments: every die a unit (data-parallel attention), its KV the whole token's."""
     cfg = get_config(model)
     dpn = loaded.system.npu.dies
+    plan = deployment_plan(dep, cfg, dpn)
     return Instance(dep.phase, dep.npus, [[d] for d in range(dep.npus * dpn)], float(kv_bytes_per_token(cfg)),
                     weights_per_die_gb(cfg, dep, dpn), deployment_step(loaded, dep, model, seed, chip_cost=chip_cost),
-                    x_scale=dpn, mtp=dep.mtp or 0, mtp_acceptance=dep.mtp_acceptance if dep.mtp_acceptance is not None
-                    else ParallelPlan.mtp_acceptance, label="deployment")
+                    x_scale=dpn, mtp=plan.mtp, mtp_acceptance=plan.mtp_acceptance, label="deployment")
 
 
 def plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, phase: str, seed: int = 0,

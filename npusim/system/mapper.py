@@ -164,9 +164,7 @@ class _Builder:
         """The group's attention (heads / tp) for its sequences (a MoE layer's on the attention
         stream's cores); with spread contexts (``kv_min``) a blend between the costs at ``kv_len``
         and at the range's top by the group's mean context."""
-        cores = self.att_cores if part != "attention" or layer >= self.cfg.first_dense_layers else None
-        if not self.cfg.num_experts:
-            cores = None
+        cores = self.att_cores if self.cfg.num_experts and layer >= self.cfg.first_dense_layers else None
         k = self.layer_kernel(part, layer, seqs, cores, heads_split=self.plan.tp)
         if self.kv_weights is None:
             return k

@@ -184,10 +184,10 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     per_npu_tokens = wl.meta["tokens"] / dep.npus
     calibrated_us = timing.breakdown_us.get("calibrated", 0.0)  # on the step's critical path
     load = np.asarray(wl.meta.get("expert_load", [1]), float)[: dies - plan.shared_dies]
+    seqs = shape.batch if dep.phase == "decode" else shape.batch * shape.seq_len / seq  # whole prompts in prefill
     return StepResult(
         system=s.name, model=cfg.name, phase=dep.phase, npus=dep.npus, dies=dies,
-        batch_per_npu=shape.batch / dep.npus if dep.phase == "decode" else shape.batch * shape.seq_len / seq / dep.npus,
-        batch_per_die=shape.batch / dies if dep.phase == "decode" else shape.batch * shape.seq_len / seq / dies,
+        batch_per_npu=seqs / dep.npus, batch_per_die=seqs / dies,
         tokens_per_step=tokens_step, step_ms=step_us / 1e3,
         tpot_ms=step_us / 1e3 / tokens_step if dep.phase == "decode" else step_us / 1e3,
         tokens_per_s_per_npu=per_npu_tokens / (step_us / 1e6), layer_us=layer_us,
