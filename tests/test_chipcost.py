@@ -135,9 +135,12 @@ def test_utilisation_and_bandwidth_within_peaks(cc, die, dtype):
             assert 0 < r.compute_utilization <= r.share_compute_utilization <= 1
             assert r.tflops <= r.peak_tflops_share <= r.peak_tflops_chip
             assert 0 < r.hbm_bandwidth_gbps <= peak_bw * (1 + 1e-9) and r.hbm_peak_bandwidth_gbps == peak_bw
-            # without an L2 every operand is read at least once; bytes are conserved
-            assert r.hbm_bytes == r.hbm_read_bytes + r.hbm_write_bytes >= r.min_hbm_bytes
-            assert r.hbm_write_bytes == m * n * 2 and r.l2_read_bytes == 0
+            # every operand byte reaches HBM at least once (to per-step rounding), the L2 serves only
+            # re-reads; bytes are conserved
+            assert r.hbm_bytes == r.hbm_read_bytes + r.hbm_write_bytes
+            assert r.hbm_read_bytes >= (r.min_hbm_bytes - m * n * 2) * (1 - 1e-4)
+            assert r.hbm_write_bytes == m * n * 2 and 0 <= r.l2_hit_rate <= 1
+            assert r.l2_hit_rate == pytest.approx(r.l2_read_bytes / (r.l2_read_bytes + r.hbm_read_bytes))
             assert r.cores_used <= r.cores == (cores or 24)
 
 
@@ -167,13 +170,43 @@ def test_int8_is_not_slower_than_bf16(cc):
 
 
 def test_ideal_l2_reads_each_operand_from_hbm_once(die):
-    no_l2 = ChipCost(die, persist=False).gemm(2048, 2048, 2048, "int8")
-    l2 = ChipCost(die, persist=False, l2_bytes_per_cycle=110).gemm(2048, 2048, 2048, "int8")
-    assert no_l2.hbm_bytes > 3 * no_l2.min_hbm_bytes  # the cost of having no L2
+    no_l2 = ChipCost(without_l2(die), persist=False).gemm(2048, 2048, 2048, "int8")
+    l2 = ChipCost(without_l2(die), persist=False, l2_bytes_per_cycle=110).gemm(2048, 2048, 2048, "int8")
+    assert no_l2.hbm_bytes > 3 * no_l2.min_hbm_bytes and no_l2.l2_read_bytes == no_l2.l2_hit_rate == 0
     assert l2.hbm_bytes == pytest.approx(l2.min_hbm_bytes, rel=1e-4) and l2.l2_read_bytes > 0  # per-step rounding
     assert l2.cycles < no_l2.cycles and l2.compute_utilization > 0.5
     # compute-bound with the L2: INT8 is faster than BF16
     assert l2.cycles <= ChipCost(die, persist=False, l2_bytes_per_cycle=110).gemm(2048, 2048, 2048, "bf16").cycles
+
+
+def without_l2(arch):
+    return arch.model_copy(update={"l2": None})
+
+
+def with_l2_mb(arch, mb):
+    return arch.model_copy(update={"l2": arch.l2.model_copy(update={"capacity_mb": mb})})
+
+
+def test_the_arch_l2_serves_re_reads_and_saves_hbm_bandwidth(die):
+    """The preset's 192 MB L2: the compulsory reads reach HBM, the re-reads hit; a GEMM with reuse
+    across cores gets faster than without an L2, and the L2 rate per core is the arch's."""
+    shape = (2048, 2048, 2048, "int8")
+    l2, no_l2 = ChipCost(die, persist=False).gemm(*shape), ChipCost(without_l2(die), persist=False).gemm(*shape)
+    compulsory_reads = l2.min_hbm_bytes - 2048 * 2048 * 2
+    assert l2.hbm_read_bytes == pytest.approx(compulsory_reads, rel=1e-3)
+    assert l2.l2_read_bytes + l2.hbm_read_bytes >= 2 * compulsory_reads and l2.l2_hit_rate > 0.5
+    assert l2.cycles < 0.7 * no_l2.cycles and no_l2.l2_hit_rate == 0
+    assert die.l2.capacity_mb == 192 and die.l2.bandwidth_gbps == 7000
+
+
+def test_a_smaller_l2_never_hits_more(die):
+    """LRU reuse distances: shrinking the cache never raises the hit rate, and a cache smaller than
+    a pass over B turns its re-reads into HBM reads (16384 x 7168 x 4096 INT8: 117 + 29 MB)."""
+    shape = (16384, 7168, 4096, "int8")
+    rates = [ChipCost(with_l2_mb(die, mb), persist=False).gemm(*shape) for mb in (192, 32, 1)]
+    hit = [r.l2_hit_rate for r in rates]
+    assert hit[0] >= hit[1] >= hit[2] and hit[0] > hit[2] + 0.05
+    assert rates[0].hbm_read_bytes < rates[2].hbm_read_bytes and rates[0].cycles <= rates[2].cycles
 
 
 def test_less_hbm_bandwidth_is_never_faster(cc, die):
@@ -280,6 +313,20 @@ def test_cli_gemm_chip_json(capsys):
     assert code == 0 and d["cores"] == 12 and d["compute_utilization"] <= d["share_compute_utilization"]
 
 
+def test_cli_gemm_chip_reports_the_l2(capsys):
+    """The contract's ``l2_hit_rate``; ``--l2-mb`` resizes the arch's L2 (0: none)."""
+    argv = ["gemm", "--arch", "ascend-910b", "--chip", "--m", "1024", "--n", "1024", "--k", "1024", "--dtype", "fp16",
+            "--json", "--no-cache"]
+    with_l2 = json.loads(run_cli(capsys, *argv)[1])
+    none = json.loads(run_cli(capsys, *argv, "--l2-mb", "0")[1])
+    assert with_l2["l2_mb"] == 192 and 0 < with_l2["l2_hit_rate"] <= 1
+    assert none["l2_mb"] is None and none["l2_hit_rate"] == 0 and none["hbm_read_bytes"] > with_l2["hbm_read_bytes"]
+    code, out, _ = run_cli(capsys, *argv[:-2])
+    assert code == 0 and "% of the loads hit" in out
+    code, _, err = run_cli(capsys, *argv[:2], "npusim-64c", *argv[3:], "--l2-mb", "8")
+    assert code == 2 and "no l2 section" in err
+
+
 def test_cli_gemm_chip_text(capsys):
     code, out, _ = run_cli(capsys, "gemm", "--arch", ARCH, "--chip", "--m", "96", "--n", "2048", "--k", "7168",
                            "--dtype", "int8", "--l2-bytes-per-cycle", "110")
@@ -295,6 +342,9 @@ def test_cli_gemm_chip_text(capsys):
     (["--chip", "--out-dtype", "fp64"], "expected one of"),
     (["--chip", "--l2-bytes-per-cycle", "0"], "positive"),
     (["--chip", "--l2-bytes-per-cycle", "1e-300"], "at least 0.001"),
+    (["--chip", "--l2-mb", "-1"], "non-negative"),
+    (["--chip", "--l2-mb", "8", "--l2-bytes-per-cycle", "110"], "give one"),
+    (["--l2-mb", "8"], "need --chip"),
 ])
 def test_cli_gemm_chip_errors(capsys, argv, message):
     code, _, err = run_cli(capsys, "gemm", "--arch", ARCH, "--m", "64", "--n", "64", "--k", "64", *argv)

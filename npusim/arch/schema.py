@@ -382,6 +382,25 @@ class Noc(StrictModel):
     max_packet_flits: Pos(2**20) = 16
 
 
+class L2Cache(StrictModel):
+    """The chip's shared last-level cache between the cores' DMA engines and HBM (Ascend's L2).
+
+    Modelled by :mod:`npusim.hw.memory.l2` as an LRU cache of ``capacity_mb`` MiB seen through
+    reuse distances: a re-read of bytes that were loaded before hits when fewer than the
+    capacity's distinct bytes were loaded in between; a hit costs no HBM bandwidth and moves at
+    the core's even share of ``bandwidth_gbps`` (aggregate, read/write mixed, all cores together),
+    at most ``core_bytes_per_cycle`` (one core's read rate from the L2; ``None``: its DMA ports'
+    rate, as from HBM). ``hit_latency_ns`` (optional; ``None``: not published, not modelled) is
+    added once to each L2 transfer. Set associativity, write allocation and replacement policies
+    other than LRU are not modelled."""
+
+    capacity_mb: PosF(2**20)
+    bandwidth_gbps: PosF(1e7)
+    core_bytes_per_cycle: PosF(2**20) | None = None
+    hit_latency_ns: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
+    source: str = ""
+
+
 class CoreClass(StrictModel):
     """Cores that differ from ``cores`` (heterogeneous chips, e.g. PD-disaggregated decode
     cores): their own systolic array, SRAM, or — with ``hbm.attach: per_core`` — DRAM channel
@@ -398,7 +417,7 @@ class CoreClass(StrictModel):
 
 class Arch(StrictModel):
     """A whole NPU: clock, a grid of cores (identical unless ``core_classes`` says otherwise),
-    HBM channels and the NoC."""
+    HBM channels, the NoC and (optionally) a shared L2 cache."""
 
     name: str
     description: str = ""
@@ -407,6 +426,7 @@ class Arch(StrictModel):
     cores: Cores
     hbm: Hbm
     noc: Noc = Noc()
+    l2: L2Cache | None = None  # none: every load a core makes reaches HBM
     core_classes: dict[str, CoreClass] = Field(default_factory=dict)
 
     @model_validator(mode="before")

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from npusim.choices import MEMORY_FIDELITIES
-from npusim.cli.util import (add_arch_arg, add_force_arg, non_negative_int, parse_grid, positive_float, positive_int,
-                              refuse_unless_forced)
+from npusim.cli.util import (add_arch_arg, add_force_arg, non_negative_float, non_negative_int, parse_grid,
+                              positive_float, positive_int, refuse_unless_forced)
 from npusim.errors import ConfigError
 from npusim.files import json_text
 
@@ -47,9 +47,12 @@ def add_parser(sub):
                    "timing path; with --chip, the HBM (and SRAM) fidelity of the chip simulator")
     chip.add_argument("--out-dtype", dest="out_dtype", default=None,
                       help="dtype of C (default: bf16 for int8/int4/fp8 inputs, else --dtype)")
+    chip.add_argument("--l2-mb", dest="l2_mb", type=non_negative_float, default=None, metavar="MB",
+                      help="what-if: the chip's shared L2 with this capacity in MiB (0: no L2, every load "
+                      "from HBM); default: the arch file's l2 section")
     chip.add_argument("--l2-bytes-per-cycle", dest="l2", type=positive_float, default=None, metavar="B",
-                      help="assume an ideal shared L2 serving operand re-reads at B bytes/cycle per core "
-                      "(not part of the chip model; default: none, every load from HBM)")
+                      help="bracket: an ideal shared L2 of unlimited capacity serving operand re-reads at B "
+                      "bytes/cycle per core, in place of the arch's L2")
     chip.add_argument("--no-cache", dest="cache", action="store_false",
                       help="do not read or write the on-disk chip-cost cache")
     add_force_arg(p, f"a GEMM of more than {MAX_FOLDS:.0e} array folds (one core) or {MAX_CHIP_UNITS:.0e} "
@@ -76,7 +79,7 @@ def check_size(args, work: int, limit: float, what: str) -> None:
     refuse_unless_forced(args, work, limit, f"{what} (x --batch)", "minutes to hours of simulation")
 
 
-CHIP_ONLY = (("cores", "--cores"), ("out_dtype", "--out-dtype"), ("l2", "--l2-bytes-per-cycle"))
+CHIP_ONLY = (("cores", "--cores"), ("out_dtype", "--out-dtype"), ("l2", "--l2-bytes-per-cycle"), ("l2_mb", "--l2-mb"))
 CORE_ONLY = (("array", "--array"), ("dataflow", "--dataflow"), ("double_buffer", "--double-buffer"),
              ("t_inj", "--t-inj"))
 
@@ -179,6 +182,10 @@ def run_chip(args) -> int:
         raise ConfigError(f"--l2-bytes-per-cycle must be at least 0.001 bytes per cycle per core, got {args.l2:g}")
     units = -(-args.m // 128) * -(-args.k // 512) * -(-args.n // 128) * args.batch
     check_size(args, units, MAX_CHIP_UNITS, "128x512x128 units")
+    if args.l2_mb is not None and args.l2 is not None:
+        raise ConfigError("--l2-mb sizes the arch's L2, --l2-bytes-per-cycle replaces it by an ideal one: give one")
+    if args.l2_mb is not None:
+        arch = with_l2_capacity(arch, args.l2_mb)
     cc = ChipCost(arch, memory=args.memory, persist=args.cache, l2_bytes_per_cycle=args.l2)
     r = cc.gemm(args.m, args.k, args.n, args.dtype, args.cores, batch=args.batch, out_dtype=args.out_dtype)
     out = {
@@ -190,7 +197,8 @@ def run_chip(args) -> int:
         "peak_tflops": r.peak_tflops_chip, "compute_utilization": r.compute_utilization,
         "share_compute_utilization": r.share_compute_utilization,
         "hbm_bytes": r.hbm_bytes, "hbm_read_bytes": r.hbm_read_bytes, "hbm_write_bytes": r.hbm_write_bytes,
-        "min_hbm_bytes": r.min_hbm_bytes, "l2_read_bytes": r.l2_read_bytes, "l2_bytes_per_cycle": args.l2,
+        "min_hbm_bytes": r.min_hbm_bytes, "l2_read_bytes": r.l2_read_bytes, "l2_hit_rate": r.l2_hit_rate,
+        "l2_mb": None if arch.l2 is None else arch.l2.capacity_mb, "l2_bytes_per_cycle": args.l2,
         "hbm_bandwidth_gbps": r.hbm_bandwidth_gbps, "hbm_peak_bandwidth_gbps": r.hbm_peak_bandwidth_gbps,
         "hbm_utilization": r.hbm_utilization, "sram_stall_cycles": r.sram_stall_cycles, "mapping": r.mapping,
     }
@@ -208,6 +216,23 @@ def run_chip(args) -> int:
           f"{r.hbm_write_bytes / 1e6:,.2f} written; compulsory {r.min_hbm_bytes / 1e6:,.2f}) at "
           f"{r.hbm_bandwidth_gbps:,.1f} GB/s = {100 * r.hbm_utilization:.1f}% of {r.hbm_peak_bandwidth_gbps:,.0f}")
     if args.l2 is not None:
-        print(f"  ideal L2      {r.l2_read_bytes / 1e6:,.2f} MB of re-reads at {args.l2:g} B/cycle per core")
+        print(f"  ideal L2      {r.l2_read_bytes / 1e6:,.2f} MB of re-reads at {args.l2:g} B/cycle per core "
+              f"({100 * r.l2_hit_rate:.1f}% of the loads)")
+    elif arch.l2 is not None:
+        print(f"  L2            {100 * r.l2_hit_rate:.1f}% of the loads hit ({r.l2_read_bytes / 1e6:,.2f} MB) in "
+              f"{arch.l2.capacity_mb:g} MiB at {arch.l2.bandwidth_gbps:,.0f} GB/s")
+    else:
+        print(f"  L2            none on {arch.name}: every load from HBM")
     print(f"  kernel        {r.mapping}")
     return 0
+
+
+def with_l2_capacity(arch, capacity_mb: float):
+    """``arch`` with its L2 resized to ``capacity_mb`` MiB (0: without an L2); a chip whose arch file
+    has no L2 cannot be given one this way (its bandwidth would be invented)."""
+    if capacity_mb == 0:
+        return arch.model_copy(update={"l2": None})
+    if arch.l2 is None:
+        raise ConfigError(f"--l2-mb {capacity_mb:g}: {arch.name} has no l2 section to resize (add one to the "
+                          "arch file: capacity_mb, bandwidth_gbps)")
+    return arch.model_copy(update={"l2": arch.l2.model_copy(update={"capacity_mb": capacity_mb})})

@@ -40,18 +40,22 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
 * ``pk > 1`` (split K, for small outputs such as decode GEMMs): each core keeps its block's fp32
   partial sums, the ``pk`` cores of a block reduce-scatter them over the NoC (ring, vector adds)
   and each writes its share of C.
-* **No L2.** The chip model has none: every operand byte a core loads comes from HBM, so A (B) is
-  read once per core (or per tile) that needs it, where an Ascend die's shared 192 MB L2 would
-  serve the re-reads. ``hbm_bytes`` is what the model moved, ``min_hbm_bytes`` the compulsory
-  traffic (A and B read once, C written once); for GEMMs with operand reuse across cores (large
-  M, N and K) the model is HBM-bound and pessimistic: 2048^3 INT8 reaches ~35% of the 910C die's
-  peak where vendor benchmarks of L2 chips report ~70-80%.
-* ``l2_bytes_per_cycle`` (opt-in, not part of the chip model) brackets it from the other side: an
-  ideal shared L2 of unlimited capacity and aggregate bandwidth. Each operand is then read from
-  HBM once in all (every load of A or B reaches HBM with the fraction compulsory / loaded bytes of
-  that operand, the rest hits) and a hit holds the core's DMA engines for ``bytes /
-  l2_bytes_per_cycle`` cycles (~110 B/cycle per 910B core, from public Ascend 910B specifications; no single source). It is optimistic when
-  the operands exceed the L2 (e.g. 16384 x 7168 plus 7168 x 18432 INT8 = 249 MB > 192 MB).
+* **The L2** (the arch's ``l2`` section; the Ascend presets: 192 MB at ~7 TB/s, 110 B/cycle per
+  core): the first load of every operand byte reaches HBM; a re-read hits when its reuse distance
+  (the distinct bytes the chip loads in between, :mod:`npusim.hw.memory.l2`, LRU) fits the
+  capacity. :meth:`_Planner.l2_hbm_fractions` derives the re-reads from the kernel's loop order:
+  the ``pn`` (``pm``) cores that share a block of A (B) load it at about the same step, and an
+  operand not kept resident is re-loaded per tile, row or column of tiles. Each load of A (B) then
+  reaches HBM with its operand's miss fraction and the rest is read from the L2, holding the
+  core's DMA engines for ``bytes / rate`` cycles (the core's share of the L2 bandwidth, at most its
+  per-core rate). ``l2_hit_rate`` is the fraction of loaded bytes the L2 served, ``min_hbm_bytes``
+  the compulsory traffic (A and B read once, C written once). Writes bypass the L2. A chip without
+  an ``l2`` section reads every load from HBM (A or B once per core or tile that needs it).
+  Results: 2048^3 INT8 on the 910C die 35% of peak without the L2, 74% with it; 4096^3 FP16 on the
+  910B 37% -> 97% (the cube model has no pipeline bubbles: vendor operator benchmarks report ~80%
+  for such shapes, no source at hand).
+* ``l2_bytes_per_cycle`` (opt-in, a bracket) replaces the arch's L2 by an ideal one of unlimited
+  capacity that serves every re-read at ``l2_bytes_per_cycle`` per core.
 * Planning: an analytical estimate (per-core compute, per-core DMA, chip HBM time, prologue,
   epilogue, reduction) ranks every grid and tiling; the best grid for each number of cores used,
   if within ``PLAN_WINDOW`` (5%) of the best estimate, up to ``PLAN_CANDIDATES`` (3) of them, is
@@ -73,10 +77,11 @@ project's mapper (:func:`npusim.mapping.mapper.map_model`) onto the share, by de
 parallel over all of its cores with weights and KV cache streamed from HBM (the system level keeps
 a die's weights in HBM, not in core SRAM); the mapper's model applies (activations start and end
 in SRAM, collectives over the NoC; attention is head-parallel, so with MLA's single latent KV head
-every core of the share reads the whole KV cache). Pass ``spec`` to map differently (a ``gemm`` op
+every core of the share reads the whole KV cache; the mapper's loads do not go through the L2:
+all reach HBM and ``l2_hit_rate`` is 0). Pass ``spec`` to map differently (a ``gemm`` op
 with a ``spec`` goes through the mapper too).
 
-**Cache.** Results are memoised by (chip arch content — its hardware, not its name —, op kind,
+**Cache.** Results are memoised by (chip arch content — its hardware (its L2 too), not its name —, op kind,
 shapes, dtype, memory and NoC fidelity, ideal L2 rate, core share, HBM fraction, mapping spec) in
 memory and in one JSON file per result under ``cache_dir`` (default ``$NPUSIM_CACHE_DIR/chipcost``,
 else ``$XDG_CACHE_HOME/npusim/chipcost`` or ``~/.cache/npusim/chipcost``), written atomically
@@ -114,6 +119,7 @@ from npusim.config import validate
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.systolic import gemm_cost
+from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.hbm import stream_latency_ps
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.hw.memory.params import P_ISSUE_GAP, P_MAX_OUT, P_TXN_BYTES, memory_params
@@ -193,7 +199,8 @@ class ChipCostResult:
     hbm_read_bytes: int
     hbm_write_bytes: int
     min_hbm_bytes: int  # compulsory: GEMM A, B read and C written once; mapper: weights and cached KV once
-    l2_read_bytes: int  # loads served by the optional ideal L2 (0 without one)
+    l2_read_bytes: int  # loads served by the L2 (the arch's, or the ideal one; 0 without one)
+    l2_hit_rate: float  # of the bytes loaded, the fraction the L2 served (GEMMs; 0 for mapper ops)
     hbm_bandwidth_gbps: float  # hbm_bytes / time
     hbm_peak_bandwidth_gbps: float  # the chip's (times hbm_fraction)
     hbm_utilization: float
@@ -309,16 +316,18 @@ class _Block:
     a_bytes: int  # per batch item
     b_bytes: int
     cycles: float  # compute estimate, per batch item
+    mb: int = 0  # the block: rows of C, its K, columns of C
+    kb: int = 0
+    nb: int = 0
 
 
 class _Planner:
-    def __init__(self, arch: Arch, cores: list[int], dtype: str, out_dtype: str, hbm_gbps: float,
-                 l2_bpc: float | None = None):
+    def __init__(self, arch: Arch, cores: list[int], dtype: str, out_dtype: str, hbm_fraction: float,
+                 ideal_l2_bpc: float | None = None):
         sa = arch.systolic_for(cores[0])
         if any(arch.systolic_for(c) != sa for c in cores):
             raise ConfigError("a chip-cost GEMM needs a share of cores with the same systolic array "
                               "(the share mixes core classes)")
-        self.l2_bpc = l2_bpc
         if dtype not in sa.macs_per_pe_per_cycle:
             raise ConfigError(f"dtype {dtype}: {arch.name}'s array supports {sorted(sa.macs_per_pe_per_cycle)}")
         self.arch, self.sa, self.dtype = arch, sa, dtype
@@ -333,8 +342,61 @@ class _Planner:
         port = min(txn / max(p[P_ISSUE_GAP], 1), p[P_MAX_OUT] * txn / stream_latency_ps(p))  # bytes/ps
         self.engines = arch.cores.dma.engines
         self.core_bpc = port * period_ps * self.engines  # bytes per core cycle, all engines
-        self.hbm_bpc = hbm_gbps / arch.clock_ghz  # bytes per core cycle
+        self.hbm_bpc = summarize(arch).hbm_bandwidth_gbps * hbm_fraction / arch.clock_ghz  # bytes per core cycle
         self.link_bpc = arch.noc.link_bytes_per_cycle
+        # the L2: the arch's (capacity, shared bandwidth), an ideal one (unlimited capacity, a rate
+        # per core), or none (l2_capacity None: every load reaches HBM)
+        self.ideal_l2_bpc = ideal_l2_bpc
+        self.l2_capacity = math.inf if ideal_l2_bpc is not None else \
+            l2_model.capacity_bytes(arch.l2) if arch.l2 is not None else None
+        self.l2_latency = l2_model.hit_latency_cycles(arch.l2, arch.clock_ghz) \
+            if arch.l2 is not None and ideal_l2_bpc is None else 0
+        self.hbm_fraction = hbm_fraction
+
+    def l2_rate(self, readers: int) -> float:
+        """Bytes per cycle one of ``readers`` cores reads from the L2 (streams sharing the chip get
+        the share ``hbm_fraction`` of its bandwidth, as of HBM's)."""
+        if self.ideal_l2_bpc is not None:
+            return self.ideal_l2_bpc
+        return l2_model.core_rate(self.arch.l2, self.arch.clock_ghz, readers, self.core_bpc, self.hbm_fraction)
+
+    def l2_hbm_fractions(self, m: int, k: int, n: int, batch: int, grid: tuple, big: _Block,
+                         loads_a: float, loads_b: float) -> tuple[float, float]:
+        """Of A's and of B's loads, the fractions that reach HBM; the rest hit in the L2.
+
+        Re-reads, by the kernel's loop order (see the module docstring), with their reuse distance:
+        the distinct bytes the chip loads in between (A's block is shared by the ``pn`` cores of
+        its row of blocks, B's by the ``pm`` of its column; all cores progress alike):
+        * *across cores*: the cores sharing a block load it at about the same step; between them
+          the chip loads about two chunks per core (the loads run two steps ahead of the cube);
+        * *inside a core*: an operand that is not kept resident is loaded again for every tile
+          (A, walking a row of tiles), row of tiles (B) or column of tiles (A, with B resident);
+          between two passes each core loads the A and B tiles of one pass.
+        """
+        if self.l2_capacity is None:
+            return 1.0, 1.0
+        pb, pm, pn, pk = grid
+        used = pb * pm * pn * pk
+        distinct_a, distinct_b = batch * _nbytes(m * k, self.e), batch * _nbytes(k * n, self.e)
+        nt_m, nt_n = _cdiv(big.mb, big.tm), _cdiv(big.nb, big.tn)
+        tile_a, tile_b = big.tm * big.kb * self.e, big.kb * big.tn * self.e  # one tile's operands, whole K
+
+        def distance(a_tiles: int, b_tiles: int) -> float:  # distinct bytes of a pass, chip-wide
+            return used * (a_tiles * tile_a / pn + b_tiles * tile_b / pm)
+
+        across = 2 * used * (big.tm + big.tn) * big.kc * self.e
+        pass_a = distance(nt_m, 1) if big.reuse == "b" else distance(1, 1)
+        pass_b = distance(1, nt_n)
+        fractions = []
+        for loads, distinct, copies, per_pass in ((loads_a, distinct_a, pn, pass_a), (loads_b, distinct_b, pm, pass_b)):
+            if loads <= 0:
+                fractions.append(1.0)
+                continue
+            rereads = [l2_model.Reread(loads * (copies - 1) / copies, across),
+                       l2_model.Reread(max(0.0, loads / copies - distinct), per_pass)]
+            hits = min(loads - distinct, l2_model.hit_bytes(rereads, self.l2_capacity))
+            fractions.append(1.0 - max(0.0, hits) / loads)
+        return fractions[0], fractions[1]
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one planner per call
     def cycles(self, m: int, k: int, n: int) -> float:
@@ -379,7 +441,7 @@ class _Planner:
         for ms, cm in _counts([min(tm, mb - i * tm) for i in range(nt_m)]).items():
             for ns, cn in _counts([min(tn, nb - j * tn) for j in range(nt_n)]).items():
                 cycles += cm * cn * self.cycles(ms, kb, ns)
-        return _Block(tm, tn, self.chunk(tm, tn, kb), reuse, a_bytes, b_bytes, cycles)
+        return _Block(tm, tn, self.chunk(tm, tn, kb), reuse, a_bytes, b_bytes, cycles, mb, kb, nb)
 
     def estimate(self, m, k, n, batch, grid) -> tuple[float, int, _Block] | None:
         """(estimated cycles, HBM bytes, the largest core's block) of one grid, or None if it
@@ -392,23 +454,23 @@ class _Planner:
             return None
         if pk > 1 and ms[0] * ns[0] > self.acc_elems:
             return None  # split K keeps the whole block's partial sums: one tile
-        reads = 0
+        reads_a = reads_b = 0
         for mb, cm in _counts(ms).items():
             for nb, cn in _counts(ns).items():
                 for kb, ck in _counts(ks).items():
                     blk = self.block(mb, kb, nb)
-                    reads += cm * cn * ck * (blk.a_bytes + blk.b_bytes)
-        reads *= batch
+                    reads_a += batch * cm * cn * ck * blk.a_bytes
+                    reads_b += batch * cm * cn * ck * blk.b_bytes
+        reads = reads_a + reads_b
         writes = batch * _nbytes(m * n, self.eo)
-        # share of the loads that reach HBM: all of them, or with an L2 only the first touch
-        hbm_share = 1.0 if self.l2_bpc is None else min(1.0, batch * (_nbytes(m * k, self.e) + _nbytes(k * n, self.e))
-                                                        / max(1, reads))
-        total = reads * hbm_share + writes
         big = self.block(ms[0], ks[0], ns[0])
+        fa, fb = self.l2_hbm_fractions(m, k, n, batch, grid, big, reads_a, reads_b)
+        total = reads_a * fa + reads_b * fb + writes
+        hbm_share = (reads_a * fa + reads_b * fb) / max(1, reads)  # of the loads, reaching HBM
         bb = bs[0]
         core_reads = bb * (big.a_bytes + big.b_bytes)
-        load_rate = self.core_bpc if self.l2_bpc is None else \
-            1 / (hbm_share / self.core_bpc + (1 - hbm_share) / self.l2_bpc)
+        load_rate = self.core_bpc if hbm_share >= 1 else \
+            1 / (hbm_share / self.core_bpc + (1 - hbm_share) / self.l2_rate(pb * pm * pn * pk))
         last_write = _nbytes(big.tm * big.tn, self.eo) / self.core_bpc if pk == 1 else 0.0
         io = max(core_reads / load_rate + bb * _nbytes(ms[0] * ns[0], self.eo) / pk / self.core_bpc,
                  total / self.hbm_bpc)
@@ -480,6 +542,7 @@ class _Emitter:
         self.addr = 0
         self.engine_bytes: dict[int, list[int]] = {}
         self.hbm_fraction = (1.0, 1.0)  # of A's and B's loads that reach HBM (the rest: L2 hits)
+        self.l2_bpc = 0.0  # a core's L2 read rate, bytes per cycle (set_l2)
         self.l2_bytes = 0
 
     def _dma(self, core: int, nbytes: int, write: bool, deps, name: str, engine: int) -> int:
@@ -502,7 +565,7 @@ class _Emitter:
                     continue
                 engine = (first + i) % total
                 if from_l2:
-                    cycles = math.ceil(part / (self.pl.l2_bpc / total))
+                    cycles = math.ceil(part / (self.l2_bpc / total)) + self.pl.l2_latency
                     out.append(self.prog.add_compute(core, f"dma{engine}", cycles, deps=deps, name=f"{name} L2"))
                     self.engine_bytes.setdefault(core, [0] * total)[engine] += part
                     self.l2_bytes += part
@@ -540,14 +603,14 @@ class _Emitter:
                                      _nbytes(tm * tn, eo) if c == len(kcs) - 1 and write_tiles else 0))
         return out
 
-    def set_l2(self, work: list[list[_Unit]], a_once: int, b_once: int) -> None:
-        """With an L2: every load of A (B) reaches HBM with the fraction compulsory / loaded bytes of
-        that operand, so the chip reads each operand from HBM once in all and the rest hits."""
-        if self.pl.l2_bpc is None:
-            return
+    def set_l2(self, m: int, k: int, n: int, batch: int, grid: tuple, big: _Block, work: list[list[_Unit]]) -> None:
+        """Which share of the emitted loads of A and of B hit in the L2 (the planner's reuse
+        model, on the loads as emitted), and the rate a core reads its hits at."""
         a_all = sum(u.a_bytes for units in work for u in units)
         b_all = sum(u.b_bytes for units in work for u in units)
-        self.hbm_fraction = (min(1.0, a_once / a_all) if a_all else 1.0, min(1.0, b_once / b_all) if b_all else 1.0)
+        self.hbm_fraction = self.pl.l2_hbm_fractions(m, k, n, batch, grid, big, a_all, b_all)
+        if self.pl.l2_capacity is not None:
+            self.l2_bpc = self.pl.l2_rate(math.prod(grid))
 
     def _split_load(self, step: list[_Unit]) -> tuple[int, int]:
         """(HBM bytes, L2 bytes) of a step's loads."""
@@ -668,8 +731,7 @@ class ChipCost:
         m, k, n, batch = (_positive_int(lbl, v) for lbl, v in (("m", m), ("k", k), ("n", n), ("batch", batch)))
         share = self._share(cores)
         frac = self._fraction(hbm_fraction)
-        planner = _Planner(self.arch, share, dtype, out_dtype or _default_out_dtype(dtype),
-                           self._summary.hbm_bandwidth_gbps * frac, self.l2)
+        planner = _Planner(self.arch, share, dtype, out_dtype or _default_out_dtype(dtype), frac, self.l2)
         return planner.plans(m, k, n, batch, len(share))
 
     def op(self, op: Op, cores: int | Sequence[int] | None = None, *, spec=None,
@@ -820,6 +882,7 @@ class ChipCost:
         sizes = np.asarray([prog.param[i][0] for i in dma], dtype=np.int64)
         writes = np.asarray([prog.param[i][2] for i in dma], dtype=bool)
         hbm = int(sim.mem.ch_bytes.sum())
+        reads = int(sizes[~writes].sum())
         used = sorted({c for c in prog.core if c >= 0})
         peak_chip = self._peak_tflops(range(arch.num_cores), dtype)
         peak_share = self._peak_tflops(share, dtype)
@@ -833,14 +896,15 @@ class ChipCost:
             compute_utilization=tflops / peak_chip if peak_chip else 0.0,
             share_compute_utilization=tflops / peak_share if peak_share else 0.0,
             peak_tflops_chip=peak_chip, peak_tflops_share=peak_share,
-            hbm_bytes=hbm, hbm_read_bytes=int(sizes[~writes].sum()), hbm_write_bytes=int(sizes[writes].sum()),
-            min_hbm_bytes=int(min_bytes), l2_read_bytes=int(l2_bytes), hbm_bandwidth_gbps=bw,
+            hbm_bytes=hbm, hbm_read_bytes=reads, hbm_write_bytes=int(sizes[writes].sum()),
+            min_hbm_bytes=int(min_bytes), l2_read_bytes=int(l2_bytes),
+            l2_hit_rate=l2_bytes / (l2_bytes + reads) if l2_bytes + reads else 0.0, hbm_bandwidth_gbps=bw,
             hbm_peak_bandwidth_gbps=peak_bw,
             hbm_utilization=bw / peak_bw if peak_bw else 0.0, tasks=len(prog), mapping=mapping, plan=plan,
             sram_stall_cycles=sim.sram_stall_cycles)
 
     def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label) -> ChipCostResult:
-        planner = _Planner(self.arch, share, dtype, out_dtype, self._summary.hbm_bandwidth_gbps * frac, self.l2)
+        planner = _Planner(self.arch, share, dtype, out_dtype, frac, self.l2)
         # the candidates race at the analytical fidelities; the winner runs at the chosen ones, so
         # every fidelity times the same kernel
         best = None
@@ -885,8 +949,8 @@ class ChipCost:
                         units = em.units(ms[i], ks[kk], ns[j], bs[b], blk, pk == 1)
                         group.append((core, units, f"c{core} b{b} m{i} n{j} k{kk}"))
                     work.append((b, i, j, group))
-        em.set_l2([units for *_, group in work for _, units, _ in group],
-                  batch * _nbytes(m * k, planner.e), batch * _nbytes(k * n, planner.e))
+        em.set_l2(m, k, n, batch, plan.grid, planner.block(ms[0], ks[0], ns[0]),
+                  [units for *_, group in work for _, units, _ in group])
         for b, i, j, group in work:
             lasts = [em.core_program(core, units, tag) for core, units, tag in group]
             if pk > 1:  # reduce the fp32 partial sums over the NoC, each core writes its share

@@ -21,8 +21,9 @@ What one step is made of (each piece simulated, except the calibrated constants)
   does not cost, the per-call dispatch and combine overheads; the deployment's step overhead) are
   ``fixed`` kernels filed under ``calibrated``; ``calibrated_share`` says how much of the step they are.
 
-Not modelled (the output says so): the 910C's L2; quantisation and the other small kernels are one
-calibrated time per layer, not simulated kernel by kernel.
+Not modelled (the output says so): the 910C's L2 for attention and vector ops (GEMMs use it);
+quantisation and the other small kernels are one calibrated time per layer, not simulated kernel by
+kernel.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from npusim.system.mapper import Overheads, StepShape, build_step, memory_per_ra
 from npusim.system.plan import ParallelPlan, check_plan, default_plan
 from npusim.system.workload import Workload
 
-PARTIAL_NOTE = ("partial model: the die's L2 is not modelled, a layer's small kernels (quantisation, "
+PARTIAL_NOTE = ("partial model: the die's L2 serves GEMMs only (not attention), a layer's small kernels (quantisation, "
                 "gating, launch gaps) are one calibrated time; see validation/deepseek_deployments.py")
 
 

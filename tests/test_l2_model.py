@@ -1,0 +1,46 @@
+"""The L2 reuse model (npusim.hw.memory.l2): LRU stack distances and per-core rates."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from npusim.arch import load_arch
+from npusim.arch.schema import L2Cache
+from npusim.hw.memory.l2 import Reread, capacity_bytes, core_rate, hit_bytes, hit_latency_cycles
+
+L2 = L2Cache(capacity_mb=192, bandwidth_gbps=7000, core_bytes_per_cycle=110)
+
+rereads = st.lists(st.builds(Reread, st.floats(0, 1e9), st.floats(0, 1e10)), max_size=8)
+
+
+@given(rereads, st.floats(0, 1e10), st.floats(0, 1e10))
+def test_a_larger_cache_never_hits_less(rs, a, b):
+    small, large = sorted((a, b))
+    assert 0 <= hit_bytes(rs, small) <= hit_bytes(rs, large) <= sum(r.nbytes for r in rs)
+
+
+def test_a_re_read_hits_exactly_within_the_capacity():
+    cap = capacity_bytes(L2)
+    assert cap == 192 * 2**20
+    assert hit_bytes([Reread(100, cap), Reread(7, cap + 1)], cap) == 100
+
+
+def test_core_rate_is_the_shared_bandwidth_or_the_core_limit():
+    # 7 TB/s at 1.85 GHz is 3,784 B/cycle: 24 readers get 158 each, capped at 110; 48 get 79
+    assert core_rate(L2, 1.85, 24, 64.0) == 110
+    assert core_rate(L2, 1.85, 48, 64.0) == pytest.approx(7000 / 1.85 / 48)
+    assert core_rate(L2, 1.85, 24, 64.0, share=0.5) == pytest.approx(7000 / 1.85 / 48)
+    no_core_limit = L2.model_copy(update={"core_bytes_per_cycle": None})
+    assert core_rate(no_core_limit, 1.85, 24, 64.0) == 64.0  # the DMA ports' rate, as from HBM
+
+
+def test_hit_latency_is_optional():
+    assert hit_latency_cycles(L2, 1.85) == 0
+    assert hit_latency_cycles(L2.model_copy(update={"hit_latency_ns": 100}), 2.0) == 200
+
+
+def test_the_ascend_presets_carry_the_l2_and_the_others_do_not():
+    for name in ("ascend-910b", "ascend-910b4", "ascend-910c-die"):
+        arch = load_arch(name)
+        assert arch.l2 is not None and arch.l2.capacity_mb == 192 and "L2 Cache Tiling" in arch.l2.source
+    assert load_arch("npusim-64c").l2 is None
