@@ -8,6 +8,17 @@ a collective the transfers and reductions of :func:`~npusim.system.collectives.b
 (:func:`~npusim.system.collectives.matrix_transfers`, AIV-direct or SDMA as the system's
 initiator default says). The fabric model times the transfers with contention.
 
+**Streams share the die.** A die with two in-order streams (``compute`` and ``moe``: the
+``core_split`` overlap) runs them on disjoint cores but one HBM (and L2). A kernel is first costed
+alone on the die; after a first timing pass, each compute node's overlap with the other stream
+of its die is measured (the fraction ``o`` of its time the other stream runs a kernel, and that
+kernel's mean HBM demand ``d_other``, bytes / time alone). When its own demand ``d`` and
+``d_other`` together exceed the die's HBM bandwidth, the node gets the share ``d / (d +
+d_other)`` of the HBM and L2 bandwidth while they overlap: its time is ``(1 - o) t_alone + o
+t_share``, ``t_share`` the chip cost at that HBM fraction (rounded to 1/20); then the workload is
+timed again with these times (one refinement: the second pass's overlaps are not fed back).
+SDMA transfers' HBM traffic is not charged to the compute streams.
+
 Results: the step time (the makespan; with ``meta.repeat``, the simulated layers replaced by the
 layer count at the measured period), each node's start and end (over its transfer and compute
 tasks), and ``breakdown_us``: the step's critical path
@@ -23,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from npusim.arch.derived import summarize
 from npusim.errors import ConfigError
 from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
@@ -43,35 +55,88 @@ class WorkloadTiming:
     breakdown_us: dict
     node_start_us: np.ndarray
     node_end_us: np.ndarray
-    kernel_us: list[float]
+    kernel_us: list[float]  # each kernel alone on its die
+    node_us: list[float]  # each node's compute time as timed (its kernel's, or with the die's HBM shared; 0: not compute)
     links: list[dict] = field(default_factory=list)
     fabric: dict = field(default_factory=dict)
     period_breakdown_us: dict = field(default_factory=dict)  # the critical path within one repeated layer
 
 
-def cost_kernels(wl: Workload, cc: ChipCost) -> list[float]:
-    """Each kernel's time on the die, in microseconds."""
+def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0) -> tuple[list[float], list[float]]:
+    """Each kernel's time on the die (microseconds) and the HBM bytes it moves, with the share
+    ``hbm_fraction`` of the die's HBM bandwidth."""
     cfg = None
     out: list[float] = []
+    moved: list[float] = []
     for spec in wl.kernels:
         kind, cores = spec["type"], spec.get("cores")
-        if kind == "gemm":
-            us = cc.gemm(spec["m"], spec["k"], spec["n"], spec.get("dtype", "bf16"), cores,
-                         batch=spec.get("batch", 1)).time_us
-        elif kind == "layer":
-            cfg = cfg or get_config(wl.meta["model"])
-            us = cc.graph(layer_part_graph(cfg, spec), cores).time_us
-        elif kind == "onnx":
-            us = cc.graph(onnx_graph(spec), cores).time_us
+        nbytes = 0.0
+        if kind in ("gemm", "layer", "onnx"):
+            if kind == "gemm":
+                r = cc.gemm(spec["m"], spec["k"], spec["n"], spec.get("dtype", "bf16"), cores,
+                            batch=spec.get("batch", 1), hbm_fraction=hbm_fraction)
+            elif kind == "layer":
+                cfg = cfg or get_config(wl.meta["model"])
+                r = cc.graph(layer_part_graph(cfg, spec), cores, hbm_fraction=hbm_fraction)
+            else:
+                r = cc.graph(onnx_graph(spec), cores, hbm_fraction=hbm_fraction)
+            us, nbytes = r.time_us, float(r.hbm_bytes)
         elif kind == "fixed":
             us = float(spec["us"])
         elif kind == "sum":
             us = sum(out[i] for i in spec["of"]) * spec.get("times", 1)
+            nbytes = sum(moved[i] for i in spec["of"]) * spec.get("times", 1)
         else:  # blend
             a, b = out[spec["a"]], out[spec["b"]]
             us = max(0.0, a + (b - a) * spec["weight"])
+            nbytes = max(0.0, moved[spec["a"]] + (moved[spec["b"]] - moved[spec["a"]]) * spec["weight"])
         out.append(us)
-    return out
+        moved.append(nbytes)
+    return out, moved
+
+
+SHARE_STEPS = 20  # HBM shares are rounded to 1/20 (each distinct share is one more chip cost)
+
+
+def shared_stream_times(wl: Workload, cc: ChipCost, kernel_us: list[float], kernel_bytes: list[float],
+                        start: np.ndarray, end: np.ndarray, hbm_gbps: float) -> list[float] | None:
+    """Each node's time with the HBM shared between the two streams of its die (see the module
+    docstring), from a timing pass's node ``start``/``end``; None if no die runs two streams."""
+    busy: dict[tuple[int, str], list[int]] = {}  # (rank, stream) -> its compute nodes
+    for i, n in enumerate(wl.nodes):
+        if n["kind"] == "compute":
+            busy.setdefault((n["rank"], n.get("stream", "compute")), []).append(i)
+    if not any(stream != "compute" for _, stream in busy):
+        return None
+    node_us = [kernel_us[n["kernel"]] if n["kind"] == "compute" else 0.0 for n in wl.nodes]
+    bytes_per_us = hbm_gbps * 1e3
+    recost: dict[float, list[float]] = {}
+    for (rank, stream), nodes in busy.items():
+        others = [j for (r, st), js in busy.items() if r == rank and st != stream for j in js]
+        if not others:
+            continue
+        o_start, o_end = start[others], end[others]
+        o_demand = np.array([kernel_bytes[wl.nodes[j]["kernel"]] / max(kernel_us[wl.nodes[j]["kernel"]], 1e-9)
+                             for j in others])
+        for i in nodes:
+            k = wl.nodes[i]["kernel"]
+            t_alone, dur = kernel_us[k], end[i] - start[i]
+            if t_alone <= 0 or dur <= 0 or kernel_bytes[k] <= 0:
+                continue
+            overlap = np.clip(np.minimum(o_end, end[i]) - np.maximum(o_start, start[i]), 0.0, None)
+            o = float(overlap.sum()) / dur
+            if o <= 0:
+                continue
+            demand, other = kernel_bytes[k] / t_alone, float((overlap * o_demand).sum() / overlap.sum())
+            if demand + other <= bytes_per_us:
+                continue
+            share = max(1, round(SHARE_STEPS * demand / (demand + other))) / SHARE_STEPS
+            if share >= 1:
+                continue
+            if share not in recost:
+                recost[share] = cost_kernels(wl, cc, share)[0]
+            node_us[i] = (1 - min(o, 1.0)) * t_alone + min(o, 1.0) * recost[share][k]
+    return node_us
 
 
 def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None = None,
@@ -82,7 +147,42 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
         raise ConfigError(f"the workload has {wl.ranks} ranks but {loaded.system.name} has {len(topo.die_names)} dies "
                           "(a bigger --nodes or system)")
     cc = chip_cost or ChipCost(loaded.chip)
-    kernel_us = cost_kernels(wl, cc)
+    kernel_us, kernel_bytes = cost_kernels(wl, cc)
+    node_us = [kernel_us[n["kernel"]] if n["kind"] == "compute" else 0.0 for n in wl.nodes]
+    timed = _time_nodes(wl, loaded, cc, node_us, fidelity)
+    shared = shared_stream_times(wl, cc, kernel_us, kernel_bytes, timed[1], timed[2],
+                                 summarize(loaded.chip).hbm_bandwidth_gbps)
+    if shared is not None:
+        node_us = shared
+        timed = _time_nodes(wl, loaded, cc, node_us, fidelity)
+    sim, start, end, tasks = timed
+    makespan = float(end.max()) if len(end) else 0.0
+    breakdown, path_within = _critical_path(wl, start, end)
+    step = makespan
+    period_parts: dict[str, float] = {}
+    repeat = wl.meta.get("repeat")
+    if repeat and len(repeat["marks"]) >= 2:  # the simulated stretch -> L periods
+        marks = repeat["marks"]
+        t0, t1, t2 = end[repeat["start"]], end[marks[-2]], end[marks[-1]]
+        period = float(t2 - t1)
+        step += repeat["layers"] * period - float(t2 - t0)
+        for cat, us in path_within(t0, t2).items():
+            breakdown[cat] -= us
+        period_parts = path_within(t1, t2)
+        for cat, us in period_parts.items():
+            breakdown[cat] = breakdown.get(cat, 0.0) + repeat["layers"] * us
+        breakdown = {k: v for k, v in breakdown.items() if abs(v) > 1e-9}
+    return WorkloadTiming(step_us=step, makespan_us=makespan, breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
+                          node_start_us=start, node_end_us=end, kernel_us=kernel_us, node_us=node_us,
+                          links=_link_utilization(sim, makespan),
+                          fabric={"fidelity": fidelity, "events": sim.events, "tasks": tasks},
+                          period_breakdown_us={k: round(v, 3) for k, v in period_parts.items()})
+
+
+def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[float], fidelity: str):
+    """One timing pass with each compute node taking ``node_us``: (simulator, node starts, node
+    ends, tasks)."""
+    topo = loaded.topology
     vertex = [topo.index[n] for n in topo.die_names[: wl.ranks]]
     sim = SystemSim(loaded, fidelity)
     w = WorkBuilder(sim)
@@ -109,12 +209,12 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
         tasks = [t for t in tasks if t >= 0]
         return -1 if not tasks else tasks[0] if len(tasks) == 1 else w.barrier(tasks)
 
-    for n in wl.nodes:
+    for n, us in zip(wl.nodes, node_us):
         first = w.base + w.count
         kind, deps = n["kind"], n["deps"]
         if kind == "compute":
             r = n["rank"]
-            t = w.compute(vertex[r], int(round(kernel_us[n["kernel"]] * PS_PER_US)), ready(deps, r),
+            t = w.compute(vertex[r], int(round(us * PS_PER_US)), ready(deps, r),
                           unit=n.get("stream", "compute"))
             per_rank, done = {r: t}, t
         elif kind == "barrier" and "rank" in n:
@@ -141,27 +241,7 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
     w.submit()
     sim.run()
     start, end = _node_times(sim, spans)
-    makespan = float(end.max()) if len(end) else 0.0
-    breakdown, path_within = _critical_path(wl, start, end)
-    step = makespan
-    period_parts: dict[str, float] = {}
-    repeat = wl.meta.get("repeat")
-    if repeat and len(repeat["marks"]) >= 2:  # the simulated stretch -> L periods
-        marks = repeat["marks"]
-        t0, t1, t2 = end[repeat["start"]], end[marks[-2]], end[marks[-1]]
-        period = float(t2 - t1)
-        step += repeat["layers"] * period - float(t2 - t0)
-        for cat, us in path_within(t0, t2).items():
-            breakdown[cat] -= us
-        period_parts = path_within(t1, t2)
-        for cat, us in period_parts.items():
-            breakdown[cat] = breakdown.get(cat, 0.0) + repeat["layers"] * us
-        breakdown = {k: v for k, v in breakdown.items() if abs(v) > 1e-9}
-    return WorkloadTiming(step_us=step, makespan_us=makespan, breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
-                          node_start_us=start, node_end_us=end, kernel_us=kernel_us,
-                          links=_link_utilization(sim, makespan),
-                          fabric={"fidelity": fidelity, "events": sim.events, "tasks": int(w.count)},
-                          period_breakdown_us={k: round(v, 3) for k, v in period_parts.items()})
+    return sim, start, end, int(w.count)
 
 
 def _node_times(sim: SystemSim, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -207,7 +207,7 @@ def _layer_report(wl: Workload, timing, oh: Overheads, mb: int) -> tuple[float, 
     per-call overheads, the TP and shared-expert communication, the calibrated small kernels;
     ``other`` / ``overlap_hidden``: what the parts leave over or hide under one another), and the
     step's parts (ms-level pieces: dense layers, MoE layers, LM head, MTP module, step overhead)."""
-    start_us, end_us, k_us = timing.node_start_us, timing.node_end_us, timing.kernel_us
+    start_us, end_us, node_us = timing.node_start_us, timing.node_end_us, timing.node_us
     repeat = wl.meta["repeat"]
     marks = repeat["marks"]
     layer_us = float(end_us[marks[-1]] - end_us[marks[-2]])
@@ -219,7 +219,7 @@ def _layer_report(wl: Workload, timing, oh: Overheads, mb: int) -> tuple[float, 
         if n["kind"] == "compute":
             if n["name"].startswith(prefix) or cat in ("lm_head", "mtp_module"):
                 acc = per_rank.setdefault(cat if n["name"].startswith(prefix) else "step." + cat, {})
-                acc[n["rank"]] = acc.get(n["rank"], 0.0) + k_us[n["kernel"]]
+                acc[n["rank"]] = acc.get(n["rank"], 0.0) + node_us[i]
         elif n["kind"] in ("transfers", "collective") and n["name"].startswith(prefix):
             spans[cat] = spans.get(cat, 0.0) + float(end_us[i] - start_us[i])
 
