@@ -35,6 +35,11 @@ def add_system_run_args(p) -> None:
     g.add_argument("--dp", type=positive_int, default=None, help="attention data-parallel groups (plan path)")
     g.add_argument("--ep", type=positive_int, default=None, help="expert-parallel degree (plan path; default: every "
                    "rank of a stage for MoE models, 1 for dense)")
+    g.add_argument("--expert-tp", type=positive_int, default=None, help="tensor parallelism inside one routed expert: "
+                   "its intermediate width split over this many dies of an EP group (default: the mapping's, or 1)")
+    g.add_argument("--cp", type=positive_int, default=None, help="context parallelism (prefill): each prompt split "
+                   "over this many groups of --tp dies, attention as ring attention (tp x dp x cp x pp = dies; "
+                   "default: the mapping's, or 1)")
     g.add_argument("--pp", type=positive_int, default=None, help="pipeline stages across NPUs (plan path; default 1)")
     g.add_argument("--kv-dtype", choices=["bf16", "int8"], default=None, help="KV-cache dtype (plan path; default bf16)")
     g.add_argument("--shared-tp", type=positive_int, default=None, help="shared experts split over groups of this many "
@@ -66,7 +71,7 @@ def run_system(args) -> int:
     return run_system_serving(args) if is_serving(args) else run_system_step(args)
 
 
-PLAN_FLAGS = ("npus", "dp", "ep", "pp", "kv_dtype", "shared_tp")
+PLAN_FLAGS = ("npus", "dp", "cp", "ep", "expert_tp", "pp", "kv_dtype", "shared_tp")
 
 
 def run_system_step(args) -> int:
@@ -131,7 +136,8 @@ def plan_from_args(args, loaded, cfg, base: dict | None = None):
     filled by :func:`npusim.system.plan.default_plan`; the instance defaults to one node."""
     from npusim.system.plan import default_plan
 
-    keys = ("npus", "tp", "dp", "ep", "pp", "microbatches", "kv_dtype", "mtp", "mtp_acceptance", "shared_tp")
+    keys = ("npus", "tp", "dp", "cp", "ep", "expert_tp", "pp", "microbatches", "kv_dtype", "mtp", "mtp_acceptance",
+            "shared_tp")
     given = {k: v for k, v in (base or {}).items() if v is not None}
     given.update({k: getattr(args, k) for k in keys if getattr(args, k, None) is not None})
     if args.precision is not None or "precision" not in given:
@@ -165,7 +171,8 @@ def run_plan_step(args, base: dict | None = None) -> int:
                               "mappers/cm384-deepseek-*.yaml); the plan path does not model it yet")
     loaded = load_system(args.system, nodes=args.nodes)
     if str(args.model).endswith(".onnx"):  # data parallel over the instance's dies (the export has no heads to split)
-        refused = [f"--{k.replace('_', '-')}" for k in ("microbatches", "kv_dtype", "mtp", "shared_tp")
+        refused = [f"--{k.replace('_', '-')}" for k in ("microbatches", "kv_dtype", "mtp", "shared_tp", "cp",
+                                                         "expert_tp")
                    if getattr(args, k, None) not in (None, 0, 1) or (k == "kv_dtype" and args.kv_dtype)]
         if refused or base:
             raise ConfigError(f"{args.model}: an ONNX export runs data parallel over the instance's dies (--npus, "
@@ -208,8 +215,9 @@ def write_plan_outputs(directory, out: dict, wl, timing) -> None:
 
 def print_plan_step(r: dict) -> None:
     p = r["plan"]
+    extra = "".join(f" {k} {p[k]}" for k in ("cp", "expert_tp") if p.get(k, 1) > 1)
     print(f"{r['model']} {r['phase']} on {r['system']}: {r['npus']} NPUs = {r['dies']} dies; plan tp {p['tp']} dp "
-          f"{p['dp']} ep {p['ep']} pp {p['pp']}, {p['microbatches']} microbatch(es), {p['precision']}, KV "
+          f"{p['dp']} ep {p['ep']} pp {p['pp']}{extra}, {p['microbatches']} microbatch(es), {p['precision']}, KV "
           f"{p['kv_dtype']}; batch {r['batch']:g}" + (f" at context {r['kv']}" if r["phase"] == "decode" else
                                                      f" prompts of {r['seq']}"))
     if r["phase"] == "decode" and r["tpot_ms"] != r["step_ms"]:
@@ -260,6 +268,11 @@ def run_system_serving(args) -> int:
         # DeepSeek deployment file's instances take the default plan over one node)
         pdep, ddep = (plan_from_args(args, loaded, cfg, {} if isinstance(d, Deployment) else d.plan_keys())
                       for d in (pdep, ddep))
+    for d in (pdep, ddep):
+        if (d.cp or 1) > 1:
+            raise ConfigError(f"cp {d.cp}: context parallelism is simulated for one prefill step (npusim run --system "
+                              "... --phase prefill); a serving run's instances hold their sequences on groups of tp "
+                              "dies, and its prompts take any length: serve with cp 1")
     updates = {}
     if args.prefill_instances is not None:  # positive, as are the SLOs: the parser's types say so
         updates["prefill"] = plan.prefill.model_copy(update={"instances": args.prefill_instances})

@@ -6,7 +6,9 @@ serving a request stream).
 
 A deployment file (``mappers/cm384-deepseek-decode.yaml`` ...) lays a MoE model over an instance
 of NPUs in the plan's keys: ``tp`` (attention heads split over groups of ``tp`` dies; 1: data
-parallel attention, each die its own sequences), ``ep`` (the expert dies), ``shared_dies`` (dies
+parallel attention, each die its own sequences), ``ep`` (the expert dies), ``expert_tp`` (each
+expert's width split over that many dies), ``cp`` (a prefill's prompts split over that many groups of
+``tp`` dies, ring attention), ``shared_dies`` (dies
 dedicated to the shared experts) or ``shared_tp``, ``redundant_experts`` and ``eplb``,
 ``dense_ffn`` / ``lm_head`` (``tp`` or ``dp``), ``microbatches`` with ``overlap`` (``core_split``
 with ``attention_cores`` / ``moe_cores`` cube cores, or ``dma``), ``mtp`` / ``mtp_acceptance``,
@@ -26,9 +28,9 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 from npusim.config import StrictModel, validate
 
 #: the keys of a plan section that are parallel-plan keys (:class:`npusim.system.plan.ParallelPlan`)
-PLAN_KEYS = ("npus", "tp", "dp", "ep", "pp", "microbatches", "precision", "kv_dtype", "mtp", "mtp_acceptance",
-             "shared_tp", "dense_ffn", "lm_head", "shared_dies", "redundant_experts", "eplb", "overlap",
-             "attention_cores", "moe_cores")
+PLAN_KEYS = ("npus", "tp", "dp", "cp", "ep", "expert_tp", "pp", "microbatches", "precision", "kv_dtype", "mtp",
+             "mtp_acceptance", "shared_tp", "dense_ffn", "lm_head", "shared_dies", "redundant_experts", "eplb",
+             "overlap", "attention_cores", "moe_cores")
 
 
 class PlanSection(StrictModel):
@@ -40,7 +42,9 @@ class PlanSection(StrictModel):
     npus: PositiveInt | None = None
     tp: PositiveInt | None = None
     dp: PositiveInt | None = None
+    cp: PositiveInt | None = None
     ep: PositiveInt | None = None
+    expert_tp: PositiveInt | None = None
     pp: PositiveInt | None = None
     microbatches: PositiveInt | None = None
     precision: Literal["bf16", "fp16", "w8a8"] | None = None

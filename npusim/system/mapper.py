@@ -3,11 +3,16 @@
 One step is one decode iteration (``batch`` sequences of the instance, one new token each, at
 context ``kv_len``) or one prefill batch (``batch`` prompts of ``seq_len`` tokens). The batch is
 split over the plan's ``dp`` attention groups, then into ``microbatches``; each part flows
-through the pipeline stages (:mod:`npusim.system.plan` defines the terms). Per layer and part,
-on the ranks of a data-parallel group of ``tp`` ranks:
+through the pipeline stages (:mod:`npusim.system.plan` defines the terms). With context
+parallelism (``cp``, prefill) each DP group's prompts are cut into ``cp`` chunks, each on its own
+*token group* of ``tp`` ranks (``dp x cp`` token groups a stage; with ``cp = 1`` a token group is a
+DP group). Per layer and part, on the ranks of a token group:
 
 * dense layer: attention (heads / tp) -> all-reduce of the hidden states (bf16) -> FFN
   (width / tp) -> all-reduce (tensor-parallel collectives by ``TP_ALGORITHM``);
+* attention under context parallelism (``cp > 1``): ring attention over the DP group's ``cp``
+  token groups (see :meth:`_Builder.ring_attention`); the rest of the layer on each token group's
+  own chunk of the prompts, as above;
 * MoE layer: attention (heads / tp; with tp 1 the router in the same kernel) -> with tp > 1 a
   reduce-scatter to each rank's 1/tp share of the group's tokens and the router on it -> each rank
   dispatches its tokens to the ranks of its expert-parallel group holding their top-k experts (INT8
@@ -18,7 +23,11 @@ on the ranks of a data-parallel group of ``tp`` ranks:
   on each rank for its own tokens (or split ``shared_tp`` ways) -> combine (BF16 outputs back) -> the
   weighted sum and residual (created when the next work needs it, so an in-order stream never waits
   on one microbatch's combine ahead of another's work) -> with tp > 1, an all-gather of the group's
-  tokens;
+  tokens. With ``expert_tp: T`` a token goes to all ``T`` ranks of each expert set holding one of its
+  experts (``T`` times the copies, each rank's expert GEMMs ``1/T`` of the width) and the combine
+  brings back ``T`` partial sums per set: the token's rank adds them (``(T - 1) / T`` of the combined
+  rows, each ``hidden`` wide: an element-wise add kernel, the layer's ``mlp_residual`` op at that
+  many rows) before the weighted sum;
 * speculative tokens (``plan.mtp``, models with an MTP module): each sequence's step carries 1 +
   mtp tokens through every layer, the MTP decoder layer runs once per speculative token (as one
   more layer of the repeated kind), then ``eh_proj`` and the drafts' LM-head pass; a step gains
@@ -30,13 +39,15 @@ on the ranks of a data-parallel group of ``tp`` ranks:
 
 Routing is drawn (:mod:`npusim.system.moe`, seeded; group-limited when the model groups its experts:
 DeepSeek-V3's ``n_group``/``topk_group``, Mixture of Grouped Experts); experts sit in order on the
-ranks of an EP group (expert ``e`` on rank ``e // slots``), redundant copies as ``eplb`` says.
+ranks of an EP group (expert ``e`` on rank ``e // slots``; with ``expert_tp: T`` on the expert set
+``e // slots`` of ``T`` consecutive ranks), redundant copies as ``eplb`` says.
 Microbatches overlap as ``plan.overlap`` says; a deployment's calibrated times (:class:`Overheads`)
 are ``fixed`` kernels. With ``pp = 1`` and
 more than ``SIM_LAYERS`` identical layers, ``SIM_LAYERS`` are simulated and the rest extrapolated
 at the period between the last two (``meta.repeat``); with ``pp > 1`` every layer is simulated.
 Not modelled here: the embedding lookup, the expert SwiGLU and quantisation kernels between the
-GEMMs (the chip cost of the GEMMs only), the MTP layer's own weights in the memory check.
+GEMMs (the chip cost of the GEMMs only), the MTP layer's own weights in the memory check, ring
+attention's online-softmax merge of each step's partial output (``cp``), context parallelism in decode.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ from npusim.errors import ConfigError
 from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, pad_rows, \
     route_tokens, token_copies
 from npusim.system.parts import layer_part_graph
-from npusim.system.plan import ParallelPlan
+from npusim.system.plan import ParallelPlan, check_phase
 from npusim.system.workload import Workload
 
 SIM_LAYERS = 3
@@ -126,8 +137,12 @@ class _Builder:
         self.kv_weights = None  # per DP group: where its mean context sits between kv_len and kv_top
         self.kv_top = shape.kv_len
         self.expert_load = None  # token-expert pairs per rank of the stage, last MoE layer
+        self.dispatch_copies = None  # token copies each rank of the stage sent to routed experts (its own
+        # rank's included), last MoE layer
         self.homes = None  # ranks (within an EP group) holding each expert, placed at the first MoE layer
         self.pending: dict[int, tuple] = {}  # a rank's "combined" mark -> its MoE tail not yet run (settle)
+        self.rings: dict[tuple, dict] = {}  # (layer tag, first rank of a DP group) -> its ring attention's outputs
+        self._op_names: dict[int, tuple[list[str], int]] = {}  # layer -> its ops' names, its KV bytes a token
 
     # kernels -----------------------------------------------------------------------------------
     def layer_kernel(self, part: str, layer: int, seqs: int, cores: int | None = None, kv_len: int | None = None,
@@ -160,11 +175,15 @@ class _Builder:
     def fixed(self, us: float, source: str) -> int:
         return self.wl.kernel({"type": "fixed", "us": float(us), "source": source or "the mapping"})
 
+    def attention_cores(self, layer: int) -> int | None:
+        """Cube cores of a MoE layer's attention (the attention stream's share under core_split)."""
+        return self.att_cores if self.cfg.num_experts and layer >= self.cfg.first_dense_layers else None
+
     def attention_kernel(self, group: int, layer: int, seqs: int, part: str = "attention") -> int:
         """The group's attention (heads / tp) for its sequences (a MoE layer's on the attention
         stream's cores); with spread contexts (``kv_min``) a blend between the costs at ``kv_len``
         and at the range's top by the group's mean context."""
-        cores = self.att_cores if self.cfg.num_experts and layer >= self.cfg.first_dense_layers else None
+        cores = self.attention_cores(layer)
         k = self.layer_kernel(part, layer, seqs, cores, heads_split=self.plan.tp)
         if self.kv_weights is None:
             return k
@@ -172,6 +191,7 @@ class _Builder:
         return self.wl.kernel({"type": "blend", "a": k, "b": top, "weight": float(self.kv_weights[group])})
 
     def group_ranks(self, stage: int, group: int) -> list[int]:
+        """The ``tp`` ranks of token group ``group`` (DP group ``group // cp``, CP rank ``group % cp``)."""
         base = stage * self.per_stage + group * self.plan.tp
         return list(range(base, base + self.plan.tp))
 
@@ -195,10 +215,114 @@ class _Builder:
     # one layer of one microbatch of one DP group --------------------------------------------------
     def attention(self, ranks, group: int, layer: int, seqs: int, prev: dict, tag: str, reduce: str = "allreduce",
                   part: str = "attention") -> dict:
-        k = self.attention_kernel(group, layer, seqs, part)
-        prev = self.settle(ranks, prev)
-        out = {r: self.wl.compute(r, k, [prev.get(r)], f"{tag}.attention", "attention") for r in ranks}
+        """The token group's attention (ring attention under context parallelism), then ``reduce``
+        over its ``tp`` ranks."""
+        if self.plan.cp > 1:
+            out = self.ring_attention(ranks, group, layer, seqs, prev, tag, part)
+        else:
+            k = self.attention_kernel(group, layer, seqs, part)
+            prev = self.settle(ranks, prev)
+            out = {r: self.wl.compute(r, k, [prev.get(r)], f"{tag}.attention", "attention") for r in ranks}
         return self.group_collective(reduce, ranks, seqs * self.shape.tokens_per_seq, out, f"{tag}.attention_{reduce}")
+
+    # context parallelism (prefill) ----------------------------------------------------------------
+    def ring_attention(self, ranks, group: int, layer: int, seqs: int, prev: dict, tag: str, part: str) -> dict:
+        """Token group ``group``'s (on ``ranks``) attention nodes: its DP group's ring attention
+        (:meth:`_ring`), built for the DP group's ``cp`` token groups when the first of them asks
+        (each then takes its own ranks' nodes)."""
+        cp, tp = self.plan.cp, self.plan.tp
+        c = group % cp
+        key = (tag, ranks[0] - c * tp)
+        if c == 0:
+            self.rings[key] = self._ring(key[1], layer, seqs, prev, tag, part)
+        out = self.rings[key] if c < cp - 1 else self.rings.pop(key)
+        return {r: out[r] for r in ranks}
+
+    def _ring(self, base: int, layer: int, seqs: int, prev: dict, tag: str, part: str) -> dict:
+        """Ring attention of the DP group whose ranks start at ``base`` (``cp x tp`` ranks: CP rank
+        ``c``'s TP rank ``t`` is ``base + c tp + t``). Each rank holds a chunk of each of the group's
+        ``seqs`` prompts (the step's ``seq_len`` tokens: the prompt / cp, zig-zag pieces ``c`` and
+        ``2 cp - 1 - c``) and its heads / tp, and runs:
+
+        * the attention block's norm and Q/K/V projections for its chunk (MLA: to the latent KV):
+          ``attention_qkv``;
+        * ``cp`` ring steps: step ``i`` attends its queries to the KV chunk it holds (its own at step
+          0, then the one that arrived), and -- before the last -- sends that chunk on to the next CP
+          rank of the same TP index (``cp_ring<i>``, category ``cp_comm``: the chunk's KV in the
+          cache's dtype, MLA's latent KV or the rank's K and V heads). As ring flash attention posts
+          it, step ``i``'s send starts once the chunk has arrived and the rank's step ``i - 1`` is
+          done, so it overlaps step ``i``'s compute; step ``i + 1`` waits for the chunk;
+        * the output projection and the residual (``attention_out``); with ``part``
+          ``attention+router``, then the router on its tokens.
+
+        A step's kernel is the chunk's causal diagonal block: its S/cp queries against S/cp keys
+        (MLA: with the up-projection ``kv_b_proj`` of those keys' latents). Zig-zag gives every step
+        the same (query, key) pairs, (S/cp)^2 / 2 (the diagonal block S / (2 cp) more), so the other
+        steps -- full blocks of that many pairs (half the queries against the whole chunk, or all
+        of them against half of it) -- are costed as the diagonal one. Not costed: the online-softmax
+        rescale merging each step's partial output into the running one."""
+        plan, wl = self.plan, self.wl
+        ring = list(range(base, base + plan.cp * plan.tp))
+        prev = self.settle(ring, prev)
+        qkv, step, out_proj = self.ring_kernels(layer, seqs)
+        done = {r: wl.compute(r, qkv, [prev.get(r)], f"{tag}.attention_qkv", "attention") for r in ring}
+        sizes = self.ring_send_bytes(layer, seqs)
+        arrived = None  # the transfers that brought the chunk each rank attends to next (None: its own)
+        for i in range(plan.cp):
+            sent = None
+            if i + 1 < plan.cp:
+                sent = wl.transfers(ring, sizes, [arrived, *done.values()], f"{tag}.cp_ring{i}", "cp_comm")
+            done = {r: wl.compute(r, step, [done[r], arrived], f"{tag}.ring_attention", "attention") for r in ring}
+            arrived = sent
+        out = {r: wl.compute(r, out_proj, [done[r]], f"{tag}.attention_out", "attention") for r in ring}
+        if part == "attention+router":
+            router = self.token_kernel("router", layer, seqs * self.shape.tokens_per_seq, self.attention_cores(layer))
+            out = {r: wl.compute(r, router, [out[r]], f"{tag}.router", "moe_compute") for r in ring}
+        return out
+
+    def layer_op_names(self, layer: int) -> tuple[list[str], int]:
+        """The names of layer ``layer``'s ops in a prefill graph (without the ``L<i>.`` prefix; a
+        tiny shape: names only) and the KV bytes a token keeps in its attention op (sharded by
+        ``tp``, in the plan's KV dtype)."""
+        if layer not in self._op_names:
+            spec = {"type": "layer", "layer": layer, "phase": "prefill", "batch": 1, "seq_len": 2, "kv_len": 2,
+                    "precision": self.plan.graph_precision, "kv_dtype": self.plan.kv_dtype, "heads_split": self.plan.tp}
+            ops = layer_part_graph(self.cfg, spec).ops
+            kv = next(op.kv_bytes_per_token for op in ops if op.kind == "attention")
+            self._op_names[layer] = ([op.name.split(".", 1)[1] for op in ops], kv)
+        return self._op_names[layer]
+
+    def ring_kernels(self, layer: int, seqs: int) -> tuple[int, int, int]:
+        """(projections, one ring step, output projection) of the layer's attention for ``seqs``
+        prompts' chunks (the step's ``seq_len`` tokens each), heads / tp: cuts of the layer's graph
+        at the ring's first op (MLA prefill's ``kv_b_proj``, else the attention op) and after the
+        attention op."""
+        names, _ = self.layer_op_names(layer)
+        attention = names.index("attn.attention")
+        first = names.index("attn.kv_b_proj") if "attn.kv_b_proj" in names else attention
+        s = self.shape
+        spec = {"type": "layer", "layer": layer, "phase": "prefill", "batch": max(1, seqs), "seq_len": s.seq_len,
+                "kv_len": s.seq_len, "precision": self.plan.graph_precision, "kv_dtype": self.plan.kv_dtype,
+                "heads_split": self.plan.tp}
+        cores = self.attention_cores(layer)
+        if cores:
+            spec["cores"] = cores
+        before = names[first - 1]
+        return (self.wl.kernel({**spec, "upto": before}),
+                self.wl.kernel({**spec, "after": before, "upto": "attn.attention"}),
+                self.wl.kernel({**spec, "after": "attn.attention", "upto": "attn_residual"}))
+
+    def ring_send_bytes(self, layer: int, seqs: int) -> list[list[int]]:
+        """The ring's byte matrix over its ``cp x tp`` ranks: each rank sends its KV chunk (``seqs``
+        prompts x the step's ``seq_len`` tokens x the KV bytes a token keeps on it) to the next CP
+        rank's rank of the same TP index."""
+        cp, tp = self.plan.cp, self.plan.tp
+        chunk = max(1, seqs) * self.shape.seq_len * self.layer_op_names(layer)[1]
+        n = cp * tp
+        sizes = [[0] * n for _ in range(n)]
+        for i in range(n):
+            sizes[i][((i // tp + 1) % cp) * tp + i % tp] = chunk
+        return sizes
 
     def dense_layer(self, ranks, group: int, seqs: int, prev: dict, tag: str) -> dict:
         """Attention, then the dense FFN split over the group (``dense_ffn: tp``: all-reduce after
@@ -220,9 +344,10 @@ class _Builder:
 
     # MoE ---------------------------------------------------------------------------------------
     def _placement(self, ranks: int, tokens: int) -> list[list[int]]:
-        """Ranks (within an EP group) holding each routed expert: a home each, in order (``slots``
-        a rank), plus, under greedy EPLB, the redundant copies given one by one to the expert with
-        the most tokens per copy in an earlier routing sample (``tokens`` on each of ``ranks``)."""
+        """Ranks (within an EP group; with ``expert_tp``, expert sets) holding each routed expert: a
+        home each, in order (``slots`` a rank or set), plus, under greedy EPLB, the redundant copies
+        given one by one to the expert with the most tokens per copy in an earlier routing sample
+        (``tokens`` on each of ``ranks``)."""
         cfg, plan = self.cfg, self.plan
         n, slots = cfg.num_experts, plan.expert_slots(cfg.num_experts)
         homes = [[e // slots] for e in range(n)]
@@ -238,8 +363,10 @@ class _Builder:
         return homes
 
     def _destinations(self, picks: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """``dest[src, token, k]``: the stage rank computing each token's k-th expert (-1: no token).
-        EP groups are consecutive ranks; shared-expert dies dispatch to the groups in turn."""
+        """``dest[src, token, k]``: the stage rank computing each token's k-th expert (-1: no token);
+        with ``expert_tp: T``, ``dest[src, token, k T + j]``: the rank holding shard ``j`` of it (rank
+        ``j`` of the expert's set). EP groups are consecutive ranks, an expert set ``T`` consecutive
+        ranks of one; shared-expert dies dispatch to the groups in turn."""
         plan = self.plan
         n, ntok, k = picks.shape
         groups = (n - plan.shared_dies) // plan.ep
@@ -254,6 +381,9 @@ class _Builder:
                 table[e, : len(h)] = h
             copy = (np.arange(n)[:, None, None] + np.arange(ntok)[None, :, None]) % nhomes[picks]
             local = table[picks, copy]
+        t = plan.expert_tp
+        if t > 1:  # an expert set's T ranks, each for its shard
+            local = (local[..., None] * t + np.arange(t)).reshape(n, ntok, k * t)
         return np.where(valid[:, :, None], base[:, None, None] + local, -1)
 
     def moe_front(self, stage: int, seqs_by_group: list[int], prev: dict, tag: str) -> dict:
@@ -291,7 +421,10 @@ class _Builder:
         own = np.array([tokens_of[r] for r in stage_ranks], np.int64)
         dest = self._destinations(picks, np.arange(most)[None, :] < own[:, None])
         copies = token_copies(np.where(dest >= 0, dest, np.arange(n)[:, None, None]), n, self.copies)
-        pairs = np.zeros(n, np.int64)  # token-expert pairs each rank computes
+        # with expert_tp T, the rows of expert partial sums each rank adds up: (T - 1) / T of its copies
+        self.dispatch_copies = copies.sum(axis=1)
+        partial_rows = self.dispatch_copies * (plan.expert_tp - 1) // plan.expert_tp
+        pairs = np.zeros(n, np.int64)  # token-expert pairs (token-shard pairs with expert_tp) each rank computes
         np.add.at(pairs, dest[dest >= 0], 1)
         if plan.shared_dies:  # each rank's tokens also visit one shared-expert die, once
             target = n - plan.shared_dies + np.arange(n) % plan.shared_dies
@@ -305,7 +438,7 @@ class _Builder:
         np.fill_diagonal(comb, 0)
         d_node = wl.transfers(stage_ranks, disp, list(gate.values()), f"{tag}.dispatch", "dispatch", self.via)
         return {"stage": stage, "seqs": seqs_by_group, "ranks": stage_ranks, "tokens_of": tokens_of, "gate": gate,
-                "dispatch": d_node, "pairs": pairs, "combine_bytes": comb, "tag": tag}
+                "dispatch": d_node, "pairs": pairs, "combine_bytes": comb, "partial_rows": partial_rows, "tag": tag}
 
     def moe_back(self, f: dict) -> dict:
         """Shared and routed experts, the combine, the weighted sum (and, with tp > 1, the group's
@@ -323,7 +456,7 @@ class _Builder:
             dedicated = i >= first_shared  # all its tokens through the shared experts, one GEMM pair
             rows = pad_rows(int(pairs[i]) if dedicated else math.ceil(pairs[i] / slots))
             if rows:
-                w, b = (width * cfg.num_shared_experts, 1) if dedicated else (width, slots)
+                w, b = (width * cfg.num_shared_experts, 1) if dedicated else (width // plan.expert_tp, slots)
                 up = self.gemm(rows, h, 2 * w, dtype, b, self.moe_cores)
                 down = self.gemm(rows, w, h, dtype, b, self.moe_cores)
                 u = wl.compute(r, up, deps, f"{tag}.experts_up", "moe_compute", self.moe_stream)
@@ -339,11 +472,28 @@ class _Builder:
             for r in ranks:
                 out[r] = wl.barrier([c_node, scatter, launch.get(r)] + experts[r], f"{tag}.combined", rank=r)
                 tail = self.token_kernel("moe_tail", cfg.first_dense_layers, f["tokens_of"][r], self.att_cores)
-                self.pending[out[r]] = (tail, tuple(ranks), seqs * self.shape.tokens_per_seq, tag)
+                partial = self.partial_sum_kernel(int(f["partial_rows"][r - stage_ranks[0]]))
+                self.pending[out[r]] = (tail, tuple(ranks), seqs * self.shape.tokens_per_seq, tag, partial)
         return out
 
+    def partial_sum_kernel(self, rows: int) -> int | None:
+        """The element-wise add of ``rows`` expert partial sums (``hidden`` wide, bf16) into their
+        tokens' outputs (``expert_tp``), on the MoE tail's cores: the MoE layer's ``mlp_residual`` op
+        (an add of two rows x hidden tensors) built for that many rows. None: nothing to add."""
+        if rows <= 0:
+            return None
+        layer = self.cfg.first_dense_layers
+        names, _ = self.layer_op_names(layer)
+        spec = {"type": "layer", "layer": layer, "phase": self.shape.phase, "batch": rows, "seq_len": 1, "kv_len": 1,
+                "precision": self.plan.graph_precision, "kv_dtype": self.plan.kv_dtype,
+                "after": names[names.index("mlp_residual") - 1], "upto": "mlp_residual"}
+        if self.att_cores:
+            spec["cores"] = self.att_cores
+        return self.wl.kernel(spec)
+
     def settle(self, ranks, prev: dict) -> dict:
-        """``prev`` with the MoE tails still pending on ``ranks`` run: the weighted sum of the
+        """``prev`` with the MoE tails still pending on ``ranks`` run: (with ``expert_tp``, the
+        add of the experts' partial sums, then) the weighted sum of the
         combined expert outputs and the residual on each rank's tokens (then, with tp > 1, the
         group's all-gather). A tail is created when the next work needs it, so that on an in-order
         stream it never waits for its combine ahead of another microbatch's work."""
@@ -352,8 +502,11 @@ class _Builder:
         for r in ranks:
             if prev.get(r) not in self.pending:
                 continue
-            kernel, group, tokens, tag = self.pending.pop(prev[r])
-            out[r] = self.wl.compute(r, kernel, [prev[r]], f"{tag}.moe_tail", "moe_compute")
+            kernel, group, tokens, tag, partial = self.pending.pop(prev[r])
+            ready = prev[r]
+            if partial is not None:  # expert_tp: the experts' partial sums added first
+                ready = self.wl.compute(r, partial, [ready], f"{tag}.expert_partial_sum", "moe_compute")
+            out[r] = self.wl.compute(r, kernel, [ready], f"{tag}.moe_tail", "moe_compute")
             gathers[group] = (tokens, tag)
         for group, (tokens, tag) in gathers.items():
             out.update(self.group_collective("allgather", list(group), tokens, {r: out[r] for r in group},
@@ -444,19 +597,20 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
     system's decode or prefill operators, ``moe_operators.*_copies``). ``overheads``: calibrated
     times a deployment adds (none by default). Raises ConfigError when the batch cannot be split
     as the plan says."""
+    check_phase(plan, shape.phase)
     if shape.batch < plan.dp * plan.microbatches:
         raise ConfigError(f"--batch {shape.batch}: fewer sequences than dp {plan.dp} x microbatches "
                           f"{plan.microbatches} (each part needs one)")
     mtp = plan.mtp if shape.phase == "decode" else 0
     if mtp:  # each sequence's step verifies its new token and the speculative ones
         shape = StepShape("decode", shape.batch, 1 + mtp, shape.kv_len, shape.kv_min)
-    b = _Builder(cfg, plan, shape, dies_per_npu, routing, seed, copies, overheads)
+    b = _Builder(cfg, plan, chunk_shape(shape, plan.cp), dies_per_npu, routing, seed, copies, overheads)
     wl = b.wl
     stages = stage_layers(cfg.num_layers, plan.pp)
     moe_from = cfg.first_dense_layers if cfg.num_experts else cfg.num_layers
-    # per microbatch m, per DP group g: sequences
+    # per microbatch m, per token group (DP group g's CP ranks in turn): sequences
     seqs = [[s for s in _split(g_seqs, plan.microbatches)] for g_seqs in _split(shape.batch, plan.dp)]
-    seqs = [[seqs[g][m] for g in range(plan.dp)] for m in range(plan.microbatches)]
+    seqs = [[seqs[g][m] for g in range(plan.dp) for _ in range(plan.cp)] for m in range(plan.microbatches)]
     if shape.kv_min is not None and shape.phase == "decode":
         b.kv_top, b.kv_weights = _context_spread(shape, plan.dp, seed)
     repeated_from = moe_from if moe_from < cfg.num_layers else 0  # the first of the identical layers
@@ -490,7 +644,7 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
             prev[m] = b.settle(b.group_ranks(stage, g), prev[m])
             for j, r in enumerate(b.group_ranks(stage, g)):
                 to = b.group_ranks(stage + 1, g)[j]
-                nbytes = s * shape.tokens_per_seq * cfg.hidden_size * ACT_BYTES
+                nbytes = s * b.shape.tokens_per_seq * cfg.hidden_size * ACT_BYTES
                 nxt[to] = wl.collective("sendrecv", [r, to], nbytes, [prev[m][r]], f"S{stage}.mb{m}.send", "pp_comm")
         prev[m] = nxt
 
@@ -519,6 +673,9 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
         seqs = [[sum(col) for col in zip(*seqs)]]
     for m in range(len(prev)):
         for g, s in enumerate(seqs[m]):
+            if g % plan.cp:  # zig-zag: CP rank 0 holds each prompt's last piece, the token the head samples
+                prev[m] = b.settle(b.group_ranks(last, g), prev[m])
+                continue
             ranks = b.group_ranks(last, g)
             prev[m].update(b.head(ranks, s, prev[m], f"head.mb{m}"))
             if mtp:
@@ -539,9 +696,23 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
                "simulated_layers": len(simulated), "routing": routing, "seed": seed}
     if b.expert_load is not None:
         wl.meta["expert_load"] = [int(x) for x in b.expert_load]
+        wl.meta["dispatch_copies"] = [int(x) for x in b.dispatch_copies]
     if repeat:
         wl.meta["repeat"] = {"start": start, "marks": marks, "layers": cfg.num_layers - repeated_from + mtp}
     return wl
+
+
+def chunk_shape(shape: StepShape, cp: int) -> StepShape:
+    """What each token group computes of ``shape``: with context parallelism (``cp > 1``, prefill)
+    a chunk of each prompt, ``seq_len / cp`` tokens (two zig-zag pieces of ``seq_len / (2 cp)``);
+    ConfigError unless the prompt splits into ``2 cp`` equal pieces."""
+    if cp == 1:
+        return shape
+    if shape.seq_len % (2 * cp):
+        raise ConfigError(f"--seq {shape.seq_len}: cp {cp} splits each prompt into 2 x cp = {2 * cp} equal pieces "
+                          f"(zig-zag, two a CP rank); the prompt length must be a multiple of {2 * cp}")
+    chunk = shape.seq_len // cp
+    return StepShape(shape.phase, shape.batch, chunk, chunk)
 
 
 def _context_spread(shape: StepShape, groups: int, seed: int) -> tuple[int, np.ndarray]:
@@ -565,8 +736,11 @@ def _simulated_layers(cfg, moe_from: int) -> list[int]:
 
 def memory_per_rank_gb(cfg, plan: ParallelPlan, shape: StepShape) -> tuple[float, float]:
     """(weights, KV cache) in GiB (2^30 bytes) on the busiest rank: each stage's layers (sharded as the
-    plan says), its routed experts, the embedding (first stage) and the LM head (last stage); the KV
-    of its group's sequences at the step's context; the stage whose sum is largest."""
+    plan says), its routed experts (with ``expert_tp``, ``expert_tp`` times the slots, each a shard of
+    ``1 / expert_tp`` of the width), the embedding (first stage) and the LM head (last stage); the KV
+    of its group's sequences at the step's context (with ``cp``, its chunk: ``1 / cp`` of each
+    prompt's tokens; the chunks passing through during ring attention are not counted); the stage
+    whose sum is largest."""
     moe_from = cfg.first_dense_layers if cfg.num_experts else cfg.num_layers
     stages = stage_layers(cfg.num_layers, plan.pp)
     return max((_stage_memory(cfg, plan, shape, layers, moe_from, s == 0, s == plan.pp - 1)
@@ -591,7 +765,8 @@ def _stage_memory(cfg, plan: ParallelPlan, shape: StepShape, stage: range, moe_f
         w += part_bytes("ffn", 0, ffn_split=plan.tp if plan.dense_ffn == "tp" else 1)[0] * dense_layers
     if moe_layers:  # a routed-expert rank's slots, or a dedicated die's shared experts, whichever is larger
         elem = 1 if plan.precision == "w8a8" else 2
-        routed = 3 * cfg.hidden_size * cfg.moe_intermediate_size * elem * plan.expert_slots(cfg.num_experts)
+        shard = cfg.moe_intermediate_size // plan.expert_tp  # an expert's width on one rank
+        routed = 3 * cfg.hidden_size * shard * elem * plan.expert_slots(cfg.num_experts)
         shared = part_bytes("shared", moe_from)[0] if cfg.num_shared_experts else 0
         per_layer = max(routed, shared) if plan.shared_dies else routed + shared / plan.shared_tp
         w += moe_layers * (per_layer + part_bytes("router", moe_from)[0])
@@ -600,7 +775,7 @@ def _stage_memory(cfg, plan: ParallelPlan, shape: StepShape, stage: range, moe_f
     w += (emb if first else 0) + (head if last and (plan.pp > 1 or not cfg.tie_word_embeddings) else 0)
     seqs_group = math.ceil(shape.batch / plan.dp)
     context = shape.kv_len if shape.phase == "decode" else shape.seq_len
-    kv = seqs_group * context * kv_tok * layers  # kv_tok: per layer, in the plan's KV dtype
+    kv = seqs_group * math.ceil(context / plan.cp) * kv_tok * layers  # kv_tok: per layer, in the plan's KV dtype
     return w / 2**30, kv / 2**30
 
 

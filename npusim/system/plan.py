@@ -10,11 +10,27 @@ instance of ``npus`` NPUs of ``dies_per_npu`` dies each (``ranks = npus x dies_p
   intermediate dimension and the LM head's vocabulary split over ``tp`` consecutive ranks, one
   all-reduce after attention and one after the FFN (KV heads are split when ``tp`` divides
   them, else replicated: ``tp`` ranks each keep ``num_kv_heads / tp`` or one head);
-* ``dp``: attention data parallel inside a stage: ``dp`` groups of ``tp`` ranks, each with its own
-  share of the sequences (``tp x dp x pp = ranks``);
+* ``dp``: attention data parallel inside a stage: ``dp`` groups of ``tp x cp`` ranks, each with its
+  own share of the sequences (``tp x dp x cp x pp = ranks``);
+* ``cp``: context (sequence) parallelism, prefill only: each sequence's prompt split over ``cp``
+  groups of ``tp`` ranks (zig-zag: ``2 cp`` equal pieces, CP rank ``c`` holding pieces ``c`` and
+  ``2 cp - 1 - c``, so causal attention costs every rank the same); attention is ring attention
+  (``cp`` steps, each rank's queries against one KV chunk per step while the chunk it holds goes on
+  to the next CP rank), everything else runs on the rank's own tokens; each rank keeps ``1 / cp`` of
+  the sequences' KV. Ranks of a stage are ordered ``tp`` fastest, then ``cp``, then ``dp``: rank
+  ``(g x cp + c) x tp + t`` is TP rank ``t`` of CP rank ``c`` of DP group ``g``. Decode takes
+  ``cp = 1`` (a KV cache split over ranks, with the softmax merge, is not modelled);
 * ``ep``: routed experts split over groups of ``ep`` ranks of a stage (each rank holds
   ``experts / ep``; a token goes to the ranks of its group that hold its top-k experts, all-to-all
-  dispatch and combine); ``ep`` divides ``tp x dp``; dense models take ``ep = 1``;
+  dispatch and combine); ``ep`` divides ``tp x dp x cp``; dense models take ``ep = 1``;
+* ``expert_tp``: tensor parallelism inside one routed expert: its intermediate width
+  (``moe_intermediate_size``) split over ``expert_tp`` ranks. An EP group's ranks form
+  ``ep / expert_tp`` *expert sets* of ``expert_tp`` consecutive ranks; experts sit in order on the
+  sets, rank ``j`` of a set holding shard ``j`` of each of its experts (``experts x expert_tp / ep``
+  shards a rank). A token goes to every rank of the sets holding its top-k experts (``expert_tp``
+  times the copies), each computes its shard's GEMMs (width ``/ expert_tp``), the combine returns
+  the ``expert_tp`` partial sums and the token's rank adds them (a vector kernel before the MoE
+  tail). ``expert_tp`` divides ``ep`` and the expert width; dense models take 1;
 * ``microbatches``: the batch split into ``M`` parts that flow through the stages one after
   another (with ``pp = 1``, one part's communication overlaps the next part's compute);
 * ``precision``: ``bf16``, ``fp16`` (run as bf16: same width and cube rate on the modelled dies)
@@ -42,7 +58,7 @@ instance of ``npus`` NPUs of ``dies_per_npu`` dies each (``ranks = npus x dies_p
   each die: attention on ``attention_cores`` cube cores, the MoE side -- dispatch and combine
   launches, experts, shared experts -- on ``moe_cores``; the CloudMatrix384 paper's decode streams).
 
-Not modelled: TP inside one expert, sequence/context parallelism.
+Not modelled: context parallelism in decode (``cp`` is a prefill plan).
 """
 
 from __future__ import annotations
@@ -68,7 +84,9 @@ class ParallelPlan:
     npus: int = 1
     tp: int = 1
     dp: int = 1
+    cp: int = 1
     ep: int = 1
+    expert_tp: int = 1
     pp: int = 1
     microbatches: int = 1
     precision: str = "bf16"
@@ -101,7 +119,7 @@ class ParallelPlan:
         return plan
 
     def check_values(self, where: str = "plan") -> None:
-        for name in ("npus", "tp", "dp", "ep", "pp", "microbatches", "shared_tp"):
+        for name in ("npus", "tp", "dp", "cp", "ep", "expert_tp", "pp", "microbatches", "shared_tp"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{where}: {name} must be a positive integer, got {v!r}")
@@ -141,21 +159,33 @@ class ParallelPlan:
         return "int8" if self.precision == "w8a8" else "bf16"
 
     def ranks_per_stage(self) -> int:
-        return self.tp * self.dp
+        return self.tp * self.dp * self.cp
 
     def expert_slots(self, num_experts: int) -> int:
-        """Expert slots on each rank of an EP group (its experts and their redundant copies)."""
-        return (num_experts + self.redundant_experts) // self.ep
+        """Expert slots on each rank of an EP group (its experts and their redundant copies; with
+        ``expert_tp``, expert shards: ``(experts + redundant) x expert_tp / ep``). Also the slots of
+        an expert set (``expert_tp`` ranks), which hold whole experts."""
+        return (num_experts + self.redundant_experts) * self.expert_tp // self.ep
+
+
+def check_phase(plan: ParallelPlan, phase: str) -> None:
+    """ConfigError for a plan the step's phase cannot run: context parallelism is a prefill plan."""
+    if plan.cp > 1 and phase != "prefill":
+        raise ConfigError(f"plan: cp {plan.cp} splits a prompt over ranks for prefill; a {phase} step with context "
+                          "parallelism (the KV cache split over ranks, their attention merged by softmax statistics) "
+                          "is not modelled: use cp 1 for decode")
 
 
 def default_plan(cfg, npus: int, dies_per_npu: int, **given) -> ParallelPlan:
     """The plan used when neither a mapping file nor a flag says: every rank of the instance in one
     stage, tensor parallel over as many ranks as divide the attention heads (the largest power of
     two up to the rank count), data parallel over the rest; MoE models put their experts on every
-    rank of the stage (``ep = tp x dp``). Flags given (``given``) are kept; the others filled."""
+    rank of the stage (``ep = tp x dp x cp``). Flags given (``given``) are kept; the others filled."""
     ranks = npus * dies_per_npu
     pp = given.get("pp") or 1
+    cp = given.get("cp") or 1
     per_stage = ranks // pp if ranks % pp == 0 else ranks
+    per_stage = per_stage // cp if per_stage % cp == 0 else per_stage  # the ranks tp x dp share
     tp = given.get("tp")
     dp = given.get("dp")
     if tp is None and dp is None:
@@ -167,7 +197,7 @@ def default_plan(cfg, npus: int, dies_per_npu: int, **given) -> ParallelPlan:
         tp = max(1, per_stage // dp)
     elif dp is None:
         dp = max(1, per_stage // tp)
-    ep = given.get("ep") or (tp * dp if cfg.num_experts else 1)
+    ep = given.get("ep") or (tp * dp * cp if cfg.num_experts else 1)
     fixed = {k: v for k, v in given.items() if v is not None and k not in ("tp", "dp", "ep", "pp")}
     plan = ParallelPlan(npus=npus, tp=tp, dp=dp, ep=ep, pp=pp, **fixed)
     plan.check_values()
@@ -180,9 +210,14 @@ def check_plan(plan: ParallelPlan, cfg, dies_per_npu: int, system_npus: int) -> 
     ranks = plan.npus * dies_per_npu
     if plan.npus > system_npus:
         raise ConfigError(f"plan: {plan.npus} NPUs but the system has {system_npus} (a bigger --nodes or system)")
-    if plan.tp * plan.dp * plan.pp != ranks:
-        raise ConfigError(f"plan: tp {plan.tp} x dp {plan.dp} x pp {plan.pp} = {plan.tp * plan.dp * plan.pp} ranks, but "
-                          f"{plan.npus} NPUs x {dies_per_npu} dies = {ranks} ranks (the product must match)")
+    if ranks % plan.cp:
+        raise ConfigError(f"plan: cp {plan.cp} does not divide the {ranks} ranks ({plan.npus} NPUs x {dies_per_npu} "
+                          "dies): context parallelism splits each prompt over cp groups of tp ranks")
+    product = plan.tp * plan.dp * plan.cp * plan.pp
+    if product != ranks:
+        factors = f"tp {plan.tp} x dp {plan.dp}" + (f" x cp {plan.cp}" if plan.cp > 1 else "") + f" x pp {plan.pp}"
+        raise ConfigError(f"plan: {factors} = {product} ranks, but {plan.npus} NPUs x {dies_per_npu} dies = {ranks} "
+                          "ranks (the product must match)")
     if cfg.num_heads % plan.tp:
         raise ConfigError(f"plan: tp {plan.tp} does not divide {cfg.name}'s {cfg.num_heads} attention heads")
     kv_heads = cfg.num_kv_heads
@@ -199,14 +234,19 @@ def check_plan(plan: ParallelPlan, cfg, dies_per_npu: int, system_npus: int) -> 
         expert_ranks = plan.ranks_per_stage() - plan.shared_dies
         if expert_ranks < 1 or expert_ranks % plan.ep:
             raise ConfigError(f"plan: ep {plan.ep} does not divide the {expert_ranks} expert ranks of a stage "
-                              f"(tp {plan.tp} x dp {plan.dp}, less {plan.shared_dies} shared-expert dies)")
+                              f"(tp {plan.tp} x dp {plan.dp}" + (f" x cp {plan.cp}" if plan.cp > 1 else "")
+                              + f", less {plan.shared_dies} shared-expert dies)")
+        check_expert_tp(plan, cfg)
         slots = cfg.num_experts + plan.redundant_experts
-        if slots % plan.ep:
-            raise ConfigError(f"plan: ep {plan.ep} does not divide {cfg.name}'s {cfg.num_experts} routed experts"
+        sets = plan.ep // plan.expert_tp  # expert sets of expert_tp ranks (ranks, with expert_tp 1)
+        if slots % sets:
+            raise ConfigError(f"plan: ep {plan.ep}" + (f" / expert_tp {plan.expert_tp} = {sets} expert sets"
+                                                        if plan.expert_tp > 1 else "")
+                              + f" does not divide {cfg.name}'s {cfg.num_experts} routed experts"
                               + (f" + {plan.redundant_experts} redundant copies" if plan.redundant_experts else ""))
-    elif plan.ep != 1 or plan.redundant_experts or plan.shared_dies:
-        raise ConfigError(f"plan: ep {plan.ep}, redundant_experts or shared_dies, but {cfg.name} has no routed "
-                          "experts (dense: ep 1)")
+    elif plan.ep != 1 or plan.expert_tp != 1 or plan.redundant_experts or plan.shared_dies:
+        raise ConfigError(f"plan: ep {plan.ep}, expert_tp {plan.expert_tp}, redundant_experts or shared_dies, but "
+                          f"{cfg.name} has no routed experts (dense: ep 1, expert_tp 1)")
     if plan.shared_dies and (not cfg.num_shared_experts or plan.shared_tp > 1):
         raise ConfigError(f"plan: shared_dies {plan.shared_dies} needs a model with shared experts "
                           f"({cfg.name} has {cfg.num_shared_experts}) and shared_tp 1")
@@ -219,3 +259,20 @@ def check_plan(plan: ParallelPlan, cfg, dies_per_npu: int, system_npus: int) -> 
                               f"stage and the shared experts' width {width}")
     if plan.mtp and not cfg.num_mtp_layers:
         raise ConfigError(f"plan: mtp {plan.mtp}, but {cfg.name} has no multi-token-prediction module")
+
+
+def check_expert_tp(plan: ParallelPlan, cfg) -> None:
+    """ConfigError unless ``expert_tp`` splits ``cfg``'s routed experts: at most ``ep`` ranks, dividing
+    ``ep`` (whole expert sets in an EP group) and the experts' intermediate width."""
+    t = plan.expert_tp
+    if t == 1:
+        return
+    if t > plan.ep:
+        raise ConfigError(f"plan: expert_tp {t} is more than ep {plan.ep}: an expert's shards sit on ranks of one "
+                          "EP group (expert_tp <= ep)")
+    if plan.ep % t:
+        raise ConfigError(f"plan: expert_tp {t} does not divide ep {plan.ep} (an EP group is whole expert sets of "
+                          "expert_tp consecutive ranks)")
+    if cfg.moe_intermediate_size % t:
+        raise ConfigError(f"plan: expert_tp {t} does not divide {cfg.name}'s expert width (moe_intermediate_size "
+                          f"{cfg.moe_intermediate_size})")

@@ -4,6 +4,8 @@ Candidates are every plan of the instance's ranks (``R = npus x dies``): pipelin
 dividing ``R`` (at most ``max_pp`` and the layer count), ``tp`` dividing a stage's ranks (the
 rest ``dp``), for MoE models ``ep`` among the three largest divisors of a stage's ranks that
 divide the expert count, and ``microbatches`` 1 or 2 (``pp`` or ``2 pp`` with a pipeline).
+Context parallelism (``cp``) and TP inside an expert (``expert_tp``) are not searched: every
+candidate takes 1 (run a plan with them by ``npusim run --system ... --cp / --expert-tp``).
 A plan the model cannot take (``tp`` not dividing its heads...) is rejected with the reason,
 without simulating. Each plan is tried at the batch sizes in increasing order, in rounds (round
 ``k`` runs every plan still alive at its ``k``-th batch, all on the worker pool); a point whose
