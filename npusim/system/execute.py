@@ -1,7 +1,10 @@
 """Time a :class:`~npusim.system.workload.Workload` on a system: chip costs + the fabric engine.
 
 Each kernel of the workload is costed once by the chip simulator on the system's die
-(:class:`~npusim.system.chipcost.ChipCost`, memoised on disk); each node becomes system tasks:
+(:class:`~npusim.system.chipcost.ChipCost`, memoised on disk): a GEMM by the chip-cost GEMM kernel,
+a layer part or ONNX graph operator by operator (:func:`operators_cost`: its GEMMs by the GEMM
+kernel, which uses the die's L2, the rest by the mapper, one after another with their inputs and
+outputs in HBM, as an operator runtime launches them); each node becomes system tasks:
 a compute node one task on its rank's stream (the die's ``compute`` or ``moe`` queue, in order),
 a collective the transfers and reductions of :func:`~npusim.system.collectives.build_collective`
 (reductions cost by :func:`~npusim.system.measure.reduction_ps`), a transfers node its writes
@@ -75,11 +78,10 @@ def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0) -> tuple
             if kind == "gemm":
                 r = cc.gemm(spec["m"], spec["k"], spec["n"], spec.get("dtype", "bf16"), cores,
                             batch=spec.get("batch", 1), hbm_fraction=hbm_fraction)
-            elif kind == "layer":
-                cfg = cfg or get_config(wl.meta["model"])
-                r = cc.graph(layer_part_graph(cfg, spec), cores, hbm_fraction=hbm_fraction)
             else:
-                r = cc.graph(onnx_graph(spec), cores, hbm_fraction=hbm_fraction)
+                cfg = cfg or (get_config(wl.meta["model"]) if kind == "layer" else None)
+                graph = layer_part_graph(cfg, spec) if kind == "layer" else onnx_graph(spec)
+                r = operators_cost(cc, graph, cores, hbm_fraction)
             us, nbytes = r.time_us, float(r.hbm_bytes)
         elif kind == "fixed":
             us = float(spec["us"])
@@ -93,6 +95,20 @@ def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0) -> tuple
         out.append(us)
         moved.append(nbytes)
     return out, moved
+
+
+@dataclass(frozen=True)
+class OperatorsCost:
+    time_us: float
+    hbm_bytes: int
+
+
+def operators_cost(cc: ChipCost, graph, cores, hbm_fraction: float = 1.0) -> OperatorsCost:
+    """A graph run operator after operator, as the die's runtime launches them: each GEMM by the
+    chip-cost GEMM kernel (its operands from HBM or the L2), anything else by the mapper; an
+    operator's inputs and outputs pass through HBM."""
+    results = [cc.op(op, cores, hbm_fraction=hbm_fraction) for op in graph.ops]
+    return OperatorsCost(sum(r.time_us for r in results), sum(r.hbm_bytes for r in results))
 
 
 SHARE_STEPS = 20  # HBM shares are rounded to 1/20 (each distinct share is one more chip cost)
