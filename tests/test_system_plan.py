@@ -156,11 +156,11 @@ def test_group_limited_routing_keeps_tokens_in_their_best_groups(groups, keep, s
 
 
 def test_plan_search_ranks_feasible_points_and_explains_rejections():
-    r = search_plans("atlas-800i-a2", 1, "qwen3-4b", 2, "decode", 1024, 1024, slo_ms=6.0, batches=[1, 8, 64, 512])
+    r = search_plans("atlas-800i-a2", 1, "qwen3-4b", 2, "decode", 1024, 1024, slo_ms=30.0, batches=[1, 8, 64, 512])
     assert r["evaluated"] > 0 and r["best"]["feasible"]
     feasible = [c for c in r["candidates"] if c["feasible"]]
     assert r["best"]["tokens_per_s_per_npu"] == max(c["tokens_per_s_per_npu"] for c in feasible)
-    assert all(c["tpot_ms"] <= 6.0 for c in feasible)
+    assert all(c["tpot_ms"] <= 30.0 for c in feasible)
     assert all(c["reason"] for c in r["candidates"] if not c["feasible"])
     front = r["pareto"]
     assert front == pareto(r["candidates"], "tpot_ms")
@@ -268,7 +268,8 @@ def test_an_onnx_export_runs_data_parallel_on_a_system(capsys, tmp_path):
 def test_a_deployment_is_a_plan_plus_its_calibrated_constants(mtp):
     """B1's layout on Atlas 800I A2 (32 cards, DP attention, EP32 with 8 experts a card, the shared
     expert split over the 8 cards of a node): run as a deployment with the system's calibrated
-    constants zeroed, it is exactly the plan path's step (one mapper builds both); with them, slower."""
+    constants zeroed, it is exactly the plan path's step without its runtime floor and overhead (one
+    mapper builds both); with them, slower."""
     from npusim.mapping.deployment import Deployment
     from npusim.system.moe_step import simulate_step
     from npusim.validate.calibrate import _variant
@@ -279,7 +280,8 @@ def test_a_deployment_is_a_plan_plus_its_calibrated_constants(mtp):
     dep = Deployment.model_validate(dict(phase="decode", npus=32, tp=1, ep=32, shared_tp=8, precision="w8a8"))
     built = simulate_step(bare, dep, batch=8, kv=3072, mtp=mtp)
     plan = ParallelPlan(npus=32, dp=32, ep=32, precision="w8a8", mtp=mtp, shared_tp=8)
-    out, wl, _ = simulate_plan_step(a2, "deepseek-r1", plan, StepShape("decode", 8 * 32, 1, 3072))
+    no_runtime = _variant(a2, {"runtime": {"launch_us": 0.0, "step_overhead_us": 0.0}})  # the plan runs' constants
+    out, wl, _ = simulate_plan_step(no_runtime, "deepseek-r1", plan, StepShape("decode", 8 * 32, 1, 3072))
     assert out["step_ms"] == pytest.approx(built.step_ms, rel=1e-9)
     assert built.plan == plan.to_dict() and built.calibrated_ms == 0
     assert simulate_step(a2, dep, batch=8, kv=3072, mtp=mtp).step_ms > built.step_ms

@@ -4,7 +4,8 @@ Each kernel of the workload is costed once by the chip simulator on the system's
 (:class:`~npusim.system.chipcost.ChipCost`, memoised on disk): a GEMM by the chip-cost GEMM kernel,
 a layer part or ONNX graph operator by operator (:func:`operators_cost`: its GEMMs by the GEMM
 kernel, which uses the die's L2, the rest by the mapper, one after another with their inputs and
-outputs in HBM, as an operator runtime launches them); each node becomes system tasks:
+outputs in HBM, as an operator runtime launches them; each operator holds its stream at least the
+system runtime's ``launch_us``, the host's launch floor); each node becomes system tasks:
 a compute node one task on its rank's stream (the die's ``compute`` or ``moe`` queue, in order),
 a collective the transfers and reductions of :func:`~npusim.system.collectives.build_collective`
 (reductions cost by :func:`~npusim.system.measure.reduction_ps`), a transfers node its writes
@@ -65,9 +66,12 @@ class WorkloadTiming:
     period_breakdown_us: dict = field(default_factory=dict)  # the critical path within one repeated layer
 
 
-def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0) -> tuple[list[float], list[float]]:
+def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0,
+                 launch_us: float = 0.0) -> tuple[list[float], list[float]]:
     """Each kernel's time on the die (microseconds) and the HBM bytes it moves, with the share
-    ``hbm_fraction`` of the die's HBM bandwidth."""
+    ``hbm_fraction`` of the die's HBM bandwidth; every operator takes at least ``launch_us`` (the
+    runtime's launch floor, :class:`~npusim.system.schema.Runtime`; ``fixed`` kernels are
+    calibrated times and are kept as they are)."""
     cfg = None
     out: list[float] = []
     moved: list[float] = []
@@ -78,11 +82,13 @@ def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0) -> tuple
             if kind == "gemm":
                 r = cc.gemm(spec["m"], spec["k"], spec["n"], spec.get("dtype", "bf16"), cores,
                             batch=spec.get("batch", 1), hbm_fraction=hbm_fraction)
+                us = max(r.time_us, launch_us)
             else:
                 cfg = cfg or (get_config(wl.meta["model"]) if kind == "layer" else None)
                 graph = layer_part_graph(cfg, spec) if kind == "layer" else onnx_graph(spec)
-                r = operators_cost(cc, graph, cores, hbm_fraction)
-            us, nbytes = r.time_us, float(r.hbm_bytes)
+                r = operators_cost(cc, graph, cores, hbm_fraction, launch_us)
+                us = r.time_us
+            nbytes = float(r.hbm_bytes)
         elif kind == "fixed":
             us = float(spec["us"])
         elif kind == "sum":
@@ -103,19 +109,20 @@ class OperatorsCost:
     hbm_bytes: int
 
 
-def operators_cost(cc: ChipCost, graph, cores, hbm_fraction: float = 1.0) -> OperatorsCost:
+def operators_cost(cc: ChipCost, graph, cores, hbm_fraction: float = 1.0, launch_us: float = 0.0) -> OperatorsCost:
     """A graph run operator after operator, as the die's runtime launches them: each GEMM by the
     chip-cost GEMM kernel (its operands from HBM or the L2), anything else by the mapper; an
-    operator's inputs and outputs pass through HBM."""
+    operator's inputs and outputs pass through HBM; each takes at least ``launch_us``."""
     results = [cc.op(op, cores, hbm_fraction=hbm_fraction) for op in graph.ops]
-    return OperatorsCost(sum(r.time_us for r in results), sum(r.hbm_bytes for r in results))
+    return OperatorsCost(sum(max(r.time_us, launch_us) for r in results), sum(r.hbm_bytes for r in results))
 
 
 SHARE_STEPS = 20  # HBM shares are rounded to 1/20 (each distinct share is one more chip cost)
 
 
 def shared_stream_times(wl: Workload, cc: ChipCost, kernel_us: list[float], kernel_bytes: list[float],
-                        start: np.ndarray, end: np.ndarray, hbm_gbps: float) -> list[float] | None:
+                        start: np.ndarray, end: np.ndarray, hbm_gbps: float,
+                        launch_us: float = 0.0) -> list[float] | None:
     """Each node's time with the HBM shared between the two streams of its die (see the module
     docstring), from a timing pass's node ``start``/``end``; None if no die runs two streams."""
     busy: dict[tuple[int, str], list[int]] = {}  # (rank, stream) -> its compute nodes
@@ -150,24 +157,27 @@ def shared_stream_times(wl: Workload, cc: ChipCost, kernel_us: list[float], kern
             if share >= 1:
                 continue
             if share not in recost:
-                recost[share] = cost_kernels(wl, cc, share)[0]
+                recost[share] = cost_kernels(wl, cc, share, launch_us)[0]
             node_us[i] = (1 - min(o, 1.0)) * t_alone + min(o, 1.0) * recost[share][k]
     return node_us
 
 
 def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None = None,
-                  fidelity: str = "flow") -> WorkloadTiming:
-    """Time ``wl`` on ``loaded`` (ranks on the system's first dies); see the module docstring."""
+                  fidelity: str = "flow", launch_us: float | None = None) -> WorkloadTiming:
+    """Time ``wl`` on ``loaded`` (ranks on the system's first dies); see the module docstring.
+    ``launch_us``: the operator launch floor (default: the workload's ``meta.launch_us``, as the
+    path that built it chose, else the system's ``runtime.launch_us``)."""
     topo = loaded.topology
     if wl.ranks > len(topo.die_names):
         raise ConfigError(f"the workload has {wl.ranks} ranks but {loaded.system.name} has {len(topo.die_names)} dies "
                           "(a bigger --nodes or system)")
     cc = chip_cost or ChipCost(loaded.chip)
-    kernel_us, kernel_bytes = cost_kernels(wl, cc)
+    launch = launch_us if launch_us is not None else wl.meta.get("launch_us", loaded.system.runtime.launch_us)
+    kernel_us, kernel_bytes = cost_kernels(wl, cc, launch_us=launch)
     node_us = [kernel_us[n["kernel"]] if n["kind"] == "compute" else 0.0 for n in wl.nodes]
     timed = _time_nodes(wl, loaded, cc, node_us, fidelity)
     shared = shared_stream_times(wl, cc, kernel_us, kernel_bytes, timed[1], timed[2],
-                                 summarize(loaded.chip).hbm_bandwidth_gbps)
+                                 summarize(loaded.chip).hbm_bandwidth_gbps, launch)
     if shared is not None:
         node_us = shared
         timed = _time_nodes(wl, loaded, cc, node_us, fidelity)

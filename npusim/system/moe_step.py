@@ -176,6 +176,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     wl = build_step(cfg, plan, shape, dpn, routing, seed, ops.decode_copies if dep.phase == "decode" else
                     ops.prefill_copies, oh)
     wl.meta["deployment"] = dep.model_dump(mode="json")
+    wl.meta["launch_us"] = 0.0  # the deployment's calibrated constants stand for its runtime's gaps (not runtime.*)
     cc = chip_cost or ChipCost(loaded.chip)
     timing = time_workload(wl, loaded, cc, fidelity)
     layer_us, breakdown, parts = _layer_report(wl, timing, oh, plan.microbatches)

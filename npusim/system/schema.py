@@ -102,6 +102,21 @@ class MoeOperators(StrictModel):
     prefill_copies: Literal["per_expert", "per_rank"] = "per_rank"
 
 
+class Runtime(StrictModel):
+    """The operator runtime on each die, for steps run by a parallel plan (not a DeepSeek
+    deployment, whose calibrated ``moe_operators`` constants stand for its runtime's gaps).
+
+    ``launch_us``: the host issues one operator every ``launch_us`` at best, so an operator holds
+    its stream for at least that long (a floor: small decode operators are host-bound, large ones
+    hide it). ``step_overhead_us``: host time once per step (scheduling, sampling, post-processing),
+    after the step's last operator. Both are calibrated (``npusim calibrate``, group ``runtime``)
+    from the published rows ``source`` names; 0 means not modelled."""
+
+    launch_us: NonNegativeFloat = 0.0
+    step_overhead_us: NonNegativeFloat = 0.0
+    source: str = ""
+
+
 class Protocol(StrictModel):
     """What a fabric's protocol costs per target kind (``die`` or ``cpu``).
 
@@ -187,6 +202,7 @@ class System(StrictModel):
     cpu: Cpu = Field(default_factory=Cpu)
     initiator: Initiator = Field(default_factory=Initiator)
     moe_operators: MoeOperators = Field(default_factory=MoeOperators)
+    runtime: Runtime = Field(default_factory=Runtime)
     fabrics: dict[str, Fabric]
 
     @model_validator(mode="after")

@@ -16,13 +16,14 @@ from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
 from npusim.system.execute import WorkloadTiming, time_workload
 from npusim.system.load import LoadedSystem
-from npusim.system.mapper import StepShape, build_onnx_step, build_step, memory_per_rank_gb
+from npusim.system.mapper import Overheads, StepShape, build_onnx_step, build_step, memory_per_rank_gb
 from npusim.system.plan import ParallelPlan, check_plan
 from npusim.system.workload import Workload
 
 NOTE = ("derived step: every kernel timed by the chip simulator, every collective and MoE transfer by the fabric "
-        "model; not modelled on this path: the embedding lookup, the experts' activation/quantisation kernels, "
-        "kernel launch gaps")
+        "model, each operator no shorter than the system runtime's launch floor, plus its per-step host overhead "
+        "(both calibrated, runtime.source); not modelled on this path: the embedding lookup, the experts' "
+        "activation/quantisation kernels")
 
 
 def check_fit(cfg, plan: ParallelPlan, shape: StepShape, hbm_gb: float) -> tuple[float, float]:
@@ -51,9 +52,12 @@ def simulate_plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, shape: S
         raise ConfigError(f"--seq {shape.seq_len}: longer than {cfg.name}'s context of {cfg.max_position_embeddings}")
     hbm_gb = summarize(loaded.chip).hbm_gb
     weights, kv = check_fit(cfg, plan, shape, hbm_gb) if fit else memory_per_rank_gb(cfg, plan, shape)
-    ops = loaded.system.moe_operators
+    ops, runtime = loaded.system.moe_operators, loaded.system.runtime
     wl = build_step(cfg, plan, shape, dpn, routing, seed,
-                    ops.decode_copies if shape.phase == "decode" else ops.prefill_copies)
+                    ops.decode_copies if shape.phase == "decode" else ops.prefill_copies,
+                    Overheads(step_us=runtime.step_overhead_us, step_source=runtime.source))
+    wl.meta["launch_us"] = runtime.launch_us
+    wl.meta["launch_us"] = loaded.system.runtime.launch_us
     cc = chip_cost or ChipCost(loaded.chip)
     timing = time_workload(wl, loaded, cc, fidelity)
     out = summarize_timing(wl, timing, loaded, cc)
@@ -95,6 +99,7 @@ def _onnx_step(loaded: LoadedSystem, path: str, plan: ParallelPlan, shape: StepS
     if fit and weights + kv > hbm_gb:
         raise ConfigError(f"plan does not fit: {weights:.1f} GB of weights + {kv:.1f} GB of KV cache per die > "
                           f"{hbm_gb:g} GB of HBM")
+    wl.meta["launch_us"] = loaded.system.runtime.launch_us
     cc = chip_cost or ChipCost(loaded.chip)
     timing = time_workload(wl, loaded, cc, fidelity)
     out = summarize_timing(wl, timing, loaded, cc)

@@ -20,6 +20,8 @@ preset's header describes it:
   the simulated 2 MiB bandwidth at efficiency 1;
 * CloudMatrix384 ``other_kernels_us`` (xDeepServe Figure 20): the iteration's "other" kernels minus
   what the model costs of them (the LM head, the MTP module, each layer's vector ops), per layer.
+* Atlas 800I A2 ``runtime`` (operator launch floor and per-step host overhead): two graph-mode decode
+  steps of the torchair model tables (``role: calibration``), solved for the two unknowns.
 
 ``drift`` = stored / recomputed - 1; ``npusim calibrate --check`` fails above 2%.
 """
@@ -162,6 +164,44 @@ def other_kernels_constant() -> list[Constant]:
                      f"{layers} layers' vector ops as simulated) / {layers} layers")]
 
 
+def runtime_constants() -> list[Constant]:
+    """The Atlas 800I A2 operator runtime (``runtime.launch_us``, ``runtime.step_overhead_us``) from
+    the two ``ascend_plan_steps`` rows marked ``role: calibration`` (two decode steps of models with
+    different operator counts): with launch floor ``L`` and no step overhead the simulated steps are
+    ``T_a(L)``, ``T_b(L)``; ``L`` solves ``T_a(L) - T_b(L) = P_a - P_b`` (bisection: the model with more
+    operators gains more per microsecond of floor), then the step overhead is ``P_b - T_b(L)``."""
+    from npusim.validate.plans import simulated_step_ms
+
+    pub = published()["ascend_plan_steps"]
+    rows = sorted((r for r in pub["rows"] if r.get("role") == "calibration"), key=lambda r: r["ms"])
+    if len(rows) != 2:
+        raise ValueError(f"published.yaml ascend_plan_steps: {len(rows)} rows with role: calibration, expected 2")
+    b, a = rows  # a: the slower step (more operators)
+    base = load_system("atlas-800i-a2", nodes=1)
+
+    def steps(launch: float) -> tuple[float, float]:
+        bare = _variant(base, {"runtime": {"launch_us": launch, "step_overhead_us": 0.0}})
+        return simulated_step_ms(bare, a), simulated_step_ms(bare, b)
+
+    target = a["ms"] - b["ms"]
+    lo, hi = 0.0, 1000.0
+    if (lambda t: t[0] - t[1])(steps(lo)) >= target:
+        launch = 0.0
+    else:
+        for _ in range(30):  # to ~1e-6 us
+            mid = (lo + hi) / 2
+            ta, tb = steps(mid)
+            lo, hi = (mid, hi) if ta - tb < target else (lo, mid)
+        launch = (lo + hi) / 2
+    tb = steps(launch)[1]
+    src = f"{pub['source']}: {a['model']} and {b['model']} decode, batch {a['batch']} ({a['ms']} / {b['ms']} ms)"
+    rt = base.system.runtime
+    return [Constant("runtime.launch_us", "atlas-800i-a2", rt.launch_us, launch, src,
+                     "the floor L with T_a(L) - T_b(L) = P_a - P_b (no step overhead)"),
+            Constant("runtime.step_overhead_us", "atlas-800i-a2", rt.step_overhead_us, (b["ms"] - tb) * 1e3, src,
+                     "P_b - T_b(L)")]
+
+
 def _vector_ops_us(result, loaded: LoadedSystem) -> float:
     """The vector ops of one MoE layer's attention part on a die, as the chip cost of each op."""
     from npusim.model.zoo import get_config
@@ -179,7 +219,7 @@ def _vector_ops_us(result, loaded: LoadedSystem) -> float:
 
 GROUPS: dict[str, Callable[[], list[Constant]]] = {
     "operators": operator_constants, "hccs": hccs_constants, "table1": table1_constants,
-    "other_kernels": other_kernels_constant,
+    "other_kernels": other_kernels_constant, "runtime": runtime_constants,
 }
 
 
