@@ -235,7 +235,7 @@ def test_ops_and_graphs_on_a_share(die):
     cc = ChipCost(die, persist=False)
     norm = Op("L0.norm", "vector", layer=0, elements=64 * 7168, op_class="reduction", fn="rmsnorm", row_len=7168)
     r = cc.op(norm, cores=16)
-    assert r.kind == "op" and r.cores == 16 and 0 < r.cores_used <= 16 and r.cycles > 0
+    assert r.kind == "vector" and r.cores == 16 and 0 < r.cores_used <= 16 and r.cycles > 0
     attn = Op("L0.attn", "attention", layer=0, q_len=1, kv_len=1024, batch=8, heads=16, kv_heads=16,
               head_dim=128)
     ra = cc.op(attn, cores=16)
@@ -351,3 +351,20 @@ def test_cli_gemm_chip_errors(capsys, argv, message):
     assert code == 2 and message in err and "Traceback" not in err
     code, _, err = run_cli(capsys, "gemm", "--arch", ARCH, "--chip", "--m", "0", "--n", "1", "--k", "1")
     assert code == 2 and "--m" in err and "not a positive integer" in err
+
+
+# -- vector operators -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op_class, out_bytes", [("rmsnorm", 2), ("quantize", 1)])
+def test_a_vector_operator_streams_its_rows_through_hbm(die, op_class, out_bytes):
+    """Rows split over the cores, read once from HBM and written once (INT8 + a scale per row for
+    quantize); more cores never slower; the work is the vector model's."""
+    rows, width = 96, 7168
+    op = Op("v", "vector", 0, "bf16", elements=rows * width, op_class=op_class, row_len=width)
+    cc = ChipCost(die, persist=False)
+    full, few = cc.op(op), cc.op(op, 4)
+    assert full.hbm_read_bytes == rows * width * 2
+    assert full.hbm_write_bytes == rows * width * out_bytes + (4 * rows if op_class == "quantize" else 0)
+    assert full.cores_used == 24 and few.cores_used == 4 and full.cycles <= few.cycles
+    assert 0 < full.hbm_bandwidth_gbps <= summarize(die).hbm_bandwidth_gbps * (1 + 1e-9)
+    assert full.mapping.startswith("vector: 96 rows of 7168 over 24 cores")

@@ -48,7 +48,10 @@ full decoder layer, ``mtp.norm`` and ``mtp.lm_head`` (shared with the main head)
 
 Precision: ``bf16`` everything; ``a8w8`` makes GEMM and expert operands int8 (weights and
 activations) while the KV cache, attention, embeddings, the router, the LM head and all
-vector ops stay bf16. Ops whose weight is shared with another op (tied embeddings, MTP's embedding and
+vector ops stay bf16: each tensor an INT8 GEMM (or the experts) reads is first quantised per token
+by a ``<gemm>.quant`` vector op (class ``quantize``: abs-max, scale, convert; one per tensor, shared
+by the GEMMs that read it); de-quantisation is the GEMM's epilogue (bf16 out), and the experts'
+re-quantisation between their up and down GEMMs is inside the ``moe`` op (not a separate op). Ops whose weight is shared with another op (tied embeddings, MTP's embedding and
 head) carry ``attrs["shared_weight"]`` naming the owner, so totals can count it once.
 """
 
@@ -75,6 +78,7 @@ class _Builder:
     cfg: ModelConfig
     precision: str
     ops: list[Op] = field(default_factory=list)
+    _quantized: dict = field(default_factory=dict)  # (input, rows, width) -> its quantisation op
 
     @property
     def gemm_dtype(self) -> str:
@@ -86,8 +90,20 @@ class _Builder:
 
     def gemm(self, name, layer, m, k, n, inputs, *, weight=True, batch=1, weight_batched=False, dtype=None,
              **attrs) -> str:
-        return self.add(Op(name, "gemm", layer, dtype or self.gemm_dtype, inputs=_t(inputs), m=m, k=k, n=n,
+        dtype = dtype or self.gemm_dtype
+        if dtype == "int8":
+            inputs = self.quantized(name, layer, m * batch, k, inputs)
+        return self.add(Op(name, "gemm", layer, dtype, inputs=_t(inputs), m=m, k=k, n=n,
                            batch=batch, weight=weight, weight_batched=weight_batched, attrs=attrs))
+
+    def quantized(self, name, layer, rows, width, inputs) -> str:
+        """``inputs`` (bf16 activations, ``rows x width``) quantised to INT8 per token for an INT8
+        GEMM: one ``quantize`` vector op per tensor, shared by the GEMMs that read it."""
+        key = (_t(inputs), rows, width)
+        if key not in self._quantized:
+            self._quantized[key] = self.vector(f"{name}.quant", layer, rows * width, "quantize", inputs,
+                                               row_len=width)
+        return self._quantized[key]
 
     def vector(self, name, layer, elements, op_class, inputs, *, fn=None, row_len=None) -> str:
         return self.add(Op(name, "vector", layer, "bf16", inputs=_t(inputs), elements=elements, op_class=op_class,
@@ -323,7 +339,8 @@ def _moe(b: _Builder, ctx: _Ctx, layer: int, x: str, prefix: str) -> str:
         route = b.vector(f"{p}.route", layer, t * e, "activation", logits, fn="sigmoid")
     picks = route_tokens(t, e, k, ctx.moe_skew, ctx.seed * 1_000_003 + layer)
     counts = tuple(int(c) for c in np.bincount(picks.ravel(), minlength=e))
-    y = b.add(Op(f"{p}.experts", "moe", layer, b.gemm_dtype, inputs=(x, route), m=t, k=h,
+    xq = b.quantized(f"{p}.experts", layer, t, h, x) if b.gemm_dtype == "int8" else x
+    y = b.add(Op(f"{p}.experts", "moe", layer, b.gemm_dtype, inputs=(xq, route), m=t, k=h,
                  n=cfg.moe_intermediate_size, experts=e, top_k=k, gated=True, expert_tokens=counts,
                  expert_routing=tuple(picks.ravel().tolist())))
     if not cfg.num_shared_experts:

@@ -70,9 +70,18 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   DeepSeek-V3 on Ascend), else the input dtype. Both operands are costed at ``dtype`` (an op's
   ``weight_dtype`` is ignored). The share's cores must have the same systolic array.
 
+**Vector operators** (:meth:`ChipCost.vector`, and :meth:`ChipCost.op` for a ``vector`` op): as an
+operator runtime runs one (Ascend's AIV kernels), the op's rows are split evenly over the share's
+cores (whole rows; elementwise ops are rows of one element); each core streams its rows from HBM
+in chunks of a quarter of its buffer, runs the vector model's passes on each chunk (two buffers:
+a chunk loads while the one before computes) and writes the result back (``quantize``: INT8 plus a
+4-byte scale per row; else the input dtype). Only the first input is read (a residual add's second
+operand is not charged).
+
 **Ops and graphs** (:meth:`ChipCost.op`, :meth:`ChipCost.graph`): a ``gemm`` op goes through the
 GEMM kernel above (``batch x m`` rows against one weight, or ``batch`` products with their own
-operands when ``weight_batched`` / not a weight). Any other op, and graphs, go through the
+operands when ``weight_batched`` / not a weight), a ``vector`` op through the vector operator
+above. Any other op (attention, ``moe``), and graphs, go through the
 project's mapper (:func:`npusim.mapping.mapper.map_model`) onto the share, by default tensor
 parallel over all of its cores with weights and KV cache streamed from HBM (the system level keeps
 a die's weights in HBM, not in core SRAM); the mapper's model applies (activations start and end
@@ -745,10 +754,23 @@ class ChipCost:
                                  name=op.name)
             return self.gemm(op.m, op.k, op.n, op.dtype, cores, batch=op.batch, hbm_fraction=hbm_fraction,
                              name=op.name)
+        if op.kind == "vector" and spec is None:
+            return self.vector(op, cores, hbm_fraction=hbm_fraction)
         phase = "decode" if op.kind == "attention" and op.q_len == 1 else "prefill"
         graph = Graph(op.name, [replace(op, inputs=())], phase=phase,
                       batch=max(1, op.batch if op.kind == "attention" else 1))
         return self.graph(graph, cores, spec=spec, hbm_fraction=hbm_fraction, _kind="op")
+
+    def vector(self, op: Op, cores: int | Sequence[int] | None = None, *, hbm_fraction: float = 1.0) -> ChipCostResult:
+        """One vector operator on the share (see the module docstring): its rows split evenly over
+        the cores, each streaming its rows from HBM through its buffer and back."""
+        if not isinstance(op, Op) or op.kind != "vector":
+            raise ConfigError("vector() needs an npusim.model.ir.Op of kind 'vector'")
+        share = self._share(cores)
+        frac = self._fraction(hbm_fraction)
+        key = {"kind": "vector", "op_class": op.op_class, "elements": op.elements, "row_len": op.row_len,
+               "fn": op.fn, "dtype": op.dtype}
+        return self._lookup(key, share, frac, op.name, lambda: self._run_vector(op, share, frac))
 
     def graph(self, graph: Graph, cores: int | Sequence[int] | None = None, *, spec=None,
               hbm_fraction: float = 1.0, _kind: str = "graph") -> ChipCostResult:
@@ -961,6 +983,36 @@ class ChipCost:
                     if _split(out, pk, r):
                         em.write(core, _split(out, pk, r), [coll.done[core]], f"c{core} write C")
         return prog, em.l2_bytes
+
+    def _run_vector(self, op: Op, share: list[int], frac: float) -> ChipCostResult:
+        row = op.row_len or 1
+        rows = max(1, op.elements // row)
+        e_in = DTYPE_BYTES[op.dtype]
+        e_out = 1.0 if op.op_class == "quantize" else e_in  # INT8 out (+ a 4-byte scale per row)
+        prog = Program(self.arch.num_cores, meta={"chipcost": "vector", "op": op.name})
+        planner = _Planner(self.arch, share, "bf16" if "bf16" in self.arch.systolic_for(share[0]).macs_per_pe_per_cycle
+                           else next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle)), "bf16", frac)
+        em = _Emitter(planner, prog, op.dtype)
+        used = min(len(share), rows)
+        for i, core in enumerate(share[:used]):
+            core_rows = _split(rows, used, i)
+            buf = self.arch.sram_for(core).capacity_mb * MB / 4  # a quarter of the buffer per chunk
+            chunk_rows = max(1, min(core_rows, int(buf // max(1.0, row * (e_in + e_out)))))
+            chunks = _blocks(core_rows, _cdiv(core_rows, chunk_rows), 1)
+            computes: list[int] = []
+            last = -1
+            for c, r in enumerate(chunks):
+                deps = [computes[c - 2]] if c >= 2 else []  # two buffers: a load waits for the one two back
+                load = em.loads(core, _nbytes(r * row, e_in), 0, deps, f"{op.name} c{core} load{c}")
+                last = prog.add_vector(core, op.op_class, r * row, op.dtype, deps=[*load, last],
+                                       name=f"{op.name} c{core} {c}", fn=op.fn, row_len=op.row_len)
+                computes.append(last)
+                out = _nbytes(r * row, e_out) + (4 * r if op.op_class == "quantize" else 0)
+                em.write(core, out, [last], f"{op.name} c{core} write{c}")
+        sim = self._simulate(prog, frac)
+        min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)
+        return self._result("vector", op.name, op.dtype, share, frac, sim, prog, 0, min_bytes,
+                            f"vector: {rows} rows of {row} over {used} cores, streamed from and to HBM")
 
     def _run_graph(self, graph: Graph, spec, share: list[int], frac: float, kind: str) -> ChipCostResult:
         from npusim.mapping.mapper import map_model

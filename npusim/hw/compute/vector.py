@@ -51,6 +51,10 @@ layernorm     (1) sum-reduce; (2) per row: mean, 1 elementwise; (3) (x-mean)^2
               -> 5 passes
 rope          1 pass, 2 elementwise (x*cos + rotate_half(x)*sin as mul + fma; the
               cos/sin tables are read from SRAM, rotate_half is free addressing)
+quantize      dynamic per-row (per-token) symmetric INT8 quantisation, rows of
+              ``row_len``: (1) abs-max reduce: 1 elementwise (abs) + 1 reduction op;
+              (2) per row: 1 divide (scale = 127 / absmax); (3) x * scale, round and
+              convert: 2 elementwise  -> 3 passes
 ============  ========================================================================
 
 ``utilization`` = ideal cycles / cycles, where ideal cycles are the lane-cycles
@@ -101,7 +105,7 @@ ACTIVATION_FUNCTIONS: dict[str, tuple[int, int]] = {
 }
 
 OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide",
-              "softmax", "rmsnorm", "layernorm", "rope")
+              "softmax", "rmsnorm", "layernorm", "rope", "quantize")
 
 # pass descriptors: (label, kind, {class: ops per item}), kind in "stream" | "reduce" | "row"
 _Pass = tuple[str, str, dict[str, int]]
@@ -159,6 +163,10 @@ def _passes(op_class: str, fn: str | None, ops_per_element: int) -> list[_Pass]:
                 ("normalize", "stream", {"elementwise": 3})]
     if op_class == "rope":
         return [("rope", "stream", {"elementwise": 2})]
+    if op_class == "quantize":
+        return [("absmax-reduce", "reduce", {"elementwise": 1, "reduction": 1}),
+                ("row-scale", "row", {"divide": 1}),
+                ("quantize", "stream", {"elementwise": 2})]
     raise ValueError(f"unknown vector op class {op_class!r}; valid: {list(OP_CLASSES)}")
 
 
@@ -240,7 +248,7 @@ def vector_cost(
     Args:
         op_class: one of :data:`OP_CLASSES`.
         elements: number of input elements (> 0); for row-wise classes
-            (reduction, softmax, rmsnorm, layernorm) ``rows * row_len``.
+            (reduction, softmax, rmsnorm, layernorm, quantize) ``rows * row_len``.
         lanes: SIMD lanes (> 0).
         ops_per_cycle_per_lane: throughput per class of :data:`THROUGHPUT_CLASSES`;
             missing classes take :data:`DEFAULT_OPS_PER_CYCLE_PER_LANE`.
