@@ -81,9 +81,28 @@ def deepseek_rows(quick: bool = False) -> list[Row]:
                   }.get(r["metric"], r["metric"])
         unit = " us" if r["metric"].endswith("_us_per_call") else {"tpot_ms": " ms", "kv_gb_per_die": " GiB"}.get(
             r["metric"], "")
+        kind = "calibration" if r.get("role") == "calibration" else "fitted" if r.get("fitted") else "outside"
         rows.append(Row(name=f"DeepSeek {r['name']} {metric}", source=f"{r['source']} [{r['confidence']}]",
                         published=float(r["published"]), simulated=float(res.metric(r["metric"])),
-                        tolerance=DEEPSEEK_TOLERANCE, unit=unit,
-                        kind="calibration" if r.get("role") == "calibration" else "fitted" if r.get("fitted")
-                        else "outside", note=res.note.split(";")[0]))
+                        tolerance=DEEPSEEK_TOLERANCE, unit=unit, kind=kind, note=res.note.split(";")[0],
+                        baseline=_roofline_metric(loaded, res, r["metric"]) if kind == "outside" else None))
     return rows
+
+
+def _roofline_metric(loaded, res, metric: str) -> float | None:
+    """``metric`` of a DeepSeek step timed by a roofline of the same work (each die's share of the
+    model's FLOPs at peak or of its weight and KV bytes at the HBM's bandwidth, whichever is
+    longer); None for metrics a roofline does not give."""
+    from npusim.system.mapper import StepShape
+    from npusim.system.plan import ParallelPlan
+    from npusim.validate.plans import roofline_ms
+
+    meta = res.workload.meta
+    if metric not in ("tpot_ms", "tokens_per_s_per_npu"):
+        return None
+    plan = ParallelPlan(**{k: v for k, v in meta["plan"].items() if k in ParallelPlan.__dataclass_fields__})
+    step = roofline_ms(loaded, "deepseek-r1", plan, StepShape(meta["phase"], meta["batch"], meta["seq_len"],
+                                                              meta["kv_len"]))
+    if metric == "tpot_ms":
+        return step / meta["tokens_per_sequence"]
+    return meta["tokens"] / plan.npus / (step / 1e3)
