@@ -90,3 +90,15 @@ hbm:
   frontend_latency_ns: 5
   timing: {tRCD: 14, tCL: 14, tRP: 14, tRAS: 33, tCCD: 2, tWL: 4, tWR: 16, tWTR: 8, tRTW: 4}
 """
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run ``npusim ARGV...`` in this process: (exit code, stdout, stderr)."""
+    def run(*argv):
+        from npusim.cli import main
+
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run

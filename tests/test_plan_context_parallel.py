@@ -141,30 +141,22 @@ def test_impossible_context_splits_are_clear_errors():
         build_step(cfg, ParallelPlan(npus=8, tp=2, cp=4), StepShape("prefill", 1, 1020, 1020))
 
 
-def _cli(capsys, *argv):
-    from npusim.cli import main
-
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_the_cp_flag_overrides_the_mapping(capsys, tmp_path):
+def test_the_cp_flag_overrides_the_mapping(cli, tmp_path):
     mapping = tmp_path / "long.yaml"
     mapping.write_text("plan:\n  npus: 4\n  tp: 2\n  cp: 2\n")
     run = ("run", "--system", "atlas-800i-a2", "--nodes", "1", "--model", "qwen3-0.6b", "--phase", "prefill",
            "--batch", "2", "--seq", "1024", "--mapping", str(mapping), "--json")
-    code, out, err = _cli(capsys, *run)
+    code, out, err = cli(*run)
     assert code == 0, err
     plan = json.loads(out)["plan"]
     assert (plan["tp"], plan["dp"], plan["cp"]) == (2, 1, 2)
-    code, out, err = _cli(capsys, *run, "--cp", "1")
+    code, out, err = cli(*run, "--cp", "1")
     assert code == 0, err
     plan = json.loads(out)["plan"]
     assert (plan["tp"], plan["dp"], plan["cp"]) == (2, 2, 1)
     for extra, words in ((["--cp", "3"], ["cp 3 does not divide"]),
                          (["--phase", "decode", "--kv", "512"], ["cp 2", "decode", "not modelled"])):
-        code, _, err = _cli(capsys, *run, *extra)
+        code, _, err = cli(*run, *extra)
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1, err
         assert all(w in lines[0] for w in words), lines[0]

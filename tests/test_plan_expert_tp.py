@@ -148,24 +148,16 @@ def test_a_deployment_takes_expert_tp_and_moves_twice_the_tokens():
         simulate_step(cm1, Deployment.model_validate({**base, "expert_tp": 3}), batch=8, kv=1024)
 
 
-def _cli(capsys, *argv):
-    from npusim.cli import main
-
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_the_expert_tp_flag_overrides_the_mapping(capsys, tmp_path):
+def test_the_expert_tp_flag_overrides_the_mapping(cli, tmp_path):
     mapping = tmp_path / "moe.yaml"
     mapping.write_text("plan:\n  npus: 2\n  dp: 2\n  ep: 2\n  expert_tp: 2\n  precision: w8a8\n")
     run = ("run", "--system", "atlas-800i-a2", "--nodes", "1", "--model", "qwen3-30b-a3b", "--phase", "decode",
            "--batch", "4", "--kv", "256", "--mapping", str(mapping), "--json")
-    code, out, err = _cli(capsys, *run)
+    code, out, err = cli(*run)
     assert code == 0, err
     assert json.loads(out)["plan"]["expert_tp"] == 2
-    code, out, err = _cli(capsys, *run, "--expert-tp", "1")
+    code, out, err = cli(*run, "--expert-tp", "1")
     assert code == 0, err
     assert json.loads(out)["plan"]["expert_tp"] == 1
-    code, _, err = _cli(capsys, *run, "--expert-tp", "4")
+    code, _, err = cli(*run, "--expert-tp", "4")
     assert code == 2 and "expert_tp 4 is more than ep 2" in err and len(err.strip().splitlines()) == 1

@@ -174,16 +174,8 @@ def test_plan_search_ranks_feasible_points_and_explains_rejections():
         assert all(row["feasible"] for row in rows[:-1])
 
 
-def _cli(capsys, *argv):
-    from npusim.cli import main
-
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_run_system_honours_the_model_and_the_plan_flags(capsys, tmp_path):
-    code, out, err = _cli(capsys, "run", "--system", "cloudmatrix384", "--nodes", "1", "--model", "qwen3-4b", "--phase",
+def test_run_system_honours_the_model_and_the_plan_flags(cli, tmp_path):
+    code, out, err = cli("run", "--system", "cloudmatrix384", "--nodes", "1", "--model", "qwen3-4b", "--phase",
                           "decode", "--batch", "8", "--kv", "1024", "--npus", "1", "--json", "--out",
                           str(tmp_path / "o"), "--save-workload", str(tmp_path / "w"))
     assert code == 0, err
@@ -194,7 +186,7 @@ def test_run_system_honours_the_model_and_the_plan_flags(capsys, tmp_path):
     tracks = {(e["pid"], e["tid"]) for e in timeline["traceEvents"] if e["ph"] == "X"}
     assert {(0, 0), (1, 0), (0, 2), (1, 2)} <= tracks  # both dies' compute and communication
     assert json.loads((tmp_path / "o" / "links.json").read_text())
-    code, out, err = _cli(capsys, "replay", str(tmp_path / "w"), "--system", "cloudmatrix384", "--nodes", "1", "--json")
+    code, out, err = cli("replay", str(tmp_path / "w"), "--system", "cloudmatrix384", "--nodes", "1", "--json")
     assert code == 0, err
     assert json.loads(out)["step_ms"] == pytest.approx(r["step_ms"])
 
@@ -207,17 +199,17 @@ def test_run_system_honours_the_model_and_the_plan_flags(capsys, tmp_path):
     (["--model", "llama-3-70b", "--npus", "1"], ["does not fit", "GB of HBM"]),
     (["--mapping", "mappers/a2-deepseek-decode.yaml", "--npus", "8", "--tp", "3"], ["tp 3", "must match"]),
 ])
-def test_plan_path_errors_are_one_line(capsys, monkeypatch, argv, words):
+def test_plan_path_errors_are_one_line(cli, monkeypatch, argv, words):
     from pathlib import Path
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
-    code, _, err = _cli(capsys, "run", "--system", "atlas-800i-a2", "--nodes", "1", *argv)
+    code, _, err = cli("run", "--system", "atlas-800i-a2", "--nodes", "1", *argv)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, err
     assert all(w in lines[0] for w in words), lines[0]
 
 
-def test_plan_command_contract(capsys):
-    code, out, err = _cli(capsys, "plan", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model",
+def test_plan_command_contract(cli):
+    code, out, err = cli("plan", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model",
                           "qwen3-30b-a3b", "--kv", "1024", "--slo-tpot-ms", "50", "--precision", "w8a8", "--batches",
                           "2,16", "--workers", "1", "--json")
     assert code == 0, err
@@ -228,7 +220,7 @@ def test_plan_command_contract(capsys):
                for c in r["candidates"])
 
 
-def test_a_hugging_face_config_runs_on_a_system(capsys, tmp_path):
+def test_a_hugging_face_config_runs_on_a_system(cli, tmp_path):
     """--model PATH/config.json (a dense Qwen2 and a MoE Qwen3 config) on the plan path, named by its folder."""
     dense = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
              "intermediate_size": 4864, "num_hidden_layers": 4, "num_attention_heads": 14, "num_key_value_heads": 2,
@@ -241,25 +233,25 @@ def test_a_hugging_face_config_runs_on_a_system(capsys, tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
         for phase in (["--phase", "decode", "--kv", "512"], ["--phase", "prefill", "--seq", "256"]):
-            code, out, err = _cli(capsys, "run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model",
+            code, out, err = cli("run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model",
                                   str(tmp_path / name / "config.json"), "--batch", "4", *phase, *extra, "--json")
             assert code == 0, err
             r = json.loads(out)
             assert r["model"] == name and r["step_ms"] > 0
 
 
-def test_an_onnx_export_runs_data_parallel_on_a_system(capsys, tmp_path):
+def test_an_onnx_export_runs_data_parallel_on_a_system(cli, tmp_path):
     from pathlib import Path
     onnx = Path(__file__).resolve().parents[1] / "examples" / "onnx" / "qwen3_tiny_opset18.onnx"
-    code, out, err = _cli(capsys, "run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model", str(onnx),
+    code, out, err = cli("run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model", str(onnx),
                           "--phase", "decode", "--batch", "8", "--kv", "256", "--json", "--save-workload",
                           str(tmp_path / "w"))
     assert code == 0, err
     r = json.loads(out)
     assert r["model"] == "qwen3_tiny_opset18" and r["plan"]["dp"] == 2 and r["step_ms"] > 0
-    code, out, err = _cli(capsys, "replay", str(tmp_path / "w"), "--system", "atlas-800i-a2", "--nodes", "1", "--json")
+    code, out, err = cli("replay", str(tmp_path / "w"), "--system", "atlas-800i-a2", "--nodes", "1", "--json")
     assert code == 0 and json.loads(out)["step_ms"] == pytest.approx(r["step_ms"])
-    code, _, err = _cli(capsys, "run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model", str(onnx),
+    code, _, err = cli("run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model", str(onnx),
                         "--tp", "2", "--dp", "1")
     assert code == 2 and "data parallel only" in err
 
