@@ -105,15 +105,51 @@ def _install_locators(digest: str) -> bool:
 
 def will_compile(dispatcher) -> bool:
     """Whether calling ``dispatcher`` (a ``cache=True`` ``@njit`` function) will compile it: nothing
-    compiled for it in this process, and no overload in its on-disk cache for the current sources
-    (whose stamp :func:`install` set). False when unsure: it reads Numba's private cache index, and
-    a Numba whose API differs only loses the notice this answers for."""
+    compiled for it in this process, and no entry for it in its on-disk cache for the current sources
+    (whose stamp :func:`install` set). A closure's entries are told apart by its constants, as Numba's
+    cache key does (the chip kernel's fidelity variants share one index file). False when unsure, or
+    for anything but a dispatcher: it reads Numba's private cache index, and a Numba whose API
+    differs only loses the notice this answers for."""
     try:
         if dispatcher.overloads:
             return False
-        return not dispatcher._cache._cache_file._load_index()
+        cache = dispatcher._cache
+        index = cache._cache_file._load_index()
+        if dispatcher.py_func.__closure__ is None:
+            return not index
+        ours = cache._index_key(None, _NoCodegen())[2]  # (bytecode hash, closure constants hash)
+        return not any(key[2] == ours for key in index)
     except Exception:
         return False
+
+
+class _NoCodegen:
+    """Stands in for a codegen in ``Cache._index_key``: only the key's hashes are compared."""
+
+    def magic_tuple(self):
+        return None
+
+
+#: called with a kernel's name when it is about to compile (:func:`set_compile_notice`)
+_notice = None
+#: the dispatchers already announced in this process
+_announced: set = set()
+
+
+def set_compile_notice(callback) -> None:
+    """Have ``callback(name)`` called when a simulation kernel is about to be compiled (the command
+    line prints a line on stderr, before the wait); ``None``: say nothing (the default, for library
+    use)."""
+    global _notice
+    _notice = callback
+
+
+def announce_compile(dispatcher, name: str) -> None:
+    """Tell the compile-notice callback, if one is set, that ``dispatcher`` (``name``) is about to be
+    compiled; once per dispatcher and process."""
+    if _notice is not None and dispatcher not in _announced and will_compile(dispatcher):
+        _announced.add(dispatcher)
+        _notice(name)
 
 
 install()  # on first import, before any module of npusim that uses Numba decorates a function

@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out if isinstance(getattr(args, "out", None), Path) else None
     created = out is not None and not out.exists()
     _terminate_like_interrupt()
+    if not _quiet(args):
+        from npusim._jitcache import set_compile_notice
+
+        set_compile_notice(_compile_notice)
     try:
         if out is not None:
             check_output_dir(out)  # before a long run, not after it
@@ -73,6 +77,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"npusim {args.command}: interrupted" + (f"; no incomplete result files were left in {out}" if out else ""),
               file=sys.stderr)
         return 130
+
+
+def _quiet(args) -> bool:
+    """Whether the command shows no progress (``--no-progress``, ``--json``, or no ``--progress``
+    where progress is opt-in): it then says nothing about compiling either."""
+    return bool(getattr(args, "no_progress", False) or getattr(args, "json", False)
+                or not getattr(args, "progress", True))
+
+
+def _compile_notice(name: str) -> None:
+    """One line on stderr as a simulation kernel starts compiling, before the wait (on a terminal
+    it takes the progress bar's line; the bar redraws below it)."""
+    start = "\r\x1b[K" if sys.stderr.isatty() else ""
+    print(f"{start}npusim: compiling the {name} with Numba, once after an install or an update; later "
+          "runs load it from the cache", file=sys.stderr, flush=True)
 
 
 def _remove_if_empty(out: Path | None) -> None:

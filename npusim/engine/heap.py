@@ -39,8 +39,11 @@ def _swap(heap, i, j):
         heap[j, c] = tmp
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def heap_push(heap, hs, time, etype, eid):
+    """Add an event. Not ``inline="always"``: the models call it from ~40 places, and each inlined
+    copy slowed Numba's inlining of its caller into the kernel (see ``npusim.sim.kernel``); a call
+    passing two arrays and three integers costs little."""
     i = hs[HS_SIZE]
     heap[i, TIME] = time
     heap[i, SEQ] = hs[HS_SEQ]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from npusim._jitcache import announce_compile
 from npusim.arch.derived import channel_bandwidths_gbps, hbm_attach_routers
 from npusim.arch.schema import Arch
 from npusim.engine import Engine
@@ -49,7 +50,8 @@ from npusim.sim.kernel import (
     STATUS_NOTIFY,
     STATUS_TIME_LIMIT,
     STATUS_WATCH,
-    run_loop,
+    fidelity_of,
+    kernel_for,
 )
 
 KINDS = (KIND_FIXED, KIND_DMA, KIND_NOC, KIND_NOTIFY)
@@ -140,6 +142,9 @@ class Simulator:
         self.sram_ports = new_sram_ports(memory_mode == "tlm", self.queues_per_core, self.dma_engines,
                                          [8 * s.banks * s.bytes_per_cycle_per_bank for s in srams],
                                          [max(1, rate)] * arch.num_cores)
+        # the loop compiled for this fidelity only (npusim.sim.kernel.kernel_for)
+        self._fidelity = fidelity_of(self.mem, self.noc, self.sram_ports)
+        self._run_loop = kernel_for(*self._fidelity)
 
     @property
     def sram_timing(self) -> bool:
@@ -223,11 +228,11 @@ class Simulator:
         watch = -1 if until_task is None else int(until_task)
         if watch >= 0 and eng.is_done(watch):
             return RunOutcome("task_done", self.now)
+        announce_compile(self._run_loop, _kernel_name(*self._fidelity))
         while True:
-            status = run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.flit, self.mempath, self.sram_ports,
-                              self.period_ps,
-                              limit, watch,
-                              chunk_events if progress else FOREVER, self._headroom)
+            status = self._run_loop(eng.tt, eng.heap, eng.hs, self.mem, self.noc, self.flit, self.mempath,
+                                    self.sram_ports, self.period_ps, limit, watch,
+                                    chunk_events if progress else FOREVER, self._headroom)
             if status == STATUS_GROW:
                 eng.grow_heap()
             elif status == STATUS_GROW_NOC:
@@ -306,6 +311,16 @@ class Simulator:
             "exclusion_rule_violations": int(self.mem.counters[C_EXCLUSION_VIOLATIONS]),
             "phase_order_violations": int(self.mem.counters[C_PHASE_VIOLATIONS]),
         }
+
+
+#: CPU seconds a 2-core machine took to compile each fidelity's loop (``(tlm, flit)``), for the notice
+_COMPILE_S = {(False, False): 15, (True, False): 35, (False, True): 25, (True, True): 50}
+
+
+def _kernel_name(tlm: bool, flit: bool) -> str:
+    """What the compile notice calls the loop of a fidelity, with its compile time."""
+    return (f"chip simulation kernel for {'TLM' if tlm else 'analytical'} memory and the "
+            f"{'flit' if flit else 'path/analytical'} NoC (about {_COMPILE_S[tlm, flit]} s on a 2-core machine)")
 
 
 def _tiny_noc():
