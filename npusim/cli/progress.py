@@ -54,7 +54,7 @@ def compile_notice(kernels: tuple[str, ...]) -> None:
     names = [k for k in kernels if will_compile(getattr(importlib.import_module(KERNELS[k][0]), KERNELS[k][1]))]
     if names:
         print(f"npusim: compiling the {' and '.join(names)} simulation kernel{'s' * (len(names) > 1)} with Numba, once "
-              "after an install or an update (about 90 s on a 2-core machine; later runs load it from the cache)",
+              "after an install or an update (about 10-15 s on a 2-core machine; later runs load it from the cache)",
               file=sys.stderr, flush=True)
 
 

@@ -4,7 +4,7 @@ Plain ``npusim run`` serves the default scenario: 32 synthetic requests of Qwen3
 at 8 per second (Poisson, seed 0; prompts of 128-512 tokens, 32-128 output tokens) on
 npusim-64c under PD fusion, TP-4 groups in a 16-stage pipeline, memory at the analytical
 fidelity and the NoC at the path level; about 10 s on a 2-core machine once the kernel is compiled
-(the first run compiles it for about 90 s). ``--trace`` or
+(the first run compiles it for about 15 s). ``--trace`` or
 ``--rate`` choose other request streams (see the serving options).
 
 A forward-pass flag (``--phase``, ``--batch``, ``--seq``, ``--kv``, or ``--forward``) simulates

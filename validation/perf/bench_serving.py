@@ -13,16 +13,32 @@ N decoder layers (for the long growth series; say so when quoting).
 ``--cache off,on`` runs each point without and with the iteration-cost cache
 (``npusim run --iteration-cache``; ``--cache-buckets`` its buckets, default exact).
 
+``--readme`` instead times the README's trace command, ``npusim run --trace
+traces/mooncake_sample.jsonl`` at its defaults (whole prompts clipped to the model's context, the
+iteration cache on, exact), on its first ``--requests`` requests (default all 200), in this process
+with the kernel loaded first: wall and CPU seconds, simulated seconds per wall second, requests
+done, cache hits, where the wall time went (building programs of new shapes, measuring them on
+the engine, the engine in the serving loop, the rest) and why the cache does not carry the run:
+the shapes it had to simulate, grouped by structure (the attention groups' request counts and
+query lengths, the sampled rows, the KV placement) with the KV lengths left out. Extra arguments
+after ``--`` go to ``npusim run`` (e.g. ``-- --iteration-cache off``).
+
     python validation/perf/bench_serving.py [--requests 100,1000] [--arch npusim-64c,npusim-256c]
         [--memory analytical,tlm] [--noc path,analytical] [--layers N] [--cache off,on]
         [--cache-buckets kv=1024] [--trace FILE]
+    python validation/perf/bench_serving.py --readme [--requests 30] [-- --iteration-cache off]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import sys
+import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,9 +67,139 @@ def trace_path() -> Path:
     return ROOT / "traces" / "mooncake_sample.jsonl"
 
 
+class PartTimers:
+    """Wall seconds of a serving run's parts, by wrapping the functions that do them (no profiler:
+    its overhead would distort the Python parts against the kernel): building programs
+    (``Instance._compile``), measuring shapes (the stage replay's ``measure_stages`` or the skeleton
+    replay's ``measure``: two or one fresh simulators and their runs) and the engine in the serving
+    loop (``Simulator.run`` outside measurements). Also keeps the shapes measured."""
+
+    def __init__(self):
+        self.seconds: Counter = Counter()
+        self.calls: Counter = Counter()
+        self.shapes: list[tuple] = []
+        self._depth = threading.local()
+
+    def _timed(self, part: str, fn, outer: bool = False):
+        timers = self
+
+        def wrapper(*a, **k):
+            if part == "engine, serving loop" and (threading.current_thread() is not threading.main_thread()
+                                                   or getattr(timers._depth, "measuring", 0)):
+                return fn(*a, **k)  # a measurement's run: counted in its measurement
+            if outer:
+                timers._depth.measuring = getattr(timers._depth, "measuring", 0) + 1
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                timers.seconds[part] += time.perf_counter() - t
+                timers.calls[part] += 1
+                if outer:
+                    timers._depth.measuring -= 1
+        return wrapper
+
+    @contextlib.contextmanager
+    def installed(self):
+        from npusim.serving import instance
+        from npusim.sim.simulator import Simulator
+
+        saved = [(instance.Instance, "_compile"), (instance, "measure_stages"), (instance, "measure"),
+                 (Simulator, "run"), (instance.Instance, "_measure")]
+        originals = [getattr(o, n) for o, n in saved]
+        timers = self
+        measure_shape = instance.Instance._measure
+
+        def record(inst, groups, sampled, placement):
+            timers.shapes.append((tuple(groups), sampled, placement))
+            return measure_shape(inst, groups, sampled, placement)
+
+        instance.Instance._compile = self._timed("building programs of new shapes", instance.Instance._compile)
+        instance.measure_stages = self._timed("measuring shapes (fresh simulators, engine runs)",
+                                              instance.measure_stages, outer=True)
+        instance.measure = self._timed("measuring shapes (fresh simulators, engine runs)", instance.measure,
+                                       outer=True)
+        Simulator.run = self._timed("engine, serving loop", Simulator.run)
+        instance.Instance._measure = record
+        try:
+            yield self
+        finally:
+            for (o, n), f in zip(saved, originals):
+                setattr(o, n, f)
+
+
+def shape_census(shapes: list[tuple]) -> list[str]:
+    """Lines on the shapes a run simulated: how many, their structures (KV lengths left out) and how
+    many distinct KV lengths each attention group kind took."""
+    if not shapes:
+        return ["no shape simulated"]
+    structure = Counter((tuple((n, q, causal) for n, q, _, causal in g), s, p) for g, s, p in shapes)
+    groups = Counter(len(g) for g, _, _ in shapes)
+    placements = Counter(p for _, _, p in shapes)
+    chunk_kv = {kv for g, _, _ in shapes for _, q, kv, _ in g if q > 1}
+    decode_kv = {kv for g, _, _ in shapes for _, q, kv, _ in g if q == 1}
+    out = [f"{len(shapes):,} shapes simulated; {len(structure)} structures (groups' counts and query lengths, "
+           f"sampled rows, KV placement) once KV lengths are left out",
+           "attention groups per shape: " + ", ".join(f"{k}: {v:,}" for k, v in sorted(groups.items())),
+           "KV placement (0 none in HBM, 1 all; a share between measures both): "
+           + ", ".join(f"{k:g}: {v:,}" for k, v in sorted(placements.items())),
+           f"distinct KV lengths: prefill chunks {len(chunk_kv)}, decode groups {len(decode_kv)}",
+           "most common structures (shapes):"]
+    for (st, sampled, placement), n in structure.most_common(5):
+        text = " + ".join(f"{c}x(q {q}{', causal' if causal else ''})" for c, q, causal in st)
+        out.append(f"  {n:6,}  {text}; sampled {sampled}, placement {placement:g}")
+    return out
+
+
+def run_cli(argv: list[str]) -> dict:
+    from npusim.cli import main as npusim
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = npusim(argv + ["--json"])
+    if code != 0:
+        raise SystemExit(f"npusim {' '.join(argv)} exited {code}")
+    return json.loads(buf.getvalue())
+
+
+def readme_run(requests: int | None, extra: list[str]) -> None:
+    """Time the README's trace command (see the module docstring)."""
+    trace = ROOT / "traces" / "mooncake_sample.jsonl"
+    argv = ["run", "--trace", str(trace), "--no-progress"] + (["--requests", str(requests)] if requests else []) + extra
+    run_cli(["run", "--requests", "1", "--no-progress"])  # load (or compile) the kernel outside the timing
+    timers = PartTimers()
+    t0, c0 = time.perf_counter(), time.process_time()
+    with timers.installed(), contextlib.redirect_stderr(io.StringIO()):
+        s = run_cli(argv)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    ic = s["iteration_cache"]
+    print(f"npusim {' '.join(argv[:1] + ['--trace', 'traces/' + trace.name] + argv[3:])}")
+    print(f"wall {wall:.1f} s, CPU {cpu:.1f} s (both cores: the stage replay's loaded run is in a thread); "
+          f"simulated {s['simulated_s']:.1f} s, {s['simulated_s'] / wall:.3f} simulated s per wall s")
+    print(f"requests {s['requests_completed']} done of {s['requests']} ({s['requests_rejected']} rejected); "
+          f"iterations {s['iterations']:,}; shapes compiled {s['compiled_iteration_shapes']:,}; tasks {s['tasks']:,}")
+    if ic.get("enabled"):
+        print(f"iteration cache: {ic['hits']:,} hits, {ic['misses']:,} misses (hit rate {100 * ic['hit_rate']:.1f}%), "
+              f"{ic['shapes_simulated']:,} shapes simulated")
+    print(f"{'part':>52} {'wall s':>8} {'share':>6} {'calls':>8} {'ms/call':>8}")
+    rest = wall - sum(timers.seconds.values())
+    for part in ("building programs of new shapes", "measuring shapes (fresh simulators, engine runs)",
+                 "engine, serving loop"):
+        sec, n = timers.seconds[part], timers.calls[part]
+        print(f"{part:>52} {sec:8.1f} {100 * sec / wall:5.1f}% {n:8,} {1e3 * sec / max(n, 1):8.1f}")
+    print(f"{'scheduler, KV manager, replay, metrics, rest':>52} {rest:8.1f} {100 * rest / wall:5.1f}%")
+    for line in shape_census(timers.shapes):
+        print(line)
+    print(machine_line())
+
+
 def main() -> None:
+    argv, extra = sys.argv[1:], []
+    if "--" in argv:
+        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", default="20,100")
+    ap.add_argument("--readme", action="store_true", help="time the README's trace command (see above)")
+    ap.add_argument("--requests", default=None, help="requests per point (default 20,100; --readme: all)")
     ap.add_argument("--arch", default="npusim-64c")
     ap.add_argument("--memory", default="analytical")
     ap.add_argument("--noc", default="path")
@@ -63,7 +209,10 @@ def main() -> None:
     ap.add_argument("--cache", default="off", help="iteration cache: off, on or off,on")
     ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL (default: the shared trace, else the sample)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.readme:
+        readme_run(int(args.requests) if args.requests else None, extra)
+        return
     path = args.trace or trace_path()
     buckets = parse_buckets(args.cache_buckets)
     layers = "all" if args.layers is None else str(args.layers)
@@ -73,7 +222,7 @@ def main() -> None:
           f"{'sim s/wall s':>12} {'iterations':>10} {'shapes':>6} {'tasks':>12} {'Mevents/s':>9} {'tok/s':>8}")
     spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
     warm = ServingConfig(model="qwen3-4b", layers=16)  # as many layers as stages
-    for n in (int(x) for x in args.requests.split(",")):
+    for n in (int(x) for x in (args.requests or "20,100").split(",")):
         reqs, clipped = cap_lengths(load_trace(path, first=n), args.max_input, args.max_output)
         for arch_name in args.arch.split(","):
             arch = load_arch(arch_name)

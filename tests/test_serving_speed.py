@@ -1,0 +1,41 @@
+"""The iteration cache's accounting adds up on a prefix of the README's trace, and a rerun from its
+directory reproduces the timings (no wall-clock limit here: validation/perf/bench_serving.py --readme
+times the README's run)."""
+
+from dataclasses import replace
+
+from npusim.arch import load_arch
+from npusim.mapping.spec import spec_from_flags
+
+
+def test_iteration_cache_accounts_for_every_iteration_of_a_trace_prefix(tmp_path):
+    """The README's trace, first request, two layers: each iteration is a hit or a miss, every
+    miss simulates one shape (two when part of the KV is in HBM: the placement's two ends), and a
+    run that finds the shapes on disk simulates none and gives the same timings."""
+    from pathlib import Path
+
+    from npusim.serving.requests import fit_context
+    from npusim.serving.scheduler import SchedulerConfig
+    from npusim.serving.simulate import ServingConfig, simulate_serving
+    from npusim.serving.itercache import EXACT
+    from npusim.serving.traces import load_trace
+
+    trace = Path(__file__).resolve().parents[1] / "traces" / "mooncake_sample.jsonl"
+    reqs, _ = fit_context(load_trace(trace, first=1), 40960)
+    reqs = [replace(r, output_len=40) for r in reqs]
+    arch = load_arch("npusim-64c")
+    spec = spec_from_flags(tp=4, stages=2, layout="ring").model_copy(update={"data_parallel": 1})
+    cfg = ServingConfig(model="qwen3-4b", layers=2, scheduler=SchedulerConfig(policy="fusion", budget=1024),
+                        iteration_cache=EXACT, iteration_cache_dir=tmp_path)
+    first = simulate_serving(arch, spec, reqs, cfg).summary
+    ic = first["iteration_cache"]
+    assert ic["hits"] + ic["misses"] == first["iterations"]
+    assert ic["misses"] <= ic["shapes_simulated"] <= 2 * ic["misses"]
+    # a lone prompt's chunks each attend to a longer prefix: one new shape per chunk
+    chunks = -(-reqs[0].input_len // 512)
+    assert ic["misses"] >= chunks
+    again = simulate_serving(arch, spec, reqs, cfg).summary
+    assert again["iteration_cache"]["shapes_simulated"] == 0
+    assert again["iteration_cache"]["shapes_from_disk"] == ic["shapes_simulated"]
+    for key in ("simulated_s", "ttft_ms", "tbt_ms", "e2e_ms", "throughput_tokens_per_s", "iterations"):
+        assert again[key] == first[key]
