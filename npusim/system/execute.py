@@ -178,7 +178,7 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
     timed = _time_nodes(wl, loaded, cc, node_us, fidelity)
     shared = shared_stream_times(wl, cc, kernel_us, kernel_bytes, timed[1], timed[2],
                                  summarize(loaded.chip).hbm_bandwidth_gbps, launch)
-    if shared is not None:
+    if shared is not None and shared != node_us:  # a second pass only when a node's time changed
         node_us = shared
         timed = _time_nodes(wl, loaded, cc, node_us, fidelity)
     sim, start, end, tasks = timed

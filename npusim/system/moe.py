@@ -144,16 +144,19 @@ def _route_grouped(neg: np.ndarray, top_k: int, groups: int, keep: int, balanced
     ep, ntok, experts = neg.shape
     size = experts // groups
     g = neg.reshape(ep, ntok, groups, size)  # negated keys: smaller is better
-    best2 = np.sort(g, axis=3)[..., : min(2, size)].sum(axis=3)
+    two = min(2, size)
+    best2 = np.partition(g, two - 1, axis=3)[..., :two].sum(axis=3)  # each group's two best keys
     kept = np.argsort(best2, axis=2, kind="stable")[..., :keep]  # (ep, ntok, keep) best groups
+    inside = np.take_along_axis(g, kept[..., None], axis=2)  # (ep, ntok, keep, size) their keys
     if balanced:
         per = top_k // keep
-        inside = np.argsort(np.take_along_axis(g, kept[..., None], axis=2), axis=3, kind="stable")[..., :per]
-        return (kept[..., None] * size + inside).reshape(ep, ntok, keep * per)
-    masked = np.full_like(neg, np.inf).reshape(ep, ntok, groups, size)
-    np.put_along_axis(masked, kept[..., None], np.take_along_axis(g, kept[..., None], axis=2), axis=2)
-    masked = masked.reshape(ep, ntok, experts)
-    return np.argsort(masked, axis=2, kind="stable")[..., :top_k]
+        best = np.argsort(inside, axis=3, kind="stable")[..., :per]
+        return (kept[..., None] * size + best).reshape(ep, ntok, keep * per)
+    # the top-k among the kept groups' experts (argpartition, linear), then in descending order
+    flat = inside.reshape(ep, ntok, keep * size)
+    top = np.argpartition(flat, top_k - 1, axis=2)[..., :top_k]
+    top = np.take_along_axis(top, np.argsort(np.take_along_axis(flat, top, axis=2), axis=2, kind="stable"), axis=2)
+    return np.take_along_axis(kept, top // size, axis=2) * size + top % size
 
 
 @dataclass(frozen=True)
