@@ -990,9 +990,8 @@ class ChipCost:
         e_in = DTYPE_BYTES[op.dtype]
         e_out = 1.0 if op.op_class == "quantize" else e_in  # INT8 out (+ a 4-byte scale per row)
         prog = Program(self.arch.num_cores, meta={"chipcost": "vector", "op": op.name})
-        planner = _Planner(self.arch, share, "bf16" if "bf16" in self.arch.systolic_for(share[0]).macs_per_pe_per_cycle
-                           else next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle)), "bf16", frac)
-        em = _Emitter(planner, prog, op.dtype)
+        any_dtype = next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle))  # the array is not used
+        em = _Emitter(_Planner(self.arch, share, any_dtype, "bf16", frac), prog, op.dtype)  # for its DMA engines
         used = min(len(share), rows)
         for i, core in enumerate(share[:used]):
             core_rows = _split(rows, used, i)

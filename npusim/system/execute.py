@@ -3,8 +3,8 @@
 Each kernel of the workload is costed once by the chip simulator on the system's die
 (:class:`~npusim.system.chipcost.ChipCost`, memoised on disk): a GEMM by the chip-cost GEMM kernel,
 a layer part or ONNX graph operator by operator (:func:`operators_cost`: its GEMMs by the GEMM
-kernel, which uses the die's L2, the rest by the mapper, one after another with their inputs and
-outputs in HBM, as an operator runtime launches them; each operator holds its stream at least the
+kernel, which uses the die's L2, its vector ops by the vector operator, attention and experts by the
+mapper, one after another with their inputs and outputs in HBM, as an operator runtime launches them; each operator holds its stream at least the
 system runtime's ``launch_us``, the host's launch floor); each node becomes system tasks:
 a compute node one task on its rank's stream (the die's ``compute`` or ``moe`` queue, in order),
 a collective the transfers and reductions of :func:`~npusim.system.collectives.build_collective`
@@ -110,9 +110,10 @@ class OperatorsCost:
 
 
 def operators_cost(cc: ChipCost, graph, cores, hbm_fraction: float = 1.0, launch_us: float = 0.0) -> OperatorsCost:
-    """A graph run operator after operator, as the die's runtime launches them: each GEMM by the
-    chip-cost GEMM kernel (its operands from HBM or the L2), anything else by the mapper; an
-    operator's inputs and outputs pass through HBM; each takes at least ``launch_us``."""
+    """A graph run operator after operator, as the die's runtime launches them (:meth:`ChipCost.op`:
+    each GEMM by the chip-cost GEMM kernel, its operands from HBM or the L2; each vector op by the
+    vector operator; attention and experts by the mapper); an operator's inputs and outputs pass
+    through HBM; each takes at least ``launch_us``."""
     results = [cc.op(op, cores, hbm_fraction=hbm_fraction) for op in graph.ops]
     return OperatorsCost(sum(max(r.time_us, launch_us) for r in results), sum(r.hbm_bytes for r in results))
 
@@ -125,40 +126,41 @@ def shared_stream_times(wl: Workload, cc: ChipCost, kernel_us: list[float], kern
                         launch_us: float = 0.0) -> list[float] | None:
     """Each node's time with the HBM shared between the two streams of its die (see the module
     docstring), from a timing pass's node ``start``/``end``; None if no die runs two streams."""
-    busy: dict[tuple[int, str], list[int]] = {}  # (rank, stream) -> its compute nodes
+    busy: dict[int, dict[str, list[int]]] = {}  # rank -> stream -> its compute nodes
     for i, n in enumerate(wl.nodes):
         if n["kind"] == "compute":
-            busy.setdefault((n["rank"], n.get("stream", "compute")), []).append(i)
-    if not any(stream != "compute" for _, stream in busy):
+            busy.setdefault(n["rank"], {}).setdefault(n.get("stream", "compute"), []).append(i)
+    if not any(len(streams) > 1 for streams in busy.values()):
         return None
     node_us = [kernel_us[n["kernel"]] if n["kind"] == "compute" else 0.0 for n in wl.nodes]
     bytes_per_us = hbm_gbps * 1e3
     recost: dict[float, list[float]] = {}
-    for (rank, stream), nodes in busy.items():
-        others = [j for (r, st), js in busy.items() if r == rank and st != stream for j in js]
-        if not others:
-            continue
-        o_start, o_end = start[others], end[others]
-        o_demand = np.array([kernel_bytes[wl.nodes[j]["kernel"]] / max(kernel_us[wl.nodes[j]["kernel"]], 1e-9)
-                             for j in others])
-        for i in nodes:
-            k = wl.nodes[i]["kernel"]
-            t_alone, dur = kernel_us[k], end[i] - start[i]
-            if t_alone <= 0 or dur <= 0 or kernel_bytes[k] <= 0:
+    for streams in busy.values():
+        for stream, nodes in streams.items():
+            others = [j for st, js in streams.items() if st != stream for j in js]
+            if not others:
                 continue
-            overlap = np.clip(np.minimum(o_end, end[i]) - np.maximum(o_start, start[i]), 0.0, None)
-            o = float(overlap.sum()) / dur
-            if o <= 0:
-                continue
-            demand, other = kernel_bytes[k] / t_alone, float((overlap * o_demand).sum() / overlap.sum())
-            if demand + other <= bytes_per_us:
-                continue
-            share = max(1, round(SHARE_STEPS * demand / (demand + other))) / SHARE_STEPS
-            if share >= 1:
-                continue
-            if share not in recost:
-                recost[share] = cost_kernels(wl, cc, share, launch_us)[0]
-            node_us[i] = (1 - min(o, 1.0)) * t_alone + min(o, 1.0) * recost[share][k]
+            o_start, o_end = start[others], end[others]
+            o_demand = np.array([kernel_bytes[wl.nodes[j]["kernel"]] / max(kernel_us[wl.nodes[j]["kernel"]], 1e-9)
+                                 for j in others])
+            for i in nodes:
+                k = wl.nodes[i]["kernel"]
+                t_alone, dur = kernel_us[k], end[i] - start[i]
+                if t_alone <= 0 or dur <= 0 or kernel_bytes[k] <= 0:
+                    continue
+                overlap = np.clip(np.minimum(o_end, end[i]) - np.maximum(o_start, start[i]), 0.0, None)
+                o = float(overlap.sum()) / dur
+                if o <= 0:
+                    continue
+                demand, other = kernel_bytes[k] / t_alone, float((overlap * o_demand).sum() / overlap.sum())
+                if demand + other <= bytes_per_us:
+                    continue
+                share = max(1, round(SHARE_STEPS * demand / (demand + other))) / SHARE_STEPS
+                if share >= 1:
+                    continue
+                if share not in recost:
+                    recost[share] = cost_kernels(wl, cc, share, launch_us)[0]
+                node_us[i] = (1 - min(o, 1.0)) * t_alone + min(o, 1.0) * recost[share][k]
     return node_us
 
 
