@@ -179,21 +179,21 @@ def runtime_constants() -> list[Constant]:
     b, a = rows  # a: the slower step (more operators)
     base = load_system("atlas-800i-a2", nodes=1)
 
-    def steps(launch: float) -> tuple[float, float]:
+    def step_ms(row: dict, launch: float) -> float:
         bare = _variant(base, {"runtime": {"launch_us": launch, "step_overhead_us": 0.0}})
-        return simulated_step_ms(bare, a), simulated_step_ms(bare, b)
+        return simulated_step_ms(bare, row)
+
+    def gap(launch: float) -> float:  # T_a(L) - T_b(L)
+        return step_ms(a, launch) - step_ms(b, launch)
 
     target = a["ms"] - b["ms"]
     lo, hi = 0.0, 1000.0
-    if (lambda t: t[0] - t[1])(steps(lo)) >= target:
-        launch = 0.0
-    else:
+    if gap(lo) < target:
         for _ in range(30):  # to ~1e-6 us
             mid = (lo + hi) / 2
-            ta, tb = steps(mid)
-            lo, hi = (mid, hi) if ta - tb < target else (lo, mid)
-        launch = (lo + hi) / 2
-    tb = steps(launch)[1]
+            lo, hi = (mid, hi) if gap(mid) < target else (lo, mid)
+    launch = (lo + hi) / 2 if lo > 0 else 0.0
+    tb = step_ms(b, launch)
     src = f"{pub['source']}: {a['model']} and {b['model']} decode, batch {a['batch']} ({a['ms']} / {b['ms']} ms)"
     rt = base.system.runtime
     return [Constant("runtime.launch_us", "atlas-800i-a2", rt.launch_us, launch, src,
