@@ -49,18 +49,17 @@ def simulated_step_ms(loaded, r: dict) -> float:
     return float(simulate_plan_step(loaded, r["model"], plan, shape)[0]["step_ms"])
 
 
-def _row(loaded, r: dict, source: str, kind_note: str) -> Row:
+def _row(loaded, r: dict, source: str, kind_note: str, fitted: bool = False) -> Row:
     plan, shape = _plan_shape(r)
-    out, _, _ = simulate_plan_step(loaded, r["model"], plan, shape)
-    calibration = r.get("role") == "calibration"
-    if calibration:
+    kind = "calibration" if r.get("role") == "calibration" else "fitted" if fitted else "outside"
+    if kind == "calibration":
         kind_note = "calibration: the runtime's launch floor and step overhead are solved from this row and one other"
     name = (f"{get_config(r['model']).name} {r['phase']} step, batch {r['batch']}, {r['npus']} NPU"
             f"{'s' if r['npus'] > 1 else ''} TP{r['tp']}" + (f" DP{plan.dp} EP{plan.ep}" if plan.ep > 1 else "")
             + f" {r['precision']}")
-    return Row(name=name, source=source, published=float(r["ms"]), simulated=float(out["step_ms"]),
+    return Row(name=name, source=source, published=float(r["ms"]), simulated=simulated_step_ms(loaded, r),
                tolerance=TOLERANCE, relation=r.get("relation", "eq"), unit=" ms",
-               kind="calibration" if calibration else "outside",
+               kind=kind,
                baseline=roofline_ms(loaded, r["model"], plan, shape), note=kind_note)
 
 
@@ -84,8 +83,10 @@ def plan_rows(quick: bool = False) -> list[Row]:
             systems[nodes] = load_system("atlas-800i-a2", nodes=nodes)
         return systems[nodes]
 
-    out = [_row(a2(r["npus"]), r, f"{dense['source']}, {r['where']}",
-                "outside: found after the plan path was built; decode at the mean context 1,536") for r in rows_in]
+    fitted = bool(dense.get("fitted"))
+    note = ("fitted: seen while choosing the session-24 chip model (per-operator costing, the launch floor); "
+            if fitted else "outside: found after the plan path was built; ") + "decode at the mean context 1,536"
+    out = [_row(a2(r["npus"]), r, f"{dense['source']}, {r['where']}", note, fitted) for r in rows_in]
     out += [_row(a2(r["npus"]), r, r["source"], "outside; a bound only (a serving run's TPOT with chunked prefill): "
                  "the roofline passes it too, so it does not discriminate") for r in published()["moe_plan_steps"]]
     return out
