@@ -2,8 +2,11 @@
 
 Each level runs the same command at growing sizes, in this process (kernels loaded once, start-up
 excluded), and prints the wall time, the work the simulator did (events, iterations or steps), and
-the wall time per unit of size (core, request, die) relative to the smallest size: a ratio near 1
-means the cost grows with the size and no faster (below 1: caches and fixed costs amortise).
+the wall time per unit of size (core, request, die) and per unit of work, each relative to the
+smallest size: a ratio near 1 means the cost grows with the size (the work) and no faster (below 1:
+caches and fixed costs amortise). The two differ where the work itself grows faster than the size:
+a ring all-reduce over N ranks is 2(N-1) steps of N transfers, N^2 work for N ranks, so its wall
+time per die grows with N while its wall time per event does not.
 
 * chip cores: one decode step of Qwen3-4B (16 sequences at KV 1,024, 4 layers) on 4x4, 8x8 and
   16x16-core chips (npusim-64c's cores; TP 16 groups, as many stages as fit);
@@ -73,18 +76,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="two sizes per level")
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="npusim-bench-scale-"))
-    print(f"{'level':<16} {'size':<14} {'wall s':>8} {'work':>12} {'':<12} {'wall per size vs first':>22}")
+    print(f"{'level':<16} {'size':<14} {'wall s':>8} {'work':>12} {'':<12} {'wall per size vs first':>22} "
+          f"{'wall per work vs first':>22}")
     first: dict[str, float] = {}
+    first_work: dict[str, float] = {}
     warmed = set()
     for level, size, unit, argv, key in levels(args.quick, folder):
         if level not in warmed:  # load (or compile) this level's kernels outside the timing
             run_json(argv)
             warmed.add(level)
         seconds, s = run_json(argv)
-        per = seconds / size
+        per, per_work = seconds / size, seconds / max(1, s[key])
         first.setdefault(level, per)
+        first_work.setdefault(level, per_work)
         print(f"{level:<16} {f'{size} {unit}':<14} {seconds:8.2f} {int(s[key]):12,} {key:<12} "
-              f"{per / first[level]:22.2f}")
+              f"{per / first[level]:22.2f} {per_work / first_work[level]:22.2f}")
     print(machine_line())
 
 
