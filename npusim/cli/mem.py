@@ -23,6 +23,11 @@ def add_parser(sub):
     p.add_argument("--initiators", type=positive_int, default=None, help="DMA engines used (default: all)")
     p.add_argument("--write", action="store_true", help="write instead of read")
     p.add_argument("--stride", type=parse_size, default=4096, help="bytes between requests for --pattern strided")
+    p.add_argument("--request-bytes", type=parse_size, default=None,
+                   help="bytes per random request for --pattern random (a power of two; default the DMA "
+                   "transaction size). Random reads are activation-bound: the fraction of peak grows with "
+                   "the bytes read per row activation (e.g. 32 = one HBM2/HBM3 burst, as Ramulator2's random "
+                   "traffic)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_force_arg(p, f"more than {MAX_TRANSACTIONS:.0e} DMA transactions at --mode tlm")
     return p
@@ -40,17 +45,26 @@ def run(args) -> int:
     from npusim.arch import load_arch
     from npusim.sim.memory_probe import measure_memory
 
+    from npusim.errors import ConfigError
+    from npusim.sim.memory_probe import random_request_arch
+
     arch = load_arch(args.arch)
+    if args.request_bytes is not None and args.pattern != "random":
+        raise ConfigError("--request-bytes applies to --pattern random only")
+    run_arch = arch if args.request_bytes is None else random_request_arch(arch, args.request_bytes)
     if args.mode == "tlm":
-        n = args.bytes / arch.cores.dma.transaction_bytes
-        refuse_unless_forced(args, n, MAX_TRANSACTIONS, f"{arch.cores.dma.transaction_bytes}-byte DMA transactions",
+        txn = run_arch.cores.dma.transaction_bytes
+        n = args.bytes / txn
+        refuse_unless_forced(args, n, MAX_TRANSACTIONS, f"{txn}-byte DMA transactions",
                              f"~{n / 5e5 / 60:,.0f} minutes of TLM simulation; --mode analytical times any size")
-    r = measure_memory(arch, args.pattern, args.bytes, args.mode, args.initiators, args.write, args.stride)
+    r = measure_memory(arch, args.pattern, args.bytes, args.mode, args.initiators, args.write, args.stride,
+                       request_bytes=args.request_bytes)
     if args.json:
         print(json_text(r.to_dict()))
         return 0
     op = "write" if r.write else "read"
-    print(f"{arch.name}: {r.pattern} {op} of {r.bytes:,} B by {r.initiators} DMA engines, {r.mode} model")
+    size = f" in {r.request_bytes:,}-byte requests" if r.request_bytes else ""
+    print(f"{arch.name}: {r.pattern} {op} of {r.bytes:,} B{size} by {r.initiators} DMA engines, {r.mode} model")
     print(f"  time              {r.time_ns / 1e3:,.2f} us ({r.cycles:,} cycles)")
     print(f"  bandwidth         {r.bandwidth_gbps:,.1f} GB/s of {r.peak_bandwidth_gbps:,.1f} peak ({100 * r.efficiency:.1f}%)")
     if r.bound_gbps is not None:

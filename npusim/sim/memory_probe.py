@@ -3,10 +3,24 @@
 ``stream``: one linear sweep of the address range shared by the initiators (DMA
 engines of all cores): initiator ``i`` of ``n`` reads transactions ``i, i+n, i+2n, ...``,
 so together they walk the channels in address order, as a well-laid-out weight
-load does; ``random``: every transaction goes to a random
-transaction-aligned address; ``strided``: each initiator reads transaction-sized
-chunks ``stride`` bytes apart in a region of its own (a stride that is a multiple of
-``channels x interleave`` puts every request on one channel).
+load does; ``random``: random requests of ``request_bytes`` (default: the DMA
+``transaction_bytes``), each at a random request-aligned address; ``strided``: each
+initiator reads transaction-sized chunks ``stride`` bytes apart in a region of its own
+(a stride that is a multiple of ``channels x interleave`` puts every request on one
+channel).
+
+Random request size (``request_bytes``, bytes, a power of two): a request of up to
+``interleave_bytes`` is issued as one transaction of that size (the DMA transaction size
+is set to it for the run), so it lands on one pseudo-channel, one bank and one row: one
+row activation (ACT) per request. A larger request is split at the channel interleave,
+one ``interleave_bytes`` transaction (one ACT) per chunk, the chunks on consecutive
+channels. Random HBM reads are activation-bound (one ACT per ``max(tRRD_S, tFAW/4)`` per
+pseudo-channel, :mod:`npusim.hw.memory.bounds`), so the fraction of peak they reach
+scales with the bytes moved per ACT: about ``bursts per request x burst time /
+max(tRRD_S, tFAW/4)`` up to the data bus. Cycle-accurate DRAM simulators' "random"
+traffic is one access-granularity request per ACT (Ramulator2 HBM2/HBM3: 32 B,
+``channel_width x prefetch / 8``; DRAMsim3's 128-bit HBM2 channel: 64 B); compare like
+with like (``validation/hbm_random_request_size.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ class MemoryReport:
     bound_gbps: float | None  # analytical DRAM bound for the pattern (npusim.hw.memory.bounds); None: strided
     bound_limit: str | None  # the term that sets it: data_bus, act_rate or row_cycle
     bound_terms_gbps: dict | None
+    request_bytes: int | None  # random: bytes per random request; None for the other patterns
     latency_ns_mean: float | None
     latency_ns_p99: float | None  # None: no request, or beyond latency_ns_hist_max
     latency_ns_hist_max: float  # the latency histogram's range; a p99 above it is reported as None
@@ -61,28 +76,53 @@ def _percentile_from_hist(hist: np.ndarray, q: float, bin_ns: float) -> float | 
     return (idx + 1) * bin_ns if idx < LAT_BINS else None  # beyond the histogram: latency_ns_hist_max
 
 
+def random_request_arch(arch: Arch, request_bytes: int) -> Arch:
+    """``arch`` with its DMA transaction size set for random requests of ``request_bytes``:
+    ``min(request_bytes, interleave_bytes)`` (see the module docstring)."""
+    if request_bytes < 8 or request_bytes & (request_bytes - 1):
+        raise ConfigError(f"request_bytes must be a power of two >= 8, got {request_bytes}")
+    txn = min(request_bytes, arch.hbm.interleave_bytes)
+    if arch.hbm.interleave_bytes % txn:
+        raise ConfigError(f"request_bytes {request_bytes}: hbm.interleave_bytes {arch.hbm.interleave_bytes} "
+                          f"is not a multiple of {txn}")
+    if txn == arch.cores.dma.transaction_bytes:
+        return arch
+    from npusim.arch.schema import merge_arch_data
+    return Arch.model_validate(merge_arch_data(arch.model_dump(), {"cores": {"dma": {"transaction_bytes": txn}}}))
+
+
 def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, mode: str = "tlm",
-                   initiators: int | None = None, write: bool = False, stride: int = 4096) -> MemoryReport:
+                   initiators: int | None = None, write: bool = False, stride: int = 4096,
+                   request_bytes: int | None = None) -> MemoryReport:
+    """Run ``pattern`` over ``nbytes`` (bytes) through ``initiators`` DMA engines (default all) and
+    report bandwidth (GB/s), latency (ns) and the DRAM bound. ``request_bytes``: size of a random
+    request (``random`` only; default the arch's DMA transaction size)."""
     if pattern not in PATTERNS:
         raise ConfigError(f"pattern '{pattern}': expected one of {sorted(PATTERNS)}")
     if nbytes <= 0:
         raise ConfigError(f"--bytes must be positive, got {nbytes}")
+    if request_bytes is not None and pattern != "random":
+        raise ConfigError("request_bytes applies to the random pattern only")
+    if pattern == "random":
+        request_bytes = request_bytes or arch.cores.dma.transaction_bytes
+        arch = random_request_arch(arch, request_bytes)
     sim = Simulator(arch, memory_mode=mode, memory_over_noc=False)  # the memory device alone
     max_init = arch.num_cores * sim.dma_engines
     n_init = max_init if initiators is None else initiators
     if not 1 <= n_init <= max_init:
         raise ConfigError(f"initiators must be in 1..{max_init} (cores x DMA engines), got {n_init}")
     txn = arch.cores.dma.transaction_bytes
+    unit = max(txn, request_bytes or 0)  # an initiator's share: whole transactions (random: requests)
     share = -(-nbytes // n_init)
-    share = -(-share // txn) * txn
+    share = -(-share // unit) * unit
     for i in range(n_init):
         core, eng = divmod(i, sim.dma_engines)
         if pattern == "stream":
             address, code, step = i * txn, PATTERN_STRIDED, n_init * txn
         elif pattern == "strided":  # disjoint strided regions, one per initiator
             address, code, step = i * (share // txn) * stride, PATTERN_STRIDED, stride
-        else:
-            address, code, step = i * share, PATTERNS[pattern], stride
+        else:  # random: blocks of request_bytes (one transaction each up to the interleave)
+            address, code, step = i * share, PATTERNS[pattern], request_bytes
         size = min(share, nbytes - i * share)
         if size <= 0:
             break
@@ -121,7 +161,7 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
         pattern=pattern, mode=mode, write=write, bytes=nbytes, initiators=n_init, cycles=cycles, time_ns=time_ns,
         bandwidth_gbps=bw, peak_bandwidth_gbps=peak, efficiency=bw / peak,
         bound_gbps=bound["bound_gbps"] if bound else None, bound_limit=bound["limit"] if bound else None,
-        bound_terms_gbps=bound["terms_gbps"] if bound else None,
+        bound_terms_gbps=bound["terms_gbps"] if bound else None, request_bytes=request_bytes,
         latency_ns_mean=lat_mean, latency_ns_p99=lat_p99, latency_ns_hist_max=LAT_BINS * bin_ns,
         unloaded_latency_ns=unloaded_read_latency_ps(mem.p, "conflict") / 1000.0,
         row_hit_rate=hit_rate, per_channel=per_channel, checks=sim.memory_checks(),

@@ -8,7 +8,10 @@ All from the DRAM timings (:mod:`npusim.hw.memory.params`, integer ps), per pseu
   ``max(tRRD_S, tFAW / 4)`` on a PC (ACTs alternating bank groups, so tRRD_L never binds),
   one transaction per ACT — and the row-cycle limit — each bank opens one row per
   ``max(tRC, the ACT-to-ACT cycle of one transaction)``; the bound is the least of these
-  and the data bus;
+  and the data bus. As a fraction of peak the ACT-rate term is ``bursts per transaction x
+  burst time / max(tRRD_S, tFAW/4)``: the transaction size sets it (on HBM2-2400, 5 tCK per
+  ACT and 2 tCK per 32 B burst: 0.40 for 32 B, 0.80 for 64 B; ``npusim mem --request-bytes``,
+  ``validation/hbm_random_request_size.py``);
 * stream: the data bus (row openings amortised over a row);
 * refresh: all-bank refresh takes a PC away for ``tRP + tRFC`` every tREFI (every term
   scales by what is left; for a run of a given length, the refreshes that fall in it); per-bank refresh takes one bank away for ``tRP + tRFCsb`` of every

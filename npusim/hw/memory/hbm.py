@@ -8,6 +8,8 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
   transactions in flight. It follows the TLM **exclusion rule**: no new BEGIN_REQ on
   its socket before the previous request's END_REQ. A per-core DMA port limit
   (``dma.bytes_per_cycle``) spaces BEGIN_REQs; without it, one per core cycle.
+  A random-pattern DMA reads transactions at random transaction-aligned addresses, or
+  random blocks of a given size (its ``stride``), each block's transactions in order.
 * **BEGIN_REQ** reaches the channel's controller at once; if its queue has room it is
   accepted and **END_REQ** returns one tCK later, otherwise the initiator waits
   (back-pressure) until an entry of its kind frees. Reads and writes share the
@@ -97,7 +99,10 @@ from npusim.hw.memory.params import (
 # engine event types owned by this model (the kernel routes them here)
 EV_MEM_END_REQ, EV_MEM_SCHED, EV_MEM_RESP, EV_MEM_ISSUE = 10, 11, 12, 13
 
-# access patterns of a DMA task (param[4]); param[5] = stride bytes for PATTERN_STRIDED
+# access patterns of a DMA task (param[4]); param[5] = stride bytes for PATTERN_STRIDED, for
+# PATTERN_RANDOM the random block size (0 or <= transaction_bytes: every transaction at its own
+# random transaction-aligned address; larger: random block-aligned blocks of that many bytes,
+# each read as consecutive transactions)
 PATTERN_LINEAR, PATTERN_RANDOM, PATTERN_STRIDED = 0, 1, 2
 
 # commands in the command trace
@@ -357,9 +362,14 @@ def _txn_address(st, init):
     if pat == PATTERN_LINEAR:
         addr = st.in_base[init] + off
     elif pat == PATTERN_RANDOM:
-        n_txn_slots = p[P_CAPACITY_BYTES] // p[P_TXN_BYTES]
-        h = _hash64(st.in_task[init] * np.int64(1000003) + st.in_txn_count[init])
-        addr = (h & np.int64(0x7FFFFFFFFFFFFFFF)) % n_txn_slots * p[P_TXN_BYTES]
+        # random blocks of ``stride`` bytes (one transaction when stride <= transaction_bytes),
+        # block-aligned; a block's transactions go in address order
+        g = p[P_TXN_BYTES]
+        per = st.in_stride[init] // g if st.in_stride[init] > g else np.int64(1)
+        n_blocks = p[P_CAPACITY_BYTES] // (per * g)
+        k = st.in_txn_count[init]
+        h = _hash64(st.in_task[init] * np.int64(1000003) + k // per)
+        addr = (h & np.int64(0x7FFFFFFFFFFFFFFF)) % n_blocks * (per * g) + (k % per) * g
     else:
         addr = st.in_base[init] + st.in_txn_count[init] * st.in_stride[init]
     size = min(p[P_TXN_BYTES], left)
