@@ -44,3 +44,28 @@ def test_the_ascend_presets_carry_the_l2_and_the_others_do_not():
         arch = load_arch(name)
         assert arch.l2 is not None and arch.l2.capacity_mb == 192 and "L2 Cache Tiling" in arch.l2.source
     assert load_arch("npusim-64c").l2 is None
+
+
+def _chunk_attention():
+    """A GQA prefill chunk against a short cached prefix (head-parallel: 8 KV heads over 24 cores,
+    each KV head read by 3 cores)."""
+    from npusim.model.ir import Op
+    return Op(name="L0.attn.attention", kind="attention", layer=0, dtype="bf16", batch=1, q_len=512, kv_len=1536,
+              heads=32, kv_heads=8, head_dim=128, causal=True)
+
+
+def test_attention_kv_re_reads_hit_in_the_l2_and_bytes_are_conserved():
+    """Cores that share a KV head read it once from HBM between them: the others' loads are L2
+    hits; what the L2 serves is exactly what HBM no longer reads."""
+    from npusim.system.chipcost import ChipCost
+
+    arch = load_arch("ascend-910b")
+    op = _chunk_attention()
+    with_l2 = ChipCost(arch, persist=False).op(op)
+    without = ChipCost(arch.model_copy(update={"l2": None}), persist=False).op(op)
+    cached = op.batch * (op.kv_len - op.q_len) * op.kv_bytes_per_token
+    assert without.l2_read_bytes == 0
+    assert with_l2.l2_read_bytes == pytest.approx(cached * 3 * (1 - 1 / 3), rel=0.01)  # 24 cores: 3 per KV head
+    assert with_l2.hbm_read_bytes + with_l2.l2_read_bytes == pytest.approx(without.hbm_read_bytes, rel=1e-3)
+    assert 0 < with_l2.l2_hit_rate < 1
+    assert with_l2.time_us <= without.time_us

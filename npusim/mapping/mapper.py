@@ -72,6 +72,7 @@ from npusim.arch.schema import DTYPE_BYTES, Arch
 from npusim.comm.collectives import alltoallv, ring_allgather, ring_allreduce, ring_reduce_scatter
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
+from npusim.hw.memory import l2 as l2_model
 from npusim.mapping.layout import Group, place_groups
 from npusim.mapping.spec import MappingSpec
 from npusim.model.ir import Graph, Op
@@ -97,6 +98,7 @@ class Mapped:
     resident_weight_bytes_per_core: int = 0  # all of them if weights_resident; some with weights: partial
     kv_in_hbm: bool = False
     kv_bytes_per_core: int = 0  # KV cache a core holds: its stage's layers, its replica's and TP share
+    l2_read_bytes: int = 0  # loads the chip's L2 served (attention's shared KV re-reads)
     notes: list[str] = field(default_factory=list)
 
 
@@ -197,6 +199,7 @@ class Mapper:
         self.grid = spec.tensor_parallel.grid()
         self.link_gbps = arch.noc.link_bytes_per_cycle * arch.clock_ghz
         self.decisions: dict[str, str] = {}
+        self.l2_read_bytes = 0  # KV re-reads the chip's L2 served (attention)
         self.weight_addr: dict[str, int] = {}
         self.next_addr = 0
         self.tile_bytes = spec.memory.weight_tile_kb * 1024
@@ -266,6 +269,7 @@ class Mapper:
                         self._emit(state, _scale(op, frac), f"r{r}.mb{mb}.")
                     prev_state = state
         mapped.decisions = self.decisions
+        mapped.l2_read_bytes = self.l2_read_bytes
         return mapped
 
     def _region_groups(self, stages: int, replicas: int) -> list[Group]:
@@ -500,6 +504,7 @@ class Mapper:
                tuple(self.dma_turn.get(c, 0) % engines for c in cores),
                self.weight_addr.get(op.name), self.next_addr)
         turns = [self.dma_turn.get(c, 0) for c in cores]
+        l2_before = self.l2_read_bytes
         addresses, had_address = len(self.weight_addr), op.name in self.weight_addr
         built = []
 
@@ -513,13 +518,15 @@ class Mapper:
                 return outs, None  # it placed other weights: effects this block does not track
             extra = (len(st.ready), st.layout, tuple(-1 if b is None else len(b) for b in after),
                      tuple(self.dma_turn.get(c, 0) - t for c, t in zip(cores, turns)),
-                     self.decisions.get(op.name), self.weight_addr.get(op.name), self.next_addr)
+                     self.decisions.get(op.name), self.weight_addr.get(op.name), self.next_addr,
+                     self.l2_read_bytes - l2_before)
             return outs, extra
 
         outs, extra = self.prog.recorded(key, ext, build)
         if built:  # lowered now: the mapper's state is already what it did
             return
-        n_ready, layout, lens, turned, decision, address, next_addr = extra
+        n_ready, layout, lens, turned, decision, address, next_addr, l2_bytes = extra
+        self.l2_read_bytes += l2_bytes
         st.layout, st.ready = layout, outs[:n_ready]
         at = n_ready
         for c, n in zip(cores, lens):
@@ -925,6 +932,10 @@ class Mapper:
         # (split by query heads, every core of a KV head's group would read that head's whole cache)
         gqa_units = (head_parallel and op.variant != "mla" and t > 1 and op.kv_heads < t
                      and op.kv_len > 4 * op.q_len and op.heads % op.kv_heads == 0)
+        # cores that read the same KV head (head-parallel with fewer KV heads than cores, MLA's one
+        # latent head included): with an L2 all but one of them hit there
+        sharers = t // max(1, op.kv_heads) if head_parallel and not gqa_units and t > op.kv_heads else 1
+        l2 = self._kv_l2(op, sharers)
         outs = []
         for i, c in enumerate(st.cores):
             if mla_by_sequence and mla_decode:
@@ -948,9 +959,15 @@ class Mapper:
                 continue
             if self.kv_hbm_fraction > 0:
                 cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
-                if cache > 0:
-                    deps.append(prog.add_dma(c, cache, address=self._kv_address(c, op), deps=[st.ready[i]],
+                hit = int(cache * (1 - 1 / sharers)) if l2 else 0
+                if cache - hit > 0:
+                    deps.append(prog.add_dma(c, cache - hit, address=self._kv_address(c, op), deps=[st.ready[i]],
                                              name=f"{name} read KV"))
+                if hit > 0:
+                    cycles = math.ceil(hit / l2[0]) + l2[1]
+                    deps.append(prog.add_compute(c, f"dma{min(1, self.arch.cores.dma.engines - 1)}", cycles,
+                                                 deps=[st.ready[i]], name=f"{name} read KV L2"))
+                    self.l2_read_bytes += hit
             # MLA: every head of a sequence attends the same latent keys, so the heads are the rows of
             # one GEMM per sequence (grouped-query units: per unit); otherwise one GEMM per (sequence, head)
             rows, products = (q_len * heads, seqs) if op.variant == "mla" or gqa_units else (q_len, seqs * heads)
@@ -966,6 +983,21 @@ class Mapper:
                              name=f"{name} write KV")
             outs.append(out)
         st.set("feat" if head_parallel and t > 1 else "m" if mla_by_sequence else st.layout, outs)
+
+    def _kv_l2(self, op: Op, sharers: int) -> tuple[float, int] | None:
+        """``(bytes per cycle, latency cycles)`` at which one of ``sharers`` cores reads the KV
+        the others also read from the chip's L2 (:mod:`npusim.hw.memory.l2`: every core but the
+        first to load a byte hits, when the op's cached KV, read at about the same time by all
+        of them, fits the L2), or None: no L2, no re-read, or too large to stay in it."""
+        l2 = self.arch.l2
+        if l2 is None or sharers <= 1:
+            return None
+        distinct = op.batch * max(0, op.kv_len - op.q_len) * op.kv_bytes_per_token * (self.kv_hbm_fraction or 0)
+        if not l2_model.hit_bytes([l2_model.Reread(1.0, distinct)], l2_model.capacity_bytes(l2)):
+            return None
+        dma = self.arch.cores.dma
+        rate = l2_model.core_rate(l2, self.arch.clock_ghz, self.t, dma.bytes_per_cycle)
+        return rate, l2_model.hit_latency_cycles(l2, self.arch.clock_ghz)
 
     def _mla_split_kv(self, c: int, op: Op, i: int, keys: int, kv_share: float, deps: list[int], name: str) -> int:
         """Core ``i``'s share of MLA decode attention, balanced by splitting the KV (split-KV, as

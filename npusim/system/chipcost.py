@@ -209,7 +209,7 @@ class ChipCostResult:
     hbm_write_bytes: int
     min_hbm_bytes: int  # compulsory: GEMM A, B read and C written once; mapper: weights and cached KV once
     l2_read_bytes: int  # loads served by the L2 (the arch's, or the ideal one; 0 without one)
-    l2_hit_rate: float  # of the bytes loaded, the fraction the L2 served (GEMMs; 0 for mapper ops)
+    l2_hit_rate: float  # of the bytes loaded, the fraction the L2 served (GEMMs; mapper ops: attention's KV re-reads)
     hbm_bandwidth_gbps: float  # hbm_bytes / time
     hbm_peak_bandwidth_gbps: float  # the chip's (times hbm_fraction)
     hbm_utilization: float
@@ -1030,7 +1030,7 @@ class ChipCost:
                    + ("" if not graph.weight_bytes else "; weights resident" if mapped.weights_resident
                       else "; weights streamed from HBM"))
         return self._result(kind, graph.name, dtype, share, frac, sim, mapped.program, graph.flops, min_bytes,
-                            mapping)
+                            mapping, l2_bytes=mapped.l2_read_bytes)
 
 
 __all__ = ["ChipCost", "ChipCostResult", "CacheStats", "GemmPlan", "arch_digest", "code_digest",

@@ -44,7 +44,7 @@ from npusim.system.mapper import Overheads, StepShape, build_step, memory_per_ra
 from npusim.system.plan import ParallelPlan, check_plan, default_plan
 from npusim.system.workload import Workload
 
-PARTIAL_NOTE = ("partial model: the die's L2 serves GEMMs only (not attention), a layer's small kernels (quantisation, "
+PARTIAL_NOTE = ("partial model: the die's L2 serves GEMM operand and shared-KV re-reads only (no TLM L2), a layer's small kernels (quantisation, "
                 "gating, launch gaps) are one calibrated time; see validation/deepseek_deployments.py")
 
 
