@@ -93,7 +93,7 @@ def test_split_conserves_bytes_and_follows_the_address_map(arch64, addr, nbytes,
     _split_over_routers(mp, 0, nbytes, addr, pattern, stride)
     got = mp.r_bytes.copy()
     mp.r_bytes[:] = 0
-    mp.r_txn[:] = 0
+    mp.r_pkt[:] = 0
     assert got.sum() == nbytes
     if pattern == PATTERN_LINEAR:  # byte by interleave chunk through the memory model's own map
         p, _ = memory_params(arch64)
