@@ -21,7 +21,7 @@ transaction (its tags, queues and DRAM timing are unchanged). Before bursts a re
 transaction was a full-width flit: the mesh carried as many request flits towards the edge as
 data flits back, and on the ascend-910c-die preset the read requests alone saturated the edge
 columns' links (``Simulator(memory_packets="transaction")`` keeps that model as an ablation;
-``validation/memory_noc_study.py --fidelity-table``).
+``validation/path_noc_hbm.py``).
 
 Streams towards the memory (read requests, write data) leave the mesh at the attach router's
 *memory-controller port*, one lane (one flit a cycle) per channel attached there, not at the
