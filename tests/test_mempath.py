@@ -93,7 +93,7 @@ def test_split_conserves_bytes_and_follows_the_address_map(arch64, addr, nbytes,
     _split_over_routers(mp, 0, nbytes, addr, pattern, stride)
     got = mp.r_bytes.copy()
     mp.r_bytes[:] = 0
-    mp.r_txn[:] = 0
+    mp.r_pkt[:] = 0
     assert got.sum() == nbytes
     if pattern == PATTERN_LINEAR:  # byte by interleave chunk through the memory model's own map
         p, _ = memory_params(arch64)
@@ -249,3 +249,68 @@ def test_unknown_stream_model_is_one_clear_error(arch64):
     from npusim.errors import ConfigError
     with pytest.raises(ConfigError, match="memory stream model"):
         Simulator(arch64, noc_mode="path", memory_streams="fluid")
+
+
+def _streaming_read(arch, cores, **kw):
+    """Every core of ``cores`` reads 4 MiB (8 linear DMAs per engine, distinct addresses) at the path
+    fidelity, memory analytical; returns the simulator and the bytes read."""
+    sim = Simulator(arch, memory_mode="analytical", noc_mode="path", **kw)
+    size = (4 * MIB) // sim.dma_engines // 8
+    a = 0
+    for c in cores:
+        for e in range(sim.dma_engines):
+            for _ in range(8):
+                sim.add_dma(c, size, address=a, dma_engine=e)
+                a += size
+    sim.run()
+    return sim, a
+
+
+@pytest.mark.parametrize("preset", ["npusim-64c", "ascend-910c-die"])
+def test_streaming_read_respects_the_mesh_and_reaches_the_edge_cut(preset):
+    """Physical bounds of HBM traffic over the mesh (issue 23 item 8). A streaming read by every core
+    from edge-attached channels (half on the west column's routers, half on the east's): every link and
+    port is busy at most 100% of the time; the bandwidth never exceeds the HBM's nor what the edge
+    columns' ``H`` outgoing links can carry to the cores of the other columns
+    (``2 H link / ((W-1)/W)``); and it reaches at least 85% of the smaller of the two (before bursts,
+    one full-width request flit per 64 B transaction saturated the edge columns at ~35-60% of it)."""
+    from npusim.arch import load_arch
+
+    arch = load_arch(preset)
+    w, h = arch.cores.grid.width, arch.cores.grid.height
+    sim, nbytes = _streaming_read(arch, range(arch.num_cores))
+    cycles = sim.makespan()
+    busy = sim.noc.link_flits / sim.noc.link_lanes
+    assert (busy <= cycles).all()
+    gbps = nbytes / cycles * arch.clock_ghz
+    peak = arch.hbm.channels * arch.hbm.bandwidth_per_channel_gbps
+    cut = 2 * h * arch.noc.link_bytes_per_cycle * arch.clock_ghz / ((w - 1) / w)
+    bound = min(peak, cut)
+    assert gbps <= bound * 1.001
+    assert gbps >= 0.85 * bound
+    # the data crosses the cut at the link rate: the links leaving the edge columns towards the rest
+    topo = sim.topology
+    out_of_edges = [k for k in range(topo.num_links)
+                    if (topo.link_src[k] % w, topo.link_dst[k] % w) in ((0, 1), (w - 1, w - 2))]
+    assert len(out_of_edges) == 2 * h
+    assert busy[out_of_edges].min() >= 0.85 * cycles
+    # one request per 256 B burst reached the memory ports; no request ejected at a core's port
+    nl, nr = topo.num_links, topo.num_routers
+    assert sim.noc.link_flits[nl + nr:].sum() == nbytes // arch.hbm.interleave_bytes
+    before, _ = _streaming_read(arch, range(arch.num_cores), memory_packets="transaction", memory_port_lanes=0)
+    assert before.makespan() > cycles * 1.4  # the old request model: a measured ablation, not a bound
+
+
+def test_memory_ports_have_a_lane_per_channel(arch64):
+    """A write's data ejects at its attach router's memory port, one lane per attached channel: 4 lanes
+    on npusim-64c (64 channels on 16 edge routers) take the data in a quarter of the flits' cycles."""
+    sim = Simulator(arch64, memory_mode="analytical", noc_mode="path")
+    nl, nr = sim.topology.num_links, sim.topology.num_routers
+    attach = hbm_attach_routers(arch64)
+    assert (sim.noc.link_lanes[nl + nr + np.unique(attach)] == 4).all()
+    assert (sim.noc.link_lanes[:nl + nr] == 1).all()
+    sim.add_dma(27, MIB, write=True)
+    sim.run()
+    ports = sim.noc.link_flits[nl + nr:]
+    assert ports.sum() == MIB // arch64.noc.link_bytes_per_cycle  # the written data, at the controllers
+    assert sim.noc.link_flits[nl:nl + nr][attach].sum() == 0  # not at the edge cores' own ports

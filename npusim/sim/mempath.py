@@ -8,10 +8,25 @@ Each HBM channel meets the mesh at a router (``hbm.attach``, see
 ``(addr / interleave) mod channels``; with ``attach: per_core`` the core's own channel;
 random addresses spread evenly over the channels):
 
-* **read**: requests ``c -> r``, one header-only packet (one flit) per transaction; responses
-  ``r -> c`` carrying the data, ``max(transactions, ceil(bytes / link width))`` flits;
+* **read**: requests ``c -> r``, one header-only packet (one flit) per *burst*; responses
+  ``r -> c`` carrying the data, ``max(bursts, ceil(bytes / link width))`` flits;
 * **write**: the data ``c -> r`` (same flit count as a read response), then one one-flit
-  acknowledgement per transaction ``r -> c``.
+  acknowledgement per burst ``r -> c``.
+
+A burst is what a DMA engine asks one channel for in one request (an AXI burst): a contiguous run
+of addresses inside one interleave chunk (at most ``hbm.interleave_bytes``, never more than
+``MAX_BURST_BYTES`` = 4 KB); scattered (random, strided) accesses are one burst per
+``transaction_bytes`` transaction. The memory model still serves the burst transaction by
+transaction (its tags, queues and DRAM timing are unchanged). Before bursts a request per 64 B
+transaction was a full-width flit: the mesh carried as many request flits towards the edge as
+data flits back, and on the ascend-910c-die preset the read requests alone saturated the edge
+columns' links (``Simulator(memory_packets="transaction")`` keeps that model as an ablation;
+``validation/path_noc_hbm.py``).
+
+Streams towards the memory (read requests, write data) leave the mesh at the attach router's
+*memory-controller port*, one lane (one flit a cycle) per channel attached there, not at the
+core's own ejection port (``Simulator(memory_port_lanes=...)``: ``k`` lanes per router, or ``0``,
+the core's port, the model before: an ablation). Responses leave at the core's ejection port.
 
 Each stream is one message of the NoC model (a *part* of the DMA task: it holds no queue), so
 it contends for links and ejection ports with every other message — collectives, KV transfers,
@@ -54,51 +69,63 @@ from numba import njit
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM
 from npusim.hw.noc.flit_engine import flit_start_part
 from npusim.engine.heap import heap_push
-from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, path_reserve_part, path_start_part
+from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, memory_port, path_reserve_part, path_start_part
 
-MemPath = namedtuple("MemPath", ["prm", "attach", "routers", "pending", "task", "tail", "r_bytes", "r_txn",
+MemPath = namedtuple("MemPath", ["prm", "attach", "routers", "pending", "task", "tail", "r_bytes", "r_pkt",
                                  "hops", "counters"])
 (MP_ON, MP_CHANNELS, MP_INTERLEAVE, MP_PRIVATE, MP_ENGINES, MP_TXN, MP_WIDTH, MP_S, MP_L,
- MP_NEED_SLOTS, MP_NROUTERS, MP_RESERVE) = range(12)
-STREAM_MODELS = ("reserve", "hop")  # path fidelity: streams reserve their path at once, or move hop by hop
+ MP_NEED_SLOTS, MP_NROUTERS, MP_RESERVE, MP_MEMPORT, MP_BURST) = range(14)
+MAX_BURST_BYTES = 4096  # a burst never crosses a 4 KB boundary (AXI's rule): the longest packet of a DMA
+STREAM_MODELS = ("reserve", "hop")
+PACKET_MODELS = ("burst", "transaction")  # a DMA's requests: one per burst (default) or per transaction  # path fidelity: streams reserve their path at once, or move hop by hop
 C_BYTES, C_PARTS, C_DMAS = 0, 1, 2
 
 
 def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, interleave: int, private: bool,
                 dma_engines: int, txn_bytes: int, link_bytes: int, router_stages: int, link_latency: int,
-                num_initiators: int, streams: str = "reserve") -> MemPath:
+                num_initiators: int, streams: str = "reserve", memory_ports: bool = True,
+                packets: str = "burst") -> MemPath:
     """State for ``num_initiators`` DMA engines; ``attach[ch]`` = router of channel ``ch``;
     ``hops[a, b]`` = mesh hops from router ``a`` to ``b``; ``streams``: the path fidelity's
-    stream model (``reserve`` or ``hop``, see the module docstring)."""
+    stream model (``reserve`` or ``hop``, see the module docstring); ``memory_ports``: streams
+    towards the memory eject at the router's memory-controller port (else at the core's port);
+    ``packets``: ``burst`` (one request per contiguous run of a channel, see the module docstring)
+    or ``transaction`` (one per ``txn_bytes`` transaction: the model before bursts, an ablation)."""
+    if packets not in PACKET_MODELS:
+        raise ValueError(f"memory packets '{packets}': expected one of {PACKET_MODELS}")
     attach = np.asarray(attach, np.int64)
     routers = np.unique(attach)
     n_routers = int(hops.shape[0])
     prm = np.array([int(on), channels, interleave, int(private), dma_engines, txn_bytes, link_bytes,
                     router_stages, link_latency, 2 * (1 if private else len(routers)) + 1, n_routers,
-                    int(streams == "reserve")], np.int64)
+                    int(streams == "reserve"), int(memory_ports),
+                    min(interleave, MAX_BURST_BYTES) if packets == "burst" else txn_bytes], np.int64)
     return MemPath(prm=prm, attach=attach, routers=routers, pending=np.zeros(num_initiators, np.int64),
                    task=np.full(num_initiators, -1, np.int64), tail=np.zeros(num_initiators, np.int64),
-                   r_bytes=np.zeros(n_routers, np.int64), r_txn=np.zeros(n_routers, np.int64),
+                   r_bytes=np.zeros(n_routers, np.int64), r_pkt=np.zeros(n_routers, np.int64),
                    hops=np.asarray(hops, np.int64), counters=np.zeros(4, np.int64))
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _add(mp, ch, nbytes, ntxn):
+def _add(mp, ch, nbytes, npkt):
     r = mp.attach[ch]
     mp.r_bytes[r] += nbytes
-    mp.r_txn[r] += ntxn
+    mp.r_pkt[r] += npkt
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _split_over_routers(mp, core, nbytes, addr, pattern, stride):
-    """Bytes and transactions of the DMA per attach router (into ``r_bytes``/``r_txn``)."""
+    """Bytes and packets (requests) of the DMA per attach router (into ``r_bytes``/``r_pkt``): a
+    contiguous run of addresses on one channel is one burst of at most ``MP_BURST`` bytes (linear
+    and private; the interleave chunk caps it), scattered accesses one packet each."""
     p = mp.prm
     txn = p[MP_TXN]
+    bl = p[MP_BURST]
     il = p[MP_INTERLEAVE]
     n_ch = p[MP_CHANNELS]
     if p[MP_PRIVATE] != 0:
         mp.r_bytes[core] += nbytes
-        mp.r_txn[core] += (nbytes + txn - 1) // txn
+        mp.r_pkt[core] += (nbytes + bl - 1) // bl
         return
     if pattern == PATTERN_RANDOM:
         base, extra = nbytes // n_ch, nbytes % n_ch
@@ -121,7 +148,7 @@ def _split_over_routers(mp, core, nbytes, addr, pattern, stride):
     a = addr
     # the head chunk, up to the first interleave boundary
     first = min(end, (a // il + 1) * il)
-    _add(mp, (a // il) % n_ch, first - a, (first - a + txn - 1) // txn)
+    _add(mp, (a // il) % n_ch, first - a, (first - a + bl - 1) // bl)
     if first >= end:
         return
     j0 = first // il
@@ -129,14 +156,14 @@ def _split_over_routers(mp, core, nbytes, addr, pattern, stride):
     full = j1 - j0
     if full > 0:
         per, extra = full // n_ch, full % n_ch
-        per_txn = (il + txn - 1) // txn
+        per_pkt = (il + bl - 1) // bl
         for i in range(min(n_ch, full)):
             ch = (j0 + i) % n_ch
             cnt = per + (1 if i < extra else 0)
-            _add(mp, ch, cnt * il, cnt * per_txn)
+            _add(mp, ch, cnt * il, cnt * per_pkt)
     tail = end - j1 * il
     if tail > 0:
-        _add(mp, j1 % n_ch, tail, (tail + txn - 1) // txn)
+        _add(mp, j1 % n_ch, tail, (tail + bl - 1) // bl)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -161,7 +188,7 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         b = mp.r_bytes[r]
         if b == 0:
             continue
-        n = mp.r_txn[r]
+        n = mp.r_pkt[r]
         data_flits = max(n, (b + w - 1) // w)
         out_flits, back_flits = (data_flits, n) if is_write else (n, data_flits)
         if flit_mode:
@@ -169,20 +196,22 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
             flit_start_part(fnoc, heap, hs, init, r, core, back_flits, now)
             parts += 2
         elif reserve:
-            t_out = path_reserve_part(noc, heap, hs, init, core, r, out_flits, now)
-            t_back = path_reserve_part(noc, heap, hs, init, r, core, back_flits, now)
+            port = memory_port(noc, r) if p[MP_MEMPORT] != 0 else noc.n_links + r
+            t_out = path_reserve_part(noc, heap, hs, init, core, r, out_flits, now, port)
+            t_back = path_reserve_part(noc, heap, hs, init, r, core, back_flits, now, noc.n_links + core)
             parts += (t_out < 0) + (t_back < 0)
             last = max(last, t_out, t_back)
         else:
-            path_start_part(noc, heap, hs, init, core, r, out_flits, now)
-            path_start_part(noc, heap, hs, init, r, core, back_flits, now)
+            port = memory_port(noc, r) if p[MP_MEMPORT] != 0 else noc.n_links + r
+            path_start_part(noc, heap, hs, init, core, r, out_flits, now, port)
+            path_start_part(noc, heap, hs, init, r, core, back_flits, now, noc.n_links + core)
             parts += 2
         streams += 2
         h = mp.hops[r, core]
         tail = max(tail, (h + 1) * S + h * L)
         mp.counters[C_BYTES] += b
         mp.r_bytes[r] = 0
-        mp.r_txn[r] = 0
+        mp.r_pkt[r] = 0
     if last >= 0:  # the reserved streams end together: one part, one event
         heap_push(heap, hs, last, EV_NOC_PART_END, init)
         parts += 1
@@ -205,4 +234,4 @@ def mem_part_done(mp, init):
     return task
 
 
-__all__ = ["C_BYTES", "C_DMAS", "C_PARTS", "STREAM_MODELS", "MemPath", "mem_part_done", "mem_start", "new_mempath"]
+__all__ = ["C_BYTES", "C_DMAS", "C_PARTS", "MAX_BURST_BYTES", "PACKET_MODELS", "STREAM_MODELS", "MemPath", "mem_part_done", "mem_start", "new_mempath"]

@@ -35,7 +35,7 @@ from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
 from npusim.hw.noc.path import grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh, to_arrays
-from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, STREAM_MODELS, new_mempath
+from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, PACKET_MODELS, STREAM_MODELS, new_mempath
 from npusim.sim.sramport import C_ARRAY, C_DMA, new_sram_ports
 from npusim.sim.kernel import (
     BASE_HEADROOM,
@@ -75,13 +75,22 @@ class Simulator:
 
     def __init__(self, arch: Arch, memory_mode: str = "tlm", noc_mode: str = "path", txlog_rows: int = 0,
                  noc_graph=None, cmdlog_rows: int = 0, memory_over_noc: bool | None = None,
-                 memory_streams: str = "reserve"):
+                 memory_streams: str = "reserve", memory_port_lanes: int | None = None,
+                 memory_packets: str = "burst"):
         """``noc_graph``: a networkx topology (see ``npusim.hw.noc.topology``) with one router
         per core, instead of the arch's mesh. ``txlog_rows`` / ``cmdlog_rows``: capacity of the HBM
         model's transaction log / DRAM command trace (tests, debugging; 0 = off). ``memory_over_noc``: route HBM transaction streams over the
         NoC (default: at the path and flit fidelities, not at the analytical one). ``memory_streams``:
         at the path fidelity, ``reserve`` (default) times each memory stream by reserving its path
-        when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`)."""
+        when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`).
+        ``memory_port_lanes``: at the path fidelity, streams towards the memory (read requests, write
+        data) leave the mesh at their attach router's memory-controller port, one lane (one flit a
+        cycle) per HBM channel attached there (``None``, the default), or ``k`` lanes per attach
+        router; ``0`` ejects them at the router's core port, shared with the core's own traffic (the
+        model before the memory ports: an ablation). ``memory_packets``: a DMA's requests cross the
+        mesh one per burst (``burst``, default: a contiguous run on one channel, at most the
+        interleave chunk) or one per ``transaction_bytes`` transaction (``transaction``, the model
+        before bursts: an ablation); see :mod:`npusim.sim.mempath`."""
         if noc_mode not in NOC_MODES:
             raise ConfigError(f"NoC fidelity '{noc_mode}' in the engine: expected one of {NOC_MODES}")
         self.arch = arch
@@ -116,8 +125,14 @@ class Simulator:
         flit_topo, flit_routing = (self.topology, self.routing) if noc_mode == "flit" else _tiny_noc()
         self.flit = new_flit_engine(flit_topo, flit_routing, noc.virtual_channels, noc.buffer_depth_flits,
                                     noc.router_pipeline_cycles, noc.link_bytes_per_cycle, noc.max_packet_flits)
+        attach = hbm_attach_routers(arch)
+        if memory_port_lanes is None:  # one lane per channel attached at the router
+            lanes = np.bincount(attach, minlength=self.topology.num_routers)
+        else:
+            lanes = np.full(self.topology.num_routers, max(1, int(memory_port_lanes)))
         self.noc = new_path_state(self.topology, self.routing, noc.router_pipeline_cycles, noc.link_latency_cycles,
-                                  noc.link_bytes_per_cycle, 256, noc_mode, noc.buffer_depth_flits)
+                                  noc.link_bytes_per_cycle, 256, noc_mode, noc.buffer_depth_flits,
+                                  memory_ports=lanes)
         if memory_over_noc is None:
             memory_over_noc = noc_mode != "analytical"
         if memory_over_noc and noc_mode == "analytical":
@@ -126,13 +141,17 @@ class Simulator:
         self.memory_over_noc = bool(memory_over_noc)
         if memory_streams not in STREAM_MODELS:
             raise ConfigError(f"memory stream model '{memory_streams}': expected one of {STREAM_MODELS}")
+        if memory_packets not in PACKET_MODELS:
+            raise ConfigError(f"memory packet model '{memory_packets}': expected one of {PACKET_MODELS}")
         self.memory_streams = memory_streams
         hbm = arch.hbm
-        self.mempath = new_mempath(hbm_attach_routers(arch), self.routing.hop_matrix(), self.memory_over_noc,
+        self.mempath = new_mempath(attach, self.routing.hop_matrix(), self.memory_over_noc,
                                    hbm.channels, hbm.interleave_bytes, hbm.attach == "per_core", self.dma_engines,
                                    min(arch.cores.dma.transaction_bytes, hbm.interleave_bytes),
                                    noc.link_bytes_per_cycle, noc.router_pipeline_cycles, noc.link_latency_cycles,
-                                   arch.num_cores * self.dma_engines, memory_streams)
+                                   arch.num_cores * self.dma_engines, memory_streams,
+                                   memory_ports=memory_port_lanes is None or int(memory_port_lanes) > 0,
+                                   packets=memory_packets)
         # a DMA start pushes one event per stream it starts (two per attach router)
         self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
         # the SRAM ports in the timing path: at the TLM memory fidelity only (sramport.py)

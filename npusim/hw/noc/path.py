@@ -46,6 +46,12 @@ every link its bytes but never holds a path while its header waits. Its reservat
 without an event unless a header waits for the link (``LAZY`` owner, ``link_free_at``): the
 same timing as a release event, half the events.
 
+Ports: every router has one ejection port for its core (one flit a cycle) and one *memory port*
+(:func:`memory_port`) with ``link_lanes`` lanes, one per HBM channel attached there: a message
+that ejects there (a memory stream towards the controllers, ``eject``) holds it for
+``ceil(F / lanes)`` cycles. Injection is not modelled as a port: a message holds only its mesh
+links and its ejection port.
+
 NpuSim's router has a documented defect where two acknowledgements returning in
 adjacent cycles lock routers for no reason; here no acknowledgement holds anything:
 a link is only ever held by the one message that claimed it, until its tail passes.
@@ -73,26 +79,31 @@ PathState = namedtuple(
     [
         # topology and routing
         "next_port", "link_id", "nbr_router", "n_links", "prm",
-        # per link (mesh links, then one ejection port per router)
-        "link_owner", "link_wait_head", "link_wait_tail", "link_flits", "link_free_at",
+        # per link (mesh links, then one ejection port per router, then one memory port per router)
+        "link_owner", "link_wait_head", "link_wait_tail", "link_flits", "link_free_at", "link_lanes",
         # per message in flight (slots from a free list)
-        "m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part", "m_free",
+        "m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part", "m_eject", "m_free",
         "counters",
     ],
 )
 PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH, PRM_MODE, PRM_BUFFER, PRM_WALK = 0, 1, 2, 3, 4, 5
 WALK_HOPS = 8  # a memory stream's header walks at most this many hops' time ahead of the event
 C_MESSAGES, C_FLITS, C_WAITS, C_FREE_TOP = 0, 1, 2, 3
-_SLOT_FIELDS = ("m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part")
+_SLOT_FIELDS = ("m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part", "m_eject")
 
 
 def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, link_bytes: int,
                    num_slots: int = 256, mode: str = "path", buffer_flits: int = 8,
-                   walk_hops: int = WALK_HOPS) -> PathState:
+                   walk_hops: int = WALK_HOPS, memory_ports=None) -> PathState:
     """Empty network. ``num_slots`` messages can be in flight at once; the kernel returns to
-    Python to :func:`grow_slots` when they run out."""
+    Python to :func:`grow_slots` when they run out. ``memory_ports[r]``: how many memory-controller
+    ports router ``r`` has (the HBM channels attached there, see :func:`memory_port`; missing: none)."""
     n_links = topo.num_links
-    total = n_links + topo.num_routers
+    n_r = topo.num_routers
+    total = n_links + 2 * n_r
+    lanes = np.ones(total, np.int64)
+    if memory_ports is not None:
+        lanes[n_links + n_r:] = np.maximum(1, np.asarray(memory_ports, np.int64))
     z = lambda n: np.zeros(n, np.int64)  # noqa: E731
     full = lambda n: np.full(n, -1, np.int64)  # noqa: E731
     return PathState(
@@ -102,9 +113,10 @@ def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, 
                       walk_hops * (router_stages + link_latency_cycles)],
                      dtype=np.int64),
         link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total), link_free_at=z(total),
-        link_flits=z(total),
+        link_flits=z(total), link_lanes=lanes,
         m_task=full(num_slots), m_src=z(num_slots), m_dst=z(num_slots), m_flits=z(num_slots),
         m_cur=z(num_slots), m_wait_next=full(num_slots), m_hops=z(num_slots), m_part=full(num_slots),
+        m_eject=z(num_slots),
         m_free=np.arange(num_slots, dtype=np.int64)[::-1].copy(),
         counters=np.array([0, 0, 0, num_slots], dtype=np.int64),
     )
@@ -135,6 +147,19 @@ def slots_free(ps):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def memory_port(ps, r):
+    """Link id of router ``r``'s memory-controller port (where streams to its HBM channels eject)."""
+    return ps.n_links + (ps.link_owner.shape[0] - ps.n_links) // 2 + r
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _occupancy(ps, link, flits):
+    """Cycles ``flits`` flits hold ``link``: one a cycle per lane (a memory port has one lane per channel)."""
+    lanes = ps.link_lanes[link]
+    return (flits + lanes - 1) // lanes
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def flits_of(ps, nbytes):
     w = ps.prm[PRM_WIDTH]
     return max(np.int64(1), (nbytes + w - 1) // w)
@@ -161,20 +186,22 @@ def path_start(ps, heap, hs, task, src, dst, nbytes, now):
         heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
         heap_push(heap, hs, now + (hops + 1) * S + hops * L + flits - 1, EV_TASK_END, task)
         return
-    _launch(ps, heap, hs, task, -1, src, dst, flits, now)
+    _launch(ps, heap, hs, task, -1, src, dst, flits, now, ps.n_links + dst)
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def path_start_part(ps, heap, hs, owner, src, dst, flits, now):
+def path_start_part(ps, heap, hs, owner, src, dst, flits, now, eject):
     """Start a message of ``flits`` flits that is part of initiator ``owner``'s DMA task (path
-    mode only; the caller made sure a slot is free): no queue, ``EV_NOC_PART_END`` at the end."""
+    mode only; the caller made sure a slot is free): no queue, ``EV_NOC_PART_END`` at the end.
+    ``eject``: the port it leaves the mesh by at ``dst`` (the core's ``n_links + dst``, or the
+    router's :func:`memory_port`)."""
     ps.counters[C_MESSAGES] += 1
     ps.counters[C_FLITS] += flits
-    _launch(ps, heap, hs, -1, owner, src, dst, flits, now)
+    _launch(ps, heap, hs, -1, owner, src, dst, flits, now, eject)
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def path_reserve_part(ps, heap, hs, owner, src, dst, flits, now):
+def path_reserve_part(ps, heap, hs, owner, src, dst, flits, now, eject):
     """Start a memory stream of ``flits`` flits (part of initiator ``owner``'s DMA task) that *walks
     ahead*: its header claims each free link of its route in one go, at the time it would reach it
     (``now + S``, then ``S + L`` per hop), reserving it for its ``F`` flits as :func:`_claim` does
@@ -194,22 +221,22 @@ def path_reserve_part(ps, heap, hs, owner, src, dst, flits, now):
     mesh's diameter ahead, put the mean TTFT of a serving case 6% off; 8 hops, 0.2%)."""
     ps.counters[C_MESSAGES] += 1
     ps.counters[C_FLITS] += flits
-    return _walk(ps, heap, hs, -1, owner, src, dst, flits, src, 0, now + ps.prm[PRM_STAGES], now)
+    return _walk(ps, heap, hs, -1, owner, src, dst, flits, src, 0, now + ps.prm[PRM_STAGES], now, eject)
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _walk(ps, heap, hs, slot, part, src, dst, flits, r, hops, t, now):
+def _walk(ps, heap, hs, slot, part, src, dst, flits, r, hops, t, now, eject):
     """Walk stream ``part``'s header from router ``r`` (reached at ``t`` after ``hops`` hops),
     reserving free links (see :func:`path_reserve_part`); ``slot``: its message slot (-1: none
     yet). Returns the tail's ejection time (the slot, if any, freed) or -1 (a hop event pushed)."""
     S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
     while True:
-        link = ps.n_links + dst if r == dst else ps.link_id[r, ps.next_port[r, dst]]
+        link = eject if r == dst else ps.link_id[r, ps.next_port[r, dst]]
         o = ps.link_owner[link]
         busy = o == LAZY and ps.link_free_at[link] > t
         if o >= 0 or ps.link_wait_head[link] >= 0 or (busy and r != dst) or t - now > ps.prm[PRM_WALK]:
             if slot < 0:
-                slot = _take_slot(ps, WALK, part, src, dst, flits)
+                slot = _take_slot(ps, WALK, part, src, dst, flits, eject)
             ps.m_cur[slot] = r
             ps.m_hops[slot] = hops
             heap_push(heap, hs, t, EV_NOC_HOP, slot)
@@ -217,13 +244,14 @@ def _walk(ps, heap, hs, slot, part, src, dst, flits, r, hops, t, now):
         if busy:
             ps.counters[C_WAITS] += 1
             t = ps.link_free_at[link]
+        occ = _occupancy(ps, link, flits)
         ps.link_owner[link] = LAZY
-        ps.link_free_at[link] = t + flits
+        ps.link_free_at[link] = t + occ
         ps.link_flits[link] += flits
         if r == dst:
             if slot >= 0:
                 _free_slot(ps, slot)
-            return t + flits - 1
+            return t + occ - 1
         r = ps.nbr_router[r, ps.next_port[r, dst]]
         hops += 1
         t += L + S
@@ -238,7 +266,7 @@ def _free_slot(ps, slot):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _take_slot(ps, task, part, src, dst, flits):
+def _take_slot(ps, task, part, src, dst, flits, eject):
     top = ps.counters[C_FREE_TOP] - 1
     ps.counters[C_FREE_TOP] = top
     slot = ps.m_free[top]
@@ -249,12 +277,13 @@ def _take_slot(ps, task, part, src, dst, flits):
     ps.m_flits[slot] = flits
     ps.m_cur[slot] = src
     ps.m_hops[slot] = 0
+    ps.m_eject[slot] = eject
     return slot
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _launch(ps, heap, hs, task, part, src, dst, flits, now):
-    slot = _take_slot(ps, task, part, src, dst, flits)
+def _launch(ps, heap, hs, task, part, src, dst, flits, now, eject):
+    slot = _take_slot(ps, task, part, src, dst, flits, eject)
     if flits <= ps.prm[PRM_BUFFER] and part < 0:  # the source router's input buffer takes the whole packet
         heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
     heap_push(heap, hs, now + ps.prm[PRM_STAGES], EV_NOC_HOP, slot)
@@ -265,7 +294,7 @@ def _next_link(ps, slot):
     """The link (or ejection port) the header at ``m_cur`` needs next."""
     cur, dst = ps.m_cur[slot], ps.m_dst[slot]
     if cur == dst:
-        return ps.n_links + dst
+        return ps.m_eject[slot]
     return ps.link_id[cur, ps.next_port[cur, dst]]
 
 
@@ -292,14 +321,14 @@ def _claim(ps, heap, hs, slot, link, now):
         if task == WALK:  # a walking memory stream: on through the free links ahead
             part = ps.m_part[slot]
             t_tail = _walk(ps, heap, hs, slot, part, ps.m_src[slot], dst, flits, ps.m_cur[slot], ps.m_hops[slot],
-                           now + L + S, now)
+                           now + L + S, now, ps.m_eject[slot])
             if t_tail >= 0:
                 heap_push(heap, hs, t_tail, EV_NOC_PART_END, part)
             return
         heap_push(heap, hs, now + L + S, EV_NOC_HOP, slot)
         return
-    # ejection port claimed: head ejected now, tail F-1 cycles later; the slot is done
-    t_tail = now + flits - 1
+    # ejection port claimed: head ejected now, tail F-1 cycles later (on one lane); the slot is done
+    t_tail = now + _occupancy(ps, link, flits) - 1
     ps.link_flits[link] += flits
     part = ps.m_part[slot]
     if part >= 0:
