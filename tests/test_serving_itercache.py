@@ -8,7 +8,7 @@ import pytest
 from npusim.cli import main
 from npusim.errors import ConfigError
 from npusim.mapping.spec import spec_from_flags
-from npusim.serving.itercache import EXACT, Buckets, corners, measure, parse_buckets
+from npusim.serving.itercache import EXACT, Buckets, corners, grid_corners, measure, parse_buckets
 from npusim.serving.requests import synthetic_requests
 from npusim.serving.scheduler import SchedulerConfig
 from npusim.serving.simulate import ServingConfig, ServingSimulator, simulate_serving
@@ -51,6 +51,42 @@ def test_corners_bracket_the_shape():
     assert [g[2] for g in lo[1:]] == [256, 1024]
     assert 0 < t < 1
     assert all(a[0] == b[0] for a, b in zip(lo, hi))
+
+
+def test_grid_corners_interpolate_each_group_on_its_own_axis():
+    """Multilinear weights: they sum to 1, every corner sits on bucket edges, and the weighted
+    corners give back each group's own KV length (a chunk and a decode at different places in
+    their buckets keep their places)."""
+    groups = ((1, 512, 2560, True), (8, 1, 3328, False), (1, 1, 4096, False))
+    assert grid_corners(groups, EXACT) == [(groups, 1.0)]
+    cell = grid_corners(groups, Buckets(kv=2048))
+    assert len(cell) == 4  # the third group sits on an edge: one axis fewer
+    assert sum(w for _, w in cell) == pytest.approx(1.0)
+    assert all(g[2] % 2048 == 0 or g[2] == max(g[1], 256) for c, _ in cell for g in c)
+    for i, (_, _, kv, _) in enumerate(groups):
+        assert sum(w * c[i][2] for c, w in cell) == pytest.approx(kv)
+
+
+def test_combined_stage_costs_keep_the_weighted_totals():
+    """A combination of stage costs has the weighted mean duration, wave, summed alone and busy
+    cycles and bytes, laid out over the lanes as its heaviest corner's."""
+    from npusim.serving.stagecost import StageCost
+
+    def cost(scale, alone):
+        alone = np.asarray(alone, dtype=np.int64)
+        return StageCost(duration=int(alone.sum()), alone=alone, loaded=alone * 2 * scale // scale,
+                         unit_queue=np.arange(3), unit_lane=np.arange(3), unit_busy=alone // 2,
+                         hbm_bytes=1000 * scale)
+
+    a, b = cost(1, [100, 300, 200]), cost(2, [300, 300, 600])
+    c = StageCost.combine([(a, 0.25), (b, 0.75)])
+    assert c.duration == pytest.approx(0.25 * a.duration + 0.75 * b.duration, abs=1)
+    assert c.alone.sum() == pytest.approx(0.25 * a.alone.sum() + 0.75 * b.alone.sum(), abs=3)
+    assert c.wave == pytest.approx(0.25 * a.wave + 0.75 * b.wave, abs=1)
+    assert c.hbm_bytes == 1750
+    assert np.allclose(c.alone / c.alone.sum(), b.alone / b.alone.sum(), atol=1e-2)  # b's layout
+    single = StageCost.combine([(a, 1.0)])
+    assert single.duration == a.duration and (single.alone == a.alone).all() and single.wave == a.wave
 
 
 def test_skeleton_replays_the_iteration_exactly_when_alone(arch64):

@@ -76,9 +76,10 @@ def add_serving_args(p) -> None:
                    "disaggregation: TTFT -70%%; validation/serving_iteration_cache.py). auto (default): on for "
                    "one instance, off for PD disaggregation or data-parallel replicas")
     g.add_argument("--iteration-cache-buckets", default=None,
-                   help="iteration cache key buckets: kv=TOKENS (multiple of 256, interpolated between), batch=N "
-                   "(decode counts rounded up), chunk=TOKENS (multiple of 16), any of them, or exact "
-                   "(default kv=256,batch=8,chunk=16: exact)")
+                   help="iteration cache key buckets: kv=TOKENS (multiple of 256; the stage replay interpolates "
+                   "between bucket edges on one KV axis per attention group), kv_edges=linear|pow2 (pow2: powers "
+                   "of two below the kv bucket, its multiples above), batch=N (decode counts rounded up), "
+                   "chunk=TOKENS (multiple of 16), any of them, or exact (default kv=256,batch=8,chunk=16: exact)")
     g.add_argument("--iteration-cache-replay", choices=["stages", "skeleton"], default=None,
                    help="how a cached iteration replays: stages (one hold per pipeline stage, set by how many "
                    "iterations are in flight; the default) or skeleton (each DMA replayed, compute and NoC held)")
@@ -327,7 +328,8 @@ def _print(s: dict) -> None:
         print(f"  iter. cache    off ({why}): every iteration simulated")
     else:
         b = ic["buckets"]
-        print(f"  iter. cache    on ({ic.get('requested', 'on')}), {ic['replay']} replay (kv {b['kv']}, batch {b['batch']}, chunk {b['chunk']}): "
+        print(f"  iter. cache    on ({ic.get('requested', 'on')}), {ic['replay']} replay (kv {b['kv']}"
+              f"{', powers of two below' if b.get('kv_edges') == 'pow2' else ''}, batch {b['batch']}, chunk {b['chunk']}): "
               f"{ic['shapes_simulated']} "
               f"shapes simulated ({ic['shapes_from_disk']} more from disk), {ic['hits']} hits, {ic['misses']} misses, {ic['interpolated']} interpolated"
               + ("; KV spills timed by the memory model alone (nothing waits for them)"

@@ -11,12 +11,18 @@ and sampled rows (:func:`npusim.serving.iteration.iteration_groups`) plus the ki
 (none, some or all in HBM), with three bucket sizes (:class:`Buckets`):
 
 * ``kv`` tokens: group KV lengths (already rounded up to 256 by the compiled shapes) are placed
-  between bucket edges; the two corner shapes (every group at its lower edge, never below 256, every
-  group at its upper edge) are simulated, and the iteration replays the upper corner's skeleton with its
-  delays, spans and busy cycles scaled to the duration interpolated linearly between the corners
-  by the iteration's share of the attention KV tokens, and its KV reads to the interpolated KV
-  bytes (weights are read in full): never more than the upper corner. ``kv=256`` is exact: the
-  key is the compiled shape itself.
+  between bucket edges (the lower never below 256 or the group's own tokens). The stage replay
+  interpolates *multilinearly*, one KV axis per group (:func:`grid_corners`): the ``2**g`` corner
+  shapes of the iteration's cell are simulated and weighted by each group's own position between
+  its edges (:meth:`~npusim.serving.stagecost.StageCost.combine`). A prefill chunk's KV token
+  costs hundreds of times a decode's (its queries attend to every key), so one position for all
+  groups (below) is off by up to 5% where the groups sit at different places in their buckets;
+  per group it is within 0.4% (Qwen3-4B on npusim-64c, a chunk of 512 beside a decode, corners
+  ~3k tokens apart). The skeleton replay uses two corners (every group at its lower edge, every
+  group at its upper edge) and replays the upper corner's skeleton with its delays, spans and
+  busy cycles scaled to the duration interpolated linearly between them by the iteration's share
+  of the attention KV tokens, and its KV reads to the interpolated KV bytes (weights are read in
+  full): never more than the upper corner. ``kv=256`` is exact: the key is the compiled shape itself.
 * ``batch``: decode-group request counts above the bucket are rounded up to a multiple of it
   (graph-mode padding already uses multiples of 8: ``batch=8`` is exact);
 * ``chunk`` tokens: prefill chunks rounded up to a multiple of it (they are padded to 16
@@ -64,6 +70,7 @@ from npusim.engine.tasks import KIND_FIXED
 from npusim.errors import ConfigError
 from npusim.files import write_with
 from npusim.serving.iteration import KV_QUANTUM
+from npusim.serving.stagecost import StageCost
 from npusim.sim import Simulator
 from npusim.sim.kernel import KIND_DMA, KIND_NOC
 from npusim.sim.program import submit_materialized
@@ -78,6 +85,7 @@ class Buckets:
     kv: int = KV_QUANTUM
     batch: int = 8
     chunk: int = 16
+    kv_edges: str = "linear"
 
     def __post_init__(self):
         if self.kv < KV_QUANTUM or self.kv % KV_QUANTUM:
@@ -88,6 +96,8 @@ class Buckets:
         if self.chunk < 16 or self.chunk % 16:
             raise ConfigError(f"iteration cache chunk bucket {self.chunk}: expected a positive multiple of 16 tokens "
                               f"(chunks are padded to 16 already)")
+        if self.kv_edges not in KV_EDGES:
+            raise ConfigError(f"iteration cache kv_edges '{self.kv_edges}': expected one of {', '.join(KV_EDGES)}")
 
     @property
     def exact(self) -> bool:
@@ -95,19 +105,23 @@ class Buckets:
         return self.kv == KV_QUANTUM and self.batch <= 8 and self.chunk == 16
 
 
+KV_EDGES = ("linear", "pow2")
 EXACT = Buckets(kv=KV_QUANTUM, batch=8, chunk=16)
 
 
 def parse_buckets(text: str) -> Buckets:
-    """``kv=1024,batch=8,chunk=16`` (any subset; the rest default), or ``exact``."""
+    """``kv=1024,batch=8,chunk=16,kv_edges=pow2`` (any subset; the rest default), or ``exact``."""
     if text.strip() == "exact":
         return EXACT
     values = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         key, sep, val = part.partition("=")
-        if not sep or key.strip() not in ("kv", "batch", "chunk"):
-            raise ConfigError(f"--iteration-cache-buckets '{text}': expected kv=N,batch=N,chunk=N (any of them) "
-                              f"or exact, got '{part}'")
+        if not sep or key.strip() not in ("kv", "batch", "chunk", "kv_edges"):
+            raise ConfigError(f"--iteration-cache-buckets '{text}': expected kv=N,batch=N,chunk=N,"
+                              f"kv_edges=linear|pow2 (any of them) or exact, got '{part}'")
+        if key.strip() == "kv_edges":
+            values["kv_edges"] = val.strip()
+            continue
         try:
             values[key.strip()] = int(val)
         except ValueError:
@@ -118,27 +132,63 @@ def parse_buckets(text: str) -> Buckets:
 
 # -- the key ---------------------------------------------------------------------------------------
 
+def _rounded(group, buckets: Buckets) -> tuple[int, int, int, bool]:
+    """A group with its decode count and chunk length rounded up to their buckets (a padded chunk
+    keeps its cached prefix)."""
+    n, q, kv, causal = group
+    if q == 1 and n > buckets.batch:
+        n = -(-n // buckets.batch) * buckets.batch
+    if q > 1:
+        padded = -(-q // buckets.chunk) * buckets.chunk
+        kv, q = kv + padded - q, padded
+    return n, q, kv, causal
+
+
+def _kv_edges(q: int, kv: int, buckets: Buckets) -> tuple[int, int]:
+    """The KV bucket edges around ``kv`` (equal when ``kv`` is on one): multiples of the ``kv``
+    bucket, or with ``kv_edges=pow2`` powers of two below it (256, 512, ... up to the bucket, so
+    that no short cell spans more than twice its lower edge) and its multiples above it; the
+    lower edge never below the group's own tokens or 256, the shortest compiled KV length."""
+    bucket = buckets.kv
+    if buckets.kv_edges == "pow2" and kv <= bucket:
+        up = min(bucket, max(KV_QUANTUM, 1 << (kv - 1).bit_length()))
+        down = 1 << ((up - 1).bit_length() - 1)
+    else:
+        up = -(-kv // bucket) * bucket
+        down = up - bucket
+    return (up if kv == up else max(down, q, KV_QUANTUM)), up
+
+
 def corners(groups, buckets: Buckets) -> tuple[tuple, tuple, float]:
     """``(lower, upper, t)``: the two corner group tuples and the iteration's position between
     them (``t = 1``: the upper corner; both corners are the same when the buckets are exact)."""
     lo, hi = [], []
     num = den = 0
-    for n, q, kv, causal in groups:
-        if q == 1 and n > buckets.batch:
-            n = -(-n // buckets.batch) * buckets.batch
-        if q > 1:
-            padded = -(-q // buckets.chunk) * buckets.chunk
-            kv, q = kv + padded - q, padded
-        up = -(-kv // buckets.kv) * buckets.kv
-        down = max(up - buckets.kv, q, KV_QUANTUM)  # compiled KV lengths are 256 at least
-        if kv == up:
-            down = up
+    for g in groups:
+        n, q, kv, causal = _rounded(g, buckets)
+        down, up = _kv_edges(q, kv, buckets)
         lo.append((n, q, down, causal))
         hi.append((n, q, up, causal))
         num += n * (kv - down)
         den += n * (up - down)
     t = 1.0 if den == 0 else num / den
     return tuple(lo), tuple(hi), t
+
+
+def grid_corners(groups, buckets: Buckets) -> list[tuple[tuple, float]]:
+    """The corners of the iteration's KV-bucket cell, one KV axis per group, with their weights
+    in a multilinear interpolation (each group's own position between its bucket's edges):
+    ``2 ** g`` corners for ``g`` groups off a bucket edge, one (weight 1) on the edges."""
+    out = [((), 1.0)]
+    for g in groups:
+        n, q, kv, causal = _rounded(g, buckets)
+        down, up = _kv_edges(q, kv, buckets)
+        if down == up:
+            out = [(c + ((n, q, up, causal),), w) for c, w in out]
+            continue
+        t = (kv - down) / (up - down)
+        out = [(c + ((n, q, edge, causal),), w * f) for c, w in out for edge, f in ((down, 1 - t), (up, t)) if f > 0]
+    return out
 
 
 # -- the cost skeleton -----------------------------------------------------------------------------
@@ -552,10 +602,11 @@ class IterationCostCache:
                 return self._shape(g, sampled, 0.0 if fraction <= 0 else 1.0)
             return self._shape(g, sampled, 0.0).blend(self._shape(g, sampled, 1.0), fraction)
 
-        lo, hi, t = corners(groups, self.buckets)
-        cost = at(hi)
-        if t < 1 and lo != hi:
-            cost = at(lo).blend(cost, t)
+        cell = grid_corners(groups, self.buckets)
+        if len(cell) == 1:
+            cost = at(cell[0][0])
+        else:
+            cost = StageCost.combine([(at(c), w) for c, w in cell])
             self.stats["interpolated"] += 1
         fresh = self.stats["shapes_simulated"] + self.stats["shapes_from_disk"] > before
         self.stats["misses" if fresh else "hits"] += 1
@@ -576,7 +627,8 @@ def summary(caches: list[IterationCostCache], buckets: Buckets | None, replay: s
     if buckets is None:
         return {"enabled": False}
     out = {"enabled": True, "replay": replay,
-           "buckets": {"kv": buckets.kv, "batch": buckets.batch, "chunk": buckets.chunk},
+           "buckets": {"kv": buckets.kv, "batch": buckets.batch, "chunk": buckets.chunk,
+                       "kv_edges": buckets.kv_edges},
            "limits": [SHARED_CHIP_LIMIT] if instances > 1 else [], "kv_spills_over_mesh": spills_over_mesh}
     for key in ("hits", "misses", "shapes_simulated", "shapes_from_disk", "interpolated"):
         out[key] = sum(c.stats[key] for c in caches)

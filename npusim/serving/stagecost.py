@@ -160,6 +160,7 @@ class StageCost:
     unit_lane: np.ndarray
     unit_busy: np.ndarray
     hbm_bytes: int
+    wave_cycles: int = -1  # the pipeline's period at full load; -1: max(loaded) (a measured shape's)
     _unit_params: dict = field(default_factory=dict, repr=False, compare=False)  # (k, depth) -> unit_params
 
     ARRAYS = ("alone", "loaded", "unit_queue", "unit_lane", "unit_busy")
@@ -182,9 +183,42 @@ class StageCost:
                          unit_busy=mix(self.unit_busy, other.unit_busy),
                          hbm_bytes=int(round(self.hbm_bytes + (other.hbm_bytes - self.hbm_bytes) * t)))
 
+    @property
+    def wave(self) -> int:
+        """The pipeline's period at full load (cycles): the last lane's end with every stage
+        working at once, ``max(loaded)`` as measured (an interpolated cost carries the corners'
+        interpolated wave: the largest of interpolated lanes would understate it)."""
+        return self.wave_cycles if self.wave_cycles >= 0 else int(self.loaded.max(initial=0))
+
+    @staticmethod
+    def combine(terms: list[tuple["StageCost", float]]) -> "StageCost":
+        """The weighted mean of ``terms`` (same lanes; weights >= 0 summing to 1: the corners of a
+        multilinear interpolation) in its totals — duration, the lanes' summed alone cycles, the
+        wave, busy cycles and bytes — laid out over the lanes and units as the heaviest corner's
+        are: a mean of measured lanes would smooth out where each shape's time really fell
+        (which lane waits, which one streams), and the holds, a max of a lane's alone and loaded
+        cycles, would come out short."""
+        pattern = max(terms, key=lambda cw: cw[1])[0]
+
+        def total(get):
+            return sum(w * get(c) for c, w in terms)
+
+        def scaled(arr: np.ndarray, target: float) -> np.ndarray:
+            now = float(arr.sum())
+            return arr if now <= 0 else np.round(arr * (target / now)).astype(np.int64)
+
+        wave = total(lambda c: c.wave)
+        return StageCost(duration=int(round(total(lambda c: c.duration))),
+                         alone=scaled(pattern.alone, total(lambda c: float(c.alone.sum()))),
+                         loaded=pattern.loaded if pattern.wave <= 0 else
+                         np.round(pattern.loaded * (wave / pattern.wave)).astype(np.int64),
+                         unit_queue=pattern.unit_queue, unit_lane=pattern.unit_lane,
+                         unit_busy=scaled(pattern.unit_busy, total(lambda c: float(c.unit_busy.sum()))),
+                         hbm_bytes=int(round(total(lambda c: c.hbm_bytes))), wave_cycles=int(round(wave)))
+
     def holds(self, k: int, depth: int) -> np.ndarray:
         """Each lane's hold (cycles) with ``k`` iterations in flight out of ``depth``."""
-        return _spans(self.alone, self.loaded, int(self.loaded.max(initial=0)), k, depth)
+        return _spans(self.alone, self.loaded, self.wave, k, depth)
 
     def unit_params(self, k: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """Per unit: its hold's ``param[0]`` (the lane's hold) and ``param[1]`` (the busy cycles
@@ -228,7 +262,7 @@ class HoldsInFlight:
 
     def add(self, note: int, ids: np.ndarray, cost: StageCost) -> None:
         lane = cost.unit_lane
-        wave = np.full(lane.size, int(cost.loaded.max(initial=0)), dtype=np.int64)
+        wave = np.full(lane.size, cost.wave, dtype=np.int64)
         self.notes.append((note, lane.size))
         self.ids = np.concatenate([self.ids, ids])
         self.cols = np.concatenate([self.cols, np.stack([cost.alone[lane], cost.loaded[lane], wave,
