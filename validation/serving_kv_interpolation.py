@@ -8,7 +8,14 @@ shapes simulated, the CPU seconds, and the largest relative differences over eve
 summary JSON (wall-clock and bookkeeping keys left out). The stage replay interpolates between
 bucket edges on one KV axis per attention group (``npusim/serving/itercache.py``).
 
+``--grid`` instead measures one iteration structure directly (a 512-token prefill chunk beside one
+decode, Qwen3-4B on npusim-64c, the stage replay's measurement) on a grid of the two groups' KV
+lengths, and prints how far interpolating from coarser corners lands from the measured duration:
+per group (multilinear, the stage replay's) and at one shared position (two corners, the skeleton
+replay's).
+
     python validation/serving_kv_interpolation.py [--requests 50] [--buckets kv=8192,kv_edges=pow2 ...]
+    python validation/serving_kv_interpolation.py --grid
 """
 
 from __future__ import annotations
@@ -55,12 +62,56 @@ def run(requests: int | None, buckets: str, folder: Path) -> tuple[dict, float]:
     return json.loads(out.read_text()), cpu
 
 
+def grid() -> None:
+    """Interpolation error on a grid of (chunk KV, decode KV) shapes (see the module docstring)."""
+    import contextlib
+    import io
+
+    import npusim.serving.itercache as itercache
+    from npusim.cli import main as npusim
+
+    measure = {}
+    init = itercache.IterationCostCache.__init__
+
+    def keep(self, buckets, measure_fn, store=None):
+        measure["fn"] = measure_fn
+        init(self, buckets, measure_fn, store)
+
+    itercache.IterationCostCache.__init__ = keep
+    try:  # one request builds the instance whose measurement the cache would call
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            npusim(["run", "--trace", str(ROOT / "traces" / "mooncake_sample.jsonl"), "--requests", "1",
+                    "--no-progress", "--json"])
+    finally:
+        itercache.IterationCostCache.__init__ = init
+    chunk, dec = (1024, 3072, 4096, 6144, 8192), (256, 1024, 2048, 4096, 8192)
+    d = {(c, k): measure["fn"]([(1, 512, c, True), (1, 1, k, False)], 1, 1.0).duration for c in chunk for k in dec}
+    print("stage replay, 512-token chunk + 1 decode (Qwen3-4B, npusim-64c): duration in Mcycles")
+    print("chunk KV \\ decode KV " + "".join(f"{k:>9}" for k in dec))
+    for c in chunk:
+        print(f"{c:>20} " + "".join(f"{d[c, k] / 1e6:9.2f}" for k in dec))
+    print("\ninterpolated from the cell's corners (per group: multilinear; shared: two corners by KV tokens)")
+    for (c, k), (c0, c1, k0, k1) in (((3072, 1024), (1024, 4096, 256, 2048)), ((4096, 2048), (1024, 8192, 1024, 4096)),
+                                     ((6144, 4096), (4096, 8192, 2048, 8192)), ((3072, 2048), (1024, 4096, 1024, 4096))):
+        tx, ty = (c - c0) / (c1 - c0), (k - k0) / (k1 - k0)
+        per_group = (d[c0, k0] * (1 - tx) * (1 - ty) + d[c1, k0] * tx * (1 - ty) + d[c0, k1] * (1 - tx) * ty
+                     + d[c1, k1] * tx * ty)
+        t = ((c - c0) + (k - k0)) / ((c1 - c0) + (k1 - k0))
+        shared = d[c0, k0] + (d[c1, k1] - d[c0, k0]) * t
+        print(f"  chunk {c}, decode {k} (cell {c0}-{c1} x {k0}-{k1}): per group {100 * (per_group / d[c, k] - 1):+.2f}%, "
+              f"shared {100 * (shared / d[c, k] - 1):+.2f}%")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=50, help="the trace's first N requests (0: all 200)")
     ap.add_argument("--buckets", nargs="+", default=["kv=8192,kv_edges=pow2", "kv=4096,kv_edges=pow2"])
     ap.add_argument("--show", type=int, default=6, help="largest differences shown per setting")
+    ap.add_argument("--grid", action="store_true", help="interpolation error on a grid of one structure's shapes")
     args = ap.parse_args()
+    if args.grid:
+        grid()
+        return
     folder = Path(tempfile.mkdtemp(prefix="npusim-kv-interp-"))
     exact, cpu0 = run(args.requests or None, "exact", folder)
     ref = flat(exact)

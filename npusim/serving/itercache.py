@@ -8,7 +8,7 @@ profiled operator costs, but measured by our own chip simulation instead of on a
 
 Shape (the cache key, per instance): the iteration's attention groups ``(count, q, kv, causal)``
 and sampled rows (:func:`npusim.serving.iteration.iteration_groups`) plus the kind of KV placement
-(none, some or all in HBM), with three bucket sizes (:class:`Buckets`):
+(none, some or all in HBM), with three bucket sizes and a choice of KV edges (:class:`Buckets`):
 
 * ``kv`` tokens: group KV lengths (already rounded up to 256 by the compiled shapes) are placed
   between bucket edges (the lower never below 256 or the group's own tokens). The stage replay
@@ -16,13 +16,18 @@ and sampled rows (:func:`npusim.serving.iteration.iteration_groups`) plus the ki
   shapes of the iteration's cell are simulated and weighted by each group's own position between
   its edges (:meth:`~npusim.serving.stagecost.StageCost.combine`). A prefill chunk's KV token
   costs hundreds of times a decode's (its queries attend to every key), so one position for all
-  groups (below) is off by up to 5% where the groups sit at different places in their buckets;
-  per group it is within 0.4% (Qwen3-4B on npusim-64c, a chunk of 512 beside a decode, corners
-  ~3k tokens apart). The skeleton replay uses two corners (every group at its lower edge, every
+  groups (below) is off by up to 6% where the groups sit at different places in their buckets;
+  per group it is within 0.4% (``validation/serving_kv_interpolation.py --grid``: Qwen3-4B on
+  npusim-64c, a chunk of 512 beside a decode, cells 2-7k tokens wide). Over the README's trace
+  replay (200 Mooncake requests) ``kv=4096,kv_edges=pow2`` simulates 2,360 shapes instead of
+  4,864, every result within 1.0% of exact. The skeleton replay uses two corners (every group at its lower edge, every
   group at its upper edge) and replays the upper corner's skeleton with its delays, spans and
   busy cycles scaled to the duration interpolated linearly between them by the iteration's share
   of the attention KV tokens, and its KV reads to the interpolated KV bytes (weights are read in
   full): never more than the upper corner. ``kv=256`` is exact: the key is the compiled shape itself.
+* ``kv_edges``: ``linear`` (the default: edges at multiples of the ``kv`` bucket) or ``pow2``
+  (powers of two below the bucket, 256, 512, ..., its multiples above: no short cell spans more
+  than twice its lower edge);
 * ``batch``: decode-group request counts above the bucket are rounded up to a multiple of it
   (graph-mode padding already uses multiples of 8: ``batch=8`` is exact);
 * ``chunk`` tokens: prefill chunks rounded up to a multiple of it (they are padded to 16
