@@ -27,24 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 from machine import machine_line  # noqa: E402
 
-from npusim.mapping.spec import spec_from_flags  # noqa: E402
 from npusim.serving.requests import synthetic_requests  # noqa: E402
-from npusim.serving.scheduler import SchedulerConfig  # noqa: E402
-from npusim.serving.simulate import ServingConfig, simulate_serving  # noqa: E402
 from npusim.validate.chips import hetero_chip, homogeneous  # noqa: E402
-from npusim.validate.serving_pd import A10_LOADS, PdSetup  # noqa: E402
-
-
-def serve(arch, reqs, setup: PdSetup, pd=None, budget: int = 512, chunk: int = 256) -> dict:
-    """``npusim.validate.serving_pd.serve`` with the scheduler's budget and chunk as parameters."""
-    stages = setup.fusion_stages
-    spec = spec_from_flags(tp=arch.num_cores // stages, stages=stages, layout="linear_seq")
-    spec = spec.model_copy(update={"data_parallel": 1,
-                                   "pipeline": spec.pipeline.model_copy(update={"balance": setup.balance})})
-    spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": setup.pd_stages})})
-    cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(
-        policy="continuous" if pd else "fusion", budget=budget, chunk_tokens=chunk, max_batch=64))
-    return simulate_serving(arch, spec, reqs, cfg, pd=pd).summary
+from npusim.validate.serving_pd import A10_LOADS, PdSetup, serve  # noqa: E402
 
 
 def main() -> None:

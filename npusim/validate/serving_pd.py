@@ -57,9 +57,10 @@ class PdSetup:
                 f"layers balanced by {self.balance}")
 
 
-def serve(arch, reqs, setup: PdSetup, pd=None) -> dict:
+def serve(arch, reqs, setup: PdSetup, pd=None, budget: int = 512, chunk: int = 256) -> dict:
     """Summary of serving ``reqs`` on ``arch``: disaggregated at ``pd`` or, without, PD fusion over
-    the whole chip in ``setup.fusion_stages`` stages of TP = cores / stages."""
+    the whole chip in ``setup.fusion_stages`` stages of TP = cores / stages; the scheduler's token
+    ``budget`` per iteration and prefill ``chunk`` tokens."""
     stages = setup.fusion_stages
     spec = spec_from_flags(tp=arch.num_cores // stages, stages=stages, layout="linear_seq")
     spec = spec.model_copy(update={"data_parallel": 1,
@@ -67,7 +68,7 @@ def serve(arch, reqs, setup: PdSetup, pd=None) -> dict:
     if setup.pd_stages:
         spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": setup.pd_stages})})
     cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(
-        policy="continuous" if pd else "fusion", budget=512, chunk_tokens=256, max_batch=64))
+        policy="continuous" if pd else "fusion", budget=budget, chunk_tokens=chunk, max_batch=64))
     return simulate_serving(arch, spec, reqs, cfg, pd=pd).summary
 
 
