@@ -268,7 +268,8 @@ def test_a_deployment_is_a_plan_plus_its_calibrated_constants(mtp):
 
     a2 = load_system("atlas-800i-a2")
     bare = _variant(a2, {"moe_operators": {"other_kernels_us": 0.0, "dispatch_overhead_us": 0.0,
-                                           "combine_overhead_us": 0.0}})
+                                           "combine_overhead_us": 0.0,
+                                           "layer_kernels": {"cube_us": 0.0, "vector_us": 0.0}}})
     dep = Deployment.model_validate(dict(phase="decode", npus=32, tp=1, ep=32, shared_tp=8, precision="w8a8"))
     built = simulate_step(bare, dep, batch=8, kv=3072, mtp=mtp)
     plan = ParallelPlan(npus=32, dp=32, ep=32, precision="w8a8", mtp=mtp, shared_tp=8)

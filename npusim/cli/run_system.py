@@ -118,7 +118,9 @@ def run_system_step(args) -> int:
     print(f"  MoE layer     {r.layer_us:,.1f} us: " + ", ".join(f"{k} {v:,.1f}" for k, v in r.breakdown_us.items()))
     print("  step parts    " + ", ".join(f"{k} {v:,.2f} ms" for k, v in r.step_breakdown_ms.items()))
     print(f"  calibrated    {r.calibrated_ms:,.2f} ms of the step's critical path ({100 * r.calibrated_share:.0f}%) is calibrated "
-          f"constants, not simulated work (small kernels, operator overheads, step overhead)")
+          f"constants, not simulated work (dispatch/combine per-call overheads, step overhead); "
+          f"{r.kernel_launch_ms:,.2f} ms ({100 * r.kernel_launch_ms / r.step_ms if r.step_ms else 0:.0f}%) is kernel "
+          f"launches at a cited fixed cost each")
     print(f"  memory        {r.kv_gb_per_die:.1f} GB KV + {r.weights_gb_per_die:.1f} GB weights per die; "
           f"expert load imbalance {r.imbalance:.2f}, attention {r.attention_imbalance:.2f}")
     print(f"  note          {r.note}")

@@ -40,6 +40,7 @@ import numpy as np
 
 from npusim.arch.derived import summarize
 from npusim.errors import ConfigError
+from npusim.model.ir import Op
 from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
 from npusim.system.collectives import build_collective, matrix_transfers
@@ -89,6 +90,12 @@ def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0,
                 r = operators_cost(cc, graph, cores, hbm_fraction, launch_us)
                 us = r.time_us
             nbytes = float(r.hbm_bytes)
+        elif kind == "vector":
+            op = Op(name=f"vector {spec['op_class']}", kind="vector", dtype=spec.get("dtype", "bf16"),
+                    elements=int(spec["elements"]), op_class=spec["op_class"], fn=spec.get("fn"),
+                    row_len=spec.get("row_len"))
+            r = cc.vector(op, cores, hbm_fraction=hbm_fraction)
+            us, nbytes = max(r.time_us, launch_us), float(r.hbm_bytes)
         elif kind == "fixed":
             us = float(spec["us"])
         elif kind == "sum":

@@ -45,8 +45,8 @@ Microbatches overlap as ``plan.overlap`` says; a deployment's calibrated times (
 are ``fixed`` kernels. With ``pp = 1`` and
 more than ``SIM_LAYERS`` identical layers, ``SIM_LAYERS`` are simulated and the rest extrapolated
 at the period between the last two (``meta.repeat``); with ``pp > 1`` every layer is simulated.
-Not modelled here: the embedding lookup, the expert SwiGLU and quantisation kernels between the
-GEMMs (the chip cost of the GEMMs only), the MTP layer's own weights in the memory check, ring
+The experts' activation between their GEMMs is a vector kernel (:meth:`_Builder.expert_activation`).
+Not modelled here: the embedding lookup, the MTP layer's own weights in the memory check, ring
 attention's online-softmax merge of each step's partial output (``cp``), context parallelism in decode.
 """
 
@@ -98,11 +98,17 @@ class StepShape:
 
 @dataclass(frozen=True)
 class Overheads:
-    """Calibrated times (us) a deployment adds where the chip model does not cost the work (each
-    a ``fixed`` kernel, filed under ``calibrated``): ``small_kernels_us`` per layer and microbatch
-    (quantisation, gating, launch gaps; in a MoE layer half after attention and half with the
-    dispatch launch, in a dense layer after it), ``dispatch_us`` / ``combine_us`` per operator call
-    (on the MoE stream before the transfers), ``step_us`` once per step; ``source`` cites them."""
+    """Fixed times (us) a deployment adds to the simulated work, each a ``fixed`` kernel.
+
+    Calibrated (filed under ``calibrated``): ``dispatch_us`` / ``combine_us`` per operator call (on
+    the MoE stream before the transfers), ``step_us`` once per step, ``small_kernels_us`` per layer
+    and microbatch (a what-if, 0 in the presets: in a MoE layer half after attention and half with
+    the dispatch launch, in a dense layer after it); ``source`` cites them.
+
+    Cited (filed under ``kernel_launch``): the fixed launch cost of the kernels a layer runs per
+    microbatch (:class:`~npusim.system.schema.LayerKernels`), ``attention_kernels_us`` on the
+    attention stream after the router, ``moe_kernels_us`` on the MoE stream before the experts,
+    ``dense_kernels_us`` after a dense layer; ``kernels_source`` cites them."""
 
     small_kernels_us: float = 0.0
     dispatch_us: float = 0.0
@@ -111,6 +117,10 @@ class Overheads:
     source: str = ""
     small_kernels_source: str = ""
     step_source: str = ""
+    attention_kernels_us: float = 0.0
+    moe_kernels_us: float = 0.0
+    dense_kernels_us: float = 0.0
+    kernels_source: str = ""
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -195,12 +205,33 @@ class _Builder:
         base = stage * self.per_stage + group * self.plan.tp
         return list(range(base, base + self.plan.tp))
 
-    def calibrated(self, ranks, us: float, prev: dict, name: str, source: str, stream: str = "compute") -> dict:
-        """A calibrated time on each rank after ``prev`` (nothing when ``us`` is 0)."""
+    def calibrated(self, ranks, us: float, prev: dict, name: str, source: str, stream: str = "compute",
+                   category: str = "calibrated") -> dict:
+        """A fixed time on each rank after ``prev`` (nothing when ``us`` is 0), filed under
+        ``category`` (``calibrated``, or ``kernel_launch`` for the cited launch costs)."""
         if us <= 0:
             return prev
         k = self.fixed(us, source)
-        return {r: self.wl.compute(r, k, [prev.get(r)], name, "calibrated", stream) for r in ranks}
+        return {r: self.wl.compute(r, k, [prev.get(r)], name, category, stream) for r in ranks}
+
+    def launches(self, ranks, us: float, prev: dict, name: str, stream: str = "compute") -> dict:
+        """The cited fixed launch cost of a part's kernels (:class:`Overheads`) on each rank."""
+        return self.calibrated(ranks, us, prev, name, self.oh.kernels_source, stream, "kernel_launch")
+
+    def expert_activation(self, rows: int, width: int, batch: int) -> int:
+        """The experts' activation between their GEMMs for ``rows`` rows of each of ``batch`` experts
+        (the up GEMM's ``2 width`` outputs a row): under INT8 (W8A8) one pass that de-quantises the
+        GEMM's INT32 output, applies SwiGLU and re-quantises for the down GEMM (CANN's
+        DequantSwigluQuant), costed as a quantising stream over the INT32 rows (4 bytes an element
+        read, about the real kernel's traffic); else SwiGLU over the bf16 rows."""
+        elements = rows * batch * 2 * width
+        spec = ({"type": "vector", "op_class": "quantize", "elements": elements, "row_len": 2 * width,
+                 "dtype": "fp32"} if self.plan.gemm_dtype == "int8" else
+                {"type": "vector", "op_class": "activation", "fn": "swiglu", "elements": elements,
+                 "row_len": 2 * width, "dtype": "bf16"})
+        if self.moe_cores:
+            spec["cores"] = self.moe_cores
+        return self.wl.kernel(spec)
 
     # collectives of a TP group ------------------------------------------------------------------
     def group_collective(self, op: str, ranks, tokens: int, prev: dict, name: str) -> dict:
@@ -339,6 +370,7 @@ class _Builder:
             out = {r: self.wl.compute(r, self.token_kernel("ffn", 0, share), [a[r]], f"{tag}.ffn", "ffn")
                    for r, share in zip(ranks, _split(tokens, len(ranks)))}
             out = self.group_collective("allgather", ranks, tokens, out, f"{tag}.ffn_allgather")
+        out = self.launches(ranks, self.oh.dense_kernels_us, out, f"{tag}.kernel_launches")
         return self.calibrated(ranks, self.oh.small_kernels_us, out, f"{tag}.small_kernels",
                                self.oh.small_kernels_source or self.oh.source)
 
@@ -404,6 +436,7 @@ class _Builder:
                 att = self.attention(ranks, g, layer, seqs, prev, tag, "reducescatter")
                 out = {r: wl.compute(r, self.token_kernel("router", layer, share, self.att_cores), [att[r]],
                                      f"{tag}.router", "moe_compute") for r, share in zip(ranks, shares)}
+            out = self.launches(ranks, self.oh.attention_kernels_us, out, f"{tag}.kernel_launches")
             out = self.calibrated(ranks, half, out, f"{tag}.small_kernels", self.oh.small_kernels_source or
                                   self.oh.source)
             tokens_of.update(zip(ranks, shares))
@@ -451,8 +484,12 @@ class _Builder:
         shared, scatter = ({}, -1) if not cfg.num_shared_experts or plan.shared_dies else \
             self.shared_experts(stage_ranks, f["tokens_of"], gate, dtype, tag)
         experts = {}
+        launches = self.launches(stage_ranks, self.oh.moe_kernels_us, gate, f"{tag}.moe_kernel_launches",
+                                 self.moe_stream)
         for i, r in enumerate(stage_ranks):
             deps = [f["dispatch"], gate[r], *shared.get(r, [])]
+            if launches is not gate:
+                deps.append(launches[r])
             dedicated = i >= first_shared  # all its tokens through the shared experts, one GEMM pair
             rows = pad_rows(int(pairs[i]) if dedicated else math.ceil(pairs[i] / slots))
             if rows:
@@ -460,7 +497,9 @@ class _Builder:
                 up = self.gemm(rows, h, 2 * w, dtype, b, self.moe_cores)
                 down = self.gemm(rows, w, h, dtype, b, self.moe_cores)
                 u = wl.compute(r, up, deps, f"{tag}.experts_up", "moe_compute", self.moe_stream)
-                deps = [wl.compute(r, down, [u], f"{tag}.experts_down", "moe_compute", self.moe_stream)]
+                a = wl.compute(r, self.expert_activation(rows, w, b), [u], f"{tag}.experts_act", "moe_compute",
+                               self.moe_stream)
+                deps = [wl.compute(r, down, [a], f"{tag}.experts_down", "moe_compute", self.moe_stream)]
             experts[r] = deps
         launch = self.calibrated(stage_ranks, self.oh.combine_us, {r: d[-1] for r, d in experts.items()},
                                  f"{tag}.combine_launch", self.oh.source, self.moe_stream)

@@ -17,13 +17,17 @@ What one step is made of (each piece simulated, except the calibrated constants)
   layers, the LM head and the MTP module -- on the die's core share (``core_split``);
 * the **fabric** times dispatch and combine with the drawn routing's real token counts, and the
   attention group's reduce-scatter / all-gather;
-* **calibrated constants** (the system's ``moe_operators``: the layer's small kernels the chip model
-  does not cost, the per-call dispatch and combine overheads; the deployment's step overhead) are
-  ``fixed`` kernels filed under ``calibrated``; ``calibrated_share`` says how much of the step they are.
+* the layer's **small kernels** (norms, dynamic quantisation, RoPE, routing, the experts'
+  activation, the final add) are simulated as work where the model has the op; each **kernel
+  launch** adds a cited fixed cost (the system's ``moe_operators.layer_kernels``: how many kernels a
+  layer launches on each stream, and the cost of one), filed under ``kernel_launch``;
+* **calibrated constants** (the system's ``moe_operators`` per-call dispatch and combine overheads;
+  the deployment's step overhead) are ``fixed`` kernels filed under ``calibrated``;
+  ``calibrated_share`` says how much of the step they are.
 
-Not modelled (the output says so): the 910C's L2 for attention and vector ops (GEMMs use it);
-quantisation and the other small kernels are one calibrated time per layer, not simulated kernel by
-kernel.
+Not modelled (the output says so): a TLM L2 (the die's L2 serves GEMM operands and shared KV
+through its analytical reuse model); the gating top-k and the router's fp32 cast as work (their
+launches are counted).
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ from npusim.system.mapper import Overheads, StepShape, build_step, memory_per_ra
 from npusim.system.plan import ParallelPlan, check_plan, default_plan
 from npusim.system.workload import Workload
 
-PARTIAL_NOTE = ("partial model: the die's L2 serves GEMM operand and shared-KV re-reads only (no TLM L2), a layer's small kernels (quantisation, "
-                "gating, launch gaps) are one calibrated time; see validation/deepseek_deployments.py")
+PARTIAL_NOTE = ("partial model: the die's L2 serves GEMM operand and shared-KV re-reads only (no TLM L2); each kernel launch is a "
+                "cited fixed cost (moe_operators.layer_kernels), dispatch/combine's per-call overheads are calibrated; "
+                "see validation/deepseek_deployments.py")
 
 
 @dataclass
@@ -76,6 +81,7 @@ class StepResult:
     plan: dict = field(default_factory=dict)  # the deployment in plan keys (npusim.system.plan)
     calibrated_ms: float = 0.0  # the step's time in calibrated constants (small kernels, operator overheads, step overhead)
     calibrated_share: float = 0.0  # calibrated_ms / step_ms
+    kernel_launch_ms: float = 0.0  # the step's time in kernel launches' cited fixed costs (moe_operators.layer_kernels)
     fidelity: dict = field(default_factory=dict)  # the chip costs' memory and NoC fidelity, the fabric's
     note: str = PARTIAL_NOTE
     workload: Workload | None = field(default=None, repr=False, compare=False)
@@ -111,10 +117,14 @@ def deployment_overheads(loaded: LoadedSystem, dep: Deployment) -> Overheads:
     deployment's step overhead."""
     ops = loaded.system.moe_operators
     src = f"{loaded.system.name} moe_operators: {ops.source}"
+    lk = ops.layer_kernels
     return Overheads(small_kernels_us=ops.other_kernels_us, dispatch_us=ops.dispatch_overhead_us,
                      combine_us=ops.combine_overhead_us, step_us=dep.step_overhead_us, source=src,
                      small_kernels_source=ops.other_kernels_source or src,
-                     step_source=dep.step_overhead_source or "the mapping")
+                     step_source=dep.step_overhead_source or "the mapping",
+                     attention_kernels_us=lk.us("attention"), moe_kernels_us=lk.us("moe"),
+                     dense_kernels_us=lk.us("dense"),
+                     kernels_source=f"{loaded.system.name} moe_operators.layer_kernels: {lk.source}")
 
 
 def _shape(dep: Deployment, dies_per_npu: int, mb: int, batch, kv: int, batch_tokens, seq: int,
@@ -199,6 +209,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         weights_gb_per_die=weights_gb, imbalance=float(load.max() / load.mean()) if load.mean() > 0 else 1.0,
         attention_imbalance=imbalance, chip_cost=cc.stats.as_dict(), plan=plan.to_dict(),
         workload=wl, calibrated_ms=calibrated_us / 1e3, calibrated_share=calibrated_us / step_us if step_us else 0.0,
+        kernel_launch_ms=timing.breakdown_us.get("kernel_launch", 0.0) / 1e3,
         fidelity={"chip_memory": cc.memory, "chip_noc": cc.noc, "fabric": fidelity})
 
 
@@ -231,7 +242,8 @@ def _layer_report(wl: Workload, timing, oh: Overheads, mb: int) -> tuple[float, 
                  "dispatch": spans.get("dispatch", 0.0) + mb * oh.dispatch_us,
                  "combine": spans.get("combine", 0.0) + mb * oh.combine_us,
                  "shared_expert_comm": spans.get("shared_comm", 0.0), "attention_comm": spans.get("tp_comm", 0.0),
-                 "other_kernels": mb * oh.small_kernels_us}
+                 "other_kernels": mb * oh.small_kernels_us,
+                 "kernel_launch": mb * (oh.attention_kernels_us + oh.moe_kernels_us)}
     total = sum(breakdown.values())
     breakdown.update(other=max(0.0, layer_us - total), overlap_hidden=max(0.0, total - layer_us),
                      calibrated=timing.period_breakdown_us.get("calibrated", 0.0))

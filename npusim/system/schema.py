@@ -76,16 +76,50 @@ class Initiator(StrictModel):
     default: Literal["sdma", "aiv"] = "sdma"
 
 
+class KernelCount(StrictModel):
+    """Kernels launched on a die's cube (AIC) and vector (AIV) cores."""
+
+    cube: NonNegativeInt = 0
+    vector: NonNegativeInt = 0
+
+
+class LayerKernels(StrictModel):
+    """What a deployment's operator runtime launches per decoder layer and microbatch on a die, and
+    the fixed cost of each launch (task scheduling, the kernel's head: core start, instruction fetch,
+    initialisation) -- the part of a small kernel that does not scale with its tokens. The kernels'
+    *work* is simulated where the model has the op (norms, quantisation, RoPE, routing, the experts'
+    activation); this is only each launch's fixed cost, charged on the stream the kernel runs on:
+    ``attention`` (the attention stream: norms, quantisation, the MLA prologue, attention, the
+    output projection, the router and gating top-k), ``moe`` (the MoE stream: the shared expert's
+    and routed experts' GEMMs and activations, the final add; dispatch and combine are charged by
+    their own per-call overheads), ``dense`` (a dense layer). ``cube_us`` / ``vector_us``: fixed cost
+    per kernel on the cube / vector cores. ``source`` cites both. All 0: not modelled."""
+
+    attention: KernelCount = Field(default_factory=KernelCount)
+    moe: KernelCount = Field(default_factory=KernelCount)
+    dense: KernelCount = Field(default_factory=KernelCount)
+    cube_us: NonNegativeFloat = 0.0
+    vector_us: NonNegativeFloat = 0.0
+    source: str = ""
+
+    def us(self, part: str) -> float:
+        """The fixed launch cost of ``part``'s kernels (microseconds per layer and microbatch)."""
+        c = getattr(self, part)
+        return c.cube * self.cube_us + c.vector * self.vector_us
+
+
 class MoeOperators(StrictModel):
     """Fixed time of the MoE dispatch and combine operators on a die besides moving their bytes:
     kernel launch, token counting and layout, quantisation, synchronisation between ranks. Charged
     once per operator call per die, before its transfers.
 
-    ``other_kernels_us``: a decoder layer's small kernels that the chip model does not cost
-    (dynamic quantisation before each INT8 matmul, gating top-k, routing bookkeeping, KV-cache
-    scatter, launch gaps), per layer and microbatch on a die; a microbatch pays half on its
-    attention stream and half on its MoE stream (each kernel is a call of its own, whatever the
-    tokens).
+    ``layer_kernels``: the fixed launch cost of the layer's kernels (:class:`LayerKernels`); their
+    work is simulated.
+
+    ``other_kernels_us``: a what-if, 0 in the presets: a fixed time per layer and microbatch on a
+    die for small kernels not otherwise costed, half on the attention stream and half on the MoE
+    stream. (Until session 26 the presets carried 226.6 us here, calibrated on xDeepServe's Figure
+    20 at one batch: it stood for what ``layer_kernels`` and the simulated small kernels now model.)
 
     ``decode_copies`` / ``prefill_copies``: what the phase's dispatch and combine kernels move per
     token (:mod:`npusim.system.moe`): ``per_expert``, one copy per selected expert (the
@@ -98,6 +132,7 @@ class MoeOperators(StrictModel):
     source: str = ""
     other_kernels_us: NonNegativeFloat = 0.0
     other_kernels_source: str = ""
+    layer_kernels: LayerKernels = Field(default_factory=lambda: LayerKernels())
     decode_copies: Literal["per_expert", "per_rank"] = "per_expert"
     prefill_copies: Literal["per_expert", "per_rank"] = "per_rank"
 

@@ -19,6 +19,9 @@ costed there by that system's die.
   without the ``L<i>.`` prefix, e.g. ``mlp_norm``);
 * ``{"type": "onnx", "path", "phase", "batch", "seq_len", "kv_len", "dtype"}``: an ONNX-exported
   model's whole forward pass (:func:`npusim.model.onnx_import.load_onnx`) on the die;
+* ``{"type": "vector", "op_class", "elements", "row_len", "fn", "dtype", "cores"}``: one vector
+  operator (:meth:`~npusim.system.chipcost.ChipCost.vector`: its rows streamed from HBM through
+  the cores' buffers and back), e.g. the experts' activation between their GEMMs;
 * ``{"type": "fixed", "us", "source"}``: a time taken from a figure, not simulated (a calibrated
   constant: the step's breakdown files it under ``calibrated``);
 * ``{"type": "sum", "of": [kernel indices], "times": n}``: those kernels back to back, ``n`` times;
@@ -66,12 +69,13 @@ from pathlib import Path
 
 from npusim.errors import ConfigError
 from npusim.files import read_text, write_json
+from npusim.hw.compute.vector import OP_CLASSES
 
 FORMAT = "npusim-system-workload"
 VERSION = 1
 FILE_NAME = "workload.json"
 NODE_KINDS = ("compute", "collective", "transfers", "barrier")
-KERNEL_TYPES = ("gemm", "layer", "onnx", "fixed", "sum", "blend")
+KERNEL_TYPES = ("gemm", "layer", "onnx", "vector", "fixed", "sum", "blend")
 LAYER_PARTS = ("attention", "ffn", "router", "attention+router", "shared", "moe_tail", "head")
 STREAMS = ("compute", "moe")
 
@@ -233,6 +237,11 @@ def _check_kernel(k, i: int, at: str) -> None:
                 _int(k.get(split, 1), f"{at}: '{split}'", 1, 1 << 20)
             _str(k.get("precision", "bf16"), f"{at}: 'precision'")
             _str(k.get("kv_dtype", "bf16"), f"{at}: 'kv_dtype'", ("bf16", "int8"))
+    elif kind == "vector":
+        _str(k.get("op_class"), f"{at}: 'op_class'", OP_CLASSES)
+        _int(k.get("elements"), f"{at}: 'elements'", 1, MAX_KERNEL_TOKENS << 16)
+        _int(k.get("row_len", 1), f"{at}: 'row_len'", 1, 1 << 24)
+        _str(k.get("dtype", "bf16"), f"{at}: 'dtype'")
     elif kind == "fixed":
         _number(k.get("us"), f"{at}: 'us'")
     elif kind == "sum":

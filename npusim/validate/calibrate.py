@@ -18,8 +18,6 @@ preset's header describes it:
   same traffic with no overhead;
 * Atlas 800I A2 HCCS efficiencies (HIXL single-pair bandwidths, 2 MiB blocks): published bandwidth /
   the simulated 2 MiB bandwidth at efficiency 1;
-* CloudMatrix384 ``other_kernels_us`` (xDeepServe Figure 20): the iteration's "other" kernels minus
-  what the model costs of them (the LM head, the MTP module, each layer's vector ops), per layer.
 * Atlas 800I A2 ``runtime`` (operator launch floor and per-step host overhead): two graph-mode decode
   steps of the torchair model tables (``role: calibration``), solved for the two unknowns.
 
@@ -142,28 +140,6 @@ def hccs_constants() -> list[Constant]:
     return out
 
 
-def other_kernels_constant() -> list[Constant]:
-    """xDeepServe's 'other' kernels less what the model costs of them, per layer (the decode step
-    of the xDeepServe row, the MTP layer counted as a layer)."""
-    from npusim.mapping.spec import MAPPER_DIR, load_deployment
-    from npusim.system.moe_step import simulate_step
-
-    fig = published()["calibration"]["xdeepserve_other_kernels"]
-    row = next(r for r in published()["deepseek_deployments"] if r["name"] == fig["row"])
-    base = load_system(row["system"])
-    bare = _variant(base, {"moe_operators": {"other_kernels_us": 0.0}})
-    dep = load_deployment(MAPPER_DIR / row["mapping"])
-    r = simulate_step(bare, dep, batch=row["batch"], kv=row["kv"], mtp=row["mtp"], mtp_acceptance=row["mtp_acceptance"],
-                      kv_min=row.get("kv_min"))
-    layers = fig["layers"]  # 61 + the MTP layer
-    vector_us = _vector_ops_us(r, base)
-    costed_ms = r.step_breakdown_ms["lm_head"] + r.step_breakdown_ms["mtp_module"] + layers * vector_us / 1e3
-    value = (fig["others_ms"] - costed_ms) / layers * 1e3
-    return [Constant("moe_operators.other_kernels_us", row["system"], base.system.moe_operators.other_kernels_us,
-                     value, fig["source"], f"({fig['others_ms']} ms of other kernels - the LM head, the MTP module and "
-                     f"{layers} layers' vector ops as simulated) / {layers} layers")]
-
-
 def runtime_constants() -> list[Constant]:
     """The Atlas 800I A2 operator runtime (``runtime.launch_us``, ``runtime.step_overhead_us``) from
     the two ``ascend_plan_steps`` rows marked ``role: calibration`` (two decode steps of models with
@@ -202,24 +178,9 @@ def runtime_constants() -> list[Constant]:
                      "P_b - T_b(L)")]
 
 
-def _vector_ops_us(result, loaded: LoadedSystem) -> float:
-    """The vector ops of one MoE layer's attention part on a die, as the chip cost of each op."""
-    from npusim.model.zoo import get_config
-    from npusim.system.chipcost import ChipCost
-    from npusim.system.parts import layer_part_graph
-
-    wl = result.workload
-    cfg = get_config(wl.meta["model"])
-    att = next(k for k in wl.kernels if k["type"] == "layer" and k["layer"] == cfg.first_dense_layers
-               and k.get("part") in ("attention+router", "attention"))
-    cc = ChipCost(loaded.chip)
-    graph = layer_part_graph(cfg, att)
-    return sum(cc.op(op, att.get("cores")).time_us for op in graph.ops if op.kind == "vector")
-
-
 GROUPS: dict[str, Callable[[], list[Constant]]] = {
     "operators": operator_constants, "hccs": hccs_constants, "table1": table1_constants,
-    "other_kernels": other_kernels_constant, "runtime": runtime_constants,
+    "runtime": runtime_constants,
 }
 
 

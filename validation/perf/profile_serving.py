@@ -15,7 +15,7 @@ it calls; "engine" excludes the runs inside skeleton measurements), in CPU secon
 * per-launch Python of the cache: ``IterationCostCache.tasks`` less measuring;
 * scheduler, KV manager, sampling, metrics: the rest of ``ServingSimulator.run``.
 
-    python validation/perf/profile_serving.py --requests 100 --cache off
+    python validation/perf/profile_serving.py --requests 100 --cache off [--noc analytical]
     python validation/perf/profile_serving.py --requests 1000 --cache on --cache-buckets kv=1024,batch=32,chunk=64
 """
 
@@ -63,6 +63,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=100)
     ap.add_argument("--cache", choices=("off", "on"), default="off")
     ap.add_argument("--cache-buckets", default="exact")
+    ap.add_argument("--noc", choices=("path", "analytical", "flit"), default="path", help="NoC fidelity (default path)")
     ap.add_argument("--top", type=int, default=25, help="also print the top functions by own time")
     ap.add_argument("--out", type=Path, default=None, help="write the raw profile (pstats) here")
     args = ap.parse_args()
@@ -70,7 +71,7 @@ def main() -> None:
     reqs, clipped = cap_lengths(load_trace(path, first=args.requests), 2048, 128)
     arch = load_arch("npusim-64c")
     spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
-    cfg = ServingConfig(model="qwen3-4b", scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
+    cfg = ServingConfig(model="qwen3-4b", noc_mode=args.noc, scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
                         iteration_cache=parse_buckets(args.cache_buckets) if args.cache == "on" else None)
     simulate_serving(arch, spec, reqs[:1], replace(cfg, layers=16, iteration_cache=None))  # compile the kernel
     prof = cProfile.Profile(time.process_time)  # CPU seconds: the machine may be shared
@@ -99,7 +100,7 @@ def main() -> None:
     rest = total - compile_ - engine - submit - measure - skeleton
     label = "on, " + args.cache_buckets if args.cache == "on" else "off"
     print(f"profile: {args.requests} Mooncake requests ({path.name}, {clipped} clipped), Qwen3-4B TP 4 x 16 on "
-          f"npusim-64c, cache {label}")
+          f"npusim-64c, NoC {args.noc}, cache {label}")
     print(f"wall {wall:.1f} s, CPU {cpu:.1f} s (profiled, parts in CPU s: cProfile slows Python, not the kernel); "
           f"iterations "
           f"{s['iterations']:,}, shapes compiled {s['compiled_iteration_shapes']}, tasks {s['tasks']:,}, events "
