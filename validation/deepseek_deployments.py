@@ -4,7 +4,8 @@ Sources (npusim/validate/published.yaml, each row naming its publication): the H
 report (Atlas 800I A2 decode B1 and prefill B2) and the CloudMatrix384 paper (decode B3; prefill
 throughput, read from the abstract). One set of hardware parameters per chip and fabric (the presets),
 no per-deployment factor; rows marked "calib" are the figures a preset parameter was calibrated on
-(not counted as validation). The model is partial (see
+(not counted as validation); the kind column says which rows were seen while modelling (fitted:
+they are not validation either). The model is partial (see
 npusim/system/moe_step.py): each row's breakdown says where the layer's time goes.
 
     python validation/deepseek_deployments.py
@@ -26,7 +27,8 @@ def main() -> int:
     rows = published()["deepseek_deployments"]
     systems = {}
     misses = 0
-    print(f"{'case':36s} {'metric':22s} {'published':>10s} {'simulated':>10s} {'error':>7s}  verdict  layer breakdown (us)")
+    print(f"{'case':36s} {'metric':22s} {'published':>10s} {'simulated':>10s} {'error':>7s}  verdict  {'kind':11s} "
+          "layer breakdown (us)")
     for row in rows:
         loaded = systems.setdefault(row["system"], load_system(row["system"]))
         dep = load_deployment(MAPPER_DIR / row["mapping"])
@@ -37,11 +39,12 @@ def main() -> int:
         err = sim / row["published"] - 1
         ok = abs(err) <= TOLERANCE
         calib = row.get("role") == "calibration"
+        kind = "calibration" if calib else "fitted" if row.get("fitted") else "outside"
         misses += not ok and not calib
         parts = ", ".join(f"{k} {v:.0f}" for k, v in r.breakdown_us.items() if v)
         steps = ", ".join(f"{k} {v:.1f}" for k, v in r.step_breakdown_ms.items() if v)
         print(f"{row['name']:36s} {row['metric']:22s} {row['published']:>10g} {sim:>10.1f} {err:>+7.1%}  "
-              f"{'calib' if calib else 'ok' if ok else 'MISS':7s}  layer {r.layer_us:.0f}: {parts}; step (ms) {steps}")
+              f"{'calib' if calib else 'ok' if ok else 'MISS':7s}  {kind:11s} layer {r.layer_us:.0f}: {parts}; step (ms) {steps}")
     print(f"\n{misses} of {len(rows)} rows outside ±{TOLERANCE:.0%}. {r.note}")
     return 1 if misses else 0
 
