@@ -150,3 +150,17 @@ def test_spread_contexts_make_the_slowest_die_set_the_attention(cm1):
     assert spread.step_ms >= even.step_ms * 0.999
     with pytest.raises(ConfigError, match="kv-min"):
         simulate_step(cm1, _dep(), batch=8, kv=2048, kv_min=4096)
+
+
+@pytest.mark.slow  # seconds warm, more with a cold chip-cost cache (320 dies, 13k workload nodes)
+def test_a_step_whose_flow_update_finishes_more_transfers_than_the_heap_holds():
+    """xDeepServe's EP288 deployment at 10 sequences per NPU: one rate update of the fabric's flow
+    model finishes more transfers than the event heap has room for. The loop once pushed their end
+    events past the heap's end (a ValueError on growing it, or a crash: memory corruption); it now
+    grows the heap first (room for one event per active transfer)."""
+    from npusim.mapping.spec import MAPPER_DIR, load_deployment
+
+    r = simulate_step(load_system("cloudmatrix384"), load_deployment(MAPPER_DIR / "cm384-deepseek-decode-ep288.yaml"),
+                      batch=10, kv=3072, mtp=1, mtp_acceptance=0.9, kv_min=2048)
+    assert 0 < r.layer_us < r.step_ms * 1e3
+    assert r.breakdown_us["dispatch"] > 0 and r.breakdown_us["combine"] > 0

@@ -22,7 +22,7 @@ from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVENTS, SC_NOTIFIED, SC_NOW
 from npusim.hw.fabric.flow import EV_FLOW_BEGIN, EV_FLOW_UPDATE, flow_begin, flow_start, flow_update
 from npusim.hw.fabric.packet import EV_PKT_ARRIVE, packet_arrive, packet_begin, packet_slots_free
-from npusim.hw.fabric.state import MODE_PACKET, S_MODE
+from npusim.hw.fabric.state import MODE_PACKET, S_MODE, S_NACT
 
 KIND_FLOW = 4
 KIND_NOTIFY = 3
@@ -30,7 +30,8 @@ KIND_NOTIFY = 3
 (STATUS_IDLE, STATUS_TIME_LIMIT, STATUS_WATCH, STATUS_GROW, STATUS_EVENT_LIMIT, STATUS_GROW_PACKETS,
  STATUS_NOTIFY) = range(7)
 
-HEADROOM = 8  # events one task start or one event handler can push
+HEADROOM = 8  # events one task start or one packet-model handler can push (a flow update pushes
+# one per active transfer it finishes, plus one: the room check counts those too)
 
 
 @njit(cache=True, _nrt=False)
@@ -40,7 +41,7 @@ def system_loop(tt, heap, hs, fs, until, watch, max_events):
     packet = fs.sc[S_MODE] == MODE_PACKET
     while True:
         while True:
-            if heap_room(heap, hs) < HEADROOM:
+            if heap_room(heap, hs) < HEADROOM + fs.sc[S_NACT]:
                 return STATUS_GROW
             task = pop_ready(tt)
             if task < 0:
