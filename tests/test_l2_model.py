@@ -59,7 +59,8 @@ def test_attention_kv_re_reads_hit_in_the_l2_and_bytes_are_conserved():
     hits; what the L2 serves is exactly what HBM no longer reads."""
     from npusim.system.chipcost import ChipCost
 
-    arch = load_arch("ascend-910b")
+    arch = load_arch("ascend-910b")  # the cube and vector units sharing a buffer: KV reads only
+    arch = arch.model_copy(update={"cores": arch.cores.model_copy(update={"cube_vector_exchange": "local"})})
     op = _chunk_attention()
     with_l2 = ChipCost(arch, persist=False).op(op)
     without = ChipCost(arch.model_copy(update={"l2": None}), persist=False).op(op)
@@ -69,3 +70,23 @@ def test_attention_kv_re_reads_hit_in_the_l2_and_bytes_are_conserved():
     assert with_l2.hbm_read_bytes + with_l2.l2_read_bytes == pytest.approx(without.hbm_read_bytes, rel=1e-3)
     assert 0 < with_l2.l2_hit_rate < 1
     assert with_l2.time_us <= without.time_us
+
+
+def test_decoupled_cube_and_vector_hand_attention_data_over_through_the_l2():
+    """On a decoupled core (Ascend's AIC and AIV) flash attention's fp32 scores go to the vector
+    unit and its probabilities back through global memory: with an L2 they are L2 reads (no HBM
+    bytes), without one HBM reads of the same bytes; either way slower than a shared buffer."""
+    from npusim.system.chipcost import ChipCost
+
+    arch = load_arch("ascend-910b")
+    assert arch.cores.cube_vector_exchange == "global_memory"
+    local = arch.model_copy(update={"cores": arch.cores.model_copy(update={"cube_vector_exchange": "local"})})
+    op = _chunk_attention()
+    decoupled, shared = ChipCost(arch, persist=False).op(op), ChipCost(local, persist=False).op(op)
+    no_l2 = ChipCost(arch.model_copy(update={"l2": None}), persist=False).op(op)
+    pairs = op.batch * op.heads * op.q_len * (op.kv_len - op.q_len / 2)  # causal: the mean keys a query sees
+    handed = pairs * (4 + 2)  # fp32 scores read by the vector unit, bf16 probabilities by the cube
+    assert decoupled.l2_read_bytes - shared.l2_read_bytes == pytest.approx(handed, rel=0.02)
+    assert decoupled.hbm_read_bytes == pytest.approx(shared.hbm_read_bytes, rel=1e-6)
+    assert decoupled.hbm_read_bytes + decoupled.l2_read_bytes == pytest.approx(no_l2.hbm_read_bytes, rel=1e-3)
+    assert shared.time_us < decoupled.time_us < no_l2.time_us

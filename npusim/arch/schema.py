@@ -189,11 +189,20 @@ class Dma(StrictModel):
 
 
 class Cores(StrictModel):
+    """``cube_vector_exchange``: where a core's systolic array and vector unit hand each other data
+    inside one kernel (flash attention's scores and probabilities): ``local`` (a shared on-core
+    buffer: free) or ``global_memory`` (a *decoupled* core: the cube and vector units are separate
+    cores with their own buffers that pass data through global memory, as Ascend's AIC and AIV on
+    the Atlas A2/A3 generation -- the Ascend C programming guide, "基本架构", 分离架构: "AIV与AIC之间
+    通过Global Memory进行数据传递"; each hand-off is a write and a read of the data at the L2's
+    per-core rate, or through HBM on a chip without an L2)."""
+
     grid: Grid
     systolic_array: SystolicArray
     vector_unit: VectorUnit
     sram: Sram
     dma: Dma = Dma()
+    cube_vector_exchange: Literal["local", "global_memory"] = "local"
 
 
 class DramTiming(StrictModel):

@@ -79,6 +79,8 @@ from npusim.model.ir import Graph, Op
 from npusim.model.routing import routing_from_counts
 from npusim.sim.program import Program
 
+SCORE_BYTES = 4  # flash attention's scores leave the cube's accumulators in fp32
+
 MB = 2**20
 
 
@@ -199,7 +201,7 @@ class Mapper:
         self.grid = spec.tensor_parallel.grid()
         self.link_gbps = arch.noc.link_bytes_per_cycle * arch.clock_ghz
         self.decisions: dict[str, str] = {}
-        self.l2_read_bytes = 0  # KV re-reads the chip's L2 served (attention)
+        self.l2_read_bytes = 0  # reads the chip's L2 served (attention: KV re-reads, cube/vector hand-offs)
         self.weight_addr: dict[str, int] = {}
         self.next_addr = 0
         self.tile_bytes = spec.memory.weight_tile_kb * 1024
@@ -972,9 +974,11 @@ class Mapper:
             # one GEMM per sequence (grouped-query units: per unit); otherwise one GEMM per (sequence, head)
             rows, products = (q_len * heads, seqs) if op.variant == "mla" or gqa_units else (q_len, seqs * heads)
             scores = prog.add_gemm(c, rows, op.head_dim, keys, op.dtype, products, deps=deps, name=f"{name} QK")
-            soft = prog.add_vector(c, "softmax", seqs * heads * q_len * keys, op.dtype, deps=[scores],
-                                   name=f"{name} softmax", row_len=keys)
-            out = prog.add_gemm(c, rows, keys, vd, op.dtype, products, deps=[soft], name=f"{name} PV")
+            elements = seqs * heads * q_len * keys
+            soft = prog.add_vector(c, "softmax", elements, op.dtype, name=f"{name} softmax", row_len=keys,
+                                   deps=[self._exchange(c, op, elements * SCORE_BYTES, [scores], f"{name} scores")])
+            out = prog.add_gemm(c, rows, keys, vd, op.dtype, products, name=f"{name} PV",
+                                deps=[self._exchange(c, op, elements * DTYPE_BYTES[op.dtype], [soft], f"{name} P")])
             if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
                 # the new keys/values land after the cached ones
                 prog.add_dma(c, int(seqs * q_len * kv_share),
@@ -983,6 +987,27 @@ class Mapper:
                              name=f"{name} write KV")
             outs.append(out)
         st.set("feat" if head_parallel and t > 1 else "m" if mla_by_sequence else st.layout, outs)
+
+    def _exchange(self, c: int, op: Op, nbytes: int, deps: list[int], name: str) -> int:
+        """Core ``c``'s cube and vector units handing ``nbytes`` to each other inside a kernel (flash
+        attention's scores to the vector unit, its probabilities back): free on a ``local`` core;
+        on a decoupled one (``cores.cube_vector_exchange: global_memory``) a write and a read of the
+        data through global memory, each on the core's DMA engines at the L2's per-core rate (the
+        hand-off stays in the L2; without an L2, two HBM transfers). Returns the task the consumer
+        waits for."""
+        if self.arch.cores.cube_vector_exchange == "local" or nbytes <= 0:
+            return deps[0] if len(deps) == 1 else self.prog.add_barrier(deps, name)
+        l2, prog = self.arch.l2, self.prog
+        if l2 is None:
+            at = self._kv_address(c, op)
+            w = prog.add_dma(c, nbytes, address=at, write=True, deps=deps, name=f"{name} to global memory")
+            return prog.add_dma(c, nbytes, address=at, deps=[w], name=f"{name} from global memory")
+        rate = l2_model.core_rate(l2, self.arch.clock_ghz, self.t, self.arch.cores.dma.bytes_per_cycle)
+        cycles = math.ceil(nbytes / rate) + l2_model.hit_latency_cycles(l2, self.arch.clock_ghz)
+        self.l2_read_bytes += nbytes
+        w = prog.add_compute(c, "dma0", cycles, deps=deps, name=f"{name} to L2")
+        return prog.add_compute(c, f"dma{min(1, self.arch.cores.dma.engines - 1)}", cycles, deps=[w],
+                                name=f"{name} from L2")
 
     def _kv_l2(self, op: Op, sharers: int) -> tuple[float, int] | None:
         """``(bytes per cycle, latency cycles)`` at which one of ``sharers`` cores reads the KV
@@ -1025,9 +1050,11 @@ class Mapper:
                 step.append(prog.add_dma(c, cache, address=self._kv_address(c, op, p * cache), deps=deps,
                                          name=f"{name} read KV"))
             scores = prog.add_gemm(c, rows, op.head_dim, chunk_keys, op.dtype, n, deps=step, name=f"{name} QK")
-            soft = prog.add_vector(c, "softmax", n * rows * chunk_keys, op.dtype, deps=[scores],
-                                   name=f"{name} softmax", row_len=chunk_keys)
-            done.append(prog.add_gemm(c, rows, chunk_keys, vd, op.dtype, n, deps=[soft], name=f"{name} PV"))
+            elements = n * rows * chunk_keys
+            soft = prog.add_vector(c, "softmax", elements, op.dtype, name=f"{name} softmax", row_len=chunk_keys,
+                                   deps=[self._exchange(c, op, elements * SCORE_BYTES, [scores], f"{name} scores")])
+            p_ready = self._exchange(c, op, elements * DTYPE_BYTES[op.dtype], [soft], f"{name} P")
+            done.append(prog.add_gemm(c, rows, chunk_keys, vd, op.dtype, n, deps=[p_ready], name=f"{name} PV"))
         if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
             prog.add_dma(c, int(_split(op.batch, t, i) * op.q_len * kv_share),
                          address=self._kv_address(c, op, units * cached * kv_share), write=True,
