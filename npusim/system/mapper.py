@@ -58,8 +58,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from npusim.errors import ConfigError
-from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, expert_weights, pad_rows, \
-    route_tokens, token_copies
+from npusim.model.ir import Op
+from npusim.system.moe import combine_bytes_per_token, combine_local_ops, dispatch_bytes_per_token, \
+    dispatch_local_ops, expert_weights, pad_rows, route_tokens, token_copies
 from npusim.system.parts import layer_part_graph
 from npusim.system.plan import ParallelPlan, check_phase
 from npusim.system.workload import Workload
@@ -218,6 +219,24 @@ class _Builder:
         """The cited fixed launch cost of a part's kernels (:class:`Overheads`) on each rank."""
         return self.calibrated(ranks, us, prev, name, self.oh.kernels_source, stream, "kernel_launch")
 
+    def vector_kernel(self, op, cores: int | None) -> int:
+        """A vector op (:class:`~npusim.model.ir.Op`) as a ``vector`` workload kernel on ``cores``."""
+        spec = {"type": "vector", "op_class": op.op_class, "elements": int(op.elements),
+                "row_len": int(op.row_len or 1), "dtype": op.dtype}
+        if op.fn:
+            spec["fn"] = op.fn
+        if cores:
+            spec["cores"] = cores
+        return self.wl.kernel(spec)
+
+    def local_work(self, rank: int, ops, deps: list, name: str, category: str) -> int:
+        """``ops`` (the MoE operators' vector work on a die, :mod:`npusim.system.moe`) one after
+        another on ``rank``'s MoE stream after ``deps``; the last node (or a barrier when none)."""
+        for op in ops:
+            deps = [self.wl.compute(rank, self.vector_kernel(op, self.moe_cores), deps,
+                                    f"{name}.{op.name.split('.')[-1]}", category, self.moe_stream)]
+        return deps[0] if len(deps) == 1 else self.wl.barrier(deps, name, rank=rank)
+
     def expert_activation(self, rows: int, width: int, batch: int) -> int:
         """The experts' activation between their GEMMs for ``rows`` rows of each of ``batch`` experts
         (the up GEMM's ``2 width`` outputs a row): under INT8 (W8A8) one pass that de-quantises the
@@ -225,13 +244,11 @@ class _Builder:
         DequantSwigluQuant), costed as a quantising stream over the INT32 rows (4 bytes an element
         read, about the real kernel's traffic); else SwiGLU over the bf16 rows."""
         elements = rows * batch * 2 * width
-        spec = ({"type": "vector", "op_class": "quantize", "elements": elements, "row_len": 2 * width,
-                 "dtype": "fp32"} if self.plan.gemm_dtype == "int8" else
-                {"type": "vector", "op_class": "activation", "fn": "swiglu", "elements": elements,
-                 "row_len": 2 * width, "dtype": "bf16"})
-        if self.moe_cores:
-            spec["cores"] = self.moe_cores
-        return self.wl.kernel(spec)
+        op = (Op("experts.act", "vector", dtype="fp32", elements=elements, op_class="quantize", row_len=2 * width)
+              if self.plan.gemm_dtype == "int8" else
+              Op("experts.act", "vector", dtype="bf16", elements=elements, op_class="activation", fn="swiglu",
+                 row_len=2 * width))
+        return self.vector_kernel(op, self.moe_cores)
 
     # collectives of a TP group ------------------------------------------------------------------
     def group_collective(self, op: str, ranks, tokens: int, prev: dict, name: str) -> dict:
@@ -469,9 +486,16 @@ class _Builder:
         comb = copies.T * combine_bytes_per_token(h)
         np.fill_diagonal(disp, 0)
         np.fill_diagonal(comb, 0)
-        d_node = wl.transfers(stage_ranks, disp, list(gate.values()), f"{tag}.dispatch", "dispatch", self.via)
+        sent, received = copies.sum(axis=1), copies.sum(axis=0)  # rows each rank sends (own included), gets
+        packed, reorder = [], []
+        for i, r in enumerate(stage_ranks):
+            send_ops, receive_ops = dispatch_local_ops(int(own[i]), int(sent[i]), int(received[i]), h, plan.gemm_dtype)
+            packed.append(self.local_work(r, send_ops, [gate[r]], f"{tag}.dispatch", "dispatch"))
+            reorder.append(receive_ops)
+        d_node = wl.transfers(stage_ranks, disp, packed, f"{tag}.dispatch", "dispatch", self.via)
         return {"stage": stage, "seqs": seqs_by_group, "ranks": stage_ranks, "tokens_of": tokens_of, "gate": gate,
-                "dispatch": d_node, "pairs": pairs, "combine_bytes": comb, "partial_rows": partial_rows, "tag": tag}
+                "dispatch": d_node, "pairs": pairs, "combine_bytes": comb, "partial_rows": partial_rows, "tag": tag,
+                "reorder": reorder, "returned": sent}
 
     def moe_back(self, f: dict) -> dict:
         """Shared and routed experts, the combine, the weighted sum (and, with tp > 1, the group's
@@ -487,7 +511,8 @@ class _Builder:
         launches = self.launches(stage_ranks, self.oh.moe_kernels_us, gate, f"{tag}.moe_kernel_launches",
                                  self.moe_stream)
         for i, r in enumerate(stage_ranks):
-            deps = [f["dispatch"], gate[r], *shared.get(r, [])]
+            deps = [self.local_work(r, f["reorder"][i], [f["dispatch"], gate[r]], f"{tag}.dispatch", "dispatch"),
+                    *shared.get(r, [])]
             if launches is not gate:
                 deps.append(launches[r])
             dedicated = i >= first_shared  # all its tokens through the shared experts, one GEMM pair
@@ -509,7 +534,9 @@ class _Builder:
         for g, seqs in enumerate(f["seqs"]):
             ranks = self.group_ranks(f["stage"], g)
             for r in ranks:
-                out[r] = wl.barrier([c_node, scatter, launch.get(r)] + experts[r], f"{tag}.combined", rank=r)
+                summed = self.local_work(r, combine_local_ops(int(f["returned"][r - stage_ranks[0]]), h),
+                                         [c_node, launch.get(r)] + experts[r], f"{tag}.combine", "combine")
+                out[r] = wl.barrier([summed, scatter], f"{tag}.combined", rank=r)
                 tail = self.token_kernel("moe_tail", cfg.first_dense_layers, f["tokens_of"][r], self.att_cores)
                 partial = self.partial_sum_kernel(int(f["partial_rows"][r - stage_ranks[0]]))
                 self.pending[out[r]] = (tail, tuple(ranks), seqs * self.shape.tokens_per_seq, tag, partial)

@@ -17,7 +17,8 @@ from npusim.system.chipcost import ChipCost
 from npusim.errors import ConfigError
 from npusim.system.collectives import ALGORITHMS, build_collective, matrix_transfers
 from npusim.system.load import LoadedSystem
-from npusim.system.moe import combine_bytes_per_token, dispatch_bytes_per_token, moe_traffic
+from npusim.system.moe import combine_bytes_per_token, combine_local_ops, dispatch_bytes_per_token, \
+    dispatch_local_ops, moe_traffic
 from npusim.system.simulator import PS_PER_US, SystemSim
 from npusim.system.work import WorkBuilder
 
@@ -153,7 +154,9 @@ def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k:
             via: str = "aiv", seed: int = 0, progress=None, copies: str | None = None,
             **sim_options) -> CollectiveRun:
     """MoE dispatch (tokens to the ranks of their experts) or combine (results back), EP ranks =
-    the first ``ep`` dies (see :mod:`npusim.system.moe`); ``copies`` default: the system's decode
+    the first ``ep`` dies (see :mod:`npusim.system.moe`): on each die the operator's calibrated
+    per-call overhead and its local work (costed by the chip simulator on the whole die), then the
+    transfers, then the receiver's local work; ``copies`` default: the system's decode
     (low-latency) kernels'."""
     if op not in ("dispatch", "combine"):
         raise ConfigError(f"--op {op}: expected dispatch or combine")
@@ -171,10 +174,19 @@ def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k:
     w = WorkBuilder(sim)
     ops = loaded.system.moe_operators
     overhead_us = ops.dispatch_overhead_us if op == "dispatch" else ops.combine_overhead_us
-    start = [w.compute(r, int(round(overhead_us * PS_PER_US))) for r in ranks] if overhead_us > 0 else None
-    matrix_transfers(w, ranks, sizes, via, start)
-    if not w.count:
-        w.barrier([])
+    # the operator's local work on each die (npusim.system.moe): dispatch quantises and packs before
+    # sending and reorders what it received; combine takes the weighted sums of what came back
+    cc = ChipCost(loaded.chip)
+
+    def local_ps(vector_ops) -> int:
+        return int(round(sum(cc.vector(v).time_us for v in vector_ops) * PS_PER_US))
+    sent, received = traffic.tokens.sum(axis=1), traffic.tokens.sum(axis=0)
+    local = [dispatch_local_ops(tokens_per_rank, int(sent[i]), int(received[i]), hidden, dtype)
+             if op == "dispatch" else ([], combine_local_ops(int(sent[i]), hidden)) for i in range(ep)]
+    start = [w.compute(r, int(round(overhead_us * PS_PER_US)) + local_ps(local[i][0])) for i, r in enumerate(ranks)]
+    _, into = matrix_transfers(w, ranks, sizes, via, start)
+    for i, r in enumerate(ranks):
+        w.compute(r, local_ps(local[i][1]), into[i] + [start[i]])
     # the expert side's traffic: what each rank receives (dispatch) or sends back (combine)
     rank_bytes = sizes.sum(axis=0) if op == "dispatch" else sizes.sum(axis=1)
     mean = float(rank_bytes.mean())

@@ -24,6 +24,14 @@ as the operator's ``copies`` say:
 * ``per_rank``: once to every rank holding at least one of its experts (DeepEP's normal,
   prefill kernels deduplicate per rank).
 
+*Local work* of the two operators on a die, besides their transfers (:func:`dispatch_local_ops`,
+:func:`combine_local_ops`; vector ops the chip simulator costs, so they scale with the tokens): the
+dispatch's sender quantises its tokens (an INT8 dispatch: CANN's MoeDistributeDispatch with
+``quant_mode``) and writes one row per copy into the send buffers; its receiver reorders the rows it
+got into expert order for the expert GEMMs; the combine's receiver takes each token's weighted sum
+of the expert outputs it got back. What the operators cost besides (launch, token counting,
+synchronisation between ranks) is the system's calibrated per-call overhead.
+
 *Combine* returns the same copies in BF16 (``2 x hidden``: 14 KB): every expert output
 (``per_expert``; the weighted sum is taken on the token's own rank) or each rank's locally
 summed outputs (``per_rank``). A token whose expert is on its own rank moves nothing over the
@@ -43,6 +51,7 @@ import yaml
 
 from npusim.errors import ConfigError
 from npusim.files import read_text
+from npusim.model.ir import Op
 
 SCALE_SLOT_BYTES = 512
 COPIES = ("per_expert", "per_rank")
@@ -67,6 +76,31 @@ def dispatch_bytes_per_token(hidden: int, dtype: str) -> int:
 
 def combine_bytes_per_token(hidden: int) -> int:
     return 2 * hidden
+
+
+def dispatch_local_ops(tokens: int, sent_rows: int, received_rows: int, hidden: int,
+                       dtype: str) -> tuple[list[Op], list[Op]]:
+    """The dispatch's vector ops on one die: (sender: quantise ``tokens`` rows when the dispatch is
+    INT8, then write ``sent_rows`` copies into the send buffers; receiver: reorder the
+    ``received_rows`` rows into expert order), each a streaming pass over its rows."""
+    row_dtype = "int8" if dtype == "int8" else "bf16"
+    send = []
+    if dtype == "int8" and tokens > 0:
+        send.append(Op("dispatch.quant", "vector", dtype="bf16", elements=tokens * hidden, op_class="quantize",
+                       row_len=hidden))
+    if sent_rows > 0:
+        send.append(Op("dispatch.pack", "vector", dtype=row_dtype, elements=sent_rows * hidden,
+                       op_class="elementwise", row_len=hidden))
+    receive = [Op("dispatch.reorder", "vector", dtype=row_dtype, elements=received_rows * hidden,
+                  op_class="elementwise", row_len=hidden)] if received_rows > 0 else []
+    return send, receive
+
+
+def combine_local_ops(received_rows: int, hidden: int) -> list[Op]:
+    """The combine's vector op on one die: each token's weighted sum of the ``received_rows`` bf16
+    expert outputs it got back (one multiply-add pass over them)."""
+    return [Op("combine.weighted_sum", "vector", dtype="bf16", elements=received_rows * hidden,
+               op_class="elementwise", row_len=hidden)] if received_rows > 0 else []
 
 
 def expert_weights(routing: str, experts: int, seed: int = 0) -> np.ndarray:

@@ -216,7 +216,8 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
 def _layer_report(wl: Workload, timing, oh: Overheads, mb: int) -> tuple[float, dict, dict]:
     """The repeated MoE layer's period and what it is made of (the last simulated layer's nodes:
     the slowest rank's attention and expert compute, the dispatch and combine spans with their
-    per-call overheads, the TP and shared-expert communication, the calibrated small kernels;
+    local work (quantise and pack, reorder; the weighted sum) and per-call overheads, the TP and
+    shared-expert communication, the kernel launches;
     ``other`` / ``overlap_hidden``: what the parts leave over or hide under one another), and the
     step's parts (ms-level pieces: dense layers, MoE layers, LM head, MTP module, step overhead)."""
     start_us, end_us, node_us = timing.node_start_us, timing.node_end_us, timing.node_us
@@ -239,8 +240,8 @@ def _layer_report(wl: Workload, timing, oh: Overheads, mb: int) -> tuple[float, 
         return max(per_rank.get(cat, {0: 0.0}).values())
     att = per_rank.get("attention", {0: 1.0})
     breakdown = {"attention": slowest("attention"), "moe_compute": slowest("moe_compute"),
-                 "dispatch": spans.get("dispatch", 0.0) + mb * oh.dispatch_us,
-                 "combine": spans.get("combine", 0.0) + mb * oh.combine_us,
+                 "dispatch": spans.get("dispatch", 0.0) + slowest("dispatch") + mb * oh.dispatch_us,
+                 "combine": spans.get("combine", 0.0) + slowest("combine") + mb * oh.combine_us,
                  "shared_expert_comm": spans.get("shared_comm", 0.0), "attention_comm": spans.get("tp_comm", 0.0),
                  "other_kernels": mb * oh.small_kernels_us,
                  "kernel_launch": mb * (oh.attention_kernels_us + oh.moe_kernels_us)}
