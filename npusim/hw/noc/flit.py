@@ -149,7 +149,8 @@ Public interface for the event engine
 -------------------------------------
 ``st = make_state(topo, routing, vcs, buffer_flits, router_stages, done_capacity=N)``;
 then, from Python or from other Numba code: :func:`send_packet` (enqueue at a source
-NI; :func:`send` is the checked Python wrapper), :func:`step` (advance exactly one
+NI; :func:`send` is the checked Python wrapper; :func:`send_packet_mem` for the destination's
+memory port, see "Memory ports"), :func:`step` (advance exactly one
 cycle), :func:`run_cycles`, :func:`network_idle`; completions (tag and tail-ejection
 cycle of each finished packet) are read with :func:`pop_completed`. ``step`` must be
 called with consecutive cycles; a packet sent with creation cycle ``c`` can be injected
