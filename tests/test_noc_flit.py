@@ -30,10 +30,12 @@ from npusim.hw.noc import flit
 from npusim.hw.noc.flit import (
     conservation,
     make_state,
+    memory_port_flits,
     network_idle,
     pop_completed,
     run_cycles,
     send,
+    send_packet_mem,
     simulate_flit,
     zero_load_latency_cycles,
 )
@@ -123,6 +125,46 @@ def test_zero_load_latency_is_exact(w, h, src, dst, F, S, L, B):
     assert tags.tolist() == [42]
     assert times[0] - 7 == zero_load_latency_cycles(H, F, S, L) == (H + 1) * S + H * L + F - 1
     assert conservation(state)["ok"] and network_idle(state)
+
+
+def _memory_port_run(lanes, core_bound_src=None, F=16, S=2, L=1):
+    """A 3x1 mesh; routers 0 and 2 each send one ``F``-flit packet to router 1's memory port (as
+    HBM read requests do; ``lanes``: its lanes, None: no memory port), and router
+    ``core_bound_src`` an ordinary packet to router 1's core. Returns {tag: tail-ejection cycle}
+    and the state."""
+    topo, rt = _net(3, 1, latency=L)
+    state = make_state(topo, rt, 2, 8, S, done_capacity=8, memory_ports=None if lanes is None else [0, lanes, 0])
+    for tag, src in ((0, 0), (2, 2)):
+        assert send_packet_mem(state, src, 1, F, 0, tag) >= 0
+    if core_bound_src is not None:
+        send(state, core_bound_src, 1, F, 0, tag=9)
+    run_cycles(state, 0, 1000, True)
+    tags, times = pop_completed(state)
+    assert conservation(state)["ok"] and network_idle(state)
+    return dict(zip(tags.tolist(), times.tolist())), state
+
+
+def test_memory_port_lanes_take_a_flit_each_a_cycle():
+    """Two packets into a router's memory port from its two neighbours: with two lanes both arrive
+    at the zero-load latency, and a packet the router's own core sends itself meanwhile (through its
+    local ejection port) is not delayed by them; with one lane they share it (the later tail is ``F``
+    cycles late); without memory ports (the ablation) all three share the local port, one flit a cycle."""
+    F, S, L = 16, 2, 1
+    zero = int(zero_load_latency_cycles(1, F, S, L))
+    two, st2 = _memory_port_run(2, core_bound_src=1)
+    assert two[0] == two[2] == zero
+    assert two[9] == int(zero_load_latency_cycles(0, F, S, L))  # the core's port is its own
+    assert memory_port_flits(st2).tolist() == [0, 2 * F, 0]
+    assert st2.ctr[flit.fk.K_MEM_EJ] == 2 * F
+    one, st1 = _memory_port_run(1)
+    assert max(one[0], one[2]) == zero + F  # 2F flits through one lane, interleaved
+    assert memory_port_flits(st1).sum() == 2 * F
+    none, st0 = _memory_port_run(None, core_bound_src=1)
+    assert memory_port_flits(st0).sum() == 0
+    assert max(none.values()) >= S + 3 * F - 1  # three packets through one ejection port
+    # the ablation is the model before: memory-bound packets are ordinary packets
+    plain, _ = _memory_port_run(0, core_bound_src=1)
+    assert plain == none
 
 
 def test_credit_stall_only_adds_latency():

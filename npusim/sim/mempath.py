@@ -8,7 +8,8 @@ Each HBM channel meets the mesh at a router (``hbm.attach``, see
 ``(addr / interleave) mod channels``; with ``attach: per_core`` the core's own channel;
 random addresses spread evenly over the channels):
 
-* **read**: requests ``c -> r``, one header-only packet (one flit) per *burst*; responses
+* **read**: requests ``c -> r``, one header-only packet (one flit) per *burst* (at the flit
+  fidelity the stream's flits travel in packets of up to ``noc.max_packet_flits``); responses
   ``r -> c`` carrying the data, ``max(bursts, ceil(bytes / link width))`` flits;
 * **write**: the data ``c -> r`` (same flit count as a read response), then one one-flit
   acknowledgement per burst ``r -> c``.
@@ -27,6 +28,13 @@ Streams towards the memory (read requests, write data) leave the mesh at the att
 *memory-controller port*, one lane (one flit a cycle) per channel attached there, not at the
 core's own ejection port (``Simulator(memory_port_lanes=...)``: ``k`` lanes per router, or ``0``,
 the core's port, the model before: an ablation). Responses leave at the core's ejection port.
+Both NoC fidelities model the port: the path model as a link with ``k`` lanes
+(:func:`npusim.hw.noc.path.memory_port`), the flit model as an always-accepting sink taking up
+to ``k`` flits a cycle from distinct input ports (:mod:`npusim.hw.noc.flit`, "Memory ports").
+Where responses enter the mesh differs: the path model does not limit injection, the flit model
+injects them through the attach router's one network interface (one flit a cycle, a FIFO shared
+with the core there), which with every core reading caps an attach router's outgoing data at one
+flit a cycle (``validation/path_noc_hbm.py --flit``).
 
 Each stream is one message of the NoC model (a *part* of the DMA task: it holds no queue), so
 it contends for links and ejection ports with every other message — collectives, KV transfers,
@@ -192,8 +200,8 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         data_flits = max(n, (b + w - 1) // w)
         out_flits, back_flits = (data_flits, n) if is_write else (n, data_flits)
         if flit_mode:
-            flit_start_part(fnoc, heap, hs, init, core, r, out_flits, now)
-            flit_start_part(fnoc, heap, hs, init, r, core, back_flits, now)
+            flit_start_part(fnoc, heap, hs, init, core, r, out_flits, now, p[MP_MEMPORT])
+            flit_start_part(fnoc, heap, hs, init, r, core, back_flits, now, 0)
             parts += 2
         elif reserve:
             port = memory_port(noc, r) if p[MP_MEMPORT] != 0 else noc.n_links + r

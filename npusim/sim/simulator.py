@@ -83,11 +83,11 @@ class Simulator:
         NoC (default: at the path and flit fidelities, not at the analytical one). ``memory_streams``:
         at the path fidelity, ``reserve`` (default) times each memory stream by reserving its path
         when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`).
-        ``memory_port_lanes``: at the path fidelity, streams towards the memory (read requests, write
-        data) leave the mesh at their attach router's memory-controller port, one lane (one flit a
-        cycle) per HBM channel attached there (``None``, the default), or ``k`` lanes per attach
-        router; ``0`` ejects them at the router's core port, shared with the core's own traffic (the
-        model before the memory ports: an ablation). ``memory_packets``: a DMA's requests cross the
+        ``memory_port_lanes``: at the path and flit fidelities, streams towards the memory (read
+        requests, write data) leave the mesh at their attach router's memory-controller port, one lane
+        (one flit a cycle) per HBM channel attached there (``None``, the default), or ``k`` lanes per
+        attach router; ``0`` ejects them at the router's core port, shared with the core's own traffic
+        (the model before the memory ports: an ablation). ``memory_packets``: a DMA's requests cross the
         mesh one per burst (``burst``, default: a contiguous run on one channel, at most the
         interleave chunk) or one per ``transaction_bytes`` transaction (``transaction``, the model
         before bursts: an ablation); see :mod:`npusim.sim.mempath`."""
@@ -121,15 +121,16 @@ class Simulator:
         self.routing = build_routing(self.topology, noc.routing)
         self._headroom = BASE_HEADROOM + int(self.routing.hop_matrix().max())
         self._compacted_makespan = 0
-        # the flit model's state is large: a tiny one stands in unless it is used
-        flit_topo, flit_routing = (self.topology, self.routing) if noc_mode == "flit" else _tiny_noc()
-        self.flit = new_flit_engine(flit_topo, flit_routing, noc.virtual_channels, noc.buffer_depth_flits,
-                                    noc.router_pipeline_cycles, noc.link_bytes_per_cycle, noc.max_packet_flits)
         attach = hbm_attach_routers(arch)
         if memory_port_lanes is None:  # one lane per channel attached at the router
             lanes = np.bincount(attach, minlength=self.topology.num_routers)
         else:
             lanes = np.full(self.topology.num_routers, max(1, int(memory_port_lanes)))
+        # the flit model's state is large: a tiny one stands in unless it is used
+        flit_topo, flit_routing = (self.topology, self.routing) if noc_mode == "flit" else _tiny_noc()
+        self.flit = new_flit_engine(flit_topo, flit_routing, noc.virtual_channels, noc.buffer_depth_flits,
+                                    noc.router_pipeline_cycles, noc.link_bytes_per_cycle, noc.max_packet_flits,
+                                    memory_ports=lanes if noc_mode == "flit" else None)
         self.noc = new_path_state(self.topology, self.routing, noc.router_pipeline_cycles, noc.link_latency_cycles,
                                   noc.link_bytes_per_cycle, 256, noc_mode, noc.buffer_depth_flits,
                                   memory_ports=lanes)

@@ -44,6 +44,22 @@ split into two classes; a packet uses class 0 after injection and after each cha
 dimension, and class 1 after crossing a dateline link, which makes dimension-order
 routing deadlock-free there (needs ``vcs >= 2``). On a mesh all VCs form one class.
 
+Memory ports
+------------
+A router may have a *memory-controller port* with ``k`` lanes (``make_state(memory_ports=...)``;
+the engine gives each HBM attach router one lane per channel attached there, see
+:mod:`npusim.sim.mempath`). A packet sent with :func:`send_packet_mem` (HBM read requests and
+write data) leaves the network there instead of at the local ejection port: at its destination
+its head is routed to the memory port, which, like the local port, needs no VC or credit and
+always accepts, up to ``k`` flits a cycle from distinct input ports (each input port still sends
+at most one flit a cycle; granted round-robin from a per-router pointer). So memory-bound and
+core-bound traffic at an attach router do not share the one-flit-a-cycle local port. Routers
+without lanes, and the BookSim2-compatible mode, eject such packets at the local port; with no
+memory ports at all the model is the one before them, cycle for cycle (the
+``Simulator(memory_port_lanes=0)`` ablation). Injection is unchanged: what the memory sends
+back (read data, write acknowledgements) enters at the router's local port through its one NI,
+shared with the core there (one flit a cycle; the path model does not limit injection).
+
 Zero-load latency (exact, tested)
 ---------------------------------
 A packet of ``F`` flits travelling ``H`` hops on an otherwise empty network, with
@@ -133,7 +149,8 @@ Public interface for the event engine
 -------------------------------------
 ``st = make_state(topo, routing, vcs, buffer_flits, router_stages, done_capacity=N)``;
 then, from Python or from other Numba code: :func:`send_packet` (enqueue at a source
-NI; :func:`send` is the checked Python wrapper), :func:`step` (advance exactly one
+NI; :func:`send` is the checked Python wrapper; :func:`send_packet_mem` for the destination's
+memory port, see "Memory ports"), :func:`step` (advance exactly one
 cycle), :func:`run_cycles`, :func:`network_idle`; completions (tag and tail-ejection
 cycle of each finished packet) are read with :func:`pop_completed`. ``step`` must be
 called with consecutive cycles; a packet sent with creation cycle ``c`` can be injected
@@ -156,6 +173,7 @@ from npusim.hw.noc.flit_kernel import (  # noqa: F401  (re-exported kernel API)
     run_cycles,
     run_synthetic,
     send_packet,
+    send_packet_mem,
     step,
 )
 from npusim.hw.noc.routing import Routing, build_routing
@@ -172,7 +190,8 @@ BACKLOG_GROWTH_LIMIT = 0.05
 
 
 def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, router_stages: int,
-               source_queue_packets: int = 256, done_capacity: int = 0, booksim: bool = False) -> FlitState:
+               source_queue_packets: int = 256, done_capacity: int = 0, booksim: bool = False,
+               memory_ports=None) -> FlitState:
     """Allocate an empty network: all buffers empty, all credits available.
 
     ``vcs`` VCs per port (1..64), ``buffer_flits`` flits per VC buffer, ``router_stages``
@@ -181,6 +200,8 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     ``done_capacity > 0`` records completed packets for :func:`pop_completed` (the event
     engine needs this; synthetic runs do not). ``booksim=True`` selects BookSim2's router
     and latency conventions (see "BookSim2-compatible mode" in the module docstring).
+    ``memory_ports[r]``: lanes of router ``r``'s memory-controller port (see "Memory ports" in the
+    module docstring; missing or 0: none, memory-bound packets eject at the local port).
     """
     R, P, V, B, S = topo.num_routers, topo.num_ports, int(vcs), int(buffer_flits), int(router_stages)
     if not 1 <= V <= 64:
@@ -208,6 +229,8 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     table, rt = routing.kernel_arrays()
 
     cfg = np.zeros(fk.NCFG, np.int64)
+    if P >= fk.PORT_MEMC:
+        raise ConfigError(f"flit NoC: routers of at most {fk.PORT_MEMC - 1} ports, got {P}")
     if booksim and P > 5:
         raise ConfigError(f"BookSim mode supports routers of at most 5 ports, got {P}")
     cfg[[fk.C_R, fk.C_P, fk.C_V, fk.C_B, fk.C_S, fk.C_NCLS, fk.C_SQ, fk.C_MAXPKT, fk.C_RECORD_DONE,
@@ -225,6 +248,8 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     node = np.zeros((R, fk.NNDF), np.int64)
     node[:, fk.ND_NI_PKT] = node[:, fk.ND_NI_VC] = -1
     node[:, fk.ND_WAKE] = fk.NEVER
+    if memory_ports is not None:
+        node[:, fk.ND_MEM_LANES] = np.maximum(0, np.asarray(memory_ports, np.int64))
     pkt = np.zeros((max_pkt, fk.NPKF), np.int64)
     pkt[:, fk.PK_SRC] = -1
     return FlitState(
@@ -300,6 +325,11 @@ def pop_completed(st: FlitState) -> tuple[np.ndarray, np.ndarray]:
     tags, times = st.done[:n, 0].copy(), st.done[:n, 1].copy()
     st.ctr[fk.K_DONE_CNT] = 0
     return tags, times
+
+
+def memory_port_flits(st: FlitState) -> np.ndarray:
+    """Flits ejected at each router's memory-controller port since :func:`make_state`."""
+    return st.node[:, fk.ND_MEM_FLITS].copy()
 
 
 def link_flits(st: FlitState, topo: Topology) -> np.ndarray:

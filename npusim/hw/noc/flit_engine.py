@@ -13,7 +13,9 @@ traffic — the price of cycle accuracy; the path model costs a few events per m
 
 A message may be a *part* of a DMA task (memory streams, :mod:`npusim.sim.mempath`):
 ``m_part`` holds the DMA engine's initiator id; it frees no queue and its end is reported
-as ``EV_NOC_PART_END`` for that initiator.
+as ``EV_NOC_PART_END`` for that initiator. A stream towards the memory (``m_mem``) sends its
+packets to the destination's memory-controller port (:func:`~npusim.hw.noc.flit_kernel.send_packet_mem`,
+lanes from ``new_flit_engine(memory_ports=...)``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from numba import njit
 from npusim.engine.heap import heap_push
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 from npusim.hw.noc.flit import make_state
-from npusim.hw.noc.flit_kernel import K_DONE_CNT, network_idle, send_packet, step
+from npusim.hw.noc.flit_kernel import K_DONE_CNT, network_idle, send_packet, send_packet_mem, step
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_FLIT_TICK = 30
@@ -37,7 +39,7 @@ FlitEngine = namedtuple(
     [
         "fs",  # the flit model's state
         "prm",  # [flit bytes, max packet flits]
-        "m_task", "m_src", "m_dst", "m_flits_left", "m_packets_out", "m_part", "m_free",
+        "m_task", "m_src", "m_dst", "m_flits_left", "m_packets_out", "m_part", "m_mem", "m_free",
         "active", "sc",  # slots still enqueuing packets; scalars (see S_*)
     ],
 )
@@ -46,14 +48,16 @@ S_ACTIVE, S_FREE_TOP, S_TICKING, S_MESSAGES = 0, 1, 2, 3
 
 
 def new_flit_engine(topo, routing, vcs: int, buffer_flits: int, router_stages: int, link_bytes: int,
-                    max_packet_flits: int, num_slots: int = 256) -> FlitEngine:
+                    max_packet_flits: int, num_slots: int = 256, memory_ports=None) -> FlitEngine:
+    """``memory_ports[r]``: lanes of router ``r``'s memory-controller port (see
+    :func:`npusim.hw.noc.flit.make_state`)."""
     fs = make_state(topo, routing, vcs, buffer_flits, router_stages, source_queue_packets=64,
-                    done_capacity=4 * topo.num_routers)
+                    done_capacity=4 * topo.num_routers, memory_ports=memory_ports)
     z = lambda: np.zeros(num_slots, np.int64)  # noqa: E731
     return FlitEngine(
         fs=fs, prm=np.array([link_bytes, max_packet_flits], np.int64),
         m_task=np.full(num_slots, -1, np.int64), m_src=z(), m_dst=z(), m_flits_left=z(), m_packets_out=z(),
-        m_part=np.full(num_slots, -1, np.int64),
+        m_part=np.full(num_slots, -1, np.int64), m_mem=z(),
         m_free=np.arange(num_slots - 1, -1, -1, dtype=np.int64), active=z(),
         sc=np.array([0, num_slots, 0, 0], np.int64),
     )
@@ -76,7 +80,7 @@ def grow_flit_slots(fe: FlitEngine) -> FlitEngine:
     fe.sc[S_FREE_TOP] = top + old
     return fe._replace(m_task=grown(fe.m_task, -1), m_src=grown(fe.m_src), m_dst=grown(fe.m_dst),
                        m_flits_left=grown(fe.m_flits_left), m_packets_out=grown(fe.m_packets_out),
-                       m_part=grown(fe.m_part, -1),
+                       m_part=grown(fe.m_part, -1), m_mem=grown(fe.m_mem),
                        m_free=free, active=grown(fe.active))
 
 
@@ -89,17 +93,18 @@ def flit_slots_free(fe):
 def flit_start(fe, heap, hs, task, src, dst, nbytes, now):
     """Start a message; the caller made sure a slot is free."""
     w = fe.prm[P_WIDTH]
-    _launch(fe, heap, hs, task, -1, src, dst, max(np.int64(1), (nbytes + w - 1) // w), now)
+    _launch(fe, heap, hs, task, -1, src, dst, max(np.int64(1), (nbytes + w - 1) // w), now, 0)
 
 
 @njit(cache=True, _nrt=False)
-def flit_start_part(fe, heap, hs, owner, src, dst, flits, now):
-    """Start a message of ``flits`` flits, part of initiator ``owner``'s DMA task."""
-    _launch(fe, heap, hs, -1, owner, src, dst, flits, now)
+def flit_start_part(fe, heap, hs, owner, src, dst, flits, now, mem):
+    """Start a message of ``flits`` flits, part of initiator ``owner``'s DMA task; ``mem``: its
+    packets leave at ``dst``'s memory-controller port (``send_packet_mem``), not the local one."""
+    _launch(fe, heap, hs, -1, owner, src, dst, flits, now, mem)
 
 
 @njit(cache=True, _nrt=False)
-def _launch(fe, heap, hs, task, part, src, dst, flits, now):
+def _launch(fe, heap, hs, task, part, src, dst, flits, now, mem):
     top = fe.sc[S_FREE_TOP] - 1
     fe.sc[S_FREE_TOP] = top
     slot = fe.m_free[top]
@@ -109,6 +114,7 @@ def _launch(fe, heap, hs, task, part, src, dst, flits, now):
     fe.m_dst[slot] = dst
     fe.m_flits_left[slot] = flits
     fe.m_packets_out[slot] = 0
+    fe.m_mem[slot] = mem
     fe.active[fe.sc[S_ACTIVE]] = slot
     fe.sc[S_ACTIVE] += 1
     fe.sc[S_MESSAGES] += 1
@@ -127,7 +133,11 @@ def _enqueue(fe, heap, hs, now):
         slot = fe.active[i]
         while fe.m_flits_left[slot] > 0:
             n = min(fe.m_flits_left[slot], fe.prm[P_MAX_PKT])
-            if send_packet(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot) < 0:
+            if fe.m_mem[slot] != 0:
+                k = send_packet_mem(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot)
+            else:
+                k = send_packet(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot)
+            if k < 0:
                 break
             fe.m_flits_left[slot] -= n
             fe.m_packets_out[slot] += 1

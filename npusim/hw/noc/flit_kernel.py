@@ -16,9 +16,11 @@
                             latencies, dateline flag), non-empty-VC bitmask, round-robin
                             pointers, flits sent on the output link
 ``node[r, ND_*]``           flits buffered in the router, the earliest cycle the router can act
-                            (``ND_WAKE``), NI state, source-queue ring pointers
+                            (``ND_WAKE``), NI state, source-queue ring pointers, the memory port
+                            (``ND_MEM_LANES`` lanes, round-robin pointer, flits ejected there)
 ``sq[r*SQ+i]``              source-queue rings of packet ids
-``pkt[k, PK_*]``            packet table (recycled rows; ``free`` is the stack of free rows)
+``pkt[k, PK_*]``            packet table (recycled rows; ``free`` is the stack of free rows);
+                            ``PK_MEM`` marks a packet for its destination's memory port
 ``next_port[r, d]``         int8 routing table (a 1x1 placeholder when routing is computed)
 ``rt``                      routing parameters (see :func:`_route`)
 ``done[i, 0|1]``            (tag, tail-ejection cycle) of completed packets, when recorded
@@ -53,8 +55,8 @@ NCFG = 11
 # ---- ctr: counters, cumulative since make_state ----------------------------------------
 (K_FLITS_CREATED, K_FLITS_INJ, K_FLITS_EJ, K_PKTS_CREATED, K_PKTS_DONE, K_ERRORS, K_SQ_OVERFLOW,
  K_DONE_OVERFLOW, K_LAST_CYCLE, K_LAST_PROGRESS, K_DONE_CNT, K_FREE_TOP, K_MEAS_CREATED,
- K_MEAS_DONE, K_SUM_PKT_LAT, K_SUM_NET_LAT, K_SUM_HOPS, K_MAX_PKT_LAT) = range(18)
-NCTR = 18
+ K_MEAS_DONE, K_SUM_PKT_LAT, K_SUM_NET_LAT, K_SUM_HOPS, K_MAX_PKT_LAT, K_MEM_EJ) = range(19)
+NCTR = 19  # K_MEM_EJ: flits ejected at memory ports (also counted in K_FLITS_EJ)
 # ---- vc columns ------------------------------------------------------------------------
 (VC_HEAD, VC_COUNT, VC_OUTPORT, VC_OUTVC, OV_BUSY, OV_CREDITS, OV_CQ_HEAD, OV_CQ_CNT, VC_APTR, OV_GPTR,
  OV_FREE_AT) = range(11)
@@ -69,11 +71,16 @@ NSLF = 4
  PT_OUT_RR, PT_FLITS, PT_ACC_RR, PT_SREQ) = range(13)
 NPTF = PT_SREQ + 5  # PT_SREQ + o: the VC of this input port requesting output o (BookSim mode), -1 if none
 # ---- node columns ----------------------------------------------------------------------
-ND_FLITS, ND_ROT, ND_SQ_HEAD, ND_SQ_CNT, ND_NI_PKT, ND_NI_SEQ, ND_NI_VC, ND_NI_RR, ND_WAKE = range(9)
-NNDF = 9
+(ND_FLITS, ND_ROT, ND_SQ_HEAD, ND_SQ_CNT, ND_NI_PKT, ND_NI_SEQ, ND_NI_VC, ND_NI_RR, ND_WAKE, ND_MEM_LANES,
+ ND_MEM_RR, ND_MEM_FLITS) = range(12)
+NNDF = 12
 # ---- pkt columns -----------------------------------------------------------------------
-PK_SRC, PK_DST, PK_NFLITS, PK_CREATE, PK_INJECT, PK_TAG, PK_MEASURE, PK_HOPS, PK_EJECTED = range(9)
-NPKF = 9
+PK_SRC, PK_DST, PK_NFLITS, PK_CREATE, PK_INJECT, PK_TAG, PK_MEASURE, PK_HOPS, PK_EJECTED, PK_MEM = range(10)
+NPKF = 10
+# the memory-controller port of a router, as an output in a switch request (3 bits: above any
+# topology's ports, which are < 7): packets with PK_MEM leave there at their destination, up to
+# ND_MEM_LANES flits a cycle from different input ports; no VC or credit (always accepting)
+PORT_MEMC = 7
 NEVER = np.int64(2**62)  # a wake-up cycle that never comes
 # a switch request of input port p: bits [REQ_BITS*p, REQ_BITS*(p+1)) = valid | out << 1 | vc << 4
 REQ_BITS = 10
@@ -107,6 +114,7 @@ def enqueue_packet(cfg, ctr, node, sq, pkt, free, src, dst, nflits, cycle, tag, 
     pkt[k, PK_MEASURE] = measure
     pkt[k, PK_HOPS] = 0
     pkt[k, PK_EJECTED] = 0
+    pkt[k, PK_MEM] = 0
     pos = node[src, ND_SQ_HEAD] + cnt
     if pos >= sqcap:
         pos -= sqcap
@@ -255,12 +263,16 @@ def _route(next_port, rt, r, d):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, dst):
+def _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, dst, mem):
     """Route the head flit at the front of input VC ``iv`` and claim a downstream VC
     (round-robin from the output's pointer, within the allowed dateline class).
-    Returns the output port, or -1 if every allowed VC is claimed."""
+    Returns the output port, or -1 if every allowed VC is claimed. At its destination a
+    packet for the memory port (``mem``) goes to :data:`PORT_MEMC`, like the local port
+    needing no VC."""
     o = _route(next_port, rt, r, dst)
     if o == PORT_LOCAL:
+        if mem:
+            o = PORT_MEMC
         vc[iv, VC_OUTPORT] = o
         vc[iv, VC_OUTVC] = 0
         return o
@@ -339,12 +351,13 @@ def _input_request(vc, slot, port, pkt, next_port, rt, P, V, B, ncls, r, p, cycl
         wake = cycle
         o = vc[iv, VC_OUTPORT]
         if o < 0:
-            o = _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, pkt[slot[s, SL_PKT], PK_DST])
+            k = slot[s, SL_PKT]
+            o = _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, pkt[k, PK_DST], pkt[k, PK_MEM])
             if o < 0:
                 continue
         if req != 0:
             continue  # request already chosen; kept scanning only for VC allocation
-        if o != PORT_LOCAL and not _has_credit(vc, slot, B, (r * P + o) * V + vc[iv, VC_OUTVC], cycle):
+        if o != PORT_LOCAL and o != PORT_MEMC and not _has_credit(vc, slot, B, (r * P + o) * V + vc[iv, VC_OUTVC], cycle):
             continue
         req = 1 | (o << 1) | (v << 4)
     return req, wake
@@ -473,23 +486,52 @@ def _routers_phase(st, cycle):
             if (outs >> o) & 1 == 0:
                 continue
             p = _grant_output(port, reqs, P, r * P + o, o)
-            v = (reqs >> (REQ_BITS * p + 4)) & 63
-            ip = r * P + p
-            iv = ip * V + v
-            port[ip, PT_IN_RR] = v + 1 if v + 1 < V else 0
-            s = _pop_flit(vc, port, node, B, r, ip, v, iv)
-            k, seq = slot[s, SL_PKT], slot[s, SL_SEQ]
-            if p != PORT_LOCAL:
-                _return_credit(vc, slot, port, B, V, ip, v, cycle, 0)
-            tail = seq == pkt[k, PK_NFLITS] - 1
-            if o == PORT_LOCAL:
-                _eject(cfg, ctr, pkt, st.free, st.done, r, k, seq, tail, cycle)
-            else:
-                _forward(vc, slot, port, node, pkt, P, V, B, S, r * P + o, iv, k, seq, tail, cycle)
-            if tail:
-                vc[iv, VC_OUTPORT] = -1
-                vc[iv, VC_OUTVC] = -1
-            ctr[K_LAST_PROGRESS] = cycle
+            _traverse(st, r, p, o, reqs, cycle)
+        if (outs >> PORT_MEMC) & 1:
+            # the memory port: one flit a cycle per lane, from distinct input ports (each makes one
+            # request), granted round-robin from the router's pointer; it always accepts
+            start = node[r, ND_MEM_RR]
+            left = node[r, ND_MEM_LANES]
+            for j in range(P):
+                if left == 0:
+                    break
+                p = start + j
+                if p >= P:
+                    p -= P
+                e = (reqs >> (REQ_BITS * p)) & 1023
+                if (e & 1) and ((e >> 1) & 7) == PORT_MEMC:
+                    node[r, ND_MEM_RR] = p + 1 if p + 1 < P else 0
+                    _traverse(st, r, p, PORT_MEMC, reqs, cycle)
+                    left -= 1
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _traverse(st, r, p, o, reqs, cycle):
+    """Move the flit of input port ``p``'s granted request (in ``reqs``) through the switch of
+    router ``r`` to output ``o``: onto its link, or ejected (local or memory port)."""
+    cfg, ctr, vc, slot, port, node, pkt = st.cfg, st.ctr, st.vc, st.slot, st.port, st.node, st.pkt
+    P, V, B, S = cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_S]
+    v = (reqs >> (REQ_BITS * p + 4)) & 63
+    ip = r * P + p
+    iv = ip * V + v
+    port[ip, PT_IN_RR] = v + 1 if v + 1 < V else 0
+    s = _pop_flit(vc, port, node, B, r, ip, v, iv)
+    k, seq = slot[s, SL_PKT], slot[s, SL_SEQ]
+    if p != PORT_LOCAL:
+        _return_credit(vc, slot, port, B, V, ip, v, cycle, 0)
+    tail = seq == pkt[k, PK_NFLITS] - 1
+    if o == PORT_LOCAL:
+        _eject(cfg, ctr, pkt, st.free, st.done, r, k, seq, tail, cycle)
+    elif o == PORT_MEMC:
+        node[r, ND_MEM_FLITS] += 1
+        ctr[K_MEM_EJ] += 1
+        _eject(cfg, ctr, pkt, st.free, st.done, r, k, seq, tail, cycle)
+    else:
+        _forward(vc, slot, port, node, pkt, P, V, B, S, r * P + o, iv, k, seq, tail, cycle)
+    if tail:
+        vc[iv, VC_OUTPORT] = -1
+        vc[iv, VC_OUTVC] = -1
+    ctr[K_LAST_PROGRESS] = cycle
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
@@ -737,6 +779,17 @@ def send_packet(st, src, dst, nflits, cycle, tag):
     """Enqueue a packet of ``nflits`` flits at NI ``src`` for ``dst`` created in ``cycle``;
     returns its packet row or -1 if the source queue (or packet table) is full."""
     return enqueue_packet(st.cfg, st.ctr, st.node, st.sq, st.pkt, st.free, src, dst, nflits, cycle, tag, 0)
+
+
+@numba.njit(cache=True, _nrt=False)
+def send_packet_mem(st, src, dst, nflits, cycle, tag):
+    """:func:`send_packet` for ``dst``'s memory-controller port (memory-bound traffic: HBM read
+    requests, write data): at ``dst`` it leaves by one of ``ND_MEM_LANES`` memory-port lanes
+    instead of the local ejection port (the local port when ``dst`` has none, or in BookSim mode)."""
+    k = enqueue_packet(st.cfg, st.ctr, st.node, st.sq, st.pkt, st.free, src, dst, nflits, cycle, tag, 0)
+    if k >= 0 and st.node[dst, ND_MEM_LANES] > 0 and st.cfg[C_BOOKSIM] == 0:
+        st.pkt[k, PK_MEM] = 1
+    return k
 
 
 @numba.njit(cache=True, _nrt=False)
