@@ -58,13 +58,30 @@ class Program:
     param: list[tuple] = field(default_factory=list)
     cost_kind: list[int] = field(default_factory=list)
     cost_args: list[tuple] = field(default_factory=list)
-    deps: list[tuple[int, ...]] = field(default_factory=list)
+    dep_idx: list[int] = field(default_factory=list)  # every task's dependencies, flat, in task order
+    dep_end: list[int] = field(default_factory=list)  # task i's are dep_idx[dep_end[i - 1]:dep_end[i]]
     names: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
     vector_fns: list[str] = field(default_factory=lambda: [""])
 
     def __len__(self) -> int:
         return len(self.kind)
+
+    @property
+    def deps(self) -> list[tuple[int, ...]]:
+        """Each task's dependencies as a tuple (a view for inspection; recorded flat)."""
+        ptr, idx = self._deps_csr()
+        flat = idx.tolist()
+        return [tuple(flat[a:e]) for a, e in zip(ptr[:-1].tolist(), ptr[1:].tolist())]
+
+    def _deps_csr(self, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Tasks ``first..``'s dependencies as ``(ptr, idx)``: task ``first + i``'s are
+        ``idx[ptr[i]:ptr[i + 1]]`` (task ids, not shifted)."""
+        start = self.dep_end[first - 1] if first > 0 else 0
+        ptr = np.empty(len(self.dep_end) - first + 1, dtype=np.int64)
+        ptr[0] = start
+        ptr[1:] = self.dep_end[first:]
+        return ptr - start, np.array(self.dep_idx[start:], dtype=np.int64)
 
     # -- recording ----------------------------------------------------------------------
     def check_core(self, core: int) -> None:
@@ -85,7 +102,8 @@ class Program:
         self.param.append(param + _ZEROS[len(param):NPARAM])
         self.cost_kind.append(cost_kind)
         self.cost_args.append(cost_args + _ZEROS[len(cost_args):6])
-        self.deps.append(deps)
+        self.dep_idx.extend(deps)
+        self.dep_end.append(len(self.dep_idx))
         self.names.append(name or "")
         return n
 
@@ -173,8 +191,8 @@ class Program:
         dep = block.rel + base
         if block.ext_at.size:
             dep[block.ext_at] = np.asarray(ext, dtype=np.int64)[block.ext_slot]
-        flat = dep.tolist()
-        self.deps.extend([tuple(flat[a:e]) for a, e in zip(block.starts.tolist(), block.ends.tolist())])
+        self.dep_end.extend((block.ends + len(self.dep_idx)).tolist())
+        self.dep_idx.extend(dep.tolist())
         return [base + r if r >= 0 else -1 if r == -1 else ext[-r - 2] for r in block.outs]
 
     def _fn_id(self, fn: str) -> int:
@@ -297,7 +315,7 @@ class Program:
         if dma.any():  # the DMA engine's initiator id depends on the chip's engine count
             engine = np.array([int(u[3:]) if u.startswith("dma") else 0 for u in names], dtype=np.int64)[unit]
             param[dma, 3] = core[dma] * sim.dma_engines + engine[dma]
-        ptr, idx = _deps_csr(self.deps)
+        ptr, idx = self._deps_csr()
         return kinds, queue, param, ptr, idx
 
     # -- files ----------------------------------------------------------------------------
@@ -307,7 +325,7 @@ class Program:
         def writer(tmp: Path) -> None:
             with h5py.File(tmp, "w") as f:
                 g = f.create_group("program")
-                ptr, idx = _deps_csr(self.deps)
+                ptr, idx = self._deps_csr()
                 data = {
                     "kind": np.asarray(self.kind, np.int64), "core": np.asarray(self.core, np.int64),
                     "param": np.asarray(self.param, np.int64).reshape(n, NPARAM),
@@ -329,13 +347,6 @@ class Program:
                 g.attrs["meta"] = json.dumps(self.meta)
 
         return write_with(path, writer)
-
-
-def _deps_csr(deps: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-task dependency tuples as ``(ptr, idx)``: task ``i``'s are ``idx[ptr[i]:ptr[i + 1]]``."""
-    ptr = np.zeros(len(deps) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, deps), dtype=np.int64, count=len(deps)), out=ptr[1:])
-    return ptr, np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=int(ptr[-1]))
 
 
 def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -375,7 +386,7 @@ class _Block:
             k = first.get(v)
             return None if k is None else -k - 2
 
-        ptr, flat = _deps_csr(prog.deps[base:])
+        ptr, flat = prog._deps_csr(base)
         outside = np.flatnonzero(flat < base)
         slots = [first.get(v, -1) for v in flat[outside].tolist()]
         if -1 in slots:
@@ -460,7 +471,7 @@ def load_program(path: str | Path) -> Program:
         prog.param = [tuple(r) for r in g["param"][:].tolist()]
         prog.cost_kind = g["cost_kind"][:].tolist()
         prog.cost_args = [tuple(r) for r in g["cost_args"][:].tolist()]
-        prog.deps = [tuple(idx[ptr[i]:ptr[i + 1]].tolist()) for i in range(len(prog.kind))]
+        prog.dep_idx, prog.dep_end = idx.tolist(), ptr[1:].tolist()
         prog.names = [s.decode() if isinstance(s, bytes) else s for s in g["name"][:]]
     return prog
 
