@@ -235,47 +235,22 @@ def test_stage_replay_alone_ends_when_the_iteration_did(arch64):
     assert np.all(cost.loaded >= 1) and cost.loaded.max() > cost.alone.max()
 
 
-def test_stage_replay_full_pipeline_completes_one_iteration_per_slowest_hold(arch64):
-    """A full pipeline of one shape completes one iteration per its slowest lane's hold once
-    full; holds grow with the fill from what each lane took alone."""
+def test_stage_replay_full_pipeline_completes_one_iteration_per_wave(arch64):
+    """A full pipeline of one shape: each lane holds min(loaded, wave) = its loaded span, so the
+    iterations complete one per wave (the slowest lane's loaded span) once the pipeline is full."""
     inst, cost = _stage_cost(arch64)
     depth = inst.lanes.depth
     holds = cost.holds(depth, depth)
+    assert np.array_equal(holds, np.maximum(cost.alone, cost.loaded))
     ends = _replay(arch64, cost, inst.lanes, [depth] * (3 * depth))
     assert np.all(np.diff(ends[depth:]) == holds.max())
+    # between: the k/depth share of the wave, monotone in k
     prev = cost.holds(1, depth)
     assert np.array_equal(prev, cost.alone)
     for k in range(2, depth + 1):
         now = cost.holds(k, depth)
         assert np.all(now >= prev)
         prev = now
-
-
-def test_stage_holds_count_the_lanes_working_not_the_iterations_in_flight():
-    """With a pipeline full of iterations, only the lanes the slowest one keeps busy work at once
-    (sum(d) / max(d)); the rest of the iterations wait. A lane's hold is interpolated between its
-    alone time (itself) and its loaded span (the lanes that worked beside it there) at that count,
-    so a full pipeline's holds stay below the loaded spans, and more iterations in flight than the
-    pipeline keeps busy change nothing (the saturation form's holds grew to the loaded spans)."""
-    from npusim.serving.stagecost import StageCost, _shared
-
-    depth = 8
-    alone = np.array([100, 100, 100, 100, 100, 100, 100, 400], dtype=np.int64)  # one slow (LM-head) stage
-    loaded = np.array([300, 300, 300, 300, 300, 300, 300, 800], dtype=np.int64)
-    cost = StageCost(duration=int(alone.sum()), alone=alone, loaded=loaded, unit_queue=np.arange(depth),
-                     unit_lane=np.arange(depth), unit_busy=alone, hbm_bytes=0)
-    shared = _shared(loaded)
-    assert shared[-1] == pytest.approx((7 * 300 + 800) / 800) and np.allclose(shared[:-1], depth)
-    full = cost.holds(depth, depth)
-    m = full.sum() / full.max()
-    assert m < depth - 1  # the slow stage keeps fewer lanes busy than there are iterations
-    assert np.all(full >= alone) and full[-1] < loaded[-1] and np.all(full[:-1] < loaded[:-1])
-    # each lane at m lanes working: linear from alone (1 lane) to loaded (its shared lanes)
-    want = alone + (loaded - alone) * (m - 1) / (shared - 1)
-    assert np.allclose(full, want, rtol=0.01)
-    saturated = int(np.ceil(m)) + 1
-    assert np.array_equal(cost.holds(saturated, depth), full)
-    assert cost.holds(2, depth)[-1] < full[-1]
 
 
 def test_stage_replay_keeps_bytes_and_busy_fractions(arch64):

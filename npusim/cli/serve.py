@@ -71,7 +71,7 @@ def add_serving_args(p) -> None:
     g.add_argument("--seed", type=non_negative_int, default=0, help="synthetic arrivals and lengths")
     g.add_argument("--iteration-cache", choices=["auto", "on", "off"], default="auto",
                    help="replay each iteration shape's chip timing, simulated once, instead of simulating every "
-                   "iteration: a cheaper fidelity, 6-16x less CPU, within 3.4%% of off on throughput and 6.8%% on mean "
+                   "iteration: a cheaper fidelity, 6-16x less CPU, within 3%% of off on throughput and 7.3%% on mean "
                    "TTFT/TBT when one instance runs on the chip, far off when instances share it (PD "
                    "disaggregation: TTFT -70%%; validation/serving_iteration_cache.py). auto (default): on for "
                    "one instance, off for PD disaggregation or data-parallel replicas")

@@ -52,9 +52,8 @@ stages stream weights over the mesh at once, the collectives of the uncached run
 those streams and the cache's holds do not, so the skeleton replay is fast by ~15% on the default
 scenario's throughput and ~78% on the Mooncake replay (``validation/serving_iteration_cache.py``).
 The default replay is therefore the stage replay (:mod:`.stagecost`), which measures that contention
-and is within 3.4% on throughput and 6.8% on mean TTFT/TBT (5.0% at exact buckets; 7.3% with its
-earlier hold form after the path NoC's per-burst requests, session 25); ``npusim run`` uses it by
-default when one instance runs on the chip.
+and is within 3% on throughput and 7.3% on mean TTFT/TBT (it was within 5% before the path NoC's
+per-burst requests, session 25); ``npusim run`` uses it by default when one instance runs on the chip.
 
 KV-cache management, scheduling, spills, KV transfers and metrics run exactly as without the
 cache: only the chip timing of an iteration is reused. Results are deterministic: every

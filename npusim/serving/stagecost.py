@@ -14,34 +14,21 @@ Measured per iteration shape (two simulations on fresh chips at the run's fideli
   minus its predecessor lane's), so the chain of increments ends when the iteration did;
 * **loaded** — the same program with every dependency between lanes cut, so all stages work
   at once, as they do when the pipeline is full of (similar) iterations: ``loaded[l]`` is when
-  lane ``l`` ends then, and the last of them, ``wave = max(loaded)`` (kept to scale an
-  interpolated shape's loaded spans, :meth:`StageCost.combine`).
+  lane ``l`` ends then, and the last of them, ``wave = max(loaded)``, the pipeline's period at
+  full load (the time it takes to move one iteration's weights and KV with every stage streaming).
 
 Replayed with ``k`` iterations in flight on the instance (this one included) out of ``depth``
-stages, lane ``l`` holds every unit of its cores for its time with ``m`` lanes working at once::
+stages, lane ``l`` holds every unit of its cores for::
 
-    d[l](m) = max(alone[l], min(alone[l] + (loaded[l] - alone[l]) * (m - 1) / (shared[l] - 1),
-                                loaded[l] * max(1, m / shared[l])))          (alone[l] when k = 1)
-    m = min(k, sum(d(m)) / max(d(m)))                                         (a fixed point)
+    d[l] = max(alone[l], min(loaded[l], wave * k / depth))     (alone[l] when k = 1)
 
-``shared[l]`` is how many lanes worked at once, on average, while lane ``l`` ran in the loaded
-run (``sum_j min(loaded[j], loaded[l]) / loaded[l]``: the fast lanes there finish early, so the
-slow ones ran with fewer beside them). A lane's slowdown over alone comes from the lanes
-streaming beside it on the shared HBM channels and mesh links: linear in their number between
-alone (itself: 1) and loaded (``shared[l]``), and, past ``shared[l]``, never more than fair
-sharing allows. ``m`` counts lanes *working*, not iterations in flight: a pipeline full of
-iterations keeps busy only the lanes its slowest one feeds (each lane works ``d[l] / max(d)`` of
-the time), the other iterations wait in the lanes' queues, and the replay adds that wait itself
-(the in-order queues). The previous form, ``max(alone, min(loaded, wave * k / depth))`` (Little's
-law: ``k`` iterations in flight take ``k * wave``), counted the wait twice and, with the path
-NoC's per-burst requests and memory ports, put a full pipeline's holds near the loaded spans: the
-lanes' summed holds 22-32% above the simulated lanes' times at 12-16 iterations in flight, the
-slowest lane's up to +12% (Qwen3-4B on npusim-64c, TP 4 x 16 stages, the default scenario: each
-simulated iteration's lanes against the holds of its shape at the same fill). Measured the same way
-the holds here are within 5% of the simulated lanes' summed time at every fill and the slowest
-lane's +1..+4% once the pipeline is full: the main error left, as the chip runs near saturation
-there and latency follows the slowest lane (the loaded run's slow lanes are the ones that share
-its links, so its count of lanes beside a lane understates what it met). Each lane's holds wait for its
+the saturation form: while the shared HBM channels and mesh links are saturated the chip
+completes at most one iteration per ``wave``, so by Little's law an iteration with ``k`` in
+flight takes ``k * wave``, spread over the lanes — but no lane takes longer than it did with
+every stage competing, nor less than it took alone. Measured against simulating every iteration
+(Qwen3-4B on npusim-64c, TP 4 x 16 stages, 8 requests) the latency matches within 4% at 5–8
+iterations in flight and is short by 12–40% at 2–4, where the streams of a few stages already
+contend but the chip is not yet saturated. Each lane's holds wait for its
 predecessor lane's; the engine's in-order queues then pipeline iterations as the real ones do
 (lane ``l`` of iteration ``i+1`` starts when lane ``l`` of iteration ``i`` is done and lane
 ``l-1`` of ``i+1`` has finished). The holds sit on the cores' compute units (cube, vector),
@@ -145,45 +132,13 @@ def _lane_ends(sim, arrays: tuple, task_lane: np.ndarray, lanes: int) -> tuple[n
     return out, int(end.max(initial=0))
 
 
-def _shared(loaded: np.ndarray) -> np.ndarray:
-    """Per lane, how many lanes worked at once (itself included), on average over its time in
-    the loaded run: every lane starts at 0 there and works until its ``loaded`` end."""
-    span = loaded.astype(np.float64)
-    return np.minimum(span[None, :], span[:, None]).sum(axis=1) / np.maximum(span, 1.0)
-
-
-def _at(alone, loaded, shared, m, m0: float) -> np.ndarray:
-    """Each lane's time (cycles, float) with ``m`` lanes working at once (a scalar, or a column of
-    them: one row per value); ``m0`` of them (the iteration's own replicas) work at once alone.
-    Linear in the lanes working beside it between ``alone`` (``m0``) and ``loaded`` (``shared``
-    lanes), and never slower than fair sharing makes it: ``loaded * m / shared`` (beyond
-    ``shared`` lanes a lane's share can only fall in proportion to the lanes sharing)."""
-    m = np.maximum(np.asarray(m, dtype=np.float64), m0)
-    extra = np.maximum(0, loaded - alone).astype(np.float64)
-    room = shared - m0
-    lin = np.where(room > 1e-9, alone + extra * (m - m0) / np.maximum(room, 1e-9), np.inf)
-    return np.maximum(alone, np.minimum(lin, loaded * np.maximum(1.0, m / shared)))
-
-
-def _spans(alone, loaded, k: int, depth: int) -> np.ndarray:
+def _spans(alone, loaded, wave, k: int, depth: int):
     """Hold cycles with ``k`` iterations in flight out of ``depth`` (the module docstring's
-    form): each lane's time at ``m`` lanes working at once, ``m`` the fixed point of
-    ``m = min(k * replicas, sum(d) / max(d))``: ``k * replicas`` or, once the pipeline keeps fewer
-    lanes busy, the fixed point of ``sum(d) / max(d)`` (the largest ``m`` on a grid refined twice
-    at or below it: deterministic, the same for every ``k`` past it); ``alone`` at ``k = 1``."""
+    saturation form): ``alone`` at ``k = 1``, else ``max(alone, min(loaded, ceil(wave k / depth)))``."""
     k = min(max(1, k), depth)
     if k == 1:  # alone: what was measured alone
         return alone
-    m0 = max(1.0, len(alone) / depth)  # lanes an iteration works on at once (data-parallel replicas)
-    shared = _shared(loaded)
-    lo, hi = m0, depth * m0  # the pipeline's own fixed point m = sum(d) / max(d), whatever k
-    for _ in range(2):  # sum >= max at m0; the largest grid point at or below the crossing
-        grid = np.linspace(lo, hi, 65)
-        d = _at(alone, loaded, shared, grid[:, None], m0)
-        busy = d.sum(axis=1) / np.maximum(d.max(axis=1), 1e-9)
-        i = int(np.flatnonzero(busy >= grid - 1e-9)[-1])
-        lo, hi = grid[i], grid[min(i + 1, grid.size - 1)]
-    return np.ceil(_at(alone, loaded, shared, min(k * m0, lo), m0)).astype(np.int64)
+    return np.maximum(alone, np.minimum(loaded, -(-wave * k // depth)))
 
 
 def _counted_busy(busy, span):
@@ -263,7 +218,7 @@ class StageCost:
 
     def holds(self, k: int, depth: int) -> np.ndarray:
         """Each lane's hold (cycles) with ``k`` iterations in flight out of ``depth``."""
-        return _spans(self.alone, self.loaded, k, depth)
+        return _spans(self.alone, self.loaded, self.wave, k, depth)
 
     def unit_params(self, k: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """Per unit: its hold's ``param[0]`` (the lane's hold) and ``param[1]`` (the busy cycles
@@ -296,39 +251,43 @@ class StageCost:
 class HoldsInFlight:
     """The hold tasks of an instance's stage-replayed iterations in flight, flattened so that a
     change of the pipeline's fill retimes all of them with a few array operations: per unit, its
-    hold's engine task (-1 once compacted away); per iteration, its cost (whose holds at each fill
-    are memoised). Iterations leave in launch order."""
+    hold's engine task (-1 once compacted away), its lane's ``alone`` and ``loaded`` cycles, its
+    iteration's wave and its busy cycles alone. Iterations leave in launch order."""
 
     def __init__(self, depth: int):
         self.depth = depth
-        self.notes: deque = deque()  # (notify task, units, cost) per iteration, oldest first
+        self.notes: deque = deque()  # (notify task, units) per iteration, oldest first
         self.ids = np.zeros(0, dtype=np.int64)
+        self.cols = np.zeros((4, 0), dtype=np.int64)  # alone, loaded, wave, busy per unit
 
     def add(self, note: int, ids: np.ndarray, cost: StageCost) -> None:
-        self.notes.append((note, cost.unit_lane.size, cost))
+        lane = cost.unit_lane
+        wave = np.full(lane.size, cost.wave, dtype=np.int64)
+        self.notes.append((note, lane.size))
         self.ids = np.concatenate([self.ids, ids])
+        self.cols = np.concatenate([self.cols, np.stack([cost.alone[lane], cost.loaded[lane], wave,
+                                                         cost.unit_busy])], axis=1)
 
     def drop_oldest(self) -> None:
         """The oldest iteration ended."""
-        _, units, _ = self.notes.popleft()
-        self.ids = self.ids[units:]
+        _, units = self.notes.popleft()
+        self.ids, self.cols = self.ids[units:], self.cols[:, units:]
 
     def retime(self, tt, k: int) -> None:
         """Set every hold not yet started to ``k`` iterations in flight, as
         :meth:`StageCost.unit_params` gives it."""
-        waiting = (self.ids >= 0) & (tt.state[np.maximum(self.ids, 0)] == PENDING)
-        if not waiting.any():
+        waiting = np.flatnonzero((self.ids >= 0) & (tt.state[np.maximum(self.ids, 0)] == PENDING))
+        if not waiting.size:
             return
-        params = [cost.unit_params(k, self.depth) for _, _, cost in self.notes]
-        span = np.concatenate([p[0] for p in params])[waiting]
-        busy = np.concatenate([p[1] for p in params])[waiting]
+        alone, loaded, wave, busy = self.cols[:, waiting]
+        span = _spans(alone, loaded, wave, k, self.depth)
         ids = self.ids[waiting]
         tt.param[ids, 0] = span
-        tt.param[ids, 1] = busy
+        tt.param[ids, 1] = _counted_busy(busy, span)
 
     def remap(self, new_id: np.ndarray) -> None:
         """Renumber after an engine compaction (finished holds become -1)."""
-        self.notes = deque((int(new_id[n]), u, c) for n, u, c in self.notes)
+        self.notes = deque((int(new_id[n]), u) for n, u in self.notes)
         live = self.ids >= 0
         self.ids = np.where(live, new_id[np.maximum(self.ids, 0)], -1)
 
