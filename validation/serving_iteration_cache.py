@@ -5,14 +5,17 @@
   PD fusion, TP 4 x 16 stages);
 * a Mooncake replay (the repository's traces/mooncake_sample.jsonl, first N requests, prompts
   clipped to 2048 tokens and outputs to 128, PD fusion budget 512, chunks of 256);
-* PD disaggregation (``--schedule disagg``, 2:1 prefill:decode cores, the default requests).
+* PD disaggregation (``--schedule disagg``, 2:1 prefill:decode cores, the default requests);
+* the README's trace replay (``npusim run --trace traces/mooncake_sample.jsonl`` at its defaults:
+  prompts up to 120k tokens clipped to Qwen3-4B's context, the default scheduler), first
+  ``--readme N`` requests (default 15; not in the default ``--only``: its uncached run takes minutes).
 
 Each cached run (stage replay by default; ``--replay stages,skeleton`` adds the skeleton
 replay) is shown at exact buckets (the compiled shapes) and at coarser ones (KV
 interpolated, batch and chunk rounded up). The goal (issue 14): error on throughput and mean TTFT/TBT under 5%.
 
     python validation/serving_iteration_cache.py [--mooncake N] [--buckets "exact;kv=1024"]
-        [--only default,mooncake,pd] [--replay stages,skeleton] [--spill-waits]
+        [--only default,mooncake,pd,readme] [--readme N] [--replay stages,skeleton] [--spill-waits]
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from machine import machine_line  # noqa: E402
 from npusim.arch import load_arch  # noqa: E402
 from npusim.mapping.spec import spec_from_flags  # noqa: E402
 from npusim.serving.itercache import EXACT, parse_buckets  # noqa: E402
-from npusim.serving.requests import cap_lengths, synthetic_requests  # noqa: E402
+from npusim.model.zoo import get_config  # noqa: E402
+from npusim.serving.requests import cap_lengths, fit_context, synthetic_requests  # noqa: E402
 from npusim.serving.scheduler import SchedulerConfig  # noqa: E402
 from npusim.serving.simulate import ServingConfig, simulate_serving  # noqa: E402
 from npusim.serving.traces import load_trace  # noqa: E402
@@ -39,14 +43,17 @@ METRICS = [("throughput", None), ("ttft", "mean"), ("ttft", "p50"), ("ttft", "p9
            ("tbt", "p50"), ("tbt", "p99")]
 
 
-def scenarios(n_mooncake: int):
+def scenarios(n_mooncake: int, n_readme: int = 15):
     spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
     default_reqs = synthetic_requests(32, 8.0, input_len=(128, 512), output_len=(32, 128), seed=0)
     moon, _ = cap_lengths(load_trace(ROOT / "traces" / "mooncake_sample.jsonl", first=n_mooncake), 2048, 128)
     fusion = SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256)
     pd_spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
+    readme, _ = fit_context(load_trace(ROOT / "traces" / "mooncake_sample.jsonl", first=n_readme),
+                            get_config("qwen3-4b").max_position_embeddings)
     return {
         "default": (spec, default_reqs, ServingConfig(), None),
+        "readme": (spec, readme, ServingConfig(), None),
         "mooncake": (spec, moon, ServingConfig(scheduler=fusion), None),
         "pd": (pd_spec, default_reqs, ServingConfig(scheduler=SchedulerConfig(policy="continuous")), (42, 21)),
     }
@@ -63,6 +70,7 @@ def metrics(s: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mooncake", type=int, default=50, help="Mooncake requests (first N of the sample)")
+    ap.add_argument("--readme", type=int, default=15, help="requests of the README's trace replay (with --only readme)")
     ap.add_argument("--buckets", default="exact;kv=1024",
                     help="';'-separated bucket settings of the cached runs (see npusim run --iteration-cache-buckets)")
     ap.add_argument("--only", default="default,mooncake,pd")
@@ -78,7 +86,7 @@ def main() -> None:
     labels = [k if s is None else f"{k} {s}" for k, s in METRICS]
     head = " ".join(f"{lab:>10}" for lab in labels)
     print(f"{'scenario':>9} {'cache':>14} | {'wall s':>7} {'cpu s':>7} {'shapes':>6} | {head}")
-    all_scen = scenarios(args.mooncake)
+    all_scen = scenarios(args.mooncake, args.readme)
     for name in args.only.split(","):
         spec, reqs, cfg, pd = all_scen[name]
         cfg = replace(cfg, spill_waits=args.spill_waits)
