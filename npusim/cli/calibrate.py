@@ -1,7 +1,7 @@
 """``npusim calibrate``: recompute every calibrated constant of the system presets from its cited figure.
 
-Each constant (a protocol efficiency or overhead, a switch latency, a MoE operator's overhead, the
-per-layer small kernels) is recomputed by running the simulator with the constant neutral and
+Each constant (a protocol efficiency or overhead, a switch latency, a MoE operator's per-call
+overhead, the A2 runtime's launch floor and step overhead) is recomputed by running the simulator with the constant neutral and
 taking the difference to the published figure it was calibrated on (``published.yaml``); the table
 shows the stored value, the recomputed one and their drift. ``--check`` exits 1 when a stored
 constant drifted more than 2% from its recomputation (a model change made it stale); ``--out FILE``
