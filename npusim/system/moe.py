@@ -64,9 +64,16 @@ def pad_rows(tokens: int) -> int:
     return int(math.ceil(tokens / PAD_ROWS) * PAD_ROWS) if tokens > 0 else 0
 
 
+MAX_HIDDEN = 1 << 20  # a token's width: far above any model's (its local work is costed element by element)
+
+
+def _check_hidden(hidden: int) -> None:
+    if not 1 <= hidden <= MAX_HIDDEN:
+        raise ConfigError(f"--hidden must be between 1 and {MAX_HIDDEN:,}, got {hidden}")
+
+
 def dispatch_bytes_per_token(hidden: int, dtype: str) -> int:
-    if hidden < 1:
-        raise ConfigError(f"--hidden must be >= 1, got {hidden}")
+    _check_hidden(hidden)
     if dtype == "int8":
         return hidden + SCALE_SLOT_BYTES
     if dtype == "bf16":
@@ -75,6 +82,7 @@ def dispatch_bytes_per_token(hidden: int, dtype: str) -> int:
 
 
 def combine_bytes_per_token(hidden: int) -> int:
+    _check_hidden(hidden)
     return 2 * hidden
 
 
