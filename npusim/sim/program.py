@@ -91,18 +91,16 @@ class Program:
     def _add(self, kind, core, unit, param, cost_kind, cost_args, deps, name) -> int:
         n = len(self.kind)
         if deps:
-            deps = tuple([d for d in deps if d is not None and d >= 0])
+            deps = [d for d in deps if d is not None and d >= 0]
             if deps and max(deps) >= n:
                 raise ConfigError(f"task {name}: depends on a task not recorded yet")
-        else:
-            deps = ()
+            self.dep_idx.extend(deps)
         self.kind.append(kind)
         self.core.append(core)
         self.unit.append(unit)
         self.param.append(param + _ZEROS[len(param):NPARAM])
         self.cost_kind.append(cost_kind)
         self.cost_args.append(cost_args + _ZEROS[len(cost_args):6])
-        self.dep_idx.extend(deps)
         self.dep_end.append(len(self.dep_idx))
         self.names.append(name or "")
         return n
