@@ -30,11 +30,13 @@ from npusim.hw.noc import flit
 from npusim.hw.noc.flit import (
     conservation,
     make_state,
+    memory_injection_flits,
     memory_port_flits,
     network_idle,
     pop_completed,
     run_cycles,
     send,
+    send_packet_from_mem,
     send_packet_mem,
     simulate_flit,
     zero_load_latency_cycles,
@@ -165,6 +167,62 @@ def test_memory_port_lanes_take_a_flit_each_a_cycle():
     # the ablation is the model before: memory-bound packets are ordinary packets
     plain, _ = _memory_port_run(0, core_bound_src=1)
     assert plain == none
+
+
+def _memory_injection_run(lanes, dsts=(3, 5), core_dst=1, F=16, S=2, L=1, V=2):
+    """A 3x3 mesh; router 4's memory sends one ``F``-flit packet to each of ``dsts`` (as read data
+    goes back to the cores; ``lanes``: router 4's memory lanes, None: no memory ports), and its core
+    an ordinary packet to ``core_dst`` (None: none). Returns {tag: tail-ejection cycle}, the state."""
+    topo, rt = _net(3, 3, latency=L)
+    ports = None if lanes is None else [lanes if r == 4 else 0 for r in range(9)]
+    state = make_state(topo, rt, V, 8, S, done_capacity=8, memory_ports=ports)
+    for tag, dst in enumerate(dsts):
+        assert send_packet_from_mem(state, 4, dst, F, 0, tag) >= 0
+    if core_dst is not None:
+        send(state, 4, core_dst, F, 0, tag=9)
+    run_cycles(state, 0, 1000, True)
+    tags, times = pop_completed(state)
+    assert conservation(state)["ok"] and network_idle(state)
+    assert state.ctr[flit.fk.K_ERRORS] == 0
+    return dict(zip(tags.tolist(), times.tolist())), state
+
+
+def test_memory_injection_lanes_send_a_flit_each_a_cycle():
+    """Two packets from a router's memory to two neighbours, while its core sends one to a third:
+    with two memory injection lanes all three arrive at the zero-load latency (the memory injects 2
+    flits a cycle, the core's NI is its own); with one lane the memory's two share it (the later
+    tail ``F`` cycles late) and the core's is not delayed; without memory ports (and with 0 lanes,
+    the ablation: the same cycles) all three share the router's one NI, a flit a cycle."""
+    F, S, L = 16, 2, 1
+    zero = int(zero_load_latency_cycles(1, F, S, L))
+    two, st2 = _memory_injection_run(2)
+    assert two == {0: zero, 1: zero, 9: zero}
+    assert memory_injection_flits(st2).tolist() == [0, 0, 0, 0, 2 * F, 0, 0, 0, 0]
+    assert st2.ctr[flit.fk.K_MEM_INJ] == 2 * F and memory_port_flits(st2).sum() == 0
+    one, st1 = _memory_injection_run(1)
+    assert one[9] == zero and sorted((one[0], one[1])) == [zero, zero + F]
+    assert memory_injection_flits(st1).sum() == 2 * F
+    none, st0 = _memory_injection_run(None)
+    assert memory_injection_flits(st0).sum() == 0
+    assert max(none.values()) == zero + 2 * F  # 3F flits through one NI
+    plain, _ = _memory_injection_run(0)
+    assert plain == none
+
+
+@pytest.mark.parametrize("V", [1, 2])
+def test_memory_injection_lanes_share_an_output_link(V):
+    """Lanes compete for output links like any input: two memory packets to the same neighbour
+    take the one link a flit a cycle (the later tail ``F`` cycles late), and with one VC the second
+    waits for the first's tail (VC allocation and credits); the link never carries more than a flit
+    a cycle."""
+    F, S, L = 16, 2, 1
+    zero = int(zero_load_latency_cycles(1, F, S, L))
+    t, st = _memory_injection_run(2, dsts=(5, 5), core_dst=None, V=V)
+    assert max(t.values()) == zero + F
+    if V == 1:
+        assert min(t.values()) == zero
+    topo, _ = _net(3, 3, latency=L)
+    assert flit.link_flits(st, topo).sum() == 2 * F
 
 
 def test_credit_stall_only_adds_latency():

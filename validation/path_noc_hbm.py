@@ -21,15 +21,19 @@ the analytical NoC lets a core take more) and XY routing's funnel into a corner 
 
 The flit fidelity (``--flit``) has the same two fixes (its requests were already one per burst; its
 memory ports since: memory-bound packets eject through an always-accepting port with a lane per
-channel, ``npusim.hw.noc.flit``) and is still much slower than the path model on the GEMM (measured:
-58.3 us before the memory ports, 54.9 after, path 29.8; per-transaction requests 87.7 -> 76.3).
-What holds it back is not the memory port (busy 2% a lane) but two things the path model leaves
-out: (a) injection: an attach router's read data enters through its one network interface, a flit
-a cycle shared with its core's own requests — 64,648 flits for the busiest, a floor of 34.9 us
-above the path model's 29.8; (b) wormhole flow control with 2 VCs x 8-flit buffers: head-of-line
-blocking in the input-queued routers under this many-to-many traffic (the busiest link is half
-busy). With 16 VCs x 32 flits the GEMM takes 40.1 us, x 128 flits 39.0 (arch ``noc`` overrides,
-not a preset); with 128 B links 29.1 against the path's 20.2.
+channel, ``npusim.hw.noc.flit``) and, since, memory *injection* lanes: the responses (read data,
+write acknowledgements) enter the attach router through as many lanes of the memory's own, each a
+switch input, not through the router's one network interface, which before carried them a flit a
+cycle shared with its core's requests (64,648 flits for the busiest, a floor of 34.9 us). Measured
+on the GEMM: 58.3 us before the memory ports, 54.9 with them, 47.0 with the injection lanes, path
+29.8; with 128 B links 30.9 -> 29.1 -> 25.7 against the path's 20.2; per-transaction requests
+87.7 -> 76.3 -> 67.2. The lanes are not what limits it now (busy 8% a lane, "mem inj"); what is
+left is wormhole flow control with 2 VCs x 8-flit buffers: head-of-line blocking in the
+input-queued routers under this many-to-many traffic (the busiest link 60% busy). With 16 VCs x 32
+flits the GEMM takes 35.8 us, x 128 flits 32.8 (arch ``noc`` overrides, not a preset; 41.1 and
+39.5 without memory ports). More injection is not always faster there: the 2x2 centre group of
+table 3 reads 150 GB/s with the memory ports alone and 114 with 4 injection lanes per attach
+router (147 with 1 lane a side, ``memory_port_lanes=1``): more packets in flight at once, the same 2 VCs.
 
 Tables: (1) the GEMM via ChipCost's plan at each fidelity and ablation, (2) the default serving
 scenario's TTFT and throughput, (3) streaming reads (4 MiB a core) from all cores and 2x2 groups.
@@ -54,7 +58,7 @@ from machine import machine_line  # noqa: E402
 from npusim.arch import load_arch  # noqa: E402
 from npusim.engine.tasks import SC_NEVENTS  # noqa: E402
 from npusim.hw.noc import flit_kernel as fk  # noqa: E402
-from npusim.hw.noc.flit import link_flits, memory_port_flits  # noqa: E402
+from npusim.hw.noc.flit import link_flits, memory_injection_flits, memory_port_flits  # noqa: E402
 from npusim.sim import Simulator  # noqa: E402
 from npusim.system.chipcost import ChipCost, _Planner  # noqa: E402
 
@@ -110,8 +114,9 @@ def run_prog(arch, prog, noc, **kw):
 
 
 def hot(sim, cycles):
-    """Busiest mesh link and the busiest core/memory ejection port (busy fractions; the flit model
-    does not count a core port's flits: nan)."""
+    """Busiest mesh link, the busiest core/memory ejection port and the busiest memory injection lane
+    (busy fractions; the flit model does not count a core port's flits, the path model does not
+    limit injection: nan)."""
     t = sim.topology
     nl, r = t.num_links, t.num_routers
     if sim.noc_mode == "flit":
@@ -119,11 +124,13 @@ def hot(sim, cycles):
         util = link_flits(fs, t) / max(1, cycles)
         lanes = fs.node[:, fk.ND_MEM_LANES]
         mem = memory_port_flits(fs)[lanes > 0] / lanes[lanes > 0] / max(1, cycles)
+        inj = memory_injection_flits(fs)[lanes > 0] / lanes[lanes > 0] / max(1, cycles)
         k = int(util.argmax())
-        return f"{t.link_name(k)} {util[k]:.2f}", float("nan"), float(mem.max(initial=0.0))
+        return (f"{t.link_name(k)} {util[k]:.2f}", float("nan"), float(mem.max(initial=0.0)),
+                float(inj.max(initial=0.0)))
     util = sim.noc.link_flits / sim.noc.link_lanes / max(1, cycles)
     k = int(util[:nl].argmax())
-    return f"{t.link_name(k)} {util[k]:.2f}", float(util[nl:nl + r].max()), float(util[nl + r:].max())
+    return f"{t.link_name(k)} {util[k]:.2f}", float(util[nl:nl + r].max()), float(util[nl + r:].max()), float("nan")
 
 
 def edge_cut_gbps(arch, cores) -> float:
@@ -147,7 +154,7 @@ def gemm_table(flit: bool, link_bytes=None) -> None:
     print(f"\n1. GEMM {m}x{k}x{n} INT8 on {arch.name}, {lb} B/cycle links (ChipCost's plan, memory analytical; "
           f"HBM peak {arch.hbm.channels * arch.hbm.bandwidth_per_channel_gbps:,.0f} GB/s)")
     print(f"{'fidelity':>40} {'us':>7} {'HBM GB/s':>9} {'of HBM':>7} {'busiest link':>20} {'core port':>9} "
-          f"{'mem port':>8} {'events':>8} {'wall s':>7}")
+          f"{'mem port':>8} {'mem inj':>7} {'events':>8} {'wall s':>7}")
     rows = [("analytical", "analytical", {})] + [(lbl, "path", kw) for lbl, kw in VARIANTS]
     if flit:
         rows += [(lbl.replace("path", "flit"), "flit", kw) for lbl, kw in VARIANTS]
@@ -157,8 +164,10 @@ def gemm_table(flit: bool, link_bytes=None) -> None:
         cyc = sim.makespan()
         us = cyc / arch.clock_ghz / 1e3
         gbps = sim.mem.ch_bytes.sum() / (cyc / arch.clock_ghz)
-        link, core_port, mem_port = hot(sim, cyc) if noc != "analytical" else ("-", float("nan"), float("nan"))
+        link, core_port, mem_port, mem_inj = (hot(sim, cyc) if noc != "analytical"
+                                              else ("-", float("nan"), float("nan"), float("nan")))
         print(f"{label:>40} {us:7.1f} {gbps:9.0f} {gbps / peak:7.0%} {link:>20} {core_port:9.2f} {mem_port:8.2f} "
+              f"{mem_inj:7.2f} "
               f"{sim.engine.tt.sc[SC_NEVENTS]:8,d} {wall:7.2f}", flush=True)
     print(f"{'mesh cut (edge columns, see docstring)':>40} {'':>7} {min(peak, edge_cut_gbps(arch, range(arch.num_cores))):9.0f}")
 

@@ -31,10 +31,15 @@ the core's port, the model before: an ablation). Responses leave at the core's e
 Both NoC fidelities model the port: the path model as a link with ``k`` lanes
 (:func:`npusim.hw.noc.path.memory_port`), the flit model as an always-accepting sink taking up
 to ``k`` flits a cycle from distinct input ports (:mod:`npusim.hw.noc.flit`, "Memory ports").
-Where responses enter the mesh differs: the path model does not limit injection, the flit model
-injects them through the attach router's one network interface (one flit a cycle, a FIFO shared
-with the core there), which with every core reading caps an attach router's outgoing data at one
-flit a cycle (``validation/path_noc_hbm.py --flit``).
+Responses (read data, write acknowledgements: the stream ``r -> core``, started by
+:func:`mem_start` with ``MEM_FROM``) enter the mesh on the memory's behalf, not through the
+core's network interface: the flit model injects them through the attach router's ``k`` memory
+injection lanes (the same ``k``; up to ``k`` flits a cycle of ``k`` distinct packets, each lane
+competing in switch allocation and holding VCs and credits like an input port; the core's NI
+stays its own); the path model does not limit injection at all. ``memory_port_lanes=0`` turns
+both sides off: the flit model then ejects requests and injects responses at the attach router's
+core ports, its NI a flit a cycle shared with the core there (the model before,
+``validation/path_noc_hbm.py --flit``).
 
 Each stream is one message of the NoC model (a *part* of the DMA task: it holds no queue), so
 it contends for links and ejection ports with every other message — collectives, KV transfers,
@@ -75,7 +80,7 @@ import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit
 from numba import njit
 
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM
-from npusim.hw.noc.flit_engine import flit_start_part
+from npusim.hw.noc.flit_engine import MEM_FROM, MEM_NONE, MEM_TO, flit_start_part
 from npusim.engine.heap import heap_push
 from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, memory_port, path_reserve_part, path_start_part
 
@@ -200,8 +205,11 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         data_flits = max(n, (b + w - 1) // w)
         out_flits, back_flits = (data_flits, n) if is_write else (n, data_flits)
         if flit_mode:
-            flit_start_part(fnoc, heap, hs, init, core, r, out_flits, now, p[MP_MEMPORT])
-            flit_start_part(fnoc, heap, hs, init, r, core, back_flits, now, 0)
+            # memory ports on: requests / write data leave at r's memory port, responses enter at
+            # r's memory injection lanes; off (the ablation): both use the routers' core ports
+            ports = p[MP_MEMPORT] != 0
+            flit_start_part(fnoc, heap, hs, init, core, r, out_flits, now, MEM_TO if ports else MEM_NONE)
+            flit_start_part(fnoc, heap, hs, init, r, core, back_flits, now, MEM_FROM if ports else MEM_NONE)
             parts += 2
         elif reserve:
             port = memory_port(noc, r) if p[MP_MEMPORT] != 0 else noc.n_links + r

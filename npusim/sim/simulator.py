@@ -86,8 +86,11 @@ class Simulator:
         ``memory_port_lanes``: at the path and flit fidelities, streams towards the memory (read
         requests, write data) leave the mesh at their attach router's memory-controller port, one lane
         (one flit a cycle) per HBM channel attached there (``None``, the default), or ``k`` lanes per
-        attach router; ``0`` ejects them at the router's core port, shared with the core's own traffic
-        (the model before the memory ports: an ablation). ``memory_packets``: a DMA's requests cross the
+        attach router; at the flit fidelity as many memory injection lanes send the responses (read
+        data, write acknowledgements) into the mesh there, not the core's network interface. ``0``
+        ejects the streams at the router's core port and injects the responses through its network
+        interface, both shared with the core's own traffic (the model before the memory ports: an
+        ablation). ``memory_packets``: a DMA's requests cross the
         mesh one per burst (``burst``, default: a contiguous run on one channel, at most the
         interleave chunk) or one per ``transaction_bytes`` transaction (``transaction``, the model
         before bursts: an ablation); see :mod:`npusim.sim.mempath`."""

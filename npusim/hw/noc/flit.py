@@ -56,9 +56,23 @@ at most one flit a cycle; granted round-robin from a per-router pointer). So mem
 core-bound traffic at an attach router do not share the one-flit-a-cycle local port. Routers
 without lanes, and the BookSim2-compatible mode, eject such packets at the local port; with no
 memory ports at all the model is the one before them, cycle for cycle (the
-``Simulator(memory_port_lanes=0)`` ablation). Injection is unchanged: what the memory sends
-back (read data, write acknowledgements) enters at the router's local port through its one NI,
-shared with the core there (one flit a cycle; the path model does not limit injection).
+``Simulator(memory_port_lanes=0)`` ablation).
+
+Symmetrically, what the memory sends back (read data, write acknowledgements) is injected by the
+memory controller, not the core's NI: a packet sent with :func:`send_packet_from_mem` enters the
+memory's own source queue at its source router, which ``k`` *memory injection lanes* serve (the
+same ``k`` as the memory port's, at most ``MINJ_LANES_MAX`` = 15): a free lane takes the next
+packet and sends its flits one a cycle, so up to ``k`` flits a cycle of ``k`` distinct packets
+enter the router. A lane is an input of the router's switch like any input port: its head is
+routed and claims a downstream VC as a head at the local input port does (round-robin from the
+output's pointer; none for a response to the router's own core, which leaves at the local
+port), each flit needs a credit of that VC, and the lanes compete with the input ports in switch
+allocation (an output grants one requester a cycle, round-robin over the input ports and then
+the lanes). A lane's head is ready ``S`` cycles after the lane takes it, as a flit the NI writes
+into the local input port is, so the zero-load latency is unchanged; a lane holds no buffer of
+its own (its next flit is ready the cycle after the previous one left). Routers without lanes,
+and the BookSim2-compatible mode, inject such packets through the NI; a router whose lanes are
+idle arbitrates exactly as without them.
 
 Zero-load latency (exact, tested)
 ---------------------------------
@@ -173,6 +187,7 @@ from npusim.hw.noc.flit_kernel import (  # noqa: F401  (re-exported kernel API)
     run_cycles,
     run_synthetic,
     send_packet,
+    send_packet_from_mem,
     send_packet_mem,
     step,
 )
@@ -250,6 +265,8 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     node[:, fk.ND_WAKE] = fk.NEVER
     if memory_ports is not None:
         node[:, fk.ND_MEM_LANES] = np.maximum(0, np.asarray(memory_ports, np.int64))
+        node[:, fk.ND_MINJ_LANES] = np.minimum(node[:, fk.ND_MEM_LANES], fk.MINJ_LANES_MAX)
+    lane = np.full((R * fk.MINJ_LANES_MAX if memory_ports is not None else 1, fk.NLNF), -1, np.int64)
     pkt = np.zeros((max_pkt, fk.NPKF), np.int64)
     pkt[:, fk.PK_SRC] = -1
     return FlitState(
@@ -257,6 +274,7 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
         sq=np.full(R * source_queue_packets, -1, np.int64), pkt=pkt, free=np.arange(max_pkt, dtype=np.int64),
         next_port=table, done=np.zeros((done_cap, 2), np.int64),
         scr=np.zeros(2 * P * V, np.int64), rt=rt,
+        msq=np.full(R * source_queue_packets if memory_ports is not None else 1, -1, np.int64), lane=lane,
     )
 
 
@@ -330,6 +348,11 @@ def pop_completed(st: FlitState) -> tuple[np.ndarray, np.ndarray]:
 def memory_port_flits(st: FlitState) -> np.ndarray:
     """Flits ejected at each router's memory-controller port since :func:`make_state`."""
     return st.node[:, fk.ND_MEM_FLITS].copy()
+
+
+def memory_injection_flits(st: FlitState) -> np.ndarray:
+    """Flits injected by each router's memory injection lanes since :func:`make_state`."""
+    return st.node[:, fk.ND_MINJ_FLITS].copy()
 
 
 def link_flits(st: FlitState, topo: Topology) -> np.ndarray:

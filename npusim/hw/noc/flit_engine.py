@@ -13,9 +13,12 @@ traffic — the price of cycle accuracy; the path model costs a few events per m
 
 A message may be a *part* of a DMA task (memory streams, :mod:`npusim.sim.mempath`):
 ``m_part`` holds the DMA engine's initiator id; it frees no queue and its end is reported
-as ``EV_NOC_PART_END`` for that initiator. A stream towards the memory (``m_mem``) sends its
-packets to the destination's memory-controller port (:func:`~npusim.hw.noc.flit_kernel.send_packet_mem`,
-lanes from ``new_flit_engine(memory_ports=...)``).
+as ``EV_NOC_PART_END`` for that initiator. ``m_mem`` says which side of a memory controller a
+stream uses: ``MEM_TO`` (read requests, write data) sends its packets to the destination's
+memory-controller port (:func:`~npusim.hw.noc.flit_kernel.send_packet_mem`), ``MEM_FROM`` (read
+data, write acknowledgements) injects them at the source through its memory injection lanes
+(:func:`~npusim.hw.noc.flit_kernel.send_packet_from_mem`), not the core's NI; lanes from
+``new_flit_engine(memory_ports=...)``.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from numba import njit
 from npusim.engine.heap import heap_push
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 from npusim.hw.noc.flit import make_state
-from npusim.hw.noc.flit_kernel import K_DONE_CNT, network_idle, send_packet, send_packet_mem, step
+from npusim.hw.noc.flit_kernel import K_DONE_CNT, network_idle, send_packet, send_packet_from_mem, send_packet_mem, step
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_FLIT_TICK = 30
+MEM_NONE, MEM_TO, MEM_FROM = 0, 1, 2  # m_mem: an ordinary message, towards a memory port, from a memory
 
 FlitEngine = namedtuple(
     "FlitEngine",
@@ -98,8 +102,10 @@ def flit_start(fe, heap, hs, task, src, dst, nbytes, now):
 
 @njit(cache=True, _nrt=False)
 def flit_start_part(fe, heap, hs, owner, src, dst, flits, now, mem):
-    """Start a message of ``flits`` flits, part of initiator ``owner``'s DMA task; ``mem``: its
-    packets leave at ``dst``'s memory-controller port (``send_packet_mem``), not the local one."""
+    """Start a message of ``flits`` flits, part of initiator ``owner``'s DMA task; ``mem``:
+    ``MEM_TO``, its packets leave at ``dst``'s memory-controller port (``send_packet_mem``), not
+    the local one; ``MEM_FROM``, they enter at ``src``'s memory injection lanes
+    (``send_packet_from_mem``), not its NI; ``MEM_NONE``: an ordinary message."""
     _launch(fe, heap, hs, -1, owner, src, dst, flits, now, mem)
 
 
@@ -133,8 +139,10 @@ def _enqueue(fe, heap, hs, now):
         slot = fe.active[i]
         while fe.m_flits_left[slot] > 0:
             n = min(fe.m_flits_left[slot], fe.prm[P_MAX_PKT])
-            if fe.m_mem[slot] != 0:
+            if fe.m_mem[slot] == MEM_TO:
                 k = send_packet_mem(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot)
+            elif fe.m_mem[slot] == MEM_FROM:
+                k = send_packet_from_mem(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot)
             else:
                 k = send_packet(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot)
             if k < 0:
@@ -175,5 +183,5 @@ def flit_tick(fe, heap, hs, now):
         heap_push(heap, hs, now + 1, EV_FLIT_TICK, 0)
 
 
-__all__ = ["EV_FLIT_TICK", "FlitEngine", "flit_slots_free", "flit_start", "flit_start_part", "flit_tick", "grow_flit_slots",
+__all__ = ["EV_FLIT_TICK", "MEM_FROM", "MEM_NONE", "MEM_TO", "FlitEngine", "flit_slots_free", "flit_start", "flit_start_part", "flit_tick", "grow_flit_slots",
            "new_flit_engine"]

@@ -17,8 +17,13 @@
                             pointers, flits sent on the output link
 ``node[r, ND_*]``           flits buffered in the router, the earliest cycle the router can act
                             (``ND_WAKE``), NI state, source-queue ring pointers, the memory port
-                            (``ND_MEM_LANES`` lanes, round-robin pointer, flits ejected there)
-``sq[r*SQ+i]``              source-queue rings of packet ids
+                            (``ND_MEM_LANES`` lanes, round-robin pointer, flits ejected there),
+                            the memory injection lanes (``ND_MINJ_LANES``, how many hold a packet,
+                            flits they injected) and the memory's source-queue ring pointers
+``sq[r*SQ+i]``              source-queue rings of packet ids (the NIs')
+``msq[r*SQ+i]``             the memories' source-queue rings (:func:`send_packet_from_mem`)
+``lane[r*MINJ_LANES_MAX+l, LN_*]``  memory injection lane ``l`` of router ``r``: its packet, next
+                            flit, the cycle that flit is ready, output port and downstream VC
 ``pkt[k, PK_*]``            packet table (recycled rows; ``free`` is the stack of free rows);
                             ``PK_MEM`` marks a packet for its destination's memory port
 ``next_port[r, d]``         int8 routing table (a 1x1 placeholder when routing is computed)
@@ -55,8 +60,8 @@ NCFG = 11
 # ---- ctr: counters, cumulative since make_state ----------------------------------------
 (K_FLITS_CREATED, K_FLITS_INJ, K_FLITS_EJ, K_PKTS_CREATED, K_PKTS_DONE, K_ERRORS, K_SQ_OVERFLOW,
  K_DONE_OVERFLOW, K_LAST_CYCLE, K_LAST_PROGRESS, K_DONE_CNT, K_FREE_TOP, K_MEAS_CREATED,
- K_MEAS_DONE, K_SUM_PKT_LAT, K_SUM_NET_LAT, K_SUM_HOPS, K_MAX_PKT_LAT, K_MEM_EJ) = range(19)
-NCTR = 19  # K_MEM_EJ: flits ejected at memory ports (also counted in K_FLITS_EJ)
+ K_MEAS_DONE, K_SUM_PKT_LAT, K_SUM_NET_LAT, K_SUM_HOPS, K_MAX_PKT_LAT, K_MEM_EJ, K_MEM_INJ) = range(20)
+NCTR = 20  # K_MEM_EJ / K_MEM_INJ: flits ejected at memory ports / injected by memory lanes (also in K_FLITS_EJ / _INJ)
 # ---- vc columns ------------------------------------------------------------------------
 (VC_HEAD, VC_COUNT, VC_OUTPORT, VC_OUTVC, OV_BUSY, OV_CREDITS, OV_CQ_HEAD, OV_CQ_CNT, VC_APTR, OV_GPTR,
  OV_FREE_AT) = range(11)
@@ -72,8 +77,10 @@ NSLF = 4
 NPTF = PT_SREQ + 5  # PT_SREQ + o: the VC of this input port requesting output o (BookSim mode), -1 if none
 # ---- node columns ----------------------------------------------------------------------
 (ND_FLITS, ND_ROT, ND_SQ_HEAD, ND_SQ_CNT, ND_NI_PKT, ND_NI_SEQ, ND_NI_VC, ND_NI_RR, ND_WAKE, ND_MEM_LANES,
- ND_MEM_RR, ND_MEM_FLITS) = range(12)
-NNDF = 12
+ ND_MEM_RR, ND_MEM_FLITS, ND_MINJ_LANES, ND_MSQ_HEAD, ND_MSQ_CNT, ND_MINJ_BUSY, ND_MINJ_FLITS) = range(17)
+NNDF = 17
+# ND_MINJ_LANES: memory injection lanes (min(ND_MEM_LANES, MINJ_LANES_MAX)); ND_MSQ_*: the memory's
+# source-queue ring (in ``msq``); ND_MINJ_BUSY: lanes holding a packet; ND_MINJ_FLITS: flits they injected
 # ---- pkt columns -----------------------------------------------------------------------
 PK_SRC, PK_DST, PK_NFLITS, PK_CREATE, PK_INJECT, PK_TAG, PK_MEASURE, PK_HOPS, PK_EJECTED, PK_MEM = range(10)
 NPKF = 10
@@ -81,12 +88,18 @@ NPKF = 10
 # topology's ports, which are < 7): packets with PK_MEM leave there at their destination, up to
 # ND_MEM_LANES flits a cycle from different input ports; no VC or credit (always accepting)
 PORT_MEMC = 7
+# ---- lane columns: memory injection lanes, row r * MINJ_LANES_MAX + l ----------------------
+# the packet a lane injects (-1: free), its next flit, the cycle that flit is ready for switch
+# allocation, the output port and downstream VC the packet holds (-1: not allocated yet)
+LN_PKT, LN_SEQ, LN_READY, LN_OUT, LN_OUTVC = range(5)
+NLNF = 5
+MINJ_LANES_MAX = 15  # 4 bits a lane in a router's lane-request word (valid | out << 1)
 NEVER = np.int64(2**62)  # a wake-up cycle that never comes
 # a switch request of input port p: bits [REQ_BITS*p, REQ_BITS*(p+1)) = valid | out << 1 | vc << 4
 REQ_BITS = 10
 
 FlitState = namedtuple("FlitState", ["cfg", "ctr", "vc", "slot", "port", "node", "sq", "pkt", "free",
-                                     "next_port", "done", "scr", "rt"])
+                                     "next_port", "done", "scr", "rt", "msq", "lane"])
 
 
 # =====================================================================================
@@ -96,9 +109,16 @@ FlitState = namedtuple("FlitState", ["cfg", "ctr", "vc", "slot", "port", "node",
 @numba.njit(cache=True, _nrt=False)
 def enqueue_packet(cfg, ctr, node, sq, pkt, free, src, dst, nflits, cycle, tag, measure):
     """Append a new packet to NI ``src``'s source queue; return its row or -1 if full."""
+    return _enqueue_into(cfg, ctr, node, sq, ND_SQ_HEAD, ND_SQ_CNT, pkt, free, src, dst, nflits, cycle, tag, measure)
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _enqueue_into(cfg, ctr, node, sq, col_head, col_cnt, pkt, free, src, dst, nflits, cycle, tag, measure):
+    """Append a new packet to router ``src``'s ring ``sq`` (pointers in ``node[src, col_head |
+    col_cnt]``: the NI's source queue, or the memory's); return its row or -1 if full."""
     sqcap = cfg[C_SQ]
     top = ctr[K_FREE_TOP]
-    cnt = node[src, ND_SQ_CNT]
+    cnt = node[src, col_cnt]
     if cnt >= sqcap or top == 0:
         ctr[K_SQ_OVERFLOW] += 1
         return -1
@@ -115,11 +135,11 @@ def enqueue_packet(cfg, ctr, node, sq, pkt, free, src, dst, nflits, cycle, tag, 
     pkt[k, PK_HOPS] = 0
     pkt[k, PK_EJECTED] = 0
     pkt[k, PK_MEM] = 0
-    pos = node[src, ND_SQ_HEAD] + cnt
+    pos = node[src, col_head] + cnt
     if pos >= sqcap:
         pos -= sqcap
     sq[src * sqcap + pos] = k
-    node[src, ND_SQ_CNT] = cnt + 1
+    node[src, col_cnt] = cnt + 1
     ctr[K_PKTS_CREATED] += 1
     ctr[K_FLITS_CREATED] += nflits
     if measure:
@@ -184,13 +204,49 @@ def _body_stages(S):
     return S if S < 2 else 2
 
 
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _lane_load(node, msq, lane, pkt, sqcap, S, r, row, cycle):
+    """Lane ``row`` of router ``r`` takes the next packet of the memory's source queue (not
+    empty), entering the router's pipeline in ``cycle``: its head is ready for switch allocation
+    ``S`` cycles later, as a flit the NI writes into the local input port is."""
+    h = node[r, ND_MSQ_HEAD]
+    k = msq[r * sqcap + h]
+    node[r, ND_MSQ_HEAD] = h + 1 if h + 1 < sqcap else 0
+    node[r, ND_MSQ_CNT] -= 1
+    lane[row, LN_PKT] = k
+    lane[row, LN_SEQ] = 0
+    lane[row, LN_READY] = cycle + S
+    lane[row, LN_OUT] = -1
+    lane[row, LN_OUTVC] = -1
+    pkt[k, PK_INJECT] = cycle
+    if cycle + S < node[r, ND_WAKE]:
+        node[r, ND_WAKE] = cycle + S
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _lanes_take(node, msq, lane, pkt, sqcap, S, r, cycle):
+    """Free memory injection lanes of router ``r`` take the next packets of the memory's source
+    queue."""
+    for l in range(node[r, ND_MINJ_LANES]):
+        if node[r, ND_MSQ_CNT] == 0:
+            return
+        row = r * MINJ_LANES_MAX + l
+        if lane[row, LN_PKT] >= 0:
+            continue
+        _lane_load(node, msq, lane, pkt, sqcap, S, r, row, cycle)
+        node[r, ND_MINJ_BUSY] += 1
+
+
 @numba.njit(cache=True, _nrt=False)
 def _inject_phase(st, cycle):
-    """Each NI writes at most one flit of its current packet into its local input port."""
+    """Each NI writes at most one flit of its current packet into its local input port; free
+    memory injection lanes take packets from the memory's source queue."""
     cfg, ctr, vc, slot, port, node, sq, pkt = st.cfg, st.ctr, st.vc, st.slot, st.port, st.node, st.sq, st.pkt
     R, P, V, B, S, sqcap = cfg[C_R], cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_S], cfg[C_SQ]
     booksim = cfg[C_BOOKSIM] != 0
     for r in range(R):
+        if node[r, ND_MSQ_CNT] > 0:
+            _lanes_take(node, st.msq, st.lane, pkt, sqcap, S, r, cycle)
         k = node[r, ND_NI_PKT]
         if k < 0:
             k = _ni_next_packet(node, sq, sqcap, r)
@@ -276,6 +332,18 @@ def _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, dst, mem):
         vc[iv, VC_OUTPORT] = o
         vc[iv, VC_OUTVC] = 0
         return o
+    dv = _claim_vc(vc, port, P, V, ncls, r, p, v, o)
+    if dv < 0:
+        return -1
+    vc[iv, VC_OUTPORT] = o
+    vc[iv, VC_OUTVC] = dv
+    return o
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _claim_vc(vc, port, P, V, ncls, r, p, v, o):
+    """Claim a free VC of output ``o`` of router ``r`` for a head at VC ``v`` of input port ``p``
+    (round-robin from the output's pointer, within the allowed dateline class); -1 if none."""
     op = r * P + o
     lo, hi = 0, V
     if ncls > 1:
@@ -297,9 +365,7 @@ def _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, dst, mem):
         if vc[base + dv, OV_BUSY] == 0:
             vc[base + dv, OV_BUSY] = 1
             port[op, PT_VA_RR] = dv + 1 if dv + 1 < V else 0
-            vc[iv, VC_OUTPORT] = o
-            vc[iv, VC_OUTVC] = dv
-            return o
+            return dv
     return -1
 
 
@@ -364,17 +430,25 @@ def _input_request(vc, slot, port, pkt, next_port, rt, P, V, B, ncls, r, p, cycl
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _grant_output(port, reqs, P, op, o):
-    """Output stage: the first input port (round-robin from the output's pointer) that
-    requests output ``o``; advances the pointer past it. Returns the input port."""
+def _grant_output(port, reqs, lreqs, P, PL, op, o):
+    """Output stage: the first requester of output ``o`` (round-robin from the output's pointer)
+    among the ``P`` input ports (``reqs``) and, as requesters ``P .. PL - 1``, the router's
+    memory injection lanes (``lreqs``: 4 bits a lane, ``valid | out << 1``); advances the pointer
+    past it. Returns the requester. Without lane requests the grant is the one of the input
+    ports alone (a pointer at ``P`` or beyond acts as 0)."""
     start = port[op, PT_OUT_RR]
-    for j in range(P):
+    for j in range(PL):
         p = start + j
-        if p >= P:
-            p -= P
-        e = (reqs >> (REQ_BITS * p)) & 1023
-        if (e & 1) and ((e >> 1) & 7) == o:
-            port[op, PT_OUT_RR] = p + 1 if p + 1 < P else 0
+        if p >= PL:
+            p -= PL
+        if p < P:
+            e = (reqs >> (REQ_BITS * p)) & 1023
+            hit = (e & 1) != 0 and ((e >> 1) & 7) == o
+        else:
+            e = (lreqs >> (4 * (p - P))) & 15
+            hit = (e & 1) != 0 and (e >> 1) == o
+        if hit:
+            port[op, PT_OUT_RR] = p + 1 if p + 1 < PL else 0
             return p
     return -1
 
@@ -405,11 +479,10 @@ def _return_credit(vc, slot, port, B, V, ip, v, cycle, extra):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _forward(vc, slot, port, node, pkt, P, V, B, S, op, iv, k, seq, tail, cycle):
-    """Put a flit on output link ``op``: it is written into the downstream input VC now
-    (the credit reserved its slot) and is ready there after link latency + ``S`` cycles
-    of pipeline."""
-    dv = vc[iv, VC_OUTVC]
+def _forward(vc, slot, port, node, pkt, P, V, B, S, op, dv, k, seq, tail, cycle):
+    """Put a flit on output link ``op`` (downstream VC ``dv``): it is written into the downstream
+    input VC now (the credit reserved its slot) and is ready there after link latency + ``S``
+    cycles of pipeline."""
     ov = op * V + dv
     dip = port[op, PT_DOWN_IN]
     _push_flit(vc, slot, port, node, B, dip // P, dip, dv, dip * V + dv, k, seq, cycle + port[op, PT_LAT] + S)
@@ -479,14 +552,25 @@ def _routers_phase(st, cycle):
             if req:
                 reqs |= req << (REQ_BITS * p)
                 outs |= 1 << ((req >> 1) & 7)
+        lreqs = 0
+        if node[r, ND_MINJ_BUSY] > 0:
+            lreqs, lane_wake = _lane_requests(st, r, cycle)
+            wake = min(wake, lane_wake)
+            for l in range(node[r, ND_MINJ_LANES]):
+                if (lreqs >> (4 * l)) & 1:
+                    outs |= 1 << ((lreqs >> (4 * l + 1)) & 7)
         # a ready flit that stays (blocked, or behind the one that leaves) retries next cycle;
-        # flits arriving later lower ND_WAKE in _push_flit
+        # flits arriving later lower ND_WAKE in _push_flit (and _lanes_take)
         node[r, ND_WAKE] = cycle + 1 if wake <= cycle else wake
+        PL = P + node[r, ND_MINJ_LANES]
         for o in range(P):
             if (outs >> o) & 1 == 0:
                 continue
-            p = _grant_output(port, reqs, P, r * P + o, o)
-            _traverse(st, r, p, o, reqs, cycle)
+            p = _grant_output(port, reqs, lreqs, P, PL, r * P + o, o)
+            if p < P:
+                _traverse(st, r, p, o, reqs, cycle)
+            else:
+                _traverse_lane(st, r, p - P, o, cycle)
         if (outs >> PORT_MEMC) & 1:
             # the memory port: one flit a cycle per lane, from distinct input ports (each makes one
             # request), granted round-robin from the router's pointer; it always accepts
@@ -503,6 +587,77 @@ def _routers_phase(st, cycle):
                     node[r, ND_MEM_RR] = p + 1 if p + 1 < P else 0
                     _traverse(st, r, p, PORT_MEMC, reqs, cycle)
                     left -= 1
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _lane_requests(st, r, cycle):
+    """Switch requests of router ``r``'s memory injection lanes (4 bits a lane, ``valid | out <<
+    1``) and the earliest cycle one of their flits is ready. A lane's head is routed and claims a
+    downstream VC as a head at the local input port does (none at the local port: a response to
+    the core of this router); a flit requests its output when it is ready, holds the VC and has
+    a credit for it."""
+    cfg, vc, slot, port, pkt, lane = st.cfg, st.vc, st.slot, st.port, st.pkt, st.lane
+    P, V, B, ncls = cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_NCLS]
+    lreqs = 0
+    wake = NEVER
+    for l in range(st.node[r, ND_MINJ_LANES]):
+        row = r * MINJ_LANES_MAX + l
+        k = lane[row, LN_PKT]
+        if k < 0:
+            continue
+        ready = lane[row, LN_READY]
+        if ready > cycle:
+            if ready < wake:
+                wake = ready
+            continue
+        wake = cycle
+        o = lane[row, LN_OUT]
+        if o < 0:
+            o = _route(st.next_port, st.rt, r, pkt[k, PK_DST])
+            if o != PORT_LOCAL:
+                dv = _claim_vc(vc, port, P, V, ncls, r, PORT_LOCAL, 0, o)
+                if dv < 0:
+                    continue
+                lane[row, LN_OUTVC] = dv
+            lane[row, LN_OUT] = o
+        if o != PORT_LOCAL and not _has_credit(vc, slot, B, (r * P + o) * V + lane[row, LN_OUTVC], cycle):
+            continue
+        lreqs |= (1 | (o << 1)) << (4 * l)
+    return lreqs, wake
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _traverse_lane(st, r, l, o, cycle):
+    """Move the next flit of memory injection lane ``l`` of router ``r`` through the switch to
+    output ``o``: onto its link, or ejected at the local port. The lane's next flit is ready in
+    the next cycle (one flit a cycle per lane)."""
+    cfg, ctr, vc, slot, port, node, pkt, lane = st.cfg, st.ctr, st.vc, st.slot, st.port, st.node, st.pkt, st.lane
+    P, V, B, S = cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_S]
+    row = r * MINJ_LANES_MAX + l
+    k, seq = lane[row, LN_PKT], lane[row, LN_SEQ]
+    tail = seq == pkt[k, PK_NFLITS] - 1
+    ctr[K_FLITS_INJ] += 1
+    ctr[K_MEM_INJ] += 1
+    node[r, ND_MINJ_FLITS] += 1
+    if o == PORT_LOCAL:
+        _eject(cfg, ctr, pkt, st.free, st.done, r, k, seq, tail, cycle)
+    else:
+        _forward(vc, slot, port, node, pkt, P, V, B, S, r * P + o, lane[row, LN_OUTVC], k, seq, tail, cycle)
+    if tail and node[r, ND_MSQ_CNT] > 0:
+        # the next packet follows the tail into the pipeline (as the NI writes a new packet's head
+        # behind the previous tail): its head is ready S cycles after it entered, the cycle after
+        # the tail entered at the earliest (``cycle + 1 - S``) and never before the packet existed
+        k2 = st.msq[r * cfg[C_SQ] + node[r, ND_MSQ_HEAD]]
+        _lane_load(node, st.msq, lane, pkt, cfg[C_SQ], S, r, row, max(cycle + 1 - S, pkt[k2, PK_CREATE]))
+    elif tail:
+        lane[row, LN_PKT] = -1
+        lane[row, LN_OUT] = -1
+        lane[row, LN_OUTVC] = -1
+        node[r, ND_MINJ_BUSY] -= 1
+    else:
+        lane[row, LN_SEQ] = seq + 1
+        lane[row, LN_READY] = cycle + 1
+    ctr[K_LAST_PROGRESS] = cycle
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
@@ -527,7 +682,7 @@ def _traverse(st, r, p, o, reqs, cycle):
         ctr[K_MEM_EJ] += 1
         _eject(cfg, ctr, pkt, st.free, st.done, r, k, seq, tail, cycle)
     else:
-        _forward(vc, slot, port, node, pkt, P, V, B, S, r * P + o, iv, k, seq, tail, cycle)
+        _forward(vc, slot, port, node, pkt, P, V, B, S, r * P + o, vc[iv, VC_OUTVC], k, seq, tail, cycle)
     if tail:
         vc[iv, VC_OUTPORT] = -1
         vc[iv, VC_OUTVC] = -1
@@ -742,8 +897,8 @@ def _routers_phase_booksim(st, cycle):
                 if tail:
                     vc[(r * P + PORT_LOCAL) * V + vc[iv, VC_OUTVC], OV_BUSY] = 0
             else:
-                _forward(vc, slot, port, node, pkt, P, V, B, S if seq == 0 else SB, r * P + o, iv, k, seq, tail,
-                         cycle)
+                _forward(vc, slot, port, node, pkt, P, V, B, S if seq == 0 else SB, r * P + o, vc[iv, VC_OUTVC], k,
+                         seq, tail, cycle)
             if tail:
                 # BookSim releases the VC at switch allocation (a cycle before traversal, here
                 # `cycle`) and allocates VCs two cycles before traversal: claimable from cycle + 2
@@ -790,6 +945,18 @@ def send_packet_mem(st, src, dst, nflits, cycle, tag):
     if k >= 0 and st.node[dst, ND_MEM_LANES] > 0 and st.cfg[C_BOOKSIM] == 0:
         st.pkt[k, PK_MEM] = 1
     return k
+
+
+@numba.njit(cache=True, _nrt=False)
+def send_packet_from_mem(st, src, dst, nflits, cycle, tag):
+    """:func:`send_packet` on behalf of ``src``'s memory controller (memory responses: HBM read
+    data, write acknowledgements): it enters the network through one of ``src``'s
+    ``ND_MINJ_LANES`` memory injection lanes (from the memory's own source queue), not the
+    router's NI; through the NI when ``src`` has no lanes, or in BookSim mode."""
+    if st.node[src, ND_MINJ_LANES] > 0 and st.cfg[C_BOOKSIM] == 0:
+        return _enqueue_into(st.cfg, st.ctr, st.node, st.msq, ND_MSQ_HEAD, ND_MSQ_CNT, st.pkt, st.free, src, dst,
+                             nflits, cycle, tag, 0)
+    return enqueue_packet(st.cfg, st.ctr, st.node, st.sq, st.pkt, st.free, src, dst, nflits, cycle, tag, 0)
 
 
 @numba.njit(cache=True, _nrt=False)
