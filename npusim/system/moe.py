@@ -90,7 +90,9 @@ def dispatch_local_ops(tokens: int, sent_rows: int, received_rows: int, hidden: 
                        dtype: str) -> tuple[list[Op], list[Op]]:
     """The dispatch's vector ops on one die: (sender: quantise ``tokens`` rows when the dispatch is
     INT8, then write ``sent_rows`` copies into the send buffers; receiver: reorder the
-    ``received_rows`` rows into expert order), each a streaming pass over its rows."""
+    ``received_rows`` rows into expert order), each a streaming pass over its rows, padded to
+    :data:`PAD_ROWS` as graph-mode kernels are compiled for (and the expert GEMMs are)."""
+    tokens, sent_rows, received_rows = pad_rows(tokens), pad_rows(sent_rows), pad_rows(received_rows)
     row_dtype = "int8" if dtype == "int8" else "bf16"
     send = []
     if dtype == "int8" and tokens > 0:
@@ -106,7 +108,8 @@ def dispatch_local_ops(tokens: int, sent_rows: int, received_rows: int, hidden: 
 
 def combine_local_ops(received_rows: int, hidden: int) -> list[Op]:
     """The combine's vector op on one die: each token's weighted sum of the ``received_rows`` bf16
-    expert outputs it got back (one multiply-add pass over them)."""
+    expert outputs it got back (one multiply-add pass over them; rows padded as above)."""
+    received_rows = pad_rows(received_rows)
     return [Op("combine.weighted_sum", "vector", dtype="bf16", elements=received_rows * hidden,
                op_class="elementwise", row_len=hidden)] if received_rows > 0 else []
 
