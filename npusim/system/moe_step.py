@@ -51,6 +51,10 @@ from npusim.system.workload import Workload
 PARTIAL_NOTE = ("partial model: the die's L2 serves GEMM operand and shared-KV re-reads only (no TLM L2); each kernel launch is a "
                 "cited fixed cost (moe_operators.layer_kernels), dispatch/combine's per-call overheads are calibrated; "
                 "see validation/deepseek_deployments.py")
+#: added to a prefill step's note: its operators' per-call overheads are the decode kernels' (the one
+#: published normal-kernel table, sgl-kernel-npu's, gives bandwidths without their byte count)
+PREFILL_NOTE = ("; prefill's dispatch/combine per-call overheads are the decode (low-latency) kernels' "
+                "(no figure for the normal kernels' fixed cost)")
 
 
 @dataclass
@@ -197,6 +201,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     calibrated_us = timing.breakdown_us.get("calibrated", 0.0)  # on the step's critical path
     load = np.asarray(wl.meta.get("expert_load", [1]), float)[: dies - plan.shared_dies]
     seqs = shape.batch if dep.phase == "decode" else shape.batch * shape.seq_len / seq  # whole prompts in prefill
+    note = PARTIAL_NOTE + (PREFILL_NOTE if dep.phase == "prefill" else "")
     return StepResult(
         system=s.name, model=cfg.name, phase=dep.phase, npus=dep.npus, dies=dies,
         batch_per_npu=seqs / dep.npus, batch_per_die=seqs / dies,
@@ -210,7 +215,7 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         attention_imbalance=imbalance, chip_cost=cc.stats.as_dict(), plan=plan.to_dict(),
         workload=wl, calibrated_ms=calibrated_us / 1e3, calibrated_share=calibrated_us / step_us if step_us else 0.0,
         kernel_launch_ms=timing.breakdown_us.get("kernel_launch", 0.0) / 1e3,
-        fidelity={"chip_memory": cc.memory, "chip_noc": cc.noc, "fabric": fidelity})
+        fidelity={"chip_memory": cc.memory, "chip_noc": cc.noc, "fabric": fidelity}, note=note)
 
 
 def _layer_report(wl: Workload, timing, oh: Overheads, mb: int) -> tuple[float, dict, dict]:
