@@ -251,11 +251,11 @@ def test_unknown_stream_model_is_one_clear_error(arch64):
         Simulator(arch64, noc_mode="path", memory_streams="fluid")
 
 
-def _streaming_read(arch, cores, **kw):
-    """Every core of ``cores`` reads 4 MiB (8 linear DMAs per engine, distinct addresses) at the path
-    fidelity, memory analytical; returns the simulator and the bytes read."""
-    sim = Simulator(arch, memory_mode="analytical", noc_mode="path", **kw)
-    size = (4 * MIB) // sim.dma_engines // 8
+def _streaming_read(arch, cores, noc="path", per_core=4 * MIB, **kw):
+    """Every core of ``cores`` reads ``per_core`` bytes (8 linear DMAs per engine, distinct addresses)
+    at the ``noc`` fidelity, memory analytical; returns the simulator and the bytes read."""
+    sim = Simulator(arch, memory_mode="analytical", noc_mode=noc, **kw)
+    size = per_core // sim.dma_engines // 8
     a = 0
     for c in cores:
         for e in range(sim.dma_engines):
@@ -338,19 +338,9 @@ def test_flit_streaming_read_ejects_requests_at_the_memory_ports():
     arch = load_arch("ascend-910c-die")
     w, h = arch.cores.grid.width, arch.cores.grid.height
     width = arch.noc.link_bytes_per_cycle
-    per_core = MIB
 
-    def run(noc, **kw):
-        sim = Simulator(arch, memory_mode="analytical", noc_mode=noc, **kw)
-        size = per_core // sim.dma_engines // 8
-        a = 0
-        for c in range(arch.num_cores):
-            for e in range(sim.dma_engines):
-                for _ in range(8):
-                    sim.add_dma(c, size, address=a, dma_engine=e)
-                    a += size
-        sim.run()
-        return sim, a
+    def run(noc):
+        return _streaming_read(arch, range(arch.num_cores), noc, per_core=MIB)
 
     sim, nbytes = run("flit")
     cycles = sim.makespan()
