@@ -117,8 +117,8 @@ def deployment_plan(dep: Deployment, cfg, dies_per_npu: int, microbatches: int |
 
 
 def deployment_overheads(loaded: LoadedSystem, dep: Deployment) -> Overheads:
-    """The calibrated constants a deployment's step carries: the system's MoE operators' and the
-    deployment's step overhead."""
+    """The fixed times a deployment's step carries: the system's MoE operators' calibrated per-call
+    overheads and cited kernel-launch costs, and the deployment's step overhead."""
     ops = loaded.system.moe_operators
     src = f"{loaded.system.name} moe_operators: {ops.source}"
     lk = ops.layer_kernels
