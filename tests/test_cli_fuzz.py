@@ -7,6 +7,7 @@ with ``--force`` to insist; the values here stay within what the refusals let th
 The example counts come from the hypothesis profile (tests/conftest.py: a small ``dev`` count, the
 full count in CI)."""
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -21,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mutation import key_paths, loads_or_raises_our_error
 from npusim.cli import main
-from npusim.errors import NpusimError
+from npusim.errors import ConfigError, NpusimError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -211,8 +212,6 @@ def test_a_mutated_workload_replays_or_is_one_clear_error(which, section, pick, 
     """One field of a saved workload (a node's, a kernel's, the meta's or a top-level key) set to an odd
     value: it times, or the project's own error says what is wrong (no traceback, no hang, no runaway
     memory: kernel shapes are bounded)."""
-    import copy
-
     from npusim.system.execute import time_workload
     from npusim.system.load import load_system
     from npusim.system.workload import Workload
@@ -226,3 +225,15 @@ def test_a_mutated_workload_replays_or_is_one_clear_error(which, section, pick, 
         time_workload(wl, load_system("atlas-800i-a2", nodes=1))
     except NpusimError:
         pass
+
+
+@pytest.mark.parametrize("fn", [None, [[1]], "x"])
+def test_a_saved_activation_kernel_needs_a_known_function(fn):
+    """Found by the fuzz above: a vector kernel of class activation whose 'fn' was missing or not a
+    name crashed in the vector model; it is now the workload check's error, naming the key."""
+    from npusim.system.workload import Workload
+
+    d = copy.deepcopy(WORKLOADS[1])
+    d["kernels"].append({"type": "vector", "op_class": "activation", "elements": 64, "row_len": 64, "fn": fn})
+    with pytest.raises(ConfigError, match="'fn'"):
+        Workload.from_dict(d)

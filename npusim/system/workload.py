@@ -69,7 +69,7 @@ from pathlib import Path
 
 from npusim.errors import ConfigError
 from npusim.files import read_text, write_json
-from npusim.hw.compute.vector import OP_CLASSES
+from npusim.hw.compute.vector import ACTIVATION_FUNCTIONS, OP_CLASSES
 
 FORMAT = "npusim-system-workload"
 VERSION = 1
@@ -238,7 +238,9 @@ def _check_kernel(k, i: int, at: str) -> None:
             _str(k.get("precision", "bf16"), f"{at}: 'precision'")
             _str(k.get("kv_dtype", "bf16"), f"{at}: 'kv_dtype'", ("bf16", "int8"))
     elif kind == "vector":
-        _str(k.get("op_class"), f"{at}: 'op_class'", OP_CLASSES)
+        op_class = _str(k.get("op_class"), f"{at}: 'op_class'", OP_CLASSES)
+        if op_class == "activation" or k.get("fn") is not None:
+            _str(k.get("fn"), f"{at}: 'fn'", sorted(ACTIVATION_FUNCTIONS))
         _int(k.get("elements"), f"{at}: 'elements'", 1, MAX_KERNEL_TOKENS << 16)
         _int(k.get("row_len", 1), f"{at}: 'row_len'", 1, 1 << 24)
         _str(k.get("dtype", "bf16"), f"{at}: 'dtype'")
