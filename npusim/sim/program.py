@@ -25,7 +25,6 @@ from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from npusim.arch.schema import DTYPE_BYTES, Arch
@@ -318,6 +317,8 @@ class Program:
 
     # -- files ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
+        import h5py  # a core dependency, imported when used: a run that saves nothing starts faster
+
         n = len(self)
 
         def writer(tmp: Path) -> None:
@@ -447,6 +448,8 @@ def submit_materialized(sim, arrays: tuple, names=None, check: bool = True) -> n
 
 
 def load_program(path: str | Path) -> Program:
+    import h5py  # see Program.save
+
     path = Path(path)
     try:
         f = h5py.File(path, "r")
