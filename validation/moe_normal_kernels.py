@@ -56,9 +56,10 @@ def main() -> int:
                                entry["experts"], "uniform", entry["dispatch_dtype"], "flow", "aiv", copies=c)
                     for c in ("per_expert", prefill_copies)}
             pe = runs["per_expert"]
+            wire = pe.extra["mean_rank_bytes"] / 1e3  # B / us / 1e3 = GB/s
             print(f"{entry['system']:15s} {row['op']:9s} {row['ep']:>4d} {row['gbps']:>5g} {pub:>8.0f}us "
                   f"{pe.time_us:>8.0f}us {runs[prefill_copies].time_us:>7.0f}us {pub - pe.time_us:>7.0f}us "
-                  f"{pe.extra['mean_rank_bytes'] / pub / 1e3:>13.1f} {pe.extra['mean_rank_bytes'] / pe.time_us / 1e3:>5.1f}")
+                  f"{wire / pub:>13.1f} {wire / pe.time_us:>5.1f}")
     print(f"\nsim/rank: the preset's prefill copies ({prefill_copies}). No per-call constant is calibrated on these "
           "rows (one token count, bandwidth-bound): a prefill step charges the decode kernels' per-call overheads.")
     return 0
