@@ -51,6 +51,21 @@ def test_small_decode_step_runs_and_adds_up(cm1):
     assert mtp.tpot_ms == pytest.approx(mtp.step_ms / 1.8)
 
 
+
+def test_a_prefill_step_charges_the_decode_kernels_overheads_and_says_so(cm1):
+    """No per-call overhead of the normal (prefill) kernels is published in a usable form (one token
+    count, bandwidth-bound): a prefill step charges the decode kernels' calibrated overheads and its
+    note says so; a decode step's note does not."""
+    from npusim.system.moe_step import PREFILL_NOTE
+
+    ops = cm1.system.moe_operators
+    pre = simulate_step(cm1, _dep(phase="prefill"), batch_tokens=256, seq=256)
+    dec = simulate_step(cm1, _dep(), batch=8, kv=1024)
+    for r in (pre, dec):
+        assert r.breakdown_us["calibrated"] == pytest.approx(ops.dispatch_overhead_us + ops.combine_overhead_us)
+    assert pre.note.endswith(PREFILL_NOTE) and "one token count" in pre.note
+    assert PREFILL_NOTE not in dec.note
+
 def test_longer_context_is_slower(cm1):
     short = simulate_step(cm1, _dep(), batch=8, kv=512)
     long = simulate_step(cm1, _dep(), batch=8, kv=8192)

@@ -107,3 +107,34 @@ def test_calibrate_check_recomputes_the_operator_overheads():
     for c in doc["constants"]:
         assert {"name", "preset", "value", "recomputed", "source", "drift"} <= set(c)
         assert abs(c["drift"]) <= 0.02 and c["recomputed"] > 0
+
+
+def test_normal_kernel_times_follow_the_printing_scripts_bytes(monkeypatch):
+    """The normal kernels' table gives bandwidths; their bytes are test_intranode.py's (received rows,
+    one per selected expert, x hidden x 2 B), so a call's time is recomputed, and the rows are fitted
+    comparisons, never a calibration (no constant is derived from one bandwidth-bound token count)."""
+    from types import SimpleNamespace
+
+    from npusim.validate import systems
+
+    entry = published()["moe_normal_kernels"][0]
+    assert entry["fitted"] and entry["source"] and not any(r.get("role") for r in entry["rows"])
+    ep32 = next(r for r in entry["rows"] if r["op"] == "dispatch" and r["ep"] == 32)
+    assert systems.normal_kernel_time_us(entry, ep32) == pytest.approx(4096 * 8 * 7168 * 2 / 102e3)  # 4,605 us
+    # sgl-kernel-npu PR #177 printed a bandwidth and its time together: the same convention (routing noise)
+    assert systems.normal_kernel_time_us(entry, {"op": "dispatch", "ep": 16, "gbps": 115.81}) == pytest.approx(
+        4036.01, rel=0.01)
+    for bad in (0, -5, None, "fast"):
+        with pytest.raises(ValueError, match="gbps must be a positive number"):
+            systems.normal_kernel_time_us(entry, {"op": "dispatch", "ep": 8, "gbps": bad})
+    calls = []
+
+    def fake_run_moe(loaded, op, ep, tokens, *args, copies=None, **kw):
+        calls.append((op, ep, tokens, copies))
+        return SimpleNamespace(time_us=1000.0)
+
+    monkeypatch.setattr(systems, "run_moe", fake_run_moe)
+    rows = systems.normal_kernel_rows(quick=True)  # --quick: the CloudMatrix384 prefill deployment's EP
+    assert [r.kind for r in rows] == ["fitted", "fitted"] and all(r.unit == " us" for r in rows)
+    assert sorted(calls) == [("combine", 32, 4096, "per_rank"), ("dispatch", 32, 4096, "per_rank")]
+    assert len(systems.normal_kernel_rows()) == len(entry["rows"])

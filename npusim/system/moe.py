@@ -21,8 +21,10 @@ as the operator's ``copies`` say:
   fills one receive buffer per local expert (its test checks each expert's count against
   ``topk_idx == expert`` and counts bytes per selection), and CANN's MoeDistributeDispatch sizes
   a rank's receive buffer ``A >= BS x epWorldSize x min(localExpertNum, K)``;
-* ``per_rank``: once to every rank holding at least one of its experts (DeepEP's normal,
-  prefill kernels deduplicate per rank).
+* ``per_rank``: once to every rank holding at least one of its experts (NVIDIA DeepEP's normal,
+  prefill kernels deduplicate per rank; DeepEP-Ascend's normal kernels do not: a rank receives one
+  row per selected expert it holds, as sgl-kernel-npu's tests/python/deepep/test_intranode.py
+  counts its bytes and notes, "todo 1. Duplicate transmission to experts of the same rank").
 
 *Local work* of the two operators on a die, besides their transfers (:func:`dispatch_local_ops`,
 :func:`combine_local_ops`; vector ops the chip simulator costs, so they scale with the tokens): the

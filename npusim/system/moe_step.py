@@ -51,10 +51,13 @@ from npusim.system.workload import Workload
 PARTIAL_NOTE = ("partial model: the die's L2 serves GEMM operand and shared-KV re-reads only (no TLM L2); each kernel launch is a "
                 "cited fixed cost (moe_operators.layer_kernels), dispatch/combine's per-call overheads are calibrated; "
                 "see validation/deepseek_deployments.py")
-#: added to a prefill step's note: its operators' per-call overheads are the decode kernels' (the one
-#: published normal-kernel table, sgl-kernel-npu's, gives bandwidths without their byte count)
-PREFILL_NOTE = ("; prefill's dispatch/combine per-call overheads are the decode (low-latency) kernels' "
-                "(no figure for the normal kernels' fixed cost)")
+#: added to a prefill step's note: its operators' per-call overheads are the decode kernels'. The one
+#: published normal-kernel table (sgl-kernel-npu's README; its bytes are those of the script that printed
+#: it, test_intranode.py) times a call at 4096 tokens per rank only, 3-8 ms and bandwidth-bound, so a fixed
+#: per-call cost cannot be told apart from the kernels' bandwidth (published.yaml moe_normal_kernels)
+PREFILL_NOTE = ("; prefill's dispatch/combine per-call overheads are the decode (low-latency) kernels': the normal "
+                "kernels' published times are at one token count, bandwidth-bound, and fix no per-call cost "
+                "(validation/moe_normal_kernels.py)")
 
 
 @dataclass

@@ -124,8 +124,14 @@ class MoeOperators(StrictModel):
     ``decode_copies`` / ``prefill_copies``: what the phase's dispatch and combine kernels move per
     token (:mod:`npusim.system.moe`): ``per_expert``, one copy per selected expert (the
     low-latency kernels of decode: DeepEP low-latency, CANN MoeDistributeDispatch), or
-    ``per_rank``, once per destination die (DeepEP's normal kernels of prefill). The standalone
-    operator (``npusim collective --system ... --op dispatch``) is the decode kernel."""
+    ``per_rank``, once per destination die (NVIDIA DeepEP's normal kernels of prefill; DeepEP-Ascend's
+    normal kernels receive one row per selected expert, as its test_intranode.py counts them). The
+    standalone operator (``npusim collective --system ... --op dispatch``) is the decode kernel.
+
+    Prefill steps charge the same per-call overheads (the decode kernels'): the normal kernels' one
+    published table (DeepEP-Ascend on an A3 SuperPOD, sgl-kernel-npu README) times a call at 4096
+    tokens per rank only, milliseconds and bandwidth-bound, so no fixed per-call cost can be
+    calibrated on it (``published.yaml`` ``moe_normal_kernels``, validation/moe_normal_kernels.py)."""
 
     dispatch_overhead_us: NonNegativeFloat = 0.0
     combine_overhead_us: NonNegativeFloat = 0.0

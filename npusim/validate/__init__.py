@@ -35,6 +35,8 @@ CHECKS = (
     Check("scalesim", "systolic-array GEMM cycles vs SCALE-Sim 3.0.0", "scalesim:scalesim_rows", True),
     Check("fabric-table1", "CloudMatrix384 Table 1: point-to-point bandwidth and latency", "systems:table1_rows", True),
     Check("moe-dispatch-combine", "MoE dispatch/combine operator latency on CloudMatrix384", "systems:moe_rows", True),
+    Check("moe-normal-kernels", "prefill's MoE dispatch/combine vs DeepEP-Ascend's normal kernels (fitted)",
+          "systems:normal_kernel_rows", False),
     Check("chip-gemm", "large GEMMs on one Ascend die vs measured kernel times", "chip_gemm:chip_gemm_rows", True),
     Check("deepseek", "DeepSeek-V3/R1 deployments on Atlas 800I A2 and CloudMatrix384", "systems:deepseek_rows", True),
     Check("plans", "any model by a parallel plan: dense 7B-72B and Qwen3-235B-A22B steps on Atlas 800I A2",

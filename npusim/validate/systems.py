@@ -1,5 +1,6 @@
 """Rows of the multi-NPU system model: CloudMatrix384 Table 1 (calibration), MoE dispatch/combine
-operators (one calibration row per op, the rest held out) and the DeepSeek-V3/R1 deployments.
+operators (one calibration row per op, the rest held out), the normal (prefill) kernels' published
+times beside npusim's prefill operator (fitted) and the DeepSeek-V3/R1 deployments.
 
 Each row is simulated here (``npusim.system``); ``published.yaml`` holds the figures.
 """
@@ -61,6 +62,54 @@ def moe_rows(quick: bool = False) -> list[Row]:
                 published=float(r["latency_us"]), simulated=float(cache[key]), tolerance=MOE_TOLERANCE, unit=" us",
                 kind="calibration" if calib else "outside",
                 note="the operator overhead was calibrated on this row" if calib else ""))
+    return rows
+
+
+#: the EP of the CloudMatrix384 prefill deployment (mappers/cm384-deepseek-prefill.yaml): --quick's row
+NORMAL_QUICK_EP = 32
+
+
+def normal_kernel_time_us(entry: dict, row: dict) -> float:
+    """The per-call time of one row of a published normal-kernel table (``moe_normal_kernels`` in
+    published.yaml), which gives a bandwidth: the printing script's bytes over the call's time, with
+    DeepEP-Ascend's test_intranode.py convention -- the rows a rank received, one per (token,
+    selected expert) it holds, its own tokens included (``tokens_per_rank x top_k`` on average under
+    uniform routing, at any EP), times ``hidden`` in BF16 bytes for dispatch and combine alike."""
+    gbps = row.get("gbps")
+    if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or gbps <= 0:
+        raise ValueError(f"published.yaml moe_normal_kernels {entry.get('system')} {row.get('op')} EP{row.get('ep')}: "
+                         f"gbps must be a positive number, got {gbps!r}")
+    nbytes = entry["tokens_per_rank"] * entry["top_k"] * entry["hidden"] * 2
+    return nbytes / (gbps * 1e3)  # B / (GB/s) = ns; / 1e3 = us
+
+
+def normal_kernel_rows(quick: bool = False) -> list[Row]:
+    """The normal (prefill) kernels' published per-call times (``moe_normal_kernels``: one token
+    count per EP, bandwidth-bound) beside npusim's prefill operator at the same setting: the
+    standalone dispatch/combine with the system's prefill copies and the per-call overheads a
+    prefill step charges (the decode kernels'; none is calibrated on these figures), AIV-direct
+    writes. ``fitted``: the figures were seen while modelling prefill's operators. --quick: the
+    CloudMatrix384 prefill deployment's EP only."""
+    rows, cache, systems = [], {}, {}
+    for entry in published()["moe_normal_kernels"]:
+        loaded = systems.setdefault(entry["system"], load_system(entry["system"]))
+        copies = loaded.system.moe_operators.prefill_copies
+        tokens = entry["tokens_per_rank"]
+        for r in entry["rows"]:
+            if quick and r["ep"] != NORMAL_QUICK_EP:
+                continue
+            key = (entry["system"], r["op"], r["ep"])
+            if key not in cache:
+                cache[key] = run_moe(loaded, r["op"], r["ep"], tokens, entry["top_k"], entry["hidden"],
+                                     entry["experts"], "uniform", entry["dispatch_dtype"], "flow", "aiv",
+                                     copies=copies).time_us
+            rows.append(Row(
+                name=f"MoE normal {r['op']} EP{r['ep']} {tokens} tok/rank {entry['system']}",
+                source=f"{entry['source']} [{entry['confidence']}]",
+                published=normal_kernel_time_us(entry, r), simulated=float(cache[key]), tolerance=MOE_TOLERANCE,
+                unit=" us", kind="fitted" if entry.get("fitted") else "outside",
+                note=f"npusim's prefill operator ({copies} copies, the decode kernels' per-call overhead); the "
+                     "figure is bandwidth-bound at one token count, so no fixed cost is calibrated on it"))
     return rows
 
 
