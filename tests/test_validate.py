@@ -136,5 +136,6 @@ def test_normal_kernel_times_follow_the_printing_scripts_bytes(monkeypatch):
     monkeypatch.setattr(systems, "run_moe", fake_run_moe)
     rows = systems.normal_kernel_rows(quick=True)  # --quick: the CloudMatrix384 prefill deployment's EP
     assert [r.kind for r in rows] == ["fitted", "fitted"] and all(r.unit == " us" for r in rows)
-    assert sorted(calls) == [("combine", 32, 4096, "per_rank"), ("dispatch", 32, 4096, "per_rank")]
+    # the preset's prefill copies: DeepEP-Ascend's normal kernels send one row per selected expert
+    assert sorted(calls) == [("combine", 32, 4096, "per_expert"), ("dispatch", 32, 4096, "per_expert")]
     assert len(systems.normal_kernel_rows()) == len(entry["rows"])
