@@ -142,6 +142,7 @@ MAX_STEPS = 48  # per core, after merging K-chunks (see module docstring)
 PLAN_CANDIDATES = 3  # GEMM plans simulated per miss (the fastest is kept) ...
 PLAN_WINDOW = 0.05  # ... among those estimated within 5% of the best estimate
 ACC_BYTES = 4  # fp32 / int32 accumulators
+SPLIT_RUN_BYTES = 4096  # an addressed load (TLM L2) of twice this is split over the core's DMA engines
 MB = 2**20
 _PACKAGE = Path(__file__).resolve().parents[1]
 # what defines the chip model: a change to any of these invalidates cached costs
@@ -529,6 +530,80 @@ class _Unit:
     a_bytes: int  # A read before this chunk's compute (0: resident)
     b_bytes: int
     write: int  # bytes written after it (the tile's last chunk)
+    runs: tuple = ()  # with a layout (the TLM L2): the (address, bytes) runs its A and B loads read
+
+
+class _Layout:
+    """Where the operands live in HBM when the TLM L2 decides the hits (see the module docstring):
+    per batch item, A's blocks of rows x K slice (``ms[i] x ks[kk]``) one after the other, B's
+    blocks of K slice x columns likewise, then C. Inside a block a *panel* layout: the block's
+    canonical tiles along M (A; B: along N) -- the tiling of the first core that reads the block
+    -- one after the other, each tile cut along K into fractals of ``k_unit`` (the array's K per
+    fold) stored in K order, a fractal row-major (A: each row's K elements together; B: each
+    column's). So a chunk of a canonical tile is one contiguous run, and cores that tile a block
+    differently read the same bytes at the same addresses (one run per fractal). This is the
+    pre-formatted layout a vendor's GEMM reads (Ascend's fractal NZ-style formats); the L2 sees
+    each operand byte at one address whoever reads it."""
+
+    def __init__(self, planner: _Planner, batch: int, bs, ms, ks, ns):
+        e, self.e, self.ku = planner.e, planner.e, planner.k_unit
+        self.ms, self.ks, self.ns = ms, ks, ns
+        self.a_off, self.b_off = {}, {}
+        off = 0
+        for i, mb in enumerate(ms):
+            for kk, kb in enumerate(ks):
+                self.a_off[i, kk] = off
+                off += mb * kb
+        self.a_item = off  # elements of one batch item's A
+        off = 0
+        for kk, kb in enumerate(ks):
+            for j, nb in enumerate(ns):
+                self.b_off[kk, j] = off
+                off += kb * nb
+        self.b_item = off
+        self.a_tile = {(i, kk): planner.block(ms[i], ks[kk], ns[0]).tm for i in range(len(ms)) for kk in range(len(ks))}
+        self.b_tile = {(kk, j): planner.block(ms[0], ks[kk], ns[j]).tn for kk in range(len(ks)) for j in range(len(ns))}
+        align = 1 << 20
+        self.a_base = 0
+        self.b_base = _ceil_to(int(math.ceil(batch * self.a_item * e)), align)
+        self.c_base = _ceil_to(self.b_base + int(math.ceil(batch * self.b_item * e)), align)
+
+    def _runs(self, base_el: float, outer: int, kb: int, tile: int, o0: int, o1: int, k0: int, k1: int) -> list:
+        """Element runs of outer indices ``[o0, o1)`` x K ``[k0, k1)`` of a block of ``outer x kb``
+        elements stored in the panel layout with canonical tiles of ``tile`` along ``outer``."""
+        ku, out = self.ku, []
+        for t in range(o0 // tile, (o1 - 1) // tile + 1):
+            t0 = t * tile
+            rows = min(tile, outer - t0)
+            tbase = base_el + t0 * kb
+            r0, r1 = max(o0, t0), min(o1, t0 + rows)
+            f0 = k0 // ku
+            if r0 == t0 and r1 == t0 + rows:  # whole canonical tile: its fractals k0..k1 are contiguous
+                out.append((tbase + rows * f0 * ku, rows * (k1 - k0)))
+                continue
+            for f in range(f0, -(-k1 // ku)):
+                w = min(ku, kb - f * ku)
+                out.append((tbase + rows * f * ku + (r0 - t0) * w, (r1 - r0) * w))
+        return out
+
+    def a_runs(self, item: int, i: int, kk: int, r0: int, r1: int, k0: int, k1: int) -> list:
+        base = self.a_base / self.e + item * self.a_item + self.a_off[i, kk]
+        return self._runs(base, self.ms[i], self.ks[kk], self.a_tile[i, kk], r0, r1, k0, k1)
+
+    def b_runs(self, item: int, kk: int, j: int, n0: int, n1: int, k0: int, k1: int) -> list:
+        base = self.b_base / self.e + item * self.b_item + self.b_off[kk, j]
+        return self._runs(base, self.ns[j], self.ks[kk], self.b_tile[kk, j], n0, n1, k0, k1)
+
+    def to_bytes(self, runs) -> list[tuple[int, int]]:
+        """Element runs as byte runs, contiguous ones merged."""
+        out: list[list[int]] = []
+        for start, n in runs:
+            a, b = int(math.floor(start * self.e)), int(math.ceil((start + n) * self.e))
+            if out and out[-1][0] + out[-1][1] == a:
+                out[-1][1] += b - a
+            else:
+                out.append([a, b - a])
+        return [(a, n) for a, n in out]
 
 
 def _step_sizes(units: int, max_steps: int) -> list[int]:
@@ -546,9 +621,10 @@ def _step_sizes(units: int, max_steps: int) -> list[int]:
 
 
 class _Emitter:
-    def __init__(self, planner: _Planner, prog: Program, dtype: str):
+    def __init__(self, planner: _Planner, prog: Program, dtype: str, layout: _Layout | None = None):
         self.pl, self.prog, self.dtype = planner, prog, dtype
-        self.addr = 0
+        self.layout = layout  # the TLM L2: loads read the operands' real addresses (_Layout)
+        self.addr = 0 if layout is None else layout.c_base  # with a layout only C is placed as it goes
         self.engine_bytes: dict[int, list[int]] = {}
         self.hbm_fraction = (1.0, 1.0)  # of A's and B's loads that reach HBM (the rest: L2 hits)
         self.l2_bpc = 0.0  # a core's L2 read rate, bytes per cycle (set_l2)
@@ -582,14 +658,38 @@ class _Emitter:
                     out.append(self._dma(core, part, False, deps, name, engine))
         return out
 
+    def load_runs(self, core: int, runs: list[tuple[int, int]], deps, name: str) -> list[int]:
+        """Reads of the byte ``runs`` (address, bytes) at their addresses, for the TLM L2 to serve
+        or pass to HBM: as :meth:`loads` splits a load, a run split evenly over the core's DMA
+        engines (each part at least ``SPLIT_RUN_BYTES``), a small one on the least loaded engine.
+        (Whole runs on one engine each, fewer transfers, were slower: 50.7 against 46.6 us for
+        2048^3 int8 on ascend-910c-die, one engine's tags then carry a run.)"""
+        out = []
+        total = self.pl.engines
+        for addr, size in runs:
+            engines = max(1, min(total, size // SPLIT_RUN_BYTES))
+            first = self._least_loaded(core) if engines < total else 0
+            at = addr
+            for i in range(engines):
+                part = _split(size, engines, i)
+                if not part:
+                    continue
+                engine = (first + i) % total
+                out.append(self.prog.add_dma(core, part, address=at, deps=deps, dma_engine=engine, name=name))
+                self.engine_bytes.setdefault(core, [0] * total)[engine] += part
+                at += part
+        return out
+
     def _least_loaded(self, core: int) -> int:
         return int(np.argmin(self.engine_bytes.setdefault(core, [0] * self.pl.engines)))
 
     def write(self, core: int, nbytes: int, deps, name: str) -> int:
         return self._dma(core, nbytes, True, deps, name, self._least_loaded(core))
 
-    def units(self, mb: int, kb: int, nb: int, bb: int, blk: _Block, write_tiles: bool) -> list[_Unit]:
-        """A core's chunks in loop order (see module docstring)."""
+    def units(self, mb: int, kb: int, nb: int, bb: int, blk: _Block, write_tiles: bool,
+              where: tuple | None = None) -> list[_Unit]:
+        """A core's chunks in loop order (see module docstring). ``where`` = (first batch item,
+        block row i, block column j, K slice kk): with a layout, each chunk's loads as address runs."""
         e, eo = self.pl.e, self.pl.eo
         tms = [min(blk.tm, mb - i * blk.tm) for i in range(_cdiv(mb, blk.tm))]
         tns = [min(blk.tn, nb - j * blk.tn) for j in range(_cdiv(nb, blk.tn))]
@@ -597,7 +697,8 @@ class _Emitter:
         order = ([(i, j) for j in range(len(tns)) for i in range(len(tms))] if blk.reuse == "b" else
                  [(i, j) for i in range(len(tms)) for j in range(len(tns))])
         out: list[_Unit] = []
-        for _ in range(bb):
+        lay = self.layout if where is not None else None
+        for item in range(bb):
             seen_a, seen_b = set(), set()
             for i, j in order:
                 tm, tn = tms[i], tns[j]
@@ -607,9 +708,17 @@ class _Emitter:
                 seen_b.add(j)
                 tile = self.pl.cycles(tm, kb, tn)  # one accumulation over the whole K (L0C)
                 for c, kc in enumerate(kcs):
+                    runs = ()
+                    if lay is not None:
+                        b0, bi, bj, kk = where
+                        k0 = c * blk.kc
+                        runs = tuple((lay.a_runs(b0 + item, bi, kk, i * blk.tm, i * blk.tm + tm, k0, k0 + kc)
+                                      if a_new else []) +
+                                     (lay.b_runs(b0 + item, kk, bj, j * blk.tn, j * blk.tn + tn, k0, k0 + kc)
+                                      if b_new else []))
                     out.append(_Unit(tile * kc / kb, _nbytes(tm * kc, e) if a_new else 0,
                                      _nbytes(kc * tn, e) if b_new else 0,
-                                     _nbytes(tm * tn, eo) if c == len(kcs) - 1 and write_tiles else 0))
+                                     _nbytes(tm * tn, eo) if c == len(kcs) - 1 and write_tiles else 0, runs))
         return out
 
     def set_l2(self, m: int, k: int, n: int, batch: int, grid: tuple, big: _Block, work: list[list[_Unit]]) -> None:
@@ -642,8 +751,12 @@ class _Emitter:
         def issue_load(s: int) -> None:
             if s >= len(steps):
                 return
-            hbm, l2 = self._split_load(steps[s])
             deps = [computes[s - 2]] if s >= 2 else []
+            if self.layout is not None:  # real addresses: the TLM L2 decides what hits
+                runs = self.layout.to_bytes([r for u in steps[s] for r in u.runs])
+                loads[s] = self.load_runs(core, runs, deps, f"{tag} load{s}") if runs else list(deps)
+                return
+            hbm, l2 = self._split_load(steps[s])
             loads[s] = self.loads(core, hbm, l2, deps, f"{tag} load{s}") if hbm or l2 else list(deps)
 
         issue_load(0)
@@ -905,6 +1018,10 @@ class ChipCost:
         writes = np.asarray([prog.param[i][2] for i in dma], dtype=bool)
         hbm = int(sim.mem.ch_bytes.sum())
         reads = int(sizes[~writes].sum())
+        l2_tlm = sim.l2_stats()
+        if l2_tlm is not None:  # the TLM L2 served some DMA reads: they never reached HBM
+            l2_bytes += l2_tlm["hit_bytes"]
+            reads -= l2_tlm["hit_bytes"]
         used = sorted({c for c in prog.core if c >= 0})
         peak_chip = self._peak_tflops(range(arch.num_cores), dtype)
         peak_share = self._peak_tflops(share, dtype)
@@ -941,6 +1058,8 @@ class ChipCost:
             if best is None or sim.makespan() < best[0].makespan():
                 best = (sim, plan, prog, l2_bytes)
         sim, plan, prog, l2_bytes = best
+        if self._tlm_l2():  # the same plan, its loads at their addresses: the TLM L2 decides the hits
+            prog, l2_bytes = self._gemm_program(planner, plan, m, k, n, batch, dtype, share, addressed=True)
         if not cheap:
             sim = self._simulate(prog, frac)
         e, eo = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
@@ -948,16 +1067,24 @@ class ChipCost:
         return self._result("gemm", label, dtype, share, frac, sim, prog, 2 * batch * m * k * n, min_bytes,
                             plan.describe(), plan.as_tuple(), l2_bytes)
 
-    def _gemm_program(self, planner: _Planner, plan: GemmPlan, m, k, n, batch, dtype, share) -> tuple[Program, int]:
-        """The kernel's tasks; returns the program and the bytes its loads took from the L2."""
+    def _tlm_l2(self) -> bool:
+        """Whether the simulator's TLM L2 serves the GEMM's re-reads (TLM memory, an arch L2, no
+        ideal-L2 bracket): the loads then read real addresses instead of the reuse model's split."""
+        return self.memory == "tlm" and self.arch.l2 is not None and self.l2 is None
+
+    def _gemm_program(self, planner: _Planner, plan: GemmPlan, m, k, n, batch, dtype, share,
+                      addressed: bool = False) -> tuple[Program, int]:
+        """The kernel's tasks; returns the program and the bytes its loads took from the L2 (the
+        reuse model's; with ``addressed`` every load is a DMA at the operands' real addresses
+        (:class:`_Layout`) and the simulator's L2 decides: 0 here)."""
         from npusim.comm.collectives import ring_reduce_scatter
 
         sa = planner.sa
         pb, pm, pn, pk = plan.grid
         prog = Program(self.arch.num_cores, meta={"chipcost": "gemm", "m": m, "k": k, "n": n, "batch": batch})
-        em = _Emitter(planner, prog, dtype)
         bs, ms, ns = _blocks(batch, pb, 1), _blocks(m, pm, sa.rows), _blocks(n, pn, sa.cols)
         ks = _blocks(k, pk, planner.k_unit)
+        em = _Emitter(planner, prog, dtype, _Layout(planner, batch, bs, ms, ks, ns) if addressed else None)
         work = []  # per block of C: its K group's (core, units, tag)
         idx = 0
         for b in range(pb):
@@ -968,11 +1095,13 @@ class ChipCost:
                         core = share[idx]
                         idx += 1
                         blk = planner.block(ms[i], ks[kk], ns[j])
-                        units = em.units(ms[i], ks[kk], ns[j], bs[b], blk, pk == 1)
+                        units = em.units(ms[i], ks[kk], ns[j], bs[b], blk, pk == 1,
+                                         (sum(bs[:b]), i, j, kk) if addressed else None)
                         group.append((core, units, f"c{core} b{b} m{i} n{j} k{kk}"))
                     work.append((b, i, j, group))
-        em.set_l2(m, k, n, batch, plan.grid, planner.block(ms[0], ks[0], ns[0]),
-                  [units for *_, group in work for _, units, _ in group])
+        if not addressed:
+            em.set_l2(m, k, n, batch, plan.grid, planner.block(ms[0], ks[0], ns[0]),
+                      [units for *_, group in work for _, units, _ in group])
         for b, i, j, group in work:
             lasts = [em.core_program(core, units, tag) for core, units, tag in group]
             if pk > 1:  # reduce the fp32 partial sums over the NoC, each core writes its share
