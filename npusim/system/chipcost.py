@@ -54,6 +54,16 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   Results: 2048^3 INT8 on the 910C die 35% of peak without the L2, 74% with it; 4096^3 FP16 on the
   910B 37% -> 97% (the cube model has no pipeline bubbles: vendor operator benchmarks report ~80%
   for such shapes, no source at hand).
+* **The L2 at the TLM fidelity** (``memory="tlm"`` and an arch ``l2``): the reuse model above
+  still plans the kernel and the candidates race at the analytical fidelities, but the winner's
+  loads are all DMAs at the operands' real addresses (:class:`_Layout`: each operand block in the
+  kernel's tile order, so a chunk of a tile is one contiguous run and cores sharing a block read
+  the same addresses) and the simulator's transaction-level L2 (:mod:`npusim.hw.memory.hbm`,
+  "L2": set-associative, sliced, LRU, write-through with write-allocate) decides what hits;
+  ``l2_read_bytes`` / ``l2_hit_rate`` are what it measured. Differences from the reuse model, by
+  construction: cores that load a block at the same step wait for its first loader's HBM fill
+  (an MSHR merge) instead of reading it at the L2 rate at once; C's writes take L2 room; set
+  conflicts. ``validation/l2_tlm_vs_reuse.py`` prints both, with the time each gives.
 * ``l2_bytes_per_cycle`` (opt-in, a bracket) replaces the arch's L2 by an ideal one of unlimited
   capacity that serves every re-read at ``l2_bytes_per_cycle`` per core.
 * Planning: an analytical estimate (per-core compute, per-core DMA, chip HBM time, prologue,
@@ -86,8 +96,9 @@ project's mapper (:func:`npusim.mapping.mapper.map_model`) onto the share, by de
 parallel over all of its cores with weights and KV cache streamed from HBM (the system level keeps
 a die's weights in HBM, not in core SRAM); the mapper's model applies (activations start and end
 in SRAM, collectives over the NoC; attention is head-parallel, so with MLA's single latent KV head
-every core of the share reads the whole KV cache; the mapper's loads do not go through the L2:
-all reach HBM and ``l2_hit_rate`` is 0). Pass ``spec`` to map differently (a ``gemm`` op
+every core of the share reads the whole KV cache; its L2 hits -- attention's shared KV re-reads,
+the cube/vector hand-off -- are the reuse model's at every memory fidelity, plus at
+``memory="tlm"`` whatever the simulator's TLM L2 finds among its DMAs). Pass ``spec`` to map differently (a ``gemm`` op
 with a ``spec`` goes through the mapper too).
 
 **Cache.** Results are memoised by (chip arch content — its hardware (its L2 too), not its name —, op kind,
@@ -801,12 +812,15 @@ class ChipCost:
     ``arch``: an :class:`~npusim.arch.schema.Arch`, or a preset name / arch file.
     ``memory``: HBM fidelity, ``analytical`` (default) or ``tlm``; ``noc``: ``analytical``
     (default), ``path`` or ``flit``. ``cache_dir``: where results persist (default
-    :func:`default_cache_dir`); ``persist=False`` keeps them in memory only.
+    :func:`default_cache_dir`); ``persist=False`` keeps them in memory only. At ``memory="tlm"`` on
+    a chip with an L2 the simulator's transaction-level cache serves the GEMM's re-reads (its loads
+    read real addresses); ``l2_cache=False`` keeps the reuse-distance model there instead (an
+    ablation).
     """
 
     def __init__(self, arch: Arch | str | Path, memory: str = "analytical", noc: str = "analytical",
                  cache_dir: str | Path | None = None, persist: bool = True,
-                 l2_bytes_per_cycle: float | None = None):
+                 l2_bytes_per_cycle: float | None = None, l2_cache: bool = True):
         if not isinstance(arch, Arch):
             from npusim.arch import load_arch
             arch = load_arch(arch)
@@ -819,6 +833,9 @@ class ChipCost:
             raise ConfigError(f"l2_bytes_per_cycle must be a positive number, got {l2_bytes_per_cycle!r}")
         self.arch, self.memory, self.noc = arch, memory, noc
         self.l2 = None if l2_bytes_per_cycle is None else float(l2_bytes_per_cycle)
+        # at memory="tlm", False keeps the reuse-distance L2 beside the TLM HBM (an ablation that
+        # isolates what the transaction-level cache changes; validation/l2_tlm_vs_reuse.py)
+        self.l2_cache = bool(l2_cache)
         self.persist = persist
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.stats = CacheStats()
@@ -917,6 +934,8 @@ class ChipCost:
     def _key(self, what: dict, share: list[int], frac: float) -> tuple[dict, str]:
         key = {"v": KEY_VERSION, "code": self._code, "arch": self._arch_key, "memory": self.memory,
                "noc": self.noc, "l2": self.l2, "cores": share, "hbm_fraction": frac, **what}
+        if not self.l2_cache:
+            key["l2_cache"] = False
         text = json.dumps(key, sort_keys=True, separators=(",", ":"))
         return key, hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
@@ -1001,7 +1020,10 @@ class ChipCost:
 
     # -- simulation ------------------------------------------------------------------------------------
     def _simulate(self, prog: Program, frac: float, memory: str | None = None, noc: str | None = None) -> Simulator:
-        sim = Simulator(self._arch_for(frac), memory_mode=memory or self.memory, noc_mode=noc or self.noc)
+        arch = self._arch_for(frac)
+        if not self.l2_cache and arch.l2 is not None:  # the ablation: no L2 in the simulator's memory model
+            arch = arch.model_copy(update={"l2": None})
+        sim = Simulator(arch, memory_mode=memory or self.memory, noc_mode=noc or self.noc)
         prog.submit(sim)
         sim.run()
         return sim
@@ -1070,7 +1092,7 @@ class ChipCost:
     def _tlm_l2(self) -> bool:
         """Whether the simulator's TLM L2 serves the GEMM's re-reads (TLM memory, an arch L2, no
         ideal-L2 bracket): the loads then read real addresses instead of the reuse model's split."""
-        return self.memory == "tlm" and self.arch.l2 is not None and self.l2 is None
+        return self.memory == "tlm" and self.arch.l2 is not None and self.l2 is None and self.l2_cache
 
     def _gemm_program(self, planner: _Planner, plan: GemmPlan, m, k, n, batch, dtype, share,
                       addressed: bool = False) -> tuple[Program, int]:
