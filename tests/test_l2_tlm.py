@@ -148,3 +148,22 @@ def test_bad_l2_geometry_is_a_config_error_naming_the_key():
         _arch(capacity_mb=0.001, ways=64, line_bytes=1024)
     with pytest.raises(ConfigError, match="l2.line_bytes"):
         Simulator(_arch(capacity_mb=2**20, line_bytes=32), memory_mode="tlm")
+
+
+def test_a_chip_gemm_at_tlm_loads_the_same_bytes_and_hits_as_the_reuse_model_finds():
+    """The chip-cost GEMM at the TLM fidelity reads its operands at their real addresses: the
+    loads are the reuse model's (bytes conserved: HBM reads + L2 hits = the same total), and on a
+    shape whose operands fit the L2 the simulated cache finds the reuse model's hit rate (within
+    0.01: its set conflicts, C's allocation and line sharing are what may differ)."""
+    from npusim.system.chipcost import ChipCost
+
+    arch = load_arch("ascend-910c-die")
+    tlm = ChipCost(arch, memory="tlm", persist=False).gemm(512, 1024, 768, "int8")
+    reuse = ChipCost(arch, memory="tlm", persist=False, l2_cache=False).gemm(512, 1024, 768, "int8")
+    assert tlm.plan == reuse.plan
+    assert tlm.hbm_read_bytes + tlm.l2_read_bytes == pytest.approx(reuse.hbm_read_bytes + reuse.l2_read_bytes,
+                                                                   abs=64)
+    assert tlm.hbm_write_bytes == reuse.hbm_write_bytes
+    assert tlm.l2_read_bytes > 0
+    assert tlm.l2_hit_rate == pytest.approx(reuse.l2_hit_rate, abs=0.01)
+    assert tlm.hbm_bytes == tlm.hbm_read_bytes + tlm.hbm_write_bytes  # the channels moved exactly the misses
