@@ -97,8 +97,9 @@ parallel over all of its cores with weights and KV cache streamed from HBM (the 
 a die's weights in HBM, not in core SRAM); the mapper's model applies (activations start and end
 in SRAM, collectives over the NoC; attention is head-parallel, so with MLA's single latent KV head
 every core of the share reads the whole KV cache; its L2 hits -- attention's shared KV re-reads,
-the cube/vector hand-off -- are the reuse model's at every memory fidelity, plus at
-``memory="tlm"`` whatever the simulator's TLM L2 finds among its DMAs). Pass ``spec`` to map differently (a ``gemm`` op
+the cube/vector hand-off -- are the reuse model's at the analytical fidelity; at ``memory="tlm"``
+the shared KV re-reads are DMAs the simulator's TLM L2 serves, :func:`~npusim.mapping.mapper.map_model`
+``l2_addressed``). Pass ``spec`` to map differently (a ``gemm`` op
 with a ``spec`` goes through the mapper too).
 
 **Cache.** Results are memoised by (chip arch content — its hardware (its L2 too), not its name —, op kind,
@@ -1168,7 +1169,7 @@ class ChipCost:
         from npusim.mapping.mapper import map_model
 
         arch = self._arch_for(frac)
-        mapped = map_model(graph, arch, spec, cores=share)
+        mapped = map_model(graph, arch, spec, cores=share, l2_addressed=self._tlm_l2())
         sim = self._simulate(mapped.program, frac)
         dtype = next((op.dtype for op in graph.ops if op.kind in ("gemm", "attention", "moe")),
                      graph.ops[0].dtype if graph.ops else "bf16")
