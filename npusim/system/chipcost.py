@@ -897,8 +897,6 @@ class ChipCost:
         the cores, each streaming its rows from HBM through its buffer and back."""
         if not isinstance(op, Op) or op.kind != "vector":
             raise ConfigError("vector() needs an npusim.model.ir.Op of kind 'vector'")
-        if op.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"vector op {op.name}: dtype '{op.dtype}': expected one of {list(DTYPE_BYTES)}")
         share = self._share(cores)
         frac = self._fraction(hbm_fraction)
         key = {"kind": "vector", "op_class": op.op_class, "elements": op.elements, "row_len": op.row_len,
