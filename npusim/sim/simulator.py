@@ -343,7 +343,7 @@ class Simulator:
         read) and the bytes each slice moved (hits, fills and writes)."""
         if not self.l2_tlm:
             return None
-        m = self.mem.l2_misc
+        m = self.mem.l2
         slices = int(self.mem.p[P_L2_SLICES])
         hit, miss = int(m[L2_HIT_BYTES]), int(m[L2_MISS_BYTES])
         return {"hit_bytes": hit, "miss_bytes": miss, "read_bytes": hit + miss, "write_bytes": int(m[L2_WRITE_BYTES]),

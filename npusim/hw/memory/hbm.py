@@ -100,7 +100,7 @@ Not modelled: tag/lookup latency of misses, L2 bank conflicts inside a slice, re
 policies other than LRU, prefetching, the CANN cache-mode hints (every access may allocate).
 The L2 sits beside the memory controllers: at the path/flit NoC fidelities a DMA's streams
 cross the mesh to the channels' attach routers whether its transactions hit or miss
-(:mod:`npusim.sim.mempath`). Statistics: ``l2_misc[:L2_NSTATS]`` (``L2_HIT_BYTES``, ...) and the
+(:mod:`npusim.sim.mempath`). Statistics: ``l2[:L2_NSTATS]`` (``L2_HIT_BYTES``, ...) and the
 bytes each slice moved; ``ch_bytes`` counts HBM traffic only.
 
 Analytical mode (:func:`analytical_finish`): latency + bytes / bandwidth. One event
@@ -178,22 +178,23 @@ HbmState = namedtuple(
         "sl_arrive", "sl_wait_next", "sl_seq", "sl_bursts_left", "sl_started", "sl_write", "sl_bg",
         # checks and optional logs
         "counters", "txlog", "cmdlog",
-        # the L2 (TLM, see "L2" in the module docstring): per line (tag, LRU stamp, valid sectors,
-        # the slot whose fill is pending or -1); statistics, then per slice its clock and bytes
-        # served, per core its read port's clock; per slot (hit, way, head of the hits waiting
-        # for its fill, next waiter)
-        "l2_lines", "l2_misc", "sl_l2",
+        # the L2 (TLM, see "L2" in the module docstring), one array (each array of the state costs
+        # every call that takes the whole state): statistics; per slice its clock and bytes moved;
+        # per core its read port's clock; per line (tag, LRU stamp, valid sectors, the slot whose
+        # fill is in flight or -1); per slot (hit, line, head of the hits waiting for its fill,
+        # next waiter)
+        "l2",
     ],
 )
 # counters
 C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, C_TXNS, C_TXLOG_N, C_SEQ, C_CMDLOG_N = range(6)
-# L2 statistics (``l2_misc[:L2_NSTATS]``): bytes read that hit / missed, bytes written, read
+# L2 statistics (``l2[:L2_NSTATS]``): bytes read that hit / missed, bytes written, read
 # transactions that hit / missed, hits that waited for a fill in flight, lines evicted, the LRU clock
 (L2_HIT_BYTES, L2_MISS_BYTES, L2_WRITE_BYTES, L2_HITS, L2_MISSES, L2_MERGED, L2_EVICTIONS,
- L2_CLOCK) = range(8)
+ L2_CLOCK, L2_LINES_AT, L2_SLOTS_AT) = range(10)  # the last two: where the line and slot records start
 L2_NSTATS = 16
-L2_TAG, L2_LRU, L2_VALID, L2_FILL = range(4)  # columns of l2_lines
-SL_HIT, SL_WAY, SL_WAITERS, SL_NEXT = range(4)  # columns of sl_l2
+L2_TAG, L2_LRU, L2_VALID, L2_FILL = range(4)  # fields of a line's record (4 int64)
+SL_HIT, SL_WAY, SL_WAITERS, SL_NEXT = range(4)  # fields of a slot's record (4 int64)
 
 
 def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0, cmdlog_rows: int = 0) -> HbmState:
@@ -244,16 +245,22 @@ def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0, cmdlo
 
 
 def _new_l2(p: np.ndarray, num_initiators: int, slots: int) -> dict:
-    """The L2's arrays (all lines empty), or one-element stand-ins when the arch has none."""
+    """The L2's array (all lines empty, see ``HbmState``), or a stand-in when the arch has none."""
     if not p[P_L2_ON]:
-        return {"l2_lines": np.full((1, 4), -1, np.int64), "l2_misc": np.zeros(L2_NSTATS + 3, np.int64),
-                "sl_l2": np.zeros((1, 4), np.int64)}
-    lines = np.full((int(p[P_L2_SETS] * p[P_L2_WAYS]), 4), -1, np.int64)
-    lines[:, L2_VALID] = 0
+        return {"l2": np.zeros(L2_NSTATS + 3, np.int64)}
     cores = max(1, num_initiators // int(p[P_DMA_ENGINES]))
-    sl = np.full((slots, 4), -1, np.int64)
-    sl[:, SL_HIT] = 0
-    return {"l2_lines": lines, "l2_misc": np.zeros(L2_NSTATS + 2 * int(p[P_L2_SLICES]) + cores, np.int64), "sl_l2": sl}
+    lines_at = L2_NSTATS + 2 * int(p[P_L2_SLICES]) + cores
+    n_lines = int(p[P_L2_SETS] * p[P_L2_WAYS])
+    slots_at = lines_at + 4 * n_lines
+    l2 = np.zeros(slots_at + 4 * slots, np.int64)
+    lines = l2[lines_at:slots_at].reshape(n_lines, 4)
+    lines[:, L2_TAG] = -1
+    lines[:, L2_LRU] = -1
+    lines[:, L2_FILL] = -1
+    recs = l2[slots_at:].reshape(slots, 4)
+    recs[:, SL_WAY:] = -1
+    l2[L2_LINES_AT], l2[L2_SLOTS_AT] = lines_at, slots_at
+    return {"l2": l2}
 
 
 # --- time conversion -----------------------------------------------------------------
@@ -470,10 +477,10 @@ def _room(st, g, is_write):
 # --- the L2 (TLM) -------------------------------------------------------------------------
 
 @njit(cache=True, _nrt=False)
-def _l2_lookup(p, lines, misc, addr, size, write):
+def _l2_lookup(p, l2, addr, size, write):
     """Look up (and on a miss or a write, allocate) the line of a transaction at ``addr``.
 
-    Returns ``(index of its line in l2_lines, hit)`` (index -1: a write that allocates nothing).
+    Returns ``(position of its line's record in l2, hit)`` (-1: a write that allocates nothing).
     A read hits when its line is present with every sector it touches valid; otherwise its
     sectors are marked valid now (the fill is in flight: ``L2_FILL`` names its slot). A write
     marks its sectors valid (write-through: the data also goes to HBM). The victim of an
@@ -485,73 +492,74 @@ def _l2_lookup(p, lines, misc, addr, size, write):
     last = min(off + size, line_b) - 1
     mask = ((np.int64(1) << (last // sec + 1)) - 1) ^ ((np.int64(1) << (off // sec)) - 1)
     ways = p[P_L2_WAYS]
-    base = (line % p[P_L2_SETS]) * ways
-    misc[L2_CLOCK] += 1
-    now = misc[L2_CLOCK]
+    base = l2[L2_LINES_AT] + 4 * (line % p[P_L2_SETS]) * ways
+    l2[L2_CLOCK] += 1
+    now = l2[L2_CLOCK]
     victim = base
     oldest = NEVER
     for w in range(ways):
-        i = base + w
-        if lines[i, L2_TAG] == line:
-            lines[i, L2_LRU] = now
-            if not write and (lines[i, L2_VALID] & mask) == mask:
+        i = base + 4 * w
+        if l2[i + L2_TAG] == line:
+            l2[i + L2_LRU] = now
+            if not write and (l2[i + L2_VALID] & mask) == mask:
                 return i, True
-            lines[i, L2_VALID] |= mask
+            l2[i + L2_VALID] |= mask
             return i, False
-        key = lines[i, L2_LRU] + (NEVER // 2 if lines[i, L2_FILL] >= 0 else 0)  # empty ways: -1
+        key = l2[i + L2_LRU] + (NEVER // 2 if l2[i + L2_FILL] >= 0 else 0)  # empty ways: -1
         if key < oldest:
             oldest, victim = key, i
     if write and p[P_L2_WALLOC] == 0:
         return -1, False
-    if lines[victim, L2_TAG] >= 0:
-        misc[L2_EVICTIONS] += 1
-    lines[victim, L2_TAG] = line
-    lines[victim, L2_VALID] = mask
-    lines[victim, L2_LRU] = now
-    lines[victim, L2_FILL] = -1
+    if l2[victim + L2_TAG] >= 0:
+        l2[L2_EVICTIONS] += 1
+    l2[victim + L2_TAG] = line
+    l2[victim + L2_VALID] = mask
+    l2[victim + L2_LRU] = now
+    l2[victim + L2_FILL] = -1
     return victim, False
 
 
 @njit(cache=True, _nrt=False)
-def _l2_slice_time(p, misc, addr, size, t_ps):
+def _l2_slice_time(p, l2, addr, size, t_ps):
     """Charge ``size`` bytes to the slice of ``addr`` (FCFS at its bandwidth) from ``t_ps``; returns
     when it has moved them, in ps << L2_FIX."""
     slices = p[P_L2_SLICES]
     sl = (addr // p[P_L2_LINE]) % slices
     k = L2_NSTATS + sl
-    start = max(t_ps << L2_FIX, misc[k])
-    misc[k] = start + size * p[P_L2_SLICE_PSF]
-    misc[L2_NSTATS + slices + sl] += size
-    return misc[k]
+    start = max(t_ps << L2_FIX, l2[k])
+    l2[k] = start + size * p[P_L2_SLICE_PSF]
+    l2[L2_NSTATS + slices + sl] += size
+    return l2[k]
 
 
 @njit(cache=True, _nrt=False)
-def _l2_hit_time(p, misc, core, addr, size, t_ps):
+def _l2_hit_time(p, l2, core, addr, size, t_ps):
     """BEGIN_RESP (ps) of a hit requested at ``t_ps``: its slice's and its core's read port's
     service (each FCFS at its rate, overlapped), plus the hit latency."""
-    ready = _l2_slice_time(p, misc, addr, size, t_ps)
+    ready = _l2_slice_time(p, l2, addr, size, t_ps)
     if p[P_L2_CORE_PSF] > 0:
         k = L2_NSTATS + 2 * p[P_L2_SLICES] + core
-        start = max(t_ps << L2_FIX, misc[k])
-        misc[k] = start + size * p[P_L2_CORE_PSF]
-        ready = max(ready, misc[k])
+        start = max(t_ps << L2_FIX, l2[k])
+        l2[k] = start + size * p[P_L2_CORE_PSF]
+        ready = max(ready, l2[k])
     return ((ready + (np.int64(1) << L2_FIX) - 1) >> L2_FIX) + p[P_L2_HIT_PS]
 
 
 @njit(cache=True, _nrt=False)
-def _l2_filled(lines, sl_l2, sl_arrive, heap, hs, slot, t_ps, period_ps):
-    """``slot``'s miss has its data (at ``t_ps``): its line's fill is done, and the hits that
+def _l2_filled(l2, sl_arrive, heap, hs, slot, t_ps, period_ps):
+    """``slot``'s HBM read has its data (at ``t_ps``): its line's fill is done, and the hits that
     waited for it respond (at the later of their own service and the data)."""
-    i = sl_l2[slot, SL_WAY]
-    if i >= 0 and lines[i, L2_FILL] == slot:
-        lines[i, L2_FILL] = -1
-    w = sl_l2[slot, SL_WAITERS]
+    r = l2[L2_SLOTS_AT] + 4 * slot
+    i = l2[r + SL_WAY]
+    if i >= 0 and l2[i + L2_FILL] == slot:
+        l2[i + L2_FILL] = -1
+    w = l2[r + SL_WAITERS]
     while w >= 0:
-        nxt = sl_l2[w, SL_NEXT]
+        nxt = l2[l2[L2_SLOTS_AT] + 4 * w + SL_NEXT]
         sl_arrive[w] = max(sl_arrive[w], t_ps)
         heap_push(heap, hs, to_cycle(sl_arrive[w], period_ps), EV_MEM_RESP, w)
         w = nxt
-    sl_l2[slot, SL_WAITERS] = -1
+    l2[r + SL_WAITERS] = -1
 
 
 @njit(cache=True, _nrt=False)
@@ -562,33 +570,35 @@ def _l2_access(st, heap, hs, init, slot, addr, size, t_ps, period_ps):
     END_REQ at once, BEGIN_RESP from :func:`_l2_hit_time` (or when the fill it waits for lands),
     the initiator's next request one hit gap later. Returns True for a hit."""
     p = st.p
-    misc = st.l2_misc
+    l2 = st.l2
     write = st.in_write[init] != 0
-    i, hit = _l2_lookup(p, st.l2_lines, misc, addr, size, write)
-    st.sl_l2[slot, SL_WAY] = i
-    st.sl_l2[slot, SL_WAITERS] = -1
-    st.sl_l2[slot, SL_HIT] = 0
+    i, hit = _l2_lookup(p, l2, addr, size, write)
+    r = l2[L2_SLOTS_AT] + 4 * slot
+    l2[r + SL_WAY] = i
+    l2[r + SL_WAITERS] = -1
+    l2[r + SL_HIT] = 0
     if write:
-        misc[L2_WRITE_BYTES] += size
-        _l2_slice_time(p, misc, addr, size, t_ps)
+        l2[L2_WRITE_BYTES] += size
+        _l2_slice_time(p, l2, addr, size, t_ps)
         return False
     if not hit:
-        misc[L2_MISS_BYTES] += size
-        misc[L2_MISSES] += 1
-        st.l2_lines[i, L2_FILL] = slot
-        _l2_slice_time(p, misc, addr, size, t_ps)
+        l2[L2_MISS_BYTES] += size
+        l2[L2_MISSES] += 1
+        l2[i + L2_FILL] = slot
+        _l2_slice_time(p, l2, addr, size, t_ps)
         return False
-    misc[L2_HIT_BYTES] += size
-    misc[L2_HITS] += 1
-    st.sl_l2[slot, SL_HIT] = 1
+    l2[L2_HIT_BYTES] += size
+    l2[L2_HITS] += 1
+    l2[r + SL_HIT] = 1
     st.sl_ch[slot] = -1
     st.sl_end_req[slot] = t_ps
-    st.sl_arrive[slot] = _l2_hit_time(p, misc, init // p[P_DMA_ENGINES], addr, size, t_ps)
-    owner = st.l2_lines[i, L2_FILL]
+    st.sl_arrive[slot] = _l2_hit_time(p, l2, init // p[P_DMA_ENGINES], addr, size, t_ps)
+    owner = l2[i + L2_FILL]
     if owner >= 0:  # its data is still on the way from HBM: respond when it lands
-        misc[L2_MERGED] += 1
-        st.sl_l2[slot, SL_NEXT] = st.sl_l2[owner, SL_WAITERS]
-        st.sl_l2[owner, SL_WAITERS] = slot
+        l2[L2_MERGED] += 1
+        o = l2[L2_SLOTS_AT] + 4 * owner
+        l2[r + SL_NEXT] = l2[o + SL_WAITERS]
+        l2[o + SL_WAITERS] = slot
     else:
         heap_push(heap, hs, to_cycle(st.sl_arrive[slot], period_ps), EV_MEM_RESP, slot)
     # the slice accepted at once: the socket is free; the next request one hit gap later
@@ -1064,12 +1074,8 @@ def _respond(st, heap, hs, slot, now_cycle, period_ps):
         st.ch_lat_sum[ch] += latency
         b = latency // p[P_LAT_BIN_PS]
         st.ch_lat_hist[ch, min(b, LAT_BINS)] += 1
-        if p[P_L2_ON] != 0 and st.sl_l2[slot, SL_WAITERS] >= 0:
-            _l2_filled(st.l2_lines, st.sl_l2, st.sl_arrive, heap, hs, slot, end_resp, period_ps)
-        elif p[P_L2_ON] != 0 and st.sl_l2[slot, SL_WAY] >= 0:
-            i = st.sl_l2[slot, SL_WAY]
-            if st.l2_lines[i, L2_FILL] == slot:
-                st.l2_lines[i, L2_FILL] = -1
+        if p[P_L2_ON] != 0:  # a fill (or a write) is done: the hits waiting for it respond
+            _l2_filled(st.l2, st.sl_arrive, heap, hs, slot, end_resp, period_ps)
     st.in_outstanding[init] -= 1
     st.in_left[init] -= st.sl_bytes[slot]
     st.in_free[init, st.in_free_top[init]] = slot
