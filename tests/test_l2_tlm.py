@@ -117,6 +117,17 @@ def test_readers_of_one_line_at_once_cost_hbm_one_read():
     assert s["read_bytes"] == sim.arch.num_cores * 64 * KIB
 
 
+def test_the_heap_keeps_room_for_every_hit_a_fill_releases():
+    """A fill's response pushes one event per hit waiting for it, up to every transaction in
+    flight: the simulator keeps that much heap room before any handler runs (an overflow would be
+    an out-of-bounds write in the kernel, which does not check bounds)."""
+    arch = _arch()
+    sim = Simulator(arch, memory_mode="tlm", memory_over_noc=False)
+    plain = Simulator(arch.model_copy(update={"l2": None}), memory_mode="tlm", memory_over_noc=False)
+    slots = arch.num_cores * arch.cores.dma.engines * arch.cores.dma.max_outstanding
+    assert sim._headroom == plain._headroom + slots
+
+
 def test_the_l2_is_deterministic():
     runs = [_two_passes(_arch(slices=3), 1536 * KIB) for _ in range(2)]
     assert runs[0][0].makespan() == runs[1][0].makespan()

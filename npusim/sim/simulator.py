@@ -161,6 +161,8 @@ class Simulator:
                                    packets=memory_packets)
         # a DMA start pushes one event per stream it starts (two per attach router)
         self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
+        if self.l2_tlm:  # an L2 fill's response releases every hit waiting for it: at most every slot
+            self._headroom += self.mem.sl_addr.shape[0]
         # the SRAM ports in the timing path: at the TLM memory fidelity only (sramport.py)
         dma = arch.cores.dma
         rate = 8 * int(dma.bytes_per_cycle if dma.bytes_per_cycle is not None else dma.transaction_bytes)
