@@ -20,9 +20,9 @@ kernel (the same plan).
 exceed the 192 MiB L2.
 
 Measured (2-CPU AMD EPYC; the quick set in ~70 s): hit rates agree to 1e-6 on every quick shape
-(0.857, 0.958, 0.917, 0.104, 0.900) and on 910B fp16 8192^3 (0.979, 143 s at TLM); times at the
-TLM cache are 10-16% (8192^3: 7.5%) longer than the TLM HBM with the reuse-model L2 and 19-45%
-longer than the analytical fidelity: concurrent readers of a block wait for its fill.
+(0.857, 0.958, 0.917, 0.104, 0.900) and on 910B fp16 8192^3 (0.979, 133 s at TLM); times at the
+TLM cache are 11.5-17.4% (8192^3: 7.5%) longer than the TLM HBM with the reuse-model L2 and
+19-46% longer than the analytical fidelity: concurrent readers of a block wait for its fill.
 """
 
 from __future__ import annotations
