@@ -1204,8 +1204,8 @@ def map_model(graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: floa
     model's split (one core's share from HBM, the others' as fixed-time L2 reads). The cube/vector
     hand-offs through global memory keep the reuse model's fixed-time L2 write and read at every
     fidelity: the TLM L2 is write-through, so a hand-off written there would cost HBM bandwidth
-    that Ascend's write-back L2 does not spend on it (437 against 171 us for a 512-token GQA
-    prefill chunk on ascend-910b, its fp32 scores all written to HBM)."""
+    that Ascend's write-back L2 does not spend on it (a 512-token GQA prefill chunk on
+    ascend-910b took about 2.5x as long that way, its fp32 scores all written to HBM)."""
     if spec.tensor_parallel.degree > arch.num_cores:
         raise ConfigError(f"tensor_parallel.degree {spec.tensor_parallel.degree} exceeds the chip's "
                           f"{arch.num_cores} cores")
