@@ -47,6 +47,31 @@ def test_mem_json_contract(capsys):
     assert 0 < d["bandwidth_gbps"] <= d["peak_bandwidth_gbps"]
 
 
+def test_mem_repeat_shows_the_l2_hit_rate(capsys):
+    """A second pass over 3 MiB on a chip with a 192 MiB L2 hits there (TLM); the analytical
+    fidelity does not simulate the cache; a chip without an L2 reports none."""
+    code, out, _ = run_cli(capsys, "mem", "--arch", "ascend-910b", "--bytes", "3MiB", "--repeat", "2", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["repeat"] == 2 and d["l2_hit_rate"] == 0.5 and d["l2_read_bytes"] == 6 * 2**20
+    code, out, _ = run_cli(capsys, "mem", "--arch", "ascend-910b", "--bytes", "3MiB", "--repeat", "2")
+    assert code == 0 and "L2 hits           50.0%" in out and "HBM traffic" in out
+    for argv in (("--arch", "ascend-910b", "--mode", "analytical"), ()):
+        code, out, _ = run_cli(capsys, "mem", *argv, "--bytes", "1MiB", "--repeat", "2", "--json")
+        assert code == 0 and json.loads(out)["l2_hit_rate"] is None
+
+
+def test_gemm_chip_reports_who_decided_the_l2_hits(capsys):
+    argv = ("gemm", "--arch", "ascend-910c-die", "--chip", "--m", "256", "--k", "1024", "--n", "512", "--dtype",
+            "int8", "--no-cache", "--json")
+    models = {}
+    for memory in ("analytical", "tlm"):
+        code, out, _ = run_cli(capsys, *argv, "--memory", memory)
+        d = json.loads(out)
+        assert code == 0 and 0 < d["l2_hit_rate"] < 1
+        models[d["l2_model"]] = d["l2_hit_rate"]
+    assert set(models) == {"reuse", "tlm"} and models["tlm"] == pytest.approx(models["reuse"], abs=1e-3)
+
+
 def test_run_json_contract_outputs_and_replay(capsys, tmp_path):
     argv = ["run", "--model", "qwen3-0.6b", "--layers", "2", "--phase", "prefill", "--batch", "2", "--seq", "64",
             "--tp", "4", "--stages", "2", "--out", str(tmp_path), "--json", "--no-progress"]

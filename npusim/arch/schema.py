@@ -394,20 +394,43 @@ class Noc(StrictModel):
 class L2Cache(StrictModel):
     """The chip's shared last-level cache between the cores' DMA engines and HBM (Ascend's L2).
 
-    Modelled by :mod:`npusim.hw.memory.l2` as an LRU cache of ``capacity_mb`` MiB seen through
-    reuse distances: a re-read of bytes that were loaded before hits when fewer than the
-    capacity's distinct bytes were loaded in between; a hit costs no HBM bandwidth and moves at
-    the core's even share of ``bandwidth_gbps`` (aggregate, read/write mixed, all cores together),
-    at most ``core_bytes_per_cycle`` (one core's read rate from the L2; ``None``: its DMA ports'
-    rate, as from HBM). ``hit_latency_ns`` (optional; ``None``: not published, not modelled) is
-    added once to each L2 transfer. Set associativity, write allocation and replacement policies
-    other than LRU are not modelled."""
+    Two models use it (see :mod:`npusim.hw.memory.l2` and :mod:`npusim.hw.memory.hbm`):
+
+    * the **analytical reuse model** (the analytical memory fidelity, and the planners): an LRU
+      cache of ``capacity_mb`` MiB seen through reuse distances: a re-read of bytes that were
+      loaded before hits when fewer than the capacity's distinct bytes were loaded in between;
+      a hit costs no HBM bandwidth and moves at the core's even share of ``bandwidth_gbps``
+      (aggregate, read/write mixed, all cores together), at most ``core_bytes_per_cycle`` (one
+      core's read rate from the L2; ``None``: its DMA ports' rate, as from HBM);
+    * the **transaction-level cache** (``--memory tlm``): ``capacity_mb`` MiB of ``line_bytes``
+      lines in ``ways``-way sets (LRU per set), each line's sectors (one per DMA transaction, at
+      most 32 a line) valid separately; lines interleaved over ``slices`` slices by address, each slice serving
+      ``bandwidth_gbps / slices``; a read that hits is served by its slice (no HBM traffic), one
+      that misses goes to HBM and fills its sector; writes go to HBM (write-through) and, with
+      ``write_allocate``, also update or allocate their line (a later read of written data hits).
+
+    ``hit_latency_ns`` (optional; ``None``: not published, not modelled) is added to each L2
+    transfer (analytical) or each hit transaction (TLM)."""
 
     capacity_mb: PosF(2**20)
     bandwidth_gbps: PosF(1e7)
     core_bytes_per_cycle: PosF(2**20) | None = None
     hit_latency_ns: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
+    line_bytes: Pos(2**16) = Field(default=128, description="bytes per line (a power of two); the TLM cache keeps "
+                                   "a valid bit per sector: per DMA transaction, at most 32 per line")
+    ways: Pos(1024) = 16
+    slices: Pos(1024) = 1
+    write_allocate: bool = True
     source: str = ""
+
+    @model_validator(mode="after")
+    def _geometry(self):
+        if self.line_bytes & (self.line_bytes - 1):
+            raise ValueError(f"l2.line_bytes must be a power of two, got {self.line_bytes}")
+        if self.capacity_mb * 2**20 < self.line_bytes * self.ways:
+            raise ValueError(f"l2.capacity_mb {self.capacity_mb:g} MiB holds less than one set of "
+                             f"l2.ways {self.ways} x l2.line_bytes {self.line_bytes}")
+        return self
 
 
 class CoreClass(StrictModel):

@@ -20,7 +20,9 @@ def add_parser(sub):
         "SRAM's ports and reports the cycles it stalls (sram_stall_cycles); analytical (default) is the "
         "stall-free closed form. With --chip: "
         "spread over all of the chip's cores (or --cores N of them) by the chip simulator, A and B read "
-        "from HBM and C written back, as a vendor's operator benchmark reports it.",
+        "from HBM and C written back, as a vendor's operator benchmark reports it; on a chip with an L2 "
+        "(the arch's l2 section) re-reads hit there: --memory tlm simulates the cache transaction by "
+        "transaction (l2_model: tlm), the analytical fidelity counts hits by reuse distance (reuse).",
     )
     add_arch_arg(p)
     p.add_argument("--m", type=positive_int, required=True)
@@ -188,6 +190,10 @@ def run_chip(args) -> int:
         arch = with_l2_capacity(arch, args.l2_mb)
     cc = ChipCost(arch, memory=args.memory, persist=args.cache, l2_bytes_per_cycle=args.l2)
     r = cc.gemm(args.m, args.k, args.n, args.dtype, args.cores, batch=args.batch, out_dtype=args.out_dtype)
+    # who decided the hits: the simulator's transaction-level cache (--memory tlm), the reuse-distance
+    # model (analytical), the ideal bracket (--l2-bytes-per-cycle), or nobody (no L2)
+    l2_model = ("ideal" if args.l2 is not None else None if arch.l2 is None
+                else "tlm" if args.memory == "tlm" else "reuse")
     out = {
         "m": args.m, "k": args.k, "n": args.n, "batch": args.batch, "dtype": args.dtype,
         "out_dtype": args.out_dtype or ("bf16" if args.dtype in ("int8", "int4", "fp8") else args.dtype),
@@ -199,6 +205,7 @@ def run_chip(args) -> int:
         "hbm_bytes": r.hbm_bytes, "hbm_read_bytes": r.hbm_read_bytes, "hbm_write_bytes": r.hbm_write_bytes,
         "min_hbm_bytes": r.min_hbm_bytes, "l2_read_bytes": r.l2_read_bytes, "l2_hit_rate": r.l2_hit_rate,
         "l2_mb": None if arch.l2 is None else arch.l2.capacity_mb, "l2_bytes_per_cycle": args.l2,
+        "l2_model": l2_model,
         "hbm_bandwidth_gbps": r.hbm_bandwidth_gbps, "hbm_peak_bandwidth_gbps": r.hbm_peak_bandwidth_gbps,
         "hbm_utilization": r.hbm_utilization, "sram_stall_cycles": r.sram_stall_cycles, "mapping": r.mapping,
     }
@@ -219,8 +226,11 @@ def run_chip(args) -> int:
         print(f"  ideal L2      {r.l2_read_bytes / 1e6:,.2f} MB of re-reads at {args.l2:g} B/cycle per core "
               f"({100 * r.l2_hit_rate:.1f}% of the loads)")
     elif arch.l2 is not None:
+        how = (f"measured by the TLM cache, {arch.l2.ways}-way, {arch.l2.line_bytes} B lines, "
+               f"{arch.l2.slices} slice{'s' if arch.l2.slices > 1 else ''}" if l2_model == "tlm"
+               else "by the reuse-distance model; --memory tlm simulates the cache")
         print(f"  L2            {100 * r.l2_hit_rate:.1f}% of the loads hit ({r.l2_read_bytes / 1e6:,.2f} MB) in "
-              f"{arch.l2.capacity_mb:g} MiB at {arch.l2.bandwidth_gbps:,.0f} GB/s")
+              f"{arch.l2.capacity_mb:g} MiB at {arch.l2.bandwidth_gbps:,.0f} GB/s ({how})")
     else:
         print(f"  L2            none on {arch.name}: every load from HBM")
     print(f"  kernel        {r.mapping}")

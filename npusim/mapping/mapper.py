@@ -188,8 +188,10 @@ class _GroupState:
 
 class Mapper:
     def __init__(self, graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: float | None = None,
-                 cores: list[int] | None = None):
+                 cores: list[int] | None = None, l2_addressed: bool = False):
         self.graph, self.arch, self.spec = graph, arch, spec
+        # the program runs with the TLM L2 (see map_model): L2 traffic as DMAs at real addresses
+        self.l2_addressed = bool(l2_addressed) and arch.l2 is not None
         self.kv_hbm_fraction = kv_hbm_fraction
         self.region = list(cores) if cores is not None else None
         # with core classes the smallest SRAM among the cores used bounds what every core holds
@@ -489,7 +491,7 @@ class Mapper:
     def _kv_context(self) -> tuple:
         """What lowering an attention op reads beyond :meth:`_memo_context`: where the KV cache is."""
         return (self.kv_hbm_fraction, self.kv_in_hbm, tuple(self.kv_base), self.kv_layer_stride,
-                tuple(sorted(self.kv_layers.items())))
+                tuple(sorted(self.kv_layers.items())), self.l2_addressed)
 
     def _memo_emit(self, st: _GroupState, op: Op, name: str, lower, ctx: tuple) -> None:
         """Lower a GEMM or attention op through :meth:`Program.recorded`: an op lowered before with
@@ -959,7 +961,14 @@ class Mapper:
             if seqs <= 0 or heads <= 0 or q_len <= 0:
                 outs.append(prog.add_barrier(deps, name))
                 continue
-            if self.kv_hbm_fraction > 0:
+            if self.kv_hbm_fraction > 0 and self.l2_addressed and sharers > 1:
+                # the TLM L2 decides: the cores sharing a KV head read it whole from one place
+                cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
+                if cache > 0:
+                    home = st.cores[min(i // sharers * sharers, len(st.cores) - 1)]
+                    deps.append(prog.add_dma(c, cache, address=self._kv_address(home, op), deps=[st.ready[i]],
+                                             name=f"{name} read KV"))
+            elif self.kv_hbm_fraction > 0:
                 cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
                 hit = int(cache * (1 - 1 / sharers)) if l2 else 0
                 if cache - hit > 0:
@@ -1182,13 +1191,21 @@ class Mapper:
 
 
 def map_model(graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: float | None = None,
-              cores: list[int] | None = None) -> Mapped:
+              cores: list[int] | None = None, l2_addressed: bool = False) -> Mapped:
     """Lay ``graph`` onto ``arch`` following ``spec``; see the module docstring.
 
     ``kv_hbm_fraction``: the share of each attention's cached keys/values read from HBM
     (a serving memory manager knows it); default: all of it when the spec puts the KV
     cache in HBM, none otherwise. New keys/values are written to HBM only in the former case.
-    ``cores``: map onto this ordered list of cores only (TP groups are consecutive runs of it)."""
+    ``cores``: map onto this ordered list of cores only (TP groups are consecutive runs of it).
+    ``l2_addressed``: the program will run with the transaction-level L2 (TLM memory, an arch ``l2``):
+    the KV re-reads of cores that share a KV head become DMAs of the whole head from one address
+    (its first sharer's KV area), and the simulated cache decides what hits. Default: the reuse
+    model's split (one core's share from HBM, the others' as fixed-time L2 reads). The cube/vector
+    hand-offs through global memory keep the reuse model's fixed-time L2 write and read at every
+    fidelity: the TLM L2 is write-through, so a hand-off written there would cost HBM bandwidth
+    that Ascend's write-back L2 does not spend on it (a 512-token GQA prefill chunk on
+    ascend-910b took about 2.5x as long that way, its fp32 scores all written to HBM)."""
     if spec.tensor_parallel.degree > arch.num_cores:
         raise ConfigError(f"tensor_parallel.degree {spec.tensor_parallel.degree} exceeds the chip's "
                           f"{arch.num_cores} cores")
@@ -1198,7 +1215,7 @@ def map_model(graph: Graph, arch: Arch, spec: MappingSpec, kv_hbm_fraction: floa
         raise ConfigError(f"{graph.name}: {len(bad)} ops use a dtype {arch.name}'s array does not support "
                           f"(e.g. {bad[0].name}: {bad[0].dtype}); supported: "
                           f"{sorted(arch.cores.systolic_array.macs_per_pe_per_cycle)}")
-    return Mapper(graph, arch, spec, kv_hbm_fraction, cores).plan()
+    return Mapper(graph, arch, spec, kv_hbm_fraction, cores, l2_addressed).plan()
 
 
 __all__ = ["Mapped", "map_model", "op_class"]

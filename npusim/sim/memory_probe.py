@@ -21,6 +21,11 @@ max(tRRD_S, tFAW/4)`` up to the data bus. Cycle-accurate DRAM simulators' "rando
 traffic is one access-granularity request per ACT (Ramulator2 HBM2/HBM3: 32 B,
 ``channel_width x prefetch / 8``; DRAMsim3's 128-bit HBM2 channel: 64 B); compare like
 with like (``validation/hbm_random_request_size.py``).
+
+Passes (``repeat``): the pattern runs ``repeat`` times, each initiator's pass after its previous
+one, over the same addresses (``random`` draws new ones each pass); ``bytes`` is per pass. On a
+chip with an L2 at the TLM fidelity the later passes of a region that fits the L2 hit there
+(``l2_hit_rate``: of all the bytes read, what the L2 served; ``None`` without a TLM L2).
 """
 
 from __future__ import annotations
@@ -63,6 +68,10 @@ class MemoryReport:
     row_hit_rate: float | None
     per_channel: list[dict]
     checks: dict
+    repeat: int = 1  # passes over the pattern (bytes and bandwidth count all of them)
+    l2_hit_rate: float | None = None  # of the bytes read, the TLM L2's hits (None: no TLM L2)
+    l2_hit_bytes: int | None = None
+    l2_read_bytes: int | None = None  # bytes read through the L2: its hits + its misses
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,10 +102,13 @@ def random_request_arch(arch: Arch, request_bytes: int) -> Arch:
 
 def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, mode: str = "tlm",
                    initiators: int | None = None, write: bool = False, stride: int = 4096,
-                   request_bytes: int | None = None) -> MemoryReport:
+                   request_bytes: int | None = None, repeat: int = 1) -> MemoryReport:
     """Run ``pattern`` over ``nbytes`` (bytes) through ``initiators`` DMA engines (default all) and
     report bandwidth (GB/s), latency (ns) and the DRAM bound. ``request_bytes``: size of a random
-    request (``random`` only; default the arch's DMA transaction size)."""
+    request (``random`` only; default the arch's DMA transaction size). ``repeat``: passes over
+    the same addresses (see the module docstring)."""
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ConfigError(f"repeat must be a positive integer, got {repeat!r}")
     if pattern not in PATTERNS:
         raise ConfigError(f"pattern '{pattern}': expected one of {sorted(PATTERNS)}")
     if nbytes <= 0:
@@ -115,19 +127,21 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
     unit = max(txn, request_bytes or 0)  # an initiator's share: whole transactions (random: requests)
     share = -(-nbytes // n_init)
     share = -(-share // unit) * unit
-    for i in range(n_init):
-        core, eng = divmod(i, sim.dma_engines)
-        if pattern == "stream":
-            address, code, step = i * txn, PATTERN_STRIDED, n_init * txn
-        elif pattern == "strided":  # disjoint strided regions, one per initiator
-            address, code, step = i * (share // txn) * stride, PATTERN_STRIDED, stride
-        else:  # random: blocks of request_bytes (one transaction each up to the interleave)
-            address, code, step = i * share, PATTERNS[pattern], request_bytes
-        size = min(share, nbytes - i * share)
-        if size <= 0:
-            break
-        sim.add_dma(core, size, address=address, write=write, dma_engine=eng, pattern=code, stride=step,
-                    name=f"{pattern}{i}")
+    last = [-1] * n_init
+    for rep in range(repeat):
+        for i in range(n_init):
+            core, eng = divmod(i, sim.dma_engines)
+            if pattern == "stream":
+                address, code, step = i * txn, PATTERN_STRIDED, n_init * txn
+            elif pattern == "strided":  # disjoint strided regions, one per initiator
+                address, code, step = i * (share // txn) * stride, PATTERN_STRIDED, stride
+            else:  # random: blocks of request_bytes (one transaction each up to the interleave)
+                address, code, step = i * share, PATTERNS[pattern], request_bytes
+            size = min(share, nbytes - i * share)
+            if size <= 0:
+                break
+            last[i] = sim.add_dma(core, size, address=address, write=write, dma_engine=eng, pattern=code,
+                                  stride=step, deps=[last[i]] if rep else (), name=f"{pattern}{i}")
     sim.run()
     cycles = sim.makespan()
     time_ns = cycles / arch.clock_ghz
@@ -155,7 +169,8 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
         lat_p99 = _percentile_from_hist(mem.ch_lat_hist.sum(axis=0), 0.99, bin_ns)
         accesses = int(mem.ch_rowstat.sum())
         hit_rate = float(mem.ch_rowstat[:, 0].sum() / accesses) if accesses else None
-    bw = nbytes / time_ns if time_ns else 0.0
+    bw = repeat * nbytes / time_ns if time_ns else 0.0
+    l2 = sim.l2_stats()
     bound = bandwidth_bound(mem.p, mem.u_burst_ps, mem.u_tccd_ps, pattern, write, duration_ps=time_ns * 1000.0)
     return MemoryReport(
         pattern=pattern, mode=mode, write=write, bytes=nbytes, initiators=n_init, cycles=cycles, time_ns=time_ns,
@@ -164,5 +179,7 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
         bound_terms_gbps=bound["terms_gbps"] if bound else None, request_bytes=request_bytes,
         latency_ns_mean=lat_mean, latency_ns_p99=lat_p99, latency_ns_hist_max=LAT_BINS * bin_ns,
         unloaded_latency_ns=unloaded_read_latency_ps(mem.p, "conflict") / 1000.0,
-        row_hit_rate=hit_rate, per_channel=per_channel, checks=sim.memory_checks(),
+        row_hit_rate=hit_rate, per_channel=per_channel, checks=sim.memory_checks(), repeat=repeat,
+        l2_hit_rate=None if l2 is None or not l2["read_bytes"] else l2["hit_rate"],
+        l2_hit_bytes=None if l2 is None else l2["hit_bytes"], l2_read_bytes=None if l2 is None else l2["read_bytes"],
     )

@@ -28,8 +28,11 @@ from npusim.arch.schema import Arch
 from npusim.engine import Engine
 from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS, SC_NOTIFIED, SC_NOW
 from npusim.errors import ConfigError, DeadlockError
-from npusim.hw.memory.hbm import C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, new_hbm_state
-from npusim.hw.memory.params import memory_params
+from npusim.hw.memory.hbm import (
+    C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, L2_EVICTIONS, L2_HIT_BYTES, L2_HITS, L2_MERGED, L2_MISS_BYTES,
+    L2_MISSES, L2_NSTATS, L2_WRITE_BYTES, new_hbm_state,
+)
+from npusim.hw.memory.params import P_L2_ON, P_L2_SLICES, memory_params
 from npusim.hw.noc.flit import zero_load_latency_cycles
 from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
 from npusim.hw.noc.path import grow_slots, new_path_state
@@ -158,6 +161,8 @@ class Simulator:
                                    packets=memory_packets)
         # a DMA start pushes one event per stream it starts (two per attach router)
         self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
+        if self.l2_tlm:  # an L2 fill's response releases every hit waiting for it: at most every slot
+            self._headroom += self.mem.sl_addr.shape[0]
         # the SRAM ports in the timing path: at the TLM memory fidelity only (sramport.py)
         dma = arch.cores.dma
         rate = 8 * int(dma.bytes_per_cycle if dma.bytes_per_cycle is not None else dma.transaction_bytes)
@@ -327,6 +332,26 @@ class Simulator:
     def busy_cycles(self, include_running: bool = False) -> np.ndarray:
         """Busy cycles per queue, shape (cores, queues_per_core) (see ``Engine.busy_cycles``)."""
         return self.engine.busy_cycles(include_running).reshape(self.arch.num_cores, self.queues_per_core)
+
+    @property
+    def l2_tlm(self) -> bool:
+        """Whether the transaction-level L2 is in the timing path (TLM memory and an arch ``l2``)."""
+        return bool(self.mem.p[P_L2_ON])
+
+    def l2_stats(self) -> dict | None:
+        """What the TLM L2 saw (None without one): bytes read that hit / missed (``read_bytes`` =
+        their sum: every byte a DMA read), bytes written through it, read transactions that hit /
+        missed, hits that waited for a fill in flight, lines evicted, ``hit_rate`` (of the bytes
+        read) and the bytes each slice moved (hits, fills and writes)."""
+        if not self.l2_tlm:
+            return None
+        m = self.mem.l2
+        slices = int(self.mem.p[P_L2_SLICES])
+        hit, miss = int(m[L2_HIT_BYTES]), int(m[L2_MISS_BYTES])
+        return {"hit_bytes": hit, "miss_bytes": miss, "read_bytes": hit + miss, "write_bytes": int(m[L2_WRITE_BYTES]),
+                "hits": int(m[L2_HITS]), "misses": int(m[L2_MISSES]), "merged": int(m[L2_MERGED]),
+                "evictions": int(m[L2_EVICTIONS]), "hit_rate": hit / (hit + miss) if hit + miss else 0.0,
+                "slice_bytes": m[L2_NSTATS + slices:L2_NSTATS + 2 * slices].tolist()}
 
     def memory_checks(self) -> dict[str, int]:
         """TLM protocol checks: both counts must be zero."""

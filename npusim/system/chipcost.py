@@ -54,6 +54,16 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   Results: 2048^3 INT8 on the 910C die 35% of peak without the L2, 74% with it; 4096^3 FP16 on the
   910B 37% -> 97% (the cube model has no pipeline bubbles: vendor operator benchmarks report ~80%
   for such shapes, no source at hand).
+* **The L2 at the TLM fidelity** (``memory="tlm"`` and an arch ``l2``): the reuse model above
+  still plans the kernel and the candidates race at the analytical fidelities, but the winner's
+  loads are all DMAs at the operands' real addresses (:class:`_Layout`: each operand block in the
+  kernel's tile order, so a chunk of a tile is one contiguous run and cores sharing a block read
+  the same addresses) and the simulator's transaction-level L2 (:mod:`npusim.hw.memory.hbm`,
+  "L2": set-associative, sliced, LRU, write-through with write-allocate) decides what hits;
+  ``l2_read_bytes`` / ``l2_hit_rate`` are what it measured. Differences from the reuse model, by
+  construction: cores that load a block at the same step wait for its first loader's HBM fill
+  (an MSHR merge) instead of reading it at the L2 rate at once; C's writes take L2 room; set
+  conflicts. ``validation/l2_tlm_vs_reuse.py`` prints both, with the time each gives.
 * ``l2_bytes_per_cycle`` (opt-in, a bracket) replaces the arch's L2 by an ideal one of unlimited
   capacity that serves every re-read at ``l2_bytes_per_cycle`` per core.
 * Planning: an analytical estimate (per-core compute, per-core DMA, chip HBM time, prologue,
@@ -86,8 +96,10 @@ project's mapper (:func:`npusim.mapping.mapper.map_model`) onto the share, by de
 parallel over all of its cores with weights and KV cache streamed from HBM (the system level keeps
 a die's weights in HBM, not in core SRAM); the mapper's model applies (activations start and end
 in SRAM, collectives over the NoC; attention is head-parallel, so with MLA's single latent KV head
-every core of the share reads the whole KV cache; the mapper's loads do not go through the L2:
-all reach HBM and ``l2_hit_rate`` is 0). Pass ``spec`` to map differently (a ``gemm`` op
+every core of the share reads the whole KV cache; its L2 hits -- attention's shared KV re-reads,
+the cube/vector hand-off -- are the reuse model's at the analytical fidelity; at ``memory="tlm"``
+the shared KV re-reads are DMAs the simulator's TLM L2 serves, :func:`~npusim.mapping.mapper.map_model`
+``l2_addressed``). Pass ``spec`` to map differently (a ``gemm`` op
 with a ``spec`` goes through the mapper too).
 
 **Cache.** Results are memoised by (chip arch content — its hardware (its L2 too), not its name —, op kind,
@@ -142,6 +154,7 @@ MAX_STEPS = 48  # per core, after merging K-chunks (see module docstring)
 PLAN_CANDIDATES = 3  # GEMM plans simulated per miss (the fastest is kept) ...
 PLAN_WINDOW = 0.05  # ... among those estimated within 5% of the best estimate
 ACC_BYTES = 4  # fp32 / int32 accumulators
+SPLIT_RUN_BYTES = 4096  # an addressed load (TLM L2) of twice this is split over the core's DMA engines
 MB = 2**20
 _PACKAGE = Path(__file__).resolve().parents[1]
 # what defines the chip model: a change to any of these invalidates cached costs
@@ -529,6 +542,80 @@ class _Unit:
     a_bytes: int  # A read before this chunk's compute (0: resident)
     b_bytes: int
     write: int  # bytes written after it (the tile's last chunk)
+    runs: tuple = ()  # with a layout (the TLM L2): the (address, bytes) runs its A and B loads read
+
+
+class _Layout:
+    """Where the operands live in HBM when the TLM L2 decides the hits (see the module docstring):
+    per batch item, A's blocks of rows x K slice (``ms[i] x ks[kk]``) one after the other, B's
+    blocks of K slice x columns likewise, then C. Inside a block a *panel* layout: the block's
+    canonical tiles along M (A; B: along N) -- the tiling of the first core that reads the block
+    -- one after the other, each tile cut along K into fractals of ``k_unit`` (the array's K per
+    fold) stored in K order, a fractal row-major (A: each row's K elements together; B: each
+    column's). So a chunk of a canonical tile is one contiguous run, and cores that tile a block
+    differently read the same bytes at the same addresses (one run per fractal). This is the
+    pre-formatted layout a vendor's GEMM reads (Ascend's fractal NZ-style formats); the L2 sees
+    each operand byte at one address whoever reads it."""
+
+    def __init__(self, planner: _Planner, batch: int, bs, ms, ks, ns):
+        e, self.e, self.ku = planner.e, planner.e, planner.k_unit
+        self.ms, self.ks, self.ns = ms, ks, ns
+        self.a_off, self.b_off = {}, {}
+        off = 0
+        for i, mb in enumerate(ms):
+            for kk, kb in enumerate(ks):
+                self.a_off[i, kk] = off
+                off += mb * kb
+        self.a_item = off  # elements of one batch item's A
+        off = 0
+        for kk, kb in enumerate(ks):
+            for j, nb in enumerate(ns):
+                self.b_off[kk, j] = off
+                off += kb * nb
+        self.b_item = off
+        self.a_tile = {(i, kk): planner.block(ms[i], ks[kk], ns[0]).tm for i in range(len(ms)) for kk in range(len(ks))}
+        self.b_tile = {(kk, j): planner.block(ms[0], ks[kk], ns[j]).tn for kk in range(len(ks)) for j in range(len(ns))}
+        align = 1 << 20
+        self.a_base = 0
+        self.b_base = _ceil_to(int(math.ceil(batch * self.a_item * e)), align)
+        self.c_base = _ceil_to(self.b_base + int(math.ceil(batch * self.b_item * e)), align)
+
+    def _runs(self, base_el: float, outer: int, kb: int, tile: int, o0: int, o1: int, k0: int, k1: int) -> list:
+        """Element runs of outer indices ``[o0, o1)`` x K ``[k0, k1)`` of a block of ``outer x kb``
+        elements stored in the panel layout with canonical tiles of ``tile`` along ``outer``."""
+        ku, out = self.ku, []
+        for t in range(o0 // tile, (o1 - 1) // tile + 1):
+            t0 = t * tile
+            rows = min(tile, outer - t0)
+            tbase = base_el + t0 * kb
+            r0, r1 = max(o0, t0), min(o1, t0 + rows)
+            f0 = k0 // ku
+            if r0 == t0 and r1 == t0 + rows:  # whole canonical tile: its fractals k0..k1 are contiguous
+                out.append((tbase + rows * f0 * ku, rows * (k1 - k0)))
+                continue
+            for f in range(f0, -(-k1 // ku)):
+                w = min(ku, kb - f * ku)
+                out.append((tbase + rows * f * ku + (r0 - t0) * w, (r1 - r0) * w))
+        return out
+
+    def a_runs(self, item: int, i: int, kk: int, r0: int, r1: int, k0: int, k1: int) -> list:
+        base = self.a_base / self.e + item * self.a_item + self.a_off[i, kk]
+        return self._runs(base, self.ms[i], self.ks[kk], self.a_tile[i, kk], r0, r1, k0, k1)
+
+    def b_runs(self, item: int, kk: int, j: int, n0: int, n1: int, k0: int, k1: int) -> list:
+        base = self.b_base / self.e + item * self.b_item + self.b_off[kk, j]
+        return self._runs(base, self.ns[j], self.ks[kk], self.b_tile[kk, j], n0, n1, k0, k1)
+
+    def to_bytes(self, runs) -> list[tuple[int, int]]:
+        """Element runs as byte runs, contiguous ones merged."""
+        out: list[list[int]] = []
+        for start, n in runs:
+            a, b = int(math.floor(start * self.e)), int(math.ceil((start + n) * self.e))
+            if out and out[-1][0] + out[-1][1] == a:
+                out[-1][1] += b - a
+            else:
+                out.append([a, b - a])
+        return [(a, n) for a, n in out]
 
 
 def _step_sizes(units: int, max_steps: int) -> list[int]:
@@ -546,9 +633,10 @@ def _step_sizes(units: int, max_steps: int) -> list[int]:
 
 
 class _Emitter:
-    def __init__(self, planner: _Planner, prog: Program, dtype: str):
+    def __init__(self, planner: _Planner, prog: Program, dtype: str, layout: _Layout | None = None):
         self.pl, self.prog, self.dtype = planner, prog, dtype
-        self.addr = 0
+        self.layout = layout  # the TLM L2: loads read the operands' real addresses (_Layout)
+        self.addr = 0 if layout is None else layout.c_base  # with a layout only C is placed as it goes
         self.engine_bytes: dict[int, list[int]] = {}
         self.hbm_fraction = (1.0, 1.0)  # of A's and B's loads that reach HBM (the rest: L2 hits)
         self.l2_bpc = 0.0  # a core's L2 read rate, bytes per cycle (set_l2)
@@ -582,14 +670,38 @@ class _Emitter:
                     out.append(self._dma(core, part, False, deps, name, engine))
         return out
 
+    def load_runs(self, core: int, runs: list[tuple[int, int]], deps, name: str) -> list[int]:
+        """Reads of the byte ``runs`` (address, bytes) at their addresses, for the TLM L2 to serve
+        or pass to HBM: as :meth:`loads` splits a load, a run split evenly over the core's DMA
+        engines (each part at least ``SPLIT_RUN_BYTES``), a small one on the least loaded engine.
+        (Whole runs on one engine each, fewer transfers, were slower: 50.7 against 46.6 us for
+        2048^3 int8 on ascend-910c-die, one engine's tags then carry a run.)"""
+        out = []
+        total = self.pl.engines
+        for addr, size in runs:
+            engines = max(1, min(total, size // SPLIT_RUN_BYTES))
+            first = self._least_loaded(core) if engines < total else 0
+            at = addr
+            for i in range(engines):
+                part = _split(size, engines, i)
+                if not part:
+                    continue
+                engine = (first + i) % total
+                out.append(self.prog.add_dma(core, part, address=at, deps=deps, dma_engine=engine, name=name))
+                self.engine_bytes.setdefault(core, [0] * total)[engine] += part
+                at += part
+        return out
+
     def _least_loaded(self, core: int) -> int:
         return int(np.argmin(self.engine_bytes.setdefault(core, [0] * self.pl.engines)))
 
     def write(self, core: int, nbytes: int, deps, name: str) -> int:
         return self._dma(core, nbytes, True, deps, name, self._least_loaded(core))
 
-    def units(self, mb: int, kb: int, nb: int, bb: int, blk: _Block, write_tiles: bool) -> list[_Unit]:
-        """A core's chunks in loop order (see module docstring)."""
+    def units(self, mb: int, kb: int, nb: int, bb: int, blk: _Block, write_tiles: bool,
+              where: tuple | None = None) -> list[_Unit]:
+        """A core's chunks in loop order (see module docstring). ``where`` = (first batch item,
+        block row i, block column j, K slice kk): with a layout, each chunk's loads as address runs."""
         e, eo = self.pl.e, self.pl.eo
         tms = [min(blk.tm, mb - i * blk.tm) for i in range(_cdiv(mb, blk.tm))]
         tns = [min(blk.tn, nb - j * blk.tn) for j in range(_cdiv(nb, blk.tn))]
@@ -597,7 +709,8 @@ class _Emitter:
         order = ([(i, j) for j in range(len(tns)) for i in range(len(tms))] if blk.reuse == "b" else
                  [(i, j) for i in range(len(tms)) for j in range(len(tns))])
         out: list[_Unit] = []
-        for _ in range(bb):
+        lay = self.layout if where is not None else None
+        for item in range(bb):
             seen_a, seen_b = set(), set()
             for i, j in order:
                 tm, tn = tms[i], tns[j]
@@ -607,9 +720,17 @@ class _Emitter:
                 seen_b.add(j)
                 tile = self.pl.cycles(tm, kb, tn)  # one accumulation over the whole K (L0C)
                 for c, kc in enumerate(kcs):
+                    runs = ()
+                    if lay is not None:
+                        b0, bi, bj, kk = where
+                        k0 = c * blk.kc
+                        runs = tuple((lay.a_runs(b0 + item, bi, kk, i * blk.tm, i * blk.tm + tm, k0, k0 + kc)
+                                      if a_new else []) +
+                                     (lay.b_runs(b0 + item, kk, bj, j * blk.tn, j * blk.tn + tn, k0, k0 + kc)
+                                      if b_new else []))
                     out.append(_Unit(tile * kc / kb, _nbytes(tm * kc, e) if a_new else 0,
                                      _nbytes(kc * tn, e) if b_new else 0,
-                                     _nbytes(tm * tn, eo) if c == len(kcs) - 1 and write_tiles else 0))
+                                     _nbytes(tm * tn, eo) if c == len(kcs) - 1 and write_tiles else 0, runs))
         return out
 
     def set_l2(self, m: int, k: int, n: int, batch: int, grid: tuple, big: _Block, work: list[list[_Unit]]) -> None:
@@ -642,8 +763,12 @@ class _Emitter:
         def issue_load(s: int) -> None:
             if s >= len(steps):
                 return
-            hbm, l2 = self._split_load(steps[s])
             deps = [computes[s - 2]] if s >= 2 else []
+            if self.layout is not None:  # real addresses: the TLM L2 decides what hits
+                runs = self.layout.to_bytes([r for u in steps[s] for r in u.runs])
+                loads[s] = self.load_runs(core, runs, deps, f"{tag} load{s}") if runs else list(deps)
+                return
+            hbm, l2 = self._split_load(steps[s])
             loads[s] = self.loads(core, hbm, l2, deps, f"{tag} load{s}") if hbm or l2 else list(deps)
 
         issue_load(0)
@@ -688,12 +813,15 @@ class ChipCost:
     ``arch``: an :class:`~npusim.arch.schema.Arch`, or a preset name / arch file.
     ``memory``: HBM fidelity, ``analytical`` (default) or ``tlm``; ``noc``: ``analytical``
     (default), ``path`` or ``flit``. ``cache_dir``: where results persist (default
-    :func:`default_cache_dir`); ``persist=False`` keeps them in memory only.
+    :func:`default_cache_dir`); ``persist=False`` keeps them in memory only. At ``memory="tlm"`` on
+    a chip with an L2 the simulator's transaction-level cache serves the GEMM's re-reads (its loads
+    read real addresses); ``l2_cache=False`` keeps the reuse-distance model there instead (an
+    ablation).
     """
 
     def __init__(self, arch: Arch | str | Path, memory: str = "analytical", noc: str = "analytical",
                  cache_dir: str | Path | None = None, persist: bool = True,
-                 l2_bytes_per_cycle: float | None = None):
+                 l2_bytes_per_cycle: float | None = None, l2_cache: bool = True):
         if not isinstance(arch, Arch):
             from npusim.arch import load_arch
             arch = load_arch(arch)
@@ -706,6 +834,9 @@ class ChipCost:
             raise ConfigError(f"l2_bytes_per_cycle must be a positive number, got {l2_bytes_per_cycle!r}")
         self.arch, self.memory, self.noc = arch, memory, noc
         self.l2 = None if l2_bytes_per_cycle is None else float(l2_bytes_per_cycle)
+        # at memory="tlm", False keeps the reuse-distance L2 beside the TLM HBM (an ablation that
+        # isolates what the transaction-level cache changes; validation/l2_tlm_vs_reuse.py)
+        self.l2_cache = bool(l2_cache)
         self.persist = persist
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.stats = CacheStats()
@@ -804,6 +935,8 @@ class ChipCost:
     def _key(self, what: dict, share: list[int], frac: float) -> tuple[dict, str]:
         key = {"v": KEY_VERSION, "code": self._code, "arch": self._arch_key, "memory": self.memory,
                "noc": self.noc, "l2": self.l2, "cores": share, "hbm_fraction": frac, **what}
+        if not self.l2_cache:
+            key["l2_cache"] = False
         text = json.dumps(key, sort_keys=True, separators=(",", ":"))
         return key, hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
@@ -888,7 +1021,10 @@ class ChipCost:
 
     # -- simulation ------------------------------------------------------------------------------------
     def _simulate(self, prog: Program, frac: float, memory: str | None = None, noc: str | None = None) -> Simulator:
-        sim = Simulator(self._arch_for(frac), memory_mode=memory or self.memory, noc_mode=noc or self.noc)
+        arch = self._arch_for(frac)
+        if not self.l2_cache and arch.l2 is not None:  # the ablation: no L2 in the simulator's memory model
+            arch = arch.model_copy(update={"l2": None})
+        sim = Simulator(arch, memory_mode=memory or self.memory, noc_mode=noc or self.noc)
         prog.submit(sim)
         sim.run()
         return sim
@@ -905,6 +1041,10 @@ class ChipCost:
         writes = np.asarray([prog.param[i][2] for i in dma], dtype=bool)
         hbm = int(sim.mem.ch_bytes.sum())
         reads = int(sizes[~writes].sum())
+        l2_tlm = sim.l2_stats()
+        if l2_tlm is not None:  # the TLM L2 served some DMA reads: they never reached HBM
+            l2_bytes += l2_tlm["hit_bytes"]
+            reads -= l2_tlm["hit_bytes"]
         used = sorted({c for c in prog.core if c >= 0})
         peak_chip = self._peak_tflops(range(arch.num_cores), dtype)
         peak_share = self._peak_tflops(share, dtype)
@@ -941,6 +1081,8 @@ class ChipCost:
             if best is None or sim.makespan() < best[0].makespan():
                 best = (sim, plan, prog, l2_bytes)
         sim, plan, prog, l2_bytes = best
+        if self._tlm_l2():  # the same plan, its loads at their addresses: the TLM L2 decides the hits
+            prog, l2_bytes = self._gemm_program(planner, plan, m, k, n, batch, dtype, share, addressed=True)
         if not cheap:
             sim = self._simulate(prog, frac)
         e, eo = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
@@ -948,16 +1090,24 @@ class ChipCost:
         return self._result("gemm", label, dtype, share, frac, sim, prog, 2 * batch * m * k * n, min_bytes,
                             plan.describe(), plan.as_tuple(), l2_bytes)
 
-    def _gemm_program(self, planner: _Planner, plan: GemmPlan, m, k, n, batch, dtype, share) -> tuple[Program, int]:
-        """The kernel's tasks; returns the program and the bytes its loads took from the L2."""
+    def _tlm_l2(self) -> bool:
+        """Whether the simulator's TLM L2 serves the GEMM's re-reads (TLM memory, an arch L2, no
+        ideal-L2 bracket): the loads then read real addresses instead of the reuse model's split."""
+        return self.memory == "tlm" and self.arch.l2 is not None and self.l2 is None and self.l2_cache
+
+    def _gemm_program(self, planner: _Planner, plan: GemmPlan, m, k, n, batch, dtype, share,
+                      addressed: bool = False) -> tuple[Program, int]:
+        """The kernel's tasks; returns the program and the bytes its loads took from the L2 (the
+        reuse model's; with ``addressed`` every load is a DMA at the operands' real addresses
+        (:class:`_Layout`) and the simulator's L2 decides: 0 here)."""
         from npusim.comm.collectives import ring_reduce_scatter
 
         sa = planner.sa
         pb, pm, pn, pk = plan.grid
         prog = Program(self.arch.num_cores, meta={"chipcost": "gemm", "m": m, "k": k, "n": n, "batch": batch})
-        em = _Emitter(planner, prog, dtype)
         bs, ms, ns = _blocks(batch, pb, 1), _blocks(m, pm, sa.rows), _blocks(n, pn, sa.cols)
         ks = _blocks(k, pk, planner.k_unit)
+        em = _Emitter(planner, prog, dtype, _Layout(planner, batch, bs, ms, ks, ns) if addressed else None)
         work = []  # per block of C: its K group's (core, units, tag)
         idx = 0
         for b in range(pb):
@@ -968,11 +1118,13 @@ class ChipCost:
                         core = share[idx]
                         idx += 1
                         blk = planner.block(ms[i], ks[kk], ns[j])
-                        units = em.units(ms[i], ks[kk], ns[j], bs[b], blk, pk == 1)
+                        units = em.units(ms[i], ks[kk], ns[j], bs[b], blk, pk == 1,
+                                         (sum(bs[:b]), i, j, kk) if addressed else None)
                         group.append((core, units, f"c{core} b{b} m{i} n{j} k{kk}"))
                     work.append((b, i, j, group))
-        em.set_l2(m, k, n, batch, plan.grid, planner.block(ms[0], ks[0], ns[0]),
-                  [units for *_, group in work for _, units, _ in group])
+        if not addressed:
+            em.set_l2(m, k, n, batch, plan.grid, planner.block(ms[0], ks[0], ns[0]),
+                      [units for *_, group in work for _, units, _ in group])
         for b, i, j, group in work:
             lasts = [em.core_program(core, units, tag) for core, units, tag in group]
             if pk > 1:  # reduce the fp32 partial sums over the NoC, each core writes its share
@@ -1017,7 +1169,7 @@ class ChipCost:
         from npusim.mapping.mapper import map_model
 
         arch = self._arch_for(frac)
-        mapped = map_model(graph, arch, spec, cores=share)
+        mapped = map_model(graph, arch, spec, cores=share, l2_addressed=self._tlm_l2())
         sim = self._simulate(mapped.program, frac)
         dtype = next((op.dtype for op in graph.ops if op.kind in ("gemm", "attention", "moe")),
                      graph.ops[0].dtype if graph.ops else "bf16")

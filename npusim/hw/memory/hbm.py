@@ -68,6 +68,41 @@ Model (all internal times in integer picoseconds, see :mod:`npusim.hw.memory.par
   (``bank`` -1 for an all-bank REF), in commit order (sort by time); ``CMD_WMODE`` records
   a write-queue mode switch (``row`` = 1 to writes, 0 to reads) with the occupancy then.
 
+**L2** (the arch's ``l2`` section, at this TLM fidelity only): a shared cache between the
+initiators and the channels, looked up at each transaction's BEGIN_REQ. Organisation:
+``capacity_mb`` MiB of ``line_bytes`` lines in ``ways``-way sets (set = line address mod
+sets), LRU per set (a global access counter stamps the ways), each line's sectors valid
+separately (a sector per DMA transaction, a power of two of them, at most 32; a transaction
+smaller than a sector validates the whole sector); lines interleaved over ``slices`` slices
+(slice = line address mod slices), each slice a FCFS server of ``bandwidth_gbps / slices``
+through which every byte a hit, a fill or a write moves; each core's read port a FCFS server of
+``core_bytes_per_cycle`` (hits only). Policies:
+
+* a read that *hits* (its line present, every sector it touches valid) is served by its slice:
+  END_REQ at BEGIN_REQ (the slice queues without back-pressure; the initiator's tags bound what
+  is in flight), BEGIN_RESP when its slice and its core's port have moved its bytes plus
+  ``hit_latency_ns``; no HBM request. Its initiator may ask again one *hit gap* later
+  (``transaction_bytes / core_bytes_per_cycle`` cycles: one engine can use its core's whole L2
+  rate; without a per-core rate the DMA port's gap), not the HBM port's gap;
+* a read that *misses* allocates its line (the set's LRU way, ways whose fill is in flight
+  last) and marks its sectors valid at once, then goes to HBM as any request. A hit on a line
+  whose fill is still in flight waits for it (an MSHR merge: it responds at the later of its own
+  service and the fill's BEGIN_RESP), so concurrent readers of one line cost HBM one read;
+* *writes* are write-through (every write still goes to HBM and is acknowledged from there, as
+  without an L2) and, with ``write_allocate`` (default), update or allocate their line, so data
+  written by one core (the cube/vector hand-off, a KV write) hits when read back. No dirty lines:
+  evictions cost nothing. Ascend's L2 is write-back (the CANN guide "Setting a Proper L2
+  CacheMode": replaced data is written back to GM); write-through charges HBM when data is
+  written instead of when it is evicted: the same bytes for data that leaves the L2 within the
+  run, more for data that is overwritten or stays.
+
+Not modelled: tag/lookup latency of misses, L2 bank conflicts inside a slice, replacement
+policies other than LRU, prefetching, the CANN cache-mode hints (every access may allocate).
+The L2 sits beside the memory controllers: at the path/flit NoC fidelities a DMA's streams
+cross the mesh to the channels' attach routers whether its transactions hit or miss
+(:mod:`npusim.sim.mempath`). Statistics: ``l2[:L2_NSTATS]`` (``L2_HIT_BYTES``, ...) and the
+bytes each slice moved; ``ch_bytes`` counts HBM traffic only.
+
 Analytical mode (:func:`analytical_finish`): latency + bytes / bandwidth. One event
 per transfer; the initiator's rate is its port and its tags over a streaming
 transaction's latency, and each spanned channel's data bus is reserved for the
@@ -94,6 +129,8 @@ from npusim.hw.memory.params import (
     P_PCS, P_PRIVATE_CHANNELS, P_QDEPTH, P_QPARTS, P_REFRESH_PER_BANK, P_ROW_BYTES, P_TCCD, P_TCCD_L, P_TCK, P_TCL, P_TFAW,
     P_TRAS, P_TRC, P_TRCD, P_TRCDWR, P_TREFI, P_TRFC, P_TRFCSB, P_TRP, P_TRRD_L, P_TRRD_S, P_TRTP, P_TRTW,
     P_TWL, P_TWR, P_TWTR, P_TXN_BYTES, P_WQ_DEPTH, P_WQ_HIGH, P_WQ_LOW,
+    L2_FIX, P_L2_CORE_PSF, P_L2_HIT_GAP, P_L2_HIT_PS, P_L2_LINE, P_L2_ON, P_L2_SECTOR, P_L2_SETS, P_L2_SLICE_PSF,
+    P_L2_SLICES, P_L2_WALLOC, P_L2_WAYS,
 )
 
 # engine event types owned by this model (the kernel routes them here)
@@ -141,10 +178,23 @@ HbmState = namedtuple(
         "sl_arrive", "sl_wait_next", "sl_seq", "sl_bursts_left", "sl_started", "sl_write", "sl_bg",
         # checks and optional logs
         "counters", "txlog", "cmdlog",
+        # the L2 (TLM, see "L2" in the module docstring), one array (each array of the state costs
+        # every call that takes the whole state): statistics; per slice its clock and bytes moved;
+        # per core its read port's clock; per line (tag, LRU stamp, valid sectors, the slot whose
+        # fill is in flight or -1); per slot (hit, line, head of the hits waiting for its fill,
+        # next waiter)
+        "l2",
     ],
 )
 # counters
 C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, C_TXNS, C_TXLOG_N, C_SEQ, C_CMDLOG_N = range(6)
+# L2 statistics (``l2[:L2_NSTATS]``): bytes read that hit / missed, bytes written, read
+# transactions that hit / missed, hits that waited for a fill in flight, lines evicted, the LRU clock
+(L2_HIT_BYTES, L2_MISS_BYTES, L2_WRITE_BYTES, L2_HITS, L2_MISSES, L2_MERGED, L2_EVICTIONS,
+ L2_CLOCK, L2_LINES_AT, L2_SLOTS_AT) = range(10)  # the last two: where the line and slot records start
+L2_NSTATS = 16
+L2_TAG, L2_LRU, L2_VALID, L2_FILL = range(4)  # fields of a line's record (4 int64)
+SL_HIT, SL_WAY, SL_WAITERS, SL_NEXT = range(4)  # fields of a slot's record (4 int64)
 
 
 def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0, cmdlog_rows: int = 0) -> HbmState:
@@ -190,7 +240,27 @@ def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0, cmdlo
         sl_begin_req=z(ns), sl_end_req=z(ns), sl_arrive=z(ns), sl_wait_next=full(-1, ns), sl_seq=z(ns),
         sl_bursts_left=z(ns), sl_started=z(ns), sl_write=z(ns), sl_bg=z(ns),
         counters=z(8), txlog=z(max(txlog_rows, 1), TXLOG_COLS), cmdlog=z(max(cmdlog_rows, 1), CMDLOG_COLS),
+        **_new_l2(p, ni, ns),
     )
+
+
+def _new_l2(p: np.ndarray, num_initiators: int, slots: int) -> dict:
+    """The L2's array (all lines empty, see ``HbmState``), or a stand-in when the arch has none."""
+    if not p[P_L2_ON]:
+        return {"l2": np.zeros(L2_NSTATS + 3, np.int64)}
+    cores = max(1, num_initiators // int(p[P_DMA_ENGINES]))
+    lines_at = L2_NSTATS + 2 * int(p[P_L2_SLICES]) + cores
+    n_lines = int(p[P_L2_SETS] * p[P_L2_WAYS])
+    slots_at = lines_at + 4 * n_lines
+    l2 = np.zeros(slots_at + 4 * slots, np.int64)
+    lines = l2[lines_at:slots_at].reshape(n_lines, 4)
+    lines[:, L2_TAG] = -1
+    lines[:, L2_LRU] = -1
+    lines[:, L2_FILL] = -1
+    recs = l2[slots_at:].reshape(slots, 4)
+    recs[:, SL_WAY:] = -1
+    l2[L2_LINES_AT], l2[L2_SLOTS_AT] = lines_at, slots_at
+    return {"l2": l2}
 
 
 # --- time conversion -----------------------------------------------------------------
@@ -404,6 +474,141 @@ def _room(st, g, is_write):
     return st.g_qn[g] - st.g_nw[g] < p[P_QDEPTH] // parts
 
 
+# --- the L2 (TLM) -------------------------------------------------------------------------
+
+@njit(cache=True, _nrt=False)
+def _l2_lookup(p, l2, addr, size, write):
+    """Look up (and on a miss or a write, allocate) the line of a transaction at ``addr``.
+
+    Returns ``(position of its line's record in l2, hit)`` (-1: a write that allocates nothing).
+    A read hits when its line is present with every sector it touches valid; otherwise its
+    sectors are marked valid now (the fill is in flight: ``L2_FILL`` names its slot). A write
+    marks its sectors valid (write-through: the data also goes to HBM). The victim of an
+    allocation is the set's least recently used way, preferring ways whose fill is not in flight."""
+    line_b = p[P_L2_LINE]
+    sec = p[P_L2_SECTOR]
+    line = addr // line_b
+    off = addr - line * line_b
+    last = min(off + size, line_b) - 1
+    mask = ((np.int64(1) << (last // sec + 1)) - 1) ^ ((np.int64(1) << (off // sec)) - 1)
+    ways = p[P_L2_WAYS]
+    base = l2[L2_LINES_AT] + 4 * (line % p[P_L2_SETS]) * ways
+    l2[L2_CLOCK] += 1
+    now = l2[L2_CLOCK]
+    victim = base
+    oldest = NEVER
+    for w in range(ways):
+        i = base + 4 * w
+        if l2[i + L2_TAG] == line:
+            l2[i + L2_LRU] = now
+            if not write and (l2[i + L2_VALID] & mask) == mask:
+                return i, True
+            l2[i + L2_VALID] |= mask
+            return i, False
+        key = l2[i + L2_LRU] + (NEVER // 2 if l2[i + L2_FILL] >= 0 else 0)  # empty ways: -1
+        if key < oldest:
+            oldest, victim = key, i
+    if write and p[P_L2_WALLOC] == 0:
+        return -1, False
+    if l2[victim + L2_TAG] >= 0:
+        l2[L2_EVICTIONS] += 1
+    l2[victim + L2_TAG] = line
+    l2[victim + L2_VALID] = mask
+    l2[victim + L2_LRU] = now
+    l2[victim + L2_FILL] = -1
+    return victim, False
+
+
+@njit(cache=True, _nrt=False)
+def _l2_slice_time(p, l2, addr, size, t_ps):
+    """Charge ``size`` bytes to the slice of ``addr`` (FCFS at its bandwidth) from ``t_ps``; returns
+    when it has moved them, in ps << L2_FIX."""
+    slices = p[P_L2_SLICES]
+    sl = (addr // p[P_L2_LINE]) % slices
+    k = L2_NSTATS + sl
+    start = max(t_ps << L2_FIX, l2[k])
+    l2[k] = start + size * p[P_L2_SLICE_PSF]
+    l2[L2_NSTATS + slices + sl] += size
+    return l2[k]
+
+
+@njit(cache=True, _nrt=False)
+def _l2_hit_time(p, l2, core, addr, size, t_ps):
+    """BEGIN_RESP (ps) of a hit requested at ``t_ps``: its slice's and its core's read port's
+    service (each FCFS at its rate, overlapped), plus the hit latency."""
+    ready = _l2_slice_time(p, l2, addr, size, t_ps)
+    if p[P_L2_CORE_PSF] > 0:
+        k = L2_NSTATS + 2 * p[P_L2_SLICES] + core
+        start = max(t_ps << L2_FIX, l2[k])
+        l2[k] = start + size * p[P_L2_CORE_PSF]
+        ready = max(ready, l2[k])
+    return ((ready + (np.int64(1) << L2_FIX) - 1) >> L2_FIX) + p[P_L2_HIT_PS]
+
+
+@njit(cache=True, _nrt=False)
+def _l2_filled(l2, sl_arrive, heap, hs, slot, t_ps, period_ps):
+    """``slot``'s HBM read has its data (at ``t_ps``): its line's fill is done, and the hits that
+    waited for it respond (at the later of their own service and the data)."""
+    r = l2[L2_SLOTS_AT] + 4 * slot
+    i = l2[r + SL_WAY]
+    if i >= 0 and l2[i + L2_FILL] == slot:
+        l2[i + L2_FILL] = -1
+    w = l2[r + SL_WAITERS]
+    while w >= 0:
+        nxt = l2[l2[L2_SLOTS_AT] + 4 * w + SL_NEXT]
+        sl_arrive[w] = max(sl_arrive[w], t_ps)
+        heap_push(heap, hs, to_cycle(sl_arrive[w], period_ps), EV_MEM_RESP, w)
+        w = nxt
+    l2[r + SL_WAITERS] = -1
+
+
+@njit(cache=True, _nrt=False)
+def _l2_access(st, heap, hs, init, slot, addr, size, t_ps, period_ps):
+    """The L2 sees the transaction in ``slot`` at BEGIN_REQ (``t_ps``). A write (write-through)
+    updates or allocates its line, takes its slice's bandwidth and goes on to HBM; a read miss
+    takes its line, charges the fill to its slice and goes on to HBM. A read hit is served here:
+    END_REQ at once, BEGIN_RESP from :func:`_l2_hit_time` (or when the fill it waits for lands),
+    the initiator's next request one hit gap later. Returns True for a hit."""
+    p = st.p
+    l2 = st.l2
+    write = st.in_write[init] != 0
+    i, hit = _l2_lookup(p, l2, addr, size, write)
+    r = l2[L2_SLOTS_AT] + 4 * slot
+    l2[r + SL_WAY] = i
+    l2[r + SL_WAITERS] = -1
+    l2[r + SL_HIT] = 0
+    if write:
+        l2[L2_WRITE_BYTES] += size
+        _l2_slice_time(p, l2, addr, size, t_ps)
+        return False
+    if not hit:
+        l2[L2_MISS_BYTES] += size
+        l2[L2_MISSES] += 1
+        l2[i + L2_FILL] = slot
+        _l2_slice_time(p, l2, addr, size, t_ps)
+        return False
+    l2[L2_HIT_BYTES] += size
+    l2[L2_HITS] += 1
+    l2[r + SL_HIT] = 1
+    st.sl_ch[slot] = -1
+    st.sl_end_req[slot] = t_ps
+    st.sl_arrive[slot] = _l2_hit_time(p, l2, init // p[P_DMA_ENGINES], addr, size, t_ps)
+    owner = l2[i + L2_FILL]
+    if owner >= 0:  # its data is still on the way from HBM: respond when it lands
+        l2[L2_MERGED] += 1
+        o = l2[L2_SLOTS_AT] + 4 * owner
+        l2[r + SL_NEXT] = l2[o + SL_WAITERS]
+        l2[o + SL_WAITERS] = slot
+    else:
+        heap_push(heap, hs, to_cycle(st.sl_arrive[slot], period_ps), EV_MEM_RESP, slot)
+    # the slice accepted at once: the socket is free; the next request one hit gap later
+    st.in_last_end_req[init] = t_ps
+    st.in_next_issue[init] = t_ps + p[P_L2_HIT_GAP]
+    st.in_socket_busy[init] = 2
+    heap_push(heap, hs, to_cycle(st.in_next_issue[init], period_ps), EV_MEM_ISSUE, init)
+    return True
+
+
 @njit(cache=True, _nrt=False)
 def _issue(st, heap, hs, init, t_ps, period_ps):
     """Issue the initiator's next transaction at ``t_ps`` if a tag, the socket and the
@@ -443,6 +648,8 @@ def _issue(st, heap, hs, init, t_ps, period_ps):
     st.counters[C_SEQ] += 1
     if st.in_last_end_req[init] > t_ps:
         st.counters[C_EXCLUSION_VIOLATIONS] += 1
+    if p[P_L2_ON] != 0 and _l2_access(st, heap, hs, init, slot, addr, size, t_ps, period_ps):
+        return  # an L2 hit: no HBM request
     # BEGIN_REQ reaches the target now
     if _room(st, _qgroup(st, slot), st.in_write[init]):
         _accept(st, heap, hs, slot, t_ps, period_ps)
@@ -857,15 +1064,18 @@ def _respond(st, heap, hs, slot, now_cycle, period_ps):
         st.txlog[n, 1] = st.sl_end_req[slot]
         st.txlog[n, 2] = begin_resp
         st.txlog[n, 3] = end_resp
-        st.txlog[n, 4] = ch
+        st.txlog[n, 4] = ch  # -1: an L2 hit
         st.txlog[n, 5] = init
         st.counters[C_TXLOG_N] = n + 1
     st.counters[C_TXNS] += 1
-    st.ch_bytes[ch] += st.sl_bytes[slot]
-    st.ch_nreq[ch] += 1
-    st.ch_lat_sum[ch] += latency
-    b = latency // p[P_LAT_BIN_PS]
-    st.ch_lat_hist[ch, min(b, LAT_BINS)] += 1
+    if ch >= 0:  # served by HBM (an L2 hit's bytes never reach a channel)
+        st.ch_bytes[ch] += st.sl_bytes[slot]
+        st.ch_nreq[ch] += 1
+        st.ch_lat_sum[ch] += latency
+        b = latency // p[P_LAT_BIN_PS]
+        st.ch_lat_hist[ch, min(b, LAT_BINS)] += 1
+        if p[P_L2_ON] != 0:  # a fill (or a write) is done: the hits waiting for it respond
+            _l2_filled(st.l2, st.sl_arrive, heap, hs, slot, end_resp, period_ps)
     st.in_outstanding[init] -= 1
     st.in_left[init] -= st.sl_bytes[slot]
     st.in_free[init, st.in_free_top[init]] = slot

@@ -12,6 +12,11 @@ replacement policy are not modelled); every byte the kernel writes goes to HBM a
 room. Rates: the L2's aggregate bandwidth (bytes per core cycle) is shared evenly by the cores
 reading it, and no core reads faster than its per-core L2 rate (or its DMA ports). Units: bytes,
 core clock cycles.
+
+This is the L2 of the analytical memory fidelity (and of the planners, which need an estimate before
+anything is simulated). At the TLM fidelity the memory model simulates the cache itself, transaction
+by transaction (:mod:`npusim.hw.memory.hbm`, "L2"): set-associative, sliced, with merged fills;
+``validation/l2_tlm_vs_reuse.py`` prints what this model costs in accuracy against it.
 """
 
 from __future__ import annotations

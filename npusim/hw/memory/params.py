@@ -24,8 +24,18 @@ from npusim.arch.schema import Arch
     P_REFRESH_PER_BANK, P_TRFCSB, P_WQ_DEPTH, P_WQ_HIGH, P_WQ_LOW,
     # queue partitions per channel: pseudo_channels with partitioned queues, else 1
     P_QPARTS,
-) = range(45)
-N_PARAMS = 45
+    # the shared L2 at the TLM fidelity (npusim.hw.memory.hbm, "L2"): on/off, line and sector
+    # bytes, sets, ways, slices, a slice's and a core port's time per byte (ps << L2_FIX),
+    # hit latency (ps), time between one engine's hit requests (ps), allocate on write
+    P_L2_ON, P_L2_LINE, P_L2_SECTOR, P_L2_SETS, P_L2_WAYS, P_L2_SLICES, P_L2_SLICE_PSF, P_L2_CORE_PSF,
+    P_L2_HIT_PS, P_L2_HIT_GAP, P_L2_WALLOC,
+) = range(56)
+N_PARAMS = 56
+#: fixed-point bits of the L2's per-byte service times and of its slices' and ports' clocks (a
+#: slice of 7 TB/s serves a byte in 0.14 ps: kept in 1/4096 ps, exact to 0.1% per transaction)
+L2_FIX = 12
+#: lines the TLM L2 holds at most (its tag, LRU and valid arrays: 8 bytes each per line)
+L2_MAX_LINES = 1 << 23
 
 MODE_TLM, MODE_ANALYTICAL = 0, 1
 MODES = {"tlm": MODE_TLM, "analytical": MODE_ANALYTICAL}
@@ -87,7 +97,41 @@ def memory_params(arch: Arch, mode: str = "tlm", transaction_bytes: int | None =
     # channel (addresses are channel-local); otherwise addresses interleave over all channels
     p[P_PRIVATE_CHANNELS] = int(hbm.attach == "per_core")
     p[P_DMA_ENGINES] = dma.engines
+    if mode == "tlm" and arch.l2 is not None:
+        _l2_params(p, arch, period_ps)
     return p, period_ps
+
+
+def _l2_params(p: np.ndarray, arch: Arch, period_ps: float) -> None:
+    """The L2's TLM parameters (see :mod:`npusim.hw.memory.hbm`, "L2")."""
+    from npusim.errors import ConfigError
+
+    l2 = arch.l2
+    line = l2.line_bytes
+    lines = int(l2.capacity_mb * 2**20) // line
+    if lines > L2_MAX_LINES:
+        raise ConfigError(f"l2: capacity_mb {l2.capacity_mb:g} in lines of l2.line_bytes {line} is {lines:,} lines; "
+                          f"the TLM cache holds at most {L2_MAX_LINES:,} (raise l2.line_bytes)")
+    txn = int(p[P_TXN_BYTES])
+    sectors = 1
+    while sectors * 2 <= min(32, line // txn):  # a power of two: one valid bit per transaction, at most 32
+        sectors *= 2
+    p[P_L2_ON] = 1
+    p[P_L2_LINE] = line
+    p[P_L2_SECTOR] = line // sectors
+    p[P_L2_WAYS] = l2.ways
+    p[P_L2_SETS] = max(1, lines // l2.ways)
+    p[P_L2_SLICES] = l2.slices
+    # ps per byte of one slice (bandwidth_gbps / slices bytes per ns), and of one core's read port
+    p[P_L2_SLICE_PSF] = max(1, round((1000.0 * l2.slices / l2.bandwidth_gbps) * (1 << L2_FIX)))
+    if l2.core_bytes_per_cycle is not None:
+        p[P_L2_CORE_PSF] = max(1, round(period_ps / l2.core_bytes_per_cycle * (1 << L2_FIX)))
+        # one engine may use its core's whole L2 rate: it asks for a hit every transaction's time at it
+        p[P_L2_HIT_GAP] = int(round(p[P_TXN_BYTES] * period_ps / l2.core_bytes_per_cycle))
+    else:
+        p[P_L2_HIT_GAP] = p[P_ISSUE_GAP]  # no L2 rate of its own: hits at the DMA port's rate
+    p[P_L2_HIT_PS] = 0 if l2.hit_latency_ns is None else int(round(l2.hit_latency_ns * 1000.0))
+    p[P_L2_WALLOC] = int(l2.write_allocate)
 
 
 def unloaded_read_latency_ps(p: np.ndarray, row_state: str = "conflict") -> int:
