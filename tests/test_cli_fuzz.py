@@ -227,13 +227,15 @@ def test_a_mutated_workload_replays_or_is_one_clear_error(which, section, pick, 
         pass
 
 
-@pytest.mark.parametrize("fn", [None, [[1]], "x"])
-def test_a_saved_activation_kernel_needs_a_known_function(fn):
+@pytest.mark.parametrize("key, value", [("fn", None), ("fn", [[1]]), ("fn", "x"), ("dtype", "x")])
+def test_a_saved_vector_kernel_needs_a_known_function_and_dtype(key, value):
     """Found by the fuzz above: a vector kernel of class activation whose 'fn' was missing or not a
-    name crashed in the vector model; it is now the workload check's error, naming the key."""
+    name, or any vector kernel of an unknown dtype, crashed in the vector model; it is now the
+    workload check's error, naming the key."""
     from npusim.system.workload import Workload
 
     d = copy.deepcopy(WORKLOADS[1])
-    d["kernels"].append({"type": "vector", "op_class": "activation", "elements": 64, "row_len": 64, "fn": fn})
-    with pytest.raises(ConfigError, match="'fn'"):
+    d["kernels"].append({"type": "vector", "op_class": "activation", "elements": 64, "row_len": 64, "fn": "silu",
+                         key: value})
+    with pytest.raises(ConfigError, match=f"'{key}'"):
         Workload.from_dict(d)

@@ -67,6 +67,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npusim.arch.schema import DTYPE_BYTES
 from npusim.errors import ConfigError
 from npusim.files import read_text, write_json
 from npusim.hw.compute.vector import ACTIVATION_FUNCTIONS, OP_CLASSES
@@ -243,7 +244,7 @@ def _check_kernel(k, i: int, at: str) -> None:
             _str(k.get("fn"), f"{at}: 'fn'", sorted(ACTIVATION_FUNCTIONS))
         _int(k.get("elements"), f"{at}: 'elements'", 1, MAX_KERNEL_TOKENS << 16)
         _int(k.get("row_len", 1), f"{at}: 'row_len'", 1, 1 << 24)
-        _str(k.get("dtype", "bf16"), f"{at}: 'dtype'")
+        _str(k.get("dtype", "bf16"), f"{at}: 'dtype'", sorted(DTYPE_BYTES))
     elif kind == "fixed":
         _number(k.get("us"), f"{at}: 'us'")
     elif kind == "sum":
