@@ -196,3 +196,39 @@ def test_shared_kv_re_reads_at_tlm_are_real_reads_the_cache_serves():
     assert tlm.l2_hit_rate == pytest.approx(reuse.l2_hit_rate, abs=0.01)
     assert tlm.l2_read_bytes + tlm.hbm_read_bytes == pytest.approx(reuse.l2_read_bytes + reuse.hbm_read_bytes,
                                                                    rel=1e-3)
+
+
+def test_a_hit_waits_only_for_a_fill_that_brings_its_sectors():
+    """Core 1 re-reads the first halves of lines already in the L2 while core 0 fills their second
+    halves: its hits have their data, so none waits for (merges with) core 0's fills in flight, and
+    they take as long as beside fills of other lines (review finding: 3 of 1,024 merged, 735
+    against 602 cycles, before a fill's sectors were checked)."""
+    lines, line = 256, 512
+
+    def run(base):
+        sim = Simulator(_arch(), memory_mode="tlm", memory_over_noc=False)
+        warm = [sim.add_dma(0, line // 2, address=i * line) for i in range(lines)]  # first halves into the L2
+        gate = sim.add_compute(0, "cube", 10, deps=warm)
+        for i in range(lines):  # core 0: the second halves of the same lines (base 0) or of other lines
+            sim.add_dma(0, line // 2, address=base + i * line + line // 2, deps=[gate])
+        hits = [sim.add_dma(1, line // 2, address=i * line, deps=[gate]) for i in range(lines)]
+        sim.run()
+        start, end = sim.task_times()
+        return max(end[h] for h in hits) - min(start[h] for h in hits), sim.l2_stats()
+
+    same, s_same = run(0)
+    other, s_other = run(MIB // 2)
+    assert s_same["hit_bytes"] == s_other["hit_bytes"] == lines * line // 2
+    assert s_same["merged"] == s_other["merged"] == 0
+    assert same == other
+
+
+def test_an_l2_needs_global_addresses_and_lines_that_hold_whole_transactions():
+    base = load_arch("npusim-64c")
+    for extra, key in (({"hbm": {"attach": "per_core"}}, "per_core"),
+                       ({"l2": {"line_bytes": 128}}, "l2.line_bytes")):
+        data = merge_arch_data(base.model_dump(mode="json"),
+                               {"l2": {"capacity_mb": 8, "bandwidth_gbps": 4000}, **extra} if "l2" not in extra else
+                               {"l2": {"capacity_mb": 8, "bandwidth_gbps": 4000, **extra["l2"]}})
+        with pytest.raises(ConfigError, match=key):
+            validate(Arch, data, "test arch")

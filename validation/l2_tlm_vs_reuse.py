@@ -20,9 +20,12 @@ kernel (the same plan).
 exceed the 192 MiB L2.
 
 Measured (2-CPU AMD EPYC; the quick set in ~70 s): hit rates agree to 1e-6 on every quick shape
-(0.857, 0.958, 0.917, 0.104, 0.900) and on 910B fp16 8192^3 (0.979, 133 s at TLM); times at the
-TLM cache are 11.5-17.4% (8192^3: 7.5%) longer than the TLM HBM with the reuse-model L2 and
-19-46% longer than the analytical fidelity: concurrent readers of a block wait for its fill.
+(0.857, 0.958, 0.917, 0.104, 0.900) and on 910B fp16 8192^3 (0.979); the reuse-model L2 on the
+TLM HBM times the kernels within 16% of the TLM cache (-15.9% on the 16x7168x2048 decode GEMM,
+-8.1% on 4096^3, +0.8 to +5.9% on the others: concurrent readers of a block wait for its fill
+in the cache, while its hits need no HBM request), the analytical fidelity 11-45% short of it.
+(Before a hit was made to wait only for a fill that brings its sectors, the cache was 7.5-17%
+slower than the reuse model on every shape.)
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ tokens included, in BF16 bytes), so a call took ``4096 x 8 x 7168 x 2 B / bandwi
 
 Columns: ``published`` the call's time; ``sim/expert`` and ``sim/rank`` npusim's operator with no
 per-call overhead (fabric + the chip simulator's local work) sending one copy per selected expert
-(as DeepEP-Ascend's normal kernels do) or once per destination rank (the preset's
-``prefill_copies``, what a prefill step uses); ``residual`` = published - sim/expert, what a
+(as DeepEP-Ascend's normal kernels do, and the Ascend presets' ``prefill_copies``: what a prefill
+step uses) or once per destination rank (NVIDIA DeepEP's normal kernels); ``residual`` = published - sim/expert, what a
 per-call constant would be by the decode overheads' recipe; ``wire GB/s``: the bytes an expert
 rank receives (dispatch: INT8 rows with a 512 B scale slot) or sends back (combine: BF16 rows) over
 the fabric, one row per selected expert on another rank, over the published call's time and over
@@ -47,21 +47,21 @@ def main() -> int:
     for entry in published()["moe_normal_kernels"]:
         base = load_system(entry["system"])
         bare = _variant(base, {"moe_operators": {"dispatch_overhead_us": 0.0, "combine_overhead_us": 0.0}})
-        prefill_copies = base.system.moe_operators.prefill_copies
         for row in entry["rows"]:
             if args.ep and row["ep"] not in args.ep:
                 continue
             pub = normal_kernel_time_us(entry, row)
             runs = {c: run_moe(bare, row["op"], row["ep"], entry["tokens_per_rank"], entry["top_k"], entry["hidden"],
                                entry["experts"], "uniform", entry["dispatch_dtype"], "flow", "aiv", copies=c)
-                    for c in ("per_expert", prefill_copies)}
+                    for c in ("per_expert", "per_rank")}
             pe = runs["per_expert"]
             wire = pe.extra["mean_rank_bytes"] / 1e3  # B / us / 1e3 = GB/s
             print(f"{entry['system']:15s} {row['op']:9s} {row['ep']:>4d} {row['gbps']:>5g} {pub:>8.0f}us "
-                  f"{pe.time_us:>8.0f}us {runs[prefill_copies].time_us:>7.0f}us {pub - pe.time_us:>7.0f}us "
+                  f"{pe.time_us:>8.0f}us {runs['per_rank'].time_us:>7.0f}us {pub - pe.time_us:>7.0f}us "
                   f"{wire / pub:>13.1f} {wire / pe.time_us:>5.1f}")
-    print(f"\nsim/rank: the preset's prefill copies ({prefill_copies}). No per-call constant is calibrated on these "
-          "rows (one token count, bandwidth-bound): a prefill step charges the decode kernels' per-call overheads.")
+    print("\nsim/rank: one copy per destination rank (NVIDIA DeepEP's normal kernels). No per-call constant is "
+          "calibrated on these rows (one token count, bandwidth-bound): a prefill step charges the decode kernels' "
+          "per-call overheads.")
     return 0
 
 

@@ -416,8 +416,9 @@ class L2Cache(StrictModel):
     bandwidth_gbps: PosF(1e7)
     core_bytes_per_cycle: PosF(2**20) | None = None
     hit_latency_ns: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
-    line_bytes: Pos(2**16) = Field(default=128, description="bytes per line (a power of two); the TLM cache keeps "
-                                   "a valid bit per sector: per DMA transaction, at most 32 per line")
+    line_bytes: Pos(2**16) = Field(default=512, description="bytes per line (a power of two, a multiple of "
+                                   "hbm.interleave_bytes); the TLM cache keeps a valid bit per sector: per DMA "
+                                   "transaction, at most 32 per line")
     ways: Pos(1024) = 16
     slices: Pos(1024) = 1
     write_allocate: bool = True
@@ -526,4 +527,19 @@ class Arch(StrictModel):
             bad = [r for r in attach if r >= n]
             if bad:
                 raise ValueError(f"hbm.attach router ids {bad} are outside the {n}-core mesh (0..{n - 1})")
+        return self
+
+    @model_validator(mode="after")
+    def _l2_consistent(self):
+        """The TLM L2 names a line by its address, and looks up one line per DMA transaction: the
+        addresses must be global (per-core channels each have their own address 0) and a
+        transaction (which never crosses an HBM interleave chunk) must lie within one line."""
+        if self.l2 is None:
+            return self
+        if self.hbm.attach == "per_core":
+            raise ValueError("l2: a shared L2 needs one global HBM address space; hbm.attach 'per_core' gives each "
+                             "core's channel its own (remove the l2 section or attach the channels at the edge)")
+        if self.l2.line_bytes % self.hbm.interleave_bytes:
+            raise ValueError(f"l2.line_bytes {self.l2.line_bytes} must be a multiple of hbm.interleave_bytes "
+                             f"{self.hbm.interleave_bytes} (a DMA transaction then lies within one line)")
         return self

@@ -72,11 +72,14 @@ def run(args) -> int:
     passes = f", {r.repeat} passes" if r.repeat > 1 else ""
     print(f"{arch.name}: {r.pattern} {op} of {r.bytes:,} B{size}{passes} by {r.initiators} DMA engines, {r.mode} model")
     print(f"  time              {r.time_ns / 1e3:,.2f} us ({r.cycles:,} cycles)")
-    print(f"  bandwidth         {r.bandwidth_gbps:,.1f} GB/s of {r.peak_bandwidth_gbps:,.1f} peak ({100 * r.efficiency:.1f}%)")
-    dram_gbps = r.bandwidth_gbps
+    dram_gbps = r.efficiency * r.peak_bandwidth_gbps
     if r.l2_hit_bytes:  # the L2 served part of it: the DRAM moved the rest
-        dram_gbps = sum(c["bytes"] for c in r.per_channel) / r.time_ns if r.time_ns else 0.0
-        print(f"  HBM traffic       {dram_gbps:,.1f} GB/s (the rest from the L2)")
+        print(f"  bandwidth         {r.bandwidth_gbps:,.1f} GB/s delivered (L2 hits and HBM)")
+        print(f"  HBM traffic       {dram_gbps:,.1f} GB/s of {r.peak_bandwidth_gbps:,.1f} peak "
+              f"({100 * r.efficiency:.1f}%; the rest from the L2)")
+    else:
+        print(f"  bandwidth         {r.bandwidth_gbps:,.1f} GB/s of {r.peak_bandwidth_gbps:,.1f} peak "
+              f"({100 * r.efficiency:.1f}%)")
     if r.bound_gbps is not None:
         terms = ", ".join(f"{k} {v:,.1f}" for k, v in r.bound_terms_gbps.items())
         print(f"  DRAM bound        {r.bound_gbps:,.1f} GB/s ({r.bound_limit}; {terms}); achieved "

@@ -961,15 +961,13 @@ class Mapper:
             if seqs <= 0 or heads <= 0 or q_len <= 0:
                 outs.append(prog.add_barrier(deps, name))
                 continue
-            if self.kv_hbm_fraction > 0 and self.l2_addressed and sharers > 1:
+            cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
+            if cache > 0 and self.l2_addressed and sharers > 1:
                 # the TLM L2 decides: the cores sharing a KV head read it whole from one place
-                cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
-                if cache > 0:
-                    home = st.cores[min(i // sharers * sharers, len(st.cores) - 1)]
-                    deps.append(prog.add_dma(c, cache, address=self._kv_address(home, op), deps=[st.ready[i]],
-                                             name=f"{name} read KV"))
-            elif self.kv_hbm_fraction > 0:
-                cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
+                home = st.cores[min(i // sharers * sharers, len(st.cores) - 1)]
+                deps.append(prog.add_dma(c, cache, address=self._kv_address(home, op), deps=[st.ready[i]],
+                                         name=f"{name} read KV"))
+            elif cache > 0:
                 hit = int(cache * (1 - 1 / sharers)) if l2 else 0
                 if cache - hit > 0:
                     deps.append(prog.add_dma(c, cache - hit, address=self._kv_address(c, op), deps=[st.ready[i]],

@@ -154,7 +154,7 @@ MAX_STEPS = 48  # per core, after merging K-chunks (see module docstring)
 PLAN_CANDIDATES = 3  # GEMM plans simulated per miss (the fastest is kept) ...
 PLAN_WINDOW = 0.05  # ... among those estimated within 5% of the best estimate
 ACC_BYTES = 4  # fp32 / int32 accumulators
-SPLIT_RUN_BYTES = 4096  # an addressed load (TLM L2) of twice this is split over the core's DMA engines
+SPLIT_RUN_BYTES = 4096  # a load of twice this or more is split over the core's DMA engines
 MB = 2**20
 _PACKAGE = Path(__file__).resolve().parents[1]
 # what defines the chip model: a change to any of these invalidates cached costs
@@ -648,19 +648,23 @@ class _Emitter:
         self.engine_bytes.setdefault(core, [0] * self.pl.engines)[engine] += nbytes
         return t
 
+    def _engine_parts(self, core: int, size: int) -> list[tuple[int, int]]:
+        """``(engine, bytes)`` parts of a transfer of ``size`` bytes: split evenly over the core's
+        DMA engines, each part at least ``SPLIT_RUN_BYTES`` (small transfers are not worth
+        splitting; one goes to the least loaded engine)."""
+        total = self.pl.engines
+        engines = max(1, min(total, size // SPLIT_RUN_BYTES))
+        first = self._least_loaded(core) if engines < total else 0
+        parts = [((first + i) % total, _split(size, engines, i)) for i in range(engines)]
+        return [(e, part) for e, part in parts if part]
+
     def loads(self, core: int, nbytes: int, l2_bytes: int, deps, name: str) -> list[int]:
-        """``nbytes`` read from HBM and ``l2_bytes`` from the L2, each split evenly over the core's
-        DMA engines (big transfers); an L2 read holds its engine for bytes / its share of the rate."""
+        """``nbytes`` read from HBM and ``l2_bytes`` from the L2, each split over the core's DMA
+        engines (:meth:`_engine_parts`); an L2 read holds its engine for bytes / its share of the rate."""
         out = []
         total = self.pl.engines
         for size, from_l2 in ((nbytes, False), (l2_bytes, True)):
-            engines = max(1, min(total, size // 4096))  # small transfers are not worth splitting
-            first = self._least_loaded(core) if engines < total else 0
-            for i in range(engines):
-                part = _split(size, engines, i)
-                if not part:
-                    continue
-                engine = (first + i) % total
+            for engine, part in self._engine_parts(core, size):
                 if from_l2:
                     cycles = math.ceil(part / (self.l2_bpc / total)) + self.pl.l2_latency
                     out.append(self.prog.add_compute(core, f"dma{engine}", cycles, deps=deps, name=f"{name} L2"))
@@ -672,23 +676,15 @@ class _Emitter:
 
     def load_runs(self, core: int, runs: list[tuple[int, int]], deps, name: str) -> list[int]:
         """Reads of the byte ``runs`` (address, bytes) at their addresses, for the TLM L2 to serve
-        or pass to HBM: as :meth:`loads` splits a load, a run split evenly over the core's DMA
-        engines (each part at least ``SPLIT_RUN_BYTES``), a small one on the least loaded engine.
+        or pass to HBM, each split over the core's DMA engines as :meth:`loads` splits a load.
         (Whole runs on one engine each, fewer transfers, were slower: 50.7 against 46.6 us for
         2048^3 int8 on ascend-910c-die, one engine's tags then carry a run.)"""
         out = []
-        total = self.pl.engines
         for addr, size in runs:
-            engines = max(1, min(total, size // SPLIT_RUN_BYTES))
-            first = self._least_loaded(core) if engines < total else 0
             at = addr
-            for i in range(engines):
-                part = _split(size, engines, i)
-                if not part:
-                    continue
-                engine = (first + i) % total
+            for engine, part in self._engine_parts(core, size):
                 out.append(self.prog.add_dma(core, part, address=at, deps=deps, dma_engine=engine, name=name))
-                self.engine_bytes.setdefault(core, [0] * total)[engine] += part
+                self.engine_bytes.setdefault(core, [0] * self.pl.engines)[engine] += part
                 at += part
         return out
 
@@ -1002,10 +998,14 @@ class ChipCost:
         return f
 
     def _arch_for(self, frac: float) -> Arch:
-        """The chip with every HBM channel's bandwidth scaled by ``frac``."""
+        """The chip with every HBM channel's bandwidth, and its L2's aggregate bandwidth, scaled by
+        ``frac`` (a stream sharing the die gets that share of both, as the reuse model's
+        :meth:`_Planner.l2_rate` charges it; the L2's capacity is not divided)."""
         if frac not in self._variants:
             data = self.arch.model_dump(mode="json")
             data["hbm"]["channel_bandwidth_gbps"] = self.arch.hbm.bandwidth_per_channel_gbps * frac
+            if data.get("l2") is not None:
+                data["l2"]["bandwidth_gbps"] *= frac
             for cls in data["core_classes"].values():
                 if cls.get("channel_bandwidth_gbps") is not None:
                     cls["channel_bandwidth_gbps"] *= frac

@@ -240,7 +240,7 @@ def _check_kernel(k, i: int, at: str) -> None:
             _str(k.get("kv_dtype", "bf16"), f"{at}: 'kv_dtype'", ("bf16", "int8"))
     elif kind == "vector":
         op_class = _str(k.get("op_class"), f"{at}: 'op_class'", OP_CLASSES)
-        if op_class == "activation" or k.get("fn") is not None:
+        if op_class == "activation":  # other classes ignore 'fn' (e.g. an elementwise add)
             _str(k.get("fn"), f"{at}: 'fn'", sorted(ACTIVATION_FUNCTIONS))
         _int(k.get("elements"), f"{at}: 'elements'", 1, MAX_KERNEL_TOKENS << 16)
         _int(k.get("row_len", 1), f"{at}: 'row_len'", 1, 1 << 24)

@@ -74,6 +74,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_line  # noqa: E402
 
+from npusim.cli.util import positive_int  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TIMINGS = HERE / "npu_sim_timings.yaml"
@@ -125,10 +127,14 @@ def _patch_tp_k(cfg: dict) -> list[str]:
     sources an ``is_end``; filled as the current-format chores/dataflow_tp.json (the same 48-core
     TP-4 x 12-stage template at toy size) has them: R = 1, CHUNK = 1, job_type 2, is_end false."""
     done = []
-    cfg["vars"].setdefault("R", 1)
-    cfg["vars"].setdefault("CHUNK", 1)
+    for v in ("R", "CHUNK"):
+        if v not in cfg["vars"]:
+            cfg["vars"][v] = 1
+            done.append(f"vars {v} = 1 added")
     for src in cfg["source"]:
-        src.setdefault("is_end", False)
+        if "is_end" not in src:
+            src["is_end"] = False
+            done.append("source is_end: false added")
     for core in cfg["chips"][0]["cores"]:
         for work in core["worklist"]:
             for prim in work.get("prims", []):
@@ -138,7 +144,7 @@ def _patch_tp_k(cfg: dict) -> list[str]:
                 if prim["type"] == "Attention_f_pd" and "job_type" not in prim:
                     prim["job_type"] = 2
                     done.append("Attention_f_pd job_type: 2 added")
-    return ["vars R = 1, CHUNK = 1 added", "source is_end: false added"] + sorted(set(done), key=done.index)
+    return sorted(set(done), key=done.index)
 
 
 @dataclass(frozen=True)
@@ -339,9 +345,9 @@ def record(path: Path, peer: dict[str, dict], npu_sim: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=3, help="npusim runs per case (the median is shown)")
+    ap.add_argument("--repeat", type=positive_int, default=3, help="npusim runs per case (the median is shown)")
     ap.add_argument("--npu-sim", type=Path, default=None, help="a built NPU-SIM checkout (DIR/build/npusim)")
-    ap.add_argument("--npu-sim-repeat", type=int, default=3, help="timed NPU-SIM runs per case")
+    ap.add_argument("--npu-sim-repeat", type=positive_int, default=3, help="timed NPU-SIM runs per case")
     ap.add_argument("--record", action="store_true", help=f"with --npu-sim: write {TIMINGS.name}")
     ap.add_argument("--cases", default=",".join(c.key for c in CASES), help="comma-separated case keys")
     ap.add_argument("--no-cache-off", action="store_true",

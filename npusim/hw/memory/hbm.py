@@ -74,8 +74,10 @@ initiators and the channels, looked up at each transaction's BEGIN_REQ. Organisa
 sets), LRU per set (a global access counter stamps the ways), each line's sectors valid
 separately (a sector per DMA transaction, a power of two of them, at most 32; a transaction
 smaller than a sector validates the whole sector); lines interleaved over ``slices`` slices
-(slice = line address mod slices), each slice a FCFS server of ``bandwidth_gbps / slices``
-through which every byte a hit, a fill or a write moves; each core's read port a FCFS server of
+(slice = line address mod slices), each slice a FCFS server of ``bandwidth_gbps / slices``:
+a hit waits for its slice; a fill's or a write's bytes are charged to the slice's clock (they
+delay later hits) but do not themselves wait for it (the HBM request goes at once: at the
+presets' 7 TB/s the slice never binds); each core's read port a FCFS server of
 ``core_bytes_per_cycle`` (hits only). Policies:
 
 * a read that *hits* (its line present, every sector it touches valid) is served by its slice:
@@ -85,9 +87,11 @@ through which every byte a hit, a fill or a write moves; each core's read port a
   (``transaction_bytes / core_bytes_per_cycle`` cycles: one engine can use its core's whole L2
   rate; without a per-core rate the DMA port's gap), not the HBM port's gap;
 * a read that *misses* allocates its line (the set's LRU way, ways whose fill is in flight
-  last) and marks its sectors valid at once, then goes to HBM as any request. A hit on a line
-  whose fill is still in flight waits for it (an MSHR merge: it responds at the later of its own
-  service and the fill's BEGIN_RESP), so concurrent readers of one line cost HBM one read;
+  last) and marks its sectors valid at once, then goes to HBM as any request. A hit on sectors
+  that the line's fill in flight brings waits for it (an MSHR merge: it responds at the later of
+  its own service and the fill's BEGIN_RESP), so concurrent readers of one line cost HBM one
+  read (a line tracks its latest fill only: a hit on sectors an earlier, still pending fill of the
+  same line brings responds at its own service);
 * *writes* are write-through (every write still goes to HBM and is acknowledged from there, as
   without an L2) and, with ``write_allocate`` (default), update or allocate their line, so data
   written by one core (the cube/vector hand-off, a KV write) hits when read back. No dirty lines:
@@ -194,7 +198,7 @@ C_EXCLUSION_VIOLATIONS, C_PHASE_VIOLATIONS, C_TXNS, C_TXLOG_N, C_SEQ, C_CMDLOG_N
  L2_CLOCK, L2_LINES_AT, L2_SLOTS_AT) = range(10)  # the last two: where the line and slot records start
 L2_NSTATS = 16
 L2_TAG, L2_LRU, L2_VALID, L2_FILL = range(4)  # fields of a line's record (4 int64)
-SL_HIT, SL_WAY, SL_WAITERS, SL_NEXT = range(4)  # fields of a slot's record (4 int64)
+SL_MASK, SL_WAY, SL_WAITERS, SL_NEXT = range(4)  # fields of a slot's record (4 int64); SL_MASK: a fill's sectors
 
 
 def new_hbm_state(p: np.ndarray, num_initiators: int, txlog_rows: int = 0, cmdlog_rows: int = 0) -> HbmState:
@@ -480,7 +484,8 @@ def _room(st, g, is_write):
 def _l2_lookup(p, l2, addr, size, write):
     """Look up (and on a miss or a write, allocate) the line of a transaction at ``addr``.
 
-    Returns ``(position of its line's record in l2, hit)`` (-1: a write that allocates nothing).
+    Returns ``(position of its line's record in l2, hit, the sectors it touches)`` (-1: a write that
+    allocates nothing).
     A read hits when its line is present with every sector it touches valid; otherwise its
     sectors are marked valid now (the fill is in flight: ``L2_FILL`` names its slot). A write
     marks its sectors valid (write-through: the data also goes to HBM). The victim of an
@@ -502,21 +507,21 @@ def _l2_lookup(p, l2, addr, size, write):
         if l2[i + L2_TAG] == line:
             l2[i + L2_LRU] = now
             if not write and (l2[i + L2_VALID] & mask) == mask:
-                return i, True
+                return i, True, mask
             l2[i + L2_VALID] |= mask
-            return i, False
+            return i, False, mask
         key = l2[i + L2_LRU] + (NEVER // 2 if l2[i + L2_FILL] >= 0 else 0)  # empty ways: -1
         if key < oldest:
             oldest, victim = key, i
     if write and p[P_L2_WALLOC] == 0:
-        return -1, False
+        return -1, False, mask
     if l2[victim + L2_TAG] >= 0:
         l2[L2_EVICTIONS] += 1
     l2[victim + L2_TAG] = line
     l2[victim + L2_VALID] = mask
     l2[victim + L2_LRU] = now
     l2[victim + L2_FILL] = -1
-    return victim, False
+    return victim, False, mask
 
 
 @njit(cache=True, _nrt=False)
@@ -572,11 +577,11 @@ def _l2_access(st, heap, hs, init, slot, addr, size, t_ps, period_ps):
     p = st.p
     l2 = st.l2
     write = st.in_write[init] != 0
-    i, hit = _l2_lookup(p, l2, addr, size, write)
+    i, hit, mask = _l2_lookup(p, l2, addr, size, write)
     r = l2[L2_SLOTS_AT] + 4 * slot
     l2[r + SL_WAY] = i
     l2[r + SL_WAITERS] = -1
-    l2[r + SL_HIT] = 0
+    l2[r + SL_MASK] = 0
     if write:
         l2[L2_WRITE_BYTES] += size
         _l2_slice_time(p, l2, addr, size, t_ps)
@@ -585,18 +590,18 @@ def _l2_access(st, heap, hs, init, slot, addr, size, t_ps, period_ps):
         l2[L2_MISS_BYTES] += size
         l2[L2_MISSES] += 1
         l2[i + L2_FILL] = slot
+        l2[r + SL_MASK] = mask
         _l2_slice_time(p, l2, addr, size, t_ps)
         return False
     l2[L2_HIT_BYTES] += size
     l2[L2_HITS] += 1
-    l2[r + SL_HIT] = 1
     st.sl_ch[slot] = -1
     st.sl_end_req[slot] = t_ps
     st.sl_arrive[slot] = _l2_hit_time(p, l2, init // p[P_DMA_ENGINES], addr, size, t_ps)
     owner = l2[i + L2_FILL]
-    if owner >= 0:  # its data is still on the way from HBM: respond when it lands
+    o = l2[L2_SLOTS_AT] + 4 * owner
+    if owner >= 0 and l2[o + SL_MASK] & mask:  # its data is still on the way from HBM: respond when it lands
         l2[L2_MERGED] += 1
-        o = l2[L2_SLOTS_AT] + 4 * owner
         l2[r + SL_NEXT] = l2[o + SL_WAITERS]
         l2[o + SL_WAITERS] = slot
     else:
