@@ -48,7 +48,8 @@ from npusim.system.mapper import Overheads, StepShape, build_step, memory_per_ra
 from npusim.system.plan import ParallelPlan, check_plan, default_plan
 from npusim.system.workload import Workload
 
-PARTIAL_NOTE = ("partial model: the die's L2 serves GEMM operand and shared-KV re-reads only (no TLM L2); each kernel launch is a "
+PARTIAL_NOTE = ("partial model: the die's L2 is a reuse-distance model of GEMM operand and shared-KV re-reads (a "
+                "transaction-level cache with --memory tlm); each kernel launch is a "
                 "cited fixed cost (moe_operators.layer_kernels), dispatch/combine's per-call overheads are calibrated; "
                 "see validation/deepseek_deployments.py")
 #: added to a prefill step's note: its operators' per-call overheads are the decode kernels'. The one
