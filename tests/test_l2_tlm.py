@@ -232,3 +232,18 @@ def test_an_l2_needs_global_addresses_and_lines_that_hold_whole_transactions():
                                {"l2": {"capacity_mb": 8, "bandwidth_gbps": 4000, **extra["l2"]}})
         with pytest.raises(ConfigError, match=key):
             validate(Arch, data, "test arch")
+
+
+def test_memory_probe_efficiency_is_hbms_and_never_above_one_with_l2_hits():
+    """`npusim mem --repeat`: the passes after the first hit in the L2, so the bandwidth delivered
+    can pass the HBM peak; the efficiency is HBM traffic over the peak and stays at most 1 (the
+    review found it printed 171%)."""
+    from npusim.sim.memory_probe import measure_memory
+
+    r = measure_memory(_arch(), "stream", 256 * KIB, "tlm", None, False, 0, repeat=3)
+    assert r.l2_hit_bytes == 2 * 256 * KIB  # the second and third passes
+    assert 0 < r.efficiency <= 1
+    hbm_bytes = sum(c["bytes"] for c in r.per_channel)
+    assert hbm_bytes == 256 * KIB
+    assert r.efficiency * r.peak_bandwidth_gbps == pytest.approx(hbm_bytes / r.time_ns)
+    assert r.bandwidth_gbps > r.efficiency * r.peak_bandwidth_gbps
