@@ -34,7 +34,7 @@ N_PARAMS = 56
 #: fixed-point bits of the L2's per-byte service times and of its slices' and ports' clocks (a
 #: slice of 7 TB/s serves a byte in 0.14 ps: kept in 1/4096 ps, exact to 0.1% per transaction)
 L2_FIX = 12
-#: lines the TLM L2 holds at most (its tag, LRU and valid arrays: 8 bytes each per line)
+#: lines the TLM L2 holds at most (each line's record is four int64: 32 bytes a line, 256 MiB at most)
 L2_MAX_LINES = 1 << 23
 
 MODE_TLM, MODE_ANALYTICAL = 0, 1
@@ -110,7 +110,7 @@ def _l2_params(p: np.ndarray, arch: Arch, period_ps: float) -> None:
     line = l2.line_bytes
     lines = int(l2.capacity_mb * 2**20) // line
     if lines > L2_MAX_LINES:
-        raise ConfigError(f"l2: capacity_mb {l2.capacity_mb:g} in lines of l2.line_bytes {line} is {lines:,} lines; "
+        raise ConfigError(f"{arch.name}: l2.capacity_mb {l2.capacity_mb:g} in lines of l2.line_bytes {line} is {lines:,} lines; "
                           f"the TLM cache holds at most {L2_MAX_LINES:,} (raise l2.line_bytes)")
     txn = int(p[P_TXN_BYTES])
     sectors = 1
