@@ -127,19 +127,21 @@ def measure_memory(arch: Arch, pattern: str = "stream", nbytes: int = 64 << 20, 
     unit = max(txn, request_bytes or 0)  # an initiator's share: whole transactions (random: requests)
     share = -(-nbytes // n_init)
     share = -(-share // unit) * unit
-    last = [-1] * n_init
-    for rep in range(repeat):
-        for i in range(n_init):
-            core, eng = divmod(i, sim.dma_engines)
-            if pattern == "stream":
-                address, code, step = i * txn, PATTERN_STRIDED, n_init * txn
-            elif pattern == "strided":  # disjoint strided regions, one per initiator
-                address, code, step = i * (share // txn) * stride, PATTERN_STRIDED, stride
-            else:  # random: blocks of request_bytes (one transaction each up to the interleave)
-                address, code, step = i * share, PATTERNS[pattern], request_bytes
-            size = min(share, nbytes - i * share)
-            if size <= 0:
-                break
+    transfers = []  # one per initiator: (core, engine, address, pattern code, step, bytes)
+    for i in range(n_init):
+        if pattern == "stream":
+            address, code, step = i * txn, PATTERN_STRIDED, n_init * txn
+        elif pattern == "strided":  # disjoint strided regions, one per initiator
+            address, code, step = i * (share // txn) * stride, PATTERN_STRIDED, stride
+        else:  # random: blocks of request_bytes (one transaction each up to the interleave)
+            address, code, step = i * share, PATTERNS[pattern], request_bytes
+        size = min(share, nbytes - i * share)
+        if size <= 0:
+            break
+        transfers.append((*divmod(i, sim.dma_engines), address, code, step, size))
+    last = [-1] * len(transfers)
+    for rep in range(repeat):  # each initiator's pass after its previous one
+        for i, (core, eng, address, code, step, size) in enumerate(transfers):
             last[i] = sim.add_dma(core, size, address=address, write=write, dma_engine=eng, pattern=code,
                                   stride=step, deps=[last[i]] if rep else (), name=f"{pattern}{i}")
     sim.run()
