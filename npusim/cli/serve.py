@@ -24,6 +24,7 @@ SERVING_FLAGS = ("trace", "rate", "requests")
 #: its token times, measured on the default scenario's lengths)
 MAX_REQUESTS = 1_000_000
 BYTES_PER_REQUEST = 3_000
+LONG_PROMPT_TOKENS = 4096  # --iteration-cache auto: longer prompts use the long buckets (see _iteration_cache)
 DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_INPUT, DEFAULT_OUTPUT = 8.0, 32, "128:512", "32:128"
 
 
@@ -79,7 +80,16 @@ def add_serving_args(p) -> None:
                    help="iteration cache key buckets: kv=TOKENS (multiple of 256; the stage replay interpolates "
                    "between bucket edges on one KV axis per attention group), kv_edges=linear|pow2 (pow2: powers "
                    "of two below the kv bucket, its multiples above), batch=N (decode counts rounded up), "
-                   "chunk=TOKENS (multiple of 16), any of them, or exact (default kv=256,batch=8,chunk=16: exact)")
+                   "chunk=TOKENS (multiple of 16), chunk_edges=round|interp (interp: chunk lengths interpolated "
+                   "between 16, 32, ..., 256 and multiples of 128, and their cached prefix between KV edges from "
+                   "prefix_min=TOKENS), decode_kv=group|shared (shared: an iteration's decode groups on one KV axis; "
+                   "mixed_kv=TOKENS its bucket beside a prefill chunk), sampled=N (LM-head rows rounded up), "
+                   "blend_kv=TOKENS (one coarse cell for the all-in-SRAM shapes a KV share in HBM blends with), any "
+                   "of them; exact (kv=256,batch=8,chunk=16); or long (kv=16384,kv_edges=pow2,chunk_edges=interp,"
+                   "decode_kv=shared,sampled=8,prefix_min=4096,mixed_kv=blend_kv=the model's context: 16x fewer "
+                   "shapes on the README's Mooncake replay, within 1%% of exact but the TBT median; "
+                   "validation/serving_long_buckets.py). Default: auto, exact unless a prompt is longer than "
+                   f"{LONG_PROMPT_TOKENS:,} tokens, then long")
     g.add_argument("--iteration-cache-replay", choices=["stages", "skeleton"], default=None,
                    help="how a cached iteration replays: stages (one hold per pipeline stage, set by how many "
                    "iterations are in flight; the default) or skeleton (each DMA replayed, compute and NoC held)")
@@ -165,11 +175,14 @@ def serving_options(args, spec) -> dict:
     return opts
 
 
-def _iteration_cache(args, shared_chip: bool):
+def _iteration_cache(args, shared_chip: bool, reqs=()):
     """The iteration cache's buckets, or None (every iteration simulated): ``--iteration-cache
     on``, or ``auto`` when one instance runs on the chip (``shared_chip``: PD disaggregation or
-    replicas, whose interference the cache does not see)."""
-    from npusim.serving.itercache import EXACT, parse_buckets
+    replicas, whose interference the cache does not see). Without ``--iteration-cache-buckets``:
+    exact, or the long buckets when a prompt of ``reqs`` is longer than ``LONG_PROMPT_TOKENS``
+    (exact keys then hardly repeat: every chunk of a long prompt has its own cached prefix)."""
+    from npusim.model.zoo import get_config
+    from npusim.serving.itercache import EXACT, long_context, parse_buckets
 
     text = getattr(args, "iteration_cache_buckets", None)
     mode = getattr(args, "iteration_cache", "auto")
@@ -182,7 +195,12 @@ def _iteration_cache(args, shared_chip: bool):
         return None
     if getattr(args, "iteration_cache_dir", None) is not None:
         check_output_dir(args.iteration_cache_dir, "--iteration-cache-dir")
-    return EXACT if text is None else parse_buckets(text)
+    context = get_config(args.model).max_position_embeddings
+    if text is not None:
+        return parse_buckets(text, context)
+    if context > 0 and max((r.input_len for r in reqs), default=0) > LONG_PROMPT_TOKENS:
+        return long_context(context)
+    return EXACT
 
 
 def _pair(text: str, flag: str) -> tuple[int, int]:
@@ -229,7 +247,7 @@ def serve(args, arch, spec):
     cfg = ServingConfig(model=args.model, precision=chip_precision(args), layers=args.layers, scheduler=sched,
                         memory_mode=args.memory, noc_mode=chip_noc(args), admission=args.admission,
                         prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms,
-                        iteration_cache=_iteration_cache(args, pd is not None or opts["replicas"] > 1),
+                        iteration_cache=_iteration_cache(args, pd is not None or opts["replicas"] > 1, reqs),
                         iteration_cache_dir=getattr(args, "iteration_cache_dir", None),
                         iteration_replay=getattr(args, "iteration_cache_replay", None) or "stages")
     with request_progress(len(reqs), enabled=not args.no_progress) as progress:
@@ -239,6 +257,11 @@ def serve(args, arch, spec):
               "context_clipped": over_context,
               "memory_fidelity": args.memory, "noc_fidelity": chip_noc(args)})
     s["iteration_cache"]["requested"] = getattr(args, "iteration_cache", "auto")
+    if cfg.iteration_cache is not None:
+        from npusim.model.zoo import get_config
+        from npusim.serving.itercache import preset_name
+
+        s["iteration_cache"]["preset"] = preset_name(cfg.iteration_cache, get_config(args.model).max_position_embeddings)
     return s, run
 
 
@@ -328,7 +351,7 @@ def _print(s: dict) -> None:
         print(f"  iter. cache    off ({why}): every iteration simulated")
     else:
         b = ic["buckets"]
-        print(f"  iter. cache    on ({ic.get('requested', 'on')}), {ic['replay']} replay (kv {b['kv']}"
+        print(f"  iter. cache    on ({ic.get('requested', 'on')}), {ic.get('preset', 'custom')} buckets, {ic['replay']} replay (kv {b['kv']}"
               f"{', powers of two below' if b.get('kv_edges') == 'pow2' else ''}, batch {b['batch']}, chunk {b['chunk']}): "
               f"{ic['shapes_simulated']} "
               f"shapes simulated ({ic['shapes_from_disk']} more from disk), {ic['hits']} hits, {ic['misses']} misses, {ic['interpolated']} interpolated"

@@ -23,7 +23,7 @@ from npusim.serving.iteration import Work, build_groups_graph, iteration_groups
 from npusim.serving.itercache import GAP_FRACTION, IterationCost, IterationCostCache, ShapeStore, measure
 from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
-from npusim.serving.stagecost import HoldsInFlight, Lanes, StageCost, measure_stages
+from npusim.serving.stagecost import HoldsInFlight, Lanes, StageCost, measure_stages, measure_stages_many
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import submit_materialized
 
@@ -89,7 +89,8 @@ class Instance:
                     "memory_over_noc": cfg.measured_over_noc, "memory_streams": sim.memory_streams,
                     "segments": [GAP_FRACTION, "one per DMA"], "replay": cfg.iteration_replay},
                     StageCost if self.stage_replay else IterationCost)
-            self.costs = IterationCostCache(buckets, self._measure, store)
+            self.costs = IterationCostCache(buckets, self._measure, store,
+                                            self._measure_many if self.stage_replay else None)
         self.inflight: deque = deque()  # (notify task, slots, kv share in HBM, submitted_s)
         self.holds = HoldsInFlight(self.lanes.depth) if self.costs is not None and self.stage_replay else None
         self.running: list = []
@@ -156,16 +157,26 @@ class Instance:
     def stage_replay(self) -> bool:
         return self.cfg.iteration_replay == "stages"
 
+    @property
+    def _measure_options(self) -> dict:
+        """The fresh simulators' options of a shape's measurement: the run's fidelity."""
+        return {"memory_mode": self.cfg.memory_mode, "noc_mode": self.cfg.noc_mode,
+                "memory_over_noc": self.cfg.measured_over_noc, "memory_streams": self.sim.memory_streams}
+
     def _measure(self, groups, sampled: int, placement: float):
         """An iteration shape's cost for the iteration cache: its stage timing, or its cost
         skeleton (its program simulated alone)."""
         comp = self._compile(groups, sampled, placement)
         if self.stage_replay:
-            return measure_stages(self.arch, self.lanes, comp.arrays, {
-                "memory_mode": self.cfg.memory_mode, "noc_mode": self.cfg.noc_mode,
-                "memory_over_noc": self.cfg.measured_over_noc, "memory_streams": self.sim.memory_streams})
+            return measure_stages(self.arch, self.lanes, comp.arrays, self._measure_options)
         return measure(self.arch, self.cfg.memory_mode, self.cfg.noc_mode, comp.arrays, comp.kv_reads, placement,
                        memory_over_noc=self.cfg.measured_over_noc, memory_streams=self.sim.memory_streams)
+
+    def _measure_many(self, shapes: list) -> list:
+        """The stage timings of ``shapes`` (``(groups, sampled, placement)`` each), one program
+        built while the previous shapes' simulations run (:func:`measure_stages_many`)."""
+        return measure_stages_many(self.arch, self.lanes, lambda sh: self._compile(*sh).arrays, shapes,
+                                   self._measure_options)
 
     def _compiled(self, slots, hbm_fraction: float) -> tuple:
         """The iteration's materialised arrays. Programs are compiled per shape and per *kind*

@@ -66,7 +66,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -75,7 +75,7 @@ import numpy as np
 from npusim.engine.tasks import KIND_FIXED
 from npusim.errors import ConfigError
 from npusim.files import write_with
-from npusim.serving.iteration import KV_QUANTUM
+from npusim.serving.iteration import KV_QUANTUM, padded_count
 from npusim.serving.stagecost import StageCost
 from npusim.sim import Simulator
 from npusim.sim.kernel import KIND_DMA, KIND_NOC
@@ -92,6 +92,13 @@ class Buckets:
     batch: int = 8
     chunk: int = 16
     kv_edges: str = "linear"
+    chunk_edges: str = "round"
+    decode_kv: str = "group"
+    sampled: int = 1
+    chunk_ratio: int = 2
+    prefix_min: int = KV_QUANTUM
+    mixed_kv: int = 0
+    blend_kv: int = 0
 
     def __post_init__(self):
         if self.kv < KV_QUANTUM or self.kv % KV_QUANTUM:
@@ -104,29 +111,99 @@ class Buckets:
                               f"(chunks are padded to 16 already)")
         if self.kv_edges not in KV_EDGES:
             raise ConfigError(f"iteration cache kv_edges '{self.kv_edges}': expected one of {', '.join(KV_EDGES)}")
+        if self.chunk_edges not in CHUNK_EDGES:
+            raise ConfigError(f"iteration cache chunk_edges '{self.chunk_edges}': expected one of "
+                              f"{', '.join(CHUNK_EDGES)}")
+        if self.decode_kv not in DECODE_KV:
+            raise ConfigError(f"iteration cache decode_kv '{self.decode_kv}': expected one of {', '.join(DECODE_KV)}")
+        if self.chunk_ratio < 2:
+            raise ConfigError(f"iteration cache chunk_ratio {self.chunk_ratio}: expected at least 2")
+        if self.sampled < 1:
+            raise ConfigError(f"iteration cache sampled bucket {self.sampled}: expected at least 1")
+        for key in ("prefix_min", "mixed_kv", "blend_kv"):
+            v = getattr(self, key)
+            if v < 0 or v % KV_QUANTUM or (key == "prefix_min" and v == 0):
+                raise ConfigError(f"iteration cache {key} {v}: expected a {'positive' if key == 'prefix_min' else 'non-negative'} "
+                                  f"multiple of {KV_QUANTUM} tokens")
 
     @property
     def exact(self) -> bool:
         """Every key is a compiled shape: no rounding, no interpolation."""
-        return self.kv == KV_QUANTUM and self.batch <= 8 and self.chunk == 16
+        return (self.kv == KV_QUANTUM and self.batch <= 8 and self.chunk == 16 and self.chunk_edges == "round"
+                and self.decode_kv == "group" and self.sampled <= 1)
+
+    @property
+    def stage_only(self) -> bool:
+        """Keys only the stage replay's multilinear interpolation (:func:`grid_corners`) can use."""
+        return (self.chunk_edges != "round" or self.decode_kv != "group" or self.sampled > 1 or self.mixed_kv > 0
+                or self.blend_kv > 0)
+
+    def rows(self, sampled: int) -> int:
+        """Sampled (LM-head) rows rounded up to the ``sampled`` bucket (0 stays 0)."""
+        return sampled if self.sampled <= 1 or not sampled else -(-sampled // self.sampled) * self.sampled
+
+    @property
+    def blend(self) -> "Buckets | None":
+        """The buckets of the all-in-SRAM shapes that an iteration with a share of its KV in HBM
+        blends with (``blend_kv``: one linear KV cell of that width on every axis), or None (the
+        same buckets)."""
+        if not self.blend_kv:
+            return None
+        return replace(self, kv=self.blend_kv, kv_edges="linear", mixed_kv=0, prefix_min=KV_QUANTUM, blend_kv=0,
+                       chunk_ratio=BLEND_CHUNK_RATIO)
 
 
 KV_EDGES = ("linear", "pow2")
+CHUNK_EDGES = ("round", "interp")
+DECODE_KV = ("group", "shared")
 EXACT = Buckets(kv=KV_QUANTUM, batch=8, chunk=16)
+TEXT_KEYS = ("kv_edges", "chunk_edges", "decode_kv")
+INT_KEYS = ("kv", "batch", "chunk", "sampled", "chunk_ratio", "prefix_min", "mixed_kv", "blend_kv")
 
 
-def parse_buckets(text: str) -> Buckets:
-    """``kv=1024,batch=8,chunk=16,kv_edges=pow2`` (any subset; the rest default), or ``exact``."""
+LONG_KV = 16384  # the long buckets' KV bucket (powers of two below it)
+LONG_CHUNK_RATIO = 4  # their chunk-length edges: 16, 64, 256, 512, ...
+BLEND_CHUNK_RATIO = 32  # the blend's: 16, 512, ... (weighed by the share of KV in SRAM, mostly small)
+LONG_PREFIX_MIN = 4096  # and their lowest chunk-prefix edge above 0
+
+
+def long_context(context_tokens: int) -> Buckets:
+    """The ``long`` buckets for a model whose context is ``context_tokens`` (see the module
+    docstring): KV edges at powers of two up to ``LONG_KV`` and its multiples above, chunk
+    prefixes from ``LONG_PREFIX_MIN``, chunk lengths interpolated, an iteration's decode groups on
+    one shared KV axis (one cell over the whole context beside a prefill chunk), sampled rows in
+    eights, and the all-in-SRAM shapes a KV share in HBM blends with on linear ``LONG_KV`` cells."""
+    context = max(KV_QUANTUM, -(-int(context_tokens) // KV_QUANTUM) * KV_QUANTUM)
+    return Buckets(kv=LONG_KV, kv_edges="pow2", chunk_edges="interp", decode_kv="shared", sampled=8,
+                   chunk_ratio=LONG_CHUNK_RATIO, prefix_min=LONG_PREFIX_MIN, mixed_kv=context, blend_kv=LONG_KV)
+
+
+def preset_name(buckets: Buckets, context_tokens: int = 0) -> str:
+    """``exact``, ``long`` or ``custom``: which of :func:`parse_buckets`' presets ``buckets`` is."""
+    if buckets.exact:
+        return "exact"
+    return "long" if context_tokens > 0 and buckets == long_context(context_tokens) else "custom"
+
+
+def parse_buckets(text: str, context_tokens: int | None = None) -> Buckets:
+    """``kv=1024,batch=8,chunk=16,kv_edges=pow2,chunk_edges=interp,decode_kv=shared`` (any subset;
+    the rest default), ``exact``, or ``long`` (:func:`long_context`: needs the model's context)."""
     if text.strip() == "exact":
         return EXACT
+    if text.strip() == "long":
+        if not context_tokens or context_tokens <= 0:
+            raise ConfigError(f"--iteration-cache-buckets long: the model's config gives no context length to "
+                              f"span; give kv=N instead")
+        return long_context(context_tokens)
     values = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         key, sep, val = part.partition("=")
-        if not sep or key.strip() not in ("kv", "batch", "chunk", "kv_edges"):
-            raise ConfigError(f"--iteration-cache-buckets '{text}': expected kv=N,batch=N,chunk=N,"
-                              f"kv_edges=linear|pow2 (any of them) or exact, got '{part}'")
-        if key.strip() == "kv_edges":
-            values["kv_edges"] = val.strip()
+        if not sep or key.strip() not in INT_KEYS + TEXT_KEYS:
+            raise ConfigError(f"--iteration-cache-buckets '{text}': expected kv=N,batch=N,chunk=N,sampled=N,"
+                              f"prefix_min=N,mixed_kv=N,blend_kv=N,kv_edges=linear|pow2,chunk_edges=round|interp,"
+                              f"decode_kv=group|shared (any of them), exact or long, got '{part}'")
+        if key.strip() in TEXT_KEYS:
+            values[key.strip()] = val.strip()
             continue
         try:
             values[key.strip()] = int(val)
@@ -181,20 +258,91 @@ def corners(groups, buckets: Buckets) -> tuple[tuple, tuple, float]:
     return tuple(lo), tuple(hi), t
 
 
-def grid_corners(groups, buckets: Buckets) -> list[tuple[tuple, float]]:
-    """The corners of the iteration's KV-bucket cell, one KV axis per group, with their weights
-    in a multilinear interpolation (each group's own position between its bucket's edges):
-    ``2 ** g`` corners for ``g`` groups off a bucket edge, one (weight 1) on the edges."""
-    out = [((), 1.0)]
-    for g in groups:
-        n, q, kv, causal = _rounded(g, buckets)
-        down, up = _kv_edges(q, kv, buckets)
-        if down == up:
-            out = [(c + ((n, q, up, causal),), w) for c, w in out]
-            continue
-        t = (kv - down) / (up - down)
-        out = [(c + ((n, q, edge, causal),), w * f) for c, w in out for edge, f in ((down, 1 - t), (up, t)) if f > 0]
+CHUNK_TOP = 512  # chunk_edges=interp: chunk lengths interpolate between 16 * chunk_ratio ** i and multiples of this
+
+
+def _chunk_edges(q: int, ratio: int) -> tuple[int, int]:
+    """The chunk-length edges around a (padded) chunk of ``q`` tokens with ``chunk_edges=interp``:
+    16, ``16 ratio``, ``16 ratio ** 2``, ... below ``CHUNK_TOP`` and its multiples from it (equal
+    when ``q`` is on one). A chunk's cost is concave in its length (weight streaming sets a floor
+    under short chunks), so the interpolation overstates chunks between edges: on Qwen3-4B at
+    npusim-64c by at most 1.2% with ratio 2, 2.9% with 4 and 7.7% with 32 (one cell, 16-512)."""
+    if q >= CHUNK_TOP:
+        up = -(-q // CHUNK_TOP) * CHUNK_TOP
+        return (q, q) if q == up else (up - CHUNK_TOP, up)
+    down = 16
+    while down * ratio <= q and down * ratio < CHUNK_TOP:
+        down *= ratio
+    up = min(down * ratio, CHUNK_TOP)
+    return (q, q) if q == down else (down, up)
+
+
+def _prefix_edges(prefix: int, buckets: Buckets) -> tuple[int, int]:
+    """The cached-prefix edges around a chunk's ``prefix`` tokens with ``chunk_edges=interp``:
+    the KV bucket's edges (:func:`_kv_edges`) with 0 as the lowest (equal when on one)."""
+    if prefix <= 0:
+        return 0, 0
+    bucket, low = buckets.kv, buckets.prefix_min
+    if buckets.kv_edges == "pow2" and prefix <= bucket:
+        up = min(bucket, max(low, 1 << (prefix - 1).bit_length()))
+        down = up // 2 if up > low else 0
+    else:
+        up = -(-prefix // bucket) * bucket
+        down = up - bucket
+    return (prefix, prefix) if prefix == up else (down, up)
+
+
+def _chunk_axis(n: int, q: int, kv: int, causal: bool, buckets: Buckets) -> list[tuple[tuple, float]]:
+    """A chunk's corners with ``chunk_edges=interp``: its length and its cached prefix (``kv - q``)
+    each between their edges, bilinearly (attention's work is the product of the two, which a
+    bilinear interpolation reproduces); a corner's KV is its prefix plus its length, rounded up
+    to ``KV_QUANTUM`` as compiled shapes are."""
+    q_lo, q_hi = _chunk_edges(q, buckets.chunk_ratio)
+    p = max(0, kv - q)
+    p_lo, p_hi = _prefix_edges(p, buckets)
+    tq = 0.0 if q_hi == q_lo else (q - q_lo) / (q_hi - q_lo)
+    tp = 0.0 if p_hi == p_lo else (p - p_lo) / (p_hi - p_lo)
+    out = []
+    for qq, wq in ((q_lo, 1 - tq), (q_hi, tq)):
+        for pp, wp in ((p_lo, 1 - tp), (p_hi, tp)):
+            if wq * wp > 0:
+                out.append(((n, qq, -(-(pp + qq) // KV_QUANTUM) * KV_QUANTUM, causal), wq * wp))
     return out
+
+
+def grid_corners(groups, buckets: Buckets) -> list[tuple[tuple, float]]:
+    """The corners of the iteration's cell with their weights in a multilinear interpolation:
+    one KV axis per group, each at its own position between its bucket's edges, so ``2 ** g``
+    corners for ``g`` groups off a bucket edge and one (weight 1) on the edges; with
+    ``chunk_edges=interp`` a chunk has two axes (its length and its cached prefix,
+    :func:`_chunk_axis`); with ``decode_kv=shared`` the decode groups share one axis: all of them at
+    the bucket edges around their mean KV length, weighted by its position between them (a decode's
+    KV token costs the same in every group, so the work of the real groups is kept)."""
+    axes: list[list[tuple[dict, float]]] = []
+    shared, tokens, rows = {}, 0, 0
+    for i, g in enumerate(groups):
+        n, q, kv, causal = _rounded(g, buckets)
+        if q > 1 and buckets.chunk_edges == "interp":
+            axes.append([({i: c}, w) for c, w in _chunk_axis(n, q, kv, causal, buckets)])
+            continue
+        if q == 1 and buckets.decode_kv == "shared":
+            shared[i] = (n, causal)
+            tokens, rows = tokens + n * kv, rows + n
+            continue
+        down, up = _kv_edges(q, kv, buckets)
+        t = 0.0 if down == up else (kv - down) / (up - down)
+        axes.append([({i: (n, q, edge, causal)}, f) for edge, f in ((down, 1 - t), (up, t)) if f > 0])
+    if shared:  # every decode group at the edges around their mean KV length
+        mean = tokens / rows
+        beside_chunk = buckets.mixed_kv and len(shared) < len(groups)
+        down, up = _kv_edges(1, math.ceil(mean), Buckets(kv=buckets.mixed_kv) if beside_chunk else buckets)
+        t = 0.0 if down == up else (mean - down) / (up - down)
+        axes.append([({i: (n, 1, edge, causal) for i, (n, causal) in shared.items()}, f)
+                     for edge, f in ((down, 1 - t), (up, t)) if f > 0])
+    out: list[tuple[dict, float]] = [({}, 1.0)]
+    for axis in axes:
+        out = [({**c, **part}, w * f) for c, w in out for part, f in axis]
+    return [(tuple(c[i] for i in range(len(groups)) if i in c), w) for c, w in out]
 
 
 # -- the cost skeleton -----------------------------------------------------------------------------
@@ -555,9 +703,10 @@ class IterationCostCache:
     returns the skeleton to replay, measuring the corner shapes it needs on first use.
     ``measure_fn(groups, sampled, placement)`` simulates a shape (the instance's)."""
 
-    def __init__(self, buckets: Buckets, measure_fn, store: ShapeStore | None = None):
+    def __init__(self, buckets: Buckets, measure_fn, store: ShapeStore | None = None, measure_many=None):
         self.buckets = buckets
         self._measure = measure_fn
+        self._measure_many = measure_many
         self.store = store
         self.shapes: dict[tuple, IterationCost] = {}
         self.stats = {"hits": 0, "misses": 0, "shapes_simulated": 0, "shapes_from_disk": 0, "interpolated": 0}
@@ -576,6 +725,31 @@ class IterationCostCache:
                 self.store.put(key, hit)
         self.shapes[key] = hit
         return hit
+
+    def _ensure(self, keys: list[tuple]) -> None:
+        """Measure the shapes of ``keys`` not known yet at once with ``measure_many`` (a list of
+        ``(groups, sampled, placement)`` in, their costs out, in order), which can overlap one
+        shape's simulation with the next one's program; without it :meth:`_shape` measures them
+        one by one. Same costs either way."""
+        if self._measure_many is None:
+            return
+        missing = []
+        for key in dict.fromkeys(keys):
+            if key in self.shapes:
+                continue
+            hit = self.store.get(key) if self.store is not None else None
+            if hit is not None:
+                self.stats["shapes_from_disk"] += 1
+                self.shapes[key] = hit
+            else:
+                missing.append(key)
+        if not missing:
+            return
+        for key, cost in zip(missing, self._measure_many([(list(g), s, p) for g, s, p in missing])):
+            self.stats["shapes_simulated"] += 1
+            if self.store is not None:
+                self.store.put(key, cost)
+            self.shapes[key] = cost
 
     def tasks(self, groups, sampled: int, placement: float, fraction: float) -> tuple[tuple, int]:
         """The skeleton to replay for an iteration (see :meth:`IterationCost.tasks`): the upper
@@ -597,23 +771,44 @@ class IterationCostCache:
         return upper.tasks(fraction, time_scale, kv_scale)
 
     def stage_cost(self, groups, sampled: int, fraction: float):
-        """The stage timing of an iteration (:mod:`npusim.serving.stagecost`): the corners'
-        interpolated by the iteration's share of the attention KV tokens, each corner's between its
-        shapes measured with no KV and with all KV in HBM by the share ``fraction`` in HBM (KV reads
-        scale with it)."""
+        """The stage timing of an iteration (:mod:`npusim.serving.stagecost`): the corners of its
+        cell (:func:`grid_corners`) interpolated, each between its shapes measured with no KV and
+        with all KV in HBM by the share ``fraction`` in HBM (KV reads scale with it). With a
+        ``blend_kv`` bucket the all-in-SRAM end of that blend is interpolated on its own coarser
+        cell (:attr:`Buckets.blend`)."""
         before = self.stats["shapes_simulated"] + self.stats["shapes_from_disk"]
+        rows = self.buckets.rows(sampled)
+
+        def key(g, placement):
+            return g, min(rows, sum(n * q for n, q, _, _ in g)), placement  # a corner samples no more rows than it has
+
+        def shape(g, placement):
+            return self._shape(*key(g, placement))
 
         def at(g):
             if fraction <= 0 or fraction >= 1:
-                return self._shape(g, sampled, 0.0 if fraction <= 0 else 1.0)
-            return self._shape(g, sampled, 0.0).blend(self._shape(g, sampled, 1.0), fraction)
+                return shape(g, 0.0 if fraction <= 0 else 1.0)
+            return shape(g, 0.0).blend(shape(g, 1.0), fraction)
+
+        def interpolated(cell, cost_at):
+            if len(cell) == 1:
+                return cost_at(cell[0][0])
+            combined.append(True)
+            return StageCost.combine([(cost_at(c), w) for c, w in cell])
+
+        combined = []
 
         cell = grid_corners(groups, self.buckets)
-        if len(cell) == 1:
-            cost = at(cell[0][0])
+        blend = self.buckets.blend
+        ends = [0.0] if fraction <= 0 else [1.0] if fraction >= 1 else [0.0, 1.0]
+        sram_cell = grid_corners(groups, blend) if blend is not None and len(ends) == 2 else cell
+        self._ensure([key(c, 0.0) for c, _ in sram_cell if 0.0 in ends] + [key(c, 1.0) for c, _ in cell if 1.0 in ends])
+        if blend is None or fraction <= 0 or fraction >= 1:
+            cost = interpolated(cell, at)
         else:
-            cost = StageCost.combine([(at(c), w) for c, w in cell])
-            self.stats["interpolated"] += 1
+            sram = interpolated(sram_cell, lambda g: shape(g, 0.0))
+            cost = sram.blend(interpolated(cell, lambda g: shape(g, 1.0)), fraction)
+        self.stats["interpolated"] += bool(combined)
         fresh = self.stats["shapes_simulated"] + self.stats["shapes_from_disk"] > before
         self.stats["misses" if fresh else "hits"] += 1
         return cost
@@ -633,8 +828,7 @@ def summary(caches: list[IterationCostCache], buckets: Buckets | None, replay: s
     if buckets is None:
         return {"enabled": False}
     out = {"enabled": True, "replay": replay,
-           "buckets": {"kv": buckets.kv, "batch": buckets.batch, "chunk": buckets.chunk,
-                       "kv_edges": buckets.kv_edges},
+           "buckets": asdict(buckets),
            "limits": [SHARED_CHIP_LIMIT] if instances > 1 else [], "kv_spills_over_mesh": spills_over_mesh}
     for key in ("hits", "misses", "shapes_simulated", "shapes_from_disk", "interpolated"):
         out[key] = sum(c.stats[key] for c in caches)

@@ -99,6 +99,10 @@ class ServingConfig:
     def __post_init__(self):
         if self.iteration_replay not in REPLAYS:
             raise ConfigError(f"iteration cache replay '{self.iteration_replay}': expected one of {REPLAYS}")
+        if self.iteration_replay == "skeleton" and self.iteration_cache is not None and self.iteration_cache.stage_only:
+            raise ConfigError("iteration cache: chunk_edges=interp and decode_kv=shared (the long buckets) interpolate "
+                              "between more than two corners, which only the stage replay does; use "
+                              "--iteration-cache-replay stages or other buckets")
 
 
 @dataclass

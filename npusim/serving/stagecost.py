@@ -327,14 +327,47 @@ def _replay_structure(lanes: Lanes, unit_lane_bytes: bytes, unit_queue_bytes: by
     return kinds, queue, ptr, idx
 
 
-_POOL: dict[int, ThreadPoolExecutor] = {}  # per process (a forked child has no threads): one for the loaded run
+_POOL: dict[int, ThreadPoolExecutor] = {}  # per process (a forked child has no threads): the runs of measurements
 
 
 def _worker() -> ThreadPoolExecutor:
     pid = os.getpid()
     if pid not in _POOL:
-        _POOL[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="npusim-stagecost")
+        _POOL[pid] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="npusim-stagecost")
     return _POOL[pid]
+
+
+def _start(arch, lanes: Lanes, arrays: tuple, sim_options: dict, alone_in_pool: bool):
+    """Start an iteration's two runs (see :func:`measure_stages`): the loaded one in a worker
+    thread, the alone one in another (``alone_in_pool``) or in the caller's when it asks for the
+    result. Returns that ask: a function giving the :class:`StageCost`."""
+    sim, loaded_sim = Simulator(arch, **sim_options), Simulator(arch, **sim_options)
+    kinds, queue, param, ptr, idx = arrays
+    task_lane = _task_lanes(sim, lanes, queue, ptr, idx)
+    n_lanes = len(lanes.prev)
+    pool = _worker()
+    loaded_run = pool.submit(_lane_ends, loaded_sim, _cut(arrays, task_lane), task_lane, n_lanes)
+    alone_run = pool.submit(_lane_ends, sim, arrays, task_lane, n_lanes) if alone_in_pool else None
+
+    def result() -> StageCost:
+        ends, duration = alone_run.result() if alone_run is not None else _lane_ends(sim, arrays, task_lane, n_lanes)
+        loaded, _ = loaded_run.result()
+        prev = np.asarray(lanes.prev, dtype=np.int64)
+        alone = np.maximum(0, ends - np.where(prev >= 0, ends[np.maximum(prev, 0)], 0))
+        busy_q = sim.engine.busy_cycles()
+        unit_queue, unit_lane = [], []
+        for lane, cores in enumerate(lanes.cores):
+            for c in cores:
+                for u in (u for u in sim.units if u in COMPUTE_UNITS):
+                    unit_queue.append(sim.queue(c, u))
+                    unit_lane.append(lane)
+        unit_queue = np.asarray(unit_queue, dtype=np.int64)
+        return StageCost(duration=duration, alone=alone, loaded=loaded,
+                         unit_queue=unit_queue, unit_lane=np.asarray(unit_lane, dtype=np.int64),
+                         unit_busy=busy_q[unit_queue].astype(np.int64),
+                         hbm_bytes=int(param[kinds == KIND_DMA, 0].sum()))
+
+    return result
 
 
 def measure_stages(arch, lanes: Lanes, arrays: tuple, sim_options: dict) -> StageCost:
@@ -342,24 +375,21 @@ def measure_stages(arch, lanes: Lanes, arrays: tuple, sim_options: dict) -> Stag
     simulators with ``sim_options``) and reduce it to its :class:`StageCost`. The two runs share
     nothing, so the loaded one runs in a worker thread while this one runs the alone one (the
     kernel releases the GIL): same result, about half the wall time on two cores."""
-    sim, loaded_sim = Simulator(arch, **sim_options), Simulator(arch, **sim_options)
-    kinds, queue, param, ptr, idx = arrays
-    task_lane = _task_lanes(sim, lanes, queue, ptr, idx)
-    n_lanes = len(lanes.prev)
-    loaded_run = _worker().submit(_lane_ends, loaded_sim, _cut(arrays, task_lane), task_lane, n_lanes)
-    ends, duration = _lane_ends(sim, arrays, task_lane, n_lanes)
-    loaded, _ = loaded_run.result()
-    prev = np.asarray(lanes.prev, dtype=np.int64)
-    alone = np.maximum(0, ends - np.where(prev >= 0, ends[np.maximum(prev, 0)], 0))
-    busy_q = sim.engine.busy_cycles()
-    unit_queue, unit_lane = [], []
-    for lane, cores in enumerate(lanes.cores):
-        for c in cores:
-            for u in (u for u in sim.units if u in COMPUTE_UNITS):
-                unit_queue.append(sim.queue(c, u))
-                unit_lane.append(lane)
-    unit_queue = np.asarray(unit_queue, dtype=np.int64)
-    return StageCost(duration=duration, alone=alone, loaded=loaded,
-                     unit_queue=unit_queue, unit_lane=np.asarray(unit_lane, dtype=np.int64),
-                     unit_busy=busy_q[unit_queue].astype(np.int64),
-                     hbm_bytes=int(param[kinds == KIND_DMA, 0].sum()))
+    return _start(arch, lanes, arrays, sim_options, alone_in_pool=False)()
+
+
+IN_FLIGHT = 2  # measure_stages_many: shapes whose runs may be under way while the next program is built
+
+
+def measure_stages_many(arch, lanes: Lanes, build, shapes: list, sim_options: dict) -> list[StageCost]:
+    """:func:`measure_stages` of each of ``shapes`` (``build(shape)`` gives its materialised
+    arrays), in order: both runs of a shape go to worker threads while this thread builds the
+    next shape's program (Python, which holds the GIL that the kernel releases), at most
+    ``IN_FLIGHT`` shapes ahead. Same results as one by one (every run is on a fresh simulator)."""
+    pending, out = deque(), []
+    for shape in shapes:
+        pending.append(_start(arch, lanes, build(shape), sim_options, alone_in_pool=True))
+        if len(pending) > IN_FLIGHT:
+            out.append(pending.popleft()())
+    out.extend(p() for p in pending)
+    return out
