@@ -109,12 +109,13 @@ class Engine:
         param: Sequence[int] = (0,),
         deps: Sequence[int] = (),
         name: str | None = None,
+        check: bool = True,
     ) -> int:
-        """Add one task (convenience wrapper of :meth:`submit_batch`)."""
+        """Add one task (convenience wrapper of :meth:`submit_batch`; ``check`` likewise)."""
         deps = np.asarray(list(deps), dtype=np.int64)
         ids = self.submit_batch(
             np.array([kind]), np.array([queue]), np.asarray([list(param)]),
-            np.array([0, deps.shape[0]]), deps, [name] if name else None,
+            np.array([0, deps.shape[0]]), deps, [name] if name else None, check=check,
         )
         return int(ids[0])
 

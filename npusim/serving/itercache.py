@@ -709,6 +709,7 @@ class IterationCostCache:
         self._measure_many = measure_many
         self.store = store
         self.shapes: dict[tuple, IterationCost] = {}
+        self._ends: dict[tuple, tuple] = {}  # stage_cost: (groups, rows, placement, on the blend's cell) -> (cost, interpolated)
         self.stats = {"hits": 0, "misses": 0, "shapes_simulated": 0, "shapes_from_disk": 0, "interpolated": 0}
 
     def _shape(self, groups, sampled, placement) -> IterationCost:
@@ -797,21 +798,37 @@ class IterationCostCache:
             return StageCost.combine([(cost_at(c), w) for c, w in cell])
 
         combined = []
-
-        cell = grid_corners(groups, self.buckets)
         blend = self.buckets.blend
         ends = [0.0] if fraction <= 0 else [1.0] if fraction >= 1 else [0.0, 1.0]
+        # an iteration of one end alone, or of both with the blend's own cell, is the same
+        # interpolation as every iteration of its groups' before it: kept (decode steps repeat them)
+        memo_keys = None
+        if blend is not None or len(ends) == 1:
+            memo_keys = [(groups, rows, p, len(ends) == 2 and p == 0.0) for p in ends]
+            if all(k in self._ends for k in memo_keys):
+                self.stats["interpolated"] += any(self._ends[k][1] for k in memo_keys)
+                self.stats["hits"] += 1
+                costs = [self._ends[k][0] for k in memo_keys]
+                return costs[0] if len(costs) == 1 else costs[0].blend(costs[1], fraction)
+        cell = grid_corners(groups, self.buckets)
         sram_cell = grid_corners(groups, blend) if blend is not None and len(ends) == 2 else cell
         self._ensure([key(c, 0.0) for c, _ in sram_cell if 0.0 in ends] + [key(c, 1.0) for c, _ in cell if 1.0 in ends])
-        if blend is None or fraction <= 0 or fraction >= 1:
+        if memo_keys is None:
             cost = interpolated(cell, at)
         else:
-            sram = interpolated(sram_cell, lambda g: shape(g, 0.0))
-            cost = sram.blend(interpolated(cell, lambda g: shape(g, 1.0)), fraction)
+            costs = [interpolated(sram_cell if k[3] else cell, lambda g, p=k[2]: shape(g, p)) for k in memo_keys]
+            if len(self._ends) >= ENDS_KEPT:
+                self._ends.clear()
+            for k, c in zip(memo_keys, costs):
+                self._ends[k] = (c, len(sram_cell if k[3] else cell) > 1)
+            cost = costs[0] if len(costs) == 1 else costs[0].blend(costs[1], fraction)
         self.stats["interpolated"] += bool(combined)
         fresh = self.stats["shapes_simulated"] + self.stats["shapes_from_disk"] > before
         self.stats["misses" if fresh else "hits"] += 1
         return cost
+
+
+ENDS_KEPT = 4096  # interpolated ends stage_cost keeps (a few MB); cleared when full
 
 
 SHARED_CHIP_LIMIT = ("instances share the chip's HBM and mesh, but each instance's cached iterations were "

@@ -221,7 +221,10 @@ class Simulator:
 
     def add_notify(self, deps: Sequence[int] = (), name: str | None = None) -> int:
         """A zero-time task after ``deps``; :meth:`run` returns (``reason="notify"``) when it completes."""
-        return self.engine.submit(KIND_NOTIFY, -1, (0,), deps, name)
+        deps = [int(d) for d in deps]
+        if any(d < 0 or d >= self.engine.num_tasks for d in deps):
+            raise ConfigError(f"notify {name or ''}: dependencies must be tasks submitted before (0..{self.engine.num_tasks - 1})")
+        return self.engine.submit(KIND_NOTIFY, -1, (0,), deps, name, check=False)
 
     def noc_zero_load_cycles(self, src: int, dst: int, nbytes: int) -> int:
         """Uncontended latency of a message: ``(H + 1) * S + H * L + F - 1`` cycles."""
