@@ -819,7 +819,7 @@ class IterationCostCache:
             costs = [interpolated(sram_cell if k[3] else cell, lambda g, p=k[2]: shape(g, p)) for k in memo_keys]
             if len(self._ends) >= ENDS_KEPT:
                 self._ends.clear()
-            for k, c in zip(memo_keys, costs):
+            for k, c in zip(memo_keys, costs if ENDS_KEPT > 0 else ()):
                 self._ends[k] = (c, len(sram_cell if k[3] else cell) > 1)
             cost = costs[0] if len(costs) == 1 else costs[0].blend(costs[1], fraction)
         self.stats["interpolated"] += bool(combined)
@@ -828,7 +828,7 @@ class IterationCostCache:
         return cost
 
 
-ENDS_KEPT = 4096  # interpolated ends stage_cost keeps (a few MB); cleared when full
+ENDS_KEPT = 4096  # interpolated ends stage_cost keeps (a few MB); cleared when full; 0: none
 
 
 SHARED_CHIP_LIMIT = ("instances share the chip's HBM and mesh, but each instance's cached iterations were "
