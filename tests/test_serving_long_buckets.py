@@ -36,7 +36,7 @@ def test_long_preset_parses_and_names_itself():
     with pytest.raises(ConfigError, match="context"):
         parse_buckets("long")  # the model gives no context to span
     for bad in ("chunk_edges=wide", "decode_kv=one", "sampled=0", "chunk_ratio=1", "prefix_min=0",
-                "mixed_kv=300", "blend_kv=-256"):
+                "prefix_min=768", "mixed_kv=300", "blend_kv=-256"):
         with pytest.raises(ConfigError):
             parse_buckets(bad)
 

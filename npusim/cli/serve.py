@@ -88,7 +88,7 @@ def add_serving_args(p) -> None:
                    "of them; exact (kv=256,batch=8,chunk=16); or long (kv=16384,kv_edges=pow2,chunk_edges=interp,"
                    "decode_kv=shared,sampled=8,prefix_min=4096,mixed_kv=blend_kv=the model's context: 16x fewer "
                    "shapes on the README's Mooncake replay, within 1%% of exact but the TBT median; "
-                   "validation/serving_long_buckets.py). Default: auto, exact unless a prompt is longer than "
+                   "validation/serving_kv_interpolation.py). Default: auto, exact unless a prompt is longer than "
                    f"{LONG_PROMPT_TOKENS:,} tokens, then long")
     g.add_argument("--iteration-cache-replay", choices=["stages", "skeleton"], default=None,
                    help="how a cached iteration replays: stages (one hold per pipeline stage, set by how many "

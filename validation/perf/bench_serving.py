@@ -15,7 +15,7 @@ N decoder layers (for the long growth series; say so when quoting).
 
 ``--readme`` instead times the README's trace command, ``npusim run --trace
 traces/mooncake_sample.jsonl`` at its defaults (whole prompts clipped to the model's context, the
-iteration cache on, exact), on its first ``--requests`` requests (default all 200), in this process
+iteration cache auto: the long buckets for this trace), on its first ``--requests`` requests (default all 200), in this process
 with the kernel loaded first: wall and CPU seconds, simulated seconds per wall second, requests
 done, cache hits, where the wall time went (building programs of new shapes, measuring them on
 the engine, the engine in the serving loop, the rest) and why the cache does not carry the run:
