@@ -81,13 +81,13 @@ def add_serving_args(p) -> None:
                    "between bucket edges on one KV axis per attention group), kv_edges=linear|pow2 (pow2: powers "
                    "of two below the kv bucket, its multiples above), batch=N (decode counts rounded up), "
                    "chunk=TOKENS (multiple of 16), chunk_edges=round|interp (interp: chunk lengths interpolated "
-                   "between 16, 32, ..., 256 and multiples of 128, and their cached prefix between KV edges from "
-                   "prefix_min=TOKENS), decode_kv=group|shared (shared: an iteration's decode groups on one KV axis; "
+                   "between 16, 16R, 16R^2, ... below 512 and multiples of 512 with chunk_ratio=R, default 2, and "
+                   "their cached prefix between KV edges from prefix_min=TOKENS), decode_kv=group|shared (shared: an iteration's decode groups on one KV axis; "
                    "mixed_kv=TOKENS its bucket beside a prefill chunk), sampled=N (LM-head rows rounded up), "
                    "blend_kv=TOKENS (one coarse cell for the all-in-SRAM shapes a KV share in HBM blends with), any "
                    "of them; exact (kv=256,batch=8,chunk=16); or long (kv=16384,kv_edges=pow2,chunk_edges=interp,"
-                   "decode_kv=shared,sampled=8,prefix_min=4096,mixed_kv=blend_kv=the model's context: 16x fewer "
-                   "shapes on the README's Mooncake replay, within 1%% of exact but the TBT median; "
+                   "decode_kv=shared,sampled=8,chunk_ratio=4,prefix_min=4096,blend_kv=16384,mixed_kv=the model's "
+                   "context: 422 shapes instead of 4,864 on the README's Mooncake replay, within 1%% of exact but the TBT median; "
                    "validation/serving_kv_interpolation.py). Default: auto, exact unless a prompt is longer than "
                    f"{LONG_PROMPT_TOKENS:,} tokens, then long")
     g.add_argument("--iteration-cache-replay", choices=["stages", "skeleton"], default=None,

@@ -100,9 +100,9 @@ class ServingConfig:
         if self.iteration_replay not in REPLAYS:
             raise ConfigError(f"iteration cache replay '{self.iteration_replay}': expected one of {REPLAYS}")
         if self.iteration_replay == "skeleton" and self.iteration_cache is not None and self.iteration_cache.stage_only:
-            raise ConfigError("iteration cache: chunk_edges=interp and decode_kv=shared (the long buckets) interpolate "
-                              "between more than two corners, which only the stage replay does; use "
-                              "--iteration-cache-replay stages or other buckets")
+            raise ConfigError("iteration cache: chunk_edges=interp, decode_kv=shared, sampled, mixed_kv and blend_kv "
+                              "(the long buckets use them) interpolate between more than two corners, which only the "
+                              "stage replay does; use --iteration-cache-replay stages or other buckets")
 
 
 @dataclass
