@@ -802,46 +802,41 @@ class IterationCostCache:
         def key(g, placement):
             return g, min(rows, sum(n * q for n, q, _, _ in g)), placement  # a corner samples no more rows than it has
 
-        def shape(g, placement):
-            return self._shape(*key(g, placement))
+        def memo(placement, buckets):
+            return groups, rows, placement, buckets is not self.buckets
 
-        def at(g):
-            if fraction <= 0 or fraction >= 1:
-                return shape(g, 0.0 if fraction <= 0 else 1.0)
-            return shape(g, 0.0).blend(shape(g, 1.0), fraction)
+        def end(placement, buckets):
+            """``(cost, interpolated)`` of the cell's corners at one placement, kept per groups
+            (decode steps repeat them)."""
+            hit = self._ends.get(memo(placement, buckets))
+            if hit is None:
+                costs = [(self._shape(*key(c, placement)), w) for c, w in grid_corners(groups, buckets)]
+                hit = (costs[0][0], False) if len(costs) == 1 else (StageCost.combine(costs), True)
+                if len(self._ends) >= ENDS_KEPT:
+                    self._ends.clear()
+                if ENDS_KEPT > 0:
+                    self._ends[memo(placement, buckets)] = hit
+            return hit
 
-        def interpolated(cell, cost_at):
-            if len(cell) == 1:
-                return cost_at(cell[0][0])
-            combined.append(True)
-            return StageCost.combine([(cost_at(c), w) for c, w in cell])
-
-        combined = []
         blend = self.buckets.blend
-        ends = [0.0] if fraction <= 0 else [1.0] if fraction >= 1 else [0.0, 1.0]
-        # an iteration of one end alone, or of both with the blend's own cell, is the same
-        # interpolation as every iteration of its groups' before it: kept (decode steps repeat them)
-        memo_keys = None
-        if blend is not None or len(ends) == 1:
-            memo_keys = [(groups, rows, p, len(ends) == 2 and p == 0.0) for p in ends]
-            if all(k in self._ends for k in memo_keys):
-                self.stats["interpolated"] += any(self._ends[k][1] for k in memo_keys)
-                self.stats["hits"] += 1
-                costs = [self._ends[k][0] for k in memo_keys]
-                return costs[0] if len(costs) == 1 else costs[0].blend(costs[1], fraction)
-        cell = grid_corners(groups, self.buckets)
-        sram_cell = grid_corners(groups, blend) if blend is not None and len(ends) == 2 else cell
-        self._ensure([key(c, 0.0) for c, _ in sram_cell if 0.0 in ends] + [key(c, 1.0) for c, _ in cell if 1.0 in ends])
-        if memo_keys is None:
-            cost = interpolated(cell, at)
-        else:
-            costs = [interpolated(sram_cell if k[3] else cell, lambda g, p=k[2]: shape(g, p)) for k in memo_keys]
-            if len(self._ends) >= ENDS_KEPT:
-                self._ends.clear()
-            for k, c in zip(memo_keys, costs if ENDS_KEPT > 0 else ()):
-                self._ends[k] = (c, len(sram_cell if k[3] else cell) > 1)
-            cost = costs[0] if len(costs) == 1 else costs[0].blend(costs[1], fraction)
-        self.stats["interpolated"] += bool(combined)
+        if fraction <= 0 or fraction >= 1 or blend is not None:
+            ends = ([(0.0, blend), (1.0, self.buckets)] if 0 < fraction < 1
+                    else [(0.0 if fraction <= 0 else 1.0, self.buckets)])
+            # the missing corners of every end measured together (one batch overlaps more)
+            self._ensure([key(c, p) for p, b in ends if memo(p, b) not in self._ends for c, _ in grid_corners(groups, b)])
+            (cost, interpolated), *other = [end(p, b) for p, b in ends]
+            if other:
+                cost, interpolated = cost.blend(other[0][0], fraction), interpolated or other[0][1]
+        else:  # each corner blended between its own two placements, then the corners combined
+            cell = grid_corners(groups, self.buckets)
+            self._ensure([key(c, p) for c, _ in cell for p in (0.0, 1.0)])
+
+            def at(g):
+                return self._shape(*key(g, 0.0)).blend(self._shape(*key(g, 1.0)), fraction)
+
+            interpolated = len(cell) > 1
+            cost = StageCost.combine([(at(c), w) for c, w in cell]) if interpolated else at(cell[0][0])
+        self.stats["interpolated"] += interpolated
         fresh = self.stats["shapes_simulated"] + self.stats["shapes_from_disk"] > before
         self.stats["misses" if fresh else "hits"] += 1
         return cost
