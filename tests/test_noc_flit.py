@@ -75,6 +75,29 @@ def test_torus_and_ring_have_dateline_links():
     assert hops(0, 5, rt) == 1 and hops(0, 3, rt) == 3  # shorter way round
 
 
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(["mesh", "torus", "ring"]), w=st.integers(1, 7), h=st.integers(1, 7),
+       width_bytes=st.sampled_from([16, 64]), latency=st.integers(1, 3))
+def test_grid_built_as_arrays_is_the_graph_converted(kind, w, h, width_bytes, latency):
+    """``grid_topology`` (the chip's mesh without networkx) gives the arrays ``to_arrays`` gives for
+    the same grid's graph, field by field, and builds that graph when asked."""
+    from dataclasses import fields
+
+    from npusim.hw.noc.topology import grid_topology
+
+    builders = {"mesh": (mesh, (False, False)), "torus": (torus, (True, True)), "ring": (None, (True, False))}
+    build, wrap = builders[kind]
+    h = 1 if kind == "ring" else h
+    graph = ring(w, width_bytes, latency) if kind == "ring" else build(w, h, width_bytes, latency)
+    want, got = to_arrays(graph), grid_topology(kind, w, h, wrap, width_bytes, latency)
+    for f in fields(want):
+        if f.name != "source_graph":
+            a, b = getattr(want, f.name), getattr(got, f.name)
+            assert np.array_equal(a, b) and getattr(a, "dtype", None) == getattr(b, "dtype", None), f.name
+    assert sorted(got.graph.edges(data=True)) == sorted(graph.edges(data=True))
+    assert got.graph.graph == graph.graph and dict(got.graph.nodes(data=True)) == dict(graph.nodes(data=True))
+
+
 def test_xy_and_yx_routes():
     topo, xy = _net(4, 4)
     _, yx = _net(4, 4, routing="yx")

@@ -23,6 +23,15 @@ def test_help_imports_no_simulator(argv):
     assert out.splitlines()[-1] == "", f"npusim {' '.join(argv)} imported {out.splitlines()[-1]}"
 
 
+def test_chip_run_imports_no_graph_library():
+    """A run on a chip's mesh builds its topology as arrays: networkx (~80 ms to import) stays out."""
+    code = ("import sys\nfrom npusim.cli import main\n"
+            "main(['run', '--forward', '--layers', '1', '--no-progress', '--json'])\n"
+            "print('networkx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "False"
+
+
 def _models_called(tlm: bool, flit: bool) -> set[str]:
     """Names of the model functions the (tlm, flit) loop still calls once Numba has pruned the
     branches its constants rule out: what typing would compile (Numba's untyped front end only)."""

@@ -37,7 +37,7 @@ from npusim.hw.noc.flit import zero_load_latency_cycles
 from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
 from npusim.hw.noc.path import grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
-from npusim.hw.noc.topology import mesh, to_arrays
+from npusim.hw.noc.topology import mesh_topology, to_arrays
 from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, PACKET_MODELS, STREAM_MODELS, new_mempath
 from npusim.sim.sramport import C_ARRAY, C_DMA, new_sram_ports
 from npusim.sim.kernel import (
@@ -118,10 +118,11 @@ class Simulator:
             tccd[scaled] = np.maximum(1, tccd[scaled] * burst_ps[scaled] // self.mem.u_burst_ps[scaled])
         self.mem.u_burst_ps[:] = burst_ps
         noc = arch.noc
-        if noc_graph is None:
-            noc_graph = mesh(arch.cores.grid.width, arch.cores.grid.height, noc.link_bytes_per_cycle,
-                             noc.link_latency_cycles)
-        self.topology = to_arrays(noc_graph)
+        if noc_graph is None:  # the chip's mesh, as arrays (no graph is built)
+            self.topology = mesh_topology(arch.cores.grid.width, arch.cores.grid.height, noc.link_bytes_per_cycle,
+                                          noc.link_latency_cycles)
+        else:
+            self.topology = to_arrays(noc_graph)
         if self.topology.num_routers != arch.num_cores:
             raise ConfigError(f"NoC topology has {self.topology.num_routers} routers for {arch.num_cores} cores")
         self.routing = build_routing(self.topology, noc.routing)
@@ -375,7 +376,7 @@ def _kernel_name(tlm: bool, flit: bool) -> str:
 
 
 def _tiny_noc():
-    topo = to_arrays(mesh(2, 1))
+    topo = mesh_topology(2, 1)
     return topo, build_routing(topo, "xy")
 
 
