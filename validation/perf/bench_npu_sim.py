@@ -31,8 +31,10 @@ NPU-SIM's default build a behavioural NoC, ``USE_BEHA_NOC 1``, and behavioural p
 mesh edge vs NPU-SIM's DRAM per core, the schedulers, npusim's iteration cache (on by default for
 one instance), NPU-SIM's toy stages (LayerNorm + QKV only) vs npusim's whole layers.
 
-Times: npusim's whole process as a user's shell runs it (a subprocess; Numba cache warm: one run
-first), wall and CPU (user + system) seconds of the median run by wall time of ``--repeat``.
+Times: npusim's whole process as a user's shell runs it (a subprocess with Python's bytecode cache
+on, ``machine.user_env``; Numba cache warm: one run first; ``--python`` picks the environment, e.g.
+a fresh venv with only npusim installed, as a user gets it: the line under the table says whether
+that environment has scipy, which Numba imports at start-up when present), wall and CPU (user + system) seconds of the median run by wall time of ``--repeat``.
 NPU-SIM's simulation phase is the time it prints itself (``花费了 X 秒``, appended to
 ``simulation_result_df_pd.txt`` too: ``clock()`` CPU seconds of ``sc_main``, config parsing and
 elaboration included, process start-up not), median of ``--npu-sim-repeat`` runs with stdout to
@@ -50,6 +52,7 @@ rewrites ``npu_sim_timings.yaml``. The build steps used for the recorded numbers
 measurement's report, not in this repository (no build recipe for third-party code is kept here).
 
     python validation/perf/bench_npu_sim.py [--repeat 3] [--cases pd16,pd16toy,tpk240] [--no-cache-off]
+        [--python v/bin/python]
     python validation/perf/bench_npu_sim.py --npu-sim DIR [--npu-sim-repeat 3] [--record]
 """
 
@@ -72,7 +75,7 @@ from typing import Callable
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_line  # noqa: E402
+from machine import environment_line, machine_line, user_env  # noqa: E402
 
 from npusim.cli.util import positive_int  # noqa: E402
 
@@ -80,7 +83,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TIMINGS = HERE / "npu_sim_timings.yaml"
 TARGET = 10.0
-NPUSIM = [sys.executable, "-m", "npusim"]
 
 #: npusim-64c's cores on NPU-SIM's default 4x4 mesh
 ARCH_16C = "extends: npusim-64c\nname: npusim-16c\ncores: {grid: {width: 4, height: 4}}\n"
@@ -221,9 +223,10 @@ def npusim_simulated(case: Case, js: dict) -> str:
     return f"latency {js['latency_ms']:.1f} ms ({js['cycles']:,} cycles, {js['cores_used']} cores)"
 
 
-def run_npusim(case: Case, files: dict[str, Path], repeat: int, extra: list[str] = ()) -> dict:
-    argv = NPUSIM + [a.format(**files) for a in case.npusim] + list(extra)
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def run_npusim(case: Case, files: dict[str, Path], repeat: int, extra: list[str] = (),
+               python: str = sys.executable) -> dict:
+    argv = [python, "-m", "npusim"] + [a.format(**files) for a in case.npusim] + list(extra)
+    env = user_env(PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     w, c, p = timed(argv, env=env)  # compiles on a cold Numba cache; loads it from disk once
     if p.returncode:
         raise SystemExit(f"npusim failed ({p.returncode}): {' '.join(argv)}")
@@ -350,6 +353,9 @@ def main() -> None:
     ap.add_argument("--npu-sim-repeat", type=positive_int, default=3, help="timed NPU-SIM runs per case")
     ap.add_argument("--record", action="store_true", help=f"with --npu-sim: write {TIMINGS.name}")
     ap.add_argument("--cases", default=",".join(c.key for c in CASES), help="comma-separated case keys")
+    ap.add_argument("--python", default=sys.executable,
+                    help="the interpreter whose environment runs npusim (e.g. a fresh venv's bin/python, as a "
+                         "user installs it; default: this one)")
     ap.add_argument("--no-cache-off", action="store_true",
                     help="leave out the --iteration-cache off row of the llama PD case")
     args = ap.parse_args()
@@ -392,7 +398,7 @@ def main() -> None:
         if case.cache_off_row and not args.no_cache_off:
             variants.append((", cache off", ["--iteration-cache", "off"]))
         for suffix, extra in variants:
-            ours = run_npusim(case, files, args.repeat, extra)
+            ours = run_npusim(case, files, args.repeat, extra, args.python)
             rows.append((case, case.name + suffix, ours, peer[case.key]))
 
     print(f"\nNPU-SIM timings: {src}")
@@ -420,6 +426,7 @@ def main() -> None:
     for _, name, ours, _ in rows:
         print(f"  {name}: {ours['wall_all']} / {ours['cpu_all']}")
     print(machine_line())
+    print(environment_line(args.python))
 
 
 if __name__ == "__main__":
