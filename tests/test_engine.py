@@ -209,3 +209,32 @@ def test_notify_tasks_return_control_in_completion_order(small_arch):
             break
         seen.append((out.task, out.cycle))
     assert seen == [(nb, 20), (na, 50)] and out.reason == "finished"
+
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(ops=st.lists(st.one_of(st.none(), st.integers(-3, 6)), min_size=1, max_size=300))
+def test_event_heap_pops_in_time_then_push_order(ops):
+    """The event heap pops exactly what ``heapq`` on ``(time, seq)`` pops, ties in push order, for any
+    mix of pushes (``int``: at that offset from the last popped time, past times included) and pops
+    (``None``): the kernel's event order, hence every result, depends on nothing else."""
+    import heapq
+
+    from numba import njit
+
+    from npusim.engine.heap import heap_pop, heap_push, new_heap
+
+    pop = njit(lambda heap, hs: heap_pop(heap, hs))
+    heap, hs = new_heap(len(ops) + 1)
+    ref, now = [], 0
+    for i, op in enumerate(ops):
+        if op is None:
+            if ref:
+                time, _, eid = pop(heap, hs)
+                want = heapq.heappop(ref)
+                assert (time, eid) == (want[0], want[2])
+                now = time
+        else:
+            heap_push(heap, hs, now + op, 1, i)
+            heapq.heappush(ref, (now + op, i, i))
+    assert hs[0] == len(ref)

@@ -24,65 +24,62 @@ def new_heap(capacity: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _less(heap, i, j):
-    ti, tj = heap[i, TIME], heap[j, TIME]
-    if ti != tj:
-        return ti < tj
-    return heap[i, SEQ] < heap[j, SEQ]
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _swap(heap, i, j):
-    for c in range(4):
-        tmp = heap[i, c]
-        heap[i, c] = heap[j, c]
-        heap[j, c] = tmp
+def _copy_row(heap, dst, src):
+    heap[dst, TIME] = heap[src, TIME]
+    heap[dst, SEQ] = heap[src, SEQ]
+    heap[dst, ETYPE] = heap[src, ETYPE]
+    heap[dst, EID] = heap[src, EID]
 
 
 @njit(cache=True, _nrt=False)
 def heap_push(heap, hs, time, etype, eid):
     """Add an event. Not ``inline="always"``: the models call it from ~40 places, and each inlined
     copy slowed Numba's inlining of its caller into the kernel (see ``npusim.sim.kernel``); a call
-    passing two arrays and three integers costs little."""
+    passing two arrays and three integers costs little. The new event's ``seq`` is the largest yet,
+    so it rises above a parent only of a later time; the parents it passes move down one row each
+    and it is written once, where it stops (a hole, not swaps)."""
     i = hs[HS_SIZE]
-    heap[i, TIME] = time
-    heap[i, SEQ] = hs[HS_SEQ]
-    heap[i, ETYPE] = etype
-    heap[i, EID] = eid
+    seq = hs[HS_SEQ]
     hs[HS_SIZE] = i + 1
-    hs[HS_SEQ] += 1
+    hs[HS_SEQ] = seq + 1
     while i > 0:
         parent = (i - 1) >> 1
-        if _less(heap, i, parent):
-            _swap(heap, i, parent)
-            i = parent
-        else:
+        if heap[parent, TIME] <= time:
             break
+        _copy_row(heap, i, parent)
+        i = parent
+    heap[i, TIME] = time
+    heap[i, SEQ] = seq
+    heap[i, ETYPE] = etype
+    heap[i, EID] = eid
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def heap_pop(heap, hs):
-    """Remove the earliest event; returns (time, etype, id). Caller checks size > 0."""
+    """Remove the earliest event; returns (time, etype, id). Caller checks size > 0. The last row
+    fills the root's place: the smaller child of the hole moves up until the last row's key is no
+    larger than both children (written once, where it stops)."""
     time, etype, eid = heap[0, TIME], heap[0, ETYPE], heap[0, EID]
     n = hs[HS_SIZE] - 1
     hs[HS_SIZE] = n
     if n > 0:
-        for c in range(4):
-            heap[0, c] = heap[n, c]
+        last_t, last_s = heap[n, TIME], heap[n, SEQ]
         i = 0
-        while True:
-            left = 2 * i + 1
-            if left >= n:
+        child = 1
+        while child < n:
+            ct, cs = heap[child, TIME], heap[child, SEQ]
+            right = child + 1
+            if right < n:
+                rt, rs = heap[right, TIME], heap[right, SEQ]
+                if rt < ct or (rt == ct and rs < cs):
+                    child, ct, cs = right, rt, rs
+            if ct > last_t or (ct == last_t and cs > last_s):
                 break
-            child = left
-            right = left + 1
-            if right < n and _less(heap, right, left):
-                child = right
-            if _less(heap, child, i):
-                _swap(heap, child, i)
-                i = child
-            else:
-                break
+            _copy_row(heap, i, child)
+            i = child
+            child = 2 * i + 1
+        if i != n:
+            _copy_row(heap, i, n)
     return time, etype, eid
 
 
