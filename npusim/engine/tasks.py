@@ -12,7 +12,9 @@ engine only knows kinds as integers, except :data:`KIND_FIXED` whose duration is
 queue for ``param[0]`` cycles but counts only ``param[1]`` of them as busy (the serving
 iteration cache's stand-in for a queue's work of an iteration: its span, and its busy time).
 
-Layout (struct of arrays, grown by doubling on the Python side):
+Layout (struct of arrays, grown by doubling on the Python side; task and edge ids, kinds, queues,
+states and dependency counts are int32 -- half the bytes the kernel walks per task, ~10% faster with
+16 iterations in flight -- times and parameters int64):
 
 * per task: ``kind, queue, param[:, NPARAM], deps_left, state, start, end``,
   ``qnext`` (next task of the same queue), ``succ_head`` (first out-edge);
@@ -56,19 +58,19 @@ _EDGE_FIELDS = ("e_dst", "e_next")
 
 
 def new_task_table(num_queues: int, task_capacity: int = 1024, edge_capacity: int = 2048) -> TaskTable:
-    i64 = np.int64
+    i64, i32 = np.int64, np.int32
     return TaskTable(
-        kind=np.zeros(task_capacity, i64),
-        queue=np.full(task_capacity, -1, i64),
+        kind=np.zeros(task_capacity, i32),
+        queue=np.full(task_capacity, -1, i32),
         param=np.zeros((task_capacity, NPARAM), i64),
-        deps_left=np.zeros(task_capacity, i64),
-        state=np.zeros(task_capacity, i64),
+        deps_left=np.zeros(task_capacity, i32),
+        state=np.zeros(task_capacity, i32),
         start=np.full(task_capacity, -1, i64),
         end=np.full(task_capacity, -1, i64),
-        qnext=np.full(task_capacity, -1, i64),
-        succ_head=np.full(task_capacity, -1, i64),
-        e_dst=np.zeros(edge_capacity, i64),
-        e_next=np.full(edge_capacity, -1, i64),
+        qnext=np.full(task_capacity, -1, i32),
+        succ_head=np.full(task_capacity, -1, i32),
+        e_dst=np.zeros(edge_capacity, i32),
+        e_next=np.full(edge_capacity, -1, i32),
         q_head=np.full(num_queues, -1, i64),
         q_tail=np.full(num_queues, -1, i64),
         q_running=np.full(num_queues, -1, i64),
