@@ -78,8 +78,7 @@ def heap_pop(heap, hs):
             _copy_row(heap, i, child)
             i = child
             child = 2 * i + 1
-        if i != n:
-            _copy_row(heap, i, n)
+        _copy_row(heap, i, n)  # i < n: the row past the end is the last event, kept until here
     return time, etype, eid
 
 

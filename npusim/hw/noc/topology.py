@@ -1,4 +1,5 @@
-"""NoC topologies as networkx graphs, and their conversion to flat numpy arrays.
+"""NoC topologies as networkx graphs, and their conversion to flat numpy arrays (a grid's arrays
+are also built directly, :func:`grid_topology`: a chip's mesh needs no graph library).
 
 A topology is a :class:`networkx.DiGraph` whose nodes are router ids ``0..R-1`` with
 integer attributes ``x`` and ``y``, and whose directed edges are unidirectional links
