@@ -333,23 +333,32 @@ class Mapper:
         prefix = [0.0]
         for c in cost:
             prefix.append(prefix[-1] + c)
-        # best[s][i]: (the least max-stage cost, then the least sum of squared stage costs) of
-        # layers i.. in stages s..; O(S n^2)
-        inf = (float("inf"), float("inf"))
-        best = [[inf] * (n + 1) for _ in range(stages + 1)]
+        # best_max[s][i], best_sq[s][i]: the least max-stage cost, then the least sum of squared
+        # stage costs, of layers i.. in stages s..; O(S n^2) (plain floats and locals: this runs
+        # for every serving iteration's shape)
+        inf = float("inf")
+        best_max = [[inf] * (n + 1) for _ in range(stages + 1)]
+        best_sq = [[inf] * (n + 1) for _ in range(stages + 1)]
         cut = [[0] * (n + 1) for _ in range(stages + 1)]
-        best[stages][n] = (0.0, 0.0)
+        best_max[stages][n] = best_sq[stages][n] = 0.0
         eps = 1e-9 * prefix[-1]
+        eps_sq = eps * eps
         for s in range(stages - 1, -1, -1):
             left = stages - s
+            first = head if s == 0 else 0.0
+            last = tail if s == stages - 1 else 0.0
+            rest_max, rest_sq = best_max[s + 1], best_sq[s + 1]
             for i in range(n - left, -1, -1):
+                at = prefix[i]
+                cur_max = cur_sq = inf
+                cur_cut = 0
                 for j in range(i + 1, n - left + 2):
-                    c = prefix[j] - prefix[i] + (head if s == 0 else 0.0) + (tail if s == stages - 1 else 0.0)
-                    rest_max, rest_sq = best[s + 1][j]
-                    v = (max(c, rest_max), c * c + rest_sq)
-                    cur = best[s][i]
-                    if v[0] < cur[0] - eps or (v[0] <= cur[0] + eps and v[1] < cur[1] - eps * eps):
-                        best[s][i], cut[s][i] = v, j
+                    c = prefix[j] - at + first + last
+                    v_max = c if c >= rest_max[j] else rest_max[j]
+                    v_sq = c * c + rest_sq[j]
+                    if v_max < cur_max - eps or (v_max <= cur_max + eps and v_sq < cur_sq - eps_sq):
+                        cur_max, cur_sq, cur_cut = v_max, v_sq, j
+                best_max[s][i], best_sq[s][i], cut[s][i] = cur_max, cur_sq, cur_cut
         counts, i = [], 0
         for s in range(stages):
             j = cut[s][i]
@@ -359,11 +368,14 @@ class Mapper:
 
     def _ops_by_stage(self, stage_layers) -> list[list[Op]]:
         out: list[list[Op]] = [[] for _ in stage_layers]
+        stage_of: dict[int, int] = {}
         seen_layer = False
         for op in self.graph.ops:
             if op.layer >= 0:
                 seen_layer = True
-                s = next(i for i, (a, b) in enumerate(stage_layers) if a <= op.layer <= b)
+                s = stage_of.get(op.layer)
+                if s is None:
+                    s = stage_of[op.layer] = next(i for i, (a, b) in enumerate(stage_layers) if a <= op.layer <= b)
             else:
                 s = len(stage_layers) - 1 if seen_layer else 0
             out[s].append(op)
