@@ -175,13 +175,13 @@ def serving_options(args, spec) -> dict:
     return opts
 
 
-def _iteration_cache(args, shared_chip: bool, reqs=()):
+def _iteration_cache(args, shared_chip: bool, reqs, context: int):
     """The iteration cache's buckets, or None (every iteration simulated): ``--iteration-cache
     on``, or ``auto`` when one instance runs on the chip (``shared_chip``: PD disaggregation or
     replicas, whose interference the cache does not see). Without ``--iteration-cache-buckets``:
     exact, or the long buckets when a prompt of ``reqs`` is longer than ``LONG_PROMPT_TOKENS``
-    (exact keys then hardly repeat: every chunk of a long prompt has its own cached prefix)."""
-    from npusim.model.zoo import get_config
+    (exact keys then hardly repeat: every chunk of a long prompt has its own cached prefix);
+    ``context``: the model's context length, which the long buckets span."""
     from npusim.serving.itercache import EXACT, long_context, parse_buckets
 
     text = getattr(args, "iteration_cache_buckets", None)
@@ -195,7 +195,6 @@ def _iteration_cache(args, shared_chip: bool, reqs=()):
         return None
     if getattr(args, "iteration_cache_dir", None) is not None:
         check_output_dir(args.iteration_cache_dir, "--iteration-cache-dir")
-    context = get_config(args.model).max_position_embeddings
     if text is not None:
         return parse_buckets(text, context)
     if context > 0 and max((r.input_len for r in reqs), default=0) > LONG_PROMPT_TOKENS:
@@ -235,6 +234,7 @@ def pd_split(args, arch, opts: dict) -> tuple[int, int] | None:
 def serve(args, arch, spec):
     """Simulate the request stream the options describe: (summary dict, the serving run)."""
     from npusim.cli.progress import request_progress
+    from npusim.model.zoo import get_config
     from npusim.serving.scheduler import SchedulerConfig
     from npusim.serving.simulate import ServingConfig, simulate_serving
 
@@ -242,12 +242,13 @@ def serve(args, arch, spec):
     spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pd_stages": opts["pd_stages"]})})
     pd = pd_split(args, arch, opts)
     reqs, clipped, over_context = requests_from_args(args)
+    context = get_config(args.model).max_position_embeddings
     sched = SchedulerConfig(policy="continuous" if pd else opts["schedule"], max_batch=opts["max_batch"],
                             max_tokens=opts["max_tokens"], chunk_tokens=opts["chunk_tokens"], budget=opts["budget"])
     cfg = ServingConfig(model=args.model, precision=chip_precision(args), layers=args.layers, scheduler=sched,
                         memory_mode=args.memory, noc_mode=chip_noc(args), admission=args.admission,
                         prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms,
-                        iteration_cache=_iteration_cache(args, pd is not None or opts["replicas"] > 1, reqs),
+                        iteration_cache=_iteration_cache(args, pd is not None or opts["replicas"] > 1, reqs, context),
                         iteration_cache_dir=getattr(args, "iteration_cache_dir", None),
                         iteration_replay=getattr(args, "iteration_cache_replay", None) or "stages")
     with request_progress(len(reqs), enabled=not args.no_progress) as progress:
@@ -258,10 +259,9 @@ def serve(args, arch, spec):
               "memory_fidelity": args.memory, "noc_fidelity": chip_noc(args)})
     s["iteration_cache"]["requested"] = getattr(args, "iteration_cache", "auto")
     if cfg.iteration_cache is not None:
-        from npusim.model.zoo import get_config
         from npusim.serving.itercache import preset_name
 
-        s["iteration_cache"]["preset"] = preset_name(cfg.iteration_cache, get_config(args.model).max_position_embeddings)
+        s["iteration_cache"]["preset"] = preset_name(cfg.iteration_cache, context)
     return s, run
 
 
