@@ -161,8 +161,10 @@ def test_large_fanout_grows_heap(small_arch):
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**31), pieces=st.integers(2, 6), mode=st.sampled_from(["path", "analytical", "flit"]))
 def test_compaction_between_runs_changes_nothing(small_arch, seed, pieces, mode):
-    """Submit work in batches, run part of the way, compact, continue: every task ends when it
-    would have without compaction (compute, DMA and NoC tasks in flight across compactions)."""
+    """Submit work in batches, run part of the way, compact, continue: every task starts and ends
+    when it would have without compaction (compute, DMA and NoC tasks in flight across compactions;
+    tasks with several successors that become ready at once and contend for the NoC and HBM, so
+    the order in which a finishing task releases its successors must survive a compaction)."""
     rng = np.random.default_rng(seed)
     batches = []
     for _ in range(pieces):
@@ -170,15 +172,17 @@ def test_compaction_between_runs_changes_nothing(small_arch, seed, pieces, mode)
         for _ in range(int(rng.integers(1, 30))):
             kind = int(rng.integers(0, 3))
             core = int(rng.integers(0, 4))
-            batch.append((kind, core, int(rng.integers(1, 4000)), int(rng.integers(0, 4)), int(rng.integers(0, 3))))
+            back = sorted({int(b) for b in rng.integers(1, 6, int(rng.integers(0, 3)))})  # 1-5 tasks back
+            batch.append((kind, core, int(rng.integers(1, 4000)), int(rng.integers(0, 4)), back))
         batches.append(batch)
 
     def play(compact):
         sim = Simulator(small_arch, noc_mode=mode)
         ids = []  # current id of every task submitted so far (-1 once compacted away: it had finished)
+        times = {}  # submission index -> (start, end), read before its task is compacted away
         for batch in batches:
-            for kind, core, size, other, ndeps in batch:
-                deps = [d for d in ids[-ndeps:] if d >= 0] if ndeps else []
+            for kind, core, size, other, back in batch:
+                deps = [ids[-b] for b in back if b <= len(ids) and ids[-b] >= 0]
                 if kind == 0:
                     t = sim.add_compute(core, "cube", size // 10, deps=deps)
                 elif kind == 1:
@@ -188,12 +192,37 @@ def test_compaction_between_runs_changes_nothing(small_arch, seed, pieces, mode)
                 ids.append(t)
             sim.run(until=sim.now + 300)
             if compact:
+                start, end = sim.task_times()
+                times.update({k: (int(start[i]), int(end[i])) for k, i in enumerate(ids) if i >= 0 and end[i] >= 0})
                 new_id = sim.compact()
                 ids = [int(new_id[i]) if i >= 0 else -1 for i in ids]
         sim.run()
-        return sim.makespan(), sim.events
+        start, end = sim.task_times()
+        times.update({k: (int(start[i]), int(end[i])) for k, i in enumerate(ids) if i >= 0})
+        return sim.makespan(), sim.events, times
 
-    assert play(True) == play(False)  # same end, same number of events
+    assert play(True) == play(False)  # same end, same number of events, every task's times
+
+
+def test_compaction_keeps_the_order_successors_start_in(small_arch):
+    """Two messages to one router released by the same task: the first started takes the shared
+    links first. A compaction while their predecessor runs must not reverse which one that is
+    (it did: the successor lists were copied reversed, so results depended on when compaction ran)."""
+    def play(compact):
+        sim = Simulator(small_arch, noc_mode="path")
+        a = sim.add_compute(0, "cube", 1000)
+        ids = [a, sim.add_send(1, 3, 4096, deps=[a]), sim.add_send(2, 3, 4096, deps=[a])]
+        sim.run(until=10)
+        if compact:
+            new_id = sim.compact()
+            ids = [int(new_id[i]) for i in ids]
+        sim.run()
+        start, end = sim.task_times()
+        return [(int(start[i]), int(end[i])) for i in ids]
+
+    plain = play(False)
+    assert plain[1][1] != plain[2][1]  # the two contend: who goes first shows
+    assert play(True) == plain
 
 
 def test_notify_tasks_return_control_in_completion_order(small_arch):

@@ -133,14 +133,21 @@ def mark_finished(tt, task, now):
 @njit(cache=True, _nrt=False)
 def copy_successors(tt, old, new_id, e_dst, e_next, succ_head):
     """Rebuild the successor lists of tasks ``old`` (new ids ``0..len(old)-1``) into the
-    given edge arrays, targets renumbered by ``new_id``; returns the number of edges."""
+    given edge arrays, targets renumbered by ``new_id``, each list in its order (the order in
+    which a finishing task releases its successors, so the order in which those that become ready
+    at once start: a compaction must not change it); returns the number of edges."""
     edges = 0
     for i in range(old.shape[0]):
         e = tt.succ_head[old[i]]
+        prev = -1
         while e >= 0:
             e_dst[edges] = new_id[tt.e_dst[e]]
-            e_next[edges] = succ_head[i]
-            succ_head[i] = edges
+            e_next[edges] = -1
+            if prev < 0:
+                succ_head[i] = edges
+            else:
+                e_next[prev] = edges
+            prev = edges
             edges += 1
             e = tt.e_next[e]
     return edges
