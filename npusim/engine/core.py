@@ -50,13 +50,19 @@ def pop_ready(tt):
 
 
 @njit(cache=True, _nrt=False)
-def add_tasks(tt, first, count, dep_ptr, dep_idx):
-    """Link tasks ``first .. first+count-1`` (kind/queue/param already written) into
-    their queues and the dependency graph. ``dep_idx[dep_ptr[i]:dep_ptr[i+1]]`` are the
-    predecessors of task ``first + i`` (absolute ids; done predecessors are skipped)."""
+def add_tasks(tt, first, count, dep_ptr, dep_idx, row):
+    """Link tasks ``0 .. count-1`` of a batch into their queues and the dependency graph. Task
+    ``i`` is stored at row ``first + row[i]`` (kind/queue/param already written there; ``row`` a
+    permutation of ``0 .. count-1``); ``dep_idx[dep_ptr[i]:dep_ptr[i+1]]`` are its predecessors
+    as absolute ids, those of this batch as ``first + j`` for its task ``j`` (done predecessors
+    are skipped).
+
+    Queues, successor lists and the first ready tasks are linked in the batch's order ``i``,
+    whatever the rows: the loop only follows these links, so a batch runs the same at any
+    ``row`` -- which only sets where each task's fields lie in memory (see ``Engine.submit_batch``)."""
     n_edges = tt.sc[SC_NEDGES]
     for i in range(count):
-        task = first + i
+        task = first + row[i]
         tt.state[task] = PENDING
         tt.start[task] = -1
         tt.end[task] = -1
@@ -72,18 +78,21 @@ def add_tasks(tt, first, count, dep_ptr, dep_idx):
         deps = 0
         for k in range(dep_ptr[i], dep_ptr[i + 1]):
             pred = dep_idx[k]
-            if pred >= task or tt.state[pred] != DONE:
-                deps += 1
-                tt.e_dst[n_edges] = task
-                tt.e_next[n_edges] = tt.succ_head[pred]
-                tt.succ_head[pred] = n_edges
-                n_edges += 1
+            if pred >= first:  # of this batch: not done (maybe not even initialised yet)
+                pred = first + row[pred - first]
+            elif tt.state[pred] == DONE:
+                continue
+            deps += 1
+            tt.e_dst[n_edges] = task
+            tt.e_next[n_edges] = tt.succ_head[pred]
+            tt.succ_head[pred] = n_edges
+            n_edges += 1
         tt.deps_left[task] = deps
     tt.sc[SC_NEDGES] = n_edges
     tt.sc[SC_NTASKS] = first + count
     for i in range(count):
-        if _can_start(tt, first + i):
-            _push_ready(tt, first + i)
+        if _can_start(tt, first + row[i]):
+            _push_ready(tt, first + row[i])
 
 
 @njit(cache=True, _nrt=False, inline="always")

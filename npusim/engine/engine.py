@@ -70,13 +70,22 @@ class Engine:
         dep_idx: np.ndarray,
         names: Sequence[str] | None = None,
         check: bool = True,
+        rows: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Add ``n`` tasks at once; returns their ids (consecutive).
+        """Add ``n`` tasks at once; returns their ids.
 
         ``param`` is ``(n, k)`` with ``k <= NPARAM``; ``dep_idx[dep_ptr[i]:dep_ptr[i+1]]``
-        lists task ``i``'s predecessors as absolute ids (earlier tasks or tasks of this
-        batch). Raises ConfigError for an out-of-range queue or dependency (``check=False``
-        skips the checks: for arrays a caller built and checked once, submitted many times).
+        lists task ``i``'s predecessors as absolute ids (earlier tasks, or ``first + j`` for task
+        ``j`` of this batch, where ``first`` is :attr:`num_tasks`). Raises ConfigError for an
+        out-of-range queue or dependency (``check=False`` skips the checks: for arrays a caller
+        built and checked once, submitted many times).
+
+        ``rows`` (a permutation of ``0 .. n-1``, default the identity) stores task ``i`` at id
+        ``first + rows[i]``; the ids returned are those (``first + rows``). It changes nothing but
+        where the tasks lie in memory: queues and dependencies are linked in the batch's order (see
+        ``add_tasks``), so the simulation is the same. Tasks laid out in the order they will run
+        keep the loop's reads close together: with a pipeline's iterations in flight it walks one
+        region per iteration, not one per core of each (see ``npusim.sim.program.run_order``).
         """
         kind = np.asarray(kind, dtype=np.int64).ravel()
         n = kind.shape[0]
@@ -89,18 +98,27 @@ class Engine:
         first = self.num_tasks
         if check:
             self._check_batch(first, n, queue, param, dep_ptr, dep_idx)
+            if rows is not None and not np.array_equal(np.sort(rows), np.arange(n)):
+                raise ConfigError(f"task rows: must be a permutation of 0..{n - 1}")
         self.tt = ensure_capacity(self.tt, first + n, int(self.tt.sc[SC_NEDGES]) + dep_idx.shape[0])
         tt = self.tt
-        tt.kind[first : first + n] = kind
-        tt.queue[first : first + n] = queue
+        if rows is None:
+            rows = np.arange(n, dtype=np.int64)
+            at = slice(first, first + n)
+        else:
+            rows = np.asarray(rows, dtype=np.int64)
+            at = first + rows
+        tt.kind[at] = kind
+        tt.queue[at] = queue
         tt.param[first : first + n] = 0
-        tt.param[first : first + n, : param.shape[1]] = param
-        add_tasks(tt, first, n, dep_ptr, dep_idx)
+        tt.param[at, : param.shape[1]] = param
+        add_tasks(tt, first, n, dep_ptr, dep_idx, rows)
+        ids = first + rows
         if names is not None:
             for i, name in enumerate(names):
                 if name:
-                    self.task_names[first + i] = name
-        return np.arange(first, first + n, dtype=np.int64)
+                    self.task_names[int(ids[i])] = name
+        return ids
 
     def submit(
         self,

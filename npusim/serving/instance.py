@@ -25,7 +25,8 @@ from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
 from npusim.serving.stagecost import HoldsInFlight, Lanes, StageCost, measure_stages, measure_stages_many
 from npusim.sim.kernel import KIND_DMA
-from npusim.sim.program import submit_materialized
+from npusim.sim.program import run_order, submit_materialized
+from npusim.sim.simulator import Simulator
 
 
 def _file_digest(model: str) -> str | None:
@@ -42,11 +43,12 @@ def _placement(hbm_fraction: float) -> float:
 
 
 class _Compiled:
-    """A materialised iteration program, the relative ids of its sink tasks, and its KV-read
-    DMA tasks with the bytes they read at the share of KV in HBM it was compiled for."""
+    """A materialised iteration program, the relative ids of its sink tasks, its KV-read
+    DMA tasks with the bytes they read at the share of KV in HBM it was compiled for, and the rows
+    its tasks are laid out at when submitted (:func:`npusim.sim.program.run_order`)."""
 
-    def __init__(self, arrays, sinks, kv_reads, compiled_fraction: float):
-        self.arrays, self.sinks = arrays, sinks
+    def __init__(self, arrays, sinks, kv_reads, compiled_fraction: float, rows):
+        self.arrays, self.sinks, self.rows = arrays, sinks, rows
         self.kv_reads = kv_reads
         self.kv_read_bytes = arrays[2][kv_reads, 0].copy()
         self.fraction = compiled_fraction
@@ -151,7 +153,9 @@ class Instance:
         kv_reads = np.array([i for i in np.flatnonzero(arrays[0] == KIND_DMA).tolist() if names[i].endswith(" read KV")],
                             dtype=np.int64)
         self.shapes_compiled += 1
-        return _Compiled(arrays, np.flatnonzero(~has_succ), kv_reads, placement)
+        # laid out in the order it runs alone, timed at the cheapest fidelity (the order is all it gives)
+        rows = run_order(Simulator(self.arch, memory_mode="analytical", noc_mode="analytical"), arrays)
+        return _Compiled(arrays, np.flatnonzero(~has_succ), kv_reads, placement, rows)
 
     @property
     def stage_replay(self) -> bool:
@@ -245,14 +249,15 @@ class Instance:
                 gated = comp.kv_reads
             elif stages is not None and hbm_tok:
                 gated = stages.unit_rows()[stages.unit_lane == 0]
+        rows = None if comp is None else comp.rows
         if gated is not None and gated.size:
-            ids = self._submit_after_spills(gated, arrays)
+            ids = self._submit_after_spills(gated, arrays, rows)
         else:
             # a shape's arrays (kept by the caches; a stage replay's, all but its hold times, shared by
             # every replay) are checked on their first submission only
             check = id(arrays[0]) not in self._submitted
             self._submitted.add(id(arrays[0]))
-            ids = submit_materialized(self.sim, arrays, check=check)
+            ids = submit_materialized(self.sim, arrays, check=check, rows=rows)
         note = self.sim.add_notify(ids[sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
         if stages is not None:
@@ -337,12 +342,13 @@ class Instance:
         param[comp.kv_reads, 1] = half + (addr - half + shift) % half
         return kinds, queue, param, ptr, idx
 
-    def _submit_after_spills(self, rows: np.ndarray, arrays):
-        """Submit ``arrays`` with its tasks ``rows`` (the KV reads) also depending on the pending spills."""
+    def _submit_after_spills(self, gated: np.ndarray, arrays, rows=None):
+        """Submit ``arrays`` (laid out at ``rows``) with its tasks ``gated`` (the KV reads) also
+        depending on the pending spills."""
         kinds, queue, param, ptr, idx = arrays
         base = self.sim.engine.num_tasks
         extra = np.zeros(len(kinds), dtype=np.int64)
-        extra[rows] = len(self.pending_spills)
+        extra[gated] = len(self.pending_spills)
         new_ptr = np.zeros_like(ptr)
         new_ptr[1:] = np.cumsum(np.diff(ptr) + extra)
         new_idx = np.empty(int(new_ptr[-1]), dtype=np.int64)
@@ -350,10 +356,10 @@ class Instance:
         own = np.repeat(new_ptr[:-1], counts) + (np.arange(idx.size) - np.repeat(ptr[:-1], counts))
         new_idx[own] = idx + base
         spills = np.asarray(self.pending_spills, dtype=np.int64)
-        for r in rows.tolist():
+        for r in gated.tolist():
             new_idx[new_ptr[r] + counts[r]:new_ptr[r + 1]] = spills
         self.pending_spills = []
-        return self.sim.submit_batch(kinds, queue, param, new_ptr, new_idx)
+        return self.sim.submit_batch(kinds, queue, param, new_ptr, new_idx, rows=rows)
 
     def admit(self, records: dict, now_s: float) -> int:
         """Admit waiting requests FCFS; returns how many were rejected for good."""

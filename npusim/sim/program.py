@@ -440,11 +440,31 @@ def _core_groups(arch: Arch) -> list:
     return groups
 
 
-def submit_materialized(sim, arrays: tuple, names=None, check: bool = True) -> np.ndarray:
+def submit_materialized(sim, arrays: tuple, names=None, check: bool = True, rows=None) -> np.ndarray:
     """Submit materialised program arrays after the tasks ``sim`` already has (``check=False``:
-    arrays submitted before, whose queues and dependencies were checked then)."""
+    arrays submitted before, whose queues and dependencies were checked then; ``rows``: where each
+    task lies in memory, e.g. :func:`run_order`'s -- the results are the same)."""
     kinds, queue, param, ptr, idx = arrays
-    return sim.submit_batch(kinds, queue, param, ptr, idx + sim.engine.num_tasks, names, check=check)
+    return sim.submit_batch(kinds, queue, param, ptr, idx + sim.engine.num_tasks, names, check=check, rows=rows)
+
+
+def run_order(sim, arrays: tuple) -> np.ndarray:
+    """Rows for :func:`submit_materialized` that lay the program's tasks out in the order they
+    start when it runs alone on ``sim`` (a fresh simulator of the run's chip and fidelity; the
+    program is run on it). In a serving pipeline with an iteration per stage in flight, a program
+    laid out so is walked by the loop in one region per iteration instead of one per core of each:
+    ~15% less kernel time for Qwen3-4B's 16 stages (``validation/perf/bench_serving.py``), the
+    same results (rows change only where tasks lie, :meth:`npusim.engine.Engine.submit_batch`).
+    The order a program runs in alone is within a few dozen places of the order it runs in beside
+    others (Spearman's rank correlation 0.99999 in that pipeline), so one lone run serves every
+    submission of it."""
+    ids = submit_materialized(sim, arrays, check=False)
+    sim.run()
+    start = sim.engine.tt.start[ids]
+    order = np.lexsort((np.arange(ids.shape[0]), start))
+    rows = np.empty_like(order)
+    rows[order] = np.arange(order.shape[0])
+    return rows
 
 
 def load_program(path: str | Path) -> Program:
@@ -478,4 +498,4 @@ def load_program(path: str | Path) -> Program:
 
 
 __all__ = ["COST_FIXED", "COST_GEMM", "COST_VECTOR", "KIND_NOC", "Program", "clear_recorded", "load_program",
-           "recorded_stats"]
+           "recorded_stats", "run_order", "submit_materialized"]

@@ -234,12 +234,14 @@ class Simulator:
         return int(zero_load_latency_cycles(self.routing.hops(src, dst), flits, noc.router_pipeline_cycles,
                                             noc.link_latency_cycles))
 
-    def submit_batch(self, kind, queue, param, dep_ptr, dep_idx, names=None, check: bool = True) -> np.ndarray:
-        """Submit many tasks (see ``Engine.submit_batch``; ``check=False`` for arrays already checked)."""
+    def submit_batch(self, kind, queue, param, dep_ptr, dep_idx, names=None, check: bool = True,
+                     rows=None) -> np.ndarray:
+        """Submit many tasks (see ``Engine.submit_batch``; ``check=False`` for arrays already checked,
+        ``rows`` where each lies in memory)."""
         kind = np.asarray(kind, dtype=np.int64)
         if check and kind.size and not np.isin(kind, KINDS).all():
             raise ConfigError(f"unknown task kind(s) {sorted(set(kind.tolist()) - set(KINDS))}; known: {KINDS}")
-        return self.engine.submit_batch(kind, queue, param, dep_ptr, dep_idx, names, check=check)
+        return self.engine.submit_batch(kind, queue, param, dep_ptr, dep_idx, names, check=check, rows=rows)
 
     # -- running ----------------------------------------------------------------------
     @property
