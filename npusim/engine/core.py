@@ -50,19 +50,26 @@ def pop_ready(tt):
 
 
 @njit(cache=True, _nrt=False)
-def add_tasks(tt, first, count, dep_ptr, dep_idx, row):
-    """Link tasks ``0 .. count-1`` of a batch into their queues and the dependency graph. Task
-    ``i`` is stored at row ``first + row[i]`` (kind/queue/param already written there; ``row`` a
-    permutation of ``0 .. count-1``); ``dep_idx[dep_ptr[i]:dep_ptr[i+1]]`` are its predecessors
-    as absolute ids, those of this batch as ``first + j`` for its task ``j`` (done predecessors
-    are skipped).
+def add_tasks(tt, first, count, kind, queue, param, dep_ptr, dep_idx, row):
+    """Add tasks ``0 .. count-1`` of a batch and link them into their queues and the dependency
+    graph. Task ``i`` (``kind[i]``, ``queue[i]``, ``param[i]``: its first parameters, the rest 0)
+    is stored at row ``first + row[i]`` (``row`` a permutation of ``0 .. count-1``);
+    ``dep_idx[dep_ptr[i]:dep_ptr[i+1]]`` are its predecessors as absolute ids, those of this batch
+    as ``first + j`` for its task ``j`` (done predecessors are skipped).
 
     Queues, successor lists and the first ready tasks are linked in the batch's order ``i``,
     whatever the rows: the loop only follows these links, so a batch runs the same at any
     ``row`` -- which only sets where each task's fields lie in memory (see ``Engine.submit_batch``)."""
     n_edges = tt.sc[SC_NEDGES]
+    given = param.shape[1]
     for i in range(count):
         task = first + row[i]
+        tt.kind[task] = kind[i]
+        tt.queue[task] = queue[i]
+        for j in range(given):
+            tt.param[task, j] = param[i, j]
+        for j in range(given, tt.param.shape[1]):
+            tt.param[task, j] = 0
         tt.state[task] = PENDING
         tt.start[task] = -1
         tt.end[task] = -1

@@ -102,17 +102,8 @@ class Engine:
                 raise ConfigError(f"task rows: must be a permutation of 0..{n - 1}")
         self.tt = ensure_capacity(self.tt, first + n, int(self.tt.sc[SC_NEDGES]) + dep_idx.shape[0])
         tt = self.tt
-        if rows is None:
-            rows = np.arange(n, dtype=np.int64)
-            at = slice(first, first + n)
-        else:
-            rows = np.asarray(rows, dtype=np.int64)
-            at = first + rows
-        tt.kind[at] = kind
-        tt.queue[at] = queue
-        tt.param[first : first + n] = 0
-        tt.param[at, : param.shape[1]] = param
-        add_tasks(tt, first, n, dep_ptr, dep_idx, rows)
+        rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        add_tasks(tt, first, n, kind, queue, param, dep_ptr, dep_idx, rows)
         ids = first + rows
         if names is not None:
             for i, name in enumerate(names):
