@@ -47,8 +47,9 @@ class _Compiled:
     DMA tasks with the bytes they read at the share of KV in HBM it was compiled for, and the rows
     its tasks are laid out at when submitted (:func:`npusim.sim.program.run_order`)."""
 
-    def __init__(self, arrays, sinks, kv_reads, compiled_fraction: float, rows):
-        self.arrays, self.sinks, self.rows = arrays, sinks, rows
+    def __init__(self, arrays, sinks, kv_reads, compiled_fraction: float):
+        self.arrays, self.sinks = arrays, sinks
+        self.rows = None  # set for programs submitted to the serving loop (not for measurements)
         self.kv_reads = kv_reads
         self.kv_read_bytes = arrays[2][kv_reads, 0].copy()
         self.fraction = compiled_fraction
@@ -153,9 +154,7 @@ class Instance:
         kv_reads = np.array([i for i in np.flatnonzero(arrays[0] == KIND_DMA).tolist() if names[i].endswith(" read KV")],
                             dtype=np.int64)
         self.shapes_compiled += 1
-        # laid out in the order it runs alone, timed at the cheapest fidelity (the order is all it gives)
-        rows = run_order(Simulator(self.arch, memory_mode="analytical", noc_mode="analytical"), arrays)
-        return _Compiled(arrays, np.flatnonzero(~has_succ), kv_reads, placement, rows)
+        return _Compiled(arrays, np.flatnonzero(~has_succ), kv_reads, placement)
 
     @property
     def stage_replay(self) -> bool:
@@ -194,6 +193,8 @@ class Instance:
         hit = None if first is not None else self.cache.get(key)
         if hit is None:
             hit = self._compile(list(groups), sampled, placement, first)
+            # laid out in the order it runs alone, timed at the cheapest fidelity (the order is all it gives)
+            hit.rows = run_order(Simulator(self.arch, memory_mode="analytical", noc_mode="analytical"), hit.arrays)
             if first is None:
                 self.cache[key] = hit
             self.first_use_spec = None  # loaded once: later iterations find the weights in SRAM
