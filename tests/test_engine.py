@@ -314,27 +314,33 @@ def test_notify_tasks_return_control_in_completion_order(small_arch):
 
 @settings(max_examples=examples(60), deadline=None)
 @given(ops=st.lists(st.one_of(st.none(), st.integers(-3, 6)), min_size=1, max_size=300))
-def test_event_heap_pops_in_time_then_push_order(ops):
-    """The event heap pops exactly what ``heapq`` on ``(time, seq)`` pops, ties in push order, for any
-    mix of pushes (``int``: at that offset from the last popped time, past times included) and pops
-    (``None``): the kernel's event order, hence every result, depends on nothing else."""
+def test_event_queues_pop_in_time_then_push_order(ops):
+    """Both event queues (the system level's binary heap, the chip loop's sorted list) pop exactly
+    what ``heapq`` on ``(time, seq)`` pops, ties in push order, for any mix of pushes (``int``: at
+    that offset from the last popped time, past times included) and pops (``None``), and say the
+    next time right: the kernels' event order, hence every result, depends on nothing else."""
     import heapq
 
     from numba import njit
 
-    from npusim.engine.heap import heap_pop, heap_push, new_heap
+    from npusim.engine import eventlist, heap as binary
+    from npusim.engine.heap import new_heap
 
-    pop = njit(lambda heap, hs: heap_pop(heap, hs))
-    heap, hs = new_heap(len(ops) + 1)
-    ref, now = [], 0
-    for i, op in enumerate(ops):
-        if op is None:
-            if ref:
-                time, _, eid = pop(heap, hs)
-                want = heapq.heappop(ref)
-                assert (time, eid) == (want[0], want[2])
-                now = time
-        else:
-            heap_push(heap, hs, now + op, 1, i)
-            heapq.heappush(ref, (now + op, i, i))
-    assert hs[0] == len(ref)
+    for push, pop_fn, next_fn in ((binary.heap_push, binary.heap_pop, binary.heap_next_time),
+                                  (eventlist.event_push, eventlist.event_pop, eventlist.event_next_time)):
+        pop = njit(lambda heap, hs: pop_fn(heap, hs))
+        next_time = njit(lambda heap, hs: next_fn(heap, hs))
+        heap, hs = new_heap(len(ops) + 1)
+        ref, now = [], 0
+        for i, op in enumerate(ops):
+            if op is None:
+                if ref:
+                    assert next_time(heap, hs) == ref[0][0]
+                    time, _, eid = pop(heap, hs)
+                    want = heapq.heappop(ref)
+                    assert (time, eid) == (want[0], want[2])
+                    now = time
+            else:
+                push(heap, hs, now + op, 1, i)
+                heapq.heappush(ref, (now + op, i, i))
+        assert hs[0] == len(ref)

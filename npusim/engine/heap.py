@@ -1,4 +1,6 @@
-"""A binary min-heap of events in one int64 array, for use inside Numba code.
+"""A binary min-heap of events in one int64 array, for use inside Numba code: the system level's
+event queue (its fabric keeps thousands of events queued; the chip's loop uses the sorted list of
+:mod:`npusim.engine.eventlist`, same array layout, faster on a chip's short queues).
 
 Row layout of ``heap[i]``: ``(time_cycles, seq, event_type, id)``. Events are ordered
 by time, then by ``seq`` — a counter that increases with every push — so events at
@@ -80,6 +82,12 @@ def heap_pop(heap, hs):
             child = 2 * i + 1
         _copy_row(heap, i, n)  # i < n: the row past the end is the last event, kept until here
     return time, etype, eid
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def heap_next_time(heap, hs):
+    """Time of the earliest event. Caller checks size > 0."""
+    return heap[0, TIME]
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -32,7 +32,7 @@ in the kernel against ~0.35 µs for its model function called in a loop). The pr
 time: Numba copies an inlined function's IR at each call site, at a cost that grows with the square
 of its size, so a large inlined function is called from one site where it can be (``path_handle``
 calls ``_claim`` once), and a small function of plain arrays and integers called from many places
-is not inlined (``heap_push``: such a call is cheap). See docs/ARCHITECTURE.md (cold compile).
+is not inlined (``event_push``: such a call is cheap). See docs/ARCHITECTURE.md (cold compile).
 
 Compile only what a run uses: the loop is built per *fidelity* by :func:`kernel_for` --
 ``tlm`` (the TLM memory model and the SRAM ports, else the analytical memory model alone) and
@@ -51,7 +51,8 @@ import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit
 from numba import njit
 
 from npusim.engine.core import mark_finished, mark_started, pop_ready, release_queue
-from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
+from npusim.engine.eventlist import event_next_time, event_pop, event_push, event_room
+from npusim.engine.heap import HS_SIZE
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVENTS, SC_NOTIFIED, SC_NOW
 from npusim.hw.memory.hbm import EV_MEM_END_REQ, EV_MEM_ISSUE, analytical_finish, hbm_handle, hbm_start_dma
 from npusim.hw.memory.params import MODE_ANALYTICAL, P_MODE
@@ -89,7 +90,7 @@ def _build(tlm: bool, flit: bool):
         while True:
             # start everything that may start now
             while True:
-                if heap_room(heap, hs) < headroom:
+                if event_room(heap, hs) < headroom:
                     return STATUS_GROW
                 need = mp.prm[MP_NEED_SLOTS] if mp.prm[MP_ON] != 0 else 1  # a DMA may start 2 per router
                 if FLIT:
@@ -113,9 +114,9 @@ def _build(tlm: bool, flit: bool):
                                                tt.param[task, P_SRAM_BITS], tt.param[task, P_SRAM_STALL])
                     else:
                         dur = tt.param[task, 0]
-                    heap_push(heap, hs, now + dur, EV_TASK_END, task)
+                    event_push(heap, hs, now + dur, EV_TASK_END, task)
                 elif kind == KIND_NOTIFY:
-                    heap_push(heap, hs, now + tt.param[task, 0], EV_TASK_END, task)
+                    event_push(heap, hs, now + tt.param[task, 0], EV_TASK_END, task)
                 elif kind == KIND_DMA:
                     prm = tt.param[task]
                     parts = mem_start(mp, noc, fnoc, heap, hs, prm[3], task, prm[0], prm[1], prm[2], prm[4], prm[5],
@@ -129,9 +130,9 @@ def _build(tlm: bool, flit: bool):
                         done = analytical_finish(mem, prm[3], prm[1], prm[0], prm[4], prm[5], now, period_ps)
                     if done >= 0:
                         if parts > 0:  # the DRAM part is done; its last response still crosses the mesh
-                            heap_push(heap, hs, done + mp.tail[prm[3]], EV_NOC_PART_END, prm[3])
+                            event_push(heap, hs, done + mp.tail[prm[3]], EV_NOC_PART_END, prm[3])
                         else:
-                            heap_push(heap, hs, done, EV_TASK_END, task)
+                            event_push(heap, hs, done, EV_TASK_END, task)
                 elif kind == KIND_NOC:
                     prm = tt.param[task]
                     if FLIT and noc.prm[PRM_MODE] == MODE_FLIT:
@@ -140,17 +141,17 @@ def _build(tlm: bool, flit: bool):
                         path_start(noc, heap, hs, task, prm[0], prm[1], prm[2], now)
                 else:
                     # unknown kinds are rejected at submission; finish at once to stay safe
-                    heap_push(heap, hs, now, EV_TASK_END, task)
+                    event_push(heap, hs, now, EV_TASK_END, task)
             if hs[HS_SIZE] == 0:
                 return STATUS_IDLE
-            if heap[0, 0] > until:
+            if event_next_time(heap, hs) > until:
                 tt.sc[SC_NOW] = max(tt.sc[SC_NOW], until)
                 return STATUS_TIME_LIMIT
             if events >= max_events:
                 return STATUS_EVENT_LIMIT
-            if heap_room(heap, hs) < headroom:
+            if event_room(heap, hs) < headroom:
                 return STATUS_GROW
-            time, etype, eid = heap_pop(heap, hs)
+            time, etype, eid = event_pop(heap, hs)
             now = max(time, tt.sc[SC_NOW])
             tt.sc[SC_NOW] = now
             tt.sc[SC_NEVENTS] += 1
@@ -166,7 +167,7 @@ def _build(tlm: bool, flit: bool):
                     if finished >= 0 and mp.prm[MP_ON] != 0:
                         init = tt.param[finished, 3]
                         if mp.task[init] == finished:  # its streams are counted as parts
-                            heap_push(heap, hs, now + mp.tail[init], EV_NOC_PART_END, init)
+                            event_push(heap, hs, now + mp.tail[init], EV_NOC_PART_END, init)
                             finished = -1
             elif etype == EV_NOC_PART_END:
                 finished = mem_part_done(mp, eid)

@@ -81,7 +81,7 @@ from numba import njit
 
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM
 from npusim.hw.noc.flit_engine import MEM_FROM, MEM_NONE, MEM_TO, flit_start_part
-from npusim.engine.heap import heap_push
+from npusim.engine.eventlist import event_push
 from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, memory_port, path_reserve_part, path_start_part
 
 MemPath = namedtuple("MemPath", ["prm", "attach", "routers", "pending", "task", "tail", "r_bytes", "r_pkt",
@@ -229,7 +229,7 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         mp.r_bytes[r] = 0
         mp.r_pkt[r] = 0
     if last >= 0:  # the reserved streams end together: one part, one event
-        heap_push(heap, hs, last, EV_NOC_PART_END, init)
+        event_push(heap, hs, last, EV_NOC_PART_END, init)
         parts += 1
     mp.counters[C_PARTS] += streams
     mp.counters[C_DMAS] += 1

@@ -18,7 +18,7 @@ import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit
 from numba import njit
 
 from npusim.engine.core import mark_finished, mark_started, pop_ready, release_queue
-from npusim.engine.heap import HS_SIZE, heap_pop, heap_push, heap_room
+from npusim.engine.heap import HS_SIZE, heap_next_time, heap_pop, heap_push, heap_room
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVENTS, SC_NOTIFIED, SC_NOW
 from npusim.hw.fabric.flow import EV_FLOW_BEGIN, EV_FLOW_UPDATE, flow_begin, flow_start, flow_update
 from npusim.hw.fabric.packet import EV_PKT_ARRIVE, packet_arrive, packet_begin, packet_slots_free
@@ -55,7 +55,7 @@ def system_loop(tt, heap, hs, fs, until, watch, max_events):
                 heap_push(heap, hs, now + tt.param[task, 0], EV_TASK_END, task)
         if hs[HS_SIZE] == 0:
             return STATUS_IDLE
-        if heap[0, 0] > until:
+        if heap_next_time(heap, hs) > until:
             tt.sc[SC_NOW] = max(tt.sc[SC_NOW], until)
             return STATUS_TIME_LIMIT
         if events >= max_events:

@@ -126,7 +126,7 @@ import numpy as np
 import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
-from npusim.engine.heap import heap_push
+from npusim.engine.eventlist import event_push
 from npusim.hw.memory.params import (
     LAT_BINS, MODE_ANALYTICAL, P_ACCEPT, P_BANK_GROUPS, P_BANKS, P_BURST_BYTES, P_BURST_PS, P_CAPACITY_BYTES,
     P_CHANNELS, P_DMA_ENGINES, P_FRONTEND, P_INTERLEAVE, P_ISSUE_GAP, P_LAT_BIN_PS, P_LOOKAHEAD, P_MAX_OUT, P_MODE,
@@ -562,7 +562,7 @@ def _l2_filled(l2, sl_arrive, heap, hs, slot, t_ps, period_ps):
     while w >= 0:
         nxt = l2[l2[L2_SLOTS_AT] + 4 * w + SL_NEXT]
         sl_arrive[w] = max(sl_arrive[w], t_ps)
-        heap_push(heap, hs, to_cycle(sl_arrive[w], period_ps), EV_MEM_RESP, w)
+        event_push(heap, hs, to_cycle(sl_arrive[w], period_ps), EV_MEM_RESP, w)
         w = nxt
     l2[r + SL_WAITERS] = -1
 
@@ -605,12 +605,12 @@ def _l2_access(st, heap, hs, init, slot, addr, size, t_ps, period_ps):
         l2[r + SL_NEXT] = l2[o + SL_WAITERS]
         l2[o + SL_WAITERS] = slot
     else:
-        heap_push(heap, hs, to_cycle(st.sl_arrive[slot], period_ps), EV_MEM_RESP, slot)
+        event_push(heap, hs, to_cycle(st.sl_arrive[slot], period_ps), EV_MEM_RESP, slot)
     # the slice accepted at once: the socket is free; the next request one hit gap later
     st.in_last_end_req[init] = t_ps
     st.in_next_issue[init] = t_ps + p[P_L2_HIT_GAP]
     st.in_socket_busy[init] = 2
-    heap_push(heap, hs, to_cycle(st.in_next_issue[init], period_ps), EV_MEM_ISSUE, init)
+    event_push(heap, hs, to_cycle(st.in_next_issue[init], period_ps), EV_MEM_ISSUE, init)
     return True
 
 
@@ -624,7 +624,7 @@ def _issue(st, heap, hs, init, t_ps, period_ps):
     if st.in_socket_busy[init] != 0 or st.in_free_top[init] == 0:
         return
     if st.in_next_issue[init] > t_ps:
-        heap_push(heap, hs, to_cycle(st.in_next_issue[init], period_ps), EV_MEM_ISSUE, init)
+        event_push(heap, hs, to_cycle(st.in_next_issue[init], period_ps), EV_MEM_ISSUE, init)
         st.in_socket_busy[init] = 2  # waiting for the port, counts as busy
         return
     addr, size = _txn_address(st, init)
@@ -681,7 +681,7 @@ def _accept(st, heap, hs, slot, t_ps, period_ps):
     end_req = t_ps + p[P_ACCEPT]
     st.sl_end_req[slot] = end_req
     st.sl_arrive[slot] = max(st.sl_begin_req[slot] + p[P_FRONTEND], t_ps)
-    heap_push(heap, hs, to_cycle(end_req, period_ps), EV_MEM_END_REQ, slot)
+    event_push(heap, hs, to_cycle(end_req, period_ps), EV_MEM_END_REQ, slot)
     _wake(st, heap, hs, ch, st.sl_arrive[slot], period_ps)
 
 
@@ -711,7 +711,7 @@ def _wake(st, heap, hs, ch, t_ps, period_ps):
     t = max(t_ps, st.ch_cmd_ps[ch])
     if t < st.ch_wake[ch]:
         st.ch_wake[ch] = t
-        heap_push(heap, hs, to_cycle(t, period_ps), EV_MEM_SCHED, ch)
+        event_push(heap, hs, to_cycle(t, period_ps), EV_MEM_SCHED, ch)
 
 
 @njit(cache=True, _nrt=False)
@@ -1005,7 +1005,7 @@ def _serve(st, heap, hs, ch, idx, t_ps, period_ps):
         st.g_nw[g] -= 1
     st.bk_inflight[u, bank] -= 1
     resp = data_end + p[P_FRONTEND]
-    heap_push(heap, hs, to_cycle(resp, period_ps), EV_MEM_RESP, slot)
+    event_push(heap, hs, to_cycle(resp, period_ps), EV_MEM_RESP, slot)
     st.sl_arrive[slot] = resp  # reused: BEGIN_RESP time
     _admit_waiting(st, heap, hs, ch, t_ps, period_ps)
 

@@ -29,7 +29,7 @@ import numpy as np
 import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
-from npusim.engine.heap import heap_push
+from npusim.engine.eventlist import event_push
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 from npusim.hw.noc.flit import make_state
 from npusim.hw.noc.flit_kernel import K_DONE_CNT, network_idle, send_packet, send_packet_from_mem, send_packet_mem, step
@@ -127,7 +127,7 @@ def _launch(fe, heap, hs, task, part, src, dst, flits, now, mem):
     _enqueue(fe, heap, hs, now)
     if fe.sc[S_TICKING] == 0:
         fe.sc[S_TICKING] = 1
-        heap_push(heap, hs, now, EV_FLIT_TICK, 0)
+        event_push(heap, hs, now, EV_FLIT_TICK, 0)
 
 
 @njit(cache=True, _nrt=False)
@@ -151,7 +151,7 @@ def _enqueue(fe, heap, hs, now):
             fe.m_packets_out[slot] += 1
         if fe.m_flits_left[slot] == 0:
             if fe.m_part[slot] < 0:
-                heap_push(heap, hs, now, EV_QUEUE_FREE, fe.m_task[slot])
+                event_push(heap, hs, now, EV_QUEUE_FREE, fe.m_task[slot])
             fe.sc[S_ACTIVE] -= 1
             fe.active[i] = fe.active[fe.sc[S_ACTIVE]]
         else:
@@ -169,9 +169,9 @@ def flit_tick(fe, heap, hs, now):
         fe.m_packets_out[slot] -= 1
         if fe.m_packets_out[slot] == 0 and fe.m_flits_left[slot] == 0:
             if fe.m_part[slot] >= 0:
-                heap_push(heap, hs, fs.done[i, 1], EV_NOC_PART_END, fe.m_part[slot])
+                event_push(heap, hs, fs.done[i, 1], EV_NOC_PART_END, fe.m_part[slot])
             else:
-                heap_push(heap, hs, fs.done[i, 1], EV_TASK_END, fe.m_task[slot])
+                event_push(heap, hs, fs.done[i, 1], EV_TASK_END, fe.m_task[slot])
             fe.m_task[slot] = -1
             fe.m_part[slot] = -1
             fe.m_free[fe.sc[S_FREE_TOP]] = slot
@@ -180,7 +180,7 @@ def flit_tick(fe, heap, hs, now):
     if network_idle(fs) and fe.sc[S_ACTIVE] == 0:
         fe.sc[S_TICKING] = 0
     else:
-        heap_push(heap, hs, now + 1, EV_FLIT_TICK, 0)
+        event_push(heap, hs, now + 1, EV_FLIT_TICK, 0)
 
 
 __all__ = ["EV_FLIT_TICK", "MEM_FROM", "MEM_NONE", "MEM_TO", "FlitEngine", "flit_slots_free", "flit_start", "flit_start_part", "flit_tick", "grow_flit_slots",

@@ -65,7 +65,7 @@ import numpy as np
 import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
-from npusim.engine.heap import heap_push
+from npusim.engine.eventlist import event_push
 from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END
 
 EV_NOC_HOP, EV_NOC_RELEASE, EV_NOC_PART_END = 20, 21, 22
@@ -183,8 +183,8 @@ def path_start(ps, heap, hs, task, src, dst, nbytes, now):
             r = ps.nbr_router[r, ps.next_port[r, dst]]
             hops += 1
         ps.link_flits[ps.n_links + dst] += flits
-        heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
-        heap_push(heap, hs, now + (hops + 1) * S + hops * L + flits - 1, EV_TASK_END, task)
+        event_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
+        event_push(heap, hs, now + (hops + 1) * S + hops * L + flits - 1, EV_TASK_END, task)
         return
     _launch(ps, heap, hs, task, -1, src, dst, flits, now, ps.n_links + dst)
 
@@ -239,7 +239,7 @@ def _walk(ps, heap, hs, slot, part, src, dst, flits, r, hops, t, now, eject):
                 slot = _take_slot(ps, WALK, part, src, dst, flits, eject)
             ps.m_cur[slot] = r
             ps.m_hops[slot] = hops
-            heap_push(heap, hs, t, EV_NOC_HOP, slot)
+            event_push(heap, hs, t, EV_NOC_HOP, slot)
             return -1
         if busy:
             ps.counters[C_WAITS] += 1
@@ -285,8 +285,8 @@ def _take_slot(ps, task, part, src, dst, flits, eject):
 def _launch(ps, heap, hs, task, part, src, dst, flits, now, eject):
     slot = _take_slot(ps, task, part, src, dst, flits, eject)
     if flits <= ps.prm[PRM_BUFFER] and part < 0:  # the source router's input buffer takes the whole packet
-        heap_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
-    heap_push(heap, hs, now + ps.prm[PRM_STAGES], EV_NOC_HOP, slot)
+        event_push(heap, hs, now + flits, EV_QUEUE_FREE, task)
+    event_push(heap, hs, now + ps.prm[PRM_STAGES], EV_NOC_HOP, slot)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -317,15 +317,15 @@ def _claim(ps, heap, hs, slot, link, now):
             if ps.m_part[slot] >= 0:  # memory streams: released lazily (an event only if someone waits)
                 _reserve_lazily(ps, heap, hs, link, now + flits)
             else:
-                heap_push(heap, hs, now + flits, EV_NOC_RELEASE, link)
+                event_push(heap, hs, now + flits, EV_NOC_RELEASE, link)
         if task == WALK:  # a walking memory stream: on through the free links ahead
             part = ps.m_part[slot]
             t_tail = _walk(ps, heap, hs, slot, part, ps.m_src[slot], dst, flits, ps.m_cur[slot], ps.m_hops[slot],
                            now + L + S, now, ps.m_eject[slot])
             if t_tail >= 0:
-                heap_push(heap, hs, t_tail, EV_NOC_PART_END, part)
+                event_push(heap, hs, t_tail, EV_NOC_PART_END, part)
             return
-        heap_push(heap, hs, now + L + S, EV_NOC_HOP, slot)
+        event_push(heap, hs, now + L + S, EV_NOC_HOP, slot)
         return
     # ejection port claimed: head ejected now, tail F-1 cycles later (on one lane); the slot is done
     t_tail = now + _occupancy(ps, link, flits) - 1
@@ -334,11 +334,11 @@ def _claim(ps, heap, hs, slot, link, now):
     if part >= 0:
         _reserve_lazily(ps, heap, hs, link, t_tail + 1)
     else:
-        heap_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
+        event_push(heap, hs, t_tail + 1, EV_NOC_RELEASE, link)
     if part >= 0:
-        heap_push(heap, hs, t_tail, EV_NOC_PART_END, part)
+        event_push(heap, hs, t_tail, EV_NOC_PART_END, part)
     else:
-        heap_push(heap, hs, t_tail, EV_TASK_END, task)
+        event_push(heap, hs, t_tail, EV_TASK_END, task)
     if not cut_through:
         _schedule_wormhole_releases(ps, heap, hs, slot, t_tail)
     _free_slot(ps, slot)
@@ -350,7 +350,7 @@ def _reserve_lazily(ps, heap, hs, link, free_at):
     ps.link_owner[link] = LAZY
     ps.link_free_at[link] = free_at
     if ps.link_wait_head[link] >= 0:
-        heap_push(heap, hs, free_at, EV_NOC_RELEASE, link)
+        event_push(heap, hs, free_at, EV_NOC_RELEASE, link)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -368,10 +368,10 @@ def _schedule_wormhole_releases(ps, heap, hs, slot, t_tail):
         if k == 0:
             source_free = release
         ps.link_flits[lk] += flits
-        heap_push(heap, hs, release, EV_NOC_RELEASE, lk)
+        event_push(heap, hs, release, EV_NOC_RELEASE, lk)
         r = ps.nbr_router[r, ps.next_port[r, dst]]
     if ps.m_part[slot] < 0:
-        heap_push(heap, hs, source_free, EV_QUEUE_FREE, ps.m_task[slot])
+        event_push(heap, hs, source_free, EV_QUEUE_FREE, ps.m_task[slot])
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -386,7 +386,7 @@ def path_handle(ps, heap, hs, etype, eid, now):
             owner = -1  # a memory stream's reservation that has run out
         if owner != -1:
             if owner == LAZY and ps.link_wait_head[link] < 0:  # the first waiter: the release becomes an event
-                heap_push(heap, hs, max(now, ps.link_free_at[link]), EV_NOC_RELEASE, link)
+                event_push(heap, hs, max(now, ps.link_free_at[link]), EV_NOC_RELEASE, link)
             ps.counters[C_WAITS] += 1
             ps.m_wait_next[slot] = -1
             if ps.link_wait_tail[link] >= 0:
