@@ -12,8 +12,8 @@ Why a sorted list: a chip's queue is short and its new events are mostly due soo
 pipeline's 16 iterations in flight ~73 events are queued, ~60 of them far off (long DMAs, other
 stages' tasks), and a new event was due before 64 of them on average (a Qwen3-4B decode
 iteration's trace). A push here moves the ~9 rows due no later up by one, a pop takes the last
-row, and neither does the ~6 hard-to-predict compares per level of a binary heap: 15% less kernel
-time on that pipeline and 21% at the path NoC (``validation/perf/bench_engine.py --events``). Its
+row, and neither does the ~6 hard-to-predict compares per level of a binary heap: ~14% less kernel
+time on that pipeline and ~19% at the path NoC (``validation/perf/bench_engine.py --pipeline``). Its
 cost grows with the events due before a new one, so queues of thousands with events scheduled
 anywhere (the system level's fabric: 20x slower with it) keep the binary heap; the engine
 benchmark's random DAG (320 queues busy at once, durations 1-99 cycles) runs ~20% slower with it.
