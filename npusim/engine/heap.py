@@ -35,8 +35,7 @@ def _copy_row(heap, dst, src):
 
 @njit(cache=True, _nrt=False)
 def heap_push(heap, hs, time, etype, eid):
-    """Add an event. Not ``inline="always"``: the models call it from ~40 places, and each inlined
-    copy slowed Numba's inlining of its caller into the kernel (see ``npusim.sim.kernel``); a call
+    """Add an event. Not ``inline="always"``, like ``eventlist.event_push`` (see there): a call
     passing two arrays and three integers costs little. The new event's ``seq`` is the largest yet,
     so it rises above a parent only of a later time; the parents it passes move down one row each
     and it is written once, where it stops (a hole, not swaps)."""
