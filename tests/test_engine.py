@@ -235,8 +235,7 @@ def test_task_rows_change_where_tasks_lie_not_what_they_do(small_arch, seed, mod
     n = int(rng.integers(2, 60))
     kind = rng.integers(0, 3, n)
     core = rng.integers(0, 4, n)
-    sim = Simulator(small_arch, noc_mode=mode)
-    sim.add_compute(0, "cube", 5)  # a task before the batch: its ids start at 1
+    sim = Simulator(small_arch, noc_mode=mode)  # for the chip's queue and initiator numbering
     unit = np.where(kind == 0, sim.units.index("cube"), np.where(kind == 1, sim.units.index("dma0"),
                                                                     sim.units.index("noc")))
     queue = core * sim.queues_per_core + unit
