@@ -289,6 +289,85 @@ def test_task_rows_keep_the_start_order_of_contending_tasks(small_arch, released
     assert {tuple(play(list(r))) for r in itertools.permutations(range(4))} == {tuple(plain)}
 
 
+def _successor_lists(tt, n):
+    lists = []
+    for t in range(n):
+        out, e = [], int(tt.succ_head[t])
+        while e >= 0:
+            out.append(int(tt.e_dst[e]))
+            e = int(tt.e_next[e])
+        lists.append(out)
+    return lists
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(seed=st.integers(0, 2**31), mode=st.sampled_from(["path", "analytical"]))
+def test_a_template_adds_what_its_batch_adds(small_arch, seed, mode):
+    """A batch linked once as a template (``make_template``) and added behind tasks already
+    running -- with some of its tasks' parameters replaced and some of its tasks also waiting for
+    earlier tasks, done or not -- leaves the task table as ``submit_batch`` of the same batch does
+    (every field, each successor list in the same order, the same ready tasks) and runs the same."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    kind = rng.integers(0, 3, n)
+    core = rng.integers(0, 4, n)
+    probe = Simulator(small_arch, noc_mode=mode)
+    unit = np.where(kind == 0, probe.units.index("cube"), np.where(kind == 1, probe.units.index("dma0"),
+                                                                      probe.units.index("noc")))
+    queue = core * probe.queues_per_core + unit
+
+    def params(k, c, sz, o):
+        return ((int(sz) // 10, 0, 0, 0, 0, 0) if k == 0 else (int(sz), int(sz) * 64, 0, probe.initiator(int(c), 0), 0, 0)
+                if k == 1 else (int(c), int(o), int(sz), 0, 0, 0))
+
+    param = np.array([params(*a) for a in zip(kind, core, rng.integers(64, 4000, n), rng.integers(0, 4, n))],
+                     dtype=np.int64)
+    deps = [sorted({int(d) for d in rng.integers(0, i, int(rng.integers(0, 3)))}) if i else [] for i in range(n)]
+    ptr = np.concatenate([[0], np.cumsum([len(d) for d in deps])]).astype(np.int64)
+    idx = np.array([d for ds in deps for d in ds], dtype=np.int64)
+    rows = rng.permutation(n)
+    patch_rows = np.sort(rng.choice(n, int(rng.integers(0, n + 1)), replace=False))
+    patch = np.array([params(kind[r], core[r], s, o) for r, s, o in
+                      zip(patch_rows, rng.integers(64, 4000, n), rng.integers(0, 4, n))], dtype=np.int64).reshape(-1, 6)
+    extra_rows = np.sort(rng.choice(n, int(rng.integers(0, n + 1)), replace=False))
+
+    def earlier(sim):  # tasks on the batch's queues, some done by now, and the extra predecessors among them
+        ids = [sim.add_compute(int(c), "cube", int(d)) for c, d in zip(rng.integers(0, 4, 6), rng.integers(1, 400, 6))]
+        ids += [sim.add_send(int(a), int(b), int(sz)) for a, b, sz in zip(core[:3], core[-3:], rng.integers(8, 900, 3))]
+        sim.run(until=int(rng.integers(0, 300)))
+        return np.array(ids[::2], dtype=np.int64)
+
+    def by_batch(sim, preds):
+        first = sim.engine.num_tasks
+        p = param.copy()
+        p[patch_rows] = patch
+        lists = [[d + first for d in ds] + (preds.tolist() if i in set(extra_rows.tolist()) else [])
+                 for i, ds in enumerate(deps)]
+        ptr2 = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+        return sim.submit_batch(kind, queue, p, ptr2, np.array([d for x in lists for d in x], dtype=np.int64), rows=rows)
+
+    def by_template(sim, preds):
+        tmpl = sim.make_template((kind, queue, param, ptr, idx), rows)
+        return sim.submit_template(tmpl, patch_rows=patch_rows, patch_param=patch, extra_rows=extra_rows,
+                                   extra_preds=preds)
+
+    state = rng.bit_generator.state
+    played = []
+    for submit in (by_batch, by_template):
+        rng.bit_generator.state = state
+        sim = Simulator(small_arch, noc_mode=mode)
+        ids = submit(sim, earlier(sim))
+        tt, m = sim.engine.tt, sim.engine.num_tasks
+        table = {f: getattr(tt, f)[:m].tolist() for f in ("kind", "queue", "param", "deps_left", "state", "start", "end",
+                                                            "qnext")}
+        table.update({f: getattr(tt, f).tolist() for f in ("q_head", "q_tail", "q_running", "q_busy", "sc")})
+        table["ready"] = tt.ready[tt.sc[4]:tt.sc[5]].tolist()
+        table["successors"] = _successor_lists(tt, m)
+        sim.run()
+        played.append((ids.tolist(), table, sim.task_times()[1].tolist(), sim.events))
+    assert played[0] == played[1]
+
+
 def test_task_rows_must_be_a_permutation(small_arch):
     sim = Simulator(small_arch)
     with pytest.raises(ConfigError, match="permutation"):

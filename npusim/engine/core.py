@@ -102,6 +102,63 @@ def add_tasks(tt, first, count, kind, queue, param, dep_ptr, dep_idx, row):
             _push_ready(tt, first + row[i])
 
 
+@njit(cache=True, _nrt=False)
+def add_template(tt, first, tp, patch_rows, patch_param, extra_rows, extra_preds):
+    """Add a :class:`npusim.engine.template.BatchTemplate` at ``first``: the table ends as
+    ``add_tasks`` would leave it for the batch the template was made from (its fields at the same
+    rows; edges elsewhere, each list in the same order). ``patch_param[k]`` replaces the parameters
+    of row ``patch_rows[k]``. Rows ``extra_rows`` (in the batch's order) also depend on the tasks
+    ``extra_preds`` (absolute ids; done ones skipped), as if listed after their own dependencies."""
+    eb = tt.sc[SC_NEDGES]
+    n = tp.kind.shape[0]
+    width = tp.param.shape[1]
+    for r in range(n):
+        t = first + r
+        tt.kind[t] = tp.kind[r]
+        tt.queue[t] = tp.queue[r]
+        for j in range(width):
+            tt.param[t, j] = tp.param[r, j]
+        tt.deps_left[t] = tp.deps_left[r]
+        tt.state[t] = PENDING
+        tt.start[t] = -1
+        tt.end[t] = -1
+        nxt = tp.qnext[r]
+        tt.qnext[t] = first + nxt if nxt >= 0 else -1
+        head = tp.succ_head[r]
+        tt.succ_head[t] = eb + head if head >= 0 else -1
+    for k in range(patch_rows.shape[0]):
+        for j in range(width):
+            tt.param[first + patch_rows[k], j] = patch_param[k, j]
+    n_edges = eb + tp.e_dst.shape[0]
+    for e in range(tp.e_dst.shape[0]):
+        tt.e_dst[eb + e] = first + tp.e_dst[e]
+        nxt = tp.e_next[e]
+        tt.e_next[eb + e] = eb + nxt if nxt >= 0 else -1
+    for k in range(extra_rows.shape[0]):
+        task = first + extra_rows[k]
+        for pred in extra_preds:
+            if tt.state[pred] == DONE:
+                continue
+            tt.deps_left[task] += 1
+            tt.e_dst[n_edges] = task
+            tt.e_next[n_edges] = tt.succ_head[pred]
+            tt.succ_head[pred] = n_edges
+            n_edges += 1
+    for k in range(tp.q_ids.shape[0]):
+        q = tp.q_ids[k]
+        head = first + tp.q_first[k]
+        if tt.q_tail[q] >= 0 and tt.state[tt.q_tail[q]] != DONE:
+            tt.qnext[tt.q_tail[q]] = head
+        if tt.q_head[q] < 0:
+            tt.q_head[q] = head
+        tt.q_tail[q] = first + tp.q_last[k]
+    tt.sc[SC_NEDGES] = n_edges
+    tt.sc[SC_NTASKS] = first + n
+    for k in range(tp.zero.shape[0]):
+        if _can_start(tt, first + tp.zero[k]):
+            _push_ready(tt, first + tp.zero[k])
+
+
 @njit(cache=True, _nrt=False, inline="always")
 def mark_started(tt, task, now):
     tt.state[task] = RUNNING

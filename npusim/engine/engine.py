@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from npusim.engine.core import add_tasks, copy_successors
+from npusim.engine.core import add_tasks, add_template, copy_successors
 from npusim.engine.heap import HS_SIZE, new_heap
 from npusim.engine.tasks import (
     DONE,
@@ -29,6 +29,7 @@ from npusim.engine.tasks import (
     ensure_capacity,
     new_task_table,
 )
+from npusim.engine.template import BatchTemplate, make_template
 from npusim.errors import ConfigError, DeadlockError
 
 TASK_EVENTS = np.array([EV_TASK_END, EV_QUEUE_FREE], dtype=np.int64)  # events whose id is a task
@@ -98,8 +99,8 @@ class Engine:
         first = self.num_tasks
         if check:
             self._check_batch(first, n, queue, param, dep_ptr, dep_idx)
-            if rows is not None and not np.array_equal(np.sort(rows), np.arange(n)):
-                raise ConfigError(f"task rows: must be a permutation of 0..{n - 1}")
+            if rows is not None:
+                self._check_rows(rows, n)
         self.tt = ensure_capacity(self.tt, first + n, int(self.tt.sc[SC_NEDGES]) + dep_idx.shape[0])
         tt = self.tt
         rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
@@ -110,6 +111,42 @@ class Engine:
                 if name:
                     self.task_names[int(ids[i])] = name
         return ids
+
+    def make_template(self, kind, queue, param, dep_ptr, dep_idx, rows=None, check: bool = True) -> BatchTemplate:
+        """A batch (as :meth:`submit_batch` takes it, its dependencies given as ``j`` for its task
+        ``j``: all inside it) linked once, to add many times with :meth:`submit_template` -- the
+        same table as ``submit_batch`` of the batch with ``dep_idx + num_tasks`` (see
+        :mod:`npusim.engine.template`). ``check`` as in :meth:`submit_batch`."""
+        kind = np.asarray(kind, dtype=np.int64).ravel()
+        n = kind.shape[0]
+        queue = np.broadcast_to(np.asarray(queue, dtype=np.int64), (n,))
+        param = np.asarray(param, dtype=np.int64).reshape(n, -1)
+        dep_ptr, dep_idx = np.asarray(dep_ptr, dtype=np.int64), np.asarray(dep_idx, dtype=np.int64)
+        rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        if check:
+            self._check_batch(0, n, queue, param, dep_ptr, dep_idx)
+            self._check_rows(rows, n)
+        return make_template(len(self.queue_names), kind, queue, param, dep_ptr, dep_idx, rows)
+
+    def submit_template(self, tmpl: BatchTemplate, patch_rows=None, patch_param=None,
+                        extra_rows=None, extra_preds=None) -> np.ndarray:
+        """Add a template's tasks after those the engine has; returns their ids in the batch's
+        order (``num_tasks + tmpl.rows``). ``patch_param[k]`` (``NPARAM`` wide) replaces the
+        parameters of the batch's task ``patch_rows[k]``; the batch's tasks ``extra_rows`` (in
+        increasing order) also wait for the tasks ``extra_preds``, as if those were listed last
+        among their dependencies in ``submit_batch``."""
+        first = self.num_tasks
+        none = np.zeros(0, dtype=np.int64)
+        extra_rows = none if extra_rows is None else tmpl.rows[np.asarray(extra_rows, dtype=np.int64)]
+        extra_preds = none if extra_preds is None else np.asarray(extra_preds, dtype=np.int64)
+        patch_rows = none if patch_rows is None else tmpl.rows[np.asarray(patch_rows, dtype=np.int64)]
+        patch_param = (np.zeros((0, NPARAM), dtype=np.int64) if patch_param is None else
+                       np.asarray(patch_param, dtype=np.int64).reshape(patch_rows.shape[0], NPARAM))
+        n = tmpl.kind.shape[0]
+        self.tt = ensure_capacity(self.tt, first + n, int(self.tt.sc[SC_NEDGES]) + tmpl.e_dst.shape[0]
+                                  + extra_rows.shape[0] * extra_preds.shape[0])
+        add_template(self.tt, first, tmpl, patch_rows, patch_param, extra_rows, extra_preds)
+        return first + tmpl.rows
 
     def submit(
         self,
@@ -127,6 +164,11 @@ class Engine:
             np.array([0, deps.shape[0]]), deps, [name] if name else None, check=check,
         )
         return int(ids[0])
+
+    @staticmethod
+    def _check_rows(rows, n: int) -> None:
+        if not np.array_equal(np.sort(rows), np.arange(n)):
+            raise ConfigError(f"task rows: must be a permutation of 0..{n - 1}")
 
     def _check_batch(self, first, n, queue, param, dep_ptr, dep_idx):
         nq = len(self.queue_names)

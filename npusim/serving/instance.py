@@ -24,6 +24,7 @@ from npusim.serving.itercache import GAP_FRACTION, IterationCost, IterationCostC
 from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
 from npusim.serving.stagecost import HoldsInFlight, Lanes, StageCost, measure_stages, measure_stages_many
+from npusim.engine import NPARAM
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import run_order, submit_materialized
 from npusim.sim.simulator import Simulator
@@ -43,25 +44,39 @@ def _placement(hbm_fraction: float) -> float:
 
 
 class _Compiled:
-    """A materialised iteration program, the relative ids of its sink tasks, its KV-read
-    DMA tasks with the bytes they read at the share of KV in HBM it was compiled for, and the rows
-    its tasks are laid out at when submitted (:func:`npusim.sim.program.run_order`)."""
+    """A materialised iteration program, the relative ids of its sink tasks and its KV-read DMA
+    tasks with their parameters at the share of KV in HBM it was compiled for. A program the
+    serving loop submits is then :meth:`link`-ed: its arrays become a batch template, laid out in
+    the order its tasks run (:func:`npusim.sim.program.run_order`), and are dropped."""
 
     def __init__(self, arrays, sinks, kv_reads, compiled_fraction: float):
         self.arrays, self.sinks = arrays, sinks
-        self.rows = None  # set for programs submitted to the serving loop (not for measurements)
+        self.template = None
         self.kv_reads = kv_reads
-        self.kv_read_bytes = arrays[2][kv_reads, 0].copy()
+        param = arrays[2]
+        self.kv_read_param = np.zeros((kv_reads.size, NPARAM), dtype=np.int64)
+        self.kv_read_param[:, :param.shape[1]] = param[kv_reads]
         self.fraction = compiled_fraction
 
-    def at_fraction(self, fraction: float) -> tuple:
-        """The arrays with every KV read scaled to ``fraction`` of the KV in HBM (same structure)."""
-        if not self.kv_reads.size or fraction == self.fraction:
-            return self.arrays
-        kinds, queue, param, ptr, idx = self.arrays
-        param = param.copy()
-        param[self.kv_reads, 0] = np.maximum(1, np.round(self.kv_read_bytes * (fraction / self.fraction)))
-        return kinds, queue, param, ptr, idx
+    def link(self, sim) -> None:
+        """Make the template the serving loop submits to ``sim``, laid out in the order the program
+        runs alone (timed at the cheapest fidelity: the order is all that run gives)."""
+        rows = run_order(Simulator(sim.arch, memory_mode="analytical", noc_mode="analytical"), self.arrays)
+        self.template = sim.make_template(self.arrays, rows)
+        self.arrays = None
+
+    def kv_read_params(self, fraction: float, shift: int | None, region: int) -> np.ndarray | None:
+        """The KV reads' parameters with ``fraction`` of the KV in HBM (the same structure: the share
+        changes only the bytes each reads) and their addresses moved ``shift`` bytes, wrapping within
+        the KV region ``[region, 2 * region)`` (None: not moved); None if neither changes them."""
+        if not self.kv_reads.size or (fraction == self.fraction and shift is None):
+            return None
+        param = self.kv_read_param.copy()
+        if fraction != self.fraction:
+            param[:, 0] = np.maximum(1, np.round(param[:, 0] * (fraction / self.fraction)))
+        if shift is not None:
+            param[:, 1] = region + (param[:, 1] - region + shift) % region
+        return param
 
 
 class Instance:
@@ -181,10 +196,10 @@ class Instance:
         return measure_stages_many(self.arch, self.lanes, lambda sh: self._compile(*sh).arrays, shapes,
                                    self._measure_options)
 
-    def _compiled(self, slots, hbm_fraction: float) -> tuple:
-        """The iteration's materialised arrays. Programs are compiled per shape and per *kind*
-        of KV placement: none in HBM (no KV reads by DMA), all of it, or a share, compiled at
-        one half and rescaled per iteration (the share changes only the KV reads' bytes)."""
+    def _compiled(self, slots, hbm_fraction: float) -> _Compiled:
+        """The iteration's linked program. Programs are compiled per shape and per *kind* of KV
+        placement: none in HBM (no KV reads by DMA), all of it, or a share, compiled at one half
+        and rescaled per iteration (:meth:`_Compiled.kv_read_params`)."""
         work = [Work(s.q, s.kv, s.samples) for s in slots]
         groups, sampled = iteration_groups(work, pad=self.cfg.pad_shapes)
         placement = _placement(hbm_fraction)
@@ -193,12 +208,11 @@ class Instance:
         hit = None if first is not None else self.cache.get(key)
         if hit is None:
             hit = self._compile(list(groups), sampled, placement, first)
-            # laid out in the order it runs alone, timed at the cheapest fidelity (the order is all it gives)
-            hit.rows = run_order(Simulator(self.arch, memory_mode="analytical", noc_mode="analytical"), hit.arrays)
+            hit.link(self.sim)
             if first is None:
                 self.cache[key] = hit
             self.first_use_spec = None  # loaded once: later iterations find the weights in SRAM
-        return hit, hit.at_fraction(hbm_fraction if 0 < hbm_fraction < 1 else placement)
+        return hit
 
     def _cached(self, slots, hbm_fraction: float) -> tuple:
         """The iteration's replay from the iteration cache (its stage holds at the pipeline's
@@ -234,31 +248,11 @@ class Instance:
         frac = hbm_tok / (sram_tok + hbm_tok) if sram_tok + hbm_tok else 0.0
         stages = None  # the stage replay's cost, if that is how this iteration replays
         if self.costs is None:
-            comp, arrays = self._compiled(slots, frac)
-            sinks = comp.sinks
-            if hbm_tok and comp.kv_reads.size:
-                arrays = self._at_requests(slots, comp, arrays)
+            comp = self._compiled(slots, frac)
+            ids, sinks = self._submit_linked(comp, slots, frac, hbm_tok), comp.sinks
         else:  # the cached cost (it does not load first-use weights)
-            comp = None
             arrays, last, stages = self._cached(slots, frac)
-            sinks = [last]
-        # with spill_waits, the KV reads from HBM wait for the spills that write that KV: the
-        # program's KV-read DMAs, or a stage replay's first stage (the skeleton replay does not wait)
-        gated = None
-        if self.pending_spills:  # only kept with spill_waits (see _spill)
-            if comp is not None:
-                gated = comp.kv_reads
-            elif stages is not None and hbm_tok:
-                gated = stages.unit_rows()[stages.unit_lane == 0]
-        rows = None if comp is None else comp.rows
-        if gated is not None and gated.size:
-            ids = self._submit_after_spills(gated, arrays, rows)
-        else:
-            # a shape's arrays (kept by the caches; a stage replay's, all but its hold times, shared by
-            # every replay) are checked on their first submission only
-            check = id(arrays[0]) not in self._submitted
-            self._submitted.add(id(arrays[0]))
-            ids = submit_materialized(self.sim, arrays, check=check, rows=rows)
+            ids, sinks = self._submit_cached(arrays, stages, hbm_tok), [last]
         note = self.sim.add_notify(ids[sinks].tolist(), name=f"{self.name} iteration end")
         self.inflight.append((note, slots, frac, now_s))
         if stages is not None:
@@ -328,24 +322,45 @@ class Instance:
         if self.cfg.spill_waits:  # the next KV-reading iteration waits for them
             self.pending_spills.extend(ids.tolist())
 
-    def _at_requests(self, slots, comp, arrays):
-        """The arrays with the KV reads moved to the batch's requests: the mapper lays each core's
-        KV out by layer; the reads start at the first request's HBM extent (its share per core), so
-        batches of other requests touch other DRAM rows."""
+    def _submit_linked(self, comp: _Compiled, slots, hbm_fraction: float, hbm_tok: int) -> np.ndarray:
+        """Submit a linked program with its KV reads at the iteration's share of KV in HBM and moved
+        to its requests (:meth:`_kv_shift`); with ``spill_waits`` they also wait for the pending
+        spills that write that KV."""
+        shift = self._kv_shift(slots) if hbm_tok else None
+        fraction = hbm_fraction if 0 < hbm_fraction < 1 else comp.fraction
+        patch = comp.kv_read_params(fraction, shift, kv_cache_base_address(self.arch, 0))
+        spills = None
+        if self.pending_spills and comp.kv_reads.size:  # only kept with spill_waits (see _spill)
+            spills, self.pending_spills = self.pending_spills, []
+        return self.sim.submit_template(comp.template, patch_rows=None if patch is None else comp.kv_reads,
+                                        patch_param=patch, extra_rows=None if spills is None else comp.kv_reads,
+                                        extra_preds=spills)
+
+    def _submit_cached(self, arrays, stages, hbm_tok: int) -> np.ndarray:
+        """Submit an iteration cache's replay (a stage replay's ``stages``, else a skeleton); with
+        ``spill_waits`` a stage replay's first stage waits for the pending spills when it reads KV
+        from HBM (the skeleton replay does not wait)."""
+        if self.pending_spills and stages is not None and hbm_tok:
+            gated = stages.unit_rows()[stages.unit_lane == 0]
+            if gated.size:
+                return self._submit_after_spills(gated, arrays)
+        # a shape's arrays (kept by the caches; a stage replay's, all but its hold times, shared by
+        # every replay) are checked on their first submission only
+        check = id(arrays[0]) not in self._submitted
+        self._submitted.add(id(arrays[0]))
+        return submit_materialized(self.sim, arrays, check=check)
+
+    def _kv_shift(self, slots) -> int | None:
+        """Where the KV reads move to: the mapper lays each core's KV out by layer; the reads start
+        at the first request's HBM extent (its share per core), so batches of other requests touch
+        other DRAM rows. None if no request of the batch has KV in HBM."""
         first = next((s for s in slots if self.kv.location(s.live.req.id)[1]), None)
         if first is None:
-            return arrays
-        kinds, queue, param, ptr, idx = arrays
-        half = kv_cache_base_address(self.arch, 0)  # the KV region's start = half of HBM
-        shift = self.kv.hbm_extent(first.live.req.id)[0] // max(1, len(self.core_list)) // 4096 * 4096
-        param = param.copy()
-        addr = param[comp.kv_reads, 1]
-        param[comp.kv_reads, 1] = half + (addr - half + shift) % half
-        return kinds, queue, param, ptr, idx
+            return None
+        return self.kv.hbm_extent(first.live.req.id)[0] // max(1, len(self.core_list)) // 4096 * 4096
 
-    def _submit_after_spills(self, gated: np.ndarray, arrays, rows=None):
-        """Submit ``arrays`` (laid out at ``rows``) with its tasks ``gated`` (the KV reads) also
-        depending on the pending spills."""
+    def _submit_after_spills(self, gated: np.ndarray, arrays):
+        """Submit ``arrays`` with its tasks ``gated`` also depending on the pending spills."""
         kinds, queue, param, ptr, idx = arrays
         base = self.sim.engine.num_tasks
         extra = np.zeros(len(kinds), dtype=np.int64)
@@ -360,7 +375,7 @@ class Instance:
         for r in gated.tolist():
             new_idx[new_ptr[r] + counts[r]:new_ptr[r + 1]] = spills
         self.pending_spills = []
-        return self.sim.submit_batch(kinds, queue, param, new_ptr, new_idx, rows=rows)
+        return self.sim.submit_batch(kinds, queue, param, new_ptr, new_idx)
 
     def admit(self, records: dict, now_s: float) -> int:
         """Admit waiting requests FCFS; returns how many were rejected for good."""

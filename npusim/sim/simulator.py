@@ -234,14 +234,32 @@ class Simulator:
         return int(zero_load_latency_cycles(self.routing.hops(src, dst), flits, noc.router_pipeline_cycles,
                                             noc.link_latency_cycles))
 
+    @staticmethod
+    def _check_kinds(kind) -> None:
+        kind = np.asarray(kind)
+        if kind.size and not np.isin(kind, KINDS).all():
+            raise ConfigError(f"unknown task kind(s) {sorted(set(kind.tolist()) - set(KINDS))}; known: {KINDS}")
+
     def submit_batch(self, kind, queue, param, dep_ptr, dep_idx, names=None, check: bool = True,
                      rows=None) -> np.ndarray:
         """Submit many tasks (see ``Engine.submit_batch``; ``check=False`` for arrays already checked,
         ``rows`` where each lies in memory)."""
         kind = np.asarray(kind, dtype=np.int64)
-        if check and kind.size and not np.isin(kind, KINDS).all():
-            raise ConfigError(f"unknown task kind(s) {sorted(set(kind.tolist()) - set(KINDS))}; known: {KINDS}")
+        if check:
+            self._check_kinds(kind)
         return self.engine.submit_batch(kind, queue, param, dep_ptr, dep_idx, names, check=check, rows=rows)
+
+    def make_template(self, arrays: tuple, rows=None, check: bool = True):
+        """Materialised program arrays (``Program.materialize``: dependencies inside the program)
+        linked once, to submit many times with :meth:`submit_template` (``Engine.make_template``)."""
+        kind, queue, param, ptr, idx = arrays
+        if check:
+            self._check_kinds(kind)
+        return self.engine.make_template(kind, queue, param, ptr, idx, rows, check=check)
+
+    def submit_template(self, tmpl, **kw) -> np.ndarray:
+        """Submit a template after the tasks already here (``Engine.submit_template``)."""
+        return self.engine.submit_template(tmpl, **kw)
 
     # -- running ----------------------------------------------------------------------
     @property
