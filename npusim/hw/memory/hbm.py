@@ -371,6 +371,29 @@ def stream_latency_ps(p):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _reserve_run(st, lo, count, share, pcs, per_burst, ready):
+    """Channels ``lo .. lo+count-1`` each carry ``share`` bytes of a transfer whose data is ready at
+    ``ready`` ps: each channel's data bus is reserved first-come first-served for the share's bursts
+    (as in :func:`analytical_finish`'s loop); returns the latest end. Written over slices indexed
+    from 0 so that LLVM vectorises it (a signed index into a Numba array carries a wrap-around
+    check for negative values that defeats vectorisation): a linear transfer spans all 64 channels,
+    and this loop was a fifth of a decode iteration's kernel time."""
+    free = st.ch_data_free[lo:lo + count]
+    busy_ps = st.ch_busy_ps[lo:lo + count]
+    moved = st.ch_bytes[lo:lo + count]
+    burst = st.u_burst_ps[lo * pcs:(lo + count) * pcs:pcs]
+    done = ready
+    for j in range(count):
+        busy = np.int64(np.ceil(share * burst[j] / per_burst))
+        start = max(ready, free[j])
+        free[j] = start + busy
+        busy_ps[j] += busy
+        moved[j] += share
+        done = max(done, start + busy)
+    return done
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def analytical_finish(st, init, addr, nbytes, pattern, stride, now_cycle, period_ps):
     """Finish cycle of a transfer in the analytical model.
 
@@ -405,10 +428,21 @@ def analytical_finish(st, init, addr, nbytes, pattern, stride, now_cycle, period
             used = min(n_ch, (nbytes + il - 1) // il)
     base, extra = nbytes // used, nbytes % used
     channels_done = t0
-    ch = first_ch
     pcs, frontend = p[P_PCS], p[P_FRONTEND]
     ready = t0 + first_ps - frontend
     per_burst = p[P_BURST_BYTES] * pcs
+    if step == 1:  # consecutive channels: in runs of equal shares that do not wrap around
+        i = 0
+        while i < used:
+            ch = first_ch + i
+            if ch >= n_ch:
+                ch -= n_ch
+            end = min(extra if i < extra else used, i + n_ch - ch)
+            done = _reserve_run(st, ch, end - i, base + (1 if i < extra else 0), pcs, per_burst, ready)
+            channels_done = max(channels_done, done + frontend)
+            i = end
+        return to_cycle(max(initiator_done, channels_done), period_ps)
+    ch = first_ch
     for i in range(used):
         share = base + (1 if i < extra else 0)
         start = max(ready, st.ch_data_free[ch])
