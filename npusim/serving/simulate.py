@@ -37,6 +37,7 @@ from pathlib import Path
 
 from npusim.arch.schema import Arch
 from npusim.errors import ConfigError
+from npusim.gcpolicy import fewer_collections
 from npusim.mapping.spec import MappingSpec
 from npusim.model.builder import build_graph
 from npusim.model.zoo import get_config
@@ -282,6 +283,10 @@ class ServingSimulator:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, requests, progress=None) -> ServingRun:
+        with fewer_collections():  # see npusim.gcpolicy
+            return self._run(requests, progress)
+
+    def _run(self, requests, progress) -> ServingRun:
         sim = self.sim
         arrivals = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
         check_context(arrivals, get_config(self.cfg.model).max_position_embeddings, str(self.cfg.model))
