@@ -28,6 +28,9 @@ class UtilizationSampler:
         self.members = [[i for i, u in enumerate(units) if u == c or (c == "dma" and u.startswith("dma"))]
                         for c in CLASSES]
         self.units_per_class = np.array([len(m) for m in self.members], dtype=np.float64)
+        self.of_class = np.zeros((len(units), len(CLASSES)), dtype=np.int64)  # unit -> its class (0/1)
+        for c, m in enumerate(self.members):
+            self.of_class[m, c] = 1
         cores = sim.arch.num_cores
         self.chip = TimeSeries(list(CLASSES), "fraction of the chip's units busy")
         self.cores = TimeSeries([f"core{i}.{c}" for i in range(cores) for c in CLASSES],
@@ -37,8 +40,7 @@ class UtilizationSampler:
 
     def _busy(self) -> np.ndarray:
         """Busy cycles (cores, classes) summed over each class's units."""
-        b = self.sim.busy_cycles(include_running=True)
-        return np.stack([b[:, m].sum(axis=1) for m in self.members], axis=1)
+        return self.sim.busy_cycles(include_running=True) @ self.of_class  # integer sums per class
 
     def sample(self, final: bool = False) -> None:
         """Record the chip series; the per-core one once its window is full (or, ``final``, at
