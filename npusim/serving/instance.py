@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from npusim.arch.derived import kv_cache_base_address
+from npusim.engine import NPARAM
 from npusim.mapping.mapper import map_model
 from npusim.model.builder import build_graph
 from npusim.serving.iteration import Work, build_groups_graph, iteration_groups
@@ -24,7 +25,6 @@ from npusim.serving.itercache import GAP_FRACTION, IterationCost, IterationCostC
 from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.scheduler import Live, Scheduler
 from npusim.serving.stagecost import HoldsInFlight, Lanes, StageCost, measure_stages, measure_stages_many
-from npusim.engine import NPARAM
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import run_order, submit_materialized
 from npusim.sim.simulator import Simulator
