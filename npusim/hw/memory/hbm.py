@@ -370,18 +370,20 @@ def stream_latency_ps(p):
     return p[P_TCL] + 2 * p[P_FRONTEND] + bursts * p[P_BURST_PS] + (p[P_TRP] + p[P_TRCD]) * txn // p[P_ROW_BYTES]
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def _reserve_run(st, lo, count, share, pcs, per_burst, ready):
+@njit(cache=True, _nrt=False)
+def _reserve_run(ch_data_free, ch_busy_ps, ch_bytes, u_burst_ps, lo, count, share, pcs, per_burst, ready):
     """Channels ``lo .. lo+count-1`` each carry ``share`` bytes of a transfer whose data is ready at
     ``ready`` ps: each channel's data bus is reserved first-come first-served for the share's bursts
     (as in :func:`analytical_finish`'s loop); returns the latest end. Written over slices indexed
     from 0 so that LLVM vectorises it (a signed index into a Numba array carries a wrap-around
     check for negative values that defeats vectorisation): a linear transfer spans all 64 channels,
-    and this loop was a fifth of a decode iteration's kernel time."""
-    free = st.ch_data_free[lo:lo + count]
-    busy_ps = st.ch_busy_ps[lo:lo + count]
-    moved = st.ch_bytes[lo:lo + count]
-    burst = st.u_burst_ps[lo * pcs:(lo + count) * pcs:pcs]
+    and this loop was a fifth of a decode iteration's kernel time. Not inlined (it takes four
+    arrays, not the model's state, so a call costs little): inlined, it made the kernel's path-NoC
+    variant ~20% slower (``validation/perf/bench_engine.py --pipeline``)."""
+    free = ch_data_free[lo:lo + count]
+    busy_ps = ch_busy_ps[lo:lo + count]
+    moved = ch_bytes[lo:lo + count]
+    burst = u_burst_ps[lo * pcs:(lo + count) * pcs:pcs]
     done = ready
     for j in range(count):
         busy = np.int64(np.ceil(share * burst[j] / per_burst))
@@ -438,7 +440,8 @@ def analytical_finish(st, init, addr, nbytes, pattern, stride, now_cycle, period
             if ch >= n_ch:
                 ch -= n_ch
             end = min(extra if i < extra else used, i + n_ch - ch)
-            done = _reserve_run(st, ch, end - i, base + (1 if i < extra else 0), pcs, per_burst, ready)
+            done = _reserve_run(st.ch_data_free, st.ch_busy_ps, st.ch_bytes, st.u_burst_ps, ch, end - i,
+                                base + (1 if i < extra else 0), pcs, per_burst, ready)
             channels_done = max(channels_done, done + frontend)
             i = end
         return to_cycle(max(initiator_done, channels_done), period_ps)
