@@ -88,23 +88,16 @@ class Engine:
         keep the loop's reads close together: with a pipeline's iterations in flight it walks one
         region per iteration, not one per core of each (see ``npusim.sim.program.run_order``).
         """
-        kind = np.asarray(kind, dtype=np.int64).ravel()
-        n = kind.shape[0]
-        if n == 0:
+        if np.size(kind) == 0:
             return np.zeros(0, dtype=np.int64)
-        queue = np.broadcast_to(np.asarray(queue, dtype=np.int64), (n,))
-        param = np.asarray(param, dtype=np.int64).reshape(n, -1)
-        dep_ptr = np.asarray(dep_ptr, dtype=np.int64)
-        dep_idx = np.asarray(dep_idx, dtype=np.int64)
+        kind, queue, param, dep_ptr, dep_idx = self._as_arrays(kind, queue, param, dep_ptr, dep_idx)
+        n = kind.shape[0]
         first = self.num_tasks
         if check:
             self._check_batch(first, n, queue, param, dep_ptr, dep_idx)
-            if rows is not None:
-                self._check_rows(rows, n)
+        rows = self._layout(rows, n, check)
         self.tt = ensure_capacity(self.tt, first + n, int(self.tt.sc[SC_NEDGES]) + dep_idx.shape[0])
-        tt = self.tt
-        rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-        add_tasks(tt, first, n, kind, queue, param, dep_ptr, dep_idx, rows)
+        add_tasks(self.tt, first, n, kind, queue, param, dep_ptr, dep_idx, rows)
         ids = first + rows
         if names is not None:
             for i, name in enumerate(names):
@@ -117,15 +110,11 @@ class Engine:
         ``j``: all inside it) linked once, to add many times with :meth:`submit_template` -- the
         same table as ``submit_batch`` of the batch with ``dep_idx + num_tasks`` (see
         :mod:`npusim.engine.template`). ``check`` as in :meth:`submit_batch`."""
-        kind = np.asarray(kind, dtype=np.int64).ravel()
+        kind, queue, param, dep_ptr, dep_idx = self._as_arrays(kind, queue, param, dep_ptr, dep_idx)
         n = kind.shape[0]
-        queue = np.broadcast_to(np.asarray(queue, dtype=np.int64), (n,))
-        param = np.asarray(param, dtype=np.int64).reshape(n, -1)
-        dep_ptr, dep_idx = np.asarray(dep_ptr, dtype=np.int64), np.asarray(dep_idx, dtype=np.int64)
-        rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
         if check:
             self._check_batch(0, n, queue, param, dep_ptr, dep_idx)
-            self._check_rows(rows, n)
+        rows = self._layout(rows, n, check)
         return make_template(len(self.queue_names), kind, queue, param, dep_ptr, dep_idx, rows)
 
     def submit_template(self, tmpl: BatchTemplate, patch_rows=None, patch_param=None,
@@ -166,9 +155,24 @@ class Engine:
         return int(ids[0])
 
     @staticmethod
-    def _check_rows(rows, n: int) -> None:
-        if not np.array_equal(np.sort(rows), np.arange(n)):
+    def _as_arrays(kind, queue, param, dep_ptr, dep_idx) -> tuple:
+        """A batch's arrays as the Numba functions take them (int64; one queue broadcast)."""
+        kind = np.asarray(kind, dtype=np.int64).ravel()
+        n = kind.shape[0]
+        return (kind, np.broadcast_to(np.asarray(queue, dtype=np.int64), (n,)),
+                np.asarray(param, dtype=np.int64).reshape(n, -1),
+                np.asarray(dep_ptr, dtype=np.int64), np.asarray(dep_idx, dtype=np.int64))
+
+    @staticmethod
+    def _layout(rows, n: int, check: bool) -> np.ndarray:
+        """The rows a batch of ``n`` tasks is stored at (default the identity), checked to be a
+        permutation if given and ``check``."""
+        if rows is None:
+            return np.arange(n, dtype=np.int64)
+        rows = np.asarray(rows, dtype=np.int64)
+        if check and not np.array_equal(np.sort(rows), np.arange(n)):
             raise ConfigError(f"task rows: must be a permutation of 0..{n - 1}")
+        return rows
 
     def _check_batch(self, first, n, queue, param, dep_ptr, dep_idx):
         nq = len(self.queue_names)
