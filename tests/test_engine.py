@@ -404,21 +404,22 @@ def test_event_queues_pop_in_time_then_push_order(ops):
     from npusim.engine import eventlist, heap as binary
     from npusim.engine.heap import new_heap
 
-    for push, pop_fn, next_fn in ((binary.heap_push, binary.heap_pop, binary.heap_next_time),
-                                  (eventlist.event_push, eventlist.event_pop, eventlist.event_next_time)):
+    for push, pop_fn, next_fn, new in (
+            (binary.heap_push, binary.heap_pop, binary.heap_next_time, new_heap),
+            (eventlist.event_push, eventlist.event_pop, eventlist.event_next_time, eventlist.new_event_list)):
         pop = njit(lambda heap, hs: pop_fn(heap, hs))
         next_time = njit(lambda heap, hs: next_fn(heap, hs))
-        heap, hs = new_heap(len(ops) + 1)
+        heap, hs = new(len(ops) + 1)
         ref, now = [], 0
         for i, op in enumerate(ops):
             if op is None:
                 if ref:
                     assert next_time(heap, hs) == ref[0][0]
-                    time, _, eid = pop(heap, hs)
+                    time, etype, eid = pop(heap, hs)
                     want = heapq.heappop(ref)
-                    assert (time, eid) == (want[0], want[2])
+                    assert (time, etype, eid) == (want[0], want[1] % 43, want[2])
                     now = time
             else:
-                push(heap, hs, now + op, 1, i)
+                push(heap, hs, now + op, i % 43, i)  # event types 0..42, as the models use
                 heapq.heappush(ref, (now + op, i, i))
         assert hs[0] == len(ref)

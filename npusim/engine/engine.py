@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from npusim.engine.core import add_tasks, add_template, copy_successors
-from npusim.engine.heap import HS_SIZE, new_heap
+from npusim.engine.eventlist import EL_EVENT, EV_TYPE_BITS, event_ids, event_types, new_event_list
+from npusim.engine.heap import EID, ETYPE, HS_SIZE, new_heap
 from npusim.engine.tasks import (
     DONE,
     EV_QUEUE_FREE,
@@ -39,13 +40,16 @@ class Engine:
     """Tasks, queues and events of one simulation.
 
     ``queue_names[i]`` names resource queue ``i`` (e.g. ``"core3.cube"``); they appear in
-    traces and deadlock reports. Task names are optional and kept only in Python.
+    traces and deadlock reports. Task names are optional and kept only in Python. ``event_list``:
+    the events in the chip loop's sorted list (:mod:`npusim.engine.eventlist`), else in the binary
+    heap (:mod:`npusim.engine.heap`, the system level's).
     """
 
-    def __init__(self, queue_names: Sequence[str], task_capacity: int = 1024):
+    def __init__(self, queue_names: Sequence[str], task_capacity: int = 1024, event_list: bool = False):
         self.queue_names = list(queue_names)
         self.tt = new_task_table(len(self.queue_names), task_capacity, 2 * task_capacity)
-        self.heap, self.hs = new_heap(1024)
+        self.event_list = event_list
+        self.heap, self.hs = new_event_list(1024) if event_list else new_heap(1024)
         self.task_names: dict[int, str] = {}
 
     # -- submission ---------------------------------------------------------------
@@ -193,7 +197,7 @@ class Engine:
     # -- heap ---------------------------------------------------------------------
     def grow_heap(self) -> None:
         size = int(self.hs[HS_SIZE])
-        bigger = np.zeros((2 * self.heap.shape[0], 4), dtype=np.int64)
+        bigger = np.zeros((2 * self.heap.shape[0], self.heap.shape[1]), dtype=np.int64)
         bigger[:size] = self.heap[:size]
         self.heap = bigger
 
@@ -313,7 +317,12 @@ class Engine:
         self.tt = fresh
         size = int(self.hs[HS_SIZE])
         events = self.heap[:size]
-        names_task = np.isin(events[:, 2], TASK_EVENTS)
-        events[names_task, 3] = new_id[events[names_task, 3]]
+        if self.event_list:
+            names_task = np.isin(event_types(events), TASK_EVENTS)
+            ids = new_id[event_ids(events[names_task])]
+            events[names_task, EL_EVENT] = (ids << EV_TYPE_BITS) | event_types(events[names_task])
+        else:
+            names_task = np.isin(events[:, ETYPE], TASK_EVENTS)
+            events[names_task, EID] = new_id[events[names_task, EID]]
         self.task_names = {int(new_id[k]): v for k, v in self.task_names.items() if k < n and new_id[k] >= 0}
         return new_id

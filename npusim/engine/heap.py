@@ -1,6 +1,6 @@
 """A binary min-heap of events in one int64 array, for use inside Numba code: the system level's
 event queue (its fabric keeps thousands of events queued; the chip's loop uses the sorted list of
-:mod:`npusim.engine.eventlist`, same array layout, faster on a chip's short queues).
+:mod:`npusim.engine.eventlist`, two columns, faster on a chip's short queues).
 
 Row layout of ``heap[i]``: ``(time_cycles, seq, event_type, id)``. Events are ordered
 by time, then by ``seq`` — a counter that increases with every push — so events at

@@ -106,7 +106,7 @@ class Simulator:
         self.units = ["cube", "vector", *[f"dma{i}" for i in range(self.dma_engines)], "noc"]
         self.queues_per_core = len(self.units)
         names = [f"core{c}.{u}" for c in range(arch.num_cores) for u in self.units]
-        self.engine = Engine(names)
+        self.engine = Engine(names, event_list=True)
         params, self.period_ps = memory_params(arch, memory_mode)
         self.mem = new_hbm_state(params, arch.num_cores * self.dma_engines, txlog_rows, cmdlog_rows)
         # channels with their own bandwidth (core classes) move bursts, and issue them, faster or slower
