@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from npusim.engine.core import add_tasks, add_template, copy_successors
-from npusim.engine.eventlist import EL_EVENT, EV_TYPE_BITS, event_ids, event_types, new_event_list
-from npusim.engine.heap import EID, ETYPE, HS_SIZE, new_heap
+from npusim.engine import eventlist, heap
+from npusim.engine.heap import HS_SIZE
 from npusim.engine.tasks import (
     DONE,
     EV_QUEUE_FREE,
@@ -48,8 +48,8 @@ class Engine:
     def __init__(self, queue_names: Sequence[str], task_capacity: int = 1024, event_list: bool = False):
         self.queue_names = list(queue_names)
         self.tt = new_task_table(len(self.queue_names), task_capacity, 2 * task_capacity)
-        self.event_list = event_list
-        self.heap, self.hs = new_event_list(1024) if event_list else new_heap(1024)
+        self._queue = eventlist if event_list else heap  # the module that lays out and renumbers events
+        self.heap, self.hs = eventlist.new_event_list(1024) if event_list else heap.new_heap(1024)
         self.task_names: dict[int, str] = {}
 
     # -- submission ---------------------------------------------------------------
@@ -316,13 +316,6 @@ class Engine:
         fresh.sc[SC_READY_TAIL] = ready.shape[0]
         self.tt = fresh
         size = int(self.hs[HS_SIZE])
-        events = self.heap[:size]
-        if self.event_list:
-            names_task = np.isin(event_types(events), TASK_EVENTS)
-            ids = new_id[event_ids(events[names_task])]
-            events[names_task, EL_EVENT] = (ids << EV_TYPE_BITS) | event_types(events[names_task])
-        else:
-            names_task = np.isin(events[:, ETYPE], TASK_EVENTS)
-            events[names_task, EID] = new_id[events[names_task, EID]]
+        self._queue.renumber_events(self.heap[:size], TASK_EVENTS, new_id)
         self.task_names = {int(new_id[k]): v for k, v in self.task_names.items() if k < n and new_id[k] >= 0}
         return new_id

@@ -27,10 +27,9 @@ enlarges it (``Engine.grow_heap``).
 
 from __future__ import annotations
 
+import numpy as np
 import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
-
-import numpy as np
 
 from npusim.engine.heap import HS_SIZE
 
@@ -43,12 +42,11 @@ def new_event_list(capacity: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros((capacity, 2), dtype=np.int64), np.zeros(2, dtype=np.int64)
 
 
-def event_types(rows: np.ndarray) -> np.ndarray:
-    return rows[:, EL_EVENT] & EV_TYPE_MASK
-
-
-def event_ids(rows: np.ndarray) -> np.ndarray:
-    return rows[:, EL_EVENT] >> EV_TYPE_BITS
+def renumber_events(rows: np.ndarray, types: np.ndarray, new_id: np.ndarray) -> None:
+    """Replace the id ``i`` of every event in ``rows`` whose type is in ``types`` by ``new_id[i]``."""
+    ev = rows[:, EL_EVENT]
+    sel = np.isin(ev & EV_TYPE_MASK, types)
+    rows[sel, EL_EVENT] = (new_id[ev[sel] >> EV_TYPE_BITS] << EV_TYPE_BITS) | (ev[sel] & EV_TYPE_MASK)
 
 
 @njit(cache=True, _nrt=False)

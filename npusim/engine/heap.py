@@ -25,6 +25,12 @@ def new_heap(capacity: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros((capacity, 4), dtype=np.int64), np.zeros(2, dtype=np.int64)
 
 
+def renumber_events(rows: np.ndarray, types: np.ndarray, new_id: np.ndarray) -> None:
+    """Replace the id ``i`` of every event in ``rows`` whose type is in ``types`` by ``new_id[i]``."""
+    sel = np.isin(rows[:, ETYPE], types)
+    rows[sel, EID] = new_id[rows[sel, EID]]
+
+
 @njit(cache=True, _nrt=False, inline="always")
 def _copy_row(heap, dst, src):
     heap[dst, TIME] = heap[src, TIME]
