@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -43,25 +45,62 @@ def check_output_dir(path: str | Path, flag: str = "--out") -> None:
 
 
 def remove_partials(folder: str | Path) -> None:
-    """Remove the hidden ``.NAME.*.partial`` files that a killed run (SIGKILL, a power cut) left in ``folder``."""
+    """Remove what a killed run (SIGKILL, a power cut) left half-written in ``folder``: hidden
+    ``.NAME.*.partial`` files and ``.npusim-results.*.partial`` staging directories."""
     for stale in Path(folder).glob(".*.partial"):
-        stale.unlink(missing_ok=True)
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+#: the result sets swapped into place by :func:`result_files` in this process (their summary paths)
+completed_sets: list[Path] = []
 
 
 @contextmanager
 def result_files(files: dict[str, Path]):
-    """Write one run's result ``files`` as a set, ``summary`` last (the caller's duty: it marks the set
-    complete). An earlier run's files of the same names are removed first, so old and new results
-    never stand side by side; if writing fails or is interrupted, the files written so far are
-    removed too, so no incomplete set is left behind."""
-    for path in files.values():
-        Path(path).unlink(missing_ok=True)
+    """Write one run's result ``files`` as a set. Yields ``staged``: a path for each key, in a hidden
+    staging directory beside the files (same file names, so writers that go by the extension
+    still work); the caller writes there and records ``files`` (the final paths) in its summary.
+    When the block ends normally, the set is swapped into place with signals held off: every file
+    of the set's names is removed first (``summary`` first, so a set without a summary reads as
+    incomplete), then the staged files are renamed in, ``summary`` last. If writing fails or is
+    interrupted, the staging directory is removed and the previous run's files are untouched."""
+    files = {k: Path(v) for k, v in files.items()}
+    folders = {p.parent for p in files.values()}
+    if len(folders) != 1:
+        raise ValueError(f"result_files: one directory per set, got {sorted(map(str, folders))}")
+    folder = folders.pop()
     try:
-        yield files
-    except BaseException:
-        for path in files.values():
-            Path(path).unlink(missing_ok=True)
-        raise
+        folder.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".npusim-results.", suffix=".partial", dir=folder))
+    except OSError as exc:
+        raise ConfigError(f"cannot write results in {folder} ({exc.strerror or exc})") from None
+    try:
+        yield {k: stage / p.name for k, p in files.items()}
+        _swap_in(stage, files)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _swap_in(stage: Path, files: dict[str, Path]) -> None:
+    """Replace the set ``files`` by what ``stage`` holds of it (see :func:`result_files`), with
+    SIGINT and SIGTERM held until it is done (a few renames in one directory)."""
+    order = sorted(files, key=lambda k: k != "summary")  # summary removed first ...
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        for key in order:
+            files[key].unlink(missing_ok=True)
+        for key in reversed(order):  # ... and renamed in last
+            staged = stage / files[key].name
+            if staged.exists():
+                os.replace(staged, files[key])
+        if "summary" in files and files["summary"].exists():
+            completed_sets.append(files["summary"])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextmanager

@@ -172,18 +172,46 @@ def test_long_runs_print_progress_lines_when_not_on_a_terminal(capsys, monkeypat
     assert "serving: 4/10 reqs" in err and "t=1.500 s" in err and "left" in err
 
 
-def test_an_interrupted_result_set_leaves_neither_old_nor_partial_files(tmp_path):
+def test_an_interrupted_result_set_leaves_the_previous_set_untouched(tmp_path):
     files = {"summary": tmp_path / "summary.json", "serving": tmp_path / "serving.h5"}
     for p in files.values():
         p.write_text("an earlier run")
     with pytest.raises(KeyboardInterrupt):
-        with result_files(files):
-            files["serving"].write_text("new, half written")
+        with result_files(files) as staged:
+            staged["serving"].write_text("new, half written")
             raise KeyboardInterrupt
-    assert not any(p.exists() for p in files.values())
+    assert all(p.read_text() == "an earlier run" for p in files.values())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["serving.h5", "summary.json"]  # no staging left
+    with result_files(files) as staged:  # a finished set replaces the old one whole
+        staged["summary"].write_text("new")
+    assert files["summary"].read_text() == "new" and not files["serving"].exists()
     (tmp_path / ".summary.json.abc.partial").write_text("left by a SIGKILL")
+    (tmp_path / ".npusim-results.xyz.partial").mkdir()
+    (tmp_path / ".npusim-results.xyz.partial" / "summary.json").write_text("left by a SIGKILL")
     assert main(["run", "--forward", "--seq", "50000", "--out", str(tmp_path)]) == 2  # a next run with --out removes it
     assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_ctrl_c_while_results_are_written_keeps_the_previous_results(tmp_path, capsys, monkeypatch):
+    """Issue 41 item 6: an interrupt while a run writes its results left DIR empty and said no
+    incomplete files were left; the previous run's files now stay as they were, and it says so."""
+    import npusim.report.perfetto as perfetto
+
+    argv = ["run", "--requests", "3", "--seed", "2", "--fidelity", "analytical", "--out", str(tmp_path),
+            "--no-progress"]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert "summary.json" in before
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(perfetto, "write_serving_timeline", interrupted)
+    capsys.readouterr()
+    assert main(argv) == 130
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    err = capsys.readouterr().err
+    assert "interrupted; nothing of this run was written" in err and "untouched" in err
 
 
 def test_help_builds_no_simulator():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from npusim import __version__
 from npusim.errors import NpusimError
-from npusim.files import check_output_dir, remove_partials
+from npusim.files import check_output_dir, completed_sets, remove_partials
 
 SUBCOMMANDS = ("run", "replay", "plan", "info", "gemm", "mem", "noc", "collective", "fabric", "model", "sweep",
                "report", "validate", "calibrate")
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         from npusim._jitcache import set_compile_notice
 
         set_compile_notice(_compile_notice)
+    done_before = len(completed_sets)
     try:
         if out is not None:
             check_output_dir(out)  # before a long run, not after it
@@ -74,9 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         _remove_if_empty(out if created else None)
-        print(f"npusim {args.command}: interrupted" + (f"; no incomplete result files were left in {out}" if out else ""),
+        print(f"npusim {args.command}: interrupted" + (f"; {_left_in(out, done_before)}" if out else ""),
               file=sys.stderr)
         return 130
+
+
+def _left_in(out: Path, done_before: int) -> str:
+    """What an interrupted run left in its ``--out`` directory, truthfully (see :func:`npusim.files.result_files`)."""
+    if any(p.parent == out for p in completed_sets[done_before:]):
+        return f"its results were complete in {out} before the interrupt"
+    if out.is_dir() and any(out.iterdir()):
+        return f"nothing of this run was written; what {out} held before is untouched"
+    return f"nothing was written to {out}"
 
 
 def _quiet(args) -> bool:

@@ -90,11 +90,11 @@ def run(args) -> int:
         from npusim.files import result_files
 
         files = {"summary": args.out / "plan.json", "pareto": args.out / "pareto.png"}
-        with result_files(files):
-            if not _plot(files["pareto"], result):
+        with result_files(files) as staged:
+            if not _plot(staged["pareto"], result):
                 del files["pareto"]
             result["files"] = {k: str(v) for k, v in files.items()}
-            write_json(files["summary"], result)
+            write_json(staged["summary"], result)
     if args.json:
         print(json_text(result))
         return 0

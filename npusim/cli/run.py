@@ -281,13 +281,13 @@ def write_outputs(out: Path, sim, summary: dict, program) -> dict:
     start, end = sim.task_times()
     files = {"summary": out / "summary.json", "tasks": out / "tasks.h5", "program": out / "program.h5",
              "timeline": out / "timeline.json"}
-    with result_files(files):
-        write_task_hdf5(files["tasks"], kind=eng.tt.kind[:n], queue=eng.tt.queue[:n], param=eng.tt.param[:n],
+    with result_files(files) as staged:
+        write_task_hdf5(staged["tasks"], kind=eng.tt.kind[:n], queue=eng.tt.queue[:n], param=eng.tt.param[:n],
                         start=start, end=end, queue_names=eng.queue_names, busy_cycles=eng.busy_cycles(),
                         attrs={"arch": sim.arch.name, "clock_ghz": sim.arch.clock_ghz})
-        program.save(files["program"])
-        write_perfetto(files["timeline"], queue_names=eng.queue_names, task_queue=eng.tt.queue[:n], start=start,
+        program.save(staged["program"])
+        write_perfetto(staged["timeline"], queue_names=eng.queue_names, task_queue=eng.tt.queue[:n], start=start,
                        end=end, clock_ghz=sim.arch.clock_ghz, task_names=eng.task_names)
         paths = {k: str(v) for k, v in files.items()}
-        write_json(files["summary"], {**summary, "files": paths})
+        write_json(staged["summary"], {**summary, "files": paths})
     return paths

@@ -208,11 +208,11 @@ def write_plan_outputs(directory, out: dict, wl, timing) -> None:
 
     files = {"summary": directory / "summary.json", "timeline": directory / "timeline.json",
              "links": directory / "links.json"}
-    with result_files(files):
-        write_workload_timeline(files["timeline"], wl.nodes, timing.node_start_us, timing.node_end_us)
-        write_json(files["links"], timing.links)
+    with result_files(files) as staged:
+        write_workload_timeline(staged["timeline"], wl.nodes, timing.node_start_us, timing.node_end_us)
+        write_json(staged["links"], timing.links)
         out["files"] = {k: str(v) for k, v in files.items()}
-        write_json(files["summary"], out)
+        write_json(staged["summary"], out)
 
 
 def print_plan_step(r: dict) -> None:
@@ -302,11 +302,11 @@ def run_system_serving(args) -> int:
 
         files = {"summary": args.out / "summary.json", "results": args.out / "serving.h5",
                  "timeline": args.out / "timeline.json"}
-        with result_files(files):
-            write_serving_hdf5(files["results"], run.records, run.steps, attrs={"system": out["system"]})
-            write_serving_timeline(files["timeline"], run.records, run.steps)
+        with result_files(files) as staged:
+            write_serving_hdf5(staged["results"], run.records, run.steps, attrs={"system": out["system"]})
+            write_serving_timeline(staged["timeline"], run.records, run.steps)
             out["files"] = {k: str(v) for k, v in files.items()}
-            write_json(files["summary"], out)
+            write_json(staged["summary"], out)
     if args.json:
         print(json_text(out))
         return 0

@@ -275,14 +275,14 @@ def run_serving(args, arch, spec) -> int:
         files = {"summary": args.out / "summary.json", "serving": args.out / "serving.h5",
                  "timeline": args.out / "timeline.json"}
         plots = {k: args.out / name for k, name in PLOTS.items()}
-        with result_files({**files, **plots}):
-            write_serving_hdf5(files["serving"], run.records, run.iterations, run.series,
+        with result_files({**files, **plots}) as staged:
+            write_serving_hdf5(staged["serving"], run.records, run.iterations, run.series,
                                attrs={"arch": arch.name, "model": args.model})
-            write_serving_timeline(files["timeline"], run.records, run.iterations)
-            if _plots(run, plots):
+            write_serving_timeline(staged["timeline"], run.records, run.iterations)
+            if _plots(run, {k: staged[k] for k in plots}):
                 files.update(plots)
             s["files"] = {k: str(v) for k, v in files.items()}
-            write_json(files["summary"], s)
+            write_json(staged["summary"], s)
     if args.json:
         print(json_text(s))
         return 0
