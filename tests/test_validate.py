@@ -69,10 +69,38 @@ def test_cli_json_contract_and_exit_code():
     assert all(r["kind"] == "peer" for r in rows)
     assert out.returncode == 0  # only outside rows count in the verdict: peer rows are shown, not counted
     out = _cli("--only", "plans", "--quick", "--json")
-    rows = json.loads(out.stdout)["rows"]
-    outside = [r for r in rows if r["kind"] == "outside"]
+    doc = json.loads(out.stdout)
+    outside = [r for r in doc["rows"] if r["kind"] == "outside"]
     assert outside and all(r["baseline_error"] is not None for r in outside)
-    assert out.returncode == (0 if all(r["within_tolerance"] for r in outside) else 1)
+    v = doc["verdict"]
+    assert v["outside_rows"] == len(outside)
+    assert v["outside_within_tolerance"] == sum(r["within_tolerance"] for r in outside)
+    assert out.returncode == v["exit"] == (0 if v["install_sound"] else 1)  # outside rows do not gate ...
+    strict = _cli("--only", "plans", "--quick", "--json", "--strict")  # ... unless --strict
+    assert strict.returncode == (0 if v["install_sound"] and v["outside_within_tolerance"] == len(outside) else 1)
+
+
+def test_the_exit_code_is_the_install_check_and_outside_rows_are_a_summary():
+    """Issue 41 item 8: ``validate --quick`` exited 1 out of the box because outside rows (the
+    model's accuracy) missed; the exit code is now the install check (calibration and self rows,
+    and every check able to run), and outside rows set it only with --strict."""
+    from npusim.cli.validate import judge
+    from npusim.validate import COULD_NOT_RUN
+    from npusim.validate.rows import Row
+
+    def row(kind, simulated, name="r", note=""):
+        return Row(name=name, source="s", published=1.0, simulated=simulated, tolerance=0.1, kind=kind, note=note)
+
+    sound = [row("calibration", 1.0), row("self", 1.05), row("outside", 1.5, "off"), row("outside", 1.0),
+             row("fitted", 3.0), row("peer", 3.0)]
+    v = judge(sound)
+    assert v["exit"] == 0 and v["install_sound"] and v["install_rows"] == 2
+    assert (v["outside_rows"], v["outside_within_tolerance"], v["outside_missed"]) == (2, 1, ["off"])
+    assert judge(sound, strict=True)["exit"] == 1
+    assert judge([*sound, row("calibration", 2.0, "cal")])["install_missed"] == ["cal"]
+    assert judge([*sound, row("self", 2.0)])["exit"] == 1
+    crashed = Row(name="chk", source="s", published=None, simulated=None, tolerance=0.0, note=f"{COULD_NOT_RUN}boom")
+    assert judge([*sound, crashed])["exit"] == 1  # a check that cannot run is an install fault
 
 
 def test_cli_bad_check_is_one_line():

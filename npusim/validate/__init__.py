@@ -65,6 +65,15 @@ def select(only: str | None = None, quick: bool = False) -> list[Check]:
     return [c for c in CHECKS if c.quick or not quick]
 
 
+#: the note of the row standing for a check that could not run (an install fault, not a model's miss)
+COULD_NOT_RUN = "could not run: "
+
+
+def could_not_run(row: Row) -> bool:
+    """Whether ``row`` stands for a check that raised instead of producing its rows."""
+    return row.simulated is None and row.note.startswith(COULD_NOT_RUN)
+
+
 def run_checks(checks: list[Check], quick: bool = False, progress=None) -> list[tuple[Check, list[Row], float]]:
     """Run each check; a check that cannot run (the project's own error) becomes one failing row
     saying why, so the table is always complete."""
@@ -77,6 +86,6 @@ def run_checks(checks: list[Check], quick: bool = False, progress=None) -> list[
             rows = check.run(quick)
         except NpusimError as exc:
             rows = [Row(name=check.name, source=check.title, published=None, simulated=None, tolerance=0.0,
-                        note=f"could not run: {exc}")]
+                        note=f"{COULD_NOT_RUN}{exc}")]
         out.append((check, rows, time.perf_counter() - t0))
     return out
