@@ -6,6 +6,7 @@ through ``npusim.cli.main``); the serving ones use small models so the suite sta
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -168,8 +169,52 @@ def test_long_runs_print_progress_lines_when_not_on_a_terminal(capsys, monkeypat
     monkeypatch.setattr(progress_mod, "LOG_EVERY_S", 0.0)
     with progress_mod.request_progress(10) as update:
         update(1.5, 4, 10)
+        update(2.5, 6, 10)
     err = capsys.readouterr().err
-    assert "serving: 4/10 reqs" in err and "t=1.500 s" in err and "left" in err
+    assert "serving: 4/10 reqs" in err and "t=1.500 s" in err and "serving: 6/10 reqs" in err
+    assert "left" in err.splitlines()[-1]
+
+
+def test_no_estimate_of_the_time_left_before_it_has_a_basis(capsys, monkeypatch):
+    """Issue 41 item 7: "~8h00m left" on a 7-minute run: the first request done (after the
+    compile and the pipeline's fill) was extrapolated to all. The estimate now waits for
+    ETA_AFTER of the items and a rate measured since the first one."""
+    monkeypatch.setattr(progress_mod, "LOG_EVERY_S", 0.0)
+    with progress_mod.request_progress(200) as update:
+        update(0.5, 1, 200)
+        update(1.0, 15, 200)  # 7.5% done: no basis yet
+        update(1.5, 40, 200)
+    lines = capsys.readouterr().err.splitlines()
+    assert [("left" in line) for line in lines[-3:]] == [False, False, True]
+
+
+def test_plan_progress_lines_have_no_empty_fields(capsys, monkeypatch):
+    monkeypatch.setattr(progress_mod, "LOG_EVERY_S", 0.0)
+    with progress_mod._bar("plan", "pt", 0, True, lambda _: "") as update:
+        update(0, 33, 52)
+    err = capsys.readouterr().err
+    assert "plan: 33/52 pts, 0m00s elapsed" in err and ", ," not in err
+
+
+def test_the_heartbeat_speaks_while_a_call_blocks(capsys):
+    """Issue 41 item 7: gaps of minutes in the "line every 30 s" while one long call ran (a
+    kernel, a set-up). The heartbeat repeats the last progress line marked "working", or says
+    the command is working, while the main thread is blocked (here in a GIL-free sleep)."""
+    with progress_mod.heartbeat("run", every_s=0.05):
+        with progress_mod._bar("serving", "req", 10, True, lambda now: f"t={now} s") as update:
+            update(1.0, 2, 10)
+            for _ in range(400):  # until the heartbeat has spoken (not a time limit: it ends when it has)
+                if "(working)" in capsys.readouterr().err:
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("no heartbeat while the call blocked")
+        for _ in range(400):
+            if "npusim run: working" in capsys.readouterr().err:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("no heartbeat outside a progress bar")
 
 
 def test_an_interrupted_result_set_leaves_the_previous_set_untouched(tmp_path):

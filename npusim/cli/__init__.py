@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         if out is not None:
             check_output_dir(out)  # before a long run, not after it
             remove_partials(out)  # what a killed run (SIGKILL) left half-written
-        return int(args._run(args) or 0)
+        from npusim.cli.progress import heartbeat
+
+        with heartbeat(args.command, enabled=not _quiet(args)):
+            return int(args._run(args) or 0)
     except NpusimError as exc:
         _remove_if_empty(out if created else None)
         print(f"npusim {args.command}: error: {exc}", file=sys.stderr)
@@ -90,10 +93,10 @@ def _left_in(out: Path, done_before: int) -> str:
 
 
 def _quiet(args) -> bool:
-    """Whether the command shows no progress (``--no-progress``, ``--json``, or no ``--progress``
-    where progress is opt-in): it then says nothing about compiling either."""
-    return bool(getattr(args, "no_progress", False) or getattr(args, "json", False)
-                or not getattr(args, "progress", True))
+    """Whether the command shows no progress (``--no-progress``, or no ``--progress`` where progress
+    is opt-in): it then says nothing about compiling either. ``--json`` does not silence it:
+    progress goes to stderr, the JSON to stdout."""
+    return bool(getattr(args, "no_progress", False) or not getattr(args, "progress", True))
 
 
 def _compile_notice(name: str) -> None:

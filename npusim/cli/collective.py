@@ -110,7 +110,7 @@ def run_system(args) -> int:
     else:
         ranks = parse_ranks(loaded, args.ranks)
         refuse_many_packets(args, loaded, 2 * args.bytes * len(ranks))
-    with system_progress(args.progress and not args.json, args.op) as bar:
+    with system_progress(args.progress, args.op) as bar:
         if args.op in MOE_OPS:
             r = run_moe(loaded, args.op, args.ep, args.tokens_per_rank, args.top_k, args.hidden, args.experts,
                         args.routing, args.dtype or "int8", fidelity, args.via or "aiv", args.seed, progress=bar,

@@ -77,7 +77,7 @@ def run(args) -> int:
     client = connect(args.scheduler) if args.scheduler else None
     workers = args.workers if args.workers is not None else default_workers()
     try:
-        with plan_progress(0, enabled=not (args.no_progress or args.json)) as progress:
+        with plan_progress(0, enabled=not args.no_progress) as progress:
             result = search_plans(args.system, args.nodes, args.model, npus, args.phase, args.seq, args.kv,
                                   args.slo_tpot_ms if args.phase == "decode" else args.slo_ttft_ms,
                                   PLAN_PRECISION[args.precision], args.kv_dtype, _batches(args.batches), args.max_pp,

@@ -1,16 +1,28 @@
-"""Progress fed by the simulators' progress callbacks, on stderr: a tqdm bar on a terminal, and
-a plain line every :data:`LOG_EVERY_S` seconds otherwise (a log, CI, a pipe), so that no long run
-is silent."""
+"""Progress on stderr, so that no run longer than a few seconds is silent, ``--json`` included:
+
+* fed by the simulators' progress callbacks: a tqdm bar on a terminal, and a plain line every
+  :data:`LOG_EVERY_S` seconds otherwise (a log, CI, a pipe);
+* a **heartbeat** (:func:`heartbeat`, around every command) that holds the :data:`LOG_EVERY_S`
+  beat when no callback comes -- a long kernel call (the kernels release the GIL), a long
+  set-up, a command without callbacks -- by repeating the last progress line marked "working",
+  or saying how long the command has run; on a terminal it redraws the bar's clock each second;
+* an estimate of the time left only once it has a basis: :data:`ETA_AFTER` of the items done
+  (requests, points), extrapolated from the rate since the first item finished (so the
+  compile and the first items' start-up do not weigh on it).
+"""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
 #: seconds between progress lines when stderr is not a terminal
 LOG_EVERY_S = 30.0
+#: the fraction of the items done before an estimate of the time left is shown
+ETA_AFTER = 0.1
 
 
 def _duration(seconds: float) -> str:
@@ -19,25 +31,103 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+class _Beat:
+    """What the heartbeat knows: when a progress line was last printed, the live progress (a
+    ``_LogLines`` or a terminal bar) if any."""
+
+    lock = threading.Lock()
+    last_line = time.monotonic()
+    live: object | None = None
+
+
 class _LogLines:
     """``progress(now, done, total)`` printing one line at most every ``every_s`` seconds: done of
-    total, the simulated clock, wall time so far and, with a total, an estimate of the time left."""
+    total, the simulated clock, wall time so far and, once it has a basis, an estimate of the time left."""
 
     def __init__(self, desc: str, unit: str, clock: Callable[[float], str], every_s: float):
         self.desc, self.unit, self.clock, self.every_s = desc, unit, clock, every_s
         self.start = time.monotonic()
         self.next_at = self.start + every_s
+        self.state: tuple | None = None  # (now, done, total) of the last call
+        self.first: tuple | None = None  # (wall time, done) when the first item was done
+        self.fresh = False  # a call came since the last line
 
     def __call__(self, now: float, done: int, total: int) -> None:
         t = time.monotonic()
-        if t < self.next_at:
-            return
-        self.next_at = t + self.every_s
-        elapsed = t - self.start
+        self.state = (now, done, total)
+        self.fresh = True
+        if self.first is None and done > 0:
+            self.first = (t, done)
+        if t >= self.next_at:
+            self.print(t)
+
+    def left(self, t: float) -> str:
+        """The estimate of the time left, or "" while it has no basis (see the module docstring)."""
+        if self.state is None or self.first is None:
+            return ""
+        now, done, total = self.state
+        t0, d0 = self.first
+        if not total or done >= total or done < ETA_AFTER * total or done <= d0 or t <= t0:
+            return ""
+        return f", ~{_duration((t - t0) / (done - d0) * (total - done))} left"
+
+    def line(self, t: float, working: bool = False) -> str:
+        elapsed = _duration(t - self.start)
+        if self.state is None:
+            return f"{self.desc}: starting, {elapsed} elapsed"
+        now, done, total = self.state
         count = f"{done:,}/{total:,}" if total else f"{done:,}"
-        left = f", ~{_duration(elapsed * (total - done) / done)} left" if total and 0 < done <= total else ""
-        print(f"{self.desc}: {count} {self.unit}s, {self.clock(now)}, {_duration(elapsed)} elapsed{left}",
-              file=sys.stderr, flush=True)
+        clock = self.clock(now)
+        return (f"{self.desc}: {count} {self.unit}s" + (f", {clock}" if clock else "") + f", {elapsed} elapsed"
+                + (" (working)" if working else self.left(t)))
+
+    def print(self, t: float, working: bool = False) -> None:
+        with _Beat.lock:
+            self.fresh = False
+            self.next_at = t + self.every_s
+            _Beat.last_line = t
+            print(self.line(t, working), file=sys.stderr, flush=True)
+
+
+@contextmanager
+def heartbeat(command: str, enabled: bool = True, every_s: float | None = None):
+    """While the block runs, a daemon thread keeps stderr from going silent for longer than
+    ``every_s`` (default :data:`LOG_EVERY_S`) when it is not a terminal: the live progress line
+    again, marked "working", or ``npusim COMMAND: working, ... elapsed``; on a terminal it
+    refreshes the live bar once a second (its clock keeps moving)."""
+    if not enabled:
+        yield
+        return
+    every = LOG_EVERY_S if every_s is None else every_s
+    tty = sys.stderr.isatty()
+    stop = threading.Event()
+    start = time.monotonic()
+    _Beat.last_line = start
+
+    def beat() -> None:
+        while not stop.wait(min(1.0, every)):
+            t = time.monotonic()
+            live = _Beat.live
+            if tty:
+                if live is not None:
+                    live.refresh()
+                continue
+            if t - _Beat.last_line < every:
+                continue
+            if isinstance(live, _LogLines):
+                live.print(t, working=not live.fresh)
+            else:
+                with _Beat.lock:
+                    _Beat.last_line = t
+                    print(f"npusim {command}: working, {_duration(t - start)} elapsed", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=beat, name="npusim-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 #: the Numba kernels a run may compile on first use: (module, function)
@@ -66,7 +156,12 @@ def _bar(desc: str, unit: str, total: int, enabled: bool, clock: Callable[[float
     if enabled and kernels:
         compile_notice(kernels)
     if enabled and not sys.stderr.isatty():
-        yield _LogLines(desc, unit, clock, LOG_EVERY_S)
+        lines = _LogLines(desc, unit, clock, LOG_EVERY_S)
+        _Beat.live = lines
+        try:
+            yield lines
+        finally:
+            _Beat.live = None
         return
     from tqdm import tqdm
 
@@ -78,9 +173,12 @@ def _bar(desc: str, unit: str, total: int, enabled: bool, clock: Callable[[float
         bar.set_postfix_str(clock(now), refresh=False)
         bar.refresh()
 
+    if enabled:
+        _Beat.live = bar
     try:
         yield update
     finally:
+        _Beat.live = None
         bar.close()
 
 

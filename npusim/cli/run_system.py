@@ -286,7 +286,7 @@ def run_system_serving(args) -> int:
     if not reqs:
         raise ConfigError("no requests to serve (check --trace, --duration or --requests)")
     pool = None if args.caching_pool is None else args.caching_pool == "on"
-    with request_progress(len(reqs), enabled=not (args.no_progress or args.json), kernels=("chip", "system")) as progress:
+    with request_progress(len(reqs), enabled=not args.no_progress, kernels=("chip", "system")) as progress:
         run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=args.model, seed=args.seed,
                                       chip_cost=system_chip_cost(args, loaded),
                                       kv_fabric=args.kv_fabric, caching_pool=pool, mtp=args.mtp,

@@ -60,9 +60,8 @@ def run(args) -> int:
     checks = select(args.only, args.quick)
     t0 = time.perf_counter()
 
-    def progress(check):
-        if not args.json:
-            print(f"running {check.name}: {check.title} ...", file=sys.stderr, flush=True)
+    def progress(check):  # on stderr, --json too
+        print(f"running {check.name}: {check.title} ...", file=sys.stderr, flush=True)
 
     results = run_checks(checks, args.quick, progress)
     rows = [(c, r) for c, rs, _ in results for r in rs]

@@ -34,7 +34,7 @@ HEADROOM = 8  # events one task start or one packet-model handler can push (a fl
 # one per active transfer it finishes, plus one: the room check counts those too)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, nogil=True)  # no Python objects inside: the progress heartbeat runs beside it
 def system_loop(tt, heap, hs, fs, until, watch, max_events):
     """Advance the system simulation; returns a ``STATUS_*`` code (see module docstring)."""
     events = 0
