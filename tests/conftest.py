@@ -46,6 +46,25 @@ def _profile() -> str:
 settings.load_profile(_profile())
 
 
+def pytest_sessionstart(session):
+    """Say up front (``-q`` too) when this run must compile simulation kernels -- a fresh clone, or
+    the first run after a change to npusim's compiled sources -- and that they are cached after."""
+    from npusim._jitcache import will_compile
+    from npusim.sim.kernel import kernel_for
+    from npusim.system.kernel import system_loop
+
+    kernels = [kernel_for(tlm, flit) for tlm in (False, True) for flit in (False, True)] + [system_loop]
+    cold = sum(will_compile(k) for k in kernels)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if cold and reporter is not None:
+        reporter.write_line(
+            f"npusim: {cold} of {len(kernels)} simulation kernels (the chip loop at its analytical/TLM memory x "
+            f"path/flit NoC variants, the system loop) are not in the Numba cache ({os.environ['NUMBA_CACHE_DIR']}): "
+            "this run compiles them once, with the hardware models' other compiled functions -- the first "
+            "`pytest -q` of a fresh clone takes several minutes longer than a warm one (see the README); "
+            "later runs load them from the cache")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_chipcost_cache(tmp_path_factory):
     """One chip-cost cache for the whole run (see the module docstring)."""
