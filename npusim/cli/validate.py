@@ -97,7 +97,8 @@ def print_verdict(v: dict, rows) -> None:
     naive model's error on it."""
     missed = ", ".join(v["install_missed"])
     print(f"\ninstall check: {v['install_rows']} calibration and self rows; "
-          + ("all within tolerance: the install is sound" if v["install_sound"] else
+          + ("none in the checks run" if not v["install_rows"] else
+             "all within tolerance: the install is sound" if v["install_sound"] else
              f"{len(v['install_missed'])} missed ({missed}): the install or the model's own consistency is broken"))
     gate = "they set the exit code (--strict)" if v["strict"] else "they do not set the exit code (--strict makes them)"
     print(f"model accuracy: {v['outside_within_tolerance']} of {v['outside_rows']} outside rows (published figures "
