@@ -74,7 +74,7 @@ class _LogLines:
     def line(self, t: float, working: bool = False) -> str:
         elapsed = _duration(t - self.start)
         if self.state is None:
-            return f"{self.desc}: starting, {elapsed} elapsed"
+            return f"{self.desc}: working, nothing finished yet, {elapsed} elapsed"
         now, done, total = self.state
         count = f"{done:,}/{total:,}" if total else f"{done:,}"
         clock = self.clock(now)
