@@ -74,6 +74,40 @@ def test_issue_inputs_are_one_line_errors(capsys, monkeypatch, argv, words):
     assert_one_line_error(*run(capsys, *argv)[::2], *words)
 
 
+HF_CONFIG = {"model_type": "qwen3", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+             "tie_word_embeddings": True, "max_position_embeddings": 4096, "rope_theta": 1e6}
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("hidden_size", "big", ["'hidden_size'", "positive integer", '"big"']),  # was a ValueError traceback
+    ("num_hidden_layers", 64.5, ["'num_hidden_layers'", "positive integer", "64.5"]),  # was a TypeError traceback
+    ("num_attention_heads", True, ["'num_attention_heads'", "positive integer", "true"]),
+    ("vocab_size", 0, ["'vocab_size'", "positive integer"]),
+    ("max_position_embeddings", -1, ["'max_position_embeddings'", "non-negative integer"]),
+    ("intermediate_size", [128], ["'intermediate_size'", "integer"]),
+    ("head_dim", 10**12, ["'head_dim'", "at most 2,147,483,647"]),
+    ("tie_word_embeddings", "yes", ["'tie_word_embeddings'", "true or false"]),
+    ("model_type", 3, ["'model_type'", "a string"]),
+])
+def test_a_model_config_field_of_the_wrong_type_is_one_line_naming_the_file_and_key(capsys, tmp_path, key, value,
+                                                                                    words):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({**HF_CONFIG, key: value}))
+    assert_one_line_error(*run(capsys, "run", "--model", str(path), "--forward", "--no-progress")[::2],
+                          str(path), *words)
+
+
+def test_a_model_config_takes_null_for_a_default(tmp_path):
+    """Hugging Face writes null for "the default" (GPT-2's n_inner, DeepSeek-V2-Lite's q_lora_rank)."""
+    from npusim.model.zoo import get_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**HF_CONFIG, "head_dim": None, "max_position_embeddings": None}))
+    cfg = get_config(str(path))
+    assert cfg.head_dim == 16 and cfg.max_position_embeddings == 0 and cfg.num_layers == 2
+
+
 def test_a_huge_sweep_is_refused_before_it_expands(capsys, tmp_path):
     axes = "\n".join(f"  run.{k}: [{', '.join(map(str, range(1, 11)))}]" for k in ("tp", "stages", "layers"))
     axes += "\n" + "\n".join(f"  workload.{k}: [{', '.join(map(str, range(1, 11)))}]" for k in ("batch", "seq", "kv"))
