@@ -108,6 +108,50 @@ def test_a_model_config_takes_null_for_a_default(tmp_path):
     assert cfg.head_dim == 16 and cfg.max_position_embeddings == 0 and cfg.num_layers == 2
 
 
+A2_PLAN = ["run", "--system", "atlas-800i-a2", "--npus", "8", "--model", "qwen3-32b", "--tp", "8"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    # issue 41 item 4: each ran and ignored the flag (--kv 0 ran at context 1024)
+    ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--kv", "0"], ["--kv 0", "at least one token", "--kv 1"]),
+    (["plan", "--npus", "8", "--model", "qwen3-32b", "--kv", "0"], ["--kv", "positive integer"]),
+    ([*A2_PLAN, "--phase", "prefill", "--batch", "2", "--kv", "512"], ["--kv 512", "prefill", "drop --kv"]),
+    ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--arch", "ascend-910b"], ["--arch ascend-910b", "own die"]),
+    (["collective", "--system", "cloudmatrix384", "--arch", "ascend-910b"], ["--arch ascend-910b", "own die"]),
+    (["run", "--forward", "--kv-dtype", "int8"], ["--kv-dtype", "--system only"]),
+    ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--layers", "2", "--partition", "tp_n"],
+     ["--layers, --partition", "chip run"]),
+    ([*A2_PLAN, "--requests", "4", "--max-batch", "8", "--phase", "decode"], ["--phase, --max-batch", "serving"]),
+    ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--caching-pool", "on"], ["--caching-pool", "serving"]),
+    (["run", "--forward", "--input-len", "64"], ["--input-len", "forward pass"]),
+    (["run", "--system", "atlas-800i-a2", "--npus", "2", "--model", "examples/onnx/qwen3_tiny_opset18.onnx",
+      "--allow-unsupported"], ["--allow-unsupported", "chip run"]),
+])
+def test_flags_the_run_would_ignore_are_one_line_errors(capsys, monkeypatch, argv, words):
+    monkeypatch.chdir(ROOT)
+    assert_one_line_error(*run(capsys, *argv)[::2], *words)
+
+
+def test_every_system_flag_is_refused_on_a_chip_run(capsys):
+    """Each option of ``npusim run``'s --system group, on a chip run, is an error naming it (a flag
+    added to the group later is covered too)."""
+    import argparse
+
+    from npusim.cli import run as run_cli
+
+    _, flags, groups = run_cli._options()
+    actions = {a.dest: a for a in run_cli.add_parser(argparse.ArgumentParser().add_subparsers())._actions}
+    for dest in groups[run_cli.SYSTEM_GROUP]:
+        if dest == "system":
+            continue
+        a = actions[dest]
+        value = [] if a.nargs == 0 else [a.choices[-1] if a.choices else
+                                         "0.5" if getattr(a.type, "base_type", None) is float else "2"]
+        argv = ["run", "--forward", "--model", "qwen3-0.6b", "--layers", "1", "--fidelity", "analytical",
+                "--no-progress", flags[dest], *value]
+        assert_one_line_error(*run(capsys, *argv)[::2], flags[dest], "--system only")
+
+
 def test_a_huge_sweep_is_refused_before_it_expands(capsys, tmp_path):
     axes = "\n".join(f"  run.{k}: [{', '.join(map(str, range(1, 11)))}]" for k in ("tp", "stages", "layers"))
     axes += "\n" + "\n".join(f"  workload.{k}: [{', '.join(map(str, range(1, 11)))}]" for k in ("batch", "seq", "kv"))
@@ -189,6 +233,23 @@ def test_allow_unsupported_lists_what_it_did_not_compute(capsys, tmp_path):
     # serving an ONNX graph is refused plainly (it was "unknown model" for a file that exists)
     assert_one_line_error(*run(capsys, "run", "--model", model, "--rate", "5", "--requests", "5")[::2],
                           "cannot be served")
+
+
+def test_allow_unsupported_records_what_it_did_not_compute_in_the_json_notes(capsys, tmp_path):
+    """Issue 41: the JSON's notes were empty; they now name the op types and nodes costed as data movement."""
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 4])
+    h = helper.make_tensor_value_info("H", TensorProto.FLOAT, [2, 5])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 5])
+    w = numpy_helper.from_array(np.zeros((4, 5), np.float32), "W")
+    model = _onnx(tmp_path / "unsup.onnx", [helper.make_node("MatMul", ["A", "W"], ["H"], name="mm"),
+                                            helper.make_node("Hardmax", ["H"], ["Y"], name="hm")],
+                  [a], [y], [w], [h])
+    code, out, err = run(capsys, "run", "--model", model, "--forward", "--allow-unsupported", "--no-progress",
+                         "--fidelity", "analytical", "--json")
+    assert code == 0, err
+    notes = [n for n in json.loads(out)["mapping"]["notes"] if "--allow-unsupported" in n]
+    assert len(notes) == 1 and "1 unsupported ONNX node(s) costed as data movement" in notes[0]
+    assert "Hardmax x1 [hm]" in notes[0]
 
 
 def test_mem_json_is_strict_json(capsys):

@@ -191,6 +191,17 @@ def test_run_system_honours_the_model_and_the_plan_flags(cli, tmp_path):
     assert json.loads(out)["step_ms"] == pytest.approx(r["step_ms"])
 
 
+def test_a_system_decode_step_takes_its_context_from_kv_else_seq(cli):
+    """As on a chip, --seq is a decode step's cached tokens when --kv is not given (it was ignored:
+    the step ran at the default 1,024); --kv 1 is the smallest context, the new token alone."""
+    argv = ("run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "1", "--model", "qwen3-0.6b", "--phase",
+            "decode", "--batch", "4", "--json")
+    for extra, kv in ((["--seq", "512"], 512), (["--kv", "1"], 1), (["--kv", "300", "--seq", "512"], 300)):
+        code, out, err = cli(*argv, *extra)
+        assert code == 0, err
+        assert json.loads(out)["kv"] == kv
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--model", "qwen3-4b", "--npus", "3", "--tp", "3"], ["does not divide", "heads"]),
     (["--model", "qwen3-4b", "--npus", "2", "--tp", "3"], ["the product must match"]),

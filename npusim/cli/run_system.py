@@ -97,8 +97,8 @@ def run_system_step(args) -> int:
     phase = args.phase or dep.phase
     if phase != dep.phase:
         raise ConfigError(f"--phase {phase}, but {args.mapping} deploys the model for {dep.phase}")
-    r = simulate_step(loaded, dep, model=args.model, batch=args.batch, kv=4096 if args.kv is None else args.kv, batch_tokens=args.batch_tokens,
-                      seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
+    r = simulate_step(loaded, dep, model=args.model, batch=args.batch, kv=system_kv(args, phase, 4096) or 4096,
+                      batch_tokens=args.batch_tokens, seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
                       microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min,
                       chip_cost=system_chip_cost(args, loaded))
     out = r.to_dict()
@@ -148,13 +148,31 @@ def plan_from_args(args, loaded, cfg, base: dict | None = None):
     return default_plan(cfg, npus, loaded.system.npu.dies, **given)
 
 
+def system_kv(args, phase: str, default: int) -> int | None:
+    """A --system step's decode context: ``--kv``, else ``--seq`` (as on a chip: the tokens already
+    cached), else ``default``; at least 1 (the system's step shape counts the new token in its
+    context, so ``--kv 1`` is an empty cache; 0 would be a step that attends to nothing). A prefill
+    step's prompts start from an empty cache: ``--kv`` (a cached prefix) is refused, not ignored."""
+    if phase != "decode":
+        if args.kv is not None:
+            raise ConfigError(f"--kv {args.kv}: a --system prefill step's prompts (--seq) start from an empty cache; "
+                              "a cached prefix is not modelled there: drop --kv")
+        return None
+    kv = args.kv if args.kv is not None else args.seq if args.seq is not None else default
+    if kv < 1:
+        raise ConfigError(f"--kv {kv}: a --system decode step attends to a context of at least one token, the new "
+                          "one (--kv 1: an empty cache)")
+    return kv
+
+
 def shape_from_args(args):
     from npusim.system.mapper import StepShape
 
     phase = args.phase or "decode"
     batch = args.batch or PLAN_DEFAULT_BATCH[phase]
     if phase == "decode":
-        return StepShape("decode", batch, 1, args.kv if args.kv else PLAN_DEFAULT_TOKENS)
+        return StepShape("decode", batch, 1, system_kv(args, phase, PLAN_DEFAULT_TOKENS))
+    system_kv(args, phase, PLAN_DEFAULT_TOKENS)
     seq = args.seq or PLAN_DEFAULT_TOKENS
     return StepShape("prefill", batch, seq, seq)
 
