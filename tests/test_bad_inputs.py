@@ -115,6 +115,9 @@ A2_PLAN = ["run", "--system", "atlas-800i-a2", "--npus", "8", "--model", "qwen3-
     # issue 41 item 4: each ran and ignored the flag (--kv 0 ran at context 1024)
     ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--kv", "0"], ["--kv 0", "at least one token", "--kv 1"]),
     (["plan", "--npus", "8", "--model", "qwen3-32b", "--kv", "0"], ["--kv", "positive integer"]),
+    (["plan", "--npus", "1", "--model", "qwen3-0.6b", "--batches", "1", "--seq", "512"], ["--seq 512", "--kv"]),
+    (["plan", "--npus", "1", "--model", "qwen3-0.6b", "--batches", "1", "--phase", "prefill", "--kv", "512"],
+     ["--kv 512", "--seq"]),
     ([*A2_PLAN, "--phase", "prefill", "--batch", "2", "--kv", "512"], ["--kv 512", "prefill", "drop --kv"]),
     ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--arch", "ascend-910b"], ["--arch ascend-910b", "own die"]),
     (["collective", "--system", "cloudmatrix384", "--arch", "ascend-910b"], ["--arch ascend-910b", "own die"]),

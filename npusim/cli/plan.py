@@ -26,8 +26,8 @@ def add_parser(sub):
     p.add_argument("--npus", type=positive_int, default=None, help="NPUs of the instance (default: one node)")
     p.add_argument("--model", default="qwen3-30b-a3b", help="built-in model or config.json (default qwen3-30b-a3b)")
     p.add_argument("--phase", choices=["decode", "prefill"], default="decode")
-    p.add_argument("--kv", type=positive_int, default=1024, help="decode: context length attended (default 1024)")
-    p.add_argument("--seq", type=positive_int, default=1024, help="prefill: prompt tokens (default 1024)")
+    p.add_argument("--kv", type=positive_int, default=None, help="decode: context length attended (default 1024)")
+    p.add_argument("--seq", type=positive_int, default=None, help="prefill: prompt tokens (default 1024)")
     p.add_argument("--slo-tpot-ms", type=positive_float, default=None, help="decode: TPOT objective")
     p.add_argument("--slo-ttft-ms", type=positive_float, default=None, help="prefill: TTFT objective")
     p.add_argument("--precision", choices=["bf16", "fp16", "a8w8", "w8a8"], default="bf16")
@@ -45,6 +45,9 @@ def add_parser(sub):
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+DEFAULT_TOKENS = 1024  # decode context (--kv), prefill prompt (--seq)
 
 
 def _batches(text: str | None) -> list[int] | None:
@@ -70,6 +73,12 @@ def run(args) -> int:
         raise ConfigError("--slo-ttft-ms is the prefill objective; decode takes --slo-tpot-ms")
     if args.phase == "prefill" and args.slo_tpot_ms is not None:
         raise ConfigError("--slo-tpot-ms is the decode objective; prefill takes --slo-ttft-ms")
+    if args.phase == "decode" and args.seq is not None:
+        raise ConfigError(f"--seq {args.seq}: a prefill step's prompt; a decode step's context is --kv")
+    if args.phase == "prefill" and args.kv is not None:
+        raise ConfigError(f"--kv {args.kv}: a decode step's context; a prefill step's prompts are --seq (they start "
+                          "from an empty cache)")
+    seq, kv = args.seq or DEFAULT_TOKENS, args.kv or DEFAULT_TOKENS
     loaded = load_system(args.system, nodes=args.nodes)
     npus = args.npus or loaded.system.npus_per_node
     if npus > loaded.system.num_npus:
@@ -78,7 +87,7 @@ def run(args) -> int:
     workers = args.workers if args.workers is not None else default_workers()
     try:
         with plan_progress(0, enabled=not (args.no_progress or args.json)) as progress:
-            result = search_plans(args.system, args.nodes, args.model, npus, args.phase, args.seq, args.kv,
+            result = search_plans(args.system, args.nodes, args.model, npus, args.phase, seq, kv,
                                   args.slo_tpot_ms if args.phase == "decode" else args.slo_ttft_ms,
                                   PLAN_PRECISION[args.precision], args.kv_dtype, _batches(args.batches), args.max_pp,
                                   args.routing, args.seed, workers, client,
