@@ -135,6 +135,20 @@ def test_flags_the_run_would_ignore_are_one_line_errors(capsys, monkeypatch, arg
     assert_one_line_error(*run(capsys, *argv)[::2], *words)
 
 
+@pytest.mark.parametrize("argv, words", [
+    # issue 41 item 9: a raw HDF5 error over three lines; a directory is a system workload
+    (["replay", "examples"], ["examples: a system workload", "add --system"]),
+    (["replay", "examples/workload.json"], ["a system workload", "add --system"]),
+    (["replay", "no-such-program.h5"], ["no-such-program.h5: no such file", "program.h5"]),
+    (["replay", "README.md"], ["README.md: not an HDF5 file", "program.h5"]),
+    (["replay", "examples", "--system", "cloudmatrix384", "--arch", "ascend-910b"], ["--arch ascend-910b", "own die"]),
+    (["replay", "program.h5", "--nodes", "2"], ["--nodes 2", "--system"]),
+])
+def test_replay_inputs_are_one_line_errors(capsys, monkeypatch, argv, words):
+    monkeypatch.chdir(ROOT)
+    assert_one_line_error(*run(capsys, *argv)[::2], *words)
+
+
 def test_every_system_flag_is_refused_on_a_chip_run(capsys):
     """Each option of ``npusim run``'s --system group, on a chip run, is an error naming it (a flag
     added to the group later is covered too)."""
