@@ -149,6 +149,23 @@ def test_replay_inputs_are_one_line_errors(capsys, monkeypatch, argv, words):
     assert_one_line_error(*run(capsys, *argv)[::2], *words)
 
 
+@pytest.mark.parametrize("argv", [
+    ["plan", "--npus", "1", "--model", "qwen3-30b-a3b", "--batches", "1", "--workers", "1"],
+    [*A2_PLAN[:-3], "qwen3-30b-a3b", "--phase", "decode", "--batch", "8"],
+    ["collective", "--system", "cloudmatrix384", "--op", "dispatch"],
+])
+@pytest.mark.parametrize("routing, words", [
+    ("no-such-profile.json", ["--routing no-such-profile.json: no such load-profile file", "zipf:S"]),
+    ("zipf:x", ["--routing zipf:x", "exponent"]),
+    ("examples", ["--routing examples: is a directory"]),
+])
+def test_a_bad_routing_is_named_before_anything_runs(capsys, monkeypatch, argv, routing, words):
+    """Issue 41 item 9: a missing --routing file got the generic message (and npusim plan printed it
+    as the reason of every point)."""
+    monkeypatch.chdir(ROOT)
+    assert_one_line_error(*run(capsys, *argv, "--routing", routing)[::2], *words)
+
+
 def test_every_system_flag_is_refused_on_a_chip_run(capsys):
     """Each option of ``npusim run``'s --system group, on a chip run, is an error naming it (a flag
     added to the group later is covered too)."""

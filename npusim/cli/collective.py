@@ -106,6 +106,10 @@ def run_system(args) -> int:
         raise ConfigError(f"--fidelity {fidelity} is a NoC model; with --system: {', '.join(FABRIC_FIDELITIES)}")
     if args.op not in SYSTEM_OPS + MOE_OPS:
         raise ConfigError(f"--op {args.op} is a chip collective; with --system: {', '.join(SYSTEM_OPS + MOE_OPS)}")
+    if args.op in MOE_OPS:
+        from npusim.system.moe import check_routing
+
+        check_routing(args.routing)
     loaded = load_system(args.system, nodes=args.nodes)
     if args.op in MOE_OPS:
         refuse_many_packets(args, loaded, args.ep * args.tokens_per_rank * args.top_k * args.hidden * 2)

@@ -67,6 +67,7 @@ def run(args) -> int:
     from npusim.cli.run_system import PLAN_PRECISION
     from npusim.pool import connect, default_workers
     from npusim.system.load import load_system
+    from npusim.system.moe import check_routing
     from npusim.system.search import search_plans
 
     if args.phase == "decode" and args.slo_ttft_ms is not None:
@@ -79,6 +80,7 @@ def run(args) -> int:
         raise ConfigError(f"--kv {args.kv}: a decode step's context; a prefill step's prompts are --seq (they start "
                           "from an empty cache)")
     seq, kv = args.seq or DEFAULT_TOKENS, args.kv or DEFAULT_TOKENS
+    check_routing(args.routing)
     loaded = load_system(args.system, nodes=args.nodes)
     npus = args.npus or loaded.system.npus_per_node
     if npus > loaded.system.num_npus:

@@ -81,8 +81,10 @@ def run_system_step(args) -> int:
     (:mod:`npusim.system.step`). Both build the step with the one system mapper."""
     from npusim.mapping.spec import load_deployment, load_mapping
     from npusim.system.load import load_system
+    from npusim.system.moe import check_routing
     from npusim.system.moe_step import simulate_step
 
+    check_routing(args.routing)
     spec = None if args.mapping is None else load_mapping(args.mapping)
     if spec is not None and spec.plan is None:
         raise ConfigError(f"--mapping {args.mapping}: no 'plan:' section for --system (see "
