@@ -202,6 +202,18 @@ def test_a_system_decode_step_takes_its_context_from_kv_else_seq(cli):
         assert json.loads(out)["kv"] == kv
 
 
+def test_a_step_header_says_mtp_off_rather_than_an_acceptance(cli, monkeypatch):
+    """Issue 41: "MTP 0 at 0.7" (an acceptance rate of no speculative tokens) in the header."""
+    from pathlib import Path
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    argv = ("run", "--system", "atlas-800i-a2", "--mapping", "mappers/a2-deepseek-decode.yaml", "--phase", "decode",
+            "--batch", "8", "--kv", "1024")
+    for mtp, words in (("0", "microbatch(es), MTP off"), ("1", "microbatch(es), MTP 1 at 0.7 acceptance")):
+        code, out, err = cli(*argv, "--mtp", mtp)
+        assert code == 0, err
+        assert out.splitlines()[0].endswith(words), out.splitlines()[0]
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--model", "qwen3-4b", "--npus", "3", "--tp", "3"], ["does not divide", "heads"]),
     (["--model", "qwen3-4b", "--npus", "2", "--tp", "3"], ["the product must match"]),

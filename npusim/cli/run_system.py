@@ -112,7 +112,7 @@ def run_system_step(args) -> int:
         print(json_text(out))
         return 0
     print(f"{r.model} {r.phase} on {r.system}: {r.npus} NPUs = {r.dies} dies, {r.batch_per_npu:g} per NPU "
-          f"({r.batch_per_die:g} per die), {r.microbatches} microbatch(es), MTP {r.mtp} at {r.mtp_acceptance:g}")
+          f"({r.batch_per_die:g} per die), {r.microbatches} microbatch(es), {mtp_words(r.mtp, r.mtp_acceptance)}")
     print(f"  step          {r.step_ms:,.2f} ms ({r.tokens_per_step:g} tokens per sequence)")
     if r.phase == "decode":
         print(f"  TPOT          {r.tpot_ms:,.2f} ms")
@@ -127,6 +127,12 @@ def run_system_step(args) -> int:
           f"expert load imbalance {r.imbalance:.2f}, attention {r.attention_imbalance:.2f}")
     print(f"  note          {r.note}")
     return 0
+
+
+def mtp_words(mtp: int, acceptance: float) -> str:
+    """Speculative decoding in a header: "MTP off", or "MTP 1 at 0.7 acceptance" (an acceptance rate
+    means nothing without speculative tokens)."""
+    return f"MTP {mtp} at {acceptance:g} acceptance" if mtp else "MTP off"
 
 
 #: --precision choices as a plan names them
@@ -243,8 +249,8 @@ def print_plan_step(r: dict) -> None:
           f"{p['kv_dtype']}; batch {r['batch']:g}" + (f" at context {r['kv']}" if r["phase"] == "decode" else
                                                      f" prompts of {r['seq']}"))
     if r["phase"] == "decode" and r["tpot_ms"] != r["step_ms"]:
-        print(f"  step          {r['step_ms']:,.3f} ms; TPOT {r['tpot_ms']:,.3f} ms (speculative tokens: "
-              f"mtp {p['mtp']} at {p['mtp_acceptance']:g})")
+        print(f"  step          {r['step_ms']:,.3f} ms; TPOT {r['tpot_ms']:,.3f} ms "
+              f"({mtp_words(p['mtp'], p['mtp_acceptance'])})")
     else:
         print(f"  step          {r['step_ms']:,.3f} ms" + (" (TPOT)" if r["phase"] == "decode" else " (TTFT)"))
     print(f"  throughput    {r['tokens_per_s_per_npu']:,.1f} tokens/s per NPU")
@@ -338,7 +344,7 @@ def _print_serving(s: dict) -> None:
     from npusim.cli.serve import fmt, latency_line
 
     print(f"{s['model']} serving on {s['system']}: {s['requests_total']} requests; prefill {s['npus_prefill']} NPUs, "
-          f"decode {s['npus_decode']} NPUs (MTP {s['mtp']} at {s['mtp_acceptance']:g})")
+          f"decode {s['npus_decode']} NPUs ({mtp_words(s['mtp'], s['mtp_acceptance'])})")
     print(f"  completed      {s['requests_completed']} completed, {s['requests_rejected']} rejected over "
           f"{s['duration_s'] or 0:.2f} s; {s['prefill_batches']} prefill batches, {s['decode_steps']} decode steps "
           f"(mean {s['mean_decode_batch_per_npu']:.1f} sequences per decode NPU)")
