@@ -243,6 +243,20 @@ def test_plan_command_contract(cli):
                for c in r["candidates"])
 
 
+def test_plan_text_counts_points_and_impossible_plans_apart(cli):
+    """Issue 41: the header said "0 plans rejected" above "rejected 20 x slo" (points), and a plan
+    the model cannot take was listed at batch "bNone"."""
+    code, out, err = cli("plan", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "3", "--model", "qwen3-0.6b",
+                         "--batches", "3", "--max-pp", "1", "--slo-tpot-ms", "0.001", "--workers", "1",
+                         "--no-progress")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].endswith("3 NPUs: 2 plans searched (2 more impossible: see below), 1 point simulated"), lines[0]
+    assert "  rejected      1 point: 1 x slo; 2 plans impossible at any batch" in lines
+    assert "    tp3 dp1 ep1 pp1 mb1 any batch: plan: tp 3 does not divide Qwen3-0.6B's 16 attention heads" in lines
+    assert "None" not in out and "Pareto front (TPOT against tokens/s per NPU): none" in lines[3]
+
+
 def test_a_hugging_face_config_runs_on_a_system(cli, tmp_path):
     """--model PATH/config.json (a dense Qwen2 and a MoE Qwen3 config) on the plan path, named by its folder."""
     dense = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,

@@ -113,13 +113,20 @@ def run(args) -> int:
     return 0
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _print(r: dict) -> None:
+    from collections import Counter
+
     from npusim.system.search import latency_key, plan_label
 
     lat = latency_key(r["phase"])
     name = lat[:-3].upper()
-    print(f"{r['model']} {r['phase']} on {r['system']}, {r['npus']} NPUs: {r['plans']} plans, {r['evaluated']} points "
-          f"simulated, {r['rejected_plans']} plans rejected")
+    impossible = f" ({r['rejected_plans']} more impossible: see below)" if r["rejected_plans"] else ""
+    print(f"{r['model']} {r['phase']} on {r['system']}, {r['npus']} NPUs: {_n(r['plans'], 'plan')} searched"
+          f"{impossible}, {_n(r['evaluated'], 'point')} simulated")
     ranked = sorted((c for c in r["candidates"] if c["feasible"]), key=lambda c: -c["tokens_per_s_per_npu"])
     print(f"  {'plan':<26} {'batch':>6} {name + ' ms':>10} {'tok/s/NPU':>11}")
     for c in ranked[:10]:
@@ -127,18 +134,23 @@ def _print(r: dict) -> None:
         print(f"  {plan_label(c['plan']):<26} {c['batch']:>6} {c[lat]:>10.2f} {c['tokens_per_s_per_npu']:>11.1f}{mark}")
     if not ranked:
         print("  no feasible point")
-    print(f"  Pareto front ({name} against tokens/s per NPU):")
+    print(f"  Pareto front ({name} against tokens/s per NPU):" + ("" if r["pareto"] else " none"))
     for c in r["pareto"]:
         print(f"    {plan_label(c['plan']):<26} {c['batch']:>6} {c[lat]:>10.2f} {c['tokens_per_s_per_npu']:>11.1f}")
-    reasons: dict[str, int] = {}
-    for c in r["candidates"]:
-        if not c["feasible"]:
-            reasons[c["reason"].split(":")[0] if c["reason"] else "?"] = reasons.get(
-                c["reason"].split(":")[0] if c["reason"] else "?", 0) + 1
-    if reasons:
-        print("  rejected      " + ", ".join(f"{n} x {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])))
-    for c in [c for c in r["candidates"] if not c["feasible"]][:5]:
-        print(f"    {plan_label(c['plan'])} b{c['batch']}: {c['reason']}")
+    rejected = [c for c in r["candidates"] if not c["feasible"]]
+    # a point: a plan at one batch, over the objective (slo), beyond HBM (memory) ...; a plan with no
+    # batch: one the model or system cannot take (checked before any point of it)
+    points = Counter((c["reason"] or "?").split(":")[0] for c in rejected if c["batch"] is not None)
+    parts = []
+    if points:
+        parts.append(f"{_n(sum(points.values()), 'point')}: " + ", ".join(f"{n} x {k}" for k, n in points.most_common()))
+    if r["rejected_plans"]:
+        parts.append(f"{_n(r['rejected_plans'], 'plan')} impossible at any batch")
+    if parts:
+        print("  rejected      " + "; ".join(parts))
+    for c in rejected[:5]:
+        batch = "any batch" if c["batch"] is None else f"batch {c['batch']}"
+        print(f"    {plan_label(c['plan'])} {batch}: {c['reason']}")
     for key, path in r.get("files", {}).items():
         print(f"  wrote {key:<8} {path}")
 
