@@ -243,6 +243,46 @@ def test_plan_command_contract(cli):
                for c in r["candidates"])
 
 
+def test_memory_per_die_is_in_gb_as_its_keys_say(cli):
+    """Issue 41: ``weights_gb_per_die`` held GiB. Qwen3-0.6B whole on one die: its weights are the
+    model's weight bytes, its KV 4 sequences x 1,024 tokens x its KV bytes per token, in 10^9 bytes;
+    the *_gib_per_die keys hold the same in 2^30 bytes (the HBM's 64 GiB as the arch file gives it)."""
+    from npusim.model.summary import model_summary
+
+    m = model_summary("qwen3-0.6b")
+    weights, kv = m["weight_bytes"], 4 * 1024 * m["kv_bytes_per_token"]
+    code, out, err = cli("run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "1", "--model", "qwen3-0.6b",
+                         "--phase", "decode", "--batch", "4", "--kv", "1024", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    for unit, suffix in ((1e9, "gb"), (2**30, "gib")):
+        assert r[f"weights_{suffix}_per_die"] == pytest.approx(weights / unit, abs=1e-3)
+        assert r[f"kv_{suffix}_per_die"] == pytest.approx(kv / unit, abs=1e-3)
+        assert r[f"hbm_{suffix}_per_die"] == pytest.approx(64 * 2**30 / unit, abs=1e-3)
+    code, out, err = cli("plan", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "1", "--model", "qwen3-0.6b",
+                         "--batches", "4", "--kv", "1024", "--max-pp", "1", "--workers", "1", "--json")
+    assert code == 0, err
+    c = json.loads(out)["candidates"][0]
+    assert c["weights_gb_per_die"] == pytest.approx(weights / 1e9, abs=1e-3)
+    assert c["kv_gb_per_die"] == pytest.approx(kv / 1e9, abs=1e-3)
+
+
+def test_a_deployment_step_reports_its_kv_in_gb(cli, monkeypatch):
+    """The DeepSeek deployment path's kv_gb_per_die (and its validation row) held GiB too: 8
+    sequences per die at 1,024 tokens of DeepSeek-R1's MLA latent, in 10^9 bytes."""
+    from pathlib import Path
+
+    from npusim.system.moe_step import kv_bytes_per_token
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    code, out, err = cli("run", "--system", "atlas-800i-a2", "--mapping", "mappers/a2-deepseek-decode.yaml",
+                         "--phase", "decode", "--batch", "8", "--kv", "1024", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    kv = 8 * 1024 * kv_bytes_per_token(get_config("deepseek-r1"))
+    assert r["kv_gb_per_die"] == pytest.approx(kv / 1e9) and r["kv_gib_per_die"] == pytest.approx(kv / 2**30)
+    assert r["weights_gb_per_die"] == pytest.approx(r["weights_gib_per_die"] * 2**30 / 1e9)
+
+
 def test_plan_text_counts_points_and_impossible_plans_apart(cli):
     """Issue 41: the header said "0 plans rejected" above "rejected 20 x slo" (points), and a plan
     the model cannot take was listed at batch "bNone"."""

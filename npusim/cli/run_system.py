@@ -259,7 +259,7 @@ def print_plan_step(r: dict) -> None:
                                          for k, v in sorted(r["breakdown_us"].items(), key=lambda kv: -kv[1])))
     if "weights_gb_per_die" in r:  # not known to a replayed workload
         print(f"  memory        {r['weights_gb_per_die']:.1f} GB weights + {r['kv_gb_per_die']:.1f} GB KV per die of "
-              f"{r['hbm_gb_per_die']:g} GB")
+              f"{r['hbm_gb_per_die']:.1f} GB of HBM ({r['hbm_gib_per_die']:g} GiB)")
     if r["busiest_links"]:
         b = r["busiest_links"][0]
         print(f"  busiest link  {b['link']} ({b['fabric']}): {b['gbps']:,.1f} GB/s mean, {100 * b['utilization']:.0f}%")
