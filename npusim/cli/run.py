@@ -191,9 +191,10 @@ def build_spec(args, arch, graph, default_tp: int = 16, base=None):
 #: ``npusim run`` flags of one chip (its mapping and ONNX import): a --system run maps the model by
 #: its plan and runs on the system's die, so it refuses them rather than ignore them
 CHIP_ONLY = ("arch", "layers", "partition", "layout", "stages", "allow_unsupported")
-#: the serving group's flags a --system serving run reads (the rest set up the chip's scheduler)
-SYSTEM_SERVING_READS = ("trace", "rate", "requests", "input_len", "output_len", "duration", "time_scale",
-                        "max_input", "max_output", "slo_ttft_ms", "slo_tbt_ms", "seed")
+#: the serving group's flags that set up a chip's scheduler, which a --system serving run does not read
+CHIP_SERVING_ONLY = ("schedule", "pd_ratio", "pd_layout", "pd_stages", "replicas", "budget", "chunk", "max_batch",
+                     "max_tokens", "admission", "prefix_cache", "iteration_cache", "iteration_cache_buckets",
+                     "iteration_cache_replay", "iteration_cache_dir")
 #: the --system group's flags only a serving run reads, and only a one-step run reads
 SYSTEM_SERVING_ONLY = ("kv_fabric", "caching_pool", "slo_tpot_ms", "prefill_instances")
 SYSTEM_STEP_ONLY = ("batch_tokens", "save_workload", "eplb", "routing", "kv_min")
@@ -245,8 +246,7 @@ def refuse_unread_flags(args) -> None:
     _refuse(_given(args, CHIP_ONLY[1:]), "flag(s) of a chip run (its mapping, or an ONNX import with unsupported "
             "ops); --system maps the model by its plan (--tp, --dp, --ep, --pp ...) and does not read {it}")
     if is_serving(args):
-        _refuse(_given(args, [*FORWARD_DEFAULTS, "kv", "forward", *SYSTEM_STEP_ONLY, *(d for d in groups[SERVING_GROUP]
-                                                                          if d not in SYSTEM_SERVING_READS)]),
+        _refuse(_given(args, [*FORWARD_DEFAULTS, "kv", "forward", *SYSTEM_STEP_ONLY, *CHIP_SERVING_ONLY]),
                 "not read by --system serving (a request stream): one step's shape and a chip's scheduler "
                 "are not its; its instances and limits come from --mapping's system_serving section and the "
                 "plan flags")
