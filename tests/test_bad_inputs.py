@@ -75,6 +75,118 @@ def test_issue_inputs_are_one_line_errors(capsys, monkeypatch, argv, words):
     assert_one_line_error(*run(capsys, *argv)[::2], *words)
 
 
+HF_CONFIG = {"model_type": "qwen3", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+             "tie_word_embeddings": True, "max_position_embeddings": 4096, "rope_theta": 1e6}
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("hidden_size", "big", ["'hidden_size'", "positive integer", '"big"']),  # was a ValueError traceback
+    ("num_hidden_layers", 64.5, ["'num_hidden_layers'", "positive integer", "64.5"]),  # was a TypeError traceback
+    ("num_attention_heads", True, ["'num_attention_heads'", "positive integer", "true"]),
+    ("vocab_size", 0, ["'vocab_size'", "positive integer"]),
+    ("max_position_embeddings", -1, ["'max_position_embeddings'", "non-negative integer"]),
+    ("intermediate_size", [128], ["'intermediate_size'", "integer"]),
+    ("head_dim", 10**12, ["'head_dim'", "at most 2,147,483,647"]),
+    ("tie_word_embeddings", "yes", ["'tie_word_embeddings'", "true or false"]),
+    ("model_type", 3, ["'model_type'", "a string"]),
+])
+def test_a_model_config_field_of_the_wrong_type_is_one_line_naming_the_file_and_key(capsys, tmp_path, key, value,
+                                                                                    words):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({**HF_CONFIG, key: value}))
+    assert_one_line_error(*run(capsys, "run", "--model", str(path), "--forward", "--no-progress")[::2],
+                          str(path), *words)
+
+
+def test_a_model_config_takes_null_for_a_default(tmp_path):
+    """Hugging Face writes null for "the default" (GPT-2's n_inner, DeepSeek-V2-Lite's q_lora_rank)."""
+    from npusim.model.zoo import get_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**HF_CONFIG, "head_dim": None, "max_position_embeddings": None}))
+    cfg = get_config(str(path))
+    assert cfg.head_dim == 16 and cfg.max_position_embeddings == 0 and cfg.num_layers == 2
+
+
+A2_PLAN = ["run", "--system", "atlas-800i-a2", "--npus", "8", "--model", "qwen3-32b", "--tp", "8"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    # issue 41 item 4: each ran and ignored the flag (--kv 0 ran at context 1024)
+    ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--kv", "0"], ["--kv 0", "at least one token", "--kv 1"]),
+    (["plan", "--npus", "8", "--model", "qwen3-32b", "--kv", "0"], ["--kv", "positive integer"]),
+    (["plan", "--npus", "1", "--model", "qwen3-0.6b", "--batches", "1", "--seq", "512"], ["--seq 512", "--kv"]),
+    (["plan", "--npus", "1", "--model", "qwen3-0.6b", "--batches", "1", "--phase", "prefill", "--kv", "512"],
+     ["--kv 512", "--seq"]),
+    ([*A2_PLAN, "--phase", "prefill", "--batch", "2", "--kv", "512"], ["--kv 512", "prefill", "drop --kv"]),
+    ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--arch", "ascend-910b"], ["--arch ascend-910b", "own die"]),
+    (["collective", "--system", "cloudmatrix384", "--arch", "ascend-910b"], ["--arch ascend-910b", "own die"]),
+    (["run", "--forward", "--kv-dtype", "int8"], ["--kv-dtype", "--system only"]),
+    ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--layers", "2", "--partition", "tp_n"],
+     ["--layers, --partition", "chip run"]),
+    ([*A2_PLAN, "--requests", "4", "--max-batch", "8", "--phase", "decode"], ["--phase, --max-batch", "serving"]),
+    ([*A2_PLAN, "--phase", "decode", "--batch", "8", "--caching-pool", "on"], ["--caching-pool", "serving"]),
+    (["run", "--forward", "--input-len", "64"], ["--input-len", "forward pass"]),
+    (["run", "--system", "atlas-800i-a2", "--npus", "2", "--model", "examples/onnx/qwen3_tiny_opset18.onnx",
+      "--allow-unsupported"], ["--allow-unsupported", "chip run"]),
+])
+def test_flags_the_run_would_ignore_are_one_line_errors(capsys, monkeypatch, argv, words):
+    monkeypatch.chdir(ROOT)
+    assert_one_line_error(*run(capsys, *argv)[::2], *words)
+
+
+@pytest.mark.parametrize("argv, words", [
+    # issue 41 item 9: a raw HDF5 error over three lines; a directory is a system workload
+    (["replay", "examples"], ["examples: a system workload", "add --system"]),
+    (["replay", "examples/workload.json"], ["a system workload", "add --system"]),
+    (["replay", "no-such-program.h5"], ["no-such-program.h5: no such file", "program.h5"]),
+    (["replay", "README.md"], ["README.md: not an HDF5 file", "program.h5"]),
+    (["replay", "examples", "--system", "cloudmatrix384", "--arch", "ascend-910b"], ["--arch ascend-910b", "own die"]),
+    (["replay", "program.h5", "--nodes", "2"], ["--nodes 2", "--system"]),
+])
+def test_replay_inputs_are_one_line_errors(capsys, monkeypatch, argv, words):
+    monkeypatch.chdir(ROOT)
+    assert_one_line_error(*run(capsys, *argv)[::2], *words)
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--npus", "1", "--model", "qwen3-30b-a3b", "--batches", "1", "--workers", "1"],
+    [*A2_PLAN[:-3], "qwen3-30b-a3b", "--phase", "decode", "--batch", "8"],
+    ["collective", "--system", "cloudmatrix384", "--op", "dispatch"],
+])
+@pytest.mark.parametrize("routing, words", [
+    ("no-such-profile.json", ["--routing no-such-profile.json: no such load-profile file", "zipf:S"]),
+    ("zipf:x", ["--routing zipf:x", "exponent"]),
+    ("examples", ["--routing examples: is a directory"]),
+])
+def test_a_bad_routing_is_named_before_anything_runs(capsys, monkeypatch, argv, routing, words):
+    """Issue 41 item 9: a missing --routing file got the generic message (and npusim plan printed it
+    as the reason of every point)."""
+    monkeypatch.chdir(ROOT)
+    assert_one_line_error(*run(capsys, *argv, "--routing", routing)[::2], *words)
+
+
+def test_every_system_flag_is_refused_on_a_chip_run(capsys):
+    """Each option of ``npusim run``'s --system group, on a chip run, is an error naming it (a flag
+    added to the group later is covered too)."""
+    import argparse
+
+    from npusim.cli import run as run_cli
+
+    _, flags, groups = run_cli._options()
+    actions = {a.dest: a for a in run_cli.add_parser(argparse.ArgumentParser().add_subparsers())._actions}
+    for dest in groups[run_cli.SYSTEM_GROUP]:
+        if dest == "system":
+            continue
+        a = actions[dest]
+        value = [] if a.nargs == 0 else [a.choices[-1] if a.choices else
+                                         "0.5" if getattr(a.type, "base_type", None) is float else "2"]
+        argv = ["run", "--forward", "--model", "qwen3-0.6b", "--layers", "1", "--fidelity", "analytical",
+                "--no-progress", flags[dest], *value]
+        assert_one_line_error(*run(capsys, *argv)[::2], flags[dest], "--system only")
+
+
 def test_a_huge_sweep_is_refused_before_it_expands(capsys, tmp_path):
     axes = "\n".join(f"  run.{k}: [{', '.join(map(str, range(1, 11)))}]" for k in ("tp", "stages", "layers"))
     axes += "\n" + "\n".join(f"  workload.{k}: [{', '.join(map(str, range(1, 11)))}]" for k in ("batch", "seq", "kv"))
@@ -156,6 +268,23 @@ def test_allow_unsupported_lists_what_it_did_not_compute(capsys, tmp_path):
     # serving an ONNX graph is refused plainly (it was "unknown model" for a file that exists)
     assert_one_line_error(*run(capsys, "run", "--model", model, "--rate", "5", "--requests", "5")[::2],
                           "cannot be served")
+
+
+def test_allow_unsupported_records_what_it_did_not_compute_in_the_json_notes(capsys, tmp_path):
+    """Issue 41: the JSON's notes were empty; they now name the op types and nodes costed as data movement."""
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 4])
+    h = helper.make_tensor_value_info("H", TensorProto.FLOAT, [2, 5])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 5])
+    w = numpy_helper.from_array(np.zeros((4, 5), np.float32), "W")
+    model = _onnx(tmp_path / "unsup.onnx", [helper.make_node("MatMul", ["A", "W"], ["H"], name="mm"),
+                                            helper.make_node("Hardmax", ["H"], ["Y"], name="hm")],
+                  [a], [y], [w], [h])
+    code, out, err = run(capsys, "run", "--model", model, "--forward", "--allow-unsupported", "--no-progress",
+                         "--fidelity", "analytical", "--json")
+    assert code == 0, err
+    notes = [n for n in json.loads(out)["mapping"]["notes"] if "--allow-unsupported" in n]
+    assert len(notes) == 1 and "1 unsupported ONNX node(s) costed as data movement" in notes[0]
+    assert "Hardmax x1 [hm]" in notes[0]
 
 
 def test_mem_json_is_strict_json(capsys):

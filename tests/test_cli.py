@@ -31,6 +31,19 @@ def test_info_json_contract(capsys):
     assert d["peak_tflops"]["fp16"] > 0
 
 
+def test_info_of_a_slice_says_its_own_node_count(capsys):
+    """Issue 41: ``info cloudmatrix384 --nodes 3`` said "48 nodes" (the file's description)."""
+    code, out, _ = run_cli(capsys, "info", "cloudmatrix384", "--nodes", "3")
+    first = out.splitlines()[0]
+    assert code == 0 and "3 of its 48 nodes x 8 Ascend 910C" in first and "CloudMatrix384, 48 nodes" not in first
+    code, out, _ = run_cli(capsys, "info", "cloudmatrix384", "--nodes", "3", "--json")
+    assert code == 0 and json.loads(out)["description"].startswith("CloudMatrix384, 3 of its 48 nodes")
+    code, out, _ = run_cli(capsys, "info", "atlas-800i-a2", "--nodes", "2")  # a description without a count
+    assert code == 0 and "(--nodes 2: 2 of its 4 nodes)" in out.splitlines()[0]
+    code, _, err = run_cli(capsys, "info", "npusim-64c", "--nodes", "2")  # was ignored
+    assert code == 2 and "--nodes 2" in err and "one chip" in err
+
+
 def test_gemm_json_contract(capsys):
     code, out, _ = run_cli(capsys, "gemm", "--m", "256", "--k", "512", "--n", "384", "--array", "64x64",
                            "--dataflow", "os", "--json")

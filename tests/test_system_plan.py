@@ -191,6 +191,29 @@ def test_run_system_honours_the_model_and_the_plan_flags(cli, tmp_path):
     assert json.loads(out)["step_ms"] == pytest.approx(r["step_ms"])
 
 
+def test_a_system_decode_step_takes_its_context_from_kv_else_seq(cli):
+    """As on a chip, --seq is a decode step's cached tokens when --kv is not given (it was ignored:
+    the step ran at the default 1,024); --kv 1 is the smallest context, the new token alone."""
+    argv = ("run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "1", "--model", "qwen3-0.6b", "--phase",
+            "decode", "--batch", "4", "--json")
+    for extra, kv in ((["--seq", "512"], 512), (["--kv", "1"], 1), (["--kv", "300", "--seq", "512"], 300)):
+        code, out, err = cli(*argv, *extra)
+        assert code == 0, err
+        assert json.loads(out)["kv"] == kv
+
+
+def test_a_step_header_says_mtp_off_rather_than_an_acceptance(cli, monkeypatch):
+    """Issue 41: "MTP 0 at 0.7" (an acceptance rate of no speculative tokens) in the header."""
+    from pathlib import Path
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    argv = ("run", "--system", "atlas-800i-a2", "--mapping", "mappers/a2-deepseek-decode.yaml", "--phase", "decode",
+            "--batch", "8", "--kv", "1024")
+    for mtp, words in (("0", "microbatch(es), MTP off"), ("1", "microbatch(es), MTP 1 at 0.7 acceptance")):
+        code, out, err = cli(*argv, "--mtp", mtp)
+        assert code == 0, err
+        assert out.splitlines()[0].endswith(words), out.splitlines()[0]
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--model", "qwen3-4b", "--npus", "3", "--tp", "3"], ["does not divide", "heads"]),
     (["--model", "qwen3-4b", "--npus", "2", "--tp", "3"], ["the product must match"]),
@@ -218,6 +241,60 @@ def test_plan_command_contract(cli):
     assert r["evaluated"] >= 1 and r["pareto"]
     assert all({"plan", "batch", "tpot_ms", "tokens_per_s_per_npu", "feasible", "reason"} <= set(c)
                for c in r["candidates"])
+
+
+def test_memory_per_die_is_in_gb_as_its_keys_say(cli):
+    """Issue 41: ``weights_gb_per_die`` held GiB. Qwen3-0.6B whole on one die: its weights are the
+    model's weight bytes, its KV 4 sequences x 1,024 tokens x its KV bytes per token, in 10^9 bytes;
+    the *_gib_per_die keys hold the same in 2^30 bytes (the HBM's 64 GiB as the arch file gives it)."""
+    from npusim.model.summary import model_summary
+
+    m = model_summary("qwen3-0.6b")
+    weights, kv = m["weight_bytes"], 4 * 1024 * m["kv_bytes_per_token"]
+    code, out, err = cli("run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "1", "--model", "qwen3-0.6b",
+                         "--phase", "decode", "--batch", "4", "--kv", "1024", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    for unit, suffix in ((1e9, "gb"), (2**30, "gib")):
+        assert r[f"weights_{suffix}_per_die"] == pytest.approx(weights / unit, abs=1e-3)
+        assert r[f"kv_{suffix}_per_die"] == pytest.approx(kv / unit, abs=1e-3)
+        assert r[f"hbm_{suffix}_per_die"] == pytest.approx(64 * 2**30 / unit, abs=1e-3)
+    code, out, err = cli("plan", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "1", "--model", "qwen3-0.6b",
+                         "--batches", "4", "--kv", "1024", "--max-pp", "1", "--workers", "1", "--json")
+    assert code == 0, err
+    c = json.loads(out)["candidates"][0]
+    assert c["weights_gb_per_die"] == pytest.approx(weights / 1e9, abs=1e-3)
+    assert c["kv_gb_per_die"] == pytest.approx(kv / 1e9, abs=1e-3)
+
+
+def test_a_deployment_step_reports_its_kv_in_gb(cli, monkeypatch):
+    """The DeepSeek deployment path's kv_gb_per_die (and its validation row) held GiB too: 8
+    sequences per die at 1,024 tokens of DeepSeek-R1's MLA latent, in 10^9 bytes."""
+    from pathlib import Path
+
+    from npusim.system.moe_step import kv_bytes_per_token
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    code, out, err = cli("run", "--system", "atlas-800i-a2", "--mapping", "mappers/a2-deepseek-decode.yaml",
+                         "--phase", "decode", "--batch", "8", "--kv", "1024", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    kv = 8 * 1024 * kv_bytes_per_token(get_config("deepseek-r1"))
+    assert r["kv_gb_per_die"] == pytest.approx(kv / 1e9) and r["kv_gib_per_die"] == pytest.approx(kv / 2**30)
+    assert r["weights_gb_per_die"] == pytest.approx(r["weights_gib_per_die"] * 2**30 / 1e9)
+
+
+def test_plan_text_counts_points_and_impossible_plans_apart(cli):
+    """Issue 41: the header said "0 plans rejected" above "rejected 20 x slo" (points), and a plan
+    the model cannot take was listed at batch "bNone"."""
+    code, out, err = cli("plan", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "3", "--model", "qwen3-0.6b",
+                         "--batches", "3", "--max-pp", "1", "--slo-tpot-ms", "0.001", "--workers", "1",
+                         "--no-progress")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].endswith("3 NPUs: 2 plans searched (2 more impossible: see below), 1 point simulated"), lines[0]
+    assert "  rejected      1 point: 1 x slo; 2 plans impossible at any batch" in lines
+    assert "    tp3 dp1 ep1 pp1 mb1 any batch: plan: tp 3 does not divide Qwen3-0.6B's 16 attention heads" in lines
+    assert "None" not in out and "Pareto front (TPOT against tokens/s per NPU): none" in lines[3]
 
 
 def test_a_hugging_face_config_runs_on_a_system(cli, tmp_path):

@@ -173,6 +173,16 @@ def test_cli_serves_a_trace_on_a_system(tmp_path):
     assert {e["name"] for e in events if e.get("ph") == "b"} >= {"prefill0 iteration", "decode iteration", "decode"}
 
 
+def test_the_serving_header_says_mtp_off_rather_than_an_acceptance(run, capsys):
+    """Issue 41: "MTP 0 at 0.7" in ``npusim run --system ... --trace``'s header."""
+    from npusim.cli.run_system import _print_serving
+
+    assert run.summary["mtp"] == 0
+    _print_serving(run.summary)
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.endswith("NPUs (MTP off)") and "0.7" not in header, header
+
+
 def test_step_table_grid_and_bilinear_interpolation():
     assert grid(1, 20) == [1, 2, 3, 4, 6, 8, 12, 16]
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from npusim.choices import CHIP_COLLECTIVES as CHIP_OPS
 from npusim.choices import FABRIC_FIDELITIES, MOE_OPS, NOC_FIDELITIES, SYSTEM_ALGORITHMS
 from npusim.choices import SYSTEM_COLLECTIVES as SYSTEM_OPS
-from npusim.cli.util import (NODES_HELP, add_arch_arg, add_force_arg, non_negative_int, parse_grid, parse_int_list,
-                              parse_size, positive_int, refuse_many_packets, refuse_unless_forced)
+from npusim.cli.util import (NODES_HELP, add_arch_arg, add_force_arg, chip_arch, non_negative_int, parse_grid,
+                             parse_int_list, parse_size, positive_int, refuse_arch_with_system, refuse_many_packets,
+                             refuse_unless_forced)
 from npusim.errors import ConfigError
 from npusim.files import json_text
 
@@ -25,7 +26,7 @@ def add_parser(sub):
         "On a system, --ranks N takes the first N dies (npu0.die0, npu0.die1, npu1.die0, ...) or a list of "
         "endpoint names; --op dispatch/combine times MoE expert-parallel token traffic over the first --ep dies.",
     )
-    add_arch_arg(p)
+    add_arch_arg(p, system=True)
     p.add_argument("--op", choices=sorted(set(CHIP_OPS) | set(SYSTEM_OPS) | set(MOE_OPS)), default="allreduce")
     p.add_argument("--cores", type=parse_int_list, default="0,1,2,3", help="chip: comma-separated core ids, ring order")
     p.add_argument("--bytes", type=parse_size, default="1MiB",
@@ -65,6 +66,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     if args.system is not None:
+        refuse_arch_with_system(args)
         return run_system(args)
     if args.op not in CHIP_OPS:
         raise ConfigError(f"--op {args.op} needs --system (on a chip: {', '.join(CHIP_OPS)})")
@@ -74,7 +76,7 @@ def run(args) -> int:
     from npusim.arch import load_arch
     from npusim.comm.run import run_collective
 
-    arch = load_arch(args.arch)
+    arch = load_arch(chip_arch(args))
     if fidelity == "flit":
         flits = args.bytes * len(args.cores) / arch.noc.link_bytes_per_cycle
         refuse_unless_forced(args, flits, MAX_FLITS, "flits at the flit fidelity",
@@ -104,6 +106,10 @@ def run_system(args) -> int:
         raise ConfigError(f"--fidelity {fidelity} is a NoC model; with --system: {', '.join(FABRIC_FIDELITIES)}")
     if args.op not in SYSTEM_OPS + MOE_OPS:
         raise ConfigError(f"--op {args.op} is a chip collective; with --system: {', '.join(SYSTEM_OPS + MOE_OPS)}")
+    if args.op in MOE_OPS:
+        from npusim.system.moe import check_routing
+
+        check_routing(args.routing)
     loaded = load_system(args.system, nodes=args.nodes)
     if args.op in MOE_OPS:
         refuse_many_packets(args, loaded, args.ep * args.tokens_per_rank * args.top_k * args.hidden * 2)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 
 from npusim.choices import DEFAULT_ARCH
 from npusim.resources import preset_names
 from npusim.files import json_text
 from npusim.cli.util import NODES_HELP, positive_int
+from npusim.errors import ConfigError
 
 
 def add_parser(sub):
@@ -34,6 +37,9 @@ def run(args) -> int:
 
     if is_system_file(args.arch):
         return run_system(args)
+    if args.nodes is not None:
+        raise ConfigError(f"--nodes {args.nodes}: slices a system (cloudmatrix384, atlas-800i-a2 or a system file); "
+                          f"{args.arch} is one chip")
     from npusim.arch import load_arch, summarize
 
     s = summarize(load_arch(args.arch))
@@ -51,11 +57,27 @@ def run(args) -> int:
     return 0
 
 
+def _description_of_nodes(description: str, nodes: int, file_nodes: int) -> str:
+    """The system file's description for ``--nodes``: its node count (e.g. CloudMatrix384's "48
+    nodes") becomes the slice's ("3 of its 48 nodes"), else the slice is said after it."""
+    if nodes == file_nodes or not description:
+        return description
+    what = (f"{nodes} of its {file_nodes} nodes" if nodes < file_nodes else
+            f"{nodes} nodes, its node repeated beyond the file's {file_nodes}")
+    said = re.compile(rf"\b{file_nodes} nodes\b")
+    if said.search(description):
+        return said.sub(what, description, count=1)
+    return f"{description} (--nodes {nodes}: {what})"
+
+
 def run_system(args) -> int:
     from npusim.system.load import load_system
     from npusim.system.summary import summarize_system
 
     s = summarize_system(load_system(args.arch, nodes=args.nodes))
+    if args.nodes is not None:
+        file_nodes = load_system(args.arch).system.nodes
+        s = dataclasses.replace(s, description=_description_of_nodes(s.description, s.nodes, file_nodes))
     if args.json:
         print(json_text(s.to_dict()))
         return 0

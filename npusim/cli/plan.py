@@ -26,8 +26,8 @@ def add_parser(sub):
     p.add_argument("--npus", type=positive_int, default=None, help="NPUs of the instance (default: one node)")
     p.add_argument("--model", default="qwen3-30b-a3b", help="built-in model or config.json (default qwen3-30b-a3b)")
     p.add_argument("--phase", choices=["decode", "prefill"], default="decode")
-    p.add_argument("--kv", type=positive_int, default=1024, help="decode: context length attended (default 1024)")
-    p.add_argument("--seq", type=positive_int, default=1024, help="prefill: prompt tokens (default 1024)")
+    p.add_argument("--kv", type=positive_int, default=None, help="decode: context length attended (default 1024)")
+    p.add_argument("--seq", type=positive_int, default=None, help="prefill: prompt tokens (default 1024)")
     p.add_argument("--slo-tpot-ms", type=positive_float, default=None, help="decode: TPOT objective")
     p.add_argument("--slo-ttft-ms", type=positive_float, default=None, help="prefill: TTFT objective")
     p.add_argument("--precision", choices=["bf16", "fp16", "a8w8", "w8a8"], default="bf16")
@@ -47,6 +47,9 @@ def add_parser(sub):
     return p
 
 
+DEFAULT_TOKENS = 1024  # decode context (--kv), prefill prompt (--seq)
+
+
 def _batches(text: str | None) -> list[int] | None:
     if text is None:
         return None
@@ -64,12 +67,20 @@ def run(args) -> int:
     from npusim.cli.run_system import PLAN_PRECISION
     from npusim.pool import connect, default_workers
     from npusim.system.load import load_system
+    from npusim.system.moe import check_routing
     from npusim.system.search import search_plans
 
     if args.phase == "decode" and args.slo_ttft_ms is not None:
         raise ConfigError("--slo-ttft-ms is the prefill objective; decode takes --slo-tpot-ms")
     if args.phase == "prefill" and args.slo_tpot_ms is not None:
         raise ConfigError("--slo-tpot-ms is the decode objective; prefill takes --slo-ttft-ms")
+    if args.phase == "decode" and args.seq is not None:
+        raise ConfigError(f"--seq {args.seq}: a prefill step's prompt; a decode step's context is --kv")
+    if args.phase == "prefill" and args.kv is not None:
+        raise ConfigError(f"--kv {args.kv}: a decode step's context; a prefill step's prompts are --seq (they start "
+                          "from an empty cache)")
+    seq, kv = args.seq or DEFAULT_TOKENS, args.kv or DEFAULT_TOKENS
+    check_routing(args.routing)
     loaded = load_system(args.system, nodes=args.nodes)
     npus = args.npus or loaded.system.npus_per_node
     if npus > loaded.system.num_npus:
@@ -78,7 +89,7 @@ def run(args) -> int:
     workers = args.workers if args.workers is not None else default_workers()
     try:
         with plan_progress(0, enabled=not args.no_progress) as progress:
-            result = search_plans(args.system, args.nodes, args.model, npus, args.phase, args.seq, args.kv,
+            result = search_plans(args.system, args.nodes, args.model, npus, args.phase, seq, kv,
                                   args.slo_tpot_ms if args.phase == "decode" else args.slo_ttft_ms,
                                   PLAN_PRECISION[args.precision], args.kv_dtype, _batches(args.batches), args.max_pp,
                                   args.routing, args.seed, workers, client,
@@ -102,13 +113,20 @@ def run(args) -> int:
     return 0
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _print(r: dict) -> None:
+    from collections import Counter
+
     from npusim.system.search import latency_key, plan_label
 
     lat = latency_key(r["phase"])
     name = lat[:-3].upper()
-    print(f"{r['model']} {r['phase']} on {r['system']}, {r['npus']} NPUs: {r['plans']} plans, {r['evaluated']} points "
-          f"simulated, {r['rejected_plans']} plans rejected")
+    impossible = f" ({r['rejected_plans']} more impossible: see below)" if r["rejected_plans"] else ""
+    print(f"{r['model']} {r['phase']} on {r['system']}, {r['npus']} NPUs: {_n(r['plans'], 'plan')} searched"
+          f"{impossible}, {_n(r['evaluated'], 'point')} simulated")
     ranked = sorted((c for c in r["candidates"] if c["feasible"]), key=lambda c: -c["tokens_per_s_per_npu"])
     print(f"  {'plan':<26} {'batch':>6} {name + ' ms':>10} {'tok/s/NPU':>11}")
     for c in ranked[:10]:
@@ -116,18 +134,23 @@ def _print(r: dict) -> None:
         print(f"  {plan_label(c['plan']):<26} {c['batch']:>6} {c[lat]:>10.2f} {c['tokens_per_s_per_npu']:>11.1f}{mark}")
     if not ranked:
         print("  no feasible point")
-    print(f"  Pareto front ({name} against tokens/s per NPU):")
+    print(f"  Pareto front ({name} against tokens/s per NPU):" + ("" if r["pareto"] else " none"))
     for c in r["pareto"]:
         print(f"    {plan_label(c['plan']):<26} {c['batch']:>6} {c[lat]:>10.2f} {c['tokens_per_s_per_npu']:>11.1f}")
-    reasons: dict[str, int] = {}
-    for c in r["candidates"]:
-        if not c["feasible"]:
-            reasons[c["reason"].split(":")[0] if c["reason"] else "?"] = reasons.get(
-                c["reason"].split(":")[0] if c["reason"] else "?", 0) + 1
-    if reasons:
-        print("  rejected      " + ", ".join(f"{n} x {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])))
-    for c in [c for c in r["candidates"] if not c["feasible"]][:5]:
-        print(f"    {plan_label(c['plan'])} b{c['batch']}: {c['reason']}")
+    rejected = [c for c in r["candidates"] if not c["feasible"]]
+    # a point: a plan at one batch, over the objective (slo), beyond HBM (memory) ...; a plan with no
+    # batch: one the model or system cannot take (checked before any point of it)
+    points = Counter((c["reason"] or "?").split(":")[0] for c in rejected if c["batch"] is not None)
+    parts = []
+    if points:
+        parts.append(f"{_n(sum(points.values()), 'point')}: " + ", ".join(f"{n} x {k}" for k, n in points.most_common()))
+    if r["rejected_plans"]:
+        parts.append(f"{_n(r['rejected_plans'], 'plan')} impossible at any batch")
+    if parts:
+        print("  rejected      " + "; ".join(parts))
+    for c in rejected[:5]:
+        batch = "any batch" if c["batch"] is None else f"batch {c['batch']}"
+        print(f"    {plan_label(c['plan'])} {batch}: {c['reason']}")
     for key, path in r.get("files", {}).items():
         print(f"  wrote {key:<8} {path}")
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from npusim.cli.run import add_fidelity_args, write_outputs
-from npusim.cli.util import NODES_HELP, add_arch_arg, chip_noc, positive_int, system_chip_cost
+from npusim.cli.util import (NODES_HELP, add_arch_arg, chip_arch, chip_noc, positive_int, refuse_arch_with_system,
+                             system_chip_cost)
+from npusim.errors import ConfigError
 from npusim.files import json_text
 
 
@@ -24,7 +26,7 @@ def add_parser(sub):
                    "workload directory")
     p.add_argument("--system", default=None, help="system preset or file: re-time a saved system workload on it")
     p.add_argument("--nodes", type=positive_int, default=None, help="with --system: " + NODES_HELP)
-    add_arch_arg(p)
+    add_arch_arg(p, system=True)
     add_fidelity_args(p, memory_default="analytical", system=True)
     p.add_argument("--out", type=Path, default=None, help="directory for summary.json, tasks.h5, timeline.json")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -34,7 +36,13 @@ def add_parser(sub):
 
 def run(args) -> int:
     if args.system is not None:
+        refuse_arch_with_system(args)
         return run_system_workload(args)
+    if args.nodes is not None:
+        raise ConfigError(f"--nodes {args.nodes}: slices a --system; replaying a program on a chip (--arch) takes none")
+    if args.program.is_dir() or args.program.suffix == ".json":
+        raise ConfigError(f"{args.program}: a system workload (npusim run --system ... --save-workload DIR) replays "
+                          "on a system: add --system S (a chip program is the program.h5 of npusim run --out DIR)")
     from npusim.arch import load_arch
     from npusim.cli.progress import task_progress
     from npusim.report.breakdown import time_breakdown
@@ -42,7 +50,7 @@ def run(args) -> int:
     from npusim.sim.program import load_program
 
     prog = load_program(args.program)
-    arch = load_arch(args.arch)
+    arch = load_arch(chip_arch(args))
     sim = Simulator(arch, memory_mode=args.memory, noc_mode=chip_noc(args))
     prog.submit(sim)
     with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:

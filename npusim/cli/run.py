@@ -23,14 +23,15 @@ the transaction model and takes minutes: ``--memory tlm``).
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections import Counter
 from pathlib import Path
 
 from npusim.choices import LAYOUTS, MEMORY_FIDELITIES, NOC_FIDELITIES, PARTITIONS
 from npusim.cli.run_system import add_system_run_args, run_system
 from npusim.cli.serve import MAX_REQUESTS, add_serving_args, is_serving, run_serving, serve
-from npusim.cli.util import add_arch_arg, add_force_arg, chip_noc, chip_precision, non_negative_int, positive_int
+from npusim.cli.util import (add_arch_arg, add_force_arg, chip_arch, chip_noc, chip_precision, non_negative_int,
+                             positive_int, refuse_arch_with_system)
 from npusim.errors import ConfigError
 from npusim.files import json_text
 
@@ -60,7 +61,7 @@ def add_parser(sub):
 
 
 def add_model_args(p):
-    add_arch_arg(p)
+    add_arch_arg(p, system=True)
     p.add_argument("--model", default=None, help=f"built-in model, config .json or .onnx file (default {DEFAULT_MODEL}; "
                    f"with --system {SYSTEM_DEFAULT_MODEL})")
     p.add_argument("--forward", action="store_true", help="simulate one forward pass (implied by the next four)")
@@ -70,7 +71,8 @@ def add_model_args(p):
                    help="forward pass: prefill prompt tokens per sequence, or decode tokens already cached "
                    "(default 1024)")
     p.add_argument("--kv", type=non_negative_int, default=None,
-                   help="tokens already in the KV cache (decode: default --seq; prefill: a cached prefix, default none)")
+                   help="tokens already in the KV cache (decode: default --seq; prefill: a cached prefix, default "
+                   "none); with --system: the decode step's context, new token included (at least 1), not for prefill")
     p.add_argument("--precision", choices=["bf16", "fp16", "a8w8", "w8a8"], default=None,
                    help="default bf16 (with --system: the mapping's plan, else bf16); bf16, fp16 (run as bf16: same width and cube rate on the modelled chips), or A8W8 = W8A8 "
                    "(int8 GEMM operands); ONNX models' floating-point tensors are re-labelled bf16 or int8 accordingly")
@@ -131,12 +133,10 @@ def build_model(args):
         graph = load_onnx(args.model, batch=args.batch, seq_len=1 if decode else args.seq,
                           kv_len=_kv(args) + (1 if decode else 0), allow_unsupported=args.allow_unsupported,
                           dtype=dtype)
-        skipped = graph.meta.get("unsupported") or []
-        if skipped:
-            kinds = Counter(u["op_type"] for u in skipped)
-            print(f"npusim run: warning: --allow-unsupported: {len(skipped)} ONNX node(s) costed as data movement "
-                  f"of their outputs, not computed: " + ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())),
-                  file=sys.stderr)
+        from npusim.model.onnx_import import allowed_unsupported_notes
+
+        for note in allowed_unsupported_notes(graph.meta):  # also in the summary's mapping.notes
+            print(f"npusim run: warning: {note}", file=sys.stderr)
         return graph
     from npusim.model.builder import build_graph
     from npusim.model.zoo import get_config
@@ -188,13 +188,81 @@ def build_spec(args, arch, graph, default_tp: int = 16, base=None):
     return spec
 
 
+#: ``npusim run`` flags of one chip (its mapping and ONNX import): a --system run maps the model by
+#: its plan and runs on the system's die, so it refuses them rather than ignore them
+CHIP_ONLY = ("arch", "layers", "partition", "layout", "stages", "allow_unsupported")
+#: the serving group's flags that set up a chip's scheduler, which a --system serving run does not read
+CHIP_SERVING_ONLY = ("schedule", "pd_ratio", "pd_layout", "pd_stages", "replicas", "budget", "chunk", "max_batch",
+                     "max_tokens", "admission", "prefix_cache", "iteration_cache", "iteration_cache_buckets",
+                     "iteration_cache_replay", "iteration_cache_dir")
+#: the --system group's flags only a serving run reads, and only a one-step run reads
+SYSTEM_SERVING_ONLY = ("kv_fabric", "caching_pool", "slo_tpot_ms", "prefill_instances")
+SYSTEM_STEP_ONLY = ("batch_tokens", "save_workload", "eplb", "routing", "kv_min")
+SERVING_GROUP = "serving (a request stream; selected by --trace or --rate)"
+SYSTEM_GROUP = "multi-NPU system (--system)"
+
+
+@functools.lru_cache(maxsize=1)
+def _options() -> tuple[dict, dict, dict]:
+    """``npusim run``'s options: default by dest, flag by dest, dests by option group title."""
+    import argparse
+
+    cmd = add_parser(argparse.ArgumentParser(add_help=False).add_subparsers())
+    actions = [a for a in cmd._actions if a.option_strings]
+    groups = {g.title: tuple(a.dest for a in g._group_actions) for g in cmd._action_groups}
+    return {a.dest: a.default for a in actions}, {a.dest: a.option_strings[-1] for a in actions}, groups
+
+
+def _given(args, dests) -> list[str]:
+    """The flags among ``dests`` the command line set (to a value other than the default)."""
+    defaults, flags, _ = _options()
+    return [flags[d] for d in dests if d in defaults and getattr(args, d, defaults[d]) != defaults[d]]
+
+
+def _refuse(given: list[str], why: str) -> None:
+    if given:
+        raise ConfigError(f"{', '.join(given)}: {why.format(it='them' if len(given) > 1 else 'it')}")
+
+
+def refuse_system_flags_on_a_chip(args) -> None:
+    """A chip run (no --system) refuses the --system group's flags, which it would not read."""
+    _refuse(_given(args, [d for d in _options()[2][SYSTEM_GROUP] if d != "system"]),
+            "taken with --system only (a run over many NPUs); this run is on one chip (--arch), which would "
+            "ignore {it}: add --system S, or drop {it}")
+
+
+def refuse_unread_flags(args) -> None:
+    """What the run path the flags chose does not read is an error, never ignored: the --system
+    group's flags on a chip; a chip's mapping flags (and --arch) on a system; chip-scheduler flags
+    on a system serving run; a one-step run's flags on a serving run and the other way round."""
+    groups = _options()[2]
+    if args.system is None:
+        refuse_system_flags_on_a_chip(args)
+        if not is_serving(args) and is_forward(args):
+            _refuse(_given(args, groups[SERVING_GROUP]), "serving flag(s) (a request stream: --trace, --rate or "
+                    "--requests); a forward pass does not read {it}")
+        return
+    refuse_arch_with_system(args)
+    _refuse(_given(args, CHIP_ONLY[1:]), "flag(s) of a chip run (its mapping, or an ONNX import with unsupported "
+            "ops); --system maps the model by its plan (--tp, --dp, --ep, --pp ...) and does not read {it}")
+    if is_serving(args):
+        _refuse(_given(args, [*FORWARD_DEFAULTS, "kv", "forward", *SYSTEM_STEP_ONLY, *CHIP_SERVING_ONLY]),
+                "not read by --system serving (a request stream): one step's shape and a chip's scheduler "
+                "are not its; its instances and limits come from --mapping's system_serving section and the "
+                "plan flags")
+        return
+    _refuse(_given(args, [*SYSTEM_SERVING_ONLY, *(d for d in groups[SERVING_GROUP] if d != "seed")]),
+            "serving flag(s) (with --trace, --rate or --requests); a --system step does not read {it}")
+
+
 def run(args) -> int:
     fill_model_default(args)
+    refuse_unread_flags(args)
     if args.system is not None:
         return run_system(args)
     from npusim.arch import load_arch
 
-    arch = load_arch(args.arch)
+    arch = load_arch(chip_arch(args))
     if not _forward_asked(args):
         probe = build_graph_for_spec(args)
         return run_serving(args, arch, build_spec(args, arch, probe, default_tp=SERVING_DEFAULT_TP))
@@ -233,6 +301,7 @@ def run_summary(args, arch, base=None) -> dict:
     printing: the run path that sweeps (``npusim.sweep``) call for each point. ``base`` is a
     MappingSpec that replaces ``--mapping``."""
     fill_model_default(args)
+    refuse_system_flags_on_a_chip(args)
     if not _forward_asked(args):
         probe = build_graph_for_spec(args)
         return serve(args, arch, build_spec(args, arch, probe, default_tp=SERVING_DEFAULT_TP, base=base))[0]

@@ -81,8 +81,10 @@ def run_system_step(args) -> int:
     (:mod:`npusim.system.step`). Both build the step with the one system mapper."""
     from npusim.mapping.spec import load_deployment, load_mapping
     from npusim.system.load import load_system
+    from npusim.system.moe import check_routing
     from npusim.system.moe_step import simulate_step
 
+    check_routing(args.routing)
     spec = None if args.mapping is None else load_mapping(args.mapping)
     if spec is not None and spec.plan is None:
         raise ConfigError(f"--mapping {args.mapping}: no 'plan:' section for --system (see "
@@ -97,8 +99,8 @@ def run_system_step(args) -> int:
     phase = args.phase or dep.phase
     if phase != dep.phase:
         raise ConfigError(f"--phase {phase}, but {args.mapping} deploys the model for {dep.phase}")
-    r = simulate_step(loaded, dep, model=args.model, batch=args.batch, kv=4096 if args.kv is None else args.kv, batch_tokens=args.batch_tokens,
-                      seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
+    r = simulate_step(loaded, dep, model=args.model, batch=args.batch, kv=system_kv(args, phase, 4096) or 4096,
+                      batch_tokens=args.batch_tokens, seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
                       microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min,
                       chip_cost=system_chip_cost(args, loaded))
     out = r.to_dict()
@@ -110,7 +112,7 @@ def run_system_step(args) -> int:
         print(json_text(out))
         return 0
     print(f"{r.model} {r.phase} on {r.system}: {r.npus} NPUs = {r.dies} dies, {r.batch_per_npu:g} per NPU "
-          f"({r.batch_per_die:g} per die), {r.microbatches} microbatch(es), MTP {r.mtp} at {r.mtp_acceptance:g}")
+          f"({r.batch_per_die:g} per die), {r.microbatches} microbatch(es), {mtp_words(r.mtp, r.mtp_acceptance)}")
     print(f"  step          {r.step_ms:,.2f} ms ({r.tokens_per_step:g} tokens per sequence)")
     if r.phase == "decode":
         print(f"  TPOT          {r.tpot_ms:,.2f} ms")
@@ -125,6 +127,12 @@ def run_system_step(args) -> int:
           f"expert load imbalance {r.imbalance:.2f}, attention {r.attention_imbalance:.2f}")
     print(f"  note          {r.note}")
     return 0
+
+
+def mtp_words(mtp: int, acceptance: float) -> str:
+    """Speculative decoding in a header: "MTP off", or "MTP 1 at 0.7 acceptance" (an acceptance rate
+    means nothing without speculative tokens)."""
+    return f"MTP {mtp} at {acceptance:g} acceptance" if mtp else "MTP off"
 
 
 #: --precision choices as a plan names them
@@ -148,13 +156,31 @@ def plan_from_args(args, loaded, cfg, base: dict | None = None):
     return default_plan(cfg, npus, loaded.system.npu.dies, **given)
 
 
+def system_kv(args, phase: str, default: int) -> int | None:
+    """A --system step's decode context: ``--kv``, else ``--seq`` (as on a chip: the tokens already
+    cached), else ``default``; at least 1 (the system's step shape counts the new token in its
+    context, so ``--kv 1`` is an empty cache; 0 would be a step that attends to nothing). A prefill
+    step's prompts start from an empty cache: ``--kv`` (a cached prefix) is refused, not ignored."""
+    if phase != "decode":
+        if args.kv is not None:
+            raise ConfigError(f"--kv {args.kv}: a --system prefill step's prompts (--seq) start from an empty cache; "
+                              "a cached prefix is not modelled there: drop --kv")
+        return None
+    kv = args.kv if args.kv is not None else args.seq if args.seq is not None else default
+    if kv < 1:
+        raise ConfigError(f"--kv {kv}: a --system decode step attends to a context of at least one token, the new "
+                          "one (--kv 1: an empty cache)")
+    return kv
+
+
 def shape_from_args(args):
     from npusim.system.mapper import StepShape
 
     phase = args.phase or "decode"
     batch = args.batch or PLAN_DEFAULT_BATCH[phase]
     if phase == "decode":
-        return StepShape("decode", batch, 1, args.kv if args.kv else PLAN_DEFAULT_TOKENS)
+        return StepShape("decode", batch, 1, system_kv(args, phase, PLAN_DEFAULT_TOKENS))
+    system_kv(args, phase, PLAN_DEFAULT_TOKENS)
     seq = args.seq or PLAN_DEFAULT_TOKENS
     return StepShape("prefill", batch, seq, seq)
 
@@ -223,8 +249,8 @@ def print_plan_step(r: dict) -> None:
           f"{p['kv_dtype']}; batch {r['batch']:g}" + (f" at context {r['kv']}" if r["phase"] == "decode" else
                                                      f" prompts of {r['seq']}"))
     if r["phase"] == "decode" and r["tpot_ms"] != r["step_ms"]:
-        print(f"  step          {r['step_ms']:,.3f} ms; TPOT {r['tpot_ms']:,.3f} ms (speculative tokens: "
-              f"mtp {p['mtp']} at {p['mtp_acceptance']:g})")
+        print(f"  step          {r['step_ms']:,.3f} ms; TPOT {r['tpot_ms']:,.3f} ms "
+              f"({mtp_words(p['mtp'], p['mtp_acceptance'])})")
     else:
         print(f"  step          {r['step_ms']:,.3f} ms" + (" (TPOT)" if r["phase"] == "decode" else " (TTFT)"))
     print(f"  throughput    {r['tokens_per_s_per_npu']:,.1f} tokens/s per NPU")
@@ -233,7 +259,7 @@ def print_plan_step(r: dict) -> None:
                                          for k, v in sorted(r["breakdown_us"].items(), key=lambda kv: -kv[1])))
     if "weights_gb_per_die" in r:  # not known to a replayed workload
         print(f"  memory        {r['weights_gb_per_die']:.1f} GB weights + {r['kv_gb_per_die']:.1f} GB KV per die of "
-              f"{r['hbm_gb_per_die']:g} GB")
+              f"{r['hbm_gb_per_die']:.1f} GB of HBM ({r['hbm_gib_per_die']:g} GiB)")
     if r["busiest_links"]:
         b = r["busiest_links"][0]
         print(f"  busiest link  {b['link']} ({b['fabric']}): {b['gbps']:,.1f} GB/s mean, {100 * b['utilization']:.0f}%")
@@ -318,7 +344,7 @@ def _print_serving(s: dict) -> None:
     from npusim.cli.serve import fmt, latency_line
 
     print(f"{s['model']} serving on {s['system']}: {s['requests_total']} requests; prefill {s['npus_prefill']} NPUs, "
-          f"decode {s['npus_decode']} NPUs (MTP {s['mtp']} at {s['mtp_acceptance']:g})")
+          f"decode {s['npus_decode']} NPUs ({mtp_words(s['mtp'], s['mtp_acceptance'])})")
     print(f"  completed      {s['requests_completed']} completed, {s['requests_rejected']} rejected over "
           f"{s['duration_s'] or 0:.2f} s; {s['prefill_batches']} prefill batches, {s['decode_steps']} decode steps "
           f"(mean {s['mean_decode_batch_per_npu']:.1f} sequences per decode NPU)")

@@ -115,11 +115,30 @@ def refuse_many_packets(args, loaded, total_bytes: float) -> None:
                          "fidelity times any size at once")
 
 
-def add_arch_arg(p) -> None:
-    """The ``--arch`` option every chip-level subcommand takes."""
+def add_arch_arg(p, system: bool = False) -> None:
+    """The ``--arch`` option every chip-level subcommand takes; ``system``: the command also runs on
+    a ``--system``, whose die is the system file's (then --arch is refused: :func:`chip_arch`)."""
     from npusim.choices import DEFAULT_ARCH
 
-    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
+    if system:
+        p.add_argument("--arch", default=None, help=f"arch YAML path or preset (default {DEFAULT_ARCH}; not with "
+                       "--system, which runs on its own die: system.npu.chip in the system file)")
+    else:
+        p.add_argument("--arch", default=DEFAULT_ARCH, help=f"arch YAML path or preset (default {DEFAULT_ARCH})")
+
+
+def chip_arch(args) -> str:
+    """The chip a command without ``--system`` runs on: ``--arch``, default npusim-64c."""
+    from npusim.choices import DEFAULT_ARCH
+
+    return args.arch or DEFAULT_ARCH
+
+
+def refuse_arch_with_system(args) -> None:
+    """``--arch`` beside ``--system`` is an error, not ignored: a system runs on the die its file names."""
+    if getattr(args, "arch", None) is not None:
+        raise ConfigError(f"--arch {args.arch}: --system {args.system} runs on its own die (system.npu.chip in the "
+                          "system file); drop --arch (for another die, copy the system file and name it there)")
 
 
 NODES_HELP = ("nodes of the system: fewer than the file's takes its first N (a slice, e.g. 1, 2, 4, 20 of "

@@ -157,6 +157,7 @@ class ModelConfig:
 
 
 _FIELD_NAMES = {f.name for f in fields(ModelConfig)}
+_FIELD_TYPES = {f.name: {"int": int, "bool": bool, "str": str}[f.type] for f in fields(ModelConfig)}
 
 #: Hugging Face config.json keys -> our field names
 _HF_ALIASES = {
@@ -177,7 +178,30 @@ _HF_FAMILIES = {"gpt2": "gpt2", "llama": "llama", "qwen3": "qwen3", "qwen3_moe":
                 "deepseek_v3": "deepseek_v3", "qwen2": "llama", "mistral": "llama"}
 
 
-def config_from_dict(data: dict, name: str | None = None) -> ModelConfig:
+#: the largest count or size a model config's field takes (beyond it no simulation could run)
+MAX_FIELD = 2**31 - 1
+#: fields that must be positive integers (the rest of the integer fields may be 0: "none" or "derive it")
+_POSITIVE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads")
+
+
+def _check_field(field_name: str, key: str, value, where: str) -> None:
+    """One ConfigError naming the file (``where``) and the key as written when ``value`` is not of
+    the field's type (integer fields: whole numbers in range; JSON's true/false are not numbers)."""
+    kind = _FIELD_TYPES[field_name]
+    if kind is int:
+        low = 1 if field_name in _POSITIVE else 0
+        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_FIELD
+        expected = f"a {'positive' if low else 'non-negative'} integer" + (
+            f" of at most {MAX_FIELD:,}" if isinstance(value, int) and value > MAX_FIELD else "")
+    elif kind is bool:
+        ok, expected = isinstance(value, bool), "true or false"
+    else:
+        ok, expected = isinstance(value, str), "a string"
+    if not ok:
+        raise ConfigError(f"{where}: key '{key}': expected {expected}, got {json.dumps(value)}")
+
+
+def config_from_dict(data: dict, name: str | None = None, where: str = "model config") -> ModelConfig:
     """A :class:`ModelConfig` from our field names or a Hugging Face ``config.json`` dict.
 
     A dict with ``model_type`` or ``architectures`` is read as a Hugging Face config: its
@@ -187,26 +211,33 @@ def config_from_dict(data: dict, name: str | None = None) -> ModelConfig:
     (``rope_theta``, ``torch_dtype``, ...) are ignored. Any other dict must use our field
     names only; an unknown key is an error.
 
+    Every key it uses is checked for its type: counts and sizes are integers (``hidden_size``,
+    ``num_hidden_layers`` ... positive), switches are true/false, names are strings; ``null``
+    is the key left out (Hugging Face writes ``"n_inner": null`` for "the default").
+
     Raises:
-        ConfigError: unknown keys, missing sizes, inconsistent values.
+        ConfigError: unknown keys, missing sizes, values of the wrong type, inconsistent values;
+            the message starts with ``where`` (the file) and names the key as written.
     """
     if not isinstance(data, dict):
-        raise ConfigError(f"a model config must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{where}: a model config must be a mapping, got {type(data).__name__}")
     hf = "model_type" in data or "architectures" in data
     out: dict = {}
     unknown = []
     for key, value in data.items():
         field_name = _HF_ALIASES.get(key, key) if hf else key
         if field_name in _FIELD_NAMES:
-            out[field_name] = value
+            if value is not None:
+                _check_field(field_name, key, value, where)
+                out[field_name] = value
         elif not hf:
             unknown.append(key)
     if unknown:
-        raise ConfigError(f"model config: unknown key(s) {sorted(unknown)}; known: {sorted(_FIELD_NAMES)}")
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(_FIELD_NAMES)}")
     if hf:
         family = _HF_FAMILIES.get(str(out.get("family", "")))
         if family is None:
-            raise ConfigError(f"model config: model_type {data.get('model_type')!r} is not supported; "
+            raise ConfigError(f"{where}: model_type {data.get('model_type')!r} is not supported; "
                               f"supported: {sorted(_HF_FAMILIES)}")
         out["family"] = family
         out.update(_family_defaults(family, out))
@@ -223,12 +254,14 @@ def config_from_dict(data: dict, name: str | None = None) -> ModelConfig:
         out["head_dim"] = out.get("hidden_size", 0) // heads if heads else 0
     missing = [f for f in ("family", "vocab_size", "hidden_size", "num_layers", "num_heads") if f not in out]
     if missing:
-        raise ConfigError(f"model config: missing key(s) {missing}")
+        raise ConfigError(f"{where}: missing key(s) {missing}")
     out.setdefault("intermediate_size", 0)
     try:
         return ModelConfig(**out)
-    except TypeError as exc:
-        raise ConfigError(f"model config: {exc}") from None
+    except ConfigError as exc:  # the sizes' consistency (ModelConfig.__post_init__), named by the file
+        if where == "model config":
+            raise
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _family_defaults(family: str, out: dict) -> dict:
@@ -258,7 +291,8 @@ def config_from_json(path: str | Path) -> ModelConfig:
     # a Hugging Face checkout's config.json is named by its directory (e.g. Qwen2-7B/config.json)
     stem = p.resolve().parent.name if p.stem == "config" and p.resolve().parent.name else p.stem
     named = data.get("name") or data.get("_name_or_path") if isinstance(data, dict) else None
-    return config_from_dict(data, name=(str(named).rstrip("/").split("/")[-1] if named else None) or stem)
+    return config_from_dict(data, name=(str(named).rstrip("/").split("/")[-1] if named else None) or stem,
+                            where=str(p))
 
 
 __all__ = ["FAMILIES", "ModelConfig", "config_from_dict", "config_from_json"]

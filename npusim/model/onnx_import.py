@@ -1530,5 +1530,27 @@ def load_onnx(
                  meta=meta)
 
 
+def allowed_unsupported_notes(meta: dict) -> list[str]:
+    """What ``allow_unsupported=True`` let through, in words (one note each, none when it let nothing
+    through): the unsupported nodes costed as data movement of their outputs, by op type with their
+    names, and the nodes skipped for shapes inference left unknown."""
+    notes = []
+    skipped = meta.get("unsupported") or []
+    if skipped:
+        names: dict[str, list[str]] = defaultdict(list)
+        for u in skipped:
+            names[u["op_type"]].append(u["name"])
+        kinds = "; ".join(f"{k} x{len(v)} [{', '.join(v[:3])}{', ...' if len(v) > 3 else ''}]"
+                          for k, v in sorted(names.items()))
+        notes.append(f"--allow-unsupported: {len(skipped)} unsupported ONNX node(s) costed as data movement of "
+                     f"their outputs, not computed: {kinds}")
+    unknown = meta.get("unknown_shapes") or []
+    if unknown:
+        more = f" (and {len(unknown) - 3} more)" if len(unknown) > 3 else ""
+        notes.append(f"--allow-unsupported: {len(unknown)} ONNX node(s) with unknown input shapes skipped (no cost): "
+                     f"{'; '.join(unknown[:3])}{more}")
+    return notes
+
+
 __all__ = ["BATCH_DIM_NAMES", "PAST_DIM_NAMES", "SEQ_DIM_NAMES", "SUPPORTED_OPS", "TOTAL_DIM_NAMES",
-           "check_external_data", "load_onnx"]
+           "allowed_unsupported_notes", "check_external_data", "load_onnx"]

@@ -44,6 +44,15 @@ def hbm_link_ids(sim: Simulator) -> np.ndarray:
     return np.flatnonzero(np.isin(topo.link_src, routers) | np.isin(topo.link_dst, routers))
 
 
+def _import_notes(graph: Graph) -> list[str]:
+    """An ONNX graph's nodes that were not computed (imported with ``allow_unsupported``)."""
+    if not (graph.meta.get("unsupported") or graph.meta.get("unknown_shapes")):
+        return []
+    from npusim.model.onnx_import import allowed_unsupported_notes
+
+    return allowed_unsupported_notes(graph.meta)
+
+
 def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
     arch = sim.arch
     cycles = sim.makespan()
@@ -90,7 +99,7 @@ def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
             "layout_first_group": list(mapped.groups[0].cores), "weights_resident": mapped.weights_resident,
             "weight_mb_per_core": mapped.weight_bytes_per_core / 2**20, "kv_cache_in_hbm": mapped.kv_in_hbm,
             "resident_weight_mb_per_core": mapped.resident_weight_bytes_per_core / 2**20,
-            "partitions": partitions, "notes": mapped.notes,
+            "partitions": partitions, "notes": [*mapped.notes, *_import_notes(graph)],
         },
         "tasks": sim.engine.num_tasks, "events": sim.events,
     }

@@ -471,10 +471,13 @@ def load_program(path: str | Path) -> Program:
     import h5py  # see Program.save
 
     path = Path(path)
+    expected = "expected the program.h5 that `npusim run --forward --out DIR` writes"
+    if not path.is_file():
+        raise ConfigError(f"{path}: {'is a directory' if path.is_dir() else 'no such file'}; {expected}")
     try:
         f = h5py.File(path, "r")
-    except (OSError, FileNotFoundError) as exc:
-        raise ConfigError(f"{path}: cannot open as an HDF5 program ({exc})") from None
+    except OSError:  # h5py's message spans lines and names its C call, not the problem
+        raise ConfigError(f"{path}: not an HDF5 file (or unreadable); {expected}") from None
     with f:
         if "program" not in f:
             raise ConfigError(f"{path}: no /program group; is this a program.h5 written by `npusim run --forward --out DIR`?")

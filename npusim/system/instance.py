@@ -34,7 +34,7 @@ class Instance:
     npus: int
     units: list[list[int]]  # instance-local die indices of each unit
     kv_bytes_per_die: float  # one token's KV on each die of its unit
-    weights_gb_per_die: float
+    weights_gib_per_die: float  # GiB (2^30 bytes)
     step: Callable[[int, int], float]
     x_scale: int = 1
     mtp: int = 0

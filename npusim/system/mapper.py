@@ -800,6 +800,23 @@ def _simulated_layers(cfg, moe_from: int) -> list[int]:
     return list(range(moe_from)) + list(range(moe_from, moe_from + SIM_LAYERS))
 
 
+#: GB (10^9 bytes) in a GiB (2^30 bytes): the memory figures are computed in GiB, as the chips' HBM
+#: capacities are given (``hbm.capacity_gb`` counts 2^30 bytes), and reported in both
+GB_PER_GIB = 2**30 / 1e9
+
+
+def memory_figures(weights_gib: float, kv_gib: float, hbm_gib: float | None = None) -> dict:
+    """A step's memory per die as its JSON reports it: ``weights_gb_per_die``, ``kv_gb_per_die`` and
+    ``hbm_gb_per_die`` in GB (10^9 bytes, as the keys say), the same ``*_gib_per_die`` in GiB."""
+    out = {"weights_gb_per_die": round(weights_gib * GB_PER_GIB, 3), "kv_gb_per_die": round(kv_gib * GB_PER_GIB, 3)}
+    if hbm_gib is not None:
+        out["hbm_gb_per_die"] = round(hbm_gib * GB_PER_GIB, 3)
+    out.update(weights_gib_per_die=round(weights_gib, 3), kv_gib_per_die=round(kv_gib, 3))
+    if hbm_gib is not None:
+        out["hbm_gib_per_die"] = hbm_gib
+    return out
+
+
 def memory_per_rank_gb(cfg, plan: ParallelPlan, shape: StepShape) -> tuple[float, float]:
     """(weights, KV cache) in GiB (2^30 bytes) on the busiest rank: each stage's layers (sharded as the
     plan says), its routed experts (with ``expert_tp``, ``expert_tp`` times the slots, each a shard of

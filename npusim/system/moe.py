@@ -116,6 +116,23 @@ def combine_local_ops(received_rows: int, hidden: int) -> list[Op]:
                op_class="elementwise", row_len=hidden)] if received_rows > 0 else []
 
 
+ROUTING_FORMS = "uniform, zipf:S such as zipf:1.2, or the path of a load-profile file"
+
+
+def check_routing(routing: str) -> None:
+    """A ConfigError unless ``routing`` is ``uniform``, ``zipf:S`` or an existing file (checked
+    before a run starts; the file's weights are checked against the model's experts when read)."""
+    if routing == "uniform" or re.fullmatch(r"zipf:([0-9]*\.?[0-9]+)", routing):
+        return
+    if routing.lower().startswith("zipf"):
+        raise ConfigError(f"--routing {routing}: zipf:S takes a non-negative exponent S, e.g. zipf:1.2")
+    path = Path(routing)
+    if path.is_dir():
+        raise ConfigError(f"--routing {routing}: is a directory; expected {ROUTING_FORMS}")
+    if not path.is_file():
+        raise ConfigError(f"--routing {routing}: no such load-profile file; expected {ROUTING_FORMS}")
+
+
 def expert_weights(routing: str, experts: int, seed: int = 0) -> np.ndarray:
     """Relative popularity of each expert (see module docstring)."""
     if routing == "uniform":
@@ -127,10 +144,8 @@ def expert_weights(routing: str, experts: int, seed: int = 0) -> np.ndarray:
         w = np.empty(experts)
         w[order] = 1.0 / np.arange(1, experts + 1) ** s
         return w
-    path = Path(routing)
-    if not path.is_file():
-        raise ConfigError(f"--routing {routing}: expected uniform, zipf:S (e.g. zipf:1.2) or a load-profile file")
-    return _load_profile(path, experts)
+    check_routing(routing)
+    return _load_profile(Path(routing), experts)
 
 
 def _load_profile(path: Path, experts: int) -> np.ndarray:

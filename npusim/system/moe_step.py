@@ -44,7 +44,7 @@ from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
 from npusim.system.execute import time_workload
 from npusim.system.load import LoadedSystem
-from npusim.system.mapper import Overheads, StepShape, build_step, memory_per_rank_gb
+from npusim.system.mapper import GB_PER_GIB, Overheads, StepShape, build_step, memory_per_rank_gb
 from npusim.system.plan import ParallelPlan, check_plan, default_plan
 from npusim.system.workload import Workload
 
@@ -81,7 +81,7 @@ class StepResult:
     mtp: int
     mtp_acceptance: float
     eplb: str
-    kv_gb_per_die: float
+    kv_gb_per_die: float  # GB (10^9 bytes); kv_gib_per_die: the same in GiB
     weights_gb_per_die: float
     imbalance: float
     attention_imbalance: float  # slowest die's attention / the mean (1 unless contexts are spread: kv_min)
@@ -93,6 +93,8 @@ class StepResult:
     fidelity: dict = field(default_factory=dict)  # the chip costs' memory and NoC fidelity, the fabric's
     note: str = PARTIAL_NOTE
     workload: Workload | None = field(default=None, repr=False, compare=False)
+    kv_gib_per_die: float = 0.0
+    weights_gib_per_die: float = 0.0
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "workload"}
@@ -187,8 +189,9 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     weights_gb, kv_gb = memory_per_rank_gb(cfg, plan, shape)
     hbm_gb = summarize(loaded.chip).hbm_gb
     if check_fit and kv_gb + weights_gb > hbm_gb:
-        raise ConfigError(f"batch does not fit: {kv_gb:.1f} GB of KV cache + {weights_gb:.1f} GB of weights per die "
-                          f"> {hbm_gb:g} GB of HBM (fewer sequences per NPU, or a shorter --kv)")
+        raise ConfigError(f"batch does not fit: {kv_gb * GB_PER_GIB:.1f} GB of KV cache + {weights_gb * GB_PER_GIB:.1f} "
+                          f"GB of weights per die > {hbm_gb * GB_PER_GIB:.1f} GB of HBM ({hbm_gb:g} GiB; fewer "
+                          "sequences per NPU, or a shorter --kv)")
     ops = s.moe_operators
     oh = deployment_overheads(loaded, dep)
     wl = build_step(cfg, plan, shape, dpn, routing, seed, ops.decode_copies if dep.phase == "decode" else
@@ -214,8 +217,9 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         tokens_per_s_per_npu=per_npu_tokens / (step_us / 1e6), layer_us=layer_us,
         breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
         step_breakdown_ms={k: round(v / 1e3, 4) for k, v in parts.items()}, microbatches=plan.microbatches,
-        mtp=plan.mtp, mtp_acceptance=plan.mtp_acceptance, eplb=plan.eplb, kv_gb_per_die=kv_gb,
-        weights_gb_per_die=weights_gb, imbalance=float(load.max() / load.mean()) if load.mean() > 0 else 1.0,
+        mtp=plan.mtp, mtp_acceptance=plan.mtp_acceptance, eplb=plan.eplb,
+        kv_gb_per_die=kv_gb * GB_PER_GIB, weights_gb_per_die=weights_gb * GB_PER_GIB,
+        kv_gib_per_die=kv_gb, weights_gib_per_die=weights_gb, imbalance=float(load.max() / load.mean()) if load.mean() > 0 else 1.0,
         attention_imbalance=imbalance, chip_cost=cc.stats.as_dict(), plan=plan.to_dict(),
         workload=wl, calibrated_ms=calibrated_us / 1e3, calibrated_share=calibrated_us / step_us if step_us else 0.0,
         kernel_launch_ms=timing.breakdown_us.get("kernel_launch", 0.0) / 1e3,

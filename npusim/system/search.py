@@ -62,7 +62,7 @@ def run_plan_point(pt: PlanPoint) -> dict:
     """Simulate one point; a record with ``plan``, ``batch``, the latency, ``tokens_per_s_per_npu``,
     ``feasible`` and ``reason`` (never raises for the point's own failures)."""
     from npusim.arch import summarize
-    from npusim.system.mapper import StepShape, memory_per_rank_gb
+    from npusim.system.mapper import GB_PER_GIB, StepShape, memory_figures, memory_per_rank_gb
     from npusim.system.step import simulate_plan_step
 
     lat = latency_key(pt.phase)
@@ -76,9 +76,10 @@ def run_plan_point(pt: PlanPoint) -> dict:
                           pt.kv if pt.phase == "decode" else pt.seq)
         weights, kv = memory_per_rank_gb(cfg, plan, shape)
         hbm = summarize(loaded.chip).hbm_gb
-        rec.update(weights_gb_per_die=round(weights, 3), kv_gb_per_die=round(kv, 3))
+        rec.update(memory_figures(weights, kv))
         if weights + kv > hbm:
-            rec["reason"] = f"memory: {weights:.1f} GB weights + {kv:.1f} GB KV per die > {hbm:g} GB HBM"
+            rec["reason"] = (f"memory: {weights * GB_PER_GIB:.1f} GB weights + {kv * GB_PER_GIB:.1f} GB KV per die > "
+                             f"{hbm * GB_PER_GIB:.1f} GB of HBM ({hbm:g} GiB)")
             return rec
         out, _, _ = simulate_plan_step(loaded, cfg, plan, shape, chip_cost=cc, routing=pt.routing, seed=pt.seed,
                                        fit=False)

@@ -175,10 +175,10 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
 
     kvb = kv_bytes_per_token(cfg) * (0.5 if getattr(ddep, "kv_dtype", "bf16") == "int8" else 1)  # a token, whole
     hbm = chip_summary(loaded.chip).hbm_gb * 2**30
-    room_tokens = int((hbm - dinst.weights_gb_per_die * 2**30) // dinst.kv_bytes_per_die)
+    room_tokens = int((hbm - dinst.weights_gib_per_die * 2**30) // dinst.kv_bytes_per_die)
     if room_tokens <= 0:
-        raise ConfigError(f"system_serving: the decode instance's weights ({dinst.weights_gb_per_die:.1f} GB per "
-                          f"die) leave no HBM for KV ({hbm / 2**30:g} GB per die): more decode NPUs")
+        raise ConfigError(f"system_serving: the decode instance's weights ({dinst.weights_gib_per_die * 2**30 / 1e9:.1f} "
+                          f"GB per die) leave no HBM for KV ({hbm / 1e9:.1f} GB per die): more decode NPUs")
     d_units = len(dinst.units)
     slots_per_unit = max(1, plan.decode.max_batch_per_npu * dinst.npus // d_units)  # per unit
     dies = [topo.index[n] for n in topo.die_names]

@@ -16,7 +16,8 @@ from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
 from npusim.system.execute import WorkloadTiming, time_workload
 from npusim.system.load import LoadedSystem
-from npusim.system.mapper import Overheads, StepShape, build_onnx_step, build_step, memory_per_rank_gb
+from npusim.system.mapper import (GB_PER_GIB, Overheads, StepShape, build_onnx_step, build_step, memory_figures,
+                                  memory_per_rank_gb)
 from npusim.system.plan import ParallelPlan, check_plan
 from npusim.system.workload import Workload
 
@@ -27,12 +28,13 @@ NOTE = ("derived step: every kernel timed by the chip simulator, every collectiv
 
 
 def check_fit(cfg, plan: ParallelPlan, shape: StepShape, hbm_gb: float) -> tuple[float, float]:
-    """(weights, KV) GB per die; ConfigError when they do not fit the die's HBM."""
+    """(weights, KV) GiB per die; ConfigError when they do not fit the die's HBM (``hbm_gb``: the
+    chip's capacity, in GiB as the arch file gives it)."""
     weights, kv = memory_per_rank_gb(cfg, plan, shape)
     if weights + kv > hbm_gb:
-        raise ConfigError(f"plan does not fit: {weights:.1f} GB of weights + {kv:.1f} GB of KV cache per die > "
-                          f"{hbm_gb:g} GB of HBM (more NPUs, a larger tp/ep/pp, w8a8, --kv-dtype int8, or a "
-                          "smaller batch or context)")
+        raise ConfigError(f"plan does not fit: {weights * GB_PER_GIB:.1f} GB of weights + {kv * GB_PER_GIB:.1f} GB of "
+                          f"KV cache per die > {hbm_gb * GB_PER_GIB:.1f} GB of HBM ({hbm_gb:g} GiB; more NPUs, a "
+                          "larger tp/ep/pp, w8a8, --kv-dtype int8, or a smaller batch or context)")
     return weights, kv
 
 
@@ -61,8 +63,7 @@ def simulate_plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, shape: S
     cc = chip_cost or ChipCost(loaded.chip)
     timing = time_workload(wl, loaded, cc, fidelity)
     out = summarize_timing(wl, timing, loaded, cc)
-    out.update(weights_gb_per_die=round(weights, 3), kv_gb_per_die=round(kv, 3), hbm_gb_per_die=hbm_gb,
-               chip_cost=cc.stats.as_dict())
+    out.update(memory_figures(weights, kv, hbm_gb), chip_cost=cc.stats.as_dict())
     return out, wl, timing
 
 
@@ -97,13 +98,12 @@ def _onnx_step(loaded: LoadedSystem, path: str, plan: ParallelPlan, shape: StepS
     kv = sum(op.kv_read_bytes for op in busiest.ops if op.kind == "attention") / 2**30
     hbm_gb = summarize(loaded.chip).hbm_gb
     if fit and weights + kv > hbm_gb:
-        raise ConfigError(f"plan does not fit: {weights:.1f} GB of weights + {kv:.1f} GB of KV cache per die > "
-                          f"{hbm_gb:g} GB of HBM")
+        raise ConfigError(f"plan does not fit: {weights * GB_PER_GIB:.1f} GB of weights + {kv * GB_PER_GIB:.1f} GB "
+                          f"of KV cache per die > {hbm_gb * GB_PER_GIB:.1f} GB of HBM ({hbm_gb:g} GiB)")
     wl.meta["launch_us"] = loaded.system.runtime.launch_us
     cc = chip_cost or ChipCost(loaded.chip)
     timing = time_workload(wl, loaded, cc, fidelity)
     out = summarize_timing(wl, timing, loaded, cc)
-    out.update(weights_gb_per_die=round(weights, 3), kv_gb_per_die=round(kv, 3), hbm_gb_per_die=hbm_gb,
-               chip_cost=cc.stats.as_dict(), note="ONNX export, data parallel: each die runs the whole model for its "
+    out.update(memory_figures(weights, kv, hbm_gb), chip_cost=cc.stats.as_dict(), note="ONNX export, data parallel: each die runs the whole model for its "
                "sequences; no communication")
     return out, wl, timing

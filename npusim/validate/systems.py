@@ -124,11 +124,11 @@ def deepseek_rows(quick: bool = False) -> list[Row]:
         res = simulate_step(loaded, dep, batch=r.get("batch"), kv=r.get("kv", 4096),
                             batch_tokens=r.get("batch_tokens"), seq=r.get("seq", 4096), mtp=r.get("mtp"),
                             mtp_acceptance=r.get("mtp_acceptance"), eplb=r.get("eplb"), kv_min=r.get("kv_min"))
-        metric = {"tpot_ms": "TPOT", "tokens_per_s_per_npu": "tok/s/NPU", "kv_gb_per_die": "KV GiB/die",
+        metric = {"tpot_ms": "TPOT", "tokens_per_s_per_npu": "tok/s/NPU", "kv_gb_per_die": "KV GB/die",
                   "dispatch_us_per_call": "dispatch per call", "combine_us_per_call": "combine per call",
                   "dispatch_combine_us_per_call": "per layer"
                   }.get(r["metric"], r["metric"])
-        unit = " us" if r["metric"].endswith("_us_per_call") else {"tpot_ms": " ms", "kv_gb_per_die": " GiB"}.get(
+        unit = " us" if r["metric"].endswith("_us_per_call") else {"tpot_ms": " ms", "kv_gb_per_die": " GB"}.get(
             r["metric"], "")
         kind = "calibration" if r.get("role") == "calibration" else "fitted" if r.get("fitted") else "outside"
         rows.append(Row(name=f"DeepSeek {r['name']} {metric}", source=f"{r['source']} [{r['confidence']}]",
