@@ -38,6 +38,8 @@ CHECKS = (
     Check("moe-normal-kernels", "prefill's MoE dispatch/combine vs DeepEP-Ascend's normal kernels (fitted)",
           "systems:normal_kernel_rows", False),
     Check("chip-gemm", "large GEMMs on one Ascend die vs measured kernel times", "chip_gemm:chip_gemm_rows", True),
+    Check("operators", "measured Ascend operators (GEMM, attention, vector, HCCL) vs the die and fabric models",
+          "operators:operator_rows", False),
     Check("deepseek", "DeepSeek-V3/R1 deployments on Atlas 800I A2 and CloudMatrix384", "systems:deepseek_rows", True),
     Check("plans", "any model by a parallel plan: dense 7B-72B and Qwen3-235B-A22B steps on Atlas 800I A2",
           "plans:plan_rows", True, "one decode and one prefill row per dense model"),

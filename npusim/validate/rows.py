@@ -42,6 +42,8 @@ class Row:
     kind: str = "outside"
     note: str = ""
     baseline: float | None = None  # what a naive model (a roofline of the same work, a constant) gives
+    family: str | None = None  # operator rows: gemm, attention, vector, collective, runtime
+    half: str | None = None  # operator rows: the source's half, calibration or validation
     error: float | None = field(default=None)
     within_tolerance: bool = field(default=False)
     baseline_error: float | None = field(default=None)

@@ -1,0 +1,204 @@
+"""Measured Ascend operators against the die model (``published.yaml`` ``operators``; issue 39 item 1).
+
+Each row of the section is one measurement on hardware (a kernel's time from msprof, a vendor
+sample's table, a collective benchmark), with its source. This check runs every row the
+simulator can express on the preset or system its source's hardware maps to (the source's
+``target``) and prints the measured figure, npusim's, the error, and a naive model's error: the
+roofline of the same work on the same preset. Rows are judged in microseconds per call.
+
+How each family is run (assumptions):
+
+* **gemm** -- :meth:`~npusim.system.chipcost.ChipCost.gemm` ``(m, k, n, batch)`` on the whole die
+  (or the source's ``cores``; a 910B source's row that states 24 or 20 cores runs on the preset
+  with that many, :data:`BY_CORES`), INT8 for W8A8 (``int8`` / ``w8a8``), else FP16/BF16. Roofline:
+  ``max(2 m n k batch / peak, compulsory bytes / HBM bandwidth)``.
+* **vector** -- :meth:`~npusim.system.chipcost.ChipCost.vector` with the op class the kernel's name
+  says (:data:`VECTOR_OPS`: norms, (dynamic) quantisation, RoPE, SwiGLU, adds, copies, softmax),
+  rows of the tensor's last dimension; a fused norm (AddRmsNorm) is costed as the norm (the
+  vector model reads one input). Kernels npusim has no model for (top-k, sort, gather, arg-max, cache
+  scatter, the fused Triton prologue) are listed as not run. Roofline: bytes read and written / HBM
+  bandwidth.
+* **attention** -- a standard (MHA/GQA) attention op through the chip's mapper
+  (:meth:`~npusim.system.chipcost.ChipCost.op`) with the row's batch, heads, query and KV lengths
+  and head size (non-causal unless stated); rows without a KV length or with MLA/linear attention
+  are not run. Roofline: ``max(4 b h q kv d / peak, (Q + K + V + O) bytes / HBM bandwidth)``.
+* **collective** -- HCCL all-gather, reduce-scatter and all-reduce over the first ``ranks`` dies of
+  ``target`` (:func:`~npusim.system.measure.run_collective`, flow fidelity), ``msg_bytes_total`` in
+  the nccl-tests convention (MB read as 10^6 bytes). Roofline: the bytes each rank must send
+  (``(n-1)/n`` of the message; twice for all-reduce) over all of one die's outgoing links at once.
+* **runtime** -- host dispatch, launch and graph-replay costs have no model of their own yet (issue
+  39 item 3): listed, not run.
+
+Rows of a source in the ``calibration`` half are ``fitted`` (they may steer modelling choices), of
+the ``validation`` half ``outside``; each row carries ``family`` and ``half``. ``--quick`` runs the
+rows of the validation half only.
+"""
+
+from __future__ import annotations
+
+import re
+
+from npusim.errors import NpusimError
+from npusim.validate.published import published
+from npusim.validate.rows import Row
+
+#: kernel name (a prefix of the row's ``op``) -> (vector op class, activation function): the vector
+#: model's classes (npusim.hw.compute.vector.OP_CLASSES)
+VECTOR_OPS = {
+    "AscendQuantV2": ("quantize", None), "DynamicQuant": ("quantize", None),
+    "AddRmsNormBias": ("rmsnorm", None), "RmsNorm": ("rmsnorm", None),
+    "InterleaveRope": ("rope", None), "SwiGlu": ("activation", "swiglu"),
+    "Add (": ("elementwise", None), "TensorMove": ("elementwise", None), "Transpose (": ("elementwise", None),
+    "TransData": ("elementwise", None), "SoftmaxV2": ("softmax", None),
+}
+HCCL_OPS = {"allGather": "allgather", "reduceScatter": "reducescatter", "allReduce": "allreduce"}
+INT8 = ("int8", "w8a8", "bf16->int8")
+
+
+def _dtype(text: str) -> str:
+    t = str(text).lower()
+    if t.startswith(INT8) or "int8" in t.split(" ")[0]:
+        return "int8"
+    return "fp16" if t.startswith("fp16") else "bf16"
+
+
+def _bytes(text) -> int:
+    """'1.3MB' -> 1,300,000; '74KB' -> 74,000 (the source prints decimal units)."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*(KB|MB|GB|B)\s*", str(text))
+    if not m:
+        raise ValueError(f"not a byte size: {text!r}")
+    return int(float(m.group(1)) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)])
+
+
+def _int(x) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else None
+
+
+def _cores(r: dict) -> int | None:
+    return _int(r.get("cores"))
+
+
+class _Runner:
+    """Runs rows on their targets, one ChipCost per preset and one loaded system per system."""
+
+    def __init__(self):
+        self.costs: dict = {}
+        self.systems: dict = {}
+
+    def cost(self, arch: str):
+        from npusim.system.chipcost import ChipCost
+
+        if arch not in self.costs:
+            self.costs[arch] = ChipCost(arch)
+        return self.costs[arch]
+
+    def gemm(self, r: dict, target: str) -> tuple[float, float, str] | None:
+        s = r.get("shape") or {}
+        m, k, n = (_int(s.get(x)) for x in ("m", "k", "n"))
+        if not (m and k and n) or "ranks" in s or "measured_us" not in r:
+            return None
+        batch = _int(s.get("batch")) or 1
+        dtype = _dtype(r.get("dtype", "bf16"))
+        cc = self.cost(target)
+        res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch) if batch > 1 else cc.gemm(m, k, n, dtype, _cores(r))
+        flops = 2.0 * m * k * n * batch
+        roof = max(flops / (res.peak_tflops_chip * 1e6), res.min_hbm_bytes / (res.hbm_peak_bandwidth_gbps * 1e3))
+        return res.time_us, roof, f"{100 * res.compute_utilization:.0f}% of peak"
+
+    def vector(self, r: dict, target: str) -> tuple[float, float, str] | None:
+        from npusim.model.ir import Op
+
+        kind = next((v for k, v in VECTOR_OPS.items() if str(r["op"]).startswith(k)), None)
+        tensor = (r.get("shape") or {}).get("tensor")
+        if kind is None or not isinstance(tensor, list) or "measured_us" not in r:
+            return None
+        elements = 1
+        for d in tensor:
+            elements *= int(d)
+        op_class, fn = kind
+        dtype = "bf16"
+        op = Op(r["op"], "vector", dtype=dtype, elements=elements, op_class=op_class, fn=fn, row_len=int(tensor[-1]))
+        cc = self.cost(target)
+        res = cc.vector(op, _cores(r))
+        out = elements // 2 if fn == "swiglu" else elements
+        nbytes = 2 * elements + (1 if op_class == "quantize" else 2) * out
+        roof = nbytes / (res.hbm_peak_bandwidth_gbps * 1e3)
+        return res.time_us, roof, op_class + (f" {fn}" if fn else "")
+
+    def attention(self, r: dict, target: str) -> tuple[float, float, str] | None:
+        from npusim.model.ir import Op
+
+        s = r.get("shape") or {}
+        q, kv, heads, d = (_int(s.get(x)) for x in ("q_len", "kv_len", "heads", "head_dim"))
+        if not (q and kv and heads and d) or "measured_us" not in r or "rope_dim" in s or "MLA" in str(r["op"]):
+            return None
+        batch = _int(s.get("batch")) or 1
+        kv_heads = _int(s.get("kv_heads")) or heads
+        causal = bool(s.get("causal", False))
+        op = Op("attention", "attention", dtype=_dtype(r.get("dtype", "fp16")), q_len=q, kv_len=kv, heads=heads,
+                kv_heads=kv_heads, head_dim=d, v_head_dim=d, batch=batch, causal=causal)
+        cc = self.cost(target)
+        res = cc.op(op, _cores(r))
+        flops = 4.0 * batch * heads * q * kv * d * (0.5 if causal else 1.0)
+        nbytes = 2 * batch * d * (2 * heads * q + 2 * kv_heads * kv)
+        roof = max(flops / (res.peak_tflops_chip * 1e6), nbytes / (res.hbm_peak_bandwidth_gbps * 1e3))
+        return res.time_us, roof, f"{res.cores_used} cores"
+
+    def collective(self, r: dict, target: str) -> tuple[float, float, str] | None:
+        from npusim.system.load import load_system
+        from npusim.system.measure import run_collective
+
+        s = r.get("shape") or {}
+        op = next((v for k, v in HCCL_OPS.items() if k in str(r["op"])), None)
+        ranks = _int(s.get("ranks"))
+        if op is None or not ranks or "msg_bytes_total" not in s or "measured_us" not in r:
+            return None
+        nbytes = _bytes(s["msg_bytes_total"])
+        if target not in self.systems:
+            self.systems[target] = load_system(target)
+        loaded = self.systems[target]
+        run = run_collective(loaded, op, list(range(ranks)), nbytes)
+        topo = loaded.topology
+        out_gbps = float(topo.link_cap[topo.link_src == topo.index["npu0.die0"]].sum()) * 1e3  # bytes/ps -> GB/s
+        share = (ranks - 1) / ranks * nbytes * (2 if op == "allreduce" else 1)
+        return run.time_us, share / (out_gbps * 1e3), f"{run.algorithm}, {ranks} dies"
+
+
+#: a 910B-generation source whose row states its AI cores runs on the preset with that many cube cores
+BY_CORES = {24: "ascend-910b", 20: "ascend-910b4"}
+
+
+def _target(src: dict, r: dict) -> str | None:
+    target = src.get("target")
+    if target in BY_CORES.values() and _cores(r) in BY_CORES:
+        return BY_CORES[_cores(r)]
+    return target
+
+
+def operator_rows(quick: bool = False) -> list[Row]:
+    sec = published()["operators"]
+    sources = {s["id"]: s for s in sec["sources"]}
+    runner = _Runner()
+    run = {"gemm": runner.gemm, "vector": runner.vector, "attention": runner.attention,
+           "collective": runner.collective}
+    rows: list[Row] = []
+    for i, r in enumerate(sec["rows"]):
+        src = sources[r["source"]]
+        half = src["half"]
+        if quick and half != "validation":
+            continue
+        fn = run.get(r["family"])
+        target = _target(src, r)
+        try:
+            got = fn(r, target) if fn and target else None
+        except NpusimError as exc:  # a row the simulator refuses: shown as not run, counted as a miss
+            got = (None, None, f"could not run: {exc}")
+        if got is None:
+            continue
+        sim_us, roof_us, how = got
+        rows.append(Row(name=f"{r['family']} {str(r['op'])[:24]} #{i}", source=f"{src['title']} ({src['url'].split()[0]})",
+                        published=float(r["measured_us"]), simulated=sim_us, tolerance=sec["tolerance"], unit="us",
+                        kind="fitted" if half == "calibration" else "outside", baseline=roof_us,
+                        family=r["family"], half=half,
+                        note=f"{target}; {how}; shape {r.get('shape')}"))
+    return rows
