@@ -126,7 +126,7 @@ def refresh_reference(binary: str, arch) -> None:
             print(f"BookSim2 {case} {rate}: {points[-1]}", flush=True)
     head = (f"# BookSim2 on request-reply hot-spot traffic (validation/noc_hotspot_booksim.py reads this file).\n"
             f"# Written by: python validation/noc_hotspot_booksim.py --booksim {Path(binary).name}\n"
-            f"# (BookSim2 from github.com/booksim/booksim2, built in its own tree: cd src && make).\n"
+            f"# (BookSim2 from github.com/booksim/booksim2, a binary built outside this repository).\n"
             f"# Each point's configuration is `config` below with its case's sizes and injection_rate = rate\n"
             f"# (requests a node a cycle); latency = 'Packet latency average', throughput = 'Accepted flit\n"
             f"# rate average' of BookSim2's overall statistics; saturated = it printed 'Simulation unstable'.\n")
