@@ -61,5 +61,6 @@ def run_collective(arch: Arch, op: str, cores: list[int], nbytes: int, fidelity:
         op=op, cores=list(cores), bytes=nbytes, fidelity=fidelity, cycles=cycles, time_us=seconds * 1e6,
         algbw_gbps=algbw, busbw_gbps=algbw * coll.bus_factor(), ring_hops=hops, total_ring_hops=sum(hops),
         messages=sum(1 for t in coll.tasks if prog.unit[t] == "noc"),
-        link_flits_max=int(sim.noc.link_flits.max()),
+        # the path model's ports (links, ejection and memory ports); the flit model's mesh links
+        link_flits_max=int(sim.link_flits().max() if fidelity == "flit" else sim.noc.link_flits.max()),
     )

@@ -62,7 +62,7 @@ def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
     units = sim.units
     hbm_bytes = int(sim.mem.ch_bytes.sum())
     n_links = sim.topology.num_links
-    link_util = sim.noc.link_flits[:n_links] / cycles if cycles else np.zeros(n_links)
+    link_util = sim.link_flits() / cycles if cycles else np.zeros(n_links)
     hbm_links = hbm_link_ids(sim)
     partitions: dict[str, int] = {}
     for p in mapped.decisions.values():

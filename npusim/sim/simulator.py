@@ -33,7 +33,7 @@ from npusim.hw.memory.hbm import (
     L2_MISSES, L2_NSTATS, L2_WRITE_BYTES, new_hbm_state,
 )
 from npusim.hw.memory.params import P_L2_ON, P_L2_SLICES, memory_params
-from npusim.hw.noc.flit import zero_load_latency_cycles
+from npusim.hw.noc.flit import link_flits, zero_load_latency_cycles
 from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
 from npusim.hw.noc.path import grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
@@ -334,6 +334,17 @@ class Simulator:
         remap(self.flit.m_task)
         remap(self.mempath.task)
         return new_id
+
+    def link_flits(self) -> np.ndarray:
+        """Flits sent on each mesh link so far (by link id, ``topology.num_links`` entries), from the
+        model of this simulator's NoC fidelity: the path/analytical model's counters, or at the
+        ``flit`` fidelity the cycle-accurate routers' (the path model's counters stay at zero
+        there: its state stands by unused). Divided by the cycles, a link's busy fraction (one
+        flit a cycle is full)."""
+        n = self.topology.num_links
+        if self.noc_mode == "flit":
+            return link_flits(self.flit.fs, self.topology)
+        return self.noc.link_flits[:n].copy()
 
     @property
     def hbm_bytes_over_noc(self) -> int:

@@ -206,7 +206,7 @@ BACKLOG_GROWTH_LIMIT = 0.05
 
 def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, router_stages: int,
                source_queue_packets: int = 256, done_capacity: int = 0, booksim: bool = False,
-               memory_ports=None) -> FlitState:
+               memory_ports=None, reply_queues: bool = False) -> FlitState:
     """Allocate an empty network: all buffers empty, all credits available.
 
     ``vcs`` VCs per port (1..64), ``buffer_flits`` flits per VC buffer, ``router_stages``
@@ -217,6 +217,9 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     and latency conventions (see "BookSim2-compatible mode" in the module docstring).
     ``memory_ports[r]``: lanes of router ``r``'s memory-controller port (see "Memory ports" in the
     module docstring; missing or 0: none, memory-bound packets eject at the local port).
+    ``reply_queues``: every router gets the memory's source queue even without memory ports
+    (synthetic request-reply traffic queues its replies there, see
+    :func:`~npusim.hw.noc.flit_kernel.run_synthetic`).
     """
     R, P, V, B, S = topo.num_routers, topo.num_ports, int(vcs), int(buffer_flits), int(router_stages)
     if not 1 <= V <= 64:
@@ -233,7 +236,10 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
     if routing.topo is not topo:
         raise ConfigError("routing was built for a different topology")
     nvc = R * P * V
-    max_pkt = R * P * V * B + R * (source_queue_packets + 1)  # every live packet holds a buffer slot or a queue entry
+    mem_queues = memory_ports is not None or reply_queues
+    # every live packet holds a buffer slot, a queue entry (the NI's or the memory's) or a lane
+    max_pkt = R * P * V * B + R * (source_queue_packets + 1) + (R * (source_queue_packets + fk.MINJ_LANES_MAX)
+                                                                 if mem_queues else 0)
     done_cap = max(1, int(done_capacity))
     need = 8 * (nvc * (fk.NVCF + B * fk.NSLF) + max_pkt * (fk.NPKF + 1) + R * (fk.NNDF + source_queue_packets
                                                                                 + P * fk.NPTF))
@@ -274,7 +280,7 @@ def make_state(topo: Topology, routing: Routing, vcs: int, buffer_flits: int, ro
         sq=np.full(R * source_queue_packets, -1, np.int64), pkt=pkt, free=np.arange(max_pkt, dtype=np.int64),
         next_port=table, done=np.zeros((done_cap, 2), np.int64),
         scr=np.zeros(2 * P * V, np.int64), rt=rt,
-        msq=np.full(R * source_queue_packets if memory_ports is not None else 1, -1, np.int64), lane=lane,
+        msq=np.full(R * source_queue_packets if mem_queues else 1, -1, np.int64), lane=lane,
     )
 
 
@@ -421,8 +427,7 @@ def simulate_flit(params: NocParams, traffic: SyntheticTraffic) -> NocResult:
     topo = to_arrays(params.build_graph())
     routing = build_routing(topo, params.routing)
     pattern = make_pattern(traffic.pattern, topo, traffic.hotspot_nodes, traffic.hotspot_fraction)
-    st = make_state(topo, routing, params.vcs, params.buffer_flits, params.router_stages, traffic.source_queue_packets,
-                    booksim=params.booksim_compatible)
+    st = make_traffic_state(topo, routing, params, pattern, traffic)
     warm_up()
     t0 = time.perf_counter()
     out, port_window = run_traffic(st, pattern, traffic)
@@ -438,18 +443,38 @@ def simulate_flit(params: NocParams, traffic: SyntheticTraffic) -> NocResult:
     return _result(params, traffic, topo, routing, pattern, st, out, link_window, wall)
 
 
+def make_traffic_state(topo: Topology, routing: Routing, params: NocParams, pattern, traffic: SyntheticTraffic):
+    """A fresh network for a synthetic experiment: with ``traffic.memory_lanes`` memory ports of
+    that many lanes at the pattern's hotspot nodes; request-reply traffic records completions
+    (each arriving request makes a reply) and has reply queues at every router."""
+    lanes = None
+    if traffic.memory_lanes:
+        lanes = np.zeros(topo.num_routers, np.int64)
+        lanes[np.asarray(pattern.hot_nodes, np.int64)] = traffic.memory_lanes
+    rr = traffic.reply_flits > 0
+    return make_state(topo, routing, params.vcs, params.buffer_flits, params.router_stages,
+                      traffic.source_queue_packets, done_capacity=topo.num_routers * (2 + fk.MINJ_LANES_MAX) if rr else 0,
+                      booksim=params.booksim_compatible, memory_ports=lanes, reply_queues=rr)
+
+
 def run_traffic(st: FlitState, pattern, traffic: SyntheticTraffic) -> tuple[np.ndarray, np.ndarray]:
     """Run a synthetic experiment (warm-up, window, drain) on a fresh state, fed block by
     block from :func:`npusim.hw.noc.traffic.packet_stream`; returns the kernel's summary
-    array (``flit_kernel.O_*``) and flits per output port in the window."""
+    array (``flit_kernel.O_*``) and flits per output port in the window. Request-reply
+    traffic (``traffic.reply_flits``) needs a state from :func:`make_traffic_state`."""
     port_window = np.zeros(st.port.shape[0], np.int64)
     out = np.zeros(fk.NOUT, np.int64)
+    # replies not yet due: at most one per request in flight (every live packet holds a row)
+    cap = int(st.cfg[fk.C_MAXPKT]) if traffic.reply_flits else 1
+    pend = np.zeros(fk.PD_ROWS + 4 * cap, np.int64)
+    pend[fk.PD_CAP] = cap
     cycle = 0
     block = 4 * STREAM_BLOCK_CYCLES
     while not out[fk.O_FINISHED]:
         cyc, src, dst = packet_stream(traffic, pattern, cycle, cycle + block)
         cycle = run_synthetic(st, cyc, src, dst, traffic.packet_flits, cycle, cycle + block, traffic.warmup_cycles,
-                              traffic.measure_cycles, traffic.drain_cycles, DEADLOCK_CYCLES, port_window, out)
+                              traffic.measure_cycles, traffic.drain_cycles, DEADLOCK_CYCLES, port_window, out,
+                              traffic.reply_flits, pend)
     return out, port_window
 
 

@@ -198,6 +198,19 @@ def _ni_next_packet(node, sq, sqcap, r):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
+def _ni_next_packet_from(node, ring, col_head, col_cnt, sqcap, r):
+    """Pop the next packet of router ``r``'s ring ``ring`` (pointers in ``node[r, col_head |
+    col_cnt]``, not empty) into the NI."""
+    h = node[r, col_head]
+    k = ring[r * sqcap + h]
+    node[r, col_head] = h + 1 if h + 1 < sqcap else 0
+    node[r, col_cnt] -= 1
+    node[r, ND_NI_PKT] = k
+    node[r, ND_NI_SEQ] = 0
+    return k
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
 def _body_stages(S):
     """BookSim mode: router cycles of a body or tail flit (switch allocation + switch
     traversal; route computation and VC allocation are the head's alone)."""
@@ -249,7 +262,12 @@ def _inject_phase(st, cycle):
             _lanes_take(node, st.msq, st.lane, pkt, sqcap, S, r, cycle)
         k = node[r, ND_NI_PKT]
         if k < 0:
-            k = _ni_next_packet(node, sq, sqcap, r)
+            if node[r, ND_MSQ_CNT] > 0 and node[r, ND_MINJ_LANES] == 0:
+                # replies queued for a router without memory lanes (synthetic request-reply traffic):
+                # the NI sends them before its own queued packets, as BookSim2's terminals do
+                k = _ni_next_packet_from(node, st.msq, ND_MSQ_HEAD, ND_MSQ_CNT, sqcap, r)
+            else:
+                k = _ni_next_packet(node, sq, sqcap, r)
             if k < 0:
                 continue
         seq = node[r, ND_NI_SEQ]
@@ -995,9 +1013,60 @@ def run_cycles(st, first_cycle, ncycles, stop_when_idle):
 NOUT = 10
 
 
+# request-reply synthetic traffic: a request's tag is ``(src * R + dst) * 2 + measured`` (>= 0); the
+# replies waiting for their creation cycle are a ring ``pend[PD_HEAD | PD_CNT]`` then rows of
+# (cycle, src, dst, measured) from ``PD_ROWS``
+PD_HEAD, PD_CNT, PD_CAP, PD_ROWS = 0, 1, 2, 4
+
+
+@numba.njit(cache=True, _nrt=False)
+def _replies_due(st, pend, reply_flits, cycle, out):
+    """Enqueue the replies created by ``cycle`` at their sources: into the memory's queue (its
+    injection lanes, or the NI before its own packets where there are none). A full queue keeps
+    them waiting (counted in ``out[O_REFUSED]`` once each cycle it happens)."""
+    cap = pend[PD_CAP]
+    while pend[PD_CNT] > 0:
+        row = PD_ROWS + 4 * pend[PD_HEAD]
+        if pend[row] > cycle:
+            return
+        k = _enqueue_into(st.cfg, st.ctr, st.node, st.msq, ND_MSQ_HEAD, ND_MSQ_CNT, st.pkt, st.free, pend[row + 1],
+                          pend[row + 2], reply_flits, pend[row], -1, pend[row + 3])
+        if k < 0:
+            out[O_REFUSED] += 1
+            return
+        pend[PD_HEAD] = pend[PD_HEAD] + 1 if pend[PD_HEAD] + 1 < cap else 0
+        pend[PD_CNT] -= 1
+
+
+@numba.njit(cache=True, _nrt=False)
+def _requests_arrived(st, pend, out):
+    """Completed requests (recorded in ``done``) become pending replies, created in the cycle the
+    request's tail arrived (BookSim2's reply ``ctime``, the request's ``atime``)."""
+    R = st.cfg[C_R]
+    cap = pend[PD_CAP]
+    for i in range(st.ctr[K_DONE_CNT]):
+        tag = st.done[i, 0]
+        if tag < 0:
+            continue
+        if pend[PD_CNT] == cap:
+            out[O_REFUSED] += 1
+            continue
+        pos = pend[PD_HEAD] + pend[PD_CNT]
+        if pos >= cap:
+            pos -= cap
+        row = PD_ROWS + 4 * pos
+        pair = tag // 2
+        pend[row] = st.done[i, 1]
+        pend[row + 1] = pair % R  # the reply leaves the request's destination
+        pend[row + 2] = pair // R
+        pend[row + 3] = tag % 2
+        pend[PD_CNT] += 1
+    st.ctr[K_DONE_CNT] = 0
+
+
 @numba.njit(cache=True, _nrt=False)
 def run_synthetic(st, cyc, src, dst, nflits, first_cycle, end_cycle, warmup, measure, drain_max,
-                  deadlock_cycles, link_window, out):
+                  deadlock_cycles, link_window, out, reply_flits, pend):
     """Cycles ``first_cycle .. end_cycle - 1`` of a synthetic-traffic run on a state that
     ran the cycles before (call again with the next block until ``out[O_FINISHED]``).
 
@@ -1010,8 +1079,18 @@ def run_synthetic(st, cyc, src, dst, nflits, first_cycle, end_cycle, warmup, mea
     ``deadlock_cycles`` cycles while flits are in the network. Flits per output port in
     the window go to ``link_window`` (indexed ``r * P + p``), summary counts to ``out``.
     Returns the next cycle.
+
+    Request-reply traffic (``reply_flits > 0``, BookSim2's ``use_read_write``): every packet of the
+    stream is a request; when its tail arrives its destination sends a reply of ``reply_flits``
+    flits back, created in that cycle (measured if the request was), through the destination's
+    memory injection lanes or, without lanes, its NI ahead of the NI's queued requests. A request
+    to a router with a memory port leaves there (``PK_MEM``; not in BookSim mode). ``pend``: the
+    replies not yet due (see ``PD_*``), kept by the caller between blocks; the state must record
+    completions (``done_capacity``).
     """
     cfg, ctr, port, node = st.cfg, st.ctr, st.port, st.node
+    rr = reply_flits > 0
+    R = cfg[C_R]
     start_meas, end_meas = warmup, warmup + measure
     k = 0
     npk = cyc.size
@@ -1029,7 +1108,7 @@ def run_synthetic(st, cyc, src, dst, nflits, first_cycle, end_cycle, warmup, mea
             out[O_WIN_FLITS_CREATED] += ctr[K_FLITS_CREATED]
             out[O_WIN_FLITS_EJ] += ctr[K_FLITS_EJ]
             out[O_WIN_BACKLOG_END] = ctr[K_FLITS_CREATED] - ctr[K_FLITS_EJ]
-        if cycle >= end_meas and ctr[K_MEAS_DONE] == ctr[K_MEAS_CREATED]:
+        if cycle >= end_meas and ctr[K_MEAS_DONE] == ctr[K_MEAS_CREATED] and (not rr or pend[PD_CNT] == 0):
             out[O_DRAINED] = 1
             out[O_FINISHED] = 1
             break
@@ -1037,14 +1116,23 @@ def run_synthetic(st, cyc, src, dst, nflits, first_cycle, end_cycle, warmup, mea
             out[O_FINISHED] = 1
             break
         measured = 1 if start_meas <= cycle < end_meas else 0
+        if rr:
+            _replies_due(st, pend, reply_flits, cycle, out)
         while k < npk and cyc[k] == cycle:
             r = src[k]
-            if enqueue_packet(cfg, ctr, node, st.sq, st.pkt, st.free, r, dst[k], nflits, cycle, -1, measured) < 0:
+            tag = (r * R + dst[k]) * 2 + measured if rr else -1
+            row = enqueue_packet(cfg, ctr, node, st.sq, st.pkt, st.free, r, dst[k], nflits, cycle, tag, measured)
+            if row < 0:
                 out[O_REFUSED] += 1
-            elif node[r, ND_SQ_CNT] > out[O_MAX_QUEUE]:
-                out[O_MAX_QUEUE] = node[r, ND_SQ_CNT]
+            else:
+                if rr and node[dst[k], ND_MEM_LANES] > 0 and cfg[C_BOOKSIM] == 0:
+                    st.pkt[row, PK_MEM] = 1
+                if node[r, ND_SQ_CNT] > out[O_MAX_QUEUE]:
+                    out[O_MAX_QUEUE] = node[r, ND_SQ_CNT]
             k += 1
         step(st, cycle)
+        if rr:
+            _requests_arrived(st, pend, out)
         cycle += 1
         if cycle - ctr[K_LAST_PROGRESS] > deadlock_cycles and ctr[K_FLITS_INJ] > ctr[K_FLITS_EJ]:
             out[O_DEADLOCK] = 1

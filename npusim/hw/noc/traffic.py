@@ -111,6 +111,8 @@ def packet_stream(traffic: "SyntheticTraffic", pattern: TrafficPattern, first_cy
         src = hit % n
         dst = _draw_destinations(pattern, rng, src)
         keep = (cyc >= first_cycle) & (cyc < last_cycle)
+        if traffic.sources is not None:  # only these nodes create packets
+            keep &= np.isin(src, np.asarray(traffic.sources, np.int64))
         cycles.append(cyc[keep])
         sources.append(src[keep])
         dests.append(dst[keep])
@@ -277,6 +279,19 @@ class SyntheticTraffic:
     """Offered traffic and measurement windows (cycles are router clock cycles).
 
     ``drain_cycles_max`` defaults to ``max(measure_cycles, 2000)``.
+
+    Request-reply traffic (flit fidelity only; BookSim2's ``use_read_write`` with reads only):
+    ``reply_flits > 0`` makes every packet of the stream a request (``packet_flits`` flits) whose
+    arrival sends a reply of ``reply_flits`` flits back from its destination, created in the
+    cycle the request's tail arrived; latency and throughput then count requests and replies
+    together, as BookSim2's do. ``memory_lanes > 0`` gives every hotspot node a memory-controller
+    port and as many memory injection lanes (the chip's HBM attach routers, see
+    :mod:`npusim.hw.noc.flit`): requests leave there, replies enter there; 0 (and the BookSim2
+    mode): they share the router's local port and NI, replies ahead of the NI's queued requests.
+    ``rate`` counts the requests' flits only.
+
+    ``sources``: only these nodes create packets (each at ``rate``; default every node); the
+    accepted throughput is still per node of the whole network.
     """
 
     pattern: str = "uniform"
@@ -289,6 +304,9 @@ class SyntheticTraffic:
     hotspot_nodes: tuple[int, ...] | None = None
     hotspot_fraction: float = 0.2
     source_queue_packets: int = 256
+    reply_flits: int = 0
+    memory_lanes: int = 0
+    sources: tuple[int, ...] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "pattern", canonical_pattern(self.pattern))
@@ -304,6 +322,16 @@ class SyntheticTraffic:
             raise ConfigError(f"drain_cycles_max must be >= 0, got {self.drain_cycles_max}")
         if self.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if self.sources is not None:
+            object.__setattr__(self, "sources", tuple(int(x) for x in self.sources))
+            if not self.sources or min(self.sources) < 0:
+                raise ConfigError(f"sources must be router ids, got {self.sources}")
+        for key in ("reply_flits", "memory_lanes"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, np.integer)) or value < 0:
+                raise ConfigError(f"{key} must be a non-negative integer, got {value!r}")
+        if self.memory_lanes and self.pattern != "hotspot":
+            raise ConfigError("memory_lanes attach memory ports at the hotspot nodes: the pattern must be hotspot")
 
     @property
     def drain_cycles(self) -> int:
