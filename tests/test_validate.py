@@ -167,3 +167,25 @@ def test_normal_kernel_times_follow_the_printing_scripts_bytes(monkeypatch):
     # the preset's prefill copies: DeepEP-Ascend's normal kernels send one row per selected expert
     assert sorted(calls) == [("combine", 32, 4096, "per_expert"), ("dispatch", 32, 4096, "per_expert")]
     assert len(systems.normal_kernel_rows()) == len(entry["rows"])
+
+
+def test_operator_rows_are_measured_figures_in_four_families_with_their_halves():
+    """``npusim validate --only operators`` (issue 39 item 1): at least 60 simulated rows of measured
+    Ascend operators from at least 5 sources in 4 families, each row naming its family and half,
+    with its error and a roofline's error beside it; the halves are whole sources (a source is
+    never split), and a calibration-half row is ``fitted``, a validation-half row ``outside``."""
+    from npusim.validate.operators import operator_rows
+    from npusim.validate.published import published
+
+    rows = operator_rows()
+    assert len(rows) >= 60
+    assert len({r.source for r in rows}) >= 5
+    assert {r.family for r in rows} >= {"gemm", "attention", "vector", "collective"}
+    for r in rows:
+        assert r.simulated is not None and r.simulated > 0 and r.error is not None and r.baseline_error is not None
+        assert r.kind == {"calibration": "fitted", "validation": "outside"}[r.half]
+        assert {"family", "kind", "error", "baseline_error", "half"} <= set(r.to_dict())
+    halves = {s["id"]: s["half"] for s in published()["operators"]["sources"]}
+    assert set(halves.values()) == {"calibration", "validation"}
+    quick = operator_rows(quick=True)
+    assert quick and all(r.half == "validation" for r in quick)

@@ -29,6 +29,9 @@ How each family is run (assumptions):
 * **runtime** -- host dispatch, launch and graph-replay costs have no model of their own yet (issue
   39 item 3): listed, not run.
 
+Where a source times several kernels for one case (a baseline beside a tuned kernel, several
+tilings), the fastest is compared (:func:`_fastest`): npusim plans the best kernel it finds.
+
 Rows of a source in the ``calibration`` half are ``fitted`` (they may steer modelling choices), of
 the ``validation`` half ``outside``; each row carries ``family`` and ``half``. ``--quick`` runs the
 rows of the validation half only.
@@ -182,7 +185,7 @@ def operator_rows(quick: bool = False) -> list[Row]:
     run = {"gemm": runner.gemm, "vector": runner.vector, "attention": runner.attention,
            "collective": runner.collective}
     rows: list[Row] = []
-    for i, r in enumerate(sec["rows"]):
+    for i, r, alternatives in _fastest(sec["rows"]):
         src = sources[r["source"]]
         half = src["half"]
         if quick and half != "validation":
@@ -200,5 +203,24 @@ def operator_rows(quick: bool = False) -> list[Row]:
                         published=float(r["measured_us"]), simulated=sim_us, tolerance=sec["tolerance"], unit="us",
                         kind="fitted" if half == "calibration" else "outside", baseline=roof_us,
                         family=r["family"], half=half,
-                        note=f"{target}; {how}; shape {r.get('shape')}"))
+                        note=f"{target}; {how}; shape {r.get('shape')}"
+                             + (f"; the fastest of {alternatives} kernels the source times for it" if alternatives > 1
+                                else "")))
     return rows
+
+
+def _fastest(rows: list[dict]):
+    """``(index, row, kernels)`` for each distinct measured case: rows of one source, family, shape,
+    dtype and core count that time different kernels (a baseline and a tuned one, several tilings)
+    collapse to the fastest, the kernel the hardware can run the case at (npusim plans the best
+    kernel it finds); rows without a time in microseconds pass through alone."""
+    best: dict = {}  # case -> [index, row, kernels], in the order cases first appear
+    for i, r in enumerate(rows):
+        key = (r["source"], r["family"], repr(r.get("shape")), str(r.get("dtype")), r.get("cores")) \
+            if "measured_us" in r else ("alone", i)
+        entry = best.setdefault(key, [i, r, 0])
+        entry[2] += 1
+        if "measured_us" in r and r["measured_us"] < entry[1]["measured_us"]:
+            entry[0], entry[1] = i, r
+    for i, r, kernels in best.values():
+        yield i, r, kernels
