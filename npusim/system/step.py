@@ -57,7 +57,6 @@ def simulate_plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, shape: S
                     ops.decode_copies if shape.phase == "decode" else ops.prefill_copies,
                     Overheads(step_us=runtime.step_overhead_us, step_source=runtime.source))
     wl.meta["launch_us"] = runtime.launch_us
-    wl.meta["launch_us"] = loaded.system.runtime.launch_us
     cc = chip_cost or ChipCost(loaded.chip)
     timing = time_workload(wl, loaded, cc, fidelity)
     out = summarize_timing(wl, timing, loaded, cc)
