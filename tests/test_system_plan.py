@@ -82,6 +82,20 @@ def test_a_pipeline_step_pays_the_host_overhead_once(a2, pp):
     assert timing.step_us == pytest.approx(work + overhead)
 
 
+def test_one_microbatch_through_stages_is_the_one_stage_step_plus_its_sends(a2, monkeypatch):
+    """Qwen3-30B-A3B (4 layers) over 4 stages of one tp2/ep2 group: each stage's ranks receive their
+    hidden states as their peer in the stage before finishes, so the pipeline is the one-stage step
+    shifted by its three sends, exactly. A receiving rank took no part in the sending stage's last
+    all-gather but waited for all of it, which skewed the stage (+0.4 us)."""
+    monkeypatch.setattr(system_mapper, "SIM_LAYERS", 10_000)
+    cfg, shape = replace(get_config("qwen3-30b-a3b"), num_layers=4), StepShape("decode", 2, 1, 64)
+    staged, _, _ = simulate_plan_step(a2, cfg, ParallelPlan(npus=8, tp=2, ep=2, pp=4), shape)
+    single, _, _ = simulate_plan_step(a2, cfg, ParallelPlan(npus=2, tp=2, ep=2), shape)
+    sends = staged["breakdown_us"]["pp_comm"]
+    assert sends > 0
+    assert staged["step_ms"] == pytest.approx(single["step_ms"] + sends / 1e3, abs=1e-5)  # parts rounded to 1 ns
+
+
 def test_extrapolated_layers_agree_with_simulating_every_layer(a2, monkeypatch):
     """SIM_LAYERS layers and the rest at the measured period against all 28 layers simulated."""
     plan, shape = ParallelPlan(npus=2, tp=2, microbatches=2), StepShape("decode", 8, 1, 256)
