@@ -72,6 +72,7 @@ from npusim.arch.schema import DTYPE_BYTES, Arch
 from npusim.comm.collectives import alltoallv, ring_allgather, ring_allreduce, ring_reduce_scatter
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
+from npusim.hw.compute.vector import FUSED_QUANT
 from npusim.hw.memory import l2 as l2_model
 from npusim.mapping.layout import Group, place_groups
 from npusim.mapping.spec import MappingSpec
@@ -607,8 +608,10 @@ class Mapper:
         row = op.row_len or 1
         rows = max(1, op.elements // row)
         hidden = self.graph.meta.get("config", {}).get("hidden_size", 0)
-        if st.layout == "feat" and self.t > 1 and op.op_class in ("rmsnorm", "layernorm") and hidden and row >= hidden:
-            # each core holds a slice of every row: all-reduce the per-token partial sums (fp32)
+        norm = FUSED_QUANT.get(op.op_class, (op.op_class,))[0]  # a fused norm + quantisation normalises too
+        if st.layout == "feat" and self.t > 1 and norm in ("rmsnorm", "layernorm") and hidden and row >= hidden:
+            # each core holds a slice of every row: all-reduce the per-token partial sums (fp32; a
+            # quantisation's per-row abs-max over split rows is not all-reduced, fused or not)
             coll = ring_allreduce(self.prog, st.cores, 4 * rows, deps=st.ready, dtype="fp32")
             st.ready = [coll.done[c] for c in st.cores]
         tasks = [self.prog.add_vector(c, op.op_class, self._share(st, rows, i) * row, op.dtype,
