@@ -281,6 +281,8 @@ def test_an_onnx_export_runs_data_parallel_on_a_system(cli, tmp_path):
     assert code == 0, err
     r = json.loads(out)
     assert r["model"] == "qwen3_tiny_opset18" and r["plan"]["dp"] == 2 and r["step_ms"] > 0
+    # the runtime's per-step host overhead, as every config-built model on the system pays (it was skipped)
+    assert r["breakdown_us"]["calibrated"] == pytest.approx(load_system("atlas-800i-a2").system.runtime.step_overhead_us)
     code, out, err = cli("replay", str(tmp_path / "w"), "--system", "atlas-800i-a2", "--nodes", "1", "--json")
     assert code == 0 and json.loads(out)["step_ms"] == pytest.approx(r["step_ms"])
     code, _, err = cli("run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model", str(onnx),

@@ -877,10 +877,12 @@ def _stage_memory(cfg, plan: ParallelPlan, shape: StepShape, stage: range, moe_f
     return w / 2**30, kv / 2**30
 
 
-def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1) -> Workload:
+def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
+                    overheads: Overheads | None = None) -> Workload:
     """An ONNX-exported model's step: data parallel only (the export names no heads or layers to
-    split), every rank the whole model for its share of the batch, no communication. Raises
-    ConfigError for a plan with tp, ep or pp above 1."""
+    split), every rank the whole model for its share of the batch, no communication; then the
+    step's host overhead (``overheads.step_us``, as :func:`build_step` charges a config-built
+    model). Raises ConfigError for a plan with tp, ep or pp above 1."""
     from pathlib import Path
 
     if plan.tp * plan.ep * plan.pp != 1:
@@ -896,6 +898,8 @@ def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_np
                   "seq_len": shape.seq_len, "kv_len": shape.kv_len,
                   "dtype": dtype}
         wl.compute(r, kernel, (), "forward", "model")
+    oh = overheads or Overheads()
+    add_step_overhead(wl, oh.step_us, oh.step_source or oh.source)
     wl.meta = {"model": {"name": Path(path).stem, "onnx": str(Path(path).resolve())}, "plan": plan.to_dict(),
                "phase": shape.phase, "batch": shape.batch, "seq_len": shape.seq_len, "kv_len": shape.kv_len,
                "tokens": shape.batch * (shape.seq_len if shape.phase == "prefill" else 1), "simulated_layers": None}
