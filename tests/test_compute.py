@@ -24,6 +24,7 @@ from npusim.hw.compute import (
     vector_cost,
     vector_cycles_array,
 )
+from npusim.hw.compute.vector import FUSED_QUANT, quantizes
 
 # ------------------------------------------------------------------------------------
 # Systolic array: hand-worked cases
@@ -334,9 +335,22 @@ def test_vector_norms_and_rope():
     assert vector_cost("rope", 4096, 128).cycles == 72
 
 
+@pytest.mark.parametrize("fused", sorted(FUSED_QUANT))
+def test_a_fused_quantisation_costs_its_two_ops_work(fused):
+    """A norm or SwiGLU with the quantisation of its output (CANN's AddRmsNormQuant, SwiGluQuant):
+    the first op's passes, then ``quantize``'s, over the same rows."""
+    base, fn = FUSED_QUANT[fused]
+    for rows, row, lanes in ((4, 2560, 128), (7, 896, 256), (1, 64, 64)):
+        f = vector_cost(fused, rows * row, lanes, row_len=row)
+        a = vector_cost(base, rows * row, lanes, row_len=row, fn=fn)
+        q = vector_cost("quantize", rows * row, lanes, row_len=row)
+        assert f.cycles == a.cycles + q.cycles and f.passes == a.passes + q.passes
+        assert quantizes(fused) and not quantizes(base)
+
+
 @settings(max_examples=examples(200), deadline=None)
 @given(st.sampled_from(["elementwise", "exp", "divide", "reduction", "softmax", "rmsnorm",
-                        "layernorm", "rope"]),
+                        "layernorm", "rope", *FUSED_QUANT]),
        st.integers(1, 64), st.integers(1, 5000), st.sampled_from([1, 8, 16, 32, 128, 256]),
        st.integers(0, 16))
 def test_vector_utilization_and_array_agree(op, rows, row_len, lanes, startup):

@@ -1,6 +1,7 @@
 """The mapper's memory plan: KV per pipeline stage, gathered weights across micro-batches,
 first-use weight loads, the notes it prints, and the linear layouts' origins."""
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -58,6 +59,20 @@ def test_forced_hbm_note_says_whether_weights_would_fit(arch64):
     assert "memory.weights: hbm" in note and "would fit" in note and "do not fit" not in note
     big = map_model(g, arch64, _spec(1, 1, weights="hbm"))
     assert "do not fit" in next(n for n in big.notes if n.startswith("weights stream"))
+
+
+def test_a_reserve_larger_than_the_sram_leaves_none_and_says_so(tmp_path):
+    """The default 2 MB reserve for activations on the Ascend presets' 0.5 MB cores: no SRAM left
+    for weights or KV (the budget was the difference, -1.5 MB, printed as such)."""
+    arch = _arch(tmp_path, 0.5)
+    g = build_graph("qwen3-0.6b", phase="decode", batch=2, seq_len=1, kv_len=64, layers=1)
+    m = map_model(g, arch, _spec(4, 1))
+    note = next(n for n in m.notes if n.startswith("weights stream"))
+    assert not re.search(r"-\d", note), note
+    assert "keeps all of each core's 0.5 MB" in note and not m.weights_resident and m.kv_in_hbm
+    forced = _spec(4, 1).model_copy(update={"memory": _spec(4, 1).memory.model_copy(update={"kv_cache": "sram"})})
+    with pytest.raises(ConfigError, match=r"has 0\.0 MB \(capacity minus sram_reserve_mb\)"):
+        map_model(g, arch, forced)
 
 
 def test_linear_origin_follows_the_snake_path():

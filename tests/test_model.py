@@ -133,6 +133,28 @@ def test_a8w8_dtypes_and_weight_bytes():
     assert model_summary("Qwen3-4B", precision="a8w8")["kv_bytes_per_token"] == 36 * 2 * 8 * 128 * BF16
 
 
+def test_a8w8_quantisation_is_fused_into_norms_and_swiglu():
+    """As Ascend W8A8 stacks run it: a norm or SwiGLU whose output only INT8 GEMMs read quantises
+    it in the same operator (CANN's AddRmsNormQuant, LayerNormQuant, SwiGluQuant); a dense layer
+    keeps one separate quantisation, the attention output's before o_proj. Each separate one cost a
+    whole operator launch on a system (W8A8 decode was slower than BF16)."""
+    bf = build_graph("Llama-3-8B", "decode", 4, 1, 512, layers=2)
+    i8 = build_graph("Llama-3-8B", "decode", 4, 1, 512, precision="a8w8", layers=2)
+    assert {op.name for op in i8.ops} - {op.name for op in bf.ops} == {"L0.attn.o_proj.quant", "L1.attn.o_proj.quant"}
+    by = {op.name: op for op in i8.ops}
+    assert (by["L0.attn_norm"].op_class, by["L0.mlp_norm"].op_class, by["L0.mlp.act"].op_class) == (
+        "rmsnorm_quant", "rmsnorm_quant", "swiglu_quant")
+    assert by["L0.mlp.act"].row_len == get_config("Llama-3-8B").intermediate_size
+    assert all(by[f"L0.attn.{p}_proj"].inputs == ("L0.attn_norm",) for p in "qkv")
+    assert by["L0.mlp.down_proj"].inputs == ("L0.mlp.act",) and by["final_norm"].op_class == "rmsnorm"
+    assert by["L0.attn.o_proj"].inputs == ("L0.attn.o_proj.quant",)
+    gpt2 = {op.name: op for op in build_graph("GPT-2", "decode", 2, 1, 64, precision="a8w8", layers=1).ops}
+    assert gpt2["L0.attn_norm"].op_class == "layernorm_quant" and "L0.mlp.down_proj.quant" in gpt2  # no GELU kernel
+    # a MoE layer's normed input feeds the bf16 router too: the experts' quantisation stays its own op
+    moe = {op.name: op for op in build_graph("Qwen3-30B-A3B", "decode", 4, 1, 512, precision="a8w8", layers=1).ops}
+    assert moe["L0.mlp_norm"].op_class == "rmsnorm" and moe["L0.moe.experts.quant"].op_class == "quantize"
+
+
 def test_decode_bytes_per_token_dense_and_moe():
     s = model_summary("Llama-3-8B")
     cfg = get_config("Llama-3-8B")

@@ -320,6 +320,23 @@ def test_missing_and_garbage_files(tmp_path):
         load_onnx(bad)
 
 
+def test_an_empty_file_or_graph_is_one_clear_error(tmp_path, capsys):
+    """A 0-byte .onnx file parses as an empty model: it ran as one ("0 ms, mean over 0 cores") on a
+    chip and crashed on a system; a graph with no nodes likewise."""
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(ConfigError, match="empty.onnx: an empty file"):
+        load_onnx(empty)
+    nodeless = save(tmp_path, [], [vi("x", [2, 4])], [vi("x", [2, 4])], name="nodeless.onnx")
+    with pytest.raises(ConfigError, match="nodeless.onnx: the ONNX model's graph has no nodes"):
+        load_onnx(nodeless)
+    for argv in (["--arch", "ascend-910b", "--forward"],
+                 ["--system", "atlas-800i-a2", "--nodes", "1", "--npus", "1", "--batch", "2", "--kv", "64"]):
+        assert main(["run", *argv, "--model", str(empty)]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and str(empty) in err[0] and "empty file" in err[0], err
+
+
 # -- shipped examples ---------------------------------------------------------------------------
 TINY = json.loads((EXAMPLES / "qwen3_tiny_config.json").read_text())
 

@@ -72,6 +72,7 @@ from npusim.arch.schema import DTYPE_BYTES, Arch
 from npusim.comm.collectives import alltoallv, ring_allgather, ring_allreduce, ring_reduce_scatter
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
+from npusim.hw.compute.vector import FUSED_QUANT
 from npusim.hw.memory import l2 as l2_model
 from npusim.mapping.layout import Group, place_groups
 from npusim.mapping.spec import MappingSpec
@@ -131,6 +132,11 @@ def _digest(text: str) -> str:
 def _split(total: int, parts: int, i: int) -> int:
     base, extra = divmod(int(total), parts)
     return base + (1 if i < extra else 0)
+
+
+def _size(nbytes: float) -> str:
+    """Bytes for a note: MB to one decimal, KB below 0.1 MB (so a small model's shard is not "0.0 MB")."""
+    return f"{nbytes / MB:.1f} MB" if nbytes >= 0.1 * MB else f"{nbytes / 1024:.1f} KB"
 
 
 def _scale(op: Op, frac: float) -> Op:
@@ -427,7 +433,12 @@ class Mapper:
         kv = 0 if self.kv_hbm_fraction is not None else stage_kv / max(1, mapped.replicas) / self.t
         mapped.kv_bytes_per_core = int(kv)
         sram = self.sram_bytes
-        budget = sram - spec.memory.sram_reserve_mb * MB
+        # what the reserve for activations and temporaries leaves: nothing when the reserve is at
+        # least the core's SRAM (the default 2 MB against the Ascend presets' 0.5 MB L1)
+        budget = max(0.0, sram - spec.memory.sram_reserve_mb * MB)
+        room = (f"{budget / MB:.1f} MB of SRAM" if budget > 0 else
+                f"any SRAM: memory.sram_reserve_mb ({spec.memory.sram_reserve_mb:g} MB) keeps all of each core's "
+                f"{sram / MB:g} MB for activations and temporaries")
         hbm = arch.hbm.capacity_gb * 2**30
         total_weights = g.weight_bytes
         if total_weights + g.kv_read_bytes > hbm + sram * arch.num_cores:
@@ -456,12 +467,12 @@ class Mapper:
         if want_w == "partial" and not fits:
             self._partial_residency(mapped, stages_ops, budget - kv_sram)
         if not mapped.weights_resident and want_w == "hbm":
-            mapped.notes.append(f"weights stream from HBM (memory.weights: hbm; {shard / MB:.1f} MB per core per "
-                                f"stage {'would fit' if fits else 'do not fit'} {budget / MB:.1f} MB of SRAM"
+            mapped.notes.append(f"weights stream from HBM (memory.weights: hbm; {_size(shard)} per core per "
+                                f"stage {'would fit' if fits else 'do not fit'} {room}"
                                 + (f" beside {kv_sram / MB:.1f} MB of KV cache" if kv_sram else "") + ")")
         elif not mapped.weights_resident:
-            mapped.notes.append(f"weights stream from HBM ({shard / MB:.1f} MB per core per stage do not fit "
-                                f"{budget / MB:.1f} MB of SRAM" + (f" beside {kv_sram / MB:.1f} MB of KV cache"
+            mapped.notes.append(f"weights stream from HBM ({_size(shard)} per core per stage do not fit "
+                                f"{room}" + (f" beside {kv_sram / MB:.1f} MB of KV cache"
                                                                     if kv_sram else "") + (
                                     f"; {mapped.resident_weight_bytes_per_core / MB:.1f} MB of them stay resident"
                                     if want_w == "partial" else "") + ")")
@@ -607,8 +618,10 @@ class Mapper:
         row = op.row_len or 1
         rows = max(1, op.elements // row)
         hidden = self.graph.meta.get("config", {}).get("hidden_size", 0)
-        if st.layout == "feat" and self.t > 1 and op.op_class in ("rmsnorm", "layernorm") and hidden and row >= hidden:
-            # each core holds a slice of every row: all-reduce the per-token partial sums (fp32)
+        norm = FUSED_QUANT.get(op.op_class, (op.op_class,))[0]  # a fused norm + quantisation normalises too
+        if st.layout == "feat" and self.t > 1 and norm in ("rmsnorm", "layernorm") and hidden and row >= hidden:
+            # each core holds a slice of every row: all-reduce the per-token partial sums (fp32; a
+            # quantisation's per-row abs-max over split rows is not all-reduced, fused or not)
             coll = ring_allreduce(self.prog, st.cores, 4 * rows, deps=st.ready, dtype="fp32")
             st.ready = [coll.done[c] for c in st.cores]
         tasks = [self.prog.add_vector(c, op.op_class, self._share(st, rows, i) * row, op.dtype,

@@ -48,16 +48,28 @@ full decoder layer, ``mtp.norm`` and ``mtp.lm_head`` (shared with the main head)
 
 Precision: ``bf16`` everything; ``a8w8`` makes GEMM and expert operands int8 (weights and
 activations) while the KV cache, attention, embeddings, the router, the LM head and all
-vector ops stay bf16: each tensor an INT8 GEMM (or the experts) reads is first quantised per token
-by a ``<gemm>.quant`` vector op (class ``quantize``: abs-max, scale, convert; one per tensor, shared
-by the GEMMs that read it); de-quantisation is the GEMM's epilogue (bf16 out), and the experts'
-re-quantisation between their up and down GEMMs is inside the ``moe`` op (not a separate op). Ops whose weight is shared with another op (tied embeddings, MTP's embedding and
-head) carry ``attrs["shared_weight"]`` naming the owner, so totals can count it once.
+vector ops stay bf16: each tensor an INT8 GEMM (or the experts) reads is quantised per token
+(abs-max, scale, convert; once per tensor, shared by the GEMMs that read it). Where the tensor is
+the output of a norm or of SwiGLU read by nothing but that quantisation, the quantisation is
+fused into its producer, as Ascend W8A8 serving stacks (vllm-ascend, MindIE) run it: the norm
+becomes one ``rmsnorm_quant`` / ``layernorm_quant`` op (CANN's AddRmsNormQuant /
+AddRmsNormDynamicQuant, (Add)LayerNormQuant) and the SwiGLU before a down projection one
+``swiglu_quant`` op (CANN's SwiGluQuant), keeping the producer's name; its work is the two ops'
+(:data:`npusim.hw.compute.vector.FUSED_QUANT`), one operator. What stays a separate
+``<gemm>.quant`` op (class ``quantize``): the attention output before ``o_proj`` (and MLA's
+inputs of ``uk_absorb``/``uv_absorb``), a MoE layer's normed input (the bf16 router reads it
+too: ``<moe>.experts.quant``, shared by the shared experts' GEMM), MTP's ``eh_proj`` input (a
+concatenation of two norms), GELU outputs (no fused kernel assumed). The residual add CANN's
+Add* variants also fold in stays its own op (as under bf16). De-quantisation is the GEMM's
+epilogue (bf16 out), and the experts' re-quantisation between their up and down GEMMs is inside
+the ``moe`` op (not a separate op). Ops whose weight is shared with another op (tied embeddings,
+MTP's embedding and head) carry ``attrs["shared_weight"]`` naming the owner, so totals can count
+it once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -200,9 +212,48 @@ def build_graph(
         "mla": ("prefill: kv_b_proj up-projection (not absorbed); decode: absorbed"
                 if cfg.is_mla else None),
         "lm_head_tokens": ctx.batch if phase == "prefill" else ctx.tokens,
+        "quantisation": ("per token; fused into the norm or SwiGLU that produces a GEMM input, else a .quant op"
+                         if precision == "a8w8" else None),
     }
-    return Graph(name=f"{cfg.name}-{phase}", ops=b.ops, phase=phase, batch=ctx.batch, seq_len=ctx.seq_len,
+    ops = _fuse_quantisations(b.ops) if precision == "a8w8" else b.ops
+    return Graph(name=f"{cfg.name}-{phase}", ops=ops, phase=phase, batch=ctx.batch, seq_len=ctx.seq_len,
                  kv_len=ctx.kv_len, meta=meta)
+
+
+#: (op class, fn) of a vector op -> the fused class when the quantisation of its output joins it
+_FUSES_INTO = {("rmsnorm", None): "rmsnorm_quant", ("layernorm", None): "layernorm_quant",
+               ("activation", "swiglu"): "swiglu_quant"}
+
+
+def _fuse_quantisations(ops: list[Op]) -> list[Op]:
+    """``ops`` with each ``quantize`` op folded into its producer when the producer is a norm or
+    SwiGLU over the same elements (same layer) and nothing else reads the producer's bf16 output:
+    the producer becomes the fused class (:data:`_FUSES_INTO`, the quantisation's rows), keeps its
+    name, and the quantisation's readers read it."""
+    by_name = {op.name: op for op in ops}
+    readers: dict[str, list[str]] = {}
+    for op in ops:
+        for name in op.inputs:
+            readers.setdefault(name, []).append(op.name)
+    into: dict[str, str] = {}  # quantisation -> its producer
+    fused: dict[str, Op] = {}  # producer -> its fused op
+    for op in ops:
+        if op.kind != "vector" or op.op_class != "quantize" or len(op.inputs) != 1:
+            continue
+        src = by_name[op.inputs[0]]
+        cls = _FUSES_INTO.get((src.op_class, src.fn)) if src.kind == "vector" else None
+        if cls and readers[src.name] == [op.name] and src.elements == op.elements and src.layer == op.layer:
+            into[op.name] = src.name
+            fused[src.name] = replace(src, op_class=cls, fn=None, row_len=op.row_len)
+    out = []
+    for op in ops:
+        if op.name in into:
+            continue
+        op = fused.get(op.name, op)
+        if any(name in into for name in op.inputs):
+            op = replace(op, inputs=_t([into.get(name, name) for name in op.inputs]))
+        out.append(op)
+    return out
 
 
 @dataclass(frozen=True)

@@ -177,10 +177,14 @@ def _require_onnx():
 def _read_model(path: Path):
     if not path.is_file():
         raise ConfigError(f"{path}: no such ONNX file")
+    if path.stat().st_size == 0:  # protobuf reads an empty file as an empty model
+        raise ConfigError(f"{path}: an empty file (0 bytes), not an ONNX model")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends
         raise ConfigError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+    if not model.graph.node:
+        raise ConfigError(f"{path}: the ONNX model's graph has no nodes (nothing to simulate)")
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)
@@ -1493,7 +1497,8 @@ def load_onnx(
         dtype: re-label every floating-point tensor with this IR dtype (e.g. ``bf16``).
 
     Raises:
-        ConfigError: missing/unreadable file, external data outside the folder, unbound
+        ConfigError: missing, empty or unreadable file, a graph with no node or no operator to
+            simulate, external data outside the folder, unbound
             dimensions, failed shape inference, unsupported ops, shapes left unknown.
     """
     _require_onnx()
@@ -1510,6 +1515,9 @@ def load_onnx(
     info = _infer_tensors(model, nodes, path)
     conv = _Converter(model, nodes, info, path, dtype, allow_unsupported, seq_len, kv_len)
     ops = conv.convert()
+    if not ops and not conv.unsupported:
+        raise ConfigError(f"{path}: no operator to simulate (its {len(nodes)} node(s) fold into constants or "
+                          "pass data through unchanged)")
     if conv.unsupported and not allow_unsupported:
         raise ConfigError(_unsupported_message(path, conv.unsupported))
     if conv.unknown_shapes and not allow_unsupported:

@@ -84,8 +84,9 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
 operator runtime runs one (Ascend's AIV kernels), the op's rows are split evenly over the share's
 cores (whole rows; elementwise ops are rows of one element); each core streams its rows from HBM
 in chunks of a quarter of its buffer, runs the vector model's passes on each chunk (two buffers:
-a chunk loads while the one before computes) and writes the result back (``quantize``: INT8 plus a
-4-byte scale per row; else the input dtype). Only the first input is read (a residual add's second
+a chunk loads while the one before computes) and writes the result back (``quantize`` and the
+fused norm/SwiGLU + quantisation classes: INT8 plus a 4-byte scale per row; else the input
+dtype). Only the first input is read (a residual add's second
 operand is not charged).
 
 **Ops and graphs** (:meth:`ChipCost.op`, :meth:`ChipCost.graph`): a ``gemm`` op goes through the
@@ -140,6 +141,7 @@ from npusim.config import validate
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.systolic import gemm_cost
+from npusim.hw.compute.vector import quantizes
 from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.hbm import stream_latency_ps
 from npusim.hw.memory.params import MODES as MEMORY_MODES
@@ -1140,7 +1142,8 @@ class ChipCost:
         row = op.row_len or 1
         rows = max(1, op.elements // row)
         e_in = DTYPE_BYTES[op.dtype]
-        e_out = 1.0 if op.op_class == "quantize" else e_in  # INT8 out (+ a 4-byte scale per row)
+        quant = quantizes(op.op_class)  # quantize, or a fused norm/SwiGLU + quantisation
+        e_out = 1.0 if quant else e_in  # INT8 out (+ a 4-byte scale per row)
         prog = Program(self.arch.num_cores, meta={"chipcost": "vector", "op": op.name})
         any_dtype = next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle))  # the array is not used
         em = _Emitter(_Planner(self.arch, share, any_dtype, "bf16", frac), prog, op.dtype)  # for its DMA engines
@@ -1158,7 +1161,7 @@ class ChipCost:
                 last = prog.add_vector(core, op.op_class, r * row, op.dtype, deps=[*load, last],
                                        name=f"{op.name} c{core} {c}", fn=op.fn, row_len=op.row_len)
                 computes.append(last)
-                out = _nbytes(r * row, e_out) + (4 * r if op.op_class == "quantize" else 0)
+                out = _nbytes(r * row, e_out) + (4 * r if quant else 0)
                 em.write(core, out, [last], f"{op.name} c{core} write{c}")
         sim = self._simulate(prog, frac)
         min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)

@@ -226,17 +226,20 @@ def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[
     node_done: list[int] = []  # per node: the task after which all of it is done
     spans: list[tuple[int, int]] = []  # per node: its first and last task id
 
-    single = [("rank" in n) for n in wl.nodes]  # a node of one rank: compute, or a rank's barrier
+    # a node of one rank (compute, a rank's barrier) or of communication between ranks: a rank of a
+    # communication node that takes no part in it has nothing there to wait for
+    ranked = [("rank" in n) or n["kind"] in ("collective", "transfers") for n in wl.nodes]
 
     def ready(deps: list[int], rank: int, multi: bool = False) -> list[int]:
         """What ``rank`` waits for: each dependency's part on it, else the whole dependency; a
-        node of several ranks skips other ranks' single-rank nodes (data crosses ranks only by
-        communication)."""
+        node of several ranks skips the single-rank and communication nodes ``rank`` takes no
+        part in (data crosses ranks only by communication, and this node is that communication:
+        its other ranks wait for their own parts)."""
         out = []
         for d in deps:
             if rank in node_rank_task[d]:
                 out.append(node_rank_task[d][rank])
-            elif not (multi and single[d]):
+            elif not (multi and ranked[d]):
                 out.append(node_done[d])
         return out
 

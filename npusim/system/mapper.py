@@ -746,14 +746,11 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
             prev[m].update(b.head(ranks, s, prev[m], f"head.mb{m}"))
             if mtp:
                 prev[m].update(b.mtp_module(ranks, s, mtp, prev[m], f"mtp.mb{m}"))
-    if b.oh.step_us > 0:  # the step's calibrated overhead on every rank, after its last work
-        ends: dict[int, list[int]] = {}
-        for p in prev:
-            for r, node in p.items():
-                ends.setdefault(r, []).append(node)
-        k = b.fixed(b.oh.step_us, b.oh.step_source or b.oh.source)
-        for r in range(wl.ranks):
-            wl.compute(r, k, ends.get(r, [len(wl.nodes) - 1]), "step_overhead", "calibrated")
+    ends: dict[int, list[int]] = {}
+    for p in prev:
+        for r, node in p.items():
+            ends.setdefault(r, []).append(node)
+    add_step_overhead(wl, b.oh.step_us, b.oh.step_source or b.oh.source, ends)
     accepted = 1 + mtp * plan.mtp_acceptance  # tokens a sequence gains per step
     wl.meta = {"model": cfg.to_dict(), "plan": plan.to_dict(), "phase": shape.phase, "batch": shape.batch,
                "seq_len": shape.seq_len, "kv_len": shape.kv_len,
@@ -766,6 +763,41 @@ def build_step(cfg, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
     if repeat:
         wl.meta["repeat"] = {"start": start, "marks": marks, "layers": cfg.num_layers - repeated_from + mtp}
     return wl
+
+
+def rank_ends(wl: Workload) -> dict[int, list[int]]:
+    """Each rank's last nodes so far: the last compute node on each of its streams, the last
+    collective or transfers node that includes it and its last barrier of its own (``rank``); a
+    node waiting on all of them starts after everything the rank takes part in (a rank waits only
+    for its own part of a multi-rank node)."""
+    last: dict[tuple[int, str], int] = {}
+    for i, n in enumerate(wl.nodes):
+        if n["kind"] == "compute":
+            last[(n["rank"], "compute." + n.get("stream", "compute"))] = i
+        elif n["kind"] in ("collective", "transfers"):
+            for r in n["ranks"]:
+                last[(r, "comm")] = i
+        elif "rank" in n:
+            last[(n["rank"], "barrier")] = i
+    out: dict[int, list[int]] = {}
+    for (r, _), i in last.items():
+        out.setdefault(r, []).append(i)
+    return {r: sorted(v) for r, v in out.items()}
+
+
+def add_step_overhead(wl: Workload, us: float, source: str, ends: dict[int, list[int]] | None = None) -> None:
+    """The runtime's per-step host overhead (scheduling, sampling, post-processing: one fixed time a
+    step, ``calibrated``) on every rank after that rank's own last work (:func:`rank_ends`, plus
+    ``ends``: nodes a rank must also follow). The ranks' overheads run side by side, so the step
+    pays it once, after its last work: a pipeline's earlier stages spend theirs while the later
+    stages compute (the host overhead is per step, not per stage). Nothing when ``us`` is 0."""
+    if us <= 0:
+        return
+    k = wl.kernel({"type": "fixed", "us": float(us), "source": source or "the mapping"})
+    own = rank_ends(wl)
+    for r in range(wl.ranks):
+        deps = sorted({*own.get(r, []), *(ends or {}).get(r, [])})
+        wl.compute(r, k, deps, "step_overhead", "calibrated")
 
 
 def chunk_shape(shape: StepShape, cp: int) -> StepShape:
@@ -862,10 +894,12 @@ def _stage_memory(cfg, plan: ParallelPlan, shape: StepShape, stage: range, moe_f
     return w / 2**30, kv / 2**30
 
 
-def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1) -> Workload:
+def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_npu: int = 1,
+                    overheads: Overheads | None = None) -> Workload:
     """An ONNX-exported model's step: data parallel only (the export names no heads or layers to
-    split), every rank the whole model for its share of the batch, no communication. Raises
-    ConfigError for a plan with tp, ep or pp above 1."""
+    split), every rank the whole model for its share of the batch, no communication; then the
+    step's host overhead (``overheads.step_us``, as :func:`build_step` charges a config-built
+    model). Raises ConfigError for a plan with tp, ep or pp above 1."""
     from pathlib import Path
 
     if plan.tp * plan.ep * plan.pp != 1:
@@ -881,6 +915,8 @@ def build_onnx_step(path: str, plan: ParallelPlan, shape: StepShape, dies_per_np
                   "seq_len": shape.seq_len, "kv_len": shape.kv_len,
                   "dtype": dtype}
         wl.compute(r, kernel, (), "forward", "model")
+    oh = overheads or Overheads()
+    add_step_overhead(wl, oh.step_us, oh.step_source or oh.source)
     wl.meta = {"model": {"name": Path(path).stem, "onnx": str(Path(path).resolve())}, "plan": plan.to_dict(),
                "phase": shape.phase, "batch": shape.batch, "seq_len": shape.seq_len, "kv_len": shape.kv_len,
                "tokens": shape.batch * (shape.seq_len if shape.phase == "prefill" else 1), "simulated_layers": None}

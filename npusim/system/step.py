@@ -59,7 +59,6 @@ def simulate_plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, shape: S
                     ops.decode_copies if shape.phase == "decode" else ops.prefill_copies,
                     Overheads(step_us=runtime.step_overhead_us, step_source=runtime.source))
     wl.meta["launch_us"] = runtime.launch_us
-    wl.meta["launch_us"] = loaded.system.runtime.launch_us
     cc = chip_cost or ChipCost(loaded.chip)
     timing = time_workload(wl, loaded, cc, fidelity)
     out = summarize_timing(wl, timing, loaded, cc)
@@ -92,7 +91,9 @@ def _onnx_step(loaded: LoadedSystem, path: str, plan: ParallelPlan, shape: StepS
 
     if plan.npus > loaded.system.num_npus:
         raise ConfigError(f"plan: {plan.npus} NPUs but the system has {loaded.system.num_npus}")
-    wl = build_onnx_step(path, plan, shape, loaded.system.npu.dies)
+    runtime = loaded.system.runtime
+    wl = build_onnx_step(path, plan, shape, loaded.system.npu.dies,
+                         Overheads(step_us=runtime.step_overhead_us, step_source=runtime.source))
     busiest = onnx_graph(wl.kernels[wl.nodes[0]["kernel"]])  # rank 0 has the most sequences
     weights = sum(op.weight_bytes for op in busiest.ops) / 2**30
     kv = sum(op.kv_read_bytes for op in busiest.ops if op.kind == "attention") / 2**30
@@ -100,10 +101,12 @@ def _onnx_step(loaded: LoadedSystem, path: str, plan: ParallelPlan, shape: StepS
     if fit and weights + kv > hbm_gb:
         raise ConfigError(f"plan does not fit: {weights * GB_PER_GIB:.1f} GB of weights + {kv * GB_PER_GIB:.1f} GB "
                           f"of KV cache per die > {hbm_gb * GB_PER_GIB:.1f} GB of HBM ({hbm_gb:g} GiB)")
-    wl.meta["launch_us"] = loaded.system.runtime.launch_us
+    wl.meta["launch_us"] = runtime.launch_us
     cc = chip_cost or ChipCost(loaded.chip)
     timing = time_workload(wl, loaded, cc, fidelity)
     out = summarize_timing(wl, timing, loaded, cc)
-    out.update(memory_figures(weights, kv, hbm_gb), chip_cost=cc.stats.as_dict(), note="ONNX export, data parallel: each die runs the whole model for its "
-               "sequences; no communication")
+    out.update(memory_figures(weights, kv, hbm_gb), chip_cost=cc.stats.as_dict(),
+               note="ONNX export, data parallel: each die runs the whole model for its sequences, no communication; "
+                    "each operator no shorter than the system runtime's launch floor, plus its per-step host "
+                    "overhead, as for a config-built model (runtime.source)")
     return out, wl, timing

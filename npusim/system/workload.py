@@ -47,7 +47,8 @@ Every node has ``deps`` (earlier node indices), ``name`` and ``category`` (what 
 breakdown files its time under). A rank of a node waits for a dependency's part *on that rank*
 when the dependency has one (a compute node on the rank, the rank's share of a collective),
 else for the whole dependency -- except that a collective or transfers node does not make one
-rank wait for another rank's compute or barrier (data crosses ranks only by communication).
+rank wait for another rank's compute or barrier, nor for a collective or transfers node it takes
+no part in (data crosses ranks only by communication).
 
 ``meta``: ``model`` (the model's config, our field names; an ONNX export: its name and path),
 ``plan`` (:class:`~npusim.system.plan.ParallelPlan` keys), ``phase``, ``batch``, ``seq_len``,

@@ -55,7 +55,18 @@ quantize      dynamic per-row (per-token) symmetric INT8 quantisation, rows of
               ``row_len``: (1) abs-max reduce: 1 elementwise (abs) + 1 reduction op;
               (2) per row: 1 divide (scale = 127 / absmax); (3) x * scale, round and
               convert: 2 elementwise  -> 3 passes
+rmsnorm_quant the norm, then the INT8 quantisation of its output in the same operator
+              (CANN's AddRmsNormQuant / AddRmsNormDynamicQuant): ``rmsnorm``'s passes,
+              then ``quantize``'s over the same rows  -> 6 passes; ``layernorm_quant``
+              likewise after ``layernorm`` (CANN's (Add)LayerNormQuant)  -> 8 passes
+swiglu_quant  SwiGLU, then the quantisation of its output (CANN's SwiGluQuant): the
+              ``activation`` pass with fn swiglu (elements = outputs), then
+              ``quantize``'s over rows of ``row_len``  -> 4 passes
 ============  ========================================================================
+
+The fused classes (:data:`FUSED_QUANT`) cost the vector unit the sum of the two ops' passes;
+fusing saves the second operator (its launch, and its input's round trip through memory), which
+is the operator runtime's cost, not this model's.
 
 ``utilization`` = ideal cycles / cycles, where ideal cycles are the lane-cycles
 of all ops spread perfectly over all lanes (no ceil, tree or startup); it is in
@@ -75,9 +86,11 @@ __all__ = [
     "ACTIVATION_FUNCTIONS",
     "DEFAULT_OPS_PER_CYCLE_PER_LANE",
     "DEFAULT_STARTUP_CYCLES",
+    "FUSED_QUANT",
     "OP_CLASSES",
     "THROUGHPUT_CLASSES",
     "VectorCost",
+    "quantizes",
     "vector_cost",
     "vector_cycles_array",
 ]
@@ -104,8 +117,21 @@ ACTIVATION_FUNCTIONS: dict[str, tuple[int, int]] = {
     "swiglu": (1, 2),
 }
 
+#: fused op classes: an op followed by the INT8 quantisation of its output in one operator ->
+#: (the first op's class, its activation fn)
+FUSED_QUANT: dict[str, tuple[str, str | None]] = {
+    "rmsnorm_quant": ("rmsnorm", None),
+    "layernorm_quant": ("layernorm", None),
+    "swiglu_quant": ("activation", "swiglu"),
+}
+
 OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide",
-              "softmax", "rmsnorm", "layernorm", "rope", "quantize")
+              "softmax", "rmsnorm", "layernorm", "rope", "quantize", *FUSED_QUANT)
+
+
+def quantizes(op_class: str) -> bool:
+    """True when ``op_class`` writes INT8 (plus a scale per row): ``quantize`` and the fused classes."""
+    return op_class == "quantize" or op_class in FUSED_QUANT
 
 # pass descriptors: (label, kind, {class: ops per item}), kind in "stream" | "reduce" | "row"
 _Pass = tuple[str, str, dict[str, int]]
@@ -167,6 +193,9 @@ def _passes(op_class: str, fn: str | None, ops_per_element: int) -> list[_Pass]:
         return [("absmax-reduce", "reduce", {"elementwise": 1, "reduction": 1}),
                 ("row-scale", "row", {"divide": 1}),
                 ("quantize", "stream", {"elementwise": 2})]
+    if op_class in FUSED_QUANT:
+        base, base_fn = FUSED_QUANT[op_class]
+        return _passes(base, base_fn, ops_per_element) + _passes("quantize", None, 1)
     raise ValueError(f"unknown vector op class {op_class!r}; valid: {list(OP_CLASSES)}")
 
 

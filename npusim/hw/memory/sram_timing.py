@@ -285,8 +285,9 @@ def gemm_sram_timing(m: int, k: int, n: int, rows: int, cols: int, dataflow: str
 # vector unit
 # --------------------------------------------------------------------------------------
 
-#: input streams per element of a stream pass (default 1)
-_STREAM_INPUTS = {"swiglu": 2, "rope": 3}
+#: input streams per element of a stream pass (default 1; a fused ``swiglu_quant`` charges its
+#: quantisation's stream pass two inputs too, an over-count of one stream)
+_STREAM_INPUTS = {"swiglu": 2, "swiglu_quant": 2, "rope": 3}
 
 
 @dataclass(frozen=True)
