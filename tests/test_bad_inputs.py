@@ -254,14 +254,19 @@ def test_onnx_shapes_that_disagree_are_an_error(capsys, tmp_path):
     assert_one_line_error(*run(capsys, "model", model)[::2], "inner dimensions disagree")
 
 
-def test_allow_unsupported_lists_what_it_did_not_compute(capsys, tmp_path):
+def _unsupported_onnx(tmp_path) -> str:
+    """A MatMul followed by a Hardmax (an op npusim does not compute)."""
     a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 4])
     h = helper.make_tensor_value_info("H", TensorProto.FLOAT, [2, 5])
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 5])
     w = numpy_helper.from_array(np.zeros((4, 5), np.float32), "W")
-    model = _onnx(tmp_path / "unsup.onnx", [helper.make_node("MatMul", ["A", "W"], ["H"], name="mm"),
-                                            helper.make_node("Hardmax", ["H"], ["Y"], name="hm")],
-                  [a], [y], [w], [h])
+    return _onnx(tmp_path / "unsup.onnx", [helper.make_node("MatMul", ["A", "W"], ["H"], name="mm"),
+                                           helper.make_node("Hardmax", ["H"], ["Y"], name="hm")],
+                 [a], [y], [w], [h])
+
+
+def test_allow_unsupported_lists_what_it_did_not_compute(capsys, tmp_path):
+    model = _unsupported_onnx(tmp_path)
     code, _, err = run(capsys, "run", "--model", model, "--forward", "--allow-unsupported", "--no-progress",
                        "--fidelity", "analytical")
     assert code == 0 and "Hardmax x1" in err and "not computed" in err
@@ -272,15 +277,8 @@ def test_allow_unsupported_lists_what_it_did_not_compute(capsys, tmp_path):
 
 def test_allow_unsupported_records_what_it_did_not_compute_in_the_json_notes(capsys, tmp_path):
     """Issue 41: the JSON's notes were empty; they now name the op types and nodes costed as data movement."""
-    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 4])
-    h = helper.make_tensor_value_info("H", TensorProto.FLOAT, [2, 5])
-    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 5])
-    w = numpy_helper.from_array(np.zeros((4, 5), np.float32), "W")
-    model = _onnx(tmp_path / "unsup.onnx", [helper.make_node("MatMul", ["A", "W"], ["H"], name="mm"),
-                                            helper.make_node("Hardmax", ["H"], ["Y"], name="hm")],
-                  [a], [y], [w], [h])
-    code, out, err = run(capsys, "run", "--model", model, "--forward", "--allow-unsupported", "--no-progress",
-                         "--fidelity", "analytical", "--json")
+    code, out, err = run(capsys, "run", "--model", _unsupported_onnx(tmp_path), "--forward", "--allow-unsupported",
+                         "--no-progress", "--fidelity", "analytical", "--json")
     assert code == 0, err
     notes = [n for n in json.loads(out)["mapping"]["notes"] if "--allow-unsupported" in n]
     assert len(notes) == 1 and "1 unsupported ONNX node(s) costed as data movement" in notes[0]

@@ -188,13 +188,7 @@ def _ni_next_packet(node, sq, sqcap, r):
     """Pop the next packet of NI ``r``'s source queue into the NI (-1 if none)."""
     if node[r, ND_SQ_CNT] == 0:
         return -1
-    h = node[r, ND_SQ_HEAD]
-    k = sq[r * sqcap + h]
-    node[r, ND_SQ_HEAD] = h + 1 if h + 1 < sqcap else 0
-    node[r, ND_SQ_CNT] -= 1
-    node[r, ND_NI_PKT] = k
-    node[r, ND_NI_SEQ] = 0
-    return k
+    return _ni_next_packet_from(node, sq, ND_SQ_HEAD, ND_SQ_CNT, sqcap, r)
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
