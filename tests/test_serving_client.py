@@ -134,6 +134,23 @@ def test_closed_loop_on_a_chip(arch64):
     assert [r.token_times_s for r in again.records] == [r.token_times_s for r in run.records]
 
 
+def test_closed_loop_with_pd_disaggregation_and_a_planned_rate(arch64):
+    """PD disaggregation on the chip (a request finishes on the decode instance) and sends planned
+    at 50 per second: never sent before planned, never more than 2 in flight."""
+    reqs = synthetic_requests(8, math.inf, input_len=Uniform(16, 200), output_len=Uniform(2, 10), seed=5)
+    times = send_times(8, 50.0, 1.0, 5)
+    reqs = [Request(r.id, float(t), r.input_len, r.output_len) for r, t in zip(reqs, times)]
+    cfg = ServingConfig(model="qwen3-0.6b", layers=2, debug=True,
+                        scheduler=SchedulerConfig(policy="continuous", chunk_tokens=64, max_batch=8))
+    run = simulate_serving(arch64, SPEC, reqs, cfg, pd=(16, 8), max_concurrency=2)
+    assert run.summary["requests_completed"] == 8 and run.summary["kv_transfers"] == 8
+    by_id = {r.id: r for r in reqs}
+    assert all(rec.arrival_s >= by_id[rec.id].arrival_s for rec in run.records)
+    assert all(len(rec.token_times_s) == rec.output_len for rec in run.records)
+    assert max(_in_flight_at(run.records, rec.arrival_s) for rec in run.records) <= 2
+    assert run.summary["mean_concurrency"] <= 2
+
+
 def test_closed_loop_on_a_system():
     """The same client on the system loop: Qwen3-0.6B, TP-2 prefill and TP-4 x DP-2 decode on a
     CloudMatrix384 of 2 nodes, 10 prompts, at most 4 in flight."""

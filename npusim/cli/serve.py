@@ -377,7 +377,7 @@ def client_fields(args, max_concurrency: int | None) -> dict:
         return {}
     rate = args.request_rate if args.request_rate is not None else args.rate
     return {"dataset": args.dataset, "max_concurrency": max_concurrency,
-            "request_rate": "inf" if rate is None or math.isinf(rate) else rate,
+            "request_rate": "trace" if args.trace is not None else "inf" if rate is None or math.isinf(rate) else rate,
             "burstiness": None if rate is None else ("inf" if args.burstiness is not None and math.isinf(args.burstiness)
                                                      else args.burstiness or 1.0)}
 
