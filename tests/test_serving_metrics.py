@@ -37,9 +37,11 @@ def test_record_properties():
 
 
 def test_latency_stats_ms():
-    assert latency_stats_ms([]) == {"mean": None, "p50": None, "p90": None, "p99": None, "max": None, "count": 0}
+    assert latency_stats_ms([]) == {"mean": None, "median": None, "std": None, "p50": None, "p90": None, "p99": None,
+                                    "max": None, "count": 0}
     s = latency_stats_ms([0.4, 1.0])
-    assert s == pytest.approx({"mean": 700.0, "p50": 700.0, "p90": 940.0, "p99": 994.0, "max": 1000.0, "count": 2})
+    assert s == pytest.approx({"mean": 700.0, "median": 700.0, "std": 300.0, "p50": 700.0, "p90": 940.0,
+                               "p99": 994.0, "max": 1000.0, "count": 2})
 
 
 def test_summarize_by_hand():

@@ -138,6 +138,14 @@ def test_a_request_too_long_for_a_decode_die_is_rejected(cm1):
     reqs = [Request(0, 0.0, 256, 4), Request(1, 0.0, 3_000_000, 4)]
     s = simulate_system_serving(cm1, _plan(caching_pool=None), PDEP, DDEP, reqs, model=unbounded).summary
     assert s["requests_completed"] == 1 and s["requests_rejected"] == 1
+    # a benchmark client's slot frees when its request is rejected: one at a time, request 1 is sent
+    # when 0 finishes and rejected then, so 2 is sent at that moment too (else it would never be)
+    third = [Request(0, 0.0, 256, 4), Request(1, 0.0, 3_000_000, 4), Request(2, 0.0, 256, 4)]
+    run = simulate_system_serving(cm1, _plan(caching_pool=None), PDEP, DDEP, third, model=unbounded,
+                                  max_concurrency=1)
+    rec = {r.id: r for r in run.records}
+    assert run.summary["requests_completed"] == 2 and run.summary["requests_rejected"] == 1
+    assert rec[0].arrival_s == 0.0 and rec[1].arrival_s == rec[2].arrival_s == rec[0].finish_s
     with pytest.raises(ConfigError, match="context of 163,840"):  # the model as published refuses it up front
         simulate_system_serving(cm1, _plan(caching_pool=None), PDEP, DDEP, reqs)
 

@@ -55,8 +55,6 @@ def add_system_run_args(p) -> None:
                    "(e.g. rdma or ub; default: the mapping's)")
     g.add_argument("--caching-pool", choices=["on", "off"], default=None,
                    help="serving: the EMS-style prefix KV pool in the CPUs' DRAM (default: the mapping's)")
-    g.add_argument("--slo-tpot-ms", type=positive_float, default=None, help="serving: TPOT objective for goodput (default: "
-                   "the mapping's; --slo-tbt-ms bounds every gap instead)")
     g.add_argument("--prefill-instances", type=positive_int, default=None, help="serving: prefill instances (default: the "
                    "mapping's)")
 
@@ -274,7 +272,8 @@ def print_plan_step(r: dict) -> None:
 
 def run_system_serving(args) -> int:
     from npusim.cli.progress import request_progress
-    from npusim.cli.serve import requests_from_args
+    from npusim.cli.serve import client_fields, print_sweep, requests_from_args
+    from npusim.serving.client import bench_row, parse_concurrencies
     from npusim.mapping.spec import load_system_serving
     from npusim.serving.metrics import write_serving_hdf5
     from npusim.system.load import load_system
@@ -312,12 +311,23 @@ def run_system_serving(args) -> int:
     if not reqs:
         raise ConfigError("no requests to serve (check --trace, --duration or --requests)")
     pool = None if args.caching_pool is None else args.caching_pool == "on"
-    with request_progress(len(reqs), enabled=not args.no_progress, kernels=("chip", "system")) as progress:
-        run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=args.model, seed=args.seed,
-                                      chip_cost=system_chip_cost(args, loaded),
-                                      kv_fabric=args.kv_fabric, caching_pool=pool, mtp=args.mtp,
-                                      mtp_acceptance=args.mtp_acceptance, slo_tbt_ms=args.slo_tbt_ms,
-                                      progress=progress)
+    chip_cost = system_chip_cost(args, loaded)  # one for every run of a sweep: its step costs are reused
+
+    def serve_once(max_concurrency):
+        with request_progress(len(reqs), enabled=not args.no_progress, kernels=("chip", "system")) as progress:
+            run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=args.model, seed=args.seed,
+                                          chip_cost=chip_cost, kv_fabric=args.kv_fabric, caching_pool=pool,
+                                          mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
+                                          slo_tbt_ms=args.slo_tbt_ms, progress=progress,
+                                          max_concurrency=max_concurrency)
+        run.summary.update(client_fields(args, max_concurrency))
+        return run
+
+    if args.sweep_concurrency is not None:
+        rows = [bench_row(serve_once(c).summary, c) for c in parse_concurrencies(args.sweep_concurrency)]
+        return print_sweep(args, {"model": cfg.name, "system": loaded.system.name, "mapping": str(mapping),
+                                  "requests": len(reqs), **client_fields(args, None), "rows": rows})
+    run = serve_once(args.max_concurrency)
     out = run.summary
     out["mapping"] = str(mapping)
     out["requests_clipped"] = clipped
@@ -341,7 +351,7 @@ def run_system_serving(args) -> int:
 
 
 def _print_serving(s: dict) -> None:
-    from npusim.cli.serve import fmt, latency_line
+    from npusim.cli.serve import client_line, fmt, latency_line
 
     print(f"{s['model']} serving on {s['system']}: {s['requests_total']} requests; prefill {s['npus_prefill']} NPUs, "
           f"decode {s['npus_decode']} NPUs ({mtp_words(s['mtp'], s['mtp_acceptance'])})")
@@ -351,8 +361,9 @@ def _print_serving(s: dict) -> None:
     tput = s["tokens_per_s_per_npu"]
     print(f"  throughput     {s['throughput_tokens_per_s'] or 0:,.0f} output tokens/s; "
           f"{tput or 0:,.1f} per NPU of the system, {s['decode_tokens_per_s_per_npu'] or 0:,.1f} per decode NPU")
-    for key, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("tbt_ms", "TBT ms"), ("e2e_ms", "E2E ms")):
+    for key, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("tbt_ms", "TBT/ITL ms"), ("e2e_ms", "E2E ms")):
         print(f"  {label:<14} {latency_line(s.get(key))}")
+    print(client_line(s))
     if s.get("slo_attainment") is not None:
         print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
               f"{fmt(s['goodput_tokens_per_s'], ',.0f')} tokens/s")

@@ -13,19 +13,54 @@ override the mapping spec's ``serving:`` section.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from npusim.errors import ConfigError
 from npusim.files import check_output_dir, json_text
 from npusim.cli.util import chip_noc, chip_precision, non_negative_int, positive_float, positive_int, refuse_unless_forced
 
-SERVING_FLAGS = ("trace", "rate", "requests")
+#: the benchmark client's flags (vllm bench serve's names): any of them makes a serving run a client's
+CLIENT_FLAGS = ("dataset", "num_prompts", "max_concurrency", "request_rate", "sweep_concurrency")
+SERVING_FLAGS = ("trace", "rate", "requests", *CLIENT_FLAGS)
+#: --dataset's choices (npusim.serving.client.DATASETS; here so --help imports no NumPy)
+DATASETS = ("random", "sharegpt-like", "mooncake-like")
 #: synthetic requests a run takes without --force, and the memory each costs (request, record and
 #: its token times, measured on the default scenario's lengths)
 MAX_REQUESTS = 1_000_000
 BYTES_PER_REQUEST = 3_000
 LONG_PROMPT_TOKENS = 4096  # --iteration-cache auto: longer prompts use the long buckets (see _iteration_cache)
 DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_INPUT, DEFAULT_OUTPUT = 8.0, 32, "128:512", "32:128"
+#: --dataset random's lengths when --input-len/--output-len are not given (vllm bench serve's defaults)
+RANDOM_INPUT, RANDOM_OUTPUT = 1024, 128
+
+
+def rate_or_inf(text: str) -> float:
+    """--request-rate: a positive number of requests per second, or inf (all sent at once)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number of requests per second or inf")
+    return value
+
+
+def burstiness_value(text: str) -> float:
+    """--burstiness: a positive gamma shape (1: Poisson), or inf (constant spacing)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number (1: Poisson) or inf (constant gaps)")
+    return value
 
 
 def add_serving_args(p) -> None:
@@ -35,10 +70,34 @@ def add_serving_args(p) -> None:
                    help=f"synthetic Poisson arrivals, requests per second (default {DEFAULT_RATE:g})")
     g.add_argument("--requests", type=positive_int, default=None,
                    help=f"number of requests (synthetic: default {DEFAULT_REQUESTS}; trace: the first N)")
-    g.add_argument("--input-len", default=DEFAULT_INPUT, help=f"synthetic prompt tokens: N or I1:I2 uniform "
-                   f"(default {DEFAULT_INPUT})")
-    g.add_argument("--output-len", default=DEFAULT_OUTPUT, help=f"synthetic output tokens: N or O1:O2 uniform "
-                   f"(default {DEFAULT_OUTPUT})")
+    g.add_argument("--input-len", default=None, help=f"synthetic prompt tokens: N, I1:I2 uniform or "
+                   f"lognormal:MEAN:SIGMA[:MAX] (default {DEFAULT_INPUT}); with --dataset random one number N, "
+                   f"the centre of the --range-ratio spread (default {RANDOM_INPUT})")
+    g.add_argument("--output-len", default=None, help=f"synthetic output tokens: N, O1:O2 uniform or "
+                   f"lognormal:MEAN:SIGMA[:MAX] (default {DEFAULT_OUTPUT}); with --dataset random one number N "
+                   f"(default {RANDOM_OUTPUT})")
+    g.add_argument("--dataset", choices=DATASETS, default=None,
+                   help="benchmark client (as vllm bench serve): random (vLLM's: lengths uniform in "
+                   "[floor(I(1-R)), ceil(I(1+R))] around --input-len/--output-len), sharegpt-like (short prompts, "
+                   "long replies: the decode-dominated preset) or mooncake-like (long prompts: the prefill-dominated "
+                   "preset); a Mooncake trace is --trace FILE. Any client flag sends every request at once "
+                   "unless --request-rate says otherwise")
+    g.add_argument("--range-ratio", type=float, default=None,
+                   help="--dataset random: spread R of the lengths, in [0, 1) (default 0: every length exactly N)")
+    g.add_argument("--num-prompts", type=positive_int, default=None,
+                   help=f"benchmark client: requests to send (--requests by vLLM's name; default {DEFAULT_REQUESTS})")
+    g.add_argument("--max-concurrency", type=positive_int, default=None,
+                   help="benchmark client: at most C requests in flight, the next sent the moment one completes "
+                   "(a closed loop with --request-rate inf); latencies count from each request's send")
+    g.add_argument("--request-rate", type=rate_or_inf, default=None,
+                   help="benchmark client: planned sends per second, or inf (default: all at t=0, limited only by "
+                   "--max-concurrency); --rate is the same for the default source (default 8)")
+    g.add_argument("--burstiness", type=burstiness_value, default=None,
+                   help="--request-rate's gaps: gamma with this shape, mean 1/rate (default 1: Poisson; inf: constant "
+                   "gaps of 1/rate)")
+    g.add_argument("--sweep-concurrency", default=None, metavar="C1,C2,...",
+                   help="benchmark client: one run per --max-concurrency value (same prompts, same seed), one row "
+                   "each (JSON: rows)")
     g.add_argument("--duration", type=positive_float, default=None, help="trace: only arrivals in the first S seconds")
     g.add_argument("--time-scale", type=positive_float, default=1.0, help="trace: multiply arrival times by this")
     g.add_argument("--max-input", type=positive_int, default=None, help="clip prompts to this many tokens")
@@ -69,6 +128,8 @@ def add_serving_args(p) -> None:
     g.add_argument("--prefix-cache", action="store_true", help="reuse KV of shared prompt prefixes (trace hash_ids)")
     g.add_argument("--slo-ttft-ms", type=positive_float, default=None, help="goodput: TTFT objective")
     g.add_argument("--slo-tbt-ms", type=positive_float, default=None, help="goodput: time-between-tokens objective")
+    g.add_argument("--slo-tpot-ms", type=positive_float, default=None, help="goodput: TPOT objective (each request's "
+                   "mean gap; with --system default: the mapping's; --slo-tbt-ms bounds every gap instead)")
     g.add_argument("--seed", type=non_negative_int, default=0, help="synthetic arrivals and lengths")
     g.add_argument("--iteration-cache", choices=["auto", "on", "off"], default="auto",
                    help="replay each iteration shape's chip timing, simulated once, instead of simulating every "
@@ -102,20 +163,97 @@ def is_serving(args) -> bool:
     return any(getattr(args, f, None) is not None for f in SERVING_FLAGS)
 
 
+def is_client(args) -> bool:
+    """Whether a benchmark client flag (:data:`CLIENT_FLAGS`) was given."""
+    return any(getattr(args, f, None) is not None for f in CLIENT_FLAGS)
+
+
+def check_client_args(args) -> None:
+    """The benchmark client's flags, checked against each other and the older serving flags
+    (one-line errors naming the flag)."""
+    for new, old in (("num_prompts", "requests"), ("request_rate", "rate")):
+        if getattr(args, new, None) is not None and getattr(args, old, None) is not None:
+            raise ConfigError(f"--{new.replace('_', '-')} and --{old}: the same setting by two names; give one")
+    if getattr(args, "max_concurrency", None) is not None and getattr(args, "sweep_concurrency", None) is not None:
+        raise ConfigError("--max-concurrency and --sweep-concurrency: a sweep sets the concurrency of each run; "
+                          "give one")
+    if args.trace is not None:
+        for flag in ("dataset", "request_rate", "burstiness", "range_ratio"):
+            if getattr(args, flag, None) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')}: --trace FILE brings its own prompts and arrival "
+                                  "times; drop one of them")
+    if getattr(args, "range_ratio", None) is not None and getattr(args, "dataset", None) != "random":
+        raise ConfigError("--range-ratio: the spread of --dataset random's lengths; add --dataset random")
+    if getattr(args, "burstiness", None) is not None and getattr(args, "request_rate", None) is None:
+        raise ConfigError("--burstiness: the shape of --request-rate's gaps; add --request-rate R")
+    if getattr(args, "dataset", None) not in (None, "random"):
+        for flag in ("input_len", "output_len"):
+            if getattr(args, flag, None) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')}: --dataset {args.dataset} draws its own lengths "
+                                  "(use --dataset random, or no --dataset, to set them)")
+
+
+def _client_int(text, flag: str, default: int) -> int:
+    if text is None:
+        return default
+    try:
+        value = int(str(text))
+    except ValueError:
+        raise ConfigError(f"{flag} '{text}': --dataset random takes one number of tokens, the centre of the "
+                          "--range-ratio spread (I1:I2 ranges and lognormal:... are for the source without "
+                          "--dataset)") from None
+    if value < 1:
+        raise ConfigError(f"{flag} {value}: expected a positive number of tokens")
+    return value
+
+
+def _lengths(args):
+    """The input and output length distributions the flags give."""
+    from npusim.serving.client import DATASET_PRESETS, random_lengths
+    from npusim.serving.requests import PRESETS
+
+    dataset = getattr(args, "dataset", None)
+    if dataset == "random":
+        ratio = 0.0 if args.range_ratio is None else args.range_ratio
+        return (random_lengths(_client_int(args.input_len, "--input-len", RANDOM_INPUT), ratio, "--input-len"),
+                random_lengths(_client_int(args.output_len, "--output-len", RANDOM_OUTPUT), ratio, "--output-len"))
+    if dataset in DATASET_PRESETS:
+        preset = PRESETS[DATASET_PRESETS[dataset]]
+        return preset.input_len, preset.output_len
+    return (_length(DEFAULT_INPUT if args.input_len is None else args.input_len, "--input-len"),
+            _length(DEFAULT_OUTPUT if args.output_len is None else args.output_len, "--output-len"))
+
+
 def requests_from_args(args):
+    """The requests the flags describe: (requests, how many lengths were clipped, how many
+    prompts were clipped to the model's context). With a benchmark client flag the arrival times
+    are the client's planned sends (:func:`npusim.serving.client.send_times`: all at 0 unless
+    --request-rate); without, the older Poisson source at --rate."""
+    import math
+
+    from npusim.serving.client import send_times
     from npusim.serving.requests import cap_lengths, synthetic_requests
     from npusim.serving.traces import load_trace
 
+    check_client_args(args)
+    n_given = args.requests if args.requests is not None else getattr(args, "num_prompts", None)
     if args.trace is not None:
         window = (0.0, args.duration) if args.duration else None
-        reqs = load_trace(args.trace, first=args.requests, window=window, scale=args.time_scale)
+        reqs = load_trace(args.trace, first=n_given, window=window, scale=args.time_scale)
     else:
-        rate = DEFAULT_RATE if args.rate is None else args.rate
-        n = DEFAULT_REQUESTS if args.requests is None else args.requests
-        refuse_unless_forced(args, n, MAX_REQUESTS, "--requests",
+        n = DEFAULT_REQUESTS if n_given is None else n_given
+        refuse_unless_forced(args, n, MAX_REQUESTS, "--num-prompts" if args.requests is None else "--requests",
                              f"~{n * BYTES_PER_REQUEST / 1e9:,.1f} GB of request records and days of simulation")
-        reqs = synthetic_requests(n, rate, input_len=_length(args.input_len, "--input-len"),
-                                  output_len=_length(args.output_len, "--output-len"), seed=args.seed)
+        input_len, output_len = _lengths(args)
+        if is_client(args):
+            rate = args.request_rate if args.request_rate is not None else args.rate
+            rate = math.inf if rate is None else rate
+            times = send_times(n, rate, 1.0 if args.burstiness is None else args.burstiness, args.seed)
+            reqs = synthetic_requests(n, math.inf, input_len=input_len, output_len=output_len, seed=args.seed)
+            reqs = [replace(r, arrival_s=float(t)) for r, t in zip(reqs, times)]
+        else:
+            rate = DEFAULT_RATE if args.rate is None else args.rate
+            reqs = synthetic_requests(n, rate, input_len=input_len, output_len=output_len, seed=args.seed)
     clipped = 0
     if args.max_input or args.max_output:
         reqs, clipped = cap_lengths(reqs, args.max_input, args.max_output, policy="clip")
@@ -231,8 +369,22 @@ def pd_split(args, arch, opts: dict) -> tuple[int, int] | None:
     return p * scale, d * scale
 
 
-def serve(args, arch, spec):
-    """Simulate the request stream the options describe: (summary dict, the serving run)."""
+def client_fields(args, max_concurrency: int | None) -> dict:
+    """The benchmark client's settings, as the summary records them (None: not a client run)."""
+    import math
+
+    if not is_client(args):
+        return {}
+    rate = args.request_rate if args.request_rate is not None else args.rate
+    return {"dataset": args.dataset, "max_concurrency": max_concurrency,
+            "request_rate": "trace" if args.trace is not None else "inf" if rate is None or math.isinf(rate) else rate,
+            "burstiness": None if rate is None else ("inf" if args.burstiness is not None and math.isinf(args.burstiness)
+                                                     else args.burstiness or 1.0)}
+
+
+def serve(args, arch, spec, max_concurrency: int | None = None):
+    """Simulate the request stream the options describe: (summary dict, the serving run).
+    ``max_concurrency``: the client's limit on requests in flight (default: --max-concurrency)."""
     from npusim.cli.progress import request_progress
     from npusim.model.zoo import get_config
     from npusim.serving.scheduler import SchedulerConfig
@@ -248,15 +400,19 @@ def serve(args, arch, spec):
     cfg = ServingConfig(model=args.model, precision=chip_precision(args), layers=args.layers, scheduler=sched,
                         memory_mode=args.memory, noc_mode=chip_noc(args), admission=args.admission,
                         prefix_cache=args.prefix_cache, slo_ttft_ms=args.slo_ttft_ms, slo_tbt_ms=args.slo_tbt_ms,
+                        slo_tpot_ms=getattr(args, "slo_tpot_ms", None),
                         iteration_cache=_iteration_cache(args, pd is not None or opts["replicas"] > 1, reqs, context),
                         iteration_cache_dir=getattr(args, "iteration_cache_dir", None),
                         iteration_replay=getattr(args, "iteration_cache_replay", None) or "stages")
+    if max_concurrency is None:
+        max_concurrency = getattr(args, "max_concurrency", None)
     with request_progress(len(reqs), enabled=not args.no_progress) as progress:
-        run = simulate_serving(arch, spec, reqs, cfg, progress=progress, pd=pd, replicas=opts["replicas"])
+        run = simulate_serving(arch, spec, reqs, cfg, progress=progress, pd=pd, replicas=opts["replicas"],
+                               max_concurrency=max_concurrency)
     s = run.summary
     s.update({"model": args.model, "arch": arch.name, "requests": len(reqs), "lengths_clipped": clipped,
               "context_clipped": over_context,
-              "memory_fidelity": args.memory, "noc_fidelity": chip_noc(args)})
+              "memory_fidelity": args.memory, "noc_fidelity": chip_noc(args), **client_fields(args, max_concurrency)})
     s["iteration_cache"]["requested"] = getattr(args, "iteration_cache", "auto")
     if cfg.iteration_cache is not None:
         from npusim.serving.itercache import preset_name
@@ -270,6 +426,15 @@ def run_serving(args, arch, spec) -> int:
     from npusim.report.perfetto import write_serving_timeline
     from npusim.serving.metrics import write_serving_hdf5
 
+    if getattr(args, "sweep_concurrency", None) is not None:
+        from npusim.serving.client import bench_row, parse_concurrencies
+
+        rows = []
+        for c in parse_concurrencies(args.sweep_concurrency):
+            s, _ = serve(args, arch, spec, max_concurrency=c)
+            rows.append(bench_row(s, c))
+        return print_sweep(args, {"model": args.model, "arch": arch.name, "requests": s["requests"],
+                                  **client_fields(args, None), "rows": rows})
     s, run = serve(args, arch, spec)
     if args.out:
         files = {"summary": args.out / "summary.json", "serving": args.out / "serving.h5",
@@ -287,6 +452,28 @@ def run_serving(args, arch, spec) -> int:
         print(json_text(s))
         return 0
     _print(s)
+    return 0
+
+
+def print_sweep(args, out: dict) -> int:
+    """A concurrency sweep's result: JSON ``{..., "rows": [...]}`` with --json (and in
+    ``--out``/summary.json), else a benchmark table, one row per concurrency."""
+    from npusim.files import write_json
+    from npusim.serving.client import sweep_table
+
+    out.pop("max_concurrency", None)  # each row has its own
+    if args.out:
+        out["files"] = {"summary": str(args.out / "summary.json")}
+        write_json(args.out / "summary.json", out)
+    if args.json:
+        print(json_text(out))
+        return 0
+    where = out.get("arch") or out.get("system")
+    print(f"{out['model']} on {where}: {out['requests']} prompts (dataset {out.get('dataset') or 'synthetic'}, "
+          f"request rate {out.get('request_rate')}), one run per max concurrency")
+    print(sweep_table(out["rows"]))
+    for name, path in out.get("files", {}).items():
+        print(f"  wrote {name:<9} {path}")
     return 0
 
 
@@ -319,6 +506,14 @@ def latency_line(stats: dict | None) -> str:
     return "-" if v.get("mean") is None else f"mean {v['mean']:.1f}  p50 {v['p50']:.1f}  p99 {v['p99']:.1f}"
 
 
+def client_line(s: dict) -> str:
+    """The benchmark client's line of a text summary: its settings and the mean in flight."""
+    who = (f"dataset {s.get('dataset') or 'synthetic'}, max concurrency {s.get('max_concurrency') or 'none'}, "
+           f"request rate {s.get('request_rate', '-')}; " if "max_concurrency" in s else "")
+    return (f"  client         {who}{fmt(s.get('mean_concurrency'), '.2f')} requests in flight on average "
+            f"(request throughput x mean E2E), {fmt(s.get('total_token_throughput'), ',.1f')} total tokens/s")
+
+
 def _print(s: dict) -> None:
     print(f"{s['model']} serving on {s['arch']}: {s['requests']} requests, schedule {s['scheduler']['policy']} "
           f"(memory {s['memory_fidelity']}, NoC {s['noc_fidelity']})")
@@ -331,9 +526,10 @@ def _print(s: dict) -> None:
           "requests/s")
     if s.get("memory_fidelity") == "tlm" and "sram_stall_cycles" in s:
         print(f"  SRAM stalls    {s['sram_stall_cycles']:,} compute cycles waited on SRAM ports, summed over tasks")
-    for key, label in (("ttft_ms", "TTFT ms"), ("tbt_ms", "TBT ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "E2E ms"),
+    for key, label in (("ttft_ms", "TTFT ms"), ("tbt_ms", "TBT/ITL ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "E2E ms"),
                        ("queueing_ms", "queueing ms")):
         print(f"  {label:<14} {latency_line(s.get(key))}")
+    print(client_line(s))
     if s.get("slo_attainment") is not None:
         print(f"  SLO            {100 * s['slo_attainment']:.1f}% of requests met it; goodput "
               f"{fmt(s['goodput_requests_per_s'], '.2f')} requests/s")

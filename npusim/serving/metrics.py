@@ -126,17 +126,20 @@ class RequestRecord:
 
 
 def latency_stats_ms(values_s: Sequence[float]) -> dict:
-    """``{"mean", "p50", "p90", "p99", "max", "count"}`` in milliseconds of values in seconds.
+    """``{"mean", "median", "std", "p50", "p90", "p99", "max", "count"}`` in milliseconds of values
+    in seconds (``median`` is ``p50``, under the name ``vllm bench serve`` gives it; ``std`` the
+    population standard deviation, numpy's default, as vLLM's).
 
     Percentiles interpolate linearly between order statistics (numpy's default). With no values,
     every statistic is None and count is 0.
     """
     if len(values_s) == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None, "count": 0}
+        return {"mean": None, "median": None, "std": None, "p50": None, "p90": None, "p99": None, "max": None,
+                "count": 0}
     ms = np.asarray(values_s, dtype=np.float64) * 1e3
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    return {"mean": float(ms.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
-            "max": float(ms.max()), "count": int(ms.size)}
+    return {"mean": float(ms.mean()), "median": float(p50), "std": float(ms.std()), "p50": float(p50),
+            "p90": float(p90), "p99": float(p99), "max": float(ms.max()), "count": int(ms.size)}
 
 
 def meets_slo(record: RequestRecord, slo_ttft_s: float | None, slo_tbt_s: float | None,
@@ -179,6 +182,12 @@ def summarize(records: Iterable[RequestRecord], duration_s: float | None = None,
     misses), ``goodput_requests_per_s`` and ``goodput_tokens_per_s`` (output tokens of requests
     meeting the SLOs) — the SLO keys are None when neither SLO is given (see :func:`meets_slo`).
 
+    The same under ``vllm bench serve``'s names (:mod:`npusim.serving.client`): ``itl_ms`` (every
+    gap, as ``tbt_ms``), ``e2el_ms`` (as ``e2e_ms``), ``request_throughput``, ``output_throughput``,
+    ``total_token_throughput``, ``request_goodput`` (as ``goodput_requests_per_s``); and
+    ``mean_concurrency`` = the sum of completed requests' E2E / duration, the mean number in flight
+    over the duration when every request completed (Little's law: request_throughput x mean E2E).
+
     Raises ValueError when a record is inconsistent (:meth:`RequestRecord.problems`): that is a
     simulator bug, not a user error.
     """
@@ -216,6 +225,13 @@ def summarize(records: Iterable[RequestRecord], duration_s: float | None = None,
         "prefix_hit_rate": hits / input_tokens if input_tokens else None,
     }
     summary.update(_slo_summary(records, duration_s, slo_ttft_s, slo_tbt_s, slo_tpot_s))
+    summary.update({
+        "itl_ms": summary["tbt_ms"], "e2el_ms": summary["e2e_ms"],
+        "request_throughput": summary["requests_per_s"], "output_throughput": summary["throughput_tokens_per_s"],
+        "total_token_throughput": summary["throughput_total_tokens_per_s"],
+        "request_goodput": summary["goodput_requests_per_s"],
+        "mean_concurrency": _rate(sum(r.e2e_s for r in done), duration_s),
+    })
     return summary
 
 

@@ -41,6 +41,7 @@ from npusim.gcpolicy import fewer_collections
 from npusim.mapping.spec import MappingSpec
 from npusim.model.builder import build_graph
 from npusim.model.zoo import get_config
+from npusim.serving.client import ClosedLoop
 from npusim.serving.instance import Instance
 from npusim.serving.itercache import Buckets
 from npusim.serving.itercache import summary as itercache_summary
@@ -71,6 +72,7 @@ class ServingConfig:
     block_tokens: int = 16
     slo_ttft_ms: float | None = None
     slo_tbt_ms: float | None = None
+    slo_tpot_ms: float | None = None  # goodput: each request's TPOT (its mean gap) at most this
     debug: bool = False
     pad_shapes: bool = True  # pad iteration graphs like graph-mode engines (see npusim.serving.iteration)
     core_window_s: float = 0.05  # per-core utilisation windows (npusim.serving.sampling)
@@ -282,25 +284,30 @@ class ServingSimulator:
         return cycles / self.hz
 
     # -- the loop ---------------------------------------------------------------------------
-    def run(self, requests, progress=None) -> ServingRun:
+    def run(self, requests, progress=None, max_concurrency: int | None = None) -> ServingRun:
+        """Serve ``requests``; ``max_concurrency``: at most that many in flight, each further request
+        sent when one finishes or is rejected (:class:`npusim.serving.client.ClosedLoop`)."""
         with fewer_collections():  # see npusim.gcpolicy
-            return self._run(requests, progress)
+            return self._run(requests, progress, max_concurrency)
 
-    def _run(self, requests, progress) -> ServingRun:
+    def _run(self, requests, progress, max_concurrency=None) -> ServingRun:
         sim = self.sim
-        arrivals = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
-        check_context(arrivals, get_config(self.cfg.model).max_position_embeddings, str(self.cfg.model))
-        if arrivals and self._cycles(arrivals[-1].arrival_s) > MAX_ARRIVAL_CYCLES:
-            raise ConfigError(f"the last request arrives {arrivals[-1].arrival_s:.3g} s into the run, beyond the "
+        planned = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+        check_context(planned, get_config(self.cfg.model).max_position_embeddings, str(self.cfg.model))
+        if planned and self._cycles(planned[-1].arrival_s) > MAX_ARRIVAL_CYCLES:
+            raise ConfigError(f"the last request arrives {planned[-1].arrival_s:.3g} s into the run, beyond the "
                               f"{MAX_ARRIVAL_CYCLES / self.hz:.3g} s a 64-bit cycle count holds at {self.hz / 1e9:g} "
                               "GHz (a higher --rate, or --time-scale for a trace)")
+        client = None if max_concurrency is None else ClosedLoop(planned, max_concurrency)
+        arrivals = deque(planned if client is None else client.initial())
+        released = 0  # finished or rejected requests the client has been told of
         records: dict[int, RequestRecord] = {}
         iterations: list[dict] = []
         util = UtilizationSampler(sim, self.cfg.core_window_s)
         occupancy = TimeSeries(["sram_used_bytes", "hbm_used_bytes"], "bytes")
         handlers: dict[int, tuple] = {}
         transfers = {"bytes": 0, "count": 0}
-        total = len(arrivals)
+        total = len(planned)
         self.finished = 0
         while True:
             now_s = self._seconds(sim.now)
@@ -315,6 +322,12 @@ class ServingSimulator:
                     if not slots:
                         break
                     handlers[inst.launch(slots, records, now_s)] = ("iteration", inst)
+            if client is not None and released < self.finished:  # slots freed: the next requests are sent now
+                for _ in range(self.finished - released):
+                    arrivals.extend(client.on_finish(now_s))
+                released = self.finished
+                if arrivals and arrivals[0].arrival_s <= now_s:
+                    continue
             if not handlers:
                 if arrivals:  # idle until the next request arrives
                     sim.run(until=max(sim.now, self._cycles(arrivals[0].arrival_s)))
@@ -392,7 +405,8 @@ class ServingSimulator:
         cfg, sim = self.cfg, self.sim
         recs = [records[k] for k in sorted(records)]
         summary = summarize(recs, slo_ttft_s=None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3,
-                            slo_tbt_s=None if cfg.slo_tbt_ms is None else cfg.slo_tbt_ms / 1e3)
+                            slo_tbt_s=None if cfg.slo_tbt_ms is None else cfg.slo_tbt_ms / 1e3,
+                            slo_tpot_s=None if cfg.slo_tpot_ms is None else cfg.slo_tpot_ms / 1e3)
         summary.update({
             "iterations": len(iterations), "compiled_iteration_shapes": sum(i.shapes_compiled for i in self.instances),
             "iteration_cache": itercache_summary([i.costs for i in self.instances if i.costs is not None],
@@ -422,7 +436,10 @@ class ServingSimulator:
 
 
 def simulate_serving(arch: Arch, spec: MappingSpec, requests, cfg: ServingConfig, progress=None,
-                     pd: tuple[int, int] | None = None, replicas: int = 1) -> ServingRun:
+                     pd: tuple[int, int] | None = None, replicas: int = 1,
+                     max_concurrency: int | None = None) -> ServingRun:
     """Serve ``requests`` on ``replicas`` data-parallel copies; ``pd=(prefill_cores, decode_cores)``
-    disaggregates prefill and decode (DP-first when ``replicas > 1``)."""
-    return ServingSimulator(arch, spec, cfg, pd, replicas).run(requests, progress)
+    disaggregates prefill and decode (DP-first when ``replicas > 1``). ``max_concurrency``: a
+    benchmark client's limit on requests in flight (:class:`npusim.serving.client.ClosedLoop`; their
+    ``arrival_s`` are then planned send times, each sent no earlier than a slot frees)."""
+    return ServingSimulator(arch, spec, cfg, pd, replicas).run(requests, progress, max_concurrency)

@@ -43,6 +43,7 @@ from npusim.arch import summarize as chip_summary
 from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment, SystemServing
 from npusim.model.zoo import get_config
+from npusim.serving.client import ClosedLoop
 from npusim.serving.metrics import RequestRecord, summarize
 from npusim.serving.requests import Request, check_context
 from npusim.system.chipcost import ChipCost
@@ -140,11 +141,14 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                             kv_fabric: str | None = None, caching_pool: bool | None = None,
                             mtp: int | None = None, mtp_acceptance: float | None = None,
                             fidelity: str = "flow", slo_tbt_ms: float | None = None,
-                            progress=None, chip_cost: ChipCost | None = None) -> SystemServingResult:
+                            progress=None, chip_cost: ChipCost | None = None,
+                            max_concurrency: int | None = None) -> SystemServingResult:
     """Serve ``requests`` (see module docstring); flags override the plan's choices. ``pdep`` and
     ``ddep``: DeepSeek deployments, or parallel plans of any model (:mod:`npusim.system.instance`).
     Goodput counts requests within the plan's TTFT and TPOT objectives (and every gap between
-    tokens within ``slo_tbt_ms`` when given)."""
+    tokens within ``slo_tbt_ms`` when given). ``max_concurrency``: a benchmark client's limit on
+    requests in flight (:class:`npusim.serving.client.ClosedLoop`): ``arrival_s`` are then planned
+    send times, each request sent no earlier than a finished (or rejected) one frees a slot."""
     s = loaded.system
     cfg = get_config(model)
     check_context(requests, cfg.max_position_embeddings, model)
@@ -218,9 +222,18 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
     if last * _LiveFabric.PS_PER_S > MAX_ARRIVAL_PS:
         raise ConfigError(f"the last request arrives {last:.3g} s into the run, beyond the {MAX_ARRIVAL_PS / 1e12:.3g} s "
                           "the fabric's 64-bit picosecond clock holds (a higher --rate, or --time-scale for a trace)")
-    for r in requests:
-        if seqs[r.id].record.rejected_reason is None:
-            push(r.arrival_s, ARRIVAL, r.id)
+    source = None if max_concurrency is None else ClosedLoop(requests, max_concurrency)
+
+    def send(reqs) -> None:
+        """Requests sent: each arrives at its (possibly later than planned) send time."""
+        for r in reqs:
+            q = seqs[r.id]
+            q.req = r
+            q.record.arrival_s = r.arrival_s
+            if source is not None or q.record.rejected_reason is None:  # a client's rejection frees its slot then
+                push(r.arrival_s, ARRIVAL, r.id)
+
+    send(requests if source is None else source.initial())
     waiting: deque[int] = deque()  # prompts queued for a prefill instance
     idle = deque(range(plan.prefill.instances))
     wait_decode: list[int] = []  # prefilled, waiting for decode room
@@ -331,7 +344,10 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         if kind == POOL_LOADED:
             run_prefill(t, *payload)
         elif kind == ARRIVAL:
-            waiting.append(payload)
+            if seqs[payload].record.rejected_reason is None:
+                waiting.append(payload)
+            else:  # only with a client (source): its slot frees at once
+                send(source.on_finish(t))
         elif kind == PREFILL_DONE:
             inst, ids = payload
             idle.append(inst)
@@ -349,6 +365,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                 if q.req.output_len == 1:
                     q.record.finish_s = t
                     done_count += 1
+                    if source is not None:
+                        send(source.on_finish(t))
                 else:
                     q.remaining = q.req.output_len - 1
                     q.kv_len = q.req.input_len + 1
@@ -379,6 +397,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                 unit_seqs[q.decode_unit] -= 1
                 unit_tokens[q.decode_unit] -= q.req.input_len + q.req.output_len
                 done_count += 1
+                if source is not None:
+                    send(source.on_finish(t))
             if progress is not None and finished:
                 progress(t, done_count, len(requests))
             if finished and wait_decode:
