@@ -8,9 +8,11 @@ Each HBM channel meets the mesh at a router (``hbm.attach``, see
 ``(addr / interleave) mod channels``; with ``attach: per_core`` the core's own channel;
 random addresses spread evenly over the channels):
 
-* **read**: requests ``c -> r``, one header-only packet (one flit) per *burst* (at the flit
-  fidelity the stream's flits travel in packets of up to ``noc.max_packet_flits``); responses
-  ``r -> c`` carrying the data, ``max(bursts, ceil(bytes / link width))`` flits;
+* **read**: requests ``c -> r``, one header-only packet (one flit) per *burst*; responses
+  ``r -> c`` carrying the data, ``max(bursts, ceil(bytes / link width))`` flits (at the flit
+  fidelity a read is not two streams: the DMA engine issues its requests burst by burst within its
+  tags and each controller sends a burst's data when its request arrives, in arrival order, see
+  :mod:`npusim.hw.noc.flit_engine`, "DMA reads");
 * **write**: the data ``c -> r`` (same flit count as a read response), then one one-flit
   acknowledgement per burst ``r -> c``.
 
@@ -80,7 +82,7 @@ import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit
 from numba import njit
 
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM
-from npusim.hw.noc.flit_engine import MEM_FROM, MEM_NONE, MEM_TO, flit_start_part
+from npusim.hw.noc.flit_engine import MEM_FROM, MEM_NONE, MEM_TO, flit_read_add, flit_read_go, flit_start_part
 from npusim.engine.eventlist import event_push
 from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, memory_port, path_reserve_part, path_start_part
 
@@ -204,7 +206,11 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         n = mp.r_pkt[r]
         data_flits = max(n, (b + w - 1) // w)
         out_flits, back_flits = (data_flits, n) if is_write else (n, data_flits)
-        if flit_mode:
+        if flit_mode and not is_write:
+            # a read: requests paced by the DMA engine's tags, data served in request order
+            # (flit_engine: "DMA reads"); one part for all its routers, counted below
+            flit_read_add(fnoc, init, r, n, data_flits)
+        elif flit_mode:
             # memory ports on: requests / write data leave at r's memory port, responses enter at
             # r's memory injection lanes; off (the ablation): both use the routers' core ports
             ports = p[MP_MEMPORT] != 0
@@ -228,6 +234,9 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         mp.counters[C_BYTES] += b
         mp.r_bytes[r] = 0
         mp.r_pkt[r] = 0
+    if flit_mode and not is_write and streams > 0:
+        flit_read_go(fnoc, heap, hs, init, core, nbytes, now, 1 if p[MP_MEMPORT] != 0 else 0)
+        parts += 1
     if last >= 0:  # the reserved streams end together: one part, one event
         event_push(heap, hs, last, EV_NOC_PART_END, init)
         parts += 1
