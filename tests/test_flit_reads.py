@@ -15,30 +15,33 @@ def _with_tags(arch, tags, txn=None):
     return arch.model_copy(update={"cores": cores})
 
 
-def _read_cycles(arch, core, nbytes):
+def _read_cycles(arch, core, nbytes, write=False):
     sim = Simulator(arch, memory_mode="analytical", noc_mode="flit")
-    sim.add_dma(core, nbytes, address=0)
+    sim.add_dma(core, nbytes, address=0, write=write)
     sim.run()
     return sim.makespan()
 
 
-def test_one_tag_makes_each_burst_a_round_trip(arch64):
+@pytest.mark.parametrize("write", [False, True])
+def test_one_tag_makes_each_burst_a_round_trip(arch64, write):
     """With one tag of a whole burst (``max_outstanding: 1``, ``transaction_bytes: 256``) a DMA
     engine has one burst in flight: its 64 bursts of a 16 KiB read (256 B each, one per channel,
     address 0 up) take at least the sum of their zero-load round trips, request (1 flit) out and
     data (4 flits) back (4,224 cycles; measured 4,351); with the arch's tags the bursts overlap and
     the read takes under a third of that (measured 599). Before the tags (two free-running streams
-    per router) the one-tag read took 3,587 cycles, the DRAM's time, below the sum."""
+    per router) the one-tag read took 3,587 cycles, the DRAM's time, below the sum. A write is the
+    same loop the other way: a burst's data (4 flits) out, a one-flit acknowledgement back."""
     core, nbytes = 27, 16 * 1024
     S, L = arch64.noc.router_pipeline_cycles, arch64.noc.link_latency_cycles
     attach = hbm_attach_routers(arch64)
     hops = Simulator(arch64, noc_mode="flit").routing.hop_matrix()
     bursts = nbytes // arch64.hbm.interleave_bytes
     flits = arch64.hbm.interleave_bytes // arch64.noc.link_bytes_per_cycle
-    trips = sum(int(zero_load_latency_cycles(hops[core, attach[ch]], 1, S, L))
-                + int(zero_load_latency_cycles(hops[attach[ch], core], flits, S, L)) for ch in range(bursts))
-    one = _read_cycles(_with_tags(arch64, 1, 256), core, nbytes)
-    many = _read_cycles(arch64, core, nbytes)
+    out, back = (flits, 1) if write else (1, flits)
+    trips = sum(int(zero_load_latency_cycles(hops[core, attach[ch]], out, S, L))
+                + int(zero_load_latency_cycles(hops[attach[ch], core], back, S, L)) for ch in range(bursts))
+    one = _read_cycles(_with_tags(arch64, 1, 256), core, nbytes, write)
+    many = _read_cycles(arch64, core, nbytes, write)
     assert one >= trips
     assert many < trips / 3
 

@@ -14,7 +14,8 @@ random addresses spread evenly over the channels):
   tags and each controller sends a burst's data when its request arrives, in arrival order, see
   :mod:`npusim.hw.noc.flit_engine`, "DMA reads");
 * **write**: the data ``c -> r`` (same flit count as a read response), then one one-flit
-  acknowledgement per burst ``r -> c``.
+  acknowledgement per burst ``r -> c`` (at the flit fidelity burst by burst within the tags, an
+  acknowledgement sent when its burst's data arrives, as for reads).
 
 A burst is what a DMA engine asks one channel for in one request (an AXI burst): a contiguous run
 of addresses inside one interleave chunk (at most ``hbm.interleave_bytes``, never more than
@@ -34,7 +35,7 @@ Both NoC fidelities model the port: the path model as a link with ``k`` lanes
 (:func:`npusim.hw.noc.path.memory_port`), the flit model as an always-accepting sink taking up
 to ``k`` flits a cycle from distinct input ports (:mod:`npusim.hw.noc.flit`, "Memory ports").
 Responses (read data, write acknowledgements: the stream ``r -> core``, started by
-:func:`mem_start` with ``MEM_FROM``) enter the mesh on the memory's behalf, not through the
+:func:`mem_start`) enter the mesh on the memory's behalf, not through the
 core's network interface: the flit model injects them through the attach router's ``k`` memory
 injection lanes (the same ``k``; up to ``k`` flits a cycle of ``k`` distinct packets, each lane
 competing in switch allocation and holding VCs and credits like an input port; the core's NI
@@ -82,7 +83,7 @@ import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit
 from numba import njit
 
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM
-from npusim.hw.noc.flit_engine import MEM_FROM, MEM_NONE, MEM_TO, flit_read_add, flit_read_go, flit_start_part
+from npusim.hw.noc.flit_engine import flit_read_add, flit_read_go
 from npusim.engine.eventlist import event_push
 from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, memory_port, path_reserve_part, path_start_part
 
@@ -206,17 +207,10 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         n = mp.r_pkt[r]
         data_flits = max(n, (b + w - 1) // w)
         out_flits, back_flits = (data_flits, n) if is_write else (n, data_flits)
-        if flit_mode and not is_write:
-            # a read: requests paced by the DMA engine's tags, data served in request order
-            # (flit_engine: "DMA reads"); one part for all its routers, counted below
-            flit_read_add(fnoc, init, r, n, data_flits)
-        elif flit_mode:
-            # memory ports on: requests / write data leave at r's memory port, responses enter at
-            # r's memory injection lanes; off (the ablation): both use the routers' core ports
-            ports = p[MP_MEMPORT] != 0
-            flit_start_part(fnoc, heap, hs, init, core, r, out_flits, now, MEM_TO if ports else MEM_NONE)
-            flit_start_part(fnoc, heap, hs, init, r, core, back_flits, now, MEM_FROM if ports else MEM_NONE)
-            parts += 2
+        if flit_mode:
+            # bursts paced by the DMA engine's tags, what comes back sent in the order they
+            # arrive (flit_engine: "DMA reads"); one part for all its routers, counted below
+            flit_read_add(fnoc, init, r, n, out_flits, back_flits)
         elif reserve:
             port = memory_port(noc, r) if p[MP_MEMPORT] != 0 else noc.n_links + r
             t_out = path_reserve_part(noc, heap, hs, init, core, r, out_flits, now, port)
@@ -234,7 +228,7 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         mp.counters[C_BYTES] += b
         mp.r_bytes[r] = 0
         mp.r_pkt[r] = 0
-    if flit_mode and not is_write and streams > 0:
+    if flit_mode and streams > 0:
         flit_read_go(fnoc, heap, hs, init, core, nbytes, now, 1 if p[MP_MEMPORT] != 0 else 0)
         parts += 1
     if last >= 0:  # the reserved streams end together: one part, one event

@@ -36,8 +36,12 @@ queued its whole reply stream at each controller when it started, without waitin
 requests, and bundled 16 burst requests in one packet: each controller sent long runs to one core
 while the others waited, and the cores' requests, unthrottled, saturated the links towards the
 edge and arrived in an unfair order, so 16 cores reading 1 MB each moved half what the same
-routers sustain on request-reply traffic (``validation/noc_engine_vs_synthetic.py``). Writes keep
-the two streams (data out, acknowledgements back).
+routers sustain on request-reply traffic (``validation/noc_engine_vs_synthetic.py``). A DMA
+write is the same loop the other way: a burst's data (its share of the data flits, in packets of
+up to ``max_packet_flits``) goes out within the tags, its last packet's arrival puts a one-flit
+acknowledgement in the controller queue, and the acknowledgement's arrival frees the tag.
+(``MEM_TO`` / ``MEM_FROM`` messages, :func:`flit_start_part`, are the free-running streams of
+before, kept for callers of the engine; memory traffic no longer uses them.)
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ FlitEngine = namedtuple(
         # data flits and bursts not yet at the controller queue; the routers it reads from
         "rd_core", "rd_ports", "rd_out", "rd_lim", "rd_reqs", "rd_bursts", "rd_rr", "rd_nr",
         "rd_left", "rd_dq", "rd_bq", "rd_rl",
+        # writes: per (i, r) the data flits still to send; per i the flits of the burst being queued
+        # (a burst longer than a packet) and its router
+        "rd_oq", "rd_pend", "rd_pend_r",
         "rd_act",  # initiators with requests still to issue (first sc[S_RD_ACT])
         # the controller queues, a ring per router: entry (initiator * NR + router, data flits left)
         "cq_ir", "cq_flits", "cq_head", "cq_cnt",
@@ -78,7 +85,9 @@ FlitEngine = namedtuple(
 P_WIDTH, P_MAX_PKT, P_TAGS, P_INFLIGHT, P_NR, P_CQCAP = range(6)
 S_ACTIVE, S_FREE_TOP, S_TICKING, S_MESSAGES, S_READS, S_RD_ACT = range(6)
 TAG_RD = 1 << 40  # packet tags from here on belong to DMA reads: TAG_RD + (i * NR + r) * 4 + kind
-RD_REQ, RD_DATA, RD_DATA_LAST = 0, 1, 2  # kind: a request, a data packet, a burst's last data packet
+# kind: a request (a read's one flit, a write burst's last data packet: the burst reached its
+# controller), a data packet back, the last packet back of a burst, a write burst's earlier packets
+RD_REQ, RD_DATA, RD_DATA_LAST, RD_WDATA = 0, 1, 2, 3
 
 
 def new_flit_engine(topo, routing, vcs: int, buffer_flits: int, router_stages: int, link_bytes: int,
@@ -102,6 +111,7 @@ def new_flit_engine(topo, routing, vcs: int, buffer_flits: int, router_stages: i
         sc=np.array([0, num_slots, 0, 0, 0, 0], np.int64),
         rd_core=zi(ni), rd_ports=zi(ni), rd_out=zi(ni), rd_lim=zi(ni), rd_reqs=zi(ni), rd_bursts=zi(ni),
         rd_rr=zi(ni), rd_nr=zi(ni), rd_left=zi(ni * nr), rd_dq=zi(ni * nr), rd_bq=zi(ni * nr), rd_rl=zi(ni * nr),
+        rd_oq=zi(ni * nr), rd_pend=zi(ni), rd_pend_r=zi(ni),
         rd_act=zi(ni), cq_ir=zi(nr * cap), cq_flits=zi(nr * cap), cq_head=zi(nr), cq_cnt=zi(nr),
     )
 
@@ -198,14 +208,17 @@ def _enqueue(fe, heap, hs, now):
 
 
 @njit(cache=True, _nrt=False)
-def flit_read_add(fe, init, r, bursts, data_flits):
-    """Initiator ``init``'s next DMA read asks attach router ``r`` for ``bursts`` bursts carrying
-    ``data_flits`` flits of data (call for each router, then :func:`flit_read_go`)."""
+def flit_read_add(fe, init, r, bursts, out_flits, back_flits):
+    """Initiator ``init``'s next DMA asks attach router ``r`` for ``bursts`` bursts: ``out_flits``
+    flits towards the memory (a read's requests, one a burst; a write's data) and ``back_flits``
+    back (a read's data; a write's acknowledgements, one a burst). Call for each router, then
+    :func:`flit_read_go`."""
     nr = fe.prm[P_NR]
     j = init * nr + r
     fe.rd_left[j] = bursts
     fe.rd_bq[j] = bursts
-    fe.rd_dq[j] = data_flits
+    fe.rd_oq[j] = out_flits
+    fe.rd_dq[j] = back_flits
     fe.rd_rl[init * nr + fe.rd_nr[init]] = r
     fe.rd_nr[init] += 1
     fe.rd_reqs[init] += bursts
@@ -214,10 +227,10 @@ def flit_read_add(fe, init, r, bursts, data_flits):
 
 @njit(cache=True, _nrt=False)
 def flit_read_go(fe, heap, hs, init, core, nbytes, now, ports):
-    """Start initiator ``init``'s DMA read of ``nbytes`` bytes into core ``core`` (its routers
-    given by :func:`flit_read_add`); ``ports``: requests leave at the routers' memory ports and
-    the data enters at their memory injection lanes (else both use the routers' core ports). Its
-    end is reported as ``EV_NOC_PART_END`` for ``init``."""
+    """Start initiator ``init``'s DMA of ``nbytes`` bytes (read or write) for core ``core`` (its
+    routers given by :func:`flit_read_add`); ``ports``: the streams towards the memory leave at
+    the routers' memory ports and those back enter at their memory injection lanes (else both use
+    the routers' core ports). Its end is reported as ``EV_NOC_PART_END`` for ``init``."""
     reqs = fe.rd_reqs[init]
     req_bytes = max(np.int64(1), (nbytes + reqs - 1) // reqs)
     fe.rd_lim[init] = max(np.int64(1), min(fe.prm[P_TAGS], fe.prm[P_INFLIGHT] // req_bytes))
@@ -225,6 +238,7 @@ def flit_read_go(fe, heap, hs, init, core, nbytes, now, ports):
     fe.rd_ports[init] = ports
     fe.rd_out[init] = 0
     fe.rd_rr[init] = 0
+    fe.rd_pend[init] = 0
     fe.rd_act[fe.sc[S_RD_ACT]] = init
     fe.sc[S_RD_ACT] += 1
     fe.sc[S_READS] += 1
@@ -234,33 +248,53 @@ def flit_read_go(fe, heap, hs, init, core, nbytes, now, ports):
         event_push(heap, hs, now, EV_FLIT_TICK, 0)
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _rd_send_pending(fe, init, now):
+    """Queue the packets of ``init``'s current burst (its flits in ``rd_pend``) at its core's NI,
+    towards the memory, while there is room; whether all are queued."""
+    nr = fe.prm[P_NR]
+    r = fe.rd_pend_r[init]
+    while fe.rd_pend[init] > 0:
+        f = fe.rd_pend[init]
+        n = min(f, fe.prm[P_MAX_PKT])
+        tag = TAG_RD + (init * nr + r) * 4 + (RD_REQ if n == f else RD_WDATA)
+        if fe.rd_ports[init] != 0:
+            k = send_packet_mem(fe.fs, fe.rd_core[init], r, n, now, tag)
+        else:
+            k = send_packet(fe.fs, fe.rd_core[init], r, n, now, tag)
+        if k < 0:
+            return False
+        fe.rd_pend[init] = f - n
+    return True
+
+
 @njit(cache=True, _nrt=False)
 def _rd_issue(fe, now):
-    """Each reading DMA engine sends request packets (one flit, one burst each), cycling over its
-    routers, while it has a free tag and its core's NI queue has room."""
+    """Each DMA engine with bursts still to send sends the next one (a read's one-flit request, a
+    write's data), cycling over its routers, while it has a free tag and its core's NI queue has
+    room."""
     nr = fe.prm[P_NR]
     i = 0
     while i < fe.sc[S_RD_ACT]:
         init = fe.rd_act[i]
         base = init * nr
-        while fe.rd_reqs[init] > 0 and fe.rd_out[init] < fe.rd_lim[init]:
+        ok = _rd_send_pending(fe, init, now)
+        while ok and fe.rd_reqs[init] > 0 and fe.rd_out[init] < fe.rd_lim[init]:
             n = fe.rd_nr[init]
             j = fe.rd_rr[init]
             while fe.rd_left[base + fe.rd_rl[base + j]] == 0:
                 j = (j + 1) % n
             r = fe.rd_rl[base + j]
-            tag = TAG_RD + (base + r) * 4 + RD_REQ
-            if fe.rd_ports[init] != 0:
-                k = send_packet_mem(fe.fs, fe.rd_core[init], r, 1, now, tag)
-            else:
-                k = send_packet(fe.fs, fe.rd_core[init], r, 1, now, tag)
-            if k < 0:
-                break
+            f = (fe.rd_oq[base + r] + fe.rd_left[base + r] - 1) // fe.rd_left[base + r]  # this burst's flits
+            fe.rd_oq[base + r] -= f
             fe.rd_left[base + r] -= 1
             fe.rd_reqs[init] -= 1
             fe.rd_out[init] += 1
             fe.rd_rr[init] = (j + 1) % n
-        if fe.rd_reqs[init] == 0:
+            fe.rd_pend[init] = f
+            fe.rd_pend_r[init] = r
+            ok = _rd_send_pending(fe, init, now)
+        if fe.rd_reqs[init] == 0 and fe.rd_pend[init] == 0:
             fe.sc[S_RD_ACT] -= 1
             fe.rd_act[i] = fe.rd_act[fe.sc[S_RD_ACT]]
         else:
@@ -296,9 +330,10 @@ def _cq_feed(fe, now):
 
 @njit(cache=True, _nrt=False)
 def _rd_done(fe, heap, hs, tag, t):
-    """A packet of a DMA read completed at cycle ``t``: a request reached its controller (its
-    burst's data joins the controller queue) or a burst's data has all arrived (its tag is free;
-    the read ends with its last burst)."""
+    """A packet of a DMA completed at cycle ``t``: a burst reached its controller (a read's
+    request, a write's last data packet: what goes back for it joins the controller queue) or
+    what came back for a burst has all arrived (its tag is free; the DMA ends with its last
+    burst); a write burst's earlier packets change nothing."""
     nr = fe.prm[P_NR]
     x = tag - TAG_RD
     kind = x & 3
@@ -307,7 +342,7 @@ def _rd_done(fe, heap, hs, tag, t):
     r = ir - init * nr
     if kind == RD_REQ:
         cap = fe.prm[P_CQCAP]
-        f = (fe.rd_dq[ir] + fe.rd_bq[ir] - 1) // fe.rd_bq[ir]  # this burst's share of the data
+        f = (fe.rd_dq[ir] + fe.rd_bq[ir] - 1) // fe.rd_bq[ir]  # this burst's share of what goes back
         fe.rd_dq[ir] -= f
         fe.rd_bq[ir] -= 1
         e = r * cap + (fe.cq_head[r] + fe.cq_cnt[r]) % cap
