@@ -56,7 +56,11 @@ zero-load time the last response header needs to cross the mesh back to the core
 (``(H + 1) S + H L``, ``H`` the hops from the farthest router used). So the slower of the DRAM
 and the mesh paces a transfer; what is left out is back-pressure from the mesh into the
 controller (a congested path does not slow the DRAM's service of other initiators) and a
-write's data arriving at the controller before the DRAM writes it.
+write's data arriving at the controller before the DRAM writes it. At the flit fidelity the mesh side is a closed
+loop (requests within the DMA engine's tags, data sent as requests arrive,
+:mod:`npusim.hw.noc.flit_engine`), but the controller sends a burst's data the cycle its request
+arrives: the DRAM's access time is not in that loop (the memory model applies the same tags to its
+own latency separately), so a read takes the slower of the two loops, not their sum.
 
 Stream model at the path fidelity (``Simulator(memory_streams=...)``): ``reserve`` (default) —
 a stream's header claims the free links ahead of it in one go, at the time it would reach each,
