@@ -31,6 +31,10 @@ Measured (1 MiB a core; this machine, model only):
     engine, 32 tags (the arch's)        436.8  0.88   (-6.6% of the best point, in the band)
     engine, 64 tags                     443.7  0.89   (-5.2%)
 
+Tags (``--tags 1 4 8 16 4096``): 52, 97, 189, 354 GB/s (few tags: latency bound, the memory
+model's own tag loop too) and 326 with 4,096 (requests effectively unthrottled: served in arrival
+order alone; the requests crowd the links towards the edge and arrive in an unfair order).
+
 Units: GB/s (1e9 B/s); link use is a fraction of one flit a cycle.
 
     python validation/noc_engine_vs_synthetic.py [--bytes 1048576] [--tags 16 64]
