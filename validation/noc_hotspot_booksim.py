@@ -10,8 +10,10 @@ arrives makes its destination send a reply back, created in that cycle, ahead of
 queued requests. Cases:
 
 * ``burst``: a request of 1 flit, a reply of 4 flits (one 256 B burst at 64 B flits);
-* ``forward``: the packet sizes of the forward pass's HBM streams at the flit fidelity (requests
-  4 flits, replies 16 flits: ``noc.max_packet_flits``, one request flit per four data flits).
+* ``forward``: the packet sizes the forward pass's HBM streams had at the flit fidelity before its
+  reads became request-paced (requests 4 flits, replies 16 flits: ``noc.max_packet_flits``, one
+  request flit per four data flits); its reads are now the ``burst`` case (one one-flit request
+  per 256 B burst, the burst's 4 flits back; ``validation/noc_engine_vs_synthetic.py``).
 
 Approximations (stated, not hidden): every one of the 64 cores sends requests (BookSim2 draws
 every node's injections from one process; the forward pass's readers are the 32 cores of its two

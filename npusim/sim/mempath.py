@@ -8,11 +8,14 @@ Each HBM channel meets the mesh at a router (``hbm.attach``, see
 ``(addr / interleave) mod channels``; with ``attach: per_core`` the core's own channel;
 random addresses spread evenly over the channels):
 
-* **read**: requests ``c -> r``, one header-only packet (one flit) per *burst* (at the flit
-  fidelity the stream's flits travel in packets of up to ``noc.max_packet_flits``); responses
-  ``r -> c`` carrying the data, ``max(bursts, ceil(bytes / link width))`` flits;
+* **read**: requests ``c -> r``, one header-only packet (one flit) per *burst*; responses
+  ``r -> c`` carrying the data, ``max(bursts, ceil(bytes / link width))`` flits (at the flit
+  fidelity a read is not two streams: the DMA engine issues its requests burst by burst within its
+  tags and each controller sends a burst's data when its request arrives, in arrival order, see
+  :mod:`npusim.hw.noc.flit_engine`, "DMA reads");
 * **write**: the data ``c -> r`` (same flit count as a read response), then one one-flit
-  acknowledgement per burst ``r -> c``.
+  acknowledgement per burst ``r -> c`` (at the flit fidelity burst by burst within the tags, an
+  acknowledgement sent when its burst's data arrives, as for reads).
 
 A burst is what a DMA engine asks one channel for in one request (an AXI burst): a contiguous run
 of addresses inside one interleave chunk (at most ``hbm.interleave_bytes``, never more than
@@ -32,7 +35,7 @@ Both NoC fidelities model the port: the path model as a link with ``k`` lanes
 (:func:`npusim.hw.noc.path.memory_port`), the flit model as an always-accepting sink taking up
 to ``k`` flits a cycle from distinct input ports (:mod:`npusim.hw.noc.flit`, "Memory ports").
 Responses (read data, write acknowledgements: the stream ``r -> core``, started by
-:func:`mem_start` with ``MEM_FROM``) enter the mesh on the memory's behalf, not through the
+:func:`mem_start`) enter the mesh on the memory's behalf, not through the
 core's network interface: the flit model injects them through the attach router's ``k`` memory
 injection lanes (the same ``k``; up to ``k`` flits a cycle of ``k`` distinct packets, each lane
 competing in switch allocation and holding VCs and credits like an input port; the core's NI
@@ -53,7 +56,11 @@ zero-load time the last response header needs to cross the mesh back to the core
 (``(H + 1) S + H L``, ``H`` the hops from the farthest router used). So the slower of the DRAM
 and the mesh paces a transfer; what is left out is back-pressure from the mesh into the
 controller (a congested path does not slow the DRAM's service of other initiators) and a
-write's data arriving at the controller before the DRAM writes it.
+write's data arriving at the controller before the DRAM writes it. At the flit fidelity the mesh side is a closed
+loop (requests within the DMA engine's tags, data sent as requests arrive,
+:mod:`npusim.hw.noc.flit_engine`), but the controller sends a burst's data the cycle its request
+arrives: the DRAM's access time is not in that loop (the memory model applies the same tags to its
+own latency separately), so a read takes the slower of the two loops, not their sum.
 
 Stream model at the path fidelity (``Simulator(memory_streams=...)``): ``reserve`` (default) —
 a stream's header claims the free links ahead of it in one go, at the time it would reach each,
@@ -80,7 +87,7 @@ import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit
 from numba import njit
 
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM
-from npusim.hw.noc.flit_engine import MEM_FROM, MEM_NONE, MEM_TO, flit_start_part
+from npusim.hw.noc.flit_engine import flit_read_add, flit_read_go
 from npusim.engine.eventlist import event_push
 from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, memory_port, path_reserve_part, path_start_part
 
@@ -205,12 +212,9 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         data_flits = max(n, (b + w - 1) // w)
         out_flits, back_flits = (data_flits, n) if is_write else (n, data_flits)
         if flit_mode:
-            # memory ports on: requests / write data leave at r's memory port, responses enter at
-            # r's memory injection lanes; off (the ablation): both use the routers' core ports
-            ports = p[MP_MEMPORT] != 0
-            flit_start_part(fnoc, heap, hs, init, core, r, out_flits, now, MEM_TO if ports else MEM_NONE)
-            flit_start_part(fnoc, heap, hs, init, r, core, back_flits, now, MEM_FROM if ports else MEM_NONE)
-            parts += 2
+            # bursts paced by the DMA engine's tags, what comes back sent in the order they
+            # arrive (flit_engine: "DMA reads"); one part for all its routers, counted below
+            flit_read_add(fnoc, init, r, n, out_flits, back_flits)
         elif reserve:
             port = memory_port(noc, r) if p[MP_MEMPORT] != 0 else noc.n_links + r
             t_out = path_reserve_part(noc, heap, hs, init, core, r, out_flits, now, port)
@@ -228,6 +232,9 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         mp.counters[C_BYTES] += b
         mp.r_bytes[r] = 0
         mp.r_pkt[r] = 0
+    if flit_mode and streams > 0:
+        flit_read_go(fnoc, heap, hs, init, core, nbytes, now, 1 if p[MP_MEMPORT] != 0 else 0)
+        parts += 1
     if last >= 0:  # the reserved streams end together: one part, one event
         event_push(heap, hs, last, EV_NOC_PART_END, init)
         parts += 1

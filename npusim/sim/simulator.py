@@ -137,7 +137,10 @@ class Simulator:
         flit_topo, flit_routing = (self.topology, self.routing) if noc_mode == "flit" else _tiny_noc()
         self.flit = new_flit_engine(flit_topo, flit_routing, noc.virtual_channels, noc.buffer_depth_flits,
                                     noc.router_pipeline_cycles, noc.link_bytes_per_cycle, noc.max_packet_flits,
-                                    memory_ports=lanes if noc_mode == "flit" else None)
+                                    memory_ports=lanes if noc_mode == "flit" else None,
+                                    num_initiators=arch.num_cores * self.dma_engines,
+                                    max_outstanding=arch.cores.dma.max_outstanding,
+                                    transaction_bytes=min(arch.cores.dma.transaction_bytes, arch.hbm.interleave_bytes))
         self.noc = new_path_state(self.topology, self.routing, noc.router_pipeline_cycles, noc.link_latency_cycles,
                                   noc.link_bytes_per_cycle, 256, noc_mode, noc.buffer_depth_flits,
                                   memory_ports=lanes)
