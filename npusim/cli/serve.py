@@ -35,8 +35,8 @@ DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_INPUT, DEFAULT_OUTPUT = 8.0, 32, "128:51
 RANDOM_INPUT, RANDOM_OUTPUT = 1024, 128
 
 
-def rate_or_inf(text: str) -> float:
-    """--request-rate: a positive number of requests per second, or inf (all sent at once)."""
+def _positive_or_inf(text: str, expected: str) -> float:
+    """A positive number or inf, else argparse's one-line error saying ``expected``."""
     import argparse
     import math
 
@@ -45,22 +45,18 @@ def rate_or_inf(text: str) -> float:
     except ValueError:
         value = -1.0
     if not value > 0 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number of requests per second or inf")
+        raise argparse.ArgumentTypeError(f"'{text}' is not {expected}")
     return value
+
+
+def rate_or_inf(text: str) -> float:
+    """--request-rate: a positive number of requests per second, or inf (all sent at once)."""
+    return _positive_or_inf(text, "a positive number of requests per second or inf")
 
 
 def burstiness_value(text: str) -> float:
     """--burstiness: a positive gamma shape (1: Poisson), or inf (constant spacing)."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number (1: Poisson) or inf (constant gaps)")
-    return value
+    return _positive_or_inf(text, "a positive number (1: Poisson) or inf (constant gaps)")
 
 
 def add_serving_args(p) -> None:
