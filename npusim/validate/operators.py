@@ -103,7 +103,7 @@ class _Runner:
         batch = _int(s.get("batch")) or 1
         dtype = _dtype(r.get("dtype", "bf16"))
         cc = self.cost(target)
-        res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch) if batch > 1 else cc.gemm(m, k, n, dtype, _cores(r))
+        res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch)
         flops = 2.0 * m * k * n * batch
         roof = max(flops / (res.peak_tflops_chip * 1e6), res.min_hbm_bytes / (res.hbm_peak_bandwidth_gbps * 1e3))
         return res.time_us, roof, f"{100 * res.compute_utilization:.0f}% of peak"
@@ -119,8 +119,7 @@ class _Runner:
         for d in tensor:
             elements *= int(d)
         op_class, fn = kind
-        dtype = "bf16"
-        op = Op(r["op"], "vector", dtype=dtype, elements=elements, op_class=op_class, fn=fn, row_len=int(tensor[-1]))
+        op = Op(r["op"], "vector", dtype="bf16", elements=elements, op_class=op_class, fn=fn, row_len=int(tensor[-1]))
         cc = self.cost(target)
         res = cc.vector(op, _cores(r))
         out = elements // 2 if fn == "swiglu" else elements
