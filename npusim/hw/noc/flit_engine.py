@@ -11,14 +11,11 @@ its packets are in the FIFO (the NI sends them in order, behind earlier messages
 The cost is one event and one network step per cycle the NoC is busy, whatever the
 traffic — the price of cycle accuracy; the path model costs a few events per message.
 
-A message may be a *part* of a DMA task (memory streams, :mod:`npusim.sim.mempath`):
-``m_part`` holds the DMA engine's initiator id; it frees no queue and its end is reported
-as ``EV_NOC_PART_END`` for that initiator. ``m_mem`` says which side of a memory controller a
-stream uses: ``MEM_TO`` (read requests, write data) sends its packets to the destination's
-memory-controller port (:func:`~npusim.hw.noc.flit_kernel.send_packet_mem`), ``MEM_FROM`` (read
-data, write acknowledgements) injects them at the source through its memory injection lanes
-(:func:`~npusim.hw.noc.flit_kernel.send_packet_from_mem`), not the core's NI; lanes from
-``new_flit_engine(memory_ports=...)``.
+A DMA's HBM traffic (:mod:`npusim.sim.mempath`) is not a message: it crosses the mesh as below,
+entering at a memory controller through its injection lanes
+(:func:`~npusim.hw.noc.flit_kernel.send_packet_from_mem`; lanes from
+``new_flit_engine(memory_ports=...)``), and its end is reported as ``EV_NOC_PART_END`` for the
+DMA engine's initiator.
 
 **DMA reads** (:func:`flit_read_add` / :func:`flit_read_go`) are not two free-running streams: the
 DMA engine issues one one-flit request packet per burst, cycling over the attach routers its
@@ -40,8 +37,6 @@ routers sustain on request-reply traffic (``validation/noc_engine_vs_synthetic.p
 write is the same loop the other way: a burst's data (its share of the data flits, in packets of
 up to ``max_packet_flits``) goes out within the tags, its last packet's arrival puts a one-flit
 acknowledgement in the controller queue, and the acknowledgement's arrival frees the tag.
-(``MEM_TO`` / ``MEM_FROM`` messages, :func:`flit_start_part`, are the free-running streams of
-before, kept for callers of the engine; memory traffic no longer uses them.)
 """
 
 from __future__ import annotations
@@ -59,14 +54,13 @@ from npusim.hw.noc.flit_kernel import K_DONE_CNT, network_idle, send_packet, sen
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_FLIT_TICK = 30
-MEM_NONE, MEM_TO, MEM_FROM = 0, 1, 2  # m_mem: an ordinary message, towards a memory port, from a memory
 
 FlitEngine = namedtuple(
     "FlitEngine",
     [
         "fs",  # the flit model's state
         "prm",  # [flit bytes, max packet flits]
-        "m_task", "m_src", "m_dst", "m_flits_left", "m_packets_out", "m_part", "m_mem", "m_free",
+        "m_task", "m_src", "m_dst", "m_flits_left", "m_packets_out", "m_free",
         "active", "sc",  # slots still enqueuing packets; scalars (see S_*)
         # DMA reads, per initiator ``i`` (and ``i * NR + r`` per attach router ``r``): its core, memory
         # ports used, requests in flight and their limit, bursts still to request / not yet replied
@@ -106,7 +100,6 @@ def new_flit_engine(topo, routing, vcs: int, buffer_flits: int, router_stages: i
     return FlitEngine(
         fs=fs, prm=np.array([link_bytes, max_packet_flits, tags, tags * int(transaction_bytes), nr, cap], np.int64),
         m_task=np.full(num_slots, -1, np.int64), m_src=z(), m_dst=z(), m_flits_left=z(), m_packets_out=z(),
-        m_part=np.full(num_slots, -1, np.int64), m_mem=z(),
         m_free=np.arange(num_slots - 1, -1, -1, dtype=np.int64), active=z(),
         sc=np.array([0, num_slots, 0, 0, 0, 0], np.int64),
         rd_core=zi(ni), rd_ports=zi(ni), rd_out=zi(ni), rd_lim=zi(ni), rd_reqs=zi(ni), rd_bursts=zi(ni),
@@ -133,7 +126,6 @@ def grow_flit_slots(fe: FlitEngine) -> FlitEngine:
     fe.sc[S_FREE_TOP] = top + old
     return fe._replace(m_task=grown(fe.m_task, -1), m_src=grown(fe.m_src), m_dst=grown(fe.m_dst),
                        m_flits_left=grown(fe.m_flits_left), m_packets_out=grown(fe.m_packets_out),
-                       m_part=grown(fe.m_part, -1), m_mem=grown(fe.m_mem),
                        m_free=free, active=grown(fe.active))
 
 
@@ -146,30 +138,14 @@ def flit_slots_free(fe):
 def flit_start(fe, heap, hs, task, src, dst, nbytes, now):
     """Start a message; the caller made sure a slot is free."""
     w = fe.prm[P_WIDTH]
-    _launch(fe, heap, hs, task, -1, src, dst, max(np.int64(1), (nbytes + w - 1) // w), now, 0)
-
-
-@njit(cache=True, _nrt=False)
-def flit_start_part(fe, heap, hs, owner, src, dst, flits, now, mem):
-    """Start a message of ``flits`` flits, part of initiator ``owner``'s DMA task; ``mem``:
-    ``MEM_TO``, its packets leave at ``dst``'s memory-controller port (``send_packet_mem``), not
-    the local one; ``MEM_FROM``, they enter at ``src``'s memory injection lanes
-    (``send_packet_from_mem``), not its NI; ``MEM_NONE``: an ordinary message."""
-    _launch(fe, heap, hs, -1, owner, src, dst, flits, now, mem)
-
-
-@njit(cache=True, _nrt=False)
-def _launch(fe, heap, hs, task, part, src, dst, flits, now, mem):
     top = fe.sc[S_FREE_TOP] - 1
     fe.sc[S_FREE_TOP] = top
     slot = fe.m_free[top]
     fe.m_task[slot] = task
-    fe.m_part[slot] = part
     fe.m_src[slot] = src
     fe.m_dst[slot] = dst
-    fe.m_flits_left[slot] = flits
+    fe.m_flits_left[slot] = max(np.int64(1), (nbytes + w - 1) // w)
     fe.m_packets_out[slot] = 0
-    fe.m_mem[slot] = mem
     fe.active[fe.sc[S_ACTIVE]] = slot
     fe.sc[S_ACTIVE] += 1
     fe.sc[S_MESSAGES] += 1
@@ -188,19 +164,13 @@ def _enqueue(fe, heap, hs, now):
         slot = fe.active[i]
         while fe.m_flits_left[slot] > 0:
             n = min(fe.m_flits_left[slot], fe.prm[P_MAX_PKT])
-            if fe.m_mem[slot] == MEM_TO:
-                k = send_packet_mem(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot)
-            elif fe.m_mem[slot] == MEM_FROM:
-                k = send_packet_from_mem(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot)
-            else:
-                k = send_packet(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot)
+            k = send_packet(fe.fs, fe.m_src[slot], fe.m_dst[slot], n, now, slot)
             if k < 0:
                 break
             fe.m_flits_left[slot] -= n
             fe.m_packets_out[slot] += 1
         if fe.m_flits_left[slot] == 0:
-            if fe.m_part[slot] < 0:
-                event_push(heap, hs, now, EV_QUEUE_FREE, fe.m_task[slot])
+            event_push(heap, hs, now, EV_QUEUE_FREE, fe.m_task[slot])
             fe.sc[S_ACTIVE] -= 1
             fe.active[i] = fe.active[fe.sc[S_ACTIVE]]
         else:
@@ -374,12 +344,8 @@ def flit_tick(fe, heap, hs, now):
         slot = fs.done[i, 0]
         fe.m_packets_out[slot] -= 1
         if fe.m_packets_out[slot] == 0 and fe.m_flits_left[slot] == 0:
-            if fe.m_part[slot] >= 0:
-                event_push(heap, hs, fs.done[i, 1], EV_NOC_PART_END, fe.m_part[slot])
-            else:
-                event_push(heap, hs, fs.done[i, 1], EV_TASK_END, fe.m_task[slot])
+            event_push(heap, hs, fs.done[i, 1], EV_TASK_END, fe.m_task[slot])
             fe.m_task[slot] = -1
-            fe.m_part[slot] = -1
             fe.m_free[fe.sc[S_FREE_TOP]] = slot
             fe.sc[S_FREE_TOP] += 1
     fs.ctr[K_DONE_CNT] = 0
@@ -389,6 +355,6 @@ def flit_tick(fe, heap, hs, now):
         event_push(heap, hs, now + 1, EV_FLIT_TICK, 0)
 
 
-__all__ = ["EV_FLIT_TICK", "MEM_FROM", "MEM_NONE", "MEM_TO", "TAG_RD", "FlitEngine", "flit_read_add", "flit_read_go",
-           "flit_slots_free", "flit_start", "flit_start_part", "flit_tick", "grow_flit_slots",
+__all__ = ["EV_FLIT_TICK", "TAG_RD", "FlitEngine", "flit_read_add", "flit_read_go",
+           "flit_slots_free", "flit_start", "flit_tick", "grow_flit_slots",
            "new_flit_engine"]
