@@ -434,6 +434,44 @@ class L2Cache(StrictModel):
         return self
 
 
+class KernelCosts(StrictModel):
+    """What running an *operator* (a kernel) costs a die beyond its array, vector lanes and memory
+    traffic: the operator-level mechanisms of an Ascend-like die (issue 39 item 2), used by the chip
+    cost kernels (:mod:`npusim.system.chipcost`). Without this section none of them is charged.
+
+    * ``start_us``: the device-side start of a kernel (the task is dispatched to the cores and they
+      begin), paid once per operator: every core that works starts this late;
+    * ``cube_setup_us`` / ``vector_setup_us``: each working core's fixed prologue of a cube (AIC) or
+      vector (AIV) kernel (tiling data, first load latency, the pipeline filling and draining, the
+      final synchronisation), paid by every core side by side, so once per operator on the critical path;
+    * ``l1_to_l0a_bytes_per_cycle`` / ``l1_to_l0b_bytes_per_cycle`` and ``mte1_start_cycles``: the
+      cube's operand feed from L1 into L0A / L0B, per L0 step of ``l0_k_bytes`` of K per row; the
+      cube's time per step is at least the larger of the two loads (L0 double-buffered: the loads
+      of one step overlap the MACs of the one before);
+    * ``vector_cores_per_core``: AIV cores per modelled core (each takes an even share of the
+      core's rows); ``ub_kb``: one AIV's unified buffer, which bounds a vector kernel's tile
+      (two buffers of input and output); ``vector_cycles_per_element``: an AIV's cycles per
+      element of an op class (its whole instruction sequence, measured), and
+      ``vector_cycles_per_element_pass`` the cost per element pass (a stream or reduction pass of
+      :mod:`npusim.hw.compute.vector`) of a class without its own figure;
+    * ``source``: where the figures come from (``npusim calibrate --check`` recomputes them).
+
+    Units: microseconds, bytes per core cycle, core cycles, KiB (``ub_kb``)."""
+
+    start_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
+    cube_setup_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
+    vector_setup_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
+    l1_to_l0a_bytes_per_cycle: PosF(2**20) | None = None
+    l1_to_l0b_bytes_per_cycle: PosF(2**20) | None = None
+    mte1_start_cycles: NonNeg(10**6) = 0
+    l0_k_bytes: Pos(2**20) = 128
+    vector_cores_per_core: Pos(64) = 1
+    ub_kb: PosF(2**20) | None = None
+    vector_cycles_per_element: dict[str, PosF(1e6)] = Field(default_factory=dict)
+    vector_cycles_per_element_pass: PosF(1e6) | None = None
+    source: str = ""
+
+
 class CoreClass(StrictModel):
     """Cores that differ from ``cores`` (heterogeneous chips, e.g. PD-disaggregated decode
     cores): their own systolic array, SRAM, or — with ``hbm.attach: per_core`` — DRAM channel
@@ -460,6 +498,7 @@ class Arch(StrictModel):
     hbm: Hbm
     noc: Noc = Noc()
     l2: L2Cache | None = None  # none: every load a core makes reaches HBM
+    kernel: KernelCosts | None = None  # none: operators cost only their hardware work
     core_classes: dict[str, CoreClass] = Field(default_factory=dict)
 
     @model_validator(mode="before")

@@ -141,7 +141,7 @@ from npusim.config import validate
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.systolic import gemm_cost
-from npusim.hw.compute.vector import quantizes
+from npusim.hw.compute.vector import kernel_cycles_per_element, quantizes
 from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.hbm import stream_latency_ps
 from npusim.hw.memory.params import MODES as MEMORY_MODES
@@ -156,6 +156,11 @@ MAX_STEPS = 48  # per core, after merging K-chunks (see module docstring)
 PLAN_CANDIDATES = 3  # GEMM plans simulated per miss (the fastest is kept) ...
 PLAN_WINDOW = 0.05  # ... among those estimated within 5% of the best estimate
 ACC_BYTES = 4  # fp32 / int32 accumulators
+#: the next tile's MACs wait for the write-back of a tile that filled L0C; off: this kernel's writes
+#: share the DMA engines' in-order queues with loads issued two steps ahead, so the wait also waited
+#: for those loads and serialised loads and MACs (PTO's 6144^3 GEMM +61% instead of -14%), which the
+#: hardware's separate fix-pipe does not do (see the module docstring)
+FIXPIPE_WAITS = False
 SPLIT_RUN_BYTES = 4096  # a load of twice this or more is split over the core's DMA engines
 MB = 2**20
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -232,6 +237,7 @@ class ChipCostResult:
     mapping: str  # what the kernel / mapper did, for people
     plan: tuple = ()  # GEMM: (pb, pm, pn, pk, tile_m, tile_n, k_chunk, reuse); else ()
     sram_stall_cycles: int = 0  # compute cycles lost to the SRAM ports, summed over tasks (TLM memory only)
+    kernel_start_us: float = 0.0  # the device-side kernel start inside time_us (the arch's kernel.start_us; 0: none)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -376,6 +382,14 @@ class _Planner:
         self.l2_latency = l2_model.hit_latency_cycles(arch.l2, arch.clock_ghz) \
             if arch.l2 is not None and ideal_l2_bpc is None else 0
         self.hbm_fraction = hbm_fraction
+        self.kernel = arch.kernel  # operator-level costs (start, setup, L0 feed); None: not charged
+
+    def head_cycles(self, setup_us: float) -> int:
+        """Cycles a working core waits before its first load: the kernel's device-side start and the
+        core's own prologue (``setup_us``), both from the arch's ``kernel`` section (0 without it)."""
+        if self.kernel is None:
+            return 0
+        return int(round((self.kernel.start_us + setup_us) * 1e3 * self.arch.clock_ghz))
 
     def l2_rate(self, readers: int) -> float:
         """Bytes per cycle one of ``readers`` cores reads from the L2 (streams sharing the chip get
@@ -424,9 +438,27 @@ class _Planner:
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one planner per call
     def cycles(self, m: int, k: int, n: int) -> float:
+        """The cube's cycles for an ``m x k x n`` tile: the systolic model's, at least the time
+        its operands take from L1 into L0A / L0B (the arch's ``kernel`` section: per L0 step of
+        ``l0_k_bytes`` of K per row, each step's loads overlapping the MACs of the step before,
+        so a step costs the larger of its two loads (each plus the MTE1 start) or its MACs)."""
         sa = self.sa
-        return gemm_cost(m, k, n, sa.rows, sa.cols, sa.dataflow, self.kpe, sa.t_inj,
-                         double_buffer=sa.double_buffered_weights).cycles
+        cyc = gemm_cost(m, k, n, sa.rows, sa.cols, sa.dataflow, self.kpe, sa.t_inj,
+                        double_buffer=sa.double_buffered_weights).cycles
+        kc = self.kernel
+        if kc is not None and (kc.l1_to_l0a_bytes_per_cycle or kc.l1_to_l0b_bytes_per_cycle):
+            k0 = min(k, max(1, int(kc.l0_k_bytes / self.e)))
+            full, rest = divmod(k, k0)
+
+            def feed(kk: int) -> float:
+                a = m * kk * self.e / kc.l1_to_l0a_bytes_per_cycle + kc.mte1_start_cycles \
+                    if kc.l1_to_l0a_bytes_per_cycle else 0.0
+                b = kk * n * self.e / kc.l1_to_l0b_bytes_per_cycle + kc.mte1_start_cycles \
+                    if kc.l1_to_l0b_bytes_per_cycle else 0.0
+                return max(a, b)
+
+            cyc = max(cyc, full * feed(k0) + (feed(rest) if rest else 0.0))
+        return cyc
 
     def chunk(self, tm: int, tn: int, kb: int) -> int:
         fit = int(self.buf_bytes / (2 * (tm + tn) * self.e))
@@ -643,6 +675,8 @@ class _Emitter:
         self.hbm_fraction = (1.0, 1.0)  # of A's and B's loads that reach HBM (the rest: L2 hits)
         self.l2_bpc = 0.0  # a core's L2 read rate, bytes per cycle (set_l2)
         self.l2_bytes = 0
+        self.head = 0  # cycles of each working core's kernel start + prologue (a task before its first load)
+        self.fixpipe_waits = False  # a tile's accumulators fill L0C: the next tile's MACs wait for its write-back
 
     def _dma(self, core: int, nbytes: int, write: bool, deps, name: str, engine: int) -> int:
         t = self.prog.add_dma(core, nbytes, address=self.addr, write=write, deps=deps, dma_engine=engine, name=name)
@@ -757,11 +791,12 @@ class _Emitter:
             i += size
         computes: list[int] = []
         loads: dict[int, list[int]] = {}
+        head = prog.add_compute(core, "cube", self.head, name=f"{tag} kernel start") if self.head else -1
 
         def issue_load(s: int) -> None:
             if s >= len(steps):
                 return
-            deps = [computes[s - 2]] if s >= 2 else []
+            deps = [computes[s - 2]] if s >= 2 else ([head] if head >= 0 else [])
             if self.layout is not None:  # real addresses: the TLM L2 decides what hits
                 runs = self.layout.to_bytes([r for u in steps[s] for r in u.runs])
                 loads[s] = self.load_runs(core, runs, deps, f"{tag} load{s}") if runs else list(deps)
@@ -771,18 +806,20 @@ class _Emitter:
 
         issue_load(0)
         issue_load(1)
-        last = -1
+        last = head
+        written = -1  # the last tile's write-back, when the next tile's MACs must wait for it
         done = 0.0  # cube cycles so far (rounded per step without drift)
         for s, step in enumerate(steps):
             before = int(round(done))
             done += sum(u.cycles for u in step)
-            last = prog.add_compute(core, "cube", int(round(done)) - before, deps=[*loads.pop(s), last],
+            last = prog.add_compute(core, "cube", int(round(done)) - before, deps=[*loads.pop(s), last, written],
                                     name=f"{tag} gemm{s}")
             computes.append(last)
             issue_load(s + 2)  # its buffer is free once this step's GEMMs are done
             nbytes = sum(u.write for u in step)
             if nbytes:
                 last_write = self.write(core, nbytes, [last], f"{tag} write{s}")
+                written = last_write if self.fixpipe_waits else -1
                 if s == len(steps) - 1:
                     return last_write
         return last
@@ -1065,7 +1102,8 @@ class ChipCost:
             l2_hit_rate=l2_bytes / (l2_bytes + reads) if l2_bytes + reads else 0.0, hbm_bandwidth_gbps=bw,
             hbm_peak_bandwidth_gbps=peak_bw,
             hbm_utilization=bw / peak_bw if peak_bw else 0.0, tasks=len(prog), mapping=mapping, plan=plan,
-            sram_stall_cycles=sim.sram_stall_cycles)
+            sram_stall_cycles=sim.sram_stall_cycles,
+            kernel_start_us=arch.kernel.start_us if arch.kernel is not None and kind in ("gemm", "vector") else 0.0)
 
     def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label) -> ChipCostResult:
         planner = _Planner(self.arch, share, dtype, out_dtype, frac, self.l2)
@@ -1110,6 +1148,11 @@ class ChipCost:
         bs, ms, ns = _blocks(batch, pb, 1), _blocks(m, pm, sa.rows), _blocks(n, pn, sa.cols)
         ks = _blocks(k, pk, planner.k_unit)
         em = _Emitter(planner, prog, dtype, _Layout(planner, batch, bs, ms, ks, ns) if addressed else None)
+        if planner.kernel is not None:
+            em.head = planner.head_cycles(planner.kernel.cube_setup_us)
+            # the fix-pipe's write-back of a tile that fills L0C (no second buffer) before the next
+            # tile accumulates: not charged (FIXPIPE_WAITS, see the module docstring)
+            em.fixpipe_waits = FIXPIPE_WAITS and plan.tile[0] * plan.tile[1] > planner.acc_elems // 2
         work = []  # per block of C: its K group's (core, units, tag)
         idx = 0
         for b in range(pb):
@@ -1146,27 +1189,43 @@ class ChipCost:
         e_out = 1.0 if quant else e_in  # INT8 out (+ a 4-byte scale per row)
         prog = Program(self.arch.num_cores, meta={"chipcost": "vector", "op": op.name})
         any_dtype = next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle))  # the array is not used
-        em = _Emitter(_Planner(self.arch, share, any_dtype, "bf16", frac), prog, op.dtype)  # for its DMA engines
+        planner = _Planner(self.arch, share, any_dtype, "bf16", frac)
+        em = _Emitter(planner, prog, op.dtype)  # for its DMA engines
+        kc = self.arch.kernel
+        per_elem = kernel_cycles_per_element(kc, op.op_class, op.fn)  # one AIV's measured cost, or None
+        aivs = kc.vector_cores_per_core if kc is not None else 1
+        head = planner.head_cycles(kc.vector_setup_us) if kc is not None else 0
         used = min(len(share), rows)
         for i, core in enumerate(share[:used]):
             core_rows = _split(rows, used, i)
-            buf = self.arch.sram_for(core).capacity_mb * MB / 4  # a quarter of the buffer per chunk
-            chunk_rows = max(1, min(core_rows, int(buf // max(1.0, row * (e_in + e_out)))))
+            if kc is not None and kc.ub_kb is not None:  # each AIV: two buffers of a tile's input and output
+                fit = int(kc.ub_kb * 1024 / 2 // max(1.0, row * (e_in + e_out)))
+                chunk_rows = max(1, min(core_rows, aivs * max(1, fit)))
+            else:
+                buf = self.arch.sram_for(core).capacity_mb * MB / 4  # a quarter of the buffer per chunk
+                chunk_rows = max(1, min(core_rows, int(buf // max(1.0, row * (e_in + e_out)))))
             chunks = _blocks(core_rows, _cdiv(core_rows, chunk_rows), 1)
             computes: list[int] = []
-            last = -1
+            start = prog.add_compute(core, "vector", head, name=f"{op.name} c{core} kernel start") if head else -1
+            last = start
             for c, r in enumerate(chunks):
-                deps = [computes[c - 2]] if c >= 2 else []  # two buffers: a load waits for the one two back
+                # two buffers: a load waits for the one two back (and the first for the kernel start)
+                deps = [computes[c - 2]] if c >= 2 else [start]
                 load = em.loads(core, _nbytes(r * row, e_in), 0, deps, f"{op.name} c{core} load{c}")
-                last = prog.add_vector(core, op.op_class, r * row, op.dtype, deps=[*load, last],
-                                       name=f"{op.name} c{core} {c}", fn=op.fn, row_len=op.row_len)
+                if per_elem is None:
+                    last = prog.add_vector(core, op.op_class, r * row, op.dtype, deps=[*load, last],
+                                           name=f"{op.name} c{core} {c}", fn=op.fn, row_len=op.row_len)
+                else:  # the core's AIVs take the chunk's rows evenly, each at its measured cost per element
+                    cycles = math.ceil(_cdiv(r, aivs) * row * per_elem)
+                    last = prog.add_compute(core, "vector", cycles, deps=[*load, last], name=f"{op.name} c{core} {c}")
                 computes.append(last)
                 out = _nbytes(r * row, e_out) + (4 * r if quant else 0)
                 em.write(core, out, [last], f"{op.name} c{core} write{c}")
         sim = self._simulate(prog, frac)
         min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)
+        how = "" if per_elem is None else f", {aivs} vector cores per core at {per_elem:.3g} cycles per element"
         return self._result("vector", op.name, op.dtype, share, frac, sim, prog, 0, min_bytes,
-                            f"vector: {rows} rows of {row} over {used} cores, streamed from and to HBM")
+                            f"vector: {rows} rows of {row} over {used} cores{how}, streamed from and to HBM")
 
     def _run_graph(self, graph: Graph, spec, share: list[int], frac: float, kind: str) -> ChipCostResult:
         from npusim.mapping.mapper import map_model

@@ -19,7 +19,11 @@ preset's header describes it:
 * Atlas 800I A2 HCCS efficiencies (HIXL single-pair bandwidths, 2 MiB blocks): published bandwidth /
   the simulated 2 MiB bandwidth at efficiency 1;
 * Atlas 800I A2 ``runtime`` (operator launch floor and per-step host overhead): two graph-mode decode
-  steps of the torchair model tables (``role: calibration``), solved for the two unknowns.
+  steps of the torchair model tables (``role: calibration``), solved for the two unknowns;
+* the Ascend die's operator-level constants (``die``: the ``ascend-910b`` preset's ``kernel`` section,
+  inherited by ``ascend-910b4`` and ``ascend-910c-die``, and its L2's per-core read rate) from the
+  calibration half of the measured operator rows (``published.yaml`` ``operators``), as
+  :mod:`npusim.validate.die_calibration` derives them.
 
 ``drift`` = stored / recomputed - 1; ``npusim calibrate --check`` fails above 2%.
 """
@@ -178,9 +182,43 @@ def runtime_constants() -> list[Constant]:
                      "P_b - T_b(L)")]
 
 
+def die_constants() -> list[Constant]:
+    """The Ascend die's ``kernel`` constants and L2 per-core rate (:mod:`npusim.validate.die_calibration`)."""
+    from npusim.arch import load_arch
+    from npusim.validate import die_calibration as dc
+
+    preset = "ascend-910b"
+    arch = load_arch(preset)
+    k = arch.kernel
+    src = "published.yaml operators, calibration half: msModeling fork micro-benchmark gap report"
+    costs = dc.vector_costs()
+    rate, scores = dc.load_rate_choice()
+    out = [
+        Constant("kernel.start_us", preset, k.start_us, dc.kernel_start_us(), src,
+                 "median of duration - core time (aicore_time / aiv_time) over the report's rows"),
+        Constant("kernel.cube_setup_us", preset, k.cube_setup_us, dc.cube_setup_us(), f"{src}: MatMulV2 6x512x4096",
+                 "core time - simulated GEMM with no start and no setup (ascend-910c-die)"),
+        Constant("kernel.vector_setup_us", preset, k.vector_setup_us, costs["vector_setup_us"],
+                 f"{src}: AscendQuantV2 9x2048, DynamicQuant 1030x2304",
+                 "small row's core time - its simulated time at the quantize cost fitting both rows"),
+    ]
+    for cls, value in costs["vector_cycles_per_element"].items():
+        out.append(Constant(f"kernel.vector_cycles_per_element.{cls}", preset,
+                            float(k.vector_cycles_per_element.get(cls, 0.0)), value, src,
+                            "bisection: simulated core time (no start) + setup = the row's core time"))
+    out.append(Constant("kernel.vector_cycles_per_element_pass", preset, k.vector_cycles_per_element_pass or 0.0,
+                        costs["vector_cycles_per_element_pass"], src,
+                        "mean over quantize and rmsnorm of cycles per element / element passes"))
+    out.append(Constant("l2.core_bytes_per_cycle", preset, arch.l2.core_bytes_per_cycle, rate,
+                        "; ".join(f"{r:g}: {dc.LOAD_RATES[r]}" for r in dc.LOAD_RATES),
+                        "the candidate with the smaller median |error| over the calibration half's GEMM rows ("
+                        + ", ".join(f"{r:g} -> {100 * e:.1f}%" for r, e in scores.items()) + ")"))
+    return out
+
+
 GROUPS: dict[str, Callable[[], list[Constant]]] = {
     "operators": operator_constants, "hccs": hccs_constants, "table1": table1_constants,
-    "runtime": runtime_constants,
+    "runtime": runtime_constants, "die": die_constants,
 }
 
 

@@ -90,6 +90,8 @@ __all__ = [
     "OP_CLASSES",
     "THROUGHPUT_CLASSES",
     "VectorCost",
+    "element_passes",
+    "kernel_cycles_per_element",
     "quantizes",
     "vector_cost",
     "vector_cycles_array",
@@ -197,6 +199,36 @@ def _passes(op_class: str, fn: str | None, ops_per_element: int) -> list[_Pass]:
         base, base_fn = FUSED_QUANT[op_class]
         return _passes(base, base_fn, ops_per_element) + _passes("quantize", None, 1)
     raise ValueError(f"unknown vector op class {op_class!r}; valid: {list(OP_CLASSES)}")
+
+
+def element_passes(op_class: str, fn: str | None = None) -> int:
+    """Passes of ``op_class`` over its elements (stream and reduction passes; per-row scalar
+    passes not counted): rmsnorm 2, quantize 2, softmax 4, layernorm 3, rope / activation /
+    elementwise 1, the fused classes the sum of their two ops'."""
+    return sum(1 for _, kind, _ in _passes(op_class, fn, 1) if kind != "row")
+
+
+def kernel_cycles_per_element(kernel, op_class: str, fn: str | None = None) -> float | None:
+    """One vector core's (Ascend: one AIV's) cycles per element of a whole ``op_class`` operator,
+    from the arch's measured kernel costs (:class:`npusim.arch.schema.KernelCosts`): the class's
+    own figure (``vector_cycles_per_element``; ``activation`` may be keyed by its ``fn``, e.g.
+    ``swiglu``), else a fused class's two parts summed, else its element passes
+    (:func:`element_passes`) at ``vector_cycles_per_element_pass``. ``None``: the arch gives no
+    such costs (the lane model above times the op)."""
+    if kernel is None:
+        return None
+    table = kernel.vector_cycles_per_element
+    for key in ((fn,) if op_class == "activation" and fn else ()) + (op_class,):
+        if key in table:
+            return float(table[key])
+    if op_class in FUSED_QUANT:
+        base, base_fn = FUSED_QUANT[op_class]
+        a = kernel_cycles_per_element(kernel, base, base_fn)
+        b = kernel_cycles_per_element(kernel, "quantize")
+        return None if a is None or b is None else a + b
+    if kernel.vector_cycles_per_element_pass is None:
+        return None
+    return element_passes(op_class, fn) * kernel.vector_cycles_per_element_pass
 
 
 def _throughputs(ops_per_cycle_per_lane: Mapping[str, float] | None) -> dict[str, float]:
