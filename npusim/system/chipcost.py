@@ -51,9 +51,11 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   per-core rate). ``l2_hit_rate`` is the fraction of loaded bytes the L2 served, ``min_hbm_bytes``
   the compulsory traffic (A and B read once, C written once). Writes bypass the L2. A chip without
   an ``l2`` section reads every load from HBM (A or B once per core or tile that needs it).
-  Results: 2048^3 INT8 on the 910C die 35% of peak without the L2, 74% with it; 4096^3 FP16 on the
-  910B 37% -> 97% (the cube model has no pipeline bubbles: two measured vendor kernels reach 85-87%
-  of peak on such shapes, ``npusim validate --only chip-gemm``, fitted rows).
+  Results (before issue 39's per-core rate): 2048^3 INT8 on the 910C die 35% of peak without the
+  L2, 74% with it; 4096^3 FP16 on the 910B 37% -> 97%. With every core's global-memory reads at
+  64 B/cycle (below) they are 50% and 64% (measured vendor kernels reach 85-87% on such shapes,
+  ``npusim validate --only chip-gemm``: the calibration half chose 64 over 110, and neither is
+  the ~80 B/cycle pto-isa's load-pipe busy ratios imply).
 * **The L2 at the TLM fidelity** (``memory="tlm"`` and an arch ``l2``): the reuse model above
   still plans the kernel and the candidates race at the analytical fidelities, but the winner's
   loads are all DMAs at the operands' real addresses (:class:`_Layout`: each operand block in the
@@ -76,6 +78,21 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
 * Task granularity: per core, chunks are merged into about ``MAX_STEPS`` (48) steps, with single
   chunks at both ends so the exposed prologue (first load) and epilogue (last compute and write)
   stay exact.
+* **The die's operator-level costs** (the arch's ``kernel`` section,
+  :class:`~npusim.arch.schema.KernelCosts`; the Ascend presets', derived from the calibration half
+  of the measured operator rows by :mod:`npusim.validate.die_calibration`): every working core first
+  runs one task of ``start_us + cube_setup_us`` (the kernel's device-side start and the AIC's
+  prologue) before its first load, so the start is paid once per operator (``kernel_start_us`` in
+  the result); a tile's cube time is at least its operands' feed from L1 into L0A / L0B (per L0
+  step of ``l0_k_bytes`` of K per row, the larger of the two loads plus the MTE1 start against
+  the step's MACs, L0 double-buffered). A core reads global memory (HBM through its DMA engines,
+  the L2 at ``l2.core_bytes_per_cycle``) at most at its own rate, 64 B/cycle on the Ascend presets
+  (chosen over the platform file's 110 by the calibration half; ``arch/ascend-910b.yaml``).
+  Not modelled: the fix-pipe's write-back stalling the cube when a tile fills L0C
+  (``FIXPIPE_WAITS``, off: in this kernel the write shares the DMA engines' in-order queues with
+  loads issued two steps ahead, so the wait would serialise loads and MACs); the planner's grid is
+  an even split in multiples of the array (the best kernel a source times), not CATLASS's default
+  128 x 256 base blocks dealt to cores in waves.
 * Output dtype: bf16 for int8/int4/fp8 inputs (A8W8 with dequantisation on the way out, as
   DeepSeek-V3 on Ascend), else the input dtype. Both operands are costed at ``dtype`` (an op's
   ``weight_dtype`` is ignored). The share's cores must have the same systolic array.
@@ -87,7 +104,13 @@ in chunks of a quarter of its buffer, runs the vector model's passes on each chu
 a chunk loads while the one before computes) and writes the result back (``quantize`` and the
 fused norm/SwiGLU + quantisation classes: INT8 plus a 4-byte scale per row; else the input
 dtype). Only the first input is read (a residual add's second
-operand is not charged).
+operand is not charged). With the arch's ``kernel`` section (Ascend: a modelled core is one AIC and
+``vector_cores_per_core`` = 2 AIVs): every working core first runs ``start_us + vector_setup_us``;
+a chunk is at most what two buffers of input and output take in one AIV's unified buffer
+(``ub_kb``) per AIV; and a chunk's compute is its busiest AIV's rows (the core's AIVs take them
+evenly) times the row length times the AIV's measured cycles per element of the op class
+(:func:`~npusim.hw.compute.vector.kernel_cycles_per_element`; classes without a figure of their own
+at their element passes times ``vector_cycles_per_element_pass``) instead of the lane model.
 
 **Ops and graphs** (:meth:`ChipCost.op`, :meth:`ChipCost.graph`): a ``gemm`` op goes through the
 GEMM kernel above (``batch x m`` rows against one weight, or ``batch`` products with their own
