@@ -10,7 +10,8 @@ How each family is run (assumptions):
 
 * **gemm** -- :meth:`~npusim.system.chipcost.ChipCost.gemm` ``(m, k, n, batch)`` on the whole die
   (or the source's ``cores``; a 910B source's row that states 24 or 20 cores runs on the preset
-  with that many, :data:`BY_CORES`), INT8 for W8A8 (``int8`` / ``w8a8``), else FP16/BF16. Roofline:
+  with that many, :data:`BY_CORES`), INT8 for W8A8 (``int8`` / ``w8a8``), FP32 for ``fp32``, else
+  FP16/BF16 (``fp16 in, fp32 out``: FP16). Roofline:
   ``max(2 m n k batch / peak, compulsory bytes / HBM bandwidth)``.
 * **vector** -- :meth:`~npusim.system.chipcost.ChipCost.vector` with the op class the kernel's name
   says (:data:`VECTOR_OPS`: norms, (dynamic) quantisation, RoPE, SwiGLU, adds, copies, softmax),
@@ -62,6 +63,8 @@ def _dtype(text: str) -> str:
     t = str(text).lower()
     if t.startswith(INT8) or "int8" in t.split(" ")[0]:
         return "int8"
+    if t.split(" ")[0] == "fp32":  # FP32 inputs (the cube's FP32 rate)
+        return "fp32"
     return "fp16" if t.startswith("fp16") else "bf16"
 
 
