@@ -163,10 +163,13 @@ def test_fewer_cores_are_never_faster(cc, m, k, n):
 def test_int8_is_not_slower_than_bf16(cc):
     for shape in SHAPES:
         assert cc.gemm(*shape, "int8").cycles <= cc.gemm(*shape, "bf16").cycles
-    # compute-bound (a 2-core share with a resident A panel: HBM mostly idle): INT8 about twice as fast
+    # compute-bound (a 2-core share with a resident A panel: HBM mostly idle): INT8 about twice as fast,
+    # after the kernel's start and the cores' prologue (the arch's kernel section), which no dtype changes
     bf16, int8 = cc.gemm(512, 384, 2048, "bf16", cores=2), cc.gemm(512, 384, 2048, "int8", cores=2)
+    kc = cc.arch.kernel
+    fixed = round((kc.start_us + kc.cube_setup_us) * 1e3 * cc.arch.clock_ghz) if kc is not None else 0
     assert bf16.share_compute_utilization > 0.7 and bf16.hbm_utilization < 0.3
-    assert int8.cycles <= bf16.cycles * 0.65
+    assert int8.cycles - fixed <= (bf16.cycles - fixed) * 0.65
 
 
 def test_ideal_l2_reads_each_operand_from_hbm_once(die):
