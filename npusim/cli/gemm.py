@@ -234,6 +234,9 @@ def run_chip(args) -> int:
     else:
         print(f"  L2            none on {arch.name}: every load from HBM")
     print(f"  kernel        {r.mapping}")
+    if r.kernel_start_us:
+        print(f"  start         {r.kernel_start_us:.2f} us kernel start inside the time (the arch's kernel.start_us), "
+              "then each core's prologue (kernel.cube_setup_us)")
     return 0
 
 
