@@ -9,7 +9,8 @@ beats the limits of the hardware it runs on, and a GEMM never gets faster as M, 
   *estimated* within that window of the best, so a larger shape can land on a plan the estimate
   ranked differently (see ``tests/test_physics_probes.py``'s slack);
 * the die's operator-level mechanisms (issue 39 item 2, the presets' ``kernel`` section): a
-  kernel's device-side start is paid exactly once per operator (not per core, tile or chunk); no
+  kernel's device-side start is paid exactly once per operator (GEMM, vector, a single attention
+  op: not per core, tile or chunk); no
   core reads global memory (HBM or L2) faster than its DMA ports, and the die's L2 serves no more
   than its bandwidth; the cube never takes operands faster than L1 feeds L0B (128 B/cycle, CANN's
   GEMM tiling cycle model); a vector operator never beats its vector cores' measured cost per
@@ -143,3 +144,15 @@ def test_a_vector_operator_never_beats_its_vector_cores(costs, die, op_class, ro
     floor_us = kc.start_us + kc.vector_setup_us + \
         aiv_rows * row_len * kernel_cycles_per_element(kc, op_class) / (arch.clock_ghz * 1e3)
     assert res.time_us >= floor_us * (1 - 1e-9)
+
+
+@FEW
+@given(die=st.sampled_from(DIES), q=st.sampled_from([1, 128]), kv=st.sampled_from([512, 4096]),
+       start=st.sampled_from([0.5, 7.0]))
+def test_an_attention_operator_pays_the_kernel_start_once(die, q, kv, start):
+    op = Op("attn", "attention", dtype="bf16", q_len=q, kv_len=kv, heads=8, kv_heads=1, head_dim=128,
+            v_head_dim=128, batch=1)
+    none = ChipCost(_variant(die, start_us=0.0), persist=False).op(op)
+    some = ChipCost(_variant(die, start_us=start), persist=False).op(op)
+    assert some.kernel_start_us == start and none.kernel_start_us == 0
+    assert some.time_us - none.time_us == pytest.approx(start, abs=2e-3)

@@ -124,7 +124,10 @@ every core of the share reads the whole KV cache; its L2 hits -- attention's sha
 the cube/vector hand-off -- are the reuse model's at the analytical fidelity; at ``memory="tlm"``
 the shared KV re-reads are DMAs the simulator's TLM L2 serves, :func:`~npusim.mapping.mapper.map_model`
 ``l2_addressed``). Pass ``spec`` to map differently (a ``gemm`` op
-with a ``spec`` goes through the mapper too).
+with a ``spec`` goes through the mapper too). A single attention op is one kernel: with the arch's
+``kernel`` section its device-side start (``start_us``) is added once to the mapped program's time
+(``kernel_start_us``; no prologue: the mapper's attention holds its own cube and vector work); a
+``moe`` op and graphs are several kernels, whose starts the mapper does not model.
 
 **Cache.** Results are memoised by (chip arch content — its hardware (its L2 too), not its name —, op kind,
 shapes, dtype, memory and NoC fidelity, ideal L2 rate, core share, HBM fraction, mapping spec) in
@@ -1093,9 +1096,11 @@ class ChipCost:
 
     def _result(self, kind: str, name: str, dtype: str, share: list[int], frac: float, sim: Simulator,
                 prog: Program, flops: int, min_bytes: int, mapping: str, plan: tuple = (),
-                l2_bytes: int = 0) -> ChipCostResult:
+                l2_bytes: int = 0, start_cycles: int = 0) -> ChipCostResult:
+        """``start_cycles``: a kernel start the program does not hold as a task (a single operator
+        lowered by the mapper), added to its makespan."""
         arch = self.arch
-        cycles = sim.makespan()
+        cycles = sim.makespan() + start_cycles
         seconds = cycles / (arch.clock_ghz * 1e9)
         kinds = np.asarray(prog.kind, dtype=np.int64)
         dma = np.flatnonzero(kinds == KIND_DMA)
@@ -1126,7 +1131,8 @@ class ChipCost:
             hbm_peak_bandwidth_gbps=peak_bw,
             hbm_utilization=bw / peak_bw if peak_bw else 0.0, tasks=len(prog), mapping=mapping, plan=plan,
             sram_stall_cycles=sim.sram_stall_cycles,
-            kernel_start_us=arch.kernel.start_us if arch.kernel is not None and kind in ("gemm", "vector") else 0.0)
+            kernel_start_us=arch.kernel.start_us if arch.kernel is not None and (kind in ("gemm", "vector")
+                                                                               or start_cycles) else 0.0)
 
     def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label) -> ChipCostResult:
         planner = _Planner(self.arch, share, dtype, out_dtype, frac, self.l2)
@@ -1266,8 +1272,15 @@ class ChipCost:
                    + (f" ({', '.join(parts)})" if parts else "")
                    + ("" if not graph.weight_bytes else "; weights resident" if mapped.weights_resident
                       else "; weights streamed from HBM"))
+        # one attention op is one kernel (a fused FlashAttention / paged attention): its device-side
+        # start once, after the mapper's program (which holds none); a graph or a MoE block is several
+        # kernels, whose starts the mapper does not model
+        one_kernel = kind == "op" and len(graph.ops) == 1 and graph.ops[0].kind == "attention"
+        start = 0
+        if one_kernel and self.arch.kernel is not None:
+            start = int(round(self.arch.kernel.start_us * 1e3 * self.arch.clock_ghz))
         return self._result(kind, graph.name, dtype, share, frac, sim, mapped.program, graph.flops, min_bytes,
-                            mapping, l2_bytes=mapped.l2_read_bytes)
+                            mapping, l2_bytes=mapped.l2_read_bytes, start_cycles=start)
 
 
 __all__ = ["ChipCost", "ChipCostResult", "CacheStats", "GemmPlan", "arch_digest", "code_digest",
