@@ -264,6 +264,14 @@ class ChipCostResult:
     plan: tuple = ()  # GEMM: (pb, pm, pn, pk, tile_m, tile_n, k_chunk, reuse); else ()
     sram_stall_cycles: int = 0  # compute cycles lost to the SRAM ports, summed over tasks (TLM memory only)
     kernel_start_us: float = 0.0  # the device-side kernel start inside time_us (the arch's kernel.start_us; 0: none)
+    kernel_fixed_us: float = 0.0  # the start and the cores' prologue inside time_us (what a kernel pays before any work)
+
+    @property
+    def work_us(self) -> float:
+        """``time_us`` without the kernel's start and the cores' prologue: the op's time as part of a
+        larger fused kernel (a collective's reduction step, a MoE dispatch's local work), which pays
+        its own start once."""
+        return self.time_us - self.kernel_fixed_us
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -1096,9 +1104,10 @@ class ChipCost:
 
     def _result(self, kind: str, name: str, dtype: str, share: list[int], frac: float, sim: Simulator,
                 prog: Program, flops: int, min_bytes: int, mapping: str, plan: tuple = (),
-                l2_bytes: int = 0, start_cycles: int = 0) -> ChipCostResult:
+                l2_bytes: int = 0, start_cycles: int = 0, fixed_cycles: int = 0) -> ChipCostResult:
         """``start_cycles``: a kernel start the program does not hold as a task (a single operator
-        lowered by the mapper), added to its makespan."""
+        lowered by the mapper), added to its makespan; ``fixed_cycles``: the start and prologue the
+        program holds as head tasks (reported as ``kernel_fixed_us``)."""
         arch = self.arch
         cycles = sim.makespan() + start_cycles
         seconds = cycles / (arch.clock_ghz * 1e9)
@@ -1132,7 +1141,8 @@ class ChipCost:
             hbm_utilization=bw / peak_bw if peak_bw else 0.0, tasks=len(prog), mapping=mapping, plan=plan,
             sram_stall_cycles=sim.sram_stall_cycles,
             kernel_start_us=arch.kernel.start_us if arch.kernel is not None and (kind in ("gemm", "vector")
-                                                                               or start_cycles) else 0.0)
+                                                                               or start_cycles) else 0.0,
+            kernel_fixed_us=(start_cycles + fixed_cycles) / (arch.clock_ghz * 1e3))
 
     def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label) -> ChipCostResult:
         planner = _Planner(self.arch, share, dtype, out_dtype, frac, self.l2)
@@ -1156,8 +1166,9 @@ class ChipCost:
             sim = self._simulate(prog, frac)
         e, eo = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
         min_bytes = batch * (_nbytes(m * k, e) + _nbytes(k * n, e) + _nbytes(m * n, eo))
+        fixed = planner.head_cycles(planner.kernel.cube_setup_us) if planner.kernel is not None else 0
         return self._result("gemm", label, dtype, share, frac, sim, prog, 2 * batch * m * k * n, min_bytes,
-                            plan.describe(), plan.as_tuple(), l2_bytes)
+                            plan.describe(), plan.as_tuple(), l2_bytes, fixed_cycles=fixed)
 
     def _tlm_l2(self) -> bool:
         """Whether the simulator's TLM L2 serves the GEMM's re-reads (TLM memory, an arch L2, no
@@ -1254,7 +1265,8 @@ class ChipCost:
         min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)
         how = "" if per_elem is None else f", {aivs} vector cores per core at {per_elem:.3g} cycles per element"
         return self._result("vector", op.name, op.dtype, share, frac, sim, prog, 0, min_bytes,
-                            f"vector: {rows} rows of {row} over {used} cores{how}, streamed from and to HBM")
+                            f"vector: {rows} rows of {row} over {used} cores{how}, streamed from and to HBM",
+                            fixed_cycles=head)
 
     def _run_graph(self, graph: Graph, spec, share: list[int], frac: float, kind: str) -> ChipCostResult:
         from npusim.mapping.mapper import map_model

@@ -50,7 +50,7 @@ def reduction_ps(loaded: LoadedSystem, chip_cost: ChipCost | None = None, dtype:
     def cost(nbytes: int) -> int:
         op = Op(name="collective_reduce", kind="vector", dtype=dtype, elements=max(1, int(nbytes / elem)),
                 op_class="elementwise", fn="add")
-        compute_us = chip_cost.op(op).time_us
+        compute_us = chip_cost.op(op).work_us  # inside the collective's kernel: no start or prologue of its own
         return int(round(max(compute_us * 1e6, 3 * nbytes / gbps * 1000)))
 
     return cost
@@ -179,7 +179,9 @@ def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k:
     cc = ChipCost(loaded.chip)
 
     def local_ps(vector_ops) -> int:
-        return int(round(sum(cc.vector(v).time_us for v in vector_ops) * PS_PER_US))
+        # inside the operator's one fused kernel (its calibrated per-call overhead stands for its
+        # start): each vector op's work without a kernel start or prologue of its own
+        return int(round(sum(cc.vector(v).work_us for v in vector_ops) * PS_PER_US))
     sent, received = traffic.tokens.sum(axis=1), traffic.tokens.sum(axis=0)
     local = [dispatch_local_ops(tokens_per_rank, int(sent[i]), int(received[i]), hidden, dtype)
              if op == "dispatch" else ([], combine_local_ops(int(sent[i]), hidden)) for i in range(ep)]
