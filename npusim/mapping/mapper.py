@@ -1082,28 +1082,35 @@ class Mapper:
         s_bytes, p_bytes, o_bytes = p.rows * p.kv_block * SCORE_BYTES, p.rows * p.kv_block * e, p.rows * vd * 4
         used = p.cores_used
         clock = arch.clock_ghz
-        if decoupled and l2 is not None:
-            cube_side = block_kv * resident_share * (1 - hbm_share) + s_bytes + p_bytes + o_bytes
-            vec_side = s_bytes + p_bytes + o_bytes
+        engines = arch.cores.dma.engines
+        if l2 is not None:  # both sides' L2 traffic (a local core: only its KV re-reads)
+            hand = (s_bytes + p_bytes + o_bytes) if decoupled else 0
+            cube_side = block_kv * resident_share * (1 - hbm_share) + hand
+            vec_side = hand
             port = arch.cores.dma.bytes_per_cycle
-            rates = (l2_model.core_rate(l2, clock, used, port, cube_side / (cube_side + vec_side)),
-                     l2_model.core_rate(l2, clock, used, port, vec_side / (cube_side + vec_side)))
+            if decoupled:  # the two sides share the core's part of the L2 by their bytes
+                total = cube_side + vec_side
+                rates = (l2_model.core_rate(l2, clock, used, port, cube_side / total),
+                         l2_model.core_rate(l2, clock, used, port, vec_side / total))
+            else:  # a local core's KV re-reads, split over its engines
+                rates = (l2_model.core_rate(l2, clock, used, port, 1 / max(1, min(2, engines))),) * 2
             latency = l2_model.hit_latency_cycles(l2, clock)
         else:
             rates, latency = None, 0
-        engines = arch.cores.dma.engines
         side = (0, min(1, engines - 1))  # the cube's and the vector's engine
 
         def move(c: int, which: int, nbytes: float, deps: list[int], what: str, from_hbm: bool = False,
-                 offset: float = 0.0, write: bool = False) -> int:
-            """``nbytes`` through global memory on side ``which`` (0 cube, 1 vector)."""
+                 offset: float = 0.0, write: bool = False, kv: bool = False) -> int:
+            """``nbytes`` through global memory on side ``which`` (0 cube, 1 vector); ``kv``: K/V
+            re-read from the L2 (also on a local core)."""
             nbytes = int(nbytes)
-            if nbytes <= 0 or (not decoupled and not from_hbm):
+            if nbytes <= 0 or (not decoupled and not from_hbm and not kv):
                 return deps[0] if len(deps) == 1 else prog.add_barrier(deps, f"{name} {what}")
             if from_hbm or rates is None:
                 return prog.add_dma(c, nbytes, address=self._kv_address(c, op, offset), write=write, deps=deps,
                                     dma_engine=side[which], name=f"{name} {what}")
-            self.l2_read_bytes += nbytes
+            if not write:
+                self.l2_read_bytes += nbytes
             return prog.add_compute(c, f"dma{side[which]}", math.ceil(nbytes / rates[which]) + latency, deps=deps,
                                     name=f"{name} {what} L2")
 
@@ -1140,8 +1147,10 @@ class Mapper:
                         parts = engines if hbm >= 2 * 4096 else 1
                         for k in range(parts):
                             loads.append(move(c, k, hbm / parts, deps0, "read KV", from_hbm=True, offset=at))
-                    if kv_bytes - hbm >= 1:
-                        loads.append(move(c, 0, kv_bytes - hbm, deps0, "read KV"))
+                    if kv_bytes - hbm >= 1:  # a local core's engines carry nothing else: both take part
+                        parts = 1 if decoupled or kv_bytes - hbm < 2 * 4096 else engines
+                        for k in range(parts):
+                            loads.append(move(c, k, (kv_bytes - hbm) / parts, deps0, "read KV", kv=True))
                     kv_of[j] = loads[0] if len(loads) == 1 else prog.add_barrier(loads or deps0, f"{name} KV")
                     qk_of[j] = prog.add_gemm(c, p.rows, op.head_dim, p.kv_block, op.dtype, steps[j],
                                              deps=[kv_of[j]], name=f"{name} QK")
