@@ -20,8 +20,11 @@ How each family is run (assumptions):
   bandwidth.
 * **attention** -- a standard (MHA/GQA) attention op through the chip's mapper
   (:meth:`~npusim.system.chipcost.ChipCost.op`) with the row's batch, heads, query and KV lengths
-  and head size (non-causal unless stated); rows without a KV length or with MLA/linear attention
-  are not run. Roofline: ``max(4 b h q kv d / peak, (Q + K + V + O) bytes / HBM bandwidth)``.
+  and head size (non-causal unless stated): the mapper's FlashAttention lowering
+  (:mod:`npusim.mapping.flash_attention`: query-block split, cube/vector pipeline, split-KV decode);
+  rows without a KV length or with MLA/linear attention are not run (MLA's latent KV and the
+  absorbed projections are not expressible as a row's ``heads/head_dim`` alone; linear attention
+  / GDN has no model). Roofline: ``max(4 b h q kv d / peak, (Q + K + V + O) bytes / HBM bandwidth)``.
 * **collective** -- HCCL all-gather, reduce-scatter and all-reduce over the first ``ranks`` dies of
   ``target`` (:func:`~npusim.system.measure.run_collective`, flow fidelity), ``msg_bytes_total`` in
   the nccl-tests convention (MB read as 10^6 bytes). Roofline: the bytes each rank must send
