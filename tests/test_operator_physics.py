@@ -132,3 +132,63 @@ def test_decode_with_few_kv_heads_splits_the_kv_over_idle_cores(costs):
     assert res.cores_used == 24
     eight = costs["ascend-910c-die"].op(op, 8)
     assert res.time_us < eight.time_us * 0.7  # 24 cores reach the HBM bound (~0.99 of it); 8 do not
+
+
+# -- collectives (HCCL on the system fabric, npusim.system.collectives) ---------------------------------
+
+@pytest.fixture(scope="module")
+def cm384():
+    from npusim.system.load import load_system
+    return load_system("cloudmatrix384")
+
+
+COLL = settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@COLL
+@given(op=st.sampled_from(["allgather", "reducescatter", "allreduce"]), ranks=st.sampled_from([2, 8, 16]),
+       nbytes=st.sampled_from([1024, 65536, 1 << 20, 8 << 20]), grow=st.sampled_from([2, 4]))
+def test_a_collective_never_gets_faster_with_more_bytes(cm384, op, ranks, nbytes, grow):
+    from npusim.system.measure import run_collective
+    small = run_collective(cm384, op, list(range(ranks)), nbytes).time_us
+    large = run_collective(cm384, op, list(range(ranks)), nbytes * grow).time_us
+    assert large >= small * (1 - 1e-9), (op, ranks, nbytes, small, large)
+
+
+def _bare_and_synced(loaded, op, n, nbytes, algorithm=None):
+    from npusim.system.collectives import build_collective
+    from npusim.system.simulator import PS_PER_US, SystemSim
+    from npusim.system.work import WorkBuilder
+    out = []
+    for sync in (False, True):
+        sim = SystemSim(loaded, "flow")
+        w = WorkBuilder(sim)
+        ranks = [loaded.topology.index[d] for d in loaded.topology.die_names[:n]]
+        built = build_collective(w, op, ranks, nbytes, algorithm, "sdma", lambda b: 0, loaded.topology.node_of, sync=sync)
+        w.submit()
+        sim.run()
+        out.append((sim.now_ps / PS_PER_US, built.algorithm))
+    return out
+
+
+def test_every_hccl_step_pays_its_notify_handshake(cm384):
+    """A ring step is three fabric transfers (buffer-free notify, copy, done notify): a tiny ring
+    all-gather on 8 dies takes about three times the bare copies' time, and at least 2 x 7 more
+    4-byte writes' fixed overhead (the fabric's write overhead per transfer, Table 1)."""
+    from npusim.system.measure import point_to_point
+    (bare, _), (synced, alg) = _bare_and_synced(cm384, "allgather", 8, 1024, "ring")
+    assert alg == "ring"
+    notify = point_to_point(cm384, "npu0.die0", "npu0.die1", "write", 4).latency_us
+    assert synced >= bare + 2 * 7 * notify * 0.99
+    from npusim.system.measure import run_collective
+    assert run_collective(cm384, "allgather", list(range(8)), 1024, "ring").time_us == pytest.approx(synced, rel=1e-6)
+
+
+def test_hccl_runs_mesh_inside_a_node_by_default(cm384):
+    """HCCL picks its server-internal algorithm from the topology: the dies of one node reach each
+    other directly, so all-gather, reduce-scatter and all-reduce run one-shot (direct); across
+    nodes the ring stays the default."""
+    from npusim.system.measure import run_collective
+    assert run_collective(cm384, "allgather", list(range(16)), 1 << 20).algorithm == "direct"
+    assert run_collective(cm384, "reducescatter", list(range(8)), 1 << 20).algorithm == "direct"
+    assert run_collective(cm384, "allgather", list(range(32)), 1 << 20).algorithm == "ring"
