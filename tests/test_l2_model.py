@@ -47,16 +47,28 @@ def test_the_ascend_presets_carry_the_l2_and_the_others_do_not():
 
 
 def _chunk_attention():
-    """A GQA prefill chunk against a short cached prefix (head-parallel: 8 KV heads over 24 cores,
-    each KV head read by 3 cores)."""
+    """A GQA prefill chunk against a short cached prefix: 4 query blocks x 32 heads = 128
+    FlashAttention units over 24 cores, 4 query heads per KV head."""
     from npusim.model.ir import Op
     return Op(name="L0.attn.attention", kind="attention", layer=0, dtype="bf16", batch=1, q_len=512, kv_len=1536,
               heads=32, kv_heads=8, head_dim=128, causal=True)
 
 
+def _streamed(op, cores=24):
+    """(KV bytes the units stream, S + P + PV bytes one side reads from the other) of the
+    FlashAttention split (npusim.mapping.flash_attention)."""
+    from npusim.mapping import flash_attention as fa
+    p = fa.plan(op.batch, op.heads, op.kv_heads, op.q_len, op.attended_pairs / (op.batch * op.q_len), cores)
+    blocks = p.units * p.blocks_per_unit
+    kv = blocks * p.kv_block * 2 * op.head_dim * 2  # K and V of a block, bf16
+    handed = blocks * p.rows * (p.kv_block * 4 + p.kv_block * 2 + op.head_dim * 4)  # S fp32, P bf16, PV fp32
+    return kv, handed
+
+
 def test_attention_kv_re_reads_hit_in_the_l2_and_bytes_are_conserved():
-    """Cores that share a KV head read it once from HBM between them: the others' loads are L2
-    hits; what the L2 serves is exactly what HBM no longer reads."""
+    """FlashAttention units of one KV head on many cores read its KV once from HBM between them:
+    every other load is an L2 hit (the op's KV fits the L2); what the L2 serves is exactly what HBM
+    no longer reads."""
     from npusim.system.chipcost import ChipCost
 
     arch = load_arch("ascend-910b")  # the cube and vector units sharing a buffer: KV reads only
@@ -65,8 +77,11 @@ def test_attention_kv_re_reads_hit_in_the_l2_and_bytes_are_conserved():
     with_l2 = ChipCost(arch, persist=False).op(op)
     without = ChipCost(arch.model_copy(update={"l2": None}), persist=False).op(op)
     cached = op.batch * (op.kv_len - op.q_len) * op.kv_bytes_per_token
+    kv, _ = _streamed(op)
+    share = (op.kv_len - op.q_len) / op.kv_len  # the cached part lives in HBM, the chunk's own K/V on chip
     assert without.l2_read_bytes == 0
-    assert with_l2.l2_read_bytes == pytest.approx(cached * 3 * (1 - 1 / 3), rel=0.01)  # 24 cores: 3 per KV head
+    assert without.hbm_read_bytes == pytest.approx(kv * share, rel=0.01)  # every streamed cached byte
+    assert with_l2.hbm_read_bytes == pytest.approx(cached, rel=0.01)  # the cached KV once
     assert with_l2.hbm_read_bytes + with_l2.l2_read_bytes == pytest.approx(without.hbm_read_bytes, rel=1e-3)
     assert 0 < with_l2.l2_hit_rate < 1
     assert with_l2.time_us <= without.time_us
@@ -74,8 +89,9 @@ def test_attention_kv_re_reads_hit_in_the_l2_and_bytes_are_conserved():
 
 def test_decoupled_cube_and_vector_hand_attention_data_over_through_the_l2():
     """On a decoupled core (Ascend's AIC and AIV) flash attention's fp32 scores go to the vector
-    unit and its probabilities back through global memory: with an L2 they are L2 reads (no HBM
-    bytes), without one HBM reads of the same bytes; either way slower than a shared buffer."""
+    unit, its probabilities back and the fp32 PV partial to the vector unit, through global memory,
+    and the K/V of the chunk itself are read from there too: with an L2 the hand-offs are L2 reads
+    (no HBM bytes), without one HBM reads of the same bytes; either way slower than a shared buffer."""
     from npusim.system.chipcost import ChipCost
 
     arch = load_arch("ascend-910b")
@@ -84,9 +100,9 @@ def test_decoupled_cube_and_vector_hand_attention_data_over_through_the_l2():
     op = _chunk_attention()
     decoupled, shared = ChipCost(arch, persist=False).op(op), ChipCost(local, persist=False).op(op)
     no_l2 = ChipCost(arch.model_copy(update={"l2": None}), persist=False).op(op)
-    pairs = op.batch * op.heads * op.q_len * (op.kv_len - op.q_len / 2)  # causal: the mean keys a query sees
-    handed = pairs * (4 + 2)  # fp32 scores read by the vector unit, bf16 probabilities by the cube
-    assert decoupled.l2_read_bytes - shared.l2_read_bytes == pytest.approx(handed, rel=0.02)
-    assert decoupled.hbm_read_bytes == pytest.approx(shared.hbm_read_bytes, rel=1e-6)
+    kv, handed = _streamed(op)
+    distinct = op.batch * op.kv_len * op.kv_bytes_per_token  # cached and new K/V, all in global memory
+    assert decoupled.hbm_read_bytes == pytest.approx(distinct, rel=0.01)
+    assert decoupled.l2_read_bytes == pytest.approx(kv - distinct + handed, rel=0.01)
     assert decoupled.hbm_read_bytes + decoupled.l2_read_bytes == pytest.approx(no_l2.hbm_read_bytes, rel=1e-3)
     assert shared.time_us < decoupled.time_us < no_l2.time_us

@@ -156,3 +156,132 @@ def test_an_attention_operator_pays_the_kernel_start_once(die, q, kv, start):
     some = ChipCost(_variant(die, start_us=start), persist=False).op(op)
     assert some.kernel_start_us == start and none.kernel_start_us == 0
     assert some.time_us - none.time_us == pytest.approx(start, abs=2e-3)
+
+
+# -- attention (the FlashAttention split, npusim.mapping.flash_attention) -----------------------------
+
+def _attention(q_len, kv_len, heads=8, kv_heads=8, batch=1, causal=False):
+    return Op("attention", "attention", dtype="bf16", q_len=q_len, kv_len=kv_len, heads=heads, kv_heads=kv_heads,
+              head_dim=128, v_head_dim=128, batch=batch, causal=causal)
+
+
+ATT = settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+att_shape = st.tuples(st.sampled_from([1, 128, 512, 2048]), st.sampled_from([512, 2048, 8192]),
+                      st.sampled_from([(1, 1), (8, 8), (32, 8)]), st.sampled_from([1, 2, 4]))
+
+
+@ATT
+@given(shape=att_shape, die=st.sampled_from(DIES))
+def test_attention_never_beats_the_cube_peak_or_the_hbm(costs, shape, die):
+    q, kv, (heads, kvh), batch = shape
+    op = _attention(q, max(q, kv), heads, kvh, batch)
+    res = costs[die].op(op)
+    assert res.time_us >= op.flops / (res.peak_tflops_chip * 1e6) * (1 - 1e-9)
+    cached = batch * (op.kv_len - op.q_len) * op.kv_bytes_per_token  # read at least once
+    assert res.time_us >= cached / (res.hbm_peak_bandwidth_gbps * 1e3) * (1 - 1e-9)
+
+
+@ATT
+@given(shape=att_shape, axis=st.sampled_from(["kv", "batch", "heads"]))
+def test_attention_never_gets_faster_with_more_kv_batch_or_heads(costs, shape, axis):
+    q, kv, (heads, kvh), batch = shape
+    kv = max(q, kv)
+    small = costs["ascend-910c-die"].op(_attention(q, kv, heads, kvh, batch)).time_us
+    if axis == "kv":
+        kv *= 2
+    elif axis == "batch":
+        batch *= 2
+    else:
+        heads, kvh = heads * 2, kvh * 2
+    large = costs["ascend-910c-die"].op(_attention(q, kv, heads, kvh, batch)).time_us
+    assert large >= small * (1 - 1e-9), (axis, small, large)
+
+
+@ATT
+@given(shape=att_shape, cores=st.sampled_from([1, 2, 4, 8, 12]))
+def test_more_cores_never_slow_a_split_attention_kernel(costs, shape, cores):
+    """The rule: doubling the cores never makes the op slower by more than 2% (more cores share
+    the L2's aggregate bandwidth and the split's units may divide less evenly)."""
+    q, kv, (heads, kvh), batch = shape
+    op = _attention(q, max(q, kv), heads, kvh, batch)
+    few, more = costs["ascend-910c-die"].op(op, cores).time_us, costs["ascend-910c-die"].op(op, 2 * cores).time_us
+    assert more <= few * 1.02, (cores, few, more)
+
+
+def test_one_head_of_prefill_is_split_over_the_cores_by_query_blocks(costs):
+    """The FlashAttention kernel spreads (sequence, head, 128-row query block) units over the
+    cores: one head of 4K queries uses every core and runs several times faster than on one."""
+    op = _attention(4096, 4096, heads=1, kv_heads=1)
+    one, die = costs["ascend-910b"].op(op, 1), costs["ascend-910b"].op(op)
+    assert die.cores_used == 24
+    assert die.time_us < one.time_us / 8
+
+
+def test_decode_with_few_kv_heads_splits_the_kv_over_idle_cores(costs):
+    """Grouped-query decode of one sequence with 8 KV heads: the 8 (sequence, KV head) units'
+    KV is split over the die's other cores (split-KV, then a combine), not left on 8 cores."""
+    op = _attention(1, 32768, heads=32, kv_heads=8)
+    res = costs["ascend-910c-die"].op(op)
+    assert res.cores_used == 24
+    eight = costs["ascend-910c-die"].op(op, 8)
+    assert res.time_us < eight.time_us * 0.7  # 24 cores reach the HBM bound (~0.99 of it); 8 do not
+
+
+# -- collectives (HCCL on the system fabric, npusim.system.collectives) ---------------------------------
+
+@pytest.fixture(scope="module")
+def cm384():
+    from npusim.system.load import load_system
+    return load_system("cloudmatrix384")
+
+
+COLL = settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@COLL
+@given(op=st.sampled_from(["allgather", "reducescatter", "allreduce"]), ranks=st.sampled_from([2, 8, 16]),
+       nbytes=st.sampled_from([1024, 65536, 1 << 20, 8 << 20]), grow=st.sampled_from([2, 4]))
+def test_a_collective_never_gets_faster_with_more_bytes(cm384, op, ranks, nbytes, grow):
+    from npusim.system.measure import run_collective
+    small = run_collective(cm384, op, list(range(ranks)), nbytes).time_us
+    large = run_collective(cm384, op, list(range(ranks)), nbytes * grow).time_us
+    assert large >= small * (1 - 1e-9), (op, ranks, nbytes, small, large)
+
+
+def _bare_and_synced(loaded, op, n, nbytes, algorithm=None):
+    from npusim.system.collectives import build_collective
+    from npusim.system.simulator import PS_PER_US, SystemSim
+    from npusim.system.work import WorkBuilder
+    out = []
+    for sync in (False, True):
+        sim = SystemSim(loaded, "flow")
+        w = WorkBuilder(sim)
+        ranks = [loaded.topology.index[d] for d in loaded.topology.die_names[:n]]
+        built = build_collective(w, op, ranks, nbytes, algorithm, "sdma", lambda b: 0, loaded.topology.node_of, sync=sync)
+        w.submit()
+        sim.run()
+        out.append((sim.now_ps / PS_PER_US, built.algorithm))
+    return out
+
+
+def test_every_hccl_step_pays_its_notify_handshake(cm384):
+    """A ring step is three fabric transfers in a row (buffer-free notify, copy, done notify): a
+    tiny ring all-gather on 8 dies (7 steps) takes at least 7 x 3 small writes, and about three
+    times what the bare copies take (``sync=False``)."""
+    from npusim.system.measure import point_to_point, run_collective
+    notify = point_to_point(cm384, "npu0.die0", "npu0.die1", "write", 4).latency_us
+    ring = run_collective(cm384, "allgather", list(range(8)), 1024, "ring").time_us
+    assert ring >= 7 * 3 * notify * 0.99
+    (bare, _), (synced, alg) = _bare_and_synced(cm384, "allgather", 8, 1024, "ring")
+    assert alg == "ring" and synced == pytest.approx(ring, rel=1e-6)
+    assert synced >= bare + 2 * 7 * notify * 0.99
+
+
+def test_hccl_runs_mesh_inside_a_node_by_default(cm384):
+    """HCCL picks its server-internal algorithm from the topology: the dies of one node reach each
+    other directly, so all-gather, reduce-scatter and all-reduce run one-shot (direct); across
+    nodes the ring stays the default."""
+    from npusim.system.measure import run_collective
+    assert run_collective(cm384, "allgather", list(range(16)), 1 << 20).algorithm == "direct"
+    assert run_collective(cm384, "reducescatter", list(range(8)), 1 << 20).algorithm == "direct"
+    assert run_collective(cm384, "allgather", list(range(32)), 1 << 20).algorithm == "ring"

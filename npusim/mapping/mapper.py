@@ -74,6 +74,7 @@ from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
 from npusim.hw.compute.vector import FUSED_QUANT
 from npusim.hw.memory import l2 as l2_model
+from npusim.mapping import flash_attention as fa
 from npusim.mapping.layout import Group, place_groups
 from npusim.mapping.spec import MappingSpec
 from npusim.model.ir import Graph, Op
@@ -81,6 +82,7 @@ from npusim.model.routing import routing_from_counts
 from npusim.sim.program import Program
 
 SCORE_BYTES = 4  # flash attention's scores leave the cube's accumulators in fp32
+FA_PRELOAD = 4  # FlashAttention steps whose QK^T runs ahead of a PV (pto-isa TFA qkPreloadNum, default 4)
 
 MB = 2**20
 
@@ -956,6 +958,9 @@ class Mapper:
             kv_bytes = int(op.batch * op.q_len * op.kv_bytes_per_token)
             coll = ring_allgather(prog, st.cores, kv_bytes, deps=st.ready, dtype=op.dtype)
             st.ready = [coll.done[c] for c in st.cores]
+        if op.variant != "mla":  # standard attention: the FlashAttention kernel on each core's share
+            self._flash_attention(st, op, name, token_parallel=not head_parallel)
+            return
         # decode with fewer KV heads than cores: (sequence, KV head) units over the cores, each unit's
         # query heads the rows of one GEMM and its KV read once, as grouped-query decode kernels do
         # (split by query heads, every core of a KV head's group would read that head's whole cache)
@@ -1019,6 +1024,222 @@ class Mapper:
                              name=f"{name} write KV")
             outs.append(out)
         st.set("feat" if head_parallel and t > 1 else "m" if mla_by_sequence else st.layout, outs)
+
+    def _flash_attention(self, st: _GroupState, op: Op, name: str, token_parallel: bool = False) -> None:
+        """Standard (MHA/GQA/MQA) attention as the FlashAttention kernel runs it
+        (:mod:`npusim.mapping.flash_attention`): (sequence, head, query block) units -- decode:
+        (sequence, KV head) units with the group's query heads as rows, their KV split over idle
+        cores -- spread evenly over the group's cores, each core streaming its units' KV blocks
+        through a software pipeline. Per KV block on a core:
+
+        * the cube's side (engine ``dma0``, the AIC's loads and fix-pipe writes): the K and V
+          block loaded (from HBM the first time a byte is read on the chip, re-reads from the L2
+          when the op's distinct KV fits it), ``S = Q K^T`` written out in fp32, ``P`` read back,
+          ``P V`` written out in fp32;
+        * the vector side (engine ``dma1``, the AIVs' loads and stores): ``S`` read, ``P`` written,
+          ``P V`` read;
+        * the cube: ``QK^T`` and ``PV``; the vector unit: the online-softmax step (the ``softmax``
+          class over the block) and the rescale-and-accumulate of the output (2 element-wise ops
+          per output element).
+
+        On a decoupled core (``cores.cube_vector_exchange: global_memory``: the Ascend presets'
+        AIC/AIV) every hand-off crosses global memory (the L2): each side's transfers run at the
+        L2's per-core rate, the two sides sharing the core's even part of the L2's aggregate
+        bandwidth (over the cores the op uses) in proportion to their bytes; without an L2, the
+        hand-offs are HBM writes and reads. On a ``local`` core the hand-offs are free and only KV
+        read from HBM moves (keys/values of the step itself and KV held in SRAM are on chip).
+        Pipelining: steps of KV blocks (:func:`~npusim.mapping.flash_attention.ramp_steps`),
+        the next :data:`FA_PRELOAD` steps' ``QK^T`` and softmax issued before a step's ``PV`` (the
+        kernel's QK preload, ``qkPreloadNum``; its buffers are not bounded further), the scores
+        and probabilities of earlier steps moved around a step's ``PV`` so that no in-order queue
+        (cube, vector, the two sides' engines) waits on the unit it feeds; K/V read from HBM are
+        split over the core's DMA engines (as the GEMM kernel's loads). The combine of a
+        split KV: each core writes its partial outputs, and after all cores the (sequence, head
+        group) pieces are merged, spread over the cores (read the pieces, 2 element-wise ops per
+        element). Output: the group's layout becomes ``feat`` (split by heads) as before -- with
+        query blocks or KV pieces of a head on several cores, moving the output to a clean head
+        split is not charged. ``token_parallel`` (the activation split by tokens, layout ``m``):
+        each core runs the kernel on its own queries -- whole sequences when there are at least as
+        many as cores or one query each, else a slice of one sequence's queries -- against all
+        keys (the caller all-gathered the step's K/V over the NoC first), and the layout stays."""
+        t, prog, arch = self.t, self.prog, self.arch
+        vd = op.v_head_dim or op.head_dim
+        e = DTYPE_BYTES[op.dtype]
+        keys_per_query = op.attended_pairs / max(1, op.batch * op.q_len)
+        if token_parallel:  # each core its own queries, all heads (see the docstring)
+            p = None
+            plans, units_of = [], []
+            for i in range(len(st.cores)):
+                whole = op.batch >= t or op.q_len == 1
+                seqs, q = (_split(op.batch, t, i), op.q_len) if whole else (1, _split(op.batch * op.q_len, t, i))
+                pl = fa.plan(seqs, op.heads, op.kv_heads, q, keys_per_query, 1)
+                plans.append(pl)
+                units_of.append(pl.units if seqs > 0 and q > 0 else 0)
+        else:
+            p = fa.plan(op.batch, op.heads, op.kv_heads, op.q_len, keys_per_query, t)
+            plans = [p] * len(st.cores)
+            units_of = [p.per_core[i] if i < len(p.per_core) else 0 for i in range(len(st.cores))]
+        ref = next((pl for pl, u in zip(plans, units_of) if u > 0), plans[0])
+        decoupled = arch.cores.cube_vector_exchange != "local"
+        kv_head_bytes = (op.head_dim + vd) * e  # K and V of one key position of one KV head
+        frac = self.kv_hbm_fraction or 0.0
+        # distinct KV in global memory: the cached part (its HBM share) and, on a decoupled core
+        # that stages everything through global memory, the step's own keys/values
+        cached = max(0, op.kv_len - op.q_len)
+        resident_tokens = cached * frac + (op.q_len if decoupled else 0)
+        resident_share = min(1.0, resident_tokens / max(1, op.kv_len))
+        distinct = op.batch * op.kv_heads * resident_tokens * kv_head_bytes
+        block_kv = fa.KV_BLOCK * kv_head_bytes  # one streamed block's K and V
+        reads = sum(u * pl.blocks_per_unit for pl, u in zip(plans, units_of)) * block_kv * resident_share
+        l2 = arch.l2
+        fits = l2 is not None and distinct <= l2_model.capacity_bytes(l2)
+        hbm_share = (min(1.0, distinct / reads) if fits else 1.0) if reads > 0 else 0.0
+        if self.l2_addressed:  # the TLM L2 decides: every global KV read is a DMA at its block's address
+            hbm_share = 1.0 if reads > 0 else 0.0
+        kv_blocks = math.ceil(op.kv_len / fa.KV_BLOCK)
+        group = op.heads // op.kv_heads if op.kv_heads and op.heads % op.kv_heads == 0 else 1
+
+        def kv_at(i: int, unit: int, block: int, pl) -> float:
+            """Offset of the K/V block that core ``i``'s ``unit`` (its index among the core's) streams
+            as its ``block``-th: the same (sequence, KV head, block) is at the same place for every
+            core (the TLM L2 then serves the sharers' re-reads)."""
+            whole = op.batch >= t or op.q_len == 1
+            if token_parallel:
+                u, nseq = unit, (_split(op.batch, t, i) if whole else 1)
+                seq0 = sum(_split(op.batch, t, k) for k in range(i)) if whole else 0
+            else:
+                u, nseq, seq0 = sum(units_of[:i]) + unit, op.batch, 0
+            if pl.decode:
+                g, chunk = divmod(u, pl.kv_chunks)
+                seq, hk = divmod(g, max(1, op.heads // pl.packed_heads))
+                kvh, first_block = (hk if pl.packed_heads > 1 else hk // group), chunk * pl.blocks_per_unit
+            else:
+                qb = max(1, pl.units // max(1, nseq * op.heads))
+                seq, rest = divmod(u, op.heads * qb)
+                kvh, first_block = (rest // qb) // group, 0
+            kvh = min(op.kv_heads - 1, kvh)
+            return (((seq0 + seq) * op.kv_heads + kvh) * kv_blocks + first_block + block) * block_kv
+
+        # per block: bytes each side moves through global memory besides the KV
+        s_bytes, p_bytes, o_bytes = ref.rows * ref.kv_block * SCORE_BYTES, ref.rows * ref.kv_block * e, ref.rows * vd * 4
+        used = max(1, sum(1 for u in units_of if u > 0))
+        clock = arch.clock_ghz
+        engines = arch.cores.dma.engines
+        if l2 is not None:  # both sides' L2 traffic (a local core: only its KV re-reads)
+            hand = (s_bytes + p_bytes + o_bytes) if decoupled else 0
+            cube_side = block_kv * resident_share * (1 - hbm_share) + hand
+            vec_side = hand
+            port = arch.cores.dma.bytes_per_cycle
+            if decoupled:  # the two sides share the core's part of the L2 by their bytes
+                total = cube_side + vec_side
+                rates = (l2_model.core_rate(l2, clock, used, port, cube_side / total),
+                         l2_model.core_rate(l2, clock, used, port, vec_side / total))
+            else:  # a local core's KV re-reads, split over its engines
+                rates = (l2_model.core_rate(l2, clock, used, port, 1 / max(1, min(2, engines))),) * 2
+            latency = l2_model.hit_latency_cycles(l2, clock)
+        else:
+            rates, latency = None, 0
+        side = (0, min(1, engines - 1))  # the cube's and the vector's engine
+
+        def move(c: int, which: int, nbytes: float, deps: list[int], what: str, from_hbm: bool = False,
+                 offset: float = 0.0, write: bool = False, kv: bool = False) -> int:
+            """``nbytes`` through global memory on side ``which`` (0 cube, 1 vector); ``kv``: K/V
+            re-read from the L2 (also on a local core)."""
+            nbytes = int(nbytes)
+            if nbytes <= 0 or (not decoupled and not from_hbm and not kv):
+                return deps[0] if len(deps) == 1 else prog.add_barrier(deps, f"{name} {what}")
+            if from_hbm or rates is None:
+                return prog.add_dma(c, nbytes, address=self._kv_address(c, op, offset), write=write, deps=deps,
+                                    dma_engine=side[which], name=f"{name} {what}")
+            if not write:
+                self.l2_read_bytes += nbytes
+            return prog.add_compute(c, f"dma{side[which]}", math.ceil(nbytes / rates[which]) + latency, deps=deps,
+                                    name=f"{name} {what} L2")
+
+        outs = []
+        first = 0
+        for i, c in enumerate(st.cores):
+            units, p_c = units_of[i], plans[i]
+            s_bytes, p_bytes, o_bytes = p_c.rows * p_c.kv_block * SCORE_BYTES, p_c.rows * p_c.kv_block * e, p_c.rows * vd * 4
+            deps0 = [st.ready[i]]
+            if units <= 0:
+                outs.append(prog.add_barrier(deps0, name))
+                continue
+            steps = fa.ramp_steps(units * p_c.blocks_per_unit)
+            kv_of: dict[int, int] = {}  # step -> its K/V loaded
+            qk_of: dict[int, int] = {}  # step -> its QK^T
+            soft_of: dict[int, int] = {}  # step -> its softmax
+            p_of: dict[int, int] = {}  # step -> its P written out
+            acc = -1
+            n = len(steps)
+            for s in range(-FA_PRELOAD, n):
+                # issue order = each in-order queue's order, as the kernel's software pipeline: the
+                # QK^T of step s + PRELOAD, the scores of s + PRELOAD - 1 and the probabilities of
+                # s + PRELOAD - 2 go out around step s's PV, so no engine waits on the unit it feeds
+                if s >= 0:
+                    p_in = move(c, 0, steps[s] * p_bytes, [p_of[s]], "P in")
+                    pv = prog.add_gemm(c, p_c.rows, p_c.kv_block, vd, op.dtype, steps[s], deps=[p_in, kv_of[s]],
+                                       name=f"{name} PV")
+                j = s + FA_PRELOAD
+                if 0 <= j < n:  # K/V of step j: HBM reads split over the core's engines, L2 re-reads
+                    kv_bytes = steps[j] * block_kv * resident_share
+                    hbm = kv_bytes * hbm_share
+                    loads = []
+                    if hbm >= 1:
+                        b0 = sum(steps[:j])
+                        at = kv_at(i, b0 // p_c.blocks_per_unit, b0 % p_c.blocks_per_unit, p_c)
+                        parts = engines if hbm >= 2 * 4096 else 1
+                        for k in range(parts):
+                            loads.append(move(c, k, hbm / parts, deps0, "read KV", from_hbm=True,
+                                              offset=at + k * hbm / parts))
+                    if kv_bytes - hbm >= 1:  # a local core's engines carry nothing else: both take part
+                        parts = 1 if decoupled or kv_bytes - hbm < 2 * 4096 else engines
+                        for k in range(parts):
+                            loads.append(move(c, k, (kv_bytes - hbm) / parts, deps0, "read KV", kv=True))
+                    kv_of[j] = loads[0] if len(loads) == 1 else prog.add_barrier(loads or deps0, f"{name} KV")
+                    qk_of[j] = prog.add_gemm(c, p_c.rows, op.head_dim, p_c.kv_block, op.dtype, steps[j],
+                                             deps=[kv_of[j]], name=f"{name} QK")
+                if s >= 0:
+                    pv_out = move(c, 0, steps[s] * o_bytes, [pv], "PV out", write=True)
+                j = s + FA_PRELOAD - 1
+                s_out = move(c, 0, steps[j] * s_bytes, [qk_of[j]], "S out", write=True) if 0 <= j < n else -1
+                if s >= 0:
+                    o_in = move(c, 1, steps[s] * o_bytes, [pv_out], "PV in")
+                    acc = prog.add_vector(c, "elementwise", 2 * steps[s] * p_c.rows * vd, op.dtype,
+                                          deps=[o_in] + ([acc] if acc >= 0 else []), name=f"{name} rescale")
+                if 0 <= j < n:
+                    s_in = move(c, 1, steps[j] * s_bytes, [s_out], "S in")
+                    soft_of[j] = prog.add_vector(c, "softmax", steps[j] * p_c.rows * p_c.kv_block, op.dtype, deps=[s_in],
+                                                 name=f"{name} softmax", row_len=p_c.kv_block)
+                j = s + FA_PRELOAD - 2
+                if 0 <= j < n:
+                    p_of[j] = move(c, 1, steps[j] * p_bytes, [soft_of[j]], "P out", write=True)
+            # divide by the row sums; a split KV's partial output (and its row statistics) goes out
+            done = prog.add_vector(c, "elementwise", units * p_c.rows * vd, op.dtype, deps=[acc], name=f"{name} normalise")
+            if p_c.kv_chunks > 1:
+                done = move(c, 1, units * (o_bytes + 8 * p_c.rows), [done], "partial out", write=True)
+            outs.append(done)
+            first += units * p_c.blocks_per_unit
+        if p is not None and p.kv_chunks > 1:  # merge the pieces of each (sequence, head group), spread over the cores
+            everyone = prog.add_barrier(outs, f"{name} pieces")
+            outs = []
+            merge = fa.spread(p.groups, len(st.cores))
+            for i, c in enumerate(st.cores):
+                g = merge[i]
+                if g <= 0:
+                    outs.append(everyone)
+                    continue
+                pieces = g * p.kv_chunks * (o_bytes + 8 * p.rows)
+                got = move(c, 1, pieces, [everyone], "pieces in")
+                outs.append(prog.add_vector(c, "elementwise", 2 * g * p.kv_chunks * p.rows * vd, op.dtype,
+                                            deps=[got], name=f"{name} combine"))
+        if self.kv_in_hbm and frac >= 1:  # the step's new keys/values land after the cached ones
+            for i, c in enumerate(st.cores):
+                new = _split(op.batch * op.kv_heads, len(st.cores), i) * op.q_len * kv_head_bytes
+                if new > 0:
+                    prog.add_dma(c, int(new), address=self._kv_address(c, op, cached * kv_head_bytes), write=True,
+                                 dma_engine=side[1], deps=[st.ready[i]], name=f"{name} write KV")
+        st.set("feat" if t > 1 and not token_parallel else st.layout, outs)
 
     def _exchange(self, c: int, op: Op, nbytes: int, deps: list[int], name: str) -> int:
         """Core ``c``'s cube and vector units handing ``nbytes`` to each other inside a kernel (flash

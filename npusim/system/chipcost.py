@@ -119,8 +119,10 @@ above. Any other op (attention, ``moe``), and graphs, go through the
 project's mapper (:func:`npusim.mapping.mapper.map_model`) onto the share, by default tensor
 parallel over all of its cores with weights and KV cache streamed from HBM (the system level keeps
 a die's weights in HBM, not in core SRAM); the mapper's model applies (activations start and end
-in SRAM, collectives over the NoC; attention is head-parallel, so with MLA's single latent KV head
-every core of the share reads the whole KV cache; its L2 hits -- attention's shared KV re-reads,
+in SRAM, collectives over the NoC; standard attention is split as the FlashAttention kernel splits it,
+over (sequence, head, query block) units or, for decode, (sequence, KV head) units with split KV,
+:mod:`npusim.mapping.flash_attention`; MLA keeps the head-parallel / split-KV lowering, so with its
+single latent KV head every core of a head-parallel share reads the whole KV cache; its L2 hits -- attention's shared KV re-reads,
 the cube/vector hand-off -- are the reuse model's at the analytical fidelity; at ``memory="tlm"``
 the shared KV re-reads are DMAs the simulator's TLM L2 serves, :func:`~npusim.mapping.mapper.map_model`
 ``l2_addressed``). Pass ``spec`` to map differently (a ``gemm`` op

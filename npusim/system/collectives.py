@@ -16,6 +16,7 @@ Algorithms:
   shards across nodes among the ranks of equal local index, ring all-gather inside each node
   (all nodes must hold the same number of the ranks);
 * all-gather / reduce-scatter: ring;
+* when no algorithm is given, ranks that are dies of one node run ``direct`` (:func:`_hccl_default`);
 * ``direct`` all-reduce, reduce-scatter and all-gather (the one-shot "mesh" algorithms of
   fully connected servers, e.g. HCCL's on an 8-NPU HCCS mesh): reduce-scatter as every rank
   writing chunk ``j`` (``nbytes / n``) straight to rank ``j``, which adds the ``n - 1`` chunks it
@@ -27,6 +28,19 @@ Algorithms:
   of local index ``l``, everything bound for local index ``l`` of other nodes, then an inter-node
   all-to-all among ranks of equal local index;
 * broadcast: binomial tree from the first rank; send/recv: first rank writes to the second.
+
+**HCCL's per-step synchronisation** (``sync=True``, the default): HCCL builds a collective from
+memory-copy tasks and Notify Record / Notify Wait synchronisation tasks between the ranks' streams
+(Ascend HCCL user guide, "通信算子执行": a synchronisation task writes a 4-byte notify register; its
+RDMASend carries 4 bytes). Each transfer of a step is therefore three transfers on the fabric:
+the receiver tells the sender its buffer is free (a :data:`NOTIFY_BYTES` write to the sender,
+after the receiver's previous step), the sender copies the chunk (after its own previous step and
+that notify), then records the notify at the receiver (a :data:`NOTIFY_BYTES` write after the
+copy); the receiver's step (and its reduction) waits for that notify. Each notify costs what a
+4-byte write costs on the fabric -- its fixed per-transfer overhead and route latency, calibrated
+on the CloudMatrix384 paper's Table 1 in the fabric presets -- so no constant is added here.
+``sync=False`` is the bare wire model (transfers only). Not modelled: HCCL's splitting of messages
+larger than its buffer (``HCCL_BUFFSIZE``, 200 MB by default) into rounds, host-side launch.
 
 Reductions run on the receiving die's ``compute`` queue for ``reduce_ps(bytes)`` picoseconds
 (the caller supplies it from the chip cost model; 0 ignores reduction time).
@@ -66,7 +80,37 @@ class BuiltCollective:
         return 1.0
 
 
-def _ring_phase(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int], reduce_ps, via, steps: int | None = None):
+NOTIFY_BYTES = 4  # an HCCL notify record: a 4-byte write of the peer's notify register (HCCL user guide)
+
+
+def _synced(w: WorkBuilder, src: int, dst: int, nbytes: int, via, src_deps: list[int], dst_deps: list[int],
+            sync: bool) -> int:
+    """One step's transfer ``src -> dst`` (vertex ids) with HCCL's handshake when ``sync`` (see the
+    module docstring): the receiver's buffer-free notify (after ``dst_deps``), the copy (after
+    ``src_deps`` and that notify), the done notify. Returns the task the receiver waits for."""
+    if not sync:
+        return w.transfer(src, dst, nbytes, "write", via, deps=src_deps)
+    ack = w.transfer(dst, src, NOTIFY_BYTES, "write", via, deps=dst_deps)
+    data = w.transfer(src, dst, nbytes, "write", via, deps=src_deps + [ack])
+    return w.transfer(src, dst, NOTIFY_BYTES, "write", via, deps=[data])
+
+
+def _hccl_default(w: WorkBuilder, op: str, ranks: list[int], node_of) -> str:
+    """The algorithm HCCL picks when none is given: inside one server (every rank a die of the same
+    node: the node's dies reach each other directly, over an HCCS full mesh on Atlas 800 A2 or one
+    UB switch level on CloudMatrix384) ``direct`` -- HCCL's server-internal algorithm is chosen by
+    the hardware topology (Mesh, Ring, Double-Ring or Star; HCCL user guide, "集合通信算法"), and
+    Mesh is the one for fully connected dies; otherwise the op's first algorithm (ring, direct
+    all-to-all, binomial broadcast)."""
+    topo = w.sim.topology
+    if (op in ("allreduce", "allgather", "reducescatter") and node_of is not None
+            and all(topo.vertex_kind[r] == "die" for r in ranks) and len({node_of(r) for r in ranks}) == 1):
+        return "direct"
+    return ALGORITHMS[op][0]
+
+
+def _ring_phase(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int], reduce_ps, via, steps: int | None = None,
+                sync: bool = True):
     """``steps`` (default n-1) ring steps of ``chunk`` bytes; ``ready[i]``: what rank i's first send waits for.
     Returns each rank's last task."""
     n = len(ranks)
@@ -76,7 +120,7 @@ def _ring_phase(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int], 
         for i in range(n):
             dst = (i + 1) % n
             deps = [d for d in (last[i],) if d >= 0]
-            t = w.transfer(ranks[i], ranks[dst], chunk, "write", via, deps=deps)
+            t = _synced(w, ranks[i], ranks[dst], chunk, via, deps, [d for d in (last[dst],) if d >= 0], sync)
             if reduce_ps is not None:
                 red_deps = [t] + ([last[dst]] if last[dst] >= 0 else [])
                 t = w.compute(ranks[dst], reduce_ps(chunk), red_deps)
@@ -93,9 +137,11 @@ def _split(nbytes: int, n: int) -> int:
 
 def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, algorithm: str | None = None,
                      via: str | None = None, reduce_ps: Callable[[int], int] = lambda b: 0,
-                     node_of: Callable[[int], int] | None = None, ready: list[int] | None = None) -> BuiltCollective:
+                     node_of: Callable[[int], int] | None = None, ready: list[int] | None = None,
+                     sync: bool = True) -> BuiltCollective:
     """Record one collective into ``w`` (see module docstring); raises ConfigError for bad choices.
-    ``ready[i]``: the task rank ``i`` must finish before it takes part (-1 or None: none)."""
+    ``ready[i]``: the task rank ``i`` must finish before it takes part (-1 or None: none).
+    ``sync``: HCCL's notify handshake around every step's transfer (see the module docstring)."""
     if op in ("allreduce", "reducescatter"):
         topo = w.sim.topology
         cpus = [topo.names[r] for r in ranks if topo.vertex_kind[r] != "die"]
@@ -104,7 +150,7 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
                               "is not a die (CPUs can take part in all-gather, all-to-all, broadcast, send/recv)")
     if op not in OPS:
         raise ConfigError(f"--op {op}: expected one of {', '.join(OPS)} (or dispatch, combine)")
-    algorithm = algorithm or ALGORITHMS[op][0]
+    algorithm = algorithm or _hccl_default(w, op, ranks, node_of)
     if algorithm not in ALGORITHMS[op]:
         raise ConfigError(f"--algorithm {algorithm}: {op} supports {', '.join(ALGORITHMS[op])}")
     if len(set(ranks)) != len(ranks):
@@ -117,40 +163,42 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
         raise ValueError(f"ready: {len(start)} tasks for {n} ranks")
     if op == "allreduce" and algorithm == "ring":
         chunk = _split(nbytes, n)
-        last = _ring_phase(w, ranks, chunk, start, reduce_ps, via)
-        last = _ring_phase(w, ranks, chunk, last, None, via)
+        last = _ring_phase(w, ranks, chunk, start, reduce_ps, via, sync=sync)
+        last = _ring_phase(w, ranks, chunk, last, None, via, sync=sync)
     elif op == "allreduce" and algorithm == "halving_doubling":
-        last = _halving_doubling(w, ranks, nbytes, reduce_ps, via, start)
+        last = _halving_doubling(w, ranks, nbytes, reduce_ps, via, start, sync)
     elif op == "allreduce" and algorithm == "hierarchical":
-        last = _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of, start)
+        last = _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of, start, sync)
     elif op == "allreduce":
         last = _direct_phase(w, ranks, _split(nbytes, n), _direct_phase(w, ranks, _split(nbytes, n), start, reduce_ps,
-                                                                           via), None, via)
+                                                                           via, sync), None, via, sync)
     elif op in ("reducescatter", "allgather") and algorithm == "direct":
-        last = _direct_phase(w, ranks, _split(nbytes, n), start, reduce_ps if op == "reducescatter" else None, via)
+        last = _direct_phase(w, ranks, _split(nbytes, n), start, reduce_ps if op == "reducescatter" else None, via,
+                             sync)
     elif op == "reducescatter":
-        last = _ring_phase(w, ranks, _split(nbytes, n), start, reduce_ps, via)
+        last = _ring_phase(w, ranks, _split(nbytes, n), start, reduce_ps, via, sync=sync)
     elif op == "allgather":
-        last = _ring_phase(w, ranks, _split(nbytes, n), start, None, via)
+        last = _ring_phase(w, ranks, _split(nbytes, n), start, None, via, sync=sync)
     elif op == "alltoall" and algorithm == "direct":
-        last = _alltoall_direct(w, ranks, np.full((n, n), _split(nbytes, n)), via, start)
+        last = _alltoall_direct(w, ranks, np.full((n, n), _split(nbytes, n)), via, start, sync)
     elif op == "alltoall":
-        last = _alltoall_hierarchical(w, ranks, _split(nbytes, n), via, node_of, start)
+        last = _alltoall_hierarchical(w, ranks, _split(nbytes, n), via, node_of, start, sync)
     elif op == "broadcast":
-        last = _binomial(w, ranks, nbytes, via, start)
+        last = _binomial(w, ranks, nbytes, via, start, sync)
     else:  # send/recv: the first rank writes to the second
-        sent = w.transfer(ranks[0], ranks[1], nbytes, "write", via, deps=[d for d in start[:2] if d >= 0])
+        sent = _synced(w, ranks[0], ranks[1], nbytes, via, [d for d in start[:1] if d >= 0],
+                       [d for d in start[1:2] if d >= 0], sync)
         last = [sent] * 2
     done = w.barrier([t for t in last if t >= 0])
     return BuiltCollective(op, algorithm, list(ranks), nbytes, done, last)
 
 
-def _direct_phase(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int], reduce_ps, via):
+def _direct_phase(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int], reduce_ps, via, sync: bool = True):
     """Every rank writes ``chunk`` bytes to every other rank at once (after its ``ready``); a rank's
     result: all it received (added, ``n - 1`` chunks, when ``reduce_ps`` is given). Returns each
     rank's last task."""
     n = len(ranks)
-    _, into = matrix_transfers(w, ranks, np.full((n, n), chunk, np.int64), via, ready)
+    _, into = matrix_transfers(w, ranks, np.full((n, n), chunk, np.int64), via, ready, sync=sync)
     last = []
     for j in range(n):
         deps = into[j] + ([ready[j]] if ready[j] >= 0 else [])
@@ -159,7 +207,7 @@ def _direct_phase(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int]
     return last
 
 
-def _halving_doubling(w, ranks, nbytes, reduce_ps, via, start):
+def _halving_doubling(w, ranks, nbytes, reduce_ps, via, start, sync=True):
     n = len(ranks)
     if n & (n - 1):
         raise ConfigError(f"halving_doubling all-reduce needs a power-of-two number of ranks, got {n}")
@@ -178,7 +226,7 @@ def _halving_doubling(w, ranks, nbytes, reduce_ps, via, start):
         for i in range(n):
             j = i ^ dist
             deps = [d for d in (last[i],) if d >= 0]
-            t = w.transfer(ranks[i], ranks[j], size, "write", via, deps=deps)
+            t = _synced(w, ranks[i], ranks[j], size, via, deps, [d for d in (last[j],) if d >= 0], sync)
             red_deps = [t] + ([last[j]] if last[j] >= 0 else [])
             nxt[j] = w.compute(ranks[j], reduce_ps(size), red_deps) if reduce else w.barrier(red_deps)
         last = nxt
@@ -198,14 +246,14 @@ def _groups_by_node(ranks, node_of):
     return list(groups.values())
 
 
-def _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of, start):
+def _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of, start, sync=True):
     groups = _groups_by_node(ranks, node_of)
     local = len(groups[0])
     last = list(start)
     shard = _split(nbytes, local)
     if local > 1:
         for g in groups:  # reduce-scatter inside each node
-            out = _ring_phase(w, [ranks[i] for i in g], shard, [last[i] for i in g], reduce_ps, via)
+            out = _ring_phase(w, [ranks[i] for i in g], shard, [last[i] for i in g], reduce_ps, via, sync=sync)
             for i, t in zip(g, out):
                 last[i] = t
     if len(groups) > 1:
@@ -213,24 +261,37 @@ def _hierarchical_allreduce(w, ranks, nbytes, reduce_ps, via, node_of, start):
             members = [g[li] for g in groups]
             sub = [ranks[i] for i in members]
             chunk = _split(shard, len(members))
-            out = _ring_phase(w, sub, chunk, [last[i] for i in members], reduce_ps, via)
-            out = _ring_phase(w, sub, chunk, out, None, via)
+            out = _ring_phase(w, sub, chunk, [last[i] for i in members], reduce_ps, via, sync=sync)
+            out = _ring_phase(w, sub, chunk, out, None, via, sync=sync)
             for i, t in zip(members, out):
                 last[i] = t
     if local > 1:
         for g in groups:  # all-gather inside each node
-            out = _ring_phase(w, [ranks[i] for i in g], shard, [last[i] for i in g], None, via)
+            out = _ring_phase(w, [ranks[i] for i in g], shard, [last[i] for i in g], None, via, sync=sync)
             for i, t in zip(g, out):
                 last[i] = t
     return last
 
 
-def matrix_transfers(w: WorkBuilder, ranks, sizes, via: str | None, after=None):
+def matrix_transfers(w: WorkBuilder, ranks, sizes, via: str | None, after=None, sync: bool = False):
     """Rank ``i`` writes ``sizes[i, j]`` bytes to rank ``j`` (zero sizes and ``i == j`` skipped), in the
     staggered order ``i+1, i+2, ...``, once ``after[i]`` (a task id, or -1) is done. Returns every
-    transfer id and, per destination, the ids of the transfers into it."""
+    transfer id and, per destination, the ids of the transfers into it. ``sync``: each with HCCL's
+    notify handshake (:func:`_synced`; the ids are then the done notifies)."""
     n = len(ranks)
     sizes = np.asarray(sizes, np.int64)
+    if sync:
+        into_s: list[list[int]] = [[] for _ in range(n)]
+        ids_s = []
+        for i in range(n):
+            for j in (i + np.arange(1, n)) % n:
+                if sizes[i, j] > 0:
+                    t = _synced(w, ranks[i], ranks[j], int(sizes[i, j]), via,
+                                [after[i]] if after is not None and after[i] >= 0 else [],
+                                [after[j]] if after is not None and after[j] >= 0 else [], True)
+                    ids_s.append(t)
+                    into_s[int(j)].append(t)
+        return np.asarray(ids_s, np.int64), into_s
     ranks_arr = np.asarray(ranks, np.int64)
     into: list[list[int]] = [[] for _ in range(n)]
     ids_all = []
@@ -247,15 +308,15 @@ def matrix_transfers(w: WorkBuilder, ranks, sizes, via: str | None, after=None):
     return (np.concatenate(ids_all) if ids_all else np.zeros(0, np.int64)), into
 
 
-def _alltoall_direct(w, ranks, sizes, via, ready=None):
+def _alltoall_direct(w, ranks, sizes, via, ready=None, sync=False):
     """All-to-all of an (n, n) size matrix; every rank's result is complete when everything sent
     to it has arrived: one barrier over all transfers (and ``ready``)."""
-    ids, _ = matrix_transfers(w, ranks, sizes, via, ready)
+    ids, _ = matrix_transfers(w, ranks, sizes, via, ready, sync=sync)
     everything = w.barrier(ids.tolist() + [r for r in (ready or []) if r >= 0])
     return [everything] * len(ranks)
 
 
-def _alltoall_hierarchical(w, ranks, chunk, via, node_of, ready):
+def _alltoall_hierarchical(w, ranks, chunk, via, node_of, ready, sync=True):
     groups = np.asarray(_groups_by_node(ranks, node_of))  # (nodes, local) rank indices
     nodes, local = groups.shape
     n = len(ranks)
@@ -263,16 +324,16 @@ def _alltoall_hierarchical(w, ranks, chunk, via, node_of, ready):
     for g in groups:
         intra[np.ix_(g, g)] = chunk * nodes
     np.fill_diagonal(intra, 0)
-    first = _alltoall_direct(w, ranks, intra, via, ready)
+    first = _alltoall_direct(w, ranks, intra, via, ready, sync)
     inter = np.zeros((n, n), np.int64)  # then (a, l) -> (b, l): what node a had for node b's index l
     for li in range(local):
         col = groups[:, li]
         inter[np.ix_(col, col)] = chunk * local
     np.fill_diagonal(inter, 0)
-    return _alltoall_direct(w, ranks, inter, via, ready=first)
+    return _alltoall_direct(w, ranks, inter, via, ready=first, sync=sync)
 
 
-def _binomial(w, ranks, nbytes, via, start):
+def _binomial(w, ranks, nbytes, via, start, sync=True):
     n = len(ranks)
     have = {0: start[0]}
     step = 1
@@ -281,7 +342,7 @@ def _binomial(w, ranks, nbytes, via, start):
             j = i + step
             if j < n:
                 deps = [have[i]] if have[i] >= 0 else []
-                t = w.transfer(ranks[i], ranks[j], nbytes, "write", via, deps=deps)
+                t = _synced(w, ranks[i], ranks[j], nbytes, via, deps, [d for d in (start[j],) if d >= 0], sync)
                 have[j] = w.barrier([t, start[j]]) if start[j] >= 0 else t
         step *= 2
     return [have[i] for i in range(n)]

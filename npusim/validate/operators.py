@@ -21,8 +21,14 @@ How each family is run (assumptions):
   bandwidth.
 * **attention** -- a standard (MHA/GQA) attention op through the chip's mapper
   (:meth:`~npusim.system.chipcost.ChipCost.op`) with the row's batch, heads, query and KV lengths
-  and head size (non-causal unless stated); rows without a KV length or with MLA/linear attention
-  are not run. Roofline: ``max(4 b h q kv d / peak, (Q + K + V + O) bytes / HBM bandwidth)``.
+  and head size (non-causal unless stated): the mapper's FlashAttention lowering
+  (:mod:`npusim.mapping.flash_attention`: query-block split, cube/vector pipeline, split-KV decode);
+  a KV length stated as a range (``"~4096-5632"``: a decode from the prompt to its last token) runs
+  at its midpoint; absorbed MLA decode rows (``head_dim`` the latent, ``rope_dim`` its rotary part,
+  one KV head) run as the mapper's MLA op (latent ``head_dim + rope_dim`` keys, ``head_dim``
+  values, split-KV over the cores). Not run: rows without a KV length (``"not stated"``), MLA
+  prefill, the varlen TND prefill rows (their sequences' lengths are not given: attention's work
+  is the sum of their squares), linear attention / GDN / KDA (no model). Roofline: ``max(4 b h q kv d / peak, (Q + K + V + O) bytes / HBM bandwidth)``.
 * **collective** -- HCCL all-gather, reduce-scatter and all-reduce over the first ``ranks`` dies of
   ``target`` (:func:`~npusim.system.measure.run_collective`, flow fidelity), ``msg_bytes_total`` in
   the nccl-tests convention (MB read as 10^6 bytes). Roofline: the bytes each rank must send
@@ -80,6 +86,18 @@ def _int(x) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else None
 
 
+def _kv_len(x) -> tuple[int | None, str]:
+    """A row's KV length: an int, or a stated range ``"~A-B ..."`` read as its midpoint (the mean
+    position of a decode that runs from A to B: the source does not print the lengths); else None."""
+    if _int(x):
+        return x, ""
+    m = re.match(r"\s*~?\s*(\d+)\s*-\s*(\d+)", str(x))
+    if not m:
+        return None, ""
+    lo, hi = int(m.group(1)), int(m.group(2))
+    return (lo + hi) // 2, f"KV length {lo}-{hi} stated, its midpoint {(lo + hi) // 2} run"
+
+
 def _cores(r: dict) -> int | None:
     return _int(r.get("cores"))
 
@@ -134,20 +152,33 @@ class _Runner:
         from npusim.model.ir import Op
 
         s = r.get("shape") or {}
-        q, kv, heads, d = (_int(s.get(x)) for x in ("q_len", "kv_len", "heads", "head_dim"))
-        if not (q and kv and heads and d) or "measured_us" not in r or "rope_dim" in s or "MLA" in str(r["op"]):
+        q, heads, d = (_int(s.get(x)) for x in ("q_len", "heads", "head_dim"))
+        kv, kv_note = _kv_len(s.get("kv_len"))
+        mla = "MLA" in str(r["op"])
+        rope = _int(s.get("rope_dim"))
+        if not (q and kv and heads and d) or "measured_us" not in r:
             return None
         batch = _int(s.get("batch")) or 1
-        kv_heads = _int(s.get("kv_heads")) or heads
         causal = bool(s.get("causal", False))
-        op = Op("attention", "attention", dtype=_dtype(r.get("dtype", "fp16")), q_len=q, kv_len=kv, heads=heads,
-                kv_heads=kv_heads, head_dim=d, v_head_dim=d, batch=batch, causal=causal)
+        dtype = _dtype(r.get("dtype", "fp16"))
+        if mla or rope:  # absorbed MLA decode: one latent KV head (nope + rope) shared by all query heads
+            if not (mla and rope and q == 1 and _int(s.get("kv_heads")) in (None, 1)):
+                return None
+            latent = d + rope
+            op = Op("attention", "attention", dtype=dtype, q_len=q, kv_len=kv, heads=heads, kv_heads=1,
+                    head_dim=latent, v_head_dim=d, batch=batch, variant="mla", kv_bytes_per_token_override=latent * 2)
+            nbytes = 2 * batch * (kv * latent + heads * q * (latent + d))
+            how = "MLA decode (absorbed)"
+        else:
+            kv_heads = _int(s.get("kv_heads")) or heads
+            op = Op("attention", "attention", dtype=dtype, q_len=q, kv_len=kv, heads=heads,
+                    kv_heads=kv_heads, head_dim=d, v_head_dim=d, batch=batch, causal=causal)
+            nbytes = 2 * batch * d * (2 * heads * q + 2 * kv_heads * kv)
+            how = "FlashAttention"
         cc = self.cost(target)
         res = cc.op(op, _cores(r))
-        flops = 4.0 * batch * heads * q * kv * d * (0.5 if causal else 1.0)
-        nbytes = 2 * batch * d * (2 * heads * q + 2 * kv_heads * kv)
-        roof = max(flops / (res.peak_tflops_chip * 1e6), nbytes / (res.hbm_peak_bandwidth_gbps * 1e3))
-        return res.time_us, roof, f"{res.cores_used} cores"
+        roof = max(op.flops / (res.peak_tflops_chip * 1e6), nbytes / (res.hbm_peak_bandwidth_gbps * 1e3))
+        return res.time_us, roof, f"{how}, {res.cores_used} cores" + (f"; {kv_note}" if kv_note else "")
 
     def collective(self, r: dict, target: str) -> tuple[float, float, str] | None:
         from npusim.system.load import load_system

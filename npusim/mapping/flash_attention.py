@@ -1,0 +1,121 @@
+"""How a FlashAttention kernel splits standard (MHA / GQA / MQA) attention over a die's cores.
+
+Pure planning (no tasks): :func:`plan` returns the work units and how they are spread; the
+mapper (:meth:`npusim.mapping.mapper.Mapper._flash_attention`) records each core's pipeline.
+
+The kernel modelled is the Ascend FlashAttention family (CANN's FlashAttentionScore /
+FusedInferAttentionScore and the pto-isa ``TFA`` reference kernel, hw-native-sys/pto-isa
+``kernels/manual/common/flash_atten/README.md``) -- FlashAttention-2 style tiling:
+
+* **Work units.** Prefill-shaped ops (a head's queries fill at least a cube block): one unit per
+  (sequence, query head, block of ``Q_BLOCK`` = 128 query rows) -- the pto-isa kernel's
+  ``CUBE_S0 = 128``, one block per core and ``waves = ceil(blocks / cores)``; the units are spread
+  as evenly as whole units allow (a core takes ``floor`` or ``ceil`` of ``units / cores``).
+  Decode-shaped ops (``q_len x group <= Q_BLOCK``, ``group`` = query heads per KV head): the
+  group's query heads are the rows of one unit per (sequence, KV head), so its KV is read once
+  (grouped-query decode kernels); when these units are fewer than the cores, each one's KV is cut
+  into ``kv_chunks`` pieces (split-KV, as flash-decoding and the paged/incremental attention
+  kernels do) of at least ``MIN_CHUNK_BLOCKS`` KV blocks each, and a combine pass adds the
+  partial outputs (rescaled by their softmax statistics).
+* **Inside a unit** the keys/values stream in blocks of ``KV_BLOCK`` = 128 (the kernel's
+  ``CUBE_S1``); per block: ``S = Q K^T`` on the cube (fp32), the online-softmax step on the vector
+  unit (row max, exponentials, row sum; ``P`` in the input dtype), ``P V`` on the cube (fp32) and
+  the vector unit's rescale-and-accumulate of the output (``O = O * exp(m_old - m_new) + P V``);
+  at the end the output is divided by the row sums. The mapper pipelines these over blocks as the
+  kernel does (QK of later blocks issued before PV of earlier ones: ``qkPreloadNum``).
+* Causal prefill: the mean keys per query (the triangle), whole blocks (masking is not charged).
+
+Units: rows, keys and blocks are counts; nothing here is a time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+Q_BLOCK = 128  # query rows per cube block (pto-isa TFA CUBE_S0; FlashAttention-2's m-block)
+KV_BLOCK = 128  # keys per cube block (pto-isa TFA CUBE_S1 = 128)
+MIN_CHUNK_BLOCKS = 4  # split-KV: a chunk streams at least this many KV blocks (assumed; not calibrated)
+
+
+@dataclass(frozen=True)
+class FlashPlan:
+    """The split of one attention op (see the module docstring)."""
+
+    rows: int  # query rows of a unit's cube block (<= Q_BLOCK; packed query heads x q_len for decode)
+    kv_block: int  # keys per streamed block
+    blocks_per_unit: int  # KV blocks a unit streams
+    units: int  # work units in total
+    per_core: tuple[int, ...]  # units on each core
+    kv_chunks: int  # split-KV pieces per (sequence, KV head) (1: no split)
+    groups: int  # (sequence, head or KV-head group) pieces the combine pass merges (kv_chunks > 1)
+    packed_heads: int  # query heads a unit carries as rows (GQA decode), else 1
+    decode: bool  # True: decode-shaped (grouped heads, KV split when cores are idle)
+
+    @property
+    def cores_used(self) -> int:
+        return sum(1 for u in self.per_core if u > 0)
+
+    @property
+    def keys(self) -> int:
+        """Keys a unit attends (its blocks x block)."""
+        return self.blocks_per_unit * self.kv_block
+
+
+def spread(units: int, cores: int) -> tuple[int, ...]:
+    base, extra = divmod(units, cores)
+    return tuple(base + (1 if i < extra else 0) for i in range(cores))
+
+
+def plan(batch: int, heads: int, kv_heads: int, q_len: int, keys_per_query: float, cores: int) -> FlashPlan:
+    """The split of ``batch`` sequences x ``heads`` query heads (``kv_heads`` KV heads) of ``q_len``
+    queries, each attending ``keys_per_query`` keys on average, over ``cores`` cores."""
+    batch, heads, q_len, cores = max(1, batch), max(1, heads), max(1, q_len), max(1, cores)
+    kv_heads = max(1, min(kv_heads or heads, heads))
+    group = heads // kv_heads if heads % kv_heads == 0 else 1
+    keys = max(1, math.ceil(keys_per_query))
+    decode = q_len * group <= Q_BLOCK and group > 1 or q_len == 1
+    if decode:
+        packed = group if heads % kv_heads == 0 else 1
+        rows = q_len * packed
+        base = batch * (heads // packed)
+        blocks = math.ceil(keys / KV_BLOCK)
+        chunks = 1
+        if base < cores and blocks >= 2 * MIN_CHUNK_BLOCKS:
+            chunks = min(math.ceil(cores / base), blocks // MIN_CHUNK_BLOCKS)
+        per_chunk = math.ceil(blocks / chunks)
+        units = base * chunks
+        return FlashPlan(rows=rows, kv_block=KV_BLOCK, blocks_per_unit=per_chunk, units=units,
+                         per_core=spread(units, cores), kv_chunks=chunks, groups=base, packed_heads=packed,
+                         decode=True)
+    qblocks = math.ceil(q_len / Q_BLOCK)
+    rows = math.ceil(q_len / qblocks)
+    units = batch * heads * qblocks
+    return FlashPlan(rows=rows, kv_block=KV_BLOCK, blocks_per_unit=math.ceil(keys / KV_BLOCK), units=units,
+                     per_core=spread(units, cores), kv_chunks=1, groups=batch * heads, packed_heads=1, decode=False)
+
+
+def ramp_steps(blocks: int, max_steps: int = 48) -> list[int]:
+    """``blocks`` KV blocks of one core cut into about ``max_steps`` pipeline steps: equal middle
+    steps of ``size`` blocks, reached from single blocks at both ends by doubling (1, 2, 4, ...
+    below ``size``), so the pipeline's fill and drain are exposed at block granularity while the
+    task count stays bounded."""
+    if blocks <= max_steps:
+        return [1] * blocks
+    size = 1
+    while True:
+        ramp = []
+        r = 1
+        while r < size:
+            ramp.append(r)
+            r *= 2
+        middle = blocks - 2 * sum(ramp)
+        if middle > 0 and 2 * len(ramp) + math.ceil(middle / size) <= max_steps:
+            break
+        size += 1
+    count = math.ceil(middle / size)
+    base, extra = divmod(middle, count)
+    return ramp + [base + (1 if i < extra else 0) for i in range(count)] + ramp[::-1]
+
+
+__all__ = ["FlashPlan", "KV_BLOCK", "MIN_CHUNK_BLOCKS", "Q_BLOCK", "plan", "ramp_steps", "spread"]
