@@ -79,6 +79,7 @@ class WorkloadTiming:
     fabric: dict = field(default_factory=dict)
     period_breakdown_us: dict = field(default_factory=dict)  # the critical path within one repeated layer
     runtime: dict = field(default_factory=dict)  # the runtime mode and constants the step was timed with
+    host_busy_us: float = 0.0  # the runtime's host tasks' time, summed over the dies
 
     @property
     def fixed_share(self) -> float:
@@ -277,7 +278,8 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
                           links=_link_utilization(sim, makespan),
                           fabric={"fidelity": fidelity, "events": sim.events, "tasks": tasks},
                           period_breakdown_us={k: round(v, 3) for k, v in period_parts.items()},
-                          runtime=runtime.as_dict())
+                          runtime=runtime.as_dict(),
+                          host_busy_us=float((end[n_wl:] - start[n_wl:]).sum()) if len(end) > n_wl else 0.0)
 
 
 #: compute-node categories whose kernels are parts of one operator counted elsewhere: the MoE
