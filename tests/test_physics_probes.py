@@ -10,11 +10,12 @@ plans drawn at random (the library call ``npusim run --system`` makes,
   of them, the bubble at that boundary);
 * an ONNX export of a model and its config pay the system runtime's same fixed costs;
 * a step lies between its roofline (its work at the die's peak and HBM bandwidth, each operator
-  no shorter than the runtime's launch floor, plus the runtime's per-step overhead) and the sum of
-  its parts (every node's span one after another).
+  plus the runtime's launch, plus the runtime's per-step scheduler time) and the sum of its parts
+  (every node's span one after another, and the runtime's host tasks).
 
 Models are built-in configs cut to a few layers (the per-layer physics is the full model's), on
-one node of Atlas 800I A2 (runtime launch floor and step overhead) and of CloudMatrix384 (none).
+one node of Atlas 800I A2 and of CloudMatrix384, each with its runtime section (graph decode, eager
+prefill by default).
 Systems with more bandwidth or peak are presets with one value scaled (:func:`scaled`).
 
 Slack: the chip's GEMM kernel is the fastest simulated of the plans *estimated* within
@@ -206,7 +207,7 @@ FUSABLE = {"rmsnorm", "layernorm", "swiglu"}  # producers a CANN kernel fuses th
 def w8a8_margin_us(loaded, cfg, plan, shape) -> tuple[float, float]:
     """(weight time W8A8 saves a layer on a die, launches of the quantisations no fused kernel covers
     a layer), from the operator graphs: each INT8 GEMM's weight read at the die's HBM bandwidth
-    halves, but no operator takes less than the runtime's launch floor; a quantisation is covered
+    halves; each extra kernel costs the runtime's launch; a quantisation is covered
     when its producer is a norm or SwiGLU (counted the same whether or not the graph fuses it)."""
     floor = loaded.system.runtime.kernel_launch_us  # each kernel's launch (no floor any more: added)
     bw = summarize(loaded.chip).hbm_bandwidth_gbps * 1e3  # bytes per us
@@ -297,7 +298,7 @@ def check_pipeline(pp, setup):
        st.integers(1, 4), st.integers(16, 256))
 def test_an_onnx_export_and_its_config_pay_the_same_fixed_costs(sys_name, onnx, phase, per_die, length):
     """The tiny Qwen3 as its torch export and as its config.json, data parallel on two dies: the
-    runtime's step overhead once on each critical path, and the runtime's fixed costs (the step less
+    runtime's scheduler time once on each critical path, and the runtime's fixed costs (the step less
     the same step with no launch floor and no step overhead) at least that overhead on both."""
     loaded = system(sys_name)
     dies = loaded.system.npu.dies
