@@ -71,6 +71,8 @@ def test_a_pipeline_step_pays_the_host_overhead_once(a2, pp):
     every rank: once on the critical path. It was chained over the ranks of every stage but the last
     (a rank there waited for the node before it in the list, the previous rank's overhead):
     Llama-3-70B tp8 pp2 took 105 ms, 80 of them eight overheads."""
+    from npusim.validate.calibrate import _variant
+
     cfg = replace(get_config("qwen3-0.6b"), num_layers=4)
     sched = _variant(a2, {"runtime": {"scheduler_us": 5000.0}})
     out, wl, timing = simulate_plan_step(sched, cfg, ParallelPlan(npus=2 * pp, tp=2, pp=pp),
