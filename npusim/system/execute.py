@@ -29,7 +29,9 @@ Each compute node counts its kernels (a layer part's operators, a GEMM or vector
 collective or transfers node is one operator. Eager: each die has a ``host`` queue that
 dispatches the die's operators in the workload's order, ``host_dispatch_us`` each; a node waits
 for its dispatch (a task on the host queue), so the device waits on the host only when the host is
-behind. Graph: one ``graph_launch_us`` task on each die's host queue at the step's start that every
+behind. A node of several operators (a layer part) waits for the dispatch of all of them: coarse,
+it cannot start its first operator while the host dispatches its later ones (at most one node's
+dispatch too late, and only where the device had caught up with the host). Graph: one ``graph_launch_us`` task on each die's host queue at the step's start that every
 node of the die waits for. Both: a compute node runs ``kernel_launch_us`` per kernel longer (the
 ``launch`` part of it), and after each die's last work the framework's ``scheduler_us`` on its
 host queue (``scheduler_us`` may be overridden per run: a deployment's ``step_overhead_us``).
