@@ -342,15 +342,20 @@ def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[
         p_launch.append(0.0)
         return n_wl + len(host_tasks) - 1
 
+    first_dispatch: dict[int, tuple[int, int]] = {}  # eager: rank -> (its first dispatched node, host node)
+
     def host_ready(i: int, rank: int) -> int:
         """The host task node ``i`` waits for on ``rank`` (its dispatch in eager mode, the step's
         graph launch in graph mode); -1: none. Adds it to node ``i``'s path dependencies."""
         if eager:
             if not node_ops[i] or rt.host_dispatch_us <= 0:
                 return -1
-            prev = host_last.get(rank)
-            h = host(rank, node_ops[i] * rt.host_dispatch_us, [host_tasks[prev - n_wl]] if prev is not None else [],
-                     [prev] if prev is not None else [])
+            if first_dispatch.get(rank, (-1,))[0] == i:  # dispatched before the step's start mark
+                h = first_dispatch[rank][1]
+            else:
+                prev = host_last.get(rank)
+                h = host(rank, node_ops[i] * rt.host_dispatch_us,
+                         [host_tasks[prev - n_wl]] if prev is not None else [], [prev] if prev is not None else [])
         else:
             h = host_last[rank]
         host_last[rank] = h
@@ -381,17 +386,27 @@ def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[
     if not eager:  # the step's graph launched on each die's host before anything runs
         for r in range(wl.ranks):
             host_last[r] = host(r, rt.graph_launch_us, [], [])
-    launches = [host_tasks[host_last[r] - n_wl] for r in range(wl.ranks)] if not eager else []
+    elif rt.host_dispatch_us > 0:  # each die's first operator dispatched before anything runs
+        for i, n in enumerate(wl.nodes):
+            ranks = [n["rank"]] if n["kind"] == "compute" else n.get("ranks", []) if node_ops[i] else []
+            for r in ranks:
+                if r not in first_dispatch and node_ops[i]:
+                    first_dispatch[r] = (i, host(r, node_ops[i] * rt.host_dispatch_us, [], []))
+            if len(first_dispatch) == wl.ranks:
+                break
+        host_last.update({r: h for r, (_, h) in first_dispatch.items()})
+    launches = [host_tasks[host_last[r] - n_wl] for r in range(wl.ranks) if r in host_last]
 
     for i, (n, us) in enumerate(zip(wl.nodes, node_us)):
         first = w.base + w.count
         kind, deps = n["kind"], n["deps"]
-        if kind == "barrier" and not deps and launches:  # a mark at the step's start: after the graph launch
+        if kind == "barrier" and not deps and launches and ("rank" not in n or n["rank"] in host_last):
+            # a mark at the step's start: after the graph launch (eager: the first operators' dispatch)
             if "rank" in n:
                 p_deps[i].append(host_last[n["rank"]])
-                deps_tasks = [launches[n["rank"]]]
+                deps_tasks = [host_tasks[host_last[n["rank"]] - n_wl]]
             else:
-                p_deps[i].extend(host_last[r] for r in range(wl.ranks))
+                p_deps[i].extend(host_last[r] for r in sorted(host_last))
                 deps_tasks = launches
             done = w.barrier(deps_tasks)
             node_rank_task.append({n["rank"]: done} if "rank" in n else {})
