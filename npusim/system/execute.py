@@ -31,7 +31,9 @@ dispatches the die's operators in the workload's order, ``host_dispatch_us`` eac
 for its dispatch (a task on the host queue), so the device waits on the host only when the host is
 behind. A node of several operators (a layer part) waits for the dispatch of all of them: coarse,
 it cannot start its first operator while the host dispatches its later ones (at most one node's
-dispatch too late, and only where the device had caught up with the host). Graph: one ``graph_launch_us`` task on each die's host queue at the step's start that every
+dispatch too late, and only where the device had caught up with the host). Marks at the step's
+start (nodes with no dependencies) wait for the graph launch, or in eager mode for each die's
+first operator's dispatch, so a repeated layer's extrapolation keeps that start-up. Graph: one ``graph_launch_us`` task on each die's host queue at the step's start that every
 node of the die waits for. Both: a compute node runs ``kernel_launch_us`` per kernel longer (the
 ``launch`` part of it), and after each die's last work the framework's ``scheduler_us`` on its
 host queue (``scheduler_us`` may be overridden per run: a deployment's ``step_overhead_us``).
