@@ -143,7 +143,7 @@ def test_a_deployment_takes_expert_tp_and_moves_twice_the_tokens():
     two = simulate_step(cm1, Deployment.model_validate({**base, "expert_tp": 2}), batch=8, kv=1024)
     assert two.plan["expert_tp"] == 2 and one.plan["expert_tp"] == 1
     assert sum(two.workload.meta["dispatch_copies"]) > sum(one.workload.meta["dispatch_copies"])
-    assert two.breakdown_us["dispatch"] > one.breakdown_us["dispatch"]
+    assert two.layer_breakdown_us["dispatch"] > one.layer_breakdown_us["dispatch"]
     assert two.weights_gb_per_die == pytest.approx(one.weights_gb_per_die)
     with pytest.raises(ConfigError, match="expert_tp 3 does not divide ep 16"):
         simulate_step(cm1, Deployment.model_validate({**base, "expert_tp": 3}), batch=8, kv=1024)

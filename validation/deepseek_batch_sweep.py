@@ -4,7 +4,7 @@ and at it), and its step's calibrated share.
 
 A model whose constants were set at one operating point looks right there and drifts away from it;
 this prints, per row and batch, TPOT, tokens/s per NPU, the MoE layer's period, the share of the
-step in calibrated constants and in cited kernel-launch costs, and (at the published batch) the
+step in calibrated constants and in the runtime's kernel launches, and (at the published batch) the
 error against the published figure with the row's kind (``fitted``: seen while modelling;
 ``calibration``; ``outside``). Only the CloudMatrix384 15 ms row is a published point at small
 batch; the other small-batch rows have no figure to compare with (they show how the step scales).

@@ -5,7 +5,8 @@ on CloudMatrix384 (DP288/EP288, 60 sequences a die, MTP at 90%) as kernel shares
 in kernels other than QuantBatchMatmul, MultiLatentAttention, MlaPreprocess, MoE-Dispatch and
 MoE-Combine. Until session 26 that figure *set* a per-layer constant (226.6 us, the figure less what
 the model costed); the layer's small kernels are now modelled -- their work simulated on the die,
-each launch a cited fixed cost (``moe_operators.layer_kernels``) -- and this script puts the model's
+each launch the system runtime's ``kernel_launch_us`` (``runtime:``; until issue 39 a cited
+per-kernel cost, ``moe_operators.layer_kernels``) -- and this script puts the model's
 "other" kernels beside the figure. The row is **fitted** (it steered the model before), not
 validation.
 
@@ -78,8 +79,8 @@ def main() -> int:
     act = [kernel_us[n["kernel"]] for n in wl.nodes
            if n["kind"] == "compute" and n["name"] == f"L{moe_layer}.mb0.experts_act"]
     per_op["experts_act (mean over dies)"] = float(np.mean(act)) if act else 0.0
-    ops = loaded.system.moe_operators.layer_kernels
-    launch_us = OTHER_LAUNCHES["vector"] * ops.vector_us + OTHER_LAUNCHES["cube"] * ops.cube_us
+    each = loaded.system.runtime.kernel_launch_us  # the runtime's launch per kernel, cube or vector alike
+    launch_us = (OTHER_LAUNCHES["vector"] + OTHER_LAUNCHES["cube"]) * each
     work_us = sum(per_op.values())
     layers = fig["layers"]
     once_ms = r.step_breakdown_ms["lm_head"] + r.step_breakdown_ms["mtp_module"]
@@ -90,7 +91,7 @@ def main() -> int:
     print(f"{'per-layer kernel (work, as simulated alone)':48s} {'us':>8s}")
     for name, us in sorted(per_op.items(), key=lambda kv: -kv[1]):
         print(f"  {name:46s} {us:8.1f}")
-    print(f"  {'launches: ' + str(OTHER_LAUNCHES['vector']) + ' vector x ' + f'{ops.vector_us:g} + ' + str(OTHER_LAUNCHES['cube']) + ' cube x ' + f'{ops.cube_us:g}':46s} {launch_us:8.1f}")
+    print(f"  {'launches: ' + str(OTHER_LAUNCHES['vector'] + OTHER_LAUNCHES['cube']) + ' kernels x ' + f'{each:g}':46s} {launch_us:8.1f}")
     print(f"  {'a layer':46s} {work_us + launch_us:8.1f}")
     print(f"\n{'':34s} {'ms':>8s} {'vs figure':>10s}")
     print(f"{'figure: other kernels':34s} {fig['others_ms']:8.2f}")

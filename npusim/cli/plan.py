@@ -37,6 +37,8 @@ def add_parser(sub):
     p.add_argument("--max-pp", type=positive_int, default=8, help="most pipeline stages tried (default 8)")
     p.add_argument("--routing", default="uniform", help="MoE expert popularity: uniform, zipf:S or a load-profile file")
     p.add_argument("--seed", type=int, default=0, help="MoE routing seed")
+    p.add_argument("--runtime", choices=["eager", "graph"], default=None, help="the steps' software runtime: eager or "
+                   "graph (default: the system's runtime section, graph for decode and eager for prefill on the presets)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--workers", type=positive_int, default=None,
                        help="local worker processes (default: one per CPU; 1 runs points in this process)")
@@ -93,7 +95,7 @@ def run(args) -> int:
                                   args.slo_tpot_ms if args.phase == "decode" else args.slo_ttft_ms,
                                   PLAN_PRECISION[args.precision], args.kv_dtype, _batches(args.batches), args.max_pp,
                                   args.routing, args.seed, workers, client,
-                                  progress=lambda done, total: progress(0, done, total))
+                                  progress=lambda done, total: progress(0, done, total), runtime=args.runtime)
     finally:
         if client is not None:
             client.close()

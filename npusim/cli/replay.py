@@ -28,6 +28,8 @@ def add_parser(sub):
     p.add_argument("--nodes", type=positive_int, default=None, help="with --system: " + NODES_HELP)
     add_arch_arg(p, system=True)
     add_fidelity_args(p, memory_default="analytical", system=True)
+    p.add_argument("--runtime", choices=["eager", "graph"], default=None, help="with --system: the runtime the step "
+                   "is re-timed under (default: the system's runtime section for the workload's phase)")
     p.add_argument("--out", type=Path, default=None, help="directory for summary.json, tasks.h5, timeline.json")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
@@ -40,6 +42,9 @@ def run(args) -> int:
         return run_system_workload(args)
     if args.nodes is not None:
         raise ConfigError(f"--nodes {args.nodes}: slices a --system; replaying a program on a chip (--arch) takes none")
+    if args.runtime is not None:
+        raise ConfigError(f"--runtime {args.runtime}: the host runtime of a system step (--system); a chip program "
+                          "replayed on a chip has none")
     if args.program.is_dir() or args.program.suffix == ".json":
         raise ConfigError(f"{args.program}: a system workload (npusim run --system ... --save-workload DIR) replays "
                           "on a system: add --system S (a chip program is the program.h5 of npusim run --out DIR)")
@@ -76,7 +81,7 @@ def run(args) -> int:
 
 def run_system_workload(args) -> int:
     from npusim.cli.run_system import print_plan_step, write_plan_outputs
-    from npusim.system.execute import time_workload
+    from npusim.system.execute import StepRuntime, time_workload
     from npusim.system.load import load_system
     from npusim.system.step import summarize_timing
     from npusim.system.workload import Workload
@@ -84,7 +89,9 @@ def run_system_workload(args) -> int:
     wl = Workload.load(args.program)
     loaded = load_system(args.system, nodes=args.nodes)
     cc = system_chip_cost(args, loaded)
-    timing = time_workload(wl, loaded, cc)
+    scheduler = (wl.meta.get("deployment") or {}).get("step_overhead_us")  # a deployment's own, if it gave one
+    runtime = StepRuntime.of(loaded, wl.meta.get("phase", "decode"), args.runtime, scheduler)
+    timing = time_workload(wl, loaded, cc, runtime=runtime)
     out = summarize_timing(wl, timing, loaded, cc)
     out.update(replayed=str(args.program), chip_cost=cc.stats.as_dict())
     if args.out:

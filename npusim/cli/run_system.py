@@ -47,6 +47,10 @@ def add_system_run_args(p) -> None:
     g.add_argument("--save-workload", type=Path, default=None, metavar="DIR",
                    help="write the step's workload (workload.json) to DIR; re-time it with `npusim replay DIR --system S`")
     g.add_argument("--eplb", choices=["none", "greedy", "perfect"], default=None, help="expert placement by load")
+    g.add_argument("--runtime", choices=["eager", "graph"], default=None, help="the software runtime a step runs "
+                   "under: eager (the host dispatches operator by operator, the device waits when the host is "
+                   "behind) or graph (one graph replay per step); default: the system's runtime section (graph "
+                   "for decode, eager for prefill on the presets)")
     g.add_argument("--routing", default="uniform", help="expert popularity: uniform, zipf:S or a load-profile file")
     g.add_argument("--kv-min", type=non_negative_int, default=None, help="decode: spread the sequences' contexts uniformly over "
                    "[KV_MIN, 2 x --kv - KV_MIN] (seeded), so the die with the longest sets the pace (default: all "
@@ -100,7 +104,7 @@ def run_system_step(args) -> int:
     r = simulate_step(loaded, dep, model=args.model, batch=args.batch, kv=system_kv(args, phase, 4096) or 4096,
                       batch_tokens=args.batch_tokens, seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
                       microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min,
-                      chip_cost=system_chip_cost(args, loaded))
+                      chip_cost=system_chip_cost(args, loaded), runtime=args.runtime)
     out = r.to_dict()
     if args.save_workload:
         out["workload"] = str(r.workload.save(args.save_workload))
@@ -115,12 +119,13 @@ def run_system_step(args) -> int:
     if r.phase == "decode":
         print(f"  TPOT          {r.tpot_ms:,.2f} ms")
     print(f"  throughput    {r.tokens_per_s_per_npu:,.0f} tokens/s per NPU")
-    print(f"  MoE layer     {r.layer_us:,.1f} us: " + ", ".join(f"{k} {v:,.1f}" for k, v in r.breakdown_us.items()))
+    print(f"  MoE layer     {r.layer_us:,.1f} us: " + ", ".join(f"{k} {v:,.1f}" for k, v in r.layer_breakdown_us.items()))
+    print("  critical path " + ", ".join(f"{k} {v / 1e3:,.2f} ms" for k, v in
+                                         sorted(r.breakdown_us.items(), key=lambda kv: -kv[1]) if v))
     print("  step parts    " + ", ".join(f"{k} {v:,.2f} ms" for k, v in r.step_breakdown_ms.items()))
-    print(f"  calibrated    {r.calibrated_ms:,.2f} ms of the step's critical path ({100 * r.calibrated_share:.0f}%) is calibrated "
-          f"constants, not simulated work (dispatch/combine per-call overheads, step overhead); "
-          f"{r.kernel_launch_ms:,.2f} ms ({100 * r.kernel_launch_ms / r.step_ms if r.step_ms else 0:.0f}%) is kernel "
-          f"launches at a cited fixed cost each")
+    print(f"  fixed         {100 * r.fixed_share:.0f}% of the step is not simulated hardware work ({r.runtime['mode']} "
+          f"runtime): host {r.host_ms:,.2f} ms, kernel launches {r.kernel_launch_ms:,.2f} ms, calibrated constants "
+          f"{r.calibrated_ms:,.2f} ms (dispatch/combine per-call overheads)")
     print(f"  memory        {r.kv_gb_per_die:.1f} GB KV + {r.weights_gb_per_die:.1f} GB weights per die; "
           f"expert load imbalance {r.imbalance:.2f}, attention {r.attention_imbalance:.2f}")
     print(f"  note          {r.note}")
@@ -212,7 +217,7 @@ def run_plan_step(args, base: dict | None = None) -> int:
         cfg = get_config(args.model)
         plan = plan_from_args(args, loaded, cfg, base)
     out, wl, timing = simulate_plan_step(loaded, cfg, plan, shape_from_args(args), routing=args.routing, seed=args.seed,
-                                         chip_cost=system_chip_cost(args, loaded))
+                                         chip_cost=system_chip_cost(args, loaded), runtime=args.runtime)
     if args.save_workload:
         out["workload"] = str(wl.save(args.save_workload))
     if args.out:
@@ -252,6 +257,9 @@ def print_plan_step(r: dict) -> None:
     else:
         print(f"  step          {r['step_ms']:,.3f} ms" + (" (TPOT)" if r["phase"] == "decode" else " (TTFT)"))
     print(f"  throughput    {r['tokens_per_s_per_npu']:,.1f} tokens/s per NPU")
+    if "fixed_share" in r:
+        print(f"  fixed         {100 * r['fixed_share']:.0f}% of the step is host, launch and calibrated time "
+              f"({r['runtime']['mode']} runtime)")
     total = sum(r["breakdown_us"].values()) or 1.0
     print("  critical path " + ", ".join(f"{k} {v / 1e3:,.3f} ms ({100 * v / total:.0f}%)"
                                          for k, v in sorted(r["breakdown_us"].items(), key=lambda kv: -kv[1])))
@@ -319,7 +327,7 @@ def run_system_serving(args) -> int:
                                           chip_cost=chip_cost, kv_fabric=args.kv_fabric, caching_pool=pool,
                                           mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
                                           slo_tbt_ms=args.slo_tbt_ms, progress=progress,
-                                          max_concurrency=max_concurrency)
+                                          max_concurrency=max_concurrency, runtime=args.runtime)
         run.summary.update(client_fields(args, max_concurrency))
         return run
 

@@ -12,8 +12,10 @@ expert's width split over that many dies), ``cp`` (a prefill's prompts split ove
 dedicated to the shared experts) or ``shared_tp``, ``redundant_experts`` and ``eplb``,
 ``dense_ffn`` / ``lm_head`` (``tp`` or ``dp``), ``microbatches`` with ``overlap`` (``core_split``
 with ``attention_cores`` / ``moe_cores`` cube cores, or ``dma``), ``mtp`` / ``mtp_acceptance``,
-``precision``; besides the plan, ``step_overhead_us`` (graph launch / scheduling time per step, a
-calibrated constant) with its ``step_overhead_source``.
+``precision``; besides the plan, optionally ``step_overhead_us`` (the serving framework's time per
+step, with its ``step_overhead_source``): it replaces the system's ``runtime.scheduler_us`` for this
+instance; every other runtime cost is the system's (:class:`npusim.system.schema.Runtime`), the same
+as for any plan.
 
 Units: ``_us`` microseconds. Everything not given takes the default stated on its field (or the
 default plan's, :func:`npusim.system.plan.default_plan`).
@@ -37,7 +39,8 @@ class PlanSection(StrictModel):
     """A parallel plan (:mod:`npusim.system.plan`) in a mapping spec's ``plan:`` section: how any
     model's instance is split over its NPUs' dies; each key may be left out (a flag, or the
     default plan, fills it). ``phase``: the serving phase the instance runs (a deployment);
-    ``step_overhead_us``: a calibrated per-step time (scheduling bubble) with its source."""
+    ``step_overhead_us``: the framework's per-step time, replacing the system's
+    ``runtime.scheduler_us`` (None: the system's) with its source."""
 
     npus: PositiveInt | None = None
     tp: PositiveInt | None = None
@@ -61,7 +64,7 @@ class PlanSection(StrictModel):
     attention_cores: NonNegativeInt | None = None
     moe_cores: NonNegativeInt | None = None
     phase: Literal["decode", "prefill"] | None = None
-    step_overhead_us: NonNegativeFloat = 0.0
+    step_overhead_us: NonNegativeFloat | None = None
     step_overhead_source: str = ""
 
     def plan_keys(self) -> dict:

@@ -43,18 +43,19 @@ class Instance:
 
 
 def deployment_instance(loaded: LoadedSystem, dep: Deployment, model: str, seed: int = 0,
-                        chip_cost: ChipCost | None = None) -> Instance:
+                        chip_cost: ChipCost | None = None, runtime: str | None = None) -> Instance:
     """DeepSeek's deployments: every die a unit (data-parallel attention), its KV the whole token's."""
     cfg = get_config(model)
     dpn = loaded.system.npu.dies
     plan = deployment_plan(dep, cfg, dpn)
     return Instance(dep.phase, dep.npus, [[d] for d in range(dep.npus * dpn)], float(kv_bytes_per_token(cfg)),
-                    weights_per_die_gb(cfg, dep, dpn), deployment_step(loaded, dep, model, seed, chip_cost=chip_cost),
+                    weights_per_die_gb(cfg, dep, dpn), deployment_step(loaded, dep, model, seed, chip_cost=chip_cost,
+                                                                 runtime=runtime),
                     x_scale=dpn, mtp=plan.mtp, mtp_acceptance=plan.mtp_acceptance, label="deployment")
 
 
 def plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, phase: str, seed: int = 0,
-              chip_cost: ChipCost | None = None) -> Callable[[int, int], float]:
+              chip_cost: ChipCost | None = None, runtime: str | None = None) -> Callable[[int, int], float]:
     """A plan's step time (ms): decode at (sequences of each DP group, context), prefill at (prompt
     tokens per NPU, prompt length): ``x x npus / y`` prompts, at least one per group."""
     cc = chip_cost or ChipCost(loaded.chip)
@@ -66,13 +67,13 @@ def plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, phase: str, seed:
             prompts = max(plan.dp, round(x * plan.npus / max(1, y)))
             shape, mb = StepShape("prefill", prompts, max(1, y), max(1, y)), min(plan.microbatches, prompts // plan.dp)
         out, _, _ = simulate_plan_step(loaded, model, plan.with_changes(microbatches=max(1, mb)), shape, chip_cost=cc,
-                                       seed=seed, fit=False)
+                                       seed=seed, fit=False, runtime=runtime)
         return out["step_ms"]
     return step
 
 
 def plan_instance(loaded: LoadedSystem, plan: ParallelPlan, phase: str, model: str, seed: int = 0,
-                  chip_cost: ChipCost | None = None) -> Instance:
+                  chip_cost: ChipCost | None = None, runtime: str | None = None) -> Instance:
     """A plan's instance: a unit per DP group (its TP ranks in every pipeline stage)."""
     cfg = get_config(model)
     dpn = loaded.system.npu.dies
@@ -84,6 +85,6 @@ def plan_instance(loaded: LoadedSystem, plan: ParallelPlan, phase: str, model: s
     if not math.isfinite(kv_gb) or kv_gb <= 0:
         raise ConfigError(f"{cfg.name}: no KV cache per token on the plan's dies")
     mtp = plan.mtp if phase == "decode" else 0
-    return Instance(phase, plan.npus, units, kv_gb * 2**30, weights, plan_step(loaded, cfg, plan, phase, seed, chip_cost),
+    return Instance(phase, plan.npus, units, kv_gb * 2**30, weights, plan_step(loaded, cfg, plan, phase, seed, chip_cost, runtime),
                     mtp=mtp, mtp_acceptance=plan.mtp_acceptance if mtp else 0.0,
                     label=f"plan tp{plan.tp} dp{plan.dp} ep{plan.ep} pp{plan.pp}")

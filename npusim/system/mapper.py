@@ -106,10 +106,13 @@ class Overheads:
     and microbatch (a what-if, 0 in the presets: in a MoE layer half after attention and half with
     the dispatch launch, in a dense layer after it); ``source`` cites them.
 
-    Cited (filed under ``kernel_launch``): the fixed launch cost of the kernels a layer runs per
-    microbatch (:class:`~npusim.system.schema.LayerKernels`), ``attention_kernels_us`` on the
-    attention stream after the router, ``moe_kernels_us`` on the MoE stream before the experts,
-    ``dense_kernels_us`` after a dense layer; ``kernels_source`` cites them."""
+    What-ifs, 0 on every built-in path (filed under ``kernel_launch``): a fixed per-layer time per
+    microbatch, ``attention_kernels_us`` on the attention stream after the router,
+    ``moe_kernels_us`` on the MoE stream before the experts, ``dense_kernels_us`` after a dense
+    layer; ``kernels_source`` cites them. Kernel launches themselves are the system runtime's
+    (:class:`~npusim.system.schema.Runtime`, added by :func:`npusim.system.execute.time_workload`);
+    so is the per-step scheduler time (``step_us`` stays for workloads that want a fixed step time
+    of their own, ``calibrated``)."""
 
     small_kernels_us: float = 0.0
     dispatch_us: float = 0.0

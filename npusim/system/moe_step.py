@@ -18,12 +18,19 @@ What one step is made of (each piece simulated, except the calibrated constants)
 * the **fabric** times dispatch and combine with the drawn routing's real token counts, and the
   attention group's reduce-scatter / all-gather;
 * the layer's **small kernels** (norms, dynamic quantisation, RoPE, routing, the experts'
-  activation, the final add) are simulated as work where the model has the op; each **kernel
-  launch** adds a cited fixed cost (the system's ``moe_operators.layer_kernels``: how many kernels a
-  layer launches on each stream, and the cost of one), filed under ``kernel_launch``;
-* **calibrated constants** (the system's ``moe_operators`` per-call dispatch and combine overheads;
-  the deployment's step overhead) are ``fixed`` kernels filed under ``calibrated``;
-  ``calibrated_share`` says how much of the step they are.
+  activation, the final add) are simulated as work where the model has the op;
+* the **runtime** is the system's (``runtime:``, :class:`~npusim.system.schema.Runtime`), added
+  by :func:`~npusim.system.execute.time_workload` exactly as for a parallel plan: a graph replay
+  (or eager host dispatch) per step, a launch per kernel (``launch``), the scheduler's time per
+  step (``host``; a deployment file's ``step_overhead_us``, when given, replaces the system's
+  ``runtime.scheduler_us``: one of the deployment's choices, not a second cost model);
+* **calibrated constants** (the system's ``moe_operators`` per-call dispatch and combine overheads:
+  the operators' synchronisation and bookkeeping on the die, calibrated on DeepEP-Ascend operator
+  benchmarks) are ``fixed`` kernels filed under ``calibrated``; ``calibrated_share`` says how much
+  of the step they are.
+
+``breakdown_us`` is the step's critical path by category (summing to the step time, as on every
+path); the repeated MoE layer's parts as the published reports give them are ``layer_breakdown_us``.
 
 Not modelled (the output says so): a TLM L2 (the die's L2 serves GEMM operands and shared KV
 through its analytical reuse model); the gating top-k and the router's fp32 cast as work (their
@@ -42,16 +49,16 @@ from npusim.errors import ConfigError
 from npusim.mapping.deployment import Deployment
 from npusim.model.zoo import get_config
 from npusim.system.chipcost import ChipCost
-from npusim.system.execute import time_workload
+from npusim.system.execute import StepRuntime, fixed_share, time_workload
 from npusim.system.load import LoadedSystem
 from npusim.system.mapper import GB_PER_GIB, Overheads, StepShape, build_step, memory_per_rank_gb
 from npusim.system.plan import ParallelPlan, check_plan, default_plan
 from npusim.system.workload import Workload
 
 PARTIAL_NOTE = ("partial model: the die's L2 is a reuse-distance model of GEMM operand and shared-KV re-reads (a "
-                "transaction-level cache with --memory tlm); each kernel launch is a "
-                "cited fixed cost (moe_operators.layer_kernels), dispatch/combine's per-call overheads are calibrated; "
-                "see validation/deepseek_deployments.py")
+                "transaction-level cache with --memory tlm); the runtime (graph replay or eager dispatch, a launch "
+                "per kernel, the scheduler) is the system's runtime section, as for any plan; dispatch/combine's "
+                "per-call overheads are calibrated; see validation/deepseek_deployments.py")
 #: added to a prefill step's note: its operators' per-call overheads are the decode kernels'. The one
 #: published normal-kernel table (sgl-kernel-npu's README; its bytes are those of the script that printed
 #: it, test_intranode.py) times a call at 4096 tokens per rank only, 3-8 ms and bandwidth-bound, so a fixed
@@ -75,8 +82,8 @@ class StepResult:
     tpot_ms: float
     tokens_per_s_per_npu: float
     layer_us: float
-    breakdown_us: dict
-    step_breakdown_ms: dict  # dense_layers, moe_layers (incl. the MTP module's layer), lm_head, mtp_module, step_overhead
+    breakdown_us: dict  # the step's critical path by category (sums to the step; host and launch included)
+    step_breakdown_ms: dict  # dense_layers, moe_layers (incl. the MTP module's layer), lm_head, mtp_module, scheduler
     microbatches: int
     mtp: int
     mtp_acceptance: float
@@ -87,9 +94,13 @@ class StepResult:
     attention_imbalance: float  # slowest die's attention / the mean (1 unless contexts are spread: kv_min)
     chip_cost: dict
     plan: dict = field(default_factory=dict)  # the deployment in plan keys (npusim.system.plan)
-    calibrated_ms: float = 0.0  # the step's time in calibrated constants (small kernels, operator overheads, step overhead)
+    calibrated_ms: float = 0.0  # the step's time in calibrated constants (dispatch/combine per-call overheads)
     calibrated_share: float = 0.0  # calibrated_ms / step_ms
-    kernel_launch_ms: float = 0.0  # the step's time in kernel launches' cited fixed costs (moe_operators.layer_kernels)
+    kernel_launch_ms: float = 0.0  # the step's time in kernel launches (the runtime's ``launch`` on the critical path)
+    host_ms: float = 0.0  # the step's time on the host (dispatch waited for, graph launch, scheduler)
+    fixed_share: float = 0.0  # (host + launch + calibrated) / step: what is not simulated hardware work
+    runtime: dict = field(default_factory=dict)  # the runtime mode and constants the step was timed with
+    layer_breakdown_us: dict = field(default_factory=dict)  # the repeated MoE layer's parts (published reports' terms)
     fidelity: dict = field(default_factory=dict)  # the chip costs' memory and NoC fidelity, the fabric's
     note: str = PARTIAL_NOTE
     workload: Workload | None = field(default=None, repr=False, compare=False)
@@ -107,7 +118,7 @@ class StepResult:
         if name == "dispatch_combine_us_per_call":
             return self.metric("dispatch_us_per_call") + self.metric("combine_us_per_call")
         if name in ("dispatch_us_per_call", "combine_us_per_call"):
-            return self.breakdown_us[name.split("_")[0]] / self.microbatches
+            return self.layer_breakdown_us[name.split("_")[0]] / self.microbatches
         return getattr(self, name)
 
 
@@ -123,18 +134,14 @@ def deployment_plan(dep: Deployment, cfg, dies_per_npu: int, microbatches: int |
 
 
 def deployment_overheads(loaded: LoadedSystem, dep: Deployment) -> Overheads:
-    """The fixed times a deployment's step carries: the system's MoE operators' calibrated per-call
-    overheads and cited kernel-launch costs, and the deployment's step overhead."""
+    """The fixed times a deployment's step carries besides the runtime: the system's MoE operators'
+    calibrated per-call overheads (and the ``other_kernels_us`` what-if). The runtime (launches,
+    host, scheduler) is added by :func:`~npusim.system.execute.time_workload`, as for any plan."""
     ops = loaded.system.moe_operators
     src = f"{loaded.system.name} moe_operators: {ops.source}"
-    lk = ops.layer_kernels
     return Overheads(small_kernels_us=ops.other_kernels_us, dispatch_us=ops.dispatch_overhead_us,
-                     combine_us=ops.combine_overhead_us, step_us=dep.step_overhead_us, source=src,
-                     small_kernels_source=ops.other_kernels_source or src,
-                     step_source=dep.step_overhead_source or "the mapping",
-                     attention_kernels_us=lk.us("attention"), moe_kernels_us=lk.us("moe"),
-                     dense_kernels_us=lk.us("dense"),
-                     kernels_source=f"{loaded.system.name} moe_operators.layer_kernels: {lk.source}")
+                     combine_us=ops.combine_overhead_us, source=src,
+                     small_kernels_source=ops.other_kernels_source or src)
 
 
 def _shape(dep: Deployment, dies_per_npu: int, mb: int, batch, kv: int, batch_tokens, seq: int,
@@ -160,12 +167,14 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
                   kv: int = 4096, batch_tokens: int | None = None, seq: int = 4096, mtp: int | None = None,
                   mtp_acceptance: float | None = None, microbatches: int | None = None, eplb: str | None = None,
                   routing: str = "uniform", seed: int = 0, chip_cost: ChipCost | None = None,
-                  fidelity: str = "flow", check_fit: bool = True, kv_min: int | None = None) -> StepResult:
+                  fidelity: str = "flow", check_fit: bool = True, kv_min: int | None = None,
+                  runtime: str | None = None) -> StepResult:
     """One decode step (``batch`` sequences per NPU at context ``kv``) or prefill step
     (``batch_tokens`` per NPU of ``seq``-token prompts); flags override the deployment.
     ``kv_min`` (decode): contexts spread over ``[kv_min, 2 kv - kv_min]`` (see
     :class:`~npusim.system.mapper.StepShape`). ``check_fit=False`` times a step whose KV would not
-    fit (a serving run's cost table, whose own KV manager enforces the capacity)."""
+    fit (a serving run's cost table, whose own KV manager enforces the capacity). ``runtime``:
+    ``eager`` / ``graph`` (None: the system's default for the phase)."""
     s = loaded.system
     cfg = get_config(model)
     if not cfg.num_experts:
@@ -197,10 +206,10 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
     wl = build_step(cfg, plan, shape, dpn, routing, seed, ops.decode_copies if dep.phase == "decode" else
                     ops.prefill_copies, oh)
     wl.meta["deployment"] = dep.model_dump(mode="json")
-    wl.meta["launch_us"] = 0.0  # the deployment's calibrated constants stand for its runtime's gaps (not runtime.*)
+    rt = StepRuntime.of(loaded, dep.phase, runtime, dep.step_overhead_us)
     cc = chip_cost or ChipCost(loaded.chip)
-    timing = time_workload(wl, loaded, cc, fidelity)
-    layer_us, breakdown, parts = _layer_report(wl, timing, oh, plan.microbatches)
+    timing = time_workload(wl, loaded, cc, fidelity, rt)
+    layer_us, breakdown, parts = _layer_report(wl, timing, oh, plan.microbatches, rt)
     imbalance = parts.pop("attention_imbalance")
     step_us = timing.step_us
     tokens_step = wl.meta["tokens_per_sequence"]
@@ -215,22 +224,23 @@ def simulate_step(loaded: LoadedSystem, dep: Deployment, model: str = "deepseek-
         tokens_per_step=tokens_step, step_ms=step_us / 1e3,
         tpot_ms=step_us / 1e3 / tokens_step if dep.phase == "decode" else step_us / 1e3,
         tokens_per_s_per_npu=per_npu_tokens / (step_us / 1e6), layer_us=layer_us,
-        breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
+        breakdown_us=timing.breakdown_us, layer_breakdown_us={k: round(v, 3) for k, v in breakdown.items()},
         step_breakdown_ms={k: round(v / 1e3, 4) for k, v in parts.items()}, microbatches=plan.microbatches,
         mtp=plan.mtp, mtp_acceptance=plan.mtp_acceptance, eplb=plan.eplb,
         kv_gb_per_die=kv_gb * GB_PER_GIB, weights_gb_per_die=weights_gb * GB_PER_GIB,
         kv_gib_per_die=kv_gb, weights_gib_per_die=weights_gb, imbalance=float(load.max() / load.mean()) if load.mean() > 0 else 1.0,
         attention_imbalance=imbalance, chip_cost=cc.stats.as_dict(), plan=plan.to_dict(),
         workload=wl, calibrated_ms=calibrated_us / 1e3, calibrated_share=calibrated_us / step_us if step_us else 0.0,
-        kernel_launch_ms=timing.breakdown_us.get("kernel_launch", 0.0) / 1e3,
+        kernel_launch_ms=timing.breakdown_us.get("launch", 0.0) / 1e3, host_ms=timing.breakdown_us.get("host", 0.0) / 1e3,
+        fixed_share=round(fixed_share(timing.breakdown_us, step_us), 6), runtime=timing.runtime,
         fidelity={"chip_memory": cc.memory, "chip_noc": cc.noc, "fabric": fidelity}, note=note)
 
 
-def _layer_report(wl: Workload, timing, oh: Overheads, mb: int) -> tuple[float, dict, dict]:
+def _layer_report(wl: Workload, timing, oh: Overheads, mb: int, rt: StepRuntime) -> tuple[float, dict, dict]:
     """The repeated MoE layer's period and what it is made of (the last simulated layer's nodes:
     the slowest rank's attention and expert compute, the dispatch and combine spans with their
     local work (quantise and pack, reorder; the weighted sum) and per-call overheads, the TP and
-    shared-expert communication, the kernel launches;
+    shared-expert communication, the kernel launches and host time on the layer's critical path;
     ``other`` / ``overlap_hidden``: what the parts leave over or hide under one another), and the
     step's parts (ms-level pieces: dense layers, MoE layers, LM head, MTP module, step overhead)."""
     start_us, end_us, node_us = timing.node_start_us, timing.node_end_us, timing.node_us
@@ -257,12 +267,13 @@ def _layer_report(wl: Workload, timing, oh: Overheads, mb: int) -> tuple[float, 
                  "combine": spans.get("combine", 0.0) + slowest("combine") + mb * oh.combine_us,
                  "shared_expert_comm": spans.get("shared_comm", 0.0), "attention_comm": spans.get("tp_comm", 0.0),
                  "other_kernels": mb * oh.small_kernels_us,
-                 "kernel_launch": mb * (oh.attention_kernels_us + oh.moe_kernels_us)}
+                 "launch": timing.period_breakdown_us.get("launch", 0.0),
+                 "host": timing.period_breakdown_us.get("host", 0.0)}
     total = sum(breakdown.values())
     breakdown.update(other=max(0.0, layer_us - total), overlap_hidden=max(0.0, total - layer_us),
                      calibrated=timing.period_breakdown_us.get("calibrated", 0.0))
     parts = {"dense_layers": float(end_us[repeat["start"]]), "moe_layers": repeat["layers"] * layer_us,
-             "lm_head": slowest("step.lm_head"), "mtp_module": slowest("step.mtp_module"), "step_overhead": oh.step_us,
+             "lm_head": slowest("step.lm_head"), "mtp_module": slowest("step.mtp_module"), "scheduler": rt.scheduler_us,
              "attention_imbalance": float(max(att.values()) / (sum(att.values()) / len(att)))}
     return layer_us, breakdown, parts
 

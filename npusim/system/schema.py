@@ -76,50 +76,19 @@ class Initiator(StrictModel):
     default: Literal["sdma", "aiv"] = "sdma"
 
 
-class KernelCount(StrictModel):
-    """Kernels launched on a die's cube (AIC) and vector (AIV) cores."""
-
-    cube: NonNegativeInt = 0
-    vector: NonNegativeInt = 0
-
-
-class LayerKernels(StrictModel):
-    """What a deployment's operator runtime launches per decoder layer and microbatch on a die, and
-    the fixed cost of each launch (task scheduling, the kernel's head: core start, instruction fetch,
-    initialisation) -- the part of a small kernel that does not scale with its tokens. The kernels'
-    *work* is simulated where the model has the op (norms, quantisation, RoPE, routing, the experts'
-    activation); this is only each launch's fixed cost, charged on the stream the kernel runs on:
-    ``attention`` (the attention stream: norms, quantisation, the MLA prologue, attention, the
-    output projection, the router and gating top-k), ``moe`` (the MoE stream: the shared expert's
-    and routed experts' GEMMs and activations, the final add; dispatch and combine are charged by
-    their own per-call overheads), ``dense`` (a dense layer). ``cube_us`` / ``vector_us``: fixed cost
-    per kernel on the cube / vector cores. ``source`` cites both. All 0: not modelled."""
-
-    attention: KernelCount = Field(default_factory=KernelCount)
-    moe: KernelCount = Field(default_factory=KernelCount)
-    dense: KernelCount = Field(default_factory=KernelCount)
-    cube_us: NonNegativeFloat = 0.0
-    vector_us: NonNegativeFloat = 0.0
-    source: str = ""
-
-    def us(self, part: str) -> float:
-        """The fixed launch cost of ``part``'s kernels (microseconds per layer and microbatch)."""
-        c = getattr(self, part)
-        return c.cube * self.cube_us + c.vector * self.vector_us
-
-
 class MoeOperators(StrictModel):
     """Fixed time of the MoE dispatch and combine operators on a die besides moving their bytes:
     kernel launch, token counting and layout, quantisation, synchronisation between ranks. Charged
     once per operator call per die, before its transfers.
 
-    ``layer_kernels``: the fixed launch cost of the layer's kernels (:class:`LayerKernels`); their
-    work is simulated.
+    Kernel launches are the system runtime's (:class:`Runtime`: a launch per kernel of every layer,
+    on every path); until issue 39 a ``layer_kernels`` key here charged cited per-kernel costs on
+    DeepSeek deployments only.
 
     ``other_kernels_us``: a what-if, 0 in the presets: a fixed time per layer and microbatch on a
     die for small kernels not otherwise costed, half on the attention stream and half on the MoE
     stream. (Until session 26 the presets carried 226.6 us here, calibrated on xDeepServe's Figure
-    20 at one batch: it stood for what ``layer_kernels`` and the simulated small kernels now model.)
+    20 at one batch: it stood for what the runtime's launches and the simulated small kernels now model.)
 
     ``decode_copies`` / ``prefill_copies``: what the phase's dispatch and combine kernels move per
     token (:mod:`npusim.system.moe`): ``per_expert``, one copy per selected expert (the
@@ -138,24 +107,77 @@ class MoeOperators(StrictModel):
     source: str = ""
     other_kernels_us: NonNegativeFloat = 0.0
     other_kernels_source: str = ""
-    layer_kernels: LayerKernels = Field(default_factory=lambda: LayerKernels())
     decode_copies: Literal["per_expert", "per_rank"] = "per_expert"
     prefill_copies: Literal["per_expert", "per_rank"] = "per_rank"
 
 
+#: the runtime modes a step may run in (``--runtime``)
+RUNTIME_MODES = ("eager", "graph")
+
+#: Cited runtime micro-benchmarks (``published.yaml`` ``operators``, family ``runtime``, sources of the
+#: ``calibration`` half); ``npusim calibrate --only runtime`` recomputes each constant below from them.
+HOST_DISPATCH_SOURCE = ("triton-ascend issue #1675 (910B2): eager torch.add host enqueue 12.142 us per op, "
+                        "5,000 launches timed before the final synchronize (published.yaml operators, runtime, "
+                        "calibration half)")
+GRAPH_LAUNCH_SOURCE = ("triton-ascend issue #1675 (910B2): a direct kernel launch's host enqueue, optimized C "
+                       "launcher, 8.599 us; a graph replay is one such launch call on the host (assumption)")
+KERNEL_LAUNCH_SOURCE = ("ascend-dmi H2D latency on A3 (FlagPerf toolkit summary, 0.681-0.826 us, mean 0.754 us): a "
+                        "task's crossing from the host's submission to the device; the rest of a launch+sync round "
+                        "trip (ascend-rs appendix F, 910B3: 23-30 us) is the host's launch call (8.6 us) and the "
+                        "kernel's device-side start, which belongs to the operator's time on the die")
+
+
 class Runtime(StrictModel):
-    """The operator runtime on each die, for steps run by a parallel plan (not a DeepSeek
-    deployment, whose calibrated ``moe_operators`` constants stand for its runtime's gaps).
+    """What the software stack adds to a step's hardware work, the same on every path (a parallel
+    plan, a DeepSeek deployment file, an ONNX export, a serving instance). Units: microseconds.
 
-    ``launch_us``: the host issues one operator every ``launch_us`` at best, so an operator holds
-    its stream for at least that long (a floor: small decode operators are host-bound, large ones
-    hide it). ``step_overhead_us``: host time once per step (scheduling, sampling, post-processing),
-    after the step's last operator. Both are calibrated (``npusim calibrate``, group ``runtime``)
-    from the published rows ``source`` names; 0 means not modelled."""
+    Two modes (``--runtime``; ``decode_mode`` / ``prefill_mode`` are the system's defaults):
 
-    launch_us: NonNegativeFloat = 0.0
-    step_overhead_us: NonNegativeFloat = 0.0
-    source: str = ""
+    * ``eager``: the host dispatches operator after operator (``host_dispatch_us`` each: the framework's
+      Python/C++ dispatch and the launch call) on a host stream per die; a kernel cannot start before
+      the host has dispatched it, so the device waits on the host only when the host is slower (the
+      host runs ahead of the device otherwise). An HCCL collective or MoE transfer is one operator.
+    * ``graph`` (aclgraph / torchair): the step's kernels were captured once; the host replays the
+      graph once per step (``graph_launch_us``) and the device runs the captured kernels.
+
+    In both modes every kernel (each operator of a compute node) pays ``kernel_launch_us`` on its
+    device stream before it runs (the task's submission reaching the device; the kernel's device-side
+    start on the cores is part of the operator's time on the die, :mod:`npusim.system.chipcost`), and
+    the framework spends ``scheduler_us`` per step on the host after the step's last kernel
+    (scheduling, sampling, preparing the next step's inputs; not overlapped: the next step's inputs
+    depend on this one's tokens).
+
+    A step's ``breakdown_us`` files host time (host dispatch the device waited for, graph launch,
+    scheduler) under ``host`` and per-kernel launches under ``launch`` (:mod:`npusim.system.execute`).
+    ``sources``: where each constant comes from (``npusim calibrate --only runtime`` recomputes
+    them); a constant left at 0 is not modelled."""
+
+    decode_mode: Literal["eager", "graph"] = "graph"
+    prefill_mode: Literal["eager", "graph"] = "eager"
+    host_dispatch_us: NonNegativeFloat = 12.142
+    graph_launch_us: NonNegativeFloat = 8.599
+    kernel_launch_us: NonNegativeFloat = 0.7535
+    scheduler_us: NonNegativeFloat = 0.0
+    sources: dict[str, str] = Field(default_factory=lambda: {"host_dispatch_us": HOST_DISPATCH_SOURCE,
+                                                             "graph_launch_us": GRAPH_LAUNCH_SOURCE,
+                                                             "kernel_launch_us": KERNEL_LAUNCH_SOURCE})
+
+    @model_validator(mode="after")
+    def _source_keys(self):
+        known = ("host_dispatch_us", "graph_launch_us", "kernel_launch_us", "scheduler_us")
+        bad = sorted(set(self.sources) - set(known))
+        if bad:
+            raise ValueError(f"sources: unknown constant(s) {bad}; expected some of {list(known)}")
+        return self
+
+    def mode_for(self, phase: str, mode: str | None = None) -> str:
+        """The runtime mode of a ``phase`` step: ``mode`` if given, else the system's default."""
+        if mode is None:
+            return self.decode_mode if phase == "decode" else self.prefill_mode
+        if mode not in RUNTIME_MODES:
+            from npusim.errors import ConfigError
+            raise ConfigError(f"--runtime {mode}: expected one of {', '.join(RUNTIME_MODES)}")
+        return mode
 
 
 class Protocol(StrictModel):
@@ -243,7 +265,7 @@ class System(StrictModel):
     cpu: Cpu = Field(default_factory=Cpu)
     initiator: Initiator = Field(default_factory=Initiator)
     moe_operators: MoeOperators = Field(default_factory=MoeOperators)
-    runtime: Runtime = Field(default_factory=Runtime)
+    runtime: Runtime = Field(default_factory=Runtime)  # the software stack's costs (eager / graph)
     fabrics: dict[str, Fabric]
 
     @model_validator(mode="after")

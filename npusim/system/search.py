@@ -43,6 +43,7 @@ class PlanPoint:
     slo_ms: float | None = None
     routing: str = "uniform"
     seed: int = 0
+    runtime: str | None = None  # eager / graph (None: the system's default for the phase)
 
 
 @functools.lru_cache(maxsize=4)
@@ -82,9 +83,10 @@ def run_plan_point(pt: PlanPoint) -> dict:
                              f"{hbm * GB_PER_GIB:.1f} GB of HBM ({hbm:g} GiB)")
             return rec
         out, _, _ = simulate_plan_step(loaded, cfg, plan, shape, chip_cost=cc, routing=pt.routing, seed=pt.seed,
-                                       fit=False)
+                                       fit=False, runtime=pt.runtime)
         rec.update({lat: out[lat], "tokens_per_s_per_npu": out["tokens_per_s_per_npu"], "simulated": True,
-                    "breakdown_us": out["breakdown_us"]})
+                    "breakdown_us": out["breakdown_us"], "fixed_share": out["fixed_share"],
+                    "runtime": out["runtime"]["mode"]})
         if pt.slo_ms is not None and out[lat] > pt.slo_ms:
             rec["reason"] = f"slo: {lat[:-3].upper()} {out[lat]:.2f} ms > {pt.slo_ms:g} ms"
         else:
@@ -150,8 +152,10 @@ def pareto(points: list[dict], lat: str) -> list[dict]:
 def search_plans(system: str, nodes: int | None, model, npus: int, phase: str, seq: int, kv: int,
                  slo_ms: float | None = None, precision: str = "bf16", kv_dtype: str = "bf16",
                  batches: list[int] | None = None, max_pp: int = 8, routing: str = "uniform", seed: int = 0,
-                 workers: int = 1, client=None, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Search (see the module docstring); returns ``best``, ``candidates``, ``pareto``, ``evaluated``."""
+                 workers: int = 1, client=None, progress: Callable[[int, int], None] | None = None,
+                 runtime: str | None = None) -> dict:
+    """Search (see the module docstring); returns ``best``, ``candidates``, ``pareto``, ``evaluated``.
+    ``runtime``: every point's runtime mode, eager / graph (None: the system's default for the phase)."""
     from npusim.pool import run_points
 
     loaded, _ = _system(system, nodes)
@@ -166,7 +170,7 @@ def search_plans(system: str, nodes: int | None, model, npus: int, phase: str, s
     done = [0]
     while any(alive.values()):
         round_items = [(i, PlanPoint(system, nodes, cfg.to_dict(), plans[i].to_dict(), phase, bs.pop(0), seq, kv,
-                                     slo_ms, routing, seed)) for i, bs in alive.items() if bs]
+                                     slo_ms, routing, seed, runtime)) for i, bs in alive.items() if bs]
         got: list[dict] = []
 
         def finished(rec: dict) -> None:

@@ -142,13 +142,14 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
                             mtp: int | None = None, mtp_acceptance: float | None = None,
                             fidelity: str = "flow", slo_tbt_ms: float | None = None,
                             progress=None, chip_cost: ChipCost | None = None,
-                            max_concurrency: int | None = None) -> SystemServingResult:
+                            max_concurrency: int | None = None, runtime: str | None = None) -> SystemServingResult:
     """Serve ``requests`` (see module docstring); flags override the plan's choices. ``pdep`` and
     ``ddep``: DeepSeek deployments, or parallel plans of any model (:mod:`npusim.system.instance`).
     Goodput counts requests within the plan's TTFT and TPOT objectives (and every gap between
     tokens within ``slo_tbt_ms`` when given). ``max_concurrency``: a benchmark client's limit on
     requests in flight (:class:`npusim.serving.client.ClosedLoop`): ``arrival_s`` are then planned
-    send times, each request sent no earlier than a finished (or rejected) one frees a slot."""
+    send times, each request sent no earlier than a finished (or rejected) one frees a slot.
+    ``runtime``: the steps' runtime mode, eager / graph (None: the system's default per phase)."""
     s = loaded.system
     cfg = get_config(model)
     check_context(requests, cfg.max_position_embeddings, model)
@@ -158,8 +159,8 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         ddep = ddep.with_changes(mtp=mtp, mtp_acceptance=mtp_acceptance) if isinstance(ddep, ParallelPlan) \
             else ddep.overridden(mtp=mtp, mtp_acceptance=mtp_acceptance)
     cc = chip_cost or ChipCost(loaded.chip)
-    pinst, dinst = (deployment_instance(loaded, d, model, seed, cc) if isinstance(d, Deployment)
-                    else plan_instance(loaded, d, phase, model, seed, cc)
+    pinst, dinst = (deployment_instance(loaded, d, model, seed, cc, runtime) if isinstance(d, Deployment)
+                    else plan_instance(loaded, d, phase, model, seed, cc, runtime)
                     for d, phase in ((pdep, "prefill"), (ddep, "decode")))
     used = dinst.npus + plan.prefill.instances * pinst.npus
     if used > s.num_npus:

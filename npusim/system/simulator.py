@@ -1,7 +1,8 @@
 """``SystemSim``: the engine and the fabric model of one system, fed with transfers and compute.
 
 Python side of the system level: it names the engine's queues (per die: ``compute`` and ``moe``,
-two compute streams on two core shares, ``aiv`` and the SDMA engines; per CPU: ``dma``), turns a
+two compute streams on two core shares, ``aiv``, ``host`` (the die's host thread dispatching its
+operators, :class:`~npusim.system.schema.Runtime`) and the SDMA engines; per CPU: ``dma``), turns a
 transfer (initiator, target, read/write, bytes, SDMA or AIV-direct) into a ``KIND_FLOW`` task with
 its route and protocol costs, and runs :func:`npusim.system.kernel.system_loop`.
 
@@ -66,7 +67,7 @@ class SystemSim:
         self.queue_of: dict[tuple[int, str], int] = {}
         for v, name in enumerate(topo.names):
             kind = topo.vertex_kind[v]
-            units = ("compute", "moe", "aiv", *(f"sdma{k}" for k in range(init.sdma_engines))) if kind == "die" else \
+            units = ("compute", "moe", "aiv", "host", *(f"sdma{k}" for k in range(init.sdma_engines))) if kind == "die" else \
                 ("dma",) if kind == "cpu" else ()
             for unit in units:
                 self.queue_of[(v, unit)] = len(names)

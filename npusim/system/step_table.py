@@ -96,15 +96,16 @@ class StepTable:
 
 
 def deployment_step(loaded: LoadedSystem, dep: Deployment, model: str, seed: int = 0, routing: str = "uniform",
-                    chip_cost: ChipCost | None = None) -> Callable[[int, int], float]:
+                    chip_cost: ChipCost | None = None, runtime: str | None = None) -> Callable[[int, int], float]:
     """A DeepSeek deployment's step time (ms) at (sequences per NPU, KV) for decode or (prompt tokens
-    per NPU, prompt length) for prefill, not checked against HBM (the serving run's KV manager is)."""
+    per NPU, prompt length) for prefill, not checked against HBM (the serving run's KV manager is);
+    ``runtime``: eager / graph (None: the system's default for the phase)."""
     cc = chip_cost or ChipCost(loaded.chip)
 
     def step(x: int, y: int) -> float:
         if dep.phase == "decode":
             return simulate_step(loaded, dep, model, batch=x, kv=y, seed=seed, routing=routing, chip_cost=cc,
-                                 check_fit=False).step_ms
+                                 check_fit=False, runtime=runtime).step_ms
         return simulate_step(loaded, dep, model, batch_tokens=x, seq=y, seed=seed, routing=routing, chip_cost=cc,
-                             check_fit=False).step_ms
+                             check_fit=False, runtime=runtime).step_ms
     return step

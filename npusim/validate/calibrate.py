@@ -18,8 +18,10 @@ preset's header describes it:
   same traffic with no overhead;
 * Atlas 800I A2 HCCS efficiencies (HIXL single-pair bandwidths, 2 MiB blocks): published bandwidth /
   the simulated 2 MiB bandwidth at efficiency 1;
-* Atlas 800I A2 ``runtime`` (operator launch floor and per-step host overhead): two graph-mode decode
-  steps of the torchair model tables (``role: calibration``), solved for the two unknowns;
+* every preset's ``runtime`` (eager host dispatch per operator, graph replay per step, launch per
+  kernel): the runtime micro-benchmarks of ``published.yaml`` ``operators`` (family ``runtime``,
+  calibration half), each constant one row or a range's mean (:func:`runtime_constants`); until issue
+  39 the A2 preset's launch floor and step overhead were solved from two end-to-end decode steps.
 * the Ascend die's operator-level constants (``die``: the ``ascend-910b`` preset's ``kernel`` section,
   inherited by ``ascend-910b4`` and ``ascend-910c-die``, and its L2's per-core read rate) from the
   calibration half of the measured operator rows (``published.yaml`` ``operators``), as
@@ -55,7 +57,9 @@ class Constant:
 
     @property
     def drift(self) -> float:
-        return self.value / self.recomputed - 1 if self.recomputed else float("inf")
+        if not self.recomputed:  # a constant whose source says 0 (not modelled)
+            return 0.0 if not self.value else float("inf")
+        return self.value / self.recomputed - 1
 
     def to_dict(self) -> dict:
         return {**asdict(self), "drift": self.drift}
@@ -144,42 +148,72 @@ def hccs_constants() -> list[Constant]:
     return out
 
 
+def _runtime_rows() -> tuple[dict, dict]:
+    """The ``operators`` rows of family ``runtime`` from sources of the calibration half, by source
+    id, and the sources by id."""
+    ops = published()["operators"]
+    sources = {s["id"]: s for s in ops["sources"]}
+    rows: dict[str, list[dict]] = {}
+    for r in ops["rows"]:
+        if r.get("family") == "runtime" and sources[r["source"]].get("half") == "calibration":
+            rows.setdefault(r["source"], []).append(r)
+    return rows, sources
+
+
+def _row(rows: list[dict], text: str) -> dict:
+    found = [r for r in rows if text in r["op"]]
+    if len(found) != 1:
+        raise ValueError(f"published.yaml operators: {len(found)} runtime rows whose op contains {text!r}, expected 1")
+    return found[0]
+
+
 def runtime_constants() -> list[Constant]:
-    """The Atlas 800I A2 operator runtime (``runtime.launch_us``, ``runtime.step_overhead_us``) from
-    the two ``ascend_plan_steps`` rows marked ``role: calibration`` (two decode steps of models with
-    different operator counts): with launch floor ``L`` and no step overhead the simulated steps are
-    ``T_a(L)``, ``T_b(L)``; ``L`` solves ``T_a(L) - T_b(L) = P_a - P_b`` (bisection: the model with more
-    operators gains more per microsecond of floor), then the step overhead is ``P_b - T_b(L)``."""
-    from npusim.validate.plans import simulated_step_ms
+    """Every system preset's ``runtime`` constants (and the schema's defaults, what a user's system
+    file gets) from the runtime micro-benchmarks of ``published.yaml`` ``operators`` (family
+    ``runtime``, sources of the calibration half only; no end-to-end step):
 
-    pub = published()["ascend_plan_steps"]
-    rows = sorted((r for r in pub["rows"] if r.get("role") == "calibration"), key=lambda r: r["ms"])
-    if len(rows) != 2:
-        raise ValueError(f"published.yaml ascend_plan_steps: {len(rows)} rows with role: calibration, expected 2")
-    b, a = rows  # a: the slower step (more operators)
-    base = load_system("atlas-800i-a2", nodes=1)
+    * ``host_dispatch_us`` = the eager ``torch.add`` host enqueue per op (triton-ascend #1675, 910B2);
+    * ``graph_launch_us`` = a direct kernel launch's host enqueue, the optimized C launcher (same
+      source): a graph replay is one launch call on the host;
+    * ``kernel_launch_us`` = the mean of ascend-dmi's H2D latency range (FlagPerf A3 toolkit): a
+      task's crossing from the host's submission to the device. The rest of an isolated launch +
+      synchronize round trip (ascend-rs appendix F, 910B3 rows: median printed in the method) is the
+      host's launch call and the kernel's device-side start, which is the operator's time on the die.
+    * ``scheduler_us``: cited (the preset's ``sources`` entry), not a micro-benchmark: CloudMatrix384
+      2000 us (xDeepServe, arXiv 2508.02520 sec. 7.1), 0 elsewhere (not modelled); checked as stored.
+    """
+    from npusim.system.schema import Runtime
 
-    def step_ms(row: dict, launch: float) -> float:
-        bare = _variant(base, {"runtime": {"launch_us": launch, "step_overhead_us": 0.0}})
-        return simulated_step_ms(bare, row)
-
-    def gap(launch: float) -> float:  # T_a(L) - T_b(L)
-        return step_ms(a, launch) - step_ms(b, launch)
-
-    target = a["ms"] - b["ms"]
-    lo, hi = 0.0, 1000.0
-    if gap(lo) < target:
-        for _ in range(30):  # to ~1e-6 us
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if gap(mid) < target else (lo, mid)
-    launch = (lo + hi) / 2 if lo > 0 else 0.0
-    tb = step_ms(b, launch)
-    src = f"{pub['source']}: {a['model']} and {b['model']} decode, batch {a['batch']} ({a['ms']} / {b['ms']} ms)"
-    rt = base.system.runtime
-    return [Constant("runtime.launch_us", "atlas-800i-a2", rt.launch_us, launch, src,
-                     "the floor L with T_a(L) - T_b(L) = P_a - P_b (no step overhead)"),
-            Constant("runtime.step_overhead_us", "atlas-800i-a2", rt.step_overhead_us, (b["ms"] - tb) * 1e3, src,
-                     "P_b - T_b(L)")]
+    rows, _ = _runtime_rows()
+    triton = rows["triton-ascend-issue-1675"]
+    dmi = rows["flagrt-flagperf-a3-toolkit"]
+    rs = [r for r in rows["ascend-rs-appendix-f"] if "910B3" in r.get("conditions", "")]
+    eager = _row(triton, "eager torch.add")["measured_us"]
+    direct = _row(triton, "optimized launcher")["measured_us"]
+    h2d = _row(dmi, "H2D latency")
+    launch = (h2d["measured_us_min"] + h2d["measured_us_max"]) / 2
+    trip = sorted(r["measured_us"] for r in rs)
+    median = trip[len(trip) // 2]
+    recomputed = {
+        "host_dispatch_us": (eager, "triton-ascend #1675 (910B2)", "eager torch.add host enqueue per op"),
+        "graph_launch_us": (direct, "triton-ascend #1675 (910B2)",
+                            "a direct kernel launch's host enqueue (optimized C launcher): one replay call"),
+        "kernel_launch_us": (launch, "FlagPerf A3 toolkit, ascend-dmi H2D latency",
+                             f"mean of the H2D latency range {h2d['measured_us_min']:.3f}-{h2d['measured_us_max']:.3f} "
+                             f"us; the 910B3 launch+sync round trip (median {median:g} us of {trip}) less it and the "
+                             f"host's launch call ({direct} us) leaves {median - direct - launch:.1f} us of device-side "
+                             "kernel start, an operator's time on the die"),
+    }
+    out = []
+    presets = [(name, load_system(name, nodes=1).system.runtime) for name in ("atlas-800i-a2", "cloudmatrix384")]
+    for preset, rt in [*presets, ("(schema default)", Runtime())]:
+        for key, (value, src, method) in recomputed.items():
+            out.append(Constant(f"runtime.{key}", preset, getattr(rt, key), value, src, method))
+        cited = rt.sources.get("scheduler_us", "")
+        out.append(Constant("runtime.scheduler_us", preset, rt.scheduler_us,
+                            2000.0 if "xDeepServe" in cited else 0.0, cited or "none (not modelled)",
+                            "cited per-step scheduling time (xDeepServe's ~2 ms bubble), else 0"))
+    return out
 
 
 def die_constants() -> list[Constant]:

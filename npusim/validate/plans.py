@@ -52,8 +52,6 @@ def simulated_step_ms(loaded, r: dict) -> float:
 def _row(loaded, r: dict, source: str, kind_note: str, fitted: bool = False) -> Row:
     plan, shape = _plan_shape(r)
     kind = "calibration" if r.get("role") == "calibration" else "fitted" if fitted else "outside"
-    if kind == "calibration":
-        kind_note = "calibration: the runtime's launch floor and step overhead are solved from this row and one other"
     name = (f"{get_config(r['model']).name} {r['phase']} step, batch {r['batch']}, {r['npus']} NPU"
             f"{'s' if r['npus'] > 1 else ''} TP{r['tp']}" + (f" DP{plan.dp} EP{plan.ep}" if plan.ep > 1 else "")
             + f" {r['precision']}")
@@ -84,7 +82,8 @@ def plan_rows(quick: bool = False) -> list[Row]:
         return systems[nodes]
 
     fitted = bool(dense.get("fitted"))
-    note = ("fitted: seen while choosing the session-24 chip model (per-operator costing, the launch floor); "
+    note = ("fitted: seen while choosing the session-24 chip model (per-operator costing, the then launch floor) and "
+            "the two batch-1 decode rows calibrated the runtime until issue 39; "
             if fitted else "outside: found after the plan path was built; ") + "decode at the mean context 1,536"
     out = [_row(a2(r["npus"]), r, f"{dense['source']}, {r['where']}", note, fitted) for r in rows_in]
     out += [_row(a2(r["npus"]), r, r["source"], "outside; a bound only (a serving run's TPOT with chunked prefill): "

@@ -1,0 +1,125 @@
+"""The system runtime (issue 39 item 3): one model on every path, eager and graph, host and launch on
+the critical path, ``fixed_share``, the runtime section's errors, ``--runtime``."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from npusim.errors import ConfigError
+from npusim.mapping.deployment import Deployment
+from npusim.model.zoo import get_config
+from npusim.system.load import load_system
+from npusim.system.mapper import StepShape
+from npusim.system.moe_step import simulate_step
+from npusim.system.plan import ParallelPlan
+from npusim.system.step import simulate_plan_step
+
+
+@pytest.fixture(scope="module")
+def a2():
+    return load_system("atlas-800i-a2", nodes=1)
+
+
+@pytest.fixture(scope="module")
+def cm1():
+    return load_system("cloudmatrix384", nodes=1)
+
+
+def _plan_step(a2, batch, runtime, kv=512):
+    cfg = replace(get_config("qwen3-4b"), num_layers=4)
+    return simulate_plan_step(a2, cfg, ParallelPlan(npus=2, tp=2), StepShape("decode", batch, 1, kv),
+                              runtime=runtime)
+
+
+def _dep_step(cm1, batch, runtime=None):
+    dep = Deployment.model_validate(dict(phase="decode", npus=8, tp=1, ep=16, precision="w8a8", microbatches=1))
+    return simulate_step(cm1, dep, model="qwen3-30b-a3b", batch=batch, kv=1024, runtime=runtime)
+
+
+@pytest.mark.parametrize("runtime", ["eager", "graph"])
+def test_plan_breakdown_sums_to_the_step_with_host_and_launch(a2, runtime):
+    out, _, timing = _plan_step(a2, 1, runtime)
+    b = out["breakdown_us"]
+    assert sum(b.values()) == pytest.approx(timing.step_us, abs=0.01)  # parts rounded to 1 ns
+    assert {"host", "launch", "calibrated"} <= set(b) and b["launch"] > 0 and b["host"] > 0
+    assert 0 <= out["fixed_share"] <= 1
+    assert out["fixed_share"] == pytest.approx((b["host"] + b["launch"] + b["calibrated"]) / timing.step_us, abs=1e-6)
+    assert out["runtime"]["mode"] == runtime
+
+
+@pytest.mark.parametrize("runtime", ["eager", "graph"])
+def test_deployment_breakdown_is_the_critical_path_with_the_same_runtime(cm1, runtime):
+    r = _dep_step(cm1, 4, runtime)
+    assert sum(r.breakdown_us.values()) == pytest.approx(r.step_ms * 1e3, abs=0.02)
+    assert r.breakdown_us["launch"] > 0 and r.breakdown_us["host"] >= cm1.system.runtime.scheduler_us
+    assert "calibrated" in r.breakdown_us and 0 <= r.fixed_share <= 1
+    assert r.runtime["mode"] == runtime and r.runtime["kernel_launch_us"] == cm1.system.runtime.kernel_launch_us
+
+
+def test_graph_is_not_slower_than_eager_when_the_host_binds(a2, cm1):
+    """At batch 1 the device's kernels are shorter than the host's dispatch: eager waits on the host
+    (its ``host`` share is large), a graph replay does not."""
+    eager, _, _ = _plan_step(a2, 1, "eager")
+    graph, _, _ = _plan_step(a2, 1, "graph")
+    assert graph["step_ms"] < eager["step_ms"]
+    assert eager["breakdown_us"]["host"] > 10 * graph["breakdown_us"]["host"]
+    assert _dep_step(cm1, 2, "graph").step_ms < _dep_step(cm1, 2, "eager").step_ms  # one sequence a die
+
+
+@pytest.mark.parametrize("runtime", ["eager", "graph"])
+def test_a_step_never_gets_faster_with_more_batch(a2, runtime):
+    times = [_plan_step(a2, b, runtime)[0]["step_ms"] for b in (1, 4, 16, 64)]
+    assert times == sorted(times)
+
+
+def test_cloudmatrix_plans_pay_the_runtime_too(cm1):
+    """A plan on CloudMatrix384 had no fixed cost at all: it now pays the system's scheduler time,
+    graph launch and kernel launches, as the deployments do."""
+    cfg = replace(get_config("qwen3-4b"), num_layers=4)
+    out, _, _ = simulate_plan_step(cm1, cfg, ParallelPlan(npus=1, tp=2), StepShape("decode", 2, 1, 256))
+    rt = cm1.system.runtime
+    assert out["breakdown_us"]["host"] == pytest.approx(rt.scheduler_us + rt.graph_launch_us)
+    assert out["breakdown_us"]["launch"] > 0
+
+
+def test_the_runtime_section_s_bad_keys_are_one_clear_error(tmp_path):
+    base = "system:\n  extends: atlas-800i-a2\n"
+    cases = {"launch_us: 17.27": "runtime.launch_us",
+             "host_dispatch_us: -1": "runtime.host_dispatch_us",
+             "decode_mode: lazy": "runtime.decode_mode",
+             "sources: {launch_us: x}": "unknown constant"}
+    for i, (line, key) in enumerate(cases.items()):
+        f = tmp_path / f"s{i}.yaml"
+        f.write_text(f"extends: atlas-800i-a2\nsystem:\n  runtime:\n    {line}\n")
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
+            load_system(str(f))
+        assert str(f.name) in str(e.value)
+    assert base
+
+
+def test_the_runtime_flag_changes_the_step(cli):
+    args = ["run", "--system", "atlas-800i-a2", "--nodes", "1", "--npus", "2", "--model", "qwen3-0.6b", "--tp", "2",
+            "--phase", "decode", "--batch", "1", "--kv", "256", "--json", "--no-progress"]
+    out = {}
+    for mode in ("eager", "graph"):
+        code, text, err = cli(*args, "--runtime", mode)
+        assert code == 0, err
+        out[mode] = json.loads(text)
+        assert out[mode]["runtime"]["mode"] == mode
+    assert out["graph"]["step_ms"] < out["eager"]["step_ms"]
+    assert out["eager"]["breakdown_us"]["host"] > out["graph"]["breakdown_us"]["host"]
+    code, text, _ = cli(*args)  # the system's default for decode: graph
+    assert code == 0 and json.loads(text)["runtime"]["mode"] == "graph"
+    code, _, err = cli(*args, "--runtime", "lazy")
+    assert code == 2 and "--runtime" in err
+
+
+def test_runtime_constants_are_recomputed_from_the_calibration_half():
+    from npusim.validate.calibrate import runtime_constants
+
+    consts = runtime_constants()
+    assert {c.name for c in consts} == {f"runtime.{k}" for k in ("host_dispatch_us", "graph_launch_us",
+                                                                  "kernel_launch_us", "scheduler_us")}
+    assert all(abs(c.drift) < 1e-4 for c in consts)  # stored to 4 digits
+    assert not any("ascend_plan_steps" in c.source for c in consts)  # no end-to-end step
