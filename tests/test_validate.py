@@ -189,3 +189,15 @@ def test_operator_rows_are_measured_figures_in_four_families_with_their_halves()
     assert set(halves.values()) == {"calibration", "validation"}
     quick = operator_rows(quick=True)
     assert quick and all(r.half == "validation" for r in quick)
+
+
+def test_calibrate_out_writes_a_json_file_not_a_directory(tmp_path):
+    """``npusim calibrate --out FILE`` writes the file: the CLI's results-directory checks of other
+    commands' ``--out DIR`` made it a directory and the write then failed (IsADirectoryError)."""
+    import json
+
+    from npusim.cli import main
+
+    out = tmp_path / "constants.json"
+    assert main(["calibrate", "--only", "runtime", "--out", str(out)]) == 0
+    assert out.is_file() and json.loads(out.read_text())["constants"]

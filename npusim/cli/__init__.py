@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    out = args.out if isinstance(getattr(args, "out", None), Path) else None
+    out = args.out if isinstance(getattr(args, "out", None), Path) and not getattr(args, "out_is_file", False) else None
     created = out is not None and not out.exists()
     _terminate_like_interrupt()
     if not _quiet(args):

@@ -1,7 +1,7 @@
 """``npusim calibrate``: recompute every calibrated constant of the system presets from its cited figure.
 
 Each constant (a protocol efficiency or overhead, a switch latency, a MoE operator's per-call
-overhead, the A2 runtime's launch floor and step overhead) is recomputed by running the simulator with the constant neutral and
+overhead, a runtime cost, a die's kernel costs) is recomputed by running the simulator with the constant neutral and
 taking the difference to the published figure it was calibrated on (``published.yaml``); the table
 shows the stored value, the recomputed one and their drift. ``--check`` exits 1 when a stored
 constant drifted more than 2% from its recomputation (a model change made it stale); ``--out FILE``
@@ -24,6 +24,7 @@ def add_parser(sub):
     p.add_argument("--only", default=None, help=f"groups, comma-separated: {', '.join(GROUPS)} (default all)")
     p.add_argument("--check", action="store_true", help="exit 1 if a stored constant drifted more than 2%%")
     p.add_argument("--out", type=Path, default=None, help="write the recomputed constants (JSON) to this file")
+    p.set_defaults(out_is_file=True)  # not a results directory: the CLI's --out DIR checks skip it
     p.add_argument("--json", action="store_true", help="print one JSON object: constants, drifted")
     return p
 
