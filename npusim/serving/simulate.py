@@ -294,7 +294,7 @@ class ServingSimulator:
         sim = self.sim
         planned = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         check_context(planned, get_config(self.cfg.model).max_position_embeddings, str(self.cfg.model))
-        if planned and self._cycles(planned[-1].arrival_s) > MAX_ARRIVAL_CYCLES:
+        if planned and not planned[-1].arrival_s * self.hz <= MAX_ARRIVAL_CYCLES:  # also inf, NaN
             raise ConfigError(f"the last request arrives {planned[-1].arrival_s:.3g} s into the run, beyond the "
                               f"{MAX_ARRIVAL_CYCLES / self.hz:.3g} s a 64-bit cycle count holds at {self.hz / 1e9:g} "
                               "GHz (a higher --rate, or --time-scale for a trace)")
