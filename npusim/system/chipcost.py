@@ -52,10 +52,10 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   the compulsory traffic (A and B read once, C written once). Writes bypass the L2. A chip without
   an ``l2`` section reads every load from HBM (A or B once per core or tile that needs it).
   Results (before issue 39's per-core rate): 2048^3 INT8 on the 910C die 35% of peak without the
-  L2, 74% with it; 4096^3 FP16 on the 910B 37% -> 97%. With every core's global-memory reads at
-  64 B/cycle (below) they are 50% and 64% (measured vendor kernels reach 85-87% on such shapes,
-  ``npusim validate --only chip-gemm``: the calibration half chose 64 over 110, and neither is
-  the ~80 B/cycle pto-isa's load-pipe busy ratios imply).
+  L2, 74% with it; 4096^3 FP16 on the 910B 37% -> 97%. With issue 39's kernel costs and every core's
+  global-memory reads at 110 B/cycle (below) they are 66% and 96% (measured vendor kernels reach
+  85-87% on such shapes, ``npusim validate --only chip-gemm``: the calibration half chose 110 over
+  64, and neither is the ~80 B/cycle pto-isa's load-pipe busy ratios imply).
 * **The L2 at the TLM fidelity** (``memory="tlm"`` and an arch ``l2``): the reuse model above
   still plans the kernel and the candidates race at the analytical fidelities, but the winner's
   loads are all DMAs at the operands' real addresses (:class:`_Layout`: each operand block in the
@@ -86,8 +86,9 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   the result); a tile's cube time is at least its operands' feed from L1 into L0A / L0B (per L0
   step of ``l0_k_bytes`` of K per row, the larger of the two loads plus the MTE1 start against
   the step's MACs, L0 double-buffered). A core reads global memory (HBM through its DMA engines,
-  the L2 at ``l2.core_bytes_per_cycle``) at most at its own rate, 64 B/cycle on the Ascend presets
-  (chosen over the platform file's 110 by the calibration half; ``arch/ascend-910b.yaml``).
+  the L2 at ``l2.core_bytes_per_cycle``) at most at its own rate, 110 B/cycle on the Ascend presets
+  (the platform file's, chosen over CANN's cycle model's 64 by the calibration half's GEMM and
+  attention rows; ``arch/ascend-910b.yaml``).
   Not modelled: the fix-pipe's write-back stalling the cube when a tile fills L0C
   (``FIXPIPE_WAITS``, off: in this kernel the write shares the DMA engines' in-order queues with
   loads issued two steps ahead, so the wait would serialise loads and MACs); the planner's grid is

@@ -156,9 +156,11 @@ def vector_costs(arch: Arch | None = None) -> dict:
             "vector_cycles_per_element_pass": per_pass}
 
 
-def calibration_gemm_errors(l2_rate: float, start: float | None = None) -> list[float]:
-    """Errors of every GEMM row of the calibration half on the presets with the L2 per-core rate
-    ``l2_rate`` and the cube setup derived at that rate (start: ``kernel_start_us()``)."""
+def calibration_gemm_errors(l2_rate: float, start: float | None = None,
+                            families: tuple[str, ...] = ("gemm",)) -> list[float]:
+    """Errors of every row of ``families`` (``gemm``, ``attention``) of the calibration half on the
+    presets with the L2 per-core rate ``l2_rate`` and the cube setup derived at that rate (start:
+    ``kernel_start_us()``)."""
     from npusim.validate.operators import _fastest, _Runner, _target
 
     start = kernel_start_us() if start is None else start
@@ -175,19 +177,27 @@ def calibration_gemm_errors(l2_rate: float, start: float | None = None) -> list[
     runner, errors = Runner(), []
     for _, r, _ in _fastest(rows):
         src = sources[r["source"]]
-        if src["half"] != "calibration" or r["family"] != "gemm":
+        if src["half"] != "calibration" or r["family"] not in families:
             continue
         target = _target(src, r)
-        got = runner.gemm(r, target) if target else None
+        got = getattr(runner, r["family"])(r, target) if target else None
         if got is not None:
             errors.append(got[0] / float(r["measured_us"]) - 1)
     return errors
 
 
+#: the operator families whose kernels move data at a core's L2 rate: a GEMM's operand loads, and
+#: FlashAttention's K/V reads and its cube <-> vector hand-offs through the L2
+RATE_FAMILIES = ("gemm", "attention")
+
+
 def load_rate_choice() -> tuple[float, dict[float, float]]:
     """The per-core L2 read rate of :data:`LOAD_RATES` with the smaller median |error| over the
-    calibration half's GEMM rows, and each candidate's median |error|."""
-    scores = {rate: statistics.median(abs(e) for e in calibration_gemm_errors(rate)) for rate in LOAD_RATES}
+    calibration half's rows of every family that moves data at that rate (:data:`RATE_FAMILIES`):
+    one physical constant, so every calibration row that depends on it votes; each candidate's
+    median |error|."""
+    scores = {rate: statistics.median(abs(e) for e in calibration_gemm_errors(rate, families=RATE_FAMILIES))
+              for rate in LOAD_RATES}
     return min(scores, key=lambda r: (scores[r], r)), scores
 
 
