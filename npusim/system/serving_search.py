@@ -20,10 +20,11 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
 3. **Serving check**: the best ``serve_top`` candidates of each mode by estimated tokens/s per NPU
    (among those the estimate says meet both objectives), and the best of each mode again at a quarter
    of its batch limit (a point further up the tokens/s-per-user axis), are served: a closed loop of
-   ``C`` = the deployment's sequence slots (at most ``max_concurrency``), ``4 C`` prompts of exactly
+   ``C`` = the deployment's sequence slots (at most ``max_concurrency``), ``3 C`` prompts of exactly
    ``input``/``output`` tokens, all sent at 0. Latencies are judged on the requests sent after the
    first ``C`` (the first wave's TTFT is the cold start's queue, not the deployment's steady state);
-   throughput over the whole run. A candidate is *feasible* when those requests' mean TTFT and mean
+   throughput is the tokens made while the loop is full (:func:`steady_throughput`: from the first
+   refill to the last send; the whole run's, ramp-up and drain included, is beside it). A candidate is *feasible* when those requests' mean TTFT and mean
    TPOT meet the objectives.
 
 ``best`` is the feasible served candidate with the most output tokens/s per NPU (``best_per_objective``
@@ -103,7 +104,11 @@ def serve_candidate(task: ServeTask) -> dict:
         st = summarize(steady, slo_ttft_s=dep.slo_ttft_ms / 1e3 if dep.slo_ttft_ms else None,
                        slo_tpot_s=dep.slo_tpot_ms / 1e3 if dep.slo_tpot_ms else None)
         ttft, tpot = st["ttft_ms"]["mean"], st["tpot_ms"]["mean"]
-        return {"_task": task.index, "served": True, "output_throughput_per_npu": s["output_throughput_per_npu"],
+        steady_tput = steady_throughput(run.records, task.concurrency)
+        npus_total = s["npus_total"]
+        return {"_task": task.index, "served": True,
+                "output_throughput_per_npu": steady_tput / npus_total if steady_tput else s["output_throughput_per_npu"],
+                "output_throughput_per_npu_run": s["output_throughput_per_npu"],
                 "output_throughput": s["output_throughput"], "ttft_ms": ttft, "tpot_ms": tpot,
                 "ttft_p99_ms": st["ttft_ms"]["p99"], "tpot_p99_ms": st["tpot_ms"]["p99"],
                 "tokens_per_s_per_user": 1e3 / tpot if tpot else None, "slo_attainment": st["slo_attainment"],
@@ -114,6 +119,19 @@ def serve_candidate(task: ServeTask) -> dict:
         return {"_task": task.index, "served": False, "reason": str(exc)}
     except Exception as exc:  # a bug: recorded, the search goes on
         return {"_task": task.index, "served": False, "reason": f"{type(exc).__name__}: {exc}"}
+
+
+def steady_throughput(records, concurrency: int) -> float | None:
+    """Output tokens/s while the closed loop is full: tokens made between the first refill (the send of
+    request ``concurrency``) and the last send, over that window (None when there is no such window)."""
+    recs = sorted(records, key=lambda r: r.id)
+    if len(recs) <= concurrency:
+        return None
+    t0, t1 = recs[concurrency].arrival_s, recs[-1].arrival_s
+    if t1 <= t0:
+        return None
+    made = sum(1 for r in recs for t in r.token_times_s if t0 < t <= t1)
+    return made / (t1 - t0)
 
 
 def _serve_died(task: ServeTask, exc: BaseException) -> dict:
@@ -279,7 +297,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     tasks = []
     for c in chosen:
         conc = max(1, min(max_concurrency, c["slots"]))
-        tasks.append(ServeTask(c["deployment"], 4 * conc, conc, input_len, output_len, seed, len(tasks)))
+        tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks)))
     clock = time.perf_counter()
     served: list[dict] = []
     run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
