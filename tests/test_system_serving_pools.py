@@ -122,6 +122,7 @@ def _best(res):
     return res["best"]["output_throughput_per_npu"] if res["best"] else 0.0
 
 
+@pytest.mark.slow
 def test_a_tighter_slo_never_gives_a_better_deployment():
     from npusim.system.serving_search import search_serving
 
@@ -136,6 +137,7 @@ def test_a_tighter_slo_never_gives_a_better_deployment():
                 assert c["ttft_ms"] <= t and c["tpot_ms"] <= p
 
 
+@pytest.mark.slow
 def test_plan_serving_cli_checks_by_serving_and_the_file_serves_again(tmp_path, capsys):
     argv = ["plan", "--serving", "--system", "cloudmatrix384", "--nodes", "1", "--npus", "2", "--model", MODEL,
             "--input-len", "512", "--output-len", "32", "--slo-ttft-ms", "2000", "--slo-tpot-ms", "50",

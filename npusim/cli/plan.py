@@ -119,19 +119,27 @@ def run(args) -> int:
     finally:
         if client is not None:
             client.close()
+    return _finish(args, result, _plot, _print)
+
+
+def _finish(args, result: dict, plot, show, extra: dict | None = None, write_extra=None) -> int:
+    """``--out DIR``: plan.json, pareto.png (``plot``; dropped without matplotlib) and the ``extra``
+    files (``write_extra(staged)`` writes them); then the result as JSON or by ``show``."""
     if args.out:
         from npusim.files import result_files
 
-        files = {"summary": args.out / "plan.json", "pareto": args.out / "pareto.png"}
+        files = {"summary": args.out / "plan.json", "pareto": args.out / "pareto.png", **(extra or {})}
         with result_files(files) as staged:
-            if not _plot(staged["pareto"], result):
+            if write_extra is not None:
+                write_extra(staged)
+            if not plot(staged["pareto"], result):
                 del files["pareto"]
             result["files"] = {k: str(v) for k, v in files.items()}
             write_json(staged["summary"], result)
     if args.json:
         print(json_text(result))
         return 0
-    _print(result)
+    show(result)
     return 0
 
 
@@ -163,28 +171,19 @@ def run_serving_plan(args) -> int:
     finally:
         if client is not None:
             client.close()
-    if args.out:
-        from npusim.files import result_files
+    best = result["best"]
+
+    def write_deployment(staged) -> None:
         from npusim.system.deploy import ServingDeployment, write_serving_deployment
 
-        files = {"summary": args.out / "plan.json", "pareto": args.out / "pareto.png"}
-        if result["best"] is not None:
-            files["deployment"] = args.out / "deployment.yaml"
-        with result_files(files) as staged:
-            if result["best"] is not None:
-                b = result["best"]
-                est = {**b["estimate"], "served_ttft_ms": b["ttft_ms"], "served_tpot_ms": b["tpot_ms"],
-                       "served_output_throughput_per_npu": b["output_throughput_per_npu"]}
-                write_serving_deployment(staged["deployment"], ServingDeployment(**{**b["deployment"], "estimate": est}))
-            if not _plot_serving(staged["pareto"], result):
-                del files["pareto"]
-            result["files"] = {k: str(v) for k, v in files.items()}
-            write_json(staged["summary"], result)
-    if args.json:
-        print(json_text(result))
-        return 0
-    _print_serving(result)
-    return 0
+        est = {**best["estimate"], "served_ttft_ms": best["ttft_ms"], "served_tpot_ms": best["tpot_ms"],
+               "served_output_throughput_per_npu": best["output_throughput_per_npu"]}
+        write_serving_deployment(staged["deployment"], ServingDeployment(**{**best["deployment"], "estimate": est}))
+
+    if best is None or not args.out:
+        return _finish(args, result, _plot_serving, _print_serving)
+    return _finish(args, result, _plot_serving, _print_serving, {"deployment": args.out / "deployment.yaml"},
+                   write_deployment)
 
 
 def _pct(x) -> str:

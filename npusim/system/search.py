@@ -150,15 +150,22 @@ def default_batches(phase: str, npus: int) -> list[int]:
     return out
 
 
+def front(points: list[dict], order: Callable, value: Callable) -> list[dict]:
+    """The Pareto front of two objectives: ``points`` in ``order`` (best first on the first objective,
+    ties best first on the second), each kept when its ``value`` (the second, higher is better) beats
+    every point before it."""
+    out, best = [], float("-inf")
+    for p in sorted(points, key=order):
+        if value(p) > best:
+            out.append(p)
+            best = value(p)
+    return out
+
+
 def pareto(points: list[dict], lat: str) -> list[dict]:
     """Feasible points not beaten on both tokens/s per NPU (higher) and latency (lower), by latency."""
-    pts = sorted((p for p in points if p["feasible"]), key=lambda p: (p[lat], -p["tokens_per_s_per_npu"]))
-    front, best = [], -1.0
-    for p in pts:
-        if p["tokens_per_s_per_npu"] > best:
-            front.append(p)
-            best = p["tokens_per_s_per_npu"]
-    return front
+    return front([p for p in points if p["feasible"]], lambda p: (p[lat], -p["tokens_per_s_per_npu"]),
+                 lambda p: p["tokens_per_s_per_npu"])
 
 
 def search_plans(system: str, nodes: int | None, model, npus: int, phase: str, seq: int, kv: int,

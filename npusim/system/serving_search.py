@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 from npusim.errors import ConfigError, NpusimError
 from npusim.model.zoo import get_config
-from npusim.system.search import PlanPoint, _divisors, _system, candidate_plans, run_plan_point
+from npusim.system.search import PlanPoint, _divisors, _system, candidate_plans, front, run_plan_point
 from npusim.system.step_table import grid
 
 
@@ -140,13 +140,8 @@ def _serve_died(task: ServeTask, exc: BaseException) -> dict:
 
 def _pareto(points: list[dict]) -> list[dict]:
     """Points not beaten on both tokens/s per NPU and tokens/s per user, by tokens/s per user."""
-    pts = sorted(points, key=lambda p: (-p["tokens_per_s_per_user"], -p["output_throughput_per_npu"]))
-    front, best = [], -1.0
-    for p in pts:
-        if p["output_throughput_per_npu"] > best:
-            front.append(p)
-            best = p["output_throughput_per_npu"]
-    return front
+    return front(points, lambda p: (-p["tokens_per_s_per_user"], -p["output_throughput_per_npu"]),
+                 lambda p: p["output_throughput_per_npu"])
 
 
 def _label(c: dict) -> str:
