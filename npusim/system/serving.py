@@ -303,7 +303,8 @@ def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Requ
             sched = SchedulerConfig(policy="continuous", max_batch=slots_per_unit * n_units if p.role != "prefill"
                                     else max(1, budget), max_tokens=max(1, budget),
                                     chunk_tokens=p.chunk_tokens if p.role == "aggregated" else 0)
-            it = _Inst(f"{p.role}{k}", p.role, i, base, units, Scheduler(sched), cost, slots_per_unit=slots_per_unit,
+            name = p.role if p.role != "prefill" and p.instances == 1 else f"{p.role}{k}"  # the timeline's tracks
+            it = _Inst(name, p.role, i, base, units, Scheduler(sched), cost, slots_per_unit=slots_per_unit,
                        budget=budget)
             if p.role != "prefill":
                 bpt = max(1, math.ceil(base.kv_bytes_per_die))
