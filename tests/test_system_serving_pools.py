@@ -109,6 +109,11 @@ def test_bad_pools_are_clear_errors(cm2):
         serve_pools(cm2, [DIS[0]], _closed(2), MODEL)
     with pytest.raises(ConfigError, match="NPUs, but cloudmatrix384 has 16"):
         serve_pools(cm2, [replace(AGG[0], instances=17)], _closed(2), MODEL)
+    from npusim.mapping.deployment import Deployment
+
+    dep = Deployment.model_validate(dict(phase="decode", npus=8, tp=1, precision="w8a8"))
+    with pytest.raises(ConfigError, match="aggregated pool .* parallel plan"):
+        serve_pools(cm2, [PoolSpec("aggregated", 1, dep)], _closed(2), "deepseek-r1")
 
 
 # ----------------------------------------------------------------------------- plan --serving

@@ -92,14 +92,15 @@ def write_serving_deployment(path: Path, dep: ServingDeployment) -> None:
         Path(tmp).write_text(text)
 
 
-def scenario(dep: ServingDeployment, where: str = "deployment"):
-    """(the loaded system, the pools) of a deployment: what :func:`npusim.system.serving.serve_pools` takes."""
+def scenario(dep: ServingDeployment, where: str = "deployment", loaded=None):
+    """(the loaded system, the pools) of a deployment: what :func:`npusim.system.serving.serve_pools` takes
+    (``loaded``: the system already loaded, else loaded here)."""
     from npusim.model.zoo import get_config
     from npusim.system.load import load_system
     from npusim.system.plan import ParallelPlan, check_plan
     from npusim.system.serving import PoolSpec
 
-    loaded = load_system(dep.system, nodes=dep.nodes)
+    loaded = loaded or load_system(dep.system, nodes=dep.nodes)
     cfg = get_config(dep.model)
     pools = []
     for i, e in enumerate(dep.pools):

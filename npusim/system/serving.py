@@ -242,6 +242,9 @@ def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Requ
         raise ConfigError(f"serving pools {', '.join(roles) or 'none'}: expected one aggregated pool, or one prefill "
                           "and one decode pool")
     mode = "aggregated" if roles == ["aggregated"] else "disaggregated"
+    if mode == "aggregated" and isinstance(pools[0].source, Deployment):
+        raise ConfigError("an aggregated pool runs prompts and decodes on one instance: give it a parallel plan; a "
+                          f"DeepSeek deployment file is calibrated for one phase ({pools[0].source.phase})")
     topo = loaded.topology
     dpn = s.npu.dies
     cc = chip_cost or ChipCost(loaded.chip)

@@ -91,8 +91,8 @@ def serve_candidate(task: ServeTask) -> dict:
 
     try:
         dep = ServingDeployment(**task.deployment)
-        loaded, pools = scenario(dep)
-        _, cc = _system(dep.system, dep.nodes)
+        loaded, cc = _system(dep.system, dep.nodes)
+        loaded, pools = scenario(dep, loaded=loaded)
         reqs = synthetic_requests(task.num_prompts, math.inf, input_len=task.input_len, output_len=task.output_len,
                                   seed=task.seed)
         reqs = [replace(r, arrival_s=0.0) for r in reqs]
