@@ -285,9 +285,8 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         mine = ranked[:serve_top]
         if mine:  # the best again at a quarter of its batch limit: further along the per-user axis
             low = _quarter(mine[0])
-            if low is not None:
-                match = [c for c in cands if c["deployment"] == low["deployment"]]
-                mine.append(match[0] if match else low)
+            if low is not None and all(_label(low) != _label(c) for c in mine):
+                mine.append(low)
         chosen += [c for c in mine if c not in chosen]
     tasks = []
     for c in chosen:
@@ -357,7 +356,7 @@ def _quarter(c: dict) -> dict | None:
     if per_inst < 4:
         return None
     pool["max_batch_per_npu"] = max(1, pool["max_batch_per_npu"] // 4)
-    d["slots"] = max(1, c["slots"] // 4)
+    d["slots"] = pool["max_batch_per_npu"] * pool["plan"]["npus"] * pool["instances"]  # the client fills them
     d["estimate"] = dict(c["estimate"], note="the batch limit's quarter: the estimate above is at the full limit")
     return d
 
