@@ -129,6 +129,10 @@ def _best(res):
 
 @pytest.mark.slow
 def test_a_tighter_slo_never_gives_a_better_deployment():
+    """Four searches from loose to impossible objectives. Across searches this holds where the served
+    candidates nest, as here (each search serves the best estimates under its own objectives; the
+    module docstring names a case where they do not); within one search's served candidates, a
+    tighter objective only removes feasible ones."""
     from npusim.system.serving_search import search_serving
 
     pairs = [(2000, 50), (2000, 1.4), (20, 1.4), (1, 0.1)]

@@ -27,6 +27,14 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    refill to the last send; the whole run's, ramp-up and drain included, is beside it). A candidate is *feasible* when those requests' mean TTFT and mean
    TPOT meet the objectives.
 
+Not guaranteed: that a tighter objective never gives a better ``best`` across two searches. Judged on the
+same served candidates it cannot (a tighter objective only removes feasible ones), but each search serves
+the best *estimates* under its own objectives, so a tighter search can serve a candidate a looser one
+ranked below its top ``serve_top`` and did not serve (Qwen3-30B-A3B on 8 CloudMatrix384 NPUs: at 500 ms /
+20 ms the search served an aggregated batch-256 deployment, 1,541.7 tokens/s per NPU, that the 2,000 ms /
+50 ms search ranked below its batch-512 one, 1,526.1 when served: the estimate keeps growing with the batch
+while served throughput has saturated).
+
 ``best`` is the feasible served candidate with the most output tokens/s per NPU (``best_per_objective``
 also names the one with the most tokens/s per user); ``pareto`` the feasible served candidates no
 other beats on both tokens/s per NPU and tokens/s per user. Every served candidate carries its step
