@@ -245,7 +245,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         if pk not in prefill:
             continue
         ttft, prompts, n, _ = prefill[pk]
-        if npus % n:
+        if npus % n or b % n:  # a deployment limits sequences per NPU: a batch it can state
             continue
         t_p = ttft / prompts  # ms of prefill per prompt on the instance
         cycle = O * tpot + b * t_p
@@ -254,7 +254,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                "tokens_per_s_per_user": 1e3 * O / cycle}
         dep = {**base, "mode": "aggregated", "kv_transfer": None,
                "pools": [{"role": "aggregated", "instances": npus // n, "plan": plan,
-                          "max_batch_per_npu": max(1, b // n),
+                          "max_batch_per_npu": b // n,
                           "tokens_per_npu": max(128, _ceil_to(plan["dp"] * input_len + b, n) // n),
                           "chunk_tokens": 0}]}
         cands.append({"mode": "aggregated", "deployment": dep, "estimate": est, "slots": b * (npus // n)})
@@ -267,6 +267,8 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     fabric = kv_fabric or _kv_fabric(loaded)
     for plan, b, tpot, _ in decode:
         nd = plan["npus"]
+        if b % nd:
+            continue
         for n_p, (rate_p, ttft, pplan) in best_p.items():
             for y in range(1, npus // nd + 1):
                 x = (npus - y * nd) // n_p
@@ -280,7 +282,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                        "pools": [{"role": "prefill", "instances": x, "plan": pplan, "max_batch_per_npu": 64,
                                   "tokens_per_npu": max(128, _ceil_to(input_len, n_p) // n_p), "chunk_tokens": 0},
                                  {"role": "decode", "instances": y, "plan": plan,
-                                  "max_batch_per_npu": max(1, b // nd), "tokens_per_npu": 16384, "chunk_tokens": 0}]}
+                                  "max_batch_per_npu": b // nd, "tokens_per_npu": 16384, "chunk_tokens": 0}]}
                 cands.append({"mode": "disaggregated", "deployment": dep, "estimate": est, "slots": b * y})
     ok = lambda c: ((slo_ttft_ms is None or c["estimate"]["ttft_ms"] <= slo_ttft_ms)  # noqa: E731
                     and (slo_tpot_ms is None or c["estimate"]["tpot_ms"] <= slo_tpot_ms))
