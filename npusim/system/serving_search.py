@@ -19,7 +19,7 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    min(``x dp / ttft``, ``y b / (O tpot)``), TTFT ~ the prefill step, TPOT ~ ``tpot(b)``.
 3. **Serving check**: the best ``serve_top`` candidates of each mode by estimated tokens/s per NPU
    (among those the estimate says meet both objectives), and the best of each mode again at a quarter
-   of its batch limit (a point further up the tokens/s-per-user axis), are served: a closed loop of
+   of its batch limit (a point further up the tokens/s-per-user axis; that candidate's own estimate), are served: a closed loop of
    ``C`` = the deployment's sequence slots (at most ``max_concurrency``), ``3 C`` prompts of exactly
    ``input``/``output`` tokens, all sent at 0. Latencies are judged on the requests sent after the
    first ``C`` (the first wave's TTFT is the cold start's queue, not the deployment's steady state);
@@ -295,8 +295,9 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         mine = ranked[:serve_top]
         if mine:  # the best again at a quarter of its batch limit: further along the per-user axis
             low = _quarter(mine[0])
-            if low is not None and all(_label(low) != _label(c) for c in mine):
-                mine.append(low)
+            match = [c for c in cands if low is not None and _label(c) == _label(low)]  # with its own estimate
+            if match and all(_label(match[0]) != _label(c) for c in mine):
+                mine.append(match[0])
         chosen += [c for c in mine if c not in chosen]
     tasks = []
     for c in chosen:
@@ -357,7 +358,8 @@ def _in_order(served: list[dict], tasks: list[ServeTask]) -> list[dict]:
 
 
 def _quarter(c: dict) -> dict | None:
-    """The same deployment at a quarter of its decode batch limit (None when that is below 1 per instance)."""
+    """The same deployment at a quarter of its decode batch limit (None when that is below 4 per instance);
+    the search serves the candidate of that label, with its own step estimate, when there is one."""
     import copy
 
     d = copy.deepcopy(c)
@@ -366,8 +368,6 @@ def _quarter(c: dict) -> dict | None:
     if per_inst < 4:
         return None
     pool["max_batch_per_npu"] = max(1, pool["max_batch_per_npu"] // 4)
-    d["slots"] = pool["max_batch_per_npu"] * pool["plan"]["npus"] * pool["instances"]  # the client fills them
-    d["estimate"] = dict(c["estimate"], note="the batch limit's quarter: the estimate above is at the full limit")
     return d
 
 
