@@ -34,7 +34,8 @@ def add_parser(sub):
     p.add_argument("--kv-dtype", choices=["bf16", "int8"], default="bf16")
     p.add_argument("--batches", default=None, help="batch sizes of the instance to try, comma-separated (default: "
                    "1, 2, 4 ... 64 per NPU for decode, 16 per NPU for prefill)")
-    p.add_argument("--max-pp", type=positive_int, default=8, help="most pipeline stages tried (default 8)")
+    p.add_argument("--max-pp", type=positive_int, default=None, help="most pipeline stages tried (default 8; "
+                   "--serving: 1)")
     p.add_argument("--routing", default="uniform", help="MoE expert popularity: uniform, zipf:S or a load-profile file")
     p.add_argument("--seed", type=int, default=0, help="MoE routing seed")
     p.add_argument("--runtime", choices=["eager", "graph"], default=None, help="the steps' software runtime: eager or "
@@ -43,7 +44,22 @@ def add_parser(sub):
     where.add_argument("--workers", type=positive_int, default=None,
                        help="local worker processes (default: one per CPU; 1 runs points in this process)")
     where.add_argument("--scheduler", default=None, help="Dask distributed scheduler address, tcp://HOST:PORT")
-    p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png")
+    g = p.add_argument_group("serving deployments (--serving)")
+    g.add_argument("--serving", action="store_true", help="search serving deployments (aggregated: one plan x "
+                   "replicas; disaggregated: prefill and decode pools) under --slo-ttft-ms and --slo-tpot-ms, each "
+                   "candidate checked by serving requests; --out DIR writes DIR/deployment.yaml for npusim run "
+                   "--deployment")
+    g.add_argument("--input-len", type=positive_int, default=None, help="--serving: prompt tokens (default 2048)")
+    g.add_argument("--output-len", type=positive_int, default=None, help="--serving: output tokens (default 256)")
+    g.add_argument("--serve-top", type=positive_int, default=2, help="--serving: candidates of each mode served, "
+                   "best first by their step estimate (default 2; each mode's best is also served at a quarter of "
+                   "its batch limit)")
+    g.add_argument("--max-concurrency", type=positive_int, default=256, help="--serving: the most requests in "
+                   "flight of a candidate's serving check (default 256; else its sequence slots)")
+    g.add_argument("--kv-fabric", default=None, help="--serving: the fabric KV moves over between pools (default: "
+                   "rdma or roce, whichever the system has)")
+    p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png (--serving: also "
+                   "deployment.yaml)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -72,6 +88,12 @@ def run(args) -> int:
     from npusim.system.moe import check_routing
     from npusim.system.search import search_plans
 
+    if args.serving:
+        return run_serving_plan(args)
+    for flag in ("input_len", "output_len"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')}: taken with --serving (a serving deployment search); a step "
+                              "search takes --kv or --seq")
     if args.phase == "decode" and args.slo_ttft_ms is not None:
         raise ConfigError("--slo-ttft-ms is the prefill objective; decode takes --slo-tpot-ms")
     if args.phase == "prefill" and args.slo_tpot_ms is not None:
@@ -93,26 +115,140 @@ def run(args) -> int:
         with plan_progress(0, enabled=not args.no_progress) as progress:
             result = search_plans(args.system, args.nodes, args.model, npus, args.phase, seq, kv,
                                   args.slo_tpot_ms if args.phase == "decode" else args.slo_ttft_ms,
-                                  PLAN_PRECISION[args.precision], args.kv_dtype, _batches(args.batches), args.max_pp,
+                                  PLAN_PRECISION[args.precision], args.kv_dtype, _batches(args.batches), args.max_pp or 8,
                                   args.routing, args.seed, workers, client,
                                   progress=lambda done, total: progress(0, done, total), runtime=args.runtime)
     finally:
         if client is not None:
             client.close()
+    return _finish(args, result, _plot, _print)
+
+
+def _finish(args, result: dict, plot, show, extra: dict | None = None, write_extra=None) -> int:
+    """``--out DIR``: plan.json, pareto.png (``plot``; dropped without matplotlib) and the ``extra``
+    files (``write_extra(staged)`` writes them); then the result as JSON or by ``show``."""
     if args.out:
         from npusim.files import result_files
 
-        files = {"summary": args.out / "plan.json", "pareto": args.out / "pareto.png"}
+        files = {"summary": args.out / "plan.json", "pareto": args.out / "pareto.png", **(extra or {})}
         with result_files(files) as staged:
-            if not _plot(staged["pareto"], result):
+            if write_extra is not None:
+                write_extra(staged)
+            if not plot(staged["pareto"], result):
                 del files["pareto"]
             result["files"] = {k: str(v) for k, v in files.items()}
             write_json(staged["summary"], result)
     if args.json:
         print(json_text(result))
         return 0
-    _print(result)
+    show(result)
     return 0
+
+
+def run_serving_plan(args) -> int:
+    """``npusim plan --serving``: :func:`npusim.system.serving_search.search_serving`, printed or as JSON;
+    ``--out DIR``: plan.json, deployment.yaml (the best candidate) and the Pareto plot."""
+    from npusim.cli.progress import plan_progress
+    from npusim.cli.run_system import PLAN_PRECISION
+    from npusim.pool import connect, default_workers
+    from npusim.system.load import load_system
+    from npusim.system.moe import check_routing
+    from npusim.system.serving_search import search_serving
+
+    for flag in ("kv", "seq", "batches"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag}: a step search's; --serving takes --input-len and --output-len")
+    check_routing(args.routing)
+    loaded = load_system(args.system, nodes=args.nodes)
+    npus = args.npus or loaded.system.npus_per_node
+    client = connect(args.scheduler) if args.scheduler else None
+    workers = args.workers if args.workers is not None else default_workers()
+    try:
+        with plan_progress(0, enabled=not args.no_progress) as progress:
+            result = search_serving(args.system, args.nodes, args.model, npus, args.input_len or 2048,
+                                    args.output_len or 256, args.slo_ttft_ms, args.slo_tpot_ms,
+                                    PLAN_PRECISION[args.precision], args.kv_dtype, args.max_pp or 1,
+                                    args.routing, args.seed, args.serve_top, args.max_concurrency, workers, client,
+                                    args.kv_fabric, progress=lambda done, total: progress(0, done, total))
+    finally:
+        if client is not None:
+            client.close()
+    best = result["best"]
+
+    def write_deployment(staged) -> None:
+        from npusim.system.deploy import ServingDeployment, write_serving_deployment
+
+        est = {**best["estimate"], "served_ttft_ms": best["ttft_ms"], "served_tpot_ms": best["tpot_ms"],
+               "served_output_throughput_per_npu": best["output_throughput_per_npu"]}
+        write_serving_deployment(staged["deployment"], ServingDeployment(**{**best["deployment"], "estimate": est}))
+
+    if best is None or not args.out:
+        return _finish(args, result, _plot_serving, _print_serving)
+    return _finish(args, result, _plot_serving, _print_serving, {"deployment": args.out / "deployment.yaml"},
+                   write_deployment)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.0f}%"
+
+
+def _print_serving(r: dict) -> None:
+    o = r["objective"]
+    print(f"{r['model']} on {r['system']}, {r['npus']} NPUs, prompts {r['input_len']} -> {r['output_len']} tokens, "
+          f"TTFT <= {o['slo_ttft_ms']} ms, TPOT <= {o['slo_tpot_ms']} ms: {r['plans']} plans, {r['step_points']} steps "
+          f"simulated, {r['deployments_estimated']} deployments estimated, {r['evaluated']} served")
+    print(f"  {'mode':<13} {'tok/s/NPU':>10} {'tok/s/user':>10} {'TTFT ms':>9} {'TPOT ms':>8}  "
+          f"{'estimate error (TTFT, TPOT, tok/s/NPU)':<40} deployment")
+    for c in (c for c in r["candidates"] if c.get("served")):
+        e = c["estimate_error"]
+        mark = " *" if r["best"] is not None and c["label"] == r["best"]["label"] else ("" if c["feasible"] else " x")
+        print(f"  {c['mode']:<13} {c['output_throughput_per_npu']:>10,.1f} {c['tokens_per_s_per_user']:>10,.1f} "
+              f"{c['ttft_ms']:>9,.1f} {c['tpot_ms']:>8,.2f}  {_pct(e['ttft_ms']):>8} {_pct(e['tpot_ms']):>8} "
+              f"{_pct(e['output_throughput_per_npu']):>8}{'':16} {c['label']}{mark}")
+    for c in (c for c in r["candidates"] if c.get("served") is False and c.get("mode") and "reason" in c
+              and c["reason"] and not c["reason"].startswith(("not served", "estimate"))):
+        print(f"  not served   {c['label']}: {c['reason']}")
+    print("  (* best by tokens/s per NPU; x misses an objective when served; estimate error = (step estimate - "
+          "served) / served)")
+    if r["best"] is None:
+        print("  no served candidate meets both objectives")
+    print("  Pareto front (tokens/s per NPU against tokens/s per user): "
+          + "; ".join(f"{c['mode']} {c['output_throughput_per_npu']:,.1f} at {c['tokens_per_s_per_user']:,.1f}"
+                      for c in r["pareto"]) if r["pareto"] else "  Pareto front: none")
+    for key, path in r.get("files", {}).items():
+        print(f"  wrote {key:<10} {path}")
+
+
+def _plot_serving(path: Path, r: dict) -> bool:
+    """Served candidates and the Pareto front, tokens/s per NPU against tokens/s per user; False
+    without matplotlib."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from npusim.files import atomic_path
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, mk in (("aggregated", "o"), ("disaggregated", "s")):
+        pts = [c for c in r["candidates"] if c.get("served") and c["mode"] == mode]
+        ax.scatter([c["tokens_per_s_per_user"] for c in pts], [c["output_throughput_per_npu"] for c in pts],
+                   marker=mk, s=24, alpha=0.6, label=f"{mode} (served)")
+    ax.plot([c["tokens_per_s_per_user"] for c in r["pareto"]], [c["output_throughput_per_npu"] for c in r["pareto"]],
+            "r.-", label="Pareto front (feasible)")
+    ax.set_xlabel("tokens/s per user")
+    ax.set_ylabel("output tokens/s per NPU")
+    ax.set_title(f"{r['model']} on {r['system']} ({r['npus']} NPUs)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    return True
 
 
 def _n(count: int, noun: str) -> str:

@@ -196,7 +196,7 @@ CHIP_SERVING_ONLY = ("schedule", "pd_ratio", "pd_layout", "pd_stages", "replicas
                      "max_tokens", "admission", "prefix_cache", "iteration_cache", "iteration_cache_buckets",
                      "iteration_cache_replay", "iteration_cache_dir")
 #: the --system group's flags only a serving run reads, and only a one-step run reads
-SYSTEM_SERVING_ONLY = ("kv_fabric", "caching_pool", "prefill_instances")
+SYSTEM_SERVING_ONLY = ("kv_fabric", "caching_pool", "prefill_instances", "deployment")
 SYSTEM_STEP_ONLY = ("batch_tokens", "save_workload", "eplb", "routing", "kv_min")
 SERVING_GROUP = "serving (a request stream; selected by --trace or --rate)"
 SYSTEM_GROUP = "multi-NPU system (--system)"
@@ -256,6 +256,10 @@ def refuse_unread_flags(args) -> None:
 
 
 def run(args) -> int:
+    if getattr(args, "deployment", None) is not None:
+        from npusim.cli.run_system import run_deployment
+
+        return run_deployment(args)
     fill_model_default(args)
     refuse_unread_flags(args)
     if args.system is not None:

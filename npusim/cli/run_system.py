@@ -61,6 +61,10 @@ def add_system_run_args(p) -> None:
                    help="serving: the EMS-style prefix KV pool in the CPUs' DRAM (default: the mapping's)")
     g.add_argument("--prefill-instances", type=positive_int, default=None, help="serving: prefill instances (default: the "
                    "mapping's)")
+    g.add_argument("--deployment", type=Path, default=None, metavar="FILE",
+                   help="serve a deployment file (DIR/deployment.yaml from `npusim plan --serving --out DIR`: its "
+                   "system, model, pools and plans) with the benchmark client's flags (--dataset random --input-len "
+                   "--output-len --num-prompts --max-concurrency ...)")
 
 
 SERVING_MAPPINGS = {"cloudmatrix384": "cm384-deepseek-serving", "atlas-800i-a2": "a2-deepseek-serving"}
@@ -278,7 +282,39 @@ def print_plan_step(r: dict) -> None:
     print(f"  note          {r['note']}")
 
 
-def run_system_serving(args) -> int:
+#: flags a deployment file answers itself: given beside --deployment they are refused, not ignored
+DEPLOYMENT_FIXED = (*PLAN_FLAGS, "tp", "mapping", "nodes", "precision", "mtp", "mtp_acceptance", "microbatches",
+                    "prefill_instances", "caching_pool")
+
+
+def run_deployment(args) -> int:
+    """``npusim run --deployment FILE``: serve a deployment file (:mod:`npusim.system.deploy`) with the
+    benchmark client's requests; the file names the system and model (``--system``/``--model``, if
+    given, must agree)."""
+    from npusim.cli.run import refuse_unread_flags
+    from npusim.system.deploy import load_serving_deployment
+
+    dep = load_serving_deployment(args.deployment)
+    given = [f"--{k.replace('_', '-')}" for k in DEPLOYMENT_FIXED if getattr(args, k, None) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: --deployment {args.deployment} gives its plans, nodes and pools; "
+                          "edit the file instead")
+    for key in ("system", "model"):
+        mine = getattr(args, key, None)
+        if mine is not None and mine != getattr(dep, key):
+            raise ConfigError(f"--{key} {mine}: --deployment {args.deployment} serves {getattr(dep, key)} "
+                              f"({key}: in the file)")
+    args.system, args.model = dep.system, dep.model
+    from npusim.cli.serve import is_serving
+
+    if not is_serving(args):
+        raise ConfigError(f"--deployment {args.deployment}: give the requests to serve (--dataset random --input-len "
+                          "I --output-len O --num-prompts N [--max-concurrency C], --trace or --rate)")
+    refuse_unread_flags(args)
+    return run_system_serving(args, dep)
+
+
+def run_system_serving(args, deployment=None) -> int:
     from npusim.cli.progress import request_progress
     from npusim.cli.serve import client_fields, print_sweep, requests_from_args
     from npusim.serving.client import bench_row, parse_concurrencies
@@ -290,6 +326,8 @@ def run_system_serving(args) -> int:
     from npusim.mapping.deployment import Deployment
     from npusim.model.zoo import get_config
 
+    if deployment is not None:
+        return _serve(args, deployment)
     loaded = load_system(args.system, nodes=args.nodes)
     mapping = args.mapping or SERVING_MAPPINGS.get(loaded.system.name)
     if mapping is None:
@@ -358,11 +396,76 @@ def run_system_serving(args) -> int:
     return 0
 
 
+def _serve(args, dep) -> int:
+    """Serve a deployment file's pools (:func:`npusim.system.serving.serve_pools`) with the client's requests."""
+    from npusim.cli.progress import request_progress
+    from npusim.cli.serve import client_fields, print_sweep, requests_from_args
+    from npusim.serving.client import bench_row, parse_concurrencies
+    from npusim.system.deploy import scenario
+    from npusim.system.serving import serve_pools
+
+    loaded, pools = scenario(dep, str(args.deployment))
+    reqs, clipped, over_context = requests_from_args(args)
+    if not reqs:
+        raise ConfigError("no requests to serve (check --trace, --duration or --num-prompts)")
+    chip_cost = system_chip_cost(args, loaded)
+    kv = dep.kv_transfer
+
+    def serve_once(max_concurrency):
+        with request_progress(len(reqs), enabled=not args.no_progress, kernels=("chip", "system")) as progress:
+            run = serve_pools(loaded, pools, reqs, dep.model, kv_fabric=args.kv_fabric or (kv.fabric if kv else None),
+                              via=kv.via if kv else "sdma", slo_ttft_ms=args.slo_ttft_ms or dep.slo_ttft_ms,
+                              slo_tpot_ms=args.slo_tpot_ms or dep.slo_tpot_ms, slo_tbt_ms=args.slo_tbt_ms,
+                              seed=args.seed, progress=progress, chip_cost=chip_cost, max_concurrency=max_concurrency,
+                              runtime=getattr(args, "runtime", None))
+        run.summary.update(client_fields(args, max_concurrency))
+        return run
+
+    if args.sweep_concurrency is not None:
+        rows = [bench_row(serve_once(c).summary, c) for c in parse_concurrencies(args.sweep_concurrency)]
+        return print_sweep(args, {"model": dep.model, "system": loaded.system.name, "deployment": str(args.deployment),
+                                  "requests": len(reqs), **client_fields(args, None), "rows": rows})
+    run = serve_once(args.max_concurrency)
+    out = run.summary
+    out.update({"deployment": str(args.deployment), "requests_clipped": clipped, "context_clipped": over_context})
+    if dep.estimate:
+        out["estimate"] = estimate_error(dep.estimate, out)
+    if args.out:
+        write_json(args.out / "summary.json", out)
+    if args.json:
+        print(json_text(out))
+        return 0
+    _print_serving(out)
+    if "estimate" in out:
+        e = out["estimate"]
+        print(f"  plan estimate  TTFT {e['ttft_ms']:,.1f} ms, TPOT {e['tpot_ms']:,.2f} ms (npusim plan --serving's step "
+              f"estimate at the deployment's full load): {_pct(e['ttft_error'])} and {_pct(e['tpot_error'])} off this "
+              "run's means")
+    return 0
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def estimate_error(estimate: dict, served: dict) -> dict:
+    """The plan search's step estimate beside the served means: ``(estimate - served) / served``."""
+    out = dict(estimate)
+    for key in ("ttft_ms", "tpot_ms"):
+        got = (served.get(key) or {}).get("mean")
+        est = estimate.get(key)
+        out[f"served_{key}"] = got
+        out[f"{key[:4]}_error"] = (est - got) / got if est is not None and got else None
+    return out
+
+
 def _print_serving(s: dict) -> None:
     from npusim.cli.serve import client_line, fmt, latency_line
 
-    print(f"{s['model']} serving on {s['system']}: {s['requests_total']} requests; prefill {s['npus_prefill']} NPUs, "
-          f"decode {s['npus_decode']} NPUs ({mtp_words(s['mtp'], s['mtp_acceptance'])})")
+    pools = ", ".join(f"{p['role']} {p['instances']} x {p['npus_per_instance']} NPUs" for p in s["pools"])
+    print(f"{s['model']} serving on {s['system']}: {s['requests_total']} requests; {s['mode']}: {pools} "
+          f"({mtp_words(s['mtp'], s['mtp_acceptance'])})")
+    print("  instances      " + "; ".join(f"{p['role']}: {p['label']}" for p in s["pools"]))
     print(f"  completed      {s['requests_completed']} completed, {s['requests_rejected']} rejected over "
           f"{s['duration_s'] or 0:.2f} s; {s['prefill_batches']} prefill batches, {s['decode_steps']} decode steps "
           f"(mean {s['mean_decode_batch_per_npu']:.1f} sequences per decode NPU)")

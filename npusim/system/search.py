@@ -103,28 +103,42 @@ def _divisors(n: int) -> list[int]:
 
 
 def candidate_plans(cfg, npus: int, dies_per_npu: int, system_npus: int, precision: str = "bf16",
-                    kv_dtype: str = "bf16", max_pp: int = 8) -> tuple[list[ParallelPlan], list[dict]]:
-    """(plans the model can take, rejected plans with their reasons); see the module docstring."""
+                    kv_dtype: str = "bf16", max_pp: int = 8, all_ep: bool = False,
+                    microbatches: tuple[int, ...] | None = None, mtp: tuple[int, ...] = (0,),
+                    redundant: bool = False) -> tuple[list[ParallelPlan], list[dict]]:
+    """(plans the model can take, rejected plans with their reasons); see the module docstring.
+    The serving search (:mod:`npusim.system.serving_search`) opens the grid: ``all_ep`` every EP that
+    divides a stage's ranks and the expert count; ``microbatches`` the counts to try (default 1 and 2,
+    or ``pp`` and ``2 pp``); ``mtp`` the speculative-token counts (those beyond 0 only for models with an
+    MTP module); ``redundant`` each EP plan also with one redundant expert slot per EP rank (greedy
+    placement by load)."""
     from npusim.errors import ConfigError
 
     ranks = npus * dies_per_npu
     plans, rejected = [], []
+    mtps = [m for m in mtp if m == 0 or cfg.num_mtp_layers]
     for pp in (p for p in _divisors(ranks) if p <= max_pp and p <= cfg.num_layers):
         stage = ranks // pp
         for tp in _divisors(stage):
             eps = [1]
             if cfg.num_experts:
-                eps = [e for e in _divisors(stage) if cfg.num_experts % e == 0][-3:]
+                eps = [e for e in _divisors(stage) if cfg.num_experts % e == 0]
+                eps = eps if all_ep else eps[-3:]
             for ep in eps:
-                for mb in ((1, 2) if pp == 1 else (pp, 2 * pp)):
-                    plan = ParallelPlan(npus=npus, tp=tp, dp=stage // tp, ep=ep, pp=pp, microbatches=mb,
-                                        precision=precision, kv_dtype=kv_dtype)
-                    try:
-                        check_plan(plan, cfg, dies_per_npu, system_npus)
-                        plans.append(plan)
-                    except ConfigError as exc:
-                        rejected.append({"plan": plan.to_dict(), "batch": None, "feasible": False,
-                                         "reason": str(exc), "simulated": False})
+                extra = [(0, "none")] + ([(ep, "greedy")] if redundant and ep > 1 else [])
+                mbs = microbatches or ((1, 2) if pp == 1 else (pp, 2 * pp))
+                for mb in mbs:
+                    for m in mtps:
+                        for red, eplb in extra:
+                            plan = ParallelPlan(npus=npus, tp=tp, dp=stage // tp, ep=ep, pp=pp, microbatches=mb,
+                                                precision=precision, kv_dtype=kv_dtype, mtp=m,
+                                                redundant_experts=red, eplb=eplb)
+                            try:
+                                check_plan(plan, cfg, dies_per_npu, system_npus)
+                                plans.append(plan)
+                            except ConfigError as exc:
+                                rejected.append({"plan": plan.to_dict(), "batch": None, "feasible": False,
+                                                 "reason": str(exc), "simulated": False})
     return plans, rejected
 
 
@@ -138,15 +152,22 @@ def default_batches(phase: str, npus: int) -> list[int]:
     return out
 
 
+def front(points: list[dict], order: Callable, value: Callable) -> list[dict]:
+    """The Pareto front of two objectives: ``points`` in ``order`` (best first on the first objective,
+    ties best first on the second), each kept when its ``value`` (the second, higher is better) beats
+    every point before it."""
+    out, best = [], float("-inf")
+    for p in sorted(points, key=order):
+        if value(p) > best:
+            out.append(p)
+            best = value(p)
+    return out
+
+
 def pareto(points: list[dict], lat: str) -> list[dict]:
     """Feasible points not beaten on both tokens/s per NPU (higher) and latency (lower), by latency."""
-    pts = sorted((p for p in points if p["feasible"]), key=lambda p: (p[lat], -p["tokens_per_s_per_npu"]))
-    front, best = [], -1.0
-    for p in pts:
-        if p["tokens_per_s_per_npu"] > best:
-            front.append(p)
-            best = p["tokens_per_s_per_npu"]
-    return front
+    return front([p for p in points if p["feasible"]], lambda p: (p[lat], -p["tokens_per_s_per_npu"]),
+                 lambda p: p["tokens_per_s_per_npu"])
 
 
 def search_plans(system: str, nodes: int | None, model, npus: int, phase: str, seq: int, kv: int,

@@ -1,0 +1,391 @@
+"""Serving deployment search (``npusim plan --serving``): aggregated or disaggregated, which plans, how
+many instances, what batch limits, for a model on ``N`` NPUs of a system, under TTFT/TPOT objectives;
+every answer checked by serving requests (:func:`npusim.system.serving.serve_pools`).
+
+1. **Step search** (on the worker pool, one task per plan): every instance size ``n`` dividing the
+   budget ``N``; every plan of its dies (:func:`npusim.system.search.candidate_plans` with the grid
+   open: every ``tp`` and every EP that divides, ``pp`` up to ``max_pp``, micro-batches 1 and 2, MTP 0
+   and 1 for models with an MTP module, one redundant expert slot per EP rank when the routing is
+   skewed -- with uniform routing a copy only takes memory). Decode: each plan at batches on the grid
+   1, 2, 3, 4, 6, 8, 12 ... (powers of two and 1.5 times them) up to 64 per NPU at the context
+   ``input + output / 2``, until one misses the TPOT objective or HBM; prefill: one prompt of
+   ``input`` tokens per DP group (its TTFT when it runs alone).
+2. **Estimates** (arithmetic on the step results, to rank candidates, never an answer):
+   *aggregated* -- a decode plan at batch ``b`` (per instance), ``N / n`` replicas: an instance makes
+   ``b`` requests' tokens per ``O x tpot(b) + b x t_p`` (``t_p``: its prefill time per prompt, the
+   prompts' steps stall the decodes), so TPOT ~ ``tpot(b) + b t_p / O`` and TTFT ~ the prefill step;
+   *disaggregated* (xPyD) -- ``x`` prefill instances of the fastest-prompt plan of each size and ``y``
+   decode instances of a decode plan at batch ``b`` (``x n_p + y n_d <= N``): requests/s =
+   min(``x dp / ttft``, ``y b / (O tpot)``), TTFT ~ the prefill step, TPOT ~ ``tpot(b)``.
+3. **Serving check**: the best ``serve_top`` candidates of each mode by estimated tokens/s per NPU
+   (among those the estimate says meet both objectives), and the best of each mode again at a quarter
+   of its batch limit (a point further up the tokens/s-per-user axis; that candidate's own estimate), are served: a closed loop of
+   ``C`` = the deployment's sequence slots (at most ``max_concurrency``), ``3 C`` prompts of exactly
+   ``input``/``output`` tokens, all sent at 0. Latencies are judged on the requests sent after the
+   first ``C`` (the first wave's TTFT is the cold start's queue, not the deployment's steady state);
+   throughput is the tokens made while the loop is full (:func:`steady_throughput`: from the first
+   refill to the last send; the whole run's, ramp-up and drain included, is beside it). A candidate is *feasible* when those requests' mean TTFT and mean
+   TPOT meet the objectives.
+
+Not guaranteed: that a tighter objective never gives a better ``best`` across two searches. Judged on the
+same served candidates it cannot (a tighter objective only removes feasible ones), but each search serves
+the best *estimates* under its own objectives, so a tighter search can serve a candidate a looser one
+ranked below its top ``serve_top`` and did not serve (Qwen3-30B-A3B on 8 CloudMatrix384 NPUs: at 500 ms /
+20 ms the search served an aggregated batch-256 deployment, 1,541.7 tokens/s per NPU, that the 2,000 ms /
+50 ms search ranked below its batch-512 one, 1,526.1 when served: the estimate keeps growing with the batch
+while served throughput has saturated).
+
+``best`` is the feasible served candidate with the most output tokens/s per NPU (``best_per_objective``
+also names the one with the most tokens/s per user); ``pareto`` the feasible served candidates no
+other beats on both tokens/s per NPU and tokens/s per user. Every served candidate carries its step
+estimate and the estimate's error against the served result.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+from npusim.errors import ConfigError, NpusimError
+from npusim.model.zoo import get_config
+from npusim.system.search import PlanPoint, _divisors, _system, candidate_plans, front, run_plan_point
+from npusim.system.step_table import grid
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """One plan's batches, run in order until one fails (a worker's task)."""
+
+    points: tuple[PlanPoint, ...]
+
+
+def run_ladder(task: Ladder) -> list[dict]:
+    out = []
+    for pt in task.points:
+        rec = run_plan_point(pt)
+        rec["phase"] = pt.phase
+        out.append(rec)
+        if not rec["feasible"]:
+            break
+    return out
+
+
+def _ladder_died(task: Ladder, exc: BaseException) -> list[dict]:
+    return [{"plan": task.points[0].plan, "batch": task.points[0].batch, "phase": task.points[0].phase,
+             "feasible": False, "simulated": False,
+             "reason": f"the worker running this plan died ({type(exc).__name__}: {exc})"}]
+
+
+@dataclass(frozen=True)
+class ServeTask:
+    """One candidate deployment to serve (a worker's task)."""
+
+    deployment: dict  # ServingDeployment fields
+    num_prompts: int
+    concurrency: int
+    input_len: int
+    output_len: int
+    seed: int = 0
+    index: int = 0  # its place in the search's list (results come back in completion order)
+
+
+def serve_candidate(task: ServeTask) -> dict:
+    """Serve a candidate (see the module docstring); its served figures, never raises for its own failure."""
+    from npusim.serving.metrics import summarize
+    from npusim.serving.requests import synthetic_requests
+    from npusim.system.deploy import ServingDeployment, scenario
+    from npusim.system.serving import serve_pools
+
+    try:
+        dep = ServingDeployment(**task.deployment)
+        loaded, cc = _system(dep.system, dep.nodes)
+        loaded, pools = scenario(dep, loaded=loaded)
+        reqs = synthetic_requests(task.num_prompts, math.inf, input_len=task.input_len, output_len=task.output_len,
+                                  seed=task.seed)
+        reqs = [replace(r, arrival_s=0.0) for r in reqs]
+        run = serve_pools(loaded, pools, reqs, dep.model, kv_fabric=dep.kv_transfer.fabric if dep.kv_transfer else None,
+                          via=dep.kv_transfer.via if dep.kv_transfer else "sdma", slo_ttft_ms=dep.slo_ttft_ms,
+                          slo_tpot_ms=dep.slo_tpot_ms, seed=task.seed, chip_cost=cc, max_concurrency=task.concurrency)
+        s = run.summary
+        steady = [r for r in run.records if r.id >= task.concurrency] or run.records
+        st = summarize(steady, slo_ttft_s=dep.slo_ttft_ms / 1e3 if dep.slo_ttft_ms else None,
+                       slo_tpot_s=dep.slo_tpot_ms / 1e3 if dep.slo_tpot_ms else None)
+        ttft, tpot = st["ttft_ms"]["mean"], st["tpot_ms"]["mean"]
+        steady_tput = steady_throughput(run.records, task.concurrency)
+        npus_total = s["npus_total"]
+        return {"_task": task.index, "served": True,
+                "output_throughput_per_npu": steady_tput / npus_total if steady_tput else s["output_throughput_per_npu"],
+                "output_throughput_per_npu_run": s["output_throughput_per_npu"],
+                "output_throughput": s["output_throughput"], "ttft_ms": ttft, "tpot_ms": tpot,
+                "ttft_p99_ms": st["ttft_ms"]["p99"], "tpot_p99_ms": st["tpot_ms"]["p99"],
+                "tokens_per_s_per_user": 1e3 / tpot if tpot else None, "slo_attainment": st["slo_attainment"],
+                "requests_completed": s["requests_completed"], "num_prompts": task.num_prompts,
+                "max_concurrency": task.concurrency, "mean_concurrency": s["mean_concurrency"],
+                "conservation": s["conservation"], "reason": None}
+    except NpusimError as exc:
+        return {"_task": task.index, "served": False, "reason": str(exc)}
+    except Exception as exc:  # a bug: recorded, the search goes on
+        return {"_task": task.index, "served": False, "reason": f"{type(exc).__name__}: {exc}"}
+
+
+def steady_throughput(records, concurrency: int) -> float | None:
+    """Output tokens/s while the closed loop is full: tokens made between the first refill (the send of
+    request ``concurrency``) and the last send, over that window (None when there is no such window)."""
+    recs = sorted(records, key=lambda r: r.id)
+    if len(recs) <= concurrency:
+        return None
+    t0, t1 = recs[concurrency].arrival_s, recs[-1].arrival_s
+    if t1 <= t0:
+        return None
+    made = sum(1 for r in recs for t in r.token_times_s if t0 < t <= t1)
+    return made / (t1 - t0)
+
+
+def _serve_died(task: ServeTask, exc: BaseException) -> dict:
+    return {"_task": task.index, "served": False, "reason": f"the worker serving this candidate died ({type(exc).__name__}: {exc})"}
+
+
+def _pareto(points: list[dict]) -> list[dict]:
+    """Points not beaten on both tokens/s per NPU and tokens/s per user, by tokens/s per user."""
+    return front(points, lambda p: (-p["tokens_per_s_per_user"], -p["output_throughput_per_npu"]),
+                 lambda p: p["output_throughput_per_npu"])
+
+
+def _label(c: dict) -> str:
+    from npusim.system.search import plan_label
+
+    return " + ".join(f"{p['instances']}x {p['role']} [{plan_label(p['plan'])} mtp{p['plan']['mtp']} "
+                      f"b{p['max_batch_per_npu'] * p['plan']['npus'] if p['role'] != 'prefill' else '-'}]"
+                      for p in c["deployment"]["pools"])
+
+
+def search_serving(system: str, nodes: int | None, model, npus: int, input_len: int, output_len: int,
+                   slo_ttft_ms: float | None, slo_tpot_ms: float | None, precision: str = "bf16",
+                   kv_dtype: str = "bf16", max_pp: int = 1, routing: str = "uniform", seed: int = 0,
+                   serve_top: int = 2, max_concurrency: int = 256, workers: int = 1, client=None,
+                   kv_fabric: str | None = None, progress=None) -> dict:
+    """Search serving deployments (see the module docstring): ``best``, ``best_per_objective``,
+    ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps)."""
+    from npusim.pool import run_points
+
+    loaded, _ = _system(system, nodes)
+    cfg = get_config(model)
+    s = loaded.system
+    if npus > s.num_npus:
+        raise ConfigError(f"--npus {npus}: {s.name} has {s.num_npus} NPUs (a larger --nodes)")
+    dies = s.npu.dies
+    kv_ctx = input_len + output_len // 2
+    skewed = routing != "uniform"
+    plans, rejected = [], []
+    for n in _divisors(npus):
+        got, bad = candidate_plans(cfg, n, dies, s.num_npus, precision, kv_dtype, max_pp, all_ep=True,
+                                   microbatches=(1, 2) if max_pp == 1 else None, mtp=(0, 1), redundant=skewed)
+        plans += got
+        rejected += bad
+    mdict = cfg.to_dict()
+    ladders, pre = [], []
+    point = lambda p, b: PlanPoint(system, nodes, mdict, p.to_dict(), "decode", b, 1, kv_ctx, slo_tpot_ms,  # noqa: E731
+                                   routing, seed)
+    for p in plans:
+        lo, top = p.dp * p.microbatches, 64 * p.npus
+        ladders.append(Ladder(tuple(point(p, b) for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0])))
+        if p.mtp == 0 and p.microbatches == 1:  # a prompt's step: MTP and micro-batch overlap are decode choices
+            pre.append(Ladder((PlanPoint(system, nodes, mdict, p.to_dict(), "prefill", p.dp, input_len, input_len,
+                                         slo_ttft_ms, routing, seed),)))
+    decode_recs: list[list[dict]] = []
+    prefill_recs: list[list[dict]] = []
+    total = len(ladders) + len(pre)
+    done = [0]
+    clock = time.perf_counter()
+
+    def tick(store):
+        def f(recs):
+            store.append(recs)
+            done[0] += 1
+            if progress:
+                progress(done[0], total)
+        return f
+    into = {"prefill": tick(prefill_recs), "decode": tick(decode_recs)}
+    run_points(run_ladder, pre + ladders, lambda recs: into[recs[0]["phase"]](recs), _ladder_died, workers, client)
+    # between the powers of two: the 1.5x point above each of the best plans' last feasible batch (the three
+    # best plans of each instance size by tokens/s per NPU; the others are far behind at the powers of two)
+    best_of: dict[int, list] = {}
+    for rs in decode_recs:
+        ok = [r for r in rs if r["feasible"]]
+        if ok and len(ok) < len(rs):  # it failed at 2x its last feasible batch
+            best_of.setdefault(ok[-1]["plan"]["npus"], []).append(ok[-1])
+    refine = []
+    for recs in best_of.values():
+        for r in sorted(recs, key=lambda r: -r["tokens_per_s_per_npu"])[:3]:
+            b = r["batch"] * 3 // 2
+            if b > r["batch"]:
+                refine.append(Ladder((point(_plan(r["plan"]), b),)))
+    total += len(refine)
+    run_points(run_ladder, refine, tick(decode_recs), _ladder_died, workers, client)
+    steps_s = time.perf_counter() - clock
+    step_points = sum(r.get("simulated", False) for rs in decode_recs + prefill_recs for r in rs)
+    key = lambda d: tuple(sorted((k, str(v)) for k, v in d.items()))  # noqa: E731
+    prefill = {}  # plan key -> (ttft ms, prompts per step, npus, plan)
+    for rs in prefill_recs:
+        r = rs[0]
+        if r.get("ttft_ms") is not None and r.get("simulated"):
+            prefill[key(r["plan"])] = (r["ttft_ms"], r["batch"], r["plan"]["npus"], r["plan"])
+    decode = []  # (plan, batch, tpot ms)
+    for rs in decode_recs:
+        for r in rs:
+            if r["feasible"]:
+                decode.append((r["plan"], r["batch"], r["tpot_ms"], r["tokens_per_s_per_npu"]))
+    O = output_len
+    cands = []
+    base = {"model": model if isinstance(model, str) else cfg.name, "system": s.name, "nodes": nodes, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms}
+    # aggregated: n divides N, all N NPUs in N / n replicas
+    for plan, b, tpot, _ in decode:
+        pk = key({**plan, "mtp": 0, "microbatches": 1})
+        if pk not in prefill:
+            continue
+        ttft, prompts, n, _ = prefill[pk]
+        if npus % n or b % n:  # a deployment limits sequences per NPU: a batch it can state
+            continue
+        t_p = ttft / prompts  # ms of prefill per prompt on the instance
+        cycle = O * tpot + b * t_p
+        tput = b * O / cycle * 1e3 * (npus // n) / npus
+        est = {"ttft_ms": ttft, "tpot_ms": cycle / O, "output_throughput_per_npu": tput,
+               "tokens_per_s_per_user": 1e3 * O / cycle}
+        dep = {**base, "mode": "aggregated", "kv_transfer": None,
+               "pools": [{"role": "aggregated", "instances": npus // n, "plan": plan,
+                          "max_batch_per_npu": b // n,
+                          "tokens_per_npu": max(128, _ceil_to(plan["dp"] * input_len + b, n) // n),
+                          "chunk_tokens": 0}]}
+        cands.append({"mode": "aggregated", "deployment": dep, "estimate": est, "slots": b * (npus // n)})
+    # disaggregated: the fastest prompt plan of each size, any decode plan and batch, x n_p + y n_d <= N
+    best_p: dict[int, tuple] = {}
+    for ttft, prompts, n, pplan in prefill.values():
+        rate = prompts / ttft  # prompts per ms
+        if (slo_ttft_ms is None or ttft <= slo_ttft_ms) and (n not in best_p or rate > best_p[n][0]):
+            best_p[n] = (rate, ttft, pplan)
+    fabric = kv_fabric or _kv_fabric(loaded)
+    for plan, b, tpot, _ in decode:
+        nd = plan["npus"]
+        if b % nd:
+            continue
+        for n_p, (rate_p, ttft, pplan) in best_p.items():
+            for y in range(1, npus // nd + 1):
+                x = (npus - y * nd) // n_p
+                if x < 1:
+                    continue
+                req_rate = min(x * rate_p, y * b / (O * tpot))  # requests per ms
+                used = x * n_p + y * nd
+                est = {"ttft_ms": ttft, "tpot_ms": tpot, "output_throughput_per_npu": req_rate * O * 1e3 / used,
+                       "tokens_per_s_per_user": 1e3 / tpot}
+                dep = {**base, "mode": "disaggregated", "kv_transfer": {"fabric": fabric, "via": "sdma"},
+                       "pools": [{"role": "prefill", "instances": x, "plan": pplan, "max_batch_per_npu": 64,
+                                  "tokens_per_npu": max(128, _ceil_to(input_len, n_p) // n_p), "chunk_tokens": 0},
+                                 {"role": "decode", "instances": y, "plan": plan,
+                                  "max_batch_per_npu": b // nd, "tokens_per_npu": 16384, "chunk_tokens": 0}]}
+                cands.append({"mode": "disaggregated", "deployment": dep, "estimate": est, "slots": b * y})
+    ok = lambda c: ((slo_ttft_ms is None or c["estimate"]["ttft_ms"] <= slo_ttft_ms)  # noqa: E731
+                    and (slo_tpot_ms is None or c["estimate"]["tpot_ms"] <= slo_tpot_ms))
+    for c in cands:
+        c["estimate_feasible"] = ok(c)
+    chosen = []
+    for mode in ("aggregated", "disaggregated"):
+        ranked = sorted((c for c in cands if c["mode"] == mode and c["estimate_feasible"]),
+                        key=lambda c: -c["estimate"]["output_throughput_per_npu"])
+        mine = ranked[:serve_top]
+        if mine:  # the best again at a quarter of its batch limit: further along the per-user axis
+            low = _quarter(mine[0])
+            match = [c for c in cands if low is not None and _label(c) == _label(low)]  # with its own estimate
+            if match and all(_label(match[0]) != _label(c) for c in mine):
+                mine.append(match[0])
+        chosen += [c for c in mine if c not in chosen]
+    tasks = []
+    for c in chosen:
+        conc = max(1, min(max_concurrency, c["slots"]))
+        tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks)))
+    clock = time.perf_counter()
+    served: list[dict] = []
+    run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
+    out_cands = list(zip(chosen, _in_order(served, tasks)))
+    evaluated = []
+    for c, r in out_cands:
+        rec = {"mode": c["mode"], "deployment": c["deployment"], "label": _label(c), "estimate": c["estimate"]}
+        rec.update({k: v for k, v in r.items() if k != "_task"})
+        if r.get("served"):
+            fe = ((slo_ttft_ms is None or r["ttft_ms"] <= slo_ttft_ms)
+                  and (slo_tpot_ms is None or r["tpot_ms"] <= slo_tpot_ms))
+            rec["feasible"] = fe
+            if not fe:
+                why = []
+                if slo_ttft_ms is not None and r["ttft_ms"] > slo_ttft_ms:
+                    why.append(f"TTFT {r['ttft_ms']:.1f} ms > {slo_ttft_ms:g} ms")
+                if slo_tpot_ms is not None and r["tpot_ms"] > slo_tpot_ms:
+                    why.append(f"TPOT {r['tpot_ms']:.2f} ms > {slo_tpot_ms:g} ms")
+                rec["reason"] = "served: " + ", ".join(why)
+            rec["estimate_error"] = {k: (c["estimate"][k] - r[k]) / r[k] if r.get(k) else None
+                                     for k in ("ttft_ms", "tpot_ms", "output_throughput_per_npu")}
+        else:
+            rec["feasible"] = False
+        evaluated.append(rec)
+    unserved = []
+    for c in cands:
+        if any(c is cc for cc in chosen):
+            continue
+        unserved.append({"mode": c["mode"], "label": _label(c), "estimate": c["estimate"], "feasible": False,
+                         "served": False, "reason": "estimate: misses an objective" if not c["estimate_feasible"]
+                         else "not served: below the served candidates by estimated tokens/s per NPU"})
+    feasible = [r for r in evaluated if r["feasible"]]
+    best = max(feasible, key=lambda r: r["output_throughput_per_npu"]) if feasible else None
+    fastest = max(feasible, key=lambda r: r["tokens_per_s_per_user"]) if feasible else None
+    if best is not None:
+        best = {**best, "ttft_ms": best["ttft_ms"], "tpot_ms": best["tpot_ms"]}
+    return {"system": s.name, "model": cfg.name, "npus": npus, "input_len": input_len, "output_len": output_len,
+            "objective": {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms,
+                          "metric": "output_throughput_per_npu"},
+            "best": best, "best_per_objective": {"output_throughput_per_npu": best, "tokens_per_s_per_user": fastest},
+            "pareto": _pareto(feasible), "evaluated": len(evaluated),
+            "candidates": evaluated + unserved + [{"mode": None, "feasible": False, "served": False,
+                                                   "reason": r["reason"], "plan": r["plan"]} for r in rejected],
+            "step_points": step_points, "plans": len(plans), "rejected_plans": len(rejected),
+            "decode_points": sum(len(rs) for rs in decode_recs), "prefill_points": len(prefill_recs),
+            "deployments_estimated": len(cands),
+            "wall_s": {"steps": steps_s, "serving": time.perf_counter() - clock}}
+
+
+def _in_order(served: list[dict], tasks: list[ServeTask]) -> list[dict]:
+    by = {r.get("_task"): r for r in served}
+    return [by.get(i, {"served": False, "reason": "no result"}) for i in range(len(tasks))]
+
+
+def _quarter(c: dict) -> dict | None:
+    """The same deployment at a quarter of its decode batch limit (None when that is below 4 per instance);
+    the search serves the candidate of that label, with its own step estimate, when there is one."""
+    import copy
+
+    d = copy.deepcopy(c)
+    pool = next(p for p in d["deployment"]["pools"] if p["role"] != "prefill")
+    per_inst = pool["max_batch_per_npu"] * pool["plan"]["npus"]
+    if per_inst < 4:
+        return None
+    pool["max_batch_per_npu"] = max(1, pool["max_batch_per_npu"] // 4)
+    return d
+
+
+def _plan(d: dict):
+    from npusim.system.plan import ParallelPlan
+
+    return ParallelPlan.from_dict(d)
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _kv_fabric(loaded) -> str:
+    """The fabric KV moves between instances over: the system's serving file's (RoCE on Atlas 800I A2,
+    the RDMA plane on CloudMatrix384), else the system's first fabric."""
+    names = list(loaded.system.fabrics)
+    for want in ("rdma", "roce"):
+        if want in names:
+            return want
+    return names[0]
