@@ -158,6 +158,9 @@ def run_serving_plan(args) -> int:
     for flag in ("kv", "seq", "batches"):
         if getattr(args, flag) is not None:
             raise ConfigError(f"--{flag}: a step search's; --serving takes --input-len and --output-len")
+    if args.runtime is not None:  # not yet passed through the serving search
+        raise ConfigError("--runtime: not yet taken with --serving; the deployment search runs each system's default "
+                          "runtime (the presets: graph for decode, eager for prefill)")
     check_routing(args.routing)
     loaded = load_system(args.system, nodes=args.nodes)
     npus = args.npus or loaded.system.npus_per_node
