@@ -78,14 +78,16 @@ class Simulator:
 
     def __init__(self, arch: Arch, memory_mode: str = "tlm", noc_mode: str = "path", txlog_rows: int = 0,
                  noc_graph=None, cmdlog_rows: int = 0, memory_over_noc: bool | None = None,
-                 memory_streams: str = "reserve", memory_port_lanes: int | None = None,
+                 memory_streams: str = "flow", memory_port_lanes: int | None = None,
                  memory_packets: str = "burst"):
         """``noc_graph``: a networkx topology (see ``npusim.hw.noc.topology``) with one router
         per core, instead of the arch's mesh. ``txlog_rows`` / ``cmdlog_rows``: capacity of the HBM
         model's transaction log / DRAM command trace (tests, debugging; 0 = off). ``memory_over_noc``: route HBM transaction streams over the
         NoC (default: at the path and flit fidelities, not at the analytical one). ``memory_streams``:
-        at the path fidelity, ``reserve`` (default) times each memory stream by reserving its path
-        when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`).
+        at the path fidelity, ``flow`` (default) carries each DMA's traffic as a flow sharing the
+        mesh's links max-min fairly (:mod:`npusim.hw.noc.memflow`), ``reserve`` times each memory
+        stream by reserving its path when it starts, ``hop`` moves its header hop by hop (see
+        :mod:`npusim.sim.mempath`).
         ``memory_port_lanes``: at the path and flit fidelities, streams towards the memory (read
         requests, write data) leave the mesh at their attach router's memory-controller port, one lane
         (one flit a cycle) per HBM channel attached there (``None``, the default), or ``k`` lanes per
@@ -162,9 +164,13 @@ class Simulator:
                                    noc.link_bytes_per_cycle, noc.router_pipeline_cycles, noc.link_latency_cycles,
                                    arch.num_cores * self.dma_engines, memory_streams,
                                    memory_ports=memory_port_lanes is None or int(memory_port_lanes) > 0,
-                                   packets=memory_packets)
-        # a DMA start pushes one event per stream it starts (two per attach router)
+                                   packets=memory_packets, n_links=self.topology.num_links, memory_lanes=lanes,
+                                   max_outstanding=arch.cores.dma.max_outstanding)
+        # a DMA start pushes one event per stream it starts (two per attach router); a flow update
+        # one per flow that ends, and the next update
         self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
+        if memory_streams == "flow":
+            self._headroom += arch.num_cores * self.dma_engines + 2
         if self.l2_tlm:  # an L2 fill's response releases every hit waiting for it: at most every slot
             self._headroom += self.mem.sl_addr.shape[0]
         # the SRAM ports in the timing path: at the TLM memory fidelity only (sramport.py)
