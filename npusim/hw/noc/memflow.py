@@ -17,8 +17,9 @@ resource it crosses by a fixed coefficient, the flits that resource carries per 
   ``max_outstanding`` transactions of ``transaction_bytes``, ``lim = max(1, min(max_outstanding,
   max_outstanding * transaction_bytes // burst bytes))``, as the flit model's DMA engines,
   :mod:`npusim.hw.noc.flit_engine`), each holding its tag for a zero-load round trip
-  ``RTT_r = 2 ((h_r + 1) S + h_r L) + f_r - 1`` cycles (``h_r`` hops, ``S`` router pipeline, ``L``
-  link latency, ``f_r`` flits a burst's data takes): ``cap = lim * burst bytes / mean RTT``
+  ``RTT_r = 2 ((h_r + 1) S + h_r L) + f_r - 1 + 5`` cycles (``h_r`` hops, ``S`` router pipeline, ``L``
+  link latency, ``f_r`` flits a burst's data takes; 5: ``RTT_OVERHEAD``, the flit model's
+  per-trip overhead measured on one engine): ``cap = lim * burst bytes / mean RTT``
   (Little's law; bursts are spread over the routers in proportion to ``n_r``, the DMA engine
   cycling over them).
 
@@ -35,11 +36,13 @@ Left out (the flit model has them): per-flit arbitration, finite buffers and hea
 blocking (a flow gets its max-min share even where wormhole routers would block it behind another
 packet), the controllers' queues' order (first-come first-served across cores: the flow model
 shares a memory port fairly instead), and queueing delay in the round trip (the cap uses the
-zero-load trip). Core-to-core messages keep the path model (:mod:`npusim.hw.noc.path`): they see
-a link's capacity left by the flows (a message crossing a link whose flows use a fraction ``u``
-of it holds the link ``F / max(1 - u, 1 / (n + 1))`` cycles, ``n`` the flows on it: at least a
-fair share), and the flows do not see the messages (the links' load may exceed a link by a
-message's share while one crosses; collectives are a small part of a decode step's traffic).
+zero-load trip). Core-to-core messages keep the path model (:mod:`npusim.hw.noc.path`) and the
+two do not see each other: a message claims a link whatever the flows on it carry, and the flows
+share the links as if no message crossed them (so a link's load may exceed its width by the
+messages' flits while both cross it). Chosen for cost and because messages are a small part of the
+mesh's traffic where flows matter (the README forward pass: 0.4 MB of messages beside 1.1 GiB of
+HBM traffic); the flows' per-resource load (``load``, ``nflows``) is kept so that a later model can
+let messages see the capacity the flows leave.
 
 Units: time in cycles of the NoC clock (the chip clock), rates in bytes per cycle, capacities in
 flits per cycle. Deterministic: flows are kept in start order and solved in that order.
@@ -58,6 +61,14 @@ from npusim.hw.maxmin import maxmin_rates, new_scratch
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_MFLOW_UPDATE = 23
+#: cycles a burst's round trip takes beyond the two zero-load trips: the flit model's DMA engine
+#: issues the next request the cycle after a tag frees, its controller answers the cycle after the
+#: request arrives, and the request and the data each wait a cycle at the network interface / the
+#: memory injection lane. Measured, not fitted to a workload: one DMA engine of npusim-64c reading
+#: from one router at 3, 7, 8 and 14 hops with 8 bursts in flight (window-limited) takes
+#: ``2 ((h + 1) S + h L) + f - 1 + 5`` cycles a round trip at the flit fidelity, every one of them
+#: (``validation/memory_flows_vs_flit.py --rtt``).
+RTT_OVERHEAD = 5
 
 MemFlows = namedtuple("MemFlows", [
     "prm", "rcap", "load", "nflows",  # parameters; per resource: capacity and load (flits/cycle), flows
@@ -145,7 +156,7 @@ def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports)
     # the round trip of one burst here, weighted by the bursts (mean taken in memflow_go)
     S, L = mf.prm[P_S], mf.prm[P_L]
     per = (out_flits + back_flits) / bursts  # a burst's flits both ways: one is a header-only packet
-    rtt = 2.0 * ((h + 1) * S + h * L) + per - 2.0
+    rtt = 2.0 * ((h + 1) * S + h * L) + per - 2.0 + RTT_OVERHEAD
     mf.fsc[F_ACC_RTT] += bursts * rtt
 
 
