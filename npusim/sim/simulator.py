@@ -35,7 +35,7 @@ from npusim.hw.memory.hbm import (
 from npusim.hw.memory.params import P_L2_ON, P_L2_SLICES, memory_params
 from npusim.hw.noc.flit import link_flits, zero_load_latency_cycles
 from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
-from npusim.hw.noc.path import grow_slots, new_path_state
+from npusim.hw.noc.path import PRM_HOLD, grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh_topology, to_arrays
 from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, PACKET_MODELS, STREAM_MODELS, new_mempath
@@ -171,6 +171,8 @@ class Simulator:
         self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
         if memory_streams == "flow":
             self._headroom += arch.num_cores * self.dma_engines + 2
+            if self.memory_over_noc and noc_mode == "path":  # messages' links are counted for the flows
+                self.noc.prm[PRM_HOLD] = 1
         if self.l2_tlm:  # an L2 fill's response releases every hit waiting for it: at most every slot
             self._headroom += self.mem.sl_addr.shape[0]
         # the SRAM ports in the timing path: at the TLM memory fidelity only (sramport.py)

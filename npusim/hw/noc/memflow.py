@@ -36,13 +36,13 @@ Left out (the flit model has them): per-flit arbitration, finite buffers and hea
 blocking (a flow gets its max-min share even where wormhole routers would block it behind another
 packet), the controllers' queues' order (first-come first-served across cores: the flow model
 shares a memory port fairly instead), and queueing delay in the round trip (the cap uses the
-zero-load trip). Core-to-core messages keep the path model (:mod:`npusim.hw.noc.path`) and the
-two do not see each other: a message claims a link whatever the flows on it carry, and the flows
-share the links as if no message crossed them (so a link's load may exceed its width by the
-messages' flits while both cross it). Chosen for cost and because messages are a small part of the
-mesh's traffic where flows matter (the README forward pass: 0.4 MB of messages beside 1.1 GiB of
-HBM traffic); the flows' per-resource load (``load``, ``nflows``) is kept so that a later model can
-let messages see the capacity the flows leave.
+zero-load trip). Core-to-core messages keep the path model (:mod:`npusim.hw.noc.path`): a message
+holds each link (and its destination's ejection port) exclusively from its header's claim to its
+release, as before, and the flows see it as a load: while a message holds a link, that link's
+capacity is the message's (``holds``: the path model counts the messages holding each link, and a
+claim or release re-shares the flows' rates at that cycle). So a message is never slowed by the
+flows (it waits only for other messages), flows crossing a held link stop meanwhile, and no link
+ever carries more than its width.
 
 Units: time in cycles of the NoC clock (the chip clock), rates in bytes per cycle, capacities in
 flits per cycle. Deterministic: flows are kept in start order and solved in that order.
@@ -71,7 +71,7 @@ EV_MFLOW_UPDATE = 23
 RTT_OVERHEAD = 5
 
 MemFlows = namedtuple("MemFlows", [
-    "prm", "rcap", "load", "nflows",  # parameters; per resource: capacity and load (flits/cycle), flows
+    "prm", "rcap", "ceff", "load", "nflows",  # parameters; per resource: capacity and load (flits/cycle), flows
     "e_n", "e_res", "e_coef",  # per initiator: its resources and flits per byte on each
     "pos",  # scratch: a resource's entry in the row being built (-1: none)
     "fcap", "rate", "rem", "rtt", "nbytes",  # per initiator: cap, rate (bytes/cycle), bytes left, RTT
@@ -100,7 +100,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     return MemFlows(
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
                       max(1, int(max_outstanding)) * int(transaction_bytes)], np.int64),
-        rcap=rcap, load=np.zeros(nres, np.float64), nflows=np.zeros(nres, np.int64),
+        rcap=rcap, ceff=rcap.copy(), load=np.zeros(nres, np.float64), nflows=np.zeros(nres, np.int64),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
         pos=np.full(nres, -1, np.int64),
         fcap=np.zeros(ni, np.float64), rate=np.zeros(ni, np.float64), rem=np.zeros(ni, np.float64),
@@ -208,10 +208,20 @@ def _load(mf, f, sign):
 
 
 @njit(cache=True, _nrt=False)
-def memflow_update(mf, heap, hs, version, now):
+def memflow_poke(mf, heap, hs, now):
+    """A path-model message claimed or released a link: share the links again (if any flow moves)."""
+    if mf.sc[S_NACT] > 0 and mf.sc[S_PENDING] == 0:
+        mf.sc[S_VERSION] += 1
+        mf.sc[S_PENDING] = 1
+        event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
+
+
+@njit(cache=True, _nrt=False)
+def memflow_update(mf, holds, heap, hs, version, now):
     """``EV_MFLOW_UPDATE``: end the flows that drained, share the links among the rest, schedule
-    the next end. ``load``/``nflows`` hold the flows' load per resource between updates (the path
-    model's messages read them; ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity seen)."""
+    the next end; ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
+    theirs while they do). ``load``/``nflows`` hold the flows' load per resource between updates (the path
+    model's messages read them; ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the messages seen)."""
     if version != mf.sc[S_VERSION]:
         return  # superseded
     mf.sc[S_PENDING] = 0
@@ -235,7 +245,10 @@ def memflow_update(mf, heap, hs, version, now):
     mf.sc[S_NACT] = j
     if j == 0:
         return
-    mf.sc[S_ROUNDS] += maxmin_rates(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.rcap, mf.rate,
+    for l in range(holds.shape[0]):  # a link or port a message holds is not the flows' meanwhile
+        c = mf.rcap[l] - holds[l]
+        mf.ceff[l] = c if c > 0.0 else 0.0
+    mf.sc[S_ROUNDS] += maxmin_rates(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate,
                                     mf.scratch, 1e-9)
     nxt = np.inf
     peak = mf.fsc[F_PEAK_LOAD]
@@ -250,7 +263,8 @@ def memflow_update(mf, heap, hs, version, now):
                 nxt = t
         for k in range(mf.e_n[f]):
             l = mf.e_res[f, k]
-            v = mf.load[l] / mf.rcap[l]
+            c = mf.ceff[l]  # what the flows may use: the width less the messages holding it
+            v = mf.load[l] / c if c > 0.0 else (2.0 if mf.load[l] > 1e-12 else 0.0)
             if v > peak:
                 peak = v
     mf.fsc[F_PEAK_LOAD] = peak
@@ -259,4 +273,5 @@ def memflow_update(mf, heap, hs, version, now):
         event_push(heap, hs, now + max(np.int64(1), np.int64(np.ceil(nxt))), EV_MFLOW_UPDATE, mf.sc[S_VERSION])
 
 
-__all__ = ["EV_MFLOW_UPDATE", "MemFlows", "memflow_add", "memflow_go", "memflow_update", "new_memflows"]
+__all__ = ["EV_MFLOW_UPDATE", "MemFlows", "memflow_add", "memflow_go", "memflow_poke", "memflow_update",
+           "new_memflows"]
