@@ -22,7 +22,13 @@ side is the same model at every NoC fidelity):
 * a serving run (``npusim run --requests 4 --layers 2 --output-len 8``: the default scenario's first
   4 requests on npusim-64c, 2 layers, 8 output tokens; its mean end-to-end latency).
 
-    python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip-flit]
+``--rtt`` prints instead the micro-benchmark behind the flows' round trip
+(:data:`npusim.hw.noc.memflow.RTT_OVERHEAD`): one DMA engine of npusim-64c, every HBM channel
+attached at router 0, reads 64 and 128 KiB from cores 3, 7, 15 and 63 hops away; with 8 bursts in
+flight it is window-limited, so (time(128 KiB) - time(64 KiB)) / 32 is one round trip, at the flit
+NoC and at the path flows, beside the zero-load formula ``2 ((h + 1) S + h L) + f - 1``.
+
+    python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip-flit] [--rtt]
 """
 
 from __future__ import annotations
@@ -122,11 +128,36 @@ CASES = [
 ]
 
 
+def round_trips() -> None:
+    """The ``--rtt`` micro-benchmark (module docstring)."""
+    base = load_arch("npusim-64c")
+    arch = base.model_copy(update={"hbm": base.hbm.model_copy(update={"attach": [0] * 64})})
+    S, L = arch.noc.router_pipeline_cycles, arch.noc.link_latency_cycles
+    print(f"{'core':>4} {'hops':>4} {'flit RTT':>9} {'flows RTT':>9} {'zero-load':>9}")
+    for core in (3, 7, 15, 63):
+        rtt = []
+        for noc in ("flit", "path"):
+            t = []
+            for nb in (64 << 10, 128 << 10):
+                sim = Simulator(arch, memory_mode="analytical", noc_mode=noc, memory_streams="flow")
+                sim.add_dma(core, nb)
+                sim.run()
+                t.append(sim.makespan())
+            rtt.append((t[1] - t[0]) / ((64 << 10) // 256 // 8))
+        h = core % 8 + core // 8
+        print(f"{core:4d} {h:4d} {rtt[0]:9.1f} {rtt[1]:9.1f} {2 * ((h + 1) * S + h * L) + 256 // 64 - 1:9d}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help="run the cases whose label contains this")
     ap.add_argument("--skip-flit", action="store_true", help="path models only (no reference: no errors)")
+    ap.add_argument("--rtt", action="store_true", help="the round-trip micro-benchmark instead (see above)")
     args = ap.parse_args(argv)
+    if args.rtt:
+        print(machine_line())
+        round_trips()
+        return 0
     cases = [c for c in CASES if args.only.lower() in c[0].lower()]
     if not cases:
         print(f"no case matches '{args.only}'", file=sys.stderr)
