@@ -144,9 +144,8 @@ def test_a_flow_that_cannot_move_is_reported_as_no_progress():
         sim.run()
 
 
-def test_flows_are_the_default_and_cost_fewer_events_than_streams():
+def test_flows_cost_fewer_events_than_streams():
     arch = load_arch("npusim-64c")
-    assert Simulator(arch).memory_streams == "flow"
     flows, _ = _all_cores_stream(arch)
     flows.run()
     streams = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="reserve")

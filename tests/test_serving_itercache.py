@@ -91,11 +91,8 @@ def test_combined_stage_costs_keep_the_weighted_totals():
 
 def test_skeleton_replays_the_iteration_exactly_when_alone(arch64):
     """Alone on an idle chip the replayed skeleton ends when the simulated iteration did (within
-    2%: a segment's hold does not wait for the tasks inside it; every DMA replays as itself, its
-    traffic crossing the mesh), with the same HBM bytes and fewer tasks. 2%, not 0.5% as with the
-    old memory streams: at the path NoC a DMA's traffic is a max-min fair flow (issue 42 item 2), so
-    its rate depends on which DMAs overlap it, and the skeleton's holds shift when DMAs start (1.5%
-    measured on the third shape)."""
+    0.5%: a segment's hold does not wait for the tasks inside it; every DMA replays as itself, its
+    memory streams crossing the mesh), with the same HBM bytes and fewer tasks."""
     sim = ServingSimulator(arch64, _spec(2), ServingConfig(model="qwen3-0.6b", layers=2, iteration_cache=EXACT))
     inst = sim.instances[0]
     for groups, sampled, placement in (([(1, 1, 512, False)], 1, 0.0), ([(1, 64, 256, True), (4, 1, 768, False)], 5, 0.0),
@@ -107,7 +104,7 @@ def test_skeleton_replays_the_iteration_exactly_when_alone(arch64):
         replay = Simulator(arch64, memory_mode="analytical", noc_mode="path")
         ids = submit_materialized(replay, arrays)
         replay.run()
-        assert replay.task_times()[1][ids[last]] == pytest.approx(cost.duration, rel=2e-2)
+        assert replay.task_times()[1][ids[last]] == pytest.approx(cost.duration, rel=5e-3)
         dma = arrays[0] == 1
         assert arrays[2][dma, 0].sum() == cost.hbm_bytes == comp.arrays[2][comp.arrays[0] == 1, 0].sum()
 
@@ -162,9 +159,7 @@ def test_interpolation_is_bounded_by_its_corners(arch64):
     mid = replayed(((8, 1, 1280, False),))
     low, high = replayed(((8, 1, 256, False),)), replayed(((8, 1, 2048, False),))
     lo_shape, hi_shape, _ = corners(((8, 1, 1280, False),), cache.buckets)
-    # the skeleton's replay error (see test_skeleton_replays_the_iteration_exactly_when_alone: 2% with
-    # the flows, 1.0% measured here)
-    assert cache.shapes[(hi_shape, 8, 0.0)].duration == pytest.approx(high, rel=2e-2)
+    assert cache.shapes[(hi_shape, 8, 0.0)].duration == pytest.approx(high, rel=5e-3)
     assert low <= mid <= high and cache.shapes[(lo_shape, 8, 0.0)].duration <= high
 
 

@@ -25,9 +25,9 @@ class ForwardRun:
 
 def simulate_forward(graph: Graph, arch: Arch, spec: MappingSpec, memory_mode: str = "tlm",
                      noc_mode: str = "path", progress=None, mapped: Mapped | None = None,
-                     memory_over_noc: bool | None = None, memory_streams: str = "flow") -> ForwardRun:
+                     memory_over_noc: bool | None = None, memory_streams: str = "reserve") -> ForwardRun:
     """``memory_over_noc``, ``memory_streams``: see :class:`~npusim.sim.Simulator` (default: HBM
-    traffic crosses the mesh at the path and flit fidelities, as max-min fair flows at the path one)."""
+    traffic crosses the mesh at the path and flit fidelities, its streams reserving their paths)."""
     # with the TLM L2 the mapper's L2 traffic is real DMAs the cache decides (map_model, l2_addressed)
     mapped = mapped or map_model(graph, arch, spec, l2_addressed=memory_mode == "tlm" and arch.l2 is not None)
     sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode, memory_over_noc=memory_over_noc,

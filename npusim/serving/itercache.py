@@ -555,7 +555,7 @@ def _segments(q, start, end, dma, gap: int) -> np.ndarray:
 
 def measure(arch, memory_mode: str, noc_mode: str, arrays: tuple, kv_reads: np.ndarray,
             fraction: float, gap_fraction: float = GAP_FRACTION, memory_over_noc: bool | None = None,
-            memory_streams: str = "flow") -> IterationCost:
+            memory_streams: str = "reserve") -> IterationCost:
     """Simulate one iteration's materialised program alone on a fresh simulator and reduce it to
     its :class:`IterationCost`: each queue's tasks cut into *segments* of activity wherever the
     queue stays idle for more than ``gap_fraction`` of the iteration (a stage's first weight

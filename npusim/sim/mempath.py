@@ -105,7 +105,7 @@ C_BYTES, C_PARTS, C_DMAS = 0, 1, 2
 
 def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, interleave: int, private: bool,
                 dma_engines: int, txn_bytes: int, link_bytes: int, router_stages: int, link_latency: int,
-                num_initiators: int, streams: str = "flow", memory_ports: bool = True,
+                num_initiators: int, streams: str = "reserve", memory_ports: bool = True,
                 packets: str = "burst", n_links: int = 0, memory_lanes=None, max_outstanding: int = 16) -> MemPath:
     """State for ``num_initiators`` DMA engines; ``attach[ch]`` = router of channel ``ch``;
     ``hops[a, b]`` = mesh hops from router ``a`` to ``b``; ``streams``: the path fidelity's

@@ -11,7 +11,7 @@ a 16-stage pipeline per 64 cores: a chip with more cores runs one data-parallel 
 N decoder layers (for the long growth series; say so when quoting).
 
 ``--noc path,analytical`` times both NoC fidelities in one run and prints the path NoC's wall time
-over the analytical's; ``--streams`` the path NoC's memory stream models (default ``flow``; issue 42
+over the analytical's; ``--streams`` the path NoC's memory stream models (default ``reserve``, the program's; issue 42
 item 4: uncached, 1,000 requests, path at most 2x analytical).
 
 ``--cache off,on`` runs each point without and with the iteration-cost cache
@@ -222,7 +222,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="simulate only the first N decoder layers")
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=128)
-    ap.add_argument("--streams", default="flow",
+    ap.add_argument("--streams", default="reserve",
                     help="memory stream model(s) at the path NoC (npusim.sim.mempath): flow, reserve, hop or a list")
     ap.add_argument("--cache", default="off", help="iteration cache: off, on or off,on")
     ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
