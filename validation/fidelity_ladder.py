@@ -35,6 +35,10 @@ Wall time: ``--quick`` 3.7 minutes on a 2-core Xeon of speed index 3.8 (the Qwen
 takes 3.5 of them); the full set was not timed end to end (the serving case alone takes ~3 minutes
 at flit + analytical memory, more at flit + TLM).
 
+The ``path`` rung carries HBM traffic as its default ``reserve`` streams; the max-min flows of issue
+42 item 2 (``memory_streams="flow"``) are compared with flit per workload, at analytical memory, by
+``validation/memory_flows_vs_flit.py``.
+
     python validation/fidelity_ladder.py [--quick] [--only SUBSTRING]
 """
 

@@ -66,7 +66,7 @@ class ServingConfig:
     memory_mode: str = "analytical"
     noc_mode: str = "path"
     memory_over_noc: bool | None = None  # HBM traffic over the mesh (default: at the path/flit fidelities)
-    memory_streams: str = "reserve"  # path fidelity's memory-stream model (npusim.sim.mempath): reserve or hop
+    memory_streams: str = "reserve"  # path fidelity's memory-stream model (npusim.sim.mempath): flow, reserve or hop
     admission: str = "queue"
     prefix_cache: bool = False
     block_tokens: int = 16

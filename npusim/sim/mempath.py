@@ -89,14 +89,16 @@ from numba import njit
 from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM
 from npusim.hw.noc.flit_engine import flit_read_add, flit_read_go
 from npusim.engine.eventlist import event_push
+from npusim.hw.noc.memflow import memflow_add, memflow_go, new_memflows
 from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, memory_port, path_reserve_part, path_start_part
 
 MemPath = namedtuple("MemPath", ["prm", "attach", "routers", "pending", "task", "tail", "r_bytes", "r_pkt",
-                                 "hops", "counters"])
+                                 "hops", "counters", "fl"])
 (MP_ON, MP_CHANNELS, MP_INTERLEAVE, MP_PRIVATE, MP_ENGINES, MP_TXN, MP_WIDTH, MP_S, MP_L,
  MP_NEED_SLOTS, MP_NROUTERS, MP_RESERVE, MP_MEMPORT, MP_BURST) = range(14)
 MAX_BURST_BYTES = 4096  # a burst never crosses a 4 KB boundary (AXI's rule): the longest packet of a DMA
-STREAM_MODELS = ("reserve", "hop")
+STREAM_MODELS = ("flow", "reserve", "hop")
+STREAM_FLOW, STREAM_RESERVE, STREAM_HOP = 2, 1, 0  # prm[MP_RESERVE]
 PACKET_MODELS = ("burst", "transaction")  # a DMA's requests: one per burst (default) or per transaction  # path fidelity: streams reserve their path at once, or move hop by hop
 C_BYTES, C_PARTS, C_DMAS = 0, 1, 2
 
@@ -104,10 +106,12 @@ C_BYTES, C_PARTS, C_DMAS = 0, 1, 2
 def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, interleave: int, private: bool,
                 dma_engines: int, txn_bytes: int, link_bytes: int, router_stages: int, link_latency: int,
                 num_initiators: int, streams: str = "reserve", memory_ports: bool = True,
-                packets: str = "burst") -> MemPath:
+                packets: str = "burst", n_links: int = 0, memory_lanes=None, max_outstanding: int = 16) -> MemPath:
     """State for ``num_initiators`` DMA engines; ``attach[ch]`` = router of channel ``ch``;
     ``hops[a, b]`` = mesh hops from router ``a`` to ``b``; ``streams``: the path fidelity's
-    stream model (``reserve`` or ``hop``, see the module docstring); ``memory_ports``: streams
+    stream model (``flow``, ``reserve`` or ``hop``, see the module docstring; ``flow`` needs
+    ``n_links`` (mesh links), ``memory_lanes`` (per router) and the DMA engines' ``max_outstanding``
+    transactions); ``memory_ports``: streams
     towards the memory eject at the router's memory-controller port (else at the core's port);
     ``packets``: ``burst`` (one request per contiguous run of a channel, see the module docstring)
     or ``transaction`` (one per ``txn_bytes`` transaction: the model before bursts, an ablation)."""
@@ -118,12 +122,18 @@ def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, i
     n_routers = int(hops.shape[0])
     prm = np.array([int(on), channels, interleave, int(private), dma_engines, txn_bytes, link_bytes,
                     router_stages, link_latency, 2 * (1 if private else len(routers)) + 1, n_routers,
-                    int(streams == "reserve"), int(memory_ports),
+                    {"flow": STREAM_FLOW, "reserve": STREAM_RESERVE, "hop": STREAM_HOP}[streams], int(memory_ports),
                     min(interleave, MAX_BURST_BYTES) if packets == "burst" else txn_bytes], np.int64)
+    if streams == "flow" and on:
+        lanes = np.ones(n_routers, np.int64) if memory_lanes is None else np.asarray(memory_lanes, np.int64)
+        fl = new_memflows(n_links, n_routers, num_initiators, router_stages, link_latency, lanes,
+                          max_outstanding, txn_bytes)
+    else:  # a tiny stand-in (the state is typed the same way)
+        fl = new_memflows(1, 1, 1, router_stages, link_latency, np.ones(1, np.int64), max_outstanding, txn_bytes)
     return MemPath(prm=prm, attach=attach, routers=routers, pending=np.zeros(num_initiators, np.int64),
                    task=np.full(num_initiators, -1, np.int64), tail=np.zeros(num_initiators, np.int64),
                    r_bytes=np.zeros(n_routers, np.int64), r_pkt=np.zeros(n_routers, np.int64),
-                   hops=np.asarray(hops, np.int64), counters=np.zeros(4, np.int64))
+                   hops=np.asarray(hops, np.int64), counters=np.zeros(4, np.int64), fl=fl)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -199,8 +209,10 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
     w = p[MP_WIDTH]
     S, L = p[MP_S], p[MP_L]
     flit_mode = noc.prm[PRM_MODE] == MODE_FLIT
-    reserve = p[MP_RESERVE] != 0 and not flit_mode
+    reserve = p[MP_RESERVE] == STREAM_RESERVE and not flit_mode
+    flow = p[MP_RESERVE] == STREAM_FLOW and not flit_mode
     parts = 0
+    bursts = 0
     streams = 0
     tail = 0
     last = -1  # the latest tail of the streams that reserved their whole path
@@ -215,6 +227,9 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
             # bursts paced by the DMA engine's tags, what comes back sent in the order they
             # arrive (flit_engine: "DMA reads"); one part for all its routers, counted below
             flit_read_add(fnoc, init, r, n, out_flits, back_flits)
+        elif flow:  # one flow for all its routers (npusim.hw.noc.memflow), started below
+            memflow_add(mp.fl, noc, init, core, r, n, out_flits, back_flits, p[MP_MEMPORT])
+            bursts += n
         elif reserve:
             port = memory_port(noc, r) if p[MP_MEMPORT] != 0 else noc.n_links + r
             t_out = path_reserve_part(noc, heap, hs, init, core, r, out_flits, now, port)
@@ -234,6 +249,9 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         mp.r_pkt[r] = 0
     if flit_mode and streams > 0:
         flit_read_go(fnoc, heap, hs, init, core, nbytes, now, 1 if p[MP_MEMPORT] != 0 else 0)
+        parts += 1
+    if flow and streams > 0:
+        memflow_go(mp.fl, heap, hs, init, nbytes, bursts, now)
         parts += 1
     if last >= 0:  # the reserved streams end together: one part, one event
         event_push(heap, hs, last, EV_NOC_PART_END, init)

@@ -35,7 +35,7 @@ from npusim.hw.memory.hbm import (
 from npusim.hw.memory.params import P_L2_ON, P_L2_SLICES, memory_params
 from npusim.hw.noc.flit import link_flits, zero_load_latency_cycles
 from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
-from npusim.hw.noc.path import grow_slots, new_path_state
+from npusim.hw.noc.path import PRM_HOLD, grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh_topology, to_arrays
 from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, PACKET_MODELS, STREAM_MODELS, new_mempath
@@ -85,7 +85,9 @@ class Simulator:
         model's transaction log / DRAM command trace (tests, debugging; 0 = off). ``memory_over_noc``: route HBM transaction streams over the
         NoC (default: at the path and flit fidelities, not at the analytical one). ``memory_streams``:
         at the path fidelity, ``reserve`` (default) times each memory stream by reserving its path
-        when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`).
+        when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`), ``flow``
+        carries each DMA's traffic as a flow sharing the mesh's links max-min fairly
+        (:mod:`npusim.hw.noc.memflow`; not the default: ~9x the CPU of ``reserve`` on serving).
         ``memory_port_lanes``: at the path and flit fidelities, streams towards the memory (read
         requests, write data) leave the mesh at their attach router's memory-controller port, one lane
         (one flit a cycle) per HBM channel attached there (``None``, the default), or ``k`` lanes per
@@ -162,9 +164,15 @@ class Simulator:
                                    noc.link_bytes_per_cycle, noc.router_pipeline_cycles, noc.link_latency_cycles,
                                    arch.num_cores * self.dma_engines, memory_streams,
                                    memory_ports=memory_port_lanes is None or int(memory_port_lanes) > 0,
-                                   packets=memory_packets)
-        # a DMA start pushes one event per stream it starts (two per attach router)
+                                   packets=memory_packets, n_links=self.topology.num_links, memory_lanes=lanes,
+                                   max_outstanding=arch.cores.dma.max_outstanding)
+        # a DMA start pushes one event per stream it starts (two per attach router); a flow update
+        # one per flow that ends, and the next update
         self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
+        if memory_streams == "flow":
+            self._headroom += arch.num_cores * self.dma_engines + 2
+            if self.memory_over_noc and noc_mode == "path":  # messages' links are counted for the flows
+                self.noc.prm[PRM_HOLD] = 1
         if self.l2_tlm:  # an L2 fill's response releases every hit waiting for it: at most every slot
             self._headroom += self.mem.sl_addr.shape[0]
         # the SRAM ports in the timing path: at the TLM memory fidelity only (sramport.py)

@@ -10,6 +10,10 @@ a 16-stage pipeline per 64 cores: a chip with more cores runs one data-parallel 
 64 cores (256 cores: 4 replicas on bands of columns). ``--layers N`` simulates only the first
 N decoder layers (for the long growth series; say so when quoting).
 
+``--noc path,analytical`` times both NoC fidelities in one run and prints the path NoC's wall time
+over the analytical's; ``--streams`` the path NoC's memory stream models (default ``reserve``, the program's; issue 42
+item 4: uncached, 1,000 requests, path at most 2x analytical).
+
 ``--cache off,on`` runs each point without and with the iteration-cost cache
 (``npusim run --iteration-cache``; ``--cache-buckets`` its buckets, default exact).
 
@@ -24,7 +28,7 @@ query lengths, the sampled rows, the KV placement) with the KV lengths left out.
 after ``--`` go to ``npusim run`` (e.g. ``-- --iteration-cache off``).
 
     python validation/perf/bench_serving.py [--requests 100,1000] [--arch npusim-64c,npusim-256c]
-        [--memory analytical,tlm] [--noc path,analytical] [--layers N] [--cache off,on]
+        [--memory analytical,tlm] [--noc path,analytical] [--streams flow,reserve] [--layers N] [--cache off,on]
         [--cache-buckets kv=1024] [--trace FILE]
     python validation/perf/bench_serving.py --readme [--requests 30] [-- --iteration-cache off]
 """
@@ -218,6 +222,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="simulate only the first N decoder layers")
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=128)
+    ap.add_argument("--streams", default="reserve",
+                    help="memory stream model(s) at the path NoC (npusim.sim.mempath): flow, reserve, hop or a list")
     ap.add_argument("--cache", default="off", help="iteration cache: off, on or off,on")
     ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL (default: the shared trace, else the sample)")
@@ -230,7 +236,7 @@ def main() -> None:
     layers = "all" if args.layers is None else str(args.layers)
     print(f"trace {path.name}; prompts clipped to {args.max_input}, outputs to {args.max_output} tokens; "
           f"Qwen3-4B, {layers} layers; TP 4 x 16 stages per {CORES_PER_REPLICA} cores")
-    print(f"{'requests':>8} {'arch':>12} {'memory':>10} {'noc':>10} {'cache':>5} | {'clipped':>7} {'wall s':>8} {'cpu s':>8} {'sim s':>8} "
+    print(f"{'requests':>8} {'arch':>12} {'memory':>10} {'noc':>14} {'cache':>5} | {'clipped':>7} {'wall s':>8} {'cpu s':>8} {'sim s':>8} "
           f"{'sim s/wall s':>12} {'iterations':>10} {'shapes':>6} {'tasks':>12} {'Mevents/s':>9} {'tok/s':>8}")
     spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
     warm = ServingConfig(model="qwen3-4b", layers=16)  # as many layers as stages
@@ -240,20 +246,31 @@ def main() -> None:
             arch = load_arch(arch_name)
             replicas = max(1, arch.num_cores // CORES_PER_REPLICA)
             for memory in args.memory.split(","):
-                for noc, cache in ((x, c) for x in args.noc.split(",") for c in args.cache.split(",")):
+                walls = {}
+                points = [(x, st, c) for x in args.noc.split(",") for c in args.cache.split(",")
+                          for st in (args.streams.split(",") if x == "path" else ["-"])]
+                for noc, streams, cache in points:
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
                                         scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
-                                        iteration_cache=buckets if cache == "on" else None)
+                                        iteration_cache=buckets if cache == "on" else None,
+                                        **({"memory_streams": streams} if noc == "path" else {}))
                     # compile the kernel for this fidelity outside the timing
                     simulate_serving(arch, spec, reqs[:1], replace(warm, memory_mode=memory, noc_mode=noc),
                                      replicas=replicas)
                     t0, c0 = time.perf_counter(), time.process_time()
                     s = simulate_serving(arch, spec, reqs, cfg, replicas=replicas).summary
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                    print(f"{n:>8} {arch_name:>12} {memory:>10} {noc:>10} {cache:>5} | {clipped:>7} {wall:8.1f} {cpu:8.1f} "
+                    walls[noc, streams, cache] = wall
+                    label = noc if noc != "path" else f"path/{streams}"
+                    print(f"{n:>8} {arch_name:>12} {memory:>10} {label:>14} {cache:>5} | {clipped:>7} {wall:8.1f} {cpu:8.1f} "
                           f"{s['simulated_s']:8.2f} {s['simulated_s'] / wall:12.3f} {s['iterations']:>10} "
                           f"{s['compiled_iteration_shapes']:>6} {s['tasks']:>12,} {s['events'] / wall / 1e6:9.2f} "
                           f"{s['throughput_tokens_per_s']:8.1f}", flush=True)
+                for (noc, streams, cache), wall in walls.items():  # the path NoC's cost against the analytical's
+                    ref = walls.get(("analytical", "-", cache))
+                    if noc == "path" and ref:
+                        print(f"{'':>8} path/{streams} / analytical wall time ({cache} cache): {wall / ref:.2f}x",
+                              flush=True)
     print(machine_line())
 
 

@@ -81,14 +81,15 @@ PathState = namedtuple(
         "next_port", "link_id", "nbr_router", "n_links", "prm",
         # per link (mesh links, then one ejection port per router, then one memory port per router)
         "link_owner", "link_wait_head", "link_wait_tail", "link_flits", "link_free_at", "link_lanes",
+        "link_holds",  # messages holding the link now (counted when prm[PRM_HOLD]: the memory flows see them)
         # per message in flight (slots from a free list)
         "m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part", "m_eject", "m_free",
         "counters",
     ],
 )
-PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH, PRM_MODE, PRM_BUFFER, PRM_WALK = 0, 1, 2, 3, 4, 5
+PRM_STAGES, PRM_LINK_LAT, PRM_WIDTH, PRM_MODE, PRM_BUFFER, PRM_WALK, PRM_HOLD = 0, 1, 2, 3, 4, 5, 6
 WALK_HOPS = 8  # a memory stream's header walks at most this many hops' time ahead of the event
-C_MESSAGES, C_FLITS, C_WAITS, C_FREE_TOP = 0, 1, 2, 3
+C_MESSAGES, C_FLITS, C_WAITS, C_FREE_TOP, C_HOLDS_CHANGED = 0, 1, 2, 3, 4
 _SLOT_FIELDS = ("m_task", "m_src", "m_dst", "m_flits", "m_cur", "m_wait_next", "m_hops", "m_part", "m_eject")
 
 
@@ -110,15 +111,15 @@ def new_path_state(topo, routing, router_stages: int, link_latency_cycles: int, 
         next_port=routing.next_port.astype(np.int64), link_id=topo.link_id.astype(np.int64),
         nbr_router=topo.nbr_router.astype(np.int64), n_links=np.int64(n_links),
         prm=np.array([router_stages, link_latency_cycles, link_bytes, MODES[mode], buffer_flits,
-                      walk_hops * (router_stages + link_latency_cycles)],
+                      walk_hops * (router_stages + link_latency_cycles), 0],
                      dtype=np.int64),
         link_owner=full(total), link_wait_head=full(total), link_wait_tail=full(total), link_free_at=z(total),
-        link_flits=z(total), link_lanes=lanes,
+        link_flits=z(total), link_lanes=lanes, link_holds=z(total),
         m_task=full(num_slots), m_src=z(num_slots), m_dst=z(num_slots), m_flits=z(num_slots),
         m_cur=z(num_slots), m_wait_next=full(num_slots), m_hops=z(num_slots), m_part=full(num_slots),
         m_eject=z(num_slots),
         m_free=np.arange(num_slots, dtype=np.int64)[::-1].copy(),
-        counters=np.array([0, 0, 0, num_slots], dtype=np.int64),
+        counters=np.array([0, 0, 0, num_slots, 0], dtype=np.int64),
     )
 
 
@@ -303,6 +304,9 @@ def _claim(ps, heap, hs, slot, link, now):
     """``slot`` owns ``link`` from ``now``: advance the header, or — when the link is the
     ejection port — schedule the tail, the link releases and the end of the task."""
     ps.link_owner[link] = slot
+    if ps.prm[PRM_HOLD] != 0:  # the memory flows lose this link while the message holds it
+        ps.link_holds[link] += 1
+        ps.counters[C_HOLDS_CHANGED] = 1
     cur, dst = ps.m_cur[slot], ps.m_dst[slot]
     S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
     flits = ps.m_flits[slot]
@@ -398,6 +402,9 @@ def path_handle(ps, heap, hs, etype, eid, now):
     else:
         # EV_NOC_RELEASE: the tail has passed; hand the link to the first waiting header
         link = eid
+        if ps.prm[PRM_HOLD] != 0 and ps.link_owner[link] >= 0 and ps.link_holds[link] > 0:
+            ps.link_holds[link] -= 1
+            ps.counters[C_HOLDS_CHANGED] = 1
         ps.link_owner[link] = -1
         slot = ps.link_wait_head[link]
         if slot < 0:

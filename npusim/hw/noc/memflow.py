@@ -1,0 +1,278 @@
+"""HBM traffic over the mesh as flows: max-min fair shares of the links, inside the kernel.
+
+At the ``path`` NoC fidelity with ``Simulator(memory_streams="flow")`` (an option; the default is
+still the ``reserve`` streams: on serving the flows took ~9x their CPU, see docs/ARCHITECTURE.md) a DMA's traffic
+between its core and the routers where its HBM channels attach (:mod:`npusim.sim.mempath` splits
+it: per attach router ``r`` the bursts ``n_r``, the flits towards the memory and the flits back) is
+one *flow* per DMA engine (initiator): a rate ``x`` in bytes of the DMA per cycle that loads every
+resource it crosses by a fixed coefficient, the flits that resource carries per byte of the DMA:
+
+* mesh links of the XY routes ``core -> r`` (read requests, one flit a burst; write data) and
+  ``r -> core`` (read data; write acknowledgements, one flit a burst): 1 flit a cycle each (the
+  link width, ``noc.link_bytes_per_cycle`` bytes);
+* the core's network interface (injection, 1 flit a cycle) and ejection port (1 flit a cycle);
+* each attach router's memory port (ejection of what goes to the controllers) and its memory
+  injection lanes (what the controllers send back): ``k`` flits a cycle each, ``k`` = the channels
+  attached there (``Simulator(memory_port_lanes=...)``; with 0 lanes the router's core ports);
+* its own cap, the DMA engine's closed loop: at most ``lim`` bursts in flight (its tags:
+  ``max_outstanding`` transactions of ``transaction_bytes``, ``lim = max(1, min(max_outstanding,
+  max_outstanding * transaction_bytes // burst bytes))``, as the flit model's DMA engines,
+  :mod:`npusim.hw.noc.flit_engine`), each holding its tag for a zero-load round trip
+  ``RTT_r = 2 ((h_r + 1) S + h_r L) + f_r - 1 + 5`` cycles (``h_r`` hops, ``S`` router pipeline, ``L``
+  link latency, ``f_r`` flits a burst's data takes; 5: ``RTT_OVERHEAD``, the flit model's
+  per-trip overhead measured on one engine): ``cap = lim * burst bytes / mean RTT``
+  (Little's law; bursts are spread over the routers in proportion to ``n_r``, the DMA engine
+  cycling over them).
+
+A DMA's bursts to its routers move in a fixed proportion (the engine issues them round-robin), so
+the flow is one rate, not one per route. Rates are max-min fair (:func:`npusim.hw.maxmin.maxmin_rates`)
+and recomputed when a flow starts or ends (all changes at one cycle in one update). A flow's
+bytes drain at its rate from its start; it ends ``RTT (1 - x / cap)`` cycles after its last byte
+left (``x`` its last rate): a flow held back by the mesh (``x`` well below its cap) ends one round
+trip after its bytes drained (the first request's trip and the last data's trip), a flow held by
+its tags (``x = cap``) when its last window returns (``bytes / cap`` in all). The DMA task ends
+when the flow and the DRAM access (:mod:`npusim.hw.memory.hbm`) have both ended, as before.
+
+Left out (the flit model has them): per-flit arbitration, finite buffers and head-of-line
+blocking (a flow gets its max-min share even where wormhole routers would block it behind another
+packet), the controllers' queues' order (first-come first-served across cores: the flow model
+shares a memory port fairly instead), and queueing delay in the round trip (the cap uses the
+zero-load trip). Core-to-core messages keep the path model (:mod:`npusim.hw.noc.path`): a message
+holds each link (and its destination's ejection port) exclusively from its header's claim to its
+release, as before, and the flows see it as a load: while a message holds a link, that link's
+capacity is the message's (``holds``: the path model counts the messages holding each link, and a
+claim or release re-shares the flows' rates at that cycle). So a message is never slowed by the
+flows (it waits only for other messages), flows crossing a held link stop meanwhile, and no link
+ever carries more than its width.
+
+Units: time in cycles of the NoC clock (the chip clock), rates in bytes per cycle, capacities in
+flits per cycle. Deterministic: flows are kept in start order and solved in that order.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
+from numba import njit
+
+from npusim.engine.eventlist import event_push
+from npusim.hw.maxmin import maxmin_rates, new_scratch
+from npusim.hw.noc.path import EV_NOC_PART_END
+
+EV_MFLOW_UPDATE = 23
+#: cycles a burst's round trip takes beyond the two zero-load trips: the flit model's DMA engine
+#: issues the next request the cycle after a tag frees, its controller answers the cycle after the
+#: request arrives, and the request and the data each wait a cycle at the network interface / the
+#: memory injection lane. Measured, not fitted to a workload: one DMA engine of npusim-64c reading
+#: from one router at 3, 7, 8 and 14 hops with 8 bursts in flight (window-limited) takes
+#: ``2 ((h + 1) S + h L) + f - 1 + 5`` cycles a round trip at the flit fidelity, every one of them
+#: (``validation/memory_flows_vs_flit.py --rtt``).
+RTT_OVERHEAD = 5
+
+MemFlows = namedtuple("MemFlows", [
+    "prm", "rcap", "ceff", "load", "nflows",  # parameters; per resource: capacity and load (flits/cycle), flows
+    "e_n", "e_res", "e_coef",  # per initiator: its resources and flits per byte on each
+    "pos",  # scratch: a resource's entry in the row being built (-1: none)
+    "fcap", "rate", "rem", "rtt", "nbytes",  # per initiator: cap, rate (bytes/cycle), bytes left, RTT
+    "act", "inload",  # active initiators, in start order; whether its load is in ``load``
+    "sc", "fsc", "scratch",
+])
+(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
+(S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS) = range(7)
+F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
+
+
+def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stages: int, link_latency: int,
+                 memory_lanes, max_outstanding: int, transaction_bytes: int) -> MemFlows:
+    """State for ``num_initiators`` DMA engines on a NoC of ``n_links`` mesh links and
+    ``n_routers`` routers; ``memory_lanes[r]``: lanes of router ``r``'s memory port and injection.
+    Resource ids: mesh links ``0 .. n_links-1``, then per router the core's ejection port
+    (``n_links + r``), the memory port (``n_links + R + r``), the core's injection
+    (``n_links + 2R + r``) and the memory injection lanes (``n_links + 3R + r``)."""
+    nres = n_links + 4 * n_routers
+    lanes = np.maximum(1, np.asarray(memory_lanes, np.int64)).astype(np.float64)
+    rcap = np.ones(nres, np.float64)
+    rcap[n_links + n_routers:n_links + 2 * n_routers] = lanes
+    rcap[n_links + 3 * n_routers:] = lanes
+    ni = int(num_initiators)
+    width = nres
+    return MemFlows(
+        prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
+                      max(1, int(max_outstanding)) * int(transaction_bytes)], np.int64),
+        rcap=rcap, ceff=rcap.copy(), load=np.zeros(nres, np.float64), nflows=np.zeros(nres, np.int64),
+        e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
+        pos=np.full(nres, -1, np.int64),
+        fcap=np.zeros(ni, np.float64), rate=np.zeros(ni, np.float64), rem=np.zeros(ni, np.float64),
+        rtt=np.zeros(ni, np.float64), nbytes=np.zeros(ni, np.int64), act=np.zeros(ni, np.int64),
+        inload=np.zeros(ni, np.int64),
+        sc=np.zeros(8, np.int64), fsc=np.zeros(2, np.float64),
+        scratch=new_scratch(nres, ni, ni * width),
+    )
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _acc(mf, init, res, flits):
+    k = mf.pos[res]
+    if k < 0:
+        k = mf.e_n[init]
+        mf.pos[res] = k
+        mf.e_res[init, k] = res
+        mf.e_coef[init, k] = 0.0
+        mf.e_n[init] = k + 1
+    mf.e_coef[init, k] += flits
+
+
+@njit(cache=True, _nrt=False)
+def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports):
+    """Initiator ``init``'s DMA (of core ``core``) moves ``out_flits`` towards attach router ``r``
+    and ``back_flits`` back, in ``bursts`` bursts (``noc``: the path model's state, for the routes
+    and its per-link flit counters). Call per router, then :func:`memflow_go`."""
+    nl = mf.prm[P_NLINKS]
+    nr = mf.prm[P_NR]
+    # out: the core's NI, the route core -> r, the memory port (or r's core port)
+    _acc(mf, init, nl + 2 * nr + core, out_flits)
+    x = core
+    while x != r:
+        lk = noc.link_id[x, noc.next_port[x, r]]
+        _acc(mf, init, lk, out_flits)
+        noc.link_flits[lk] += out_flits
+        x = noc.nbr_router[x, noc.next_port[x, r]]
+    h = 0
+    ej = nl + nr + r if memports != 0 else nl + r
+    _acc(mf, init, ej, out_flits)
+    noc.link_flits[ej] += out_flits
+    # back: the memory injection lanes (or r's NI), the route r -> core, the core's ejection port
+    _acc(mf, init, nl + 3 * nr + r if memports != 0 else nl + 2 * nr + r, back_flits)
+    x = r
+    while x != core:
+        lk = noc.link_id[x, noc.next_port[x, core]]
+        _acc(mf, init, lk, back_flits)
+        noc.link_flits[lk] += back_flits
+        x = noc.nbr_router[x, noc.next_port[x, core]]
+        h += 1
+    _acc(mf, init, nl + core, back_flits)
+    noc.link_flits[nl + core] += back_flits
+    # the round trip of one burst here, weighted by the bursts (mean taken in memflow_go)
+    S, L = mf.prm[P_S], mf.prm[P_L]
+    per = (out_flits + back_flits) / bursts  # a burst's flits both ways: one is a header-only packet
+    rtt = 2.0 * ((h + 1) * S + h * L) + per - 2.0 + RTT_OVERHEAD
+    mf.fsc[F_ACC_RTT] += bursts * rtt
+
+
+@njit(cache=True, _nrt=False)
+def memflow_go(mf, heap, hs, init, nbytes, bursts, now):
+    """Start initiator ``init``'s flow of ``nbytes`` bytes in ``bursts`` bursts (its routes given
+    by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``."""
+    inv = 1.0 / nbytes
+    for k in range(mf.e_n[init]):
+        mf.pos[mf.e_res[init, k]] = -1
+        mf.e_coef[init, k] *= inv
+    rtt = mf.fsc[F_ACC_RTT] / bursts
+    mf.fsc[F_ACC_RTT] = 0.0
+    burst_bytes = (nbytes + bursts - 1) // bursts
+    lim = max(1, min(mf.prm[P_TAGS], mf.prm[P_INFLIGHT] // burst_bytes))
+    mf.rtt[init] = rtt
+    mf.fcap[init] = lim * burst_bytes / rtt
+    mf.rem[init] = float(nbytes)
+    mf.rate[init] = 0.0
+    mf.nbytes[init] = nbytes
+    _advance(mf, now)
+    mf.act[mf.sc[S_NACT]] = init
+    mf.sc[S_NACT] += 1
+    mf.sc[S_FLOWS] += 1
+    if mf.sc[S_PENDING] == 0:
+        mf.sc[S_VERSION] += 1
+        mf.sc[S_PENDING] = 1
+        event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _advance(mf, now):
+    dt = now - mf.sc[S_TLAST]
+    if dt > 0:
+        for i in range(mf.sc[S_NACT]):
+            f = mf.act[i]
+            mf.rem[f] -= mf.rate[f] * dt
+    mf.sc[S_TLAST] = now
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _load(mf, f, sign):
+    """Add (``sign`` 1) or take away (-1) flow ``f``'s load at its rate from its resources."""
+    r = mf.rate[f] * sign
+    for k in range(mf.e_n[f]):
+        l = mf.e_res[f, k]
+        mf.load[l] += mf.e_coef[f, k] * r
+        mf.nflows[l] += sign
+
+
+@njit(cache=True, _nrt=False)
+def memflow_poke(mf, heap, hs, now):
+    """A path-model message claimed or released a link: share the links again (if any flow moves)."""
+    if mf.sc[S_NACT] > 0 and mf.sc[S_PENDING] == 0:
+        mf.sc[S_VERSION] += 1
+        mf.sc[S_PENDING] = 1
+        event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
+
+
+@njit(cache=True, _nrt=False)
+def memflow_update(mf, holds, heap, hs, version, now):
+    """``EV_MFLOW_UPDATE``: end the flows that drained, share the links among the rest, schedule
+    the next end; ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
+    theirs while they do). ``load``/``nflows`` hold the flows' load per resource between updates (the path
+    model's messages read them; ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the messages seen)."""
+    if version != mf.sc[S_VERSION]:
+        return  # superseded
+    mf.sc[S_PENDING] = 0
+    mf.sc[S_UPDATES] += 1
+    _advance(mf, now)
+    n = mf.sc[S_NACT]
+    j = 0
+    for i in range(n):  # keep start order: compact in place
+        f = mf.act[i]
+        if mf.inload[f] != 0:
+            _load(mf, f, -1)
+            mf.inload[f] = 0
+        if mf.rem[f] < 0.5:
+            x = mf.rate[f] / mf.fcap[f]
+            extra = mf.rtt[f] * (1.0 - x) if x < 1.0 else 0.0
+            event_push(heap, hs, now + np.int64(np.ceil(extra)), EV_NOC_PART_END, f)
+            mf.e_n[f] = 0
+        else:
+            mf.act[j] = f
+            j += 1
+    mf.sc[S_NACT] = j
+    if j == 0:
+        return
+    for l in range(holds.shape[0]):  # a link or port a message holds is not the flows' meanwhile
+        c = mf.rcap[l] - holds[l]
+        mf.ceff[l] = c if c > 0.0 else 0.0
+    mf.sc[S_ROUNDS] += maxmin_rates(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate,
+                                    mf.scratch, 1e-9)
+    nxt = np.inf
+    peak = mf.fsc[F_PEAK_LOAD]
+    for i in range(j):
+        f = mf.act[i]
+        _load(mf, f, 1)
+        mf.inload[f] = 1
+        r = mf.rate[f]
+        if r > 0.0:
+            t = mf.rem[f] / r
+            if t < nxt:
+                nxt = t
+        for k in range(mf.e_n[f]):
+            l = mf.e_res[f, k]
+            c = mf.ceff[l]  # what the flows may use: the width less the messages holding it
+            v = mf.load[l] / c if c > 0.0 else (2.0 if mf.load[l] > 1e-12 else 0.0)
+            if v > peak:
+                peak = v
+    mf.fsc[F_PEAK_LOAD] = peak
+    if nxt < np.inf:  # else no flow can move: the engine reports the tasks that wait (no progress)
+        mf.sc[S_VERSION] += 1
+        event_push(heap, hs, now + max(np.int64(1), np.int64(np.ceil(nxt))), EV_MFLOW_UPDATE, mf.sc[S_VERSION])
+
+
+__all__ = ["EV_MFLOW_UPDATE", "MemFlows", "memflow_add", "memflow_go", "memflow_poke", "memflow_update",
+           "new_memflows"]

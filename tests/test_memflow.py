@@ -1,0 +1,161 @@
+"""HBM traffic as max-min fair flows over the mesh (npusim.hw.maxmin, npusim.hw.noc.memflow): the
+solver's properties on hand-made and random cases, bytes conserved, no resource beyond its width,
+the closed loop's round trip, and no progress reported as a deadlock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npusim.arch import load_arch
+from npusim.errors import DeadlockError
+from npusim.hw.maxmin import maxmin_rates, new_scratch
+from npusim.hw.noc.memflow import F_PEAK_LOAD, RTT_OVERHEAD, S_NACT
+from npusim.hw.memory.hbm import PATTERN_RANDOM
+from npusim.sim import Simulator
+
+
+def _solve(entries, rcap, fcap=None):
+    """``entries[f]``: {resource: coefficient}; returns the rates."""
+    n = len(entries)
+    width = max(1, max(len(e) for e in entries))
+    e_n = np.array([len(e) for e in entries], np.int64)
+    e_res = np.zeros((n, width), np.int64)
+    e_coef = np.zeros((n, width), np.float64)
+    for f, e in enumerate(entries):
+        for k, (r, c) in enumerate(sorted(e.items())):
+            e_res[f, k], e_coef[f, k] = r, c
+    fcap = np.full(n, np.inf) if fcap is None else np.asarray(fcap, np.float64)
+    rate = np.zeros(n)
+    rcap = np.asarray(rcap, np.float64)
+    maxmin_rates(n, np.arange(n, dtype=np.int64), e_n, e_res, e_coef, fcap, rcap, rate,
+                 new_scratch(len(rcap), n, n * width), 1e-12)
+    return rate
+
+
+def _check_maxmin(entries, rcap, fcap, rate):
+    """No resource beyond its capacity, no flow above its cap, and every flow has a bottleneck: its
+    cap, or a full resource on which no other flow has a higher rate (the max-min property)."""
+    load = np.zeros(len(rcap))
+    for f, e in enumerate(entries):
+        for r, c in e.items():
+            load[r] += c * rate[f]
+    assert np.all(load <= np.asarray(rcap) * (1 + 1e-9) + 1e-12)
+    for f, e in enumerate(entries):
+        assert rate[f] <= fcap[f] * (1 + 1e-9)
+        # a flow's share on any one resource never exceeds that resource
+        for r, c in e.items():
+            assert c * rate[f] <= rcap[r] * (1 + 1e-9) + 1e-12
+        if rate[f] >= fcap[f] * (1 - 1e-9):
+            continue
+        ok = False
+        for r in e:
+            full = load[r] >= rcap[r] * (1 - 1e-9)
+            top = all(rate[g] <= rate[f] * (1 + 1e-9) for g, eg in enumerate(entries) if r in eg)
+            ok |= full and top
+        assert ok, f"flow {f} at {rate[f]} has no bottleneck"
+
+
+def test_hand_made_max_min_case():
+    # flow 0 crosses A and B, flow 1 only A, flow 2 only B: each gets half of a unit link
+    assert np.allclose(_solve([{0: 1, 1: 1}, {0: 1}, {1: 1}], [1.0, 1.0]), [0.5, 0.5, 0.5])
+    # weighted: flow 0 puts 2 flits per byte on A (1/cycle), flow 1 one on A and one on B (0.3):
+    # B fills first (flow 1 at 0.3), then A's remaining 0.7 goes to flow 0 at 2 flits a byte: 0.35
+    assert np.allclose(_solve([{0: 2.0}, {0: 1.0, 1: 1.0}], [1.0, 0.3]), [0.35, 0.3])
+    # a cap freezes its flow early and the others share what it leaves
+    assert np.allclose(_solve([{0: 1}, {0: 1}, {0: 1}], [1.0], fcap=[0.1, np.inf, np.inf]), [0.1, 0.45, 0.45])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_cases_are_max_min_fair_within_every_capacity(seed):
+    rng = np.random.default_rng(seed)
+    nres, nflow = int(rng.integers(2, 9)), int(rng.integers(1, 12))
+    rcap = rng.uniform(0.5, 4.0, nres)
+    entries = []
+    for _ in range(nflow):
+        k = int(rng.integers(1, nres + 1))
+        res = rng.choice(nres, k, replace=False)
+        entries.append({int(r): float(rng.uniform(0.1, 3.0)) for r in res})
+    fcap = np.where(rng.random(nflow) < 0.3, rng.uniform(0.05, 1.0, nflow), np.inf)
+    rate = _solve(entries, rcap, fcap)
+    _check_maxmin(entries, rcap, fcap, rate)
+
+
+def _all_cores_stream(arch, per_core=64 << 10, pieces=2, write=False, random=False):
+    sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    size = per_core // sim.dma_engines // pieces
+    addr = 0
+    for c in range(arch.num_cores):
+        for e in range(sim.dma_engines):
+            prev = ()
+            for _ in range(pieces):
+                t = sim.add_dma(c, size, address=addr, write=write, dma_engine=e, deps=prev,
+                                pattern=PATTERN_RANDOM if random else 0)
+                prev = (t,)
+                addr += size
+    return sim, addr
+
+
+@pytest.mark.parametrize("write,random", [(False, False), (True, False), (False, True)])
+def test_flows_conserve_bytes_and_never_load_a_link_beyond_its_width(write, random):
+    arch = load_arch("npusim-64c")
+    sim, total = _all_cores_stream(arch, write=write, random=random)
+    sim.run()
+    fl = sim.mempath.fl
+    assert sim.hbm_bytes_over_noc == total  # every byte of every DMA crossed the mesh once
+    assert int(fl.sc[S_NACT]) == 0
+    # every core received (reads) or sent (writes) its data: a core's ejection port carried its
+    # data flits (reads) or one flit a burst (writes)
+    w = arch.noc.link_bytes_per_cycle
+    n_links = sim.topology.num_links
+    eject = sim.noc.link_flits[n_links:n_links + arch.num_cores]
+    per_core = total // arch.num_cores
+    if not write:
+        assert np.all(eject >= per_core // w)
+        assert eject.sum() >= total // w
+    # the busiest resource is full (the mesh is the bottleneck here) and never beyond its width
+    peak = float(fl.fsc[F_PEAK_LOAD])
+    assert 0.9 < peak <= 1.0 + 1e-9
+
+
+def test_flow_takes_the_closed_loop_round_trip_when_its_tags_bind():
+    """One DMA engine reading from one router (every channel attached there) is window-limited: its
+    ``bursts / lim`` round trips of ``2 ((h + 1) S + h L) + f - 1 + RTT_OVERHEAD`` cycles."""
+    base = load_arch("npusim-64c")
+    arch = base.model_copy(update={"hbm": base.hbm.model_copy(update={"attach": [0] * 64})})
+    core = 63  # 14 hops from router 0
+    sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    sim.add_dma(core, 64 << 10)
+    sim.run()
+    S, L, h, f = arch.noc.router_pipeline_cycles, arch.noc.link_latency_cycles, 14, 256 // 64
+    rtt = 2 * ((h + 1) * S + h * L) + f - 1 + RTT_OVERHEAD
+    bursts, lim = (64 << 10) // 256, (arch.cores.dma.max_outstanding * 64) // 256
+    assert abs(sim.makespan() - bursts / lim * rtt) <= 2
+
+
+def test_a_flow_that_cannot_move_is_reported_as_no_progress():
+    """A memory port of zero width leaves its flows at rate 0: the engine idles with the DMA
+    unfinished and says so (DeadlockError), rather than looping or finishing it."""
+    arch = load_arch("npusim-64c")
+    sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    sim.mempath.fl.rcap[:] = 0.0
+    sim.add_dma(5, 4096)
+    with pytest.raises(DeadlockError):
+        sim.run()
+
+
+def test_flows_cost_fewer_events_than_streams():
+    arch = load_arch("npusim-64c")
+    flows, _ = _all_cores_stream(arch)
+    flows.run()
+    streams = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="reserve")
+    size = (64 << 10) // 2 // 2
+    addr = 0
+    for c in range(arch.num_cores):
+        for e in range(2):
+            prev = ()
+            for _ in range(2):
+                prev = (streams.add_dma(c, size, address=addr, dma_engine=e, deps=prev),)
+                addr += size
+    streams.run()
+    assert flows.events < streams.events / 2

@@ -1,0 +1,197 @@
+"""HBM traffic over the mesh at the path NoC: flows (max-min shares) and the old streams, against flit.
+
+Issue 42 item 2. The flit NoC (cycle-accurate routers; a DMA a closed loop of one-flit requests
+within its tags, the controllers answering in arrival order; checked against BookSim2 on
+many-to-few request-reply traffic, ``validation/noc_hotspot_booksim.py``) is the reference. The path
+NoC carries a DMA's traffic either as one max-min fair *flow* per DMA engine (``memory_streams=
+"flow"``, :mod:`npusim.hw.noc.memflow`, an option) or as per-router *streams* with hop and
+release events (``"reserve"``, the default). For each workload: the simulated time at each model, the
+error against flit and the wall time of the run (kernel compiled beforehand: the first run of each
+fidelity is a warm-up, not timed).
+
+Workloads (memory at the analytical fidelity everywhere, so that only the NoC differs; the DRAM
+side is the same model at every NoC fidelity):
+
+* ChipCost GEMMs (``ChipCost(...).gemm``, its own plan and lowering): decode 16x5120x3200 bf16 and
+  prefill 512x2048x7168 int8 on ascend-910c-die, decode 16x4096x4096 bf16 on ascend-910b, decode
+  16x2560x9728 bf16 and prefill 512x2560x9728 bf16 on npusim-64c;
+* memory patterns on npusim-64c, every DMA engine of every core at once: ``stream`` (linear reads,
+  256 KiB a core in 4 DMAs an engine), ``stream-write``, ``random`` (64 B transactions spread over
+  all channels; the path/flow models spread a random DMA evenly over the channels);
+* the README forward pass (``npusim run --forward --layers 2``: Qwen3-4B decode, batch 16, KV 1025);
+* a serving run (``npusim run --requests 4 --layers 2 --output-len 8``: the default scenario's first
+  4 requests on npusim-64c, 2 layers, 8 output tokens; its mean end-to-end latency).
+
+``--rtt`` prints instead the micro-benchmark behind the flows' round trip
+(:data:`npusim.hw.noc.memflow.RTT_OVERHEAD`): one DMA engine of npusim-64c, every HBM channel
+attached at router 0, reads 64 and 128 KiB from cores 3, 7, 15 and 63 hops away; with 8 bursts in
+flight it is window-limited, so (time(128 KiB) - time(64 KiB)) / 32 is one round trip, at the flit
+NoC and at the path flows, beside the zero-load formula ``2 ((h + 1) S + h L) + f - 1``.
+
+    python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip-flit] [--rtt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
+from machine import machine_line  # noqa: E402
+
+from npusim.arch import load_arch  # noqa: E402
+from npusim.hw.memory.hbm import PATTERN_RANDOM  # noqa: E402
+from npusim.sim import Simulator  # noqa: E402
+
+MODELS = [("flit", "flit", "flow"), ("path streams (old)", "path", "reserve"), ("path flows (new)", "path", "flow")]
+
+
+def _set_default(func, name: str, value):
+    """Set the default of parameter ``name`` of ``func``; returns the old defaults."""
+    code = func.__code__
+    names = code.co_varnames[:code.co_argcount]
+    old = func.__defaults__
+    defaults = list(old)
+    defaults[names.index(name) - (len(names) - len(defaults))] = value
+    func.__defaults__ = tuple(defaults)
+    return old
+
+
+@contextlib.contextmanager
+def stream_model(name: str):
+    """Every Simulator built inside (by ChipCost, the forward pass, the serving loop) uses memory
+    stream model ``name``."""
+    from npusim.scenarios.forward import simulate_forward
+    from npusim.serving.simulate import ServingConfig
+    funcs = (Simulator.__init__, simulate_forward, ServingConfig.__init__)
+    olds = [_set_default(f, "memory_streams", name) for f in funcs]
+    try:
+        yield
+    finally:
+        for f, old in zip(funcs, olds):
+            f.__defaults__ = old
+
+
+def gemm(arch, m, k, n, dtype):
+    def go(noc):
+        from npusim.system.chipcost import ChipCost
+        return ChipCost(arch, memory="analytical", noc=noc, persist=False).gemm(m, k, n, dtype).time_us
+    return go
+
+
+def pattern(arch_name, kind, per_core=256 << 10, pieces=4):
+    def go(noc):
+        arch = load_arch(arch_name)
+        sim = Simulator(arch, memory_mode="analytical", noc_mode=noc)
+        engines = sim.dma_engines
+        size = per_core // engines // pieces
+        a = 0
+        for c in range(arch.num_cores):
+            for e in range(engines):
+                prev = ()
+                for _ in range(pieces):
+                    t = sim.add_dma(c, size, address=a, write=kind == "stream-write", dma_engine=e,
+                                    pattern=PATTERN_RANDOM if kind == "random" else 0, deps=prev)
+                    prev = (t,)
+                    a += size
+        sim.run()
+        return sim.makespan() / arch.clock_ghz / 1000.0  # us
+    return go
+
+
+def run_cli(argv, metric):
+    def go(noc):
+        from npusim.cli import build_parser
+        from npusim.cli.run import run_summary
+        args = build_parser().parse_args(["run", *argv, "--fidelity", noc, "--memory", "analytical", "--no-progress"])
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return metric(run_summary(args, load_arch("npusim-64c")))
+    return go
+
+
+CASES = [
+    ("GEMM 16x5120x3200 bf16, 910C die", "us", gemm("ascend-910c-die", 16, 5120, 3200, "bf16")),
+    ("GEMM 512x2048x7168 int8, 910C die", "us", gemm("ascend-910c-die", 512, 2048, 7168, "int8")),
+    ("GEMM 16x4096x4096 bf16, 910B", "us", gemm("ascend-910b", 16, 4096, 4096, "bf16")),
+    ("GEMM 16x2560x9728 bf16, 64c", "us", gemm("npusim-64c", 16, 2560, 9728, "bf16")),
+    ("GEMM 512x2560x9728 bf16, 64c", "us", gemm("npusim-64c", 512, 2560, 9728, "bf16")),
+    ("mem stream, 64c", "us", pattern("npusim-64c", "stream")),
+    ("mem stream-write, 64c", "us", pattern("npusim-64c", "stream-write")),
+    ("mem random, 64c", "us", pattern("npusim-64c", "random")),
+    ("fwd decode b16 (2 layers), 64c", "ms", run_cli(["--forward", "--layers", "2"], lambda s: s["latency_ms"])),
+    ("serve 4 req (2 layers, 8 out) E2E", "ms",
+     run_cli(["--requests", "4", "--layers", "2", "--output-len", "8"], lambda s: s["e2e_ms"]["mean"])),
+]
+
+
+def round_trips() -> None:
+    """The ``--rtt`` micro-benchmark (module docstring)."""
+    base = load_arch("npusim-64c")
+    arch = base.model_copy(update={"hbm": base.hbm.model_copy(update={"attach": [0] * 64})})
+    S, L = arch.noc.router_pipeline_cycles, arch.noc.link_latency_cycles
+    print(f"{'core':>4} {'hops':>4} {'flit RTT':>9} {'flows RTT':>9} {'zero-load':>9}")
+    for core in (3, 7, 15, 63):
+        rtt = []
+        for noc in ("flit", "path"):
+            t = []
+            for nb in (64 << 10, 128 << 10):
+                sim = Simulator(arch, memory_mode="analytical", noc_mode=noc, memory_streams="flow")
+                sim.add_dma(core, nb)
+                sim.run()
+                t.append(sim.makespan())
+            rtt.append((t[1] - t[0]) / ((64 << 10) // 256 // 8))
+        h = core % 8 + core // 8
+        print(f"{core:4d} {h:4d} {rtt[0]:9.1f} {rtt[1]:9.1f} {2 * ((h + 1) * S + h * L) + 256 // 64 - 1:9d}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="", help="run the cases whose label contains this")
+    ap.add_argument("--skip-flit", action="store_true", help="path models only (no reference: no errors)")
+    ap.add_argument("--rtt", action="store_true", help="the round-trip micro-benchmark instead (see above)")
+    args = ap.parse_args(argv)
+    if args.rtt:
+        print(machine_line())
+        round_trips()
+        return 0
+    cases = [c for c in CASES if args.only.lower() in c[0].lower()]
+    if not cases:
+        print(f"no case matches '{args.only}'", file=sys.stderr)
+        return 2
+    models = MODELS[1:] if args.skip_flit else MODELS
+    print(machine_line())
+    print("memory analytical; error = model / flit - 1; wall = seconds of this run (kernels compiled before)")
+    warmed = set()
+    print(f"{'workload':36s} " + " ".join(f"{m[0]:>28s}" for m in models))
+    worst = {m[0]: 0.0 for m in models[1:]}
+    for label, unit, fn in cases:
+        vals = []
+        for name, noc, streams in models:
+            with stream_model(streams):
+                if (noc, streams) not in warmed:  # compile / load the kernel outside the timing
+                    pattern("npusim-64c", "stream", per_core=4096, pieces=1)(noc)
+                    warmed.add((noc, streams))
+                w0 = time.perf_counter()
+                v = fn(noc)
+                vals.append((v, time.perf_counter() - w0))
+        ref = vals[0][0] if not args.skip_flit else None
+        cells = []
+        for (name, _, _), (v, w) in zip(models, vals):
+            if ref is not None and name != "flit":
+                err = v / ref - 1
+                worst[name] = max(worst[name], abs(err))
+                cells.append(f"{v:9.3f} {unit} {100 * err:+6.1f}% {w:6.1f}s")
+            else:
+                cells.append(f"{v:9.3f} {unit} {'':7s} {w:6.1f}s")
+        print(f"{label:36s} " + " ".join(f"{c:>28s}" for c in cells), flush=True)
+    if not args.skip_flit:
+        print("largest |error| against flit: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
