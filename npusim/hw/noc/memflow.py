@@ -124,6 +124,21 @@ def _acc(mf, init, res, flits):
     mf.e_coef[init, k] += flits
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _route(mf, noc, init, src, dst, flits):
+    """Load every mesh link of the XY route ``src -> dst`` with ``flits`` (the flow's share and the
+    path model's per-link flit counters); the route's hops."""
+    h = 0
+    x = src
+    while x != dst:
+        lk = noc.link_id[x, noc.next_port[x, dst]]
+        _acc(mf, init, lk, flits)
+        noc.link_flits[lk] += flits
+        x = noc.nbr_router[x, noc.next_port[x, dst]]
+        h += 1
+    return h
+
+
 @njit(cache=True, _nrt=False)
 def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports):
     """Initiator ``init``'s DMA (of core ``core``) moves ``out_flits`` towards attach router ``r``
@@ -133,25 +148,13 @@ def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports)
     nr = mf.prm[P_NR]
     # out: the core's NI, the route core -> r, the memory port (or r's core port)
     _acc(mf, init, nl + 2 * nr + core, out_flits)
-    x = core
-    while x != r:
-        lk = noc.link_id[x, noc.next_port[x, r]]
-        _acc(mf, init, lk, out_flits)
-        noc.link_flits[lk] += out_flits
-        x = noc.nbr_router[x, noc.next_port[x, r]]
-    h = 0
+    _route(mf, noc, init, core, r, out_flits)
     ej = nl + nr + r if memports != 0 else nl + r
     _acc(mf, init, ej, out_flits)
     noc.link_flits[ej] += out_flits
     # back: the memory injection lanes (or r's NI), the route r -> core, the core's ejection port
     _acc(mf, init, nl + 3 * nr + r if memports != 0 else nl + 2 * nr + r, back_flits)
-    x = r
-    while x != core:
-        lk = noc.link_id[x, noc.next_port[x, core]]
-        _acc(mf, init, lk, back_flits)
-        noc.link_flits[lk] += back_flits
-        x = noc.nbr_router[x, noc.next_port[x, core]]
-        h += 1
+    h = _route(mf, noc, init, r, core, back_flits)
     _acc(mf, init, nl + core, back_flits)
     noc.link_flits[nl + core] += back_flits
     # the round trip of one burst here, weighted by the bursts (mean taken in memflow_go)
