@@ -498,9 +498,14 @@ class _Planner:
         return cyc
 
     def chunk(self, tm: int, tn: int, kb: int) -> int:
+        """A chunk's K: the most whole folds (``k_unit``) two chunks' operands fit in the buffer; a
+        tile too wide for one fold streams in L0 steps (the arch's ``kernel.l0_k_bytes`` of K: the
+        cube's L1 -> L0 feed follows the loads at that grain), else in one fold."""
         fit = int(self.buf_bytes / (2 * (tm + tn) * self.e))
-        kc = max(self.k_unit, fit // self.k_unit * self.k_unit)
-        return min(kc, kb)
+        if fit >= self.k_unit:
+            return min(fit // self.k_unit * self.k_unit, kb)
+        step = max(1, int(self.kernel.l0_k_bytes / self.e)) if self.kernel is not None else self.k_unit
+        return min(max(step, fit // step * step), kb)
 
     @lru_cache(maxsize=4096)  # noqa: B019
     def block(self, mb: int, kb: int, nb: int) -> _Block:
