@@ -29,7 +29,10 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   multiples of the array's rows / columns so no core pays padding another would not.
 * Inside its block a core computes output tiles whose fp32 accumulators take at most a quarter of
   its SRAM (on the 910B/C: 128 KB = the cube's L0C, e.g. 128 x 256 or 176 x 176) and streams K in
-  chunks whose A and B pieces, double-buffered, fit the other three quarters. A tile's cube time is
+  chunks whose A and B pieces, double-buffered, fit the other three quarters, in whole folds of the
+  array (rows x MACs per PE of K); a tile too wide for one fold there (a decode GEMM's wide tiles)
+  streams in the arch's L0 steps (``kernel.l0_k_bytes`` of K; one fold without a kernel section),
+  the grain the cube's L1 -> L0 feed follows the loads at. A tile's cube time is
   the systolic model's for the whole K (one accumulation), shared among its chunks by K. A chunk's
   loads are split over the core's DMA engines and run up to two chunks ahead of the cube (two
   buffers); a finished tile is written to HBM at once.
