@@ -51,7 +51,7 @@ link's wire bytes over (capacity x makespan), the busiest links first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -120,9 +120,7 @@ class StepRuntime:
                    rt.scheduler_us if scheduler_us is None else float(scheduler_us))
 
     def as_dict(self) -> dict:
-        return {"mode": self.mode, "host_dispatch_us": self.host_dispatch_us,
-                "graph_launch_us": self.graph_launch_us, "kernel_launch_us": self.kernel_launch_us,
-                "scheduler_us": self.scheduler_us}
+        return asdict(self)
 
 
 def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0,

@@ -104,15 +104,10 @@ class Overheads:
     Calibrated (filed under ``calibrated``): ``dispatch_us`` / ``combine_us`` per operator call (on
     the MoE stream before the transfers), ``step_us`` once per step, ``small_kernels_us`` per layer
     and microbatch (a what-if, 0 in the presets: in a MoE layer half after attention and half with
-    the dispatch launch, in a dense layer after it); ``source`` cites them.
-
-    What-ifs, 0 on every built-in path (filed under ``kernel_launch``): a fixed per-layer time per
-    microbatch, ``attention_kernels_us`` on the attention stream after the router,
-    ``moe_kernels_us`` on the MoE stream before the experts, ``dense_kernels_us`` after a dense
-    layer; ``kernels_source`` cites them. Kernel launches themselves are the system runtime's
-    (:class:`~npusim.system.schema.Runtime`, added by :func:`npusim.system.execute.time_workload`);
-    so is the per-step scheduler time (``step_us`` stays for workloads that want a fixed step time
-    of their own, ``calibrated``)."""
+    the dispatch launch, in a dense layer after it); ``source`` cites them. Kernel launches are the
+    system runtime's (:class:`~npusim.system.schema.Runtime`, added by
+    :func:`npusim.system.execute.time_workload`); so is the per-step scheduler time (``step_us``
+    stays for workloads that want a fixed step time of their own, ``calibrated``)."""
 
     small_kernels_us: float = 0.0
     dispatch_us: float = 0.0
@@ -121,10 +116,6 @@ class Overheads:
     source: str = ""
     small_kernels_source: str = ""
     step_source: str = ""
-    attention_kernels_us: float = 0.0
-    moe_kernels_us: float = 0.0
-    dense_kernels_us: float = 0.0
-    kernels_source: str = ""
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -209,18 +200,13 @@ class _Builder:
         base = stage * self.per_stage + group * self.plan.tp
         return list(range(base, base + self.plan.tp))
 
-    def calibrated(self, ranks, us: float, prev: dict, name: str, source: str, stream: str = "compute",
-                   category: str = "calibrated") -> dict:
+    def calibrated(self, ranks, us: float, prev: dict, name: str, source: str, stream: str = "compute") -> dict:
         """A fixed time on each rank after ``prev`` (nothing when ``us`` is 0), filed under
-        ``category`` (``calibrated``, or ``kernel_launch`` for the cited launch costs)."""
+        ``calibrated``."""
         if us <= 0:
             return prev
         k = self.fixed(us, source)
-        return {r: self.wl.compute(r, k, [prev.get(r)], name, category, stream) for r in ranks}
-
-    def launches(self, ranks, us: float, prev: dict, name: str, stream: str = "compute") -> dict:
-        """The cited fixed launch cost of a part's kernels (:class:`Overheads`) on each rank."""
-        return self.calibrated(ranks, us, prev, name, self.oh.kernels_source, stream, "kernel_launch")
+        return {r: self.wl.compute(r, k, [prev.get(r)], name, "calibrated", stream) for r in ranks}
 
     def vector_kernel(self, op, cores: int | None) -> int:
         """A vector op (:class:`~npusim.model.ir.Op`) as a ``vector`` workload kernel on ``cores``."""
@@ -390,7 +376,6 @@ class _Builder:
             out = {r: self.wl.compute(r, self.token_kernel("ffn", 0, share), [a[r]], f"{tag}.ffn", "ffn")
                    for r, share in zip(ranks, _split(tokens, len(ranks)))}
             out = self.group_collective("allgather", ranks, tokens, out, f"{tag}.ffn_allgather")
-        out = self.launches(ranks, self.oh.dense_kernels_us, out, f"{tag}.kernel_launches")
         return self.calibrated(ranks, self.oh.small_kernels_us, out, f"{tag}.small_kernels",
                                self.oh.small_kernels_source or self.oh.source)
 
@@ -456,7 +441,6 @@ class _Builder:
                 att = self.attention(ranks, g, layer, seqs, prev, tag, "reducescatter")
                 out = {r: wl.compute(r, self.token_kernel("router", layer, share, self.att_cores), [att[r]],
                                      f"{tag}.router", "moe_compute") for r, share in zip(ranks, shares)}
-            out = self.launches(ranks, self.oh.attention_kernels_us, out, f"{tag}.kernel_launches")
             out = self.calibrated(ranks, half, out, f"{tag}.small_kernels", self.oh.small_kernels_source or
                                   self.oh.source)
             tokens_of.update(zip(ranks, shares))
@@ -511,13 +495,9 @@ class _Builder:
         shared, scatter = ({}, -1) if not cfg.num_shared_experts or plan.shared_dies else \
             self.shared_experts(stage_ranks, f["tokens_of"], gate, dtype, tag)
         experts = {}
-        launches = self.launches(stage_ranks, self.oh.moe_kernels_us, gate, f"{tag}.moe_kernel_launches",
-                                 self.moe_stream)
         for i, r in enumerate(stage_ranks):
             deps = [self.local_work(r, f["reorder"][i], [f["dispatch"], gate[r]], f"{tag}.dispatch", "dispatch"),
                     *shared.get(r, [])]
-            if launches is not gate:
-                deps.append(launches[r])
             dedicated = i >= first_shared  # all its tokens through the shared experts, one GEMM pair
             rows = pad_rows(int(pairs[i]) if dedicated else math.ceil(pairs[i] / slots))
             if rows:
