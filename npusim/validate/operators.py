@@ -40,7 +40,8 @@ Where a source times several kernels for one case (a baseline beside a tuned ker
 tilings), the fastest is compared (:func:`_fastest`): npusim plans the best kernel it finds.
 
 Rows of a source in the ``calibration`` half are ``fitted`` (they may steer modelling choices), of
-the ``validation`` half ``outside``; each row carries ``family`` and ``half``. ``--quick`` runs the
+the ``validation`` half ``outside``, except in a family listed in the section's ``steered_families``
+(its validation rows were seen before a modelling choice: ``fitted``, the reason beside it); each row carries ``family`` and ``half``. ``--quick`` runs the
 rows of the validation half only.
 """
 
@@ -214,6 +215,7 @@ def _target(src: dict, r: dict) -> str | None:
 def operator_rows(quick: bool = False) -> list[Row]:
     sec = published()["operators"]
     sources = {s["id"]: s for s in sec["sources"]}
+    steered = sec.get("steered_families", {})  # families whose validation rows steered a choice: fitted
     runner = _Runner()
     run = {"gemm": runner.gemm, "vector": runner.vector, "attention": runner.attention,
            "collective": runner.collective}
@@ -234,7 +236,8 @@ def operator_rows(quick: bool = False) -> list[Row]:
         sim_us, roof_us, how = got
         rows.append(Row(name=f"{r['family']} {str(r['op'])[:24]} #{i}", source=f"{src['title']} ({src['url'].split()[0]})",
                         published=float(r["measured_us"]), simulated=sim_us, tolerance=sec["tolerance"], unit="us",
-                        kind="fitted" if half == "calibration" else "outside", baseline=roof_us,
+                        kind="fitted" if half == "calibration" or r["family"] in steered else "outside",
+                        baseline=roof_us,
                         family=r["family"], half=half,
                         note=f"{target}; {how}; shape {r.get('shape')}"
                              + (f"; the fastest of {alternatives} kernels the source times for it" if alternatives > 1
