@@ -234,15 +234,11 @@ def die_constants() -> list[Constant]:
                  "core time - simulated GEMM with no start and no setup (ascend-910c-die)"),
         Constant("kernel.vector_setup_us", preset, k.vector_setup_us, costs["vector_setup_us"],
                  f"{src}: AscendQuantV2 9x2048, DynamicQuant 1030x2304",
-                 "small row's core time - its simulated time at the quantize cost fitting both rows"),
+                 "small row's core time - its simulated time at the cycles per repeat fitting both rows"),
+        Constant("kernel.vector_cycles_per_repeat", preset, k.vector_cycles_per_repeat or 0.0,
+                 costs["vector_cycles_per_repeat"], f"{src}: AscendQuantV2 9x2048, DynamicQuant 1030x2304",
+                 "bisection: the two rows' simulated core times (reference-kernel instructions) differ as measured"),
     ]
-    for cls, value in costs["vector_cycles_per_element"].items():
-        out.append(Constant(f"kernel.vector_cycles_per_element.{cls}", preset,
-                            float(k.vector_cycles_per_element.get(cls, 0.0)), value, src,
-                            "bisection: simulated core time (no start) + setup = the row's core time"))
-    out.append(Constant("kernel.vector_cycles_per_element_pass", preset, k.vector_cycles_per_element_pass or 0.0,
-                        costs["vector_cycles_per_element_pass"], src,
-                        "mean over quantize and rmsnorm of cycles per element / element passes"))
     out.append(Constant("l2.core_bytes_per_cycle", preset, arch.l2.core_bytes_per_cycle, rate,
                         "; ".join(f"{r:g}: {dc.LOAD_RATES[r]}" for r in dc.LOAD_RATES),
                         "the candidate with the smaller median |error| over the calibration half's GEMM rows ("

@@ -14,14 +14,14 @@ only, the same way ``npusim calibrate --check`` recomputes it (:func:`die_consta
 * ``kernel.cube_setup_us`` -- the same report's MatMulV2 row (6 x 512 x 4096 BF16, a core time of
   5.406 us for a GEMM whose data take ~2.6 us at HBM rate): its core time - the simulated time of
   the GEMM with no start and no setup;
-* ``kernel.vector_setup_us`` and ``kernel.vector_cycles_per_element`` (``quantize``, ``rmsnorm``):
-  the report's AscendQuantV2 (9 x 2048: almost no work, so mostly setup), DynamicQuant (1030 x 2304)
-  and RmsNorm (515 x 1536) rows: with no start and no setup, the per-element cost of ``quantize``
-  is the one at which the two quantisation rows' simulated core times differ as measured, the
-  setup is then the small row's core time - its simulated time, and ``rmsnorm``'s cost the one at
-  which the RmsNorm row's simulated time + setup is its core time (bisection);
-  ``kernel.vector_cycles_per_element_pass`` (classes with no row of their own) is the mean over
-  those two classes of their cost per element pass (:func:`npusim.hw.compute.vector.element_passes`);
+* ``kernel.vector_setup_us`` and ``kernel.vector_cycles_per_repeat``: the report's AscendQuantV2
+  (9 x 2048: almost no work, so mostly setup) and DynamicQuant (1030 x 2304) rows, each op timed
+  from its reference kernel's instructions (:mod:`npusim.hw.compute.vector_kernel`, at the
+  preset's assumed ``vector_instruction_cycles``): with no start and no setup, the cycles per
+  256-byte repeat is the one at which the two rows' simulated core times differ as measured, the
+  setup then the small row's core time - its simulated time (bisection). Every other class is
+  costed by its own instructions at these constants; the report's RmsNorm (515 x 1536) row checks
+  them;
 * ``l2.core_bytes_per_cycle`` -- one core's read rate from global memory (the L2; HBM reads already
   go at the DMA engines' 64 B/cycle): the two published candidates, 110 (the vendor's platform file
   Ascend910B2C.ini, ``l2_read_rate``) and 64 (CANN's GEMM tiling cycle model,
@@ -112,14 +112,16 @@ def cube_setup_us(arch: Arch | None = None, l2_rate: float | None = None) -> flo
     return x["core_us"] - sim
 
 
-def _vector_us(arch: Arch, op: str, per_elem: dict) -> float:
+def _vector_us(arch: Arch, op: str, kernel: dict) -> float:
+    """The micro-benchmark row ``op``'s simulated time with no start and no setup, at the vector
+    kernel constants ``kernel`` (``vector_cycles_per_repeat``, ``vector_instruction_cycles``)."""
     from npusim.model.ir import Op
     from npusim.validate.operators import VECTOR_OPS
 
     x = _row(op)
     tensor = x["row"]["shape"]["tensor"]
     op_class, fn = next(v for k, v in VECTOR_OPS.items() if op.startswith(k))
-    var = _variant(arch, {**_bare(arch), "vector_cycles_per_element": per_elem})
+    var = _variant(arch, {**_bare(arch), **kernel})
     o = Op(op, "vector", dtype="bf16", elements=int(tensor[0]) * int(tensor[1]), op_class=op_class, fn=fn,
            row_len=int(tensor[1]))
     return _cost(var).vector(o).time_us
@@ -133,27 +135,27 @@ def _bisect(f, lo: float, hi: float, iters: int = 40) -> float:
     return (lo + hi) / 2
 
 
-def vector_costs(arch: Arch | None = None) -> dict:
-    """``vector_setup_us``, ``vector_cycles_per_element`` (quantize, rmsnorm) and
-    ``vector_cycles_per_element_pass`` from the three vector rows (see the module docstring)."""
-    from npusim.hw.compute.vector import element_passes
-
+def vector_costs(arch: Arch | None = None, iters: int = 30) -> dict:
+    """``vector_setup_us`` and ``vector_cycles_per_repeat`` from the two quantisation rows, every op
+    timed from its reference kernel's instructions (:mod:`npusim.hw.compute.vector_kernel`) with the
+    preset's instruction start (``vector_instruction_cycles``, an assumption): the cycles per repeat
+    at which the rows' simulated core times differ as measured (their difference holds no setup;
+    bisection), then the setup as the small row's core time - its simulated time. The RmsNorm row
+    is not used: it checks the model (``npusim validate --only operators``)."""
     arch = arch or load_arch(DIE)
-    small, large, norm = _row("AscendQuantV2"), _row("DynamicQuant"), _row("RmsNorm")
-    others = {"rmsnorm": 1.0}
+    small, large = _row("AscendQuantV2"), _row("DynamicQuant")
+    instr = arch.kernel.vector_instruction_cycles
+
+    def kernel(c: float) -> dict:
+        return {"vector_cycles_per_repeat": c, "vector_instruction_cycles": instr}
 
     def gap(c: float) -> float:  # simulated (large - small) - measured (large - small)
-        q = {**others, "quantize": c}
-        return (_vector_us(arch, "DynamicQuant", q) - _vector_us(arch, "AscendQuantV2", q)) - \
+        return (_vector_us(arch, "DynamicQuant", kernel(c)) - _vector_us(arch, "AscendQuantV2", kernel(c))) - \
             (large["core_us"] - small["core_us"])
 
-    c_q = _bisect(gap, 1e-4, 64.0)
-    setup = small["core_us"] - _vector_us(arch, "AscendQuantV2", {**others, "quantize": c_q})
-    c_r = _bisect(lambda c: _vector_us(arch, "RmsNorm", {"quantize": c_q, "rmsnorm": c}) + setup - norm["core_us"],
-                  1e-4, 64.0)
-    per_pass = (c_q / element_passes("quantize") + c_r / element_passes("rmsnorm")) / 2
-    return {"vector_setup_us": setup, "vector_cycles_per_element": {"quantize": c_q, "rmsnorm": c_r},
-            "vector_cycles_per_element_pass": per_pass}
+    c = _bisect(gap, 1e-3, 64.0, iters)
+    setup = small["core_us"] - _vector_us(arch, "AscendQuantV2", kernel(c))
+    return {"vector_setup_us": setup, "vector_cycles_per_repeat": c}
 
 
 def calibration_gemm_errors(l2_rate: float, start: float | None = None,
