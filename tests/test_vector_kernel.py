@@ -105,4 +105,5 @@ def test_the_vector_constants_are_what_the_calibration_half_gives():
     kc = load_arch(DIE).kernel
     got = vector_costs()
     assert kc.vector_cycles_per_repeat == pytest.approx(got["vector_cycles_per_repeat"], rel=1e-3)
+    assert kc.vector_instruction_cycles == pytest.approx(got["vector_instruction_cycles"], rel=1e-3)
     assert kc.vector_setup_us == pytest.approx(got["vector_setup_us"], rel=1e-3)

@@ -107,12 +107,13 @@ cores (whole rows; elementwise ops are rows of one element); each core streams i
 in chunks of a quarter of its buffer (MTE2 on the core's DMA engines), runs the vector model on each
 chunk (two buffers: a chunk loads while the one before computes) and writes the result back (MTE3;
 ``quantize`` and the fused norm/SwiGLU + quantisation classes: INT8 plus a 4-byte scale per row;
-else the input dtype). Only the first input is read (a residual add's second operand is not
-charged), except a SwiGLU's two (its ``elements`` are its outputs, each made from a gate and an up
-element). A ``copy`` (a tensor move) has no compute: each chunk's write follows its load. With the
-arch's ``kernel`` section (Ascend: a modelled core is one AIC and ``vector_cores_per_core`` = 2
-AIVs): every working core first runs ``start_us + vector_setup_us``; a chunk is at most what two
-buffers of input and output take in one AIV's unified buffer (``ub_kb``) per AIV; and with
+else the input dtype). It reads every full-size input (:func:`_vector_inputs`: an elementwise op's
+graph inputs -- a residual Add's two --, a SwiGLU's gate and up, whose ``elements`` are its
+outputs; else one: a norm's gamma is not charged). A ``copy`` (a tensor move) has no compute:
+each chunk's write follows its load. With the arch's ``kernel`` section (Ascend: a modelled core
+is one AIC and ``vector_cores_per_core`` = 2 AIVs): every working core first runs ``start_us +
+vector_setup_us``; a chunk is at most what two buffers of input and output take in one AIV's
+unified buffer (``ub_kb``) per AIV; and with
 ``vector_cycles_per_repeat`` a chunk's compute is its busiest AIV's rows (the core's AIVs take them
 evenly) timed from the instructions of the op's reference kernel at the AIV's vector width and
 each instruction's start (:func:`~npusim.hw.compute.vector_kernel.aiv_tile_cycles`) instead of the
@@ -372,6 +373,17 @@ def _counts(sizes: list[int]) -> dict[int, int]:
     for s in sizes:
         out[s] = out.get(s, 0) + 1
     return out
+
+
+def _vector_inputs(op: Op) -> int:
+    """Full-size tensors a vector op streams in per element: a SwiGLU's gate and up (its elements are
+    its outputs); an elementwise op's graph inputs (a residual Add's two; at least one); else one
+    (a norm's or quantisation's per-row or per-column parameters are not charged)."""
+    if op.fn == "swiglu" or op.op_class == "swiglu_quant":
+        return 2
+    if op.op_class == "elementwise":
+        return max(1, len(op.inputs))
+    return 1
 
 
 def _nbytes(elements: int, elem_bytes: float) -> int:
@@ -983,7 +995,7 @@ class ChipCost:
         share = self._share(cores)
         frac = self._fraction(hbm_fraction)
         key = {"kind": "vector", "op_class": op.op_class, "elements": op.elements, "row_len": op.row_len,
-               "fn": op.fn, "dtype": op.dtype}
+               "fn": op.fn, "dtype": op.dtype, "inputs": _vector_inputs(op)}
         return self._lookup(key, share, frac, op.name, lambda: self._run_vector(op, share, frac))
 
     def graph(self, graph: Graph, cores: int | Sequence[int] | None = None, *, spec=None,
@@ -1241,8 +1253,7 @@ class ChipCost:
         e_in = DTYPE_BYTES[op.dtype]
         quant = quantizes(op.op_class)  # quantize, or a fused norm/SwiGLU + quantisation
         e_out = 1.0 if quant else e_in  # INT8 out (+ a 4-byte scale per row)
-        # a SwiGLU's elements are its outputs; it reads gate and up, two inputs per output
-        e_in = e_in * (2 if op.fn == "swiglu" or op.op_class == "swiglu_quant" else 1)
+        e_in = e_in * _vector_inputs(op)  # every input it streams in, per element
         prog = Program(self.arch.num_cores, meta={"chipcost": "vector", "op": op.name})
         any_dtype = next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle))  # the array is not used
         planner = _Planner(self.arch, share, any_dtype, "bf16", frac)
@@ -1278,7 +1289,7 @@ class ChipCost:
                 else:  # the core's AIVs take the chunk's rows evenly; the busiest sets the time
                     cycles = aiv_tile_cycles(op.op_class, op.fn, _cdiv(r, aivs), row,
                                              cycles_per_repeat=kc.vector_cycles_per_repeat,
-                                             instruction_cycles=kc.vector_instruction_cycles)
+                                             instruction_cycles=kc.vector_instruction_cycles, dtype=op.dtype)
                     last = prog.add_compute(core, "vector", cycles, deps=[*load, last], name=f"{op.name} c{core} {c}")
                     done = [last]
                 out = _nbytes(r * row, e_out) + (4 * r if quant else 0)

@@ -16,7 +16,8 @@ How each family is run (assumptions):
 * **vector** -- :meth:`~npusim.system.chipcost.ChipCost.vector` with the op class the kernel's name
   says (:data:`VECTOR_OPS`: norms, (dynamic) quantisation, RoPE, SwiGLU, adds, copies (TensorMove:
   no vector instruction), transposes, softmax), rows of the tensor's last dimension; a SwiGLU's
-  tensor is its gate and up halves (outputs: half of it); a fused norm (AddRmsNorm) is
+  tensor is its gate and up halves (outputs: half of it); fp16 rows run at fp16 (an Add is then
+  one native instruction), others at bf16; an Add reads both operands; a fused norm (AddRmsNorm) is
   costed as the norm (the vector model reads one input). Kernels npusim has no model for (top-k, sort, gather, arg-max, cache
   scatter, the fused Triton prologue) are listed as not run. Roofline: bytes read and written / HBM
   bandwidth.
@@ -144,10 +145,13 @@ class _Runner:
         op_class, fn = kind
         swiglu = fn == "swiglu" or op_class == "swiglu_quant"  # the tensor is gate and up: outputs are half
         outputs, row_len = (elements // 2, int(tensor[-1]) // 2) if swiglu else (elements, int(tensor[-1]))
-        op = Op(r["op"], "vector", dtype="bf16", elements=outputs, op_class=op_class, fn=fn, row_len=row_len)
+        dtype = "fp16" if _dtype(r.get("dtype", "bf16")) == "fp16" else "bf16"  # the row's 2-byte input
+        inputs = ("x", "y") if str(r["op"]).startswith("Add") else ()  # an Add reads both operands
+        op = Op(r["op"], "vector", dtype=dtype, elements=outputs, op_class=op_class, fn=fn, row_len=row_len,
+                inputs=inputs)
         cc = self.cost(target)
         res = cc.vector(op, _cores(r))
-        nbytes = 2 * elements + (1 if op_class == "quantize" else 2) * outputs
+        nbytes = 2 * elements * max(1, len(inputs)) + (1 if op_class == "quantize" else 2) * outputs
         roof = nbytes / (res.hbm_peak_bandwidth_gbps * 1e3)
         return res.time_us, roof, op_class + (f" {fn}" if fn else "")
 

@@ -13,6 +13,9 @@ Machine model (each an assumption or a cited figure, no fitted factor per operat
   activations and quantisation compute in fp32 (bf16 inputs are Cast to fp32 first), so 64.
 * **Instruction start.** Every instruction costs ``instruction_cycles`` before its first repeat (its
   issue and the ``PipeBarrier<PIPE_V>`` the reference kernels put between dependent instructions).
+  On the Ascend presets both constants come from the vendor's Add sample on an Atlas A2 (its vector
+  pipe's time at two instruction sizes: ~22 cycles a start, ~2.0 cycles a repeat at its default UB
+  layout; 1.0 without UB bank conflicts), :func:`npusim.validate.die_calibration.vector_pipe_constants`.
 * **Scopes.** A reference kernel issues some instructions once per tile over all its rows
   (``tile``), some once per row over that row (``row``: a reduction's accumulation, a row's
   broadcast multiply), some once per tile over one repeat (``tiny``: per-row statistics batched,
@@ -25,19 +28,21 @@ Machine model (each an assumption or a cited figure, no fitted factor per operat
 Instruction lists (:data:`RECIPES`), bf16 in, per element of the op's rows (``elements`` as the
 caller gives them; SwiGLU: the outputs), read from the reference kernels:
 
-* ``rmsnorm`` -- ops-nn ``add_rms_norm_multi_n.h`` (KernelAddRmsNormMultiN ComputeRstd/ComputeY,
-  without the residual Add): Cast x to fp32, Mul x*x, Muls by 1/cols (tile); per row ReduceSumCustom
+* ``rmsnorm`` -- ops-nn ``norm/add_rms_norm/op_kernel/add_rms_norm_multi_n.h`` (ComputeRstd /
+  ComputeY of the multi-row AddRmsNorm kernel, without the residual Add): Cast x to fp32, Mul x*x, Muls by 1/cols (tile); per row ReduceSumCustom
   (an Add over the row's repeats, then WholeReduceSum); Adds eps, Sqrt, Duplicate, Div, Gather
   (tiny); per row Mul by rstd; Cast to bf16 (tile); per row Mul by gamma (bf16 width).
-* ``quantize`` (dynamic per-token INT8) -- the per-token quantisation of ops-transformer's
-  MoeDispatch ``QuantProcess``: Cast to fp32, Abs (tile); per row Max over the repeats and
+* ``quantize`` (dynamic per-token INT8) -- the per-token quantisation in CANN's MoE dispatch
+  kernel (``MoeDispatchNormalZeroBuffer::QuantProcess``): Cast to fp32, Abs (tile); per row Max over the repeats and
   WholeReduceMax; Div for the row scales (tiny); per row Muls by the scale; Cast fp32 -> fp16 and
   fp16 -> int8 (tile; the last at fp16 width).
 * ``activation`` swiglu -- silu(a) * b as CANN's SwiGlu computes it: Cast a, Cast b, Muls -1, Exp,
   Adds 1, Div, Mul b, Cast out (tile); silu: the same without b's Cast and Mul; sigmoid: Cast, Muls,
   Exp, Adds, Div, Cast; relu / tanh / gelu: assumptions of the same form (listed below).
-* ``elementwise`` (a bf16 Add or Mul) -- Cast both inputs, the op, Cast out (the 910B's vector
-  unit computes bf16 only through fp32; an assumption from the kernels above, which all Cast bf16).
+* ``elementwise`` (an Add or Mul) -- fp16 / fp32: the one instruction at its own width (the
+  asc-devkit Add sample: ``AscendC::Add(zLocal, xLocal, yLocal, curLen)`` on half); bf16: Cast both
+  inputs, the op, Cast out (the 910B's vector unit computes bf16 only through fp32; an assumption
+  from the kernels above, which all Cast bf16).
 * ``softmax``, ``layernorm``, ``rope``, ``exp``, ``divide``, ``reduction``: the same instructions
   a kernel of the op's formula issues in the style above (max / sum reductions per row, Exp, a
   reciprocal, scales); no reference kernel read for them: an assumption, stated in :data:`RECIPES`.
@@ -104,8 +109,15 @@ RECIPES: dict[str, list[Instr]] = {
 _FUSED = {"rmsnorm_quant": "rmsnorm", "layernorm_quant": "layernorm", "swiglu_quant": "swiglu"}
 
 
-def instructions(op_class: str, fn: str | None = None) -> list[Instr]:
-    """The instructions of ``op_class``'s reference kernel (``activation`` by its ``fn``)."""
+#: bytes per element of the dtypes the vector unit computes natively (bf16 goes through fp32)
+_NATIVE = {"fp16": 2, "fp32": 4}
+
+
+def instructions(op_class: str, fn: str | None = None, dtype: str = "bf16") -> list[Instr]:
+    """The instructions of ``op_class``'s reference kernel (``activation`` by its ``fn``) on
+    ``dtype`` inputs (only ``elementwise`` depends on it: native fp16 / fp32, else through fp32)."""
+    if op_class == "elementwise" and dtype in _NATIVE:
+        return [Instr("op", "tile", _NATIVE[dtype])]
     key = fn if op_class == "activation" else op_class
     if op_class in _FUSED:
         return RECIPES[_FUSED[op_class]] + RECIPES["quantize"]
@@ -120,13 +132,13 @@ def is_copy(op_class: str) -> bool:
 
 
 def aiv_tile_cycles(op_class: str, fn: str | None, rows: int, row_len: int, *, cycles_per_repeat: float,
-                    instruction_cycles: float, repeat_bytes: int = REPEAT_BYTES) -> int:
+                    instruction_cycles: float, dtype: str = "bf16", repeat_bytes: int = REPEAT_BYTES) -> int:
     """Cycles one AIV's vector pipe is busy on a tile of ``rows`` rows of ``row_len`` elements
     (module docstring): the sum over the kernel's instructions of their start and their repeats."""
     if rows <= 0 or row_len <= 0:
         return 0
     total = 0.0
-    for ins in instructions(op_class, fn):
+    for ins in instructions(op_class, fn, dtype):
         per_repeat = max(1, repeat_bytes // ins.width)  # elements one repeat covers
         if ins.scope == "tile":
             total += instruction_cycles + math.ceil(rows * row_len / per_repeat) * cycles_per_repeat
