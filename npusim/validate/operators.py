@@ -60,7 +60,7 @@ from npusim.validate.rows import Row
 VECTOR_OPS = {
     "AscendQuantV2": ("quantize", None), "DynamicQuant": ("quantize", None),
     "AddRmsNormBias": ("rmsnorm", None), "RmsNorm": ("rmsnorm", None),
-    "InterleaveRope": ("rope", None), "SwiGlu": ("activation", "swiglu"),
+    "InterleaveRope": ("rope", None), "RotaryPositionEmbedding": ("rope", None), "RoPE (": ("rope", None), "SwiGlu": ("activation", "swiglu"),
     "Add (": ("elementwise", None), "TensorMove": ("copy", None), "Transpose (": ("transpose", None),
     "TransData": ("transpose", None), "SoftmaxV2": ("softmax", None),
 }
