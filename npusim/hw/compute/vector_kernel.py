@@ -105,9 +105,8 @@ RECIPES: dict[str, list[Instr]] = {
     + _t("Cast fp32->fp16") + _t("Cast fp16->int8", width=2),
 }
 
-#: fused quantisation classes -> (first op's recipe key, the quantisation's)
+#: fused quantisation classes -> the first op's recipe key (the quantisation's instructions follow it)
 _FUSED = {"rmsnorm_quant": "rmsnorm", "layernorm_quant": "layernorm", "swiglu_quant": "swiglu"}
-
 
 #: bytes per element of the dtypes the vector unit computes natively (bf16 goes through fp32)
 _NATIVE = {"fp16": 2, "fp32": 4}
