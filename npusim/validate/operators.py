@@ -17,10 +17,10 @@ How each family is run (assumptions):
   says (:data:`VECTOR_OPS`: norms, (dynamic) quantisation, RoPE, SwiGLU, adds, copies (TensorMove:
   no vector instruction), transposes, softmax), rows of the tensor's last dimension; a SwiGLU's
   tensor is its gate and up halves (outputs: half of it); fp16 rows run at fp16 (an Add is then
-  one native instruction), others at bf16; an Add reads both operands; a fused norm (AddRmsNorm) is
-  costed as the norm (the vector model reads one input). Kernels npusim has no model for (top-k, sort, gather, arg-max, cache
-  scatter, the fused Triton prologue) are listed as not run. Roofline: bytes read and written / HBM
-  bandwidth.
+  one native instruction), others at bf16; an Add reads both operands; a fused norm (AddRmsNorm)
+  is costed as the norm (the vector model reads one input). Kernels npusim has no model for
+  (top-k, sort, gather, arg-max, cache scatter, the fused Triton prologue) are listed as not run.
+  Roofline: bytes read and written / HBM bandwidth.
 * **attention** -- a standard (MHA/GQA) attention op through the chip's mapper
   (:meth:`~npusim.system.chipcost.ChipCost.op`) with the row's batch, heads, query and KV lengths
   and head size (non-causal unless stated): the mapper's FlashAttention lowering
@@ -60,7 +60,8 @@ from npusim.validate.rows import Row
 VECTOR_OPS = {
     "AscendQuantV2": ("quantize", None), "DynamicQuant": ("quantize", None),
     "AddRmsNormBias": ("rmsnorm", None), "RmsNorm": ("rmsnorm", None),
-    "InterleaveRope": ("rope", None), "RotaryPositionEmbedding": ("rope", None), "RoPE (": ("rope", None), "SwiGlu": ("activation", "swiglu"),
+    "InterleaveRope": ("rope", None), "RotaryPositionEmbedding": ("rope", None), "RoPE (": ("rope", None),
+    "SwiGlu": ("activation", "swiglu"),
     "Add (": ("elementwise", None), "TensorMove": ("copy", None), "Transpose (": ("transpose", None),
     "TransData": ("transpose", None), "SoftmaxV2": ("softmax", None),
 }

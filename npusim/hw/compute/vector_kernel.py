@@ -29,7 +29,8 @@ Instruction lists (:data:`RECIPES`), bf16 in, per element of the op's rows (``el
 caller gives them; SwiGLU: the outputs), read from the reference kernels:
 
 * ``rmsnorm`` -- ops-nn ``norm/add_rms_norm/op_kernel/add_rms_norm_multi_n.h`` (ComputeRstd /
-  ComputeY of the multi-row AddRmsNorm kernel, without the residual Add): Cast x to fp32, Mul x*x, Muls by 1/cols (tile); per row ReduceSumCustom
+  ComputeY of the multi-row AddRmsNorm kernel, without the residual Add): Cast x to fp32, Mul
+  x*x, Muls by 1/cols (tile); per row ReduceSumCustom
   (an Add over the row's repeats, then WholeReduceSum); Adds eps, Sqrt, Duplicate, Div, Gather
   (tiny); per row Mul by rstd; Cast to bf16 (tile); per row Mul by gamma (bf16 width).
 * ``quantize`` (dynamic per-token INT8) -- the per-token quantisation in CANN's MoE dispatch
