@@ -13,8 +13,8 @@ beats the limits of the hardware it runs on, and a GEMM never gets faster as M, 
   op: not per core, tile or chunk); no
   core reads HBM faster than its DMA engines or the L2 faster than its per-core L2 rate, and the die's L2 serves no more
   than its bandwidth; the cube never takes operands faster than L1 feeds L0B (128 B/cycle, CANN's
-  GEMM tiling cycle model); a vector operator never beats its vector cores' measured cost per
-  element after the kernel's start and the cores' prologue.
+  GEMM tiling cycle model); a vector operator never beats its busiest vector core's instructions
+  at the vector width after the kernel's start and the cores' prologue.
 """
 
 from __future__ import annotations
@@ -134,7 +134,9 @@ def test_the_cube_never_takes_operands_faster_than_l1_feeds_l0(die, dtype, m, k,
 @given(die=st.sampled_from(DIES), op_class=st.sampled_from(["rmsnorm", "quantize", "elementwise", "softmax", "rope"]),
        rows=st.sampled_from([1, 9, 256, 2048]), row_len=st.sampled_from([64, 1536, 7168]))
 def test_a_vector_operator_never_beats_its_vector_cores(costs, die, op_class, rows, row_len):
-    from npusim.hw.compute.vector import kernel_cycles_per_element
+    """Never faster than the kernel's start and prologue plus its busiest AIV's instructions at the
+    vector width (one 256-byte repeat per ``vector_cycles_per_repeat``; row-scoped ones too)."""
+    from npusim.hw.compute.vector_kernel import REPEAT_BYTES, instructions
 
     arch = load_arch(die)
     kc = arch.kernel
@@ -142,8 +144,9 @@ def test_a_vector_operator_never_beats_its_vector_cores(costs, die, op_class, ro
     res = costs[die].vector(op)
     core_rows = -(-rows // min(rows, arch.num_cores))  # the busiest core's rows
     aiv_rows = -(-core_rows // kc.vector_cores_per_core)  # ... and its busiest vector core's
-    floor_us = kc.start_us + kc.vector_setup_us + \
-        aiv_rows * row_len * kernel_cycles_per_element(kc, op_class) / (arch.clock_ghz * 1e3)
+    repeats = sum(aiv_rows * row_len * i.width / REPEAT_BYTES for i in instructions(op_class)
+                  if i.scope in ("tile", "row"))
+    floor_us = kc.start_us + kc.vector_setup_us + repeats * kc.vector_cycles_per_repeat / (arch.clock_ghz * 1e3)
     assert res.time_us >= floor_us * (1 - 1e-9)
 
 

@@ -117,7 +117,7 @@ def test_supply_is_banks_times_port_and_conflict_free_for_packed_lines():
     assert sram_supply_bits(sram, 256) == 8 * 32 * 64  # 128 fp16 per line: 4 banks, all banks in turn
 
 
-@pytest.mark.parametrize("op_class", OP_CLASSES)
+@pytest.mark.parametrize("op_class", [c for c in OP_CLASSES if c != "copy"])  # a copy: no vector pass
 def test_vector_ops(op_class):
     fn = "silu" if op_class == "activation" else None
     elements, row_len, lanes = 64 * 1024, 1024, 128
@@ -132,6 +132,11 @@ def test_vector_ops(op_class):
         assert t.sram_bytes * 8 <= t.cycles * sup
         prev = t.cycles
     assert prev > free.cycles  # 64 B/cycle cannot feed 128 lanes
+
+
+def test_a_copy_is_no_vector_pass():
+    t = vector_sram_timing("copy", 64 * 1024, 128, supply_bits=8 * 64, row_len=1024)
+    assert t.cycles == 0 and t.sram_bytes == 0
 
 
 def _one_gemm(arch, memory, dma_bytes=0):

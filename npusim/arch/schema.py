@@ -450,10 +450,11 @@ class KernelCosts(StrictModel):
       of one step overlap the MACs of the one before);
     * ``vector_cores_per_core``: AIV cores per modelled core (each takes an even share of the
       core's rows); ``ub_kb``: one AIV's unified buffer, which bounds a vector kernel's tile
-      (two buffers of input and output); ``vector_cycles_per_element``: an AIV's cycles per
-      element of an op class (its whole instruction sequence, measured), and
-      ``vector_cycles_per_element_pass`` the cost per element pass (a stream or reduction pass of
-      :mod:`npusim.hw.compute.vector`) of a class without its own figure;
+      (two buffers of input and output); ``vector_cycles_per_repeat``: an AIV's cycles per
+      vector instruction repeat (256 bytes, the arch's vector width per AIV) and
+      ``vector_instruction_cycles`` each instruction's start, which time a vector op's tile from
+      its reference kernel's instructions (:mod:`npusim.hw.compute.vector_kernel`; without them
+      the lane model of :mod:`npusim.hw.compute.vector` does);
     * ``source``: where the figures come from (``npusim calibrate --check`` recomputes them).
 
     Units: microseconds, bytes per core cycle, core cycles, KiB (``ub_kb``)."""
@@ -467,8 +468,8 @@ class KernelCosts(StrictModel):
     l0_k_bytes: Pos(2**20) = 128
     vector_cores_per_core: Pos(64) = 1
     ub_kb: PosF(2**20) | None = None
-    vector_cycles_per_element: dict[str, PosF(1e6)] = Field(default_factory=dict)
-    vector_cycles_per_element_pass: PosF(1e6) | None = None
+    vector_cycles_per_repeat: PosF(1e6) | None = None
+    vector_instruction_cycles: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
     source: str = ""
 
 

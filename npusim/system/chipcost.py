@@ -104,17 +104,20 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
 **Vector operators** (:meth:`ChipCost.vector`, and :meth:`ChipCost.op` for a ``vector`` op): as an
 operator runtime runs one (Ascend's AIV kernels), the op's rows are split evenly over the share's
 cores (whole rows; elementwise ops are rows of one element); each core streams its rows from HBM
-in chunks of a quarter of its buffer, runs the vector model's passes on each chunk (two buffers:
-a chunk loads while the one before computes) and writes the result back (``quantize`` and the
-fused norm/SwiGLU + quantisation classes: INT8 plus a 4-byte scale per row; else the input
-dtype). Only the first input is read (a residual add's second
-operand is not charged). With the arch's ``kernel`` section (Ascend: a modelled core is one AIC and
-``vector_cores_per_core`` = 2 AIVs): every working core first runs ``start_us + vector_setup_us``;
-a chunk is at most what two buffers of input and output take in one AIV's unified buffer
-(``ub_kb``) per AIV; and a chunk's compute is its busiest AIV's rows (the core's AIVs take them
-evenly) times the row length times the AIV's measured cycles per element of the op class
-(:func:`~npusim.hw.compute.vector.kernel_cycles_per_element`; classes without a figure of their own
-at their element passes times ``vector_cycles_per_element_pass``) instead of the lane model.
+in chunks of a quarter of its buffer (MTE2 on the core's DMA engines), runs the vector model on each
+chunk (two buffers: a chunk loads while the one before computes) and writes the result back (MTE3;
+``quantize`` and the fused norm/SwiGLU + quantisation classes: INT8 plus a 4-byte scale per row;
+else the input dtype). It reads every full-size input (:func:`_vector_inputs`: an elementwise op's
+graph inputs -- a residual Add's two --, a SwiGLU's gate and up, whose ``elements`` are its
+outputs; else one: a norm's gamma is not charged). A ``copy`` (a tensor move) has no compute:
+each chunk's write follows its load. With the arch's ``kernel`` section (Ascend: a modelled core
+is one AIC and ``vector_cores_per_core`` = 2 AIVs): every working core first runs ``start_us +
+vector_setup_us``; a chunk is at most what two buffers of input and output take in one AIV's
+unified buffer (``ub_kb``) per AIV; and with
+``vector_cycles_per_repeat`` a chunk's compute is its busiest AIV's rows (the core's AIVs take them
+evenly) timed from the instructions of the op's reference kernel at the AIV's vector width and
+each instruction's start (:func:`~npusim.hw.compute.vector_kernel.aiv_tile_cycles`) instead of the
+lane model.
 
 **Ops and graphs** (:meth:`ChipCost.op`, :meth:`ChipCost.graph`): a ``gemm`` op goes through the
 GEMM kernel above (``batch x m`` rows against one weight, or ``batch`` products with their own
@@ -173,7 +176,8 @@ from npusim.config import validate
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.systolic import gemm_cost
-from npusim.hw.compute.vector import kernel_cycles_per_element, quantizes
+from npusim.hw.compute.vector import quantizes
+from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy
 from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.hbm import stream_latency_ps
 from npusim.hw.memory.params import MODES as MEMORY_MODES
@@ -369,6 +373,17 @@ def _counts(sizes: list[int]) -> dict[int, int]:
     for s in sizes:
         out[s] = out.get(s, 0) + 1
     return out
+
+
+def _vector_inputs(op: Op) -> int:
+    """Full-size tensors a vector op streams in per element: a SwiGLU's gate and up (its elements are
+    its outputs); an elementwise op's graph inputs (a residual Add's two; at least one); else one
+    (a norm's or quantisation's per-row or per-column parameters are not charged)."""
+    if op.fn == "swiglu" or op.op_class == "swiglu_quant":
+        return 2
+    if op.op_class == "elementwise":
+        return max(1, len(op.inputs))
+    return 1
 
 
 def _nbytes(elements: int, elem_bytes: float) -> int:
@@ -980,7 +995,7 @@ class ChipCost:
         share = self._share(cores)
         frac = self._fraction(hbm_fraction)
         key = {"kind": "vector", "op_class": op.op_class, "elements": op.elements, "row_len": op.row_len,
-               "fn": op.fn, "dtype": op.dtype}
+               "fn": op.fn, "dtype": op.dtype, "inputs": _vector_inputs(op)}
         return self._lookup(key, share, frac, op.name, lambda: self._run_vector(op, share, frac))
 
     def graph(self, graph: Graph, cores: int | Sequence[int] | None = None, *, spec=None,
@@ -1238,14 +1253,16 @@ class ChipCost:
         e_in = DTYPE_BYTES[op.dtype]
         quant = quantizes(op.op_class)  # quantize, or a fused norm/SwiGLU + quantisation
         e_out = 1.0 if quant else e_in  # INT8 out (+ a 4-byte scale per row)
+        e_in = e_in * _vector_inputs(op)  # every input it streams in, per element
         prog = Program(self.arch.num_cores, meta={"chipcost": "vector", "op": op.name})
         any_dtype = next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle))  # the array is not used
         planner = _Planner(self.arch, share, any_dtype, "bf16", frac)
         em = _Emitter(planner, prog, op.dtype)  # for its DMA engines
         kc = self.arch.kernel
-        per_elem = kernel_cycles_per_element(kc, op.op_class, op.fn)  # one AIV's measured cost, or None
+        by_kernel = kc is not None and kc.vector_cycles_per_repeat is not None  # reference-kernel instructions
         aivs = kc.vector_cores_per_core if kc is not None else 1
         head = planner.head_cycles(kc.vector_setup_us) if kc is not None else 0
+        copy = is_copy(op.op_class)
         used = min(len(share), rows)
         for i, core in enumerate(share[:used]):
             core_rows = _split(rows, used, i)
@@ -1263,18 +1280,25 @@ class ChipCost:
                 # two buffers: a load waits for the one two back (and the first for the kernel start)
                 deps = [computes[c - 2]] if c >= 2 else [start]
                 load = em.loads(core, _nbytes(r * row, e_in), 0, deps, f"{op.name} c{core} load{c}")
-                if per_elem is None:
+                if copy:  # MTE2 then MTE3: no vector instruction
+                    done = [*load]
+                elif not by_kernel:
                     last = prog.add_vector(core, op.op_class, r * row, op.dtype, deps=[*load, last],
                                            name=f"{op.name} c{core} {c}", fn=op.fn, row_len=op.row_len)
-                else:  # the core's AIVs take the chunk's rows evenly, each at its measured cost per element
-                    cycles = math.ceil(_cdiv(r, aivs) * row * per_elem)
+                    done = [last]
+                else:  # the core's AIVs take the chunk's rows evenly; the busiest sets the time
+                    cycles = aiv_tile_cycles(op.op_class, op.fn, _cdiv(r, aivs), row,
+                                             cycles_per_repeat=kc.vector_cycles_per_repeat,
+                                             instruction_cycles=kc.vector_instruction_cycles, dtype=op.dtype)
                     last = prog.add_compute(core, "vector", cycles, deps=[*load, last], name=f"{op.name} c{core} {c}")
-                computes.append(last)
+                    done = [last]
                 out = _nbytes(r * row, e_out) + (4 * r if quant else 0)
-                em.write(core, out, [last], f"{op.name} c{core} write{c}")
+                write = em.write(core, out, done, f"{op.name} c{core} write{c}")
+                computes.append(write if copy else last)  # a copy's buffer frees once written out
         sim = self._simulate(prog, frac)
-        min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)
-        how = "" if per_elem is None else f", {aivs} vector cores per core at {per_elem:.3g} cycles per element"
+        min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)  # e_in: every input's bytes
+        how = (", copy: MTE2 and MTE3 only" if copy else
+               f", {aivs} vector cores per core, reference-kernel instructions" if by_kernel else "")
         return self._result("vector", op.name, op.dtype, share, frac, sim, prog, 0, min_bytes,
                             f"vector: {rows} rows of {row} over {used} cores{how}, streamed from and to HBM",
                             fixed_cycles=head)

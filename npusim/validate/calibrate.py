@@ -233,16 +233,15 @@ def die_constants() -> list[Constant]:
         Constant("kernel.cube_setup_us", preset, k.cube_setup_us, dc.cube_setup_us(), f"{src}: MatMulV2 6x512x4096",
                  "core time - simulated GEMM with no start and no setup (ascend-910c-die)"),
         Constant("kernel.vector_setup_us", preset, k.vector_setup_us, costs["vector_setup_us"],
-                 f"{src}: AscendQuantV2 9x2048, DynamicQuant 1030x2304",
-                 "small row's core time - its simulated time at the quantize cost fitting both rows"),
+                 f"{src}: AscendQuantV2 9x2048",
+                 "its core time - its simulated time (reference-kernel instructions, no start, no setup)"),
+        Constant("kernel.vector_instruction_cycles", preset, k.vector_instruction_cycles,
+                 costs["vector_instruction_cycles"], "asc-devkit add_high_performance cases 2-3 (Atlas A2)",
+                 "aiv_vec_time at 4096 and 16384 elements per fp16 Add: the start per instruction"),
+        Constant("kernel.vector_cycles_per_repeat", preset, k.vector_cycles_per_repeat or 0.0,
+                 costs["vector_cycles_per_repeat"], "asc-devkit add_high_performance cases 2-3 (Atlas A2)",
+                 "aiv_vec_time at 4096 and 16384 elements per fp16 Add: cycles per 256-byte repeat"),
     ]
-    for cls, value in costs["vector_cycles_per_element"].items():
-        out.append(Constant(f"kernel.vector_cycles_per_element.{cls}", preset,
-                            float(k.vector_cycles_per_element.get(cls, 0.0)), value, src,
-                            "bisection: simulated core time (no start) + setup = the row's core time"))
-    out.append(Constant("kernel.vector_cycles_per_element_pass", preset, k.vector_cycles_per_element_pass or 0.0,
-                        costs["vector_cycles_per_element_pass"], src,
-                        "mean over quantize and rmsnorm of cycles per element / element passes"))
     out.append(Constant("l2.core_bytes_per_cycle", preset, arch.l2.core_bytes_per_cycle, rate,
                         "; ".join(f"{r:g}: {dc.LOAD_RATES[r]}" for r in dc.LOAD_RATES),
                         "the candidate with the smaller median |error| over the calibration half's GEMM rows ("

@@ -14,14 +14,15 @@ only, the same way ``npusim calibrate --check`` recomputes it (:func:`die_consta
 * ``kernel.cube_setup_us`` -- the same report's MatMulV2 row (6 x 512 x 4096 BF16, a core time of
   5.406 us for a GEMM whose data take ~2.6 us at HBM rate): its core time - the simulated time of
   the GEMM with no start and no setup;
-* ``kernel.vector_setup_us`` and ``kernel.vector_cycles_per_element`` (``quantize``, ``rmsnorm``):
-  the report's AscendQuantV2 (9 x 2048: almost no work, so mostly setup), DynamicQuant (1030 x 2304)
-  and RmsNorm (515 x 1536) rows: with no start and no setup, the per-element cost of ``quantize``
-  is the one at which the two quantisation rows' simulated core times differ as measured, the
-  setup is then the small row's core time - its simulated time, and ``rmsnorm``'s cost the one at
-  which the RmsNorm row's simulated time + setup is its core time (bisection);
-  ``kernel.vector_cycles_per_element_pass`` (classes with no row of their own) is the mean over
-  those two classes of their cost per element pass (:func:`npusim.hw.compute.vector.element_passes`);
+* ``kernel.vector_instruction_cycles`` and ``kernel.vector_cycles_per_repeat``: the vendor's Add
+  sample on an Atlas A2 (asc-devkit ``add_high_performance``, half 8192 x 8192 over 48 AIVs): the
+  vector pipe's time (msprof ``aiv_vec_time``) of the two cases that differ only in the elements
+  per Add instruction (4096 / 16384) gives each instruction's start and the cycles per 256-byte
+  repeat (:func:`vector_pipe_constants`; the model is :mod:`npusim.hw.compute.vector_kernel`);
+* ``kernel.vector_setup_us``: the micro-benchmark report's AscendQuantV2 row (9 x 2048: almost no
+  work, so mostly setup): its core time - its simulated time with no start and no setup, every op
+  timed from its reference kernel's instructions at the two constants above. The report's
+  DynamicQuant (1030 x 2304) and RmsNorm (515 x 1536) rows are left as checks;
 * ``l2.core_bytes_per_cycle`` -- one core's read rate from global memory (the L2; HBM reads already
   go at the DMA engines' 64 B/cycle): the two published candidates, 110 (the vendor's platform file
   Ascend910B2C.ini, ``l2_read_rate``) and 64 (CANN's GEMM tiling cycle model,
@@ -112,48 +113,77 @@ def cube_setup_us(arch: Arch | None = None, l2_rate: float | None = None) -> flo
     return x["core_us"] - sim
 
 
-def _vector_us(arch: Arch, op: str, per_elem: dict) -> float:
+def _vector_us(arch: Arch, op: str, kernel: dict) -> float:
+    """The micro-benchmark row ``op``'s simulated time with no start and no setup, at the vector
+    kernel constants ``kernel`` (``vector_cycles_per_repeat``, ``vector_instruction_cycles``)."""
     from npusim.model.ir import Op
     from npusim.validate.operators import VECTOR_OPS
 
     x = _row(op)
     tensor = x["row"]["shape"]["tensor"]
     op_class, fn = next(v for k, v in VECTOR_OPS.items() if op.startswith(k))
-    var = _variant(arch, {**_bare(arch), "vector_cycles_per_element": per_elem})
+    var = _variant(arch, {**_bare(arch), **kernel})
     o = Op(op, "vector", dtype="bf16", elements=int(tensor[0]) * int(tensor[1]), op_class=op_class, fn=fn,
            row_len=int(tensor[1]))
     return _cost(var).vector(o).time_us
 
 
-def _bisect(f, lo: float, hi: float, iters: int = 40) -> float:
-    """x in [lo, hi] with f(x) = 0 for an increasing f."""
-    for _ in range(iters):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
-    return (lo + hi) / 2
+ADD_SAMPLE = "asc-devkit-add-high-performance-a2"
+_VEC_TIME = re.compile(r"dataCopyLen (\d+) elements per instruction; no double buffer.*aiv_vec_time\s+([\d.]+)", re.S)
+
+
+def add_sample_rows() -> list[dict]:
+    """The vendor Add sample's cases that differ only in the elements per instruction (no double
+    buffer, default UB layout, L2 on): dicts with ``elements`` (per instruction), ``vec_us``
+    (aiv_vec_time) and ``tensor``."""
+    sources, rows = _section()
+    if sources[ADD_SAMPLE]["half"] != "calibration":
+        raise ValueError(f"published.yaml operators: source {ADD_SAMPLE} is no longer in the calibration half")
+    out = []
+    for r in rows:
+        m = _VEC_TIME.search(str(r.get("conditions", "")))
+        if r["source"] == ADD_SAMPLE and m:
+            out.append({"elements": int(m.group(1)), "vec_us": float(m.group(2)), "tensor": r["shape"]["tensor"]})
+    if len({x["elements"] for x in out}) < 2:
+        raise ValueError(f"published.yaml operators: {ADD_SAMPLE} needs two cases at different dataCopyLen")
+    return out
+
+
+def vector_pipe_constants(arch: Arch | None = None) -> tuple[float, float]:
+    """``(vector_instruction_cycles, vector_cycles_per_repeat)`` from the Add sample's vector-pipe
+    time (aiv_vec_time) at two instruction sizes: each AIV runs ``elements / dataCopyLen`` fp16 Add
+    instructions (:func:`npusim.hw.compute.vector_kernel.aiv_tile_cycles`, linear in both constants),
+    so two cases give both (least squares over the cases, exact for two)."""
+    import numpy as np
+
+    from npusim.hw.compute.vector_kernel import aiv_tile_cycles
+
+    arch = arch or load_arch("ascend-910b")
+    aivs = arch.num_cores * (arch.kernel.vector_cores_per_core if arch.kernel else 1)
+    a, y = [], []
+    for x in add_sample_rows():
+        per_aiv = x["tensor"][0] * x["tensor"][1] / aivs
+        tiles = per_aiv / x["elements"]
+        one = dict(rows=1, row_len=x["elements"], dtype="fp16")
+        starts = aiv_tile_cycles("elementwise", None, cycles_per_repeat=0.0, instruction_cycles=1.0, **one)
+        repeats = aiv_tile_cycles("elementwise", None, cycles_per_repeat=1.0, instruction_cycles=0.0, **one)
+        a.append([tiles * starts, tiles * repeats])
+        y.append(x["vec_us"] * 1e3 * arch.clock_ghz)
+    (instr, per_repeat), *_ = np.linalg.lstsq(np.array(a), np.array(y), rcond=None)
+    return float(instr), float(per_repeat)
 
 
 def vector_costs(arch: Arch | None = None) -> dict:
-    """``vector_setup_us``, ``vector_cycles_per_element`` (quantize, rmsnorm) and
-    ``vector_cycles_per_element_pass`` from the three vector rows (see the module docstring)."""
-    from npusim.hw.compute.vector import element_passes
-
+    """``vector_instruction_cycles`` and ``vector_cycles_per_repeat`` (:func:`vector_pipe_constants`,
+    the vendor Add sample on an Atlas A2), then ``vector_setup_us``: the micro-benchmark report's
+    AscendQuantV2 (9 x 2048, almost no work) core time - its simulated time with no start and no
+    setup, timed from its reference kernel's instructions at those constants. The report's
+    DynamicQuant and RmsNorm rows are not used: they check the model."""
+    instr, per_repeat = vector_pipe_constants()
     arch = arch or load_arch(DIE)
-    small, large, norm = _row("AscendQuantV2"), _row("DynamicQuant"), _row("RmsNorm")
-    others = {"rmsnorm": 1.0}
-
-    def gap(c: float) -> float:  # simulated (large - small) - measured (large - small)
-        q = {**others, "quantize": c}
-        return (_vector_us(arch, "DynamicQuant", q) - _vector_us(arch, "AscendQuantV2", q)) - \
-            (large["core_us"] - small["core_us"])
-
-    c_q = _bisect(gap, 1e-4, 64.0)
-    setup = small["core_us"] - _vector_us(arch, "AscendQuantV2", {**others, "quantize": c_q})
-    c_r = _bisect(lambda c: _vector_us(arch, "RmsNorm", {"quantize": c_q, "rmsnorm": c}) + setup - norm["core_us"],
-                  1e-4, 64.0)
-    per_pass = (c_q / element_passes("quantize") + c_r / element_passes("rmsnorm")) / 2
-    return {"vector_setup_us": setup, "vector_cycles_per_element": {"quantize": c_q, "rmsnorm": c_r},
-            "vector_cycles_per_element_pass": per_pass}
+    k = {"vector_cycles_per_repeat": per_repeat, "vector_instruction_cycles": instr}
+    setup = _row("AscendQuantV2")["core_us"] - _vector_us(arch, "AscendQuantV2", k)
+    return {"vector_setup_us": setup, "vector_cycles_per_repeat": per_repeat, "vector_instruction_cycles": instr}
 
 
 def calibration_gemm_errors(l2_rate: float, start: float | None = None,
@@ -201,5 +231,5 @@ def load_rate_choice() -> tuple[float, dict[float, float]]:
     return min(scores, key=lambda r: (scores[r], r)), scores
 
 
-__all__ = ["LOAD_RATES", "calibration_gemm_errors", "core_time_rows", "cube_setup_us", "kernel_start_us",
-           "load_rate_choice", "vector_costs"]
+__all__ = ["LOAD_RATES", "add_sample_rows", "calibration_gemm_errors", "core_time_rows", "cube_setup_us",
+           "kernel_start_us", "load_rate_choice", "vector_costs", "vector_pipe_constants"]

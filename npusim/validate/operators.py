@@ -14,11 +14,13 @@ How each family is run (assumptions):
   FP16/BF16 (``fp16 in, fp32 out``: FP16). Roofline:
   ``max(2 m n k batch / peak, compulsory bytes / HBM bandwidth)``.
 * **vector** -- :meth:`~npusim.system.chipcost.ChipCost.vector` with the op class the kernel's name
-  says (:data:`VECTOR_OPS`: norms, (dynamic) quantisation, RoPE, SwiGLU, adds, copies, softmax),
-  rows of the tensor's last dimension; a fused norm (AddRmsNorm) is costed as the norm (the
-  vector model reads one input). Kernels npusim has no model for (top-k, sort, gather, arg-max, cache
-  scatter, the fused Triton prologue) are listed as not run. Roofline: bytes read and written / HBM
-  bandwidth.
+  says (:data:`VECTOR_OPS`: norms, (dynamic) quantisation, RoPE, SwiGLU, adds, copies (TensorMove:
+  no vector instruction), transposes, softmax), rows of the tensor's last dimension; a SwiGLU's
+  tensor is its gate and up halves (outputs: half of it); fp16 rows run at fp16 (an Add is then
+  one native instruction), others at bf16; an Add reads both operands; a fused norm (AddRmsNorm)
+  is costed as the norm (the vector model reads one input). Kernels npusim has no model for
+  (top-k, sort, gather, arg-max, cache scatter, the fused Triton prologue) are listed as not run.
+  Roofline: bytes read and written / HBM bandwidth.
 * **attention** -- a standard (MHA/GQA) attention op through the chip's mapper
   (:meth:`~npusim.system.chipcost.ChipCost.op`) with the row's batch, heads, query and KV lengths
   and head size (non-causal unless stated): the mapper's FlashAttention lowering
@@ -58,9 +60,10 @@ from npusim.validate.rows import Row
 VECTOR_OPS = {
     "AscendQuantV2": ("quantize", None), "DynamicQuant": ("quantize", None),
     "AddRmsNormBias": ("rmsnorm", None), "RmsNorm": ("rmsnorm", None),
-    "InterleaveRope": ("rope", None), "SwiGlu": ("activation", "swiglu"),
-    "Add (": ("elementwise", None), "TensorMove": ("elementwise", None), "Transpose (": ("elementwise", None),
-    "TransData": ("elementwise", None), "SoftmaxV2": ("softmax", None),
+    "InterleaveRope": ("rope", None), "RotaryPositionEmbedding": ("rope", None), "RoPE (": ("rope", None),
+    "SwiGlu": ("activation", "swiglu"),
+    "Add (": ("elementwise", None), "TensorMove": ("copy", None), "Transpose (": ("transpose", None),
+    "TransData": ("transpose", None), "SoftmaxV2": ("softmax", None),
 }
 HCCL_OPS = {"allGather": "allgather", "reduceScatter": "reducescatter", "allReduce": "allreduce"}
 INT8 = ("int8", "w8a8", "bf16->int8")
@@ -141,11 +144,15 @@ class _Runner:
         for d in tensor:
             elements *= int(d)
         op_class, fn = kind
-        op = Op(r["op"], "vector", dtype="bf16", elements=elements, op_class=op_class, fn=fn, row_len=int(tensor[-1]))
+        swiglu = fn == "swiglu" or op_class == "swiglu_quant"  # the tensor is gate and up: outputs are half
+        outputs, row_len = (elements // 2, int(tensor[-1]) // 2) if swiglu else (elements, int(tensor[-1]))
+        dtype = "fp16" if _dtype(r.get("dtype", "bf16")) == "fp16" else "bf16"  # the row's 2-byte input
+        inputs = ("x", "y") if str(r["op"]).startswith("Add") else ()  # an Add reads both operands
+        op = Op(r["op"], "vector", dtype=dtype, elements=outputs, op_class=op_class, fn=fn, row_len=row_len,
+                inputs=inputs)
         cc = self.cost(target)
         res = cc.vector(op, _cores(r))
-        out = elements // 2 if fn == "swiglu" else elements
-        nbytes = 2 * elements + (1 if op_class == "quantize" else 2) * out
+        nbytes = 2 * elements * max(1, len(inputs)) + (1 if op_class == "quantize" else 2) * outputs
         roof = nbytes / (res.hbm_peak_bandwidth_gbps * 1e3)
         return res.time_us, roof, op_class + (f" {fn}" if fn else "")
 

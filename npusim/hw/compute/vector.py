@@ -51,6 +51,8 @@ layernorm     (1) sum-reduce; (2) per row: mean, 1 elementwise; (3) (x-mean)^2
               -> 5 passes
 rope          1 pass, 2 elementwise (x*cos + rotate_half(x)*sin as mul + fma; the
               cos/sin tables are read from SRAM, rotate_half is free addressing)
+copy          no pass: a tensor move is memory traffic only (0 cycles here)
+transpose     1 pass, 1 elementwise op (a reorder through the lanes)
 quantize      dynamic per-row (per-token) symmetric INT8 quantisation, rows of
               ``row_len``: (1) abs-max reduce: 1 elementwise (abs) + 1 reduction op;
               (2) per row: 1 divide (scale = 127 / absmax); (3) x * scale, round and
@@ -90,8 +92,6 @@ __all__ = [
     "OP_CLASSES",
     "THROUGHPUT_CLASSES",
     "VectorCost",
-    "element_passes",
-    "kernel_cycles_per_element",
     "quantizes",
     "vector_cost",
     "vector_cycles_array",
@@ -128,7 +128,7 @@ FUSED_QUANT: dict[str, tuple[str, str | None]] = {
 }
 
 OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide",
-              "softmax", "rmsnorm", "layernorm", "rope", "quantize", *FUSED_QUANT)
+              "softmax", "rmsnorm", "layernorm", "rope", "quantize", "copy", "transpose", *FUSED_QUANT)
 
 
 def quantizes(op_class: str) -> bool:
@@ -191,6 +191,10 @@ def _passes(op_class: str, fn: str | None, ops_per_element: int) -> list[_Pass]:
                 ("normalize", "stream", {"elementwise": 3})]
     if op_class == "rope":
         return [("rope", "stream", {"elementwise": 2})]
+    if op_class == "copy":  # a tensor move: memory traffic only, no vector op
+        return []
+    if op_class == "transpose":  # one reorder pass through the lanes
+        return [("reorder", "stream", {"elementwise": 1})]
     if op_class == "quantize":
         return [("absmax-reduce", "reduce", {"elementwise": 1, "reduction": 1}),
                 ("row-scale", "row", {"divide": 1}),
@@ -199,36 +203,6 @@ def _passes(op_class: str, fn: str | None, ops_per_element: int) -> list[_Pass]:
         base, base_fn = FUSED_QUANT[op_class]
         return _passes(base, base_fn, ops_per_element) + _passes("quantize", None, 1)
     raise ValueError(f"unknown vector op class {op_class!r}; valid: {list(OP_CLASSES)}")
-
-
-def element_passes(op_class: str, fn: str | None = None) -> int:
-    """Passes of ``op_class`` over its elements (stream and reduction passes; per-row scalar
-    passes not counted): rmsnorm 2, quantize 2, softmax 4, layernorm 3, rope / activation /
-    elementwise 1, the fused classes the sum of their two ops'."""
-    return sum(1 for _, kind, _ in _passes(op_class, fn, 1) if kind != "row")
-
-
-def kernel_cycles_per_element(kernel, op_class: str, fn: str | None = None) -> float | None:
-    """One vector core's (Ascend: one AIV's) cycles per element of a whole ``op_class`` operator,
-    from the arch's measured kernel costs (:class:`npusim.arch.schema.KernelCosts`): the class's
-    own figure (``vector_cycles_per_element``; ``activation`` may be keyed by its ``fn``, e.g.
-    ``swiglu``), else a fused class's two parts summed, else its element passes
-    (:func:`element_passes`) at ``vector_cycles_per_element_pass``. ``None``: the arch gives no
-    such costs (the lane model above times the op)."""
-    if kernel is None:
-        return None
-    table = kernel.vector_cycles_per_element
-    for key in ((fn,) if op_class == "activation" and fn else ()) + (op_class,):
-        if key in table:
-            return float(table[key])
-    if op_class in FUSED_QUANT:
-        base, base_fn = FUSED_QUANT[op_class]
-        a = kernel_cycles_per_element(kernel, base, base_fn)
-        b = kernel_cycles_per_element(kernel, "quantize")
-        return None if a is None or b is None else a + b
-    if kernel.vector_cycles_per_element_pass is None:
-        return None
-    return element_passes(op_class, fn) * kernel.vector_cycles_per_element_pass
 
 
 def _throughputs(ops_per_cycle_per_lane: Mapping[str, float] | None) -> dict[str, float]:
@@ -335,7 +309,7 @@ def vector_cost(
     total, ideal, per_pass = _evaluate(op_class, int(elements), int(lanes), ops_per_cycle_per_lane,
                                        int(startup_cycles), int(row_len), fn, int(ops_per_element))
     cycles = int(total)
-    return VectorCost(cycles=cycles, elements=int(elements), utilization=float(ideal) / cycles,
+    return VectorCost(cycles=cycles, elements=int(elements), utilization=float(ideal) / cycles if cycles else 1.0,
                       op_class=op_class, passes=tuple((k, int(c)) for k, c in per_pass))
 
 

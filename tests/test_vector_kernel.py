@@ -1,0 +1,110 @@
+"""The Ascend vector core as mechanisms (issue 39 item 2, :mod:`npusim.hw.compute.vector_kernel`
+and :meth:`npusim.system.chipcost.ChipCost.vector`): a copy issues no vector instruction; a
+vector op is never faster than its GM <-> UB bytes at the core's load bandwidth (MTE2 / MTE3 on
+the core's DMA engines) nor than its instructions at the vector width; never faster as its
+elements grow; a class with no calibration row is costed by its instructions; the derived
+constants are what ``npusim calibrate --only die`` recomputes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from npusim.arch import load_arch
+from npusim.model.ir import Op
+from npusim.system.chipcost import ChipCost
+
+DIE = "ascend-910b"
+HBM_SLACK = 0.02  # see test_a_vector_op_never_gets_faster_as_its_elements_grow
+
+
+@pytest.fixture(scope="module")
+def cost():
+    return ChipCost(DIE, persist=False)
+
+
+def _op(op_class, rows, row_len, fn=None):
+    return Op("v", "vector", dtype="bf16", elements=rows * row_len, op_class=op_class, fn=fn, row_len=row_len)
+
+
+def test_a_copy_charges_no_vector_instruction(cost):
+    from npusim.hw.compute.vector_kernel import aiv_tile_cycles, instructions
+
+    assert instructions("copy") == []
+    assert aiv_tile_cycles("copy", None, 64, 4096, cycles_per_repeat=2.0, instruction_cycles=8) == 0
+    res = cost.vector(_op("copy", 4096, 4096))
+    assert "copy: MTE2 and MTE3 only" in res.mapping
+    # ten times slower vector instructions: a copy's time does not move, an Add's does
+    from npusim.validate.die_calibration import _variant
+
+    arch = load_arch(DIE)
+    slow = ChipCost(_variant(arch, {"vector_cycles_per_repeat": 10 * arch.kernel.vector_cycles_per_repeat,
+                                    "vector_instruction_cycles": 10 * arch.kernel.vector_instruction_cycles}),
+                    persist=False)
+    assert slow.vector(_op("copy", 4096, 4096)).time_us == pytest.approx(res.time_us, rel=1e-9)
+    assert slow.vector(_op("elementwise", 4096, 4096)).time_us > cost.vector(_op("elementwise", 4096, 4096)).time_us
+
+
+@pytest.mark.parametrize("op_class,fn", [("copy", None), ("elementwise", None), ("rmsnorm", None),
+                                         ("activation", "swiglu"), ("quantize", None), ("softmax", None)])
+@pytest.mark.parametrize("rows,row_len", [(8, 7168), (512, 4096), (4096, 4096)])
+def test_a_vector_op_never_beats_its_gm_ub_bytes_at_the_cores_load_bandwidth(cost, op_class, fn, rows, row_len):
+    """The busiest core moves its rows in (every input: a SwiGLU's gate and up) and out through its
+    DMA engines at ``dma.engines x dma.bytes_per_cycle``, after the kernel's start."""
+    arch = load_arch(DIE)
+    kc = arch.kernel
+    res = cost.vector(_op(op_class, rows, row_len, fn))
+    core_rows = math.ceil(rows / min(rows, arch.num_cores))
+    inputs = 2 if fn == "swiglu" else 1
+    out_bytes = 1 if op_class == "quantize" else 2
+    nbytes = core_rows * row_len * (2 * inputs + out_bytes)
+    port = arch.cores.dma.engines * arch.cores.dma.bytes_per_cycle  # bytes per core cycle
+    floor_us = kc.start_us + kc.vector_setup_us + nbytes / port / (arch.clock_ghz * 1e3)
+    assert res.time_us >= floor_us * (1 - 1e-9)
+    total = rows * row_len * (2 * inputs + out_bytes)
+    assert res.time_us >= total / (res.hbm_peak_bandwidth_gbps * 1e3) * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("op_class,fn", [("copy", None), ("transpose", None), ("rmsnorm", None),
+                                         ("activation", "swiglu"), ("rope", None), ("layernorm", None)])
+def test_a_vector_op_never_gets_faster_as_its_elements_grow(cost, op_class, fn):
+    """Within :data:`HBM_SLACK`: an op bound by its HBM streams (a copy, a transpose) can gain up
+    to ~1.3% from a few more rows (2040 -> 2050 rows of 2048: 16.29 -> 16.09 us), the simulated
+    HBM serving the new transfers' addresses (channel and bank interleave) a little better."""
+    times = [cost.vector(_op(op_class, rows, row_len, fn)).time_us
+             for rows, row_len in [(1, 1024), (9, 1024), (48, 1024), (49, 1024), (512, 1024), (512, 2048),
+                                   (2048, 2048), (2049, 2048), (8192, 2048)]]
+    assert all(b >= a * (1 - HBM_SLACK) for a, b in zip(times, times[1:])), times
+
+
+def test_a_class_without_a_row_is_costed_by_its_instructions():
+    """Softmax (no calibration row) costs its own instruction list at the derived constants: more
+    instructions, more cycles; the same tile with one more instruction costs one more start and
+    one more pass of repeats."""
+    from npusim.hw.compute.vector_kernel import RECIPES, Instr, aiv_tile_cycles, instructions
+
+    kc = load_arch(DIE).kernel
+    args = dict(cycles_per_repeat=kc.vector_cycles_per_repeat, instruction_cycles=kc.vector_instruction_cycles)
+    soft = aiv_tile_cycles("softmax", None, 16, 4096, **args)
+    add = aiv_tile_cycles("elementwise", None, 16, 4096, **args)
+    assert len(instructions("softmax")) > len(instructions("elementwise")) and soft > add
+    base = aiv_tile_cycles("exp", None, 16, 4096, **args)
+    RECIPES["exp"].append(Instr("extra"))
+    try:
+        more = aiv_tile_cycles("exp", None, 16, 4096, **args)
+    finally:
+        RECIPES["exp"].pop()
+    one_more = kc.vector_instruction_cycles + 16 * 4096 / 64 * kc.vector_cycles_per_repeat
+    assert more - base == pytest.approx(one_more, abs=1)
+
+
+def test_the_vector_constants_are_what_the_calibration_half_gives():
+    """``npusim calibrate --only die --check``'s vector constants, recomputed: 0 drifted."""
+    from npusim.validate.die_calibration import vector_costs
+
+    kc = load_arch(DIE).kernel
+    got = vector_costs()
+    assert kc.vector_cycles_per_repeat == pytest.approx(got["vector_cycles_per_repeat"], rel=1e-3)
+    assert kc.vector_instruction_cycles == pytest.approx(got["vector_instruction_cycles"], rel=1e-3)
+    assert kc.vector_setup_us == pytest.approx(got["vector_setup_us"], rel=1e-3)
