@@ -63,7 +63,9 @@ def test_graph_is_not_slower_than_eager_when_the_host_binds(a2, cm1):
     eager, _, _ = _plan_step(a2, 1, "eager")
     graph, _, _ = _plan_step(a2, 1, "graph")
     assert graph["step_ms"] < eager["step_ms"]
-    assert eager["breakdown_us"]["host"] > 10 * graph["breakdown_us"]["host"]
+    # graph mode's host work on the path is the replay and the attention updates the device catches up
+    # with, eager's every operator's dispatch
+    assert eager["breakdown_us"]["host"] > 3 * graph["breakdown_us"]["host"]
     assert _dep_step(cm1, 2, "graph").step_ms < _dep_step(cm1, 2, "eager").step_ms  # one sequence a die
 
 
@@ -79,7 +81,8 @@ def test_cloudmatrix_plans_pay_the_runtime_too(cm1):
     cfg = replace(get_config("qwen3-4b"), num_layers=4)
     out, _, _ = simulate_plan_step(cm1, cfg, ParallelPlan(npus=1, tp=2), StepShape("decode", 2, 1, 256))
     rt = cm1.system.runtime
-    assert out["breakdown_us"]["host"] == pytest.approx(rt.scheduler_us + rt.graph_launch_us)
+    fixed = rt.scheduler_us + rt.graph_launch_us  # and whatever of the 4 layers' attention updates the device waits for
+    assert fixed <= out["breakdown_us"]["host"] <= fixed + 4 * rt.graph_update_us + 1e-6
     assert out["breakdown_us"]["launch"] > 0
 
 
@@ -120,6 +123,7 @@ def test_runtime_constants_are_recomputed_from_the_calibration_half():
 
     consts = runtime_constants()
     assert {c.name for c in consts} == {f"runtime.{k}" for k in ("host_dispatch_us", "graph_launch_us",
+                                                                  "graph_update_us", "hccl_dispatch_us",
                                                                   "kernel_launch_us", "scheduler_us")}
     assert all(abs(c.drift) < 1e-4 for c in consts)  # stored to 4 digits
     assert not any("ascend_plan_steps" in c.source for c in consts)  # no end-to-end step
