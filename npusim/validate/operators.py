@@ -244,7 +244,8 @@ def _target(src: dict, r: dict) -> str | None:
     return target
 
 
-def operator_rows(quick: bool = False) -> list[Row]:
+def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) -> list[Row]:
+    """The measured operator rows (``quick``: the validation half only; ``families``: only those)."""
     sec = published()["operators"]
     sources = {s["id"]: s for s in sec["sources"]}
     steered = sec.get("steered_families", {})  # families whose validation rows steered a choice: fitted
@@ -255,7 +256,7 @@ def operator_rows(quick: bool = False) -> list[Row]:
     for i, r, alternatives in _fastest(sec["rows"]):
         src = sources[r["source"]]
         half = src["half"]
-        if quick and half != "validation":
+        if (quick and half != "validation") or (families and r["family"] not in families):
             continue
         fn = run.get(r["family"])
         target = _target(src, r)
