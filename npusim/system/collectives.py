@@ -50,9 +50,9 @@ reduce-scatter ``nbytes`` in and ``nbytes / n`` out, all-gather ``nbytes / n`` i
 all-to-all ``nbytes`` both ways (broadcast and send/recv: no copies modelled). A copy is a local
 SDMA task on the die's first copy engine lasting ``2 x bytes / (copy_efficiency x HBM peak)`` (read
 and written once). The CCL buffer holds ``buffer_mb`` MiB (``HCCL_BUFFSIZE``); what one round must
-hold is the per-peer share ``input / n`` when every rank is a die of one server (SDMA; the
-torch_npu ``hccl_buffer_size`` guidance: "pure SDMA: the larger message / rank size") and the whole
-input otherwise (RDMA). A collective that does not fit runs in ``ceil(share / buffer)`` rounds of
+hold is the larger of a rank's input and output (``nbytes`` for broadcast and send/recv), divided by
+``n`` when every rank is a die of one server (SDMA; the torch_npu ``hccl_buffer_size`` guidance:
+"pure SDMA: the larger message / rank size"), whole otherwise (RDMA). A collective that does not fit runs in ``ceil(share / buffer)`` rounds of
 ``nbytes / rounds``, one after another, each a whole collective with its own copies, handshakes and
 steps: a message just over the buffer costs about two rounds' fixed costs. Not modelled here: the
 host's launch of the collective (the runtime's, :mod:`npusim.system.execute`).
@@ -204,7 +204,7 @@ def ccl_rounds(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, node_of=N
     hccl = w.sim.system.hccl
     topo = w.sim.topology
     n = len(ranks)
-    share = max(_copy_bytes(op, nbytes, n)[0], nbytes if op in ("broadcast", "sendrecv") else 0)
+    share = max(_copy_bytes(op, nbytes, n)) or nbytes  # the larger of input and output
     in_server = node_of is not None and all(topo.vertex_kind[r] == "die" for r in ranks) \
         and len({node_of(r) for r in ranks}) == 1
     if in_server:

@@ -212,8 +212,8 @@ class Hccl(StrictModel):
     ``user_buffer_copies``: a collective first copies each rank's input from the user's buffer into
     its CCL buffer and last copies the result out (local SDMA copies: a copied byte is read and
     written, at ``copy_efficiency`` of the die's HBM peak); ``buffer_mb``: the CCL buffer
-    (``HCCL_BUFFSIZE``, MB of 2^20 bytes): a collective whose per-peer share (in-server SDMA; the
-    whole input across servers) does not fit runs in rounds, one after another, each with its copies
+    (``HCCL_BUFFSIZE``, MB of 2^20 bytes): a collective whose share (the larger of a rank's input
+    and output, over the rank count inside a server: SDMA) does not fit runs in rounds, one after another, each with its copies
     and its own steps. ``sources``: where each constant comes from (``npusim calibrate --only hccl``)."""
 
     user_buffer_copies: bool = True

@@ -152,7 +152,7 @@ def hccs_constants() -> list[Constant]:
     return out
 
 
-def _runtime_rows(family: str = "runtime") -> tuple[dict, dict]:
+def _calibration_rows(family: str = "runtime") -> tuple[dict, dict]:
     """The ``operators`` rows of ``family`` from sources of the calibration half, by source id, and
     the sources by id."""
     ops = published()["operators"]
@@ -193,7 +193,7 @@ def runtime_constants() -> list[Constant]:
     """
     from npusim.system.schema import Runtime
 
-    rows, _ = _runtime_rows()
+    rows, _ = _calibration_rows()
     triton = rows["triton-ascend-issue-1675"]
     graph = rows["vllm-ascend-pr-15471-graph-timing"]
     dmi = rows["flagrt-flagperf-a3-toolkit"]
@@ -273,7 +273,7 @@ def hccl_constants() -> list[Constant]:
     from npusim.arch.derived import summarize
     from npusim.system.schema import Hccl
 
-    rows, _ = _runtime_rows(family="vector")
+    rows, _ = _calibration_rows(family="vector")
     d2d = _row(rows["flagrt-flagperf-a3-toolkit"], "D2D")
     a3 = load_system("cloudmatrix384", nodes=1)
     peak = summarize(a3.chip).hbm_bandwidth_gbps

@@ -219,8 +219,9 @@ class _Runner:
             return max(run.time_us, dispatch), share / (out_gbps * 1e3), how
         return run.time_us, share / (out_gbps * 1e3), how
 
-
     def runtime(self, r: dict, target: str | None) -> tuple[float, float, str] | None:
+        """The runtime model's figure for a runtime row (:data:`RUNTIME_QUANTITIES`); None: no such
+        quantity."""
         from npusim.system.load import load_system
         from npusim.system.schema import Runtime
 
