@@ -31,8 +31,11 @@ How each family is run (assumptions):
   is the sum of their squares), linear attention / GDN / KDA (no model). Roofline: ``max(4 b h q kv d / peak, (Q + K + V + O) bytes / HBM bandwidth)``.
 * **collective** -- HCCL all-gather, reduce-scatter and all-reduce over the first ``ranks`` dies of
   ``target`` (:func:`~npusim.system.measure.run_collective`, flow fidelity), ``msg_bytes_total`` in
-  the nccl-tests convention (MB read as 10^6 bytes). Roofline: the bytes each rank must send
-  (``(n-1)/n`` of the message; twice for all-reduce) over all of one die's outgoing links at once.
+  the nccl-tests convention (MB read as 10^6 bytes; ``8192B``: bytes). An hccl_test row
+  (``all_reduce_test``: back-to-back op-base calls timed together) is the larger of the simulated
+  collective and the eager runtime's ``hccl_dispatch_us`` (the host runs ahead of the device).
+  Roofline: the bytes each rank must send (``(n-1)/n`` of the message; twice for all-reduce) over
+  all of one die's outgoing links at once.
 * **runtime** -- a row that measures a quantity of the runtime model
   (:class:`~npusim.system.schema.Runtime`; :data:`RUNTIME_QUANTITIES`) against that quantity on the
   source's target system (the schema's defaults when it names none): the eager host dispatch of an
