@@ -44,4 +44,4 @@ TRAFFIC_PATTERNS = ("uniform", "transpose", "bitcomp", "hotspot", "neighbor")
 TOPOLOGIES = ("mesh", "torus", "ring")
 
 #: groups of calibrated constants ``npusim calibrate --only`` recomputes (``npusim.validate.calibrate.GROUPS``)
-CALIBRATION_GROUPS = ("operators", "hccs", "table1", "runtime", "die")
+CALIBRATION_GROUPS = ("operators", "hccs", "table1", "runtime", "die", "hccl")

@@ -289,3 +289,43 @@ def test_hccl_runs_mesh_inside_a_node_by_default(cm384):
     assert run_collective(cm384, "allgather", list(range(16)), 1 << 20).algorithm == "direct"
     assert run_collective(cm384, "reducescatter", list(range(8)), 1 << 20).algorithm == "direct"
     assert run_collective(cm384, "allgather", list(range(32)), 1 << 20).algorithm == "ring"
+
+
+@pytest.fixture(scope="module")
+def cm_node():
+    from npusim.system.load import load_system
+    return load_system("cloudmatrix384", nodes=1)
+
+
+def test_hccl_copies_the_user_buffers_in_and_out(cm_node):
+    """HCCL's op-base all-reduce copies each rank's input into its CCL buffer and the result back out
+    (two local copies of the message, each byte read and written at ``hccl.copy_efficiency`` of the
+    die's HBM peak): a 2-die 64 MiB all-reduce takes two such copies longer than without them."""
+    from npusim.arch.derived import summarize
+    from npusim.system.measure import run_collective
+    from npusim.validate.calibrate import _variant
+    nbytes = 64 << 20
+    hc = cm_node.system.hccl
+    copy_us = 2 * nbytes / (hc.copy_efficiency * summarize(cm_node.chip).hbm_bandwidth_gbps * 1e3)
+    with_copies = run_collective(cm_node, "allreduce", [0, 1], nbytes).time_us
+    bare = run_collective(_variant(cm_node, {"hccl": {"user_buffer_copies": False}}), "allreduce", [0, 1],
+                          nbytes).time_us
+    assert with_copies - bare == pytest.approx(2 * copy_us, rel=0.02)
+
+
+def test_a_collective_beyond_the_ccl_buffer_runs_in_rounds(cm_node):
+    """A collective whose per-peer share does not fit HCCL's CCL buffer runs in rounds, each with its
+    own copies and handshakes: a message just over the buffer pays about one more round's fixed
+    cost; with the default 200 MB buffer the same step is invisible."""
+    from npusim.system.measure import run_collective
+    from npusim.validate.calibrate import _variant
+    small = _variant(cm_node, {"hccl": {"buffer_mb": 1}})
+    at, over = 2 << 20, (2 << 20) + (64 << 10)  # 2 dies: the per-peer share 1 MiB fits, 1 MiB + 32 KiB does not
+
+    def step(loaded):
+        t = [run_collective(loaded, "allreduce", [0, 1], b).time_us for b in (8192, at, over)]
+        return t[0], t[2] - t[1]
+    fixed, jump = step(small)
+    assert jump >= 0.8 * fixed
+    fixed, jump = step(cm_node)
+    assert jump < 0.5 * fixed

@@ -63,7 +63,9 @@ def test_graph_is_not_slower_than_eager_when_the_host_binds(a2, cm1):
     eager, _, _ = _plan_step(a2, 1, "eager")
     graph, _, _ = _plan_step(a2, 1, "graph")
     assert graph["step_ms"] < eager["step_ms"]
-    assert eager["breakdown_us"]["host"] > 10 * graph["breakdown_us"]["host"]
+    # graph mode's host work on the path is the replay and the attention updates the device catches up
+    # with, eager's every operator's dispatch
+    assert eager["breakdown_us"]["host"] > 3 * graph["breakdown_us"]["host"]
     assert _dep_step(cm1, 2, "graph").step_ms < _dep_step(cm1, 2, "eager").step_ms  # one sequence a die
 
 
@@ -79,7 +81,8 @@ def test_cloudmatrix_plans_pay_the_runtime_too(cm1):
     cfg = replace(get_config("qwen3-4b"), num_layers=4)
     out, _, _ = simulate_plan_step(cm1, cfg, ParallelPlan(npus=1, tp=2), StepShape("decode", 2, 1, 256))
     rt = cm1.system.runtime
-    assert out["breakdown_us"]["host"] == pytest.approx(rt.scheduler_us + rt.graph_launch_us)
+    fixed = rt.scheduler_us + rt.graph_launch_us  # and whatever of the 4 layers' attention updates the device waits for
+    assert fixed <= out["breakdown_us"]["host"] <= fixed + 4 * rt.graph_update_us + 1e-6
     assert out["breakdown_us"]["launch"] > 0
 
 
@@ -120,6 +123,73 @@ def test_runtime_constants_are_recomputed_from_the_calibration_half():
 
     consts = runtime_constants()
     assert {c.name for c in consts} == {f"runtime.{k}" for k in ("host_dispatch_us", "graph_launch_us",
+                                                                  "graph_update_us", "hccl_dispatch_us",
                                                                   "kernel_launch_us", "scheduler_us")}
     assert all(abs(c.drift) < 1e-4 for c in consts)  # stored to 4 digits
     assert not any("ascend_plan_steps" in c.source for c in consts)  # no end-to-end step
+
+
+def _small_step(a2, layers, runtime, system=None):
+    cfg = replace(get_config("qwen3-4b"), num_layers=layers)
+    return simulate_plan_step(system or a2, cfg, ParallelPlan(npus=2, tp=2), StepShape("decode", 1, 1, 512),
+                              runtime=runtime)
+
+
+def test_a_graph_replay_updates_every_attention_op_on_the_host(a2):
+    """Graph mode: one replay enqueue per die and step, then one host update per captured attention
+    operator (vLLM-Ascend's FIA task updates), so the host's work grows with the attention ops; an
+    attention node waits for its update."""
+    rt = a2.system.runtime
+    busy = {}
+    for layers in (1, 2):
+        out, wl, timing = _small_step(a2, layers, "graph")
+        assert not wl.meta.get("repeat")  # every layer simulated
+        busy[layers] = timing.host_busy_us
+        assert busy[layers] == pytest.approx(2 * (rt.graph_launch_us + layers * rt.graph_update_us), rel=1e-6)
+    assert busy[2] - busy[1] == pytest.approx(2 * rt.graph_update_us, rel=1e-6)  # 2 dies, one attention op each
+    out, _, _ = _small_step(a2, 2, "graph")
+    assert out["breakdown_us"]["host"] >= rt.graph_launch_us + rt.graph_update_us  # the first layer waits for both
+
+
+def test_an_eager_hccl_collective_costs_the_host_its_op_base_dispatch(a2):
+    """Eager mode: an HCCL collective costs the host ``hccl_dispatch_us`` (hccl_test's back-to-back
+    cadence), not an ordinary operator's ``host_dispatch_us``."""
+    from npusim.validate.calibrate import _variant
+
+    rt = a2.system.runtime
+    assert rt.hccl_dispatch_us > 5 * rt.host_dispatch_us
+    _, wl, timing = _small_step(a2, 2, "eager")
+    as_op = _variant(a2, {"runtime": {"hccl_dispatch_us": rt.host_dispatch_us}})
+    _, _, plain = _small_step(a2, 2, "eager", as_op)
+    dispatched = sum(len(n["ranks"]) for n in wl.nodes if n["kind"] == "collective")
+    assert dispatched > 0
+    assert timing.host_busy_us - plain.host_busy_us == pytest.approx(
+        dispatched * (rt.hccl_dispatch_us - rt.host_dispatch_us), rel=1e-6)
+
+
+def test_runtime_rows_run_against_the_runtime_model():
+    """The runtime rows that measure a runtime-model quantity are run (issue 39's runtime family):
+    the calibration rows reproduce their constants, the aclgraph rebind row of vllm-ascend #13058
+    (20 FIA updates) is compared with 20 updates."""
+    from npusim.validate.operators import operator_rows
+
+    rows = {r.name.split(" #")[0]: r for r in operator_rows(families=("runtime",))}
+    assert all(r.family == "runtime" for r in rows.values())
+    replay = next(r for n, r in rows.items() if "replay enqueue" in n)
+    assert replay.half == "calibration" and abs(replay.error) < 1e-6
+    rebind = next(r for r in rows.values() if r.published == 3680)
+    assert rebind.half == "validation" and rebind.simulated == pytest.approx(20 * 2400 / 11, rel=1e-3)
+    assert all(r.baseline_error == -1 for r in rows.values())  # the naive baseline: no runtime cost
+
+
+def test_hccl_constants_are_recomputed_from_the_calibration_half():
+    """The HCCL copy efficiency comes from ascend-dmi's D2D row (calibration half) over the A3 die's
+    HBM peak, the CCL buffer is HCCL_BUFFSIZE's default; both presets store them."""
+    from npusim.validate.calibrate import hccl_constants
+
+    consts = hccl_constants()
+    assert {c.name for c in consts} == {"hccl.copy_efficiency", "hccl.buffer_mb"}
+    assert {c.preset for c in consts} >= {"atlas-800i-a2", "cloudmatrix384"}
+    assert all(abs(c.drift) < 1e-3 for c in consts)
+    eff = next(c for c in consts if c.name == "hccl.copy_efficiency")
+    assert eff.recomputed == pytest.approx((1513.970581 + 1541.802368) / 2 / 1600, rel=1e-6)

@@ -39,8 +39,23 @@ that notify), then records the notify at the receiver (a :data:`NOTIFY_BYTES` wr
 copy); the receiver's step (and its reduction) waits for that notify. Each notify costs what a
 4-byte write costs on the fabric -- its fixed per-transfer overhead and route latency, calibrated
 on the CloudMatrix384 paper's Table 1 in the fabric presets -- so no constant is added here.
-``sync=False`` is the bare wire model (transfers only). Not modelled: HCCL's splitting of messages
-larger than its buffer (``HCCL_BUFFSIZE``, 200 MB by default) into rounds, host-side launch.
+``sync=False`` is the bare wire model (transfers only).
+
+**HCCL's op-base buffers** (``sync=True``; the system's ``hccl`` section,
+:class:`~npusim.system.schema.Hccl`): HCCL runs a collective out of its own CCL buffer, not the
+user's (CANN HCCL user guide: single-operator mode copies the user's input into the CCL buffer and
+the result back out). Each rank that is a die first copies its input into the CCL buffer and,
+after the collective's last step, its output out of it: all-reduce ``nbytes`` in and out,
+reduce-scatter ``nbytes`` in and ``nbytes / n`` out, all-gather ``nbytes / n`` in and ``nbytes`` out,
+all-to-all ``nbytes`` both ways (broadcast and send/recv: no copies modelled). A copy is a local
+SDMA task on the die's first copy engine lasting ``2 x bytes / (copy_efficiency x HBM peak)`` (read
+and written once). The CCL buffer holds ``buffer_mb`` MiB (``HCCL_BUFFSIZE``); what one round must
+hold is the larger of a rank's input and output (``nbytes`` for broadcast and send/recv), divided by
+``n`` when every rank is a die of one server (SDMA; the torch_npu ``hccl_buffer_size`` guidance:
+"pure SDMA: the larger message / rank size"), whole otherwise (RDMA). A collective that does not fit runs in ``ceil(share / buffer)`` rounds of
+``nbytes / rounds``, one after another, each a whole collective with its own copies, handshakes and
+steps: a message just over the buffer costs about two rounds' fixed costs. Not modelled here: the
+host's launch of the collective (the runtime's, :mod:`npusim.system.execute`).
 
 Reductions run on the receiving die's ``compute`` queue for ``reduce_ps(bytes)`` picoseconds
 (the caller supplies it from the chip cost model; 0 ignores reduction time).
@@ -68,6 +83,7 @@ class BuiltCollective:
     bytes_per_rank: int
     done: int  # barrier task after which every rank holds its result
     per_rank: list[int] | None = None  # each rank's last task: after it, that rank holds its result
+    rounds: int = 1  # HCCL's CCL-buffer rounds (module docstring)
 
     def bus_factor(self) -> float:
         n = len(self.ranks)
@@ -161,6 +177,67 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
     start = [-1] * n if ready is None else [int(r) for r in ready]
     if len(start) != n:
         raise ValueError(f"ready: {len(start)} tasks for {n} ranks")
+    hccl = w.sim.system.hccl if sync else None
+    rounds = ccl_rounds(w, op, ranks, nbytes, node_of) if hccl is not None else 1
+    piece = _split(nbytes, rounds)
+    last = start
+    for _ in range(rounds):
+        last = _copies(w, ranks, _copy_bytes(op, piece, n)[0], last, hccl)
+        last = _algorithm(w, op, algorithm, ranks, piece, last, reduce_ps, via, node_of, sync)
+        last = _copies(w, ranks, _copy_bytes(op, piece, n)[1], last, hccl)
+    done = w.barrier([t for t in last if t >= 0])
+    return BuiltCollective(op, algorithm, list(ranks), nbytes, done, last, rounds)
+
+
+#: (bytes copied into the CCL buffer, bytes copied out) per rank, as a function of (nbytes, n)
+_COPIES = {"allreduce": lambda b, n: (b, b), "reducescatter": lambda b, n: (b, _split(b, n)),
+           "allgather": lambda b, n: (_split(b, n), b), "alltoall": lambda b, n: (b, b)}
+
+
+def _copy_bytes(op: str, nbytes: int, n: int) -> tuple[int, int]:
+    """What each rank copies into and out of the CCL buffer (module docstring); (0, 0): no copies."""
+    return _COPIES[op](nbytes, n) if op in _COPIES else (0, 0)
+
+
+def ccl_rounds(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, node_of=None) -> int:
+    """How many rounds HCCL's CCL buffer splits the collective into (module docstring)."""
+    hccl = w.sim.system.hccl
+    topo = w.sim.topology
+    n = len(ranks)
+    share = max(_copy_bytes(op, nbytes, n)) or nbytes  # the larger of input and output
+    in_server = node_of is not None and all(topo.vertex_kind[r] == "die" for r in ranks) \
+        and len({node_of(r) for r in ranks}) == 1
+    if in_server:
+        share = _split(share, n)
+    return max(1, -(-share // int(hccl.buffer_mb * 2**20)))
+
+
+def local_copy_ps(sim, nbytes: int) -> int:
+    """A die's local SDMA copy of ``nbytes`` (read and written once at ``hccl.copy_efficiency`` of
+    the die's HBM peak), picoseconds."""
+    from npusim.arch.derived import summarize
+
+    gbps = getattr(sim, "_hbm_gbps", None)
+    if gbps is None:
+        gbps = sim._hbm_gbps = summarize(sim.loaded.chip).hbm_bandwidth_gbps
+    return int(round(2 * nbytes / (sim.system.hccl.copy_efficiency * gbps) * 1000))  # bytes / (GB/s) = ns
+
+
+def _copies(w: WorkBuilder, ranks: list[int], nbytes: int, after: list[int], hccl) -> list[int]:
+    """Each die rank's copy of ``nbytes`` between the user's buffer and the CCL buffer, after its
+    ``after`` task; a rank that is not a die (or no copy) keeps its task."""
+    if hccl is None or not hccl.user_buffer_copies or nbytes <= 0:
+        return list(after)
+    topo = w.sim.topology
+    ps = local_copy_ps(w.sim, nbytes)
+    return [w.compute(r, ps, [a] if a >= 0 else [], unit="sdma0") if topo.vertex_kind[r] == "die" else a
+            for r, a in zip(ranks, after)]
+
+
+def _algorithm(w, op, algorithm, ranks, nbytes, start, reduce_ps, via, node_of, sync) -> list[int]:
+    """The collective's steps (one round of ``nbytes``), each rank from its ``start`` task; returns
+    each rank's last task."""
+    n = len(ranks)
     if op == "allreduce" and algorithm == "ring":
         chunk = _split(nbytes, n)
         last = _ring_phase(w, ranks, chunk, start, reduce_ps, via, sync=sync)
@@ -189,8 +266,7 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
         sent = _synced(w, ranks[0], ranks[1], nbytes, via, [d for d in start[:1] if d >= 0],
                        [d for d in start[1:2] if d >= 0], sync)
         last = [sent] * 2
-    done = w.barrier([t for t in last if t >= 0])
-    return BuiltCollective(op, algorithm, list(ranks), nbytes, done, last)
+    return last
 
 
 def _direct_phase(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int], reduce_ps, via, sync: bool = True):

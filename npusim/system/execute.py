@@ -27,14 +27,18 @@ mode ``eager`` or ``graph``) is added here, the same for every workload, whichev
 Each compute node counts its kernels (a layer part's operators, a GEMM or vector kernel: 1; a
 ``fixed`` time and the MoE operators' local work: 0, they are parts of one operator) and each
 collective or transfers node is one operator. Eager: each die has a ``host`` queue that
-dispatches the die's operators in the workload's order, ``host_dispatch_us`` each; a node waits
-for its dispatch (a task on the host queue), so the device waits on the host only when the host is
-behind. A node of several operators (a layer part) waits for the dispatch of all of them: coarse,
+dispatches the die's operators in the workload's order, ``host_dispatch_us`` each (an HCCL
+collective ``hccl_dispatch_us``); a node waits for its dispatch (a task on the host queue), so the
+device waits on the host only when the host is behind. A node of several operators (a layer part) waits for the dispatch of all of them: coarse,
 it cannot start its first operator while the host dispatches its later ones (at most one node's
 dispatch too late, and only where the device had caught up with the host). Marks at the step's
 start (nodes with no dependencies) wait for the graph launch, or in eager mode for each die's
 first operator's dispatch, so a repeated layer's extrapolation keeps that start-up. Graph: one ``graph_launch_us`` task on each die's host queue at the step's start that every
-node of the die waits for. Both: a compute node runs ``kernel_launch_us`` per kernel longer (the
+node of the die waits for; then, on the same host queue in the workload's order, each compute node
+with attention operators updates their captured parameters (``graph_update_us`` per attention
+operator, one task per node), and that node waits for its update too: the updates overlap the
+device's work on the nodes before it, and the step becomes host-bound where a layer's device work
+is shorter than its updates. Both: a compute node runs ``kernel_launch_us`` per kernel longer (the
 ``launch`` part of it), and after each die's last work the framework's ``scheduler_us`` on its
 host queue (``scheduler_us`` may be overridden per run: a deployment's ``step_overhead_us``).
 
@@ -107,36 +111,41 @@ class StepRuntime:
     run): mode and constants, microseconds."""
 
     mode: str
-    host_dispatch_us: float
-    graph_launch_us: float
-    kernel_launch_us: float
-    scheduler_us: float
+    host_dispatch_us: float = 0.0
+    graph_launch_us: float = 0.0
+    kernel_launch_us: float = 0.0
+    scheduler_us: float = 0.0
+    graph_update_us: float = 0.0
+    hccl_dispatch_us: float = 0.0
 
     @classmethod
     def of(cls, loaded: LoadedSystem, phase: str, mode: str | None = None,
            scheduler_us: float | None = None) -> "StepRuntime":
         rt = loaded.system.runtime
         return cls(rt.mode_for(phase, mode), rt.host_dispatch_us, rt.graph_launch_us, rt.kernel_launch_us,
-                   rt.scheduler_us if scheduler_us is None else float(scheduler_us))
+                   rt.scheduler_us if scheduler_us is None else float(scheduler_us), rt.graph_update_us,
+                   rt.hccl_dispatch_us)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0,
-                 ops_out: list | None = None) -> tuple[list[float], list[float]]:
+def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0, ops_out: list | None = None,
+                 attention_out: list | None = None) -> tuple[list[float], list[float]]:
     """Each kernel's time on the die (microseconds) and the HBM bytes it moves, with the share
     ``hbm_fraction`` of the die's HBM bandwidth (``fixed`` kernels are calibrated times, kept as
     they are). ``ops_out``: filled with each kernel's operator count (the kernels the runtime
     launches for it: a layer part's or ONNX graph's operators, 1 for a GEMM or vector kernel, 0 for
-    a ``fixed`` time; a ``sum`` its parts' times ``times``, a ``blend`` its first kernel's)."""
+    a ``fixed`` time; a ``sum`` its parts' times ``times``, a ``blend`` its first kernel's);
+    ``attention_out``: likewise each kernel's attention operators (graph mode updates them per step)."""
     cfg = None
     out: list[float] = []
     moved: list[float] = []
     ops: list[int] = []
+    attention: list[int] = []
     for spec in wl.kernels:
         kind, cores = spec["type"], spec.get("cores")
-        nbytes = 0.0
+        nbytes, n_attn = 0.0, 0
         if kind in ("gemm", "layer", "onnx"):
             if kind == "gemm":
                 r = cc.gemm(spec["m"], spec["k"], spec["n"], spec.get("dtype", "bf16"), cores,
@@ -147,6 +156,7 @@ def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0,
                 graph = layer_part_graph(cfg, spec) if kind == "layer" else onnx_graph(spec)
                 r = operators_cost(cc, graph, cores, hbm_fraction)
                 us, n_ops = r.time_us, len(graph.ops)
+                n_attn = sum(op.kind == "attention" for op in graph.ops)
             nbytes = float(r.hbm_bytes)
         elif kind == "vector":
             op = Op(name=f"vector {spec['op_class']}", kind="vector", dtype=spec.get("dtype", "bf16"),
@@ -160,16 +170,20 @@ def cost_kernels(wl: Workload, cc: ChipCost, hbm_fraction: float = 1.0,
             us = sum(out[i] for i in spec["of"]) * spec.get("times", 1)
             nbytes = sum(moved[i] for i in spec["of"]) * spec.get("times", 1)
             n_ops = sum(ops[i] for i in spec["of"]) * int(spec.get("times", 1))
+            n_attn = sum(attention[i] for i in spec["of"]) * int(spec.get("times", 1))
         else:  # blend
             a, b = out[spec["a"]], out[spec["b"]]
             us = max(0.0, a + (b - a) * spec["weight"])
             nbytes = max(0.0, moved[spec["a"]] + (moved[spec["b"]] - moved[spec["a"]]) * spec["weight"])
-            n_ops = ops[spec["a"]]
+            n_ops, n_attn = ops[spec["a"]], attention[spec["a"]]
         out.append(us)
         moved.append(nbytes)
         ops.append(n_ops)
+        attention.append(n_attn)
     if ops_out is not None:
         ops_out[:] = ops
+    if attention_out is not None:
+        attention_out[:] = attention
     return out, moved
 
 
@@ -246,8 +260,10 @@ def time_workload(wl: Workload, loaded: LoadedSystem, chip_cost: ChipCost | None
         runtime = StepRuntime.of(loaded, wl.meta.get("phase", "decode"), runtime)
     cc = chip_cost or ChipCost(loaded.chip)
     kernel_ops: list[int] = []
-    kernel_us, kernel_bytes = cost_kernels(wl, cc, ops_out=kernel_ops)
-    node_ops = [_node_ops(n, kernel_ops) for n in wl.nodes]
+    kernel_attn: list[int] = []
+    kernel_us, kernel_bytes = cost_kernels(wl, cc, ops_out=kernel_ops, attention_out=kernel_attn)
+    node_ops = [(_node_ops(n, kernel_ops), _node_ops(n, kernel_attn) if n["kind"] == "compute" else 0)
+                for n in wl.nodes]
     node_us = [kernel_us[n["kernel"]] if n["kind"] == "compute" else 0.0 for n in wl.nodes]
     timed = _time_nodes(wl, loaded, cc, node_us, fidelity, runtime, node_ops)
     shared = shared_stream_times(wl, cc, kernel_us, kernel_bytes, timed[1], timed[2],
@@ -310,14 +326,15 @@ class _PathNodes:
 
 
 def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[float], fidelity: str,
-                rt: StepRuntime | None = None, node_ops: list[int] | None = None):
+                rt: StepRuntime | None = None, node_ops: list[tuple[int, int]] | None = None):
     """One timing pass with each compute node taking ``node_us`` plus its kernels' launches, the
-    runtime's host tasks as :class:`StepRuntime` says: (simulator, start and end of every path node
-    -- the workload's nodes first --, tasks, :class:`_PathNodes`)."""
+    runtime's host tasks as :class:`StepRuntime` says (``node_ops``: each node's operators and
+    attention operators): (simulator, start and end of every path node -- the workload's nodes
+    first --, tasks, :class:`_PathNodes`)."""
     from npusim.system.mapper import rank_ends
 
-    rt = rt or StepRuntime("graph", 0.0, 0.0, 0.0, 0.0)
-    node_ops = node_ops or [0] * len(wl.nodes)
+    rt = rt or StepRuntime("graph")
+    node_ops, node_attn = zip(*node_ops) if node_ops else ([0] * len(wl.nodes), [0] * len(wl.nodes))
     topo = loaded.topology
     vertex = [topo.index[n] for n in topo.die_names[: wl.ranks]]
     sim = SystemSim(loaded, fidelity)
@@ -331,8 +348,12 @@ def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[
     p_cat = [n["category"] for n in wl.nodes]
     p_launch = [0.0] * n_wl
     host_tasks: list[int] = []  # the runtime's host tasks, path nodes n_wl, n_wl + 1, ...
-    host_last: dict[int, int] = {}  # rank -> its last host path node (eager dispatch chain, graph launch)
+    host_last: dict[int, int] = {}  # rank -> its last host path node (eager dispatch chain; graph: launch, updates)
     eager = rt.mode == "eager"
+
+    def dispatch_us(i: int) -> float:
+        """Node ``i``'s eager host dispatch: an HCCL collective's, or its operators'."""
+        return rt.hccl_dispatch_us if wl.nodes[i]["kind"] == "collective" else node_ops[i] * rt.host_dispatch_us
 
     def host(rank: int, us: float, deps: list[int], path_deps: list[int]) -> int:
         """A task of ``us`` on ``rank``'s host queue after ``deps``; its path node's index."""
@@ -344,21 +365,28 @@ def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[
 
     first_dispatch: dict[int, tuple[int, int]] = {}  # eager: rank -> (its first dispatched node, host node)
 
+    def chained(rank: int, us: float) -> int:
+        """A host task of ``us`` on ``rank`` after its host queue's last one; its path node."""
+        prev = host_last.get(rank)
+        h = host(rank, us, [host_tasks[prev - n_wl]] if prev is not None else [], [prev] if prev is not None else [])
+        host_last[rank] = h
+        return h
+
     def host_ready(i: int, rank: int) -> int:
-        """The host task node ``i`` waits for on ``rank`` (its dispatch in eager mode, the step's
-        graph launch in graph mode); -1: none. Adds it to node ``i``'s path dependencies."""
+        """The host task node ``i`` waits for on ``rank`` (eager: its dispatch; graph: its attention
+        operators' parameter update, else the step's graph launch); -1: none. Adds it to node
+        ``i``'s path dependencies."""
         if eager:
-            if not node_ops[i] or rt.host_dispatch_us <= 0:
+            if not node_ops[i] or dispatch_us(i) <= 0:
                 return -1
             if first_dispatch.get(rank, (-1,))[0] == i:  # dispatched before the step's start mark
-                h = first_dispatch[rank][1]
+                h = host_last[rank] = first_dispatch[rank][1]
             else:
-                prev = host_last.get(rank)
-                h = host(rank, node_ops[i] * rt.host_dispatch_us,
-                         [host_tasks[prev - n_wl]] if prev is not None else [], [prev] if prev is not None else [])
+                h = chained(rank, dispatch_us(i))
+        elif node_attn[i] and rt.graph_update_us > 0:
+            h = chained(rank, node_attn[i] * rt.graph_update_us)
         else:
-            h = host_last[rank]
-        host_last[rank] = h
+            h = launched[rank]
         p_deps[i].append(h)
         return host_tasks[h - n_wl]
 
@@ -386,27 +414,28 @@ def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[
     if not eager:  # the step's graph launched on each die's host before anything runs
         for r in range(wl.ranks):
             host_last[r] = host(r, rt.graph_launch_us, [], [])
-    elif rt.host_dispatch_us > 0:  # each die's first operator dispatched before anything runs
+    elif rt.host_dispatch_us > 0 or rt.hccl_dispatch_us > 0:  # each die's first operator dispatched first
         for i, n in enumerate(wl.nodes):
             ranks = [n["rank"]] if n["kind"] == "compute" else n.get("ranks", []) if node_ops[i] else []
             for r in ranks:
-                if r not in first_dispatch and node_ops[i]:
-                    first_dispatch[r] = (i, host(r, node_ops[i] * rt.host_dispatch_us, [], []))
+                if r not in first_dispatch and node_ops[i] and dispatch_us(i) > 0:
+                    first_dispatch[r] = (i, host(r, dispatch_us(i), [], []))
             if len(first_dispatch) == wl.ranks:
                 break
         host_last.update({r: h for r, (_, h) in first_dispatch.items()})
-    launches = [host_tasks[host_last[r] - n_wl] for r in range(wl.ranks) if r in host_last]
+    launched = dict(host_last)  # rank -> the host node the step's start waits for (graph launch, first dispatch)
+    launches = [host_tasks[launched[r] - n_wl] for r in range(wl.ranks) if r in launched]
 
     for i, (n, us) in enumerate(zip(wl.nodes, node_us)):
         first = w.base + w.count
         kind, deps = n["kind"], n["deps"]
-        if kind == "barrier" and not deps and launches and ("rank" not in n or n["rank"] in host_last):
+        if kind == "barrier" and not deps and launches and ("rank" not in n or n["rank"] in launched):
             # a mark at the step's start: after the graph launch (eager: the first operators' dispatch)
             if "rank" in n:
-                p_deps[i].append(host_last[n["rank"]])
-                deps_tasks = [host_tasks[host_last[n["rank"]] - n_wl]]
+                p_deps[i].append(launched[n["rank"]])
+                deps_tasks = [host_tasks[launched[n["rank"]] - n_wl]]
             else:
-                p_deps[i].extend(host_last[r] for r in sorted(host_last))
+                p_deps[i].extend(launched[r] for r in sorted(launched))
                 deps_tasks = launches
             done = w.barrier(deps_tasks)
             node_rank_task.append({n["rank"]: done} if "rank" in n else {})

@@ -119,8 +119,14 @@ RUNTIME_MODES = ("eager", "graph")
 HOST_DISPATCH_SOURCE = ("triton-ascend issue #1675 (910B2): eager torch.add host enqueue 12.142 us per op, "
                         "5,000 launches timed before the final synchronize (published.yaml operators, runtime, "
                         "calibration half)")
-GRAPH_LAUNCH_SOURCE = ("triton-ascend issue #1675 (910B2): a direct kernel launch's host enqueue, optimized C "
-                       "launcher, 8.599 us; a graph replay is one such launch call on the host (assumption)")
+GRAPH_LAUNCH_SOURCE = ("vllm-ascend PR #15471: the host wall time of an ACL graph replay enqueue (NPUGraph.replay), "
+                       "running average over 200 FULL-graph decode replays, 0.1 ms (GLM-5.3-Flash stack, most likely "
+                       "Ascend 950PR: not stated)")
+GRAPH_UPDATE_SOURCE = ("vllm-ascend PR #15471: the per-step FIA task update (graph_task_update_begin/end) issue cost, "
+                       "2.4 ms for 11 attention ops = 218.2 us per captured attention op (same stack)")
+HCCL_DISPATCH_SOURCE = ("FlagPerf A3 toolkit summary: hccl_test all_reduce_test, 2 dies of one A3 NPU, 8 KiB at the "
+                        "range's minimum algbw 0.11962 GB/s = 68.48 us per back-to-back op-base call: the host's "
+                        "cadence (its simulated device time, 5.8 us, hides under it)")
 KERNEL_LAUNCH_SOURCE = ("ascend-dmi H2D latency on A3 (FlagPerf toolkit summary, 0.681-0.826 us, mean 0.754 us): a "
                         "task's crossing from the host's submission to the device; the rest of a launch+sync round "
                         "trip (ascend-rs appendix F, 910B3: 23-30 us) is the host's launch call (8.6 us) and the "
@@ -140,6 +146,15 @@ class Runtime(StrictModel):
     * ``graph`` (aclgraph / torchair): the step's kernels were captured once; the host replays the
       graph once per step (``graph_launch_us``) and the device runs the captured kernels.
 
+    In graph mode the captured attention kernels' parameters that change every step (the KV lengths,
+    a host list the attention op's tiling is computed from at dispatch) are updated on the host after
+    the replay call, ``graph_update_us`` per attention operator, one after another (vLLM-Ascend's
+    ``update_full_graph_params``: ``graph_task_update_begin/end`` per fused-attention op, RFC #13058);
+    a captured attention kernel waits for its update (an event), the others run as soon as the
+    device reaches them, so the updates overlap the device's work on earlier layers. In eager mode an
+    HCCL collective costs the host ``hccl_dispatch_us`` (HCCL's op-base call expands the collective
+    into its copy and notify tasks), any other operator ``host_dispatch_us``.
+
     In both modes every kernel (each operator of a compute node) pays ``kernel_launch_us`` on its
     device stream before it runs (the task's submission reaching the device; the kernel's device-side
     start on the cores is part of the operator's time on the die, :mod:`npusim.system.chipcost`), and
@@ -155,16 +170,21 @@ class Runtime(StrictModel):
     decode_mode: Literal["eager", "graph"] = "graph"
     prefill_mode: Literal["eager", "graph"] = "eager"
     host_dispatch_us: NonNegativeFloat = 12.142
-    graph_launch_us: NonNegativeFloat = 8.599
+    graph_launch_us: NonNegativeFloat = 100.0
+    graph_update_us: NonNegativeFloat = 218.18
+    hccl_dispatch_us: NonNegativeFloat = 68.48
     kernel_launch_us: NonNegativeFloat = 0.7535
     scheduler_us: NonNegativeFloat = 0.0
     sources: dict[str, str] = Field(default_factory=lambda: {"host_dispatch_us": HOST_DISPATCH_SOURCE,
                                                              "graph_launch_us": GRAPH_LAUNCH_SOURCE,
+                                                             "graph_update_us": GRAPH_UPDATE_SOURCE,
+                                                             "hccl_dispatch_us": HCCL_DISPATCH_SOURCE,
                                                              "kernel_launch_us": KERNEL_LAUNCH_SOURCE})
 
     @model_validator(mode="after")
     def _source_keys(self):
-        known = ("host_dispatch_us", "graph_launch_us", "kernel_launch_us", "scheduler_us")
+        known = ("host_dispatch_us", "graph_launch_us", "graph_update_us", "hccl_dispatch_us", "kernel_launch_us",
+                 "scheduler_us")
         bad = sorted(set(self.sources) - set(known))
         if bad:
             raise ValueError(f"sources: unknown constant(s) {bad}; expected some of {list(known)}")
@@ -178,6 +198,29 @@ class Runtime(StrictModel):
             from npusim.errors import ConfigError
             raise ConfigError(f"--runtime {mode}: expected one of {', '.join(RUNTIME_MODES)}")
         return mode
+
+
+#: HCCL_BUFFSIZE's default (CANN environment variable reference: 200, unit MB)
+HCCL_BUFFER_SOURCE = "CANN environment variable reference, HCCL_BUFFSIZE: default 200 (MB); each comm domain holds 2 x it"
+HCCL_COPY_SOURCE = ("FlagPerf A3 toolkit summary: ascend-dmi D2D copy bandwidth per die 1513.97-1541.80 GB/s (mean "
+                    "1527.89) read as HBM traffic (read + write), over the die's HBM peak")
+
+
+class Hccl(StrictModel):
+    """HCCL's op-base execution around a collective's transfers (:mod:`npusim.system.collectives`).
+
+    ``user_buffer_copies``: a collective first copies each rank's input from the user's buffer into
+    its CCL buffer and last copies the result out (local SDMA copies: a copied byte is read and
+    written, at ``copy_efficiency`` of the die's HBM peak); ``buffer_mb``: the CCL buffer
+    (``HCCL_BUFFSIZE``, MB of 2^20 bytes): a collective whose share (the larger of a rank's input
+    and output, over the rank count inside a server: SDMA) does not fit runs in rounds, one after another, each with its copies
+    and its own steps. ``sources``: where each constant comes from (``npusim calibrate --only hccl``)."""
+
+    user_buffer_copies: bool = True
+    copy_efficiency: float = Field(default=0.9549, gt=0.0, le=1.0)
+    buffer_mb: PositiveFloat = 200.0
+    sources: dict[str, str] = Field(default_factory=lambda: {"buffer_mb": HCCL_BUFFER_SOURCE,
+                                                             "copy_efficiency": HCCL_COPY_SOURCE})
 
 
 class Protocol(StrictModel):
@@ -266,6 +309,7 @@ class System(StrictModel):
     initiator: Initiator = Field(default_factory=Initiator)
     moe_operators: MoeOperators = Field(default_factory=MoeOperators)
     runtime: Runtime = Field(default_factory=Runtime)  # the software stack's costs (eager / graph)
+    hccl: Hccl = Field(default_factory=Hccl)  # HCCL's op-base copies and CCL buffer around collectives
     fabrics: dict[str, Fabric]
 
     @model_validator(mode="after")

@@ -18,10 +18,14 @@ preset's header describes it:
   same traffic with no overhead;
 * Atlas 800I A2 HCCS efficiencies (HIXL single-pair bandwidths, 2 MiB blocks): published bandwidth /
   the simulated 2 MiB bandwidth at efficiency 1;
-* every preset's ``runtime`` (eager host dispatch per operator, graph replay per step, launch per
-  kernel): the runtime micro-benchmarks of ``published.yaml`` ``operators`` (family ``runtime``,
-  calibration half), each constant one row or a range's mean (:func:`runtime_constants`); until issue
-  39 the A2 preset's launch floor and step overhead were solved from two end-to-end decode steps.
+* every preset's ``runtime`` (eager host dispatch per operator and per HCCL collective, graph replay
+  per step and parameter update per attention operator, launch per kernel): the runtime
+  micro-benchmarks of ``published.yaml`` ``operators`` (family ``runtime``, calibration half), each
+  constant one row or a range's mean, the HCCL dispatch a collective row less its simulated device
+  time (:func:`runtime_constants`); until issue 39 the A2 preset's launch floor and step overhead
+  were solved from two end-to-end decode steps.
+* every preset's ``hccl`` (HCCL's op-base copies and CCL buffer, :func:`hccl_constants`): the local
+  copy efficiency from the ascend-dmi D2D row (calibration half), the buffer size cited.
 * the Ascend die's operator-level constants (``die``: the ``ascend-910b`` preset's ``kernel`` section,
   inherited by ``ascend-910b4`` and ``ascend-910c-die``, and its L2's per-core read rate) from the
   calibration half of the measured operator rows (``published.yaml`` ``operators``), as
@@ -148,14 +152,14 @@ def hccs_constants() -> list[Constant]:
     return out
 
 
-def _runtime_rows() -> tuple[dict, dict]:
-    """The ``operators`` rows of family ``runtime`` from sources of the calibration half, by source
-    id, and the sources by id."""
+def _calibration_rows(family: str = "runtime") -> tuple[dict, dict]:
+    """The ``operators`` rows of ``family`` from sources of the calibration half, by source id, and
+    the sources by id."""
     ops = published()["operators"]
     sources = {s["id"]: s for s in ops["sources"]}
     rows: dict[str, list[dict]] = {}
     for r in ops["rows"]:
-        if r.get("family") == "runtime" and sources[r["source"]].get("half") == "calibration":
+        if r.get("family") == family and sources[r["source"]].get("half") == "calibration":
             rows.setdefault(r["source"], []).append(r)
     return rows, sources
 
@@ -163,7 +167,7 @@ def _runtime_rows() -> tuple[dict, dict]:
 def _row(rows: list[dict], text: str) -> dict:
     found = [r for r in rows if text in r["op"]]
     if len(found) != 1:
-        raise ValueError(f"published.yaml operators: {len(found)} runtime rows whose op contains {text!r}, expected 1")
+        raise ValueError(f"published.yaml operators: {len(found)} rows whose op contains {text!r}, expected 1")
     return found[0]
 
 
@@ -173,8 +177,13 @@ def runtime_constants() -> list[Constant]:
     ``runtime``, sources of the calibration half only; no end-to-end step):
 
     * ``host_dispatch_us`` = the eager ``torch.add`` host enqueue per op (triton-ascend #1675, 910B2);
-    * ``graph_launch_us`` = a direct kernel launch's host enqueue, the optimized C launcher (same
-      source): a graph replay is one launch call on the host;
+    * ``graph_launch_us`` = the ACL graph replay enqueue's host wall time (vllm-ascend PR #15471);
+    * ``graph_update_us`` = the same source's per-step FIA task-update cost over its attention
+      operators, per operator;
+    * ``hccl_dispatch_us`` = hccl_test's back-to-back 8 KiB all-reduce of two A3 dies (FlagPerf A3
+      toolkit, the algbw range's minimum read as its smallest size): the host's cadence of op-base
+      HCCL calls, since the eager model lets the host run ahead and the simulated device time of
+      that all-reduce (:func:`hccl_device_us`) is far shorter (checked: below half of it);
     * ``kernel_launch_us`` = the mean of ascend-dmi's H2D latency range (FlagPerf A3 toolkit): a
       task's crossing from the host's submission to the device. The rest of an isolated launch +
       synchronize round trip (ascend-rs appendix F, 910B3 rows: median printed in the method) is the
@@ -184,8 +193,9 @@ def runtime_constants() -> list[Constant]:
     """
     from npusim.system.schema import Runtime
 
-    rows, _ = _runtime_rows()
+    rows, _ = _calibration_rows()
     triton = rows["triton-ascend-issue-1675"]
+    graph = rows["vllm-ascend-pr-15471-graph-timing"]
     dmi = rows["flagrt-flagperf-a3-toolkit"]
     rs = [r for r in rows["ascend-rs-appendix-f"] if "910B3" in r.get("conditions", "")]
     eager = _row(triton, "eager torch.add")["measured_us"]
@@ -194,15 +204,28 @@ def runtime_constants() -> list[Constant]:
     launch = (h2d["measured_us_min"] + h2d["measured_us_max"]) / 2
     trip = sorted(r["measured_us"] for r in rs)
     median = trip[len(trip) // 2]
+    replay = _row(graph, "replay enqueue")
+    update = _row(graph, "FIA task update")
+    n_attn = update["shape"]["attention_ops"]
+    small = hccl_small_allreduce_row()
+    device_us = hccl_device_us(small)
+    if device_us > small["measured_us"] / 2:
+        raise ValueError(f"the 8 KiB hccl_test all-reduce ({small['measured_us']} us) is not host-bound in the model: "
+                         f"its simulated device time is {device_us:.2f} us")
     recomputed = {
         "host_dispatch_us": (eager, "triton-ascend #1675 (910B2)", "eager torch.add host enqueue per op"),
-        "graph_launch_us": (direct, "triton-ascend #1675 (910B2)",
-                            "a direct kernel launch's host enqueue (optimized C launcher): one replay call"),
+        "graph_launch_us": (replay["measured_us"], "vllm-ascend PR #15471",
+                            "ACL graph replay enqueue, host wall time per replay"),
+        "graph_update_us": (update["measured_us"] / n_attn, "vllm-ascend PR #15471",
+                            f"per-step FIA task update {update['measured_us']:g} us over {n_attn} attention ops"),
+        "hccl_dispatch_us": (small["measured_us"], "FlagPerf A3 toolkit, hccl_test all_reduce_test",
+                             f"{small['measured_us']:g} us per back-to-back 8 KiB all-reduce of 2 A3 dies: the host's "
+                             f"cadence (the simulated device time, {device_us:.2f} us, is hidden under it)"),
         "kernel_launch_us": (launch, "FlagPerf A3 toolkit, ascend-dmi H2D latency",
                              f"mean of the H2D latency range {h2d['measured_us_min']:.3f}-{h2d['measured_us_max']:.3f} "
                              f"us; the 910B3 launch+sync round trip (median {median:g} us of {trip}) less it and the "
-                             f"host's launch call ({direct} us) leaves {median - direct - launch:.1f} us of device-side "
-                             "kernel start, an operator's time on the die"),
+                             f"host's direct launch call ({direct} us) leaves {median - direct - launch:.1f} us of "
+                             "device-side kernel start (an operator's time on the die) and synchronize (not modelled)"),
     }
     out = []
     presets = [(name, load_system(name, nodes=1).system.runtime) for name in ("atlas-800i-a2", "cloudmatrix384")]
@@ -213,6 +236,56 @@ def runtime_constants() -> list[Constant]:
         out.append(Constant("runtime.scheduler_us", preset, rt.scheduler_us,
                             2000.0 if "xDeepServe" in cited else 0.0, cited or "none (not modelled)",
                             "cited per-step scheduling time (xDeepServe's ~2 ms bubble), else 0"))
+    return out
+
+
+def hccl_small_allreduce_row() -> dict:
+    """The calibration half's smallest hccl_test all-reduce (FlagPerf A3 toolkit: 8 KiB, 2 dies)."""
+    ops = published()["operators"]
+    rows = [r for r in ops["rows"] if r["source"] == "flagrt-flagperf-a3-toolkit" and r["family"] == "collective"
+            and "allReduce" in r["op"] and "measured_us" in r]
+    if not rows:
+        raise ValueError("published.yaml operators: no hccl_test allReduce row with measured_us "
+                         "(source flagrt-flagperf-a3-toolkit)")
+    return min(rows, key=lambda r: r["measured_us"])
+
+
+def hccl_device_us(row: dict) -> float:
+    """The simulated device time (no runtime costs) of a published HCCL collective row on its
+    source's target (its first ``ranks`` dies)."""
+    from npusim.system.measure import run_collective
+    from npusim.validate.operators import HCCL_OPS, _bytes
+
+    ops = published()["operators"]
+    target = {s["id"]: s for s in ops["sources"]}[row["source"]]["target"]
+    op = next(v for k, v in HCCL_OPS.items() if k in row["op"])
+    ranks = int(row["shape"]["ranks"])
+    return run_collective(load_system(target), op, list(range(ranks)), _bytes(row["shape"]["msg_bytes_total"])).time_us
+
+
+def hccl_constants() -> list[Constant]:
+    """Every preset's ``hccl`` section (and the schema's defaults): ``copy_efficiency`` = the mean of
+    ascend-dmi's D2D copy bandwidth range per die (FlagPerf A3 toolkit, calibration half), read as
+    HBM traffic (a copied byte read and written; the reading that stays under the die's HBM peak),
+    over the A3 die's HBM peak; ``buffer_mb`` = HCCL_BUFFSIZE's documented default, checked as
+    stored. The Atlas 800I A2 (910B) has no D2D row: it takes the A3 die's efficiency (assumption:
+    the same HBM and SDMA generation)."""
+    from npusim.arch.derived import summarize
+    from npusim.system.schema import Hccl
+
+    rows, _ = _calibration_rows(family="vector")
+    d2d = _row(rows["flagrt-flagperf-a3-toolkit"], "D2D")
+    a3 = load_system("cloudmatrix384", nodes=1)
+    peak = summarize(a3.chip).hbm_bandwidth_gbps
+    mean = (d2d["measured_gbps_min"] + d2d["measured_gbps_max"]) / 2
+    src = "FlagPerf A3 toolkit summary, ascend-dmi D2D"
+    out = []
+    for preset, hc in [*((n, load_system(n, nodes=1).system.hccl) for n in ("atlas-800i-a2", "cloudmatrix384")),
+                       ("(schema default)", Hccl())]:
+        out.append(Constant("hccl.copy_efficiency", preset, hc.copy_efficiency, mean / peak, src,
+                            f"mean D2D {mean:.2f} GB/s of HBM traffic / the A3 die's HBM peak {peak:g} GB/s"))
+        out.append(Constant("hccl.buffer_mb", preset, hc.buffer_mb, 200.0, "CANN environment variable reference",
+                            "HCCL_BUFFSIZE's default, 200 MB"))
     return out
 
 
@@ -251,7 +324,7 @@ def die_constants() -> list[Constant]:
 
 GROUPS: dict[str, Callable[[], list[Constant]]] = {
     "operators": operator_constants, "hccs": hccs_constants, "table1": table1_constants,
-    "runtime": runtime_constants, "die": die_constants,
+    "runtime": runtime_constants, "die": die_constants, "hccl": hccl_constants,
 }
 
 

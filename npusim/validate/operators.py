@@ -33,10 +33,18 @@ How each family is run (assumptions):
   is the sum of their squares), linear attention / GDN / KDA (no model). Roofline: ``max(4 b h q kv d / peak, (Q + K + V + O) bytes / HBM bandwidth)``.
 * **collective** -- HCCL all-gather, reduce-scatter and all-reduce over the first ``ranks`` dies of
   ``target`` (:func:`~npusim.system.measure.run_collective`, flow fidelity), ``msg_bytes_total`` in
-  the nccl-tests convention (MB read as 10^6 bytes). Roofline: the bytes each rank must send
-  (``(n-1)/n`` of the message; twice for all-reduce) over all of one die's outgoing links at once.
-* **runtime** -- host dispatch, launch and graph-replay costs have no model of their own yet (issue
-  39 item 3): listed, not run.
+  the nccl-tests convention (MB read as 10^6 bytes; ``8192B``: bytes). An hccl_test row
+  (``all_reduce_test``: back-to-back op-base calls timed together) is the larger of the simulated
+  collective and the eager runtime's ``hccl_dispatch_us`` (the host runs ahead of the device).
+  Roofline: the bytes each rank must send (``(n-1)/n`` of the message; twice for all-reduce) over
+  all of one die's outgoing links at once.
+* **runtime** -- a row that measures a quantity of the runtime model
+  (:class:`~npusim.system.schema.Runtime`; :data:`RUNTIME_QUANTITIES`) against that quantity on the
+  source's target system (the schema's defaults when it names none): the eager host dispatch of an
+  op, a graph replay's enqueue, the per-step parameter updates of a graph's attention operators
+  (their count from the row). A range runs at its midpoint. Baseline: no runtime cost (0). Not run:
+  launch + synchronize round trips (the model has no synchronize), in-model minus isolated
+  differences, host-bound step fractions, device-side transfer and memory latencies.
 
 Where a source times several kernels for one case (a baseline beside a tuned kernel, several
 tilings), the fastest is compared (:func:`_fastest`): npusim plans the best kernel it finds.
@@ -66,6 +74,15 @@ VECTOR_OPS = {
     "TransData": ("transpose", None), "SoftmaxV2": ("softmax", None),
 }
 HCCL_OPS = {"allGather": "allgather", "reduceScatter": "reducescatter", "allReduce": "allreduce"}
+
+#: runtime row (a phrase of its ``op``) -> (the runtime model's figure for it, what it is)
+RUNTIME_QUANTITIES = (
+    ("eager torch.add host enqueue", lambda rt, r: rt.host_dispatch_us, "host_dispatch_us"),
+    ("replay enqueue", lambda rt, r: rt.graph_launch_us, "graph_launch_us"),
+    ("graph launch / scheduling delay", lambda rt, r: rt.graph_launch_us, "graph_launch_us"),
+    ("task update", lambda rt, r: rt.graph_update_us * int(r["shape"].get("attention_ops", r["shape"].get("layers", 0))),
+     "graph_update_us x attention ops"),
+)
 INT8 = ("int8", "w8a8", "bf16->int8")
 
 
@@ -205,7 +222,26 @@ class _Runner:
         topo = loaded.topology
         out_gbps = float(topo.link_cap[topo.link_src == topo.index["npu0.die0"]].sum()) * 1e3  # bytes/ps -> GB/s
         share = (ranks - 1) / ranks * nbytes * (2 if op == "allreduce" else 1)
-        return run.time_us, share / (out_gbps * 1e3), f"{run.algorithm}, {ranks} dies"
+        how = f"{run.algorithm}, {ranks} dies"
+        if "all_reduce_test" in str(r["op"]):  # hccl_test: back-to-back op-base calls, the host runs ahead
+            dispatch = loaded.system.runtime.hccl_dispatch_us
+            how += f"; back-to-back eager calls: max(device {run.time_us:.2f} us, runtime.hccl_dispatch_us)"
+            return max(run.time_us, dispatch), share / (out_gbps * 1e3), how
+        return run.time_us, share / (out_gbps * 1e3), how
+
+    def runtime(self, r: dict, target: str | None) -> tuple[float, float, str] | None:
+        """The runtime model's figure for a runtime row (:data:`RUNTIME_QUANTITIES`); None: no such
+        quantity."""
+        from npusim.system.load import load_system
+        from npusim.system.schema import Runtime
+
+        found = next(((fn, how) for text, fn, how in RUNTIME_QUANTITIES if text in str(r["op"])), None)
+        if found is None:
+            return None
+        if target and target not in self.systems:
+            self.systems[target] = load_system(target)
+        rt = self.systems[target].system.runtime if target else Runtime()
+        return float(found[0](rt, r)), 0.0, f"runtime.{found[1]} ({target or 'schema default'})"
 
 
 #: a 910B-generation source whose row states its AI cores runs on the preset with that many cube cores
@@ -219,30 +255,31 @@ def _target(src: dict, r: dict) -> str | None:
     return target
 
 
-def operator_rows(quick: bool = False) -> list[Row]:
+def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) -> list[Row]:
+    """The measured operator rows (``quick``: the validation half only; ``families``: only those)."""
     sec = published()["operators"]
     sources = {s["id"]: s for s in sec["sources"]}
     steered = sec.get("steered_families", {})  # families whose validation rows steered a choice: fitted
     runner = _Runner()
     run = {"gemm": runner.gemm, "vector": runner.vector, "attention": runner.attention,
-           "collective": runner.collective}
+           "collective": runner.collective, "runtime": runner.runtime}
     rows: list[Row] = []
     for i, r, alternatives in _fastest(sec["rows"]):
         src = sources[r["source"]]
         half = src["half"]
-        if quick and half != "validation":
+        if (quick and half != "validation") or (families and r["family"] not in families):
             continue
         fn = run.get(r["family"])
         target = _target(src, r)
         try:
-            got = fn(r, target) if fn and target else None
+            got = fn(r, target) if fn and (target or r["family"] == "runtime") else None
         except NpusimError as exc:  # a row the simulator refuses: shown as not run, counted as a miss
             got = (None, None, f"could not run: {exc}")
         if got is None:
             continue
         sim_us, roof_us, how = got
         rows.append(Row(name=f"{r['family']} {str(r['op'])[:24]} #{i}", source=f"{src['title']} ({src['url'].split()[0]})",
-                        published=float(r["measured_us"]), simulated=sim_us, tolerance=sec["tolerance"], unit="us",
+                        published=_measured_us(r), simulated=sim_us, tolerance=sec["tolerance"], unit="us",
                         kind="fitted" if half == "calibration" or r["family"] in steered else "outside",
                         baseline=roof_us,
                         family=r["family"], half=half,
@@ -252,15 +289,23 @@ def operator_rows(quick: bool = False) -> list[Row]:
     return rows
 
 
+def _measured_us(r: dict) -> float:
+    """A row's time: ``measured_us``, else the midpoint of its stated range."""
+    if "measured_us" in r:
+        return float(r["measured_us"])
+    return (float(r["measured_us_min"]) + float(r["measured_us_max"])) / 2
+
+
 def _fastest(rows: list[dict]):
     """``(index, row, kernels)`` for each distinct measured case: rows of one source, family, shape,
     dtype and core count that time different kernels (a baseline and a tuned one, several tilings)
     collapse to the fastest, the kernel the hardware can run the case at (npusim plans the best
-    kernel it finds); rows without a time in microseconds pass through alone."""
+    kernel it finds); rows without a time in microseconds, and runtime rows (each measures a
+    different quantity), pass through alone."""
     best: dict = {}  # case -> [index, row, kernels], in the order cases first appear
     for i, r in enumerate(rows):
         key = (r["source"], r["family"], repr(r.get("shape")), str(r.get("dtype")), r.get("cores")) \
-            if "measured_us" in r else ("alone", i)
+            if "measured_us" in r and r["family"] != "runtime" else ("alone", i)
         entry = best.setdefault(key, [i, r, 0])
         entry[2] += 1
         if "measured_us" in r and r["measured_us"] < entry[1]["measured_us"]:
