@@ -454,9 +454,17 @@ class KernelCosts(StrictModel):
       element of an op class (its whole instruction sequence, measured), and
       ``vector_cycles_per_element_pass`` the cost per element pass (a stream or reduction pass of
       :mod:`npusim.hw.compute.vector`) of a class without its own figure;
+    * ``base_blocks``: per input dtype, the die's GEMM kernel's base block ``[m, n, k]``: C is cut
+      into ``m x n`` blocks dealt to the cube cores in turn (core ``c`` takes blocks ``c``,
+      ``c + cores``, ...: cores used = min(blocks, cores), waves = ceil(blocks / cores)); a block
+      streams its whole K through L1 in stages of ``k`` (two stages); K is never split over cores;
+      the blocks are numbered by CATLASS's ``GemmIdentityBlockSwizzle<swizzle_offset,
+      swizzle_direction>`` (direction 0: ``swizzle_offset`` rows of blocks walked column by column,
+      every other strip backwards; 1: rows and columns swapped). A dtype without an entry (or no
+      entry at all) takes the even split of :mod:`npusim.system.chipcost`;
     * ``source``: where the figures come from (``npusim calibrate --check`` recomputes them).
 
-    Units: microseconds, bytes per core cycle, core cycles, KiB (``ub_kb``)."""
+    Units: microseconds, bytes per core cycle, core cycles, KiB (``ub_kb``), elements (base blocks)."""
 
     start_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
     cube_setup_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
@@ -469,7 +477,17 @@ class KernelCosts(StrictModel):
     ub_kb: PosF(2**20) | None = None
     vector_cycles_per_element: dict[str, PosF(1e6)] = Field(default_factory=dict)
     vector_cycles_per_element_pass: PosF(1e6) | None = None
+    base_blocks: dict[str, tuple[Pos(2**20), Pos(2**20), Pos(2**20)]] = Field(default_factory=dict)
+    swizzle_offset: Pos(2**20) = 1
+    swizzle_direction: Literal[0, 1] = 0
     source: str = ""
+
+    @model_validator(mode="after")
+    def _base_block_dtypes(self):
+        bad = sorted(set(self.base_blocks) - set(DTYPE_BYTES))
+        if bad:
+            raise ValueError(f"base_blocks: unknown dtype {bad[0]!r} (expected one of {sorted(DTYPE_BYTES)})")
+        return self
 
 
 class CoreClass(StrictModel):

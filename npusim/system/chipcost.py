@@ -327,20 +327,33 @@ class GemmPlan:
     reuse: str  # "a", "b" or "none": which operand panel stays resident in a core
     est_cycles: float
     est_hbm_bytes: int
+    #: base blocks (the arch's ``kernel.base_block_m/n``): C cut into ``tile``-sized blocks dealt to
+    #: ``used`` cores in ``waves``; ``grid`` is then (batch, block rows, block columns, 1)
+    used: int = 0
+    waves: int = 0
+
+    @property
+    def base_blocks(self) -> bool:
+        return self.used > 0
 
     @property
     def cores_used(self) -> int:
+        if self.base_blocks:
+            return self.used
         pb, pm, pn, pk = self.grid
         return pb * pm * pn * pk
 
     def describe(self) -> str:
         pb, pm, pn, pk = self.grid
+        if self.base_blocks:
+            return (f"{pb * pm * pn} base blocks of {self.tile[0]}x{self.tile[1]} ({pb}x{pm}x{pn}, batch x M x N) "
+                    f"dealt to {self.used} cores in {self.waves} waves, K stages of {self.k_chunk}, no split K")
         reuse = {"a": "A panel resident", "b": "B panel resident", "none": "no panel reuse"}[self.reuse]
         return (f"{self.cores_used} cores as {pb}x{pm}x{pn}x{pk} (batch x M x N x K), tiles up to "
                 f"{self.tile[0]}x{self.tile[1]}, K chunks of {self.k_chunk}, {reuse}")
 
     def as_tuple(self) -> tuple:
-        return (*self.grid, *self.tile, self.k_chunk, self.reuse)
+        return (*self.grid, *self.tile, self.k_chunk, self.reuse, self.used, self.waves)
 
 
 def _split(total: int, parts: int, i: int) -> int:
@@ -354,6 +367,29 @@ def _blocks(total: int, parts: int, unit: int) -> list[int]:
     sizes = [_split(units, parts, i) * unit for i in range(parts)]
     sizes[-1] -= units * unit - total
     return sizes
+
+
+def _base_sizes(total: int, size: int) -> list[int]:
+    """``total`` cut into blocks of ``size`` (the last one holds the remainder)."""
+    return [min(size, total - i * size) for i in range(_cdiv(total, size))]
+
+
+def _swizzle(loops_m: int, loops_n: int, offset: int, direction: int) -> list[tuple[int, int]]:
+    """(block row, block column) of each task index, CATLASS's ``GemmIdentityBlockSwizzle<offset,
+    direction>`` (``include/catlass/gemm/block/block_swizzle.hpp``): direction 0 ("Zn") walks strips
+    of ``offset`` block rows column by column, every other strip from the last column back;
+    direction 1 ("Nz") the same with rows and columns swapped."""
+    rows, cols = (loops_m, loops_n) if direction == 0 else (loops_n, loops_m)
+    out = []
+    for idx in range(rows * cols):
+        strip, inner = divmod(idx, offset * cols)
+        height = min(offset, rows - strip * offset)
+        r = strip * offset + inner % height
+        c = inner // height
+        if strip % 2 == 1:
+            c = cols - c - 1
+        out.append((r, c) if direction == 0 else (c, r))
+    return out
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -612,6 +648,78 @@ class _Planner:
     def plan(self, m: int, k: int, n: int, batch: int, share: int) -> GemmPlan:
         return self.plans(m, k, n, batch, share)[0]
 
+    # -- base blocks (the arch's kernel.base_block_m/n: the die's GEMM kernel's own tiling) -------
+
+    def base_shape(self) -> tuple[int, int, int] | None:
+        """(rows, columns, K per L1 stage) of the kernel's base block for this dtype, or None (the
+        even split)."""
+        kc = self.kernel
+        return None if kc is None else kc.base_blocks.get(self.dtype)
+
+    def base_order(self, m: int, n: int, batch: int) -> tuple[list[int], list[int], list[tuple[int, int, int]]]:
+        """Block row sizes, block column sizes and (batch item, block row, block column) of each
+        task index: batch items one after the other, each in the kernel's swizzle order."""
+        bm, bn, _ = self.base_shape()
+        ms, ns = _base_sizes(m, bm), _base_sizes(n, bn)
+        blocks = _swizzle(len(ms), len(ns), self.kernel.swizzle_offset, self.kernel.swizzle_direction)
+        return ms, ns, [(b, i, j) for b in range(batch) for i, j in blocks]
+
+    def base_block(self, mb: int, k: int, nb: int) -> _Block:
+        """One base block: a single tile over the whole K (its accumulators fill L0C), both operands
+        loaded for it (no panel stays resident across blocks), K in L1 stages."""
+        return _Block(mb, nb, min(self.base_shape()[2], k), "none", _nbytes(mb * k, self.e),
+                      _nbytes(k * nb, self.e), self.cycles(mb, k, nb), mb, k, nb)
+
+    def base_l2_fractions(self, order: list[tuple[int, int, int]], used: int, ms: list[int], ns: list[int],
+                          k: int) -> tuple[tuple[float, float], tuple[float, float]]:
+        """Of A's and of B's loads, the fractions that reach HBM (the rest hit in the L2), and the
+        fractions that hit on a fill under way, by the blocks' order: task ``t`` runs on core
+        ``t % used`` in wave ``t // used``. A block row of A (column of B) loaded again in the same
+        wave is a re-read at about the same step (the chip loads about two L1 stages per core in
+        between): it waits for the first reader's fill (an MSHR merge), so it costs no HBM traffic
+        but arrives at HBM's pace; in a later wave its reuse distance is the distinct operand bytes
+        of the waves in between (LRU, :mod:`npusim.hw.memory.l2`)."""
+        if self.l2_capacity is None:
+            return (1.0, 1.0), (0.0, 0.0)
+        e, kl1 = self.e, min(self.base_shape()[2], k)
+        size = {0: [_nbytes(mb * k, e) for mb in ms], 1: [_nbytes(k * nb, e) for nb in ns]}
+        waves = _cdiv(len(order), used)
+        cum = [0.0]  # distinct operand bytes of the waves before
+        for w in range(waves):
+            keys = {(side, b, x) for b, i, j in order[w * used:(w + 1) * used] for side, x in ((0, i), (1, j))}
+            cum.append(cum[-1] + sum(size[side][x] for side, _, x in keys))
+        across = 2 * used * (max(ms) + max(ns)) * kl1 * e
+        last: dict[tuple, int] = {}
+        loads, rereads, merged = [0.0, 0.0], [[], []], [[], []]
+        for t, (b, i, j) in enumerate(order):
+            w = t // used
+            for side, x in ((0, i), (1, j)):
+                key, nbytes = (side, b, x), size[side][x]
+                loads[side] += nbytes
+                if key in last:
+                    lw = last[key]
+                    reread = l2_model.Reread(nbytes, across if lw == w else cum[w] - cum[lw + 1] + across)
+                    (merged if lw == w else rereads)[side].append(reread)
+                last[key] = w
+        cap = self.l2_capacity
+        hbm = tuple(1.0 - l2_model.hit_bytes(rereads[s] + merged[s], cap) / loads[s] if loads[s] else 1.0
+                    for s in (0, 1))
+        fill = tuple(l2_model.hit_bytes(merged[s], cap) / loads[s] if loads[s] else 0.0 for s in (0, 1))
+        return hbm, fill
+
+    def base_plan(self, m: int, k: int, n: int, batch: int, share: int) -> GemmPlan:
+        """The kernel's own plan: base blocks dealt to ``min(blocks, share)`` cores in waves."""
+        ms, ns, order = self.base_order(m, n, batch)
+        used = min(len(order), share)
+        waves = _cdiv(len(order), used)
+        (fa, fb), _ = self.base_l2_fractions(order, used, ms, ns, k)
+        a = sum(_nbytes(ms[i] * k, self.e) for _, i, _ in order)
+        b = sum(_nbytes(k * ns[j], self.e) for _, _, j in order)
+        hbm = int(a * fa + b * fb) + batch * _nbytes(m * n, self.eo)
+        blk = self.base_block(ms[0], k, ns[0])
+        est = waves * max(blk.cycles, (blk.a_bytes + blk.b_bytes) / self.core_bpc)  # a rough figure (reported)
+        return GemmPlan((batch, len(ms), len(ns), 1), (ms[0], ns[0]), blk.kc, "none", est, hbm, used, waves)
+
 
 # -- GEMM emission --------------------------------------------------------------------------------
 
@@ -636,7 +744,7 @@ class _Layout:
     pre-formatted layout a vendor's GEMM reads (Ascend's fractal NZ-style formats); the L2 sees
     each operand byte at one address whoever reads it."""
 
-    def __init__(self, planner: _Planner, batch: int, bs, ms, ks, ns):
+    def __init__(self, planner: _Planner, batch: int, bs, ms, ks, ns, whole_blocks: bool = False):
         e, self.e, self.ku = planner.e, planner.e, planner.k_unit
         self.ms, self.ks, self.ns = ms, ks, ns
         self.a_off, self.b_off = {}, {}
@@ -652,8 +760,14 @@ class _Layout:
                 self.b_off[kk, j] = off
                 off += kb * nb
         self.b_item = off
-        self.a_tile = {(i, kk): planner.block(ms[i], ks[kk], ns[0]).tm for i in range(len(ms)) for kk in range(len(ks))}
-        self.b_tile = {(kk, j): planner.block(ms[0], ks[kk], ns[j]).tn for kk in range(len(ks)) for j in range(len(ns))}
+        if whole_blocks:  # base blocks: a block is one tile
+            self.a_tile = {(i, kk): ms[i] for i in range(len(ms)) for kk in range(len(ks))}
+            self.b_tile = {(kk, j): ns[j] for kk in range(len(ks)) for j in range(len(ns))}
+        else:
+            self.a_tile = {(i, kk): planner.block(ms[i], ks[kk], ns[0]).tm for i in range(len(ms))
+                           for kk in range(len(ks))}
+            self.b_tile = {(kk, j): planner.block(ms[0], ks[kk], ns[j]).tn for kk in range(len(ks))
+                           for j in range(len(ns))}
         align = 1 << 20
         self.a_base = 0
         self.b_base = _ceil_to(int(math.ceil(batch * self.a_item * e)), align)
@@ -718,6 +832,7 @@ class _Emitter:
         self.addr = 0 if layout is None else layout.c_base  # with a layout only C is placed as it goes
         self.engine_bytes: dict[int, list[int]] = {}
         self.hbm_fraction = (1.0, 1.0)  # of A's and B's loads that reach HBM (the rest: L2 hits)
+        self.merged_fraction = (0.0, 0.0)  # of the L2 hits, those of a fill under way (read at HBM's pace)
         self.l2_bpc = 0.0  # a core's L2 read rate, bytes per cycle (set_l2)
         self.l2_bytes = 0
         self.head = 0  # cycles of each working core's kernel start + prologue (a task before its first load)
@@ -739,15 +854,17 @@ class _Emitter:
         parts = [((first + i) % total, _split(size, engines, i)) for i in range(engines)]
         return [(e, part) for e, part in parts if part]
 
-    def loads(self, core: int, nbytes: int, l2_bytes: int, deps, name: str) -> list[int]:
+    def loads(self, core: int, nbytes: int, l2_bytes: int, deps, name: str, merged_bytes: int = 0) -> list[int]:
         """``nbytes`` read from HBM and ``l2_bytes`` from the L2, each split over the core's DMA
-        engines (:meth:`_engine_parts`); an L2 read holds its engine for bytes / its share of the rate."""
+        engines (:meth:`_engine_parts`); an L2 read holds its engine for bytes / its share of the rate.
+        ``merged_bytes`` are L2 hits on a fill another core started at the same step: no HBM
+        traffic, but they arrive no faster than that fill (the engines' HBM rate)."""
         out = []
         total = self.pl.engines
-        for size, from_l2 in ((nbytes, False), (l2_bytes, True)):
+        for size, rate in ((nbytes, None), (l2_bytes, self.l2_bpc), (merged_bytes, self.pl.core_bpc)):
             for engine, part in self._engine_parts(core, size):
-                if from_l2:
-                    cycles = math.ceil(part / (self.l2_bpc / total)) + self.pl.l2_latency
+                if rate is not None:
+                    cycles = math.ceil(part / (rate / total)) + self.pl.l2_latency
                     out.append(self.prog.add_compute(core, f"dma{engine}", cycles, deps=deps, name=f"{name} L2"))
                     self.engine_bytes.setdefault(core, [0] * total)[engine] += part
                     self.l2_bytes += part
@@ -819,12 +936,13 @@ class _Emitter:
         if self.pl.l2_capacity is not None:
             self.l2_bpc = self.pl.l2_rate(math.prod(grid))
 
-    def _split_load(self, step: list[_Unit]) -> tuple[int, int]:
-        """(HBM bytes, L2 bytes) of a step's loads."""
+    def _split_load(self, step: list[_Unit]) -> tuple[int, int, int]:
+        """(HBM bytes, L2 bytes, merged L2 bytes) of a step's loads."""
         a = sum(u.a_bytes for u in step)
         b = sum(u.b_bytes for u in step)
         hbm = int(round(a * self.hbm_fraction[0] + b * self.hbm_fraction[1]))
-        return hbm, a + b - hbm
+        merged = min(a + b - hbm, int(round(a * self.merged_fraction[0] + b * self.merged_fraction[1])))
+        return hbm, a + b - hbm - merged, merged
 
     def core_program(self, core: int, units: list[_Unit], tag: str) -> int:
         """Steps of merged chunks: loads (two steps ahead of the cube), GEMMs, writes; returns the
@@ -846,8 +964,9 @@ class _Emitter:
                 runs = self.layout.to_bytes([r for u in steps[s] for r in u.runs])
                 loads[s] = self.load_runs(core, runs, deps, f"{tag} load{s}") if runs else list(deps)
                 return
-            hbm, l2 = self._split_load(steps[s])
-            loads[s] = self.loads(core, hbm, l2, deps, f"{tag} load{s}") if hbm or l2 else list(deps)
+            hbm, l2, merged = self._split_load(steps[s])
+            loads[s] = self.loads(core, hbm, l2, deps, f"{tag} load{s}", merged) if hbm or l2 or merged \
+                else list(deps)
 
         issue_load(0)
         issue_load(1)
@@ -1161,7 +1280,8 @@ class ChipCost:
         # every fidelity times the same kernel
         best = None
         cheap = self.memory == "analytical" and self.noc == "analytical"
-        candidates = planner.plans(m, k, n, batch, len(share))
+        candidates = [planner.base_plan(m, k, n, batch, len(share))] if planner.base_shape() else \
+            planner.plans(m, k, n, batch, len(share))
         for plan in candidates:
             prog, l2_bytes = self._gemm_program(planner, plan, m, k, n, batch, dtype, share)
             if len(candidates) == 1 and not cheap:
@@ -1193,6 +1313,8 @@ class ChipCost:
         (:class:`_Layout`) and the simulator's L2 decides: 0 here)."""
         from npusim.comm.collectives import ring_reduce_scatter
 
+        if plan.base_blocks:
+            return self._base_program(planner, plan, m, k, n, batch, dtype, share, addressed)
         sa = planner.sa
         pb, pm, pn, pk = plan.grid
         prog = Program(self.arch.num_cores, meta={"chipcost": "gemm", "m": m, "k": k, "n": n, "batch": batch})
@@ -1230,6 +1352,29 @@ class ChipCost:
                 for r, core in enumerate(cores):
                     if _split(out, pk, r):
                         em.write(core, _split(out, pk, r), [coll.done[core]], f"c{core} write C")
+        return prog, em.l2_bytes
+
+    def _base_program(self, planner: _Planner, plan: GemmPlan, m, k, n, batch, dtype, share,
+                      addressed: bool) -> tuple[Program, int]:
+        """The base-block kernel's tasks (see the module docstring): core ``c`` of the ``used``
+        takes tasks ``c, c + used, ...`` of the swizzle order, each block's K streamed in L1
+        stages, its C block written back as it finishes (the write does not hold the cube: the
+        next block accumulates while it drains, as the kernel's unit flag lets it)."""
+        ms, ns, order = planner.base_order(m, n, batch)
+        prog = Program(self.arch.num_cores, meta={"chipcost": "gemm", "m": m, "k": k, "n": n, "batch": batch})
+        layout = _Layout(planner, batch, None, ms, [k], ns, whole_blocks=True) if addressed else None
+        em = _Emitter(planner, prog, dtype, layout)
+        em.head = planner.head_cycles(planner.kernel.cube_setup_us)
+        work: list[list[_Unit]] = [[] for _ in range(plan.used)]
+        for t, (b, i, j) in enumerate(order):
+            work[t % plan.used] += em.units(ms[i], k, ns[j], 1, planner.base_block(ms[i], k, ns[j]), True,
+                                            (b, i, j, 0) if addressed else None)
+        if not addressed:
+            em.hbm_fraction, em.merged_fraction = planner.base_l2_fractions(order, plan.used, ms, ns, k)
+            if planner.l2_capacity is not None:
+                em.l2_bpc = planner.l2_rate(plan.used)
+        for c, units in enumerate(work):
+            em.core_program(share[c], units, f"c{share[c]}")
         return prog, em.l2_bytes
 
     def _run_vector(self, op: Op, share: list[int], frac: float) -> ChipCostResult:
