@@ -348,7 +348,7 @@ class GemmPlan:
     reuse: str  # "a", "b" or "none": which operand panel stays resident in a core
     est_cycles: float
     est_hbm_bytes: int
-    #: base blocks (the arch's ``kernel.base_block_m/n``): C cut into ``tile``-sized blocks dealt to
+    #: base blocks (the arch's ``kernel.base_blocks``): C cut into ``tile``-sized blocks dealt to
     #: ``used`` cores in ``waves``; ``grid`` is then (batch, block rows, block columns, 1)
     used: int = 0
     waves: int = 0
@@ -674,7 +674,7 @@ class _Planner:
         this dtype, else the even split's :meth:`plans`."""
         return [self.base_plan(m, k, n, batch, share)] if self.base_shape() else self.plans(m, k, n, batch, share)
 
-    # -- base blocks (the arch's kernel.base_block_m/n: the die's GEMM kernel's own tiling) -------
+    # -- base blocks (the arch's kernel.base_blocks: the die's GEMM kernel's own tiling) --------
 
     def base_shape(self) -> tuple[int, int, int] | None:
         """(rows, columns, K per L1 stage) of the kernel's base block for this dtype, or None (the
