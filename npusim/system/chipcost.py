@@ -111,8 +111,12 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   only when asked; ops-nn MatMulV3's multi-core split K is fp32-only). The L2
   (:meth:`_Planner.base_l2_fractions`): a block row of A (column of B) already loaded in an earlier
   wave hits if the distinct operand bytes of the waves in between fit the L2; one loaded by another
-  core in the same wave waits for that core's fill (an MSHR merge: no HBM traffic, but at the HBM
-  pace of the core's DMA engines, not the L2 rate). Results on the calibration half's rows that time
+  core in the same wave waits for that core's fill (an MSHR merge: no HBM traffic, but each request
+  waits about HBM's latency, so the core's outstanding-request window holds it to the pace of an
+  HBM read, its DMA engines' rate, not the L2 rate; treating such reads as plain L2 hits instead
+  made a 256 x 7168 x 2048 BF16 GEMM on the 910C die faster than a 64-row one, and put the
+  calibration half's large GEMMs at 90-98% of peak, where the BasicMatmul baselines there measure
+  41-60%). Results on the calibration half's rows that time
   this very kernel with its default tiles (CATLASS's BasicMatmul baselines and tuning cases, 910B/B4):
   1024 x 576 x 6144 fp16 88.1 us vs 72.5 measured; 20 x 16384 x 6144 (24 blocks on 20 AIC, 2 waves)
   163 vs 181.4 (B in NZ) / 238.8 (ND); 1 x 5120 x 768 fp32 (6 blocks, 6 of 24 AIC) 28.5 vs 36.3;
