@@ -462,6 +462,10 @@ class KernelCosts(StrictModel):
       swizzle_direction>`` (direction 0: ``swizzle_offset`` rows of blocks walked column by column,
       every other strip backwards; 1: rows and columns swapped). A dtype without an entry (or no
       entry at all) takes the even split of :mod:`npusim.system.chipcost`;
+    * ``gemm_default``: the base-block kernel a GEMM runs unless its caller names one
+      (:mod:`npusim.system.gemm_kernels`: ``aclnn``, ops-nn MatMulV3's per-shape base blocks, what
+      framework GEMMs call; ``catlass_basic``, ``base_blocks`` always; ``catlass_splitk``, K split
+      over the cores);
     * ``source``: where the figures come from (``npusim calibrate --check`` recomputes them).
 
     Units: microseconds, bytes per core cycle, core cycles, KiB (``ub_kb``), elements (base blocks)."""
@@ -480,6 +484,7 @@ class KernelCosts(StrictModel):
     base_blocks: dict[str, tuple[Pos(2**20), Pos(2**20), Pos(2**20)]] = Field(default_factory=dict)
     swizzle_offset: Pos(2**20) = 1
     swizzle_direction: Literal[0, 1] = 0
+    gemm_default: Literal["aclnn", "catlass_basic", "catlass_splitk"] = "catlass_basic"
     source: str = ""
 
     @model_validator(mode="after")

@@ -207,6 +207,7 @@ from npusim.model.ir import Graph, Op
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import Program
 from npusim.sim.simulator import NOC_MODES, Simulator
+from npusim.system import gemm_kernels
 
 KEY_VERSION = 1
 MAX_STEPS = 48  # per core, after merging K-chunks (see module docstring)
@@ -223,7 +224,7 @@ MB = 2**20
 _PACKAGE = Path(__file__).resolve().parents[1]
 # what defines the chip model: a change to any of these invalidates cached costs
 MODEL_SOURCES = ("engine", "hw", "sim", "mapping", "comm", "arch", "config.py", "model/ir.py",
-                 "system/chipcost.py")
+                 "system/chipcost.py", "system/gemm_kernels.py")
 
 
 # -- keys and digests -------------------------------------------------------------------------
@@ -356,6 +357,8 @@ class GemmPlan:
     #: ``used`` cores in ``waves``; ``grid`` is then (batch, block rows, block columns, 1)
     used: int = 0
     waves: int = 0
+    kernel: str = ""  # the base-block kernel (npusim.system.gemm_kernels.KERNELS)
+    splitk: int = 1  # K slices per base block (catlass_splitk)
 
     @property
     def base_blocks(self) -> bool:
@@ -371,14 +374,16 @@ class GemmPlan:
     def describe(self) -> str:
         pb, pm, pn, pk = self.grid
         if self.base_blocks:
-            return (f"{pb * pm * pn} base blocks of {self.tile[0]}x{self.tile[1]} ({pb}x{pm}x{pn}, batch x M x N) "
-                    f"dealt to {self.used} cores in {self.waves} waves, K stages of {self.k_chunk}, no split K")
+            split = f"K split {self.splitk} ways, partials reduced" if self.splitk > 1 else "no split K"
+            return (f"{self.kernel}: {pb * pm * pn} base blocks of {self.tile[0]}x{self.tile[1]} ({pb}x{pm}x{pn}, "
+                    f"batch x M x N) dealt to {self.used} cores in {self.waves} waves, K stages of {self.k_chunk}, "
+                    f"{split}")
         reuse = {"a": "A panel resident", "b": "B panel resident", "none": "no panel reuse"}[self.reuse]
         return (f"{self.cores_used} cores as {pb}x{pm}x{pn}x{pk} (batch x M x N x K), tiles up to "
                 f"{self.tile[0]}x{self.tile[1]}, K chunks of {self.k_chunk}, {reuse}")
 
     def as_tuple(self) -> tuple:
-        return (*self.grid, *self.tile, self.k_chunk, self.reuse, self.used, self.waves)
+        return (*self.grid, *self.tile, self.k_chunk, self.reuse, self.used, self.waves, self.kernel, self.splitk)
 
 
 def _split(total: int, parts: int, i: int) -> int:
@@ -454,7 +459,7 @@ class _Block:
 
 class _Planner:
     def __init__(self, arch: Arch, cores: list[int], dtype: str, out_dtype: str, hbm_fraction: float,
-                 ideal_l2_bpc: float | None = None):
+                 ideal_l2_bpc: float | None = None, gemm_kernel: str | None = None):
         sa = arch.systolic_for(cores[0])
         if any(arch.systolic_for(c) != sa for c in cores):
             raise ConfigError("a chip-cost GEMM needs a share of cores with the same systolic array "
@@ -484,6 +489,8 @@ class _Planner:
             if arch.l2 is not None and ideal_l2_bpc is None else 0
         self.hbm_fraction = hbm_fraction
         self.kernel = arch.kernel  # operator-level costs (start, setup, L0 feed); None: not charged
+        # the base-block kernel the GEMM runs (gemm_kernels.KERNELS): named, else the arch's default
+        self.gemm_kernel = gemm_kernel or "catlass_basic"
 
     def head_cycles(self, setup_us: float) -> int:
         """Cycles a working core waits before its first load: the kernel's device-side start and the
@@ -686,13 +693,26 @@ class _Planner:
         kc = self.kernel
         return None if kc is None else kc.base_blocks.get(self.dtype)
 
-    def base_order(self, m: int, n: int, batch: int) -> tuple[list[int], list[int], list[tuple[int, int, int]]]:
-        """Block row sizes, block column sizes and (batch item, block row, block column) of each
-        task index: batch items one after the other, each in the kernel's swizzle order."""
-        bm, bn, _ = self.base_shape()
+    def tiling(self, m: int, n: int, share: int) -> tuple[int, int, int]:
+        """(rows, columns, K per L1 stage) of the base block the GEMM's kernel gives an ``m x n``
+        output on ``share`` cores (:mod:`npusim.system.gemm_kernels`); the L1 stage is the arch's."""
+        bm, bn, kl1 = self.base_shape()
+        if self.gemm_kernel == "aclnn":
+            bm, bn = gemm_kernels.aclnn_base(m, n, share)
+        return bm, bn, kl1
+
+    def base_order(self, m: int, k: int, n: int, batch: int, share: int
+                   ) -> tuple[list[int], list[int], list[int], list[tuple[int, int, int, int]]]:
+        """Block row sizes, block column sizes, K slice sizes and (batch item, block row, block
+        column, K slice) of each task index: batch items one after the other, each slice-major
+        (split K), each slice's blocks in the kernel's swizzle order."""
+        bm, bn, kl1 = self.tiling(m, n, share)
         ms, ns = _base_sizes(m, bm), _base_sizes(n, bn)
+        ks = [k]
+        if self.gemm_kernel == "catlass_splitk":
+            ks = gemm_kernels.k_slices(k, kl1, gemm_kernels.splitk_factor(len(ms) * len(ns), k, kl1, share))
         blocks = _swizzle(len(ms), len(ns), self.kernel.swizzle_offset, self.kernel.swizzle_direction)
-        return ms, ns, [(b, i, j) for b in range(batch) for i, j in blocks]
+        return ms, ns, ks, [(b, i, j, s) for b in range(batch) for s in range(len(ks)) for i, j in blocks]
 
     def base_block(self, mb: int, k: int, nb: int) -> _Block:
         """One base block: a single tile over the whole K (its accumulators fill L0C), both operands
@@ -700,31 +720,31 @@ class _Planner:
         return _Block(mb, nb, min(self.base_shape()[2], k), "none", _nbytes(mb * k, self.e),
                       _nbytes(k * nb, self.e), self.cycles(mb, k, nb), mb, k, nb)
 
-    def base_l2_fractions(self, order: list[tuple[int, int, int]], used: int, ms: list[int], ns: list[int],
-                          k: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    def base_l2_fractions(self, order: list[tuple[int, int, int, int]], used: int, ms: list[int], ns: list[int],
+                          ks: list[int]) -> tuple[tuple[float, float], tuple[float, float]]:
         """Of A's and of B's loads, the fractions that reach HBM (the rest hit in the L2), and the
         fractions that hit on a fill under way, by the blocks' order: task ``t`` runs on core
-        ``t % used`` in wave ``t // used``. A block row of A (column of B) loaded again in the same
-        wave is a re-read at about the same step (the chip loads about two L1 stages per core in
-        between): it waits for the first reader's fill (an MSHR merge), so it costs no HBM traffic
-        but arrives at HBM's pace; in a later wave its reuse distance is the distinct operand bytes
-        of the waves in between (LRU, :mod:`npusim.hw.memory.l2`)."""
+        ``t % used`` in wave ``t // used``. A block row of A (column of B; of one K slice) loaded
+        again in the same wave is a re-read at about the same step (the chip loads about two L1
+        stages per core in between): it waits for the first reader's fill (an MSHR merge), so it
+        costs no HBM traffic but arrives at HBM's pace; in a later wave its reuse distance is the
+        distinct operand bytes of the waves in between (LRU, :mod:`npusim.hw.memory.l2`)."""
         if self.l2_capacity is None:
             return (1.0, 1.0), (0.0, 0.0)
-        e, kl1 = self.e, min(self.base_shape()[2], k)
-        size = {0: [_nbytes(mb * k, e) for mb in ms], 1: [_nbytes(k * nb, e) for nb in ns]}
+        e, kl1 = self.e, min(self.base_shape()[2], max(ks))
+        size = {0: [[_nbytes(mb * kb, e) for kb in ks] for mb in ms], 1: [[_nbytes(kb * nb, e) for kb in ks] for nb in ns]}
         waves = _cdiv(len(order), used)
         cum = [0.0]  # distinct operand bytes of the waves before
         for w in range(waves):
-            keys = {(side, b, x) for b, i, j in order[w * used:(w + 1) * used] for side, x in ((0, i), (1, j))}
-            cum.append(cum[-1] + sum(size[side][x] for side, _, x in keys))
+            keys = {(side, b, x, sl) for b, i, j, sl in order[w * used:(w + 1) * used] for side, x in ((0, i), (1, j))}
+            cum.append(cum[-1] + sum(size[side][x][sl] for side, _, x, sl in keys))
         across = 2 * used * (max(ms) + max(ns)) * kl1 * e
         last: dict[tuple, int] = {}
         loads, rereads, merged = [0.0, 0.0], [[], []], [[], []]
-        for t, (b, i, j) in enumerate(order):
+        for t, (b, i, j, sl) in enumerate(order):
             w = t // used
             for side, x in ((0, i), (1, j)):
-                key, nbytes = (side, b, x), size[side][x]
+                key, nbytes = (side, b, x, sl), size[side][x][sl]
                 loads[side] += nbytes
                 if key in last:
                     lw = last[key]
@@ -738,17 +758,19 @@ class _Planner:
         return hbm, fill
 
     def base_plan(self, m: int, k: int, n: int, batch: int, share: int) -> GemmPlan:
-        """The kernel's own plan: base blocks dealt to ``min(blocks, share)`` cores in waves."""
-        ms, ns, order = self.base_order(m, n, batch)
+        """The kernel's own plan: base blocks (and K slices) dealt to ``min(tasks, share)`` cores in
+        waves."""
+        ms, ns, ks, order = self.base_order(m, k, n, batch, share)
         used = min(len(order), share)
         waves = _cdiv(len(order), used)
-        (fa, fb), _ = self.base_l2_fractions(order, used, ms, ns, k)
-        a = sum(_nbytes(ms[i] * k, self.e) for _, i, _ in order)
-        b = sum(_nbytes(k * ns[j], self.e) for _, _, j in order)
+        (fa, fb), _ = self.base_l2_fractions(order, used, ms, ns, ks)
+        a = sum(_nbytes(ms[i] * ks[sl], self.e) for _, i, _, sl in order)
+        b = sum(_nbytes(ks[sl] * ns[j], self.e) for _, _, j, sl in order)
         hbm = int(a * fa + b * fb) + batch * _nbytes(m * n, self.eo)
-        blk = self.base_block(ms[0], k, ns[0])
+        blk = self.base_block(ms[0], ks[0], ns[0])
         est = waves * max(blk.cycles, (blk.a_bytes + blk.b_bytes) / self.core_bpc)  # a rough figure (reported)
-        return GemmPlan((batch, len(ms), len(ns), 1), (ms[0], ns[0]), blk.kc, "none", est, hbm, used, waves)
+        return GemmPlan((batch, len(ms), len(ns), 1), (ms[0], ns[0]), blk.kc, "none", est, hbm, used, waves,
+                        self.gemm_kernel, len(ks))
 
 
 # -- GEMM emission --------------------------------------------------------------------------------
@@ -1078,29 +1100,35 @@ class ChipCost:
     # -- public -----------------------------------------------------------------------------------
     def gemm(self, m: int, k: int, n: int, dtype: str = "bf16", cores: int | Sequence[int] | None = None, *,
              batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0,
-             name: str | None = None) -> ChipCostResult:
+             name: str | None = None, kernel: str | None = None) -> ChipCostResult:
         """``batch`` GEMMs ``[m x k] . [k x n]`` spread over the share, operands from HBM, results
-        to HBM (see the module docstring for the kernel)."""
+        to HBM (see the module docstring for the kernel). ``kernel``: the base-block kernel
+        (:data:`npusim.system.gemm_kernels.KERNELS`) on a die with ``kernel.base_blocks``; None: the
+        arch's ``kernel.gemm_default``."""
         m, k, n, batch = (_positive_int(lbl, v) for lbl, v in (("m", m), ("k", k), ("n", n), ("batch", batch)))
         out_dtype = out_dtype or _default_out_dtype(dtype)
         for lbl, d in (("dtype", dtype), ("out_dtype", out_dtype)):
             if d not in DTYPE_BYTES:
                 raise ConfigError(f"{lbl} '{d}': expected one of {list(DTYPE_BYTES)}")
+        kernel = self._gemm_kernel(kernel)
         share = self._share(cores)
         frac = self._fraction(hbm_fraction)
-        key = {"kind": "gemm", "m": m, "k": k, "n": n, "batch": batch, "dtype": dtype, "out_dtype": out_dtype}
+        key = {"kind": "gemm", "m": m, "k": k, "n": n, "batch": batch, "dtype": dtype, "out_dtype": out_dtype,
+               "kernel": kernel}
         label = name or f"gemm {f'{batch}x' if batch > 1 else ''}{m}x{k}x{n} {dtype}"
         return self._lookup(key, share, frac, label, lambda: self._run_gemm(m, k, n, batch, dtype, out_dtype,
-                                                                            share, frac, label))
+                                                                            share, frac, label, kernel))
 
     def plan_gemm(self, m: int, k: int, n: int, dtype: str = "bf16", cores: int | Sequence[int] | None = None, *,
-                  batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0) -> list[GemmPlan]:
+                  batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0,
+                  kernel: str | None = None) -> list[GemmPlan]:
         """The candidate plans :meth:`gemm` simulates (it keeps the fastest), best estimate first;
         nothing is simulated or cached here."""
         m, k, n, batch = (_positive_int(lbl, v) for lbl, v in (("m", m), ("k", k), ("n", n), ("batch", batch)))
         share = self._share(cores)
         frac = self._fraction(hbm_fraction)
-        planner = _Planner(self.arch, share, dtype, out_dtype or _default_out_dtype(dtype), frac, self.l2)
+        planner = _Planner(self.arch, share, dtype, out_dtype or _default_out_dtype(dtype), frac, self.l2,
+                           self._gemm_kernel(kernel))
         return planner.candidates(m, k, n, batch, len(share))
 
     def op(self, op: Op, cores: int | Sequence[int] | None = None, *, spec=None,
@@ -1304,8 +1332,16 @@ class ChipCost:
                                                                                or start_cycles) else 0.0,
             kernel_fixed_us=(start_cycles + fixed_cycles) / (arch.clock_ghz * 1e3))
 
-    def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label) -> ChipCostResult:
-        planner = _Planner(self.arch, share, dtype, out_dtype, frac, self.l2)
+    def _gemm_kernel(self, kernel: str | None) -> str:
+        """The base-block kernel a GEMM runs: ``kernel``, else the arch's default."""
+        if kernel is None:
+            return self.arch.kernel.gemm_default if self.arch.kernel is not None else "catlass_basic"
+        if kernel not in gemm_kernels.KERNELS:
+            raise ConfigError(f"GEMM kernel '{kernel}': expected one of {list(gemm_kernels.KERNELS)}")
+        return kernel
+
+    def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label, kernel) -> ChipCostResult:
+        planner = _Planner(self.arch, share, dtype, out_dtype, frac, self.l2, kernel)
         # the candidates race at the analytical fidelities; the winner runs at the chosen ones, so
         # every fidelity times the same kernel
         best = None
@@ -1386,24 +1422,38 @@ class ChipCost:
     def _base_program(self, planner: _Planner, plan: GemmPlan, m, k, n, batch, dtype, share,
                       addressed: bool) -> tuple[Program, int]:
         """The base-block kernel's tasks (see the module docstring): core ``c`` of the ``used``
-        takes tasks ``c, c + used, ...`` of the swizzle order, each block's K streamed in L1
-        stages, its C block written back as it finishes (the write does not hold the cube: the
-        next block accumulates while it drains, as the kernel's unit flag lets it)."""
-        ms, ns, order = planner.base_order(m, n, batch)
+        takes tasks ``c, c + used, ...`` of the kernel's order, each block's K (slice) streamed in
+        L1 stages, its C block written back as it finishes (the write does not hold the cube: the
+        next block accumulates while it drains, as the kernel's unit flag lets it). Split K
+        (``catlass_splitk``): each task writes its fp32 partial C; once every core is done, each
+        core's vector side reads its share of the partials from the L2, adds them and writes C."""
+        ms, ns, ks, order = planner.base_order(m, k, n, batch, len(share))
         prog = Program(self.arch.num_cores, meta={"chipcost": "gemm", "m": m, "k": k, "n": n, "batch": batch})
-        layout = _Layout(planner, batch, None, ms, [k], ns, whole_blocks=True) if addressed else None
+        layout = _Layout(planner, batch, None, ms, ks, ns, whole_blocks=True) if addressed else None
         em = _Emitter(planner, prog, dtype, layout)
         em.head = planner.head_cycles(planner.kernel.cube_setup_us)
         work: list[list[_Unit]] = [[] for _ in range(plan.used)]
-        for t, (b, i, j) in enumerate(order):
-            work[t % plan.used] += em.units(ms[i], k, ns[j], 1, planner.base_block(ms[i], k, ns[j]), True,
-                                            (b, i, j, 0) if addressed else None)
+        for t, (b, i, j, sl) in enumerate(order):
+            units = em.units(ms[i], ks[sl], ns[j], 1, planner.base_block(ms[i], ks[sl], ns[j]), True,
+                             (b, i, j, sl) if addressed else None)
+            if len(ks) > 1:  # the partial sums leave L0C in fp32
+                units[-1].write = _nbytes(ms[i] * ns[j], ACC_BYTES)
+            work[t % plan.used] += units
+        if planner.l2_capacity is not None:
+            em.l2_bpc = planner.l2_rate(plan.used)
         if not addressed:
-            em.hbm_fraction, em.merged_fraction = planner.base_l2_fractions(order, plan.used, ms, ns, k)
-            if planner.l2_capacity is not None:
-                em.l2_bpc = planner.l2_rate(plan.used)
-        for c, units in enumerate(work):
-            em.core_program(share[c], units, f"c{share[c]}")
+            em.hbm_fraction, em.merged_fraction = planner.base_l2_fractions(order, plan.used, ms, ns, ks)
+        ends = [em.core_program(share[c], units, f"c{share[c]}") for c, units in enumerate(work)]
+        if len(ks) > 1:
+            out = batch * m * n
+            for c in range(plan.used):
+                part = _split(out, plan.used, c)
+                tag = f"c{share[c]} split-K reduce"
+                partials = _nbytes(part * len(ks), ACC_BYTES)  # in the L2 if the die has one, else HBM
+                l2 = planner.l2_capacity is not None
+                got = em.loads(share[c], 0 if l2 else partials, partials if l2 else 0, ends, tag)
+                added = prog.add_vector(share[c], "elementwise", part * (len(ks) - 1), "fp32", got, tag)
+                em.write(share[c], _nbytes(part, planner.eo), [added], f"{tag} write C")
         return prog, em.l2_bytes
 
     def _run_vector(self, op: Op, share: list[int], frac: float) -> ChipCostResult:
