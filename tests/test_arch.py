@@ -172,3 +172,12 @@ def test_broken_configs_never_crash(tmp_path, edits):
         load_arch(path)
     except ConfigError as err:
         assert str(path) in str(err)
+
+
+
+def test_gemm_default_kernel_is_checked(tmp_path):
+    """``kernel.gemm_default``: one of the GEMM kernels, else one line naming the key."""
+    assert load_arch("ascend-910b").kernel.gemm_default == "aclnn"
+    data = _base()
+    data["kernel"] = {"gemm_default": "cublas"}
+    assert "gemm_default" in _error(tmp_path, data)
