@@ -231,8 +231,9 @@ def test_split_k_for_decode_shapes_reduces_over_the_noc(die):
     r = ChipCost(without_base_blocks(die), persist=False).gemm(16, 7168, 512, "int8")
     pb, pm, pn, pk, *_ = r.plan
     assert pk > 1 and r.hbm_write_bytes == 16 * 512 * 2  # partial sums never reach HBM
-    pb, pm, pn, pk, *_, used, waves = ChipCost(die, persist=False).gemm(16, 7168, 512, "int8").plan
-    assert (pm, pn, pk, used, waves) == (1, 2, 1, 2, 1)
+    pb, pm, pn, pk, *_, used, waves, kernel, splitk = ChipCost(die, persist=False).gemm(
+        16, 7168, 512, "int8", kernel="catlass_basic").plan
+    assert (pm, pn, pk, used, waves, kernel, splitk) == (1, 2, 1, 2, 1, "catlass_basic", 1)
 
 
 def test_base_blocks_are_dealt_to_the_cores_in_waves():
@@ -241,11 +242,11 @@ def test_base_blocks_are_dealt_to_the_cores_in_waves():
     20 x 6144 GEMM is 24 blocks on 20 AIC, 4 doing 2; a 1 x 768 fp32 one keeps 6 AIC busy); one
     block more than the cores adds a wave, so a decode GEMM's time steps up there."""
     cc = ChipCost("ascend-910b4", persist=False)
-    *_, used, waves = cc.gemm(20, 16384, 6144, "fp16").plan
+    *_, used, waves, _, _ = cc.gemm(20, 16384, 6144, "fp16", kernel="catlass_basic").plan
     assert (used, waves) == (20, 2)
-    *_, used, waves = cc.gemm(1, 5120, 768, "fp32").plan
+    *_, used, waves, _, _ = cc.gemm(1, 5120, 768, "fp32", kernel="catlass_basic").plan
     assert (used, waves) == (6, 1)
-    one_wave, two_waves = cc.gemm(20, 4096, 20 * 256, "fp16"), cc.gemm(20, 4096, 21 * 256, "fp16")
+    one_wave, two_waves = (cc.gemm(20, 4096, x * 256, "fp16", kernel="catlass_basic") for x in (20, 21))
     assert two_waves.cycles > 1.6 * one_wave.cycles
 
 
