@@ -97,7 +97,11 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   loads issued two steps ahead, so the wait would serialise loads and MACs).
 * **Base blocks** (the arch's ``kernel.base_blocks`` for the GEMM's dtype; the Ascend presets':
   CATLASS's basic matmul, ``L1TileShape`` 128 x 256 x 256 for fp16/bf16, 128 x 256 x 512 for INT8,
-  128 x 128 x 256 for fp32): instead of the even split above, the kernel the die runs by default.
+  128 x 128 x 256 for fp32): instead of the even split above, the kernel the die runs. The block
+  size and any K split are the GEMM's kernel's (:mod:`npusim.system.gemm_kernels`: ``aclnn``, the
+  presets' ``kernel.gemm_default``, re-tiles small shapes over all cores; ``catlass_basic`` keeps
+  ``base_blocks``; ``catlass_splitk`` cuts K into slices, fp32 partials added by each core's vector
+  side once all cores are done, read from the L2); what follows describes one block.
   C is cut into ``m x n`` base blocks (the last row / column of blocks holds the remainder), numbered
   by CATLASS's ``GemmIdentityBlockSwizzle<swizzle_offset, swizzle_direction>`` (batch items one after
   the other) and dealt to the share's cores in turn: core ``c`` takes blocks ``c``, ``c + used``, ...,
@@ -107,8 +111,9 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   block to the next), K streams in L1 stages of the base block's ``k`` (the emitter's steps, loads
   two steps ahead), and its C block is written back as it finishes, without holding the cube: the
   basic matmul's unit flag (``MmadAtlasA2Pingpong<true>``) lets the next block accumulate while the
-  fix-pipe drains L0C. K is never split over cores (Ascend C's ``MultiCoreMatmulTiling`` splits K
-  only when asked; ops-nn MatMulV3's multi-core split K is fp32-only). The L2
+  fix-pipe drains L0C. K is split over cores only by ``catlass_splitk`` (Ascend C's
+  ``MultiCoreMatmulTiling`` splits K only when asked; ops-nn MatMulV3's multi-core split K is
+  fp32-only and not modelled). The L2
   (:meth:`_Planner.base_l2_fractions`): a block row of A (column of B) already loaded in an earlier
   wave hits if the distinct operand bytes of the waves in between fit the L2; one loaded by another
   core in the same wave waits for that core's fill (an MSHR merge: no HBM traffic, but each request
@@ -116,12 +121,17 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   HBM read, its DMA engines' rate, not the L2 rate; treating such reads as plain L2 hits instead
   made a 256 x 7168 x 2048 BF16 GEMM on the 910C die faster than a 64-row one, and put the
   calibration half's large GEMMs at 90-98% of peak, where the BasicMatmul baselines there measure
-  41-60%). Results on the calibration half's rows that time
-  this very kernel with its default tiles (CATLASS's BasicMatmul baselines and tuning cases, 910B/B4):
+  41-60%; a second reader trailing the first by one L1 stage and reading the rest at the L2 rate
+  put them at 93-97% of peak, every large calibration row, BasicMatmul baselines and tuned kernels
+  alike, then measuring slower: 4096 x 8000 x 4096 781 us against 917 / 1231; kept out). Results on
+  the calibration half's rows that time
+  this very kernel with its default tiles (CATLASS's BasicMatmul baselines and tuning cases, 910B/B4;
+  ``catlass_basic``):
   1024 x 576 x 6144 fp16 88.1 us vs 72.5 measured; 20 x 16384 x 6144 (24 blocks on 20 AIC, 2 waves)
   163 vs 181.4 (B in NZ) / 238.8 (ND); 1 x 5120 x 768 fp32 (6 blocks, 6 of 24 AIC) 28.5 vs 36.3;
-  4096 x 8000 x 4096 1062 vs 1231. Not modelled: the vendor's per-shape tiling (ops-nn MatMulV3's
-  base sizes spread small shapes over all cores; tuned tile shapes), the NZ / ND layout difference.
+  4096 x 8000 x 4096 1062 vs 1231. Not modelled: tuned tile shapes, CATLASS's single-core split K
+  (example 34, run as the basic kernel), PTO's hand-tiled kernel (run as the basic kernel), the
+  NZ / ND layout difference.
 * Output dtype: bf16 for int8/int4/fp8 inputs (A8W8 with dequantisation on the way out, as
   DeepSeek-V3 on Ascend), else the input dtype. Both operands are costed at ``dtype`` (an op's
   ``weight_dtype`` is ignored). The share's cores must have the same systolic array.
