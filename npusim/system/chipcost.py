@@ -742,7 +742,8 @@ class _Planner:
         if self.l2_capacity is None:
             return (1.0, 1.0), (0.0, 0.0)
         e, kl1 = self.e, min(self.base_shape()[2], max(ks))
-        size = {0: [[_nbytes(mb * kb, e) for kb in ks] for mb in ms], 1: [[_nbytes(kb * nb, e) for kb in ks] for nb in ns]}
+        size = {0: [[_nbytes(mb * kb, e) for kb in ks] for mb in ms],
+                1: [[_nbytes(kb * nb, e) for kb in ks] for nb in ns]}
         waves = _cdiv(len(order), used)
         cum = [0.0]  # distinct operand bytes of the waves before
         for w in range(waves):
