@@ -37,6 +37,8 @@ def PosF(hi: float):  # noqa: N802
     return Annotated[float, Field(gt=0, le=hi, allow_inf_nan=False)]
 
 DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+#: the base-block GEMM kernels a die's ``kernel.gemm_default`` may name (npusim.system.gemm_kernels)
+GEMM_KERNELS = ("aclnn", "catlass_basic", "catlass_splitk")
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 VECTOR_OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide")
 #: vector-unit throughput per lane when the arch file gives none (the one home of these
@@ -484,7 +486,7 @@ class KernelCosts(StrictModel):
     base_blocks: dict[str, tuple[Pos(2**20), Pos(2**20), Pos(2**20)]] = Field(default_factory=dict)
     swizzle_offset: Pos(2**20) = 1
     swizzle_direction: Literal[0, 1] = 0
-    gemm_default: Literal["aclnn", "catlass_basic", "catlass_splitk"] = "catlass_basic"
+    gemm_default: Literal[GEMM_KERNELS] = "catlass_basic"
     source: str = ""
 
     @model_validator(mode="after")

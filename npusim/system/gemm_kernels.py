@@ -35,7 +35,7 @@ Units: elements (block sizes, K), counts (cores, blocks).
 
 from __future__ import annotations
 
-KERNELS = ("aclnn", "catlass_basic", "catlass_splitk")
+from npusim.arch.schema import GEMM_KERNELS as KERNELS  # noqa: F401 (the names, for callers)
 
 #: ops-nn matmul_v3_base_tiling.cpp, L0C of 128 KB (Atlas A2 / A3)
 _MN_BASIC = ((64, 64), (128, 128), (128, 256))  # CALC_MN_BASIC's baseM, baseN

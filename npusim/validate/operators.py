@@ -150,7 +150,8 @@ class _Runner:
         res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch, kernel=_kernel(str(r["op"])))
         flops = 2.0 * m * k * n * batch
         roof = max(flops / (res.peak_tflops_chip * 1e6), res.min_hbm_bytes / (res.hbm_peak_bandwidth_gbps * 1e3))
-        return res.time_us, roof, f"{res.mapping.split(':')[0] if ':' in res.mapping else 'even split'}, {100 * res.compute_utilization:.0f}% of peak"
+        kernel = res.mapping.split(":")[0] if ":" in res.mapping else "even split"  # base blocks: "<kernel>: ..."
+        return res.time_us, roof, f"{kernel}, {100 * res.compute_utilization:.0f}% of peak"
 
     def vector(self, r: dict, target: str) -> tuple[float, float, str] | None:
         from npusim.model.ir import Op
