@@ -125,6 +125,18 @@ def test_unknown_dtype_is_rejected(tmp_path):
     assert "fp12" in _error(tmp_path, data)
 
 
+def test_gemm_base_blocks_are_checked(tmp_path):
+    """``kernel.base_blocks``: a dtype the arch knows and three positive sizes, else one line naming
+    the key; the Ascend presets give CATLASS's basic matmul blocks."""
+    assert load_arch("ascend-910b").kernel.base_blocks["bf16"] == (128, 256, 256)
+    assert load_arch("ascend-910c-die").kernel.base_blocks["int8"] == (128, 256, 512)
+    data = _base()
+    data["kernel"] = {"base_blocks": {"fp12": [128, 256, 256]}}
+    assert "unknown dtype 'fp12'" in _error(tmp_path, data)
+    data["kernel"] = {"base_blocks": {"fp16": [128, 0, 256]}}
+    assert "base_blocks" in _error(tmp_path, data)
+
+
 def _paths(d, prefix=()):
     for k, v in d.items():
         yield (*prefix, k)
@@ -160,3 +172,12 @@ def test_broken_configs_never_crash(tmp_path, edits):
         load_arch(path)
     except ConfigError as err:
         assert str(path) in str(err)
+
+
+
+def test_gemm_default_kernel_is_checked(tmp_path):
+    """``kernel.gemm_default``: one of the GEMM kernels, else one line naming the key."""
+    assert load_arch("ascend-910b").kernel.gemm_default == "aclnn"
+    data = _base()
+    data["kernel"] = {"gemm_default": "cublas"}
+    assert "gemm_default" in _error(tmp_path, data)

@@ -9,8 +9,10 @@ from npusim.system.execute import time_workload
 from npusim.system.load import load_system
 from npusim.system.workload import Workload
 
-# a decode-like GEMM: 7168 x 8192 INT8 weights (56 MiB), 8 tokens: HBM-bound on 12 of 24 cores
-HBM_BOUND = {"type": "gemm", "m": 8, "k": 7168, "n": 8192, "dtype": "int8", "cores": 12}
+# a decode-like GEMM: 16384 x 3072 INT8 weights (48 MiB), 8 tokens: 12 base blocks, one per core of
+# the 12 (one wave), each core streaming its weights at its own rate: together most of the die's HBM
+HBM_BOUND = {"type": "gemm", "m": 8, "k": 16384, "n": 3072, "dtype": "int8", "cores": 12}
+WEIGHT_BYTES = 16384 * 3072
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +36,9 @@ def test_overlapping_hbm_bound_kernels_share_the_bandwidth(cm):
     assert both.kernel_us[0] == t_alone and both.node_us[0] == both.node_us[1] > 1.5 * t_alone
     # bytes / time of the two overlapping kernels stays within the die's HBM (shares rounded to 1/20)
     peak_bytes_per_us = summarize(cm.chip).hbm_bandwidth_gbps * 1e3
-    demand_alone = 56 * 2**20 / t_alone
+    demand_alone = WEIGHT_BYTES / t_alone
     assert demand_alone > 0.6 * peak_bytes_per_us  # the premise: each alone takes most of the HBM
-    assert sum(56 * 2**20 / us for us in both.node_us) <= peak_bytes_per_us * 1.05
+    assert sum(WEIGHT_BYTES / us for us in both.node_us) <= peak_bytes_per_us * 1.05
     assert both.step_us > alone.step_us
 
 

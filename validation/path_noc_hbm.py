@@ -100,7 +100,7 @@ def gemm_program(arch, m, k, n, dtype):
     share = cc._share(None)
     pl = _Planner(arch, share, dtype, "bf16", 1.0, None)
     best = None
-    for plan in pl.plans(m, k, n, 1, len(share)):
+    for plan in pl.candidates(m, k, n, 1, len(share)):
         prog, _ = cc._gemm_program(pl, plan, m, k, n, 1, dtype, share)
         sim = Simulator(arch, memory_mode="analytical", noc_mode="analytical")
         prog.submit(sim)

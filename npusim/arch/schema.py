@@ -37,6 +37,8 @@ def PosF(hi: float):  # noqa: N802
     return Annotated[float, Field(gt=0, le=hi, allow_inf_nan=False)]
 
 DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+#: the base-block GEMM kernels a die's ``kernel.gemm_default`` may name (npusim.system.gemm_kernels)
+GEMM_KERNELS = ("aclnn", "catlass_basic", "catlass_splitk")
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 VECTOR_OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide")
 #: vector-unit throughput per lane when the arch file gives none (the one home of these
@@ -455,9 +457,21 @@ class KernelCosts(StrictModel):
       ``vector_instruction_cycles`` each instruction's start, which time a vector op's tile from
       its reference kernel's instructions (:mod:`npusim.hw.compute.vector_kernel`; without them
       the lane model of :mod:`npusim.hw.compute.vector` does);
+    * ``base_blocks``: per input dtype, the die's GEMM kernel's base block ``[m, n, k]``: C is cut
+      into ``m x n`` blocks dealt to the cube cores in turn (core ``c`` takes blocks ``c``,
+      ``c + cores``, ...: cores used = min(blocks, cores), waves = ceil(blocks / cores)); a block
+      streams its whole K through L1 in stages of ``k`` (two stages); K is never split over cores;
+      the blocks are numbered by CATLASS's ``GemmIdentityBlockSwizzle<swizzle_offset,
+      swizzle_direction>`` (direction 0: ``swizzle_offset`` rows of blocks walked column by column,
+      every other strip backwards; 1: rows and columns swapped). A dtype without an entry (or no
+      entry at all) takes the even split of :mod:`npusim.system.chipcost`;
+    * ``gemm_default``: the base-block kernel a GEMM runs unless its caller names one
+      (:mod:`npusim.system.gemm_kernels`: ``aclnn``, ops-nn MatMulV3's per-shape base blocks, what
+      framework GEMMs call; ``catlass_basic``, ``base_blocks`` always; ``catlass_splitk``, K split
+      over the cores);
     * ``source``: where the figures come from (``npusim calibrate --check`` recomputes them).
 
-    Units: microseconds, bytes per core cycle, core cycles, KiB (``ub_kb``)."""
+    Units: microseconds, bytes per core cycle, core cycles, KiB (``ub_kb``), elements (base blocks)."""
 
     start_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
     cube_setup_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
@@ -470,7 +484,18 @@ class KernelCosts(StrictModel):
     ub_kb: PosF(2**20) | None = None
     vector_cycles_per_repeat: PosF(1e6) | None = None
     vector_instruction_cycles: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
+    base_blocks: dict[str, tuple[Pos(2**20), Pos(2**20), Pos(2**20)]] = Field(default_factory=dict)
+    swizzle_offset: Pos(2**20) = 1
+    swizzle_direction: Literal[0, 1] = 0
+    gemm_default: Literal[GEMM_KERNELS] = "catlass_basic"
     source: str = ""
+
+    @model_validator(mode="after")
+    def _base_block_dtypes(self):
+        bad = sorted(set(self.base_blocks) - set(DTYPE_BYTES))
+        if bad:
+            raise ValueError(f"base_blocks: unknown dtype {bad[0]!r} (expected one of {sorted(DTYPE_BYTES)})")
+        return self
 
 
 class CoreClass(StrictModel):

@@ -94,9 +94,44 @@ core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions)
   attention rows; ``arch/ascend-910b.yaml``).
   Not modelled: the fix-pipe's write-back stalling the cube when a tile fills L0C
   (``FIXPIPE_WAITS``, off: in this kernel the write shares the DMA engines' in-order queues with
-  loads issued two steps ahead, so the wait would serialise loads and MACs); the planner's grid is
-  an even split in multiples of the array (the best kernel a source times), not CATLASS's default
-  128 x 256 base blocks dealt to cores in waves.
+  loads issued two steps ahead, so the wait would serialise loads and MACs).
+* **Base blocks** (the arch's ``kernel.base_blocks`` for the GEMM's dtype; the Ascend presets':
+  CATLASS's basic matmul, ``L1TileShape`` 128 x 256 x 256 for fp16/bf16, 128 x 256 x 512 for INT8,
+  128 x 128 x 256 for fp32): instead of the even split above, the kernel the die runs. The block
+  size and any K split are the GEMM's kernel's (:mod:`npusim.system.gemm_kernels`: ``aclnn``, the
+  presets' ``kernel.gemm_default``, re-tiles small shapes over all cores; ``catlass_basic`` keeps
+  ``base_blocks``; ``catlass_splitk`` cuts K into slices, fp32 partials added by each core's vector
+  side once all cores are done, read from the L2); what follows describes one block.
+  C is cut into ``m x n`` base blocks (the last row / column of blocks holds the remainder), numbered
+  by CATLASS's ``GemmIdentityBlockSwizzle<swizzle_offset, swizzle_direction>`` (batch items one after
+  the other) and dealt to the share's cores in turn: core ``c`` takes blocks ``c``, ``c + used``, ...,
+  so ``used = min(blocks, cores)`` cores work, in ``waves = ceil(blocks / used)`` -- a decode GEMM of
+  a few blocks runs on a few cores, each loading at its own rate. A block is one tile over the whole
+  K (its accumulators fill L0C): both operands are loaded for it (no panel stays resident from one
+  block to the next), K streams in L1 stages of the base block's ``k`` (the emitter's steps, loads
+  two steps ahead), and its C block is written back as it finishes, without holding the cube: the
+  basic matmul's unit flag (``MmadAtlasA2Pingpong<true>``) lets the next block accumulate while the
+  fix-pipe drains L0C. K is split over cores only by ``catlass_splitk`` (Ascend C's
+  ``MultiCoreMatmulTiling`` splits K only when asked; ops-nn MatMulV3's multi-core split K is
+  fp32-only and not modelled). The L2
+  (:meth:`_Planner.base_l2_fractions`): a block row of A (column of B) already loaded in an earlier
+  wave hits if the distinct operand bytes of the waves in between fit the L2; one loaded by another
+  core in the same wave waits for that core's fill (an MSHR merge: no HBM traffic, but each request
+  waits about HBM's latency, so the core's outstanding-request window holds it to the pace of an
+  HBM read, its DMA engines' rate, not the L2 rate; treating such reads as plain L2 hits instead
+  made a 256 x 7168 x 2048 BF16 GEMM on the 910C die faster than a 64-row one, and put the
+  calibration half's large GEMMs at 90-98% of peak, where the BasicMatmul baselines there measure
+  41-60%; a second reader trailing the first by one L1 stage and reading the rest at the L2 rate
+  put them at 93-97% of peak, every large calibration row, BasicMatmul baselines and tuned kernels
+  alike, then measuring slower: 4096 x 8000 x 4096 781 us against 917 / 1231; kept out). Results on
+  the calibration half's rows that time
+  this very kernel with its default tiles (CATLASS's BasicMatmul baselines and tuning cases, 910B/B4;
+  ``catlass_basic``):
+  1024 x 576 x 6144 fp16 88.1 us vs 72.5 measured; 20 x 16384 x 6144 (24 blocks on 20 AIC, 2 waves)
+  163 vs 181.4 (B in NZ) / 238.8 (ND); 1 x 5120 x 768 fp32 (6 blocks, 6 of 24 AIC) 28.5 vs 36.3;
+  4096 x 8000 x 4096 1062 vs 1231. Not modelled: tuned tile shapes, CATLASS's single-core split K
+  (example 34, run as the basic kernel), PTO's hand-tiled kernel (run as the basic kernel), the
+  NZ / ND layout difference.
 * Output dtype: bf16 for int8/int4/fp8 inputs (A8W8 with dequantisation on the way out, as
   DeepSeek-V3 on Ascend), else the input dtype. Both operands are costed at ``dtype`` (an op's
   ``weight_dtype`` is ignored). The share's cores must have the same systolic array.
@@ -186,6 +221,7 @@ from npusim.model.ir import Graph, Op
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import Program
 from npusim.sim.simulator import NOC_MODES, Simulator
+from npusim.system import gemm_kernels
 
 KEY_VERSION = 1
 MAX_STEPS = 48  # per core, after merging K-chunks (see module docstring)
@@ -202,7 +238,7 @@ MB = 2**20
 _PACKAGE = Path(__file__).resolve().parents[1]
 # what defines the chip model: a change to any of these invalidates cached costs
 MODEL_SOURCES = ("engine", "hw", "sim", "mapping", "comm", "arch", "config.py", "model/ir.py",
-                 "system/chipcost.py")
+                 "system/chipcost.py", "system/gemm_kernels.py")
 
 
 # -- keys and digests -------------------------------------------------------------------------
@@ -331,20 +367,37 @@ class GemmPlan:
     reuse: str  # "a", "b" or "none": which operand panel stays resident in a core
     est_cycles: float
     est_hbm_bytes: int
+    #: base blocks (the arch's ``kernel.base_blocks``): C cut into ``tile``-sized blocks dealt to
+    #: ``used`` cores in ``waves``; ``grid`` is then (batch, block rows, block columns, 1)
+    used: int = 0
+    waves: int = 0
+    kernel: str = ""  # the base-block kernel (npusim.system.gemm_kernels.KERNELS)
+    splitk: int = 1  # K slices per base block (catlass_splitk)
+
+    @property
+    def base_blocks(self) -> bool:
+        return self.used > 0
 
     @property
     def cores_used(self) -> int:
+        if self.base_blocks:
+            return self.used
         pb, pm, pn, pk = self.grid
         return pb * pm * pn * pk
 
     def describe(self) -> str:
         pb, pm, pn, pk = self.grid
+        if self.base_blocks:
+            split = f"K split {self.splitk} ways, partials reduced" if self.splitk > 1 else "no split K"
+            return (f"{self.kernel}: {pb * pm * pn} base blocks of {self.tile[0]}x{self.tile[1]} ({pb}x{pm}x{pn}, "
+                    f"batch x M x N) dealt to {self.used} cores in {self.waves} waves, K stages of {self.k_chunk}, "
+                    f"{split}")
         reuse = {"a": "A panel resident", "b": "B panel resident", "none": "no panel reuse"}[self.reuse]
         return (f"{self.cores_used} cores as {pb}x{pm}x{pn}x{pk} (batch x M x N x K), tiles up to "
                 f"{self.tile[0]}x{self.tile[1]}, K chunks of {self.k_chunk}, {reuse}")
 
     def as_tuple(self) -> tuple:
-        return (*self.grid, *self.tile, self.k_chunk, self.reuse)
+        return (*self.grid, *self.tile, self.k_chunk, self.reuse, self.used, self.waves, self.kernel, self.splitk)
 
 
 def _split(total: int, parts: int, i: int) -> int:
@@ -358,6 +411,29 @@ def _blocks(total: int, parts: int, unit: int) -> list[int]:
     sizes = [_split(units, parts, i) * unit for i in range(parts)]
     sizes[-1] -= units * unit - total
     return sizes
+
+
+def _base_sizes(total: int, size: int) -> list[int]:
+    """``total`` cut into blocks of ``size`` (the last one holds the remainder)."""
+    return [min(size, total - i * size) for i in range(_cdiv(total, size))]
+
+
+def _swizzle(loops_m: int, loops_n: int, offset: int, direction: int) -> list[tuple[int, int]]:
+    """(block row, block column) of each task index, CATLASS's ``GemmIdentityBlockSwizzle<offset,
+    direction>`` (``include/catlass/gemm/block/block_swizzle.hpp``): direction 0 ("Zn") walks strips
+    of ``offset`` block rows column by column, every other strip from the last column back;
+    direction 1 ("Nz") the same with rows and columns swapped."""
+    rows, cols = (loops_m, loops_n) if direction == 0 else (loops_n, loops_m)
+    out = []
+    for idx in range(rows * cols):
+        strip, inner = divmod(idx, offset * cols)
+        height = min(offset, rows - strip * offset)
+        r = strip * offset + inner % height
+        c = inner // height
+        if strip % 2 == 1:
+            c = cols - c - 1
+        out.append((r, c) if direction == 0 else (c, r))
+    return out
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -408,7 +484,7 @@ class _Block:
 
 class _Planner:
     def __init__(self, arch: Arch, cores: list[int], dtype: str, out_dtype: str, hbm_fraction: float,
-                 ideal_l2_bpc: float | None = None):
+                 ideal_l2_bpc: float | None = None, gemm_kernel: str | None = None):
         sa = arch.systolic_for(cores[0])
         if any(arch.systolic_for(c) != sa for c in cores):
             raise ConfigError("a chip-cost GEMM needs a share of cores with the same systolic array "
@@ -438,6 +514,8 @@ class _Planner:
             if arch.l2 is not None and ideal_l2_bpc is None else 0
         self.hbm_fraction = hbm_fraction
         self.kernel = arch.kernel  # operator-level costs (start, setup, L0 feed); None: not charged
+        # the base-block kernel the GEMM runs (gemm_kernels.KERNELS): named, else the arch's default
+        self.gemm_kernel = gemm_kernel or "catlass_basic"
 
     def head_cycles(self, setup_us: float) -> int:
         """Cycles a working core waits before its first load: the kernel's device-side start and the
@@ -627,6 +705,99 @@ class _Planner:
     def plan(self, m: int, k: int, n: int, batch: int, share: int) -> GemmPlan:
         return self.plans(m, k, n, batch, share)[0]
 
+    def candidates(self, m: int, k: int, n: int, batch: int, share: int) -> list[GemmPlan]:
+        """The plans a GEMM races: the kernel's own base-block plan when the arch gives one for
+        this dtype, else the even split's :meth:`plans`."""
+        return [self.base_plan(m, k, n, batch, share)] if self.base_shape() else self.plans(m, k, n, batch, share)
+
+    # -- base blocks (the arch's kernel.base_blocks: the die's GEMM kernel's own tiling) --------
+
+    def base_shape(self) -> tuple[int, int, int] | None:
+        """(rows, columns, K per L1 stage) of the kernel's base block for this dtype, or None (the
+        even split)."""
+        kc = self.kernel
+        return None if kc is None else kc.base_blocks.get(self.dtype)
+
+    def tiling(self, m: int, n: int, share: int) -> tuple[int, int, int]:
+        """(rows, columns, K per L1 stage) of the base block the GEMM's kernel gives an ``m x n``
+        output on ``share`` cores (:mod:`npusim.system.gemm_kernels`); the L1 stage is the arch's."""
+        bm, bn, kl1 = self.base_shape()
+        if self.gemm_kernel == "aclnn":
+            bm, bn = gemm_kernels.aclnn_base(m, n, share)
+        return bm, bn, kl1
+
+    def base_order(self, m: int, k: int, n: int, batch: int, share: int
+                   ) -> tuple[list[int], list[int], list[int], list[tuple[int, int, int, int]]]:
+        """Block row sizes, block column sizes, K slice sizes and (batch item, block row, block
+        column, K slice) of each task index: batch items one after the other, each slice-major
+        (split K), each slice's blocks in the kernel's swizzle order."""
+        bm, bn, kl1 = self.tiling(m, n, share)
+        ms, ns = _base_sizes(m, bm), _base_sizes(n, bn)
+        ks = [k]
+        if self.gemm_kernel == "catlass_splitk":
+            ks = gemm_kernels.k_slices(k, kl1, gemm_kernels.splitk_factor(len(ms) * len(ns), k, kl1, share))
+        blocks = _swizzle(len(ms), len(ns), self.kernel.swizzle_offset, self.kernel.swizzle_direction)
+        return ms, ns, ks, [(b, i, j, s) for b in range(batch) for s in range(len(ks)) for i, j in blocks]
+
+    def base_block(self, mb: int, k: int, nb: int) -> _Block:
+        """One base block: a single tile over the whole K (its accumulators fill L0C), both operands
+        loaded for it (no panel stays resident across blocks), K in L1 stages."""
+        return _Block(mb, nb, min(self.base_shape()[2], k), "none", _nbytes(mb * k, self.e),
+                      _nbytes(k * nb, self.e), self.cycles(mb, k, nb), mb, k, nb)
+
+    def base_l2_fractions(self, order: list[tuple[int, int, int, int]], used: int, ms: list[int], ns: list[int],
+                          ks: list[int]) -> tuple[tuple[float, float], tuple[float, float]]:
+        """Of A's and of B's loads, the fractions that reach HBM (the rest hit in the L2), and the
+        fractions that hit on a fill under way, by the blocks' order: task ``t`` runs on core
+        ``t % used`` in wave ``t // used``. A block row of A (column of B; of one K slice) loaded
+        again in the same wave is a re-read at about the same step (the chip loads about two L1
+        stages per core in between): it waits for the first reader's fill (an MSHR merge), so it
+        costs no HBM traffic but arrives at HBM's pace; in a later wave its reuse distance is the
+        distinct operand bytes of the waves in between (LRU, :mod:`npusim.hw.memory.l2`)."""
+        if self.l2_capacity is None:
+            return (1.0, 1.0), (0.0, 0.0)
+        e, kl1 = self.e, min(self.base_shape()[2], max(ks))
+        size = {0: [[_nbytes(mb * kb, e) for kb in ks] for mb in ms],
+                1: [[_nbytes(kb * nb, e) for kb in ks] for nb in ns]}
+        waves = _cdiv(len(order), used)
+        cum = [0.0]  # distinct operand bytes of the waves before
+        for w in range(waves):
+            keys = {(side, b, x, sl) for b, i, j, sl in order[w * used:(w + 1) * used] for side, x in ((0, i), (1, j))}
+            cum.append(cum[-1] + sum(size[side][x][sl] for side, _, x, sl in keys))
+        across = 2 * used * (max(ms) + max(ns)) * kl1 * e
+        last: dict[tuple, int] = {}
+        loads, rereads, merged = [0.0, 0.0], [[], []], [[], []]
+        for t, (b, i, j, sl) in enumerate(order):
+            w = t // used
+            for side, x in ((0, i), (1, j)):
+                key, nbytes = (side, b, x, sl), size[side][x][sl]
+                loads[side] += nbytes
+                if key in last:
+                    lw = last[key]
+                    reread = l2_model.Reread(nbytes, across if lw == w else cum[w] - cum[lw + 1] + across)
+                    (merged if lw == w else rereads)[side].append(reread)
+                last[key] = w
+        cap = self.l2_capacity
+        hbm = tuple(1.0 - l2_model.hit_bytes(rereads[s] + merged[s], cap) / loads[s] if loads[s] else 1.0
+                    for s in (0, 1))
+        fill = tuple(l2_model.hit_bytes(merged[s], cap) / loads[s] if loads[s] else 0.0 for s in (0, 1))
+        return hbm, fill
+
+    def base_plan(self, m: int, k: int, n: int, batch: int, share: int) -> GemmPlan:
+        """The kernel's own plan: base blocks (and K slices) dealt to ``min(tasks, share)`` cores in
+        waves."""
+        ms, ns, ks, order = self.base_order(m, k, n, batch, share)
+        used = min(len(order), share)
+        waves = _cdiv(len(order), used)
+        (fa, fb), _ = self.base_l2_fractions(order, used, ms, ns, ks)
+        a = sum(_nbytes(ms[i] * ks[sl], self.e) for _, i, _, sl in order)
+        b = sum(_nbytes(ks[sl] * ns[j], self.e) for _, _, j, sl in order)
+        hbm = int(a * fa + b * fb) + batch * _nbytes(m * n, self.eo)
+        blk = self.base_block(ms[0], ks[0], ns[0])
+        est = waves * max(blk.cycles, (blk.a_bytes + blk.b_bytes) / self.core_bpc)  # a rough figure (reported)
+        return GemmPlan((batch, len(ms), len(ns), 1), (ms[0], ns[0]), blk.kc, "none", est, hbm, used, waves,
+                        self.gemm_kernel, len(ks))
+
 
 # -- GEMM emission --------------------------------------------------------------------------------
 
@@ -651,7 +822,7 @@ class _Layout:
     pre-formatted layout a vendor's GEMM reads (Ascend's fractal NZ-style formats); the L2 sees
     each operand byte at one address whoever reads it."""
 
-    def __init__(self, planner: _Planner, batch: int, bs, ms, ks, ns):
+    def __init__(self, planner: _Planner, batch: int, bs, ms, ks, ns, whole_blocks: bool = False):
         e, self.e, self.ku = planner.e, planner.e, planner.k_unit
         self.ms, self.ks, self.ns = ms, ks, ns
         self.a_off, self.b_off = {}, {}
@@ -667,8 +838,14 @@ class _Layout:
                 self.b_off[kk, j] = off
                 off += kb * nb
         self.b_item = off
-        self.a_tile = {(i, kk): planner.block(ms[i], ks[kk], ns[0]).tm for i in range(len(ms)) for kk in range(len(ks))}
-        self.b_tile = {(kk, j): planner.block(ms[0], ks[kk], ns[j]).tn for kk in range(len(ks)) for j in range(len(ns))}
+        if whole_blocks:  # base blocks: a block is one tile
+            self.a_tile = {(i, kk): ms[i] for i in range(len(ms)) for kk in range(len(ks))}
+            self.b_tile = {(kk, j): ns[j] for kk in range(len(ks)) for j in range(len(ns))}
+        else:
+            self.a_tile = {(i, kk): planner.block(ms[i], ks[kk], ns[0]).tm for i in range(len(ms))
+                           for kk in range(len(ks))}
+            self.b_tile = {(kk, j): planner.block(ms[0], ks[kk], ns[j]).tn for kk in range(len(ks))
+                           for j in range(len(ns))}
         align = 1 << 20
         self.a_base = 0
         self.b_base = _ceil_to(int(math.ceil(batch * self.a_item * e)), align)
@@ -733,6 +910,7 @@ class _Emitter:
         self.addr = 0 if layout is None else layout.c_base  # with a layout only C is placed as it goes
         self.engine_bytes: dict[int, list[int]] = {}
         self.hbm_fraction = (1.0, 1.0)  # of A's and B's loads that reach HBM (the rest: L2 hits)
+        self.merged_fraction = (0.0, 0.0)  # of the L2 hits, those of a fill under way (read at HBM's pace)
         self.l2_bpc = 0.0  # a core's L2 read rate, bytes per cycle (set_l2)
         self.l2_bytes = 0
         self.head = 0  # cycles of each working core's kernel start + prologue (a task before its first load)
@@ -754,15 +932,17 @@ class _Emitter:
         parts = [((first + i) % total, _split(size, engines, i)) for i in range(engines)]
         return [(e, part) for e, part in parts if part]
 
-    def loads(self, core: int, nbytes: int, l2_bytes: int, deps, name: str) -> list[int]:
+    def loads(self, core: int, nbytes: int, l2_bytes: int, deps, name: str, merged_bytes: int = 0) -> list[int]:
         """``nbytes`` read from HBM and ``l2_bytes`` from the L2, each split over the core's DMA
-        engines (:meth:`_engine_parts`); an L2 read holds its engine for bytes / its share of the rate."""
+        engines (:meth:`_engine_parts`); an L2 read holds its engine for bytes / its share of the rate.
+        ``merged_bytes`` are L2 hits on a fill another core started at the same step: no HBM
+        traffic, but they arrive no faster than that fill (the engines' HBM rate)."""
         out = []
         total = self.pl.engines
-        for size, from_l2 in ((nbytes, False), (l2_bytes, True)):
+        for size, rate in ((nbytes, None), (l2_bytes, self.l2_bpc), (merged_bytes, self.pl.core_bpc)):
             for engine, part in self._engine_parts(core, size):
-                if from_l2:
-                    cycles = math.ceil(part / (self.l2_bpc / total)) + self.pl.l2_latency
+                if rate is not None:
+                    cycles = math.ceil(part / (rate / total)) + self.pl.l2_latency
                     out.append(self.prog.add_compute(core, f"dma{engine}", cycles, deps=deps, name=f"{name} L2"))
                     self.engine_bytes.setdefault(core, [0] * total)[engine] += part
                     self.l2_bytes += part
@@ -834,12 +1014,13 @@ class _Emitter:
         if self.pl.l2_capacity is not None:
             self.l2_bpc = self.pl.l2_rate(math.prod(grid))
 
-    def _split_load(self, step: list[_Unit]) -> tuple[int, int]:
-        """(HBM bytes, L2 bytes) of a step's loads."""
+    def _split_load(self, step: list[_Unit]) -> tuple[int, int, int]:
+        """(HBM bytes, L2 bytes, merged L2 bytes) of a step's loads."""
         a = sum(u.a_bytes for u in step)
         b = sum(u.b_bytes for u in step)
         hbm = int(round(a * self.hbm_fraction[0] + b * self.hbm_fraction[1]))
-        return hbm, a + b - hbm
+        merged = min(a + b - hbm, int(round(a * self.merged_fraction[0] + b * self.merged_fraction[1])))
+        return hbm, a + b - hbm - merged, merged
 
     def core_program(self, core: int, units: list[_Unit], tag: str) -> int:
         """Steps of merged chunks: loads (two steps ahead of the cube), GEMMs, writes; returns the
@@ -861,8 +1042,9 @@ class _Emitter:
                 runs = self.layout.to_bytes([r for u in steps[s] for r in u.runs])
                 loads[s] = self.load_runs(core, runs, deps, f"{tag} load{s}") if runs else list(deps)
                 return
-            hbm, l2 = self._split_load(steps[s])
-            loads[s] = self.loads(core, hbm, l2, deps, f"{tag} load{s}") if hbm or l2 else list(deps)
+            hbm, l2, merged = self._split_load(steps[s])
+            loads[s] = self.loads(core, hbm, l2, deps, f"{tag} load{s}", merged) if hbm or l2 or merged \
+                else list(deps)
 
         issue_load(0)
         issue_load(1)
@@ -944,30 +1126,36 @@ class ChipCost:
     # -- public -----------------------------------------------------------------------------------
     def gemm(self, m: int, k: int, n: int, dtype: str = "bf16", cores: int | Sequence[int] | None = None, *,
              batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0,
-             name: str | None = None) -> ChipCostResult:
+             name: str | None = None, kernel: str | None = None) -> ChipCostResult:
         """``batch`` GEMMs ``[m x k] . [k x n]`` spread over the share, operands from HBM, results
-        to HBM (see the module docstring for the kernel)."""
+        to HBM (see the module docstring for the kernel). ``kernel``: the base-block kernel
+        (:data:`npusim.system.gemm_kernels.KERNELS`) on a die with ``kernel.base_blocks``; None: the
+        arch's ``kernel.gemm_default``."""
         m, k, n, batch = (_positive_int(lbl, v) for lbl, v in (("m", m), ("k", k), ("n", n), ("batch", batch)))
         out_dtype = out_dtype or _default_out_dtype(dtype)
         for lbl, d in (("dtype", dtype), ("out_dtype", out_dtype)):
             if d not in DTYPE_BYTES:
                 raise ConfigError(f"{lbl} '{d}': expected one of {list(DTYPE_BYTES)}")
+        kernel = self._gemm_kernel(kernel)
         share = self._share(cores)
         frac = self._fraction(hbm_fraction)
-        key = {"kind": "gemm", "m": m, "k": k, "n": n, "batch": batch, "dtype": dtype, "out_dtype": out_dtype}
+        key = {"kind": "gemm", "m": m, "k": k, "n": n, "batch": batch, "dtype": dtype, "out_dtype": out_dtype,
+               "kernel": kernel}
         label = name or f"gemm {f'{batch}x' if batch > 1 else ''}{m}x{k}x{n} {dtype}"
         return self._lookup(key, share, frac, label, lambda: self._run_gemm(m, k, n, batch, dtype, out_dtype,
-                                                                            share, frac, label))
+                                                                            share, frac, label, kernel))
 
     def plan_gemm(self, m: int, k: int, n: int, dtype: str = "bf16", cores: int | Sequence[int] | None = None, *,
-                  batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0) -> list[GemmPlan]:
+                  batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0,
+                  kernel: str | None = None) -> list[GemmPlan]:
         """The candidate plans :meth:`gemm` simulates (it keeps the fastest), best estimate first;
         nothing is simulated or cached here."""
         m, k, n, batch = (_positive_int(lbl, v) for lbl, v in (("m", m), ("k", k), ("n", n), ("batch", batch)))
         share = self._share(cores)
         frac = self._fraction(hbm_fraction)
-        planner = _Planner(self.arch, share, dtype, out_dtype or _default_out_dtype(dtype), frac, self.l2)
-        return planner.plans(m, k, n, batch, len(share))
+        planner = _Planner(self.arch, share, dtype, out_dtype or _default_out_dtype(dtype), frac, self.l2,
+                           self._gemm_kernel(kernel))
+        return planner.candidates(m, k, n, batch, len(share))
 
     def op(self, op: Op, cores: int | Sequence[int] | None = None, *, spec=None,
            hbm_fraction: float = 1.0) -> ChipCostResult:
@@ -1170,13 +1358,21 @@ class ChipCost:
                                                                                or start_cycles) else 0.0,
             kernel_fixed_us=(start_cycles + fixed_cycles) / (arch.clock_ghz * 1e3))
 
-    def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label) -> ChipCostResult:
-        planner = _Planner(self.arch, share, dtype, out_dtype, frac, self.l2)
+    def _gemm_kernel(self, kernel: str | None) -> str:
+        """The base-block kernel a GEMM runs: ``kernel``, else the arch's default."""
+        if kernel is None:
+            return self.arch.kernel.gemm_default if self.arch.kernel is not None else "catlass_basic"
+        if kernel not in gemm_kernels.KERNELS:
+            raise ConfigError(f"GEMM kernel '{kernel}': expected one of {list(gemm_kernels.KERNELS)}")
+        return kernel
+
+    def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label, kernel) -> ChipCostResult:
+        planner = _Planner(self.arch, share, dtype, out_dtype, frac, self.l2, kernel)
         # the candidates race at the analytical fidelities; the winner runs at the chosen ones, so
         # every fidelity times the same kernel
         best = None
         cheap = self.memory == "analytical" and self.noc == "analytical"
-        candidates = planner.plans(m, k, n, batch, len(share))
+        candidates = planner.candidates(m, k, n, batch, len(share))
         for plan in candidates:
             prog, l2_bytes = self._gemm_program(planner, plan, m, k, n, batch, dtype, share)
             if len(candidates) == 1 and not cheap:
@@ -1208,6 +1404,8 @@ class ChipCost:
         (:class:`_Layout`) and the simulator's L2 decides: 0 here)."""
         from npusim.comm.collectives import ring_reduce_scatter
 
+        if plan.base_blocks:
+            return self._base_program(planner, plan, m, k, n, batch, dtype, share, addressed)
         sa = planner.sa
         pb, pm, pn, pk = plan.grid
         prog = Program(self.arch.num_cores, meta={"chipcost": "gemm", "m": m, "k": k, "n": n, "batch": batch})
@@ -1245,6 +1443,43 @@ class ChipCost:
                 for r, core in enumerate(cores):
                     if _split(out, pk, r):
                         em.write(core, _split(out, pk, r), [coll.done[core]], f"c{core} write C")
+        return prog, em.l2_bytes
+
+    def _base_program(self, planner: _Planner, plan: GemmPlan, m, k, n, batch, dtype, share,
+                      addressed: bool) -> tuple[Program, int]:
+        """The base-block kernel's tasks (see the module docstring): core ``c`` of the ``used``
+        takes tasks ``c, c + used, ...`` of the kernel's order, each block's K (slice) streamed in
+        L1 stages, its C block written back as it finishes (the write does not hold the cube: the
+        next block accumulates while it drains, as the kernel's unit flag lets it). Split K
+        (``catlass_splitk``): each task writes its fp32 partial C; once every core is done, each
+        core's vector side reads its share of the partials from the L2, adds them and writes C."""
+        ms, ns, ks, order = planner.base_order(m, k, n, batch, len(share))
+        prog = Program(self.arch.num_cores, meta={"chipcost": "gemm", "m": m, "k": k, "n": n, "batch": batch})
+        layout = _Layout(planner, batch, None, ms, ks, ns, whole_blocks=True) if addressed else None
+        em = _Emitter(planner, prog, dtype, layout)
+        em.head = planner.head_cycles(planner.kernel.cube_setup_us)
+        work: list[list[_Unit]] = [[] for _ in range(plan.used)]
+        for t, (b, i, j, sl) in enumerate(order):
+            units = em.units(ms[i], ks[sl], ns[j], 1, planner.base_block(ms[i], ks[sl], ns[j]), True,
+                             (b, i, j, sl) if addressed else None)
+            if len(ks) > 1:  # the partial sums leave L0C in fp32
+                units[-1].write = _nbytes(ms[i] * ns[j], ACC_BYTES)
+            work[t % plan.used] += units
+        if planner.l2_capacity is not None:
+            em.l2_bpc = planner.l2_rate(plan.used)
+        if not addressed:
+            em.hbm_fraction, em.merged_fraction = planner.base_l2_fractions(order, plan.used, ms, ns, ks)
+        ends = [em.core_program(share[c], units, f"c{share[c]}") for c, units in enumerate(work)]
+        if len(ks) > 1:
+            out = batch * m * n
+            for c in range(plan.used):
+                part = _split(out, plan.used, c)
+                tag = f"c{share[c]} split-K reduce"
+                partials = _nbytes(part * len(ks), ACC_BYTES)  # in the L2 if the die has one, else HBM
+                l2 = planner.l2_capacity is not None
+                got = em.loads(share[c], 0 if l2 else partials, partials if l2 else 0, ends, tag)
+                added = prog.add_vector(share[c], "elementwise", part * (len(ks) - 1), "fp32", got, tag)
+                em.write(share[c], _nbytes(part, planner.eo), [added], f"{tag} write C")
         return prog, em.l2_bytes
 
     def _run_vector(self, op: Op, share: list[int], frac: float) -> ChipCostResult:

@@ -11,7 +11,10 @@ How each family is run (assumptions):
 * **gemm** -- :meth:`~npusim.system.chipcost.ChipCost.gemm` ``(m, k, n, batch)`` on the whole die
   (or the source's ``cores``; a 910B source's row that states 24 or 20 cores runs on the preset
   with that many, :data:`BY_CORES`), INT8 for W8A8 (``int8`` / ``w8a8``), FP32 for ``fp32``, else
-  FP16/BF16 (``fp16 in, fp32 out``: FP16). Roofline:
+  FP16/BF16 (``fp16 in, fp32 out``: FP16), with the kernel the row states it ran (:func:`_kernel`:
+  CATLASS's multi-core split K -> ``catlass_splitk``; other CATLASS examples and PTO's hand-written
+  GEMM -> ``catlass_basic``, their base blocks; aclnn MatMulV2/V3, QuantBatchMatmul and the rest ->
+  the die's default, ``aclnn``). Roofline:
   ``max(2 m n k batch / peak, compulsory bytes / HBM bandwidth)``.
 * **vector** -- :meth:`~npusim.system.chipcost.ChipCost.vector` with the op class the kernel's name
   says (:data:`VECTOR_OPS`: norms, (dynamic) quantisation, RoPE, SwiGLU, adds, copies (TensorMove:
@@ -51,7 +54,9 @@ tilings), the fastest is compared (:func:`_fastest`): npusim plans the best kern
 
 Rows of a source in the ``calibration`` half are ``fitted`` (they may steer modelling choices), of
 the ``validation`` half ``outside``, except in a family listed in the section's ``steered_families``
-(its validation rows were seen before a modelling choice: ``fitted``, the reason beside it); each row carries ``family`` and ``half``. ``--quick`` runs the
+(its validation rows were seen before a modelling choice: ``fitted``, the reason beside it) and the
+rows listed in ``steered_rows`` (``source``, and ``shape`` if only some of its rows: the same, row
+by row); each row carries ``family`` and ``half``. ``--quick`` runs the
 rows of the validation half only.
 """
 
@@ -123,6 +128,23 @@ def _cores(r: dict) -> int | None:
     return _int(r.get("cores"))
 
 
+def _kernel(op: str) -> str | None:
+    """The base-block kernel a GEMM row states it ran (:mod:`npusim.system.gemm_kernels`); None:
+    the die's default (aclnn). CATLASS's single-core split K (example 34) runs as the basic
+    kernel (not modelled)."""
+    t = op.lower()
+    if "multi_core_splitk" in t:
+        return "catlass_splitk"
+    if "catlass" in t or t.startswith("pto"):
+        return "catlass_basic"
+    return None
+
+
+def _steered(r: dict, steered_rows: list[dict]) -> bool:
+    """Whether a ``steered_rows`` entry names this row (its source, and its shape if given)."""
+    return any(e["source"] == r["source"] and e.get("shape", r.get("shape")) == r.get("shape") for e in steered_rows)
+
+
 class _Runner:
     """Runs rows on their targets, one ChipCost per preset and one loaded system per system."""
 
@@ -145,10 +167,11 @@ class _Runner:
         batch = _int(s.get("batch")) or 1
         dtype = _dtype(r.get("dtype", "bf16"))
         cc = self.cost(target)
-        res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch)
+        res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch, kernel=_kernel(str(r["op"])))
         flops = 2.0 * m * k * n * batch
         roof = max(flops / (res.peak_tflops_chip * 1e6), res.min_hbm_bytes / (res.hbm_peak_bandwidth_gbps * 1e3))
-        return res.time_us, roof, f"{100 * res.compute_utilization:.0f}% of peak"
+        kernel = res.mapping.split(":")[0] if ":" in res.mapping else "even split"  # base blocks: "<kernel>: ..."
+        return res.time_us, roof, f"{kernel}, {100 * res.compute_utilization:.0f}% of peak"
 
     def vector(self, r: dict, target: str) -> tuple[float, float, str] | None:
         from npusim.model.ir import Op
@@ -260,6 +283,7 @@ def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) 
     sec = published()["operators"]
     sources = {s["id"]: s for s in sec["sources"]}
     steered = sec.get("steered_families", {})  # families whose validation rows steered a choice: fitted
+    steered_rows = sec.get("steered_rows", [])  # single validation rows that steered a choice: fitted
     runner = _Runner()
     run = {"gemm": runner.gemm, "vector": runner.vector, "attention": runner.attention,
            "collective": runner.collective, "runtime": runner.runtime}
@@ -280,7 +304,8 @@ def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) 
         sim_us, roof_us, how = got
         rows.append(Row(name=f"{r['family']} {str(r['op'])[:24]} #{i}", source=f"{src['title']} ({src['url'].split()[0]})",
                         published=_measured_us(r), simulated=sim_us, tolerance=sec["tolerance"], unit="us",
-                        kind="fitted" if half == "calibration" or r["family"] in steered else "outside",
+                        kind="fitted" if half == "calibration" or r["family"] in steered
+                        or _steered(r, steered_rows) else "outside",
                         baseline=roof_us,
                         family=r["family"], half=half,
                         note=f"{target}; {how}; shape {r.get('shape')}"
