@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import npusim
 from npusim.layers import layer_of
 
@@ -45,25 +47,24 @@ def test_every_subpackage_has_a_layer_or_is_shared():
 
 
 def test_a_sweep_point_runs_without_the_cli(tmp_path):
-    """A sweep parses and runs its points by npusim run's options and run path without importing
+    """A sweep loads, parses and runs its points by npusim run's options and run path without importing
     npusim.cli (a forward pass of a 1-layer model keeps it quick)."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: s\nbase:\n  model: qwen3-0.6b\n  workload: {phase: decode, batch: 2, seq: 64}\n"
+                     "  run: {layers: 1, memory: analytical, fidelity: analytical}\ngrid:\n  workload.batch: [2]\n")
     code = (
         "import sys\n"
-        "from npusim.sweep.spec import parse_options\n"
-        "from npusim.sweep.runner import _simulate\n"
-        "args = parse_options(['--forward', '--layers', '1', '--batch', '2', '--seq', '64'])\n"
-        "assert args.layers == 1\n"
-        "from npusim.arch import load_arch\n"
-        "import npusim.sweep.runner as r\n"
-        "from npusim.scenarios.run import run_summary\n"
-        "s = run_summary(args, load_arch('npusim-64c'))\n"
-        "assert s['latency_ms'] > 0\n"
+        "from npusim.sweep.spec import load_sweep\n"
+        "from npusim.sweep.runner import run_point\n"
+        f"rec = run_point(load_sweep({str(sweep)!r}).points[0])\n"
+        "assert rec['status'] == 'ok', rec['error']\n"
         "print(sorted(m for m in sys.modules if m.startswith('npusim.cli')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
 
 
+@pytest.mark.slow
 def test_a_system_serving_run_resolves_its_model_config_once(capsys):
     """``npusim run --system`` with a request stream: the model name is turned into its config once
     (calls of ``get_config`` with a name, from outside the model package; before the scenario builder,
@@ -82,7 +83,7 @@ def test_a_system_serving_run_resolves_its_model_config_once(capsys):
     sys.setprofile(prof)
     try:
         code = main(["run", "--system", "cloudmatrix384", "--nodes", "1", "--model", "qwen3-0.6b", "--tp", "2",
-                     "--npus", "1", "--requests", "4", "--rate", "50", "--input-len", "64", "--output-len", "4",
+                     "--npus", "1", "--prefill-instances", "1", "--requests", "4", "--rate", "50", "--input-len", "64", "--output-len", "4",
                      "--json", "--no-progress"])
     finally:
         sys.setprofile(None)
