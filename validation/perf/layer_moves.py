@@ -6,8 +6,9 @@ different names is a *move*; it goes *up* when the caller's layer ranks below th
 modules -- arch, config, files, errors, choices ... -- have no rank and are never up). A call into a
 function passed down as an argument (a progress callback) counts as the caller's module calling
 the callee's, so callbacks show as up-moves and are listed with their names. Imports executed during
-the run are recorded too (``builtins.__import__``), as are the calls of ``get_config`` (the model
-config resolved). The layer table is read from this checkout's ``npusim/layers.py`` by path, so the
+the run are recorded too (``builtins.__import__``), as are the calls of ``get_config`` with a model
+name (the model config resolved; a call with a config already resolved is not counted), and the
+functions of the chip's serving CLI (``cli/serve.py``) that the --system path calls. The layer table is read from this checkout's ``npusim/layers.py`` by path, so the
 same script measures an older tree: ``PYTHONPATH=/work/wt-before python validation/perf/layer_moves.py``.
 
     python validation/perf/layer_moves.py [-- npusim run flags]   (default: the issue's run --system)
@@ -37,7 +38,7 @@ def main(argv: list[str]) -> None:
     argv = argv or DEFAULT
     calls = collections.Counter()  # (caller module, callee module, callee function) -> calls
     imports = collections.Counter()  # (importer, imported)
-    configs = collections.Counter()  # get_config calls by caller module
+    configs = collections.Counter()  # get_config calls with a model name (a resolution), by caller module
 
     def prof(frame, event, arg):
         if event != "call":
@@ -50,7 +51,7 @@ def main(argv: list[str]) -> None:
         if not caller.startswith("npusim"):
             return
         name = frame.f_code.co_name
-        if name == "get_config" and callee == "npusim.model.zoo":
+        if name == "get_config" and callee == "npusim.model.zoo" and isinstance(frame.f_locals.get("model"), str):
             configs[caller] += 1
         if caller != callee:
             calls[(caller, callee, name)] += 1
@@ -89,8 +90,11 @@ def main(argv: list[str]) -> None:
     print(f"calls across modules: {sum(edges.values()):,}, up a layer: {sum(up_edges.values()):,}", file=sys.stderr)
     print(f"imports executed between npusim modules: {len(imports)} distinct, up a layer: {len(up_imports)}",
           file=sys.stderr)
-    print(f"get_config calls (the model config resolved): {sum(configs.values())} "
+    print(f"model config resolved from its name (get_config(str)): {sum(configs.values())} "
           f"({', '.join(f'{m} {n}' for m, n in sorted(configs.items()))})", file=sys.stderr)
+    borrowed = sorted({f for (a, b, f) in calls if a == "npusim.cli.run_system" and b == "npusim.cli.serve"})
+    print(f"functions of the chip's serving CLI (cli.serve) the --system path calls: {len(borrowed)} "
+          f"({', '.join(borrowed)})", file=sys.stderr)
     for (a, b), n in sorted(up_edges.items()):
         fns = sorted({f for (x, y, f) in calls if (x, y) == (a, b)})
         print(f"  up  {a} -> {b}: {n} calls ({', '.join(fns)})", file=sys.stderr)
