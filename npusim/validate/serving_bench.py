@@ -89,7 +89,7 @@ def serving_rows(quick: bool = False) -> list[Row]:
                 + (f"; quick: {prompts} of the {c['num_prompts']} prompts served" if prompts < c["num_prompts"]
                    else ""))
         for key, label in METRICS:
-            rows.append(Row(name=f"{what}: {label}", source=f"{src['url']} ({src['hardware']})",
+            rows.append(Row(name=f"{label}: {what}", source=f"{src['url']} ({src['hardware']})",
                             published=float(case["measured"][key]), simulated=(served.get(key) or {}).get("mean"),
                             tolerance=TOLERANCE, unit=" ms", kind="outside", baseline=base[key], note=note))
     return rows
