@@ -27,8 +27,8 @@ from pathlib import Path
 
 from npusim.files import json_text
 # the run's options live below the CLI (sweeps parse them too)
-from npusim.scenarios.options import (add_fidelity_args, add_run_options, chip_arch,  # noqa: F401 (replay's)
-                                      fill_model_default, forward_asked, refuse_unread_flags)
+from npusim.scenarios.options import (add_run_options, chip_arch, fill_model_default, forward_asked,
+                                      refuse_unread_flags)
 
 
 def add_parser(sub):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from npusim.argtypes import (NODES_HELP, add_arch_arg, add_force_arg, fraction, non_negative_int, positive_float,
                              positive_int)
-from npusim.choices import (CLIENT_FLAGS, DATASETS, DEFAULT_INPUT, DEFAULT_OUTPUT, DEFAULT_RATE, DEFAULT_REQUESTS,
-                            LAYOUTS, LONG_PROMPT_TOKENS, MAX_REQUESTS, MEMORY_FIDELITIES, NOC_FIDELITIES, PARTITIONS, RANDOM_INPUT,
-                            RANDOM_OUTPUT, SERVING_FLAGS)
+from npusim.choices import (DATASETS, DEFAULT_INPUT, DEFAULT_OUTPUT, DEFAULT_RATE, DEFAULT_REQUESTS,
+                            LAYOUTS, LONG_PROMPT_TOKENS, MAX_REQUESTS, MEMORY_FIDELITIES, NOC_FIDELITIES,
+                            PARTITIONS, RANDOM_INPUT, RANDOM_OUTPUT, SERVING_FLAGS)
 from npusim.errors import ConfigError
 
 DEFAULT_MODEL = "qwen3-4b"
@@ -201,12 +201,8 @@ def add_serving_args(p) -> None:
 
 
 def is_serving(args) -> bool:
+    """Whether a request stream was asked for (any of :data:`npusim.choices.SERVING_FLAGS`)."""
     return any(getattr(args, f, None) is not None for f in SERVING_FLAGS)
-
-
-def is_client(args) -> bool:
-    """Whether a benchmark client flag (:data:`CLIENT_FLAGS`) was given."""
-    return any(getattr(args, f, None) is not None for f in CLIENT_FLAGS)
 
 
 def add_system_run_args(p) -> None:

@@ -27,8 +27,9 @@ from typing import Any, Callable
 from npusim.choices import LONG_PROMPT_TOKENS
 from npusim.errors import ConfigError
 from npusim.files import check_output_dir
-from npusim.scenarios.options import (FORWARD_DEFAULTS, PLAN_PRECISION, SERVING_DEFAULT_TP, chip_noc, chip_precision, fill_model_default,
-                                      forward_asked, refuse_system_flags_on_a_chip, system_chip_cost)
+from npusim.scenarios.options import (FORWARD_DEFAULTS, PLAN_PRECISION, SERVING_DEFAULT_TP, chip_noc, chip_precision,
+                                      fill_model_default, forward_asked, refuse_system_flags_on_a_chip,
+                                      system_chip_cost)
 
 #: the serving mapping a --system run with a request stream uses without --mapping
 SERVING_MAPPINGS = {"cloudmatrix384": "cm384-deepseek-serving", "atlas-800i-a2": "a2-deepseek-serving"}
@@ -41,6 +42,7 @@ Progress = Callable[..., Any] | None
 # -- a chip: one forward pass, or serving ---------------------------------------------------------------
 
 def fill_forward_defaults(args) -> None:
+    """The forward-pass flags not given (--phase, --batch, --seq) at their defaults."""
     for key, value in FORWARD_DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)

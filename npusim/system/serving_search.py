@@ -43,9 +43,8 @@ estimate and the estimate's error against the served result.
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from npusim.errors import ConfigError, NpusimError
 from npusim.model.zoo import get_config
@@ -93,7 +92,7 @@ class ServeTask:
 def serve_candidate(task: ServeTask) -> dict:
     """Serve a candidate (see the module docstring); its served figures, never raises for its own failure."""
     from npusim.serving.metrics import summarize
-    from npusim.serving.requests import synthetic_requests
+    from npusim.serving.workload import RequestSource
     from npusim.system.deploy import ServingDeployment, scenario
     from npusim.system.serving import serve_pools
 
@@ -101,10 +100,11 @@ def serve_candidate(task: ServeTask) -> dict:
         dep = ServingDeployment(**task.deployment)
         loaded, cc = _system(dep.system, dep.nodes)
         loaded, pools = scenario(dep, loaded=loaded)
-        reqs = synthetic_requests(task.num_prompts, math.inf, input_len=task.input_len, output_len=task.output_len,
-                                  seed=task.seed)
-        reqs = [replace(r, arrival_s=0.0) for r in reqs]
-        run = serve_pools(loaded, pools, reqs, dep.model, kv_fabric=dep.kv_transfer.fabric if dep.kv_transfer else None,
+        cfg = get_config(dep.model)
+        # the benchmark client's closed loop: every prompt planned at 0, `concurrency` in flight
+        reqs = RequestSource(dataset="random", input_len=task.input_len, output_len=task.output_len,
+                             num_prompts=task.num_prompts, seed=task.seed).requests_for(cfg).requests
+        run = serve_pools(loaded, pools, reqs, cfg, kv_fabric=dep.kv_transfer.fabric if dep.kv_transfer else None,
                           via=dep.kv_transfer.via if dep.kv_transfer else "sdma", slo_ttft_ms=dep.slo_ttft_ms,
                           slo_tpot_ms=dep.slo_tpot_ms, seed=task.seed, chip_cost=cc, max_concurrency=task.concurrency,
                           runtime=dep.runtime)
