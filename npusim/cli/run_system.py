@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from npusim.errors import ConfigError
 from npusim.files import json_text, write_json
-from npusim.scenarios.options import PLAN_PRECISION, is_serving, system_chip_cost
-from npusim.scenarios.run import PLAN_FLAGS, plan_from_args
+from npusim.scenarios.options import is_serving
+from npusim.scenarios.run import PLAN_FLAGS
 
 
 def run_system(args) -> int:
@@ -23,34 +23,13 @@ def run_system(args) -> int:
 
 
 def run_system_step(args) -> int:
-    """A deployment file (``--mapping`` whose ``plan:`` section names its ``phase``: the DeepSeek
-    deployments) runs as a deployment, with the system's calibrated constants and the published
-    reports' figures (:func:`npusim.system.moe_step.simulate_step`); anything else runs the plan path
-    (:mod:`npusim.system.step`). Both build the step with the one system mapper."""
-    from npusim.mapping.spec import load_deployment, load_mapping
-    from npusim.system.load import load_system
-    from npusim.system.moe import check_routing
-    from npusim.system.moe_step import simulate_step
+    """One step of ``npusim run --system`` (:func:`npusim.scenarios.run.system_step`): a DeepSeek
+    deployment file's step, or any model's by a parallel plan; printed or written."""
+    from npusim.scenarios.run import system_step
 
-    check_routing(args.routing)
-    spec = None if args.mapping is None else load_mapping(args.mapping)
-    if spec is not None and spec.plan is None:
-        raise ConfigError(f"--mapping {args.mapping}: no 'plan:' section for --system (see "
-                          "mappers/a2-llama3-70b-tp8.yaml or mappers/cm384-deepseek-decode.yaml)")
-    if spec is None or spec.plan.phase is None:
-        return run_plan_step(args, spec.plan.plan_keys() if spec is not None else {})
-    loaded = load_system(args.system, nodes=args.nodes)
-    flags = {k: getattr(args, k, None) for k in (*PLAN_FLAGS, "tp")}
-    if args.precision is not None:
-        flags["precision"] = PLAN_PRECISION[args.precision]
-    dep = load_deployment(args.mapping).overridden(**flags)
-    phase = args.phase or dep.phase
-    if phase != dep.phase:
-        raise ConfigError(f"--phase {phase}, but {args.mapping} deploys the model for {dep.phase}")
-    r = simulate_step(loaded, dep, model=args.model, batch=args.batch, kv=system_kv(args, phase, 4096) or 4096,
-                      batch_tokens=args.batch_tokens, seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
-                      microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min,
-                      chip_cost=system_chip_cost(args, loaded), runtime=args.runtime)
+    kind, r = system_step(args)
+    if kind == "plan":
+        return _finish_plan_step(args, *r)
     out = r.to_dict()
     if args.save_workload:
         out["workload"] = str(r.workload.save(args.save_workload))
@@ -84,69 +63,8 @@ def mtp_words(mtp: int, acceptance: float) -> str:
     return f"MTP {mtp} at {acceptance:g} acceptance" if mtp else "MTP off"
 
 
-PLAN_DEFAULT_BATCH = {"decode": 16, "prefill": 4}
-PLAN_DEFAULT_TOKENS = 1024  # decode context (--kv) and prefill prompt (--seq)
-
-
-def system_kv(args, phase: str, default: int) -> int | None:
-    """A --system step's decode context: ``--kv``, else ``--seq`` (as on a chip: the tokens already
-    cached), else ``default``; at least 1 (the system's step shape counts the new token in its
-    context, so ``--kv 1`` is an empty cache; 0 would be a step that attends to nothing). A prefill
-    step's prompts start from an empty cache: ``--kv`` (a cached prefix) is refused, not ignored."""
-    if phase != "decode":
-        if args.kv is not None:
-            raise ConfigError(f"--kv {args.kv}: a --system prefill step's prompts (--seq) start from an empty cache; "
-                              "a cached prefix is not modelled there: drop --kv")
-        return None
-    kv = args.kv if args.kv is not None else args.seq if args.seq is not None else default
-    if kv < 1:
-        raise ConfigError(f"--kv {kv}: a --system decode step attends to a context of at least one token, the new "
-                          "one (--kv 1: an empty cache)")
-    return kv
-
-
-def shape_from_args(args):
-    from npusim.system.mapper import StepShape
-
-    phase = args.phase or "decode"
-    batch = args.batch or PLAN_DEFAULT_BATCH[phase]
-    if phase == "decode":
-        return StepShape("decode", batch, 1, system_kv(args, phase, PLAN_DEFAULT_TOKENS))
-    system_kv(args, phase, PLAN_DEFAULT_TOKENS)
-    seq = args.seq or PLAN_DEFAULT_TOKENS
-    return StepShape("prefill", batch, seq, seq)
-
-
-def run_plan_step(args, base: dict | None = None) -> int:
-    """One step of any model by a parallel plan (a mapping file's ``plan:`` section ``base``,
-    flags over it; defaults in :func:`plan_from_args`)."""
-    from npusim.model.zoo import get_config
-    from npusim.system.load import load_system
-    from npusim.system.plan import ParallelPlan
-    from npusim.system.step import simulate_plan_step
-
-    for flag in ("batch_tokens", "kv_min", "eplb"):
-        if getattr(args, flag, None) is not None:
-            raise ConfigError(f"--{flag.replace('_', '-')}: taken by the DeepSeek deployment files only (--mapping "
-                              "mappers/cm384-deepseek-*.yaml); the plan path does not model it yet")
-    loaded = load_system(args.system, nodes=args.nodes)
-    if str(args.model).endswith(".onnx"):  # data parallel over the instance's dies (the export has no heads to split)
-        refused = [f"--{k.replace('_', '-')}" for k in ("microbatches", "kv_dtype", "mtp", "shared_tp", "cp",
-                                                         "expert_tp")
-                   if getattr(args, k, None) not in (None, 0, 1) or (k == "kv_dtype" and args.kv_dtype)]
-        if refused or base:
-            raise ConfigError(f"{args.model}: an ONNX export runs data parallel over the instance's dies (--npus, "
-                              f"--precision); {', '.join(refused) or 'a mapping plan'} cannot be applied to it")
-        dies = loaded.system.npu.dies
-        npus = args.npus or loaded.system.npus_per_node
-        plan = ParallelPlan(npus=npus, tp=args.tp or 1, dp=args.dp or npus * dies, ep=args.ep or 1, pp=args.pp or 1,
-                            microbatches=1, precision=PLAN_PRECISION[args.precision or "bf16"])
-        cfg = args.model
-    else:
-        cfg = get_config(args.model)
-        plan = plan_from_args(args, loaded, cfg, base)
-    out, wl, timing = simulate_plan_step(loaded, cfg, plan, shape_from_args(args), routing=args.routing, seed=args.seed,
-                                         chip_cost=system_chip_cost(args, loaded), runtime=args.runtime)
+def _finish_plan_step(args, out: dict, wl, timing) -> int:
+    """A plan step's summary printed or as JSON; ``--save-workload`` and ``--out`` write its files."""
     if args.save_workload:
         out["workload"] = str(wl.save(args.save_workload))
     if args.out:

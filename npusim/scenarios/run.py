@@ -11,11 +11,12 @@ and writes files.
   FILE``); :meth:`SystemServing.serve` runs the system's serving loop
   (:func:`npusim.system.serving.serve_pools`);
 * :func:`simulate_forward_options` (one forward pass on a chip) and :func:`run_summary` (what ``npusim run
-  --json`` prints for a chip, without files: a sweep point).
+  --json`` prints for a chip, without files: a sweep point);
+* :func:`system_step` (``npusim run --system S`` without a request stream: one step of a DeepSeek
+  deployment file, or of any model by a parallel plan).
 
 ``opts`` everywhere is ``npusim run``'s parsed options (:func:`npusim.scenarios.options.run_parser`).
-The model config is resolved once per scenario and passed down. A --system *step* (one step, no request
-stream) is still built by the CLI (``npusim.cli.run_system``).
+The model config is resolved once per serving scenario and passed down.
 """
 
 from __future__ import annotations
@@ -408,3 +409,107 @@ def plan_from_args(args, loaded, cfg, base: dict | None = None):
         given["precision"] = PLAN_PRECISION[args.precision or "bf16"]
     npus = given.pop("npus", None) or loaded.system.npus_per_node
     return default_plan(cfg, npus, loaded.system.npu.dies, **given)
+
+
+# -- a system: one step ---------------------------------------------------------------------------------
+
+PLAN_DEFAULT_BATCH = {"decode": 16, "prefill": 4}
+PLAN_DEFAULT_TOKENS = 1024  # decode context (--kv) and prefill prompt (--seq)
+
+
+def system_kv(args, phase: str, default: int) -> int | None:
+    """A --system step's decode context: ``--kv``, else ``--seq`` (as on a chip: the tokens already
+    cached), else ``default``; at least 1 (the system's step shape counts the new token in its
+    context, so ``--kv 1`` is an empty cache; 0 would be a step that attends to nothing). A prefill
+    step's prompts start from an empty cache: ``--kv`` (a cached prefix) is refused, not ignored."""
+    if phase != "decode":
+        if args.kv is not None:
+            raise ConfigError(f"--kv {args.kv}: a --system prefill step's prompts (--seq) start from an empty cache; "
+                              "a cached prefix is not modelled there: drop --kv")
+        return None
+    kv = args.kv if args.kv is not None else args.seq if args.seq is not None else default
+    if kv < 1:
+        raise ConfigError(f"--kv {kv}: a --system decode step attends to a context of at least one token, the new "
+                          "one (--kv 1: an empty cache)")
+    return kv
+
+
+def shape_from_args(args):
+    """The plan path's step shape: --phase (default decode), --batch (16 decode, 4 prefill), the decode
+    context (:func:`system_kv`) or the prefill prompt (--seq, default 1,024)."""
+    from npusim.system.mapper import StepShape
+
+    phase = args.phase or "decode"
+    batch = args.batch or PLAN_DEFAULT_BATCH[phase]
+    if phase == "decode":
+        return StepShape("decode", batch, 1, system_kv(args, phase, PLAN_DEFAULT_TOKENS))
+    system_kv(args, phase, PLAN_DEFAULT_TOKENS)
+    seq = args.seq or PLAN_DEFAULT_TOKENS
+    return StepShape("prefill", batch, seq, seq)
+
+
+def system_step(opts):
+    """One step of ``npusim run --system S``: ``("deployment", StepResult)`` for a DeepSeek deployment file
+    (``--mapping`` whose ``plan:`` section names its ``phase``; the system's calibrated constants and the
+    published reports' figures, :func:`npusim.system.moe_step.simulate_step`), else ``("plan", (summary,
+    workload, timing))`` by a parallel plan (:func:`plan_step`). Both build the step with the one system
+    mapper."""
+    from npusim.mapping.spec import load_deployment, load_mapping
+    from npusim.system.load import load_system
+    from npusim.system.moe import check_routing
+    from npusim.system.moe_step import simulate_step
+
+    check_routing(opts.routing)
+    spec = None if opts.mapping is None else load_mapping(opts.mapping)
+    if spec is not None and spec.plan is None:
+        raise ConfigError(f"--mapping {opts.mapping}: no 'plan:' section for --system (see "
+                          "mappers/a2-llama3-70b-tp8.yaml or mappers/cm384-deepseek-decode.yaml)")
+    if spec is None or spec.plan.phase is None:
+        return "plan", plan_step(opts, spec.plan.plan_keys() if spec is not None else {})
+    loaded = load_system(opts.system, nodes=opts.nodes)
+    flags = {k: getattr(opts, k, None) for k in (*PLAN_FLAGS, "tp")}
+    if opts.precision is not None:
+        flags["precision"] = PLAN_PRECISION[opts.precision]
+    dep = load_deployment(opts.mapping).overridden(**flags)
+    phase = opts.phase or dep.phase
+    if phase != dep.phase:
+        raise ConfigError(f"--phase {phase}, but {opts.mapping} deploys the model for {dep.phase}")
+    return "deployment", simulate_step(loaded, dep, model=opts.model, batch=opts.batch,
+                                       kv=system_kv(opts, phase, 4096) or 4096, batch_tokens=opts.batch_tokens,
+                                       seq=opts.seq or 4096, mtp=opts.mtp, mtp_acceptance=opts.mtp_acceptance,
+                                       microbatches=opts.microbatches, eplb=opts.eplb, routing=opts.routing,
+                                       kv_min=opts.kv_min, chip_cost=system_chip_cost(opts, loaded),
+                                       runtime=opts.runtime)
+
+
+def plan_step(opts, base: dict | None = None):
+    """One step of any model by a parallel plan (a mapping file's ``plan:`` section ``base``, flags over
+    it; defaults in :func:`plan_from_args`): (summary, workload, timing) of
+    :func:`npusim.system.step.simulate_plan_step`."""
+    from npusim.model.zoo import get_config
+    from npusim.system.load import load_system
+    from npusim.system.plan import ParallelPlan
+    from npusim.system.step import simulate_plan_step
+
+    for flag in ("batch_tokens", "kv_min", "eplb"):
+        if getattr(opts, flag, None) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')}: taken by the DeepSeek deployment files only (--mapping "
+                              "mappers/cm384-deepseek-*.yaml); the plan path does not model it yet")
+    loaded = load_system(opts.system, nodes=opts.nodes)
+    if str(opts.model).endswith(".onnx"):  # data parallel over the instance's dies (the export has no heads to split)
+        refused = [f"--{k.replace('_', '-')}" for k in ("microbatches", "kv_dtype", "mtp", "shared_tp", "cp",
+                                                         "expert_tp")
+                   if getattr(opts, k, None) not in (None, 0, 1) or (k == "kv_dtype" and opts.kv_dtype)]
+        if refused or base:
+            raise ConfigError(f"{opts.model}: an ONNX export runs data parallel over the instance's dies (--npus, "
+                              f"--precision); {', '.join(refused) or 'a mapping plan'} cannot be applied to it")
+        dies = loaded.system.npu.dies
+        npus = opts.npus or loaded.system.npus_per_node
+        plan = ParallelPlan(npus=npus, tp=opts.tp or 1, dp=opts.dp or npus * dies, ep=opts.ep or 1, pp=opts.pp or 1,
+                            microbatches=1, precision=PLAN_PRECISION[opts.precision or "bf16"])
+        cfg = opts.model
+    else:
+        cfg = get_config(opts.model)
+        plan = plan_from_args(opts, loaded, cfg, base)
+    return simulate_plan_step(loaded, cfg, plan, shape_from_args(opts), routing=opts.routing, seed=opts.seed,
+                              chip_cost=system_chip_cost(opts, loaded), runtime=opts.runtime)
