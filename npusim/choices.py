@@ -45,3 +45,19 @@ TOPOLOGIES = ("mesh", "torus", "ring")
 
 #: groups of calibrated constants ``npusim calibrate --only`` recomputes (``npusim.validate.calibrate.GROUPS``)
 CALIBRATION_GROUPS = ("operators", "hccs", "table1", "runtime", "die", "hccl")
+
+#: a request stream (``npusim.serving.workload``): the benchmark client's flags (vllm bench serve's names;
+#: any of them makes a serving run a client's), every flag that selects serving, --dataset's choices
+CLIENT_FLAGS = ("dataset", "num_prompts", "max_concurrency", "request_rate", "sweep_concurrency")
+SERVING_FLAGS = ("trace", "rate", "requests", *CLIENT_FLAGS)
+DATASETS = ("random", "sharegpt-like", "mooncake-like")
+#: synthetic requests a run takes without --force, and the memory each costs (request, record and its
+#: token times, measured on the default scenario's lengths)
+MAX_REQUESTS = 1_000_000
+BYTES_PER_REQUEST = 3_000
+#: the source without a client flag: 32 requests at 8/s, prompts 128-512, outputs 32-128 tokens
+DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_INPUT, DEFAULT_OUTPUT = 8.0, 32, "128:512", "32:128"
+#: --dataset random's lengths when --input-len/--output-len are not given (vllm bench serve's defaults)
+RANDOM_INPUT, RANDOM_OUTPUT = 1024, 128
+#: --iteration-cache auto: prompts longer than this use the long buckets (npusim.scenarios.run)
+LONG_PROMPT_TOKENS = 4096

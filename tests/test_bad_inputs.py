@@ -170,13 +170,11 @@ def test_a_bad_routing_is_named_before_anything_runs(capsys, monkeypatch, argv, 
 def test_every_system_flag_is_refused_on_a_chip_run(capsys):
     """Each option of ``npusim run``'s --system group, on a chip run, is an error naming it (a flag
     added to the group later is covered too)."""
-    import argparse
+    from npusim.scenarios import options
 
-    from npusim.cli import run as run_cli
-
-    _, flags, groups = run_cli._options()
-    actions = {a.dest: a for a in run_cli.add_parser(argparse.ArgumentParser().add_subparsers())._actions}
-    for dest in groups[run_cli.SYSTEM_GROUP]:
+    _, flags, groups = options._options()
+    actions = {a.dest: a for a in options.run_parser()._actions}
+    for dest in groups[options.SYSTEM_GROUP]:
         if dest in ("system", "deployment"):  # each selects the system path itself (the file names its system)
             continue
         a = actions[dest]

@@ -191,3 +191,42 @@ def test_a_bad_deployment_file_is_one_line(tmp_path, capsys):
                  "--output-len", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "d.yaml" in err and "prefill" in err, err
+
+
+@pytest.mark.slow
+def test_plan_serving_runtime_reaches_the_steps_and_the_deployment_file(tmp_path, capsys):
+    """``plan --serving --runtime``: the step search and the served candidates run under it (eager and
+    graph give different step estimates for the same candidate), the deployment file records it, and
+    ``run --deployment`` serves the file as the same file without it served with that ``--runtime``."""
+    import yaml
+
+    argv = ["plan", "--serving", "--system", "cloudmatrix384", "--nodes", "1", "--npus", "1", "--model", MODEL,
+            "--input-len", "256", "--output-len", "16", "--slo-ttft-ms", "2000", "--slo-tpot-ms", "50",
+            "--serve-top", "1", "--max-concurrency", "8", "--workers", "1", "--no-progress", "--json"]
+    got = {}
+    for mode in ("eager", "graph"):
+        assert main(argv + ["--runtime", mode, "--out", str(tmp_path / mode)]) == 0, capsys.readouterr().err
+        got[mode] = json.loads(capsys.readouterr().out)
+        assert got[mode]["runtime"] == mode
+        dep = yaml.safe_load((tmp_path / mode / "deployment.yaml").read_text())["deployment"]
+        assert dep["runtime"] == mode
+    est = {m: {c["label"]: c["estimate"] for c in r["candidates"] if c.get("label")} for m, r in got.items()}
+    both = sorted(set(est["eager"]) & set(est["graph"]))
+    assert both
+    for label in both:  # the host's per-operator dispatch (eager) against one graph replay a step
+        assert est["eager"][label]["tpot_ms"] > est["graph"][label]["tpot_ms"], label
+    plain = tmp_path / "plain.yaml"
+    data = yaml.safe_load((tmp_path / "eager" / "deployment.yaml").read_text())
+    data["deployment"].pop("runtime")
+    plain.write_text(yaml.safe_dump(data))
+    client = ["--dataset", "random", "--input-len", "256", "--output-len", "16", "--num-prompts", "4",
+              "--max-concurrency", "2", "--json", "--no-progress"]
+    served = {}
+    for name, extra in (("file", [str(tmp_path / "eager" / "deployment.yaml")]), ("flag", [str(plain), "--runtime",
+                                                                                           "eager"]),
+                        ("graph", [str(plain), "--runtime", "graph"])):
+        assert main(["run", "--deployment", extra[0], *extra[1:], *client]) == 0, capsys.readouterr().err
+        served[name] = json.loads(capsys.readouterr().out)
+    assert served["file"]["tpot_ms"] == served["flag"]["tpot_ms"]
+    assert served["file"]["ttft_ms"] == served["flag"]["ttft_ms"]
+    assert served["file"]["tpot_ms"]["mean"] > served["graph"]["tpot_ms"]["mean"]

@@ -209,3 +209,43 @@ def test_calibrate_out_writes_a_json_file_not_a_directory(tmp_path):
     out = tmp_path / "constants.json"
     assert main(["calibrate", "--only", "runtime", "--out", str(out)]) == 0
     assert out.is_file() and json.loads(out.read_text())["constants"]
+
+
+def test_serving_benchmarks_are_reproducible_cases_with_sources():
+    """Each published serving benchmark names its source, a built-in model, a plan valid on its system,
+    client flags ``npusim run`` parses, and a positive roofline baseline; ``serving`` is a check."""
+    import math
+
+    from npusim.model.zoo import get_config
+    from npusim.scenarios.options import run_parser
+    from npusim.system.load import load_system
+    from npusim.system.plan import ParallelPlan, check_plan
+    from npusim.validate.serving_bench import _client_argv, baselines
+
+    assert "serving" in CHECK_NAMES
+    sec = published()["serving_benchmarks"]
+    assert len(sec["cases"]) >= 3 and len({c["source"] for c in sec["cases"]}) >= 2
+    for case in sec["cases"]:
+        assert sec["sources"][case["source"]]["url"].startswith("https://")
+        assert case["quote"] and case["setup"]
+        assert {"ttft_ms", "tpot_ms"} <= set(case["measured"])
+        loaded = load_system(case["system"])
+        cfg = get_config(case["model"])
+        check_plan(ParallelPlan.from_dict(case["plan"]), cfg, loaded.system.npu.dies, loaded.system.num_npus)
+        opts = run_parser().parse_args(_client_argv(case, case["client"]["num_prompts"]))
+        assert opts.dataset == "random" and opts.num_prompts == case["client"]["num_prompts"]
+        base = baselines(case, loaded)
+        assert all(math.isfinite(v) and v > 0 for v in base.values())
+
+
+@pytest.mark.slow
+def test_serving_rows_are_outside_rows_with_a_baseline():
+    from npusim.validate.serving_bench import serving_rows
+
+    rows = serving_rows(quick=True)
+    cases = published()["serving_benchmarks"]["cases"]
+    assert len(rows) == 2 * len(cases)
+    for r in rows:
+        assert r.kind == "outside" and r.simulated is not None and r.simulated > 0
+        assert r.baseline is not None and r.baseline_error is not None
+        assert r.published in [c["measured"][k] for c in cases for k in ("ttft_ms", "tpot_ms")]

@@ -20,7 +20,7 @@ cores; the output says what it left out):
   - Q  FlashAttention q=kv=1024, 8 heads, d=128, causal, bf16 (through the mapper)
 
 * forward passes of Qwen3-4B on npusim-64c, first 2 layers (``npusim run --forward --layers 2``;
-  :func:`npusim.cli.run.run_summary`; result: latency in ms)
+  :func:`npusim.scenarios.run.run_summary`; result: latency in ms)
 
   - Q  decode step, batch 16, KV 1024 (~3.5 minutes over the six rungs: its 0.8 GB LM head and two
        layers' weights stream through the TLM HBM and, at flit, across the mesh flit by flit; a
@@ -89,7 +89,7 @@ def run_cli(argv, metric):
     def go(noc, memory):
         from npusim.arch import load_arch
         from npusim.cli import build_parser
-        from npusim.cli.run import run_summary
+        from npusim.scenarios.run import run_summary
 
         args = build_parser().parse_args(["run", *argv, "--fidelity", noc, "--memory", memory, "--no-progress"])
         return metric(run_summary(args, load_arch(CHIP)))

@@ -106,7 +106,7 @@ def pattern(arch_name, kind, per_core=256 << 10, pieces=4):
 def run_cli(argv, metric):
     def go(noc):
         from npusim.cli import build_parser
-        from npusim.cli.run import run_summary
+        from npusim.scenarios.run import run_summary
         args = build_parser().parse_args(["run", *argv, "--fidelity", noc, "--memory", "analytical", "--no-progress"])
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return metric(run_summary(args, load_arch("npusim-64c")))

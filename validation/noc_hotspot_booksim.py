@@ -197,7 +197,7 @@ def compare(arch, quick: bool) -> int:
 def forward_traffic(arch):
     """The README forward pass's mapping: its reading cores' HBM bytes, by pipeline group."""
     from npusim.cli import build_parser
-    from npusim.cli.run import build_model, build_spec, fill_model_default
+    from npusim.scenarios.run import build_model, build_spec, fill_model_default
     from npusim.mapping.mapper import map_model
     from npusim.sim.simulator import KIND_DMA
 
@@ -265,7 +265,7 @@ def xy_bound_gbps(arch, per_core, groups) -> float:
 
 def forward_fidelities(arch) -> dict:
     from npusim.cli import build_parser
-    from npusim.cli.run import run_summary
+    from npusim.scenarios.run import run_summary
 
     out = {}
     for fid in ("analytical", "path", "flit"):

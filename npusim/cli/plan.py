@@ -82,7 +82,7 @@ def _batches(text: str | None) -> list[int] | None:
 
 def run(args) -> int:
     from npusim.cli.progress import plan_progress
-    from npusim.cli.run_system import PLAN_PRECISION
+    from npusim.scenarios.options import PLAN_PRECISION
     from npusim.pool import connect, default_workers
     from npusim.system.load import load_system
     from npusim.system.moe import check_routing
@@ -149,7 +149,7 @@ def run_serving_plan(args) -> int:
     """``npusim plan --serving``: :func:`npusim.system.serving_search.search_serving`, printed or as JSON;
     ``--out DIR``: plan.json, deployment.yaml (the best candidate) and the Pareto plot."""
     from npusim.cli.progress import plan_progress
-    from npusim.cli.run_system import PLAN_PRECISION
+    from npusim.scenarios.options import PLAN_PRECISION
     from npusim.pool import connect, default_workers
     from npusim.system.load import load_system
     from npusim.system.moe import check_routing
@@ -158,9 +158,6 @@ def run_serving_plan(args) -> int:
     for flag in ("kv", "seq", "batches"):
         if getattr(args, flag) is not None:
             raise ConfigError(f"--{flag}: a step search's; --serving takes --input-len and --output-len")
-    if args.runtime is not None:  # not yet passed through the serving search
-        raise ConfigError("--runtime: not yet taken with --serving; the deployment search runs each system's default "
-                          "runtime (the presets: graph for decode, eager for prefill)")
     check_routing(args.routing)
     loaded = load_system(args.system, nodes=args.nodes)
     npus = args.npus or loaded.system.npus_per_node
@@ -172,7 +169,8 @@ def run_serving_plan(args) -> int:
                                     args.output_len or 256, args.slo_ttft_ms, args.slo_tpot_ms,
                                     PLAN_PRECISION[args.precision], args.kv_dtype, args.max_pp or 1,
                                     args.routing, args.seed, args.serve_top, args.max_concurrency, workers, client,
-                                    args.kv_fabric, progress=lambda done, total: progress(0, done, total))
+                                    args.kv_fabric, progress=lambda done, total: progress(0, done, total),
+                                    runtime=args.runtime)
     finally:
         if client is not None:
             client.close()
@@ -199,7 +197,8 @@ def _print_serving(r: dict) -> None:
     o = r["objective"]
     print(f"{r['model']} on {r['system']}, {r['npus']} NPUs, prompts {r['input_len']} -> {r['output_len']} tokens, "
           f"TTFT <= {o['slo_ttft_ms']} ms, TPOT <= {o['slo_tpot_ms']} ms: {r['plans']} plans, {r['step_points']} steps "
-          f"simulated, {r['deployments_estimated']} deployments estimated, {r['evaluated']} served")
+          f"simulated, {r['deployments_estimated']} deployments estimated, {r['evaluated']} served; runtime "
+          f"{r.get('runtime') or 'the system default per phase'}")
     print(f"  {'mode':<13} {'tok/s/NPU':>10} {'tok/s/user':>10} {'TTFT ms':>9} {'TPOT ms':>8}  "
           f"{'estimate error (TTFT, TPOT, tok/s/NPU)':<40} deployment")
     for c in (c for c in r["candidates"] if c.get("served")):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from npusim.cli.run import add_fidelity_args, write_outputs
+from npusim.cli.run import write_outputs
 from npusim.cli.util import (NODES_HELP, add_arch_arg, chip_arch, chip_noc, positive_int, refuse_arch_with_system,
                              system_chip_cost)
 from npusim.errors import ConfigError
 from npusim.files import json_text
+from npusim.scenarios.options import add_fidelity_args
 
 
 def add_parser(sub):

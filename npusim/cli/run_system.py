@@ -11,104 +11,25 @@ Serving (``--trace``, ``--rate`` or ``--requests``): the mapping's ``system_serv
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from npusim.cli.util import NODES_HELP, fraction, non_negative_int, positive_float, positive_int, system_chip_cost
 from npusim.errors import ConfigError
 from npusim.files import json_text, write_json
-
-
-def add_system_run_args(p) -> None:
-    g = p.add_argument_group("multi-NPU system (--system)")
-    g.add_argument("--system", default=None, help="system preset or file (cloudmatrix384, atlas-800i-a2): simulate "
-                   "one step of a MoE model deployed by --mapping's system section, or, with --trace/--rate/"
-                   "--requests, serve requests by its system_serving section (default: mappers/cm384-deepseek-"
-                   "serving.yaml or a2-deepseek-serving.yaml)")
-    g.add_argument("--nodes", type=positive_int, default=None, help=NODES_HELP)
-    g.add_argument("--batch-tokens", type=positive_int, default=None, help="prefill: prompt tokens per NPU in the step")
-    g.add_argument("--mtp", type=non_negative_int, default=None, help="speculative (MTP) tokens per step (default: the mapping's, 0)")
-    g.add_argument("--mtp-acceptance", type=fraction, default=None, help="MTP acceptance rate (default 0.7)")
-    g.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step (default: the "
-                   "mapping's, or 1)")
-    g.add_argument("--npus", type=positive_int, default=None, help="NPUs of the instance (plan path; default: one node "
-                   "of the system)")
-    g.add_argument("--dp", type=positive_int, default=None, help="attention data-parallel groups (plan path)")
-    g.add_argument("--ep", type=positive_int, default=None, help="expert-parallel degree (plan path; default: every "
-                   "rank of a stage for MoE models, 1 for dense)")
-    g.add_argument("--expert-tp", type=positive_int, default=None, help="tensor parallelism inside one routed expert: "
-                   "its intermediate width split over this many dies of an EP group (default: the mapping's, or 1)")
-    g.add_argument("--cp", type=positive_int, default=None, help="context parallelism (prefill): each prompt split "
-                   "over this many groups of --tp dies, attention as ring attention (tp x dp x cp x pp = dies; "
-                   "default: the mapping's, or 1)")
-    g.add_argument("--pp", type=positive_int, default=None, help="pipeline stages across NPUs (plan path; default 1)")
-    g.add_argument("--kv-dtype", choices=["bf16", "int8"], default=None, help="KV-cache dtype (plan path; default bf16)")
-    g.add_argument("--shared-tp", type=positive_int, default=None, help="shared experts split over groups of this many "
-                   "dies (plan path; default 1: every die computes them for its own tokens)")
-    g.add_argument("--save-workload", type=Path, default=None, metavar="DIR",
-                   help="write the step's workload (workload.json) to DIR; re-time it with `npusim replay DIR --system S`")
-    g.add_argument("--eplb", choices=["none", "greedy", "perfect"], default=None, help="expert placement by load")
-    g.add_argument("--runtime", choices=["eager", "graph"], default=None, help="the software runtime a step runs "
-                   "under: eager (the host dispatches operator by operator, the device waits when the host is "
-                   "behind) or graph (one graph replay per step); default: the system's runtime section (graph "
-                   "for decode, eager for prefill on the presets)")
-    g.add_argument("--routing", default="uniform", help="expert popularity: uniform, zipf:S or a load-profile file")
-    g.add_argument("--kv-min", type=non_negative_int, default=None, help="decode: spread the sequences' contexts uniformly over "
-                   "[KV_MIN, 2 x --kv - KV_MIN] (seeded), so the die with the longest sets the pace (default: all "
-                   "at --kv)")
-    g.add_argument("--kv-fabric", default=None, help="serving: the fabric KV moves over from prefill to decode "
-                   "(e.g. rdma or ub; default: the mapping's)")
-    g.add_argument("--caching-pool", choices=["on", "off"], default=None,
-                   help="serving: the EMS-style prefix KV pool in the CPUs' DRAM (default: the mapping's)")
-    g.add_argument("--prefill-instances", type=positive_int, default=None, help="serving: prefill instances (default: the "
-                   "mapping's)")
-    g.add_argument("--deployment", type=Path, default=None, metavar="FILE",
-                   help="serve a deployment file (DIR/deployment.yaml from `npusim plan --serving --out DIR`: its "
-                   "system, model, pools and plans) with the benchmark client's flags (--dataset random --input-len "
-                   "--output-len --num-prompts --max-concurrency ...)")
-
-
-SERVING_MAPPINGS = {"cloudmatrix384": "cm384-deepseek-serving", "atlas-800i-a2": "a2-deepseek-serving"}
+from npusim.scenarios.options import is_serving
+from npusim.scenarios.run import PLAN_FLAGS
 
 
 def run_system(args) -> int:
     """``npusim run --system``: serving when a request stream is given, else one step."""
-    from npusim.cli.serve import is_serving
-
     return run_system_serving(args) if is_serving(args) else run_system_step(args)
 
 
-PLAN_FLAGS = ("npus", "dp", "cp", "ep", "expert_tp", "pp", "kv_dtype", "shared_tp")
-
-
 def run_system_step(args) -> int:
-    """A deployment file (``--mapping`` whose ``plan:`` section names its ``phase``: the DeepSeek
-    deployments) runs as a deployment, with the system's calibrated constants and the published
-    reports' figures (:func:`npusim.system.moe_step.simulate_step`); anything else runs the plan path
-    (:mod:`npusim.system.step`). Both build the step with the one system mapper."""
-    from npusim.mapping.spec import load_deployment, load_mapping
-    from npusim.system.load import load_system
-    from npusim.system.moe import check_routing
-    from npusim.system.moe_step import simulate_step
+    """One step of ``npusim run --system`` (:func:`npusim.scenarios.run.system_step`): a DeepSeek
+    deployment file's step, or any model's by a parallel plan; printed or written."""
+    from npusim.scenarios.run import system_step
 
-    check_routing(args.routing)
-    spec = None if args.mapping is None else load_mapping(args.mapping)
-    if spec is not None and spec.plan is None:
-        raise ConfigError(f"--mapping {args.mapping}: no 'plan:' section for --system (see "
-                          "mappers/a2-llama3-70b-tp8.yaml or mappers/cm384-deepseek-decode.yaml)")
-    if spec is None or spec.plan.phase is None:
-        return run_plan_step(args, spec.plan.plan_keys() if spec is not None else {})
-    loaded = load_system(args.system, nodes=args.nodes)
-    flags = {k: getattr(args, k, None) for k in (*PLAN_FLAGS, "tp")}
-    if args.precision is not None:
-        flags["precision"] = PLAN_PRECISION[args.precision]
-    dep = load_deployment(args.mapping).overridden(**flags)
-    phase = args.phase or dep.phase
-    if phase != dep.phase:
-        raise ConfigError(f"--phase {phase}, but {args.mapping} deploys the model for {dep.phase}")
-    r = simulate_step(loaded, dep, model=args.model, batch=args.batch, kv=system_kv(args, phase, 4096) or 4096,
-                      batch_tokens=args.batch_tokens, seq=args.seq or 4096, mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
-                      microbatches=args.microbatches, eplb=args.eplb, routing=args.routing, kv_min=args.kv_min,
-                      chip_cost=system_chip_cost(args, loaded), runtime=args.runtime)
+    kind, r = system_step(args)
+    if kind == "plan":
+        return _finish_plan_step(args, *r)
     out = r.to_dict()
     if args.save_workload:
         out["workload"] = str(r.workload.save(args.save_workload))
@@ -142,86 +63,8 @@ def mtp_words(mtp: int, acceptance: float) -> str:
     return f"MTP {mtp} at {acceptance:g} acceptance" if mtp else "MTP off"
 
 
-#: --precision choices as a plan names them
-PLAN_PRECISION = {"bf16": "bf16", "fp16": "fp16", "a8w8": "w8a8", "w8a8": "w8a8"}
-PLAN_DEFAULT_BATCH = {"decode": 16, "prefill": 4}
-PLAN_DEFAULT_TOKENS = 1024  # decode context (--kv) and prefill prompt (--seq)
-
-
-def plan_from_args(args, loaded, cfg, base: dict | None = None):
-    """The plan the flags give over the mapping file's ``plan:`` section (``base``), the rest
-    filled by :func:`npusim.system.plan.default_plan`; the instance defaults to one node."""
-    from npusim.system.plan import default_plan
-
-    keys = ("npus", "tp", "dp", "cp", "ep", "expert_tp", "pp", "microbatches", "kv_dtype", "mtp", "mtp_acceptance",
-            "shared_tp")
-    given = {k: v for k, v in (base or {}).items() if v is not None}
-    given.update({k: getattr(args, k) for k in keys if getattr(args, k, None) is not None})
-    if args.precision is not None or "precision" not in given:
-        given["precision"] = PLAN_PRECISION[args.precision or "bf16"]
-    npus = given.pop("npus", None) or loaded.system.npus_per_node
-    return default_plan(cfg, npus, loaded.system.npu.dies, **given)
-
-
-def system_kv(args, phase: str, default: int) -> int | None:
-    """A --system step's decode context: ``--kv``, else ``--seq`` (as on a chip: the tokens already
-    cached), else ``default``; at least 1 (the system's step shape counts the new token in its
-    context, so ``--kv 1`` is an empty cache; 0 would be a step that attends to nothing). A prefill
-    step's prompts start from an empty cache: ``--kv`` (a cached prefix) is refused, not ignored."""
-    if phase != "decode":
-        if args.kv is not None:
-            raise ConfigError(f"--kv {args.kv}: a --system prefill step's prompts (--seq) start from an empty cache; "
-                              "a cached prefix is not modelled there: drop --kv")
-        return None
-    kv = args.kv if args.kv is not None else args.seq if args.seq is not None else default
-    if kv < 1:
-        raise ConfigError(f"--kv {kv}: a --system decode step attends to a context of at least one token, the new "
-                          "one (--kv 1: an empty cache)")
-    return kv
-
-
-def shape_from_args(args):
-    from npusim.system.mapper import StepShape
-
-    phase = args.phase or "decode"
-    batch = args.batch or PLAN_DEFAULT_BATCH[phase]
-    if phase == "decode":
-        return StepShape("decode", batch, 1, system_kv(args, phase, PLAN_DEFAULT_TOKENS))
-    system_kv(args, phase, PLAN_DEFAULT_TOKENS)
-    seq = args.seq or PLAN_DEFAULT_TOKENS
-    return StepShape("prefill", batch, seq, seq)
-
-
-def run_plan_step(args, base: dict | None = None) -> int:
-    """One step of any model by a parallel plan (a mapping file's ``plan:`` section ``base``,
-    flags over it; defaults in :func:`plan_from_args`)."""
-    from npusim.model.zoo import get_config
-    from npusim.system.load import load_system
-    from npusim.system.plan import ParallelPlan
-    from npusim.system.step import simulate_plan_step
-
-    for flag in ("batch_tokens", "kv_min", "eplb"):
-        if getattr(args, flag, None) is not None:
-            raise ConfigError(f"--{flag.replace('_', '-')}: taken by the DeepSeek deployment files only (--mapping "
-                              "mappers/cm384-deepseek-*.yaml); the plan path does not model it yet")
-    loaded = load_system(args.system, nodes=args.nodes)
-    if str(args.model).endswith(".onnx"):  # data parallel over the instance's dies (the export has no heads to split)
-        refused = [f"--{k.replace('_', '-')}" for k in ("microbatches", "kv_dtype", "mtp", "shared_tp", "cp",
-                                                         "expert_tp")
-                   if getattr(args, k, None) not in (None, 0, 1) or (k == "kv_dtype" and args.kv_dtype)]
-        if refused or base:
-            raise ConfigError(f"{args.model}: an ONNX export runs data parallel over the instance's dies (--npus, "
-                              f"--precision); {', '.join(refused) or 'a mapping plan'} cannot be applied to it")
-        dies = loaded.system.npu.dies
-        npus = args.npus or loaded.system.npus_per_node
-        plan = ParallelPlan(npus=npus, tp=args.tp or 1, dp=args.dp or npus * dies, ep=args.ep or 1, pp=args.pp or 1,
-                            microbatches=1, precision=PLAN_PRECISION[args.precision or "bf16"])
-        cfg = args.model
-    else:
-        cfg = get_config(args.model)
-        plan = plan_from_args(args, loaded, cfg, base)
-    out, wl, timing = simulate_plan_step(loaded, cfg, plan, shape_from_args(args), routing=args.routing, seed=args.seed,
-                                         chip_cost=system_chip_cost(args, loaded), runtime=args.runtime)
+def _finish_plan_step(args, out: dict, wl, timing) -> int:
+    """A plan step's summary printed or as JSON; ``--save-workload`` and ``--out`` write its files."""
     if args.save_workload:
         out["workload"] = str(wl.save(args.save_workload))
     if args.out:
@@ -290,8 +133,9 @@ DEPLOYMENT_FIXED = (*PLAN_FLAGS, "tp", "mapping", "nodes", "precision", "mtp", "
 def run_deployment(args) -> int:
     """``npusim run --deployment FILE``: serve a deployment file (:mod:`npusim.system.deploy`) with the
     benchmark client's requests; the file names the system and model (``--system``/``--model``, if
-    given, must agree)."""
-    from npusim.cli.run import refuse_unread_flags
+    given, must agree) and its runtime (``--runtime`` overrides it)."""
+    from npusim.scenarios.options import refuse_unread_flags
+    from npusim.scenarios.run import deployment_scenario
     from npusim.system.deploy import load_serving_deployment
 
     dep = load_serving_deployment(args.deployment)
@@ -305,133 +149,45 @@ def run_deployment(args) -> int:
             raise ConfigError(f"--{key} {mine}: --deployment {args.deployment} serves {getattr(dep, key)} "
                               f"({key}: in the file)")
     args.system, args.model = dep.system, dep.model
-    from npusim.cli.serve import is_serving
-
     if not is_serving(args):
         raise ConfigError(f"--deployment {args.deployment}: give the requests to serve (--dataset random --input-len "
                           "I --output-len O --num-prompts N [--max-concurrency C], --trace or --rate)")
     refuse_unread_flags(args)
-    return run_system_serving(args, dep)
+    return serve_system(args, deployment_scenario(args, dep, str(args.deployment)))
 
 
-def run_system_serving(args, deployment=None) -> int:
-    from npusim.cli.progress import request_progress
-    from npusim.cli.serve import client_fields, print_sweep, requests_from_args
+def run_system_serving(args) -> int:
+    """``npusim run --system S`` with a request stream (:func:`npusim.scenarios.run.system_serving_scenario`)."""
+    from npusim.scenarios.run import system_serving_scenario
+
+    return serve_system(args, system_serving_scenario(args))
+
+
+def serve_system(args, sc) -> int:
+    """Serve a :class:`npusim.scenarios.run.SystemServing`: a concurrency sweep's table, or one run printed
+    or written (``--out``: summary.json, serving.h5 and timeline.json)."""
+    from npusim.cli.serve import print_sweep, serve_with_progress
     from npusim.serving.client import bench_row, parse_concurrencies
-    from npusim.mapping.spec import load_system_serving
-    from npusim.serving.metrics import write_serving_hdf5
-    from npusim.system.load import load_system
-    from npusim.system.serving import simulate_system_serving
 
-    from npusim.mapping.deployment import Deployment
-    from npusim.model.zoo import get_config
-
-    if deployment is not None:
-        return _serve(args, deployment)
-    loaded = load_system(args.system, nodes=args.nodes)
-    mapping = args.mapping or SERVING_MAPPINGS.get(loaded.system.name)
-    if mapping is None:
-        raise ConfigError(f"--system {args.system} with a request stream needs --mapping with a system_serving "
-                          "section (e.g. mappers/cm384-deepseek-serving.yaml)")
-    plan, pdep, ddep = load_system_serving(mapping)
-    cfg = get_config(args.model)
-    plan_flags = any(getattr(args, k, None) is not None for k in (*PLAN_FLAGS, "tp"))
-    if plan_flags or not (cfg.is_mla and cfg.num_experts) or not isinstance(ddep, Deployment):
-        # any model: each instance by a parallel plan (the file's plan: sections, flags over them; a
-        # DeepSeek deployment file's instances take the default plan over one node)
-        pdep, ddep = (plan_from_args(args, loaded, cfg, {} if isinstance(d, Deployment) else d.plan_keys())
-                      for d in (pdep, ddep))
-    for d in (pdep, ddep):
-        if (d.cp or 1) > 1:
-            raise ConfigError(f"cp {d.cp}: context parallelism is simulated for one prefill step (npusim run --system "
-                              "... --phase prefill); a serving run's instances hold their sequences on groups of tp "
-                              "dies, and its prompts take any length: serve with cp 1")
-    updates = {}
-    if args.prefill_instances is not None:  # positive, as are the SLOs: the parser's types say so
-        updates["prefill"] = plan.prefill.model_copy(update={"instances": args.prefill_instances})
-    for key, value in (("slo_ttft_ms", args.slo_ttft_ms), ("slo_tpot_ms", args.slo_tpot_ms)):
-        if value is not None:
-            updates[key] = value
-    plan = plan.model_copy(update=updates)
-    reqs, clipped, over_context = requests_from_args(args)
-    if not reqs:
-        raise ConfigError("no requests to serve (check --trace, --duration or --requests)")
-    pool = None if args.caching_pool is None else args.caching_pool == "on"
-    chip_cost = system_chip_cost(args, loaded)  # one for every run of a sweep: its step costs are reused
-
-    def serve_once(max_concurrency):
-        with request_progress(len(reqs), enabled=not args.no_progress, kernels=("chip", "system")) as progress:
-            run = simulate_system_serving(loaded, plan, pdep, ddep, reqs, model=args.model, seed=args.seed,
-                                          chip_cost=chip_cost, kv_fabric=args.kv_fabric, caching_pool=pool,
-                                          mtp=args.mtp, mtp_acceptance=args.mtp_acceptance,
-                                          slo_tbt_ms=args.slo_tbt_ms, progress=progress,
-                                          max_concurrency=max_concurrency, runtime=args.runtime)
-        run.summary.update(client_fields(args, max_concurrency))
-        return run
+    def serve_once(c):
+        return serve_with_progress(args, sc, c, kernels=("chip", "system"))
 
     if args.sweep_concurrency is not None:
         rows = [bench_row(serve_once(c).summary, c) for c in parse_concurrencies(args.sweep_concurrency)]
-        return print_sweep(args, {"model": cfg.name, "system": loaded.system.name, "mapping": str(mapping),
-                                  "requests": len(reqs), **client_fields(args, None), "rows": rows})
+        model = sc.deployment.model if sc.deployment is not None else sc.cfg.name
+        return print_sweep(args, {"model": model, "system": sc.loaded.system.name, **sc.label,
+                                  "requests": len(sc.workload.requests), **sc.source.client_fields(None),
+                                  "rows": rows})
     run = serve_once(args.max_concurrency)
     out = run.summary
-    out["mapping"] = str(mapping)
-    out["requests_clipped"] = clipped
-    out["context_clipped"] = over_context
+    out.update({**sc.label, "requests_clipped": sc.workload.clipped, "context_clipped": sc.workload.over_context})
+    if sc.deployment is not None and sc.deployment.estimate:
+        out["estimate"] = estimate_error(sc.deployment.estimate, out)
     if args.out:
-        from npusim.files import result_files
-        from npusim.report.perfetto import write_serving_timeline
-
-        files = {"summary": args.out / "summary.json", "results": args.out / "serving.h5",
-                 "timeline": args.out / "timeline.json"}
-        with result_files(files) as staged:
-            write_serving_hdf5(staged["results"], run.records, run.steps, attrs={"system": out["system"]})
-            write_serving_timeline(staged["timeline"], run.records, run.steps)
-            out["files"] = {k: str(v) for k, v in files.items()}
-            write_json(staged["summary"], out)
-    if args.json:
-        print(json_text(out))
-        return 0
-    _print_serving(out)
-    return 0
-
-
-def _serve(args, dep) -> int:
-    """Serve a deployment file's pools (:func:`npusim.system.serving.serve_pools`) with the client's requests."""
-    from npusim.cli.progress import request_progress
-    from npusim.cli.serve import client_fields, print_sweep, requests_from_args
-    from npusim.serving.client import bench_row, parse_concurrencies
-    from npusim.system.deploy import scenario
-    from npusim.system.serving import serve_pools
-
-    loaded, pools = scenario(dep, str(args.deployment))
-    reqs, clipped, over_context = requests_from_args(args)
-    if not reqs:
-        raise ConfigError("no requests to serve (check --trace, --duration or --num-prompts)")
-    chip_cost = system_chip_cost(args, loaded)
-    kv = dep.kv_transfer
-
-    def serve_once(max_concurrency):
-        with request_progress(len(reqs), enabled=not args.no_progress, kernels=("chip", "system")) as progress:
-            run = serve_pools(loaded, pools, reqs, dep.model, kv_fabric=args.kv_fabric or (kv.fabric if kv else None),
-                              via=kv.via if kv else "sdma", slo_ttft_ms=args.slo_ttft_ms or dep.slo_ttft_ms,
-                              slo_tpot_ms=args.slo_tpot_ms or dep.slo_tpot_ms, slo_tbt_ms=args.slo_tbt_ms,
-                              seed=args.seed, progress=progress, chip_cost=chip_cost, max_concurrency=max_concurrency,
-                              runtime=getattr(args, "runtime", None))
-        run.summary.update(client_fields(args, max_concurrency))
-        return run
-
-    if args.sweep_concurrency is not None:
-        rows = [bench_row(serve_once(c).summary, c) for c in parse_concurrencies(args.sweep_concurrency)]
-        return print_sweep(args, {"model": dep.model, "system": loaded.system.name, "deployment": str(args.deployment),
-                                  "requests": len(reqs), **client_fields(args, None), "rows": rows})
-    run = serve_once(args.max_concurrency)
-    out = run.summary
-    out.update({"deployment": str(args.deployment), "requests_clipped": clipped, "context_clipped": over_context})
-    if dep.estimate:
-        out["estimate"] = estimate_error(dep.estimate, out)
-    if args.out:
-        write_json(args.out / "summary.json", out)
+        if sc.deployment is not None:
+            write_json(args.out / "summary.json", out)
+        else:
+            _write_serving(args.out, run, out)
     if args.json:
         print(json_text(out))
         return 0
@@ -442,6 +198,20 @@ def _serve(args, dep) -> int:
               f"estimate at the deployment's full load): {_pct(e['ttft_error'])} and {_pct(e['tpot_error'])} off this "
               "run's means")
     return 0
+
+
+def _write_serving(directory, run, out: dict) -> None:
+    from npusim.files import result_files
+    from npusim.report.perfetto import write_serving_timeline
+    from npusim.serving.metrics import write_serving_hdf5
+
+    files = {"summary": directory / "summary.json", "results": directory / "serving.h5",
+             "timeline": directory / "timeline.json"}
+    with result_files(files) as staged:
+        write_serving_hdf5(staged["results"], run.records, run.steps, attrs={"system": out["system"]})
+        write_serving_timeline(staged["timeline"], run.records, run.steps)
+        out["files"] = {k: str(v) for k, v in files.items()}
+        write_json(staged["summary"], out)
 
 
 def _pct(x) -> str:

@@ -5,6 +5,6 @@
 - :mod:`~npusim.sweep.table`: the HDF5 results table (one row per point);
 - :mod:`~npusim.sweep.report`: line plots, heatmaps, the Pareto front and an HTML page.
 
-The sweep layer sits above ``npusim run``'s run paths (``npusim.cli.run.run_summary``): it
-imports them, nothing below imports it.
+The sweep layer sits above ``npusim run``'s run paths (``npusim.scenarios.run.run_summary``, its options
+``npusim.scenarios.options``) and below the CLI: it imports them, nothing below imports it.
 """

@@ -1,6 +1,6 @@
 """Running a sweep's points: a local process pool, one process, or a Dask distributed cluster.
 
-Each point runs ``npusim run``'s own path (:func:`npusim.cli.run.run_summary`) on its chip
+Each point runs ``npusim run``'s own path (:func:`npusim.scenarios.run.run_summary`) on its chip
 (the arch dict with the axis overrides applied, validated in the worker) and returns a record:
 status, error, the flattened JSON summary, the chip's area (:mod:`npusim.serving.area`) and
 throughput per mm², and provenance (config hash, npusim version, seed, wall time). A point that
@@ -57,9 +57,9 @@ def run_point(point: Point) -> dict[str, Any]:
 
 def _simulate(point: Point) -> tuple[dict, dict]:
     from npusim.arch.schema import Arch
-    from npusim.cli.run import run_summary
     from npusim.config import validate
     from npusim.mapping.spec import MappingSpec
+    from npusim.scenarios.run import run_summary
     from npusim.serving.area import arch_area_mm2
     from npusim.sweep.spec import parse_options
 

@@ -69,19 +69,12 @@ NOT_OPTIONS = ("arch", "model", "mapping", "out", "json", "no_progress", "system
                "mtp", "mtp_acceptance", "microbatches", "eplb", "routing")
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    """``npusim run``'s parser, raising instead of exiting (a point's options are checked with it)."""
-
-    def error(self, message):
-        raise ConfigError(message)
-
-
-@lru_cache(maxsize=1)
 def run_parser() -> argparse.ArgumentParser:
-    from npusim.cli import run as run_cli
+    """``npusim run``'s parser (:mod:`npusim.scenarios.options`), raising instead of exiting (a point's
+    options are checked with it)."""
+    from npusim.scenarios.options import run_parser as parser
 
-    top = _RaisingParser(prog="npusim", add_help=False)
-    return run_cli.add_parser(top.add_subparsers())
+    return parser()
 
 
 def _option_actions() -> dict[str, argparse.Action]:
@@ -94,7 +87,7 @@ def _annotation(action: argparse.Action):
         return bool | None
     if action.choices:
         return Literal[tuple(action.choices)] | None
-    base = getattr(action.type, "base_type", action.type)  # npusim.cli.util's range-checked numbers
+    base = getattr(action.type, "base_type", action.type)  # npusim.argtypes' range-checked numbers
     if base is int:
         return int | None
     if base is float:

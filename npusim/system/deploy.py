@@ -17,6 +17,7 @@ parallel plan, with its batch limits; the SLOs it was chosen for; and the plan s
       kv_transfer: {fabric: roce, via: sdma}   # disaggregated
       slo_ttft_ms: 2000
       slo_tpot_ms: 50
+      runtime: graph               # optional: eager / graph for every step (default: the system's per phase)
       estimate: {...}              # optional, informational: the search's step estimate
 
 :func:`scenario` turns a file into what the serving loop (:func:`npusim.system.serving.serve_pools`)
@@ -57,6 +58,7 @@ class ServingDeployment(StrictModel):
     kv_transfer: KVTransfer | None = None
     slo_ttft_ms: float | None = Field(default=None, gt=0)
     slo_tpot_ms: float | None = Field(default=None, gt=0)
+    runtime: Literal["eager", "graph"] | None = None
     estimate: dict[str, Any] | None = None
 
 

@@ -57,6 +57,7 @@ from npusim.arch import summarize as chip_summary
 from npusim.engine.tasks import DONE, KIND_FIXED
 from npusim.errors import ConfigError
 from npusim.mapping.deployment import CachingPool, Deployment, SystemServing
+from npusim.model.configs import ModelConfig
 from npusim.model.zoo import get_config
 from npusim.serving.client import ClosedLoop
 from npusim.serving.kvcache import KVCacheManager
@@ -225,7 +226,7 @@ def _instance(loaded: LoadedSystem, source, phase: str, model: str, seed: int, c
     return plan_instance(loaded, source, phase, model, seed, cc, runtime)
 
 
-def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Request], model: str,
+def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Request], model: str | ModelConfig,
                 kv_fabric: str | None = None, via: str = "sdma", caching_pool: CachingPool | None = None,
                 slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None, slo_tbt_ms: float | None = None,
                 seed: int = 0, fidelity: str = "flow", progress=None, chip_cost: ChipCost | None = None,
@@ -238,7 +239,7 @@ def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Requ
     (None: the system's default per phase)."""
     s = loaded.system
     cfg = get_config(model)
-    check_context(requests, cfg.max_position_embeddings, model)
+    check_context(requests, cfg.max_position_embeddings, cfg.name)
     roles = sorted(p.role for p in pools)
     if roles not in (["aggregated"], ["decode", "prefill"]):
         raise ConfigError(f"serving pools {', '.join(roles) or 'none'}: expected one aggregated pool, or one prefill "
@@ -645,18 +646,12 @@ def pools_from_system_serving(plan: SystemServing, pdep, ddep) -> list[PoolSpec]
             PoolSpec("decode", 1, ddep, max_batch_per_npu=plan.decode.max_batch_per_npu)]
 
 
-def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Deployment | ParallelPlan,
-                            ddep: Deployment | ParallelPlan,
-                            requests: list[Request], model: str = "deepseek-r1", seed: int = 0,
-                            kv_fabric: str | None = None, caching_pool: bool | None = None,
-                            mtp: int | None = None, mtp_acceptance: float | None = None,
-                            fidelity: str = "flow", slo_tbt_ms: float | None = None,
-                            progress=None, chip_cost: ChipCost | None = None,
-                            max_concurrency: int | None = None, runtime: str | None = None) -> SystemServingResult:
-    """Serve ``requests`` by a ``system_serving:`` section (its prefill pool and one decode
-    instance, :func:`serve_pools`); flags override the plan's choices. ``pdep`` and ``ddep``:
-    DeepSeek deployments, or parallel plans of any model (:mod:`npusim.system.instance`).
-    ``runtime``: the steps' runtime mode, eager / graph (None: the system's default per phase)."""
+def system_serving_pools(plan: SystemServing, pdep: Deployment | ParallelPlan, ddep: Deployment | ParallelPlan,
+                         kv_fabric: str | None = None, caching_pool: bool | None = None, mtp: int | None = None,
+                         mtp_acceptance: float | None = None):
+    """A ``system_serving:`` section as :func:`serve_pools` takes it, flags over the plan's choices:
+    (pools, the caching pool or None, KV fabric, ``via``). ``pdep`` and ``ddep``: DeepSeek deployments,
+    or parallel plans of any model (:mod:`npusim.system.instance`)."""
     if mtp is not None or mtp_acceptance is not None:
         ddep = ddep.with_changes(mtp=mtp, mtp_acceptance=mtp_acceptance) if isinstance(ddep, ParallelPlan) \
             else ddep.overridden(mtp=mtp, mtp_acceptance=mtp_acceptance)
@@ -666,9 +661,24 @@ def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Dep
         raise ConfigError("--caching-pool on: the mapping's system_serving has no caching_pool section")
     if pool_cfg is not None:
         pool_cfg = pool_cfg.model_copy(update={"enabled": bool(use_pool)})
-    return serve_pools(loaded, pools_from_system_serving(plan, pdep, ddep), requests, model,
-                       kv_fabric=kv_fabric or plan.kv_transfer.fabric, via=plan.kv_transfer.via,
-                       caching_pool=pool_cfg if use_pool else None, slo_ttft_ms=plan.slo_ttft_ms,
-                       slo_tpot_ms=plan.slo_tpot_ms, slo_tbt_ms=slo_tbt_ms, seed=seed, fidelity=fidelity,
-                       progress=progress, chip_cost=chip_cost, max_concurrency=max_concurrency,
+    return (pools_from_system_serving(plan, pdep, ddep), pool_cfg if use_pool else None,
+            kv_fabric or plan.kv_transfer.fabric, plan.kv_transfer.via)
+
+
+def simulate_system_serving(loaded: LoadedSystem, plan: SystemServing, pdep: Deployment | ParallelPlan,
+                            ddep: Deployment | ParallelPlan,
+                            requests: list[Request], model: str = "deepseek-r1", seed: int = 0,
+                            kv_fabric: str | None = None, caching_pool: bool | None = None,
+                            mtp: int | None = None, mtp_acceptance: float | None = None,
+                            fidelity: str = "flow", slo_tbt_ms: float | None = None,
+                            progress=None, chip_cost: ChipCost | None = None,
+                            max_concurrency: int | None = None, runtime: str | None = None) -> SystemServingResult:
+    """Serve ``requests`` by a ``system_serving:`` section (its prefill pool and one decode
+    instance, :func:`system_serving_pools`, :func:`serve_pools`); flags override the plan's choices.
+    ``runtime``: the steps' runtime mode, eager / graph (None: the system's default per phase)."""
+    pools, pool_cfg, kv_fabric, via = system_serving_pools(plan, pdep, ddep, kv_fabric, caching_pool, mtp,
+                                                           mtp_acceptance)
+    return serve_pools(loaded, pools, requests, model, kv_fabric=kv_fabric, via=via, caching_pool=pool_cfg,
+                       slo_ttft_ms=plan.slo_ttft_ms, slo_tpot_ms=plan.slo_tpot_ms, slo_tbt_ms=slo_tbt_ms, seed=seed,
+                       fidelity=fidelity, progress=progress, chip_cost=chip_cost, max_concurrency=max_concurrency,
                        runtime=runtime)

@@ -43,9 +43,8 @@ estimate and the estimate's error against the served result.
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from npusim.errors import ConfigError, NpusimError
 from npusim.model.zoo import get_config
@@ -93,7 +92,7 @@ class ServeTask:
 def serve_candidate(task: ServeTask) -> dict:
     """Serve a candidate (see the module docstring); its served figures, never raises for its own failure."""
     from npusim.serving.metrics import summarize
-    from npusim.serving.requests import synthetic_requests
+    from npusim.serving.workload import RequestSource
     from npusim.system.deploy import ServingDeployment, scenario
     from npusim.system.serving import serve_pools
 
@@ -101,12 +100,14 @@ def serve_candidate(task: ServeTask) -> dict:
         dep = ServingDeployment(**task.deployment)
         loaded, cc = _system(dep.system, dep.nodes)
         loaded, pools = scenario(dep, loaded=loaded)
-        reqs = synthetic_requests(task.num_prompts, math.inf, input_len=task.input_len, output_len=task.output_len,
-                                  seed=task.seed)
-        reqs = [replace(r, arrival_s=0.0) for r in reqs]
-        run = serve_pools(loaded, pools, reqs, dep.model, kv_fabric=dep.kv_transfer.fabric if dep.kv_transfer else None,
+        cfg = get_config(dep.model)
+        # the benchmark client's closed loop: every prompt planned at 0, `concurrency` in flight
+        reqs = RequestSource(dataset="random", input_len=task.input_len, output_len=task.output_len,
+                             num_prompts=task.num_prompts, seed=task.seed).requests_for(cfg).requests
+        run = serve_pools(loaded, pools, reqs, cfg, kv_fabric=dep.kv_transfer.fabric if dep.kv_transfer else None,
                           via=dep.kv_transfer.via if dep.kv_transfer else "sdma", slo_ttft_ms=dep.slo_ttft_ms,
-                          slo_tpot_ms=dep.slo_tpot_ms, seed=task.seed, chip_cost=cc, max_concurrency=task.concurrency)
+                          slo_tpot_ms=dep.slo_tpot_ms, seed=task.seed, chip_cost=cc, max_concurrency=task.concurrency,
+                          runtime=dep.runtime)
         s = run.summary
         steady = [r for r in run.records if r.id >= task.concurrency] or run.records
         st = summarize(steady, slo_ttft_s=dep.slo_ttft_ms / 1e3 if dep.slo_ttft_ms else None,
@@ -164,9 +165,11 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                    slo_ttft_ms: float | None, slo_tpot_ms: float | None, precision: str = "bf16",
                    kv_dtype: str = "bf16", max_pp: int = 1, routing: str = "uniform", seed: int = 0,
                    serve_top: int = 2, max_concurrency: int = 256, workers: int = 1, client=None,
-                   kv_fabric: str | None = None, progress=None) -> dict:
+                   kv_fabric: str | None = None, progress=None, runtime: str | None = None) -> dict:
     """Search serving deployments (see the module docstring): ``best``, ``best_per_objective``,
-    ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps)."""
+    ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps).
+    ``runtime``: every step's runtime mode, eager / graph (None: the system's default per phase), in
+    the step search, in the served candidates and in each candidate's deployment (``runtime:``)."""
     from npusim.pool import run_points
 
     loaded, _ = _system(system, nodes)
@@ -186,13 +189,13 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     mdict = cfg.to_dict()
     ladders, pre = [], []
     point = lambda p, b: PlanPoint(system, nodes, mdict, p.to_dict(), "decode", b, 1, kv_ctx, slo_tpot_ms,  # noqa: E731
-                                   routing, seed)
+                                   routing, seed, runtime)
     for p in plans:
         lo, top = p.dp * p.microbatches, 64 * p.npus
         ladders.append(Ladder(tuple(point(p, b) for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0])))
         if p.mtp == 0 and p.microbatches == 1:  # a prompt's step: MTP and micro-batch overlap are decode choices
             pre.append(Ladder((PlanPoint(system, nodes, mdict, p.to_dict(), "prefill", p.dp, input_len, input_len,
-                                         slo_ttft_ms, routing, seed),)))
+                                         slo_ttft_ms, routing, seed, runtime),)))
     decode_recs: list[list[dict]] = []
     prefill_recs: list[list[dict]] = []
     total = len(ladders) + len(pre)
@@ -238,7 +241,8 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                 decode.append((r["plan"], r["batch"], r["tpot_ms"], r["tokens_per_s_per_npu"]))
     O = output_len
     cands = []
-    base = {"model": model if isinstance(model, str) else cfg.name, "system": s.name, "nodes": nodes, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms}
+    base = {"model": model if isinstance(model, str) else cfg.name, "system": s.name, "nodes": nodes,
+            "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "runtime": runtime}
     # aggregated: n divides N, all N NPUs in N / n replicas
     for plan, b, tpot, _ in decode:
         pk = key({**plan, "mtp": 0, "microbatches": 1})
@@ -340,6 +344,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     if best is not None:
         best = {**best, "ttft_ms": best["ttft_ms"], "tpot_ms": best["tpot_ms"]}
     return {"system": s.name, "model": cfg.name, "npus": npus, "input_len": input_len, "output_len": output_len,
+            "runtime": runtime,
             "objective": {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms,
                           "metric": "output_throughput_per_npu"},
             "best": best, "best_per_objective": {"output_throughput_per_npu": best, "tokens_per_s_per_user": fastest},

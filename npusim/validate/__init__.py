@@ -52,6 +52,8 @@ CHECKS = (
     Check("sram-stages", "NpuSim A9: PD fusion, SRAM per core and pipeline stages", "sram:sram_rows", False),
     Check("fusion-vs-disagg", "NpuSim A10: PD fusion vs heterogeneous disaggregation", "serving_pd:fusion_rows", False),
     Check("fidelity", "NpuSim A2 (self): npusim's analytical vs TLM fidelity", "fidelity:fidelity_rows", False),
+    Check("serving", "published vllm bench serve results on Atlas A2 vs the system serving loop and its client",
+          "serving_bench:serving_rows", False),
 )
 CHECK_NAMES = tuple(c.name for c in CHECKS)
 
