@@ -147,6 +147,25 @@ def test_a_tighter_slo_never_gives_a_better_deployment():
 
 
 @pytest.mark.slow
+def test_a_served_candidate_that_misses_is_served_again_at_half_its_batch():
+    """The step estimate misses queueing, so a candidate it passes can miss the TTFT objective when
+    served (here the disaggregated batch-64 one, ~34 ms against 20): the search then serves the same
+    deployment at half its decode batch limit, and so on, rather than stopping at the quarter point."""
+    from npusim.system.serving_search import BACKOFF_ROUNDS, _label, _scaled, search_serving
+
+    r = search_serving(**SEARCH, slo_ttft_ms=20, slo_tpot_ms=50)
+    served = [c for c in r["candidates"] if c.get("served")]
+    labels = {c["label"] for c in served}
+    estimated = {c["label"] for c in r["candidates"] if c.get("label")}
+    missed = [c for c in served if not c["feasible"]]
+    assert missed, "the case must have a served candidate that misses an objective"
+    for c in missed:
+        half = _scaled(c, 2)
+        if half is not None and _label(half) in estimated and BACKOFF_ROUNDS > 0:
+            assert _label(half) in labels, c["label"]
+
+
+@pytest.mark.slow
 def test_plan_serving_cli_checks_by_serving_and_the_file_serves_again(tmp_path, capsys):
     argv = ["plan", "--serving", "--system", "cloudmatrix384", "--nodes", "1", "--npus", "2", "--model", MODEL,
             "--input-len", "512", "--output-len", "32", "--slo-ttft-ms", "2000", "--slo-tpot-ms", "50",

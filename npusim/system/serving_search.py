@@ -25,7 +25,10 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    first ``C`` (the first wave's TTFT is the cold start's queue, not the deployment's steady state);
    throughput is the tokens made while the loop is full (:func:`steady_throughput`: from the first
    refill to the last send; the whole run's, ramp-up and drain included, is beside it). A candidate is *feasible* when those requests' mean TTFT and mean
-   TPOT meet the objectives.
+   TPOT meet the objectives. A served candidate that misses an objective is served
+   again at half its decode batch limit (up to ``BACKOFF_ROUNDS`` times, each with that candidate's own
+   estimate), since the step estimate misses queueing: without it a looser search could stop at an
+   infeasible large batch whose quarter point is far below what a tighter search finds.
 
 Not guaranteed: that a tighter objective never gives a better ``best`` across two searches. Judged on the
 same served candidates it cannot (a tighter objective only removes feasible ones), but each search serves
@@ -50,6 +53,9 @@ from npusim.errors import ConfigError, NpusimError
 from npusim.model.zoo import get_config
 from npusim.system.search import PlanPoint, _divisors, _system, candidate_plans, front, run_plan_point
 from npusim.system.step_table import grid
+
+#: rounds of serving a candidate that missed an objective again at half its decode batch limit
+BACKOFF_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -298,26 +304,47 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                         key=lambda c: -c["estimate"]["output_throughput_per_npu"])
         mine = ranked[:serve_top]
         if mine:  # the best again at a quarter of its batch limit: further along the per-user axis
-            low = _quarter(mine[0])
+            low = _scaled(mine[0], 4)
             match = [c for c in cands if low is not None and _label(c) == _label(low)]  # with its own estimate
             if match and all(_label(match[0]) != _label(c) for c in mine):
                 mine.append(match[0])
         chosen += [c for c in mine if c not in chosen]
-    tasks = []
-    for c in chosen:
-        conc = max(1, min(max_concurrency, c["slots"]))
-        tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks)))
+    meets = lambda r: ((slo_ttft_ms is None or r["ttft_ms"] <= slo_ttft_ms)  # noqa: E731
+                       and (slo_tpot_ms is None or r["tpot_ms"] <= slo_tpot_ms))
+    by_label = {}
+    for c in cands:
+        by_label.setdefault(_label(c), c)
     clock = time.perf_counter()
-    served: list[dict] = []
-    run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
-    out_cands = list(zip(chosen, _in_order(served, tasks)))
+    out_cands: list[tuple[dict, dict]] = []
+    batch = chosen
+    for _ in range(BACKOFF_ROUNDS + 1):
+        tasks = []
+        for c in batch:
+            conc = max(1, min(max_concurrency, c["slots"]))
+            tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks)))
+        served: list[dict] = []
+        run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
+        results = list(zip(batch, _in_order(served, tasks)))
+        out_cands += results
+        # a served candidate that misses an objective is served again at half its decode batch limit
+        # (with that candidate's own estimate), so a looser search reaches what a tighter one serves
+        done = {_label(c) for c, _ in out_cands}
+        batch = []
+        for c, r in results:
+            half = _scaled(c, 2) if r.get("served") and not meets(r) else None
+            nxt = by_label.get(_label(half)) if half is not None else None
+            if nxt is not None and _label(nxt) not in done:
+                batch.append(nxt)
+                done.add(_label(nxt))
+        if not batch:
+            break
+    chosen = [c for c, _ in out_cands]
     evaluated = []
     for c, r in out_cands:
         rec = {"mode": c["mode"], "deployment": c["deployment"], "label": _label(c), "estimate": c["estimate"]}
         rec.update({k: v for k, v in r.items() if k != "_task"})
         if r.get("served"):
-            fe = ((slo_ttft_ms is None or r["ttft_ms"] <= slo_ttft_ms)
-                  and (slo_tpot_ms is None or r["tpot_ms"] <= slo_tpot_ms))
+            fe = meets(r)
             rec["feasible"] = fe
             if not fe:
                 why = []
@@ -362,17 +389,18 @@ def _in_order(served: list[dict], tasks: list[ServeTask]) -> list[dict]:
     return [by.get(i, {"served": False, "reason": "no result"}) for i in range(len(tasks))]
 
 
-def _quarter(c: dict) -> dict | None:
-    """The same deployment at a quarter of its decode batch limit (None when that is below 4 per instance);
-    the search serves the candidate of that label, with its own step estimate, when there is one."""
+def _scaled(c: dict, divisor: int) -> dict | None:
+    """The same deployment at its decode batch limit / ``divisor`` (None when that is below ``divisor``
+    per instance); the search serves the candidate of that label, with its own step estimate, when
+    there is one."""
     import copy
 
     d = copy.deepcopy(c)
     pool = next(p for p in d["deployment"]["pools"] if p["role"] != "prefill")
     per_inst = pool["max_batch_per_npu"] * pool["plan"]["npus"]
-    if per_inst < 4:
+    if per_inst < divisor:
         return None
-    pool["max_batch_per_npu"] = max(1, pool["max_batch_per_npu"] // 4)
+    pool["max_batch_per_npu"] = max(1, pool["max_batch_per_npu"] // divisor)
     return d
 
 
