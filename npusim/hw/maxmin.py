@@ -91,6 +91,21 @@ def maxmin_rates(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, scratch, t
             l = e_res[f, k]
             lst[row[l] + rlen[l]] = f
             rlen[l] += 1
+    rounds = fill(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, A, R, cnt, row, rlen, lst, live, nt,
+                  frozen, tol)
+    for j in range(nt):
+        row[live[j]] = -1
+    return rounds
+
+
+@njit(cache=True, _nrt=False)
+def fill(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, A, R, cnt, row, rlen, lst, live, nt, frozen, tol):
+    """The progressive filling itself, on lists a caller built: ``live[:nt]`` the resources the
+    flows cross, each with ``A[l]`` (its flows' coefficient sum), ``R[l] = rcap[l]``, ``cnt[l]``
+    (its flows) and its flows ``lst[row[l] : row[l] + rlen[l]]``; ``frozen[f] = 0`` for the flows.
+    Writes ``rate[f]``, leaves ``R[l]`` = ``rcap[l]`` less the flows' load; reorders ``live``;
+    returns the number of filling rounds (:func:`maxmin_rates` builds the lists per call,
+    :mod:`npusim.hw.noc.memflow` keeps them between updates)."""
     act = nflows
     level = 0.0
     rounds = 0
@@ -141,9 +156,7 @@ def maxmin_rates(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, scratch, t
             if frozen[f] == 0 and fcap[f] <= level + slack:
                 _freeze(f, level, rate, frozen, e_n, e_res, e_coef, A, cnt)
                 act -= 1
-    for j in range(nt):
-        row[live[j]] = -1
     return rounds
 
 
-__all__ = ["maxmin_rates", "new_scratch"]
+__all__ = ["fill", "maxmin_rates", "new_scratch"]

@@ -58,7 +58,7 @@ import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit
 from numba import njit
 
 from npusim.engine.eventlist import event_push
-from npusim.hw.maxmin import maxmin_rates, new_scratch
+from npusim.hw.maxmin import fill
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_MFLOW_UPDATE = 23
@@ -72,15 +72,20 @@ EV_MFLOW_UPDATE = 23
 RTT_OVERHEAD = 5
 
 MemFlows = namedtuple("MemFlows", [
-    "prm", "rcap", "ceff", "load", "nflows",  # parameters; per resource: capacity and load (flits/cycle), flows
+    "prm", "rcap", "ceff",  # parameters; per resource: capacity, and what messages leave of it (flits/cycle)
     "e_n", "e_res", "e_coef",  # per initiator: its resources and flits per byte on each
     "pos",  # scratch: a resource's entry in the row being built (-1: none)
     "fcap", "rate", "rem", "rtt", "nbytes",  # per initiator: cap, rate (bytes/cycle), bytes left, RTT
-    "act", "inload",  # active initiators, in start order; whether its load is in ``load``
-    "sc", "fsc", "scratch",
+    "act",  # active initiators, in start order
+    # per resource, kept between updates as flows start and end: its active flows
+    # ``rl[row[l] : row[l] + rn[l]]`` (with their entry index ``rk``; ``eslot[f, k]``: where entry
+    # ``k`` of flow ``f`` sits in its resource's list), and the resources with any (``tl``, ``tpos``)
+    "rl", "rk", "rn", "row", "eslot", "tl", "tpos",
+    "A", "R", "cnt", "live", "frozen",  # the solver's scratch (npusim.hw.maxmin.fill)
+    "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
-(S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS) = range(7)
+(S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_ENTRIES) = range(10)
 F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
 
 
@@ -101,14 +106,17 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     return MemFlows(
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
                       max(1, int(max_outstanding)) * int(transaction_bytes)], np.int64),
-        rcap=rcap, ceff=rcap.copy(), load=np.zeros(nres, np.float64), nflows=np.zeros(nres, np.int64),
+        rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
         pos=np.full(nres, -1, np.int64),
         fcap=np.zeros(ni, np.float64), rate=np.zeros(ni, np.float64), rem=np.zeros(ni, np.float64),
         rtt=np.zeros(ni, np.float64), nbytes=np.zeros(ni, np.int64), act=np.zeros(ni, np.int64),
-        inload=np.zeros(ni, np.int64),
-        sc=np.zeros(8, np.int64), fsc=np.zeros(2, np.float64),
-        scratch=new_scratch(nres, ni, ni * width),
+        rl=np.zeros(nres * ni, np.int64), rk=np.zeros(nres * ni, np.int64), rn=np.zeros(nres, np.int64),
+        row=np.arange(nres, dtype=np.int64) * ni, eslot=np.zeros((ni, width), np.int64),
+        tl=np.zeros(nres, np.int64), tpos=np.full(nres, -1, np.int64),
+        A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
+        live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64),
+        sc=np.zeros(10, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -170,8 +178,10 @@ def memflow_go(mf, heap, hs, init, nbytes, bursts, now):
     by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``."""
     inv = 1.0 / nbytes
     for k in range(mf.e_n[init]):
-        mf.pos[mf.e_res[init, k]] = -1
+        l = mf.e_res[init, k]
+        mf.pos[l] = -1
         mf.e_coef[init, k] *= inv
+        _list_add(mf, init, k, l)
     rtt = mf.fsc[F_ACC_RTT] / bursts
     mf.fsc[F_ACC_RTT] = 0.0
     burst_bytes = (nbytes + bursts - 1) // bursts
@@ -202,13 +212,42 @@ def _advance(mf, now):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _load(mf, f, sign):
-    """Add (``sign`` 1) or take away (-1) flow ``f``'s load at its rate from its resources."""
-    r = mf.rate[f] * sign
+def _list_add(mf, f, k, l):
+    """Entry ``k`` of flow ``f`` (resource ``l``) joins ``l``'s list (and ``l`` the touched ones)."""
+    n = mf.rn[l]
+    if n == 0:
+        nt = mf.sc[S_NTOUCH]
+        mf.tl[nt] = l
+        mf.tpos[l] = nt
+        mf.sc[S_NTOUCH] = nt + 1
+    q = mf.row[l] + n
+    mf.rl[q] = f
+    mf.rk[q] = k
+    mf.eslot[f, k] = n
+    mf.rn[l] = n + 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _list_drop(mf, f):
+    """Flow ``f`` leaves its resources' lists (the last of a list takes its place)."""
     for k in range(mf.e_n[f]):
         l = mf.e_res[f, k]
-        mf.load[l] += mf.e_coef[f, k] * r
-        mf.nflows[l] += sign
+        n = mf.rn[l] - 1
+        i = mf.eslot[f, k]
+        last = mf.row[l] + n
+        g, kg = mf.rl[last], mf.rk[last]
+        mf.rl[mf.row[l] + i] = g
+        mf.rk[mf.row[l] + i] = kg
+        mf.eslot[g, kg] = i
+        mf.rn[l] = n
+        if n == 0:  # untouched now: the last touched resource takes its place
+            nt = mf.sc[S_NTOUCH] - 1
+            p = mf.tpos[l]
+            m = mf.tl[nt]
+            mf.tl[p] = m
+            mf.tpos[m] = p
+            mf.tpos[l] = -1
+            mf.sc[S_NTOUCH] = nt
 
 
 @njit(cache=True, _nrt=False)
@@ -235,40 +274,50 @@ def memflow_update(mf, holds, heap, hs, version, now):
     j = 0
     for i in range(n):  # keep start order: compact in place
         f = mf.act[i]
-        if mf.inload[f] != 0:
-            _load(mf, f, -1)
-            mf.inload[f] = 0
         if mf.rem[f] < 0.5:
             x = mf.rate[f] / mf.fcap[f]
             extra = mf.rtt[f] * (1.0 - x) if x < 1.0 else 0.0
             event_push(heap, hs, now + np.int64(np.ceil(extra)), EV_NOC_PART_END, f)
+            _list_drop(mf, f)
             mf.e_n[f] = 0
         else:
             mf.act[j] = f
+            mf.frozen[f] = 0
             j += 1
     mf.sc[S_NACT] = j
     if j == 0:
         return
-    for l in range(holds.shape[0]):  # a link or port a message holds is not the flows' meanwhile
-        c = mf.rcap[l] - holds[l]
-        mf.ceff[l] = c if c > 0.0 else 0.0
-    mf.sc[S_ROUNDS] += maxmin_rates(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate,
-                                    mf.scratch, 1e-9)
+    nt = mf.sc[S_NTOUCH]
+    for i in range(nt):  # each resource the flows cross: its capacity less the messages holding it, its flows
+        l = mf.tl[i]
+        c = mf.rcap[l] - holds[l] if l < holds.shape[0] else mf.rcap[l]  # (the memory lanes: no message)
+        c = c if c > 0.0 else 0.0
+        mf.ceff[l] = c
+        mf.R[l] = c
+        a = 0.0
+        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
+            a += mf.e_coef[mf.rl[q], mf.rk[q]]
+        mf.A[l] = a
+        mf.cnt[l] = mf.rn[l]
+        mf.live[i] = l
+    mf.sc[S_SOLVED] += j
+    mf.sc[S_ENTRIES] += nt
+    mf.sc[S_ROUNDS] += fill(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
+                            mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nt, mf.frozen, 1e-9)
     nxt = np.inf
-    peak = mf.fsc[F_PEAK_LOAD]
     for i in range(j):
         f = mf.act[i]
-        _load(mf, f, 1)
-        mf.inload[f] = 1
         r = mf.rate[f]
         if r > 0.0:
             t = mf.rem[f] / r
             if t < nxt:
                 nxt = t
-        for k in range(mf.e_n[f]):
-            l = mf.e_res[f, k]
-            c = mf.ceff[l]  # what the flows may use: the width less the messages holding it
-            v = mf.load[l] / c if c > 0.0 else (2.0 if mf.load[l] > 1e-12 else 0.0)
+    peak = mf.fsc[F_PEAK_LOAD]
+    for i in range(nt):
+        l = mf.tl[i]
+        c = mf.ceff[l]  # what the flows may use: the width less the messages holding it
+        if c > 0.0:
+            v = (c - mf.R[l]) / c
             if v > peak:
                 peak = v
     mf.fsc[F_PEAK_LOAD] = peak
