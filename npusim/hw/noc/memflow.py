@@ -81,7 +81,8 @@ MemFlows = namedtuple("MemFlows", [
     # ``rl[row[l] : row[l] + rn[l]]`` (with their entry index ``rk``; ``eslot[f, k]``: where entry
     # ``k`` of flow ``f`` sits in its resource's list), and the resources with any (``tl``, ``tpos``)
     "rl", "rk", "rn", "row", "eslot", "tl", "tpos",
-    "A", "R", "cnt", "live", "frozen",  # the solver's scratch (npusim.hw.maxmin.fill)
+    "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
+    "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
@@ -114,8 +115,9 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         rl=np.zeros(nres * ni, np.int64), rk=np.zeros(nres * ni, np.int64), rn=np.zeros(nres, np.int64),
         row=np.arange(nres, dtype=np.int64) * ni, eslot=np.zeros((ni, width), np.int64),
         tl=np.zeros(nres, np.int64), tpos=np.full(nres, -1, np.int64),
+        A0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
-        live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64),
+        live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
         sc=np.zeros(10, np.int64), fsc=np.zeros(2, np.float64),
     )
 
@@ -225,6 +227,7 @@ def _list_add(mf, f, k, l):
     mf.rk[q] = k
     mf.eslot[f, k] = n
     mf.rn[l] = n + 1
+    mf.A0[l] += mf.e_coef[f, k]
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -240,7 +243,9 @@ def _list_drop(mf, f):
         mf.rk[mf.row[l] + i] = kg
         mf.eslot[g, kg] = i
         mf.rn[l] = n
-        if n == 0:  # untouched now: the last touched resource takes its place
+        mf.A0[l] -= mf.e_coef[f, k]
+        if n == 0:  # untouched now: the last touched resource takes its place (its sum starts anew)
+            mf.A0[l] = 0.0
             nt = mf.sc[S_NTOUCH] - 1
             p = mf.tpos[l]
             m = mf.tl[nt]
@@ -294,16 +299,13 @@ def memflow_update(mf, holds, heap, hs, version, now):
         c = c if c > 0.0 else 0.0
         mf.ceff[l] = c
         mf.R[l] = c
-        a = 0.0
-        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
-            a += mf.e_coef[mf.rl[q], mf.rk[q]]
-        mf.A[l] = a
+        mf.A[l] = mf.A0[l]
         mf.cnt[l] = mf.rn[l]
         mf.live[i] = l
     mf.sc[S_SOLVED] += j
     mf.sc[S_ENTRIES] += nt
     mf.sc[S_ROUNDS] += fill(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
-                            mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nt, mf.frozen, 1e-9)
+                            mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nt, mf.frozen, mf.fz, 1e-9)
     nxt = np.inf
     for i in range(j):
         f = mf.act[i]
