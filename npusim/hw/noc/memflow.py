@@ -25,8 +25,11 @@ resource it crosses by a fixed coefficient, the flits that resource carries per 
   cycling over them).
 
 A DMA's bursts to its routers move in a fixed proportion (the engine issues them round-robin), so
-the flow is one rate, not one per route. Rates are max-min fair (:func:`npusim.hw.maxmin.maxmin_rates`)
-and recomputed when a flow starts or ends (all changes at one cycle in one update). A flow's
+the flow is one rate, not one per route. Rates are max-min fair (progressive filling,
+:func:`npusim.hw.maxmin.fill`, on per-resource flow lists and coefficient sums kept as flows start
+and end) and recomputed when a flow starts or ends or a message changes what a link leaves them
+(all changes at one cycle in one update; a change that cannot move any rate is skipped, see
+:func:`memflow_poke`). A flow's
 bytes drain at its rate from its start; it ends ``RTT (1 - x / cap)`` cycles after its last byte
 left (``x`` its last rate): a flow held back by the mesh (``x`` well below its cap) ends one round
 trip after its bytes drained (the first request's trip and the last data's trip), a flow held by
@@ -46,7 +49,8 @@ flows (it waits only for other messages), flows crossing a held link stop meanwh
 ever carries more than its width.
 
 Units: time in cycles of the NoC clock (the chip clock), rates in bytes per cycle, capacities in
-flits per cycle. Deterministic: flows are kept in start order and solved in that order.
+flits per cycle. Deterministic: flows are kept in start order, and a resource's list of flows changes
+order only by the same swaps (a leaving flow's place taken by the last) on every run.
 """
 
 from __future__ import annotations
@@ -86,7 +90,8 @@ MemFlows = namedtuple("MemFlows", [
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
-(S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_ENTRIES) = range(10)
+(S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
+ S_SKIPPED) = range(11)
 F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
 
 
@@ -118,7 +123,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         A0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
         live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
-        sc=np.zeros(10, np.int64), fsc=np.zeros(2, np.float64),
+        sc=np.zeros(12, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -255,10 +260,40 @@ def _list_drop(mf, f):
             mf.sc[S_NTOUCH] = nt
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _ceff(mf, holds, l):
+    """What the flows may use of resource ``l``: its width less the messages holding it (``holds``
+    covers the links and ports; the memory lanes beyond carry no message)."""
+    c = mf.rcap[l] - holds[l] if l < holds.shape[0] else mf.rcap[l]
+    return c if c > 0.0 else 0.0
+
+
 @njit(cache=True, _nrt=False)
-def memflow_poke(mf, heap, hs, now):
-    """A path-model message claimed or released a link: share the links again (if any flow moves)."""
+def memflow_poke(mf, holds, heap, hs, now, changed):
+    """A path-model message claimed or released a link (``changed``: its id + 1, or -1 if several
+    changed): share the links again at this cycle, unless the solution cannot change — no flow
+    crosses the link, its capacity is what the last solve used (a release and the next claim in
+    one event), or it was claimed and every flow crossing it stands already (rate 0: held back
+    elsewhere). Skipping those is exact: the solve's inputs that matter are the same (the skipped
+    link keeps its old capacity in ``ceff`` until the next solve reads ``holds`` again)."""
     if mf.sc[S_NACT] > 0 and mf.sc[S_PENDING] == 0:
+        if changed > 0:
+            l = changed - 1
+            if mf.rn[l] == 0:
+                return  # no flow crosses it
+            c = _ceff(mf, holds, l)
+            if c == mf.ceff[l]:  # its capacity is what the last solve used
+                mf.sc[S_SKIPPED] += 1
+                return
+            if c == 0.0:  # a claim: its flows stop; nothing changes if they all stand already
+                idle = True
+                for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
+                    if mf.rate[mf.rl[q]] > 0.0:
+                        idle = False
+                        break
+                if idle:
+                    mf.sc[S_SKIPPED] += 1
+                    return
         mf.sc[S_VERSION] += 1
         mf.sc[S_PENDING] = 1
         event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
@@ -268,8 +303,10 @@ def memflow_poke(mf, heap, hs, now):
 def memflow_update(mf, holds, heap, hs, version, now):
     """``EV_MFLOW_UPDATE``: end the flows that drained, share the links among the rest, schedule
     the next end; ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
-    theirs while they do). ``load``/``nflows`` hold the flows' load per resource between updates (the path
-    model's messages read them; ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the messages seen)."""
+    theirs while they do). ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the
+    messages seen. Cost: O(resources the flows cross) to set up, then the filling
+    (:func:`npusim.hw.maxmin.fill`: per round O(those resources + flows), and O(entries) of the flows
+    frozen before the last round)."""
     if version != mf.sc[S_VERSION]:
         return  # superseded
     mf.sc[S_PENDING] = 0
@@ -295,15 +332,14 @@ def memflow_update(mf, holds, heap, hs, version, now):
     nt = mf.sc[S_NTOUCH]
     for i in range(nt):  # each resource the flows cross: its capacity less the messages holding it, its flows
         l = mf.tl[i]
-        c = mf.rcap[l] - holds[l] if l < holds.shape[0] else mf.rcap[l]  # (the memory lanes: no message)
-        c = c if c > 0.0 else 0.0
+        c = _ceff(mf, holds, l)
         mf.ceff[l] = c
         mf.R[l] = c
         mf.A[l] = mf.A0[l]
         mf.cnt[l] = mf.rn[l]
         mf.live[i] = l
     mf.sc[S_SOLVED] += j
-    mf.sc[S_ENTRIES] += nt
+    mf.sc[S_SOLVED_RES] += nt
     mf.sc[S_ROUNDS] += fill(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
                             mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nt, mf.frozen, mf.fz, 1e-9)
     nxt = np.inf
