@@ -35,9 +35,10 @@ Wall time: ``--quick`` 3.7 minutes on a 2-core Xeon of speed index 3.8 (the Qwen
 takes 3.5 of them); the full set was not timed end to end (the serving case alone takes ~3 minutes
 at flit + analytical memory, more at flit + TLM).
 
-The ``path`` rung carries HBM traffic as its default ``reserve`` streams; the max-min flows of issue
-42 item 2 (``memory_streams="flow"``) are compared with flit per workload, at analytical memory, by
-``validation/memory_flows_vs_flit.py``.
+The ``path`` rung carries HBM traffic as the path NoC's default ``reserve`` streams; the ``path+flows``
+rung as the max-min flows of issue 42 item 2 (``memory_streams="flow"``, :mod:`npusim.hw.noc.memflow`;
+every simulator built in the case uses them), so the two stream models are judged on the same set
+(at analytical memory, per workload, also ``validation/memory_flows_vs_flit.py``).
 
     python validation/fidelity_ladder.py [--quick] [--only SUBSTRING]
 """
@@ -52,13 +53,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "validation" / "perf"))
+sys.path.insert(0, str(ROOT / "validation"))
 
-NOCS = ("flit", "path", "analytical")  # most detailed first
+NOCS = ("flit", "path", "path+flows", "analytical")  # most detailed first
+STREAMS = {"path+flows": ("path", "flow")}  # a rung's NoC label -> (NoC fidelity, memory stream model)
 MEMORIES = ("tlm", "analytical")
 RUNGS = [(n, m) for n in NOCS for m in MEMORIES]
 REFERENCE = ("flit", "tlm")
 TOLERANCE = 0.05
 DIE, CHIP = "ascend-910c-die", "npusim-64c"
+
+
+def at_rung(fn, noc, memory):
+    """``fn(noc, memory)`` at a rung: ``path+flows`` is the path NoC with every simulator built
+    inside carrying HBM traffic as flows."""
+    if noc not in STREAMS:
+        return fn(noc, memory)
+    from memory_flows_vs_flit import stream_model
+
+    noc, streams = STREAMS[noc]
+    with stream_model(streams):
+        return fn(noc, memory)
 
 
 def chip_cost(noc, memory):
@@ -133,7 +148,7 @@ def main() -> None:
         print(out.splitlines()[0] if out else "speed index unknown (machine_speed.py printed nothing)", flush=True)
 
     for noc, memory in RUNGS:  # warm up (load) each fidelity's Numba kernels outside the timings
-        chip_cost(noc, memory).gemm(128, 256, 256, "bf16", cores=4)
+        at_rung(lambda n, m: chip_cost(n, m).gemm(128, 256, 256, "bf16", cores=4), noc, memory)
 
     todo, left = cases(args.quick)
     if args.only:
@@ -146,7 +161,7 @@ def main() -> None:
         ref = None
         for noc, memory in RUNGS:  # the reference first
             t0 = time.perf_counter()
-            value = fn(noc, memory)
+            value = at_rung(fn, noc, memory)
             wall = time.perf_counter() - t0
             ref = value if ref is None else ref
             err = value / ref - 1
