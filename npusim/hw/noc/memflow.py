@@ -91,6 +91,9 @@ MemFlows = namedtuple("MemFlows", [
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
+# sc: active flows, update version, an update pending now, time of the last advance, updates, filling
+# rounds, flows started, flows and resources solved (summed over updates), resources crossed now,
+# message claims and releases that could not move a rate (no update)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED) = range(11)
 F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
@@ -124,7 +127,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         A0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
         live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
-        sc=np.zeros(12, np.int64), fsc=np.zeros(2, np.float64),
+        sc=np.zeros(11, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -280,10 +283,8 @@ def memflow_poke(mf, holds, heap, hs, now, changed):
     if mf.sc[S_NACT] > 0 and mf.sc[S_PENDING] == 0:
         if changed > 0:
             l = changed - 1
-            if mf.rn[l] == 0:
-                return  # no flow crosses it
             c = _ceff(mf, holds, l)
-            if c == mf.ceff[l]:  # its capacity is what the last solve used
+            if mf.rn[l] == 0 or c == mf.ceff[l]:  # no flow crosses it, or it leaves what the last solve used
                 mf.sc[S_SKIPPED] += 1
                 return
             if c == 0.0:  # a claim: its flows stop; nothing changes if they all stand already
