@@ -144,14 +144,12 @@ def fill(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, A, R, cnt, row, rl
             break
         if best < 0.0:
             best = 0.0
-        for j in range(nlive):
-            l = live[j]
-            R[l] -= A[l] * best
         level += best
         slack = best * tol
         nfz = 0
-        for j in range(nlive):  # the resources that filled (within tol): freeze their flows
+        for j in range(nlive):  # fill every resource; those that filled (within tol) freeze their flows
             l = live[j]
+            R[l] -= A[l] * best
             if cnt[l] > 0 and R[l] <= slack * A[l] + 1e-12 * rcap[l]:
                 for q in range(row[l], row[l] + rlen[l]):
                     f = lst[q]
