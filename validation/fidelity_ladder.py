@@ -1,7 +1,7 @@
 """The fidelity ladder on the workloads users run (issue 42, item 3).
 
-Every case is simulated at each rung of the ladder, NoC ``flit`` / ``path`` / ``analytical`` x
-memory ``tlm`` / ``analytical``; the **reference** is the most detailed rung, flit NoC + TLM memory
+Every case is simulated at each rung of the ladder, NoC ``flit`` / ``path`` / ``path+flows`` /
+``analytical`` x memory ``tlm`` / ``analytical``; the **reference** is the most detailed rung, flit NoC + TLM memory
 (the transaction-level HBM and, on the Ascend dies, the transaction-level L2). The table prints
 each rung's result, its error against the reference and its wall time (simulation only: no disk
 cache, the Numba kernels warmed up first). At the end, the cheapest rung (least wall time over the
@@ -31,8 +31,9 @@ cores; the output says what it left out):
   --memory Y``: the default scenario's first 4 requests, Qwen3-4B cut to 2 layers and 8 output
   tokens so the TLM rungs stay minutes, not hours; result: mean end-to-end latency in ms)
 
-Wall time: ``--quick`` 3.7 minutes on a 2-core Xeon of speed index 3.8 (the Qwen3-4B decode step
-takes 3.5 of them); the full set was not timed end to end (the serving case alone takes ~3 minutes
+Wall time: ``--quick`` 3.7 minutes on a 2-core Xeon of speed index 3.8 before the ``path+flows``
+rung (the Qwen3-4B decode step takes 3.5 of them); 34 minutes with it on the same machine loaded
+to speed index 0.4 (session 40, docs/FIDELITY.md); the full set was not timed end to end (the serving case alone takes ~3 minutes
 at flit + analytical memory, more at flit + TLM).
 
 The ``path`` rung carries HBM traffic as the path NoC's default ``reserve`` streams; the ``path+flows``
