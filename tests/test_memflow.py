@@ -159,3 +159,69 @@ def test_flows_cost_fewer_events_than_streams():
                 addr += size
     streams.run()
     assert flows.events < streams.events / 2
+
+
+def test_kept_lists_and_sums_match_the_active_flows_and_a_fresh_solve():
+    """The per-resource flow lists and coefficient sums kept between updates (memflow: ``rl``,
+    ``rn``, ``A0``, the touched resources ``tl``) describe exactly the flows active mid-run, their
+    rates are those a solve from scratch gives, and everything is empty again at the end."""
+    from npusim.hw.noc.memflow import S_NTOUCH, S_PENDING
+    arch = load_arch("npusim-64c")
+    sim, _ = _all_cores_stream(arch, pieces=4)
+    fl = sim.mempath.fl
+    checked = 0
+    for until in (300, 900, 2500):
+        sim.run(until=until)
+        if int(fl.sc[S_PENDING]) != 0 or int(fl.sc[S_NACT]) == 0:
+            continue
+        act = fl.act[:int(fl.sc[S_NACT])].copy()
+        res = {}
+        for f in act:
+            for k in range(int(fl.e_n[f])):
+                res.setdefault(int(fl.e_res[f, k]), []).append((int(f), float(fl.e_coef[f, k])))
+        touched = set(int(x) for x in fl.tl[:int(fl.sc[S_NTOUCH])])
+        assert touched == set(res)
+        for l, fs in res.items():
+            assert int(fl.rn[l]) == len(fs)
+            assert sorted(int(x) for x in fl.rl[fl.row[l]:fl.row[l] + fl.rn[l]]) == sorted(f for f, _ in fs)
+            assert fl.A0[l] == pytest.approx(sum(c for _, c in fs), rel=1e-12)
+        rate = np.zeros_like(fl.rate)
+        ceff = fl.rcap - np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds)))
+        maxmin_rates(len(act), act, fl.e_n, fl.e_res, fl.e_coef, fl.fcap, np.maximum(ceff, 0.0), rate,
+                     new_scratch(len(fl.rcap), len(fl.rate), len(fl.rate) * fl.e_res.shape[1]), 1e-9)
+        assert np.allclose(rate[act], fl.rate[act], rtol=1e-9, atol=0.0)
+        checked += 1
+    assert checked >= 2
+    sim.run()
+    assert int(fl.sc[S_NTOUCH]) == 0 and not fl.rn.any() and not fl.A0.any()
+
+
+def test_messages_on_links_no_flow_crosses_cost_the_flows_no_update():
+    """A message claiming and releasing links that no flow crosses cannot move a rate: the flows
+    are not re-shared for it (the same updates and the same end as the DMA alone); one crossing
+    the flow's links is (more updates)."""
+    from npusim.hw.noc.memflow import S_UPDATES
+    arch = load_arch("npusim-64c")
+
+    def run(send=None):
+        sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+        d = sim.add_dma(0, 256 << 10)  # core 0, a corner: its flow crosses only some of the mesh
+        if send is not None:
+            sim.add_send(*send, 64 << 10)
+        sim.run(until_task=d)
+        return sim, int(sim.mempath.fl.sc[S_UPDATES]), sim.now
+
+    probe, alone, end = run()
+    # the resources the DMA's flow crossed: the path model counted its flits there
+    used = probe.noc.link_flits > 0
+    n_links = probe.topology.num_links
+    hops = probe.routing.hop_matrix()
+    mesh_links = [(a, b) for a in range(arch.num_cores) for b in range(arch.num_cores) if hops[a, b] == 1]
+    free = [(a, b) for a, b in mesh_links
+            if not used[probe.noc.link_id[a, probe.noc.next_port[a, b]]] and not used[n_links + b]]
+    busy = [(a, b) for a, b in mesh_links if used[probe.noc.link_id[a, probe.noc.next_port[a, b]]]]
+    assert free and busy
+    _, quiet, quiet_end = run(free[0])
+    _, loud, _ = run(busy[0])
+    assert (quiet, quiet_end) == (alone, end)
+    assert loud > alone

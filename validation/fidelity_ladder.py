@@ -1,7 +1,7 @@
 """The fidelity ladder on the workloads users run (issue 42, item 3).
 
-Every case is simulated at each rung of the ladder, NoC ``flit`` / ``path`` / ``analytical`` x
-memory ``tlm`` / ``analytical``; the **reference** is the most detailed rung, flit NoC + TLM memory
+Every case is simulated at each rung of the ladder, NoC ``flit`` / ``path`` / ``path+flows`` /
+``analytical`` x memory ``tlm`` / ``analytical``; the **reference** is the most detailed rung, flit NoC + TLM memory
 (the transaction-level HBM and, on the Ascend dies, the transaction-level L2). The table prints
 each rung's result, its error against the reference and its wall time (simulation only: no disk
 cache, the Numba kernels warmed up first). At the end, the cheapest rung (least wall time over the
@@ -31,13 +31,15 @@ cores; the output says what it left out):
   --memory Y``: the default scenario's first 4 requests, Qwen3-4B cut to 2 layers and 8 output
   tokens so the TLM rungs stay minutes, not hours; result: mean end-to-end latency in ms)
 
-Wall time: ``--quick`` 3.7 minutes on a 2-core Xeon of speed index 3.8 (the Qwen3-4B decode step
-takes 3.5 of them); the full set was not timed end to end (the serving case alone takes ~3 minutes
+Wall time: ``--quick`` 3.7 minutes on a 2-core Xeon of speed index 3.8 before the ``path+flows``
+rung (the Qwen3-4B decode step takes 3.5 of them); 34 minutes with it on the same machine loaded
+to speed index 0.4 (session 40, docs/FIDELITY.md); the full set was not timed end to end (the serving case alone takes ~3 minutes
 at flit + analytical memory, more at flit + TLM).
 
-The ``path`` rung carries HBM traffic as its default ``reserve`` streams; the max-min flows of issue
-42 item 2 (``memory_streams="flow"``) are compared with flit per workload, at analytical memory, by
-``validation/memory_flows_vs_flit.py``.
+The ``path`` rung carries HBM traffic as the path NoC's default ``reserve`` streams; the ``path+flows``
+rung as the max-min flows of issue 42 item 2 (``memory_streams="flow"``, :mod:`npusim.hw.noc.memflow`;
+every simulator built in the case uses them), so the two stream models are judged on the same set
+(at analytical memory, per workload, also ``validation/memory_flows_vs_flit.py``).
 
     python validation/fidelity_ladder.py [--quick] [--only SUBSTRING]
 """
@@ -52,13 +54,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "validation" / "perf"))
+sys.path.insert(0, str(ROOT / "validation"))
 
-NOCS = ("flit", "path", "analytical")  # most detailed first
+NOCS = ("flit", "path", "path+flows", "analytical")  # most detailed first
+STREAMS = {"path+flows": ("path", "flow")}  # a rung's NoC label -> (NoC fidelity, memory stream model)
 MEMORIES = ("tlm", "analytical")
 RUNGS = [(n, m) for n in NOCS for m in MEMORIES]
 REFERENCE = ("flit", "tlm")
 TOLERANCE = 0.05
 DIE, CHIP = "ascend-910c-die", "npusim-64c"
+
+
+def at_rung(fn, noc, memory):
+    """``fn(noc, memory)`` at a rung: ``path+flows`` is the path NoC with every simulator built
+    inside carrying HBM traffic as flows."""
+    if noc not in STREAMS:
+        return fn(noc, memory)
+    from memory_flows_vs_flit import stream_model
+
+    noc, streams = STREAMS[noc]
+    with stream_model(streams):
+        return fn(noc, memory)
 
 
 def chip_cost(noc, memory):
@@ -133,7 +149,7 @@ def main() -> None:
         print(out.splitlines()[0] if out else "speed index unknown (machine_speed.py printed nothing)", flush=True)
 
     for noc, memory in RUNGS:  # warm up (load) each fidelity's Numba kernels outside the timings
-        chip_cost(noc, memory).gemm(128, 256, 256, "bf16", cores=4)
+        at_rung(lambda n, m: chip_cost(n, m).gemm(128, 256, 256, "bf16", cores=4), noc, memory)
 
     todo, left = cases(args.quick)
     if args.only:
@@ -146,7 +162,7 @@ def main() -> None:
         ref = None
         for noc, memory in RUNGS:  # the reference first
             t0 = time.perf_counter()
-            value = fn(noc, memory)
+            value = at_rung(fn, noc, memory)
             wall = time.perf_counter() - t0
             ref = value if ref is None else ref
             err = value / ref - 1

@@ -44,17 +44,18 @@ def new_scratch(n_resources: int, n_flows: int, max_entries: int):
             np.zeros(n_resources, np.int64),  # rlen: length of its list
             np.zeros(max(1, max_entries), np.int64),  # the lists: flow ids
             np.zeros(n_resources, np.int64),  # live resources (compacted as they drop out)
-            np.zeros(n_flows, np.int64))  # frozen flag per flow id
+            np.zeros(n_flows, np.int64),  # frozen flag per flow id
+            np.zeros(max(1, n_flows), np.int64))  # the flows frozen in a round
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _freeze(f, level, rate, frozen, e_n, e_res, e_coef, A, cnt):
+def _freeze(f, level, rate, frozen, fz, nfz):
+    """Freeze flow ``f`` at ``level``; its load leaves its resources' sums after the round
+    (:func:`fill`); returns the round's frozen count."""
     frozen[f] = 1
     rate[f] = level
-    for k in range(e_n[f]):
-        l = e_res[f, k]
-        A[l] -= e_coef[f, k]
-        cnt[l] -= 1
+    fz[nfz] = f
+    return nfz + 1
 
 
 @njit(cache=True, _nrt=False)
@@ -63,7 +64,7 @@ def maxmin_rates(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, scratch, t
     has ``e_n[f]`` entries ``(e_res[f, k], e_coef[f, k])`` (distinct resources) and cap
     ``fcap[f]``; ``rcap[l]``: capacity of resource ``l``. Writes ``rate[f]``; returns the number
     of filling rounds."""
-    A, R, cnt, row, rlen, lst, live, frozen = scratch
+    A, R, cnt, row, rlen, lst, live, frozen, fz = scratch
     nt = 0
     for i in range(nflows):
         f = flows[i]
@@ -91,6 +92,26 @@ def maxmin_rates(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, scratch, t
             l = e_res[f, k]
             lst[row[l] + rlen[l]] = f
             rlen[l] += 1
+    rounds = fill(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, A, R, cnt, row, rlen, lst, live, nt,
+                  frozen, fz, tol)
+    for j in range(nt):
+        row[live[j]] = -1
+    return rounds
+
+
+@njit(cache=True, _nrt=False)
+def fill(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, A, R, cnt, row, rlen, lst, live, nt, frozen, fz,
+         tol):
+    """The progressive filling itself, on lists a caller built: ``live[:nt]`` the resources the
+    flows cross, each with ``A[l]`` (its flows' coefficient sum), ``R[l] = rcap[l]``, ``cnt[l]``
+    (its flows) and its flows ``lst[row[l] : row[l] + rlen[l]]``; ``frozen[f] = 0`` for the flows;
+    ``fz``: scratch for ``nflows`` ids. Writes ``rate[f]``, leaves ``R[l]`` = ``rcap[l]`` less the
+    flows' load; reorders ``live``; returns the number of filling rounds (:func:`maxmin_rates`
+    builds the lists per call, :mod:`npusim.hw.noc.memflow` keeps them between updates).
+
+    A round's frozen flows leave ``A`` and ``cnt`` after the round's freezing (in freezing order),
+    and not at all after the last round (their sums are not read again): most updates of the chip's
+    memory flows are one round, so that walk over their entries is skipped."""
     act = nflows
     level = 0.0
     rounds = 0
@@ -123,27 +144,30 @@ def maxmin_rates(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, scratch, t
             break
         if best < 0.0:
             best = 0.0
-        for j in range(nlive):
-            l = live[j]
-            R[l] -= A[l] * best
         level += best
         slack = best * tol
-        for j in range(nlive):  # the resources that filled (within tol): freeze their flows
+        nfz = 0
+        for j in range(nlive):  # fill every resource; those that filled (within tol) freeze their flows
             l = live[j]
+            R[l] -= A[l] * best
             if cnt[l] > 0 and R[l] <= slack * A[l] + 1e-12 * rcap[l]:
                 for q in range(row[l], row[l] + rlen[l]):
                     f = lst[q]
                     if frozen[f] == 0:
-                        _freeze(f, level, rate, frozen, e_n, e_res, e_coef, A, cnt)
-                        act -= 1
+                        nfz = _freeze(f, level, rate, frozen, fz, nfz)
         for i in range(nflows):  # and the flows at their cap
             f = flows[i]
             if frozen[f] == 0 and fcap[f] <= level + slack:
-                _freeze(f, level, rate, frozen, e_n, e_res, e_coef, A, cnt)
-                act -= 1
-    for j in range(nt):
-        row[live[j]] = -1
+                nfz = _freeze(f, level, rate, frozen, fz, nfz)
+        act -= nfz
+        if act > 0:  # the frozen flows' load leaves the sums the next round reads
+            for i in range(nfz):
+                f = fz[i]
+                for k in range(e_n[f]):
+                    l = e_res[f, k]
+                    A[l] -= e_coef[f, k]
+                    cnt[l] -= 1
     return rounds
 
 
-__all__ = ["maxmin_rates", "new_scratch"]
+__all__ = ["fill", "maxmin_rates", "new_scratch"]

@@ -179,9 +179,10 @@ def _build(tlm: bool, flit: bool):
                     flit_tick(fnoc, heap, hs, now)
             else:
                 path_handle(noc, heap, hs, etype, eid, now)
-                if noc.counters[C_HOLDS_CHANGED] != 0:  # a message claimed or freed a link: the flows see it
+                changed = noc.counters[C_HOLDS_CHANGED]
+                if changed != 0:  # a message claimed or freed a link (link + 1, or -1: several): the flows see it
                     noc.counters[C_HOLDS_CHANGED] = 0
-                    memflow_poke(mp.fl, heap, hs, now)
+                    memflow_poke(mp.fl, noc.link_holds, heap, hs, now, changed)
             if finished >= 0:
                 mark_finished(tt, finished, now)
                 if finished == watch:

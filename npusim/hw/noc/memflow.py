@@ -1,7 +1,8 @@
 """HBM traffic over the mesh as flows: max-min fair shares of the links, inside the kernel.
 
 At the ``path`` NoC fidelity with ``Simulator(memory_streams="flow")`` (an option; the default is
-still the ``reserve`` streams: on serving the flows took ~9x their CPU, see docs/ARCHITECTURE.md) a DMA's traffic
+still the ``reserve`` streams: the flows are no closer to flit on the fidelity ladder and cost more
+CPU on serving, see docs/FIDELITY.md) a DMA's traffic
 between its core and the routers where its HBM channels attach (:mod:`npusim.sim.mempath` splits
 it: per attach router ``r`` the bursts ``n_r``, the flits towards the memory and the flits back) is
 one *flow* per DMA engine (initiator): a rate ``x`` in bytes of the DMA per cycle that loads every
@@ -25,8 +26,11 @@ resource it crosses by a fixed coefficient, the flits that resource carries per 
   cycling over them).
 
 A DMA's bursts to its routers move in a fixed proportion (the engine issues them round-robin), so
-the flow is one rate, not one per route. Rates are max-min fair (:func:`npusim.hw.maxmin.maxmin_rates`)
-and recomputed when a flow starts or ends (all changes at one cycle in one update). A flow's
+the flow is one rate, not one per route. Rates are max-min fair (progressive filling,
+:func:`npusim.hw.maxmin.fill`, on per-resource flow lists and coefficient sums kept as flows start
+and end) and recomputed when a flow starts or ends or a message changes what a link leaves them
+(all changes at one cycle in one update; a change that cannot move any rate is skipped, see
+:func:`memflow_poke`). A flow's
 bytes drain at its rate from its start; it ends ``RTT (1 - x / cap)`` cycles after its last byte
 left (``x`` its last rate): a flow held back by the mesh (``x`` well below its cap) ends one round
 trip after its bytes drained (the first request's trip and the last data's trip), a flow held by
@@ -46,7 +50,8 @@ flows (it waits only for other messages), flows crossing a held link stop meanwh
 ever carries more than its width.
 
 Units: time in cycles of the NoC clock (the chip clock), rates in bytes per cycle, capacities in
-flits per cycle. Deterministic: flows are kept in start order and solved in that order.
+flits per cycle. Deterministic: flows are kept in start order, and a resource's list of flows changes
+order only by the same swaps (a leaving flow's place taken by the last) on every run.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit
 from numba import njit
 
 from npusim.engine.eventlist import event_push
-from npusim.hw.maxmin import maxmin_rates, new_scratch
+from npusim.hw.maxmin import fill
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_MFLOW_UPDATE = 23
@@ -72,15 +77,25 @@ EV_MFLOW_UPDATE = 23
 RTT_OVERHEAD = 5
 
 MemFlows = namedtuple("MemFlows", [
-    "prm", "rcap", "ceff", "load", "nflows",  # parameters; per resource: capacity and load (flits/cycle), flows
+    "prm", "rcap", "ceff",  # parameters; per resource: capacity, and what messages leave of it (flits/cycle)
     "e_n", "e_res", "e_coef",  # per initiator: its resources and flits per byte on each
     "pos",  # scratch: a resource's entry in the row being built (-1: none)
     "fcap", "rate", "rem", "rtt", "nbytes",  # per initiator: cap, rate (bytes/cycle), bytes left, RTT
-    "act", "inload",  # active initiators, in start order; whether its load is in ``load``
-    "sc", "fsc", "scratch",
+    "act",  # active initiators, in start order
+    # per resource, kept between updates as flows start and end: its active flows
+    # ``rl[row[l] : row[l] + rn[l]]`` (with their entry index ``rk``; ``eslot[f, k]``: where entry
+    # ``k`` of flow ``f`` sits in its resource's list), and the resources with any (``tl``, ``tpos``)
+    "rl", "rk", "rn", "row", "eslot", "tl", "tpos",
+    "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
+    "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
+    "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
-(S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS) = range(7)
+# sc: active flows, update version, an update pending now, time of the last advance, updates, filling
+# rounds, flows started, flows and resources solved (summed over updates), resources crossed now,
+# message claims and releases that could not move a rate (no update)
+(S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
+ S_SKIPPED) = range(11)
 F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
 
 
@@ -101,14 +116,18 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     return MemFlows(
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
                       max(1, int(max_outstanding)) * int(transaction_bytes)], np.int64),
-        rcap=rcap, ceff=rcap.copy(), load=np.zeros(nres, np.float64), nflows=np.zeros(nres, np.int64),
+        rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
         pos=np.full(nres, -1, np.int64),
         fcap=np.zeros(ni, np.float64), rate=np.zeros(ni, np.float64), rem=np.zeros(ni, np.float64),
         rtt=np.zeros(ni, np.float64), nbytes=np.zeros(ni, np.int64), act=np.zeros(ni, np.int64),
-        inload=np.zeros(ni, np.int64),
-        sc=np.zeros(8, np.int64), fsc=np.zeros(2, np.float64),
-        scratch=new_scratch(nres, ni, ni * width),
+        rl=np.zeros(nres * ni, np.int64), rk=np.zeros(nres * ni, np.int64), rn=np.zeros(nres, np.int64),
+        row=np.arange(nres, dtype=np.int64) * ni, eslot=np.zeros((ni, width), np.int64),
+        tl=np.zeros(nres, np.int64), tpos=np.full(nres, -1, np.int64),
+        A0=np.zeros(nres, np.float64),
+        A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
+        live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
+        sc=np.zeros(11, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -170,8 +189,10 @@ def memflow_go(mf, heap, hs, init, nbytes, bursts, now):
     by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``."""
     inv = 1.0 / nbytes
     for k in range(mf.e_n[init]):
-        mf.pos[mf.e_res[init, k]] = -1
+        l = mf.e_res[init, k]
+        mf.pos[l] = -1
         mf.e_coef[init, k] *= inv
+        _list_add(mf, init, k, l)
     rtt = mf.fsc[F_ACC_RTT] / bursts
     mf.fsc[F_ACC_RTT] = 0.0
     burst_bytes = (nbytes + bursts - 1) // bursts
@@ -202,19 +223,79 @@ def _advance(mf, now):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _load(mf, f, sign):
-    """Add (``sign`` 1) or take away (-1) flow ``f``'s load at its rate from its resources."""
-    r = mf.rate[f] * sign
+def _list_add(mf, f, k, l):
+    """Entry ``k`` of flow ``f`` (resource ``l``) joins ``l``'s list (and ``l`` the touched ones)."""
+    n = mf.rn[l]
+    if n == 0:
+        nt = mf.sc[S_NTOUCH]
+        mf.tl[nt] = l
+        mf.tpos[l] = nt
+        mf.sc[S_NTOUCH] = nt + 1
+    q = mf.row[l] + n
+    mf.rl[q] = f
+    mf.rk[q] = k
+    mf.eslot[f, k] = n
+    mf.rn[l] = n + 1
+    mf.A0[l] += mf.e_coef[f, k]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _list_drop(mf, f):
+    """Flow ``f`` leaves its resources' lists (the last of a list takes its place)."""
     for k in range(mf.e_n[f]):
         l = mf.e_res[f, k]
-        mf.load[l] += mf.e_coef[f, k] * r
-        mf.nflows[l] += sign
+        n = mf.rn[l] - 1
+        i = mf.eslot[f, k]
+        last = mf.row[l] + n
+        g, kg = mf.rl[last], mf.rk[last]
+        mf.rl[mf.row[l] + i] = g
+        mf.rk[mf.row[l] + i] = kg
+        mf.eslot[g, kg] = i
+        mf.rn[l] = n
+        mf.A0[l] -= mf.e_coef[f, k]
+        if n == 0:  # untouched now: the last touched resource takes its place (its sum starts anew)
+            mf.A0[l] = 0.0
+            nt = mf.sc[S_NTOUCH] - 1
+            p = mf.tpos[l]
+            m = mf.tl[nt]
+            mf.tl[p] = m
+            mf.tpos[m] = p
+            mf.tpos[l] = -1
+            mf.sc[S_NTOUCH] = nt
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _ceff(mf, holds, l):
+    """What the flows may use of resource ``l``: its width less the messages holding it (``holds``
+    covers the links and ports; the memory lanes beyond carry no message)."""
+    c = mf.rcap[l] - holds[l] if l < holds.shape[0] else mf.rcap[l]
+    return c if c > 0.0 else 0.0
 
 
 @njit(cache=True, _nrt=False)
-def memflow_poke(mf, heap, hs, now):
-    """A path-model message claimed or released a link: share the links again (if any flow moves)."""
+def memflow_poke(mf, holds, heap, hs, now, changed):
+    """A path-model message claimed or released a link (``changed``: its id + 1, or -1 if several
+    changed): share the links again at this cycle, unless the solution cannot change — no flow
+    crosses the link, its capacity is what the last solve used (a release and the next claim in
+    one event), or it was claimed and every flow crossing it stands already (rate 0: held back
+    elsewhere). Skipping those is exact: the solve's inputs that matter are the same (the skipped
+    link keeps its old capacity in ``ceff`` until the next solve reads ``holds`` again)."""
     if mf.sc[S_NACT] > 0 and mf.sc[S_PENDING] == 0:
+        if changed > 0:
+            l = changed - 1
+            c = _ceff(mf, holds, l)
+            if mf.rn[l] == 0 or c == mf.ceff[l]:  # no flow crosses it, or it leaves what the last solve used
+                mf.sc[S_SKIPPED] += 1
+                return
+            if c == 0.0:  # a claim: its flows stop; nothing changes if they all stand already
+                idle = True
+                for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
+                    if mf.rate[mf.rl[q]] > 0.0:
+                        idle = False
+                        break
+                if idle:
+                    mf.sc[S_SKIPPED] += 1
+                    return
         mf.sc[S_VERSION] += 1
         mf.sc[S_PENDING] = 1
         event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
@@ -224,8 +305,10 @@ def memflow_poke(mf, heap, hs, now):
 def memflow_update(mf, holds, heap, hs, version, now):
     """``EV_MFLOW_UPDATE``: end the flows that drained, share the links among the rest, schedule
     the next end; ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
-    theirs while they do). ``load``/``nflows`` hold the flows' load per resource between updates (the path
-    model's messages read them; ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the messages seen)."""
+    theirs while they do). ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the
+    messages seen. Cost: O(resources the flows cross) to set up, then the filling
+    (:func:`npusim.hw.maxmin.fill`: per round O(those resources + flows), and O(entries) of the flows
+    frozen before the last round)."""
     if version != mf.sc[S_VERSION]:
         return  # superseded
     mf.sc[S_PENDING] = 0
@@ -235,40 +318,46 @@ def memflow_update(mf, holds, heap, hs, version, now):
     j = 0
     for i in range(n):  # keep start order: compact in place
         f = mf.act[i]
-        if mf.inload[f] != 0:
-            _load(mf, f, -1)
-            mf.inload[f] = 0
         if mf.rem[f] < 0.5:
             x = mf.rate[f] / mf.fcap[f]
             extra = mf.rtt[f] * (1.0 - x) if x < 1.0 else 0.0
             event_push(heap, hs, now + np.int64(np.ceil(extra)), EV_NOC_PART_END, f)
+            _list_drop(mf, f)
             mf.e_n[f] = 0
         else:
             mf.act[j] = f
+            mf.frozen[f] = 0
             j += 1
     mf.sc[S_NACT] = j
     if j == 0:
         return
-    for l in range(holds.shape[0]):  # a link or port a message holds is not the flows' meanwhile
-        c = mf.rcap[l] - holds[l]
-        mf.ceff[l] = c if c > 0.0 else 0.0
-    mf.sc[S_ROUNDS] += maxmin_rates(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate,
-                                    mf.scratch, 1e-9)
+    nt = mf.sc[S_NTOUCH]
+    for i in range(nt):  # each resource the flows cross: its capacity less the messages holding it, its flows
+        l = mf.tl[i]
+        c = _ceff(mf, holds, l)
+        mf.ceff[l] = c
+        mf.R[l] = c
+        mf.A[l] = mf.A0[l]
+        mf.cnt[l] = mf.rn[l]
+        mf.live[i] = l
+    mf.sc[S_SOLVED] += j
+    mf.sc[S_SOLVED_RES] += nt
+    mf.sc[S_ROUNDS] += fill(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
+                            mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nt, mf.frozen, mf.fz, 1e-9)
     nxt = np.inf
-    peak = mf.fsc[F_PEAK_LOAD]
     for i in range(j):
         f = mf.act[i]
-        _load(mf, f, 1)
-        mf.inload[f] = 1
         r = mf.rate[f]
         if r > 0.0:
             t = mf.rem[f] / r
             if t < nxt:
                 nxt = t
-        for k in range(mf.e_n[f]):
-            l = mf.e_res[f, k]
-            c = mf.ceff[l]  # what the flows may use: the width less the messages holding it
-            v = mf.load[l] / c if c > 0.0 else (2.0 if mf.load[l] > 1e-12 else 0.0)
+    peak = mf.fsc[F_PEAK_LOAD]
+    for i in range(nt):
+        l = mf.tl[i]
+        c = mf.ceff[l]  # what the flows may use: the width less the messages holding it
+        if c > 0.0:
+            v = (c - mf.R[l]) / c
             if v > peak:
                 peak = v
     mf.fsc[F_PEAK_LOAD] = peak

@@ -300,13 +300,24 @@ def _next_link(ps, slot):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _holds_changed(ps, link):
+    """Note that a message claimed or freed ``link``: ``counters[C_HOLDS_CHANGED]`` is ``link + 1``,
+    or -1 once more than one link changed since the kernel last looked."""
+    v = ps.counters[C_HOLDS_CHANGED]
+    if v == 0:
+        ps.counters[C_HOLDS_CHANGED] = link + 1
+    elif v != link + 1:
+        ps.counters[C_HOLDS_CHANGED] = -1
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _claim(ps, heap, hs, slot, link, now):
     """``slot`` owns ``link`` from ``now``: advance the header, or — when the link is the
     ejection port — schedule the tail, the link releases and the end of the task."""
     ps.link_owner[link] = slot
     if ps.prm[PRM_HOLD] != 0:  # the memory flows lose this link while the message holds it
         ps.link_holds[link] += 1
-        ps.counters[C_HOLDS_CHANGED] = 1
+        _holds_changed(ps, link)
     cur, dst = ps.m_cur[slot], ps.m_dst[slot]
     S, L = ps.prm[PRM_STAGES], ps.prm[PRM_LINK_LAT]
     flits = ps.m_flits[slot]
@@ -404,7 +415,7 @@ def path_handle(ps, heap, hs, etype, eid, now):
         link = eid
         if ps.prm[PRM_HOLD] != 0 and ps.link_owner[link] >= 0 and ps.link_holds[link] > 0:
             ps.link_holds[link] -= 1
-            ps.counters[C_HOLDS_CHANGED] = 1
+            _holds_changed(ps, link)
         ps.link_owner[link] = -1
         slot = ps.link_wait_head[link]
         if slot < 0:
