@@ -59,14 +59,21 @@ def _section() -> tuple[dict, list[dict]]:
 def core_time_rows() -> list[dict]:
     """Calibration-half micro-benchmark rows with a duration and a core time: dicts with the row,
     ``duration_us`` and ``core_us``."""
+    return [{"row": r, "duration_us": float(r["measured_us"]), "core_us": float(m.group(2))}
+            for r, m in _calibration_matches(MICROBENCH, _CORE_TIME) if "measured_us" in r]
+
+
+def _calibration_matches(source: str, pattern) -> list[tuple[dict, re.Match]]:
+    """``source``'s rows whose conditions match ``pattern``, with the match; the source must be in
+    the calibration half."""
     sources, rows = _section()
-    if sources[MICROBENCH]["half"] != "calibration":
-        raise ValueError(f"published.yaml operators: source {MICROBENCH} is no longer in the calibration half")
+    if sources[source]["half"] != "calibration":
+        raise ValueError(f"published.yaml operators: source {source} is no longer in the calibration half")
     out = []
     for r in rows:
-        m = _CORE_TIME.search(str(r.get("conditions", "")))
-        if r["source"] == MICROBENCH and m and "measured_us" in r:
-            out.append({"row": r, "duration_us": float(r["measured_us"]), "core_us": float(m.group(2))})
+        m = pattern.search(str(r.get("conditions", "")))
+        if r["source"] == source and m:
+            out.append((r, m))
     return out
 
 
@@ -136,14 +143,8 @@ def add_sample_rows() -> list[dict]:
     """The vendor Add sample's cases that differ only in the elements per instruction (no double
     buffer, default UB layout, L2 on): dicts with ``elements`` (per instruction), ``vec_us``
     (aiv_vec_time) and ``tensor``."""
-    sources, rows = _section()
-    if sources[ADD_SAMPLE]["half"] != "calibration":
-        raise ValueError(f"published.yaml operators: source {ADD_SAMPLE} is no longer in the calibration half")
-    out = []
-    for r in rows:
-        m = _VEC_TIME.search(str(r.get("conditions", "")))
-        if r["source"] == ADD_SAMPLE and m:
-            out.append({"elements": int(m.group(1)), "vec_us": float(m.group(2)), "tensor": r["shape"]["tensor"]})
+    out = [{"elements": int(m.group(1)), "vec_us": float(m.group(2)), "tensor": r["shape"]["tensor"]}
+           for r, m in _calibration_matches(ADD_SAMPLE, _VEC_TIME)]
     if len({x["elements"] for x in out}) < 2:
         raise ValueError(f"published.yaml operators: {ADD_SAMPLE} needs two cases at different dataCopyLen")
     return out
