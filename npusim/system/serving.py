@@ -59,8 +59,8 @@ from npusim.errors import ConfigError
 from npusim.mapping.deployment import CachingPool, Deployment, SystemServing
 from npusim.model.configs import ModelConfig
 from npusim.model.zoo import get_config
-from npusim.serving.client import ClosedLoop
 from npusim.serving.kvcache import KVCacheManager
+from npusim.serving.loop import ARRIVE, KV_ARRIVED, READY, Transfers, advance, serve
 from npusim.serving.metrics import RequestRecord, summarize
 from npusim.serving.requests import Request, check_context
 from npusim.serving.scheduler import Live, Scheduler, SchedulerConfig, Slot
@@ -80,8 +80,8 @@ NOTE = ("partial model: step times interpolated between simulated step shapes (s
         "costed as one prefill step of all its tokens; prefill-side KV capacity, pool reads overlapping "
         "compute and decode preemption are not modelled")
 
-ARRIVAL, ITER_DONE, KV_ARRIVED, POOL_LOADED = range(4)
 ROLES = ("aggregated", "prefill", "decode")
+_PHASES = {"prefill": ["prefill"], "decode": ["decode"], "aggregated": ["decode", "prefill"]}  # the steps a role runs
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,10 @@ class StepCost:
 
 @dataclass
 class _Inst:
+    """A system instance behind the serving loop's instance interface (:mod:`npusim.serving.loop`):
+    ``units`` of dies, a KV manager per unit (aggregated, decode), iterations timed by ``cost``, one
+    iteration at a time. Its admission rule is its role's (see the module docstring)."""
+
     name: str
     role: str
     pool: int
@@ -139,6 +143,7 @@ class _Inst:
     units: list[list[int]]  # fabric vertices of each unit's dies
     scheduler: Scheduler
     cost: StepCost
+    level: "_SystemLevel" = field(repr=False, default=None)
     kv: list[KVCacheManager] = field(default_factory=list)  # per unit (aggregated, decode)
     slots_per_unit: int = 0
     budget: int = 0  # prompt tokens an iteration (prefill)
@@ -147,17 +152,297 @@ class _Inst:
     unit_seqs: list[int] = field(default_factory=list)
     busy: bool = False
     turn: int = 0  # prefill: the unit the next prompt runs on
+    pool_writes: tuple = ((), (), ())  # prefill: the caching pool's writes of the prompts just done
 
     def seqs(self) -> int:
         return sum(self.unit_seqs) if self.unit_seqs else len(self.running)
+
+    # -- the loop's instance interface ----------------------------------------------------------
+    def admit(self, records: dict, t: float) -> int:
+        """An idle instance's own rule: prefill takes whole prompts when it runs none, aggregated holds
+        the queue's head while a unit has room; decode is given its requests (:meth:`_SystemLevel.hand_off`)."""
+        if self.busy:
+            return 0
+        if self.role == "prefill" and not self.running:
+            self._admit_prompts(records, t)
+        elif self.role == "aggregated":
+            self._admit_held(records, t)
+        return 0
+
+    def can_launch(self) -> bool:
+        return not self.busy and bool(self.running)
+
+    def plan(self) -> list[Slot]:
+        return self.scheduler.plan(self.running)
+
+    def launch(self, slots: list[Slot], records: dict, t: float) -> float:
+        """Time the iteration (its step cost); the ticket is its end time (s)."""
+        self.busy = True
+        dur = self.cost.iteration_ms(slots, self.unit_of) / 1e3
+        tokens = sum(x.q for x in slots)
+        mean_ctx = sum(x.kv * x.q for x in slots) / tokens
+        lv = self.level
+        lv.steps.append({"instance": self.name, "submitted_s": t, "end_s": t + dur, "requests": len(slots),
+                         "tokens": tokens, "mean_context": mean_ctx})
+        if all(not x.live.prefilling for x in slots):
+            lv.stats["steps"] += 1
+            lv.stats["batch_sum"] += len(slots)
+        return t + dur
+
+    def complete(self, slots: list[Slot], records: dict, t: float):
+        self.busy = False
+        lv = self.level
+        if self.role == "prefill":  # prompts done leave for decode (output 1: done here)
+            made = advance(slots, records, t, lambda rid, n: None)
+            writes = ([], [], [])
+            done, leaving = [], []
+            for x in slots:
+                live = x.live
+                if live.prefilling:
+                    continue
+                if lv.pool is not None and live.req.hash_ids:
+                    lv.write_blocks(lv.reqs[live.req.id], writes)
+                (done if live.req.output_len == 1 else leaving).append(live)
+            self.pool_writes = writes
+            return done, leaving, made, None
+        made = advance(slots, records, t, lambda rid, n: self.kv[self.unit_of[rid]].append(rid, n),
+                       lv.mtp_draw if lv.mtp else None)
+        return [x.live for x in slots if x.live.done], [], made, None
+
+    def release(self, live: Live) -> None:
+        rid = live.req.id
+        if self.kv:
+            u = self.unit_of.pop(rid)
+            self.kv[u].free(rid)
+            self.unit_seqs[u] -= 1
+        self.running.remove(live)
+
+    # -- admission rules -----------------------------------------------------------------------
+    def _admit_prompts(self, records: dict, t: float) -> None:
+        """Whole queued prompts FCFS within the budget (the first always); with the caching pool, a
+        prompt's cached leading blocks are read over the fabric first and not computed."""
+        lv = self.level
+        pool, block = lv.pool, lv.block
+        batch, tokens = [], 0
+        while lv.waiting:
+            q = lv.reqs[lv.waiting[0]]
+            blocks = pool.held_prefix(q.req.hash_ids) if pool is not None else 0
+            hit = min(blocks * block, q.req.input_len - 1)
+            compute = q.req.input_len - hit
+            if batch and tokens + compute > self.budget:
+                break
+            lv.waiting.popleft()
+            if pool is not None:
+                pool.lookup(q.req.hash_ids)
+                lv.stats["looked_blocks"] += len(q.req.hash_ids)
+            rec = records[q.req.id]
+            rec.prefix_hit_tokens = hit
+            rec.first_scheduled_s = t
+            q.prefill_unit = self.units[self.turn % len(self.units)]
+            self.turn += 1
+            self.running.append(Live(q.req, prefilled=hit, admitted_at=t))
+            batch.append((q, hit))
+            tokens += compute
+        if not batch:
+            return
+        lv.stats["batches"] += 1
+        lv.stats["saved_tokens"] += sum(h for _, h in batch)
+        if pool is not None and any(hit for _, hit in batch):  # read the cached prefix blocks first
+            inits, tgts, sizes = [], [], []
+            for q, hit in batch:
+                for b in range(-(-hit // block)):
+                    inits.append(q.prefill_unit[0])
+                    tgts.append(lv.cpu_ids[pool.cpu_of(q.req.hash_ids[b])])
+                    sizes.append(min(block, hit - b * block) * lv.kvb)
+            lv.stats["pool_read_bytes"] += int(sum(sizes))
+            self.busy = True
+            lv.fabric.start(t, [(inits, tgts, sizes, "read", lv.caching_pool.fabric, lv.via)], [(READY, self)])
+
+    def _admit_held(self, records: dict, t: float) -> None:
+        """The queue's head while a unit has a slot and KV room."""
+        lv = self.level
+        while lv.waiting:
+            q = lv.reqs[lv.waiting[0]]
+            unit = self.place(q.req)
+            if unit is None:
+                break
+            lv.waiting.popleft()
+            rec = records[q.req.id]
+            rec.first_scheduled_s = rec.first_scheduled_s or t
+            self.running.append(Live(q.req, admitted_at=t))
+            self.unit_of[q.req.id] = unit
+
+    def place(self, r: Request) -> int | None:
+        """A unit with a sequence slot whose KV manager admits ``r`` (the one with the fewest sequences)."""
+        for u in sorted(range(len(self.units)), key=lambda u: (self.unit_seqs[u], u)):
+            if self.unit_seqs[u] < self.slots_per_unit and self.kv[u].admit(r.id, r.input_len, r.output_len).ok:
+                self.unit_seqs[u] += 1
+                return u
+        return None
 
 
 @dataclass
 class _Req:
     req: Request
-    record: RequestRecord
     prefill_unit: list[int] = field(default_factory=list)  # fabric vertices of its prefill unit
     decode: tuple[int, int] | None = None  # (instance index, unit)
+
+
+class _HeapClock:
+    """The system's clock for the serving loop: an event heap (time, then push order) beside the one
+    fabric simulation (:class:`_LiveFabric`, None for an aggregated pool), which is advanced to the next
+    event's time before it is popped; one event is handed over at a time."""
+
+    def __init__(self, fabric: "_LiveFabric | None"):
+        self.events: list = []
+        self.counter = 0
+        self.t = 0.0
+        self.fabric = fabric
+
+    def _push(self, t: float, event: tuple) -> None:
+        heapq.heappush(self.events, (t, self.counter, event))
+        self.counter += 1
+
+    def now_s(self) -> float:
+        return self.t
+
+    def send(self, requests) -> None:
+        for r in requests:
+            self._push(r.arrival_s, (ARRIVE, [r]))
+
+    def watch(self, ticket: float, what: tuple) -> None:
+        self._push(ticket, what)
+
+    def next(self) -> list[tuple] | None:
+        fabric = self.fabric
+        if not self.events and not (fabric is not None and fabric.pending):
+            return None
+        if fabric is not None:
+            for end, kind, payload, durs in fabric.advance(self.events[0][0] if self.events else None):
+                self._push(end, (kind, payload, durs))
+        self.t, _, event = heapq.heappop(self.events)
+        return [event]
+
+    def settle(self) -> None:
+        pass
+
+
+class _SystemLevel:
+    """The system level under the serving loop: the pools' instances, the entry pool's one queue, the
+    disaggregated hand-off (a decode unit chosen, the KV written over the fabric) and the caching
+    pool's traffic."""
+
+    def __init__(self, insts: list[_Inst], by_pool: dict, room: dict, hold_role: str, mode: str, fabric,
+                 kv_fabric, via, caching_pool, pool, cpu_ids, block: int, kvb: float, mtp: int, mtp_acc: float,
+                 seed: int):
+        self.instances, self.by_pool, self.room, self.hold_role, self.mode = insts, by_pool, room, hold_role, mode
+        self.fabric, self.kv_fabric, self.via, self.caching_pool = fabric, kv_fabric, via, caching_pool
+        self.pool, self.cpu_ids, self.block, self.kvb = pool, cpu_ids, block, kvb
+        self.mtp, self.mtp_acc = mtp, mtp_acc
+        self.rng = np.random.default_rng(seed)
+        self.reqs: dict[int, _Req] = {}
+        self.waiting: deque[int] = deque()  # the entry pool's queue
+        self.wait_decode: list[int] = []  # prefilled, waiting for decode room
+        self.transfers = Transfers()
+        self.steps: list[dict] = []
+        self.stats = {"batches": 0, "steps": 0, "batch_sum": 0, "pool_read_bytes": 0, "pool_write_bytes": 0,
+                      "saved_tokens": 0, "looked_blocks": 0}
+        for it in insts:
+            it.level = self
+
+    def mtp_draw(self) -> int:
+        """MTP's accepted draft tokens: each of ``mtp`` accepted with ``mtp_acceptance``, in order."""
+        made = 0
+        for _ in range(self.mtp):
+            if self.rng.random() >= self.mtp_acc:
+                break
+            made += 1
+        return made
+
+    def write_blocks(self, q: _Req, writes) -> None:
+        """A prompt's new blocks, written from its prefill unit to the caching pool's CPUs."""
+        for h in self.pool.insert(q.req.hash_ids):
+            b = q.req.hash_ids.index(h)
+            writes[0].append(q.prefill_unit[0])
+            writes[1].append(self.cpu_ids[self.pool.cpu_of(h)])
+            writes[2].append(min(self.block, q.req.input_len - b * self.block) * self.kvb)
+
+    # -- the loop's level interface -----------------------------------------------------------
+    def arrive(self, req: Request, record: RequestRecord, t: float) -> bool:
+        self.reqs[req.id] = _Req(req)
+        room = self.room[self.hold_role]
+        if req.input_len + req.output_len > room:
+            record.rejected_reason = (f"prompt + output longer than a{'' if self.mode == 'aggregated' else ' decode'} "
+                                      f"unit's KV capacity ({room} tokens)")
+            return False
+        self.waiting.append(req.id)
+        return True
+
+    def hand_off(self, it: _Inst, leaving: list[Live], records: dict, t: float) -> None:
+        if it.role != "prefill":
+            return
+        for live in leaving:
+            it.running.remove(live)
+        writes, it.pool_writes = it.pool_writes, ((), (), ())
+        self.stats["pool_write_bytes"] += int(sum(writes[2]))
+        self._assign_decode(t, [live.req.id for live in leaving], writes)
+
+    def _assign_decode(self, t: float, ids: list[int], pool_writes) -> None:
+        """Give each request a decode unit with room, and time the KV writes (and pool writes)."""
+        placed = []
+        dec = self.by_pool["decode"]
+        for rid in ids:
+            q = self.reqs[rid]
+            got = None
+            for k in sorted(range(len(dec)), key=lambda k: (dec[k].seqs(), k)):
+                u = dec[k].place(q.req)
+                if u is not None:
+                    got = (k, u)
+                    break
+            if got is None:
+                self.wait_decode.append(rid)
+                continue
+            q.decode = got
+            dec[got[0]].unit_of[rid] = got[1]
+            placed.append(q)
+        if not placed and not pool_writes[0]:
+            return
+        per_die = dec[0].inst.kv_bytes_per_die
+        # each die of the decode unit receives its share, from the prefill unit's die of the same index
+        moves = [(q.prefill_unit[j % len(q.prefill_unit)], die, q.req.input_len * per_die)
+                 for q in placed for j, die in enumerate(dec[q.decode[0]].units[q.decode[1]])]
+        kv = ([m[0] for m in moves], [m[1] for m in moves], [m[2] for m in moves], "write", self.kv_fabric, self.via)
+        self.transfers.sent_bytes += sum(kv[2])
+        self.transfers.count += len(placed)
+        pool_fabric = self.caching_pool.fabric if self.caching_pool else self.kv_fabric
+        self.fabric.start(t, [kv, (*pool_writes, "write", pool_fabric, self.via)],
+                          [[(KV_ARRIVED, (q.req.id, q.req.input_len * per_die * len(dec[q.decode[0]].units[q.decode[1]])))
+                            for q in placed], None])
+
+    def on_event(self, event: tuple, records: dict, t: float) -> None:
+        kind, payload, durs = event
+        if kind == READY:  # the caching pool's blocks were read: the prefill batch may run
+            payload.busy = False
+            return
+        rid, nbytes = payload  # KV_ARRIVED: the request joins its decode unit
+        self.transfers.durations_s.append(float(durs[0]))
+        self.transfers.received_bytes += nbytes
+        q = self.reqs[rid]
+        k, u = q.decode
+        it = self.by_pool["decode"][k]
+        it.kv[u].append(rid, q.req.input_len)
+        it.running.append(Live(q.req, prefilled=q.req.input_len, generated=1, admitted_at=t))
+
+    def after_iteration(self, it: _Inst, finished: list, records: dict, t: float) -> None:
+        if it.role != "prefill" and finished and self.wait_decode:  # decode room freed
+            again, self.wait_decode = self.wait_decode, []
+            self._assign_decode(t, again, ([], [], []))
+
+    def reject_stuck(self, records: dict) -> bool:
+        return False  # a request no unit can ever hold was refused when it arrived
+
+    def busy(self) -> bool:
+        return bool(self.waiting or self.wait_decode or any(it.running for it in self.instances))
 
 
 @dataclass
@@ -281,7 +566,7 @@ def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Requ
     room: dict[str, int] = {}  # tokens of KV a unit of the pool holds
     for i in order:
         p = pools[i]
-        phases = {"prefill": ["prefill"], "decode": ["decode"], "aggregated": ["decode", "prefill"]}[p.role]
+        phases = _PHASES[p.role]
         made = {ph: _instance(loaded, p.source, ph, model, seed, cc, runtime) for ph in phases}
         base = made[phases[0]]
         n_units = len(base.units)
@@ -319,10 +604,8 @@ def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Requ
             insts.append(it)
             by_pool.setdefault(p.role, []).append(it)
         npu0 += p.instances * base.npus
-    entry_role = "aggregated" if mode == "aggregated" else "prefill"
     hold_role = "aggregated" if mode == "aggregated" else "decode"
     dinst0 = by_pool[hold_role][0].inst
-    mtp, mtp_acc = dinst0.mtp, dinst0.mtp_acceptance
     kvb = kvb or kv_bytes_per_token(cfg)
     cpu_ids = [topo.index[f"cpu{c}"] for c in range(s.num_cpus)]
     block = caching_pool.block_tokens if caching_pool else 512
@@ -331,269 +614,36 @@ def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Requ
         cap_gb = caching_pool.capacity_gb or s.cpu.dram_gb * s.num_cpus
         pool = KVPool(int(cap_gb * 2**30 // (block * kvb)), len(cpu_ids))
     fabric = _LiveFabric(loaded, fidelity) if mode == "disaggregated" else None
-    rng = np.random.default_rng(seed)
-
-    reqs = {r.id: _Req(r, RequestRecord.from_request(r)) for r in requests}
-    for q in reqs.values():
-        if q.req.input_len + q.req.output_len > room[hold_role]:
-            q.record.rejected_reason = (f"prompt + output longer than a{'' if mode == 'aggregated' else ' decode'} "
-                                        f"unit's KV capacity ({room[hold_role]} tokens)")
-    events: list[tuple[float, int, int, object]] = []
-    counter = 0
-
-    def push(t: float, kind: int, payload) -> None:
-        nonlocal counter
-        heapq.heappush(events, (t, counter, kind, payload))
-        counter += 1
-
     last = max((r.arrival_s for r in requests), default=0.0)
     if last * _LiveFabric.PS_PER_S > MAX_ARRIVAL_PS:
         raise ConfigError(f"the last request arrives {last:.3g} s into the run, beyond the {MAX_ARRIVAL_PS / 1e12:.3g} s "
                           "the fabric's 64-bit picosecond clock holds (a higher --rate, or --time-scale for a trace)")
-    source = None if max_concurrency is None else ClosedLoop(requests, max_concurrency)
+    level = _SystemLevel(insts, by_pool, room, hold_role, mode, fabric, kv_fabric, via, caching_pool, pool, cpu_ids,
+                         block, kvb, dinst0.mtp, dinst0.mtp_acceptance, seed)
+    run = serve(level, _HeapClock(fabric), requests, progress, max_concurrency)
+    return SystemServingResult(_summary(loaded, cfg, pools, level, run, requests, cc, runtime,
+                                        slo_ttft_ms, slo_tpot_ms, slo_tbt_ms),
+                               [run.records[r.id] for r in requests], level.steps)
 
-    def send(batch) -> None:
-        for r in batch:
-            q = reqs[r.id]
-            q.req = r
-            q.record.arrival_s = r.arrival_s
-            if source is not None or q.record.rejected_reason is None:  # a client's rejection frees its slot then
-                push(r.arrival_s, ARRIVAL, r.id)
 
-    send(requests if source is None else source.initial())
-    waiting: deque[int] = deque()  # the entry pool's queue
-    wait_decode: list[int] = []  # prefilled, waiting for decode room
-    stats = {"batches": 0, "steps": 0, "batch_sum": 0, "kv_bytes": 0, "kv_bytes_received": 0, "kv_s": [],
-             "pool_read_bytes": 0, "pool_write_bytes": 0, "saved_tokens": 0, "looked_blocks": 0,
-             "tokens_made": 0}
-    steps: list[dict] = []
-    done_count = 0
-
-    def finish(q: _Req, t: float) -> None:
-        nonlocal done_count
-        q.record.finish_s = t
-        done_count += 1
-        if source is not None:
-            send(source.on_finish(t))
-
-    def admit_prefill(t: float, it: _Inst) -> None:
-        """An idle prefill instance takes whole queued prompts FCFS within its budget (the first always)."""
-        batch, tokens = [], 0
-        while waiting:
-            q = reqs[waiting[0]]
-            blocks = pool.held_prefix(q.req.hash_ids) if pool is not None else 0
-            hit = min(blocks * block, q.req.input_len - 1)
-            compute = q.req.input_len - hit
-            if batch and tokens + compute > it.budget:
-                break
-            waiting.popleft()
-            if pool is not None:
-                pool.lookup(q.req.hash_ids)
-                stats["looked_blocks"] += len(q.req.hash_ids)
-            q.record.prefix_hit_tokens = hit
-            q.record.first_scheduled_s = t
-            q.prefill_unit = it.units[it.turn % len(it.units)]
-            it.turn += 1
-            it.running.append(Live(q.req, prefilled=hit, admitted_at=t))
-            batch.append((q, hit))
-            tokens += compute
-        if not batch:
-            return
-        stats["batches"] += 1
-        stats["saved_tokens"] += sum(h for _, h in batch)
-        if pool is not None and any(hit for _, hit in batch):  # read the cached prefix blocks first
-            inits, tgts, sizes = [], [], []
-            for q, hit in batch:
-                for b in range(-(-hit // block)):
-                    inits.append(q.prefill_unit[0])
-                    tgts.append(cpu_ids[pool.cpu_of(q.req.hash_ids[b])])
-                    sizes.append(min(block, hit - b * block) * kvb)
-            stats["pool_read_bytes"] += int(sum(sizes))
-            it.busy = True
-            fabric.start(t, [(inits, tgts, sizes, "read", caching_pool.fabric, via)], [(POOL_LOADED, it)])
-
-    def admit_held(t: float, it: _Inst) -> None:
-        """An aggregated instance admits the queue's head while a unit has a slot and KV room."""
-        while waiting:
-            q = reqs[waiting[0]]
-            unit = _place(it, q.req)
-            if unit is None:
-                break
-            waiting.popleft()
-            q.record.first_scheduled_s = q.record.first_scheduled_s or t
-            it.running.append(Live(q.req, admitted_at=t))
-            it.unit_of[q.req.id] = unit
-
-    def _place(it: _Inst, r: Request) -> int | None:
-        for u in sorted(range(len(it.units)), key=lambda u: (it.unit_seqs[u], u)):
-            if it.unit_seqs[u] < it.slots_per_unit and it.kv[u].admit(r.id, r.input_len, r.output_len).ok:
-                it.unit_seqs[u] += 1
-                return u
-        return None
-
-    def start(t: float, it: _Inst) -> None:
-        if it.busy:
-            return
-        if it.role == "prefill" and not it.running:
-            admit_prefill(t, it)
-            if it.busy:
-                return
-        elif it.role == "aggregated":
-            admit_held(t, it)
-        if not it.running:
-            return
-        slots = it.scheduler.plan(it.running)
-        if not slots:
-            return
-        it.busy = True
-        dur = it.cost.iteration_ms(slots, it.unit_of) / 1e3
-        tokens = sum(x.q for x in slots)
-        mean_ctx = sum(x.kv * x.q for x in slots) / tokens
-        steps.append({"instance": it.name, "submitted_s": t, "end_s": t + dur, "requests": len(slots),
-                      "tokens": tokens, "mean_context": mean_ctx})
-        if all(not x.live.prefilling for x in slots):
-            stats["steps"] += 1
-            stats["batch_sum"] += len(slots)
-        push(t + dur, ITER_DONE, (it, slots))
-
-    def assign_decode(t: float, ids: list[int], pool_writes) -> None:
-        """Give each request a decode unit with room, and time the KV writes (and pool writes)."""
-        placed = []
-        dec = by_pool["decode"]
-        for rid in ids:
-            q = reqs[rid]
-            got = None
-            for k in sorted(range(len(dec)), key=lambda k: (dec[k].seqs(), k)):
-                u = _place(dec[k], q.req)
-                if u is not None:
-                    got = (k, u)
-                    break
-            if got is None:
-                wait_decode.append(rid)
-                continue
-            q.decode = got
-            dec[got[0]].unit_of[rid] = got[1]
-            placed.append(q)
-        if not placed and not pool_writes[0]:
-            return
-        dinst = dec[0].inst
-        # each die of the decode unit receives its share, from the prefill unit's die of the same index
-        moves = [(q.prefill_unit[j % len(q.prefill_unit)], die, q.req.input_len * dinst.kv_bytes_per_die)
-                 for q in placed for j, die in enumerate(dec[q.decode[0]].units[q.decode[1]])]
-        kv = ([m[0] for m in moves], [m[1] for m in moves], [m[2] for m in moves], "write", kv_fabric, via)
-        stats["kv_bytes"] += sum(kv[2])
-        fabric.start(t, [kv, (*pool_writes, "write", caching_pool.fabric if caching_pool else kv_fabric, via)],
-                     [[(KV_ARRIVED, (q.req.id, q.req.input_len * dinst.kv_bytes_per_die
-                                     * len(dec[q.decode[0]].units[q.decode[1]])))
-                       for q in placed], None])
-
-    def release(it: _Inst, live: Live, t: float) -> None:
-        rid = live.req.id
-        u = it.unit_of.pop(rid)
-        it.kv[u].free(rid)
-        it.unit_seqs[u] -= 1
-        it.running.remove(live)
-        finish(reqs[rid], t)
-
-    def iteration_done(t: float, it: _Inst, slots: list[Slot]) -> None:
-        it.busy = False
-        if it.role == "prefill":
-            writes = ([], [], [])
-            going = []
-            for x in slots:
-                live = x.live
-                live.prefilled += x.q
-                if live.prefilling:
-                    continue
-                q = reqs[live.req.id]
-                it.running.remove(live)
-                q.record.token_times_s.append(t)
-                stats["tokens_made"] += 1
-                if pool is not None and q.req.hash_ids:
-                    for h in pool.insert(q.req.hash_ids):
-                        b = q.req.hash_ids.index(h)
-                        writes[0].append(q.prefill_unit[0])
-                        writes[1].append(cpu_ids[pool.cpu_of(h)])
-                        writes[2].append(min(block, q.req.input_len - b * block) * kvb)
-                if q.req.output_len == 1:
-                    finish(q, t)
-                else:
-                    going.append(live.req.id)
-            stats["pool_write_bytes"] += int(sum(writes[2]))
-            assign_decode(t, going, writes)
-            return
-        finished = []
-        for x in slots:
-            live = x.live
-            rec = reqs[live.req.id].record
-            u = it.unit_of[live.req.id]
-            if live.prefilling:
-                live.prefilled += x.q
-                it.kv[u].append(live.req.id, x.q)
-                if x.samples:
-                    live.generated = 1
-                    rec.token_times_s.append(t)
-                    stats["tokens_made"] += 1
-            else:
-                made = 1
-                for _ in range(mtp):
-                    if rng.random() >= mtp_acc:
-                        break
-                    made += 1
-                made = min(made, live.req.output_len - live.generated)
-                it.kv[u].append(live.req.id, made)
-                live.generated += made
-                rec.token_times_s.extend([t] * made)
-                stats["tokens_made"] += made
-            if live.done:
-                finished.append(live)
-        for live in finished:
-            release(it, live, t)
-        if progress is not None and finished:
-            progress(t, done_count, len(requests))
-        if finished and wait_decode:
-            again, wait_decode[:] = list(wait_decode), []
-            assign_decode(t, again, ([], [], []))
-
-    while events or (fabric is not None and fabric.pending):
-        if fabric is not None:
-            for end, fkind, fpayload, durs in fabric.advance(events[0][0] if events else None):
-                if fkind == KV_ARRIVED:
-                    stats["kv_s"].append(float(durs[0]))
-                push(end, fkind, fpayload)
-        t, _, kind, payload = heapq.heappop(events)
-        if kind == POOL_LOADED:
-            payload.busy = False
-        elif kind == ARRIVAL:
-            if reqs[payload].record.rejected_reason is None:
-                waiting.append(payload)
-            else:  # only with a client (source): its slot frees at once
-                send(source.on_finish(t))
-        elif kind == ITER_DONE:
-            iteration_done(t, *payload)
-        elif kind == KV_ARRIVED:
-            rid, nbytes = payload
-            q = reqs[rid]
-            stats["kv_bytes_received"] += nbytes
-            k, u = q.decode
-            it = by_pool["decode"][k]
-            it.kv[u].append(rid, q.req.input_len)
-            it.running.append(Live(q.req, prefilled=q.req.input_len, generated=1, admitted_at=t))
-        for it in insts:
-            start(t, it)
-
-    records = [reqs[r.id].record for r in requests]
+def _summary(loaded: LoadedSystem, cfg: ModelConfig, pools: list[PoolSpec], level: _SystemLevel, run, requests,
+             cc: ChipCost, runtime: str | None, slo_ttft_ms, slo_tpot_ms, slo_tbt_ms) -> dict:
+    """The run's summary: :func:`npusim.serving.metrics.summarize` of its records and the system's keys."""
+    records = [run.records[r.id] for r in requests]
     out = summarize(records, slo_ttft_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
                     slo_tbt_s=slo_tbt_ms / 1e3 if slo_tbt_ms else None,
                     slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None)
+    insts, stats, pool, tr = level.instances, level.stats, level.pool, level.transfers
     dur = out["duration_s"] or 0.0
     npus = {p.role: p.instances * p.npus for p in pools}
     n_total = sum(npus.values())
-    n_hold = npus[hold_role]
-    kv_s = np.asarray(stats["kv_s"]) * 1e3
+    n_hold = npus[level.hold_role]
+    kv_s = np.asarray(tr.durations_s) * 1e3
     tpot = (out.get("tpot_ms") or {}).get("mean")
+    phases = sorted({ph for p in pools for ph in _PHASES[p.role]}, reverse=True)
+    caching_pool = level.caching_pool
     out.update({
-        "system": s.name, "model": cfg.name, "mode": mode,
+        "system": loaded.system.name, "model": cfg.name, "mode": level.mode,
         "npus_prefill": npus.get("prefill", 0), "npus_decode": npus.get("decode", 0),
         "npus_aggregated": npus.get("aggregated", 0), "npus_total": n_total,
         "tokens_per_s_per_npu": out["output_tokens"] / dur / n_total if dur else None,
@@ -601,21 +651,22 @@ def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Requ
         "tokens_per_s_per_user": 1e3 / tpot if tpot else None,
         "decode_tokens_per_s_per_npu": (out["output_tokens"] - out["requests_completed"]) / dur / n_hold
         if dur else None,
-        "mtp": mtp, "mtp_acceptance": mtp_acc,
+        "mtp": level.mtp, "mtp_acceptance": level.mtp_acc,
+        "runtime": {ph: loaded.system.runtime.mode_for(ph, runtime) for ph in phases},
         "instances": {p.role: insts[[i.pool for i in insts].index(j)].inst.label for j, p in enumerate(pools)},
         "pools": [{"role": p.role, "instances": p.instances, "npus_per_instance": p.npus,
                    "label": insts[[i.pool for i in insts].index(j)].inst.label,
                    "max_batch_per_npu": p.max_batch_per_npu if p.role != "prefill" else None,
                    "tokens_per_npu": p.tokens_per_npu} for j, p in enumerate(pools)],
         "prefill_batches": stats["batches"], "decode_steps": stats["steps"],
-        "iterations": len(steps),
+        "iterations": len(level.steps),
         "mean_decode_batch_per_npu": stats["batch_sum"] / stats["steps"] / n_hold if stats["steps"] else 0.0,
-        "kv_transfer": {"fabric": kv_fabric, "via": via, "bytes": stats["kv_bytes"],
+        "kv_transfer": {"fabric": level.kv_fabric, "via": level.via, "bytes": tr.sent_bytes,
                         "mean_ms": float(kv_s.mean()) if kv_s.size else None,
                         "p99_ms": float(np.percentile(kv_s, 99)) if kv_s.size else None},
-        "conservation": {"tokens_made": stats["tokens_made"],
+        "conservation": {"tokens_made": run.tokens_made,
                          "tokens_expected": sum(r.output_len for r in records if r.completed),
-                         "kv_bytes_sent": stats["kv_bytes"], "kv_bytes_received": stats["kv_bytes_received"]},
+                         "kv_bytes_sent": tr.sent_bytes, "kv_bytes_received": tr.received_bytes},
         "caching_pool": None if pool is None else {
             "fabric": caching_pool.fabric, "capacity_blocks": pool.capacity_blocks, "blocks_held": len(pool),
             "blocks_inserted": pool.inserted, "blocks_evicted": pool.evicted,
@@ -628,7 +679,7 @@ def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Requ
         "chip_cost": cc.stats.as_dict(),
         "note": NOTE,
     })
-    return SystemServingResult(out, records, steps)
+    return out
 
 
 def _tables(insts: list[_Inst], phase: str) -> list[StepTable]:
