@@ -23,6 +23,7 @@ from npusim.model.builder import build_graph
 from npusim.serving.iteration import Work, build_groups_graph, iteration_groups
 from npusim.serving.itercache import GAP_FRACTION, IterationCost, IterationCostCache, ShapeStore, measure
 from npusim.serving.kvcache import KVCacheManager
+from npusim.serving.loop import advance
 from npusim.serving.scheduler import Live, Scheduler
 from npusim.serving.stagecost import HoldsInFlight, Lanes, StageCost, measure_stages, measure_stages_many
 from npusim.sim.kernel import KIND_DMA
@@ -114,6 +115,7 @@ class Instance:
         self.running: list = []
         self.waiting: deque = deque()
         self.depth = spec.pipeline.stages
+        self.hands_off = False  # PD disaggregation's prefill instance: prompts done leave for decode
 
     @property
     def core_list(self) -> list[int]:
@@ -228,9 +230,6 @@ class Instance:
         return (*self.costs.tasks(groups, sampled, placement, hbm_fraction if 0 < hbm_fraction < 1 else placement),
                 None)
 
-    def free_to_launch(self) -> bool:
-        return len(self.inflight) < self.depth
-
     def plan(self) -> list:
         busy = {s.live.req.id for it in self.inflight for s in it[1]}
         return self.scheduler.plan([r for r in self.running if r.req.id not in busy])
@@ -270,22 +269,31 @@ class Instance:
                 self.holds.drop_oldest()
             self.holds.retime(self.sim.engine.tt, len(self.inflight))
 
-    def advance(self, slots, records: dict, end_s: float) -> list:
-        """The iteration's tokens exist at ``end_s``: grow KV, record tokens; returns spills (issued)."""
+    def can_launch(self) -> bool:
+        """Another iteration may be in flight (up to ``depth``, its pipeline stages)."""
+        return len(self.inflight) < self.depth
+
+    def complete(self, slots, records: dict, end_s: float):
+        """The oldest iteration in flight ended at ``end_s`` (iterations end in launch order): its tokens
+        exist (:func:`npusim.serving.loop.advance`, KV grown, spills issued). Returns the serving loop's
+        (requests done, requests whose prompt is done when this instance ``hands_off``, tokens made,
+        the iteration's record)."""
+        first, slots, frac, submitted_s = self.inflight.popleft()
+        self.retime()  # the pipeline's fill changed (stage replay)
         spills = []
-        for s in slots:
-            live = s.live
-            spills += self.kv.append(live.req.id, s.q)
-            if live.prefilling:
-                live.prefilled += s.q
-            else:
-                live.generated += 1
-                records[live.req.id].token_times_s.append(end_s)
-            if s.samples and live.generated == 0:
-                live.generated = 1
-                records[live.req.id].token_times_s.append(end_s)
+        made = advance(slots, records, end_s, lambda rid, n: spills.extend(self.kv.append(rid, n)))
         self._spill(spills)
-        return spills
+        done = [r for r in self.running if r.done]
+        leaving = [r for r in self.running if not r.prefilling and not r.done] if self.hands_off else []
+        return done, leaving, made, {
+            "instance": self.name, "submitted_s": submitted_s, "end_s": end_s, "requests": len(slots),
+            "tokens": sum(x.q for x in slots), "decodes": sum(1 for x in slots if x.q == 1),
+            "kv_hbm_fraction": frac, "spill_bytes": sum(t.nbytes for t in spills)}
+
+    def release(self, live) -> None:
+        """A finished request leaves: its KV is freed."""
+        self.kv.free(live.req.id)
+        self.running.remove(live)
 
     def _spill(self, transfers) -> None:
         """KV moved SRAM->HBM: per transfer, DMA writes split over the instance's cores' second DMA

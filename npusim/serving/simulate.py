@@ -41,11 +41,11 @@ from npusim.gcpolicy import fewer_collections
 from npusim.mapping.spec import MappingSpec
 from npusim.model.builder import build_graph
 from npusim.model.zoo import get_config
-from npusim.serving.client import ClosedLoop
 from npusim.serving.instance import Instance
 from npusim.serving.itercache import Buckets
 from npusim.serving.itercache import summary as itercache_summary
-from npusim.serving.metrics import RequestRecord, TimeSeries, summarize
+from npusim.serving.loop import ARRIVE, KV_ARRIVED, Transfers, serve
+from npusim.serving.metrics import TimeSeries, summarize
 from npusim.serving.requests import check_context
 from npusim.serving.sampling import UtilizationSampler
 from npusim.serving.scheduler import Live, SchedulerConfig
@@ -180,6 +180,66 @@ def pd_regions(arch: Arch, prefill: int, decode: int, columns: list[int] | None 
     return walk[:prefill], decode_cores
 
 
+class _EngineClock:
+    """The chip's clock for the serving loop (:mod:`npusim.serving.loop`): the discrete-event engine.
+    A ticket is a notify task (an iteration's end, a KV transfer's arrival); :meth:`next` hands over
+    every arrival due by the engine's time, or runs the engine until the next notify or arrival (idle:
+    it jumps to the next arrival); after a notify's events were handled, finished tasks are compacted
+    away as they pile up, so memory stays bounded by the work in flight."""
+
+    def __init__(self, owner: "ServingSimulator"):
+        self.owner, self.sim, self.hz = owner, owner.sim, owner.hz
+        self.arrivals: deque = deque()
+        self.handlers: dict[int, tuple] = {}
+        self.notified = False
+
+    def now_s(self) -> float:
+        return self.sim.now / self.hz
+
+    def send(self, requests) -> None:
+        self.arrivals.extend(requests)
+
+    def watch(self, ticket: int, what: tuple) -> None:
+        self.handlers[ticket] = what
+
+    def _due(self) -> list:
+        now_s, due = self.now_s(), []
+        while self.arrivals and self.arrivals[0].arrival_s <= now_s:
+            due.append(self.arrivals.popleft())
+        return [(ARRIVE, due)] if due else []
+
+    def _cycles(self, seconds: float) -> int:
+        return int(math.ceil(seconds * self.hz))
+
+    def next(self) -> list[tuple] | None:
+        sim, arrivals = self.sim, self.arrivals
+        while True:
+            due = self._due()
+            if due:
+                return due
+            if not self.handlers:
+                if not arrivals:
+                    return None
+                sim.run(until=max(sim.now, self._cycles(arrivals[0].arrival_s)))  # idle until it arrives
+                continue
+            out = sim.run(until=self._cycles(arrivals[0].arrival_s) if arrivals else None)
+            if out.reason == "notify":
+                self.notified = True
+                return [self.handlers.pop(out.task)] + self._due()
+
+    def settle(self) -> None:
+        if not self.notified:
+            return
+        self.notified = False
+        engine, owner = self.sim.engine, self.owner
+        if engine.num_done > max(COMPACT_AFTER_TASKS, 4 * (engine.num_tasks - engine.num_done)):
+            owner.tasks_total += engine.num_done
+            new_id = self.sim.compact()
+            self.handlers = {int(new_id[k]): v for k, v in self.handlers.items()}
+            for inst in owner.instances:
+                inst.remap(new_id)
+
+
 class ServingSimulator:
     """Drives :class:`~npusim.serving.instance.Instance` s on one engine.
 
@@ -222,6 +282,7 @@ class ServingSimulator:
             self.instances += [prefill, decode]
             self.entries.append(prefill)
             self.downstream[prefill] = decode
+            prefill.hands_off = True
 
     def _whole_band(self, columns, rows, replicas: int, suffix: str) -> Instance:
         """One instance over a band (the whole chip for one replica): the spec's TP degree and
@@ -277,9 +338,6 @@ class ServingSimulator:
             load += len(dest.waiting) + len(dest.running) + self.in_transit.get(dest, 0)
         return load
 
-    def _cycles(self, seconds: float) -> int:
-        return int(math.ceil(seconds * self.hz))
-
     def _seconds(self, cycles: int) -> float:
         return cycles / self.hz
 
@@ -298,110 +356,67 @@ class ServingSimulator:
             raise ConfigError(f"the last request arrives {planned[-1].arrival_s:.3g} s into the run, beyond the "
                               f"{MAX_ARRIVAL_CYCLES / self.hz:.3g} s a 64-bit cycle count holds at {self.hz / 1e9:g} "
                               "GHz (a higher --rate, or --time-scale for a trace)")
-        client = None if max_concurrency is None else ClosedLoop(planned, max_concurrency)
-        arrivals = deque(planned if client is None else client.initial())
-        released = 0  # finished or rejected requests the client has been told of
-        records: dict[int, RequestRecord] = {}
-        iterations: list[dict] = []
-        util = UtilizationSampler(sim, self.cfg.core_window_s)
-        occupancy = TimeSeries(["sram_used_bytes", "hbm_used_bytes"], "bytes")
-        handlers: dict[int, tuple] = {}
-        transfers = {"bytes": 0, "count": 0}
-        total = len(planned)
-        self.finished = 0
-        while True:
-            now_s = self._seconds(sim.now)
-            while arrivals and arrivals[0].arrival_s <= now_s:
-                req = arrivals.popleft()
-                records[req.id] = RequestRecord(req.id, req.arrival_s, req.input_len, req.output_len)
-                min(self.entries, key=self._load).waiting.append(Live(req))
-            for inst in self.instances:
-                self.finished += inst.admit(records, now_s)
-                while inst.free_to_launch():
-                    slots = inst.plan()
-                    if not slots:
-                        break
-                    handlers[inst.launch(slots, records, now_s)] = ("iteration", inst)
-            if client is not None and released < self.finished:  # slots freed: the next requests are sent now
-                for _ in range(self.finished - released):
-                    arrivals.extend(client.on_finish(now_s))
-                released = self.finished
-                if arrivals and arrivals[0].arrival_s <= now_s:
-                    continue
-            if not handlers:
-                if arrivals:  # idle until the next request arrives
-                    sim.run(until=max(sim.now, self._cycles(arrivals[0].arrival_s)))
-                    continue
-                stuck = next((i for i in self.instances if i.waiting and not i.running), None)
-                if stuck is not None:  # nothing runs and nothing can be admitted: never spin
-                    live = stuck.waiting.popleft()
-                    records[live.req.id].rejected_reason = f"{stuck.name}: cannot be admitted even when idle"
-                    self.finished += 1
-                    continue
-                if any(i.running or i.waiting for i in self.instances):
-                    raise ConfigError("the scheduler planned an empty iteration with requests running "
-                                      "(check max_batch, max_tokens and budget)")
-                break
-            out = sim.run(until=self._cycles(arrivals[0].arrival_s) if arrivals else None)
-            if out.reason != "notify":
-                continue
-            kind, obj = handlers.pop(out.task)
-            end_s = self._seconds(sim.now)
-            if kind == "iteration":
-                iterations.append(self._iteration_done(obj, out.task, records, end_s, handlers, transfers))
-                util.sample()
-                occ = [i.kv.occupancy() for i in self.instances]
-                occupancy.record(end_s, [sum(o["sram_used_bytes"] for o in occ),
-                                         sum(o["hbm_used_bytes"] for o in occ)])
-                if progress:
-                    progress(end_s, self.finished, total)
-            else:  # a request's KV arrived at the decode instance
-                live, source = obj
-                source.kv.free(live.req.id)
-                dest = self.downstream[source]
-                self.in_transit[dest] -= 1
-                dest.waiting.append(live)
-            if sim.engine.num_done > max(COMPACT_AFTER_TASKS, 4 * (sim.engine.num_tasks - sim.engine.num_done)):
-                self.tasks_total += sim.engine.num_done
-                new_id = sim.compact()
-                handlers = {int(new_id[k]): v for k, v in handlers.items()}
-                for inst in self.instances:
-                    inst.remap(new_id)
-        util.sample(final=True)
-        return self._result(records, iterations, util, occupancy, transfers)
+        self.util = UtilizationSampler(sim, self.cfg.core_window_s)
+        self.occupancy = TimeSeries(["sram_used_bytes", "hbm_used_bytes"], "bytes")
+        self.transfers = Transfers()
+        self.clock = _EngineClock(self)
+        run = serve(self, self.clock, planned, progress, max_concurrency)
+        self.util.sample(final=True)
+        return self._result(run.records, run.iterations)
 
-    def _iteration_done(self, inst: Instance, note: int, records, end_s, handlers, transfers) -> dict:
-        first, slots, frac, submitted_s = inst.inflight.popleft()
-        assert first == note, "an instance's iterations complete in order"
-        inst.retime()  # the pipeline's fill changed (stage replay)
-        spills = inst.advance(slots, records, end_s)
-        for live in [r for r in inst.running if r.done]:
-            records[live.req.id].finish_s = end_s
-            inst.kv.free(live.req.id)
+    # -- the serving loop's level interface (npusim.serving.loop) ------------------------------
+    def arrive(self, req, record, now_s: float) -> bool:
+        """An arrival joins the waiting queue of the replica with the fewest requests."""
+        min(self.entries, key=self._load).waiting.append(Live(req))
+        return True
+
+    def hand_off(self, inst: Instance, leaving: list, records, now_s: float) -> None:
+        """Prompts done on a prefill instance: their KV starts over the NoC to its decode instance."""
+        for live in leaving:
             inst.running.remove(live)
-            self.finished += 1
-        if inst in self.downstream:
-            for live in [r for r in inst.running if not r.prefilling]:
-                inst.running.remove(live)
-                dest = self.downstream[inst]
-                handlers[self._send_kv(live, inst, dest, transfers)] = ("kv", (live, inst))
-                self.in_transit[dest] = self.in_transit.get(dest, 0) + 1
-        return {"instance": inst.name, "submitted_s": submitted_s, "end_s": end_s, "requests": len(slots),
-                "tokens": sum(x.q for x in slots), "decodes": sum(1 for x in slots if x.q == 1),
-                "kv_hbm_fraction": frac, "spill_bytes": sum(t.nbytes for t in spills)}
+            dest = self.downstream[inst]
+            self.clock.watch(self._send_kv(live, inst, dest), (KV_ARRIVED, live, inst))
+            self.in_transit[dest] = self.in_transit.get(dest, 0) + 1
 
-    def _send_kv(self, live, source: Instance, dest: Instance, transfers) -> int:
+    def on_event(self, event: tuple, records, now_s: float) -> None:
+        """A request's KV arrived at the decode instance: it waits there to be admitted."""
+        _, live, source = event
+        source.kv.free(live.req.id)
+        dest = self.downstream[source]
+        self.in_transit[dest] -= 1
+        self.transfers.received_bytes += live.kv_to_place * source.kv_bytes_per_token
+        dest.waiting.append(live)
+
+    def after_iteration(self, inst: Instance, finished: list, records, end_s: float) -> None:
+        self.util.sample()
+        occ = [i.kv.occupancy() for i in self.instances]
+        self.occupancy.record(end_s, [sum(o["sram_used_bytes"] for o in occ), sum(o["hbm_used_bytes"] for o in occ)])
+
+    def reject_stuck(self, records) -> bool:
+        """An instance with requests waiting, none running and nothing in flight can never admit its
+        queue's head: reject it (with the reason) instead of spinning."""
+        stuck = next((i for i in self.instances if i.waiting and not i.running), None)
+        if stuck is None:
+            return False
+        live = stuck.waiting.popleft()
+        records[live.req.id].rejected_reason = f"{stuck.name}: cannot be admitted even when idle"
+        return True
+
+    def busy(self) -> bool:
+        return any(i.running or i.waiting for i in self.instances)
+
+    def _send_kv(self, live, source: Instance, dest: Instance) -> int:
         """Move a prefilled request's KV from every prefill core to the decode cores (NoC messages)."""
         src, dst = source.core_list, dest.core_list
         nbytes = live.kv_tokens * source.kv_bytes_per_token
         sends = [self.sim.add_send(s, dst[i % len(dst)], nbytes // len(src) + (1 if i < nbytes % len(src) else 0),
                                    name="KV transfer") for i, s in enumerate(src)]
-        transfers["bytes"] += nbytes
-        transfers["count"] += 1
+        self.transfers.sent_bytes += nbytes
+        self.transfers.count += 1
         live.kv_to_place = live.kv_tokens
         return self.sim.add_notify(sends, name="KV transferred")
 
-    def _result(self, records, iterations, util, occupancy, transfers) -> ServingRun:
+    def _result(self, records, iterations) -> ServingRun:
         cfg, sim = self.cfg, self.sim
         recs = [records[k] for k in sorted(records)]
         summary = summarize(recs, slo_ttft_s=None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3,
@@ -422,7 +437,7 @@ class ServingSimulator:
             "replicas": len(self.entries),
             "instances": {i.name: {"cores": len(i.core_list), "tp": i.spec.tensor_parallel.degree,
                                    "stages": i.spec.pipeline.stages} for i in self.instances},
-            "kv_transfer_bytes": transfers["bytes"], "kv_transfers": transfers["count"],
+            "kv_transfer_bytes": self.transfers.sent_bytes, "kv_transfers": self.transfers.count,
             # cached iterations (stage replay) move their measured bytes without simulating them
             "hbm_bytes": int(sim.mem.ch_bytes.sum()) + sum(i.replayed_hbm_bytes for i in self.instances),
             "hbm_bytes_over_noc": sim.hbm_bytes_over_noc,
@@ -432,7 +447,7 @@ class ServingSimulator:
         if cfg.debug:
             for inst in self.instances:
                 inst.kv.check_invariants()
-        return ServingRun(recs, iterations, {**util.series(), "memory": occupancy}, summary, sim)
+        return ServingRun(recs, iterations, {**self.util.series(), "memory": self.occupancy}, summary, sim)
 
 
 def simulate_serving(arch: Arch, spec: MappingSpec, requests, cfg: ServingConfig, progress=None,
