@@ -41,10 +41,11 @@ from npusim.gcpolicy import fewer_collections
 from npusim.mapping.spec import MappingSpec
 from npusim.model.builder import build_graph
 from npusim.model.zoo import get_config
+from npusim.serving import loop
 from npusim.serving.instance import Instance
 from npusim.serving.itercache import Buckets
 from npusim.serving.itercache import summary as itercache_summary
-from npusim.serving.loop import ARRIVE, KV_ARRIVED, Transfers, serve
+from npusim.serving.loop import ARRIVE, KV_ARRIVED, Transfers
 from npusim.serving.metrics import TimeSeries, summarize
 from npusim.serving.requests import check_context
 from npusim.serving.sampling import UtilizationSampler
@@ -360,7 +361,7 @@ class ServingSimulator:
         self.occupancy = TimeSeries(["sram_used_bytes", "hbm_used_bytes"], "bytes")
         self.transfers = Transfers()
         self.clock = _EngineClock(self)
-        run = serve(self, self.clock, planned, progress, max_concurrency)
+        run = loop.serve(self, self.clock, planned, progress, max_concurrency)
         self.util.sample(final=True)
         return self._result(run.records, run.iterations)
 

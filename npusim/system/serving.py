@@ -60,7 +60,8 @@ from npusim.mapping.deployment import CachingPool, Deployment, SystemServing
 from npusim.model.configs import ModelConfig
 from npusim.model.zoo import get_config
 from npusim.serving.kvcache import KVCacheManager
-from npusim.serving.loop import ARRIVE, KV_ARRIVED, READY, Transfers, advance, serve
+from npusim.serving import loop
+from npusim.serving.loop import ARRIVE, KV_ARRIVED, READY, Transfers, advance
 from npusim.serving.metrics import RequestRecord, summarize
 from npusim.serving.requests import Request, check_context
 from npusim.serving.scheduler import Live, Scheduler, SchedulerConfig, Slot
@@ -620,7 +621,7 @@ def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Requ
                           "the fabric's 64-bit picosecond clock holds (a higher --rate, or --time-scale for a trace)")
     level = _SystemLevel(insts, by_pool, room, hold_role, mode, fabric, kv_fabric, via, caching_pool, pool, cpu_ids,
                          block, kvb, dinst0.mtp, dinst0.mtp_acceptance, seed)
-    run = serve(level, _HeapClock(fabric), requests, progress, max_concurrency)
+    run = loop.serve(level, _HeapClock(fabric), requests, progress, max_concurrency)
     return SystemServingResult(_summary(loaded, cfg, pools, level, run, requests, cc, runtime,
                                         slo_ttft_ms, slo_tpot_ms, slo_tbt_ms),
                                [run.records[r.id] for r in requests], level.steps)
