@@ -278,7 +278,8 @@ class Instance:
         exist (:func:`npusim.serving.loop.advance`, KV grown, spills issued). Returns the serving loop's
         (requests done, requests whose prompt is done when this instance ``hands_off``, tokens made,
         the iteration's record)."""
-        first, slots, frac, submitted_s = self.inflight.popleft()
+        _, launched, frac, submitted_s = self.inflight.popleft()
+        assert launched is slots, "an instance's iterations complete in order"
         self.retime()  # the pipeline's fill changed (stage replay)
         spills = []
         made = advance(slots, records, end_s, lambda rid, n: spills.extend(self.kv.append(rid, n)))

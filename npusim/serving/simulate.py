@@ -1,9 +1,13 @@
-"""The serving simulation: requests arrive, the scheduler decides in Python between
+"""The chip level of serving: requests arrive, the scheduler decides in Python between
 iterations, the engine executes each iteration on the chip.
+
+The loop is :func:`npusim.serving.loop.serve`, the same at every level; this module gives it the
+chip's adapters: :class:`ServingSimulator` (the level: instances, routing, the KV hand-off) and
+:class:`_EngineClock` (the discrete-event engine as the loop's clock).
 
 The work runs on *instances* (:mod:`.instance`): one over the whole chip for continuous
 batching and PD fusion, a prefill and a decode instance for PD disaggregation; with data-
-parallel replicas, one (or one pair) per band of columns. Loop:
+parallel replicas, one (or one pair) per band of columns. What a chip run does, step by step:
 
 1. Requests that have arrived by the engine's clock join the waiting queue of the replica
    with the fewest requests (its entry instance); its KV manager admits them first come first served while the batch has room (a
@@ -385,7 +389,6 @@ class ServingSimulator:
         source.kv.free(live.req.id)
         dest = self.downstream[source]
         self.in_transit[dest] -= 1
-        self.transfers.received_bytes += live.kv_to_place * source.kv_bytes_per_token
         dest.waiting.append(live)
 
     def after_iteration(self, inst: Instance, finished: list, records, end_s: float) -> None:

@@ -1,7 +1,11 @@
-"""Serving a request stream on a multi-NPU system: the chip's scheduler, KV manager and metrics, over
-instances whose iterations a step-cost model times.
+"""Serving a request stream on a multi-NPU system: the one serving loop (:func:`npusim.serving.loop.serve`,
+the chip's too) with the chip's scheduler, KV manager and metrics, over instances whose iterations a
+step-cost model times. This module gives the loop the system's adapters: :class:`_Inst` (an instance:
+units of dies, a KV manager per unit, its role's admission rule, :class:`StepCost`),
+:class:`_SystemLevel` (the entry pool's queue, the up-front rejection, the KV hand-off, the caching
+pool) and :class:`_HeapClock` (an event heap beside one fabric simulation, :class:`_LiveFabric`).
 
-One loop for every deployment shape (:class:`PoolSpec` lists them; :mod:`npusim.system.deploy` reads
+Every deployment shape (:class:`PoolSpec` lists them; :mod:`npusim.system.deploy` reads
 deployment files and the ``system_serving:`` sections into them):
 
 * **aggregated** (``role: aggregated``, ``instances`` replicas of one plan): each instance is the
