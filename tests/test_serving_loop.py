@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from npusim.serving import loop
+from npusim.mapping.spec import spec_from_flags
 from npusim.serving.requests import Fixed, synthetic_requests
-from npusim.serving.scheduler import Scheduler, SchedulerConfig
-from npusim.serving.simulate import ServingConfig, ServingSimulator, _EngineClock, simulate_serving
+from npusim.serving.scheduler import Live, Scheduler, SchedulerConfig
+from npusim.serving.simulate import ServingConfig, ServingSimulator, simulate_serving
 from npusim.sim import Simulator
 from npusim.system import serving as system_serving
 from npusim.system.load import load_system
 from npusim.system.plan import ParallelPlan
-from npusim.system.serving import PoolSpec, _HeapClock, serve_pools
+from npusim.system.serving import PoolSpec, serve_pools
 
 STEP_S = 0.004  # the fake instance's iteration time, whatever it runs
 
@@ -53,8 +53,10 @@ class _Fake:
         return self.submit(t)
 
     def complete(self, slots, records, t):
+        from npusim.serving.loop import advance
+
         self.busy = False
-        made = loop.advance(slots, records, t, lambda rid, n: None)
+        made = advance(slots, records, t, lambda rid, n: None)
         return [x.live for x in slots if x.live.done], [], made, None
 
     def release(self, live):
@@ -66,8 +68,6 @@ class _FakeLevel:
         self.instances = instances
 
     def arrive(self, req, record, t):
-        from npusim.serving.scheduler import Live
-
         min(self.instances, key=lambda i: len(i.waiting) + len(i.running)).waiting.append(Live(req))
         return True
 
@@ -93,12 +93,18 @@ def _requests(n=40):
 
 
 def _heap_run(reqs, concurrency):
+    from npusim.serving import loop
+    from npusim.system.serving import _HeapClock
+
     clock = _HeapClock(None)
     level = _FakeLevel([_Fake(f"i{k}", lambda t: t + STEP_S) for k in range(2)])
     return loop.serve(level, clock, reqs, max_concurrency=concurrency)
 
 
 def _engine_run(arch, reqs, concurrency):
+    from npusim.serving import loop
+    from npusim.serving.simulate import _EngineClock
+
     sim = Simulator(arch, memory_mode="analytical", noc_mode="analytical")
     hz = arch.clock_ghz * 1e9
     cycles = round(STEP_S * hz)
@@ -153,10 +159,14 @@ def _has_while(fn) -> bool:
 def test_neither_level_keeps_a_serving_loop_of_its_own():
     assert not _has_while(system_serving.serve_pools)
     assert not _has_while(ServingSimulator._run) and not _has_while(ServingSimulator.run)
+    from npusim.serving import loop
+
     assert _has_while(loop.serve)
 
 
 def test_the_chip_and_the_system_both_serve_through_the_one_loop(monkeypatch, arch64):
+    from npusim.serving import loop
+
     calls = []
     real = loop.serve
 
@@ -166,8 +176,6 @@ def test_the_chip_and_the_system_both_serve_through_the_one_loop(monkeypatch, ar
 
     monkeypatch.setattr(loop, "serve", spy)
     reqs = synthetic_requests(3, 50.0, input_len=Fixed(32), output_len=Fixed(3), seed=2)
-    from npusim.mapping.spec import spec_from_flags
-
     spec = spec_from_flags(tp=16)
     chip = simulate_serving(arch64, spec, reqs, ServingConfig(model="qwen3-0.6b", layers=2,
                                                               memory_mode="analytical", noc_mode="analytical"))
@@ -177,5 +185,3 @@ def test_the_chip_and_the_system_both_serve_through_the_one_loop(monkeypatch, ar
     run = serve_pools(cm, pools, reqs, "qwen3-0.6b", runtime="eager")
     assert run.summary["requests_completed"] == 3
     assert calls == ["_EngineClock", "_HeapClock"]
-    # the summary says which runtime the steps ran under, per phase
-    assert run.summary["runtime"] == {"prefill": "eager", "decode": "eager"}

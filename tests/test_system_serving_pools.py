@@ -58,6 +58,20 @@ def test_every_token_is_made_once(which, request):
     assert c["tokens_made"] == c["tokens_expected"] == sum(r.output_len for r in reqs)
 
 
+@pytest.mark.parametrize("which", ["agg", "dis"])
+def test_the_summary_says_which_runtime_each_phase_ran(which, request, cm2):
+    _, run = request.getfixturevalue(which)
+    modes = {ph: cm2.system.runtime.mode_for(ph) for ph in ("prefill", "decode")}  # the system's defaults
+    assert run.summary["runtime"] == modes
+
+
+def test_a_runtime_given_is_the_runtime_said(cm2):
+    reqs = _closed(3, output_len=Uniform(2, 4))
+    for mode in ("eager", "graph"):
+        run = serve_pools(cm2, AGG, reqs, MODEL, runtime=mode)
+        assert run.summary["runtime"] == {"prefill": mode, "decode": mode}
+
+
 def test_kv_bytes_sent_equal_bytes_received_and_the_prompts_kv(dis):
     reqs, run = dis
     c = run.summary["conservation"]
