@@ -63,8 +63,8 @@ from npusim.errors import ConfigError
 from npusim.mapping.deployment import CachingPool, Deployment, SystemServing
 from npusim.model.configs import ModelConfig
 from npusim.model.zoo import get_config
-from npusim.serving.kvcache import KVCacheManager
 from npusim.serving import loop
+from npusim.serving.kvcache import KVCacheManager
 from npusim.serving.loop import ARRIVE, KV_ARRIVED, READY, Transfers, advance
 from npusim.serving.metrics import RequestRecord, summarize
 from npusim.serving.requests import Request, check_context
@@ -418,7 +418,6 @@ class _SystemLevel:
                  for q in placed for j, die in enumerate(dec[q.decode[0]].units[q.decode[1]])]
         kv = ([m[0] for m in moves], [m[1] for m in moves], [m[2] for m in moves], "write", self.kv_fabric, self.via)
         self.transfers.sent_bytes += sum(kv[2])
-        self.transfers.count += len(placed)
         pool_fabric = self.caching_pool.fabric if self.caching_pool else self.kv_fabric
         self.fabric.start(t, [kv, (*pool_writes, "write", pool_fabric, self.via)],
                           [[(KV_ARRIVED, (q.req.id, q.req.input_len * per_die * len(dec[q.decode[0]].units[q.decode[1]])))
