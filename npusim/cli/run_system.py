@@ -236,6 +236,7 @@ def _print_serving(s: dict) -> None:
     print(f"{s['model']} serving on {s['system']}: {s['requests_total']} requests; {s['mode']}: {pools} "
           f"({mtp_words(s['mtp'], s['mtp_acceptance'])})")
     print("  instances      " + "; ".join(f"{p['role']}: {p['label']}" for p in s["pools"]))
+    print("  runtime        " + ", ".join(f"{mode} {phase}" for phase, mode in s["runtime"].items()) + " steps")
     print(f"  completed      {s['requests_completed']} completed, {s['requests_rejected']} rejected over "
           f"{s['duration_s'] or 0:.2f} s; {s['prefill_batches']} prefill batches, {s['decode_steps']} decode steps "
           f"(mean {s['mean_decode_batch_per_npu']:.1f} sequences per decode NPU)")
