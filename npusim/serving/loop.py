@@ -33,12 +33,14 @@ What a level gives it (two small adapters, :class:`Clock` and :class:`Level` wit
   one, each followed by the launches) -- each clock as its level did before this loop, so results
   did not move;
 * **instances**: each a step-cost model behind one interface (``name``, ``admit``, ``can_launch``,
-  ``plan``, ``launch``, ``complete``, ``release``, ``hands_off``): a chip instance times an
+  ``plan``, ``launch``, ``complete``, ``release``): a chip instance times an
   iteration by a compiled program on the engine; a system instance by its plan's step table
   (:class:`npusim.system.serving.StepCost`). Admission rules that differ stay each instance's own.
 * a **level** (:meth:`Level.arrive` routes an arrival, :meth:`Level.hand_off` starts KV transfers,
   :meth:`Level.on_event` takes the level's own events -- a KV arrival, a caching pool's read --,
-  :meth:`Level.reject_stuck`, :meth:`Level.busy`).
+  :meth:`Level.after_iteration` -- the chip samples its cores and memory, a system offers freed
+  decode room to prompts waiting for it --, :meth:`Level.reject_stuck`, :meth:`Level.busy`), each
+  level counting its KV hand-offs in a :class:`Transfers`.
 
 Times are seconds. Deterministic: instances in a fixed order, events in the clock's order.
 """
@@ -58,6 +60,8 @@ ARRIVE, ITERATION, KV_ARRIVED, READY = "arrive", "iteration", "kv_arrived", "rea
 
 
 class Clock(Protocol):
+    """A level's time and transport (see the module docstring)."""
+
     def now_s(self) -> float: ...
     def send(self, requests: list) -> None: ...
     def watch(self, ticket, what: tuple) -> None: ...
@@ -66,6 +70,8 @@ class Clock(Protocol):
 
 
 class Instance(Protocol):
+    """A step-cost model the loop launches iterations on (see the module docstring)."""
+
     name: str
 
     def admit(self, records: dict, t_s: float) -> int: ...  # requests rejected for good
@@ -78,6 +84,8 @@ class Instance(Protocol):
 
 
 class Level(Protocol):
+    """A level's instances (in the order they admit and launch) and how requests move between them."""
+
     instances: list
 
     def arrive(self, req, record: RequestRecord, t_s: float) -> bool: ...
