@@ -135,14 +135,15 @@ def test_a_constant_step_instance_conserves_tokens_and_obeys_littles_law(arch64,
     assert len(recs) / duration * mean_latency == pytest.approx(concurrency, rel=0.15)
 
 
-@pytest.mark.parametrize("open_loop", [False, True])
-def test_the_loop_serves_alike_on_either_clock(arch64, open_loop):
+@pytest.mark.parametrize("case", ["closed1", "closed6", "poisson"])
+def test_the_loop_serves_alike_on_either_clock(arch64, case):
     """The same instances on the chip's engine and on the system's heap give the same records (to the
-    engine's cycle): one request at a time (closed loop at 1), and Poisson arrivals (no two at once;
-    arrivals at the same instant are handed over together by the engine, one by one by the heap)."""
+    engine's cycle): one request at a time (closed loop at 1), a closed loop's first wave of 6 sent at
+    once (both clocks hand same-instant arrivals over together), and Poisson arrivals."""
+    open_loop = case == "poisson"
     reqs = synthetic_requests(30, 150.0, input_len=Fixed(64), output_len=Fixed(5), seed=4) if open_loop \
         else _requests()
-    conc = None if open_loop else 1
+    conc = None if open_loop else int(case[-1])
     heap, engine = _heap_run(reqs, conc), _engine_run(arch64, reqs, conc)
     assert max(engine.records[r.id].finish_s for r in reqs) > 10 * STEP_S
     for r in reqs:
@@ -185,3 +186,16 @@ def test_the_chip_and_the_system_both_serve_through_the_one_loop(monkeypatch, ar
     run = serve_pools(cm, pools, reqs, "qwen3-0.6b", runtime="eager")
     assert run.summary["requests_completed"] == 3
     assert calls == ["_EngineClock", "_HeapClock"]
+
+
+def test_same_instant_arrivals_share_the_first_iteration_on_the_heap_clock():
+    """A closed loop's first wave (6 requests sent at t=0 to one instance that batches 6) is one
+    iteration: the heap hands the wave over together, as a serving engine drains its input queue
+    before it schedules (one by one, the first request would run alone and the other five wait)."""
+    from npusim.serving import loop
+    from npusim.system.serving import _HeapClock
+
+    level = _FakeLevel([_Fake("i0", lambda t: t + STEP_S, max_batch=6)])
+    run = loop.serve(level, _HeapClock(None), _requests(12), max_concurrency=6)
+    first = sorted(run.records.values(), key=lambda rec: rec.arrival_s)[:6]
+    assert [rec.token_times_s[0] for rec in first] == pytest.approx([STEP_S] * 6)

@@ -29,9 +29,9 @@ What a level gives it (two small adapters, :class:`Clock` and :class:`Level` wit
   iteration's notify task; KV moves as NoC messages ending in a notify); a system's is an event heap
   beside one flow simulation of the fabric (a ticket is an iteration's end time; KV moves as fabric
   transfers). The chip's clock hands over every arrival due by the engine's time at once, after the
-  event that stopped it; the heap hands over one event at a time (arrivals at the same instant one by
-  one, each followed by the launches) -- each clock as its level did before this loop, so results
-  did not move;
+  event that stopped it; the heap hands over one event at a time but arrivals, which it hands over
+  together when they are due at the same instant (a serving engine drains its input queue before it
+  schedules a step: vLLM's ``EngineCoreProc._process_input_queue``);
 * **instances**: each a step-cost model behind one interface (``name``, ``admit``, ``can_launch``,
   ``plan``, ``launch``, ``complete``, ``release``): a chip instance times an
   iteration by a compiled program on the engine; a system instance by its plan's step table

@@ -296,7 +296,10 @@ class _Req:
 class _HeapClock:
     """The system's clock for the serving loop: an event heap (time, then push order) beside the one
     fabric simulation (:class:`_LiveFabric`, None for an aggregated pool), which is advanced to the next
-    event's time before it is popped; one event is handed over at a time."""
+    event's time before it is popped; one event is handed over at a time, except arrivals: every arrival
+    at the head of the heap at the same instant is handed over with the first, as the chip's engine clock
+    does and as a serving engine takes them (vLLM's ``EngineCoreProc._process_input_queue`` drains every
+    queued request before the next step is scheduled)."""
 
     def __init__(self, fabric: "_LiveFabric | None"):
         self.events: list = []
@@ -326,7 +329,12 @@ class _HeapClock:
             for end, kind, payload, durs in fabric.advance(self.events[0][0] if self.events else None):
                 self._push(end, (kind, payload, durs))
         self.t, _, event = heapq.heappop(self.events)
-        return [event]
+        if event[0] != ARRIVE:
+            return [event]
+        arrived = list(event[1])
+        while self.events and self.events[0][0] == self.t and self.events[0][2][0] == ARRIVE:
+            arrived += heapq.heappop(self.events)[2][1]
+        return [(ARRIVE, arrived)]
 
     def settle(self) -> None:
         pass
