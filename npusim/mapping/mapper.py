@@ -75,6 +75,7 @@ from npusim.hw.compute.systolic import gemm_cost
 from npusim.hw.compute.vector import FUSED_QUANT
 from npusim.hw.memory import l2 as l2_model
 from npusim.mapping import flash_attention as fa
+from npusim.mapping import gemm_kernel
 from npusim.mapping.layout import Group, place_groups
 from npusim.mapping.spec import MappingSpec
 from npusim.model.ir import Graph, Op
@@ -218,6 +219,7 @@ class Mapper:
         self.buffers: dict[int, list[int]] = {}  # core -> GEMM tasks that use its last weight tiles
         self.dma_turn: dict[int, int] = {}  # core -> weight loads issued (they alternate DMA engines)
         self.resident_ops: set[str] = set()  # memory.weights partial: ops whose weights stay in SRAM
+        self.gemm_planners: dict[tuple, gemm_kernel.Planner] = {}  # the die's GEMM kernel (_kernel_gemm)
         self.moe_ops = {op.name: op for op in graph.ops if op.kind == "moe"}
         self.moe_cursor: dict[str, int] = {}  # MoE op -> first token of its next slice
         self.first_use = False  # memory.weights first_use: resident weights loaded by their first use
@@ -796,6 +798,9 @@ class Mapper:
         st.set("feat", outs)
 
     def _gemm(self, st: _GroupState, op: Op, name: str) -> None:
+        if self.arch.kernel is not None and op.dtype in self.arch.kernel.base_blocks:
+            self._kernel_gemm(st, op, name)
+            return
         if op.weight_batched and op.batch >= self.t > 1:
             self._head_batched_gemm(st, op, name)
             return
@@ -818,6 +823,50 @@ class Mapper:
         st.layout = "feat" if not needs_rows else ("m" if a == 1 else "mb")
         if t == 1:
             st.layout = "rep"
+
+    def _kernel_gemm(self, st: _GroupState, op: Op, name: str) -> None:
+        """The die's own GEMM kernel (an arch with ``kernel.base_blocks`` for the op's dtype): the
+        plan and tasks of :mod:`npusim.mapping.gemm_kernel`, as ``ChipCost.gemm`` times the op
+        alone, on the group's cores -- A read from HBM (or the L2), B (the weight) from HBM, C
+        written to HBM; every working core starts once every core of the group is done with the
+        op before (a kernel follows the one before it on the stream), and the next op waits for
+        every core's last write. Where the operands sit: without ``l2_addressed`` each DMA takes
+        the next address from the op's weight address and the L2's hits are the reuse model's;
+        with it B is read at the weight's address and A and C from one activation area at a
+        quarter of HBM (every kernel GEMM's, so a GEMM's A may hit what the one before wrote).
+        C is in HBM, which every core reads: no all-gather converts the next GEMM's input. The
+        layout recorded for the ops after it (vector ops, attention, which keep the mapper's
+        SRAM-resident activations) is the one the spec's partition gives its output."""
+        m, k, n, batch = gemm_kernel.gemm_dims(op)
+        kernel = gemm_kernel.kernel_name(self.arch, None)
+        key = (op.dtype, tuple(st.cores), kernel)
+        planner = self.gemm_planners.get(key)
+        if planner is None:
+            planner = self.gemm_planners[key] = gemm_kernel.Planner(
+                self.arch, st.cores, op.dtype, gemm_kernel.default_out_dtype(op.dtype), 1.0, None, kernel)
+        plan = planner.base_plan(m, k, n, batch, len(st.cores))
+        ready = sorted({d for d in st.ready if d >= 0})
+        deps = [self.prog.add_barrier(ready, f"{name} waits")] if len(ready) > 1 else ready
+        base = self._weight_base(op) if op.weight else self.next_addr
+        bases = None
+        if self.l2_addressed:
+            e, eo = planner.e, planner.eo
+            act = int(self.arch.hbm.capacity_gb * 2**30) // 4
+            c_at = act + -(-int(batch * m * k * e) // MB) * MB
+            b_at = base if op.weight else c_at + -(-int(batch * m * n * eo) // MB) * MB
+            bases = (act, b_at, c_at)
+        done = gemm_kernel.emit_gemm(self.prog, planner, plan, m, k, n, batch, st.cores,
+                                     addressed=self.l2_addressed, deps=deps, address=base, bases=bases,
+                                     tag=f"{name} ")
+        self.l2_read_bytes += done.l2_bytes
+        end = self.prog.add_barrier(done.ends, f"{name} done") if len(done.ends) > 1 else done.ends[0]
+        if op.weight_batched and op.batch >= self.t > 1:
+            part, layout = "tp_heads", "feat"
+        else:
+            part = self._partition(op, st.cores[0])
+            layout = {"tp_k": "feat", "tp_n": "feat", "tp_mn": "m", "tp_mnk": "mb"}.get(part, "rep")
+        self.decisions[op.name] = f"{plan.kernel} kernel"
+        st.set(layout if self.t > 1 else "rep", [end] * len(st.cores))
 
     def _grid_gemm(self, st: _GroupState, op: Op, a: int, b: int, name: str) -> None:
         """The GEMM on an ``a x b`` grid of the group (row-major over its ring order): core
