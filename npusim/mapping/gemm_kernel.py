@@ -318,9 +318,7 @@ class Planner:
     def head_cycles(self, setup_us: float) -> int:
         """Cycles a working core waits before its first load: the kernel's device-side start and the
         core's own prologue (``setup_us``), both from the arch's ``kernel`` section (0 without it)."""
-        if self.kernel is None:
-            return 0
-        return int(round((self.kernel.start_us + setup_us) * 1e3 * self.arch.clock_ghz))
+        return head_cycles(self.arch, setup_us)
 
     def l2_rate(self, readers: int) -> float:
         """Bytes per cycle one of ``readers`` cores reads from the L2 (streams sharing the chip get
@@ -874,6 +872,20 @@ class Emitter:
 
 
 # -- the lowering both paths take ----------------------------------------------------------------
+
+def head_cycles(arch: Arch, setup_us: float) -> int:
+    """Cycles a working core waits before its first load: the kernel's device-side start and the
+    core's own prologue (``setup_us``), both from the arch's ``kernel`` section (0 without it)."""
+    if arch.kernel is None:
+        return 0
+    return int(round((arch.kernel.start_us + setup_us) * 1e3 * arch.clock_ghz))
+
+
+def runs_kernel(arch: Arch, dtype: str) -> bool:
+    """Whether a GEMM of ``dtype`` runs the die's base-block kernel (the arch's ``kernel.base_blocks``
+    gives its block): the mapper then lowers it with :func:`emit_gemm` too."""
+    return arch.kernel is not None and dtype in arch.kernel.base_blocks
+
 
 def default_out_dtype(dtype: str) -> str:
     """C's dtype: bf16 for int8/int4/fp8 inputs (dequantised on the way out), else the input's."""

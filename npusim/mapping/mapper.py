@@ -513,7 +513,7 @@ class Mapper:
         if self.first_use or self.keep_gathered:
             return None
         return (_digest(self.arch.model_dump_json()), _digest(self.spec.model_dump_json()), self.t, self.grid,
-                self.sram_bytes, self.tile_bytes, self.resident, tuple(sorted(self.resident_ops)))
+                self.sram_bytes, self.tile_bytes, self.resident, tuple(sorted(self.resident_ops)), self.l2_addressed)
 
     def _kv_context(self) -> tuple:
         """What lowering an attention op reads beyond :meth:`_memo_context`: where the KV cache is."""
@@ -798,7 +798,7 @@ class Mapper:
         st.set("feat", outs)
 
     def _gemm(self, st: _GroupState, op: Op, name: str) -> None:
-        if self.arch.kernel is not None and op.dtype in self.arch.kernel.base_blocks:
+        if gemm_kernel.runs_kernel(self.arch, op.dtype):
             self._kernel_gemm(st, op, name)
             return
         if op.weight_batched and op.batch >= self.t > 1:

@@ -103,7 +103,8 @@ from npusim.hw.compute.vector import quantizes
 from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.mapping.gemm_kernel import (MB, Emitter, GemmPlan, Planner, _blocks, _cdiv, _nbytes, _split,
-                                        default_out_dtype, emit_gemm, gemm_dims, kernel_name)
+                                        default_out_dtype, emit_gemm, gemm_dims, head_cycles, kernel_name,
+                                        runs_kernel)
 from npusim.model.ir import Graph, Op
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import Program
@@ -522,8 +523,8 @@ class ChipCost:
             hbm_peak_bandwidth_gbps=peak_bw,
             hbm_utilization=bw / peak_bw if peak_bw else 0.0, tasks=len(prog), mapping=mapping, plan=plan,
             sram_stall_cycles=sim.sram_stall_cycles,
-            kernel_start_us=arch.kernel.start_us if arch.kernel is not None and (kind in ("gemm", "vector")
-                                                                               or start_cycles) else 0.0,
+            kernel_start_us=arch.kernel.start_us if arch.kernel is not None and (start_cycles or fixed_cycles)
+            else 0.0,
             kernel_fixed_us=(start_cycles + fixed_cycles) / (arch.clock_ghz * 1e3))
 
     def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label, kernel) -> ChipCostResult:
@@ -637,14 +638,17 @@ class ChipCost:
                    + ("" if not graph.weight_bytes else "; weights resident" if mapped.weights_resident
                       else "; weights streamed from HBM"))
         # one attention op is one kernel (a fused FlashAttention / paged attention): its device-side
-        # start once, after the mapper's program (which holds none); a graph or a MoE block is several
-        # kernels, whose starts the mapper does not model
-        one_kernel = kind == "op" and len(graph.ops) == 1 and graph.ops[0].kind == "attention"
-        start = 0
-        if one_kernel and self.arch.kernel is not None:
-            start = int(round(self.arch.kernel.start_us * 1e3 * self.arch.clock_ghz))
+        # start once, after the mapper's program (which holds none); one GEMM on a die whose kernel
+        # the mapper runs holds its start and prologue as ChipCost.gemm's does; a graph or a MoE block
+        # is several kernels: the GEMM kernels in it hold theirs, not counted in kernel_fixed_us
+        one = graph.ops[0] if kind == "op" and len(graph.ops) == 1 else None
+        start = fixed = 0
+        if one is not None and one.kind == "attention" and self.arch.kernel is not None:
+            start = head_cycles(self.arch, 0.0)
+        elif one is not None and one.kind == "gemm" and runs_kernel(self.arch, one.dtype):
+            fixed = head_cycles(self.arch, self.arch.kernel.cube_setup_us)
         return self._result(kind, graph.name, dtype, share, frac, sim, mapped.program, graph.flops, min_bytes,
-                            mapping, l2_bytes=mapped.l2_read_bytes, start_cycles=start)
+                            mapping, l2_bytes=mapped.l2_read_bytes, start_cycles=start, fixed_cycles=fixed)
 
 
 __all__ = ["ChipCost", "ChipCostResult", "CacheStats", "GemmPlan", "arch_digest", "code_digest",
