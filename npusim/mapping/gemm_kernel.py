@@ -13,9 +13,10 @@ write-back -- so at any fidelity both time the same tiles; what differs is only 
 op (the mapper's dependencies on the ops before it, where the operands sit in HBM, which cores
 form the share).
 
-The kernel: ``C[m x n] = A[m x k] . B[k x n]`` (``batch`` independent
-copies, each with its own A, B and C), operands read from HBM and C written to HBM by each
-core's DMA engines, like a vendor's operator benchmark. The kernel (assumptions):
+The kernel (assumptions): ``C[m x n] = A[m x k] . B[k x n]`` (``batch`` independent copies, each
+with its own A, B and C), operands read from HBM and C written to HBM by each core's DMA engines,
+like a vendor's operator benchmark. Planning by simulation (the candidates' race below) is
+``ChipCost.gemm``'s; the mapper lowers only dies with base blocks, whose plan is a single one.
 
 * The share's cores form a ``pb x pm x pn x pk`` grid (batch, M, N and K splits; fewer cores than
   the share if that is faster). A core owns a block of C (and a slice of K); blocks are cut in

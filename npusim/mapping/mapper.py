@@ -15,6 +15,11 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
   another layout first converts it with a collective (all-gather); slicing a
   replicated activation is free. A norm over whole rows of a ``feat`` activation first
   all-reduces each token's partial statistics (4 bytes a token).
+* **GEMMs on a die with its own GEMM kernel** (an arch ``kernel`` section with ``base_blocks`` for
+  the op's dtype: the Ascend presets) run that kernel on the group's cores, as ``ChipCost.gemm`` times
+  it (:mod:`.gemm_kernel`: the same plan and tasks; A and B read from HBM or the L2, C written to
+  HBM, the kernel after every core's part of the op before); the partition below then only names
+  the output layout the ops after it see (see :meth:`Mapper._kernel_gemm`). Elsewhere:
 * **GEMMs** follow their partition: ``tp_k`` (K-split, partial sums reduce-scattered by
   output features; input ``rep`` or ``feat``, output ``feat`` — exactly the K-split input the
   next ``tp_k`` GEMM wants, so a chain of K-split GEMMs never all-gathers; an op that needs

@@ -58,10 +58,14 @@ single latent KV head every core of a head-parallel share reads the whole KV cac
 the cube/vector hand-off -- are the reuse model's at the analytical fidelity; at ``memory="tlm"``
 the shared KV re-reads are DMAs the simulator's TLM L2 serves, :func:`~npusim.mapping.mapper.map_model`
 ``l2_addressed``). Pass ``spec`` to map differently (a ``gemm`` op
-with a ``spec`` goes through the mapper too). A single attention op is one kernel: with the arch's
+with a ``spec`` goes through the mapper too: on a die with ``kernel.base_blocks`` for its dtype the
+mapper runs the GEMM kernel above on the TP group's cores, so the time is :meth:`ChipCost.gemm`'s on
+those cores; elsewhere the mapper's TP lowering). A single attention op is one kernel: with the arch's
 ``kernel`` section its device-side start (``start_us``) is added once to the mapped program's time
 (``kernel_start_us``; no prologue: the mapper's attention holds its own cube and vector work); a
-``moe`` op and graphs are several kernels, whose starts the mapper does not model.
+single GEMM op the mapper runs as the die's kernel holds its start and prologue (``kernel_fixed_us``
+as :meth:`ChipCost.gemm`'s); a ``moe`` op and graphs are several kernels: the mapper models the
+starts of the GEMM kernels among them (not counted in ``kernel_fixed_us``), no other.
 
 **Cache.** Results are memoised by (chip arch content — its hardware (its L2 too), not its name —, op kind,
 shapes, dtype, memory and NoC fidelity, ideal L2 rate, core share, HBM fraction, mapping spec) in
