@@ -102,3 +102,15 @@ def test_replayed_kernel_gemms_equal_fresh_ones():
     assert recorded_stats()["replayed"] > 0
     assert memo == fresh
     assert any(nm and nm.endswith("kernel start") for nm in memo[0][-1])  # the die's GEMM kernel ran
+
+
+@pytest.mark.parametrize("weight_batched,hbm_fraction", [(True, 1.0), (False, 0.5)])
+def test_batched_and_shared_hbm_gemms_agree_too(weight_batched, hbm_fraction):
+    """A GEMM batched over heads with a weight per head (MLA's absorbed uk), and a GEMM given half
+    of the die's HBM: ``ChipCost.op`` with and without a mapping spec run the same kernel."""
+    cc = ChipCost("ascend-910b4", persist=False)
+    op = Op("L0.attn.uk_absorb", "gemm", 0, "int8", m=48, k=128, n=512, batch=128, weight=True,
+            weight_batched=weight_batched)
+    alone = cc.op(op, hbm_fraction=hbm_fraction)
+    mapped = cc.op(op, spec=_spec(cc.arch.num_cores), hbm_fraction=hbm_fraction)
+    assert abs(mapped.time_us / alone.time_us - 1) <= TOLERANCE

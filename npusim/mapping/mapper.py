@@ -866,10 +866,9 @@ class Mapper:
         self.l2_read_bytes += done.l2_bytes
         end = self.prog.add_barrier(done.ends, f"{name} done") if len(done.ends) > 1 else done.ends[0]
         if op.weight_batched and op.batch >= self.t > 1:
-            part, layout = "tp_heads", "feat"
+            layout = "feat"  # as _head_batched_gemm leaves it
         else:
-            part = self._partition(op, st.cores[0])
-            layout = {"tp_k": "feat", "tp_n": "feat", "tp_mn": "m", "tp_mnk": "mb"}.get(part, "rep")
+            layout = {"tp_k": "feat", "tp_n": "feat", "tp_mn": "m", "tp_mnk": "mb"}[self._partition(op, st.cores[0])]
         self.decisions[op.name] = f"{plan.kernel} kernel"
         st.set(layout if self.t > 1 else "rep", [end] * len(st.cores))
 
