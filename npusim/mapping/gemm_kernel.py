@@ -705,9 +705,8 @@ def _step_sizes(units: int, max_steps: int) -> list[int]:
 
 
 class Emitter:
-    def __init__(self, planner: Planner, prog: Program, dtype: str, layout: Layout | None = None,
-                 address: int = 0, deps=()):
-        self.pl, self.prog, self.dtype = planner, prog, dtype
+    def __init__(self, planner: Planner, prog: Program, layout: Layout | None = None, address: int = 0, deps=()):
+        self.pl, self.prog = planner, prog
         self.layout = layout  # the TLM L2: loads read the operands' real addresses (Layout)
         # each DMA's address, placed as it goes from ``address`` (with a layout only C's)
         self.addr = address if layout is None else layout.c_base
@@ -933,8 +932,8 @@ def emit_gemm(prog: Program, planner: Planner, plan: GemmPlan, m: int, k: int, n
     pb, pm, pn, pk = plan.grid
     bs, ms, ns = _blocks(batch, pb, 1), _blocks(m, pm, sa.rows), _blocks(n, pn, sa.cols)
     ks = _blocks(k, pk, planner.k_unit)
-    em = Emitter(planner, prog, planner.dtype, Layout(planner, batch, bs, ms, ks, ns, bases=bases) if addressed
-                 else None, address, deps)
+    em = Emitter(planner, prog, Layout(planner, batch, bs, ms, ks, ns, bases=bases) if addressed else None,
+                 address, deps)
     if planner.kernel is not None:
         em.head = planner.head_cycles(planner.kernel.cube_setup_us)
         # the fix-pipe's write-back of a tile that fills L0C (no second buffer) before the next
@@ -984,7 +983,7 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
     core's vector side reads its share of the partials from the L2, adds them and writes C."""
     ms, ns, ks, order = planner.base_order(m, k, n, batch, len(share))
     layout = Layout(planner, batch, None, ms, ks, ns, whole_blocks=True, bases=bases) if addressed else None
-    em = Emitter(planner, prog, planner.dtype, layout, address, deps)
+    em = Emitter(planner, prog, layout, address, deps)
     em.head = planner.head_cycles(planner.kernel.cube_setup_us)
     work: list[list[_Unit]] = [[] for _ in range(plan.used)]
     for t, (b, i, j, sl) in enumerate(order):

@@ -579,7 +579,7 @@ class ChipCost:
         prog = Program(self.arch.num_cores, meta={"chipcost": "vector", "op": op.name})
         any_dtype = next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle))  # the array is not used
         planner = Planner(self.arch, share, any_dtype, "bf16", frac)
-        em = Emitter(planner, prog, op.dtype)  # for its DMA engines
+        em = Emitter(planner, prog)  # for its DMA engines
         kc = self.arch.kernel
         by_kernel = kc is not None and kc.vector_cycles_per_repeat is not None  # reference-kernel instructions
         aivs = kc.vector_cores_per_core if kc is not None else 1
