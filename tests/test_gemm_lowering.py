@@ -114,3 +114,28 @@ def test_batched_and_shared_hbm_gemms_agree_too(weight_batched, hbm_fraction):
     alone = cc.op(op, hbm_fraction=hbm_fraction)
     mapped = cc.op(op, spec=_spec(cc.arch.num_cores), hbm_fraction=hbm_fraction)
     assert abs(mapped.time_us / alone.time_us - 1) <= TOLERANCE
+
+
+def test_at_tlm_a_gemm_reads_what_the_kernel_gemm_before_wrote():
+    """With the TLM L2 (``l2_addressed``) a kernel GEMM reads A from where the kernel GEMM before it
+    wrote C, and its B at the weight's address: the simulated cache then serves the activation
+    the previous kernel left in it."""
+    from npusim.sim.kernel import KIND_DMA
+
+    arch = load_arch("ascend-910b4")
+    up = Op("l0.mlp.up_proj", "gemm", 0, "bf16", m=64, k=2048, n=4096, weight=True)
+    down = Op("l0.mlp.down_proj", "gemm", 0, "bf16", m=64, k=4096, n=2048, weight=True)
+    mapper_prog = map_model(Graph("mlp", [up, down], phase="prefill", batch=1), arch, _spec(arch.num_cores),
+                            l2_addressed=True).program
+    activations = int(arch.hbm.capacity_gb * 2**30) // 4
+
+    def dmas(op_name: str, write: bool) -> list[tuple[int, int]]:
+        return [(p[1], p[0]) for kind, p, nm in zip(mapper_prog.kind, mapper_prog.param, mapper_prog.names)
+                if kind == KIND_DMA and nm.startswith(f"r0.mb0.{op_name} ") and bool(p[2]) == write]
+
+    written = dmas("l0.mlp.up_proj", True)
+    a_reads = [(at, n) for at, n in dmas("l0.mlp.down_proj", False) if at >= activations]
+    b_reads = [(at, n) for at, n in dmas("l0.mlp.down_proj", False) if at < activations]
+    assert written and a_reads and b_reads
+    assert min(at for at, _ in a_reads) == min(at for at, _ in written)
+    assert max(at + n for at, n in a_reads) <= max(at + n for at, n in written)

@@ -225,6 +225,7 @@ class Mapper:
         self.dma_turn: dict[int, int] = {}  # core -> weight loads issued (they alternate DMA engines)
         self.resident_ops: set[str] = set()  # memory.weights partial: ops whose weights stay in SRAM
         self.gemm_planners: dict[tuple, gemm_kernel.Planner] = {}  # the die's GEMM kernel (_kernel_gemm)
+        self.act_turn = 0  # which of the two activation areas the next kernel GEMM reads A from (_kernel_gemm)
         self.moe_ops = {op.name: op for op in graph.ops if op.kind == "moe"}
         self.moe_cursor: dict[str, int] = {}  # MoE op -> first token of its next slice
         self.first_use = False  # memory.weights first_use: resident weights loaded by their first use
@@ -538,7 +539,7 @@ class Mapper:
         key = ("op", ctx, op, name, tuple(cores), st.layout,
                tuple(-1 if b is None else len(b) for b in bufs),
                tuple(self.dma_turn.get(c, 0) % engines for c in cores),
-               self.weight_addr.get(op.name), self.next_addr)
+               self.weight_addr.get(op.name), self.next_addr, self.act_turn)
         turns = [self.dma_turn.get(c, 0) for c in cores]
         l2_before = self.l2_read_bytes
         addresses, had_address = len(self.weight_addr), op.name in self.weight_addr
@@ -555,13 +556,13 @@ class Mapper:
             extra = (len(st.ready), st.layout, tuple(-1 if b is None else len(b) for b in after),
                      tuple(self.dma_turn.get(c, 0) - t for c, t in zip(cores, turns)),
                      self.decisions.get(op.name), self.weight_addr.get(op.name), self.next_addr,
-                     self.l2_read_bytes - l2_before)
+                     self.l2_read_bytes - l2_before, self.act_turn)
             return outs, extra
 
         outs, extra = self.prog.recorded(key, ext, build)
         if built:  # lowered now: the mapper's state is already what it did
             return
-        n_ready, layout, lens, turned, decision, address, next_addr, l2_bytes = extra
+        n_ready, layout, lens, turned, decision, address, next_addr, l2_bytes, self.act_turn = extra
         self.l2_read_bytes += l2_bytes
         st.layout, st.ready = layout, outs[:n_ready]
         at = n_ready
@@ -837,8 +838,10 @@ class Mapper:
         op before (a kernel follows the one before it on the stream), and the next op waits for
         every core's last write. Where the operands sit: without ``l2_addressed`` each DMA takes
         the next address from the op's weight address and the L2's hits are the reuse model's;
-        with it B is read at the weight's address and A and C from one activation area at a
-        quarter of HBM (every kernel GEMM's, so a GEMM's A may hit what the one before wrote).
+        with it B is read at the weight's address (a GEMM without weights: after its A) and A and
+        C sit in two activation areas from a quarter of HBM, taken in turn: a GEMM reads A where
+        the kernel GEMM before it wrote C (the activation it produced, through the ops between,
+        which the mapper keeps in SRAM), so the TLM L2 serves what that write left in it.
         C is in HBM, which every core reads: no all-gather converts the next GEMM's input. The
         layout recorded for the ops after it (vector ops, attention, which keep the mapper's
         SRAM-resident activations) is the one the spec's partition gives its output."""
@@ -855,11 +858,12 @@ class Mapper:
         base = self._weight_base(op) if op.weight else self.next_addr
         bases = None
         if self.l2_addressed:
-            e, eo = planner.e, planner.eo
-            act = int(self.arch.hbm.capacity_gb * 2**30) // 4
-            c_at = act + -(-int(batch * m * k * e) // MB) * MB
-            b_at = base if op.weight else c_at + -(-int(batch * m * n * eo) // MB) * MB
-            bases = (act, b_at, c_at)
+            capacity = int(self.arch.hbm.capacity_gb * 2**30)
+            area = [capacity // 4, capacity // 4 + capacity // 8]  # weights below, KV caches from half
+            a_at, c_at = area[self.act_turn], area[1 - self.act_turn]
+            b_at = base if op.weight else a_at + -(-int(batch * m * k * planner.e) // MB) * MB
+            bases = (a_at, b_at, c_at)
+        self.act_turn = 1 - self.act_turn
         done = gemm_kernel.emit_gemm(self.prog, planner, plan, m, k, n, batch, st.cores,
                                      addressed=self.l2_addressed, deps=deps, address=base, bases=bases,
                                      tag=f"{name} ")
