@@ -9,6 +9,7 @@ from npusim.arch import load_arch, summarize
 from npusim.cli import main
 from npusim.errors import ConfigError
 from npusim.model.ir import Graph, Op
+from npusim.mapping import gemm_kernel
 from npusim.system import chipcost
 from npusim.system.chipcost import ChipCost, ChipCostResult
 
@@ -253,10 +254,10 @@ def test_base_blocks_are_dealt_to_the_cores_in_waves():
 def test_base_blocks_follow_catlass_swizzle_order():
     """GemmIdentityBlockSwizzle<3, 0> over 5 x 4 blocks: strips of 3 rows walked column by column,
     the second strip (2 rows) from the last column back; <2, 1> the same with rows and columns swapped."""
-    assert chipcost._swizzle(5, 4, 3, 0) == [
+    assert gemm_kernel._swizzle(5, 4, 3, 0) == [
         (0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (2, 2), (0, 3), (1, 3), (2, 3),
         (3, 3), (4, 3), (3, 2), (4, 2), (3, 1), (4, 1), (3, 0), (4, 0)]
-    assert chipcost._swizzle(2, 3, 2, 1) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (0, 2)]
+    assert gemm_kernel._swizzle(2, 3, 2, 1) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (0, 2)]
 
 
 def test_tlm_fidelity_times_the_same_kernel(die):

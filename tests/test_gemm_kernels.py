@@ -1,4 +1,4 @@
-"""The GEMM kernels' tilings (npusim.system.gemm_kernels) and ChipCost.gemm's ``kernel``."""
+"""The GEMM kernels' tilings (npusim.mapping.gemm_kernels) and ChipCost.gemm's ``kernel``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from npusim.arch import load_arch
 from npusim.errors import ConfigError
 from npusim.system.chipcost import ChipCost
-from npusim.system.gemm_kernels import aclnn_base, k_slices, splitk_factor
+from npusim.mapping.gemm_kernels import aclnn_base, k_slices, splitk_factor
 from npusim.validate.operators import _kernel, _steered
 
 

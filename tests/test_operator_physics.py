@@ -28,7 +28,8 @@ from npusim.arch import load_arch
 from npusim.arch.schema import DTYPE_BYTES, Arch
 from npusim.config import validate
 from npusim.model.ir import Op
-from npusim.system.chipcost import PLAN_WINDOW, ChipCost, _Planner
+from npusim.mapping.gemm_kernel import PLAN_WINDOW, Planner
+from npusim.system.chipcost import ChipCost
 
 DIES = ("ascend-910b", "ascend-910c-die")
 DTYPES = ("bf16", "int8")
@@ -113,7 +114,7 @@ def test_a_vector_operator_pays_the_kernel_start_once(die, op_class, rows, row_l
 def test_no_core_reads_global_memory_faster_than_its_ports(costs, die, dtype, m, k, n, cores):
     res = costs[die].gemm(m, k, n, dtype, cores)
     arch = load_arch(die)
-    port = _Planner(arch, [0], dtype, "bf16", 1.0).core_bpc  # bytes per cycle, all of a core's DMA engines
+    port = Planner(arch, [0], dtype, "bf16", 1.0).core_bpc  # bytes per cycle, all of a core's DMA engines
     l2_port = max(port, arch.l2.core_bytes_per_cycle)  # an L2 hit at the core's L2 rate (the vendor's cost model)
     cycles = res.time_us * 1e3 * arch.clock_ghz
     # every global-memory read, HBM bytes at the DMA engines' rate and L2 hits at the per-core L2 rate
@@ -126,7 +127,7 @@ def test_no_core_reads_global_memory_faster_than_its_ports(costs, die, dtype, m,
        k=st.sampled_from([256, 1024, 7168]), n=st.sampled_from([16, 256, 320]))
 def test_the_cube_never_takes_operands_faster_than_l1_feeds_l0(die, dtype, m, k, n):
     arch = load_arch(die)
-    planner = _Planner(arch, [0], dtype, "bf16", 1.0)
+    planner = Planner(arch, [0], dtype, "bf16", 1.0)
     assert planner.cycles(m, k, n) >= k * n * DTYPE_BYTES[dtype] / L0B_BYTES_PER_CYCLE
 
 

@@ -43,7 +43,7 @@ from npusim.config import deep_merge
 from npusim.model.builder import build_graph
 from npusim.model.zoo import get_config
 from npusim.system import mapper as system_mapper
-from npusim.system.chipcost import PLAN_WINDOW
+from npusim.mapping.gemm_kernel import PLAN_WINDOW
 from npusim.system.load import load_system
 from npusim.system.mapper import StepShape
 from npusim.system.parts import layer_part_graph, onnx_graph
@@ -196,7 +196,7 @@ def test_a_faster_cube_never_slows_a_decode_lm_head():
     Atlas 800I A2 NPU was 5% slower with twice the cube's MACs (its LM head, 1 x 1024 x 151936, 210.9
     -> 227.4 us): a tile too wide for one fold in L1 streamed in chunks of one fold (rows x MACs per
     PE), so a faster cube doubled the last chunk, whose L1 -> L0 feed is charged after its load; such
-    tiles now stream in L0 steps (:meth:`npusim.system.chipcost._Planner.chunk`)."""
+    tiles now stream in L0 steps (:meth:`npusim.mapping.gemm_kernel.Planner.chunk`)."""
     plan = ParallelPlan(npus=1, tp=1, dp=1, precision="bf16")
     check_more_hardware(("atlas-800i-a2", "qwen3-0.6b", 1, plan, StepShape("decode", 1, 1, 64)), "cube", 2)
 

@@ -65,7 +65,8 @@ from npusim.engine.tasks import SC_NEVENTS  # noqa: E402
 from npusim.hw.noc import flit_kernel as fk  # noqa: E402
 from npusim.hw.noc.flit import link_flits, memory_injection_flits, memory_port_flits  # noqa: E402
 from npusim.sim import Simulator  # noqa: E402
-from npusim.system.chipcost import ChipCost, _Planner  # noqa: E402
+from npusim.mapping.gemm_kernel import Planner  # noqa: E402
+from npusim.system.chipcost import ChipCost  # noqa: E402
 
 #: the path model's variants: (label, Simulator keyword arguments)
 BEFORE = {"memory_packets": "transaction", "memory_port_lanes": 0}
@@ -98,7 +99,7 @@ def gemm_program(arch, m, k, n, dtype):
     """ChipCost's kernel for the GEMM: the plan it keeps (fastest at the analytical fidelities)."""
     cc = ChipCost(arch, persist=False)
     share = cc._share(None)
-    pl = _Planner(arch, share, dtype, "bf16", 1.0, None)
+    pl = Planner(arch, share, dtype, "bf16", 1.0, None)
     best = None
     for plan in pl.candidates(m, k, n, 1, len(share)):
         prog, _ = cc._gemm_program(pl, plan, m, k, n, 1, dtype, share)

@@ -37,7 +37,7 @@ def PosF(hi: float):  # noqa: N802
     return Annotated[float, Field(gt=0, le=hi, allow_inf_nan=False)]
 
 DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
-#: the base-block GEMM kernels a die's ``kernel.gemm_default`` may name (npusim.system.gemm_kernels)
+#: the base-block GEMM kernels a die's ``kernel.gemm_default`` may name (npusim.mapping.gemm_kernels)
 GEMM_KERNELS = ("aclnn", "catlass_basic", "catlass_splitk")
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 VECTOR_OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide")
@@ -466,7 +466,7 @@ class KernelCosts(StrictModel):
       every other strip backwards; 1: rows and columns swapped). A dtype without an entry (or no
       entry at all) takes the even split of :mod:`npusim.system.chipcost`;
     * ``gemm_default``: the base-block kernel a GEMM runs unless its caller names one
-      (:mod:`npusim.system.gemm_kernels`: ``aclnn``, ops-nn MatMulV3's per-shape base blocks, what
+      (:mod:`npusim.mapping.gemm_kernels`: ``aclnn``, ops-nn MatMulV3's per-shape base blocks, what
       framework GEMMs call; ``catlass_basic``, ``base_blocks`` always; ``catlass_splitk``, K split
       over the cores);
     * ``source``: where the figures come from (``npusim calibrate --check`` recomputes them).

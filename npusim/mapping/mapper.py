@@ -15,6 +15,11 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
   another layout first converts it with a collective (all-gather); slicing a
   replicated activation is free. A norm over whole rows of a ``feat`` activation first
   all-reduces each token's partial statistics (4 bytes a token).
+* **GEMMs on a die with its own GEMM kernel** (an arch ``kernel`` section with ``base_blocks`` for
+  the op's dtype: the Ascend presets) run that kernel on the group's cores, as ``ChipCost.gemm`` times
+  it (:mod:`.gemm_kernel`: the same plan and tasks; A and B read from HBM or the L2, C written to
+  HBM, the kernel after every core's part of the op before); the partition below then only names
+  the output layout the ops after it see (see :meth:`Mapper._kernel_gemm`). Elsewhere:
 * **GEMMs** follow their partition: ``tp_k`` (K-split, partial sums reduce-scattered by
   output features; input ``rep`` or ``feat``, output ``feat`` — exactly the K-split input the
   next ``tp_k`` GEMM wants, so a chain of K-split GEMMs never all-gathers; an op that needs
@@ -75,6 +80,7 @@ from npusim.hw.compute.systolic import gemm_cost
 from npusim.hw.compute.vector import FUSED_QUANT
 from npusim.hw.memory import l2 as l2_model
 from npusim.mapping import flash_attention as fa
+from npusim.mapping import gemm_kernel
 from npusim.mapping.layout import Group, place_groups
 from npusim.mapping.spec import MappingSpec
 from npusim.model.ir import Graph, Op
@@ -218,6 +224,8 @@ class Mapper:
         self.buffers: dict[int, list[int]] = {}  # core -> GEMM tasks that use its last weight tiles
         self.dma_turn: dict[int, int] = {}  # core -> weight loads issued (they alternate DMA engines)
         self.resident_ops: set[str] = set()  # memory.weights partial: ops whose weights stay in SRAM
+        self.gemm_planners: dict[tuple, gemm_kernel.Planner] = {}  # the die's GEMM kernel (_kernel_gemm)
+        self.act_turn = 0  # which of the two activation areas the next kernel GEMM reads A from (_kernel_gemm)
         self.moe_ops = {op.name: op for op in graph.ops if op.kind == "moe"}
         self.moe_cursor: dict[str, int] = {}  # MoE op -> first token of its next slice
         self.first_use = False  # memory.weights first_use: resident weights loaded by their first use
@@ -511,7 +519,7 @@ class Mapper:
         if self.first_use or self.keep_gathered:
             return None
         return (_digest(self.arch.model_dump_json()), _digest(self.spec.model_dump_json()), self.t, self.grid,
-                self.sram_bytes, self.tile_bytes, self.resident, tuple(sorted(self.resident_ops)))
+                self.sram_bytes, self.tile_bytes, self.resident, tuple(sorted(self.resident_ops)), self.l2_addressed)
 
     def _kv_context(self) -> tuple:
         """What lowering an attention op reads beyond :meth:`_memo_context`: where the KV cache is."""
@@ -531,7 +539,7 @@ class Mapper:
         key = ("op", ctx, op, name, tuple(cores), st.layout,
                tuple(-1 if b is None else len(b) for b in bufs),
                tuple(self.dma_turn.get(c, 0) % engines for c in cores),
-               self.weight_addr.get(op.name), self.next_addr)
+               self.weight_addr.get(op.name), self.next_addr, self.act_turn)
         turns = [self.dma_turn.get(c, 0) for c in cores]
         l2_before = self.l2_read_bytes
         addresses, had_address = len(self.weight_addr), op.name in self.weight_addr
@@ -548,13 +556,13 @@ class Mapper:
             extra = (len(st.ready), st.layout, tuple(-1 if b is None else len(b) for b in after),
                      tuple(self.dma_turn.get(c, 0) - t for c, t in zip(cores, turns)),
                      self.decisions.get(op.name), self.weight_addr.get(op.name), self.next_addr,
-                     self.l2_read_bytes - l2_before)
+                     self.l2_read_bytes - l2_before, self.act_turn)
             return outs, extra
 
         outs, extra = self.prog.recorded(key, ext, build)
         if built:  # lowered now: the mapper's state is already what it did
             return
-        n_ready, layout, lens, turned, decision, address, next_addr, l2_bytes = extra
+        n_ready, layout, lens, turned, decision, address, next_addr, l2_bytes, self.act_turn = extra
         self.l2_read_bytes += l2_bytes
         st.layout, st.ready = layout, outs[:n_ready]
         at = n_ready
@@ -796,6 +804,9 @@ class Mapper:
         st.set("feat", outs)
 
     def _gemm(self, st: _GroupState, op: Op, name: str) -> None:
+        if gemm_kernel.runs_kernel(self.arch, op.dtype):
+            self._kernel_gemm(st, op, name)
+            return
         if op.weight_batched and op.batch >= self.t > 1:
             self._head_batched_gemm(st, op, name)
             return
@@ -818,6 +829,52 @@ class Mapper:
         st.layout = "feat" if not needs_rows else ("m" if a == 1 else "mb")
         if t == 1:
             st.layout = "rep"
+
+    def _kernel_gemm(self, st: _GroupState, op: Op, name: str) -> None:
+        """The die's own GEMM kernel (an arch with ``kernel.base_blocks`` for the op's dtype): the
+        plan and tasks of :mod:`npusim.mapping.gemm_kernel`, as ``ChipCost.gemm`` times the op
+        alone, on the group's cores -- A read from HBM (or the L2), B (the weight) from HBM, C
+        written to HBM; every working core starts once every core of the group is done with the
+        op before (a kernel follows the one before it on the stream), and the next op waits for
+        every core's last write. Where the operands sit: without ``l2_addressed`` each DMA takes
+        the next address from the op's weight address and the L2's hits are the reuse model's;
+        with it B is read at the weight's address (a GEMM without weights: after its A) and A and
+        C sit in two activation areas from a quarter of HBM, taken in turn: a GEMM reads A where
+        the kernel GEMM before it wrote C (the activation it produced, through the ops between,
+        which the mapper keeps in SRAM), so the TLM L2 serves what that write left in it.
+        C is in HBM, which every core reads: no all-gather converts the next GEMM's input. The
+        layout recorded for the ops after it (vector ops, attention, which keep the mapper's
+        SRAM-resident activations) is the one the spec's partition gives its output."""
+        m, k, n, batch = gemm_kernel.gemm_dims(op)
+        kernel = gemm_kernel.kernel_name(self.arch, None)
+        key = (op.dtype, tuple(st.cores), kernel)
+        planner = self.gemm_planners.get(key)
+        if planner is None:
+            planner = self.gemm_planners[key] = gemm_kernel.Planner(
+                self.arch, st.cores, op.dtype, gemm_kernel.default_out_dtype(op.dtype), 1.0, None, kernel)
+        plan = planner.base_plan(m, k, n, batch, len(st.cores))
+        ready = sorted({d for d in st.ready if d >= 0})
+        deps = [self.prog.add_barrier(ready, f"{name} waits")] if len(ready) > 1 else ready
+        base = self._weight_base(op) if op.weight else self.next_addr
+        bases = None
+        if self.l2_addressed:
+            capacity = int(self.arch.hbm.capacity_gb * 2**30)
+            area = [capacity // 4, capacity // 4 + capacity // 8]  # weights below, KV caches from half
+            a_at, c_at = area[self.act_turn], area[1 - self.act_turn]
+            b_at = base if op.weight else a_at + -(-int(batch * m * k * planner.e) // MB) * MB
+            bases = (a_at, b_at, c_at)
+        self.act_turn = 1 - self.act_turn
+        done = gemm_kernel.emit_gemm(self.prog, planner, plan, m, k, n, batch, st.cores,
+                                     addressed=self.l2_addressed, deps=deps, address=base, bases=bases,
+                                     tag=f"{name} ")
+        self.l2_read_bytes += done.l2_bytes
+        end = self.prog.add_barrier(done.ends, f"{name} done") if len(done.ends) > 1 else done.ends[0]
+        if op.weight_batched and op.batch >= self.t > 1:
+            layout = "feat"  # as _head_batched_gemm leaves it
+        else:
+            layout = {"tp_k": "feat", "tp_n": "feat", "tp_mn": "m", "tp_mnk": "mb"}[self._partition(op, st.cores[0])]
+        self.decisions[op.name] = f"{plan.kernel} kernel"
+        st.set(layout if self.t > 1 else "rep", [end] * len(st.cores))
 
     def _grid_gemm(self, st: _GroupState, op: Op, a: int, b: int, name: str) -> None:
         """The GEMM on an ``a x b`` grid of the group (row-major over its ring order): core

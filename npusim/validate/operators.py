@@ -129,7 +129,7 @@ def _cores(r: dict) -> int | None:
 
 
 def _kernel(op: str) -> str | None:
-    """The base-block kernel a GEMM row states it ran (:mod:`npusim.system.gemm_kernels`); None:
+    """The base-block kernel a GEMM row states it ran (:mod:`npusim.mapping.gemm_kernels`); None:
     the die's default (aclnn). CATLASS's single-core split K (example 34) runs as the basic
     kernel (not modelled)."""
     t = op.lower()
