@@ -249,3 +249,18 @@ def test_higher_hbm_bandwidth_never_slows_a_memory_bound_decode(arch64):
         assert not s["weights_resident"]
         tbt.append(s["tbt_ms"]["mean"])
     assert tbt == sorted(tbt, reverse=True) and tbt[-1] < tbt[0]
+
+
+def test_an_ascend_die_serves_with_its_kv_cache_in_hbm():
+    """An Ascend die's cores hold 0.5 MB of L1, less than the default weight tiles and activation
+    reserve: the KV cache lives in HBM alone (before, the KV manager refused the run outright)."""
+    from npusim.arch import load_arch
+
+    arch = load_arch("ascend-910b")
+    reqs = synthetic_requests(3, 50.0, input_len=64, output_len=4, seed=1)
+    run = simulate_serving(arch, spec_from_flags(), reqs,
+                           ServingConfig(model="qwen3-0.6b", layers=1, memory_mode="analytical",
+                                         noc_mode="analytical"))
+    assert run.summary["requests_completed"] == 3
+    kv = run.summary["kv_manager"]
+    assert kv["spills"] > 0 and kv["spilled_bytes"] == kv["direct_hbm_write_bytes"]  # nothing stays in SRAM

@@ -150,11 +150,16 @@ class Instance:
         # streamed weights pass through two tile buffers per core (see the mapper); with
         # memory.weights partial some stay resident beside them
         streaming_sram = (2 * self.spec.memory.weight_tile_kb * 1024 + mapped.resident_weight_bytes_per_core) * n
+        activation_sram = int(self.spec.memory.sram_reserve_mb * 2**20 * n)
+        if not self.weights_resident and streaming_sram + activation_sram > sram:
+            # cores whose SRAM the weight tiles and the activations fill (an Ascend die's 0.5 MB L1
+            # against the default 2 x 4 MB tiles + 2 MB reserve): the KV cache lives in HBM alone
+            sram = streaming_sram = activation_sram = 0
         self.kv = KVCacheManager(
             sram_bytes=sram, hbm_bytes=max(0, hbm - (0 if self.weights_resident else weights_hbm)),
             bytes_per_token=max(1, self.kv_bytes_per_token), block_tokens=cfg.block_tokens,
             weights_bytes=weights_sram if self.weights_resident else streaming_sram,
-            activation_bytes=int(self.spec.memory.sram_reserve_mb * 2**20 * n),
+            activation_bytes=activation_sram,
             admission=cfg.admission, prefix_cache=cfg.prefix_cache, debug=cfg.debug)
 
     def _compile(self, groups, sampled: int, placement: float, spec=None) -> _Compiled:
