@@ -93,8 +93,8 @@ def serving_rows(quick: bool = False) -> list[Row]:
         served = serve_case(case, prompts)
         base = baselines(case, load_system(case["system"]))
         rate = "all at once" if math.isinf(float(c["request_rate"])) else f"{c['request_rate']:g}/s"
-        if c.get("max_concurrency"):
-            rate += f" at concurrency {c['max_concurrency']}"
+        if c.get("max_concurrency"):  # a closed loop: the client keeps this many in flight
+            rate = ("" if math.isinf(float(c["request_rate"])) else rate + " ") + f"at concurrency {c['max_concurrency']}"
         what = (f"{get_config(case['model']).name} on {case['plan']['npus']} {case['system']} NPU"
                 f"{'s' if case['plan']['npus'] > 1 else ''} (tp {case['plan']['tp']}), {c['input_len']} -> "
                 f"{c['output_len']} tokens, {c['num_prompts']} prompts {rate}")
