@@ -9,8 +9,8 @@ starts with it, so the group's spread over publishers is visible.
 Each case is served as ``npusim run --deployment FILE --dataset random --input-len I --output-len O
 --num-prompts N --request-rate R [--max-concurrency C]`` would serve it: one aggregated instance of the
 case's plan on Atlas 800I A2 (:func:`npusim.scenarios.run.deployment_scenario`, the CLI's own path), 256
-sequences and 2,048 tokens an iteration over the instance (vLLM's defaults), whole prompts, the presets'
-runtime. A row per published mean (TTFT, TPOT), kind ``outside``: the figures were recorded before any
+sequences and 2,048 tokens an iteration over the instance (vLLM's defaults; a prompt is split where an
+iteration's token budget ends, as vLLM's chunked prefill splits it), the presets' runtime. A row per published mean (TTFT, TPOT), kind ``outside``: the figures were recorded before any
 was simulated and no model change follows from them.
 
 The naive baseline beside each row is a roofline (:func:`npusim.validate.plans.roofline_ms`: the step's
