@@ -10,8 +10,9 @@ Each case is served as ``npusim run --deployment FILE --dataset random --input-l
 --num-prompts N --request-rate R [--max-concurrency C]`` would serve it: one aggregated instance of the
 case's plan on Atlas 800I A2 (:func:`npusim.scenarios.run.deployment_scenario`, the CLI's own path), 256
 sequences and 2,048 tokens an iteration over the instance (vLLM's defaults; a prompt is split where an
-iteration's token budget ends, as vLLM's chunked prefill splits it), the presets' runtime. A row per published mean (TTFT, TPOT), kind ``outside``: the figures were recorded before any
-was simulated and no model change follows from them.
+iteration's token budget ends, as vLLM's chunked prefill splits it), the presets' runtime. A row per
+published mean (TTFT, TPOT), kind ``outside``: the figures were recorded before any was simulated and no
+model change follows from them.
 
 The naive baseline beside each row is a roofline (:func:`npusim.validate.plans.roofline_ms`: the step's
 FLOPs at the cards' peak or its weight and KV bytes at their HBM bandwidth, whichever is slower, nothing
@@ -92,9 +93,9 @@ def serving_rows(quick: bool = False) -> list[Row]:
         prompts = min(c["num_prompts"], QUICK_PROMPTS) if quick else c["num_prompts"]
         served = serve_case(case, prompts)
         base = baselines(case, load_system(case["system"]))
-        rate = "all at once" if math.isinf(float(c["request_rate"])) else f"{c['request_rate']:g}/s"
-        if c.get("max_concurrency"):  # a closed loop: the client keeps this many in flight
-            rate = ("" if math.isinf(float(c["request_rate"])) else rate + " ") + f"at concurrency {c['max_concurrency']}"
+        open_rate = "" if math.isinf(float(c["request_rate"])) else f"{c['request_rate']:g}/s"
+        rate = (f"{open_rate} at concurrency {c['max_concurrency']}".lstrip() if c.get("max_concurrency")
+                else open_rate or "all at once")  # a closed loop keeps max_concurrency requests in flight
         what = (f"{get_config(case['model']).name} on {case['plan']['npus']} {case['system']} NPU"
                 f"{'s' if case['plan']['npus'] > 1 else ''} (tp {case['plan']['tp']}), {c['input_len']} -> "
                 f"{c['output_len']} tokens, {c['num_prompts']} prompts {rate}")
