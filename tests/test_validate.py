@@ -238,6 +238,27 @@ def test_serving_benchmarks_are_reproducible_cases_with_sources():
         assert all(math.isfinite(v) and v > 0 for v in base.values())
 
 
+def test_serving_benchmarks_come_from_two_publishers_and_each_row_names_its_source(monkeypatch):
+    """The serving group is not one publisher's: its cases come from at least two publishers, and every
+    row's source names the case's publisher and URL (serving is stubbed: only the rows' labels are checked)."""
+    import npusim.validate.serving_bench as sb
+
+    sec = published()["serving_benchmarks"]
+    publishers = {sec["sources"][c["source"]]["publisher"] for c in sec["cases"]}
+    assert len(publishers) >= 2, publishers
+    monkeypatch.setattr(sb, "serve_case", lambda case, prompts: {"ttft_ms": {"mean": 1.0}, "tpot_ms": {"mean": 1.0}})
+    monkeypatch.setattr(sb, "baselines", lambda case, loaded: {"ttft_ms": 1.0, "tpot_ms": 1.0})
+    rows = sb.serving_rows(quick=True)
+    assert len(rows) == 2 * len(sec["cases"])
+    for case, pair in zip(sec["cases"], (rows[i:i + 2] for i in range(0, len(rows), 2))):
+        src = sec["sources"][case["source"]]
+        for r in pair:
+            assert r.source.startswith(f"{src['publisher']}: {src['url']}"), r.source
+            assert r.published == case["measured"]["ttft_ms" if r.name.startswith("mean TTFT") else "tpot_ms"]
+        if case["client"].get("max_concurrency"):
+            assert f"at concurrency {case['client']['max_concurrency']}" in pair[0].name
+
+
 @pytest.mark.slow
 def test_serving_rows_are_outside_rows_with_a_baseline():
     from npusim.validate.serving_bench import serving_rows

@@ -1,19 +1,26 @@
 """Published serving benchmarks on Ascend (``published.yaml`` ``serving_benchmarks``: what ``vllm bench
-serve`` printed for a model on Atlas A2 cards, with its stated lengths, prompts and request rate) against
-npusim's system serving loop driven by the same benchmark client.
+serve`` printed for a model on Atlas A2 cards, with its stated lengths, prompts, request rate and, for a
+closed loop, maximum concurrency) against npusim's system serving loop driven by the same benchmark client.
+
+Each source names its ``publisher`` (the project or team that measured and published the figures: the
+vLLM-Ascend project's own pages, GPUStack's Performance Lab runs of vLLM-Ascend), and every row's source
+starts with it, so the group's spread over publishers is visible.
 
 Each case is served as ``npusim run --deployment FILE --dataset random --input-len I --output-len O
---num-prompts N --request-rate R`` would serve it: one aggregated instance of the case's plan on Atlas
-800I A2 (:func:`npusim.scenarios.run.deployment_scenario`, the CLI's own path), 256 sequences and 2,048
-tokens an iteration over the instance (vLLM's defaults), whole prompts, the presets' runtime. A row per
+--num-prompts N --request-rate R [--max-concurrency C]`` would serve it: one aggregated instance of the
+case's plan on Atlas 800I A2 (:func:`npusim.scenarios.run.deployment_scenario`, the CLI's own path), 256
+sequences and 2,048 tokens an iteration over the instance (vLLM's defaults; a prompt is split where an
+iteration's token budget ends, as vLLM's chunked prefill splits it), the presets' runtime. A row per
 published mean (TTFT, TPOT), kind ``outside``: the figures were recorded before any was simulated and no
 model change follows from them.
 
 The naive baseline beside each row is a roofline (:func:`npusim.validate.plans.roofline_ms`: the step's
 FLOPs at the cards' peak or its weight and KV bytes at their HBM bandwidth, whichever is slower, nothing
-else): TTFT = one prefill step of the prompts that arrive together (all of them at request rate inf,
-else one), TPOT = one decode step of as many sequences at the mean context (prompt + half the output).
-Units: ms. ``quick`` serves at most 50 prompts of a case (its note says so).
+else): TTFT = one prefill step of the prompts that arrive together (all of them at request rate inf, at
+most the maximum concurrency, else one) that fit one iteration's 2,048 tokens (at least one whole prompt),
+TPOT = one decode step of as many sequences as arrive together (at most vLLM's 256) at the mean context
+(prompt + half the output). Units: ms. ``quick`` serves at most 50 prompts of a case
+(its note says so).
 """
 
 from __future__ import annotations
@@ -40,8 +47,10 @@ def _deployment(case: dict):
 
 def _client_argv(case: dict, prompts: int) -> list[str]:
     c = case["client"]
+    closed = ["--max-concurrency", str(c["max_concurrency"])] if c.get("max_concurrency") else []
     return ["--dataset", c["dataset"], "--input-len", str(c["input_len"]), "--output-len", str(c["output_len"]),
-            "--num-prompts", str(prompts), "--request-rate", str(c["request_rate"]), "--no-progress", "--json"]
+            "--num-prompts", str(prompts), "--request-rate", str(c["request_rate"]), *closed, "--no-progress",
+            "--json"]
 
 
 def serve_case(case: dict, prompts: int) -> dict:
@@ -61,12 +70,15 @@ def baselines(case: dict, loaded) -> dict:
     from npusim.validate.plans import roofline_ms
 
     c = case["client"]
-    together = c["num_prompts"] if math.isinf(float(c["request_rate"])) else 1
+    together = min(c["num_prompts"], c.get("max_concurrency") or c["num_prompts"]) \
+        if math.isinf(float(c["request_rate"])) else 1
+    first = min(together, max(1, BATCHED_TOKENS // c["input_len"]))  # whole prompts within one iteration's budget
     plan = ParallelPlan.from_dict(case["plan"])
     ctx = c["input_len"] + c["output_len"] // 2
-    return {"ttft_ms": roofline_ms(loaded, case["model"], plan, StepShape("prefill", together, c["input_len"],
+    return {"ttft_ms": roofline_ms(loaded, case["model"], plan, StepShape("prefill", first, c["input_len"],
                                                                           c["input_len"])),
-            "tpot_ms": roofline_ms(loaded, case["model"], plan, StepShape("decode", together, 1, ctx))}
+            "tpot_ms": roofline_ms(loaded, case["model"], plan, StepShape("decode", min(together, MAX_SEQS), 1,
+                                                                          ctx))}
 
 
 def serving_rows(quick: bool = False) -> list[Row]:
@@ -81,7 +93,9 @@ def serving_rows(quick: bool = False) -> list[Row]:
         prompts = min(c["num_prompts"], QUICK_PROMPTS) if quick else c["num_prompts"]
         served = serve_case(case, prompts)
         base = baselines(case, load_system(case["system"]))
-        rate = "all at once" if math.isinf(float(c["request_rate"])) else f"{c['request_rate']:g}/s"
+        open_rate = "" if math.isinf(float(c["request_rate"])) else f"{c['request_rate']:g}/s"
+        rate = (f"{open_rate} at concurrency {c['max_concurrency']}".lstrip() if c.get("max_concurrency")
+                else open_rate or "all at once")  # a closed loop keeps max_concurrency requests in flight
         what = (f"{get_config(case['model']).name} on {case['plan']['npus']} {case['system']} NPU"
                 f"{'s' if case['plan']['npus'] > 1 else ''} (tp {case['plan']['tp']}), {c['input_len']} -> "
                 f"{c['output_len']} tokens, {c['num_prompts']} prompts {rate}")
@@ -89,7 +103,7 @@ def serving_rows(quick: bool = False) -> list[Row]:
                 + (f"; quick: {prompts} of the {c['num_prompts']} prompts served" if prompts < c["num_prompts"]
                    else ""))
         for key, label in METRICS:
-            rows.append(Row(name=f"{label}: {what}", source=f"{src['url']} ({src['hardware']})",
+            rows.append(Row(name=f"{label}: {what}", source=f"{src['publisher']}: {src['url']} ({src['hardware']})",
                             published=float(case["measured"][key]), simulated=(served.get(key) or {}).get("mean"),
                             tolerance=TOLERANCE, unit=" ms", kind="outside", baseline=base[key], note=note))
     return rows
