@@ -260,13 +260,14 @@ def test_serving_benchmarks_come_from_two_publishers_and_each_row_names_its_sour
 
 
 @pytest.mark.slow
-def test_serving_rows_are_outside_rows_with_a_baseline():
+def test_serving_rows_are_outside_rows_with_a_baseline_or_say_what_they_steered():
     from npusim.validate.serving_bench import serving_rows
 
     rows = serving_rows(quick=True)
     cases = published()["serving_benchmarks"]["cases"]
     assert len(rows) == 2 * len(cases)
     for r in rows:
-        assert r.kind == "outside" and r.simulated is not None and r.simulated > 0
+        assert r.kind in ("outside", "fitted") and r.simulated is not None and r.simulated > 0
+        assert (r.kind == "fitted") == ("fitted (" in r.note)  # a steered case's rows say what they steered
         assert r.baseline is not None and r.baseline_error is not None
         assert r.published in [c["measured"][k] for c in cases for k in ("ttft_ms", "tpot_ms")]

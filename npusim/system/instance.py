@@ -57,15 +57,20 @@ def deployment_instance(loaded: LoadedSystem, dep: Deployment, model: str, seed:
 def plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, phase: str, seed: int = 0,
               chip_cost: ChipCost | None = None, runtime: str | None = None) -> Callable[[int, int], float]:
     """A plan's step time (ms): decode at (sequences of each DP group, context), prefill at (prompt
-    tokens per NPU, prompt length): ``x x npus / y`` prompts, at least one per group."""
+    tokens per NPU, context): ``x x npus / y`` whole prompts of ``y`` tokens, at least one per group;
+    fewer tokens than the context (``x x npus < y``) are a chunk of a longer prompt: one per group, each
+    of those tokens attending ``y`` keys (the prompt's earlier chunks are in its KV cache)."""
     cc = chip_cost or ChipCost(loaded.chip)
 
     def step(x: int, y: int) -> float:
         if phase == "decode":
             shape, mb = StepShape("decode", x * plan.dp, 1, max(1, y)), min(plan.microbatches, x)
         else:
-            prompts = max(plan.dp, round(x * plan.npus / max(1, y)))
-            shape, mb = StepShape("prefill", prompts, max(1, y), max(1, y)), min(plan.microbatches, prompts // plan.dp)
+            tokens, y = x * plan.npus, max(1, y)
+            prompts = max(plan.dp, round(tokens / y))
+            # a chunk: fewer new tokens than keys (context parallelism splits whole prompts only)
+            seq = y if tokens >= y or plan.cp > 1 else max(1, round(tokens))
+            shape, mb = StepShape("prefill", prompts, seq, y), min(plan.microbatches, prompts // plan.dp)
         out, _, _ = simulate_plan_step(loaded, model, plan.with_changes(microbatches=max(1, mb)), shape, chip_cost=cc,
                                        seed=seed, fit=False, runtime=runtime)
         return out["step_ms"]

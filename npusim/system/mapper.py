@@ -79,7 +79,8 @@ EPLB_SAMPLE_SEED = 7919
 @dataclass(frozen=True)
 class StepShape:
     """What one step computes: ``batch`` sequences (decode: context ``kv_len`` after the new token;
-    prefill: prompts of ``seq_len`` tokens). ``kv_min`` (decode): the sequences' contexts spread
+    prefill: prompts of ``seq_len`` tokens, each attending ``kv_len`` keys when that is larger: a prompt's
+    chunk after a cached part). ``kv_min`` (decode): the sequences' contexts spread
     uniformly over ``[kv_min, 2 kv_len - kv_min]`` (mean ``kv_len``, drawn per sequence, seeded), so
     data-parallel groups' attention differs and the slowest sets the pace (a group's attention is
     interpolated linearly in its mean context between chip costs at ``kv_len`` and at the top of
@@ -154,7 +155,7 @@ class _Builder:
                      **split) -> int:
         s = self.shape
         spec = {"type": "layer", "part": part, "layer": layer, "phase": s.phase, "batch": max(1, seqs),
-                "seq_len": s.seq_len, "kv_len": kv_len or (s.kv_len if s.phase == "decode" else s.seq_len),
+                "seq_len": s.seq_len, "kv_len": kv_len or (s.kv_len if s.phase == "decode" else max(s.seq_len, s.kv_len)),
                 "precision": self.plan.graph_precision, "kv_dtype": self.plan.kv_dtype, **split}
         if cores:
             spec["cores"] = cores

@@ -12,7 +12,8 @@ case's plan on Atlas 800I A2 (:func:`npusim.scenarios.run.deployment_scenario`, 
 sequences and 2,048 tokens an iteration over the instance (vLLM's defaults; a prompt is split where an
 iteration's token budget ends, as vLLM's chunked prefill splits it), the presets' runtime. A row per
 published mean (TTFT, TPOT), kind ``outside``: the figures were recorded before any was simulated and no
-model change follows from them.
+model change follows from them -- except where a case's ``steered`` says which fix its errors exposed
+(its rows are then ``fitted``: they were looked at before that change).
 
 The naive baseline beside each row is a roofline (:func:`npusim.validate.plans.roofline_ms`: the step's
 FLOPs at the cards' peak or its weight and KV bytes at their HBM bandwidth, whichever is slower, nothing
@@ -99,11 +100,12 @@ def serving_rows(quick: bool = False) -> list[Row]:
         what = (f"{get_config(case['model']).name} on {case['plan']['npus']} {case['system']} NPU"
                 f"{'s' if case['plan']['npus'] > 1 else ''} (tp {case['plan']['tp']}), {c['input_len']} -> "
                 f"{c['output_len']} tokens, {c['num_prompts']} prompts {rate}")
-        note = (f"outside; setup: {case['setup']}"
+        kind = "fitted" if case.get("steered") else "outside"  # a row that exposed a fix it then saw
+        note = (f"{kind}{'' if kind == 'outside' else ' (' + case['steered'] + ')'}; setup: {case['setup']}"
                 + (f"; quick: {prompts} of the {c['num_prompts']} prompts served" if prompts < c["num_prompts"]
                    else ""))
         for key, label in METRICS:
             rows.append(Row(name=f"{label}: {what}", source=f"{src['publisher']}: {src['url']} ({src['hardware']})",
                             published=float(case["measured"][key]), simulated=(served.get(key) or {}).get("mean"),
-                            tolerance=TOLERANCE, unit=" ms", kind="outside", baseline=base[key], note=note))
+                            tolerance=TOLERANCE, unit=" ms", kind=kind, baseline=base[key], note=note))
     return rows
