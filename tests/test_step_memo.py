@@ -4,6 +4,7 @@ on the topology (what a search's later points see) as with a cold topology (its 
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -102,3 +103,51 @@ def test_transfers_build_the_tasks_of_the_per_transfer_loop(cm2, op, via):
             np.testing.assert_array_equal(g, w)
     assert a._sdma_next == b._sdma_next and a._route_lat == b._route_lat
     assert topo.sim_routes  # the routes were memoised for the next simulator
+
+
+# ------------------------------------------------------------------- plan --serving's grid openings
+
+TINY_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 1024,
+            "intermediate_size": 3072, "moe_intermediate_size": 256, "num_hidden_layers": 4,
+            "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64, "num_experts": 16,
+            "num_experts_per_tok": 4, "vocab_size": 151936, "max_position_embeddings": 40960}
+
+
+def test_the_serving_grid_takes_every_ep_of_the_dies_with_the_redundant_slots_it_needs():
+    """DeepSeek-R1 on 160 CloudMatrix384 NPUs (320 dies): EP 320 (256 experts + 64 copies, one a die),
+    160 and 80 are in the serving search's grid; ``npusim plan``'s grid (the three largest EPs that
+    divide the experts) is unchanged."""
+    from npusim.system.search import candidate_plans
+
+    cfg = get_config("deepseek-r1")
+    plans, _ = candidate_plans(cfg, 160, 2, 192, "w8a8", max_pp=1, all_ep=True, microbatches=(1,), mtp=(0,))
+    slots = {p.ep: (p.redundant_experts, p.eplb) for p in plans if p.tp == 1}
+    assert slots[320] == (64, "greedy") and slots[160] == (64, "greedy") and slots[80] == (64, "greedy")
+    assert slots[64] == (0, "none")
+    for p in plans:
+        assert (cfg.num_experts + p.redundant_experts) % p.ep == 0 and p.redundant_experts < p.ep
+    plain, _ = candidate_plans(cfg, 160, 2, 192, "w8a8", max_pp=1)
+    assert {p.ep for p in plain} == {16, 32, 64} and not any(p.redundant_experts for p in plain)
+
+
+@pytest.mark.slow
+def test_plan_serving_candidates_hold_the_opened_eps_and_batches_above_64_per_npu():
+    """A 16-expert model on 3 NPUs (6 dies): EP 3 and 6 need 2 redundant slots; the decode ladder goes
+    past 64 sequences per NPU. Both show in ``candidates``."""
+    from npusim.system.search import plan_label
+    from npusim.system.serving_search import search_serving
+
+    r = search_serving("cloudmatrix384", 1, TINY_MOE, 3, input_len=256, output_len=16, slo_ttft_ms=5000,
+                       slo_tpot_ms=200, serve_top=1, max_concurrency=16, workers=1)
+    labels = [c["label"] for c in r["candidates"] if c.get("label")]
+    assert any(f"ep{ep} " in lab for lab in labels for ep in (3, 6)), labels[:5]
+    decode = [p for c in r["candidates"] if c.get("deployment") for p in c["deployment"]["pools"]
+              if p["role"] != "prefill"]
+    served_eps = {plan_label(p["plan"]): p["plan"]["redundant_experts"] for p in decode}
+    assert all(red == 0 or red == 2 for red in served_eps.values())
+    per_npu = []  # decode pools' batch per NPU: "[tpT dpD ... bB]" on T x D dies, 2 a NPU
+    for lab in labels:
+        for m in re.finditer(r"\[tp(\d+) dp(\d+) [^]]* b(\d+)\]", lab):
+            tp, dp, b = (int(x) for x in m.groups())
+            per_npu.append(b / (tp * dp / 2))
+    assert max(per_npu) > 64
