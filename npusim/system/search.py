@@ -128,7 +128,9 @@ def candidate_plans(cfg, npus: int, dies_per_npu: int, system_npus: int, precisi
                 eps = eps if all_ep else eps[-3:]
             for ep in eps:
                 fill = -cfg.num_experts % ep if cfg.num_experts else 0  # slots that make the experts divide
-                extra = [(fill, "greedy" if fill else "none")] + ([(fill + ep, "greedy")] if redundant and ep > 1 else [])
+                extra = [(fill, "greedy" if fill else "none")]
+                if redundant and ep > 1:
+                    extra.append((fill + ep, "greedy"))
                 mbs = microbatches or ((1, 2) if pp == 1 else (pp, 2 * pp))
                 for mb in mbs:
                     for m in mtps:

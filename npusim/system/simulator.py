@@ -27,7 +27,6 @@ A transfer whose initiator and target are the same endpoint moves nothing and ta
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -196,7 +195,8 @@ class SystemSim:
             eff[j], ovh[j] = protocol(fab, kind_of[b], op)
         params[moving, FP_ROUTE] = rids
         params[moving, FP_WIRE_BYTES] = np.ceil(sizes[moving] / eff).astype(np.int64)
-        params[moving, FP_SETUP_PS] = np.round((ovh + launch_ns[moving]) * 1000).astype(np.int64) + (0 if write else back)
+        setup = np.round((ovh + launch_ns[moving]) * 1000).astype(np.int64)
+        params[moving, FP_SETUP_PS] = setup if write else setup + back
         params[moving, FP_RETURN_PS] = back if write else 0
         return kinds, queues, params
 
