@@ -1,6 +1,8 @@
 """The plan search's step memo: a step point gives the same result with the fabric's routes memoised
 on the topology (what a search's later points see) as with a cold topology (its first point), and
-``SystemSim.transfers`` builds the same tasks as the per-transfer loop it replaced."""
+``SystemSim.transfers`` builds the same tasks as the per-transfer loop it replaced; ``plan --serving``'s
+grid holds every EP of an instance's dies (with the redundant slots it needs) and decode batches above
+64 per NPU."""
 
 import json
 import math
