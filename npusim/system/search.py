@@ -108,9 +108,11 @@ def candidate_plans(cfg, npus: int, dies_per_npu: int, system_npus: int, precisi
                     redundant: bool = False) -> tuple[list[ParallelPlan], list[dict]]:
     """(plans the model can take, rejected plans with their reasons); see the module docstring.
     The serving search (:mod:`npusim.system.serving_search`) opens the grid: ``all_ep`` every EP that
-    divides a stage's ranks and the expert count; ``microbatches`` the counts to try (default 1 and 2,
+    divides a stage's ranks, one that does not divide the expert count with the fewest redundant slots
+    that make it (``-experts mod ep``, filled by greedy placement: 256 experts over 320 dies take 64
+    copies, one expert a die); ``microbatches`` the counts to try (default 1 and 2,
     or ``pp`` and ``2 pp``); ``mtp`` the speculative-token counts (those beyond 0 only for models with an
-    MTP module); ``redundant`` each EP plan also with one redundant expert slot per EP rank (greedy
+    MTP module); ``redundant`` each EP plan also with one more redundant expert slot per EP rank (greedy
     placement by load)."""
     from npusim.errors import ConfigError
 
@@ -122,10 +124,13 @@ def candidate_plans(cfg, npus: int, dies_per_npu: int, system_npus: int, precisi
         for tp in _divisors(stage):
             eps = [1]
             if cfg.num_experts:
-                eps = [e for e in _divisors(stage) if cfg.num_experts % e == 0]
+                eps = [e for e in _divisors(stage) if cfg.num_experts % e == 0 or (all_ep and e > 1)]
                 eps = eps if all_ep else eps[-3:]
             for ep in eps:
-                extra = [(0, "none")] + ([(ep, "greedy")] if redundant and ep > 1 else [])
+                fill = -cfg.num_experts % ep if cfg.num_experts else 0  # slots that make the experts divide
+                extra = [(fill, "greedy" if fill else "none")]
+                if redundant and ep > 1:
+                    extra.append((fill + ep, "greedy"))
                 mbs = microbatches or ((1, 2) if pp == 1 else (pp, 2 * pp))
                 for mb in mbs:
                     for m in mtps:

@@ -4,11 +4,14 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
 
 1. **Step search** (on the worker pool, one task per plan): every instance size ``n`` dividing the
    budget ``N``; every plan of its dies (:func:`npusim.system.search.candidate_plans` with the grid
-   open: every ``tp`` and every EP that divides, ``pp`` up to ``max_pp``, micro-batches 1 and 2, MTP 0
-   and 1 for models with an MTP module, one redundant expert slot per EP rank when the routing is
-   skewed -- with uniform routing a copy only takes memory). Decode: each plan at batches on the grid
-   1, 2, 3, 4, 6, 8, 12 ... (powers of two and 1.5 times them) up to 64 per NPU at the context
-   ``input + output / 2``, until one misses the TPOT objective or HBM; prefill: one prompt of
+   open: every ``tp`` and every EP that divides the instance's dies -- one that does not divide the
+   experts with the fewest redundant slots that make it, greedily placed --, ``pp`` up to ``max_pp``,
+   micro-batches 1 and 2, MTP 0 and 1 for models with an MTP module, one more redundant expert slot
+   per EP rank when the routing is skewed -- with uniform routing a copy only takes memory). Decode:
+   each plan at batches 1, 2, 4, 8 ... (powers of two) up to ``DECODE_TOP_PER_NPU`` (128) per NPU at
+   the context ``input + output / 2``, until one misses the TPOT objective or HBM, then the three best
+   plans of each instance size once more at 1.5 times their last feasible batch (between the powers
+   of two: 96 per NPU when 64 passed and 128 missed); prefill: one prompt of
    ``input`` tokens per DP group (its TTFT when it runs alone).
 2. **Estimates** (arithmetic on the step results, to rank candidates, never an answer):
    *aggregated* -- a decode plan at batch ``b`` (per instance), ``N / n`` replicas: an instance makes
@@ -56,6 +59,9 @@ from npusim.system.step_table import grid
 
 #: rounds of serving a candidate that missed an objective again at half its decode batch limit
 BACKOFF_ROUNDS = 3
+#: the decode ladder's largest batch per NPU (its 1.5x refinement reaches 96, the published
+#: CloudMatrix384 DeepSeek-R1 decode batch, when 128 misses)
+DECODE_TOP_PER_NPU = 128
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     point = lambda p, b: PlanPoint(system, nodes, mdict, p.to_dict(), "decode", b, 1, kv_ctx, slo_tpot_ms,  # noqa: E731
                                    routing, seed, runtime)
     for p in plans:
-        lo, top = p.dp * p.microbatches, 64 * p.npus
+        lo, top = p.dp * p.microbatches, DECODE_TOP_PER_NPU * p.npus
         ladders.append(Ladder(tuple(point(p, b) for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0])))
         if p.mtp == 0 and p.microbatches == 1:  # a prompt's step: MTP and micro-batch overlap are decode choices
             pre.append(Ladder((PlanPoint(system, nodes, mdict, p.to_dict(), "prefill", p.dp, input_len, input_len,

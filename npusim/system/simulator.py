@@ -27,7 +27,6 @@ A transfer whose initiator and target are the same endpoint moves nothing and ta
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -86,21 +85,30 @@ class SystemSim:
                                    quantum_ps=int(round(rate_quantum_ns * 1000)), tolerance=fair_tolerance)
         self._routes_dirty = False
         self._proto_cache: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self._is_die = np.array([k == "die" for k in topo.vertex_kind], bool)
 
     # -- routes -------------------------------------------------------------------
     def route(self, src: int, dst: int, fabric: str | None = None, aiv: bool = False) -> tuple[int, str]:
         """``(route id, fabric name)`` from ``src`` to ``dst`` (on ``fabric``, or the first fabric
-        that connects them); ``aiv`` routes start with the initiator's AIV issue link, if it has one."""
+        that connects them); ``aiv`` routes start with the initiator's AIV issue link, if it has one.
+        Route ids count the routes in the order this simulator first used them; each route's links
+        and latency are memoised on the topology (:attr:`Topology.sim_routes`), for every simulator
+        of that system."""
         key = (fabric, src, dst, aiv)
         found = self._route_id.get(key)
         if found is None:
-            fab, vertices, links = self.topology.route(src, dst, fabric)
-            aiv_link = self.topology.aiv_link.get(src if aiv else -1)
-            if aiv_link is not None:
-                links = [aiv_link, *links]
+            memo = self.topology.sim_routes.get(key)
+            if memo is None:
+                fab, vertices, links = self.topology.route(src, dst, fabric)
+                aiv_link = self.topology.aiv_link.get(src if aiv else -1)
+                if aiv_link is not None:
+                    links = [aiv_link, *links]
+                links = np.asarray(links, np.int64)
+                memo = self.topology.sim_routes[key] = (fab, vertices, links, int(self._link_hop_ps[links].sum()))
+            fab, vertices, links, lat = memo
             rid = len(self._route_links)
-            self._route_links.append(np.asarray(links, np.int64))
-            self._route_lat.append(int(self._link_hop_ps[links].sum()))
+            self._route_links.append(links)
+            self._route_lat.append(lat)
             self._route_vertices.append(vertices)
             found = self._route_id[key] = (rid, fab)
             self._routes_dirty = True
@@ -129,7 +137,8 @@ class SystemSim:
         """``(kinds, queues, params)`` of a batch of transfers (see module docstring); raises ConfigError.
 
         ``initiators``/``targets`` are vertex ids, ``nbytes`` one size or one per transfer. A
-        transfer from an endpoint to itself is a zero-time ``KIND_FIXED`` task."""
+        transfer from an endpoint to itself is a zero-time ``KIND_FIXED`` task. SDMA transfers take
+        their initiator's engines in turn, in the batch's order."""
         if op not in ("read", "write"):
             raise ConfigError(f"transfer op '{op}': expected read or write")
         init = self.system.initiator
@@ -147,31 +156,48 @@ class SystemSim:
         queues = np.full(n, -1, np.int64)
         params = np.zeros((n, 4), np.int64)
         topo = self.topology
+        die = self._is_die[inits]
+        launch_ns = np.zeros(n, np.float64)
+        for i in np.flatnonzero(~die):
+            queues[i] = self.queue_of[(int(inits[i]), "dma")]
+        sel = np.flatnonzero(die)
+        if via == "sdma" and sel.shape[0]:  # each initiator's engines in turn, in the batch's order
+            engines = init.sdma_engines
+            who, inv, counts = np.unique(inits[sel], return_inverse=True, return_counts=True)
+            first = np.cumsum(counts) - counts
+            nth = np.empty(sel.shape[0], np.int64)
+            nth[np.argsort(inv, kind="stable")] = np.arange(sel.shape[0]) - np.repeat(first, counts)
+            k0 = np.array([self._sdma_next.get(int(a), 0) for a in who], np.int64)
+            sdma0 = np.array([self.queue_of[(int(a), "sdma0")] for a in who], np.int64)
+            queues[sel] = sdma0[inv] + (k0[inv] + nth) % engines  # a die's sdma queues are consecutive
+            for a, k, c in zip(who.tolist(), k0.tolist(), counts.tolist()):
+                self._sdma_next[a] = (k + c) % engines
+            launch_ns[sel] = init.sdma_launch_ns
+        elif sel.shape[0]:
+            launch_ns[sel] = init.aiv_launch_ns
         write = op == "write"
-        for i in range(n):
-            a, b = int(inits[i]), int(tgts[i])
-            die = topo.vertex_kind[a] == "die"
-            launch_ns = 0.0
-            if not die:
-                queues[i] = self.queue_of[(a, "dma")]
-            elif via == "sdma":
-                k = self._sdma_next.get(a, 0)
-                self._sdma_next[a] = (k + 1) % init.sdma_engines
-                queues[i] = self.queue_of[(a, f"sdma{k}")]
-                launch_ns = init.sdma_launch_ns
-            else:
-                launch_ns = init.aiv_launch_ns
-            if a == b:
-                kinds[i] = KIND_FIXED  # nothing moves
-                continue
-            src, dst = (a, b) if write else (b, a)
-            rid, fab = self.route(src, dst, fabric, die and via == "aiv" and write)
-            eff, ovh_ns = self._protocol(fab, topo.vertex_kind[b], op)
-            back = self._route_lat[rid]  # the reverse path passes the same vertices
-            params[i, FP_ROUTE] = rid
-            params[i, FP_WIRE_BYTES] = int(math.ceil(int(sizes[i]) / eff))
-            params[i, FP_SETUP_PS] = int(round((ovh_ns + launch_ns) * 1000)) + (0 if write else back)
-            params[i, FP_RETURN_PS] = back if write else 0
+        moving = np.flatnonzero(inits != tgts)
+        kinds[inits == tgts] = KIND_FIXED  # nothing moves
+        if not moving.shape[0]:
+            return kinds, queues, params
+        a_m, b_m = inits[moving], tgts[moving]
+        src, dst = (a_m, b_m) if write else (b_m, a_m)
+        aiv = (die[moving] & (via == "aiv" and write)).tolist()
+        kind_of = topo.vertex_kind
+        rids = np.empty(moving.shape[0], np.int64)
+        eff = np.empty(moving.shape[0], np.float64)
+        ovh = np.empty(moving.shape[0], np.float64)
+        back = np.empty(moving.shape[0], np.int64)  # the reverse path passes the same vertices
+        route, protocol, route_lat = self.route, self._protocol, self._route_lat
+        for j, (s, d, b, v) in enumerate(zip(src.tolist(), dst.tolist(), b_m.tolist(), aiv)):
+            rid, fab = route(s, d, fabric, v)
+            rids[j], back[j] = rid, route_lat[rid]
+            eff[j], ovh[j] = protocol(fab, kind_of[b], op)
+        params[moving, FP_ROUTE] = rids
+        params[moving, FP_WIRE_BYTES] = np.ceil(sizes[moving] / eff).astype(np.int64)
+        setup = np.round((ovh + launch_ns[moving]) * 1000).astype(np.int64)
+        params[moving, FP_SETUP_PS] = setup if write else setup + back
+        params[moving, FP_RETURN_PS] = back if write else 0
         return kinds, queues, params
 
     def _protocol(self, fabric: str, kind: str, op: str) -> tuple[float, float]:

@@ -46,6 +46,9 @@ class Topology:
     graphs: dict[str, nx.Graph]  # per fabric: undirected, edge attribute "links" = (a->b id, b->a id)
     aiv_link: dict[int, int]  # die vertex -> its virtual AIV-direct issue link (when aiv_max_gbps is set)
     _routes: dict = field(default_factory=dict, repr=False)
+    #: SystemSim's routes, (fabric, src, dst, aiv) -> (fabric, vertices, link ids, latency ps): a memo
+    #: shared by every simulator of this topology (a plan search builds one per step point)
+    sim_routes: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_links(self) -> int:
