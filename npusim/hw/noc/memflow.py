@@ -67,6 +67,9 @@ from npusim.hw.maxmin import fill
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_MFLOW_UPDATE = 23
+#: a resource whose active flows, all at their caps, would load it to at most this share of what
+#: messages leave of it cannot fill: it is left out of the filling (exact, see memflow_update)
+ROOM = 1.0 - 1e-6
 #: cycles a burst's round trip takes beyond the two zero-load trips: the flit model's DMA engine
 #: issues the next request the cycle after a tag frees, its controller answers the cycle after the
 #: request arrives, and the request and the data each wait a cycle at the network interface / the
@@ -87,15 +90,17 @@ MemFlows = namedtuple("MemFlows", [
     # ``k`` of flow ``f`` sits in its resource's list), and the resources with any (``tl``, ``tpos``)
     "rl", "rk", "rn", "row", "eslot", "tl", "tpos",
     "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
+    "B0",  # per resource: the load its active flows put on it at their caps (flits/cycle), kept the same way
     "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
 # rounds, flows started, flows and resources solved (summed over updates), resources crossed now,
-# message claims and releases that could not move a rate (no update)
+# message claims and releases that could not move a rate (no update), resources crossed (summed over
+# updates; S_SOLVED_RES: those of them that took part in the filling)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
- S_SKIPPED) = range(11)
+ S_SKIPPED, S_CROSSED) = range(12)
 F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
 
 
@@ -124,10 +129,10 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         rl=np.zeros(nres * ni, np.int64), rk=np.zeros(nres * ni, np.int64), rn=np.zeros(nres, np.int64),
         row=np.arange(nres, dtype=np.int64) * ni, eslot=np.zeros((ni, width), np.int64),
         tl=np.zeros(nres, np.int64), tpos=np.full(nres, -1, np.int64),
-        A0=np.zeros(nres, np.float64),
+        A0=np.zeros(nres, np.float64), B0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
         live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
-        sc=np.zeros(11, np.int64), fsc=np.zeros(2, np.float64),
+        sc=np.zeros(12, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -187,18 +192,18 @@ def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports)
 def memflow_go(mf, heap, hs, init, nbytes, bursts, now):
     """Start initiator ``init``'s flow of ``nbytes`` bytes in ``bursts`` bursts (its routes given
     by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``."""
-    inv = 1.0 / nbytes
-    for k in range(mf.e_n[init]):
-        l = mf.e_res[init, k]
-        mf.pos[l] = -1
-        mf.e_coef[init, k] *= inv
-        _list_add(mf, init, k, l)
     rtt = mf.fsc[F_ACC_RTT] / bursts
     mf.fsc[F_ACC_RTT] = 0.0
     burst_bytes = (nbytes + bursts - 1) // bursts
     lim = max(1, min(mf.prm[P_TAGS], mf.prm[P_INFLIGHT] // burst_bytes))
     mf.rtt[init] = rtt
     mf.fcap[init] = lim * burst_bytes / rtt
+    inv = 1.0 / nbytes
+    for k in range(mf.e_n[init]):
+        l = mf.e_res[init, k]
+        mf.pos[l] = -1
+        mf.e_coef[init, k] *= inv
+        _list_add(mf, init, k, l)
     mf.rem[init] = float(nbytes)
     mf.rate[init] = 0.0
     mf.nbytes[init] = nbytes
@@ -237,6 +242,7 @@ def _list_add(mf, f, k, l):
     mf.eslot[f, k] = n
     mf.rn[l] = n + 1
     mf.A0[l] += mf.e_coef[f, k]
+    mf.B0[l] += mf.e_coef[f, k] * mf.fcap[f]
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -253,8 +259,10 @@ def _list_drop(mf, f):
         mf.eslot[g, kg] = i
         mf.rn[l] = n
         mf.A0[l] -= mf.e_coef[f, k]
+        mf.B0[l] -= mf.e_coef[f, k] * mf.fcap[f]
         if n == 0:  # untouched now: the last touched resource takes its place (its sum starts anew)
             mf.A0[l] = 0.0
+            mf.B0[l] = 0.0
             nt = mf.sc[S_NTOUCH] - 1
             p = mf.tpos[l]
             m = mf.tl[nt]
@@ -307,8 +315,16 @@ def memflow_update(mf, holds, heap, hs, version, now):
     the next end; ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
     theirs while they do). ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the
     messages seen. Cost: O(resources the flows cross) to set up, then the filling
-    (:func:`npusim.hw.maxmin.fill`: per round O(those resources + flows), and O(entries) of the flows
-    frozen before the last round)."""
+    (:func:`npusim.hw.maxmin.fill`: per round O(the resources that may fill + flows), and O(entries)
+    of the flows frozen before the last round).
+
+    Only resources that may fill take part in the filling: one whose flows would load it to at most
+    ``ROOM`` of its capacity even all at their caps (``B0[l] = sum_f a_fl cap_f``, kept as flows
+    start and end) is left out. Exact: in every round such a resource's ``R/A`` exceeds the cap
+    headroom ``cap_f - level`` of one of its unfrozen flows by at least ``(1 - ROOM) c``, so it is
+    never the round's minimum and never freezes a flow (the filling's tolerance freezes within
+    ``1e-9 c``); the rates are the same bits. Most of them are the request direction's links
+    (a read's requests are one flit a burst) and the injection ports."""
     if version != mf.sc[S_VERSION]:
         return  # superseded
     mf.sc[S_PENDING] = 0
@@ -332,18 +348,23 @@ def memflow_update(mf, holds, heap, hs, version, now):
     if j == 0:
         return
     nt = mf.sc[S_NTOUCH]
+    nlv = 0
     for i in range(nt):  # each resource the flows cross: its capacity less the messages holding it, its flows
         l = mf.tl[i]
         c = _ceff(mf, holds, l)
         mf.ceff[l] = c
+        if mf.B0[l] <= c * ROOM:  # cannot fill: its flows at their caps leave it room (see the docstring)
+            continue
         mf.R[l] = c
         mf.A[l] = mf.A0[l]
         mf.cnt[l] = mf.rn[l]
-        mf.live[i] = l
+        mf.live[nlv] = l
+        nlv += 1
     mf.sc[S_SOLVED] += j
-    mf.sc[S_SOLVED_RES] += nt
+    mf.sc[S_SOLVED_RES] += nlv
+    mf.sc[S_CROSSED] += nt
     mf.sc[S_ROUNDS] += fill(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
-                            mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nt, mf.frozen, mf.fz, 1e-9)
+                            mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nlv, mf.frozen, mf.fz, 1e-9)
     nxt = np.inf
     for i in range(j):
         f = mf.act[i]
@@ -353,13 +374,22 @@ def memflow_update(mf, holds, heap, hs, version, now):
             if t < nxt:
                 nxt = t
     peak = mf.fsc[F_PEAK_LOAD]
-    for i in range(nt):
-        l = mf.tl[i]
+    for i in range(nlv):
+        l = mf.live[i]
         c = mf.ceff[l]  # what the flows may use: the width less the messages holding it
         if c > 0.0:
             v = (c - mf.R[l]) / c
             if v > peak:
                 peak = v
+    for i in range(nt):  # the resources left out of the filling: their load, where it may be the peak
+        l = mf.tl[i]
+        c = mf.ceff[l]
+        if c > 0.0 and mf.B0[l] <= c * ROOM and mf.B0[l] > peak * c:
+            load = 0.0
+            for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
+                load += mf.e_coef[mf.rl[q], mf.rk[q]] * mf.rate[mf.rl[q]]
+            if load > peak * c:
+                peak = load / c
     mf.fsc[F_PEAK_LOAD] = peak
     if nxt < np.inf:  # else no flow can move: the engine reports the tasks that wait (no progress)
         mf.sc[S_VERSION] += 1
