@@ -92,6 +92,8 @@ MemFlows = namedtuple("MemFlows", [
     "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
     "B0",  # per resource: the load its active flows put on it at their caps (flits/cycle), kept the same way
     "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
+    "ln", "lres", "lcoef",  # per flow, scratch of an update: its entries on the resources in the filling
+    "outl",  # scratch of an update: resources left out of the filling that may carry the peak load
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
@@ -132,6 +134,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         A0=np.zeros(nres, np.float64), B0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
         live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
+        outl=np.zeros(nres, np.int64), ln=np.zeros(ni, np.int64), lres=np.zeros((ni, width), np.int64), lcoef=np.zeros((ni, width), np.float64),
         sc=np.zeros(12, np.int64), fsc=np.zeros(2, np.float64),
     )
 
@@ -343,27 +346,41 @@ def memflow_update(mf, holds, heap, hs, version, now):
         else:
             mf.act[j] = f
             mf.frozen[f] = 0
+            mf.ln[f] = 0
             j += 1
     mf.sc[S_NACT] = j
     if j == 0:
         return
     nt = mf.sc[S_NTOUCH]
     nlv = 0
+    nout = 0  # resources left out whose load may be the highest yet (fsc[F_PEAK_LOAD] only grows)
+    peak = mf.fsc[F_PEAK_LOAD]
     for i in range(nt):  # each resource the flows cross: its capacity less the messages holding it, its flows
         l = mf.tl[i]
         c = _ceff(mf, holds, l)
         mf.ceff[l] = c
         if mf.B0[l] <= c * ROOM:  # cannot fill: its flows at their caps leave it room (see the docstring)
+            if mf.B0[l] > peak * c:
+                mf.outl[nout] = l
+                nout += 1
             continue
         mf.R[l] = c
         mf.A[l] = mf.A0[l]
         mf.cnt[l] = mf.rn[l]
         mf.live[nlv] = l
         nlv += 1
+        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it, for the filling's sums
+            f = mf.rl[q]
+            m = mf.ln[f]
+            mf.lres[f, m] = l
+            mf.lcoef[f, m] = mf.e_coef[f, mf.rk[q]]
+            mf.ln[f] = m + 1
     mf.sc[S_SOLVED] += j
     mf.sc[S_SOLVED_RES] += nlv
     mf.sc[S_CROSSED] += nt
-    mf.sc[S_ROUNDS] += fill(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
+    # the filling reads a flow's entries only to take a frozen flow's load off the sums: those on the
+    # resources in it suffice (each resource's sum loses its flows in the same order: the same bits)
+    mf.sc[S_ROUNDS] += fill(j, mf.act, mf.ln, mf.lres, mf.lcoef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
                             mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nlv, mf.frozen, mf.fz, 1e-9)
     nxt = np.inf
     for i in range(j):
@@ -373,7 +390,6 @@ def memflow_update(mf, holds, heap, hs, version, now):
             t = mf.rem[f] / r
             if t < nxt:
                 nxt = t
-    peak = mf.fsc[F_PEAK_LOAD]
     for i in range(nlv):
         l = mf.live[i]
         c = mf.ceff[l]  # what the flows may use: the width less the messages holding it
@@ -381,10 +397,10 @@ def memflow_update(mf, holds, heap, hs, version, now):
             v = (c - mf.R[l]) / c
             if v > peak:
                 peak = v
-    for i in range(nt):  # the resources left out of the filling: their load, where it may be the peak
-        l = mf.tl[i]
+    for i in range(nout):  # the resources left out of the filling: their load, where it may be the peak
+        l = mf.outl[i]
         c = mf.ceff[l]
-        if c > 0.0 and mf.B0[l] <= c * ROOM and mf.B0[l] > peak * c:
+        if mf.B0[l] > peak * c:
             load = 0.0
             for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
                 load += mf.e_coef[mf.rl[q], mf.rk[q]] * mf.rate[mf.rl[q]]
