@@ -30,7 +30,9 @@ the flow is one rate, not one per route. Rates are max-min fair (progressive fil
 :func:`npusim.hw.maxmin.fill`, on per-resource flow lists and coefficient sums kept as flows start
 and end) and recomputed when a flow starts or ends or a message changes what a link leaves them
 (all changes at one cycle in one update; a change that cannot move any rate is skipped, see
-:func:`memflow_poke`). A flow's
+:func:`memflow_poke`). Only the resources that may fill take part in the filling (one whose flows,
+all at their caps, would leave it room cannot), and a flow crossing none of them runs at its cap:
+the same rates (see :func:`memflow_update`), at a cost set by the few resources that bind. A flow's
 bytes drain at its rate from its start; it ends ``RTT (1 - x / cap)`` cycles after its last byte
 left (``x`` its last rate): a flow held back by the mesh (``x`` well below its cap) ends one round
 trip after its bytes drained (the first request's trip and the last data's trip), a flow held by
@@ -94,11 +96,12 @@ MemFlows = namedtuple("MemFlows", [
     "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
     "ln", "lres", "lcoef",  # per flow, scratch of an update: its entries on the resources in the filling
     "outl",  # scratch of an update: resources left out of the filling that may carry the peak load
+    "fin",  # scratch of an update: the flows in the filling (those crossing a resource in it)
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
-# rounds, flows started, flows and resources solved (summed over updates), resources crossed now,
+# rounds, flows started, flows and resources in the filling (summed over updates), resources crossed now,
 # message claims and releases that could not move a rate (no update), resources crossed (summed over
 # updates; S_SOLVED_RES: those of them that took part in the filling)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
@@ -134,7 +137,8 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         A0=np.zeros(nres, np.float64), B0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
         live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
-        outl=np.zeros(nres, np.int64), ln=np.zeros(ni, np.int64), lres=np.zeros((ni, width), np.int64), lcoef=np.zeros((ni, width), np.float64),
+        ln=np.zeros(ni, np.int64), lres=np.zeros((ni, width), np.int64), lcoef=np.zeros((ni, width), np.float64),
+        outl=np.zeros(nres, np.int64), fin=np.zeros(ni, np.int64),
         sc=np.zeros(12, np.int64), fsc=np.zeros(2, np.float64),
     )
 
@@ -326,8 +330,10 @@ def memflow_update(mf, holds, heap, hs, version, now):
     start and end) is left out. Exact: in every round such a resource's ``R/A`` exceeds the cap
     headroom ``cap_f - level`` of one of its unfrozen flows by at least ``(1 - ROOM) c``, so it is
     never the round's minimum and never freezes a flow (the filling's tolerance freezes within
-    ``1e-9 c``); the rates are the same bits. Most of them are the request direction's links
-    (a read's requests are one flit a burst) and the injection ports."""
+    ``1e-9 c``): the rates are the same bits. A flow that crosses none of the resources left in
+    runs at its cap (the filling would freeze it there, within its tolerance ``1e-9``), and the
+    filling takes a frozen flow's load off the sums of the resources in it only (each sum loses its
+    flows in the same order: the same bits)."""
     if version != mf.sc[S_VERSION]:
         return  # superseded
     mf.sc[S_PENDING] = 0
@@ -375,13 +381,22 @@ def memflow_update(mf, holds, heap, hs, version, now):
             mf.lres[f, m] = l
             mf.lcoef[f, m] = mf.e_coef[f, mf.rk[q]]
             mf.ln[f] = m + 1
-    mf.sc[S_SOLVED] += j
+    nin = 0
+    for i in range(j):  # a flow crossing no resource that may fill runs at its cap: only the others fill
+        f = mf.act[i]
+        if mf.ln[f] == 0:
+            mf.rate[f] = mf.fcap[f]
+        else:
+            mf.fin[nin] = f
+            nin += 1
+    mf.sc[S_SOLVED] += nin
     mf.sc[S_SOLVED_RES] += nlv
     mf.sc[S_CROSSED] += nt
     # the filling reads a flow's entries only to take a frozen flow's load off the sums: those on the
     # resources in it suffice (each resource's sum loses its flows in the same order: the same bits)
-    mf.sc[S_ROUNDS] += fill(j, mf.act, mf.ln, mf.lres, mf.lcoef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
-                            mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nlv, mf.frozen, mf.fz, 1e-9)
+    if nin > 0:
+        mf.sc[S_ROUNDS] += fill(nin, mf.fin, mf.ln, mf.lres, mf.lcoef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
+                                mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nlv, mf.frozen, mf.fz, 1e-9)
     nxt = np.inf
     for i in range(j):
         f = mf.act[i]
