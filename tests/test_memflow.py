@@ -230,10 +230,10 @@ def test_messages_on_links_no_flow_crosses_cost_the_flows_no_update():
 
 @pytest.mark.parametrize("write", [False, True])
 def test_resources_that_cannot_fill_stay_out_of_the_filling(write):
-    """A resource its flows cannot fill even all at their caps (a read's request links, a write's
-    acknowledgement links, most ports) takes no part in the filling: on all-core traffic fewer than
-    half of the resources the flows cross are filled, with the rates a solve over all of them gives
-    (checked mid-run by the kept-lists test above) and no link beyond its width."""
+    """A resource its flows cannot fill even all at their caps takes no part in the filling: on
+    all-core traffic fewer than half of the resources the flows cross are filled, with the rates a
+    solve over all of them gives (checked mid-run by the kept-lists test above) and no link beyond
+    its width."""
     from npusim.hw.noc.memflow import S_CROSSED, S_SOLVED_RES
     arch = load_arch("npusim-64c")
     sim, total = _all_cores_stream(arch, write=write, pieces=4)
