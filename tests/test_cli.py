@@ -130,3 +130,18 @@ def test_run_an_exported_onnx_model(capsys):
                            "--batch", "2", "--seq", "64", "--tp", "4", "--stages", "1", "--json", "--no-progress")
     d = json.loads(out)
     assert code == 0 and d["latency_ms"] > 0 and d["flops"] > 0
+
+
+def test_no_progress_bar_leaves_tqdm_unimported():
+    """``--no-progress`` costs no start-up: the disabled bar is a no-op callback, tqdm (and the
+    multiprocessing lock it creates) is never imported (issue 42 item 6: the peers' PD case is a
+    ~1 s process)."""
+    code = ("import sys\n"
+            "from npusim.cli.progress import request_progress, task_progress\n"
+            "with request_progress(3, enabled=False) as p:\n"
+            "    p(0.5, 1, 3)\n"
+            "with task_progress(1.0, enabled=False) as p:\n"
+            "    p(10, 1, 0)\n"
+            "print('tqdm' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

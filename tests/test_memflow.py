@@ -185,6 +185,7 @@ def test_kept_lists_and_sums_match_the_active_flows_and_a_fresh_solve():
             assert int(fl.rn[l]) == len(fs)
             assert sorted(int(x) for x in fl.rl[fl.row[l]:fl.row[l] + fl.rn[l]]) == sorted(f for f, _ in fs)
             assert fl.A0[l] == pytest.approx(sum(c for _, c in fs), rel=1e-12)
+            assert fl.B0[l] == pytest.approx(sum(c * fl.fcap[f] for f, c in fs), rel=1e-12)
         rate = np.zeros_like(fl.rate)
         ceff = fl.rcap - np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds)))
         maxmin_rates(len(act), act, fl.e_n, fl.e_res, fl.e_coef, fl.fcap, np.maximum(ceff, 0.0), rate,
@@ -193,7 +194,7 @@ def test_kept_lists_and_sums_match_the_active_flows_and_a_fresh_solve():
         checked += 1
     assert checked >= 2
     sim.run()
-    assert int(fl.sc[S_NTOUCH]) == 0 and not fl.rn.any() and not fl.A0.any()
+    assert int(fl.sc[S_NTOUCH]) == 0 and not fl.rn.any() and not fl.A0.any() and not fl.B0.any()
 
 
 def test_messages_on_links_no_flow_crosses_cost_the_flows_no_update():
@@ -225,3 +226,19 @@ def test_messages_on_links_no_flow_crosses_cost_the_flows_no_update():
     _, loud, _ = run(busy[0])
     assert (quiet, quiet_end) == (alone, end)
     assert loud > alone
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_resources_that_cannot_fill_stay_out_of_the_filling(write):
+    """A resource its flows cannot fill even all at their caps takes no part in the filling: on
+    all-core traffic fewer than half of the resources the flows cross are filled, with the rates a
+    solve over all of them gives (checked mid-run by the kept-lists test above) and no link beyond
+    its width."""
+    from npusim.hw.noc.memflow import S_CROSSED, S_SOLVED_RES
+    arch = load_arch("npusim-64c")
+    sim, total = _all_cores_stream(arch, write=write, pieces=4)
+    sim.run()
+    fl = sim.mempath.fl
+    assert sim.hbm_bytes_over_noc == total
+    assert 0 < int(fl.sc[S_SOLVED_RES]) < int(fl.sc[S_CROSSED]) / 2
+    assert float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9

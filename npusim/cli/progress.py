@@ -153,9 +153,12 @@ def _bar(desc: str, unit: str, total: int, enabled: bool, clock: Callable[[float
          kernels: tuple[str, ...] = ()):
     """Yield ``progress(now, done, total)``: ``done`` of ``total`` items, ``clock(now)`` as postfix;
     first say if one of ``kernels`` (:data:`KERNELS`) is about to be compiled."""
-    if enabled and kernels:
+    if not enabled:  # no bar: a no-op callback (tqdm, its multiprocessing lock included, stays unimported)
+        yield lambda now, done, new_total: None
+        return
+    if kernels:
         compile_notice(kernels)
-    if enabled and not sys.stderr.isatty():
+    if not sys.stderr.isatty():
         lines = _LogLines(desc, unit, clock, LOG_EVERY_S)
         _Beat.live = lines
         try:
@@ -165,7 +168,7 @@ def _bar(desc: str, unit: str, total: int, enabled: bool, clock: Callable[[float
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc=desc, unit=unit, disable=None if enabled else True, leave=False, dynamic_ncols=True)
+    bar = tqdm(total=total, desc=desc, unit=unit, disable=None, leave=False, dynamic_ncols=True)
 
     def update(now: float, done: int, new_total: int) -> None:
         bar.total = new_total
@@ -173,8 +176,7 @@ def _bar(desc: str, unit: str, total: int, enabled: bool, clock: Callable[[float
         bar.set_postfix_str(clock(now), refresh=False)
         bar.refresh()
 
-    if enabled:
-        _Beat.live = bar
+    _Beat.live = bar
     try:
         yield update
     finally:

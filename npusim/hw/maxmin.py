@@ -105,9 +105,11 @@ def fill(nflows, flows, e_n, e_res, e_coef, fcap, rcap, rate, A, R, cnt, row, rl
     """The progressive filling itself, on lists a caller built: ``live[:nt]`` the resources the
     flows cross, each with ``A[l]`` (its flows' coefficient sum), ``R[l] = rcap[l]``, ``cnt[l]``
     (its flows) and its flows ``lst[row[l] : row[l] + rlen[l]]``; ``frozen[f] = 0`` for the flows;
-    ``fz``: scratch for ``nflows`` ids. Writes ``rate[f]``, leaves ``R[l]`` = ``rcap[l]`` less the
-    flows' load; reorders ``live``; returns the number of filling rounds (:func:`maxmin_rates`
-    builds the lists per call, :mod:`npusim.hw.noc.memflow` keeps them between updates).
+    ``fz``: scratch for ``nflows`` ids; a flow's entries ``e_*`` are read only to take a frozen
+    flow's load off the sums, so entries on resources outside ``live[:nt]`` may be left out. Writes
+    ``rate[f]``, leaves ``R[l]`` = ``rcap[l]`` less the flows' load; reorders ``live``; returns the
+    number of filling rounds (:func:`maxmin_rates` builds the lists per call,
+    :mod:`npusim.hw.noc.memflow` keeps them between updates).
 
     A round's frozen flows leave ``A`` and ``cnt`` after the round's freezing (in freezing order),
     and not at all after the last round (their sums are not read again): most updates of the chip's

@@ -1,8 +1,8 @@
 """HBM traffic over the mesh as flows: max-min fair shares of the links, inside the kernel.
 
 At the ``path`` NoC fidelity with ``Simulator(memory_streams="flow")`` (an option; the default is
-still the ``reserve`` streams: the flows are no closer to flit on the fidelity ladder and cost more
-CPU on serving, see docs/FIDELITY.md) a DMA's traffic
+still the ``reserve`` streams: the flows are no closer to flit on the fidelity ladder, see
+docs/FIDELITY.md; on ten serving requests they now cost less CPU than the streams) a DMA's traffic
 between its core and the routers where its HBM channels attach (:mod:`npusim.sim.mempath` splits
 it: per attach router ``r`` the bursts ``n_r``, the flits towards the memory and the flits back) is
 one *flow* per DMA engine (initiator): a rate ``x`` in bytes of the DMA per cycle that loads every
@@ -30,7 +30,9 @@ the flow is one rate, not one per route. Rates are max-min fair (progressive fil
 :func:`npusim.hw.maxmin.fill`, on per-resource flow lists and coefficient sums kept as flows start
 and end) and recomputed when a flow starts or ends or a message changes what a link leaves them
 (all changes at one cycle in one update; a change that cannot move any rate is skipped, see
-:func:`memflow_poke`). A flow's
+:func:`memflow_poke`). Only the resources that may fill take part in the filling (one whose flows,
+all at their caps, would leave it room cannot), and a flow crossing none of them runs at its cap:
+the same rates (see :func:`memflow_update`), at a cost set by the few resources that bind. A flow's
 bytes drain at its rate from its start; it ends ``RTT (1 - x / cap)`` cycles after its last byte
 left (``x`` its last rate): a flow held back by the mesh (``x`` well below its cap) ends one round
 trip after its bytes drained (the first request's trip and the last data's trip), a flow held by
@@ -67,6 +69,9 @@ from npusim.hw.maxmin import fill
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_MFLOW_UPDATE = 23
+#: a resource whose active flows, all at their caps, would load it to at most this share of what
+#: messages leave of it cannot fill: it is left out of the filling (exact, see memflow_update)
+ROOM = 1.0 - 1e-6
 #: cycles a burst's round trip takes beyond the two zero-load trips: the flit model's DMA engine
 #: issues the next request the cycle after a tag frees, its controller answers the cycle after the
 #: request arrives, and the request and the data each wait a cycle at the network interface / the
@@ -87,15 +92,20 @@ MemFlows = namedtuple("MemFlows", [
     # ``k`` of flow ``f`` sits in its resource's list), and the resources with any (``tl``, ``tpos``)
     "rl", "rk", "rn", "row", "eslot", "tl", "tpos",
     "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
+    "B0",  # per resource: the load its active flows put on it at their caps (flits/cycle), kept the same way
     "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
+    "ln", "lres", "lcoef",  # per flow, scratch of an update: its entries on the resources in the filling
+    "outl",  # scratch of an update: resources left out of the filling that may carry the peak load
+    "fin",  # scratch of an update: the flows in the filling (those crossing a resource in it)
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
-# rounds, flows started, flows and resources solved (summed over updates), resources crossed now,
-# message claims and releases that could not move a rate (no update)
+# rounds, flows started, flows and resources in the filling (summed over updates), resources crossed now,
+# message claims and releases that could not move a rate (no update), resources crossed (summed over
+# updates; S_SOLVED_RES: those of them that took part in the filling)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
- S_SKIPPED) = range(11)
+ S_SKIPPED, S_CROSSED) = range(12)
 F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
 
 
@@ -124,10 +134,12 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         rl=np.zeros(nres * ni, np.int64), rk=np.zeros(nres * ni, np.int64), rn=np.zeros(nres, np.int64),
         row=np.arange(nres, dtype=np.int64) * ni, eslot=np.zeros((ni, width), np.int64),
         tl=np.zeros(nres, np.int64), tpos=np.full(nres, -1, np.int64),
-        A0=np.zeros(nres, np.float64),
+        A0=np.zeros(nres, np.float64), B0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
         live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
-        sc=np.zeros(11, np.int64), fsc=np.zeros(2, np.float64),
+        ln=np.zeros(ni, np.int64), lres=np.zeros((ni, width), np.int64), lcoef=np.zeros((ni, width), np.float64),
+        outl=np.zeros(nres, np.int64), fin=np.zeros(ni, np.int64),
+        sc=np.zeros(12, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -187,18 +199,18 @@ def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports)
 def memflow_go(mf, heap, hs, init, nbytes, bursts, now):
     """Start initiator ``init``'s flow of ``nbytes`` bytes in ``bursts`` bursts (its routes given
     by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``."""
-    inv = 1.0 / nbytes
-    for k in range(mf.e_n[init]):
-        l = mf.e_res[init, k]
-        mf.pos[l] = -1
-        mf.e_coef[init, k] *= inv
-        _list_add(mf, init, k, l)
     rtt = mf.fsc[F_ACC_RTT] / bursts
     mf.fsc[F_ACC_RTT] = 0.0
     burst_bytes = (nbytes + bursts - 1) // bursts
     lim = max(1, min(mf.prm[P_TAGS], mf.prm[P_INFLIGHT] // burst_bytes))
     mf.rtt[init] = rtt
     mf.fcap[init] = lim * burst_bytes / rtt
+    inv = 1.0 / nbytes
+    for k in range(mf.e_n[init]):
+        l = mf.e_res[init, k]
+        mf.pos[l] = -1
+        mf.e_coef[init, k] *= inv
+        _list_add(mf, init, k, l)
     mf.rem[init] = float(nbytes)
     mf.rate[init] = 0.0
     mf.nbytes[init] = nbytes
@@ -237,6 +249,7 @@ def _list_add(mf, f, k, l):
     mf.eslot[f, k] = n
     mf.rn[l] = n + 1
     mf.A0[l] += mf.e_coef[f, k]
+    mf.B0[l] += mf.e_coef[f, k] * mf.fcap[f]
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -253,8 +266,10 @@ def _list_drop(mf, f):
         mf.eslot[g, kg] = i
         mf.rn[l] = n
         mf.A0[l] -= mf.e_coef[f, k]
+        mf.B0[l] -= mf.e_coef[f, k] * mf.fcap[f]
         if n == 0:  # untouched now: the last touched resource takes its place (its sum starts anew)
             mf.A0[l] = 0.0
+            mf.B0[l] = 0.0
             nt = mf.sc[S_NTOUCH] - 1
             p = mf.tpos[l]
             m = mf.tl[nt]
@@ -307,8 +322,18 @@ def memflow_update(mf, holds, heap, hs, version, now):
     the next end; ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
     theirs while they do). ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the
     messages seen. Cost: O(resources the flows cross) to set up, then the filling
-    (:func:`npusim.hw.maxmin.fill`: per round O(those resources + flows), and O(entries) of the flows
-    frozen before the last round)."""
+    (:func:`npusim.hw.maxmin.fill`: per round O(the resources that may fill + flows), and O(entries)
+    of the flows frozen before the last round).
+
+    Only resources that may fill take part in the filling: one whose flows would load it to at most
+    ``ROOM`` of its capacity even all at their caps (``B0[l] = sum_f a_fl cap_f``, kept as flows
+    start and end) is left out. Exact: in every round such a resource's ``R/A`` exceeds the cap
+    headroom ``cap_f - level`` of one of its unfrozen flows by at least ``(1 - ROOM) c``, so it is
+    never the round's minimum and never freezes a flow (the filling's tolerance freezes within
+    ``1e-9 c``): the rates are the same bits. A flow that crosses none of the resources left in
+    runs at its cap (the filling would freeze it there, within its tolerance ``1e-9``), and the
+    filling takes a frozen flow's load off the sums of the resources in it only (each sum loses its
+    flows in the same order: the same bits)."""
     if version != mf.sc[S_VERSION]:
         return  # superseded
     mf.sc[S_PENDING] = 0
@@ -327,23 +352,51 @@ def memflow_update(mf, holds, heap, hs, version, now):
         else:
             mf.act[j] = f
             mf.frozen[f] = 0
+            mf.ln[f] = 0
             j += 1
     mf.sc[S_NACT] = j
     if j == 0:
         return
     nt = mf.sc[S_NTOUCH]
+    nlv = 0
+    nout = 0  # resources left out whose load may be the highest yet (fsc[F_PEAK_LOAD] only grows)
+    peak = mf.fsc[F_PEAK_LOAD]
     for i in range(nt):  # each resource the flows cross: its capacity less the messages holding it, its flows
         l = mf.tl[i]
         c = _ceff(mf, holds, l)
         mf.ceff[l] = c
+        if mf.B0[l] <= c * ROOM:  # cannot fill: its flows at their caps leave it room (see the docstring)
+            if mf.B0[l] > peak * c:
+                mf.outl[nout] = l
+                nout += 1
+            continue
         mf.R[l] = c
         mf.A[l] = mf.A0[l]
         mf.cnt[l] = mf.rn[l]
-        mf.live[i] = l
-    mf.sc[S_SOLVED] += j
-    mf.sc[S_SOLVED_RES] += nt
-    mf.sc[S_ROUNDS] += fill(j, mf.act, mf.e_n, mf.e_res, mf.e_coef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
-                            mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nt, mf.frozen, mf.fz, 1e-9)
+        mf.live[nlv] = l
+        nlv += 1
+        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it, for the filling's sums
+            f = mf.rl[q]
+            m = mf.ln[f]
+            mf.lres[f, m] = l
+            mf.lcoef[f, m] = mf.e_coef[f, mf.rk[q]]
+            mf.ln[f] = m + 1
+    nin = 0
+    for i in range(j):  # a flow crossing no resource that may fill runs at its cap: only the others fill
+        f = mf.act[i]
+        if mf.ln[f] == 0:
+            mf.rate[f] = mf.fcap[f]
+        else:
+            mf.fin[nin] = f
+            nin += 1
+    mf.sc[S_SOLVED] += nin
+    mf.sc[S_SOLVED_RES] += nlv
+    mf.sc[S_CROSSED] += nt
+    # the filling reads a flow's entries only to take a frozen flow's load off the sums: those on the
+    # resources in it suffice (each resource's sum loses its flows in the same order: the same bits)
+    if nin > 0:
+        mf.sc[S_ROUNDS] += fill(nin, mf.fin, mf.ln, mf.lres, mf.lcoef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
+                                mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nlv, mf.frozen, mf.fz, 1e-9)
     nxt = np.inf
     for i in range(j):
         f = mf.act[i]
@@ -352,14 +405,22 @@ def memflow_update(mf, holds, heap, hs, version, now):
             t = mf.rem[f] / r
             if t < nxt:
                 nxt = t
-    peak = mf.fsc[F_PEAK_LOAD]
-    for i in range(nt):
-        l = mf.tl[i]
+    for i in range(nlv):
+        l = mf.live[i]
         c = mf.ceff[l]  # what the flows may use: the width less the messages holding it
         if c > 0.0:
             v = (c - mf.R[l]) / c
             if v > peak:
                 peak = v
+    for i in range(nout):  # the resources left out of the filling: their load, where it may be the peak
+        l = mf.outl[i]
+        c = mf.ceff[l]
+        if mf.B0[l] > peak * c:
+            load = 0.0
+            for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
+                load += mf.e_coef[mf.rl[q], mf.rk[q]] * mf.rate[mf.rl[q]]
+            if load > peak * c:
+                peak = load / c
     mf.fsc[F_PEAK_LOAD] = peak
     if nxt < np.inf:  # else no flow can move: the engine reports the tasks that wait (no progress)
         mf.sc[S_VERSION] += 1
