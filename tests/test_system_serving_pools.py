@@ -270,3 +270,14 @@ def test_plan_serving_runtime_reaches_the_steps_and_the_deployment_file(tmp_path
     assert served["file"]["ttft_ms"] == served["flag"]["ttft_ms"]
     e, g = served["file"]["tpot_ms"]["mean"], served["graph"]["tpot_ms"]["mean"]
     assert abs(e - g) > 0.01 * g
+
+
+@pytest.mark.parametrize("which", ["agg", "dis"])
+def test_prefill_batches_and_decode_steps_add_up_to_the_iterations(which, request):
+    """Every iteration is a decode step or carries prompt tokens; an aggregated run counts the latter as
+    its prefill batches (it reported 0 before), a prefill pool its admitted batches."""
+    _, run = request.getfixturevalue(which)
+    s = run.summary
+    assert s["prefill_batches"] > 0 and s["decode_steps"] > 0
+    if which == "agg":
+        assert s["prefill_batches"] + s["decode_steps"] == s["iterations"]

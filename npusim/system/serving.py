@@ -192,6 +192,8 @@ class _Inst:
         if all(not x.live.prefilling for x in slots):
             lv.stats["steps"] += 1
             lv.stats["batch_sum"] += len(slots)
+        elif self.role == "aggregated":  # an iteration carrying prompt tokens (a prefill pool counts admissions)
+            lv.stats["batches"] += 1
         return t + dur
 
     def complete(self, slots: list[Slot], records: dict, t: float):
