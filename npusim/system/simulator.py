@@ -36,7 +36,7 @@ from npusim.engine import Engine
 from npusim.engine.tasks import KIND_FIXED, SC_NEVENTS
 from npusim.errors import ConfigError, DeadlockError
 from npusim.hw.fabric.state import (FP_RETURN_PS, FP_ROUTE, FP_SETUP_PS, FP_WIRE_BYTES, MODE_FLOW,
-                                    MODE_PACKET, S_NACT, S_ROUNDS, S_UPDATES, grow_packets, grow_tasks,
+                                    MODE_PACKET, S_ROUNDS, S_UPDATES, grow_packets, grow_tasks,
                                     new_fabric_state)
 from npusim.system.kernel import (KINDS, KIND_FLOW, STATUS_EVENT_LIMIT, STATUS_GROW, STATUS_GROW_PACKETS, STATUS_IDLE,
                                   STATUS_NOTIFY, STATUS_TIME_LIMIT, STATUS_WATCH, system_loop)
