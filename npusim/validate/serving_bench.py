@@ -100,8 +100,9 @@ def serving_rows(quick: bool = False) -> list[Row]:
         what = (f"{get_config(case['model']).name} on {case['plan']['npus']} {case['system']} NPU"
                 f"{'s' if case['plan']['npus'] > 1 else ''} (tp {case['plan']['tp']}), {c['input_len']} -> "
                 f"{c['output_len']} tokens, {c['num_prompts']} prompts {rate}")
-        kind = "fitted" if case.get("steered") else "outside"  # a row that exposed a fix it then saw
-        note = (f"{kind}{'' if kind == 'outside' else ' (' + case['steered'] + ')'}; setup: {case['setup']}"
+        steered = case.get("steered")  # the fix a case's errors exposed: its rows were seen before it
+        kind = "fitted" if steered else "outside"
+        note = (f"{f'fitted ({steered})' if steered else 'outside'}; setup: {case['setup']}"
                 + (f"; quick: {prompts} of the {c['num_prompts']} prompts served" if prompts < c["num_prompts"]
                    else ""))
         for key, label in METRICS:
