@@ -35,6 +35,9 @@ def test_every_request_finishes_with_consistent_metrics(arch64, policy):
         assert all(b >= a for a, b in zip(rec.token_times_s, rec.token_times_s[1:]))
     assert s["ttft_ms"]["p50"] > 0 and s["tbt_ms"]["p99"] >= s["tbt_ms"]["p50"]
     assert run.summary["kv_manager"]["freed"] == len(reqs)
+    assert s["conservation"] == {"tokens_made": sum(r.output_len for r in reqs),
+                                 "tokens_expected": sum(r.output_len for r in reqs),
+                                 "kv_bytes_sent": 0, "kv_bytes_received": 0}
 
 
 def test_serving_is_deterministic(arch64):
@@ -129,6 +132,10 @@ def test_pd_disaggregation_moves_every_kv_cache(arch64):
     assert s["kv_transfer_bytes"] == sum(r.input_len for r in reqs) * kv_per_token
     for rec in run.records:
         assert len(rec.token_times_s) == rec.output_len and rec.finish_s >= rec.token_times_s[0]
+    # the summary counts conservation as a system run's does: every token made once, KV sent = received
+    c = s["conservation"]
+    assert c["tokens_made"] == c["tokens_expected"] == sum(r.output_len for r in reqs)
+    assert c["kv_bytes_sent"] == c["kv_bytes_received"] == s["kv_transfer_bytes"] > 0
 
 
 def test_pd_layout_puts_decode_in_the_middle(arch64):

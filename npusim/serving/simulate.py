@@ -367,7 +367,7 @@ class ServingSimulator:
         self.clock = _EngineClock(self)
         run = loop.serve(self, self.clock, planned, progress, max_concurrency)
         self.util.sample(final=True)
-        return self._result(run.records, run.iterations)
+        return self._result(run.records, run.iterations, run.tokens_made)
 
     # -- the serving loop's level interface (npusim.serving.loop) ------------------------------
     def arrive(self, req, record, now_s: float) -> bool:
@@ -380,12 +380,14 @@ class ServingSimulator:
         for live in leaving:
             inst.running.remove(live)
             dest = self.downstream[inst]
-            self.clock.watch(self._send_kv(live, inst, dest), (KV_ARRIVED, live, inst))
+            nbytes = live.kv_tokens * inst.kv_bytes_per_token
+            self.clock.watch(self._send_kv(live, nbytes, inst, dest), (KV_ARRIVED, live, inst, nbytes))
             self.in_transit[dest] = self.in_transit.get(dest, 0) + 1
 
     def on_event(self, event: tuple, records, now_s: float) -> None:
         """A request's KV arrived at the decode instance: it waits there to be admitted."""
-        _, live, source = event
+        _, live, source, nbytes = event
+        self.transfers.received_bytes += nbytes
         source.kv.free(live.req.id)
         dest = self.downstream[source]
         self.in_transit[dest] -= 1
@@ -409,10 +411,10 @@ class ServingSimulator:
     def busy(self) -> bool:
         return any(i.running or i.waiting for i in self.instances)
 
-    def _send_kv(self, live, source: Instance, dest: Instance) -> int:
-        """Move a prefilled request's KV from every prefill core to the decode cores (NoC messages)."""
+    def _send_kv(self, live, nbytes: int, source: Instance, dest: Instance) -> int:
+        """Move a prefilled request's KV (``nbytes``) from every prefill core to the decode cores (NoC
+        messages)."""
         src, dst = source.core_list, dest.core_list
-        nbytes = live.kv_tokens * source.kv_bytes_per_token
         sends = [self.sim.add_send(s, dst[i % len(dst)], nbytes // len(src) + (1 if i < nbytes % len(src) else 0),
                                    name="KV transfer") for i, s in enumerate(src)]
         self.transfers.sent_bytes += nbytes
@@ -420,7 +422,7 @@ class ServingSimulator:
         live.kv_to_place = live.kv_tokens
         return self.sim.add_notify(sends, name="KV transferred")
 
-    def _result(self, records, iterations) -> ServingRun:
+    def _result(self, records, iterations, tokens_made: int) -> ServingRun:
         cfg, sim = self.cfg, self.sim
         recs = [records[k] for k in sorted(records)]
         summary = summarize(recs, slo_ttft_s=None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3,
@@ -442,6 +444,10 @@ class ServingSimulator:
             "instances": {i.name: {"cores": len(i.core_list), "tp": i.spec.tensor_parallel.degree,
                                    "stages": i.spec.pipeline.stages} for i in self.instances},
             "kv_transfer_bytes": self.transfers.sent_bytes, "kv_transfers": self.transfers.count,
+            "conservation": {"tokens_made": tokens_made,
+                             "tokens_expected": sum(r.output_len for r in recs if r.completed),
+                             "kv_bytes_sent": self.transfers.sent_bytes,
+                             "kv_bytes_received": self.transfers.received_bytes},
             # cached iterations (stage replay) move their measured bytes without simulating them
             "hbm_bytes": int(sim.mem.ch_bytes.sum()) + sum(i.replayed_hbm_bytes for i in self.instances),
             "hbm_bytes_over_noc": sim.hbm_bytes_over_noc,
