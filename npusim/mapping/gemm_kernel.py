@@ -283,7 +283,8 @@ class _Block:
 
 class Planner:
     def __init__(self, arch: Arch, cores: list[int], dtype: str, out_dtype: str, hbm_fraction: float,
-                 ideal_l2_bpc: float | None = None, gemm_kernel: str | None = None):
+                 ideal_l2_bpc: float | None = None, gemm_kernel: str | None = None,
+                 tile: tuple[int, int, int] | None = None, swizzle: tuple[int, int] | None = None):
         sa = arch.systolic_for(cores[0])
         if any(arch.systolic_for(c) != sa for c in cores):
             raise ConfigError("a chip-cost GEMM needs a share of cores with the same systolic array "
@@ -315,6 +316,10 @@ class Planner:
         self.kernel = arch.kernel  # operator-level costs (start, setup, L0 feed); None: not charged
         # the base-block kernel the GEMM runs (gemm_kernels.KERNELS): named, else the arch's default
         self.gemm_kernel = gemm_kernel or "catlass_basic"
+        # a base-block kernel's tiling as its source states it (L1TileShape; swizzle offset, direction),
+        # instead of the arch's base block and swizzle and the kernel's own tiling rule
+        self.tile = check_tile(arch, cores, dtype, tile) if tile is not None else None
+        self.swizzle = check_swizzle(swizzle) if swizzle is not None else None
 
     def head_cycles(self, setup_us: float) -> int:
         """Cycles a working core waits before its first load: the kernel's device-side start and the
@@ -513,13 +518,15 @@ class Planner:
         """(rows, columns, K per L1 stage) of the kernel's base block for this dtype, or None (the
         even split)."""
         kc = self.kernel
-        return None if kc is None else kc.base_blocks.get(self.dtype)
+        if kc is None or kc.base_blocks.get(self.dtype) is None:
+            return None
+        return self.tile or kc.base_blocks[self.dtype]
 
     def tiling(self, m: int, n: int, share: int) -> tuple[int, int, int]:
         """(rows, columns, K per L1 stage) of the base block the GEMM's kernel gives an ``m x n``
         output on ``share`` cores (:mod:`npusim.system.gemm_kernels`); the L1 stage is the arch's."""
         bm, bn, kl1 = self.base_shape()
-        if self.gemm_kernel == "aclnn":
+        if self.gemm_kernel == "aclnn" and self.tile is None:
             bm, bn = gemm_kernels.aclnn_base(m, n, share)
         return bm, bn, kl1
 
@@ -533,7 +540,8 @@ class Planner:
         ks = [k]
         if self.gemm_kernel == "catlass_splitk":
             ks = gemm_kernels.k_slices(k, kl1, gemm_kernels.splitk_factor(len(ms) * len(ns), k, kl1, share))
-        blocks = _swizzle(len(ms), len(ns), self.kernel.swizzle_offset, self.kernel.swizzle_direction)
+        offset, direction = self.swizzle or (self.kernel.swizzle_offset, self.kernel.swizzle_direction)
+        blocks = _swizzle(len(ms), len(ns), offset, direction)
         return ms, ns, ks, [(b, i, j, s) for b in range(batch) for s in range(len(ks)) for i, j in blocks]
 
     def base_block(self, mb: int, k: int, nb: int) -> _Block:
@@ -872,6 +880,37 @@ class Emitter:
 
 
 # -- the lowering both paths take ----------------------------------------------------------------
+
+def check_tile(arch: Arch, cores: list[int], dtype: str, tile) -> tuple[int, int, int]:
+    """A stated base block ``(m, n, k)`` (CATLASS's ``L1TileShape``), checked against the cores' L0C
+    (fp32 accumulators in a quarter of the SRAM: 128 KB on the Ascend presets) and L1 (A and B
+    stages double-buffered in the SRAM): a tiling the die cannot hold is an error, not a guess."""
+    try:
+        bm, bn, bk = (int(x) for x in tile)
+    except (TypeError, ValueError):
+        raise ConfigError(f"tile {tile!r}: expected three positive integers (m, n, k)") from None
+    if min(bm, bn, bk) < 1 or any(x != y for x, y in zip((bm, bn, bk), tile)):
+        raise ConfigError(f"tile {tile!r}: expected three positive integers (m, n, k)")
+    sram = min(arch.sram_for(c).capacity_mb for c in cores) * MB
+    if bm * bn * ACC_BYTES > sram / 4:
+        raise ConfigError(f"tile {bm}x{bn}x{bk}: its fp32 accumulators ({bm * bn * ACC_BYTES} B) exceed the "
+                          f"L0C ({int(sram / 4)} B, a quarter of the core's {int(sram)} B SRAM)")
+    if 2 * (bm + bn) * bk * DTYPE_BYTES[dtype] > sram:
+        raise ConfigError(f"tile {bm}x{bn}x{bk} {dtype}: two stages of A and B "
+                          f"({int(2 * (bm + bn) * bk * DTYPE_BYTES[dtype])} B) exceed the core's {int(sram)} B L1")
+    return bm, bn, bk
+
+
+def check_swizzle(swizzle) -> tuple[int, int]:
+    """A stated block swizzle ``(offset, direction)`` (CATLASS ``GemmIdentityBlockSwizzle``)."""
+    try:
+        offset, direction = (int(x) for x in swizzle)
+    except (TypeError, ValueError):
+        raise ConfigError(f"swizzle {swizzle!r}: expected (offset >= 1, direction 0 or 1)") from None
+    if offset < 1 or direction not in (0, 1):
+        raise ConfigError(f"swizzle {swizzle!r}: expected (offset >= 1, direction 0 or 1)")
+    return offset, direction
+
 
 def head_cycles(arch: Arch, setup_us: float) -> int:
     """Cycles a working core waits before its first load: the kernel's device-side start and the

@@ -14,7 +14,8 @@ How each family is run (assumptions):
   FP16/BF16 (``fp16 in, fp32 out``: FP16), with the kernel the row states it ran (:func:`_kernel`:
   CATLASS's multi-core split K -> ``catlass_splitk``; other CATLASS examples and PTO's hand-written
   GEMM -> ``catlass_basic``, their base blocks; aclnn MatMulV2/V3, QuantBatchMatmul and the rest ->
-  the die's default, ``aclnn``). Roofline:
+  the die's default, ``aclnn``), at the tiling the row states (``tile``: CATLASS's ``L1TileShape<M, N, K>``;
+  ``swizzle``: ``GemmIdentityBlockSwizzle<offset, direction>``), else the kernel's own. Roofline:
   ``max(2 m n k batch / peak, compulsory bytes / HBM bandwidth)``.
 * **vector** -- :meth:`~npusim.system.chipcost.ChipCost.vector` with the op class the kernel's name
   says (:data:`VECTOR_OPS`: norms, (dynamic) quantisation, RoPE, SwiGLU, adds, copies (TensorMove:
@@ -50,7 +51,7 @@ How each family is run (assumptions):
   differences, host-bound step fractions, device-side transfer and memory latencies.
 
 Where a source times several kernels for one case (a baseline beside a tuned kernel, several
-tilings), the fastest is compared (:func:`_fastest`): npusim plans the best kernel it finds.
+tilings), the fastest is compared (:func:`_fastest`), run as that row states it ran.
 
 Rows of a source in the ``calibration`` half are ``fitted`` (they may steer modelling choices), of
 the ``validation`` half ``outside``, except in a family listed in the section's ``steered_families``
@@ -167,11 +168,14 @@ class _Runner:
         batch = _int(s.get("batch")) or 1
         dtype = _dtype(r.get("dtype", "bf16"))
         cc = self.cost(target)
-        res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch, kernel=_kernel(str(r["op"])))
+        res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch, kernel=_kernel(str(r["op"])), tile=r.get("tile"),
+                      swizzle=r.get("swizzle"))
         flops = 2.0 * m * k * n * batch
         roof = max(flops / (res.peak_tflops_chip * 1e6), res.min_hbm_bytes / (res.hbm_peak_bandwidth_gbps * 1e3))
         kernel = res.mapping.split(":")[0] if ":" in res.mapping else "even split"  # base blocks: "<kernel>: ..."
-        return res.time_us, roof, f"{kernel}, {100 * res.compute_utilization:.0f}% of peak"
+        tiling = "".join(f" {lbl} {'x'.join(map(str, r[key]))}" for lbl, key in (("tile", "tile"), ("swizzle", "swizzle"))
+                         if r.get(key))
+        return res.time_us, roof, f"{kernel}{tiling}, {100 * res.compute_utilization:.0f}% of peak"
 
     def vector(self, r: dict, target: str) -> tuple[float, float, str] | None:
         from npusim.model.ir import Op
