@@ -146,6 +146,7 @@ from npusim.arch.schema import DTYPE_BYTES, Arch
 from npusim.comm.collectives import ring_reduce_scatter
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
+from npusim.hw.compute.vector_kernel import aiv_tile_cycles
 from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.hbm import stream_latency_ps
 from npusim.hw.memory.params import P_ISSUE_GAP, P_MAX_OUT, P_TXN_BYTES, memory_params
@@ -162,6 +163,17 @@ ACC_BYTES = 4  # fp32 / int32 accumulators
 #: hardware's separate fix-pipe does not do (see the module docstring)
 FIXPIPE_WAITS = False
 SPLIT_RUN_BYTES = 4096  # a load of twice this or more is split over the core's DMA engines
+#: the base-block kernels whose INT8 GEMM dequantises on the vector cores through global memory
+#: (CATLASS's quant kernels: the AIC's fixpipe writes int32 C to a workspace, the AIVs read it back
+#: with the per-channel and per-token scales and write bf16 D; kernel/quant_matmul.hpp,
+#: quant_matmul_full_loadA_tla.hpp, quant_multi_core_splitk_matmul_tla.hpp)
+QUANT_EPILOGUE_KERNELS = ("catlass_basic", "catlass_splitk")
+#: the per-token dequant epilogue's vector instructions per tile, each over the whole tile in fp32
+#: (epilogue/block/block_epilogue_per_token_dequant.hpp: Cast C int32 -> fp32, RowBroadcastMul by the
+#: per-channel scale, OneBlkColumnBroadcastMul by the per-token scale, Cast -> D), and its tile's rows
+#: (examples/12_quant_matmul: EpilogueTileShape<32, 256>)
+DEQUANT_INSTRUCTIONS = 4
+DEQUANT_TILE_ROWS = 32
 MB = 2**20
 
 
@@ -726,6 +738,15 @@ class Emitter:
         self.l2_bytes = 0
         self.head = 0  # cycles of each working core's kernel start + prologue (a task before its first load)
         self.fixpipe_waits = False  # a tile's accumulators fill L0C: the next tile's MACs wait for its write-back
+        #: called with (core, the write task, bytes written, name) after each step's write-back: the
+        #: vector side's epilogue on what the cube wrote, returning (its last task, bytes it then
+        #: writes to HBM), or None. Its write is queued one step later, behind the next step's loads
+        #: (the DMA queues are in order; the vector side's own MTE3 does not wait for the cube's loads)
+        self.epilogue = None
+        #: C goes to a workspace the L2 keeps (a quant kernel's int32 ring, read back at once by the
+        #: vector side): its write-back holds the core's DMA engine at the L2 rate and costs no HBM
+        #: traffic (the vendor's L2 is write-back; the reuse model's writes otherwise bypass it)
+        self.c_in_l2 = False
 
     def _dma(self, core: int, nbytes: int, write: bool, deps, name: str, engine: int) -> int:
         t = self.prog.add_dma(core, nbytes, address=self.addr, write=write, deps=deps, dma_engine=engine, name=name)
@@ -780,6 +801,14 @@ class Emitter:
 
     def write(self, core: int, nbytes: int, deps, name: str) -> int:
         return self._dma(core, nbytes, True, deps, name, self._least_loaded(core))
+
+    def write_l2(self, core: int, nbytes: int, deps, name: str) -> int:
+        """A write the L2 absorbs (see ``c_in_l2``): the least loaded DMA engine held for
+        ``nbytes`` at the core's L2 rate."""
+        engine = self._least_loaded(core)
+        self.engine_bytes.setdefault(core, [0] * self.pl.engines)[engine] += nbytes
+        return self.prog.add_compute(core, f"dma{engine}", math.ceil(nbytes / self.l2_bpc) + self.pl.l2_latency,
+                                     deps=deps, name=name)
 
     def units(self, mb: int, kb: int, nb: int, bb: int, blk: _Block, write_tiles: bool,
               where: tuple | None = None) -> list[_Unit]:
@@ -862,6 +891,7 @@ class Emitter:
         issue_load(1)
         last = head
         written = -1  # the last tile's write-back, when the next tile's MACs must wait for it
+        pending = None  # the last step's epilogue (task, bytes, name), written out one step later
         done = 0.0  # cube cycles so far (rounded per step without drift)
         for s, step in enumerate(steps):
             before = int(round(done))
@@ -870,10 +900,19 @@ class Emitter:
                                     name=f"{tag} gemm{s}")
             computes.append(last)
             issue_load(s + 2)  # its buffer is free once this step's GEMMs are done
+            if pending:  # the previous step's epilogue writes out behind this step's loads
+                self.write(core, pending[1], [pending[0]], pending[2])
+                pending = None
             nbytes = sum(u.write for u in step)
             if nbytes:
-                last_write = self.write(core, nbytes, [last], f"{tag} write{s}")
+                last_write = self.write_l2(core, nbytes, [last], f"{tag} write{s} (L2)") if self.c_in_l2 \
+                    else self.write(core, nbytes, [last], f"{tag} write{s}")
                 written = last_write if self.fixpipe_waits else -1
+                if self.epilogue is not None:
+                    task, out = self.epilogue(core, last_write, nbytes, f"{tag} epilogue{s}")
+                    pending = (task, out, f"{tag} epilogue{s} write")
+                    if s == len(steps) - 1:
+                        return self.write(core, out, [task], pending[2])
                 if s == len(steps) - 1:
                     return last_write
         return last
@@ -1012,6 +1051,95 @@ def emit_gemm(prog: Program, planner: Planner, plan: GemmPlan, m: int, k: int, n
     return Emitted(ends, em.l2_bytes)
 
 
+class _VectorSide:
+    """A base-block kernel's work on each core's vector side (its AIVs; the arch's ``kernel`` section
+    times their instructions, :func:`~npusim.hw.compute.vector_kernel.aiv_tile_cycles`): the AIVs
+    start with the kernel (``start_us + vector_setup_us``, beside the AIC's prologue) and then take
+    what the cube wrote to global memory from the L2 (HBM without one), the core's AIVs splitting
+    the rows evenly.
+
+    * :meth:`dequant` -- an INT8 kernel's per-token dequant (:data:`QUANT_EPILOGUE_KERNELS`): int32 C
+      and the scales (4 B per column and per row) read, :data:`DEQUANT_INSTRUCTIONS` fp32 instructions
+      per :data:`DEQUANT_TILE_ROWS`-row tile, bf16 D written. Called after each step's write-back of
+      the cube (the AIC goes on to its next blocks: the workspace's stages are not modelled), or once
+      a split-K kernel's partials are reduced.
+    * :meth:`reduce` -- split K's ``SplitkReduceAdd``: the ``factor`` fp32 / int32 partials read,
+      ``factor - 1`` Adds, the sum written (int32 for INT8, which the dequant then reads; else C).
+
+    Without the section's vector costs (``vector_cycles_per_repeat``) the reduce's adds take the
+    lane model (``Program.add_vector``), as before, and there is no dequant pass."""
+
+    def __init__(self, planner: Planner, em: "Emitter", deps):
+        self.pl, self.em, self.deps = planner, em, list(deps)
+        kc = planner.kernel
+        self.timed = kc is not None and kc.vector_cycles_per_repeat is not None
+        self.aivs = (kc.vector_cores_per_core or 1) if kc is not None else 1
+        self.heads: dict[int, int] = {}
+        self.last: dict[int, int] = {}  # core -> its vector side's last compute (one pipe)
+
+    def head(self, core: int) -> list[int]:
+        kc = self.pl.kernel
+        if kc is None:
+            return list(self.deps)
+        if core not in self.heads:
+            self.heads[core] = self.em.prog.add_compute(core, "vector", self.pl.head_cycles(kc.vector_setup_us),
+                                                        deps=self.deps, name=f"c{core} AIV start")
+        return [self.heads[core]]
+
+    def _cycles(self, rows: int, cols: int, instructions: int, tile_rows: int | None = None) -> int:
+        """One core's busiest AIV on ``rows x cols`` fp32 elements, ``instructions`` per tile."""
+        kc = self.pl.kernel
+        per_aiv = _cdiv(max(rows, 1), self.aivs)
+        step = tile_rows or per_aiv
+        total = 0
+        for r0 in range(0, per_aiv, step):
+            total += aiv_tile_cycles("elementwise", None, min(step, per_aiv - r0), cols,
+                                     cycles_per_repeat=kc.vector_cycles_per_repeat,
+                                     instruction_cycles=kc.vector_instruction_cycles, dtype="fp32")
+        return instructions * total
+
+    def _read(self, core: int, nbytes: int, deps, name: str) -> list[int]:
+        l2 = self.pl.l2_capacity is not None
+        return self.em.loads(core, 0 if l2 else nbytes, nbytes if l2 else 0, [*deps, *self.head(core)], name)
+
+    def dequant(self, core: int, after: int, nbytes: int, name: str, cols: int) -> int:
+        """The dequant of ``nbytes`` of int32 C the core's cube wrote (task ``after``); its last task.
+        One task on the vector pipe: the AIVs' own MTE2 / MTE3 move the data, not the AIC's DMA
+        queues (in order, they would hold the cube's next loads behind the epilogue), so the pass
+        is its tiles through a double-buffered UB (``ubStages = 2``): the first tile's read and
+        compute, then each further tile at the slower of the two -- reads at the core's L2 rate
+        (HBM's without an L2) shared by its AIVs (an assumption, as FlashAttention's vector side
+        shares the core's rate). Returns (the task, the bytes of bf16 D it writes): the caller
+        queues that write to HBM on the core's DMA engines."""
+        elements = nbytes // ACC_BYTES
+        rows = _cdiv(elements, cols)
+        per_aiv = _cdiv(rows, self.aivs)
+        tiles = _cdiv(per_aiv, DEQUANT_TILE_ROWS)
+        t_rows = min(per_aiv, DEQUANT_TILE_ROWS)
+        read_bpc = (self.em.l2_bpc if self.pl.l2_capacity is not None else self.pl.core_bpc) / self.aivs
+        read = (t_rows * cols + t_rows) * ACC_BYTES / read_bpc  # int32 C and the per-token scales
+        comp = self._cycles(t_rows * self.aivs, cols, DEQUANT_INSTRUCTIONS)
+        first = cols * ACC_BYTES / read_bpc  # the per-channel scales, once
+        cycles = first + read + comp + (tiles - 1) * max(read, comp)
+        prev = [self.last[core]] if core in self.last else []
+        task = self.em.prog.add_compute(core, "vector", math.ceil(cycles), deps=[after, *self.head(core), *prev],
+                                        name=f"{name} dequant")
+        self.last[core] = task
+        return task, _nbytes(elements, self.pl.eo)
+
+    def reduce(self, core: int, deps, elements: int, factor: int, out_bytes: float, name: str) -> int:
+        """Split K's reduce of the core's ``elements`` of C over ``factor`` partials; its write."""
+        got = self._read(core, _nbytes(elements * factor, ACC_BYTES), deps, name)
+        if self.timed:
+            added = self.em.prog.add_compute(core, "vector", self._cycles(self.aivs, _cdiv(elements, self.aivs),
+                                                                          factor - 1),
+                                             deps=got, name=f"{name} add")
+        else:
+            added = self.em.prog.add_vector(core, "elementwise", elements * (factor - 1), "fp32", got, name)
+        self.last[core] = added
+        return self.em.write(core, _nbytes(elements, out_bytes), [added], f"{name} write")
+
+
 def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, share, addressed, deps, address,
                bases, tag) -> Emitted:
     """The base-block kernel's tasks (see the module docstring): core ``c`` of the ``used``
@@ -1019,33 +1147,42 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
     L1 stages, its C block written back as it finishes (the write does not hold the cube: the
     next block accumulates while it drains, as the kernel's unit flag lets it). Split K
     (``catlass_splitk``): each task writes its fp32 partial C; once every core is done, each
-    core's vector side reads its share of the partials from the L2, adds them and writes C."""
+    core's vector side reads its share of the partials from the L2, adds them and writes C.
+    INT8 on a CATLASS kernel (:data:`QUANT_EPILOGUE_KERNELS`): the cube writes int32 C and the
+    vector side dequantises it (:class:`_VectorSide`) -- after each step's write-back, or, with
+    split K, once every core has reduced its share (the kernel's all-core barrier)."""
     ms, ns, ks, order = planner.base_order(m, k, n, batch, len(share))
     layout = Layout(planner, batch, None, ms, ks, ns, whole_blocks=True, bases=bases) if addressed else None
     em = Emitter(planner, prog, layout, address, deps)
     em.head = planner.head_cycles(planner.kernel.cube_setup_us)
+    vec = _VectorSide(planner, em, deps)
+    quant = planner.dtype == "int8" and planner.gemm_kernel in QUANT_EPILOGUE_KERNELS and vec.timed
     work: list[list[_Unit]] = [[] for _ in range(plan.used)]
     for t, (b, i, j, sl) in enumerate(order):
         units = em.units(ms[i], ks[sl], ns[j], 1, planner.base_block(ms[i], ks[sl], ns[j]), True,
                          (b, i, j, sl) if addressed else None)
-        if len(ks) > 1:  # the partial sums leave L0C in fp32
+        if len(ks) > 1 or quant:  # the partial sums leave L0C in fp32 / int32 (a quant kernel's workspace)
             units[-1].write = _nbytes(ms[i] * ns[j], ACC_BYTES)
         work[t % plan.used] += units
     if planner.l2_capacity is not None:
         em.l2_bpc = planner.l2_rate(plan.used)
     if not addressed:
         em.hbm_fraction, em.merged_fraction = planner.base_l2_fractions(order, plan.used, ms, ns, ks)
+    if quant and len(ks) == 1:
+        em.epilogue = lambda core, after, nbytes, name: vec.dequant(core, after, nbytes, name, ns[0])
+        em.c_in_l2 = planner.l2_capacity is not None and not addressed
     ends = [em.core_program(share[c], units, f"{tag}c{share[c]}") for c, units in enumerate(work)]
     if len(ks) > 1:
         out = batch * m * n
-        reduced = []
-        for c in range(plan.used):
-            part = _split(out, plan.used, c)
-            name = f"{tag}c{share[c]} split-K reduce"
-            partials = _nbytes(part * len(ks), ACC_BYTES)  # in the L2 if the die has one, else HBM
-            l2 = planner.l2_capacity is not None
-            got = em.loads(share[c], 0 if l2 else partials, partials if l2 else 0, ends, name)
-            added = prog.add_vector(share[c], "elementwise", part * (len(ks) - 1), "fp32", got, name)
-            reduced.append(em.write(share[c], _nbytes(part, planner.eo), [added], f"{name} write C"))
+        reduced = [vec.reduce(share[c], ends, _split(out, plan.used, c), len(ks), ACC_BYTES if quant else planner.eo,
+                              f"{tag}c{share[c]} split-K reduce") for c in range(plan.used)]
         ends = reduced
+        if quant:  # CrossCoreBarrier: every AIV's reduce is done before any dequantises
+            barrier = prog.add_barrier(reduced, f"{tag} split-K reduce barrier")
+            ends = []
+            for c in range(plan.used):
+                name = f"{tag}c{share[c]} split-K"
+                task, d = vec.dequant(share[c], barrier, _nbytes(_split(out, plan.used, c), ACC_BYTES), name,
+                                      min(n, ns[0]))
+                ends.append(em.write(share[c], d, [task], f"{name} write D"))
     return Emitted(ends, em.l2_bytes)
