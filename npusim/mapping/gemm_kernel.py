@@ -209,6 +209,10 @@ class GemmPlan:
 
     def describe(self) -> str:
         pb, pm, pn, pk = self.grid
+        if self.base_blocks and self.kernel == "catlass_single_splitk":
+            return (f"{self.kernel}: {pb * pm * pn} blocks of {self.tile[0]}x{self.tile[1]} ({pm}x{pn}, M x N), "
+                    f"a range of them per core on {self.used} cores, walked once per K tile of {self.k_chunk} "
+                    f"({self.splitk} tiles), fp32 partials added into a workspace")
         if self.base_blocks:
             split = f"K split {self.splitk} ways, partials reduced" if self.splitk > 1 else "no split K"
             return (f"{self.kernel}: {pb * pm * pn} base blocks of {self.tile[0]}x{self.tile[1]} ({pb}x{pm}x{pn}, "
@@ -532,6 +536,8 @@ class Planner:
         kc = self.kernel
         if kc is None or kc.base_blocks.get(self.dtype) is None:
             return None
+        if self.tile is None and self.gemm_kernel == "catlass_single_splitk" and self.e == 2:
+            return gemm_kernels.SINGLE_SPLITK_TILE
         return self.tile or kc.base_blocks[self.dtype]
 
     def tiling(self, m: int, n: int, share: int) -> tuple[int, int, int]:
@@ -555,6 +561,21 @@ class Planner:
         offset, direction = self.swizzle or (self.kernel.swizzle_offset, self.kernel.swizzle_direction)
         blocks = _swizzle(len(ms), len(ns), offset, direction)
         return ms, ns, ks, [(b, i, j, s) for b in range(batch) for s in range(len(ks)) for i, j in blocks]
+
+    def single_splitk_tasks(self, m: int, k: int, n: int, batch: int, share: int
+                            ) -> tuple[list[int], list[int], list[int], list[list[tuple[int, int, int]]]]:
+        """``catlass_single_splitk`` (:mod:`npusim.system.gemm_kernels`): block row sizes, block
+        column sizes, K tile sizes and each core's tasks (block row, block column, K tile) in its
+        order -- its range of (m, n) blocks once per K tile, K outermost."""
+        if batch != 1:
+            raise ConfigError("catlass_single_splitk: one GEMM at a time (batch 1)")
+        bm, bn, kl1 = self.tiling(m, n, share)
+        ms, ns, ks = _base_sizes(m, bm), _base_sizes(n, bn), _base_sizes(k, kl1)
+        offset = self.swizzle[0] if self.swizzle else gemm_kernels.SINGLE_SPLITK_SWIZZLE
+        coords = [gemm_kernels.single_splitk_coord(t, len(ms), len(ns), offset) for t in range(len(ms) * len(ns))]
+        tasks = [[(*coords[t], sl) for sl in range(len(ks)) for t in range(first, first + count)]
+                 for first, count in gemm_kernels.single_splitk_ranges(len(coords), share) if count]
+        return ms, ns, ks, tasks
 
     def base_block(self, mb: int, k: int, nb: int) -> _Block:
         """One base block: a single tile over the whole K (its accumulators fill L0C), both operands
@@ -603,6 +624,14 @@ class Planner:
     def base_plan(self, m: int, k: int, n: int, batch: int, share: int) -> GemmPlan:
         """The kernel's own plan: base blocks (and K slices) dealt to ``min(tasks, share)`` cores in
         waves."""
+        if self.gemm_kernel == "catlass_single_splitk":
+            ms, ns, ks, tasks = self.single_splitk_tasks(m, k, n, batch, share)
+            blk = self.base_block(ms[0], ks[0], ns[0])
+            steps = max(len(t) for t in tasks)
+            est = steps * max(blk.cycles, (blk.a_bytes + _nbytes(ms[0] * ns[0], ACC_BYTES)) / self.core_bpc)
+            return GemmPlan((batch, len(ms), len(ns), 1), (ms[0], ns[0]), blk.kc, "a", est,
+                            _nbytes(m * k + k * n, self.e) + _nbytes(m * n, self.eo), len(tasks),
+                            _cdiv(steps, len(ks)), self.gemm_kernel, len(ks))
         ms, ns, ks, order = self.base_order(m, k, n, batch, share)
         used = min(len(order), share)
         waves = _cdiv(len(order), used)
@@ -747,6 +776,7 @@ class Emitter:
         #: vector side): its write-back holds the core's DMA engine at the L2 rate and costs no HBM
         #: traffic (the vendor's L2 is write-back; the reuse model's writes otherwise bypass it)
         self.c_in_l2 = False
+        self.first_loads_wait: list[int] = []  # what a core's first loads also wait for (a prologue's barrier)
 
     def _dma(self, core: int, nbytes: int, write: bool, deps, name: str, engine: int) -> int:
         t = self.prog.add_dma(core, nbytes, address=self.addr, write=write, deps=deps, dma_engine=engine, name=name)
@@ -878,7 +908,7 @@ class Emitter:
         def issue_load(s: int) -> None:
             if s >= len(steps):
                 return
-            deps = [computes[s - 2]] if s >= 2 else ([head] if head >= 0 else self.deps)
+            deps = [computes[s - 2]] if s >= 2 else ([head] if head >= 0 else self.deps) + self.first_loads_wait
             if self.layout is not None:  # real addresses: the TLM L2 decides what hits
                 runs = self.layout.to_bytes([r for u in steps[s] for r in u.runs])
                 loads[s] = self.load_runs(core, runs, deps, f"{tag} load{s}") if runs else list(deps)
@@ -1151,6 +1181,8 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
     INT8 on a CATLASS kernel (:data:`QUANT_EPILOGUE_KERNELS`): the cube writes int32 C and the
     vector side dequantises it (:class:`_VectorSide`) -- after each step's write-back, or, with
     split K, once every core has reduced its share (the kernel's all-core barrier)."""
+    if planner.gemm_kernel == "catlass_single_splitk":
+        return _emit_single_splitk(prog, planner, plan, m, k, n, share, deps, address, tag)
     ms, ns, ks, order = planner.base_order(m, k, n, batch, len(share))
     layout = Layout(planner, batch, None, ms, ks, ns, whole_blocks=True, bases=bases) if addressed else None
     em = Emitter(planner, prog, layout, address, deps)
@@ -1186,3 +1218,72 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
                                       min(n, ns[0]))
                 ends.append(em.write(share[c], d, [task], f"{name} write D"))
     return Emitted(ends, em.l2_bytes)
+
+
+def _emit_single_splitk(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, share, deps, address,
+                        tag) -> Emitted:
+    """``catlass_single_splitk``'s tasks (:mod:`npusim.system.gemm_kernels`): each core's vector
+    side copies its share of A and B into the NZ workspace (read from HBM; written into the L2 when
+    both fit it, else to HBM), then an all-core barrier; each AIC walks its tasks (A reloaded only
+    on a new block row or K tile, B on a new column or K tile), adding each fp32 partial into the C
+    workspace (held by the L2 when it fits: a write at the L2 rate, else to HBM); after every core,
+    a barrier and each core's share of the workspace cast into C. The loads' L2 hits: all of them
+    when the NZ copies sit in the L2, else the base kernel's reuse model on the cores' tasks
+    interleaved step by step. The operands' real addresses (TLM) are not used: the reuse model
+    decides the hits at every memory fidelity."""
+    ms, ns, ks, tasks = planner.single_splitk_tasks(m, k, n, 1, len(share))
+    used = len(tasks)
+    em = Emitter(planner, prog, None, address, deps)
+    em.head = planner.head_cycles(planner.kernel.cube_setup_us)
+    vec = _VectorSide(planner, em, deps)
+    cap = planner.l2_capacity
+    if cap is not None:
+        em.l2_bpc = planner.l2_rate(used)
+    operands = _nbytes(m * k, planner.e) + _nbytes(k * n, planner.e)
+    nz_in_l2 = cap is not None and operands <= cap
+    pads = []
+    for c, core in enumerate(share):  # every launched core's AIVs take an even share of the copy
+        part = _split(operands, len(share), c)
+        if not part:
+            continue
+        got = em.loads(core, part, 0, vec.head(core), f"{tag}c{core} ND->NZ read")
+        pads.append(em.write_l2(core, part, got, f"{tag}c{core} ND->NZ write (L2)") if nz_in_l2
+                    else em.write(core, part, got, f"{tag}c{core} ND->NZ write"))
+    em.first_loads_wait = [prog.add_barrier(pads, f"{tag} ND->NZ barrier")]
+    work: list[list[_Unit]] = []
+    for core_tasks in tasks:
+        units_c, prev = [], None
+        for i, j, sl in core_tasks:
+            units = em.units(ms[i], ks[sl], ns[j], 1, planner.base_block(ms[i], ks[sl], ns[j]), True)
+            if prev is not None and (prev[0], prev[2]) == (i, sl):
+                for u in units:
+                    u.a_bytes = 0
+            if prev is not None and (prev[1], prev[2]) == (j, sl):
+                for u in units:
+                    u.b_bytes = 0
+            units[-1].write = _nbytes(ms[i] * ns[j], ACC_BYTES)
+            units_c += units
+            prev = (i, j, sl)
+        work.append(units_c)
+    em.c_in_l2 = cap is not None and m * n * ACC_BYTES <= cap
+    if cap is not None and not nz_in_l2:
+        steps = max(len(t) for t in tasks)
+        order = [(0, *t[s]) for s in range(steps) for t in tasks if s < len(t)]
+        em.hbm_fraction, em.merged_fraction = planner.base_l2_fractions(order, used, ms, ns, ks)
+    elif cap is not None:
+        em.hbm_fraction = (0.0, 0.0)  # the NZ copies were written into the L2: every load hits
+    ends = [em.core_program(share[c], units, f"{tag}c{share[c]}") for c, units in enumerate(work)]
+    done = prog.add_barrier(ends, f"{tag} cube done barrier")
+    out = []
+    for c, core in enumerate(share[:used]):
+        part = _split(m * n, used, c)
+        name = f"{tag}c{core} cast C"
+        got = vec._read(core, _nbytes(part, ACC_BYTES), [done], name) if em.c_in_l2 else \
+            em.loads(core, _nbytes(part, ACC_BYTES), 0, [done, *vec.head(core)], name)
+        if vec.timed:
+            cast = prog.add_compute(core, "vector", vec._cycles(vec.aivs, _cdiv(part, vec.aivs), 1), deps=got,
+                                    name=f"{name} Cast")
+        else:
+            cast = prog.add_vector(core, "elementwise", part, "fp32", got, name)
+        out.append(em.write(core, _nbytes(part, planner.eo), [cast], f"{name} write"))
+    return Emitted(out, em.l2_bytes)

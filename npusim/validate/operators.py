@@ -13,7 +13,7 @@ How each family is run (assumptions):
   with that many, :data:`BY_CORES`), INT8 for W8A8 (``int8`` / ``w8a8``), FP32 for ``fp32``, else
   FP16/BF16 (``fp16 in, fp32 out``: FP16), with the kernel the row states it ran (:func:`_kernel`:
   CATLASS's multi-core split K -> ``catlass_splitk``; other CATLASS examples and PTO's hand-written
-  GEMM -> ``catlass_basic``, their base blocks; aclnn MatMulV2/V3, QuantBatchMatmul and the rest ->
+  GEMM -> ``catlass_basic``, their base blocks; CATLASS's single-core split K -> ``catlass_single_splitk``; aclnn MatMulV2/V3, QuantBatchMatmul and the rest ->
   the die's default, ``aclnn``), at the tiling the row states (``tile``: CATLASS's ``L1TileShape<M, N, K>``;
   ``swizzle``: ``GemmIdentityBlockSwizzle<offset, direction>``), else the kernel's own. Roofline:
   ``max(2 m n k batch / peak, compulsory bytes / HBM bandwidth)``.
@@ -131,11 +131,12 @@ def _cores(r: dict) -> int | None:
 
 def _kernel(op: str) -> str | None:
     """The base-block kernel a GEMM row states it ran (:mod:`npusim.mapping.gemm_kernels`); None:
-    the die's default (aclnn). CATLASS's single-core split K (example 34) runs as the basic
-    kernel (not modelled)."""
+    the die's default (aclnn)."""
     t = op.lower()
     if "multi_core_splitk" in t:
         return "catlass_splitk"
+    if "singlecoresplitk" in t or "single_core_splitk" in t:
+        return "catlass_single_splitk"
     if "catlass" in t or t.startswith("pto"):
         return "catlass_basic"
     return None
