@@ -123,9 +123,19 @@ like a vendor's operator benchmark. Planning by simulation (the candidates' race
   ``catlass_basic``):
   1024 x 576 x 6144 fp16 88.1 us vs 72.5 measured; 20 x 16384 x 6144 (24 blocks on 20 AIC, 2 waves)
   163 vs 181.4 (B in NZ) / 238.8 (ND); 1 x 5120 x 768 fp32 (6 blocks, 6 of 24 AIC) 28.5 vs 36.3;
-  4096 x 8000 x 4096 1062 vs 1231. Not modelled: tuned tile shapes, CATLASS's single-core split K
-  (example 34, run as the basic kernel), PTO's hand-tiled kernel (run as the basic kernel), the
-  NZ / ND layout difference.
+  4096 x 8000 x 4096 1062 vs 1231. A source's tuned tiling is run when given (``tile``, ``swizzle``:
+  :func:`check_tile`; the tuning cases' fastest rows then: 1024 x 576 x 6144 at 256 x 128 x 256
+  48.2 vs 48.6, 20 x 16384 x 6144 at 32 x 320 x 128 128.2 vs 139.6, 1 x 5120 x 768 fp32 at
+  16 x 32 x 1024 15.0 vs 15.5, 160 x 2048 x 6144 at swizzle <4, 1> 40.6 vs 35.3). CATLASS's
+  single-core split K (example 34) is its own kernel (``catlass_single_splitk``,
+  :func:`_emit_single_splitk`: 261 / 925 / 4766 us against 261 / 917 / 4669 measured; its
+  2048 x 80000 x 4096 row measures 16,850 us, 3.3x the model, and its BasicMatmul baseline 57,144:
+  not explained). Not modelled: PTO's hand-tiled kernel (run as the basic kernel), the NZ / ND
+  layout difference (example 34's ND->NZ copies excepted).
+* **INT8 on a CATLASS kernel** (:data:`QUANT_EPILOGUE_KERNELS`): the cube writes int32 C into a
+  workspace the L2 holds and the vector side dequantises it into bf16 D (:class:`_VectorSide`);
+  aclnn's INT8 GEMM keeps the bf16 write below (QuantBatchMatmulV3's own tiling and MIX templates
+  are not modelled).
 * Output dtype: bf16 for int8/int4/fp8 inputs (A8W8 with dequantisation on the way out, as
   DeepSeek-V3 on Ascend), else the input dtype. Both operands are costed at ``dtype`` (an op's
   ``weight_dtype`` is ignored). The share's cores must have the same systolic array.
