@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from npusim.arch import load_arch
 from npusim.errors import ConfigError
@@ -68,3 +70,101 @@ def test_operator_rows_run_the_kernel_they_state_and_steered_rows_are_named():
     assert _steered({"source": "a", "shape": {"m": 5}}, entries)
     assert _steered({"source": "b", "shape": {"n": 2, "m": 1}}, entries)
     assert not _steered({"source": "b", "shape": {"m": 2, "n": 2}}, entries)
+
+
+def _program(die, m, k, n, dtype, kernel, cores=None, tile=None, swizzle=None):
+    """The kernel's program as ChipCost.gemm emits it (its single plan)."""
+    from npusim.mapping.gemm_kernel import Planner
+
+    share = die._share(cores)
+    planner = Planner(die.arch, share, dtype, "bf16" if dtype == "int8" else dtype, 1.0, None, kernel, tile, swizzle)
+    plan = planner.candidates(m, k, n, 1, len(share))[0]
+    return plan, die._gemm_program(planner, plan, m, k, n, 1, share)[0]
+
+
+def test_a_stated_tiling_is_the_kernels_and_a_bad_one_is_an_error():
+    die = ChipCost("ascend-910b4", persist=False)
+    # CATLASS's tuning guide: 1024 x 576 x 6144 on 20 AIC, L1TileShape<256, 128, 256> -> 20 blocks, one per AIC
+    plan, _ = _program(die, 1024, 6144, 576, "fp16", "catlass_basic", tile=(256, 128, 256))
+    assert plan.tile == (256, 128) and plan.used == 20 and plan.waves == 1
+    default, _ = _program(die, 1024, 6144, 576, "fp16", "catlass_basic")
+    assert default.tile == (128, 256) and default.waves == 2  # 24 blocks on 20 AIC
+    tuned = die.gemm(1024, 6144, 576, "fp16", kernel="catlass_basic", tile=(256, 128, 256))
+    assert tuned.time_us < die.gemm(1024, 6144, 576, "fp16", kernel="catlass_basic").time_us
+    # the swizzle the row states orders the blocks (direction 1: strips of block columns, row by row)
+    from npusim.mapping.gemm_kernel import Planner
+
+    order = {sw: Planner(die.arch, list(range(20)), "fp16", "fp16", 1.0, None, "catlass_basic", None, sw)
+             .base_order(160, 2048, 6144, 1, 20)[3][:3] for sw in ((3, 0), (4, 1))}
+    assert order[(3, 0)] == [(0, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0)]
+    assert order[(4, 1)] == [(0, 0, 0, 0), (0, 0, 1, 0), (0, 0, 2, 0)]
+    with pytest.raises(ConfigError, match="exceed the L0C"):
+        die.gemm(256, 512, 256, "fp16", kernel="catlass_basic", tile=(256, 256, 256))
+    with pytest.raises(ConfigError, match="L1"):
+        die.gemm(256, 512, 256, "fp16", kernel="catlass_basic", tile=(128, 128, 2048))
+    with pytest.raises(ConfigError, match="swizzle"):
+        die.gemm(256, 512, 256, "fp16", kernel="catlass_basic", swizzle=(0, 2))
+    with pytest.raises(ConfigError, match="no base-block GEMM kernel"):
+        ChipCost("npusim-64c", persist=False).gemm(256, 512, 256, "fp16", tile=(128, 256, 256))
+
+
+def test_operator_rows_pass_the_tiling_they_state():
+    from npusim.validate.published import published
+
+    rows = [r for r in published()["operators"]["rows"] if r.get("source") == "catlass-matmul-tuning-doc"]
+    stated = {(r["shape"]["m"], r["measured_us"]): (r.get("tile"), r.get("swizzle")) for r in rows}
+    assert stated[(1024, 48.6)] == ([256, 128, 256], None)
+    assert stated[(1, 15.5)] == ([16, 32, 1024], None)
+    assert stated[(160, 35.3)] == ([128, 256, 256], [4, 1])
+
+
+def test_an_int8_catlass_kernel_dequantises_on_its_vector_side(die):
+    """CATLASS's quant kernels: the cube writes int32 C to an L2 workspace, the AIVs dequantise it
+    into bf16 D (kernel/quant_matmul.hpp); aclnn's INT8 GEMM keeps the fixpipe's bf16 write."""
+    _, prog = _program(die, 512, 2048, 1024, "int8", "catlass_basic")
+    dequant = [i for i, nm in enumerate(prog.names) if nm.endswith("dequant")]
+    assert dequant and all(prog.unit[i] == "vector" for i in dequant)
+    assert any(nm.endswith("AIV start") for nm in prog.names)
+    _, fp16 = _program(die, 512, 2048, 1024, "fp16", "catlass_basic")
+    assert not any("dequant" in nm for nm in fp16.names)
+    _, aclnn = _program(die, 512, 2048, 1024, "int8", "aclnn")
+    assert not any("dequant" in nm for nm in aclnn.names)
+    r = die.gemm(512, 2048, 1024, "int8", kernel="catlass_basic")
+    assert r.hbm_write_bytes == 512 * 1024 * 2  # only bf16 D reaches HBM: the int32 workspace stays in the L2
+    # split K (example 52): the partials reduced, then an all-core barrier, then the dequant
+    _, split = _program(die, 16, 7168, 2048, "int8", "catlass_splitk")
+    names = split.names
+    barrier = names.index(next(nm for nm in names if nm.endswith("split-K reduce barrier")))
+    assert any(nm.endswith("split-K reduce add") for nm in names[:barrier])
+    assert any(nm.endswith("dequant") for nm in names[barrier:])
+
+
+@settings(max_examples=60, deadline=None)
+@given(loops_m=st.integers(1, 70), loops_n=st.integers(1, 40), offset=st.integers(1, 24), cores=st.integers(1, 24))
+def test_single_core_split_k_visits_every_block_once(loops_m, loops_n, offset, cores):
+    from npusim.mapping.gemm_kernels import single_splitk_coord, single_splitk_ranges
+
+    coords = [single_splitk_coord(t, loops_m, loops_n, offset) for t in range(loops_m * loops_n)]
+    assert sorted(coords) == [(i, j) for i in range(loops_m) for j in range(loops_n)]
+    ranges = single_splitk_ranges(loops_m * loops_n, cores)
+    assert sum(c for _, c in ranges) == loops_m * loops_n
+    assert all(a + c == b for (a, c), (b, _) in zip(ranges, ranges[1:]))
+    assert max(c for _, c in ranges) - min(c for _, c in ranges) <= 1
+
+
+def test_single_core_split_k_is_example_34s_kernel():
+    """CATLASS example 34 on the 910B: 128 x 256 x 512 blocks, a range of blocks per core walked once
+    per K tile (A reloaded per block, B per column), fp32 partials into an L2 workspace, the ND->NZ
+    copies and the cast on the vector cores: less operand traffic than the basic kernel's, so faster
+    on a long-K GEMM, and never faster than the cube's peak."""
+    die = ChipCost("ascend-910b", persist=False)
+    plan, prog = _program(die, 2048, 4000, 4096, "fp16", "catlass_single_splitk")
+    assert plan.tile == (128, 256) and plan.k_chunk == 512 and plan.splitk == 8 and plan.used == 24
+    names = prog.names
+    assert any(nm.endswith("ND->NZ barrier") for nm in names) and any(nm.endswith("cast C Cast") for nm in names)
+    single = die.gemm(2048, 4000, 4096, "fp16", kernel="catlass_single_splitk")
+    basic = die.gemm(2048, 4000, 4096, "fp16", kernel="catlass_basic")
+    assert single.time_us < basic.time_us and single.compute_utilization < 1.0
+    with pytest.raises(ConfigError, match="batch 1"):
+        die.gemm(256, 512, 256, "fp16", batch=2, kernel="catlass_single_splitk")
+    assert _kernel("catlass SingleCoreSplitkMatmul (34)") == "catlass_single_splitk"

@@ -38,7 +38,7 @@ def PosF(hi: float):  # noqa: N802
 
 DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 #: the base-block GEMM kernels a die's ``kernel.gemm_default`` may name (npusim.mapping.gemm_kernels)
-GEMM_KERNELS = ("aclnn", "catlass_basic", "catlass_splitk")
+GEMM_KERNELS = ("aclnn", "catlass_basic", "catlass_splitk", "catlass_single_splitk")
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 VECTOR_OP_CLASSES = ("elementwise", "activation", "exp", "reduction", "divide")
 #: vector-unit throughput per lane when the arch file gives none (the one home of these

@@ -123,9 +123,19 @@ like a vendor's operator benchmark. Planning by simulation (the candidates' race
   ``catlass_basic``):
   1024 x 576 x 6144 fp16 88.1 us vs 72.5 measured; 20 x 16384 x 6144 (24 blocks on 20 AIC, 2 waves)
   163 vs 181.4 (B in NZ) / 238.8 (ND); 1 x 5120 x 768 fp32 (6 blocks, 6 of 24 AIC) 28.5 vs 36.3;
-  4096 x 8000 x 4096 1062 vs 1231. Not modelled: tuned tile shapes, CATLASS's single-core split K
-  (example 34, run as the basic kernel), PTO's hand-tiled kernel (run as the basic kernel), the
-  NZ / ND layout difference.
+  4096 x 8000 x 4096 1062 vs 1231. A source's tuned tiling is run when given (``tile``, ``swizzle``:
+  :func:`check_tile`; the tuning cases' fastest rows then: 1024 x 576 x 6144 at 256 x 128 x 256
+  48.2 vs 48.6, 20 x 16384 x 6144 at 32 x 320 x 128 128.2 vs 139.6, 1 x 5120 x 768 fp32 at
+  16 x 32 x 1024 15.0 vs 15.5, 160 x 2048 x 6144 at swizzle <4, 1> 40.6 vs 35.3). CATLASS's
+  single-core split K (example 34) is its own kernel (``catlass_single_splitk``,
+  :func:`_emit_single_splitk`: 261 / 925 / 4766 us against 261 / 917 / 4669 measured; its
+  2048 x 80000 x 4096 row measures 16,850 us, 3.3x the model, and its BasicMatmul baseline 57,144:
+  not explained). Not modelled: PTO's hand-tiled kernel (run as the basic kernel), the NZ / ND
+  layout difference (example 34's ND->NZ copies excepted).
+* **INT8 on a CATLASS kernel** (:data:`QUANT_EPILOGUE_KERNELS`): the cube writes int32 C into a
+  workspace the L2 holds and the vector side dequantises it into bf16 D (:class:`_VectorSide`);
+  aclnn's INT8 GEMM keeps the bf16 write below (QuantBatchMatmulV3's own tiling and MIX templates
+  are not modelled).
 * Output dtype: bf16 for int8/int4/fp8 inputs (A8W8 with dequantisation on the way out, as
   DeepSeek-V3 on Ascend), else the input dtype. Both operands are costed at ``dtype`` (an op's
   ``weight_dtype`` is ignored). The share's cores must have the same systolic array.
@@ -146,6 +156,7 @@ from npusim.arch.schema import DTYPE_BYTES, Arch
 from npusim.comm.collectives import ring_reduce_scatter
 from npusim.errors import ConfigError
 from npusim.hw.compute.systolic import gemm_cost
+from npusim.hw.compute.vector_kernel import aiv_tile_cycles
 from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.hbm import stream_latency_ps
 from npusim.hw.memory.params import P_ISSUE_GAP, P_MAX_OUT, P_TXN_BYTES, memory_params
@@ -162,6 +173,17 @@ ACC_BYTES = 4  # fp32 / int32 accumulators
 #: hardware's separate fix-pipe does not do (see the module docstring)
 FIXPIPE_WAITS = False
 SPLIT_RUN_BYTES = 4096  # a load of twice this or more is split over the core's DMA engines
+#: the base-block kernels whose INT8 GEMM dequantises on the vector cores through global memory
+#: (CATLASS's quant kernels: the AIC's fixpipe writes int32 C to a workspace, the AIVs read it back
+#: with the per-channel and per-token scales and write bf16 D; kernel/quant_matmul.hpp,
+#: quant_matmul_full_loadA_tla.hpp, quant_multi_core_splitk_matmul_tla.hpp)
+QUANT_EPILOGUE_KERNELS = ("catlass_basic", "catlass_splitk")
+#: the per-token dequant epilogue's vector instructions per tile, each over the whole tile in fp32
+#: (epilogue/block/block_epilogue_per_token_dequant.hpp: Cast C int32 -> fp32, RowBroadcastMul by the
+#: per-channel scale, OneBlkColumnBroadcastMul by the per-token scale, Cast -> D), and its tile's rows
+#: (examples/12_quant_matmul: EpilogueTileShape<32, 256>)
+DEQUANT_INSTRUCTIONS = 4
+DEQUANT_TILE_ROWS = 32
 MB = 2**20
 
 
@@ -197,6 +219,10 @@ class GemmPlan:
 
     def describe(self) -> str:
         pb, pm, pn, pk = self.grid
+        if self.base_blocks and self.kernel == "catlass_single_splitk":
+            return (f"{self.kernel}: {pb * pm * pn} blocks of {self.tile[0]}x{self.tile[1]} ({pm}x{pn}, M x N), "
+                    f"a range of them per core on {self.used} cores, walked once per K tile of {self.k_chunk} "
+                    f"({self.splitk} tiles), fp32 partials added into a workspace")
         if self.base_blocks:
             split = f"K split {self.splitk} ways, partials reduced" if self.splitk > 1 else "no split K"
             return (f"{self.kernel}: {pb * pm * pn} base blocks of {self.tile[0]}x{self.tile[1]} ({pb}x{pm}x{pn}, "
@@ -283,7 +309,8 @@ class _Block:
 
 class Planner:
     def __init__(self, arch: Arch, cores: list[int], dtype: str, out_dtype: str, hbm_fraction: float,
-                 ideal_l2_bpc: float | None = None, gemm_kernel: str | None = None):
+                 ideal_l2_bpc: float | None = None, gemm_kernel: str | None = None,
+                 tile: tuple[int, int, int] | None = None, swizzle: tuple[int, int] | None = None):
         sa = arch.systolic_for(cores[0])
         if any(arch.systolic_for(c) != sa for c in cores):
             raise ConfigError("a chip-cost GEMM needs a share of cores with the same systolic array "
@@ -315,6 +342,10 @@ class Planner:
         self.kernel = arch.kernel  # operator-level costs (start, setup, L0 feed); None: not charged
         # the base-block kernel the GEMM runs (gemm_kernels.KERNELS): named, else the arch's default
         self.gemm_kernel = gemm_kernel or "catlass_basic"
+        # a base-block kernel's tiling as its source states it (L1TileShape; swizzle offset, direction),
+        # instead of the arch's base block and swizzle and the kernel's own tiling rule
+        self.tile = check_tile(arch, cores, dtype, tile) if tile is not None else None
+        self.swizzle = check_swizzle(swizzle) if swizzle is not None else None
 
     def head_cycles(self, setup_us: float) -> int:
         """Cycles a working core waits before its first load: the kernel's device-side start and the
@@ -513,13 +544,17 @@ class Planner:
         """(rows, columns, K per L1 stage) of the kernel's base block for this dtype, or None (the
         even split)."""
         kc = self.kernel
-        return None if kc is None else kc.base_blocks.get(self.dtype)
+        if kc is None or kc.base_blocks.get(self.dtype) is None:
+            return None
+        if self.tile is None and self.gemm_kernel == "catlass_single_splitk" and self.e == 2:
+            return gemm_kernels.SINGLE_SPLITK_TILE
+        return self.tile or kc.base_blocks[self.dtype]
 
     def tiling(self, m: int, n: int, share: int) -> tuple[int, int, int]:
         """(rows, columns, K per L1 stage) of the base block the GEMM's kernel gives an ``m x n``
         output on ``share`` cores (:mod:`npusim.system.gemm_kernels`); the L1 stage is the arch's."""
         bm, bn, kl1 = self.base_shape()
-        if self.gemm_kernel == "aclnn":
+        if self.gemm_kernel == "aclnn" and self.tile is None:
             bm, bn = gemm_kernels.aclnn_base(m, n, share)
         return bm, bn, kl1
 
@@ -533,8 +568,24 @@ class Planner:
         ks = [k]
         if self.gemm_kernel == "catlass_splitk":
             ks = gemm_kernels.k_slices(k, kl1, gemm_kernels.splitk_factor(len(ms) * len(ns), k, kl1, share))
-        blocks = _swizzle(len(ms), len(ns), self.kernel.swizzle_offset, self.kernel.swizzle_direction)
+        offset, direction = self.swizzle or (self.kernel.swizzle_offset, self.kernel.swizzle_direction)
+        blocks = _swizzle(len(ms), len(ns), offset, direction)
         return ms, ns, ks, [(b, i, j, s) for b in range(batch) for s in range(len(ks)) for i, j in blocks]
+
+    def single_splitk_tasks(self, m: int, k: int, n: int, batch: int, share: int
+                            ) -> tuple[list[int], list[int], list[int], list[list[tuple[int, int, int]]]]:
+        """``catlass_single_splitk`` (:mod:`npusim.system.gemm_kernels`): block row sizes, block
+        column sizes, K tile sizes and each core's tasks (block row, block column, K tile) in its
+        order -- its range of (m, n) blocks once per K tile, K outermost."""
+        if batch != 1:
+            raise ConfigError("catlass_single_splitk: one GEMM at a time (batch 1)")
+        bm, bn, kl1 = self.tiling(m, n, share)
+        ms, ns, ks = _base_sizes(m, bm), _base_sizes(n, bn), _base_sizes(k, kl1)
+        offset = self.swizzle[0] if self.swizzle else gemm_kernels.SINGLE_SPLITK_SWIZZLE
+        coords = [gemm_kernels.single_splitk_coord(t, len(ms), len(ns), offset) for t in range(len(ms) * len(ns))]
+        tasks = [[(*coords[t], sl) for sl in range(len(ks)) for t in range(first, first + count)]
+                 for first, count in gemm_kernels.single_splitk_ranges(len(coords), share) if count]
+        return ms, ns, ks, tasks
 
     def base_block(self, mb: int, k: int, nb: int) -> _Block:
         """One base block: a single tile over the whole K (its accumulators fill L0C), both operands
@@ -583,6 +634,14 @@ class Planner:
     def base_plan(self, m: int, k: int, n: int, batch: int, share: int) -> GemmPlan:
         """The kernel's own plan: base blocks (and K slices) dealt to ``min(tasks, share)`` cores in
         waves."""
+        if self.gemm_kernel == "catlass_single_splitk":
+            ms, ns, ks, tasks = self.single_splitk_tasks(m, k, n, batch, share)
+            blk = self.base_block(ms[0], ks[0], ns[0])
+            steps = max(len(t) for t in tasks)
+            est = steps * max(blk.cycles, (blk.a_bytes + _nbytes(ms[0] * ns[0], ACC_BYTES)) / self.core_bpc)
+            return GemmPlan((batch, len(ms), len(ns), 1), (ms[0], ns[0]), blk.kc, "a", est,
+                            _nbytes(m * k + k * n, self.e) + _nbytes(m * n, self.eo), len(tasks),
+                            _cdiv(steps, len(ks)), self.gemm_kernel, len(ks))
         ms, ns, ks, order = self.base_order(m, k, n, batch, share)
         used = min(len(order), share)
         waves = _cdiv(len(order), used)
@@ -718,6 +777,16 @@ class Emitter:
         self.l2_bytes = 0
         self.head = 0  # cycles of each working core's kernel start + prologue (a task before its first load)
         self.fixpipe_waits = False  # a tile's accumulators fill L0C: the next tile's MACs wait for its write-back
+        #: called with (core, the write task, bytes written, name) after each step's write-back: the
+        #: vector side's epilogue on what the cube wrote, returning (its last task, bytes it then
+        #: writes to HBM), or None. Its write is queued one step later, behind the next step's loads
+        #: (the DMA queues are in order; the vector side's own MTE3 does not wait for the cube's loads)
+        self.epilogue = None
+        #: C goes to a workspace the L2 keeps (a quant kernel's int32 ring, read back at once by the
+        #: vector side): its write-back holds the core's DMA engine at the L2 rate and costs no HBM
+        #: traffic (the vendor's L2 is write-back; the reuse model's writes otherwise bypass it)
+        self.c_in_l2 = False
+        self.first_loads_wait: list[int] = []  # what a core's first loads also wait for (a prologue's barrier)
 
     def _dma(self, core: int, nbytes: int, write: bool, deps, name: str, engine: int) -> int:
         t = self.prog.add_dma(core, nbytes, address=self.addr, write=write, deps=deps, dma_engine=engine, name=name)
@@ -772,6 +841,14 @@ class Emitter:
 
     def write(self, core: int, nbytes: int, deps, name: str) -> int:
         return self._dma(core, nbytes, True, deps, name, self._least_loaded(core))
+
+    def write_l2(self, core: int, nbytes: int, deps, name: str) -> int:
+        """A write the L2 absorbs (see ``c_in_l2``): the least loaded DMA engine held for
+        ``nbytes`` at the core's L2 rate."""
+        engine = self._least_loaded(core)
+        self.engine_bytes.setdefault(core, [0] * self.pl.engines)[engine] += nbytes
+        return self.prog.add_compute(core, f"dma{engine}", math.ceil(nbytes / self.l2_bpc) + self.pl.l2_latency,
+                                     deps=deps, name=name)
 
     def units(self, mb: int, kb: int, nb: int, bb: int, blk: _Block, write_tiles: bool,
               where: tuple | None = None) -> list[_Unit]:
@@ -841,7 +918,7 @@ class Emitter:
         def issue_load(s: int) -> None:
             if s >= len(steps):
                 return
-            deps = [computes[s - 2]] if s >= 2 else ([head] if head >= 0 else self.deps)
+            deps = [computes[s - 2]] if s >= 2 else ([head] if head >= 0 else self.deps) + self.first_loads_wait
             if self.layout is not None:  # real addresses: the TLM L2 decides what hits
                 runs = self.layout.to_bytes([r for u in steps[s] for r in u.runs])
                 loads[s] = self.load_runs(core, runs, deps, f"{tag} load{s}") if runs else list(deps)
@@ -854,6 +931,7 @@ class Emitter:
         issue_load(1)
         last = head
         written = -1  # the last tile's write-back, when the next tile's MACs must wait for it
+        pending = None  # the last step's epilogue (task, bytes, name), written out one step later
         done = 0.0  # cube cycles so far (rounded per step without drift)
         for s, step in enumerate(steps):
             before = int(round(done))
@@ -862,16 +940,56 @@ class Emitter:
                                     name=f"{tag} gemm{s}")
             computes.append(last)
             issue_load(s + 2)  # its buffer is free once this step's GEMMs are done
+            if pending:  # the previous step's epilogue writes out behind this step's loads
+                self.write(core, pending[1], [pending[0]], pending[2])
+                pending = None
             nbytes = sum(u.write for u in step)
             if nbytes:
-                last_write = self.write(core, nbytes, [last], f"{tag} write{s}")
+                last_write = self.write_l2(core, nbytes, [last], f"{tag} write{s} (L2)") if self.c_in_l2 \
+                    else self.write(core, nbytes, [last], f"{tag} write{s}")
                 written = last_write if self.fixpipe_waits else -1
+                if self.epilogue is not None:
+                    task, out = self.epilogue(core, last_write, nbytes, f"{tag} epilogue{s}")
+                    pending = (task, out, f"{tag} epilogue{s} write")
+                    if s == len(steps) - 1:
+                        return self.write(core, out, [task], pending[2])
                 if s == len(steps) - 1:
                     return last_write
         return last
 
 
 # -- the lowering both paths take ----------------------------------------------------------------
+
+def check_tile(arch: Arch, cores: list[int], dtype: str, tile) -> tuple[int, int, int]:
+    """A stated base block ``(m, n, k)`` (CATLASS's ``L1TileShape``), checked against the cores' L0C
+    (fp32 accumulators in a quarter of the SRAM: 128 KB on the Ascend presets) and L1 (A and B
+    stages double-buffered in the SRAM): a tiling the die cannot hold is an error, not a guess."""
+    try:
+        bm, bn, bk = (int(x) for x in tile)
+    except (TypeError, ValueError):
+        raise ConfigError(f"tile {tile!r}: expected three positive integers (m, n, k)") from None
+    if min(bm, bn, bk) < 1 or any(x != y for x, y in zip((bm, bn, bk), tile)):
+        raise ConfigError(f"tile {tile!r}: expected three positive integers (m, n, k)")
+    sram = min(arch.sram_for(c).capacity_mb for c in cores) * MB
+    if bm * bn * ACC_BYTES > sram / 4:
+        raise ConfigError(f"tile {bm}x{bn}x{bk}: its fp32 accumulators ({bm * bn * ACC_BYTES} B) exceed the "
+                          f"L0C ({int(sram / 4)} B, a quarter of the core's {int(sram)} B SRAM)")
+    if 2 * (bm + bn) * bk * DTYPE_BYTES[dtype] > sram:
+        raise ConfigError(f"tile {bm}x{bn}x{bk} {dtype}: two stages of A and B "
+                          f"({int(2 * (bm + bn) * bk * DTYPE_BYTES[dtype])} B) exceed the core's {int(sram)} B L1")
+    return bm, bn, bk
+
+
+def check_swizzle(swizzle) -> tuple[int, int]:
+    """A stated block swizzle ``(offset, direction)`` (CATLASS ``GemmIdentityBlockSwizzle``)."""
+    try:
+        offset, direction = (int(x) for x in swizzle)
+    except (TypeError, ValueError):
+        raise ConfigError(f"swizzle {swizzle!r}: expected (offset >= 1, direction 0 or 1)") from None
+    if offset < 1 or direction not in (0, 1):
+        raise ConfigError(f"swizzle {swizzle!r}: expected (offset >= 1, direction 0 or 1)")
+    return offset, direction
+
 
 def head_cycles(arch: Arch, setup_us: float) -> int:
     """Cycles a working core waits before its first load: the kernel's device-side start and the
@@ -973,6 +1091,95 @@ def emit_gemm(prog: Program, planner: Planner, plan: GemmPlan, m: int, k: int, n
     return Emitted(ends, em.l2_bytes)
 
 
+class _VectorSide:
+    """A base-block kernel's work on each core's vector side (its AIVs; the arch's ``kernel`` section
+    times their instructions, :func:`~npusim.hw.compute.vector_kernel.aiv_tile_cycles`): the AIVs
+    start with the kernel (``start_us + vector_setup_us``, beside the AIC's prologue) and then take
+    what the cube wrote to global memory from the L2 (HBM without one), the core's AIVs splitting
+    the rows evenly.
+
+    * :meth:`dequant` -- an INT8 kernel's per-token dequant (:data:`QUANT_EPILOGUE_KERNELS`): int32 C
+      and the scales (4 B per column and per row) read, :data:`DEQUANT_INSTRUCTIONS` fp32 instructions
+      per :data:`DEQUANT_TILE_ROWS`-row tile, bf16 D written. Called after each step's write-back of
+      the cube (the AIC goes on to its next blocks: the workspace's stages are not modelled), or once
+      a split-K kernel's partials are reduced.
+    * :meth:`reduce` -- split K's ``SplitkReduceAdd``: the ``factor`` fp32 / int32 partials read,
+      ``factor - 1`` Adds, the sum written (int32 for INT8, which the dequant then reads; else C).
+
+    Without the section's vector costs (``vector_cycles_per_repeat``) the reduce's adds take the
+    lane model (``Program.add_vector``), as before, and there is no dequant pass."""
+
+    def __init__(self, planner: Planner, em: "Emitter", deps):
+        self.pl, self.em, self.deps = planner, em, list(deps)
+        kc = planner.kernel
+        self.timed = kc is not None and kc.vector_cycles_per_repeat is not None
+        self.aivs = (kc.vector_cores_per_core or 1) if kc is not None else 1
+        self.heads: dict[int, int] = {}
+        self.last: dict[int, int] = {}  # core -> its vector side's last compute (one pipe)
+
+    def head(self, core: int) -> list[int]:
+        kc = self.pl.kernel
+        if kc is None:
+            return list(self.deps)
+        if core not in self.heads:
+            self.heads[core] = self.em.prog.add_compute(core, "vector", self.pl.head_cycles(kc.vector_setup_us),
+                                                        deps=self.deps, name=f"c{core} AIV start")
+        return [self.heads[core]]
+
+    def _cycles(self, rows: int, cols: int, instructions: int, tile_rows: int | None = None) -> int:
+        """One core's busiest AIV on ``rows x cols`` fp32 elements, ``instructions`` per tile."""
+        kc = self.pl.kernel
+        per_aiv = _cdiv(max(rows, 1), self.aivs)
+        step = tile_rows or per_aiv
+        total = 0
+        for r0 in range(0, per_aiv, step):
+            total += aiv_tile_cycles("elementwise", None, min(step, per_aiv - r0), cols,
+                                     cycles_per_repeat=kc.vector_cycles_per_repeat,
+                                     instruction_cycles=kc.vector_instruction_cycles, dtype="fp32")
+        return instructions * total
+
+    def _read(self, core: int, nbytes: int, deps, name: str) -> list[int]:
+        l2 = self.pl.l2_capacity is not None
+        return self.em.loads(core, 0 if l2 else nbytes, nbytes if l2 else 0, [*deps, *self.head(core)], name)
+
+    def dequant(self, core: int, after: int, nbytes: int, name: str, cols: int) -> int:
+        """The dequant of ``nbytes`` of int32 C the core's cube wrote (task ``after``); its last task.
+        One task on the vector pipe: the AIVs' own MTE2 / MTE3 move the data, not the AIC's DMA
+        queues (in order, they would hold the cube's next loads behind the epilogue), so the pass
+        is its tiles through a double-buffered UB (``ubStages = 2``): the first tile's read and
+        compute, then each further tile at the slower of the two -- reads at the core's L2 rate
+        (HBM's without an L2) shared by its AIVs (an assumption, as FlashAttention's vector side
+        shares the core's rate). Returns (the task, the bytes of bf16 D it writes): the caller
+        queues that write to HBM on the core's DMA engines."""
+        elements = nbytes // ACC_BYTES
+        rows = _cdiv(elements, cols)
+        per_aiv = _cdiv(rows, self.aivs)
+        tiles = _cdiv(per_aiv, DEQUANT_TILE_ROWS)
+        t_rows = min(per_aiv, DEQUANT_TILE_ROWS)
+        read_bpc = (self.em.l2_bpc if self.pl.l2_capacity is not None else self.pl.core_bpc) / self.aivs
+        read = (t_rows * cols + t_rows) * ACC_BYTES / read_bpc  # int32 C and the per-token scales
+        comp = self._cycles(t_rows * self.aivs, cols, DEQUANT_INSTRUCTIONS)
+        first = cols * ACC_BYTES / read_bpc  # the per-channel scales, once
+        cycles = first + read + comp + (tiles - 1) * max(read, comp)
+        prev = [self.last[core]] if core in self.last else []
+        task = self.em.prog.add_compute(core, "vector", math.ceil(cycles), deps=[after, *self.head(core), *prev],
+                                        name=f"{name} dequant")
+        self.last[core] = task
+        return task, _nbytes(elements, self.pl.eo)
+
+    def reduce(self, core: int, deps, elements: int, factor: int, out_bytes: float, name: str) -> int:
+        """Split K's reduce of the core's ``elements`` of C over ``factor`` partials; its write."""
+        got = self._read(core, _nbytes(elements * factor, ACC_BYTES), deps, name)
+        if self.timed:
+            added = self.em.prog.add_compute(core, "vector", self._cycles(self.aivs, _cdiv(elements, self.aivs),
+                                                                          factor - 1),
+                                             deps=got, name=f"{name} add")
+        else:
+            added = self.em.prog.add_vector(core, "elementwise", elements * (factor - 1), "fp32", got, name)
+        self.last[core] = added
+        return self.em.write(core, _nbytes(elements, out_bytes), [added], f"{name} write")
+
+
 def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, share, addressed, deps, address,
                bases, tag) -> Emitted:
     """The base-block kernel's tasks (see the module docstring): core ``c`` of the ``used``
@@ -980,33 +1187,113 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
     L1 stages, its C block written back as it finishes (the write does not hold the cube: the
     next block accumulates while it drains, as the kernel's unit flag lets it). Split K
     (``catlass_splitk``): each task writes its fp32 partial C; once every core is done, each
-    core's vector side reads its share of the partials from the L2, adds them and writes C."""
+    core's vector side reads its share of the partials from the L2, adds them and writes C.
+    INT8 on a CATLASS kernel (:data:`QUANT_EPILOGUE_KERNELS`): the cube writes int32 C and the
+    vector side dequantises it (:class:`_VectorSide`) -- after each step's write-back, or, with
+    split K, once every core has reduced its share (the kernel's all-core barrier)."""
+    if planner.gemm_kernel == "catlass_single_splitk":
+        return _emit_single_splitk(prog, planner, plan, m, k, n, share, deps, address, tag)
     ms, ns, ks, order = planner.base_order(m, k, n, batch, len(share))
     layout = Layout(planner, batch, None, ms, ks, ns, whole_blocks=True, bases=bases) if addressed else None
     em = Emitter(planner, prog, layout, address, deps)
     em.head = planner.head_cycles(planner.kernel.cube_setup_us)
+    vec = _VectorSide(planner, em, deps)
+    quant = planner.dtype == "int8" and planner.gemm_kernel in QUANT_EPILOGUE_KERNELS and vec.timed
     work: list[list[_Unit]] = [[] for _ in range(plan.used)]
     for t, (b, i, j, sl) in enumerate(order):
         units = em.units(ms[i], ks[sl], ns[j], 1, planner.base_block(ms[i], ks[sl], ns[j]), True,
                          (b, i, j, sl) if addressed else None)
-        if len(ks) > 1:  # the partial sums leave L0C in fp32
+        if len(ks) > 1 or quant:  # the partial sums leave L0C in fp32 / int32 (a quant kernel's workspace)
             units[-1].write = _nbytes(ms[i] * ns[j], ACC_BYTES)
         work[t % plan.used] += units
     if planner.l2_capacity is not None:
         em.l2_bpc = planner.l2_rate(plan.used)
     if not addressed:
         em.hbm_fraction, em.merged_fraction = planner.base_l2_fractions(order, plan.used, ms, ns, ks)
+    if quant and len(ks) == 1:
+        em.epilogue = lambda core, after, nbytes, name: vec.dequant(core, after, nbytes, name, ns[0])
+        em.c_in_l2 = planner.l2_capacity is not None and not addressed
     ends = [em.core_program(share[c], units, f"{tag}c{share[c]}") for c, units in enumerate(work)]
     if len(ks) > 1:
         out = batch * m * n
-        reduced = []
-        for c in range(plan.used):
-            part = _split(out, plan.used, c)
-            name = f"{tag}c{share[c]} split-K reduce"
-            partials = _nbytes(part * len(ks), ACC_BYTES)  # in the L2 if the die has one, else HBM
-            l2 = planner.l2_capacity is not None
-            got = em.loads(share[c], 0 if l2 else partials, partials if l2 else 0, ends, name)
-            added = prog.add_vector(share[c], "elementwise", part * (len(ks) - 1), "fp32", got, name)
-            reduced.append(em.write(share[c], _nbytes(part, planner.eo), [added], f"{name} write C"))
+        reduced = [vec.reduce(share[c], ends, _split(out, plan.used, c), len(ks), ACC_BYTES if quant else planner.eo,
+                              f"{tag}c{share[c]} split-K reduce") for c in range(plan.used)]
         ends = reduced
+        if quant:  # CrossCoreBarrier: every AIV's reduce is done before any dequantises
+            barrier = prog.add_barrier(reduced, f"{tag} split-K reduce barrier")
+            ends = []
+            for c in range(plan.used):
+                name = f"{tag}c{share[c]} split-K"
+                task, d = vec.dequant(share[c], barrier, _nbytes(_split(out, plan.used, c), ACC_BYTES), name,
+                                      min(n, ns[0]))
+                ends.append(em.write(share[c], d, [task], f"{name} write D"))
     return Emitted(ends, em.l2_bytes)
+
+
+def _emit_single_splitk(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, share, deps, address,
+                        tag) -> Emitted:
+    """``catlass_single_splitk``'s tasks (:mod:`npusim.system.gemm_kernels`): each core's vector
+    side copies its share of A and B into the NZ workspace (read from HBM; written into the L2 when
+    both fit it, else to HBM), then an all-core barrier; each AIC walks its tasks (A reloaded only
+    on a new block row or K tile, B on a new column or K tile), adding each fp32 partial into the C
+    workspace (held by the L2 when it fits: a write at the L2 rate, else to HBM); after every core,
+    a barrier and each core's share of the workspace cast into C. The loads' L2 hits: all of them
+    when the NZ copies sit in the L2, else the base kernel's reuse model on the cores' tasks
+    interleaved step by step. The operands' real addresses (TLM) are not used: the reuse model
+    decides the hits at every memory fidelity."""
+    ms, ns, ks, tasks = planner.single_splitk_tasks(m, k, n, 1, len(share))
+    used = len(tasks)
+    em = Emitter(planner, prog, None, address, deps)
+    em.head = planner.head_cycles(planner.kernel.cube_setup_us)
+    vec = _VectorSide(planner, em, deps)
+    cap = planner.l2_capacity
+    if cap is not None:
+        em.l2_bpc = planner.l2_rate(used)
+    operands = _nbytes(m * k, planner.e) + _nbytes(k * n, planner.e)
+    nz_in_l2 = cap is not None and operands <= cap
+    pads = []
+    for c, core in enumerate(share):  # every launched core's AIVs take an even share of the copy
+        part = _split(operands, len(share), c)
+        if not part:
+            continue
+        got = em.loads(core, part, 0, vec.head(core), f"{tag}c{core} ND->NZ read")
+        pads.append(em.write_l2(core, part, got, f"{tag}c{core} ND->NZ write (L2)") if nz_in_l2
+                    else em.write(core, part, got, f"{tag}c{core} ND->NZ write"))
+    em.first_loads_wait = [prog.add_barrier(pads, f"{tag} ND->NZ barrier")]
+    work: list[list[_Unit]] = []
+    for core_tasks in tasks:
+        units_c, prev = [], None
+        for i, j, sl in core_tasks:
+            units = em.units(ms[i], ks[sl], ns[j], 1, planner.base_block(ms[i], ks[sl], ns[j]), True)
+            if prev is not None and (prev[0], prev[2]) == (i, sl):
+                for u in units:
+                    u.a_bytes = 0
+            if prev is not None and (prev[1], prev[2]) == (j, sl):
+                for u in units:
+                    u.b_bytes = 0
+            units[-1].write = _nbytes(ms[i] * ns[j], ACC_BYTES)
+            units_c += units
+            prev = (i, j, sl)
+        work.append(units_c)
+    em.c_in_l2 = cap is not None and m * n * ACC_BYTES <= cap
+    if cap is not None and not nz_in_l2:
+        steps = max(len(t) for t in tasks)
+        order = [(0, *t[s]) for s in range(steps) for t in tasks if s < len(t)]
+        em.hbm_fraction, em.merged_fraction = planner.base_l2_fractions(order, used, ms, ns, ks)
+    elif cap is not None:
+        em.hbm_fraction = (0.0, 0.0)  # the NZ copies were written into the L2: every load hits
+    ends = [em.core_program(share[c], units, f"{tag}c{share[c]}") for c, units in enumerate(work)]
+    done = prog.add_barrier(ends, f"{tag} cube done barrier")
+    out = []
+    for c, core in enumerate(share[:used]):
+        part = _split(m * n, used, c)
+        name = f"{tag}c{core} cast C"
+        got = vec._read(core, _nbytes(part, ACC_BYTES), [done], name) if em.c_in_l2 else \
+            em.loads(core, _nbytes(part, ACC_BYTES), 0, [done, *vec.head(core)], name)
+        if vec.timed:
+            cast = prog.add_compute(core, "vector", vec._cycles(vec.aivs, _cdiv(part, vec.aivs), 1), deps=got,
+                                    name=f"{name} Cast")
+        else:
+            cast = prog.add_vector(core, "elementwise", part, "fp32", got, name)
+        out.append(em.write(core, _nbytes(part, planner.eo), [cast], f"{name} write"))
+    return Emitted(out, em.l2_bytes)

@@ -30,6 +30,16 @@ A chip-cost GEMM on a die with ``kernel.base_blocks`` runs one of these kernels 
   writes its fp32 partial C, and after all cube cores finish the vector cores add the ``factor``
   partials and write C (``SplitkReduceAdd``).
 
+* ``catlass_single_splitk`` -- CATLASS's single-core split K (``examples/34_single_core_splitk_matmul``;
+  ``include/catlass/gemm/kernel/single_core_slicek_matmul.hpp``): blocks of ``L1TileShape<128, 256,
+  512>`` (2-byte inputs; other dtypes the arch's base blocks), each core a contiguous range of the
+  ``(m, n)`` blocks (``SingleCoreSplitkGemmIdentityBlockSwizzle<20, 0>``: ``GetMNLoopRange``, the
+  S-shaped order of :func:`single_splitk_coord`) walked once per L1 K tile, K outermost: a task
+  reloads A only when its block row or K tile changes and B only when its column or K tile does,
+  and writes its fp32 partial C into a workspace with atomic adds; the vector cores first copy A
+  and B from ND into the NZ layout (``PaddingBuilder<PADDING_NZ>`` for row-major inputs) and, after
+  the cube, cast the workspace into C (``RemovePaddingNDAndCast``), each behind an all-core barrier.
+
 Units: elements (block sizes, K), counts (cores, blocks).
 """
 
@@ -101,3 +111,43 @@ def k_slices(k: int, k_tile: int, factor: int) -> list[int]:
         sizes.append(min(k, (t0 + count) * k_tile) - t0 * k_tile)
         t0 += count
     return sizes
+
+
+#: CATLASS example 34's tiling and block swizzle offset for 2-byte inputs (single_core_splitk.cpp:
+#: ``L1TileShape<128, 256, 512>``, ``SingleCoreSplitkGemmIdentityBlockSwizzle<20, 0>``)
+SINGLE_SPLITK_TILE = (128, 256, 512)
+SINGLE_SPLITK_SWIZZLE = 20
+
+
+def single_splitk_ranges(mn_loops: int, cores: int) -> list[tuple[int, int]]:
+    """(first block, blocks) of each core: ``GetMNLoopRange`` -- the first ``mn_loops - cores x
+    (per - 1)`` cores take ``per = ceil(mn_loops / cores)`` blocks, the rest one fewer."""
+    per = _cdiv(mn_loops, cores)
+    big = mn_loops - cores * (per - 1)
+    return [(c * per, per) if c < big else (big * per + (c - big) * (per - 1), per - 1) for c in range(cores)]
+
+
+def single_splitk_coord(inner: int, loops_m: int, loops_n: int, offset: int = SINGLE_SPLITK_SWIZZLE
+                        ) -> tuple[int, int]:
+    """(block row, block column) of block ``inner``: ``SingleCoreSplitkGemmIdentityBlockSwizzle``'s
+    ``GetBlockCoord``, direction 0 -- strips of ``offset`` block rows walked column by column,
+    every other strip from the last column back, every other column bottom up (an S), a short last
+    strip (at most half the offset) merged into the one before."""
+    strips = _cdiv(loops_m, offset)
+    strip, within = divmod(inner, offset * loops_n)
+    tail = loops_m - (strips - 1) * offset
+    rows = offset
+    if strips >= 2 and strip >= strips - 2 and tail <= offset // 2:
+        strips = (loops_m - tail) // offset
+        strip = strips - 1
+        rows = offset + tail
+        within = inner - offset * loops_n * strip
+    elif strip == strips - 1:
+        rows = loops_m - offset * strip
+    col = within // rows
+    if strip % 2 == 1:
+        col = loops_n - col - 1
+    row = strip * offset + within % rows
+    if col % 2 == 1:
+        row = strip * offset + (rows - within % rows - 1)
+    return row, col

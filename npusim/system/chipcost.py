@@ -107,8 +107,8 @@ from npusim.hw.compute.vector import quantizes
 from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.mapping.gemm_kernel import (MB, Emitter, GemmPlan, Planner, _blocks, _cdiv, _nbytes, _split,
-                                        default_out_dtype, emit_gemm, gemm_dims, head_cycles, kernel_name,
-                                        runs_kernel)
+                                        check_swizzle, check_tile, default_out_dtype, emit_gemm, gemm_dims,
+                                        head_cycles, kernel_name, runs_kernel)
 from npusim.model.ir import Graph, Op
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import Program
@@ -302,11 +302,14 @@ class ChipCost:
     # -- public -----------------------------------------------------------------------------------
     def gemm(self, m: int, k: int, n: int, dtype: str = "bf16", cores: int | Sequence[int] | None = None, *,
              batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0,
-             name: str | None = None, kernel: str | None = None) -> ChipCostResult:
+             name: str | None = None, kernel: str | None = None, tile: Sequence[int] | None = None,
+             swizzle: Sequence[int] | None = None) -> ChipCostResult:
         """``batch`` GEMMs ``[m x k] . [k x n]`` spread over the share, operands from HBM, results
         to HBM (see the module docstring for the kernel). ``kernel``: the base-block kernel
         (:data:`npusim.mapping.gemm_kernels.KERNELS`) on a die with ``kernel.base_blocks``; None: the
-        arch's ``kernel.gemm_default``."""
+        arch's ``kernel.gemm_default``. ``tile`` (m, n, k) and ``swizzle`` (offset, direction): the
+        kernel's base block and block order as a source states them (CATLASS's ``L1TileShape`` and
+        ``GemmIdentityBlockSwizzle``), instead of the arch's and the kernel's tiling rule."""
         m, k, n, batch = (_positive_int(lbl, v) for lbl, v in (("m", m), ("k", k), ("n", n), ("batch", batch)))
         out_dtype = out_dtype or default_out_dtype(dtype)
         for lbl, d in (("dtype", dtype), ("out_dtype", out_dtype)):
@@ -317,9 +320,18 @@ class ChipCost:
         frac = self._fraction(hbm_fraction)
         key = {"kind": "gemm", "m": m, "k": k, "n": n, "batch": batch, "dtype": dtype, "out_dtype": out_dtype,
                "kernel": kernel}
+        if (tile is not None or swizzle is not None) and not runs_kernel(self.arch, dtype):
+            raise ConfigError(f"tile / swizzle: {self.arch.name} has no base-block GEMM kernel for {dtype} "
+                              "(its arch's kernel.base_blocks)")
+        if tile is not None:
+            tile = check_tile(self.arch, share, dtype, tile)
+            key["tile"] = list(tile)
+        if swizzle is not None:
+            swizzle = check_swizzle(swizzle)
+            key["swizzle"] = list(swizzle)
         label = name or f"gemm {f'{batch}x' if batch > 1 else ''}{m}x{k}x{n} {dtype}"
         return self._lookup(key, share, frac, label, lambda: self._run_gemm(m, k, n, batch, dtype, out_dtype,
-                                                                            share, frac, label, kernel))
+                                                                            share, frac, label, kernel, tile, swizzle))
 
     def plan_gemm(self, m: int, k: int, n: int, dtype: str = "bf16", cores: int | Sequence[int] | None = None, *,
                   batch: int = 1, out_dtype: str | None = None, hbm_fraction: float = 1.0,
@@ -531,8 +543,9 @@ class ChipCost:
             else 0.0,
             kernel_fixed_us=(start_cycles + fixed_cycles) / (arch.clock_ghz * 1e3))
 
-    def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label, kernel) -> ChipCostResult:
-        planner = Planner(self.arch, share, dtype, out_dtype, frac, self.l2, kernel)
+    def _run_gemm(self, m, k, n, batch, dtype, out_dtype, share, frac, label, kernel, tile=None,
+                  swizzle=None) -> ChipCostResult:
+        planner = Planner(self.arch, share, dtype, out_dtype, frac, self.l2, kernel, tile, swizzle)
         # the candidates race at the analytical fidelities; the winner runs at the chosen ones, so
         # every fidelity times the same kernel
         best = None

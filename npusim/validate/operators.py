@@ -13,8 +13,9 @@ How each family is run (assumptions):
   with that many, :data:`BY_CORES`), INT8 for W8A8 (``int8`` / ``w8a8``), FP32 for ``fp32``, else
   FP16/BF16 (``fp16 in, fp32 out``: FP16), with the kernel the row states it ran (:func:`_kernel`:
   CATLASS's multi-core split K -> ``catlass_splitk``; other CATLASS examples and PTO's hand-written
-  GEMM -> ``catlass_basic``, their base blocks; aclnn MatMulV2/V3, QuantBatchMatmul and the rest ->
-  the die's default, ``aclnn``). Roofline:
+  GEMM -> ``catlass_basic``, their base blocks; CATLASS's single-core split K -> ``catlass_single_splitk``; aclnn MatMulV2/V3, QuantBatchMatmul and the rest ->
+  the die's default, ``aclnn``), at the tiling the row states (``tile``: CATLASS's ``L1TileShape<M, N, K>``;
+  ``swizzle``: ``GemmIdentityBlockSwizzle<offset, direction>``), else the kernel's own. Roofline:
   ``max(2 m n k batch / peak, compulsory bytes / HBM bandwidth)``.
 * **vector** -- :meth:`~npusim.system.chipcost.ChipCost.vector` with the op class the kernel's name
   says (:data:`VECTOR_OPS`: norms, (dynamic) quantisation, RoPE, SwiGLU, adds, copies (TensorMove:
@@ -50,7 +51,7 @@ How each family is run (assumptions):
   differences, host-bound step fractions, device-side transfer and memory latencies.
 
 Where a source times several kernels for one case (a baseline beside a tuned kernel, several
-tilings), the fastest is compared (:func:`_fastest`): npusim plans the best kernel it finds.
+tilings), the fastest is compared (:func:`_fastest`), run as that row states it ran.
 
 Rows of a source in the ``calibration`` half are ``fitted`` (they may steer modelling choices), of
 the ``validation`` half ``outside``, except in a family listed in the section's ``steered_families``
@@ -130,11 +131,12 @@ def _cores(r: dict) -> int | None:
 
 def _kernel(op: str) -> str | None:
     """The base-block kernel a GEMM row states it ran (:mod:`npusim.mapping.gemm_kernels`); None:
-    the die's default (aclnn). CATLASS's single-core split K (example 34) runs as the basic
-    kernel (not modelled)."""
+    the die's default (aclnn)."""
     t = op.lower()
     if "multi_core_splitk" in t:
         return "catlass_splitk"
+    if "singlecoresplitk" in t or "single_core_splitk" in t:
+        return "catlass_single_splitk"
     if "catlass" in t or t.startswith("pto"):
         return "catlass_basic"
     return None
@@ -167,11 +169,14 @@ class _Runner:
         batch = _int(s.get("batch")) or 1
         dtype = _dtype(r.get("dtype", "bf16"))
         cc = self.cost(target)
-        res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch, kernel=_kernel(str(r["op"])))
+        res = cc.gemm(m, k, n, dtype, _cores(r), batch=batch, kernel=_kernel(str(r["op"])), tile=r.get("tile"),
+                      swizzle=r.get("swizzle"))
         flops = 2.0 * m * k * n * batch
         roof = max(flops / (res.peak_tflops_chip * 1e6), res.min_hbm_bytes / (res.hbm_peak_bandwidth_gbps * 1e3))
         kernel = res.mapping.split(":")[0] if ":" in res.mapping else "even split"  # base blocks: "<kernel>: ..."
-        return res.time_us, roof, f"{kernel}, {100 * res.compute_utilization:.0f}% of peak"
+        tiling = "".join(f" {lbl} {'x'.join(map(str, r[key]))}" for lbl, key in (("tile", "tile"), ("swizzle", "swizzle"))
+                         if r.get(key))
+        return res.time_us, roof, f"{kernel}{tiling}, {100 * res.compute_utilization:.0f}% of peak"
 
     def vector(self, r: dict, target: str) -> tuple[float, float, str] | None:
         from npusim.model.ir import Op
