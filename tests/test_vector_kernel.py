@@ -108,3 +108,41 @@ def test_the_vector_constants_are_what_the_calibration_half_gives():
     assert kc.vector_cycles_per_repeat == pytest.approx(got["vector_cycles_per_repeat"], rel=1e-3)
     assert kc.vector_instruction_cycles == pytest.approx(got["vector_instruction_cycles"], rel=1e-3)
     assert kc.vector_setup_us == pytest.approx(got["vector_setup_us"], rel=1e-3)
+
+
+# -- session 42: the vendor kernels' tiling over AIVs and through the UB ----------------------------
+
+def test_rows_are_split_over_every_aiv_as_the_vendor_tiling_splits_them():
+    """ops-nn RmsNorm: blockFactor = ceil(rows / AIVs) rows each, ceil(rows / blockFactor) AIVs used."""
+    from npusim.hw.compute.vector_kernel import split_rows
+
+    assert split_rows(515, 48) == [11] * 46 + [9]
+    assert split_rows(9, 48) == [1] * 9
+    assert split_rows(96, 48) == [2] * 48
+    assert sum(split_rows(12345, 40)) == 12345
+    with pytest.raises(ValueError):
+        split_rows(0, 48)
+
+
+def test_rmsnorm_walks_its_rows_through_one_ub_buffer_as_its_tiling_says():
+    """rms_norm_tiling.cpp MODE_MERGE_N: (192 KiB - 1 KiB) / (numColAlign * 16 + 260) rows per loop,
+    BUFFER_NUM 1; DynamicQuant: a double-buffered input and a single output."""
+    from npusim.hw.compute.vector_kernel import ub_tiling
+
+    t = ub_tiling("rmsnorm", 1536, 2, 2, 192 * 1024)
+    assert (t.rows, t.in_buffers, t.out_buffers) == ((192 * 1024 - 1024) // (1536 * 16 + 260), 1, 1) == (7, 1, 1)
+    assert ub_tiling("rmsnorm", 1530, 2, 2, 192 * 1024).rows == 7  # 1530 aligned to 1536
+    assert ub_tiling("rmsnorm", 60000, 2, 2, 192 * 1024).rows == 1  # at least one row
+    q = ub_tiling("quantize", 2304, 2, 1, 192 * 1024)
+    assert (q.in_buffers, q.out_buffers) == (2, 1)
+
+
+def test_dynamic_quant_issues_its_instructions_once_per_row():
+    """DynamicQuantDbOpt::ProcessSymmetric issues every instruction per row: doubling the rows at a
+    fixed row length adds at least ten instruction starts per added row."""
+    from npusim.hw.compute.vector_kernel import aiv_tile_cycles
+
+    args = dict(cycles_per_repeat=0.0, instruction_cycles=1.0)  # count instruction starts only
+    starts = aiv_tile_cycles("quantize", None, 20, 2304, **args) - aiv_tile_cycles("quantize", None, 10, 2304, **args)
+    assert starts >= 10 * 10
+

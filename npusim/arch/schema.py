@@ -452,7 +452,7 @@ class KernelCosts(StrictModel):
       of one step overlap the MACs of the one before);
     * ``vector_cores_per_core``: AIV cores per modelled core (each takes an even share of the
       core's rows); ``ub_kb``: one AIV's unified buffer, which bounds a vector kernel's tile
-      (two buffers of input and output); ``vector_cycles_per_repeat``: an AIV's cycles per
+      (its reference kernel's UB tiling, :func:`npusim.hw.compute.vector_kernel.ub_tiling`); ``vector_cycles_per_repeat``: an AIV's cycles per
       vector instruction repeat (256 bytes, the arch's vector width per AIV) and
       ``vector_instruction_cycles`` each instruction's start, which time a vector op's tile from
       its reference kernel's instructions (:mod:`npusim.hw.compute.vector_kernel`; without them

@@ -37,8 +37,13 @@ graph inputs -- a residual Add's two --, a SwiGLU's gate and up, whose ``element
 outputs; else one: a norm's gamma is not charged). A ``copy`` (a tensor move) has no compute:
 each chunk's write follows its load. With the arch's ``kernel`` section (Ascend: a modelled core
 is one AIC and ``vector_cores_per_core`` = 2 AIVs): every working core first runs ``start_us +
-vector_setup_us``; a chunk is at most what two buffers of input and output take in one AIV's
-unified buffer (``ub_kb``) per AIV; and with
+vector_setup_us``; the rows are split over every AIV of the share as the vendor kernels' tilings
+split them (``ceil(rows / AIVs)`` whole rows each, :func:`~npusim.hw.compute.vector_kernel.split_rows`),
+a core's chunk is one UB loop of each of its AIVs, with the loop's rows and the input and output
+queues' depths of the op's reference kernel (:func:`~npusim.hw.compute.vector_kernel.ub_tiling`:
+RmsNorm single-buffered, DynamicQuant a double-buffered input and a single output; else two buffers
+of input and output in ``ub_kb``): a loop's load waits for the compute ``in_buffers`` loops back and
+its compute for the write ``out_buffers`` loops back; and with
 ``vector_cycles_per_repeat`` a chunk's compute is its busiest AIV's rows (the core's AIVs take them
 evenly) timed from the instructions of the op's reference kernel at the AIV's vector width and
 each instruction's start (:func:`~npusim.hw.compute.vector_kernel.aiv_tile_cycles`) instead of the
@@ -104,7 +109,7 @@ from npusim.config import validate
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.vector import quantizes
-from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy
+from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy, split_rows, ub_tiling
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.mapping.gemm_kernel import (MB, Emitter, GemmPlan, Planner, _blocks, _cdiv, _nbytes, _split,
                                         check_swizzle, check_tile, default_out_dtype, emit_gemm, gemm_dims,
@@ -598,38 +603,54 @@ class ChipCost:
         aivs = kc.vector_cores_per_core if kc is not None else 1
         head = planner.head_cycles(kc.vector_setup_us) if kc is not None else 0
         copy = is_copy(op.op_class)
-        used = min(len(share), rows)
+        tiled = kc is not None and kc.ub_kb is not None  # the vendor kernels' tiling over AIVs (vector_kernel)
+        if tiled:
+            per_aiv = split_rows(rows, len(share) * aivs)  # every working AIV's rows
+            core_aivs = [per_aiv[a:a + aivs] for a in range(0, len(per_aiv), aivs)]  # core i: AIVs i*aivs..
+            ub = ub_tiling(op.op_class, row, e_in, e_out, kc.ub_kb * 1024)
+            nin, nout = ub.in_buffers, ub.out_buffers
+        else:  # two input buffers; the output's are not modelled
+            nin, nout = 2, 1 << 62
+        used = len(core_aivs) if tiled else min(len(share), rows)
         for i, core in enumerate(share[:used]):
-            core_rows = _split(rows, used, i)
-            if kc is not None and kc.ub_kb is not None:  # each AIV: two buffers of a tile's input and output
-                fit = int(kc.ub_kb * 1024 / 2 // max(1.0, row * (e_in + e_out)))
-                chunk_rows = max(1, min(core_rows, aivs * max(1, fit)))
+            if tiled:  # loop c: each of the core's AIVs its next ub.rows rows; the busiest sets the compute
+                mine = core_aivs[i]
+                loops = [[min(ub.rows, max(0, r - c * ub.rows)) for r in mine] for c in range(_cdiv(max(mine), ub.rows))]
+                chunks, busiest = [sum(x) for x in loops], [max(x) for x in loops]
             else:
+                core_rows = _split(rows, used, i)
                 buf = self.arch.sram_for(core).capacity_mb * MB / 4  # a quarter of the buffer per chunk
                 chunk_rows = max(1, min(core_rows, int(buf // max(1.0, row * (e_in + e_out)))))
-            chunks = _blocks(core_rows, _cdiv(core_rows, chunk_rows), 1)
+                chunks = _blocks(core_rows, _cdiv(core_rows, chunk_rows), 1)
+                busiest = [_cdiv(r, aivs) for r in chunks]
             computes: list[int] = []
+            writes: list[int] = []
             start = prog.add_compute(core, "vector", head, name=f"{op.name} c{core} kernel start") if head else -1
             last = start
             for c, r in enumerate(chunks):
-                # two buffers: a load waits for the one two back (and the first for the kernel start)
-                deps = [computes[c - 2]] if c >= 2 else [start]
+                # the input queue's buffers: a load waits for the compute nin loops back (a copy: its write)
+                freed = (writes if copy else computes)
+                deps = [freed[c - nin]] if c >= nin else [start]
                 load = em.loads(core, _nbytes(r * row, e_in), 0, deps, f"{op.name} c{core} load{c}")
+                # the output's buffers: a loop's compute waits for the write nout loops back
+                out_free = [writes[c - nout]] if c >= nout else []
                 if copy:  # MTE2 then MTE3: no vector instruction
                     done = [*load]
                 elif not by_kernel:
-                    last = prog.add_vector(core, op.op_class, r * row, op.dtype, deps=[*load, last],
+                    last = prog.add_vector(core, op.op_class, r * row, op.dtype, deps=[*load, last, *out_free],
                                            name=f"{op.name} c{core} {c}", fn=op.fn, row_len=op.row_len)
                     done = [last]
-                else:  # the core's AIVs take the chunk's rows evenly; the busiest sets the time
-                    cycles = aiv_tile_cycles(op.op_class, op.fn, _cdiv(r, aivs), row,
+                else:  # the busiest of the core's AIVs sets the loop's compute
+                    cycles = aiv_tile_cycles(op.op_class, op.fn, busiest[c], row,
                                              cycles_per_repeat=kc.vector_cycles_per_repeat,
                                              instruction_cycles=kc.vector_instruction_cycles, dtype=op.dtype)
-                    last = prog.add_compute(core, "vector", cycles, deps=[*load, last], name=f"{op.name} c{core} {c}")
+                    last = prog.add_compute(core, "vector", cycles, deps=[*load, last, *out_free],
+                                            name=f"{op.name} c{core} {c}")
                     done = [last]
                 out = _nbytes(r * row, e_out) + (4 * r if quant else 0)
-                write = em.write(core, out, done, f"{op.name} c{core} write{c}")
-                computes.append(write if copy else last)  # a copy's buffer frees once written out
+                writes.append(em.write(core, out, done, f"{op.name} c{core} write{c}"))
+                if not copy:
+                    computes.append(last)
         sim = self._simulate(prog, frac)
         min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)  # e_in: every input's bytes
         how = (", copy: MTE2 and MTE3 only" if copy else

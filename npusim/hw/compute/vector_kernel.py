@@ -19,9 +19,16 @@ Machine model (each an assumption or a cited figure, no fitted factor per operat
 * **Scopes.** A reference kernel issues some instructions once per tile over all its rows
   (``tile``), some once per row over that row (``row``: a reduction's accumulation, a row's
   broadcast multiply), some once per tile over one repeat (``tiny``: per-row statistics batched,
-  e.g. rsqrt of 8 floats a row) and one cross-lane reduction per row (``xlane``: WholeReduceSum /
+  e.g. rsqrt of 8 floats a row), some once per row over one repeat (``rowtiny``: a row's scale
+  broadcast or divided) and one cross-lane reduction per row (``xlane``: WholeReduceSum /
   WholeReduceMax over one repeat, a log2(elements per repeat)-deep tree at one cycle per level --
   the tree depth is the lane model's assumption, :mod:`npusim.hw.compute.vector`).
+* **Rows over AIVs, loops through the UB** (:func:`split_rows`, :func:`ub_tiling`). The vendor
+  tilings give every AIV of the die ``ceil(rows / AIVs)`` whole rows; an AIV walks them in loops of
+  as many rows as its kernel's buffers fit in the UB, with the kernel's queue depths (RmsNorm: one
+  buffer each, so a loop's copy in waits the previous loop's compute and its compute the previous
+  copy out; DynamicQuant: a double-buffered input and a single output); classes whose tiling was not
+  read keep two buffers of input and output (an assumption).
 * **No vector work.** ``copy`` (TensorMove: GM -> UB -> GM by MTE2 and MTE3) issues no vector
   instruction: its time is its transfers alone (charged by the caller).
 
@@ -33,10 +40,13 @@ caller gives them; SwiGLU: the outputs), read from the reference kernels:
   x*x, Muls by 1/cols (tile); per row ReduceSumCustom
   (an Add over the row's repeats, then WholeReduceSum); Adds eps, Sqrt, Duplicate, Div, Gather
   (tiny); per row Mul by rstd; Cast to bf16 (tile); per row Mul by gamma (bf16 width).
-* ``quantize`` (dynamic per-token INT8) -- the per-token quantisation in CANN's MoE dispatch
-  kernel (``MoeDispatchNormalZeroBuffer::QuantProcess``): Cast to fp32, Abs (tile); per row Max over the repeats and
-  WholeReduceMax; Div for the row scales (tiny); per row Muls by the scale; Cast fp32 -> fp16 and
-  fp16 -> int8 (tile; the last at fp16 width).
+* ``quantize`` (dynamic per-token INT8) -- ops-nn's DynamicQuant (``dynamic_quant_db.h``,
+  ``DynamicQuantDbOpt::ProcessSymmetric``, bf16 without smooth scales), which issues every
+  instruction per row: Cast to fp32, Abs, the row's Max over its repeats and WholeReduceMax
+  (ReduceMaxInplace), Brcb and Div of the scale (one repeat each), Mul by 1/scale, Cast fp32 ->
+  int16 and int16 -> fp16, the scale's Mul (one repeat), Cast fp16 -> int8 (the last two casts at
+  fp16 width). (Until session 42: the tile-wide casts of CANN's MoE dispatch quantisation,
+  ``MoeDispatchNormalZeroBuffer::QuantProcess``.)
 * ``activation`` swiglu -- silu(a) * b as CANN's SwiGlu computes it: Cast a, Cast b, Muls -1, Exp,
   Adds 1, Div, Mul b, Cast out (tile); silu: the same without b's Cast and Mul; sigmoid: Cast, Muls,
   Exp, Adds, Div, Cast; relu / tanh / gelu: assumptions of the same form (listed below).
@@ -56,7 +66,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Instr", "RECIPES", "REPEAT_BYTES", "aiv_tile_cycles", "instructions", "is_copy"]
+__all__ = ["Instr", "RECIPES", "REPEAT_BYTES", "UB_TILING", "UbTiling", "aiv_tile_cycles", "instructions", "is_copy",
+           "split_rows", "ub_tiling"]
 
 #: bytes one vector instruction repeat covers (Ascend C: 8 data blocks x 32 bytes)
 REPEAT_BYTES = 256
@@ -102,8 +113,11 @@ RECIPES: dict[str, list[Instr]] = {
     "softmax": _t("Cast x") + _ROW_MAX + [Instr("Sub max", "row")] + _t("Exp") + _ROW_SUM
     + [Instr("Div (reciprocal)", "tiny"), Instr("Mul 1/sum", "row")] + _t("Cast out"),
     "rope": _t("Cast x", "Cast cos", "Cast sin", "Mul cos", "Muls -1 (rotate half)", "Mul sin", "Add", "Cast out"),
-    "quantize": _t("Cast", "Abs") + _ROW_MAX + [Instr("Div (scales)", "tiny"), Instr("Muls scale", "row")]
-    + _t("Cast fp32->fp16") + _t("Cast fp16->int8", width=2),
+    # ops-nn DynamicQuantDbOpt::ProcessSymmetric (bf16, no smooth scales): every instruction per row
+    "quantize": [Instr("Cast", "row"), Instr("Abs", "row")] + _ROW_MAX
+    + [Instr(n, "rowtiny") for n in ("Brcb", "Div (scale)")]
+    + [Instr("Mul 1/scale", "row"), Instr("Cast fp32->int16", "row"), Instr("Cast int16->fp16", "row", 2),
+       Instr("Mul (scale out)", "rowtiny"), Instr("Cast fp16->int8", "row", 2)],
 }
 
 #: fused quantisation classes -> the first op's recipe key (the quantisation's instructions follow it)
@@ -146,6 +160,60 @@ def aiv_tile_cycles(op_class: str, fn: str | None, rows: int, row_len: int, *, c
             total += rows * (instruction_cycles + math.ceil(row_len / per_repeat) * cycles_per_repeat)
         elif ins.scope == "tiny":
             total += instruction_cycles + cycles_per_repeat
+        elif ins.scope == "rowtiny":
+            total += rows * (instruction_cycles + cycles_per_repeat)
         else:  # xlane: one repeat and the cross-lane tree, per row
             total += rows * (instruction_cycles + cycles_per_repeat + math.ceil(math.log2(per_repeat)))
     return math.ceil(total)
+
+
+@dataclass(frozen=True)
+class UbTiling:
+    """How one AIV walks its rows through its unified buffer: ``rows`` per loop (at least 1) and the
+    buffers of its input and output queues (2: the next loop's copy overlaps this loop; 1: it waits)."""
+
+    rows: int
+    in_buffers: int
+    out_buffers: int
+
+
+#: op class -> (UB bytes per column of a loop's rows, UB bytes per row, UB bytes reserved, input
+#: buffers, output buffers) of its reference kernel's tiling; classes not listed: the generic rule of
+#: :func:`ub_tiling` (an assumption)
+UB_TILING: dict[str, tuple[int, int, int, int, int]] = {
+    # ops-nn norm/rms_norm/op_host/rms_norm_tiling.cpp (Atlas A2/A3, bf16/fp16 x and gamma): rowFactor =
+    # (ubSize - UB_USED 1024) / (numColAlign * 16 + 260) rows per loop (MODE_MERGE_N; x, y at 2 bytes
+    # and gamma, x in fp32, x^2 at 4 bytes a column); BUFFER_NUM = 1 for every queue
+    # (rms_norm_merge_n.h: CopyIn, Compute, CopyOutY in turn)
+    "rmsnorm": (16, 260, 1024, 1, 1),
+    # ops-nn quant/dynamic_quant/op_kernel/dynamic_quant_db.h (DynamicQuantDbOpt): the input queue has
+    # DOUBLE_BUFFER_NUM (the next loop's CopyIn is issued before this loop's rows), the output a single
+    # TBuf (a loop's first row waits the previous loop's copy out, MTE3_V); its rows per loop
+    # (multiRowNum) are not read: the generic rule's
+    "quantize": (0, 0, 0, 2, 1),
+}
+
+
+def ub_tiling(op_class: str, row_len: int, in_bytes: float, out_bytes: float, ub_bytes: float) -> UbTiling:
+    """Rows per loop and queue depths of one AIV for ``op_class`` (:data:`UB_TILING`) on rows of
+    ``row_len`` elements, ``in_bytes`` / ``out_bytes`` per element streamed in and out, ``ub_bytes``
+    of unified buffer. Generic rule (classes without a read tiling): two buffers of input and output,
+    ``ub / 2 // (row_len * (in + out))`` rows."""
+    per_col, per_row, reserved, nin, nout = UB_TILING.get(op_class, (0, 0, 0, 2, 2))
+    if per_col:
+        align = -(-row_len // 16) * 16  # numColAlign: 32-byte blocks of 2-byte elements
+        rows = int((ub_bytes - reserved) // (align * per_col + per_row))
+    else:
+        rows = int(ub_bytes / 2 // max(1.0, row_len * (in_bytes + out_bytes)))
+    return UbTiling(max(1, rows), nin, nout)
+
+
+def split_rows(rows: int, aivs: int) -> list[int]:
+    """Rows of each working AIV as the vendor kernels' tilings split them (ops-nn RmsNorm:
+    ``blockFactor = ceil(rows / GetCoreNumAiv())``, ``useCoreNum = ceil(rows / blockFactor)``, the last
+    core the remainder; DynamicQuant's head/tail cores alike): whole rows, ``blockFactor`` each."""
+    if rows <= 0 or aivs <= 0:
+        raise ValueError(f"split_rows needs rows and AIVs > 0, got {rows} and {aivs}")
+    block = -(-rows // aivs)
+    used = -(-rows // block)
+    return [block] * (used - 1) + [rows - block * (used - 1)]
