@@ -54,8 +54,9 @@ def add_parser(sub):
     g.add_argument("--serve-top", type=positive_int, default=2, help="--serving: candidates of each mode served, "
                    "best first by their step estimate (default 2; each mode's best is also served at a quarter of "
                    "its batch limit)")
-    g.add_argument("--max-concurrency", type=positive_int, default=256, help="--serving: the most requests in "
-                   "flight of a candidate's serving check (default 256; else its sequence slots)")
+    g.add_argument("--max-concurrency", type=positive_int, default=None, help="--serving: the benchmark's "
+                   "concurrency: candidates hold at most this many sequences (their batch limit x instances) and each "
+                   "is served at the concurrency its batch limit implies (default: no limit)")
     g.add_argument("--kv-fabric", default=None, help="--serving: the fabric KV moves over between pools (default: "
                    "rdma or roce, whichever the system has)")
     p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png (--serving: also "

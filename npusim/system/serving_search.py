@@ -20,11 +20,13 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    *disaggregated* (xPyD) -- ``x`` prefill instances of the fastest-prompt plan of each size and ``y``
    decode instances of a decode plan at batch ``b`` (``x n_p + y n_d <= N``): requests/s =
    min(``x dp / ttft``, ``y b / (O tpot)``), TTFT ~ the prefill step, TPOT ~ ``tpot(b)``.
+   With ``max_concurrency`` (the user's benchmark concurrency) no candidate holds more sequences than
+   that (batch limit x instances).
 3. **Serving check**: the best ``serve_top`` candidates of each mode by estimated tokens/s per NPU
    (among those the estimate says meet both objectives), and the best of each mode again at a quarter
    of its batch limit (a point further up the tokens/s-per-user axis; that candidate's own estimate), are served: a closed loop of
-   ``C`` = the deployment's sequence slots (at most ``max_concurrency``), ``3 C`` prompts of exactly
-   ``input``/``output`` tokens, all sent at 0. Latencies are judged on the requests sent after the
+   ``C`` = the deployment's sequence slots (the concurrency its batch limit implies, as the estimate
+   assumes), ``3 C`` prompts of exactly ``input``/``output`` tokens, all sent at 0. Latencies are judged on the requests sent after the
    first ``C`` (the first wave's TTFT is the cold start's queue, not the deployment's steady state);
    throughput is the tokens made while the loop is full (:func:`steady_throughput`: from the first
    refill to the last send; the whole run's, ramp-up and drain included, is beside it). A candidate is *feasible* when those requests' mean TTFT and mean
@@ -176,7 +178,7 @@ def _label(c: dict) -> str:
 def search_serving(system: str, nodes: int | None, model, npus: int, input_len: int, output_len: int,
                    slo_ttft_ms: float | None, slo_tpot_ms: float | None, precision: str = "bf16",
                    kv_dtype: str = "bf16", max_pp: int = 1, routing: str = "uniform", seed: int = 0,
-                   serve_top: int = 2, max_concurrency: int = 256, workers: int = 1, client=None,
+                   serve_top: int = 2, max_concurrency: int | None = None, workers: int = 1, client=None,
                    kv_fabric: str | None = None, progress=None, runtime: str | None = None) -> dict:
     """Search serving deployments (see the module docstring): ``best``, ``best_per_objective``,
     ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps).
@@ -263,6 +265,8 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         ttft, prompts, n, _ = prefill[pk]
         if npus % n or b % n:  # a deployment limits sequences per NPU: a batch it can state
             continue
+        if max_concurrency is not None and b * (npus // n) > max_concurrency:  # more slots than users
+            continue
         t_p = ttft / prompts  # ms of prefill per prompt on the instance
         cycle = O * tpot + b * t_p
         tput = b * O / cycle * 1e3 * (npus // n) / npus
@@ -288,7 +292,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         for n_p, (rate_p, ttft, pplan) in best_p.items():
             for y in range(1, npus // nd + 1):
                 x = (npus - y * nd) // n_p
-                if x < 1:
+                if x < 1 or (max_concurrency is not None and b * y > max_concurrency):
                     continue
                 req_rate = min(x * rate_p, y * b / (O * tpot))  # requests per ms
                 used = x * n_p + y * nd
@@ -326,7 +330,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     for _ in range(BACKOFF_ROUNDS + 1):
         tasks = []
         for c in batch:
-            conc = max(1, min(max_concurrency, c["slots"]))
+            conc = c["slots"]  # the concurrency its batch limit implies (at most max_concurrency: see cands)
             tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks)))
         served: list[dict] = []
         run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
