@@ -1,7 +1,71 @@
-"""``plan --serving``'s sizing and pruning (npusim.system.serving_search): the check served at the
-concurrency each candidate's batch limit implies."""
+"""``plan --serving``'s sizing and pruning (npusim.system.serving_search): disaggregated pools sized by
+rate matching with an M/D/1 margin on the prefill pool's TTFT, the check served at the concurrency each
+candidate's batch limit implies."""
+
+import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npusim.system.serving_search import prefill_ttft, prefill_utilisation_cap, rate_matched
+
+
+@given(ttft=st.floats(1, 5000), slo=st.floats(1, 10000))
+def test_the_prefill_cap_is_where_the_m_d_1_ttft_meets_the_objective(ttft, slo):
+    rho = prefill_utilisation_cap(ttft, slo)
+    assert 0 <= rho < 1
+    if ttft >= slo:
+        assert rho == 0
+    else:
+        assert prefill_ttft(ttft, rho) == pytest.approx(slo, rel=1e-9)
+        assert prefill_ttft(ttft, rho * 0.99) < slo
+    assert prefill_utilisation_cap(ttft, None) == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(npus=st.integers(8, 384), n_p=st.sampled_from([1, 2, 4, 8, 16]), prompts=st.integers(1, 32),
+       ttft=st.floats(50, 1900), n_d=st.sampled_from([1, 2, 8, 32, 160]), per_npu=st.integers(1, 128),
+       tpot=st.floats(5, 60), out=st.integers(16, 4096))
+def test_rate_matched_splits_fit_the_budget_and_straddle_the_matched_ratio(npus, n_p, prompts, ttft, n_d, per_npu,
+                                                                         tpot, out):
+    """Every split fits the budget; x is the floor or ceiling of the prefill instances that carry the
+    decode pool's requests at the cap; the ceiling keeps the estimated TTFT within the objective (the
+    margin), and every y that leaves room for a prefill instance is offered."""
+    slo = 2000.0
+    b = per_npu * n_d
+    got = rate_matched(npus, n_p, prompts, ttft, n_d, b, tpot, out, slo)
+    rho = prefill_utilisation_cap(ttft, slo)
+    mu_p, mu_d = prompts / ttft, b / (out * tpot)
+    ys = set()
+    for x, y, est in got:
+        assert x >= 1 and y >= 1 and x * n_p + y * n_d <= npus
+        need = y * mu_d / (rho * mu_p)
+        assert x in (max(1, math.floor(need)), max(1, math.ceil(need)))
+        rate = min(x * mu_p, y * mu_d)
+        assert est["output_throughput_per_npu"] == pytest.approx(rate * out * 1e3 / (x * n_p + y * n_d))
+        if x >= need:  # at or under the cap: the margin holds
+            assert est["ttft_ms"] <= slo * (1 + 1e-9)
+        ys.add(y)
+    for y in range(1, (npus - n_p) // n_d + 1):
+        x = max(1, math.ceil(y * mu_d / (rho * mu_p)))
+        if x * n_p + y * n_d <= npus:
+            assert y in ys
+
+
+def test_a_saturated_prefill_pool_is_estimated_by_littles_law_on_the_closed_loop():
+    """One prefill instance of 16 prompts a second cannot feed a decode instance of 768 sequences at 20 ms
+    TPOT for 2,048 tokens (18.75 requests a second): the estimate says TTFT = 768 / 16 s - 2048 x 20 ms
+    (the closed loop's extra requests queue for prefill), not the prefill step's second; two prefill
+    instances carry it at 59% utilisation, TTFT by M/D/1."""
+    got = {x: est for x, y, est in rate_matched(17, 1, 16, 1000.0, 8, 768, 20.0, 2048, 2000.0) if y == 1}
+    assert set(got) == {1, 2}
+    assert got[1]["prefill_utilisation"] == pytest.approx(1.0)
+    assert got[1]["ttft_ms"] == pytest.approx(768 / 0.016 - 2048 * 20)
+    rho = 0.01875 / 0.032
+    assert got[2]["ttft_ms"] == pytest.approx(1000 * (1 + rho / (2 * (1 - rho))))
+    assert got[2]["output_throughput_per_npu"] == pytest.approx(0.01875 * 2048 * 1e3 / 10)
+
 
 SEARCH = dict(system="cloudmatrix384", nodes=1, model="qwen3-0.6b", npus=2, input_len=512, output_len=32, workers=1,
               serve_top=1)
@@ -27,3 +91,8 @@ def test_each_candidate_is_served_at_the_concurrency_its_batch_limit_implies():
     for c in r["candidates"]:
         if c.get("deployment"):
             assert _slots(c) <= 16
+    # a disaggregated prefill batch holds the step estimate's prompts: one per DP group
+    for c in served:
+        if c["mode"] == "disaggregated":
+            pre = next(p for p in c["deployment"]["pools"] if p["role"] == "prefill")
+            assert pre["tokens_per_npu"] * pre["plan"]["npus"] >= pre["plan"]["dp"] * SEARCH["input_len"]

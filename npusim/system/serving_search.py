@@ -17,9 +17,15 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    *aggregated* -- a decode plan at batch ``b`` (per instance), ``N / n`` replicas: an instance makes
    ``b`` requests' tokens per ``O x tpot(b) + b x t_p`` (``t_p``: its prefill time per prompt, the
    prompts' steps stall the decodes), so TPOT ~ ``tpot(b) + b t_p / O`` and TTFT ~ the prefill step;
-   *disaggregated* (xPyD) -- ``x`` prefill instances of the fastest-prompt plan of each size and ``y``
-   decode instances of a decode plan at batch ``b`` (``x n_p + y n_d <= N``): requests/s =
-   min(``x dp / ttft``, ``y b / (O tpot)``), TTFT ~ the prefill step, TPOT ~ ``tpot(b)``.
+   *disaggregated* (xPyD) -- sized by rate matching (:func:`rate_matched`, as AIConfigurator does): the
+   two fastest-prompt plans of each instance size paired with every decode plan and batch ``b``; for
+   each ``y`` decode instances that fit, ``x`` prefill instances at the floor and ceiling of the count
+   whose prompt rate (``x dp / ttft``, at most the utilisation cap of :func:`prefill_utilisation_cap`:
+   M/D/1, so the mean TTFT stays within its objective at that load) carries the decode pool's
+   requests (``y b / (O tpot)``); requests/s = min of the two, TTFT the M/D/1 mean at the prefill
+   pool's load (or Little's law on the closed loop when the prefill pool is saturated), TPOT ~
+   ``tpot(b)``. A prefill batch holds the step estimate's prompts (one per DP group:
+   ``tokens_per_npu = dp x input / n``).
    With ``max_concurrency`` (the user's benchmark concurrency) no candidate holds more sequences than
    that (batch limit x instances).
 3. **Serving check**: the best ``serve_top`` candidates of each mode by estimated tokens/s per NPU
@@ -51,6 +57,7 @@ estimate and the estimate's error against the served result.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -64,6 +71,8 @@ BACKOFF_ROUNDS = 3
 #: the decode ladder's largest batch per NPU (its 1.5x refinement reaches 96, the published
 #: CloudMatrix384 DeepSeek-R1 decode batch, when 128 misses)
 DECODE_TOP_PER_NPU = 128
+#: prefill plans of each instance size (fastest prompts per ms first) paired with every decode plan
+PREFILL_PLANS_PER_SIZE = 2
 
 
 @dataclass(frozen=True)
@@ -201,14 +210,19 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         plans += got
         rejected += bad
     mdict = cfg.to_dict()
-    ladders, pre = [], []
+    pre, shapes = [], set()
     point = lambda p, b: PlanPoint(system, nodes, mdict, p.to_dict(), "decode", b, 1, kv_ctx, slo_tpot_ms,  # noqa: E731
                                    routing, seed, runtime)
-    for p in plans:
+
+    def ladder(p):
         lo, top = p.dp * p.microbatches, DECODE_TOP_PER_NPU * p.npus
-        ladders.append(Ladder(tuple(point(p, b) for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0])))
-        if p.mtp == 0 and p.microbatches == 1:  # a prompt's step: MTP and micro-batch overlap are decode choices
-            pre.append(Ladder((PlanPoint(system, nodes, mdict, p.to_dict(), "prefill", p.dp, input_len, input_len,
+        return Ladder(tuple(point(p, b) for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0]))
+    ladders = [ladder(p) for p in plans]
+    for p in plans:  # a prompt's step: MTP and micro-batch overlap are decode choices
+        q = p.with_changes(mtp=0, microbatches=1)
+        if str(q.to_dict()) not in shapes:
+            shapes.add(str(q.to_dict()))
+            pre.append(Ladder((PlanPoint(system, nodes, mdict, q.to_dict(), "prefill", q.dp, input_len, input_len,
                                          slo_ttft_ms, routing, seed, runtime),)))
     decode_recs: list[list[dict]] = []
     prefill_recs: list[list[dict]] = []
@@ -278,32 +292,30 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                           "tokens_per_npu": max(128, _ceil_to(plan["dp"] * input_len + b, n) // n),
                           "chunk_tokens": 0}]}
         cands.append({"mode": "aggregated", "deployment": dep, "estimate": est, "slots": b * (npus // n)})
-    # disaggregated: the fastest prompt plan of each size, any decode plan and batch, x n_p + y n_d <= N
-    best_p: dict[int, tuple] = {}
+    # disaggregated: x prefill instances and y decode instances sized by rate matching (see :func:`rate_matched`)
+    best_p: dict[int, list] = {}
     for ttft, prompts, n, pplan in prefill.values():
-        rate = prompts / ttft  # prompts per ms
-        if (slo_ttft_ms is None or ttft <= slo_ttft_ms) and (n not in best_p or rate > best_p[n][0]):
-            best_p[n] = (rate, ttft, pplan)
+        if slo_ttft_ms is None or ttft <= slo_ttft_ms:
+            best_p.setdefault(n, []).append((prompts / ttft, ttft, prompts, pplan))
+    best_p = {n: sorted(v, key=lambda t: -t[0])[:PREFILL_PLANS_PER_SIZE] for n, v in best_p.items()}
     fabric = kv_fabric or _kv_fabric(loaded)
     for plan, b, tpot, _ in decode:
         nd = plan["npus"]
         if b % nd:
             continue
-        for n_p, (rate_p, ttft, pplan) in best_p.items():
-            for y in range(1, npus // nd + 1):
-                x = (npus - y * nd) // n_p
-                if x < 1 or (max_concurrency is not None and b * y > max_concurrency):
-                    continue
-                req_rate = min(x * rate_p, y * b / (O * tpot))  # requests per ms
-                used = x * n_p + y * nd
-                est = {"ttft_ms": ttft, "tpot_ms": tpot, "output_throughput_per_npu": req_rate * O * 1e3 / used,
-                       "tokens_per_s_per_user": 1e3 / tpot}
-                dep = {**base, "mode": "disaggregated", "kv_transfer": {"fabric": fabric, "via": "sdma"},
-                       "pools": [{"role": "prefill", "instances": x, "plan": pplan, "max_batch_per_npu": 64,
-                                  "tokens_per_npu": max(128, _ceil_to(input_len, n_p) // n_p), "chunk_tokens": 0},
-                                 {"role": "decode", "instances": y, "plan": plan,
-                                  "max_batch_per_npu": b // nd, "tokens_per_npu": 16384, "chunk_tokens": 0}]}
-                cands.append({"mode": "disaggregated", "deployment": dep, "estimate": est, "slots": b * y})
+        for n_p, options in best_p.items():
+            for _, ttft, prompts, pplan in options:
+                for x, y, est in rate_matched(npus, n_p, prompts, ttft, nd, b, tpot, O, slo_ttft_ms):
+                    if max_concurrency is not None and b * y > max_concurrency:
+                        continue
+                    dep = {**base, "mode": "disaggregated", "kv_transfer": {"fabric": fabric, "via": "sdma"},
+                           "pools": [{"role": "prefill", "instances": x, "plan": pplan, "max_batch_per_npu": 64,
+                                      # a batch holds the step estimate's prompts: one per DP group
+                                      "tokens_per_npu": max(128, _ceil_to(prompts * input_len, n_p) // n_p),
+                                      "chunk_tokens": 0},
+                                     {"role": "decode", "instances": y, "plan": plan,
+                                      "max_batch_per_npu": b // nd, "tokens_per_npu": 16384, "chunk_tokens": 0}]}
+                    cands.append({"mode": "disaggregated", "deployment": dep, "estimate": est, "slots": b * y})
     ok = lambda c: ((slo_ttft_ms is None or c["estimate"]["ttft_ms"] <= slo_ttft_ms)  # noqa: E731
                     and (slo_tpot_ms is None or c["estimate"]["tpot_ms"] <= slo_tpot_ms))
     for c in cands:
@@ -392,6 +404,59 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
             "decode_points": sum(len(rs) for rs in decode_recs), "prefill_points": len(prefill_recs),
             "deployments_estimated": len(cands),
             "wall_s": {"steps": steps_s, "serving": time.perf_counter() - clock}}
+
+
+def prefill_utilisation_cap(ttft_ms: float, slo_ttft_ms: float | None) -> float:
+    """The highest utilisation of a prefill instance at which its mean TTFT stays within the objective,
+    by M/D/1: a batch (one prompt per DP group) takes the deterministic step time ``T`` (``ttft_ms``), the
+    prompts arrive as a Poisson stream, so the mean TTFT at utilisation ``rho`` (arrival rate over the
+    instance's prompts per ``T``) is ``T (1 + rho / (2 (1 - rho)))``. Within ``S`` (``slo_ttft_ms``):
+    ``rho <= 2 k / (1 + 2 k)``, ``k = S / T - 1``. 0 when ``T > S``; 1 with no objective. Why M/D/1: the
+    step time is a simulated, deterministic step; thousands of closed-loop users' requests come close
+    to Poisson; it is one formula a user can check (a utilisation cap would be a constant to pick)."""
+    if slo_ttft_ms is None:
+        return 1.0
+    k = slo_ttft_ms / ttft_ms - 1
+    return 0.0 if k <= 0 else 2 * k / (1 + 2 * k)
+
+
+def prefill_ttft(ttft_ms: float, rho: float) -> float:
+    """Mean TTFT (ms) of a prefill instance at utilisation ``rho`` < 1 (M/D/1, see
+    :func:`prefill_utilisation_cap`)."""
+    return ttft_ms * (1 + rho / (2 * (1 - rho)))
+
+
+def rate_matched(npus: int, n_p: int, prompts: int, ttft_ms: float, n_d: int, batch: int, tpot_ms: float,
+                 output_len: int, slo_ttft_ms: float | None) -> list[tuple[int, int, dict]]:
+    """The xPyD splits of ``npus`` near the rate match, each ``(x, y, estimate)``: a prefill instance of
+    ``n_p`` NPUs serves ``prompts`` requests per ``ttft_ms`` (one per DP group); a decode instance of
+    ``n_d`` NPUs at ``batch`` sequences serves ``batch / (output_len x tpot_ms)`` requests/ms. For each
+    ``y`` that fits, ``x`` is the floor and the ceiling of ``y x decode rate / (cap x prefill rate)``, the
+    cap from :func:`prefill_utilisation_cap` (a queueing margin, so the prefill pool's TTFT stays within
+    its objective at that load). The estimate: requests/s ``X = min(x prefill rate, y decode rate)``;
+    TTFT the M/D/1 mean at the prefill pool's utilisation, or, when the prefill pool is the bottleneck,
+    by Little's law on the closed loop at the ``y x batch`` sequences it serves (the requests beyond what
+    decode holds wait for prefill): ``y batch / X - output_len tpot``; TPOT the decode step's."""
+    rho = prefill_utilisation_cap(ttft_ms, slo_ttft_ms)
+    mu_p, mu_d = prompts / ttft_ms, batch / (output_len * tpot_ms)  # requests per ms per instance
+    out = []
+    for y in range(1, (npus - n_p) // n_d + 1):
+        need = y * mu_d / (rho * mu_p) if rho > 0 else float("inf")
+        if need == float("inf"):
+            continue
+        for x in sorted({max(1, math.floor(need)), max(1, math.ceil(need))}):
+            used = x * n_p + y * n_d
+            if used > npus:
+                continue
+            X = min(x * mu_p, y * mu_d)
+            if x * mu_p > y * mu_d:
+                ttft = prefill_ttft(ttft_ms, X / (x * mu_p))
+            else:  # prefill saturated: the closed loop's extra requests queue for it
+                ttft = max(ttft_ms, y * batch / X - output_len * tpot_ms)
+            out.append((x, y, {"ttft_ms": ttft, "tpot_ms": tpot_ms, "output_throughput_per_npu": X * output_len * 1e3 / used,
+                               "tokens_per_s_per_user": 1e3 / tpot_ms, "prefill_utilisation": X / (x * mu_p),
+                               "decode_utilisation": X / (y * mu_d)}))
+    return out
 
 
 def _in_order(served: list[dict], tasks: list[ServeTask]) -> list[dict]:
