@@ -1,6 +1,6 @@
 """``plan --serving``'s sizing and pruning (npusim.system.serving_search): disaggregated pools sized by
 rate matching with an M/D/1 margin on the prefill pool's TTFT, the check served at the concurrency each
-candidate's batch limit implies."""
+candidate's batch limit implies, and the full-scale search's coarse set, every skipped plan counted."""
 
 import math
 
@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npusim.system.serving_search import prefill_ttft, prefill_utilisation_cap, rate_matched
+from npusim.model.zoo import get_config
+from npusim.system.serving_search import (prefill_ttft, prefill_utilisation_cap, prune_plans, rate_matched,
+                                          roofline_rank)
 
 
 @given(ttft=st.floats(1, 5000), slo=st.floats(1, 10000))
@@ -65,6 +67,34 @@ def test_a_saturated_prefill_pool_is_estimated_by_littles_law_on_the_closed_loop
     rho = 0.01875 / 0.032
     assert got[2]["ttft_ms"] == pytest.approx(1000 * (1 + rho / (2 * (1 - rho))))
     assert got[2]["output_throughput_per_npu"] == pytest.approx(0.01875 * 2048 * 1e3 / 10)
+
+
+def test_the_coarse_set_keeps_k_shapes_a_size_and_counts_every_skip():
+    """DeepSeek-R1 on 32 CloudMatrix384 NPUs: each plan is either in the coarse set, held back as a
+    variant (micro-batches, MTP) of a kept shape, or skipped with its reason; each size keeps at most
+    K shapes, each at one micro-batch and MTP on; plans that cannot hold the model are skipped by memory."""
+    from npusim.system.search import _divisors, candidate_plans
+
+    cfg = get_config("deepseek-r1")
+    plans = []
+    for n in _divisors(32):
+        plans += candidate_plans(cfg, n, 2, 384, "w8a8", "bf16", 1, all_ep=True, microbatches=(1, 2), mtp=(0, 1))[0]
+    coarse, held, skipped = prune_plans(plans, cfg, 3072 + 1024, 64.0, 1600.0, 50.0, 3)
+    assert len(coarse) + len(held) + len(skipped) == len(plans)
+    assert all(r["reason"].startswith("skipped before simulating: ") for r in skipped)
+    assert any("memory" in r["reason"] for r in skipped)  # 1 NPU cannot hold DeepSeek-R1
+    assert not any(p.npus == 1 for p in coarse)
+    sizes = {p.npus for p in coarse}
+    for n in sizes:
+        mine = [p for p in coarse if p.npus == n]
+        assert len(mine) <= 3 and all(p.mtp == 1 and p.microbatches == 1 for p in mine)
+        figs = {(p.tp, p.ep): roofline_rank(cfg, p, 4096, 64.0, 1600.0, 50.0)[0] for p in mine}
+        beaten = [r for r in skipped if r["plan"]["npus"] == n and "roofline rank" in r["reason"]]
+        for r in beaten:  # every shape beyond the cap ranks below the kept ones
+            fig = float(r["reason"].split("(")[1].split(" tokens")[0].replace(",", ""))
+            assert fig <= min(figs.values()) + 1
+    shape = lambda p: (p.npus, p.tp, p.ep, p.redundant_experts)  # noqa: E731
+    assert {shape(p) for p in held} <= {shape(p) for p in coarse}
 
 
 SEARCH = dict(system="cloudmatrix384", nodes=1, model="qwen3-0.6b", npus=2, input_len=512, output_len=32, workers=1,

@@ -57,6 +57,12 @@ def add_parser(sub):
     g.add_argument("--max-concurrency", type=positive_int, default=None, help="--serving: the benchmark's "
                    "concurrency: candidates hold at most this many sequences (their batch limit x instances) and each "
                    "is served at the concurrency its batch limit implies (default: no limit)")
+    g.add_argument("--plans-per-size", type=positive_int, default=None, help="--serving: a full-scale search's "
+                   "coarse set: skip plans that cannot hold the model or meet TPOT by a roofline, keep the K best "
+                   "(tp, ep) shapes of each instance size by that roofline (one micro-batch, the most MTP), decode "
+                   "ladders from 16 sequences per NPU, prompt steps for instances of at most a quarter of the budget, "
+                   "then the other micro-batch and MTP choices of the two best coarse plans; every skip is counted "
+                   "and printed (default: every plan)")
     g.add_argument("--kv-fabric", default=None, help="--serving: the fabric KV moves over between pools (default: "
                    "rdma or roce, whichever the system has)")
     p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png (--serving: also "
@@ -171,7 +177,7 @@ def run_serving_plan(args) -> int:
                                     PLAN_PRECISION[args.precision], args.kv_dtype, args.max_pp or 1,
                                     args.routing, args.seed, args.serve_top, args.max_concurrency, workers, client,
                                     args.kv_fabric, progress=lambda done, total: progress(0, done, total),
-                                    runtime=args.runtime)
+                                    runtime=args.runtime, plans_per_size=args.plans_per_size)
     finally:
         if client is not None:
             client.close()
@@ -200,6 +206,12 @@ def _print_serving(r: dict) -> None:
           f"TTFT <= {o['slo_ttft_ms']} ms, TPOT <= {o['slo_tpot_ms']} ms: {r['plans']} plans, {r['step_points']} steps "
           f"simulated, {r['deployments_estimated']} deployments estimated, {r['evaluated']} served; runtime "
           f"{r.get('runtime') or 'the system default per phase'}")
+    if r.get("skipped_plans"):
+        print(f"  {r['skipped_plans']} plans skipped before simulating (--plans-per-size {r['plans_per_size']}): "
+              + ", ".join(f"{n} x {why}" for why, n in r["skipped"].items()))
+    if r.get("prefill_sizes_skipped"):
+        print(f"  no prompt step simulated for instances of {', '.join(map(str, r['prefill_sizes_skipped']))} NPUs "
+              f"(more than a quarter of the budget): no aggregated candidate of that size, no prefill pool of it")
     print(f"  {'mode':<13} {'tok/s/NPU':>10} {'tok/s/user':>10} {'TTFT ms':>9} {'TPOT ms':>8}  "
           f"{'estimate error (TTFT, TPOT, tok/s/NPU)':<40} deployment")
     for c in (c for c in r["candidates"] if c.get("served")):

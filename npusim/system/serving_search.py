@@ -41,6 +41,15 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    estimate), since the step estimate misses queueing: without it a looser search could stop at an
    infeasible large batch whose quarter point is far below what a tighter search finds.
 
+**Full scale** (``plans_per_size``): before any step is simulated, :func:`prune_plans` skips the plans
+that cannot hold the model and their lowest batch's KV, or whose roofline TPOT (weights and KV read
+once at the HBM bandwidth) misses the objective, and keeps, for each instance size, the ``K`` best (tp,
+ep, redundant slots) shapes by that roofline's tokens/s per NPU, each at one micro-batch and the most
+MTP tokens (prompt steps at MTP off); after their ladders, the other micro-batch and MTP choices of each
+size's best shape are laddered too. Every skipped plan is in ``candidates`` with its reason and
+counted in ``skipped``. The roofline leaves out compute and communication: it ranks, it does not bound,
+so a shape it ranks low (more TP, a smaller EP) may be missed.
+
 Not guaranteed: that a tighter objective never gives a better ``best`` across two searches. Judged on the
 same served candidates it cannot (a tighter objective only removes feasible ones), but each search serves
 the best *estimates* under its own objectives, so a tighter search can serve a candidate a looser one
@@ -71,6 +80,16 @@ BACKOFF_ROUNDS = 3
 #: the decode ladder's largest batch per NPU (its 1.5x refinement reaches 96, the published
 #: CloudMatrix384 DeepSeek-R1 decode batch, when 128 misses)
 DECODE_TOP_PER_NPU = 128
+#: full scale (``plans_per_size``): decode ladders start at this many sequences per NPU (fewer only
+#: move along the tokens/s-per-user axis at low throughput; the quarter-batch check of a 64-per-NPU
+#: best still has its point)
+FULL_SCALE_FROM_PER_NPU = 16
+#: full scale: prompt steps only for instances of at most budget / this many NPUs (a prompt step of
+#: one prompt per DP group over 160 NPUs -- 320 prompts -- takes minutes to simulate; the published
+#: prefill instances are the small ones), so aggregated candidates have at least this many replicas
+FULL_SCALE_PREFILL_SHARE = 4
+#: full scale: the micro-batch / MTP variants, and the 1.5x batches, of this many best coarse plans
+FULL_SCALE_REFINE = 2
 #: prefill plans of each instance size (fastest prompts per ms first) paired with every decode plan
 PREFILL_PLANS_PER_SIZE = 2
 
@@ -188,7 +207,8 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                    slo_ttft_ms: float | None, slo_tpot_ms: float | None, precision: str = "bf16",
                    kv_dtype: str = "bf16", max_pp: int = 1, routing: str = "uniform", seed: int = 0,
                    serve_top: int = 2, max_concurrency: int | None = None, workers: int = 1, client=None,
-                   kv_fabric: str | None = None, progress=None, runtime: str | None = None) -> dict:
+                   kv_fabric: str | None = None, progress=None, runtime: str | None = None,
+                   plans_per_size: int | None = None) -> dict:
     """Search serving deployments (see the module docstring): ``best``, ``best_per_objective``,
     ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps).
     ``runtime``: every step's runtime mode, eager / graph (None: the system's default per phase), in
@@ -209,6 +229,13 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                                    microbatches=(1, 2) if max_pp == 1 else None, mtp=(0, 1), redundant=skewed)
         plans += got
         rejected += bad
+    held, skipped, skipped_prefill = [], [], set()
+    if plans_per_size is not None:  # the full-scale search: a coarse set first (see prune_plans)
+        from npusim.arch import summarize as chip_summary
+
+        chip = chip_summary(loaded.chip)
+        plans, held, skipped = prune_plans(plans, cfg, kv_ctx, chip.hbm_gb, chip.hbm_bandwidth_gbps, slo_tpot_ms,
+                                           plans_per_size)
     mdict = cfg.to_dict()
     pre, shapes = [], set()
     point = lambda p, b: PlanPoint(system, nodes, mdict, p.to_dict(), "decode", b, 1, kv_ctx, slo_tpot_ms,  # noqa: E731
@@ -216,10 +243,15 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
 
     def ladder(p):
         lo, top = p.dp * p.microbatches, DECODE_TOP_PER_NPU * p.npus
+        if plans_per_size is not None:  # full scale: from FULL_SCALE_FROM_PER_NPU sequences per NPU
+            lo = max(lo, FULL_SCALE_FROM_PER_NPU * p.npus)
         return Ladder(tuple(point(p, b) for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0]))
     ladders = [ladder(p) for p in plans]
     for p in plans:  # a prompt's step: MTP and micro-batch overlap are decode choices
         q = p.with_changes(mtp=0, microbatches=1)
+        if plans_per_size is not None and p.npus * FULL_SCALE_PREFILL_SHARE > npus:
+            skipped_prefill.add(p.npus)
+            continue
         if str(q.to_dict()) not in shapes:
             shapes.add(str(q.to_dict()))
             pre.append(Ladder((PlanPoint(system, nodes, mdict, q.to_dict(), "prefill", q.dp, input_len, input_len,
@@ -239,6 +271,24 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         return f
     into = {"prefill": tick(prefill_recs), "decode": tick(decode_recs)}
     run_points(run_ladder, pre + ladders, lambda recs: into[recs[0]["phase"]](recs), _ladder_died, workers, client)
+    if held:  # refine: the held-back micro-batch and MTP choices of each instance size's best coarse shape
+        top_of: dict[int, tuple] = {}
+        for rs in decode_recs:
+            for r in rs:
+                n = r["plan"]["npus"]
+                if r["feasible"] and r["tokens_per_s_per_npu"] > top_of.get(n, (0.0, None))[0]:
+                    top_of[n] = (r["tokens_per_s_per_npu"], r["plan"])
+        shape = lambda d: (d["npus"], d["tp"], d["ep"], d["pp"], d["redundant_experts"], d["eplb"])  # noqa: E731
+        want = {shape(pl) for _, pl in sorted(top_of.values(), key=lambda t: -t[0])[:FULL_SCALE_REFINE]}
+        more = [p for p in held if shape(p.to_dict()) in want]
+        for p in held:
+            if shape(p.to_dict()) not in want:
+                skipped.append({"plan": p.to_dict(), "batch": None, "feasible": False, "simulated": False,
+                                "reason": "skipped before simulating: a micro-batch or MTP variant of a shape that "
+                                          f"was not among the {FULL_SCALE_REFINE} best in the coarse ladders"})
+        total += len(more)
+        run_points(run_ladder, [ladder(p) for p in more], tick(decode_recs), _ladder_died, workers, client)
+        plans = plans + more
     # between the powers of two: the 1.5x point above each of the best plans' last feasible batch (the three
     # best plans of each instance size by tokens/s per NPU; the others are far behind at the powers of two)
     best_of: dict[int, list] = {}
@@ -247,6 +297,9 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         if ok and len(ok) < len(rs):  # it failed at 2x its last feasible batch
             best_of.setdefault(ok[-1]["plan"]["npus"], []).append(ok[-1])
     refine = []
+    if plans_per_size is not None:  # full scale: the FULL_SCALE_REFINE best plans overall
+        best_of = {0: sorted((r for rs in best_of.values() for r in rs),
+                             key=lambda r: -r["tokens_per_s_per_npu"])[:FULL_SCALE_REFINE]}
     for recs in best_of.values():
         for r in sorted(recs, key=lambda r: -r["tokens_per_s_per_npu"])[:3]:
             b = r["batch"] * 3 // 2
@@ -399,11 +452,74 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
             "best": best, "best_per_objective": {"output_throughput_per_npu": best, "tokens_per_s_per_user": fastest},
             "pareto": _pareto(feasible), "evaluated": len(evaluated),
             "candidates": evaluated + unserved + [{"mode": None, "feasible": False, "served": False,
-                                                   "reason": r["reason"], "plan": r["plan"]} for r in rejected],
+                                                   "reason": r["reason"], "plan": r["plan"]} for r in rejected + skipped],
             "step_points": step_points, "plans": len(plans), "rejected_plans": len(rejected),
+            "skipped_plans": len(skipped), "skipped": _skip_counts(skipped), "plans_per_size": plans_per_size,
+            "prefill_sizes_skipped": sorted(skipped_prefill),
             "decode_points": sum(len(rs) for rs in decode_recs), "prefill_points": len(prefill_recs),
             "deployments_estimated": len(cands),
             "wall_s": {"steps": steps_s, "serving": time.perf_counter() - clock}}
+
+
+def roofline_rank(cfg, plan, kv_ctx: int, hbm_gib: float, hbm_gbps: float, slo_tpot_ms: float | None) -> tuple:
+    """A plan's cheap decode figure, no step simulated (the cap's ranking, see :func:`prune_plans`):
+    ``(tokens/s per NPU, batch)`` at the largest ladder batch whose weights and KV fit a die's HBM and
+    whose roofline TPOT meets the objective, the step taken as reading the busiest die's weights and KV
+    once at the HBM bandwidth (``hbm_gbps``, GB/s) -- compute, communication and fixed costs left out,
+    so it ranks plans, it is not a bound on what they serve. ``(None, reason)`` when no batch passes."""
+    from npusim.system.mapper import StepShape, memory_per_rank_gb
+
+    lo, top = plan.dp * plan.microbatches, DECODE_TOP_PER_NPU * plan.npus
+    tokens = 1 + plan.mtp * plan.mtp_acceptance
+    best, why = None, "memory: the weights and the lowest batch's KV do not fit a die's HBM"
+    for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0]:
+        weights, kv = memory_per_rank_gb(cfg, plan, StepShape("decode", b, 1, kv_ctx))
+        if weights + kv > hbm_gib:
+            break
+        step_ms = (weights + kv) * 2**30 / (hbm_gbps * 1e9) * 1e3
+        if slo_tpot_ms is not None and step_ms / tokens > slo_tpot_ms:
+            why = f"roofline: TPOT {step_ms / tokens:.1f} ms > {slo_tpot_ms:g} ms reading the weights alone"
+            break
+        best = (b * tokens / (step_ms / 1e3) / plan.npus, b)
+    return best if best is not None else (None, why)
+
+
+def prune_plans(plans: list, cfg, kv_ctx: int, hbm_gib: float, hbm_gbps: float, slo_tpot_ms: float | None,
+                per_size: int) -> tuple[list, list, list[dict]]:
+    """The coarse set of a full-scale search, before any step is simulated: plans that cannot hold the
+    model and their lowest batch's KV in HBM, or whose roofline TPOT misses the objective, are skipped;
+    of the rest, for each instance size, the ``per_size`` best (tp, ep, redundant slots) shapes by
+    :func:`roofline_rank`, each at one micro-batch and the most MTP tokens. Returns (the coarse plans,
+    the held-back variants -- the other micro-batch and MTP choices of the coarse shapes, ladder-run for
+    each size's best shape after the coarse ladders --, the skipped plans, each with its ``reason``)."""
+    ranked: dict[int, list] = {}
+    skipped = []
+    for p in plans:
+        fig, b_or_why = roofline_rank(cfg, p, kv_ctx, hbm_gib, hbm_gbps, slo_tpot_ms)
+        if fig is None:
+            skipped.append({"plan": p.to_dict(), "batch": None, "feasible": False, "simulated": False,
+                            "reason": f"skipped before simulating: {b_or_why}"})
+            continue
+        ranked.setdefault(p.npus, []).append((fig, p))
+    coarse, held = [], []
+    for n, got in ranked.items():
+        shape = lambda p: (p.tp, p.ep, p.pp, p.redundant_experts, p.eplb)  # noqa: E731
+        best: dict[tuple, float] = {}
+        for fig, p in got:
+            best[shape(p)] = max(best.get(shape(p), 0.0), fig)
+        keep = sorted(best, key=lambda k: -best[k])[:per_size]
+        for fig, p in got:
+            k = shape(p)
+            if k not in keep:
+                skipped.append({"plan": p.to_dict(), "batch": None, "feasible": False, "simulated": False,
+                                "reason": f"skipped before simulating: roofline rank {sorted(best, key=lambda k: -best[k]).index(k) + 1} "
+                                          f"of {len(best)} shapes of {n} NPUs ({fig:,.0f} tokens/s per NPU), beyond "
+                                          f"--plans-per-size {per_size}"})
+            elif p.microbatches == min(q.microbatches for _, q in got) and p.mtp == max(q.mtp for _, q in got):
+                coarse.append(p)
+            else:
+                held.append(p)
+    return coarse, held, skipped
 
 
 def prefill_utilisation_cap(ttft_ms: float, slo_ttft_ms: float | None) -> float:
@@ -456,6 +572,17 @@ def rate_matched(npus: int, n_p: int, prompts: int, ttft_ms: float, n_d: int, ba
             out.append((x, y, {"ttft_ms": ttft, "tpot_ms": tpot_ms, "output_throughput_per_npu": X * output_len * 1e3 / used,
                                "tokens_per_s_per_user": 1e3 / tpot_ms, "prefill_utilisation": X / (x * mu_p),
                                "decode_utilisation": X / (y * mu_d)}))
+    return out
+
+
+def _skip_counts(skipped: list[dict]) -> dict:
+    """Skipped plans counted by why: memory, roofline TPOT, beyond the cap, a variant not refined."""
+    out: dict[str, int] = {}
+    for r in skipped:
+        why = r["reason"].removeprefix("skipped before simulating: ")
+        k = ("memory" if why.startswith("memory") else "roofline TPOT" if why.startswith("roofline:")
+             else "beyond --plans-per-size" if why.startswith("roofline rank") else "variant not refined")
+        out[k] = out.get(k, 0) + 1
     return out
 
 
