@@ -66,7 +66,7 @@ def add_parser(sub):
     g.add_argument("--kv-fabric", default=None, help="--serving: the fabric KV moves over between pools (default: "
                    "rdma or roce, whichever the system has)")
     p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png (--serving: also "
-                   "deployment.yaml)")
+                   "steps.jsonl, each step as it finishes, and deployment.yaml)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -170,6 +170,18 @@ def run_serving_plan(args) -> int:
     npus = args.npus or loaded.system.npus_per_node
     client = connect(args.scheduler) if args.scheduler else None
     workers = args.workers if args.workers is not None else default_workers()
+    step_log = None
+    if args.out:  # the step records as they finish: a long search's steps survive an interruption
+        import json
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        steps_path = args.out / "steps.jsonl"
+        steps_path.write_text("")
+
+        def step_log(recs) -> None:
+            with steps_path.open("a") as f:
+                for rec in recs:
+                    f.write(json.dumps(rec, default=str) + "\n")
     try:
         with plan_progress(0, enabled=not args.no_progress) as progress:
             result = search_serving(args.system, args.nodes, args.model, npus, args.input_len or 2048,
@@ -177,7 +189,7 @@ def run_serving_plan(args) -> int:
                                     PLAN_PRECISION[args.precision], args.kv_dtype, args.max_pp or 1,
                                     args.routing, args.seed, args.serve_top, args.max_concurrency, workers, client,
                                     args.kv_fabric, progress=lambda done, total: progress(0, done, total),
-                                    runtime=args.runtime, plans_per_size=args.plans_per_size)
+                                    runtime=args.runtime, plans_per_size=args.plans_per_size, step_log=step_log)
     finally:
         if client is not None:
             client.close()

@@ -208,11 +208,13 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                    kv_dtype: str = "bf16", max_pp: int = 1, routing: str = "uniform", seed: int = 0,
                    serve_top: int = 2, max_concurrency: int | None = None, workers: int = 1, client=None,
                    kv_fabric: str | None = None, progress=None, runtime: str | None = None,
-                   plans_per_size: int | None = None) -> dict:
+                   plans_per_size: int | None = None, step_log=None) -> dict:
     """Search serving deployments (see the module docstring): ``best``, ``best_per_objective``,
     ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps).
     ``runtime``: every step's runtime mode, eager / graph (None: the system's default per phase), in
-    the step search, in the served candidates and in each candidate's deployment (``runtime:``)."""
+    the step search, in the served candidates and in each candidate's deployment (``runtime:``).
+    ``step_log(records)``: called with each ladder's step records as it finishes (a long search's
+    steps kept as they come, e.g. ``plan --serving --out DIR``'s ``steps.jsonl``)."""
     from npusim.pool import run_points
 
     loaded, _ = _system(system, nodes)
@@ -265,12 +267,20 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     def tick(store):
         def f(recs):
             store.append(recs)
+            if step_log is not None:
+                step_log(recs)
             done[0] += 1
             if progress:
                 progress(done[0], total)
         return f
     into = {"prefill": tick(prefill_recs), "decode": tick(decode_recs)}
-    run_points(run_ladder, pre + ladders, lambda recs: into[recs[0]["phase"]](recs), _ladder_died, workers, client)
+    tasks = pre + ladders
+    if plans_per_size is not None:  # full scale: prompt steps small instances first, decode ladders large
+        # first, taken in turn, so an interrupted search's steps.jsonl holds both ends of each
+        size = lambda t: t.points[0].plan["npus"]  # noqa: E731
+        a, b = sorted(pre, key=size), sorted(ladders, key=lambda t: -size(t))
+        tasks = [t for pair in zip(a, b) for t in pair] + a[len(b):] + b[len(a):]
+    run_points(run_ladder, tasks, lambda recs: into[recs[0]["phase"]](recs), _ladder_died, workers, client)
     if held:  # refine: the held-back micro-batch and MTP choices of each instance size's best coarse shape
         top_of: dict[int, tuple] = {}
         for rs in decode_recs:
