@@ -170,7 +170,7 @@ def test_a_served_candidate_that_misses_is_served_again_at_half_its_batch():
     deployment at half its decode batch limit, and so on, rather than stopping at the quarter point."""
     from npusim.system.serving_search import BACKOFF_ROUNDS, _label, _scaled, search_serving
 
-    r = search_serving(**SEARCH, slo_ttft_ms=20, slo_tpot_ms=50)
+    r = search_serving(**{**SEARCH, "max_concurrency": None}, slo_ttft_ms=20, slo_tpot_ms=50)  # batch 64 in
     served = [c for c in r["candidates"] if c.get("served")]
     labels = {c["label"] for c in served}
     estimated = {c["label"] for c in r["candidates"] if c.get("label")}
@@ -201,6 +201,8 @@ def test_plan_serving_cli_checks_by_serving_and_the_file_serves_again(tmp_path, 
     assert all(c["feasible"] or c["reason"] for c in r["candidates"])
     assert r["pareto"] and all(p["feasible"] for p in r["pareto"])
     assert (tmp_path / "deployment.yaml").is_file() and (tmp_path / "plan.json").is_file()
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]  # as they finished
+    assert len(steps) == r["decode_points"] + r["prefill_points"] and all("feasible" in s for s in steps)
     assert main(argv) == 0
     assert "estimate error" in capsys.readouterr().out
     client = ["run", "--deployment", str(tmp_path / "deployment.yaml"), "--dataset", "random", "--input-len", "512",

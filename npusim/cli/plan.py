@@ -54,12 +54,19 @@ def add_parser(sub):
     g.add_argument("--serve-top", type=positive_int, default=2, help="--serving: candidates of each mode served, "
                    "best first by their step estimate (default 2; each mode's best is also served at a quarter of "
                    "its batch limit)")
-    g.add_argument("--max-concurrency", type=positive_int, default=256, help="--serving: the most requests in "
-                   "flight of a candidate's serving check (default 256; else its sequence slots)")
+    g.add_argument("--max-concurrency", type=positive_int, default=None, help="--serving: the benchmark's "
+                   "concurrency: candidates hold at most this many sequences (their batch limit x instances) and each "
+                   "is served at the concurrency its batch limit implies (default: no limit)")
+    g.add_argument("--plans-per-size", type=positive_int, default=None, help="--serving: a full-scale search's "
+                   "coarse set: skip plans that cannot hold the model or meet TPOT by a roofline, keep the K best "
+                   "(tp, ep) shapes of each instance size by that roofline (one micro-batch, the most MTP), decode "
+                   "ladders from 16 sequences per NPU, prompt steps for instances of at most a quarter of the budget, "
+                   "then the other micro-batch and MTP choices of the two best coarse plans; every skip is counted "
+                   "and printed (default: every plan)")
     g.add_argument("--kv-fabric", default=None, help="--serving: the fabric KV moves over between pools (default: "
                    "rdma or roce, whichever the system has)")
     p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png (--serving: also "
-                   "deployment.yaml)")
+                   "steps.jsonl, each step as it finishes, and deployment.yaml)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -163,6 +170,18 @@ def run_serving_plan(args) -> int:
     npus = args.npus or loaded.system.npus_per_node
     client = connect(args.scheduler) if args.scheduler else None
     workers = args.workers if args.workers is not None else default_workers()
+    step_log = None
+    if args.out:  # the step records as they finish: a long search's steps survive an interruption
+        import json
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        steps_path = args.out / "steps.jsonl"
+        steps_path.write_text("")
+
+        def step_log(recs) -> None:
+            with steps_path.open("a") as f:
+                for rec in recs:
+                    f.write(json.dumps(rec, default=str) + "\n")
     try:
         with plan_progress(0, enabled=not args.no_progress) as progress:
             result = search_serving(args.system, args.nodes, args.model, npus, args.input_len or 2048,
@@ -170,7 +189,7 @@ def run_serving_plan(args) -> int:
                                     PLAN_PRECISION[args.precision], args.kv_dtype, args.max_pp or 1,
                                     args.routing, args.seed, args.serve_top, args.max_concurrency, workers, client,
                                     args.kv_fabric, progress=lambda done, total: progress(0, done, total),
-                                    runtime=args.runtime)
+                                    runtime=args.runtime, plans_per_size=args.plans_per_size, step_log=step_log)
     finally:
         if client is not None:
             client.close()
@@ -199,6 +218,12 @@ def _print_serving(r: dict) -> None:
           f"TTFT <= {o['slo_ttft_ms']} ms, TPOT <= {o['slo_tpot_ms']} ms: {r['plans']} plans, {r['step_points']} steps "
           f"simulated, {r['deployments_estimated']} deployments estimated, {r['evaluated']} served; runtime "
           f"{r.get('runtime') or 'the system default per phase'}")
+    if r.get("skipped_plans"):
+        print(f"  {r['skipped_plans']} plans skipped before simulating (--plans-per-size {r['plans_per_size']}): "
+              + ", ".join(f"{n} x {why}" for why, n in r["skipped"].items()))
+    if r.get("prefill_sizes_skipped"):
+        print(f"  no prompt step simulated for instances of {', '.join(map(str, r['prefill_sizes_skipped']))} NPUs "
+              f"(more than a quarter of the budget): no aggregated candidate of that size, no prefill pool of it")
     print(f"  {'mode':<13} {'tok/s/NPU':>10} {'tok/s/user':>10} {'TTFT ms':>9} {'TPOT ms':>8}  "
           f"{'estimate error (TTFT, TPOT, tok/s/NPU)':<40} deployment")
     for c in (c for c in r["candidates"] if c.get("served")):

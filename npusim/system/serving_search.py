@@ -17,14 +17,26 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    *aggregated* -- a decode plan at batch ``b`` (per instance), ``N / n`` replicas: an instance makes
    ``b`` requests' tokens per ``O x tpot(b) + b x t_p`` (``t_p``: its prefill time per prompt, the
    prompts' steps stall the decodes), so TPOT ~ ``tpot(b) + b t_p / O`` and TTFT ~ the prefill step;
-   *disaggregated* (xPyD) -- ``x`` prefill instances of the fastest-prompt plan of each size and ``y``
-   decode instances of a decode plan at batch ``b`` (``x n_p + y n_d <= N``): requests/s =
-   min(``x dp / ttft``, ``y b / (O tpot)``), TTFT ~ the prefill step, TPOT ~ ``tpot(b)``.
+   *disaggregated* (xPyD) -- sized by rate matching (:func:`rate_matched`, as AIConfigurator does): the
+   two fastest-prompt plans of each instance size paired with every decode plan and batch ``b``; for
+   each ``y`` decode instances that fit, ``x`` prefill instances at the floor and ceiling of the count
+   whose prompt rate (``x dp / ttft``, at most the utilisation cap of :func:`prefill_utilisation_cap`:
+   M/D/1, so the mean TTFT stays within its objective at that load) carries the decode pool's
+   requests (``y b / (O tpot)``); requests/s = min of the two, TTFT the M/D/1 mean at the prefill
+   pool's load (or Little's law on the closed loop when the prefill pool is saturated), TPOT ~
+   ``tpot(b)``. A prefill batch holds the step estimate's prompts (one per DP group:
+   ``tokens_per_npu = dp x input / n``).
+   With ``max_concurrency`` (the user's benchmark concurrency) no candidate holds more sequences than
+   that (batch limit x instances).
 3. **Serving check**: the best ``serve_top`` candidates of each mode by estimated tokens/s per NPU
    (among those the estimate says meet both objectives), and the best of each mode again at a quarter
    of its batch limit (a point further up the tokens/s-per-user axis; that candidate's own estimate), are served: a closed loop of
-   ``C`` = the deployment's sequence slots (at most ``max_concurrency``), ``3 C`` prompts of exactly
-   ``input``/``output`` tokens, all sent at 0. Latencies are judged on the requests sent after the
+   ``C`` = the deployment's sequence slots (the concurrency its batch limit implies, as the estimate
+   assumes), ``3 C`` prompts of exactly ``input``/``output`` tokens, all sent at 0 (an aggregated
+   deployment of ``R`` replicas as one replica at ``C / R`` with ``3 C / R`` prompts: at its slots each
+   replica refills its own freed slot; they share only the queue, whose same-instant refills can land on
+   another replica -- Qwen3-0.6B, 2 replicas against 1 at half: TTFT 6% apart, TPOT and tokens/s per NPU
+   0.6% --; ``replicas`` says so). Latencies are judged on the requests sent after the
    first ``C`` (the first wave's TTFT is the cold start's queue, not the deployment's steady state);
    throughput is the tokens made while the loop is full (:func:`steady_throughput`: from the first
    refill to the last send; the whole run's, ramp-up and drain included, is beside it). A candidate is *feasible* when those requests' mean TTFT and mean
@@ -32,6 +44,15 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    again at half its decode batch limit (up to ``BACKOFF_ROUNDS`` times, each with that candidate's own
    estimate), since the step estimate misses queueing: without it a looser search could stop at an
    infeasible large batch whose quarter point is far below what a tighter search finds.
+
+**Full scale** (``plans_per_size``): before any step is simulated, :func:`prune_plans` skips the plans
+that cannot hold the model and their lowest batch's KV, or whose roofline TPOT (weights and KV read
+once at the HBM bandwidth) misses the objective, and keeps, for each instance size, the ``K`` best (tp,
+ep, redundant slots) shapes by that roofline's tokens/s per NPU, each at one micro-batch and the most
+MTP tokens (prompt steps at MTP off); after their ladders, the other micro-batch and MTP choices of each
+size's best shape are laddered too. Every skipped plan is in ``candidates`` with its reason and
+counted in ``skipped``. The roofline leaves out compute and communication: it ranks, it does not bound,
+so a shape it ranks low (more TP, a smaller EP) may be missed.
 
 Not guaranteed: that a tighter objective never gives a better ``best`` across two searches. Judged on the
 same served candidates it cannot (a tighter objective only removes feasible ones), but each search serves
@@ -49,8 +70,9 @@ estimate and the estimate's error against the served result.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from npusim.errors import ConfigError, NpusimError
 from npusim.model.zoo import get_config
@@ -62,6 +84,18 @@ BACKOFF_ROUNDS = 3
 #: the decode ladder's largest batch per NPU (its 1.5x refinement reaches 96, the published
 #: CloudMatrix384 DeepSeek-R1 decode batch, when 128 misses)
 DECODE_TOP_PER_NPU = 128
+#: full scale (``plans_per_size``): decode ladders start at this many sequences per NPU (fewer only
+#: move along the tokens/s-per-user axis at low throughput; the quarter-batch check of a 64-per-NPU
+#: best still has its point)
+FULL_SCALE_FROM_PER_NPU = 16
+#: full scale: prompt steps only for instances of at most budget / this many NPUs (a prompt step of
+#: one prompt per DP group over 160 NPUs -- 320 prompts -- takes minutes to simulate; the published
+#: prefill instances are the small ones), so aggregated candidates have at least this many replicas
+FULL_SCALE_PREFILL_SHARE = 4
+#: full scale: the micro-batch / MTP variants, and the 1.5x batches, of this many best coarse plans
+FULL_SCALE_REFINE = 2
+#: prefill plans of each instance size (fastest prompts per ms first) paired with every decode plan
+PREFILL_PLANS_PER_SIZE = 2
 
 
 @dataclass(frozen=True)
@@ -113,28 +147,36 @@ def serve_candidate(task: ServeTask) -> dict:
         loaded, cc = _system(dep.system, dep.nodes)
         loaded, pools = scenario(dep, loaded=loaded)
         cfg = get_config(dep.model)
+        # aggregated replicas at C = their slots share nothing: each refills its own freed slot, so one
+        # replica at C / R with 1 / R of the prompts is the deployment (per NPU and per request)
+        replicas = pools[0].instances if dep.mode == "aggregated" and task.concurrency % pools[0].instances == 0 \
+            and task.num_prompts % pools[0].instances == 0 else 1
+        if replicas > 1:
+            pools = [replace(pools[0], instances=1)]
+        conc, prompts = task.concurrency // replicas, task.num_prompts // replicas
         # the benchmark client's closed loop: every prompt planned at 0, `concurrency` in flight
         reqs = RequestSource(dataset="random", input_len=task.input_len, output_len=task.output_len,
-                             num_prompts=task.num_prompts, seed=task.seed).requests_for(cfg).requests
+                             num_prompts=prompts, seed=task.seed).requests_for(cfg).requests
         run = serve_pools(loaded, pools, reqs, cfg, kv_fabric=dep.kv_transfer.fabric if dep.kv_transfer else None,
                           via=dep.kv_transfer.via if dep.kv_transfer else "sdma", slo_ttft_ms=dep.slo_ttft_ms,
-                          slo_tpot_ms=dep.slo_tpot_ms, seed=task.seed, chip_cost=cc, max_concurrency=task.concurrency,
+                          slo_tpot_ms=dep.slo_tpot_ms, seed=task.seed, chip_cost=cc, max_concurrency=conc,
                           runtime=dep.runtime)
         s = run.summary
-        steady = [r for r in run.records if r.id >= task.concurrency] or run.records
+        steady = [r for r in run.records if r.id >= conc] or run.records
         st = summarize(steady, slo_ttft_s=dep.slo_ttft_ms / 1e3 if dep.slo_ttft_ms else None,
                        slo_tpot_s=dep.slo_tpot_ms / 1e3 if dep.slo_tpot_ms else None)
         ttft, tpot = st["ttft_ms"]["mean"], st["tpot_ms"]["mean"]
-        steady_tput = steady_throughput(run.records, task.concurrency)
+        steady_tput = steady_throughput(run.records, conc)
         npus_total = s["npus_total"]
         return {"_task": task.index, "served": True,
                 "output_throughput_per_npu": steady_tput / npus_total if steady_tput else s["output_throughput_per_npu"],
                 "output_throughput_per_npu_run": s["output_throughput_per_npu"],
-                "output_throughput": s["output_throughput"], "ttft_ms": ttft, "tpot_ms": tpot,
+                "output_throughput": s["output_throughput"] * replicas, "ttft_ms": ttft, "tpot_ms": tpot,
                 "ttft_p99_ms": st["ttft_ms"]["p99"], "tpot_p99_ms": st["tpot_ms"]["p99"],
                 "tokens_per_s_per_user": 1e3 / tpot if tpot else None, "slo_attainment": st["slo_attainment"],
-                "requests_completed": s["requests_completed"], "num_prompts": task.num_prompts,
-                "max_concurrency": task.concurrency, "mean_concurrency": s["mean_concurrency"],
+                "requests_completed": s["requests_completed"], "num_prompts": prompts,
+                "max_concurrency": conc, "mean_concurrency": s["mean_concurrency"],
+                "replicas": replicas,  # served as one of this many identical replicas (the figures above: one's)
                 "conservation": s["conservation"], "reason": None}
     except NpusimError as exc:
         return {"_task": task.index, "served": False, "reason": str(exc)}
@@ -176,12 +218,15 @@ def _label(c: dict) -> str:
 def search_serving(system: str, nodes: int | None, model, npus: int, input_len: int, output_len: int,
                    slo_ttft_ms: float | None, slo_tpot_ms: float | None, precision: str = "bf16",
                    kv_dtype: str = "bf16", max_pp: int = 1, routing: str = "uniform", seed: int = 0,
-                   serve_top: int = 2, max_concurrency: int = 256, workers: int = 1, client=None,
-                   kv_fabric: str | None = None, progress=None, runtime: str | None = None) -> dict:
+                   serve_top: int = 2, max_concurrency: int | None = None, workers: int = 1, client=None,
+                   kv_fabric: str | None = None, progress=None, runtime: str | None = None,
+                   plans_per_size: int | None = None, step_log=None) -> dict:
     """Search serving deployments (see the module docstring): ``best``, ``best_per_objective``,
     ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps).
     ``runtime``: every step's runtime mode, eager / graph (None: the system's default per phase), in
-    the step search, in the served candidates and in each candidate's deployment (``runtime:``)."""
+    the step search, in the served candidates and in each candidate's deployment (``runtime:``).
+    ``step_log(records)``: called with each ladder's step records as it finishes (a long search's
+    steps kept as they come, e.g. ``plan --serving --out DIR``'s ``steps.jsonl``)."""
     from npusim.pool import run_points
 
     loaded, _ = _system(system, nodes)
@@ -198,15 +243,32 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                                    microbatches=(1, 2) if max_pp == 1 else None, mtp=(0, 1), redundant=skewed)
         plans += got
         rejected += bad
+    held, skipped, skipped_prefill = [], [], set()
+    if plans_per_size is not None:  # the full-scale search: a coarse set first (see prune_plans)
+        from npusim.arch import summarize as chip_summary
+
+        chip = chip_summary(loaded.chip)
+        plans, held, skipped = prune_plans(plans, cfg, kv_ctx, chip.hbm_gb, chip.hbm_bandwidth_gbps, slo_tpot_ms,
+                                           plans_per_size)
     mdict = cfg.to_dict()
-    ladders, pre = [], []
+    pre, shapes = [], set()
     point = lambda p, b: PlanPoint(system, nodes, mdict, p.to_dict(), "decode", b, 1, kv_ctx, slo_tpot_ms,  # noqa: E731
                                    routing, seed, runtime)
-    for p in plans:
+
+    def ladder(p):
         lo, top = p.dp * p.microbatches, DECODE_TOP_PER_NPU * p.npus
-        ladders.append(Ladder(tuple(point(p, b) for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0])))
-        if p.mtp == 0 and p.microbatches == 1:  # a prompt's step: MTP and micro-batch overlap are decode choices
-            pre.append(Ladder((PlanPoint(system, nodes, mdict, p.to_dict(), "prefill", p.dp, input_len, input_len,
+        if plans_per_size is not None:  # full scale: from FULL_SCALE_FROM_PER_NPU sequences per NPU
+            lo = max(lo, FULL_SCALE_FROM_PER_NPU * p.npus)
+        return Ladder(tuple(point(p, b) for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0]))
+    ladders = [ladder(p) for p in plans]
+    for p in plans:  # a prompt's step: MTP and micro-batch overlap are decode choices
+        q = p.with_changes(mtp=0, microbatches=1)
+        if plans_per_size is not None and p.npus * FULL_SCALE_PREFILL_SHARE > npus:
+            skipped_prefill.add(p.npus)
+            continue
+        if str(q.to_dict()) not in shapes:
+            shapes.add(str(q.to_dict()))
+            pre.append(Ladder((PlanPoint(system, nodes, mdict, q.to_dict(), "prefill", q.dp, input_len, input_len,
                                          slo_ttft_ms, routing, seed, runtime),)))
     decode_recs: list[list[dict]] = []
     prefill_recs: list[list[dict]] = []
@@ -217,12 +279,38 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     def tick(store):
         def f(recs):
             store.append(recs)
+            if step_log is not None:
+                step_log(recs)
             done[0] += 1
             if progress:
                 progress(done[0], total)
         return f
     into = {"prefill": tick(prefill_recs), "decode": tick(decode_recs)}
-    run_points(run_ladder, pre + ladders, lambda recs: into[recs[0]["phase"]](recs), _ladder_died, workers, client)
+    tasks = pre + ladders
+    if plans_per_size is not None:  # full scale: prompt steps small instances first, decode ladders large
+        # first, taken in turn, so an interrupted search's steps.jsonl holds both ends of each
+        size = lambda t: t.points[0].plan["npus"]  # noqa: E731
+        a, b = sorted(pre, key=size), sorted(ladders, key=lambda t: -size(t))
+        tasks = [t for pair in zip(a, b) for t in pair] + a[len(b):] + b[len(a):]
+    run_points(run_ladder, tasks, lambda recs: into[recs[0]["phase"]](recs), _ladder_died, workers, client)
+    if held:  # refine: the held-back micro-batch and MTP choices of each instance size's best coarse shape
+        top_of: dict[int, tuple] = {}
+        for rs in decode_recs:
+            for r in rs:
+                n = r["plan"]["npus"]
+                if r["feasible"] and r["tokens_per_s_per_npu"] > top_of.get(n, (0.0, None))[0]:
+                    top_of[n] = (r["tokens_per_s_per_npu"], r["plan"])
+        shape = lambda d: (d["npus"], d["tp"], d["ep"], d["pp"], d["redundant_experts"], d["eplb"])  # noqa: E731
+        want = {shape(pl) for _, pl in sorted(top_of.values(), key=lambda t: -t[0])[:FULL_SCALE_REFINE]}
+        more = [p for p in held if shape(p.to_dict()) in want]
+        for p in held:
+            if shape(p.to_dict()) not in want:
+                skipped.append({"plan": p.to_dict(), "batch": None, "feasible": False, "simulated": False,
+                                "reason": "skipped before simulating: a micro-batch or MTP variant of a shape that "
+                                          f"was not among the {FULL_SCALE_REFINE} best in the coarse ladders"})
+        total += len(more)
+        run_points(run_ladder, [ladder(p) for p in more], tick(decode_recs), _ladder_died, workers, client)
+        plans = plans + more
     # between the powers of two: the 1.5x point above each of the best plans' last feasible batch (the three
     # best plans of each instance size by tokens/s per NPU; the others are far behind at the powers of two)
     best_of: dict[int, list] = {}
@@ -231,6 +319,9 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         if ok and len(ok) < len(rs):  # it failed at 2x its last feasible batch
             best_of.setdefault(ok[-1]["plan"]["npus"], []).append(ok[-1])
     refine = []
+    if plans_per_size is not None:  # full scale: the FULL_SCALE_REFINE best plans overall
+        best_of = {0: sorted((r for rs in best_of.values() for r in rs),
+                             key=lambda r: -r["tokens_per_s_per_npu"])[:FULL_SCALE_REFINE]}
     for recs in best_of.values():
         for r in sorted(recs, key=lambda r: -r["tokens_per_s_per_npu"])[:3]:
             b = r["batch"] * 3 // 2
@@ -263,6 +354,8 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         ttft, prompts, n, _ = prefill[pk]
         if npus % n or b % n:  # a deployment limits sequences per NPU: a batch it can state
             continue
+        if max_concurrency is not None and b * (npus // n) > max_concurrency:  # more slots than users
+            continue
         t_p = ttft / prompts  # ms of prefill per prompt on the instance
         cycle = O * tpot + b * t_p
         tput = b * O / cycle * 1e3 * (npus // n) / npus
@@ -274,32 +367,30 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                           "tokens_per_npu": max(128, _ceil_to(plan["dp"] * input_len + b, n) // n),
                           "chunk_tokens": 0}]}
         cands.append({"mode": "aggregated", "deployment": dep, "estimate": est, "slots": b * (npus // n)})
-    # disaggregated: the fastest prompt plan of each size, any decode plan and batch, x n_p + y n_d <= N
-    best_p: dict[int, tuple] = {}
+    # disaggregated: x prefill instances and y decode instances sized by rate matching (see :func:`rate_matched`)
+    best_p: dict[int, list] = {}
     for ttft, prompts, n, pplan in prefill.values():
-        rate = prompts / ttft  # prompts per ms
-        if (slo_ttft_ms is None or ttft <= slo_ttft_ms) and (n not in best_p or rate > best_p[n][0]):
-            best_p[n] = (rate, ttft, pplan)
+        if slo_ttft_ms is None or ttft <= slo_ttft_ms:
+            best_p.setdefault(n, []).append((prompts / ttft, ttft, prompts, pplan))
+    best_p = {n: sorted(v, key=lambda t: -t[0])[:PREFILL_PLANS_PER_SIZE] for n, v in best_p.items()}
     fabric = kv_fabric or _kv_fabric(loaded)
     for plan, b, tpot, _ in decode:
         nd = plan["npus"]
         if b % nd:
             continue
-        for n_p, (rate_p, ttft, pplan) in best_p.items():
-            for y in range(1, npus // nd + 1):
-                x = (npus - y * nd) // n_p
-                if x < 1:
-                    continue
-                req_rate = min(x * rate_p, y * b / (O * tpot))  # requests per ms
-                used = x * n_p + y * nd
-                est = {"ttft_ms": ttft, "tpot_ms": tpot, "output_throughput_per_npu": req_rate * O * 1e3 / used,
-                       "tokens_per_s_per_user": 1e3 / tpot}
-                dep = {**base, "mode": "disaggregated", "kv_transfer": {"fabric": fabric, "via": "sdma"},
-                       "pools": [{"role": "prefill", "instances": x, "plan": pplan, "max_batch_per_npu": 64,
-                                  "tokens_per_npu": max(128, _ceil_to(input_len, n_p) // n_p), "chunk_tokens": 0},
-                                 {"role": "decode", "instances": y, "plan": plan,
-                                  "max_batch_per_npu": b // nd, "tokens_per_npu": 16384, "chunk_tokens": 0}]}
-                cands.append({"mode": "disaggregated", "deployment": dep, "estimate": est, "slots": b * y})
+        for n_p, options in best_p.items():
+            for _, ttft, prompts, pplan in options:
+                for x, y, est in rate_matched(npus, n_p, prompts, ttft, nd, b, tpot, O, slo_ttft_ms):
+                    if max_concurrency is not None and b * y > max_concurrency:
+                        continue
+                    dep = {**base, "mode": "disaggregated", "kv_transfer": {"fabric": fabric, "via": "sdma"},
+                           "pools": [{"role": "prefill", "instances": x, "plan": pplan, "max_batch_per_npu": 64,
+                                      # a batch holds the step estimate's prompts: one per DP group
+                                      "tokens_per_npu": max(128, _ceil_to(prompts * input_len, n_p) // n_p),
+                                      "chunk_tokens": 0},
+                                     {"role": "decode", "instances": y, "plan": plan,
+                                      "max_batch_per_npu": b // nd, "tokens_per_npu": 16384, "chunk_tokens": 0}]}
+                    cands.append({"mode": "disaggregated", "deployment": dep, "estimate": est, "slots": b * y})
     ok = lambda c: ((slo_ttft_ms is None or c["estimate"]["ttft_ms"] <= slo_ttft_ms)  # noqa: E731
                     and (slo_tpot_ms is None or c["estimate"]["tpot_ms"] <= slo_tpot_ms))
     for c in cands:
@@ -326,7 +417,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     for _ in range(BACKOFF_ROUNDS + 1):
         tasks = []
         for c in batch:
-            conc = max(1, min(max_concurrency, c["slots"]))
+            conc = c["slots"]  # the concurrency its batch limit implies (at most max_concurrency: see cands)
             tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks)))
         served: list[dict] = []
         run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
@@ -383,11 +474,138 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
             "best": best, "best_per_objective": {"output_throughput_per_npu": best, "tokens_per_s_per_user": fastest},
             "pareto": _pareto(feasible), "evaluated": len(evaluated),
             "candidates": evaluated + unserved + [{"mode": None, "feasible": False, "served": False,
-                                                   "reason": r["reason"], "plan": r["plan"]} for r in rejected],
+                                                   "reason": r["reason"], "plan": r["plan"]} for r in rejected + skipped],
             "step_points": step_points, "plans": len(plans), "rejected_plans": len(rejected),
+            "skipped_plans": len(skipped), "skipped": _skip_counts(skipped), "plans_per_size": plans_per_size,
+            "prefill_sizes_skipped": sorted(skipped_prefill),
             "decode_points": sum(len(rs) for rs in decode_recs), "prefill_points": len(prefill_recs),
             "deployments_estimated": len(cands),
             "wall_s": {"steps": steps_s, "serving": time.perf_counter() - clock}}
+
+
+def roofline_rank(cfg, plan, kv_ctx: int, hbm_gib: float, hbm_gbps: float, slo_tpot_ms: float | None) -> tuple:
+    """A plan's cheap decode figure, no step simulated (the cap's ranking, see :func:`prune_plans`):
+    ``(tokens/s per NPU, batch)`` at the largest ladder batch whose weights and KV fit a die's HBM and
+    whose roofline TPOT meets the objective, the step taken as reading the busiest die's weights and KV
+    once at the HBM bandwidth (``hbm_gbps``, GB/s) -- compute, communication and fixed costs left out,
+    so it ranks plans, it is not a bound on what they serve. ``(None, reason)`` when no batch passes."""
+    from npusim.system.mapper import StepShape, memory_per_rank_gb
+
+    lo, top = plan.dp * plan.microbatches, DECODE_TOP_PER_NPU * plan.npus
+    tokens = 1 + plan.mtp * plan.mtp_acceptance
+    best, why = None, "memory: the weights and the lowest batch's KV do not fit a die's HBM"
+    for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0]:
+        weights, kv = memory_per_rank_gb(cfg, plan, StepShape("decode", b, 1, kv_ctx))
+        if weights + kv > hbm_gib:
+            break
+        step_ms = (weights + kv) * 2**30 / (hbm_gbps * 1e9) * 1e3
+        if slo_tpot_ms is not None and step_ms / tokens > slo_tpot_ms:
+            why = f"roofline: TPOT {step_ms / tokens:.1f} ms > {slo_tpot_ms:g} ms reading the weights alone"
+            break
+        best = (b * tokens / (step_ms / 1e3) / plan.npus, b)
+    return best if best is not None else (None, why)
+
+
+def prune_plans(plans: list, cfg, kv_ctx: int, hbm_gib: float, hbm_gbps: float, slo_tpot_ms: float | None,
+                per_size: int) -> tuple[list, list, list[dict]]:
+    """The coarse set of a full-scale search, before any step is simulated: plans that cannot hold the
+    model and their lowest batch's KV in HBM, or whose roofline TPOT misses the objective, are skipped;
+    of the rest, for each instance size, the ``per_size`` best (tp, ep, redundant slots) shapes by
+    :func:`roofline_rank`, each at one micro-batch and the most MTP tokens. Returns (the coarse plans,
+    the held-back variants -- the other micro-batch and MTP choices of the coarse shapes, ladder-run for
+    each size's best shape after the coarse ladders --, the skipped plans, each with its ``reason``)."""
+    ranked: dict[int, list] = {}
+    skipped = []
+    for p in plans:
+        fig, b_or_why = roofline_rank(cfg, p, kv_ctx, hbm_gib, hbm_gbps, slo_tpot_ms)
+        if fig is None:
+            skipped.append({"plan": p.to_dict(), "batch": None, "feasible": False, "simulated": False,
+                            "reason": f"skipped before simulating: {b_or_why}"})
+            continue
+        ranked.setdefault(p.npus, []).append((fig, p))
+    coarse, held = [], []
+    for n, got in ranked.items():
+        shape = lambda p: (p.tp, p.ep, p.pp, p.redundant_experts, p.eplb)  # noqa: E731
+        best: dict[tuple, float] = {}
+        for fig, p in got:
+            best[shape(p)] = max(best.get(shape(p), 0.0), fig)
+        keep = sorted(best, key=lambda k: -best[k])[:per_size]
+        for fig, p in got:
+            k = shape(p)
+            if k not in keep:
+                skipped.append({"plan": p.to_dict(), "batch": None, "feasible": False, "simulated": False,
+                                "reason": f"skipped before simulating: roofline rank {sorted(best, key=lambda k: -best[k]).index(k) + 1} "
+                                          f"of {len(best)} shapes of {n} NPUs ({fig:,.0f} tokens/s per NPU), beyond "
+                                          f"--plans-per-size {per_size}"})
+            elif p.microbatches == min(q.microbatches for _, q in got) and p.mtp == max(q.mtp for _, q in got):
+                coarse.append(p)
+            else:
+                held.append(p)
+    return coarse, held, skipped
+
+
+def prefill_utilisation_cap(ttft_ms: float, slo_ttft_ms: float | None) -> float:
+    """The highest utilisation of a prefill instance at which its mean TTFT stays within the objective,
+    by M/D/1: a batch (one prompt per DP group) takes the deterministic step time ``T`` (``ttft_ms``), the
+    prompts arrive as a Poisson stream, so the mean TTFT at utilisation ``rho`` (arrival rate over the
+    instance's prompts per ``T``) is ``T (1 + rho / (2 (1 - rho)))``. Within ``S`` (``slo_ttft_ms``):
+    ``rho <= 2 k / (1 + 2 k)``, ``k = S / T - 1``. 0 when ``T > S``; 1 with no objective. Why M/D/1: the
+    step time is a simulated, deterministic step; thousands of closed-loop users' requests come close
+    to Poisson; it is one formula a user can check (a utilisation cap would be a constant to pick)."""
+    if slo_ttft_ms is None:
+        return 1.0
+    k = slo_ttft_ms / ttft_ms - 1
+    return 0.0 if k <= 0 else 2 * k / (1 + 2 * k)
+
+
+def prefill_ttft(ttft_ms: float, rho: float) -> float:
+    """Mean TTFT (ms) of a prefill instance at utilisation ``rho`` < 1 (M/D/1, see
+    :func:`prefill_utilisation_cap`)."""
+    return ttft_ms * (1 + rho / (2 * (1 - rho)))
+
+
+def rate_matched(npus: int, n_p: int, prompts: int, ttft_ms: float, n_d: int, batch: int, tpot_ms: float,
+                 output_len: int, slo_ttft_ms: float | None) -> list[tuple[int, int, dict]]:
+    """The xPyD splits of ``npus`` near the rate match, each ``(x, y, estimate)``: a prefill instance of
+    ``n_p`` NPUs serves ``prompts`` requests per ``ttft_ms`` (one per DP group); a decode instance of
+    ``n_d`` NPUs at ``batch`` sequences serves ``batch / (output_len x tpot_ms)`` requests/ms. For each
+    ``y`` that fits, ``x`` is the floor and the ceiling of ``y x decode rate / (cap x prefill rate)``, the
+    cap from :func:`prefill_utilisation_cap` (a queueing margin, so the prefill pool's TTFT stays within
+    its objective at that load). The estimate: requests/s ``X = min(x prefill rate, y decode rate)``;
+    TTFT the M/D/1 mean at the prefill pool's utilisation, or, when the prefill pool is the bottleneck,
+    by Little's law on the closed loop at the ``y x batch`` sequences it serves (the requests beyond what
+    decode holds wait for prefill): ``y batch / X - output_len tpot``; TPOT the decode step's."""
+    rho = prefill_utilisation_cap(ttft_ms, slo_ttft_ms)
+    mu_p, mu_d = prompts / ttft_ms, batch / (output_len * tpot_ms)  # requests per ms per instance
+    out = []
+    for y in range(1, (npus - n_p) // n_d + 1):
+        need = y * mu_d / (rho * mu_p) if rho > 0 else float("inf")
+        if need == float("inf"):
+            continue
+        for x in sorted({max(1, math.floor(need)), max(1, math.ceil(need))}):
+            used = x * n_p + y * n_d
+            if used > npus:
+                continue
+            X = min(x * mu_p, y * mu_d)
+            if x * mu_p > y * mu_d:
+                ttft = prefill_ttft(ttft_ms, X / (x * mu_p))
+            else:  # prefill saturated: the closed loop's extra requests queue for it
+                ttft = max(ttft_ms, y * batch / X - output_len * tpot_ms)
+            out.append((x, y, {"ttft_ms": ttft, "tpot_ms": tpot_ms, "output_throughput_per_npu": X * output_len * 1e3 / used,
+                               "tokens_per_s_per_user": 1e3 / tpot_ms, "prefill_utilisation": X / (x * mu_p),
+                               "decode_utilisation": X / (y * mu_d)}))
+    return out
+
+
+def _skip_counts(skipped: list[dict]) -> dict:
+    """Skipped plans counted by why: memory, roofline TPOT, beyond the cap, a variant not refined."""
+    out: dict[str, int] = {}
+    for r in skipped:
+        why = r["reason"].removeprefix("skipped before simulating: ")
+        k = ("memory" if why.startswith("memory") else "roofline TPOT" if why.startswith("roofline:")
+             else "beyond --plans-per-size" if why.startswith("roofline rank") else "variant not refined")
+        out[k] = out.get(k, 0) + 1
+    return out
 
 
 def _in_order(served: list[dict], tasks: list[ServeTask]) -> list[dict]:

@@ -1,0 +1,151 @@
+"""``plan --serving``'s sizing and pruning (npusim.system.serving_search): disaggregated pools sized by
+rate matching with an M/D/1 margin on the prefill pool's TTFT, the check served at the concurrency each
+candidate's batch limit implies, and the full-scale search's coarse set, every skipped plan counted."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npusim.model.zoo import get_config
+from npusim.system.serving_search import (prefill_ttft, prefill_utilisation_cap, prune_plans, rate_matched,
+                                          roofline_rank)
+
+
+@given(ttft=st.floats(1, 5000), slo=st.floats(1, 10000))
+def test_the_prefill_cap_is_where_the_m_d_1_ttft_meets_the_objective(ttft, slo):
+    rho = prefill_utilisation_cap(ttft, slo)
+    assert 0 <= rho < 1
+    if ttft >= slo:
+        assert rho == 0
+    else:
+        assert prefill_ttft(ttft, rho) == pytest.approx(slo, rel=1e-9)
+        assert prefill_ttft(ttft, rho * 0.99) < slo
+    assert prefill_utilisation_cap(ttft, None) == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(npus=st.integers(8, 384), n_p=st.sampled_from([1, 2, 4, 8, 16]), prompts=st.integers(1, 32),
+       ttft=st.floats(50, 1900), n_d=st.sampled_from([1, 2, 8, 32, 160]), per_npu=st.integers(1, 128),
+       tpot=st.floats(5, 60), out=st.integers(16, 4096))
+def test_rate_matched_splits_fit_the_budget_and_straddle_the_matched_ratio(npus, n_p, prompts, ttft, n_d, per_npu,
+                                                                         tpot, out):
+    """Every split fits the budget; x is the floor or ceiling of the prefill instances that carry the
+    decode pool's requests at the cap; the ceiling keeps the estimated TTFT within the objective (the
+    margin), and every y that leaves room for a prefill instance is offered."""
+    slo = 2000.0
+    b = per_npu * n_d
+    got = rate_matched(npus, n_p, prompts, ttft, n_d, b, tpot, out, slo)
+    rho = prefill_utilisation_cap(ttft, slo)
+    mu_p, mu_d = prompts / ttft, b / (out * tpot)
+    ys = set()
+    for x, y, est in got:
+        assert x >= 1 and y >= 1 and x * n_p + y * n_d <= npus
+        need = y * mu_d / (rho * mu_p)
+        assert x in (max(1, math.floor(need)), max(1, math.ceil(need)))
+        rate = min(x * mu_p, y * mu_d)
+        assert est["output_throughput_per_npu"] == pytest.approx(rate * out * 1e3 / (x * n_p + y * n_d))
+        if x >= need:  # at or under the cap: the margin holds
+            assert est["ttft_ms"] <= slo * (1 + 1e-9)
+        ys.add(y)
+    for y in range(1, (npus - n_p) // n_d + 1):
+        x = max(1, math.ceil(y * mu_d / (rho * mu_p)))
+        if x * n_p + y * n_d <= npus:
+            assert y in ys
+
+
+def test_a_saturated_prefill_pool_is_estimated_by_littles_law_on_the_closed_loop():
+    """One prefill instance of 16 prompts a second cannot feed a decode instance of 768 sequences at 20 ms
+    TPOT for 2,048 tokens (18.75 requests a second): the estimate says TTFT = 768 / 16 s - 2048 x 20 ms
+    (the closed loop's extra requests queue for prefill), not the prefill step's second; two prefill
+    instances carry it at 59% utilisation, TTFT by M/D/1."""
+    got = {x: est for x, y, est in rate_matched(17, 1, 16, 1000.0, 8, 768, 20.0, 2048, 2000.0) if y == 1}
+    assert set(got) == {1, 2}
+    assert got[1]["prefill_utilisation"] == pytest.approx(1.0)
+    assert got[1]["ttft_ms"] == pytest.approx(768 / 0.016 - 2048 * 20)
+    rho = 0.01875 / 0.032
+    assert got[2]["ttft_ms"] == pytest.approx(1000 * (1 + rho / (2 * (1 - rho))))
+    assert got[2]["output_throughput_per_npu"] == pytest.approx(0.01875 * 2048 * 1e3 / 10)
+
+
+def test_the_coarse_set_keeps_k_shapes_a_size_and_counts_every_skip():
+    """DeepSeek-R1 on 32 CloudMatrix384 NPUs: each plan is either in the coarse set, held back as a
+    variant (micro-batches, MTP) of a kept shape, or skipped with its reason; each size keeps at most
+    K shapes, each at one micro-batch and MTP on; plans that cannot hold the model are skipped by memory."""
+    from npusim.system.search import _divisors, candidate_plans
+
+    cfg = get_config("deepseek-r1")
+    plans = []
+    for n in _divisors(32):
+        plans += candidate_plans(cfg, n, 2, 384, "w8a8", "bf16", 1, all_ep=True, microbatches=(1, 2), mtp=(0, 1))[0]
+    coarse, held, skipped = prune_plans(plans, cfg, 3072 + 1024, 64.0, 1600.0, 50.0, 3)
+    assert len(coarse) + len(held) + len(skipped) == len(plans)
+    assert all(r["reason"].startswith("skipped before simulating: ") for r in skipped)
+    assert any("memory" in r["reason"] for r in skipped)  # 1 NPU cannot hold DeepSeek-R1
+    assert not any(p.npus == 1 for p in coarse)
+    sizes = {p.npus for p in coarse}
+    for n in sizes:
+        mine = [p for p in coarse if p.npus == n]
+        assert len(mine) <= 3 and all(p.mtp == 1 and p.microbatches == 1 for p in mine)
+        figs = {(p.tp, p.ep): roofline_rank(cfg, p, 4096, 64.0, 1600.0, 50.0)[0] for p in mine}
+        beaten = [r for r in skipped if r["plan"]["npus"] == n and "roofline rank" in r["reason"]]
+        for r in beaten:  # every shape beyond the cap ranks below the kept ones
+            fig = float(r["reason"].split("(")[1].split(" tokens")[0].replace(",", ""))
+            assert fig <= min(figs.values()) + 1
+    shape = lambda p: (p.npus, p.tp, p.ep, p.redundant_experts)  # noqa: E731
+    assert {shape(p) for p in held} <= {shape(p) for p in coarse}
+
+
+SEARCH = dict(system="cloudmatrix384", nodes=1, model="qwen3-0.6b", npus=2, input_len=512, output_len=32, workers=1,
+              serve_top=1)
+
+
+def _slots(c):
+    pool = next(p for p in c["deployment"]["pools"] if p["role"] != "prefill")
+    return pool["max_batch_per_npu"] * pool["plan"]["npus"] * pool["instances"]
+
+
+@pytest.mark.slow
+def test_each_candidate_is_served_at_the_concurrency_its_batch_limit_implies():
+    """The check runs the deployment at the batch its estimate assumes (its sequence slots): a stated
+    benchmark concurrency limits the candidates' slots instead of serving them below their batch."""
+    from npusim.system.serving_search import search_serving
+
+    r = search_serving(**SEARCH, slo_ttft_ms=2000, slo_tpot_ms=50, max_concurrency=16)
+    served = [c for c in r["candidates"] if c.get("served")]
+    assert served
+    for c in served:
+        assert c["max_concurrency"] * c["replicas"] == _slots(c) <= 16  # aggregated: one replica at its share
+        assert c["num_prompts"] == 3 * c["max_concurrency"]
+    for c in r["candidates"]:
+        if c.get("deployment"):
+            assert _slots(c) <= 16
+    # a disaggregated prefill batch holds the step estimate's prompts: one per DP group
+    for c in served:
+        if c["mode"] == "disaggregated":
+            pre = next(p for p in c["deployment"]["pools"] if p["role"] == "prefill")
+            assert pre["tokens_per_npu"] * pre["plan"]["npus"] >= pre["plan"]["dp"] * SEARCH["input_len"]
+
+
+def test_an_aggregated_deployment_at_its_slots_serves_as_one_replica_at_its_share():
+    """What lets the check serve one replica of R at C / R: at C = the slots, each replica refills its own
+    freed slot, so two replicas at 8 give nearly the latencies and tokens/s per NPU of one at 4. Not
+    exactly: the replicas still share one queue, and same-instant events are taken one at a time, so
+    which replica a refill lands on can differ (here TTFT 6% apart, TPOT and tokens/s per NPU 0.6%)."""
+    from npusim.serving.requests import synthetic_requests
+    from npusim.system.load import load_system
+    from npusim.system.plan import ParallelPlan
+    from npusim.system.serving import PoolSpec, serve_pools
+    from dataclasses import replace
+
+    cm2 = load_system("cloudmatrix384", nodes=1)
+    pool = PoolSpec("aggregated", 2, ParallelPlan(npus=1, tp=2), max_batch_per_npu=4, tokens_per_npu=512)
+    got = []
+    for r, c in ((2, 8), (1, 4)):
+        reqs = [replace(q, arrival_s=0.0) for q in synthetic_requests(3 * c, math.inf, input_len=256, output_len=16,
+                                                                      seed=1)]
+        s = serve_pools(cm2, [replace(pool, instances=r)], reqs, "qwen3-0.6b", max_concurrency=c).summary
+        got.append((s["ttft_ms"]["mean"], s["tpot_ms"]["mean"], s["output_throughput_per_npu"]))
+    assert got[0][0] == pytest.approx(got[1][0], rel=0.1)
+    assert got[0][1:] == pytest.approx(got[1][1:], rel=0.02)
