@@ -242,3 +242,70 @@ def test_resources_that_cannot_fill_stay_out_of_the_filling(write):
     assert sim.hbm_bytes_over_noc == total
     assert 0 < int(fl.sc[S_SOLVED_RES]) < int(fl.sc[S_CROSSED]) / 2
     assert float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9
+
+
+def _check_kept_set(sim):
+    """The kept set of resources that may fill (memflow ``mfl``) is what its definition gives on
+    the kept sums and the capacities messages leave now, and the touched resources' capacities
+    (``ceff``) follow the messages holding them (but for claimed links whose flows all stood,
+    read again at the next update)."""
+    from npusim.hw.noc.memflow import ROOM, S_NMF, S_NSTALE, S_NTOUCH
+    fl = sim.mempath.fl
+    holds = np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds))).astype(np.float64)
+    now = np.maximum(fl.rcap - holds, 0.0)
+    touched = [int(x) for x in fl.tl[:int(fl.sc[S_NTOUCH])]]
+    stale = set(int(x) for x in fl.stl[:int(fl.sc[S_NSTALE])])
+    for l in touched:
+        if l not in stale:
+            assert fl.ceff[l] == now[l]
+    kept = [int(x) for x in fl.mfl[:int(fl.sc[S_NMF])]]
+    assert len(kept) == len(set(kept))
+    assert set(kept) == {l for l in touched if fl.B0[l] > fl.ceff[l] * ROOM}
+    assert all(int(fl.mpos[l]) == i for i, l in enumerate(kept))
+    return len(kept), len(touched)
+
+
+@pytest.mark.parametrize("with_messages", [False, True])
+def test_kept_may_fill_set_follows_flows_and_messages(with_messages):
+    """The set of resources that may fill is kept as flows start and end and messages claim and
+    release links (an update then reads only it, not every resource the flows cross): mid-run it is
+    what the definition gives on the current sums and capacities, the rates are a fresh solve's,
+    and it is empty at the end."""
+    from npusim.hw.noc.memflow import S_NMF, S_PENDING
+    arch = load_arch("npusim-64c")
+    sim, _ = _all_cores_stream(arch, pieces=4)
+    if with_messages:  # core-to-core messages across the middle of the mesh, where the flows run
+        for c in range(0, arch.num_cores, 5):
+            sim.add_send(c, arch.num_cores - 1 - c, 8 << 10)
+    fl = sim.mempath.fl
+    checked = 0
+    for until in (200, 500, 900, 1500, 2500):
+        sim.run(until=until)
+        if int(fl.sc[S_NACT]) == 0:
+            continue
+        kept, touched = _check_kept_set(sim)
+        assert 0 < kept < touched
+        if int(fl.sc[S_PENDING]) == 0:
+            act = fl.act[:int(fl.sc[S_NACT])].copy()
+            rate = np.zeros_like(fl.rate)
+            holds = np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds)))
+            ceff = np.maximum(fl.rcap - holds, 0.0)  # what messages leave of each resource now
+            maxmin_rates(len(act), act, fl.e_n, fl.e_res, fl.e_coef, fl.fcap, ceff, rate,
+                         new_scratch(len(fl.rcap), len(fl.rate), len(fl.rate) * fl.e_res.shape[1]), 1e-9)
+            assert np.allclose(rate[act], fl.rate[act], rtol=1e-9, atol=0.0)
+        checked += 1
+    assert checked >= 3
+    sim.run()
+    assert int(fl.sc[S_NMF]) == 0 and (fl.mpos == -1).all()
+
+
+def test_an_update_visits_only_the_resources_that_may_fill():
+    """With the kept set, an update's setup visits the resources that may fill (and every touched
+    one only while no resource has filled yet: for the peak load), far fewer than those crossed."""
+    from npusim.hw.noc.memflow import S_CROSSED, S_VISITED
+    arch = load_arch("npusim-64c")
+    sim, total = _all_cores_stream(arch, pieces=4)
+    sim.run()
+    fl = sim.mempath.fl
+    assert sim.hbm_bytes_over_noc == total
+    assert 0 < int(fl.sc[S_VISITED]) < int(fl.sc[S_CROSSED]) / 2
