@@ -246,9 +246,10 @@ def test_resources_that_cannot_fill_stay_out_of_the_filling(write):
 
 def _check_kept_set(sim):
     """The kept set of resources that may fill (memflow ``mfl``) is what its definition gives on
-    the kept sums and the capacities messages leave now, and the touched resources' capacities
+    the kept sums and the capacities messages leave now, the touched resources' capacities
     (``ceff``) follow the messages holding them (but for claimed links whose flows all stood,
-    read again at the next update)."""
+    read again at the next update), and each flow's kept entries on the set's resources (``ln``,
+    ``lres``, ``lcoef``) are its entries there."""
     from npusim.hw.noc.memflow import ROOM, S_NMF, S_NSTALE, S_NTOUCH
     fl = sim.mempath.fl
     holds = np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds))).astype(np.float64)
@@ -262,6 +263,14 @@ def _check_kept_set(sim):
     assert len(kept) == len(set(kept))
     assert set(kept) == {l for l in touched if fl.B0[l] > fl.ceff[l] * ROOM}
     assert all(int(fl.mpos[l]) == i for i, l in enumerate(kept))
+    # each active flow's entries on the kept resources (what the filling reads) are exactly those
+    for f in fl.act[:int(fl.sc[S_NACT])]:
+        mine = {int(fl.e_res[f, k]): float(fl.e_coef[f, k]) for k in range(int(fl.e_n[f]))
+                if int(fl.e_res[f, k]) in set(kept)}
+        listed = {int(fl.lres[f, m]): float(fl.lcoef[f, m]) for m in range(int(fl.ln[f]))}
+        assert listed == mine and int(fl.ln[f]) == len(mine)
+        for m in range(int(fl.ln[f])):
+            assert int(fl.lslot[f, int(fl.lk[f, m])]) == m and int(fl.e_res[f, int(fl.lk[f, m])]) == int(fl.lres[f, m])
     return len(kept), len(touched)
 
 

@@ -96,7 +96,9 @@ MemFlows = namedtuple("MemFlows", [
     "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
     "B0",  # per resource: the load its active flows put on it at their caps (flits/cycle), kept the same way
     "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
-    "ln", "lres", "lcoef",  # per flow, scratch of an update: its entries on the resources in the filling
+    # per flow, kept with the set below: its entries on the resources that may fill (``ln[f]`` of them:
+    # resource, coefficient, entry index ``k``; ``lslot[f, k]``: where entry ``k`` sits there)
+    "ln", "lres", "lcoef", "lk", "lslot",
     "outl",  # scratch of an update: resources left out of the filling that may carry the peak load
     "fin",  # scratch of an update: the flows in the filling (those crossing a resource in it)
     # the resources that may fill, kept as flows start and end and messages claim and release links:
@@ -113,9 +115,9 @@ MemFlows = namedtuple("MemFlows", [
 # updates; S_SOLVED_RES: those of them that took part in the filling), resources that may fill now
 # (the kept set), resources an update's setup visited (summed), flows started by an initiator whose
 # previous flow drained at this very cycle / within RTT_GAP cycles / longer before (the rest: its first),
-# claimed links left stale (memflow_note)
+# claimed links left stale (memflow_note), resources that joined the set that may fill
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
- S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE) = range(18)
+ S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS) = range(19)
 #: a flow starting at most this many cycles after its initiator's previous one drained counts as
 #: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
 RTT_GAP = 64
@@ -151,10 +153,11 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
         live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
         ln=np.zeros(ni, np.int64), lres=np.zeros((ni, width), np.int64), lcoef=np.zeros((ni, width), np.float64),
+        lk=np.zeros((ni, width), np.int64), lslot=np.zeros((ni, width), np.int64),
         outl=np.zeros(nres, np.int64), fin=np.zeros(ni, np.int64),
         mfl=np.zeros(nres, np.int64), mpos=np.full(nres, -1, np.int64), tdrain=np.full(ni, -1, np.int64),
         stl=np.zeros(nres, np.int64), stale=np.zeros(nres, np.int64),
-        sc=np.zeros(18, np.int64), fsc=np.zeros(2, np.float64),
+        sc=np.zeros(19, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -274,6 +277,9 @@ def _may_fill(mf, l):
             mf.mfl[n] = l
             mf.mpos[l] = n
             mf.sc[S_NMF] = n + 1
+            mf.sc[S_JOINS] += 1
+            for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it join theirs
+                _entry_in(mf, mf.rl[q], mf.rk[q], l)
     elif p >= 0:  # the last of the set takes its place
         n = mf.sc[S_NMF] - 1
         m = mf.mfl[n]
@@ -281,6 +287,34 @@ def _may_fill(mf, l):
         mf.mpos[m] = p
         mf.mpos[l] = -1
         mf.sc[S_NMF] = n
+        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it leave theirs
+            _entry_out(mf, mf.rl[q], mf.rk[q])
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _entry_in(mf, f, k, l):
+    """Entry ``k`` of flow ``f`` (on resource ``l``, which may fill) joins the flow's entries on
+    the resources that may fill (what the filling reads)."""
+    m = mf.ln[f]
+    mf.lres[f, m] = l
+    mf.lcoef[f, m] = mf.e_coef[f, k]
+    mf.lk[f, m] = k
+    mf.lslot[f, k] = m
+    mf.ln[f] = m + 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _entry_out(mf, f, k):
+    """Entry ``k`` of flow ``f`` leaves them (the flow's last such entry takes its place)."""
+    m = mf.lslot[f, k]
+    last = mf.ln[f] - 1
+    if m != last:
+        kk = mf.lk[f, last]
+        mf.lres[f, m] = mf.lres[f, last]
+        mf.lcoef[f, m] = mf.lcoef[f, last]
+        mf.lk[f, m] = kk
+        mf.lslot[f, kk] = m
+    mf.ln[f] = last
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -301,7 +335,10 @@ def _list_add(mf, holds, f, k, l):
     mf.rn[l] = n + 1
     mf.A0[l] += mf.e_coef[f, k]
     mf.B0[l] += mf.e_coef[f, k] * mf.fcap[f]
-    _may_fill(mf, l)
+    if mf.mpos[l] >= 0:  # it may fill already: the entry joins the flow's entries there
+        _entry_in(mf, f, k, l)
+    else:  # it may join the set now (with every flow's entry on it)
+        _may_fill(mf, l)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -329,7 +366,9 @@ def _list_drop(mf, f):
             mf.tpos[m] = p
             mf.tpos[l] = -1
             mf.sc[S_NTOUCH] = nt
-        _may_fill(mf, l)
+        if mf.mpos[l] >= 0:  # it may leave the set now (its remaining flows' entries with it)
+            _may_fill(mf, l)
+    mf.ln[f] = 0  # the flow's entries on the resources that may fill go with it
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -433,7 +472,6 @@ def memflow_update(mf, holds, heap, hs, version, now):
         else:
             mf.act[j] = f
             mf.frozen[f] = 0
-            mf.ln[f] = 0
             j += 1
     mf.sc[S_NACT] = j
     if j == 0:
@@ -455,12 +493,6 @@ def memflow_update(mf, holds, heap, hs, version, now):
         mf.cnt[l] = mf.rn[l]
         mf.live[nlv] = l
         nlv += 1
-        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it, for the filling's sums
-            f = mf.rl[q]
-            m = mf.ln[f]
-            mf.lres[f, m] = l
-            mf.lcoef[f, m] = mf.e_coef[f, mf.rk[q]]
-            mf.ln[f] = m + 1
     nout = 0  # resources left out whose load may be the highest yet (fsc[F_PEAK_LOAD] only grows)
     peak = mf.fsc[F_PEAK_LOAD]
     visited = nmf
