@@ -318,3 +318,32 @@ def test_an_update_visits_only_the_resources_that_may_fill():
     fl = sim.mempath.fl
     assert sim.hbm_bytes_over_noc == total
     assert 0 < int(fl.sc[S_VISITED]) < int(fl.sc[S_CROSSED]) / 2
+
+
+def test_back_to_back_dmas_share_one_sharing_at_the_cycle_one_drains():
+    """An engine's next DMA that starts the cycle its previous one's flow drained (at its cap: no
+    round trip left) is shared in the same update as that drain (the drain's update defers its
+    sharing to later in the cycle): one sharing fewer per such start, every byte across, and each
+    DMA as long as alone (the other core's flow, window-limited too, never binds)."""
+    from npusim.hw.noc.memflow import S_DEFERRED, S_FLOWS, S_GAP0, S_UPDATES
+    base = load_arch("npusim-64c")
+    arch = base.model_copy(update={"hbm": base.hbm.model_copy(update={"attach": [0] * 64})})
+    sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    prev, chain = (), []
+    for _ in range(4):  # one engine, window-limited (its tags bind): each flow at its cap
+        prev = (sim.add_dma(63, 16 << 10, deps=prev),)
+        chain.append(prev[0])
+    sim.add_dma(7, 256 << 10)  # another core's flow, active throughout
+    sim.run()
+    fl = sim.mempath.fl
+    assert sim.hbm_bytes_over_noc == 4 * (16 << 10) + (256 << 10)
+    assert int(fl.sc[S_FLOWS]) == 5 and int(fl.sc[S_GAP0]) == 3
+    # sharings: the first start, four drains of core 63 (the last one's alone) and core 7's drain;
+    # without the deferral the three next starts would be shared on their own as well
+    assert int(fl.sc[S_DEFERRED]) == 4
+    assert int(fl.sc[S_UPDATES]) - int(fl.sc[S_DEFERRED]) == 6
+    one = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    one.add_dma(63, 16 << 10)
+    one.run()
+    start, end = sim.task_times()
+    assert [int(end[t] - start[t]) for t in chain] == [one.makespan()] * 4

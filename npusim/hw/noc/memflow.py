@@ -115,9 +115,11 @@ MemFlows = namedtuple("MemFlows", [
 # updates; S_SOLVED_RES: those of them that took part in the filling), resources that may fill now
 # (the kept set), resources an update's setup visited (summed), flows started by an initiator whose
 # previous flow drained at this very cycle / within RTT_GAP cycles / longer before (the rest: its first),
-# claimed links left stale (memflow_note), resources that joined the set that may fill
+# claimed links left stale (memflow_note), resources that joined the set that may fill, updates whose
+# sharing waited for the same cycle's DMA starts (a flow's part ended at once)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
- S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS) = range(19)
+ S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
+ S_DEFERRED) = range(20)
 #: a flow starting at most this many cycles after its initiator's previous one drained counts as
 #: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
 RTT_GAP = 64
@@ -157,7 +159,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         outl=np.zeros(nres, np.int64), fin=np.zeros(ni, np.int64),
         mfl=np.zeros(nres, np.int64), mpos=np.full(nres, -1, np.int64), tdrain=np.full(ni, -1, np.int64),
         stl=np.zeros(nres, np.int64), stale=np.zeros(nres, np.int64),
-        sc=np.zeros(19, np.int64), fsc=np.zeros(2, np.float64),
+        sc=np.zeros(20, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -436,7 +438,10 @@ def memflow_poke(mf, holds, heap, hs, now, changed):
 @njit(cache=True, _nrt=False)
 def memflow_update(mf, holds, heap, hs, version, now):
     """``EV_MFLOW_UPDATE``: end the flows that drained, share the links among the rest, schedule
-    the next end; ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
+    the next end (if a drained flow's part ends this very cycle — at its cap, no round trip left —
+    the sharing waits for a second update later in the cycle, after the DMAs that end then and the
+    ones that start after them: one sharing for both, exactly, since no byte moves within a cycle);
+    ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
     theirs while they do). ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the
     messages seen. Cost: O(entries of the flows on the resources that may fill, the kept set
     ``mfl``) to set up (while no resource has filled yet, also O(resources the flows cross), for
@@ -460,12 +465,14 @@ def memflow_update(mf, holds, heap, hs, version, now):
     _advance(mf, now)
     n = mf.sc[S_NACT]
     j = 0
+    ends_now = False
     for i in range(n):  # keep start order: compact in place
         f = mf.act[i]
         if mf.rem[f] < 0.5:
             x = mf.rate[f] / mf.fcap[f]
-            extra = mf.rtt[f] * (1.0 - x) if x < 1.0 else 0.0
-            event_push(heap, hs, now + np.int64(np.ceil(extra)), EV_NOC_PART_END, f)
+            extra = np.int64(np.ceil(mf.rtt[f] * (1.0 - x))) if x < 1.0 else np.int64(0)
+            ends_now |= extra == 0
+            event_push(heap, hs, now + extra, EV_NOC_PART_END, f)
             _list_drop(mf, f)
             mf.e_n[f] = 0
             mf.tdrain[f] = now
@@ -475,6 +482,12 @@ def memflow_update(mf, holds, heap, hs, version, now):
             j += 1
     mf.sc[S_NACT] = j
     if j == 0:
+        return
+    if ends_now:  # a flow's part ends this cycle: its engine's next DMA may start now, share once with it
+        mf.sc[S_VERSION] += 1
+        mf.sc[S_PENDING] = 1
+        mf.sc[S_DEFERRED] += 1
+        event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
         return
     for i in range(mf.sc[S_NSTALE]):  # links claimed with their flows standing: their capacity now
         l = mf.stl[i]
