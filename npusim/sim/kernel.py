@@ -177,7 +177,7 @@ def _build(tlm: bool, flit: bool):
                 if changed != 0:  # links a message's start claimed since the last path event: the flows see them
                     noc.counters[C_HOLDS_CHANGED] = 0
                     memflow_note(mp.fl, noc.link_holds, changed)
-                memflow_update(mp.fl, noc.link_holds, heap, hs, eid, now)
+                memflow_update(mp.fl, noc.link_holds, heap, hs, eid, now, mp.pending)
             elif etype == EV_FLIT_TICK:
                 if FLIT:  # only the flit NoC pushes ticks
                     flit_tick(fnoc, heap, hs, now)

@@ -436,11 +436,12 @@ def memflow_poke(mf, holds, heap, hs, now, changed):
 
 
 @njit(cache=True, _nrt=False)
-def memflow_update(mf, holds, heap, hs, version, now):
+def memflow_update(mf, holds, heap, hs, version, now, parts):
     """``EV_MFLOW_UPDATE``: end the flows that drained, share the links among the rest, schedule
-    the next end (if a drained flow's part ends this very cycle — at its cap, no round trip left —
-    the sharing waits for a second update later in the cycle, after the DMAs that end then and the
-    ones that start after them: one sharing for both, exactly, since no byte moves within a cycle);
+    the next end. If a drained flow's part ends this very cycle (at its cap: no round trip left)
+    and is its DMA's last (``parts[f]``: the DMA's parts pending, :mod:`npusim.sim.mempath`), the
+    sharing waits for a second update later in the cycle, after the DMAs that end then and the ones
+    that start after them: one sharing for both, exactly, since no byte moves within a cycle.
     ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
     theirs while they do). ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the
     messages seen. Cost: O(entries of the flows on the resources that may fill, the kept set
@@ -471,7 +472,7 @@ def memflow_update(mf, holds, heap, hs, version, now):
         if mf.rem[f] < 0.5:
             x = mf.rate[f] / mf.fcap[f]
             extra = np.int64(np.ceil(mf.rtt[f] * (1.0 - x))) if x < 1.0 else np.int64(0)
-            ends_now |= extra == 0
+            ends_now |= extra == 0 and parts[f] == 1  # the DMA's last part: it ends now
             event_push(heap, hs, now + extra, EV_NOC_PART_END, f)
             _list_drop(mf, f)
             mf.e_n[f] = 0
