@@ -242,3 +242,108 @@ def test_resources_that_cannot_fill_stay_out_of_the_filling(write):
     assert sim.hbm_bytes_over_noc == total
     assert 0 < int(fl.sc[S_SOLVED_RES]) < int(fl.sc[S_CROSSED]) / 2
     assert float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9
+
+
+def _check_kept_set(sim):
+    """The kept set of resources that may fill (memflow ``mfl``) is what its definition gives on
+    the kept sums and the capacities messages leave now, the touched resources' capacities
+    (``ceff``) follow the messages holding them (but for claimed links whose flows all stood,
+    read again at the next update), and each flow's kept entries on the set's resources (``ln``,
+    ``lres``, ``lcoef``) are its entries there."""
+    from npusim.hw.noc.memflow import ROOM, S_NMF, S_NSTALE, S_NTOUCH
+    fl = sim.mempath.fl
+    holds = np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds))).astype(np.float64)
+    now = np.maximum(fl.rcap - holds, 0.0)
+    touched = [int(x) for x in fl.tl[:int(fl.sc[S_NTOUCH])]]
+    stale = set(int(x) for x in fl.stl[:int(fl.sc[S_NSTALE])])
+    for l in touched:
+        if l not in stale:
+            assert fl.ceff[l] == now[l]
+    kept = [int(x) for x in fl.mfl[:int(fl.sc[S_NMF])]]
+    assert len(kept) == len(set(kept))
+    assert set(kept) == {l for l in touched if fl.B0[l] > fl.ceff[l] * ROOM}
+    assert all(int(fl.mpos[l]) == i for i, l in enumerate(kept))
+    # each active flow's entries on the kept resources (what the filling reads) are exactly those
+    for f in fl.act[:int(fl.sc[S_NACT])]:
+        mine = {int(fl.e_res[f, k]): float(fl.e_coef[f, k]) for k in range(int(fl.e_n[f]))
+                if int(fl.e_res[f, k]) in set(kept)}
+        listed = {int(fl.lres[f, m]): float(fl.lcoef[f, m]) for m in range(int(fl.ln[f]))}
+        assert listed == mine and int(fl.ln[f]) == len(mine)
+        for m in range(int(fl.ln[f])):
+            assert int(fl.lslot[f, int(fl.lk[f, m])]) == m and int(fl.e_res[f, int(fl.lk[f, m])]) == int(fl.lres[f, m])
+    return len(kept), len(touched)
+
+
+@pytest.mark.parametrize("with_messages", [False, True])
+def test_kept_may_fill_set_follows_flows_and_messages(with_messages):
+    """The set of resources that may fill is kept as flows start and end and messages claim and
+    release links (an update then reads only it, not every resource the flows cross): mid-run it is
+    what the definition gives on the current sums and capacities, the rates are a fresh solve's,
+    and it is empty at the end."""
+    from npusim.hw.noc.memflow import S_NMF, S_PENDING
+    arch = load_arch("npusim-64c")
+    sim, _ = _all_cores_stream(arch, pieces=4)
+    if with_messages:  # core-to-core messages across the middle of the mesh, where the flows run
+        for c in range(0, arch.num_cores, 5):
+            sim.add_send(c, arch.num_cores - 1 - c, 8 << 10)
+    fl = sim.mempath.fl
+    checked = 0
+    for until in (200, 500, 900, 1500, 2500):
+        sim.run(until=until)
+        if int(fl.sc[S_NACT]) == 0:
+            continue
+        kept, touched = _check_kept_set(sim)
+        assert 0 < kept < touched
+        if int(fl.sc[S_PENDING]) == 0:
+            act = fl.act[:int(fl.sc[S_NACT])].copy()
+            rate = np.zeros_like(fl.rate)
+            holds = np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds)))
+            ceff = np.maximum(fl.rcap - holds, 0.0)  # what messages leave of each resource now
+            maxmin_rates(len(act), act, fl.e_n, fl.e_res, fl.e_coef, fl.fcap, ceff, rate,
+                         new_scratch(len(fl.rcap), len(fl.rate), len(fl.rate) * fl.e_res.shape[1]), 1e-9)
+            assert np.allclose(rate[act], fl.rate[act], rtol=1e-9, atol=0.0)
+        checked += 1
+    assert checked >= 3
+    sim.run()
+    assert int(fl.sc[S_NMF]) == 0 and (fl.mpos == -1).all()
+
+
+def test_an_update_visits_only_the_resources_that_may_fill():
+    """With the kept set, an update's setup visits the resources that may fill (and every touched
+    one only while no resource has filled yet: for the peak load), far fewer than those crossed."""
+    from npusim.hw.noc.memflow import S_CROSSED, S_VISITED
+    arch = load_arch("npusim-64c")
+    sim, total = _all_cores_stream(arch, pieces=4)
+    sim.run()
+    fl = sim.mempath.fl
+    assert sim.hbm_bytes_over_noc == total
+    assert 0 < int(fl.sc[S_VISITED]) < int(fl.sc[S_CROSSED]) / 2
+
+
+def test_back_to_back_dmas_share_one_sharing_at_the_cycle_one_drains():
+    """An engine's next DMA that starts the cycle its previous one's flow drained (at its cap: no
+    round trip left) is shared in the same update as that drain (the drain's update defers its
+    sharing to later in the cycle): one sharing fewer per such start, every byte across, and each
+    DMA as long as alone (the other core's flow, window-limited too, never binds)."""
+    from npusim.hw.noc.memflow import S_DEFERRED, S_FLOWS, S_GAP0, S_UPDATES
+    base = load_arch("npusim-64c")
+    arch = base.model_copy(update={"hbm": base.hbm.model_copy(update={"attach": [0] * 64})})
+    sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    prev, chain = (), []
+    for _ in range(4):  # one engine, window-limited (its tags bind): each flow at its cap
+        prev = (sim.add_dma(63, 16 << 10, deps=prev),)
+        chain.append(prev[0])
+    sim.add_dma(7, 256 << 10)  # another core's flow, active throughout
+    sim.run()
+    fl = sim.mempath.fl
+    assert sim.hbm_bytes_over_noc == 4 * (16 << 10) + (256 << 10)
+    assert int(fl.sc[S_FLOWS]) == 5 and int(fl.sc[S_GAP0]) == 3
+    # sharings: the first start, four drains of core 63 (the last one's alone) and core 7's drain;
+    # without the deferral the three next starts would be shared on their own as well
+    assert int(fl.sc[S_DEFERRED]) == 4
+    assert int(fl.sc[S_UPDATES]) - int(fl.sc[S_DEFERRED]) == 6
+    one = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    one.add_dma(63, 16 << 10)
+    one.run()
+    start, end = sim.task_times()
+    assert [int(end[t] - start[t]) for t in chain] == [one.makespan()] * 4

@@ -30,9 +30,11 @@ the flow is one rate, not one per route. Rates are max-min fair (progressive fil
 :func:`npusim.hw.maxmin.fill`, on per-resource flow lists and coefficient sums kept as flows start
 and end) and recomputed when a flow starts or ends or a message changes what a link leaves them
 (all changes at one cycle in one update; a change that cannot move any rate is skipped, see
-:func:`memflow_poke`). Only the resources that may fill take part in the filling (one whose flows,
+:func:`memflow_note`). Only the resources that may fill take part in the filling (one whose flows,
 all at their caps, would leave it room cannot), and a flow crossing none of them runs at its cap:
-the same rates (see :func:`memflow_update`), at a cost set by the few resources that bind. A flow's
+the same rates (see :func:`memflow_update`), at a cost set by the few resources that bind. That set
+is kept as flows start and end and messages claim and release links (``mfl``), so an update
+visits only its members, not every resource the flows cross. A flow's
 bytes drain at its rate from its start; it ends ``RTT (1 - x / cap)`` cycles after its last byte
 left (``x`` its last rate): a flow held back by the mesh (``x`` well below its cap) ends one round
 trip after its bytes drained (the first request's trip and the last data's trip), a flow held by
@@ -94,18 +96,33 @@ MemFlows = namedtuple("MemFlows", [
     "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
     "B0",  # per resource: the load its active flows put on it at their caps (flits/cycle), kept the same way
     "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
-    "ln", "lres", "lcoef",  # per flow, scratch of an update: its entries on the resources in the filling
+    # per flow, kept with the set below: its entries on the resources that may fill (``ln[f]`` of them:
+    # resource, coefficient, entry index ``k``; ``lslot[f, k]``: where entry ``k`` sits there)
+    "ln", "lres", "lcoef", "lk", "lslot",
     "outl",  # scratch of an update: resources left out of the filling that may carry the peak load
     "fin",  # scratch of an update: the flows in the filling (those crossing a resource in it)
+    # the resources that may fill, kept as flows start and end and messages claim and release links:
+    # ``mfl[:sc[S_NMF]]`` (``mpos[l]``: where ``l`` sits there, -1: not in it)
+    "mfl", "mpos",
+    "stl", "stale",  # claimed links whose flows all stood (no update): read again at the next update
+    "tdrain",  # per initiator: the cycle its last flow drained (-1: none yet), for the gap counters
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
 # rounds, flows started, flows and resources in the filling (summed over updates), resources crossed now,
 # message claims and releases that could not move a rate (no update), resources crossed (summed over
-# updates; S_SOLVED_RES: those of them that took part in the filling)
+# updates; S_SOLVED_RES: those of them that took part in the filling), resources that may fill now
+# (the kept set), resources an update's setup visited (summed), flows started by an initiator whose
+# previous flow drained at this very cycle / within RTT_GAP cycles / longer before (the rest: its first),
+# claimed links left stale (memflow_note), resources that joined the set that may fill, updates whose
+# sharing waited for the same cycle's DMA starts (a flow's part ended at once)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
- S_SKIPPED, S_CROSSED) = range(12)
+ S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
+ S_DEFERRED) = range(20)
+#: a flow starting at most this many cycles after its initiator's previous one drained counts as
+#: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
+RTT_GAP = 64
 F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
 
 
@@ -138,8 +155,11 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
         live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
         ln=np.zeros(ni, np.int64), lres=np.zeros((ni, width), np.int64), lcoef=np.zeros((ni, width), np.float64),
+        lk=np.zeros((ni, width), np.int64), lslot=np.zeros((ni, width), np.int64),
         outl=np.zeros(nres, np.int64), fin=np.zeros(ni, np.int64),
-        sc=np.zeros(12, np.int64), fsc=np.zeros(2, np.float64),
+        mfl=np.zeros(nres, np.int64), mpos=np.full(nres, -1, np.int64), tdrain=np.full(ni, -1, np.int64),
+        stl=np.zeros(nres, np.int64), stale=np.zeros(nres, np.int64),
+        sc=np.zeros(20, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -196,9 +216,11 @@ def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports)
 
 
 @njit(cache=True, _nrt=False)
-def memflow_go(mf, heap, hs, init, nbytes, bursts, now):
+def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
     """Start initiator ``init``'s flow of ``nbytes`` bytes in ``bursts`` bursts (its routes given
-    by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``."""
+    by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``. ``holds``:
+    the path model's messages holding each link or port now (a resource the flows did not cross
+    before takes its capacity from it)."""
     rtt = mf.fsc[F_ACC_RTT] / bursts
     mf.fsc[F_ACC_RTT] = 0.0
     burst_bytes = (nbytes + bursts - 1) // bursts
@@ -210,10 +232,19 @@ def memflow_go(mf, heap, hs, init, nbytes, bursts, now):
         l = mf.e_res[init, k]
         mf.pos[l] = -1
         mf.e_coef[init, k] *= inv
-        _list_add(mf, init, k, l)
+        _list_add(mf, holds, init, k, l)
     mf.rem[init] = float(nbytes)
     mf.rate[init] = 0.0
     mf.nbytes[init] = nbytes
+    last = mf.tdrain[init]
+    if last >= 0:
+        gap = now - last
+        if gap == 0:
+            mf.sc[S_GAP0] += 1
+        elif gap <= RTT_GAP:
+            mf.sc[S_GAP_SHORT] += 1
+        else:
+            mf.sc[S_GAP_LONG] += 1
     _advance(mf, now)
     mf.act[mf.sc[S_NACT]] = init
     mf.sc[S_NACT] += 1
@@ -235,14 +266,70 @@ def _advance(mf, now):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _list_add(mf, f, k, l):
-    """Entry ``k`` of flow ``f`` (resource ``l``) joins ``l``'s list (and ``l`` the touched ones)."""
+def _may_fill(mf, l):
+    """Keep resource ``l`` in the set of those that may fill (``mfl``) iff flows cross it and they,
+    all at their caps, would load it beyond ``ROOM`` of what messages leave of it (``B0[l] >
+    ceff[l] ROOM``); called whenever ``B0[l]``, ``rn[l]`` or ``ceff[l]`` changes, so the set is
+    always what the test gives on the current sums and capacities."""
+    want = mf.rn[l] > 0 and mf.B0[l] > mf.ceff[l] * ROOM
+    p = mf.mpos[l]
+    if want:
+        if p < 0:
+            n = mf.sc[S_NMF]
+            mf.mfl[n] = l
+            mf.mpos[l] = n
+            mf.sc[S_NMF] = n + 1
+            mf.sc[S_JOINS] += 1
+            for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it join theirs
+                _entry_in(mf, mf.rl[q], mf.rk[q], l)
+    elif p >= 0:  # the last of the set takes its place
+        n = mf.sc[S_NMF] - 1
+        m = mf.mfl[n]
+        mf.mfl[p] = m
+        mf.mpos[m] = p
+        mf.mpos[l] = -1
+        mf.sc[S_NMF] = n
+        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it leave theirs
+            _entry_out(mf, mf.rl[q], mf.rk[q])
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _entry_in(mf, f, k, l):
+    """Entry ``k`` of flow ``f`` (on resource ``l``, which may fill) joins the flow's entries on
+    the resources that may fill (what the filling reads)."""
+    m = mf.ln[f]
+    mf.lres[f, m] = l
+    mf.lcoef[f, m] = mf.e_coef[f, k]
+    mf.lk[f, m] = k
+    mf.lslot[f, k] = m
+    mf.ln[f] = m + 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _entry_out(mf, f, k):
+    """Entry ``k`` of flow ``f`` leaves them (the flow's last such entry takes its place)."""
+    m = mf.lslot[f, k]
+    last = mf.ln[f] - 1
+    if m != last:
+        kk = mf.lk[f, last]
+        mf.lres[f, m] = mf.lres[f, last]
+        mf.lcoef[f, m] = mf.lcoef[f, last]
+        mf.lk[f, m] = kk
+        mf.lslot[f, kk] = m
+    mf.ln[f] = last
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _list_add(mf, holds, f, k, l):
+    """Entry ``k`` of flow ``f`` (resource ``l``) joins ``l``'s list (and ``l`` the touched ones,
+    with its capacity less the messages holding it now)."""
     n = mf.rn[l]
     if n == 0:
         nt = mf.sc[S_NTOUCH]
         mf.tl[nt] = l
         mf.tpos[l] = nt
         mf.sc[S_NTOUCH] = nt + 1
+        mf.ceff[l] = _ceff(mf, holds, l)
     q = mf.row[l] + n
     mf.rl[q] = f
     mf.rk[q] = k
@@ -250,6 +337,10 @@ def _list_add(mf, f, k, l):
     mf.rn[l] = n + 1
     mf.A0[l] += mf.e_coef[f, k]
     mf.B0[l] += mf.e_coef[f, k] * mf.fcap[f]
+    if mf.mpos[l] >= 0:  # it may fill already: the entry joins the flow's entries there
+        _entry_in(mf, f, k, l)
+    else:  # it may join the set now (with every flow's entry on it)
+        _may_fill(mf, l)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -277,6 +368,9 @@ def _list_drop(mf, f):
             mf.tpos[m] = p
             mf.tpos[l] = -1
             mf.sc[S_NTOUCH] = nt
+        if mf.mpos[l] >= 0:  # it may leave the set now (its remaining flows' entries with it)
+            _may_fill(mf, l)
+    mf.ln[f] = 0  # the flow's entries on the resources that may fill go with it
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -288,42 +382,73 @@ def _ceff(mf, holds, l):
 
 
 @njit(cache=True, _nrt=False)
+def memflow_note(mf, holds, changed):
+    """Path-model messages claimed or released links (``changed``: the link's id + 1, or -1 if
+    several changed): the touched resources' capacities (``ceff``) and the set that may fill follow
+    ``holds``. Returns 1 if a rate may move, else 0: no flow crosses the link, its capacity is
+    unchanged, it can fill neither before nor after (such a resource never binds, see
+    :func:`memflow_update`), or it was claimed and every flow crossing it stands already (rate 0:
+    held back elsewhere)."""
+    if changed < 0:  # several: read every touched resource again
+        for i in range(mf.sc[S_NTOUCH]):
+            l = mf.tl[i]
+            mf.ceff[l] = _ceff(mf, holds, l)
+            _may_fill(mf, l)
+        return 1
+    l = changed - 1
+    if mf.rn[l] == 0:  # no flow crosses it (its capacity is read when one does)
+        return 0
+    c = _ceff(mf, holds, l)
+    if c == mf.ceff[l]:  # what the set and the last solve used
+        return 0
+    if c == 0.0:  # a claim: its flows stop; nothing changes if they all stand already
+        idle = True
+        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
+            if mf.rate[mf.rl[q]] > 0.0:
+                idle = False
+                break
+        if idle:  # the next update reads its capacity again (a release before then changes nothing)
+            if mf.stale[l] == 0:
+                mf.stale[l] = 1
+                mf.stl[mf.sc[S_NSTALE]] = l
+                mf.sc[S_NSTALE] += 1
+            return 0
+    was = mf.mpos[l] >= 0
+    mf.ceff[l] = c
+    _may_fill(mf, l)
+    return 1 if was or mf.mpos[l] >= 0 else 0
+
+
+@njit(cache=True, _nrt=False)
 def memflow_poke(mf, holds, heap, hs, now, changed):
     """A path-model message claimed or released a link (``changed``: its id + 1, or -1 if several
-    changed): share the links again at this cycle, unless the solution cannot change — no flow
-    crosses the link, its capacity is what the last solve used (a release and the next claim in
-    one event), or it was claimed and every flow crossing it stands already (rate 0: held back
-    elsewhere). Skipping those is exact: the solve's inputs that matter are the same (the skipped
-    link keeps its old capacity in ``ceff`` until the next solve reads ``holds`` again)."""
-    if mf.sc[S_NACT] > 0 and mf.sc[S_PENDING] == 0:
-        if changed > 0:
-            l = changed - 1
-            c = _ceff(mf, holds, l)
-            if mf.rn[l] == 0 or c == mf.ceff[l]:  # no flow crosses it, or it leaves what the last solve used
-                mf.sc[S_SKIPPED] += 1
-                return
-            if c == 0.0:  # a claim: its flows stop; nothing changes if they all stand already
-                idle = True
-                for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
-                    if mf.rate[mf.rl[q]] > 0.0:
-                        idle = False
-                        break
-                if idle:
-                    mf.sc[S_SKIPPED] += 1
-                    return
+    changed): note it (:func:`memflow_note`) and share the links again at this cycle, unless no
+    rate can move. Skipping those is exact: the solve's inputs that matter are the same."""
+    if mf.sc[S_NACT] == 0:
+        return
+    if memflow_note(mf, holds, changed) == 0:
+        mf.sc[S_SKIPPED] += 1
+        return
+    if mf.sc[S_PENDING] == 0:
         mf.sc[S_VERSION] += 1
         mf.sc[S_PENDING] = 1
         event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
 
 
 @njit(cache=True, _nrt=False)
-def memflow_update(mf, holds, heap, hs, version, now):
+def memflow_update(mf, holds, heap, hs, version, now, parts):
     """``EV_MFLOW_UPDATE``: end the flows that drained, share the links among the rest, schedule
-    the next end; ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
+    the next end. If a drained flow's part ends this very cycle (at its cap: no round trip left)
+    and is its DMA's last (``parts[f]``: the DMA's parts pending, :mod:`npusim.sim.mempath`), the
+    sharing waits for a second update later in the cycle, after the DMAs that end then and the ones
+    that start after them: one sharing for both, exactly, since no byte moves within a cycle.
+    ``holds[l]``: path-model messages holding link or port ``l`` now (its capacity is
     theirs while they do). ``fsc[F_PEAK_LOAD]`` keeps the highest load / capacity left by the
-    messages seen. Cost: O(resources the flows cross) to set up, then the filling
-    (:func:`npusim.hw.maxmin.fill`: per round O(the resources that may fill + flows), and O(entries)
-    of the flows frozen before the last round).
+    messages seen. Cost: O(entries of the flows on the resources that may fill, the kept set
+    ``mfl``) to set up (while no resource has filled yet, also O(resources the flows cross), for
+    the peak load), then the filling (:func:`npusim.hw.maxmin.fill`: per round O(the resources
+    that may fill + flows), and O(entries) of the flows frozen before the last round), then O(active
+    flows) for the next end.
 
     Only resources that may fill take part in the filling: one whose flows would load it to at most
     ``ROOM`` of its capacity even all at their caps (``B0[l] = sum_f a_fl cap_f``, kept as flows
@@ -341,46 +466,57 @@ def memflow_update(mf, holds, heap, hs, version, now):
     _advance(mf, now)
     n = mf.sc[S_NACT]
     j = 0
+    ends_now = False
     for i in range(n):  # keep start order: compact in place
         f = mf.act[i]
         if mf.rem[f] < 0.5:
             x = mf.rate[f] / mf.fcap[f]
-            extra = mf.rtt[f] * (1.0 - x) if x < 1.0 else 0.0
-            event_push(heap, hs, now + np.int64(np.ceil(extra)), EV_NOC_PART_END, f)
+            extra = np.int64(np.ceil(mf.rtt[f] * (1.0 - x))) if x < 1.0 else np.int64(0)
+            ends_now |= extra == 0 and parts[f] == 1  # the DMA's last part: it ends now
+            event_push(heap, hs, now + extra, EV_NOC_PART_END, f)
             _list_drop(mf, f)
             mf.e_n[f] = 0
+            mf.tdrain[f] = now
         else:
             mf.act[j] = f
             mf.frozen[f] = 0
-            mf.ln[f] = 0
             j += 1
     mf.sc[S_NACT] = j
     if j == 0:
         return
+    if ends_now:  # a flow's part ends this cycle: its engine's next DMA may start now, share once with it
+        mf.sc[S_VERSION] += 1
+        mf.sc[S_PENDING] = 1
+        mf.sc[S_DEFERRED] += 1
+        event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
+        return
+    for i in range(mf.sc[S_NSTALE]):  # links claimed with their flows standing: their capacity now
+        l = mf.stl[i]
+        mf.stale[l] = 0
+        if mf.rn[l] > 0:
+            mf.ceff[l] = _ceff(mf, holds, l)
+            _may_fill(mf, l)
+    mf.sc[S_NSTALE] = 0
     nt = mf.sc[S_NTOUCH]
     nlv = 0
-    nout = 0  # resources left out whose load may be the highest yet (fsc[F_PEAK_LOAD] only grows)
-    peak = mf.fsc[F_PEAK_LOAD]
-    for i in range(nt):  # each resource the flows cross: its capacity less the messages holding it, its flows
-        l = mf.tl[i]
-        c = _ceff(mf, holds, l)
-        mf.ceff[l] = c
-        if mf.B0[l] <= c * ROOM:  # cannot fill: its flows at their caps leave it room (see the docstring)
-            if mf.B0[l] > peak * c:
-                mf.outl[nout] = l
-                nout += 1
-            continue
-        mf.R[l] = c
+    nmf = mf.sc[S_NMF]
+    for i in range(nmf):  # each resource that may fill (the kept set): its capacity now, its flows
+        l = mf.mfl[i]
+        mf.R[l] = mf.ceff[l]
         mf.A[l] = mf.A0[l]
         mf.cnt[l] = mf.rn[l]
         mf.live[nlv] = l
         nlv += 1
-        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it, for the filling's sums
-            f = mf.rl[q]
-            m = mf.ln[f]
-            mf.lres[f, m] = l
-            mf.lcoef[f, m] = mf.e_coef[f, mf.rk[q]]
-            mf.ln[f] = m + 1
+    nout = 0  # resources left out whose load may be the highest yet (fsc[F_PEAK_LOAD] only grows)
+    peak = mf.fsc[F_PEAK_LOAD]
+    visited = nmf
+    if peak < ROOM:  # a resource left out is loaded below ROOM of its capacity: only then may it set the peak
+        visited += nt
+        for i in range(nt):
+            l = mf.tl[i]
+            if mf.mpos[l] < 0 and mf.B0[l] > peak * mf.ceff[l]:
+                mf.outl[nout] = l
+                nout += 1
     nin = 0
     for i in range(j):  # a flow crossing no resource that may fill runs at its cap: only the others fill
         f = mf.act[i]
@@ -392,6 +528,7 @@ def memflow_update(mf, holds, heap, hs, version, now):
     mf.sc[S_SOLVED] += nin
     mf.sc[S_SOLVED_RES] += nlv
     mf.sc[S_CROSSED] += nt
+    mf.sc[S_VISITED] += visited
     # the filling reads a flow's entries only to take a frozen flow's load off the sums: those on the
     # resources in it suffice (each resource's sum loses its flows in the same order: the same bits)
     if nin > 0:
@@ -427,5 +564,5 @@ def memflow_update(mf, holds, heap, hs, version, now):
         event_push(heap, hs, now + max(np.int64(1), np.int64(np.ceil(nxt))), EV_MFLOW_UPDATE, mf.sc[S_VERSION])
 
 
-__all__ = ["EV_MFLOW_UPDATE", "MemFlows", "memflow_add", "memflow_go", "memflow_poke", "memflow_update",
-           "new_memflows"]
+__all__ = ["EV_MFLOW_UPDATE", "MemFlows", "memflow_add", "memflow_go", "memflow_note", "memflow_poke",
+           "memflow_update", "new_memflows"]
