@@ -38,7 +38,9 @@ How each family is run (assumptions):
 * **collective** -- HCCL all-gather, reduce-scatter and all-reduce over the first ``ranks`` dies of
   ``target`` (:func:`~npusim.system.measure.run_collective`, flow fidelity), ``msg_bytes_total`` in
   the nccl-tests convention, or ``msg_bytes_per_rank``: one rank's tensor (:func:`collective_bytes`;
-  MB read as 10^6 bytes unless the source's ``byte_units`` is ``binary``; ``8192B``: bytes). An hccl_test row
+  MB read as 10^6 bytes unless the source's ``byte_units`` is ``binary``; ``8192B``: bytes), with
+  HCCL's algorithm choice for the source's ``hccl_expansion`` (``HCCL_OP_EXPANSION_MODE``; else the
+  system's). An hccl_test row
   (``all_reduce_test``: back-to-back op-base calls timed together) is the larger of the simulated
   collective and the eager runtime's ``hccl_dispatch_us`` (the host runs ahead of the device).
   Roofline: the bytes each rank must send (``(n-1)/n`` of the message; twice for all-reduce) over
@@ -249,7 +251,8 @@ class _Runner:
         roof = max(op.flops / (res.peak_tflops_chip * 1e6), nbytes / (res.hbm_peak_bandwidth_gbps * 1e3))
         return res.time_us, roof, f"{how}, {res.cores_used} cores" + (f"; {kv_note}" if kv_note else "")
 
-    def collective(self, r: dict, target: str, binary: bool = False) -> tuple[float, float, str] | None:
+    def collective(self, r: dict, target: str, binary: bool = False,
+                   expansion: str | None = None) -> tuple[float, float, str] | None:
         from npusim.system.load import load_system
         from npusim.system.measure import run_collective
 
@@ -262,7 +265,7 @@ class _Runner:
         if target not in self.systems:
             self.systems[target] = load_system(target)
         loaded = self.systems[target]
-        run = run_collective(loaded, op, list(range(ranks)), nbytes)
+        run = run_collective(loaded, op, list(range(ranks)), nbytes, expansion=expansion)
         topo = loaded.topology
         out_gbps = float(topo.link_cap[topo.link_src == topo.index["npu0.die0"]].sum()) * 1e3  # bytes/ps -> GB/s
         share = (ranks - 1) / ranks * nbytes * (2 if op == "allreduce" else 1)
@@ -317,7 +320,8 @@ def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) 
         fn = run.get(r["family"])
         target = _target(src, r)
         try:
-            extra = {"binary": src.get("byte_units") == "binary"} if r["family"] == "collective" else {}
+            extra = {"binary": src.get("byte_units") == "binary",
+                     "expansion": src.get("hccl_expansion")} if r["family"] == "collective" else {}
             got = fn(r, target, **extra) if fn and (target or r["family"] == "runtime") else None
         except NpusimError as exc:  # a row the simulator refuses: shown as not run, counted as a miss
             got = (None, None, f"could not run: {exc}")
