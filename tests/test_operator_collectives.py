@@ -25,3 +25,61 @@ def test_the_msmodeling_comm_rows_state_one_ranks_tensor_in_binary_units():
     assert len(rows) >= 20
     assert all("msg_bytes_per_rank" in r["shape"] and "msg_bytes_total" not in r["shape"] for r in rows)
     assert all("per_device" not in r["shape"] for r in rows)
+
+
+@pytest.fixture(scope="module")
+def cm384():
+    from npusim.system.load import load_system
+    return load_system("cloudmatrix384")
+
+
+def _algorithm(loaded, op, ranks, per_rank, expansion=None):
+    from npusim.system.collectives import build_collective
+    from npusim.system.simulator import SystemSim
+    from npusim.system.work import WorkBuilder
+
+    w = WorkBuilder(SystemSim(loaded, "flow"))
+    nbytes = per_rank * ranks if op in ("allgather", "reducescatter") else per_rank
+    return build_collective(w, op, list(range(ranks)), nbytes, None, "sdma", lambda b: 0, loaded.topology.node_of,
+                            expansion=expansion).algorithm
+
+
+def test_hccl_keeps_the_mesh_up_to_its_entry_size_and_runs_the_double_ring_above_on_an_a3_server(cm384):
+    # HCCL SelectAlgfor91093: AIV all-gather up to 512 KiB per rank, AIV reduce-scatter up to 1 MiB,
+    # host-expanded small-count mesh up to 512 KiB; a double ring above
+    assert _algorithm(cm384, "allgather", 16, 512 * 1024, "aiv") == "direct"
+    assert _algorithm(cm384, "allgather", 16, 512 * 1024 + 2, "aiv") == "double_ring"
+    assert _algorithm(cm384, "reducescatter", 8, 1024 * 1024, "aiv") == "direct"
+    assert _algorithm(cm384, "reducescatter", 8, 1024 * 1024, "host") == "double_ring"
+    assert _algorithm(cm384, "allreduce", 16, 64 << 20) == "direct"
+
+
+def test_a_server_of_one_die_npus_keeps_the_mesh():
+    from npusim.system.load import load_system
+    assert _algorithm(load_system("atlas-800i-a2"), "allgather", 8, 8 << 20) == "direct"
+
+
+def test_the_double_ring_beats_the_mesh_on_large_messages(cm384):
+    # each die takes half of its traffic over its package's die-to-die link: half the fabric bytes
+    from npusim.system.measure import run_collective
+    nbytes = 16 * (2 << 20)
+    ring2 = run_collective(cm384, "allgather", list(range(16)), nbytes, "double_ring").time_us
+    mesh = run_collective(cm384, "allgather", list(range(16)), nbytes, "direct").time_us
+    assert ring2 < 0.85 * mesh
+
+
+def test_a_notify_never_waits_behind_a_copy(cm384):
+    # a notify is a stream task: with every SDMA engine of die 0 busy copying 64 MiB, it still
+    # lands in about a write's fixed cost
+    from npusim.system.simulator import SystemSim
+    from npusim.system.work import WorkBuilder
+
+    sim = SystemSim(cm384, "flow")
+    w = WorkBuilder(sim)
+    engines = cm384.system.initiator.sdma_engines
+    for k in range(engines):
+        w.transfer(0, 2 + k % 8, 64 << 20, "write", "sdma")
+    note = w.transfer(0, 3, 4, "write", "notify")
+    w.submit()
+    sim.run()
+    assert sim.engine.tt.end[note] < 10_000_000  # ps: 10 us, where the copies take milliseconds
