@@ -83,3 +83,14 @@ def test_a_notify_never_waits_behind_a_copy(cm384):
     w.submit()
     sim.run()
     assert sim.engine.tt.end[note] < 10_000_000  # ps: 10 us, where the copies take milliseconds
+
+
+def test_an_all_gather_and_a_reduce_scatter_of_one_size_are_two_cases():
+    # _fastest collapses kernels of one case; until session 43 it collapsed every reduce-scatter row
+    # of the msModeling report into the all-gather of the same size
+    from npusim.validate.operators import _fastest
+    rows = [{"source": "s", "family": "collective", "op": "HCCL allGather (x)", "shape": {"ranks": 8},
+             "measured_us": 10.0},
+            {"source": "s", "family": "collective", "op": "HCCL reduceScatter (x)", "shape": {"ranks": 8},
+             "measured_us": 12.0}]
+    assert [i for i, _, _ in _fastest(rows)] == [0, 1]

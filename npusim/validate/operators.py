@@ -340,6 +340,14 @@ def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) 
     return rows
 
 
+def _collective_op(r: dict) -> str | None:
+    """A collective row's HCCL op (an all-gather and a reduce-scatter of one size are two cases, not
+    two kernels of one case); None for other families."""
+    if r["family"] != "collective":
+        return None
+    return next((v for k, v in HCCL_OPS.items() if k in str(r["op"])), str(r["op"]))
+
+
 def _measured_us(r: dict) -> float:
     """A row's time: ``measured_us``, else the midpoint of its stated range."""
     if "measured_us" in r:
@@ -349,14 +357,14 @@ def _measured_us(r: dict) -> float:
 
 def _fastest(rows: list[dict]):
     """``(index, row, kernels)`` for each distinct measured case: rows of one source, family, shape,
-    dtype and core count that time different kernels (a baseline and a tuned one, several tilings)
+    dtype, core count (and collective op) that time different kernels (a baseline and a tuned one, several tilings)
     collapse to the fastest, the kernel the hardware can run the case at (npusim plans the best
     kernel it finds); rows without a time in microseconds, and runtime rows (each measures a
     different quantity), pass through alone."""
     best: dict = {}  # case -> [index, row, kernels], in the order cases first appear
     for i, r in enumerate(rows):
-        key = (r["source"], r["family"], repr(r.get("shape")), str(r.get("dtype")), r.get("cores")) \
-            if "measured_us" in r and r["family"] != "runtime" else ("alone", i)
+        key = (r["source"], r["family"], repr(r.get("shape")), str(r.get("dtype")), r.get("cores"),
+               _collective_op(r)) if "measured_us" in r and r["family"] != "runtime" else ("alone", i)
         entry = best.setdefault(key, [i, r, 0])
         entry[2] += 1
         if "measured_us" in r and r["measured_us"] < entry[1]["measured_us"]:
