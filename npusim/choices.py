@@ -27,8 +27,8 @@ CHIP_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "allreduce2d", "a
 #: (``npusim.system.collectives``)
 SYSTEM_ALGORITHMS = {
     "allreduce": ("ring", "halving_doubling", "hierarchical", "direct"),
-    "allgather": ("ring", "direct"),
-    "reducescatter": ("ring", "direct"),
+    "allgather": ("ring", "direct", "double_ring"),
+    "reducescatter": ("ring", "direct", "double_ring"),
     "alltoall": ("direct", "hierarchical"),
     "broadcast": ("binomial",),
     "sendrecv": ("direct",),

@@ -16,7 +16,16 @@ Algorithms:
   shards across nodes among the ranks of equal local index, ring all-gather inside each node
   (all nodes must hold the same number of the ranks);
 * all-gather / reduce-scatter: ring;
-* when no algorithm is given, ranks that are dies of one node run ``direct`` (:func:`_hccl_default`);
+* ``double_ring`` all-gather / reduce-scatter (HCCL's ``AlignedAllGatherDoubleRingFor91093`` /
+  ``AlignedReduceScatterDoubleRingFor91093`` executors, the A3 server's large-message algorithms): two
+  rings at once, one over the ranks in their order and one over them reversed, each carrying half of
+  every rank's chunk in ``n - 1`` steps. With the ranks in die order (the two dies of a package side
+  by side), each die receives one ring's traffic from its package sibling over the die-to-die link
+  and the other's over the fabric: half the fabric traffic of the one-shot mesh;
+* when no algorithm is given, HCCL's choice (:func:`_hccl_default`): ranks that are dies of one node
+  run ``direct``, except an all-gather or reduce-scatter on a node of two-die packages (an A3 server)
+  above the size HCCL keeps its one-shot mesh for (:data:`HCCL_A3_MESH_MAX_BYTES`), which runs
+  ``double_ring``;
 * ``direct`` all-reduce, reduce-scatter and all-gather (the one-shot "mesh" algorithms of
   fully connected servers, e.g. HCCL's on an 8-NPU HCCS mesh): reduce-scatter as every rank
   writing chunk ``j`` (``nbytes / n``) straight to rank ``j``, which adds the ``n - 1`` chunks it
@@ -38,7 +47,11 @@ after the receiver's previous step), the sender copies the chunk (after its own 
 that notify), then records the notify at the receiver (a :data:`NOTIFY_BYTES` write after the
 copy); the receiver's step (and its reduction) waits for that notify. Each notify costs what a
 4-byte write costs on the fabric -- its fixed per-transfer overhead and route latency, calibrated
-on the CloudMatrix384 paper's Table 1 in the fabric presets -- so no constant is added here.
+on the CloudMatrix384 paper's Table 1 in the fabric presets -- so no constant is added here. A notify
+is a task of its stream, not a memory copy: it holds no SDMA engine (``via="notify"``,
+:class:`~npusim.system.simulator.SystemSim`), so it never waits behind another stream's copy (until
+session 43 it took the next SDMA engine in turn and could queue behind a whole chunk's copy, which
+roughly doubled a ring step when two rings ran at once).
 ``sync=False`` is the bare wire model (transfers only).
 
 **HCCL's op-base buffers** (``sync=True``; the system's ``hccl`` section,
@@ -98,6 +111,18 @@ class BuiltCollective:
 
 NOTIFY_BYTES = 4  # an HCCL notify record: a 4-byte write of the peer's notify register (HCCL user guide)
 
+#: The largest per-rank message (bytes: HCCL's ``dataSize = count x unit size``, one rank's input of an
+#: all-gather, one rank's output of a reduce-scatter) that HCCL runs as a one-shot mesh inside one A3
+#: (910_93) server, by op-base expansion mode (``hccl.expansion``); above it, the server's double ring.
+#: HCCL source (CANN open-source hccl, all_gather_operator.cc / reduce_scatter_operator.cc
+#: ``SelectAlgfor91093``; hccl_aiv.h): AIV mode takes the AIV mesh executors up to
+#: ``AIV_ALL_GATHER_A3_ENTRY_SIZE`` = 512 KiB and ``AIV_REDUCE_SCATTER_A3_ENTRY_SIZE`` = 1 MiB; host
+#: mode takes the small-count mesh (``AllGatherSmallCount``, ``ReduceScatterDeterExecutor``) up to
+#: ``HCCL_SMALL_COUNT_512_KB``; larger messages on a double-ring server topology go to the
+#: ``...DoubleRingFor91093Executor`` s. Cited code constants, not calibrated.
+HCCL_A3_MESH_MAX_BYTES = {"aiv": {"allgather": 512 * 1024, "reducescatter": 1024 * 1024},
+                          "host": {"allgather": 512 * 1024, "reducescatter": 512 * 1024}}
+
 
 def _synced(w: WorkBuilder, src: int, dst: int, nbytes: int, via, src_deps: list[int], dst_deps: list[int],
             sync: bool) -> int:
@@ -106,21 +131,29 @@ def _synced(w: WorkBuilder, src: int, dst: int, nbytes: int, via, src_deps: list
     ``src_deps`` and that notify), the done notify. Returns the task the receiver waits for."""
     if not sync:
         return w.transfer(src, dst, nbytes, "write", via, deps=src_deps)
-    ack = w.transfer(dst, src, NOTIFY_BYTES, "write", via, deps=dst_deps)
+    ack = w.transfer(dst, src, NOTIFY_BYTES, "write", "notify", deps=dst_deps)
     data = w.transfer(src, dst, nbytes, "write", via, deps=src_deps + [ack])
-    return w.transfer(src, dst, NOTIFY_BYTES, "write", via, deps=[data])
+    return w.transfer(src, dst, NOTIFY_BYTES, "write", "notify", deps=[data])
 
 
-def _hccl_default(w: WorkBuilder, op: str, ranks: list[int], node_of) -> str:
+def _hccl_default(w: WorkBuilder, op: str, ranks: list[int], node_of, nbytes: int = 0,
+                  expansion: str | None = None) -> str:
     """The algorithm HCCL picks when none is given: inside one server (every rank a die of the same
     node: the node's dies reach each other directly, over an HCCS full mesh on Atlas 800 A2 or one
     UB switch level on CloudMatrix384) ``direct`` -- HCCL's server-internal algorithm is chosen by
     the hardware topology (Mesh, Ring, Double-Ring or Star; HCCL user guide, "集合通信算法"), and
     Mesh is the one for fully connected dies; otherwise the op's first algorithm (ring, direct
-    all-to-all, binomial broadcast)."""
+    all-to-all, binomial broadcast). On a node of two-die packages (an A3 server: HCCL's double-ring
+    server topology) an all-gather or reduce-scatter whose per-rank message (``nbytes / n``) is above
+    :data:`HCCL_A3_MESH_MAX_BYTES` (by ``expansion``, default the system's ``hccl.expansion``) runs
+    ``double_ring``, as HCCL's ``SelectAlgfor91093`` does."""
     topo = w.sim.topology
     if (op in ("allreduce", "allgather", "reducescatter") and node_of is not None
             and all(topo.vertex_kind[r] == "die" for r in ranks) and len({node_of(r) for r in ranks}) == 1):
+        mode = expansion or w.sim.system.hccl.expansion
+        if (op in ("allgather", "reducescatter") and w.sim.system.npu.dies >= 2
+                and _split(nbytes, len(ranks)) > HCCL_A3_MESH_MAX_BYTES[mode][op]):
+            return "double_ring"
         return "direct"
     return ALGORITHMS[op][0]
 
@@ -154,10 +187,11 @@ def _split(nbytes: int, n: int) -> int:
 def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, algorithm: str | None = None,
                      via: str | None = None, reduce_ps: Callable[[int], int] = lambda b: 0,
                      node_of: Callable[[int], int] | None = None, ready: list[int] | None = None,
-                     sync: bool = True) -> BuiltCollective:
+                     sync: bool = True, expansion: str | None = None) -> BuiltCollective:
     """Record one collective into ``w`` (see module docstring); raises ConfigError for bad choices.
     ``ready[i]``: the task rank ``i`` must finish before it takes part (-1 or None: none).
-    ``sync``: HCCL's notify handshake around every step's transfer (see the module docstring)."""
+    ``sync``: HCCL's notify handshake around every step's transfer (see the module docstring).
+    ``expansion``: HCCL's op expansion mode for its algorithm choice (None: the system's ``hccl.expansion``)."""
     if op in ("allreduce", "reducescatter"):
         topo = w.sim.topology
         cpus = [topo.names[r] for r in ranks if topo.vertex_kind[r] != "die"]
@@ -166,7 +200,9 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
                               "is not a die (CPUs can take part in all-gather, all-to-all, broadcast, send/recv)")
     if op not in OPS:
         raise ConfigError(f"--op {op}: expected one of {', '.join(OPS)} (or dispatch, combine)")
-    algorithm = algorithm or _hccl_default(w, op, ranks, node_of)
+    if expansion is not None and expansion not in HCCL_A3_MESH_MAX_BYTES:
+        raise ConfigError(f"expansion {expansion!r}: expected one of {', '.join(HCCL_A3_MESH_MAX_BYTES)}")
+    algorithm = algorithm or _hccl_default(w, op, ranks, node_of, nbytes, expansion)
     if algorithm not in ALGORITHMS[op]:
         raise ConfigError(f"--algorithm {algorithm}: {op} supports {', '.join(ALGORITHMS[op])}")
     if len(set(ranks)) != len(ranks):
@@ -249,6 +285,8 @@ def _algorithm(w, op, algorithm, ranks, nbytes, start, reduce_ps, via, node_of, 
     elif op == "allreduce":
         last = _direct_phase(w, ranks, _split(nbytes, n), _direct_phase(w, ranks, _split(nbytes, n), start, reduce_ps,
                                                                            via, sync), None, via, sync)
+    elif op in ("reducescatter", "allgather") and algorithm == "double_ring":
+        last = _double_ring(w, ranks, _split(nbytes, n), start, via, sync)
     elif op in ("reducescatter", "allgather") and algorithm == "direct":
         last = _direct_phase(w, ranks, _split(nbytes, n), start, reduce_ps if op == "reducescatter" else None, via,
                              sync)
@@ -267,6 +305,21 @@ def _algorithm(w, op, algorithm, ranks, nbytes, start, reduce_ps, via, node_of, 
                        [d for d in start[1:2] if d >= 0], sync)
         last = [sent] * 2
     return last
+
+
+def _double_ring(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int], via, sync: bool = True):
+    """Two rings at once over ``chunk`` bytes per rank (module docstring): the ranks in order and
+    reversed, each ring ``n - 1`` steps of half the chunk. A rank's result is both rings' last task.
+    A reduce-scatter reduces inline, in the SDMA write into the receiver's buffer (HCCL's
+    ``CollAlignedReduceScatterDoubleRingFor91093Executor`` sets ``DMAReduceFlag_`` in op-base mode and
+    passes the SDMA inline-reduce attribute), so no reduction kernel runs on the receiver; the
+    inline reduction is assumed to keep the write's rate. Returns each rank's last task."""
+    n = len(ranks)
+    half = _split(chunk, 2)
+    fwd = _ring_phase(w, ranks, half, ready, None, via, sync=sync)
+    rev = _ring_phase(w, ranks[::-1], chunk - half if chunk > half else half, ready[::-1], None, via,
+                      sync=sync)[::-1]
+    return [w.barrier([a, b]) for a, b in zip(fwd, rev)] if n > 1 else fwd
 
 
 def _direct_phase(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int], reduce_ps, via, sync: bool = True):

@@ -137,14 +137,15 @@ def _finish(sim: SystemSim, w: WorkBuilder, op: str, algorithm: str, n: int, nby
 
 def run_collective(loaded: LoadedSystem, op: str, ranks: Sequence[int], nbytes: int, algorithm: str | None = None,
                    fidelity: str = "flow", via: str | None = None, progress=None, dtype: str = "bf16",
-                   **sim_options) -> CollectiveRun:
-    """``sim_options`` go to :class:`SystemSim` (``rate_quantum_ns``, ``fair_tolerance``, ``packet_bytes``)."""
+                   expansion: str | None = None, **sim_options) -> CollectiveRun:
+    """``sim_options`` go to :class:`SystemSim` (``rate_quantum_ns``, ``fair_tolerance``, ``packet_bytes``);
+    ``expansion``: HCCL's op expansion mode for its algorithm choice (None: the system's ``hccl.expansion``)."""
     sim = SystemSim(loaded, fidelity, **sim_options)
     w = WorkBuilder(sim)
     via = via or loaded.system.initiator.default
     chip_cost = ChipCost(loaded.chip)
     built = build_collective(w, op, list(ranks), nbytes, algorithm, via, reduction_ps(loaded, chip_cost, dtype),
-                             loaded.topology.node_of)
+                             loaded.topology.node_of, expansion=expansion)
     return _finish(sim, w, op, built.algorithm, len(ranks), nbytes, built.bus_factor(), via, progress,
                    chip_cost_hits=chip_cost.stats.hits, chip_cost_misses=chip_cost.stats.misses)
 

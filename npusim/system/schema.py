@@ -214,11 +214,15 @@ class Hccl(StrictModel):
     written, at ``copy_efficiency`` of the die's HBM peak); ``buffer_mb``: the CCL buffer
     (``HCCL_BUFFSIZE``, MB of 2^20 bytes): a collective whose share (the larger of a rank's input
     and output, over the rank count inside a server: SDMA) does not fit runs in rounds, one after another, each with its copies
-    and its own steps. ``sources``: where each constant comes from (``npusim calibrate --only hccl``)."""
+    and its own steps. ``expansion``: where HCCL expands a collective into tasks (``HCCL_OP_EXPANSION_MODE``:
+    ``host``, or ``aiv`` on the vector cores); on an A3 server it moves the size up to which HCCL keeps
+    the one-shot mesh (:data:`npusim.system.collectives.HCCL_A3_MESH_MAX_BYTES`).
+    ``sources``: where each constant comes from (``npusim calibrate --only hccl``)."""
 
     user_buffer_copies: bool = True
     copy_efficiency: float = Field(default=0.9549, gt=0.0, le=1.0)
     buffer_mb: PositiveFloat = 200.0
+    expansion: Literal["host", "aiv"] = "host"
     sources: dict[str, str] = Field(default_factory=lambda: {"buffer_mb": HCCL_BUFFER_SOURCE,
                                                              "copy_efficiency": HCCL_COPY_SOURCE})
 

@@ -20,7 +20,11 @@ bytes between initiator ``I`` and target ``T`` on a fabric:
 * SDMA transfers queue on the initiator's SDMA engines (round robin over them, each engine
   held until its transfer completes, its fixed overhead included); AIV-direct transfers have no
   engine queue; with ``aiv_max_gbps`` a die's AIV-direct writes share a virtual issue link of that
-  rate (wire bytes; reads are not capped).
+  rate (wire bytes; reads are not capped);
+* ``notify`` transfers (HCCL's Notify Record to a peer, :mod:`npusim.system.collectives`) are
+  synchronisation tasks of the initiator's stream, not memory copies: they take no SDMA engine (so
+  they never queue behind another stream's copy) and no launch; they pay the fabric's protocol
+  overhead and path latency like any write.
 
 A transfer whose initiator and target are the same endpoint moves nothing and takes no time.
 """
@@ -143,7 +147,7 @@ class SystemSim:
             raise ConfigError(f"transfer op '{op}': expected read or write")
         init = self.system.initiator
         via = via or init.default
-        if via not in ("sdma", "aiv"):
+        if via not in ("sdma", "aiv", "notify"):
             raise ConfigError(f"transfer mechanism '{via}': expected sdma or aiv")
         inits = np.atleast_1d(np.asarray(initiators, np.int64))
         tgts = np.atleast_1d(np.asarray(targets, np.int64))
@@ -173,7 +177,7 @@ class SystemSim:
             for a, k, c in zip(who.tolist(), k0.tolist(), counts.tolist()):
                 self._sdma_next[a] = (k + c) % engines
             launch_ns[sel] = init.sdma_launch_ns
-        elif sel.shape[0]:
+        elif via == "aiv" and sel.shape[0]:
             launch_ns[sel] = init.aiv_launch_ns
         write = op == "write"
         moving = np.flatnonzero(inits != tgts)

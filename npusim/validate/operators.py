@@ -37,7 +37,10 @@ How each family is run (assumptions):
   is the sum of their squares), linear attention / GDN / KDA (no model). Roofline: ``max(4 b h q kv d / peak, (Q + K + V + O) bytes / HBM bandwidth)``.
 * **collective** -- HCCL all-gather, reduce-scatter and all-reduce over the first ``ranks`` dies of
   ``target`` (:func:`~npusim.system.measure.run_collective`, flow fidelity), ``msg_bytes_total`` in
-  the nccl-tests convention (MB read as 10^6 bytes; ``8192B``: bytes). An hccl_test row
+  the nccl-tests convention, or ``msg_bytes_per_rank``: one rank's tensor (:func:`collective_bytes`;
+  MB read as 10^6 bytes unless the source's ``byte_units`` is ``binary``; ``8192B``: bytes), with
+  HCCL's algorithm choice for the source's ``hccl_expansion`` (``HCCL_OP_EXPANSION_MODE``; else the
+  system's). An hccl_test row
   (``all_reduce_test``: back-to-back op-base calls timed together) is the larger of the simulated
   collective and the eager runtime's ``hccl_dispatch_us`` (the host runs ahead of the device).
   Roofline: the bytes each rank must send (``(n-1)/n`` of the message; twice for all-reduce) over
@@ -101,12 +104,27 @@ def _dtype(text: str) -> str:
     return "fp16" if t.startswith("fp16") else "bf16"
 
 
-def _bytes(text) -> int:
-    """'1.3MB' -> 1,300,000; '74KB' -> 74,000 (the source prints decimal units)."""
+def _bytes(text, binary: bool = False) -> int:
+    """'1.3MB' -> 1,300,000; '74KB' -> 74,000 (decimal units); ``binary`` (a source whose
+    ``byte_units`` is ``binary``): '40.0MB' -> 40 x 2**20."""
     m = re.fullmatch(r"\s*([\d.]+)\s*(KB|MB|GB|B)\s*", str(text))
     if not m:
         raise ValueError(f"not a byte size: {text!r}")
-    return int(float(m.group(1)) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)])
+    base = 1024 if binary else 1000
+    return int(float(m.group(1)) * {"B": 1, "KB": base, "MB": base ** 2, "GB": base ** 3}[m.group(2)])
+
+
+def collective_bytes(op: str, shape: dict, ranks: int, binary: bool = False) -> int | None:
+    """A collective row's message in npusim's nccl-tests convention (:mod:`npusim.system.collectives`:
+    all-gather's output, reduce-scatter's input, all-reduce's buffer): ``msg_bytes_total`` is that
+    already; ``msg_bytes_per_rank`` is one rank's tensor (all-gather's input, reduce-scatter's output,
+    all-reduce's buffer), so all-gather and reduce-scatter scale it by the ranks. None: neither key."""
+    if "msg_bytes_total" in shape:
+        return _bytes(shape["msg_bytes_total"], binary)
+    if "msg_bytes_per_rank" in shape:
+        per = _bytes(shape["msg_bytes_per_rank"], binary)
+        return per * ranks if op in ("allgather", "reducescatter") else per
+    return None
 
 
 def _int(x) -> int | None:
@@ -233,20 +251,21 @@ class _Runner:
         roof = max(op.flops / (res.peak_tflops_chip * 1e6), nbytes / (res.hbm_peak_bandwidth_gbps * 1e3))
         return res.time_us, roof, f"{how}, {res.cores_used} cores" + (f"; {kv_note}" if kv_note else "")
 
-    def collective(self, r: dict, target: str) -> tuple[float, float, str] | None:
+    def collective(self, r: dict, target: str, binary: bool = False,
+                   expansion: str | None = None) -> tuple[float, float, str] | None:
         from npusim.system.load import load_system
         from npusim.system.measure import run_collective
 
         s = r.get("shape") or {}
         op = next((v for k, v in HCCL_OPS.items() if k in str(r["op"])), None)
         ranks = _int(s.get("ranks"))
-        if op is None or not ranks or "msg_bytes_total" not in s or "measured_us" not in r:
+        nbytes = collective_bytes(op, s, ranks, binary) if op and ranks else None
+        if nbytes is None or "measured_us" not in r:
             return None
-        nbytes = _bytes(s["msg_bytes_total"])
         if target not in self.systems:
             self.systems[target] = load_system(target)
         loaded = self.systems[target]
-        run = run_collective(loaded, op, list(range(ranks)), nbytes)
+        run = run_collective(loaded, op, list(range(ranks)), nbytes, expansion=expansion)
         topo = loaded.topology
         out_gbps = float(topo.link_cap[topo.link_src == topo.index["npu0.die0"]].sum()) * 1e3  # bytes/ps -> GB/s
         share = (ranks - 1) / ranks * nbytes * (2 if op == "allreduce" else 1)
@@ -301,7 +320,9 @@ def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) 
         fn = run.get(r["family"])
         target = _target(src, r)
         try:
-            got = fn(r, target) if fn and (target or r["family"] == "runtime") else None
+            extra = {"binary": src.get("byte_units") == "binary",
+                     "expansion": src.get("hccl_expansion")} if r["family"] == "collective" else {}
+            got = fn(r, target, **extra) if fn and (target or r["family"] == "runtime") else None
         except NpusimError as exc:  # a row the simulator refuses: shown as not run, counted as a miss
             got = (None, None, f"could not run: {exc}")
         if got is None:
@@ -319,6 +340,14 @@ def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) 
     return rows
 
 
+def _collective_op(r: dict) -> str | None:
+    """A collective row's HCCL op (an all-gather and a reduce-scatter of one size are two cases, not
+    two kernels of one case); None for other families."""
+    if r["family"] != "collective":
+        return None
+    return next((v for k, v in HCCL_OPS.items() if k in str(r["op"])), str(r["op"]))
+
+
 def _measured_us(r: dict) -> float:
     """A row's time: ``measured_us``, else the midpoint of its stated range."""
     if "measured_us" in r:
@@ -328,14 +357,14 @@ def _measured_us(r: dict) -> float:
 
 def _fastest(rows: list[dict]):
     """``(index, row, kernels)`` for each distinct measured case: rows of one source, family, shape,
-    dtype and core count that time different kernels (a baseline and a tuned one, several tilings)
+    dtype, core count (and collective op) that time different kernels (a baseline and a tuned one, several tilings)
     collapse to the fastest, the kernel the hardware can run the case at (npusim plans the best
     kernel it finds); rows without a time in microseconds, and runtime rows (each measures a
     different quantity), pass through alone."""
     best: dict = {}  # case -> [index, row, kernels], in the order cases first appear
     for i, r in enumerate(rows):
-        key = (r["source"], r["family"], repr(r.get("shape")), str(r.get("dtype")), r.get("cores")) \
-            if "measured_us" in r and r["family"] != "runtime" else ("alone", i)
+        key = (r["source"], r["family"], repr(r.get("shape")), str(r.get("dtype")), r.get("cores"),
+               _collective_op(r)) if "measured_us" in r and r["family"] != "runtime" else ("alone", i)
         entry = best.setdefault(key, [i, r, 0])
         entry[2] += 1
         if "measured_us" in r and r["measured_us"] < entry[1]["measured_us"]:
