@@ -148,7 +148,7 @@ class SystemSim:
         init = self.system.initiator
         via = via or init.default
         if via not in ("sdma", "aiv", "notify"):
-            raise ConfigError(f"transfer mechanism '{via}': expected sdma or aiv")
+            raise ConfigError(f"transfer mechanism '{via}': expected sdma, aiv or notify")
         inits = np.atleast_1d(np.asarray(initiators, np.int64))
         tgts = np.atleast_1d(np.asarray(targets, np.int64))
         if np.any(np.asarray(nbytes, np.float64) > MAX_TRANSFER_BYTES):
