@@ -1097,12 +1097,20 @@ class Mapper:
         * the cube's side (engine ``dma0``, the AIC's loads and fix-pipe writes): the K and V
           block loaded (from HBM the first time a byte is read on the chip, re-reads from the L2
           when the op's distinct KV fits it), ``S = Q K^T`` written out in fp32, ``P`` read back,
-          ``P V`` written out in fp32;
+          ``P V`` written out in fp32 once per logical tile
+          (:func:`~npusim.mapping.flash_attention.tiles_per_block`: it accumulates in L0C over a
+          tile's blocks);
         * the vector side (engine ``dma1``, the AIVs' loads and stores): ``S`` read, ``P`` written,
-          ``P V`` read;
+          ``P V`` read (once per logical tile);
         * the cube: ``QK^T`` and ``PV``; the vector unit: the online-softmax step (the ``softmax``
-          class over the block) and the rescale-and-accumulate of the output (2 element-wise ops
-          per output element).
+          class over the block) and, once per logical tile, the rescale-and-accumulate of the
+          output (2 element-wise ops per output element).
+
+        Each working core first pays the mix kernel's prologues (the arch's ``kernel`` section:
+        ``cube_setup_us`` on the cube before its first load, ``vector_setup_us`` on the vector
+        unit; the kernel's device-side start is its caller's, e.g. ``ChipCost``'s once per op).
+        The step's new keys/values are written after the pipeline by tokens over every core of
+        the group (the cache-write kernel's split), whatever split the attention's units took.
 
         On a decoupled core (``cores.cube_vector_exchange: global_memory``: the Ascend presets'
         AIC/AIV) every hand-off crosses global memory (the L2): each side's transfers run at the
