@@ -56,12 +56,13 @@ def _chunk_attention():
 
 def _streamed(op, cores=24):
     """(KV bytes the units stream, S + P + PV bytes one side reads from the other) of the
-    FlashAttention split (npusim.mapping.flash_attention)."""
+    FlashAttention split (npusim.mapping.flash_attention): S and P per block, PV per logical tile."""
     from npusim.mapping import flash_attention as fa
     p = fa.plan(op.batch, op.heads, op.kv_heads, op.q_len, op.attended_pairs / (op.batch * op.q_len), cores)
     blocks = p.units * p.blocks_per_unit
     kv = blocks * p.kv_block * 2 * op.head_dim * 2  # K and V of a block, bf16
-    handed = blocks * p.rows * (p.kv_block * 4 + p.kv_block * 2 + op.head_dim * 4)  # S fp32, P bf16, PV fp32
+    tiles = fa.tiles_per_block(p.blocks_per_unit)
+    handed = blocks * p.rows * (p.kv_block * 4 + p.kv_block * 2 + op.head_dim * 4 * tiles)  # S fp32, P bf16, PV fp32
     return kv, handed
 
 

@@ -23,6 +23,11 @@ FusedInferAttentionScore and the pto-isa ``TFA`` reference kernel, hw-native-sys
   the vector unit's rescale-and-accumulate of the output (``O = O * exp(m_old - m_new) + P V``);
   at the end the output is divided by the row sums. The mapper pipelines these over blocks as the
   kernel does (QK of later blocks issued before PV of earlier ones: ``qkPreloadNum``).
+* **Logical tiles.** The kernel groups its cube blocks into logical tiles of ``TILE_KEYS`` = 256
+  keys (``TILE_S1``, ``TILE_S1 / CUBE_S1`` sub-tiles): ``P V`` accumulates in the cube's L0C over a
+  tile's sub-tiles and is stored once per tile, and the vector side's rescale-and-accumulate (the
+  kernel's ``compute_gu``) runs once per tile (``fa_performance_kernel.cpp``: ``TSTORE`` of
+  ``pvAccTile`` only at the last sub-tile); :func:`tiles_per_block` is that rate per block.
 * Causal prefill: the mean keys per query (the triangle), whole blocks (masking is not charged).
 
 Units: rows, keys and blocks are counts; nothing here is a time.
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 
 Q_BLOCK = 128  # query rows per cube block (pto-isa TFA CUBE_S0; FlashAttention-2's m-block)
 KV_BLOCK = 128  # keys per cube block (pto-isa TFA CUBE_S1 = 128)
+TILE_KEYS = 256  # keys per logical tile (pto-isa TFA TILE_S1; scripts/generate_cases.py TILE_S1_DEFAULT = 256)
 MIN_CHUNK_BLOCKS = 4  # split-KV: a chunk streams at least this many KV blocks (assumed; not calibrated)
 
 
@@ -60,6 +66,14 @@ class FlashPlan:
     def keys(self) -> int:
         """Keys a unit attends (its blocks x block)."""
         return self.blocks_per_unit * self.kv_block
+
+
+def tiles_per_block(blocks_per_unit: int) -> float:
+    """Logical tiles per streamed KV block of a unit of ``blocks_per_unit`` blocks: the unit's
+    ``ceil(blocks / (TILE_KEYS / KV_BLOCK))`` tiles over its blocks (1 for a unit of one block)."""
+    per_tile = max(1, TILE_KEYS // KV_BLOCK)
+    blocks = max(1, blocks_per_unit)
+    return math.ceil(blocks / per_tile) / blocks
 
 
 def spread(units: int, cores: int) -> tuple[int, ...]:
@@ -118,4 +132,5 @@ def ramp_steps(blocks: int, max_steps: int = 48) -> list[int]:
     return ramp + [base + (1 if i < extra else 0) for i in range(count)] + ramp[::-1]
 
 
-__all__ = ["FlashPlan", "KV_BLOCK", "MIN_CHUNK_BLOCKS", "Q_BLOCK", "plan", "ramp_steps", "spread"]
+__all__ = ["FlashPlan", "KV_BLOCK", "MIN_CHUNK_BLOCKS", "Q_BLOCK", "TILE_KEYS", "plan", "ramp_steps", "spread",
+           "tiles_per_block"]

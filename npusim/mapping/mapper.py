@@ -142,6 +142,11 @@ def _split(total: int, parts: int, i: int) -> int:
     return base + (1 if i < extra else 0)
 
 
+def _us_cycles(arch: Arch, us: float) -> int:
+    """``us`` microseconds in ``arch``'s core cycles."""
+    return int(round(us * 1e3 * arch.clock_ghz))
+
+
 def _size(nbytes: float) -> str:
     """Bytes for a note: MB to one decimal, KB below 0.1 MB (so a small model's shard is not "0.0 MB")."""
     return f"{nbytes / MB:.1f} MB" if nbytes >= 0.1 * MB else f"{nbytes / 1024:.1f} KB"
@@ -1092,12 +1097,20 @@ class Mapper:
         * the cube's side (engine ``dma0``, the AIC's loads and fix-pipe writes): the K and V
           block loaded (from HBM the first time a byte is read on the chip, re-reads from the L2
           when the op's distinct KV fits it), ``S = Q K^T`` written out in fp32, ``P`` read back,
-          ``P V`` written out in fp32;
+          ``P V`` written out in fp32 once per logical tile
+          (:func:`~npusim.mapping.flash_attention.tiles_per_block`: it accumulates in L0C over a
+          tile's blocks);
         * the vector side (engine ``dma1``, the AIVs' loads and stores): ``S`` read, ``P`` written,
-          ``P V`` read;
+          ``P V`` read (once per logical tile);
         * the cube: ``QK^T`` and ``PV``; the vector unit: the online-softmax step (the ``softmax``
-          class over the block) and the rescale-and-accumulate of the output (2 element-wise ops
-          per output element).
+          class over the block) and, once per logical tile, the rescale-and-accumulate of the
+          output (2 element-wise ops per output element).
+
+        Each working core first pays the mix kernel's prologues (the arch's ``kernel`` section:
+        ``cube_setup_us`` on the cube before its first load, ``vector_setup_us`` on the vector
+        unit; the kernel's device-side start is its caller's, e.g. ``ChipCost``'s once per op).
+        The step's new keys/values are written after the pipeline by tokens over every core of
+        the group (the cache-write kernel's split), whatever split the attention's units took.
 
         On a decoupled core (``cores.cube_vector_exchange: global_memory``: the Ascend presets'
         AIC/AIV) every hand-off crosses global memory (the L2): each side's transfers run at the
@@ -1177,8 +1190,9 @@ class Mapper:
             kvh = min(op.kv_heads - 1, kvh)
             return (((seq0 + seq) * op.kv_heads + kvh) * kv_blocks + first_block + block) * block_kv
 
-        # per block: bytes each side moves through global memory besides the KV
-        s_bytes, p_bytes, o_bytes = ref.rows * ref.kv_block * SCORE_BYTES, ref.rows * ref.kv_block * e, ref.rows * vd * 4
+        # per block: bytes each side moves through global memory besides the KV (P V: once per logical tile)
+        s_bytes, p_bytes = ref.rows * ref.kv_block * SCORE_BYTES, ref.rows * ref.kv_block * e
+        o_bytes = ref.rows * vd * 4 * fa.tiles_per_block(ref.blocks_per_unit)
         used = max(1, sum(1 for u in units_of if u > 0))
         clock = arch.clock_ghz
         engines = arch.cores.dma.engines
@@ -1213,15 +1227,26 @@ class Mapper:
             return prog.add_compute(c, f"dma{side[which]}", math.ceil(nbytes / rates[which]) + latency, deps=deps,
                                     name=f"{name} {what} L2")
 
+        # each working core's prologue of the mix kernel: the AIC's and the AIVs' (the arch's kernel
+        # section, calibrated on GEMM and vector kernels; the kernel's start is its caller's)
+        kc = arch.kernel
+        prologue = ((_us_cycles(arch, kc.cube_setup_us), _us_cycles(arch, kc.vector_setup_us))
+                    if kc is not None else (0, 0))
         outs = []
         first = 0
         for i, c in enumerate(st.cores):
             units, p_c = units_of[i], plans[i]
-            s_bytes, p_bytes, o_bytes = p_c.rows * p_c.kv_block * SCORE_BYTES, p_c.rows * p_c.kv_block * e, p_c.rows * vd * 4
+            s_bytes, p_bytes = p_c.rows * p_c.kv_block * SCORE_BYTES, p_c.rows * p_c.kv_block * e
+            tiles = fa.tiles_per_block(p_c.blocks_per_unit)  # P V stored and rescaled once per logical tile
+            o_bytes, o_full = p_c.rows * vd * 4 * tiles, p_c.rows * vd * 4
             deps0 = [st.ready[i]]
             if units <= 0:
                 outs.append(prog.add_barrier(deps0, name))
                 continue
+            if prologue[0] > 0:  # the mix kernel's AIC prologue before its first load, the AIVs' on their pipe
+                deps0 = [prog.add_compute(c, "cube", prologue[0], deps=deps0, name=f"{name} AIC start")]
+            if prologue[1] > 0:
+                prog.add_compute(c, "vector", prologue[1], deps=[st.ready[i]], name=f"{name} AIV start")
             steps = fa.ramp_steps(units * p_c.blocks_per_unit)
             kv_of: dict[int, int] = {}  # step -> its K/V loaded
             qk_of: dict[int, int] = {}  # step -> its QK^T
@@ -1262,7 +1287,7 @@ class Mapper:
                 s_out = move(c, 0, steps[j] * s_bytes, [qk_of[j]], "S out", write=True) if 0 <= j < n else -1
                 if s >= 0:
                     o_in = move(c, 1, steps[s] * o_bytes, [pv_out], "PV in")
-                    acc = prog.add_vector(c, "elementwise", 2 * steps[s] * p_c.rows * vd, op.dtype,
+                    acc = prog.add_vector(c, "elementwise", math.ceil(2 * steps[s] * tiles * p_c.rows * vd), op.dtype,
                                           deps=[o_in] + ([acc] if acc >= 0 else []), name=f"{name} rescale")
                 if 0 <= j < n:
                     s_in = move(c, 1, steps[j] * s_bytes, [s_out], "S in")
@@ -1274,7 +1299,7 @@ class Mapper:
             # divide by the row sums; a split KV's partial output (and its row statistics) goes out
             done = prog.add_vector(c, "elementwise", units * p_c.rows * vd, op.dtype, deps=[acc], name=f"{name} normalise")
             if p_c.kv_chunks > 1:
-                done = move(c, 1, units * (o_bytes + 8 * p_c.rows), [done], "partial out", write=True)
+                done = move(c, 1, units * (o_full + 8 * p_c.rows), [done], "partial out", write=True)
             outs.append(done)
             first += units * p_c.blocks_per_unit
         if p is not None and p.kv_chunks > 1:  # merge the pieces of each (sequence, head group), spread over the cores
@@ -1286,13 +1311,15 @@ class Mapper:
                 if g <= 0:
                     outs.append(everyone)
                     continue
-                pieces = g * p.kv_chunks * (o_bytes + 8 * p.rows)
+                pieces = g * p.kv_chunks * (p.rows * vd * 4 + 8 * p.rows)
                 got = move(c, 1, pieces, [everyone], "pieces in")
                 outs.append(prog.add_vector(c, "elementwise", 2 * g * p.kv_chunks * p.rows * vd, op.dtype,
                                             deps=[got], name=f"{name} combine"))
         if self.kv_in_hbm and frac >= 1:  # the step's new keys/values land after the cached ones
+            # written by tokens over every core of the group (as the cache-write kernel,
+            # ReshapeAndCache, splits its tokens), whatever split the attention's units took
             for i, c in enumerate(st.cores):
-                new = _split(op.batch * op.kv_heads, len(st.cores), i) * op.q_len * kv_head_bytes
+                new = _split(op.batch * op.q_len, len(st.cores), i) * op.kv_heads * kv_head_bytes
                 if new > 0:
                     prog.add_dma(c, int(new), address=self._kv_address(c, op, cached * kv_head_bytes), write=True,
                                  dma_engine=side[1], deps=[st.ready[i]], name=f"{name} write KV")
