@@ -299,12 +299,15 @@ def test_streaming_read_respects_the_mesh_and_reaches_the_edge_cut(preset):
     bound = min(peak, cut)
     assert gbps <= bound * 1.001
     assert gbps >= 0.85 * bound
-    # the data crosses the cut at the link rate: the links leaving the edge columns towards the rest
+    # where the cut binds (npusim-64c), the data crosses it at the link rate: the links leaving the
+    # edge columns towards the rest are busy; where the HBM binds (the Ascend dies' 128 B links since
+    # session 43: cut 2,273 GB/s > HBM 1,600 GB/s) they need not be
     topo = sim.topology
     out_of_edges = [k for k in range(topo.num_links)
                     if (topo.link_src[k] % w, topo.link_dst[k] % w) in ((0, 1), (w - 1, w - 2))]
     assert len(out_of_edges) == 2 * h
-    assert busy[out_of_edges].min() >= 0.85 * cycles
+    if cut < peak:
+        assert busy[out_of_edges].min() >= 0.85 * cycles
     # one request per 256 B burst reached the memory ports; no request ejected at a core's port
     nl, nr = topo.num_links, topo.num_routers
     assert sim.noc.link_flits[nl + nr:].sum() == nbytes // arch.hbm.interleave_bytes
