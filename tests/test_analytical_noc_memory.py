@@ -102,18 +102,13 @@ def test_readme_forward_pass_within_the_bounds(arch64):
     from npusim.cli import build_parser
     from npusim.mapping.mapper import map_model
     from npusim.scenarios.run import build_model, build_spec, fill_model_default, run_summary
-    from npusim.sim.simulator import KIND_DMA
 
     args = build_parser().parse_args(["run", "--forward", "--layers", "2", "--fidelity", "analytical",
                                       "--no-progress"])
     fill_model_default(args)
     graph = build_model(args)
     mapped = map_model(graph, arch64, build_spec(args, arch64, graph))
-    prog = mapped.program
-    per_core = np.zeros(arch64.num_cores)
-    for i, kind in enumerate(prog.kind):
-        if kind == KIND_DMA:
-            per_core[prog.core[i]] += prog.param[i][0]
+    per_core = mapped.program.dma_bytes_by_core()
     groups = [list(g.cores) for g in mapped.groups]
     t = sum(per_core[g].sum() / (memory_max_flow_gbps(arch64, g) * 1e9) for g in groups)
     max_flow = per_core.sum() / t / 1e9

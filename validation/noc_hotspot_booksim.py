@@ -200,17 +200,12 @@ def forward_traffic(arch):
     from npusim.cli import build_parser
     from npusim.scenarios.run import build_model, build_spec, fill_model_default
     from npusim.mapping.mapper import map_model
-    from npusim.sim.simulator import KIND_DMA
 
     args = build_parser().parse_args(["run", "--forward", "--layers", "2"])
     fill_model_default(args)
     graph = build_model(args)
     mapped = map_model(graph, arch, build_spec(args, arch, graph))
-    prog = mapped.program
-    per_core = np.zeros(arch.num_cores)
-    for i, kind in enumerate(prog.kind):
-        if kind == KIND_DMA:
-            per_core[prog.core[i]] += prog.param[i][0]
+    per_core = mapped.program.dma_bytes_by_core()
     groups = [list(g.cores) for g in mapped.groups]
     return per_core, groups
 
