@@ -1,5 +1,6 @@
 """HBM traffic over the mesh (npusim.sim.mempath): DMA transaction streams between cores and the
-channels' attach routers at the path and flit fidelities; the analytical fidelity's shortcut."""
+channels' attach routers at the path and flit fidelities (at the analytical one as link
+reservations: tests/test_analytical_noc_memory.py); ``memory_over_noc=False``'s shortcut."""
 
 import numpy as np
 import pytest
@@ -16,8 +17,8 @@ from npusim.sim.mempath import _split_over_routers
 MIB = 1 << 20
 
 
-def _dma_cycles(arch, core, noc, nbytes=MIB, traffic=(), write=False, memory="tlm", streams="flow"):
-    sim = Simulator(arch, memory_mode=memory, noc_mode=noc, memory_streams=streams)
+def _dma_cycles(arch, core, noc, nbytes=MIB, traffic=(), write=False, memory="tlm", streams="flow", **kw):
+    sim = Simulator(arch, memory_mode=memory, noc_mode=noc, memory_streams=streams, **kw)
     for src, size in traffic:
         sim.add_send(src, core, size)
     d = sim.add_dma(core, nbytes, write=write)
@@ -28,10 +29,10 @@ def _dma_cycles(arch, core, noc, nbytes=MIB, traffic=(), write=False, memory="tl
 @pytest.mark.parametrize("memory", ["tlm", "analytical"])
 def test_position_matters_on_the_mesh_only(arch64, memory):
     """A 1 MiB read from an edge core, the centre and a corner: the same cycles without the
-    mesh; at the path fidelity each pays its own distance to the farthest attach router, and
-    every byte crosses the mesh."""
+    mesh (``memory_over_noc=False``); at the path fidelity each pays its own distance to the
+    farthest attach router, and every byte crosses the mesh."""
     cores = (0, 27, 3)
-    plain = [_dma_cycles(arch64, c, "analytical", memory=memory) for c in cores]
+    plain = [_dma_cycles(arch64, c, "analytical", memory=memory, memory_over_noc=False) for c in cores]
     mesh = [_dma_cycles(arch64, c, "path", memory=memory) for c in cores]
     assert len({t for t, _ in plain}) == 1 and all(b == 0 for _, b in plain)
     assert all(b == MIB for _, b in mesh)
@@ -53,6 +54,7 @@ def test_other_traffic_into_the_core_slows_its_dma(arch64):
     assert over == MIB
     # the DMA cannot end before the core's ejection port has taken 32 MiB of other flits
     assert busy > 32 * MIB // arch64.noc.link_bytes_per_cycle > alone
+    # the analytical NoC: messages stay zero-load and its memory streams do not see them
     shortcut, _ = _dma_cycles(arch64, 27, "analytical", traffic=traffic)
     assert shortcut == _dma_cycles(arch64, 27, "analytical")[0]
 
@@ -115,8 +117,9 @@ def test_split_conserves_bytes_and_follows_the_address_map(arch64, addr, nbytes,
 
 
 def test_serving_reports_hbm_bytes_over_the_mesh(arch64):
-    """KV spills, KV reads and streamed weights of a serving run all cross the mesh at the path
-    fidelity (equal counts), none at the analytical one."""
+    """KV spills, KV reads and streamed weights of a serving run all cross the mesh (equal
+    counts), at the path fidelity and, as link reservations, at the analytical one; none with
+    ``memory_over_noc=False``."""
     from npusim.mapping.spec import spec_from_flags
     from npusim.serving.requests import synthetic_requests
     from npusim.serving.scheduler import SchedulerConfig
@@ -125,12 +128,14 @@ def test_serving_reports_hbm_bytes_over_the_mesh(arch64):
     spec = spec_from_flags(tp=4, stages=2, layout="ring").model_copy(update={"data_parallel": 1})
     reqs = synthetic_requests(4, 1000.0, input_len=64, output_len=4, seed=2)
     out = {}
-    for noc in ("path", "analytical"):
-        cfg = ServingConfig(model="qwen3-4b", layers=2, noc_mode=noc,
+    for noc, over in (("path", None), ("analytical", None), ("off", False)):
+        cfg = ServingConfig(model="qwen3-4b", layers=2, noc_mode="analytical" if noc == "off" else noc,
+                            memory_over_noc=over,
                             scheduler=SchedulerConfig(policy="fusion", budget=256, chunk_tokens=64))
         out[noc] = simulate_serving(arch64, spec, reqs, cfg).summary
-    assert out["path"]["hbm_bytes"] > 0 and out["path"]["hbm_bytes_over_noc"] == out["path"]["hbm_bytes"]
-    assert out["analytical"]["hbm_bytes_over_noc"] == 0
+    for noc in ("path", "analytical"):
+        assert out[noc]["hbm_bytes"] > 0 and out[noc]["hbm_bytes_over_noc"] == out[noc]["hbm_bytes"]
+    assert out["off"]["hbm_bytes_over_noc"] == 0
 
 
 def test_kv_reads_need_not_wait_for_spills(tmp_path):
@@ -294,12 +299,15 @@ def test_streaming_read_respects_the_mesh_and_reaches_the_edge_cut(preset):
     bound = min(peak, cut)
     assert gbps <= bound * 1.001
     assert gbps >= 0.85 * bound
-    # the data crosses the cut at the link rate: the links leaving the edge columns towards the rest
+    # where the cut binds (npusim-64c), the data crosses it at the link rate: the links leaving the
+    # edge columns towards the rest are busy; where the HBM binds (the Ascend dies' 128 B links since
+    # session 43: cut 2,273 GB/s > HBM 1,600 GB/s) they need not be
     topo = sim.topology
     out_of_edges = [k for k in range(topo.num_links)
                     if (topo.link_src[k] % w, topo.link_dst[k] % w) in ((0, 1), (w - 1, w - 2))]
     assert len(out_of_edges) == 2 * h
-    assert busy[out_of_edges].min() >= 0.85 * cycles
+    if cut < peak:
+        assert busy[out_of_edges].min() >= 0.85 * cycles
     # one request per 256 B burst reached the memory ports; no request ejected at a core's port
     nl, nr = topo.num_links, topo.num_routers
     assert sim.noc.link_flits[nl + nr:].sum() == nbytes // arch.hbm.interleave_bytes

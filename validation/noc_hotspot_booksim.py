@@ -59,6 +59,7 @@ from machine import machine_line  # noqa: E402
 from npusim.arch import load_arch  # noqa: E402
 from npusim.arch.derived import channel_bandwidths_gbps, hbm_attach_routers  # noqa: E402
 from npusim.hw.noc import NocParams, SyntheticTraffic  # noqa: E402
+from npusim.hw.noc.bounds import memory_max_flow_gbps, memory_xy_bound_gbps  # noqa: E402
 from npusim.hw.noc.flit import simulate_flit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -199,68 +200,14 @@ def forward_traffic(arch):
     from npusim.cli import build_parser
     from npusim.scenarios.run import build_model, build_spec, fill_model_default
     from npusim.mapping.mapper import map_model
-    from npusim.sim.simulator import KIND_DMA
 
     args = build_parser().parse_args(["run", "--forward", "--layers", "2"])
     fill_model_default(args)
     graph = build_model(args)
     mapped = map_model(graph, arch, build_spec(args, arch, graph))
-    prog = mapped.program
-    per_core = np.zeros(arch.num_cores)
-    for i, kind in enumerate(prog.kind):
-        if kind == KIND_DMA:
-            per_core[prog.core[i]] += prog.param[i][0]
+    per_core = mapped.program.dma_bytes_by_core()
     groups = [list(g.cores) for g in mapped.groups]
     return per_core, groups
-
-
-def max_flow_gbps(arch, sinks) -> float:
-    """networkx maximum flow from the HBM channels (a super source: each attach router gets its
-    channels' bandwidth) through the mesh's directed links (link width x clock) to ``sinks`` (each
-    core's ejection port, one link's width), GB/s; routing-oblivious."""
-    import networkx as nx
-
-    link = arch.noc.link_bytes_per_cycle * arch.clock_ghz
-    w, h = arch.cores.grid.width, arch.cores.grid.height
-    g = nx.DiGraph()
-    for y in range(h):
-        for x in range(w):
-            r = y * w + x
-            for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1)):
-                if 0 <= x + dx < w and 0 <= y + dy < h:
-                    g.add_edge(r, (y + dy) * w + x + dx, capacity=link)
-    bw = channel_bandwidths_gbps(arch)
-    for ch, r in enumerate(hbm_attach_routers(arch)):
-        cap = g.edges["src", int(r)]["capacity"] + bw[ch] if g.has_edge("src", int(r)) else bw[ch]
-        g.add_edge("src", int(r), capacity=cap)
-    for c in sinks:
-        g.add_edge(int(c), "sink", capacity=link)
-    return float(nx.maximum_flow_value(g, "src", "sink"))
-
-
-def xy_bound_gbps(arch, per_core, groups) -> float:
-    """HBM GB/s the forward pass can reach at most under XY routing: each group (pipeline stage,
-    one after the other) moves its cores' bytes from every channel evenly; a group takes at least
-    its busiest directed link's bytes / link bandwidth (and each channel's bytes / its bandwidth)."""
-    from npusim.hw.noc import build_routing, route
-    from npusim.hw.noc.topology import mesh_topology
-
-    topo = mesh_topology(arch.cores.grid.width, arch.cores.grid.height, arch.noc.link_bytes_per_cycle,
-                         arch.noc.link_latency_cycles)
-    routing = build_routing(topo, arch.noc.routing)
-    attach = hbm_attach_routers(arch)
-    bw = channel_bandwidths_gbps(arch)
-    link = arch.noc.link_bytes_per_cycle * arch.clock_ghz
-    seconds = 0.0
-    for cores in groups:
-        load = np.zeros(topo.num_links)
-        for c in cores:
-            for r in attach:  # each channel sends 1/channels of the core's bytes
-                for lk in route(int(r), int(c), routing):
-                    load[lk] += per_core[c] / attach.size
-        group_bytes = per_core[cores].sum()
-        seconds += max(load.max() / (link * 1e9), (group_bytes / attach.size / (bw.min() * 1e9)))
-    return per_core.sum() / seconds / 1e9
 
 
 def forward_fidelities(arch) -> dict:
@@ -281,15 +228,15 @@ def bounds(arch, run_forward: bool) -> None:
     readers = [c for c in range(arch.num_cores) if per_core[c] > 0]
     print(f"\n2. bounds on the README forward pass's HBM bandwidth ({ARCH}, HBM {hbm:,.1f} GB/s; "
           f"{len(readers)} reading cores in {len(groups)} pipeline groups, {per_core.sum() / 1e9:.3f} GB)")
-    flows = [max_flow_gbps(arch, g) for g in groups]
+    flows = [memory_max_flow_gbps(arch, g) for g in groups]
     # the groups run one after the other: time >= sum of each group's bytes / its max flow
     t = sum(per_core[g].sum() / (f * 1e9) for g, f in zip(groups, flows))
     mf = per_core.sum() / t / 1e9
     print("   max flow (networkx, routing-oblivious) into each group: "
           + ", ".join(f"{f:,.1f} GB/s" for f in flows) + f"; over the pass {mf:,.1f} GB/s ({100 * mf / hbm:.1f}% of HBM)")
-    xy = xy_bound_gbps(arch, per_core, groups)
+    xy = memory_xy_bound_gbps(arch, per_core, groups)
     print(f"   XY-routing bound (busiest link, the pass's own traffic): {xy:,.1f} GB/s ({100 * xy / hbm:.1f}% of HBM)")
-    all64 = max_flow_gbps(arch, range(arch.num_cores))
+    all64 = memory_max_flow_gbps(arch, range(arch.num_cores))
     print(f"   (max flow into all {arch.num_cores} cores: {all64:,.1f} GB/s)")
     if not run_forward:
         print("   (--forward runs the pass at the three fidelities and places them against these bounds)")

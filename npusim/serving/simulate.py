@@ -70,7 +70,7 @@ class ServingConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     memory_mode: str = "analytical"
     noc_mode: str = "path"
-    memory_over_noc: bool | None = None  # HBM traffic over the mesh (default: at the path/flit fidelities)
+    memory_over_noc: bool | None = None  # HBM traffic over the mesh (default: yes, at every NoC fidelity)
     memory_streams: str = "reserve"  # path fidelity's memory-stream model (npusim.sim.mempath): flow, reserve or hop
     admission: str = "queue"
     prefix_cache: bool = False
@@ -91,8 +91,9 @@ class ServingConfig:
     @property
     def measured_over_noc(self) -> bool:
         """Whether simulated iterations (and the iteration cache's measurements) send their HBM
-        traffic over the mesh: ``memory_over_noc``, by default at the path and flit fidelities."""
-        return self.noc_mode != "analytical" if self.memory_over_noc is None else self.memory_over_noc
+        traffic over the mesh: ``memory_over_noc``, by default at every NoC fidelity (at the
+        analytical one as link reservations, :mod:`npusim.hw.noc.linkbound`)."""
+        return True if self.memory_over_noc is None else self.memory_over_noc
 
     def spills_off_mesh(self, disaggregated: bool) -> bool:
         """Whether the serving chip's DMAs go straight to the memory model even though iterations

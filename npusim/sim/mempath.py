@@ -70,9 +70,13 @@ end in one event. ``hop`` — every stream's header moves hop by hop (an event p
 costs ~40% fewer events on Qwen3-4B iterations and stays within 0.8% of hop
 (``validation/memory_stream_model.py``).
 
-The ``analytical`` NoC fidelity keeps the shortcut (DMA tasks go straight to the memory model,
-no mesh traffic), as does any simulator built with ``memory_over_noc=False`` (``npusim mem``
-measures the memory device alone).
+At the ``analytical`` NoC fidelity the same streams (same routers, bytes and flits) reserve the
+links of their routes and their ports first come, first served, each link on its own, without
+events (:mod:`npusim.hw.noc.linkbound`): the mesh bounds the memory traffic's bandwidth (no link
+above its peak) at a pass over each route per stream; the DMA's streams end together in one
+event. A simulator built with ``memory_over_noc=False`` keeps the shortcut (DMA tasks go straight
+to the memory model, no mesh traffic: what the analytical NoC did before issue 42; ``npusim mem``
+measures the memory device alone that way).
 
 Counters: ``C_BYTES`` is the DMA data bytes that crossed the mesh (``hbm_bytes_over_noc``);
 ``C_PARTS`` the stream messages started.
@@ -90,7 +94,9 @@ from npusim.hw.memory.hbm import PATTERN_LINEAR, PATTERN_RANDOM
 from npusim.hw.noc.flit_engine import flit_read_add, flit_read_go
 from npusim.engine.eventlist import event_push
 from npusim.hw.noc.memflow import memflow_add, memflow_go, new_memflows
-from npusim.hw.noc.path import EV_NOC_PART_END, MODE_FLIT, PRM_MODE, memory_port, path_reserve_part, path_start_part
+from npusim.hw.noc.linkbound import reserve_route
+from npusim.hw.noc.path import (EV_NOC_PART_END, MODE_ANALYTICAL, MODE_FLIT, MODE_PATH, PRM_MODE, memory_port,
+                                path_reserve_part, path_start_part)
 
 MemPath = namedtuple("MemPath", ["prm", "attach", "routers", "pending", "task", "tail", "r_bytes", "r_pkt",
                                  "hops", "counters", "fl"])
@@ -209,8 +215,9 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
     w = p[MP_WIDTH]
     S, L = p[MP_S], p[MP_L]
     flit_mode = noc.prm[PRM_MODE] == MODE_FLIT
-    reserve = p[MP_RESERVE] == STREAM_RESERVE and not flit_mode
-    flow = p[MP_RESERVE] == STREAM_FLOW and not flit_mode
+    analytical = noc.prm[PRM_MODE] == MODE_ANALYTICAL  # links reserved first come, first served (linkbound)
+    reserve = p[MP_RESERVE] == STREAM_RESERVE and noc.prm[PRM_MODE] == MODE_PATH
+    flow = p[MP_RESERVE] == STREAM_FLOW and noc.prm[PRM_MODE] == MODE_PATH
     parts = 0
     bursts = 0
     streams = 0
@@ -227,6 +234,10 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
             # bursts paced by the DMA engine's tags, what comes back sent in the order they
             # arrive (flit_engine: "DMA reads"); one part for all its routers, counted below
             flit_read_add(fnoc, init, r, n, out_flits, back_flits)
+        elif analytical:
+            port = memory_port(noc, r) if p[MP_MEMPORT] != 0 else noc.n_links + r
+            last = max(last, reserve_route(noc, core, r, out_flits, now, port),
+                       reserve_route(noc, r, core, back_flits, now, noc.n_links + core))
         elif flow:  # one flow for all its routers (npusim.hw.noc.memflow), started below
             memflow_add(mp.fl, noc, init, core, r, n, out_flits, back_flits, p[MP_MEMPORT])
             bursts += n
@@ -253,7 +264,7 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
     if flow and streams > 0:
         memflow_go(mp.fl, noc.link_holds, heap, hs, init, nbytes, bursts, now)
         parts += 1
-    if last >= 0:  # the reserved streams end together: one part, one event
+    if last >= 0:  # the reserved streams (or the analytical NoC's) end together: one part, one event
         event_push(heap, hs, last, EV_NOC_PART_END, init)
         parts += 1
     mp.counters[C_PARTS] += streams

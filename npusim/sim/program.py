@@ -315,6 +315,14 @@ class Program:
         ptr, idx = self._deps_csr()
         return kinds, queue, param, ptr, idx
 
+    def dma_bytes_by_core(self) -> np.ndarray:
+        """Bytes each core's DMA tasks move to or from HBM (reads and writes), indexed by core."""
+        out = np.zeros(self.num_cores)
+        for kind, core, param in zip(self.kind, self.core, self.param):
+            if kind == KIND_DMA:
+                out[core] += param[0]
+        return out
+
     # -- files ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         import h5py  # a core dependency, imported when used: a run that saves nothing starts faster

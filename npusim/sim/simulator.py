@@ -5,10 +5,12 @@ Resource queues per core, in this order: ``cube``, ``vector``, ``dma0`` ..
 initiator with its own tags), ``noc`` (messages to other cores, one at a time).
 Queue id = ``core * queues_per_core + unit``. The NoC is the arch's 2D mesh at the
 ``path`` fidelity (message-level contention, the default), ``analytical`` (zero-load
-latency) or ``flit`` (cycle-accurate routers, stepped every busy cycle). At the path and
-flit fidelities every DMA's HBM transaction streams also cross the mesh between the core and
-its channels' attach routers (:mod:`npusim.sim.mempath`); the analytical fidelity, or
-``memory_over_noc=False``, sends DMA tasks straight to the memory model.
+latency) or ``flit`` (cycle-accurate routers, stepped every busy cycle). Every DMA's HBM
+transaction streams also cross the mesh between the core and its channels' attach routers
+(:mod:`npusim.sim.mempath`): contending with all traffic at the path and flit fidelities, at the
+analytical one reserving their routes' links first come, first served
+(:mod:`npusim.hw.noc.linkbound`: the links bound memory traffic; core-to-core messages stay
+zero-load); ``memory_over_noc=False`` sends DMA tasks straight to the memory model.
 
 Use: build tasks with :meth:`add_compute` / :meth:`add_dma` (or
 :meth:`submit_batch` for many at once), then :meth:`run` — until a time, until a
@@ -83,7 +85,8 @@ class Simulator:
         """``noc_graph``: a networkx topology (see ``npusim.hw.noc.topology``) with one router
         per core, instead of the arch's mesh. ``txlog_rows`` / ``cmdlog_rows``: capacity of the HBM
         model's transaction log / DRAM command trace (tests, debugging; 0 = off). ``memory_over_noc``: route HBM transaction streams over the
-        NoC (default: at the path and flit fidelities, not at the analytical one). ``memory_streams``:
+        NoC (default: at every fidelity; the analytical NoC times them by link reservations,
+        :mod:`npusim.hw.noc.linkbound`; ``False``: DMAs go straight to the memory model). ``memory_streams``:
         at the path fidelity, ``reserve`` (default) times each memory stream by reserving its path
         when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`), ``flow``
         carries each DMA's traffic as a flow sharing the mesh's links max-min fairly
@@ -148,10 +151,7 @@ class Simulator:
                                   noc.link_bytes_per_cycle, 256, noc_mode, noc.buffer_depth_flits,
                                   memory_ports=lanes)
         if memory_over_noc is None:
-            memory_over_noc = noc_mode != "analytical"
-        if memory_over_noc and noc_mode == "analytical":
-            raise ConfigError("memory_over_noc needs the path or flit NoC fidelity (the analytical one has no "
-                              "contention to model)")
+            memory_over_noc = True
         self.memory_over_noc = bool(memory_over_noc)
         if memory_streams not in STREAM_MODELS:
             raise ConfigError(f"memory stream model '{memory_streams}': expected one of {STREAM_MODELS}")
