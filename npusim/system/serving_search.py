@@ -55,6 +55,13 @@ size's best shape are laddered too. Every skipped plan is in ``candidates`` with
 counted in ``skipped``. The roofline leaves out compute and communication: it ranks, it does not bound,
 so a shape it ranks low (more TP, a smaller EP) may be missed.
 
+Not exact: the M/D/1 estimate is an open (Poisson) queue, the check a closed loop at the slots, which never
+queues more than its slots: near the rate match the estimate can reject a split the check would serve within
+its objectives (Llama-3-70B on 8 Atlas 800I A2 cards, 1024 / 256 tokens, 2,000 / 50 ms: one tp4 prefill
+instance and one tp4 decode instance at 32 sequences, estimated TTFT 58 s at prefill utilisation 0.996,
+served 368 ms and 107.5 tokens/s per NPU, while the search answers the same split at 16 sequences, 59.3), and
+it can accept one the check misses (session 42's Qwen3-30B-A3B b512 splits).
+
 Not guaranteed: that a tighter objective never gives a better ``best`` across two searches. Judged on the
 same served candidates it cannot (a tighter objective only removes feasible ones), but each search serves
 the best *estimates* under its own objectives, so a tighter search can serve a candidate a looser one
