@@ -58,7 +58,7 @@ so a shape it ranks low (more TP, a smaller EP) may be missed.
 Not exact: the M/D/1 estimate is an open (Poisson) queue, the check a closed loop at the slots, which never
 queues more than its slots: near the rate match the estimate can reject a split the check would serve within
 its objectives (Llama-3-70B on 8 Atlas 800I A2 cards, 1024 / 256 tokens, 2,000 / 50 ms: one tp4 prefill
-instance and one tp4 decode instance at 32 sequences, estimated TTFT 58 s at prefill utilisation 0.996,
+instance and one tp4 decode instance at 32 sequences, estimated TTFT 58 s at prefill utilisation 0.998,
 served 368 ms and 107.5 tokens/s per NPU, while the search answers the same split at 16 sequences, 59.3), and
 it can accept one the check misses (session 42's Qwen3-30B-A3B b512 splits).
 
