@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npusim.model.zoo import get_config
-from npusim.system.serving_search import (prefill_ttft, prefill_utilisation_cap, prune_plans, rate_matched,
+from npusim.system.serving_search import (DECODE_TOP_PER_NPU, FULL_SCALE_FROM_PER_NPU, decode_ladder,
+                                          prefill_ttft, prefill_utilisation_cap, prune_plans, rate_matched,
                                           roofline_rank)
 
 
@@ -95,6 +96,28 @@ def test_the_coarse_set_keeps_k_shapes_a_size_and_counts_every_skip():
             assert fig <= min(figs.values()) + 1
     shape = lambda p: (p.npus, p.tp, p.ep, p.redundant_experts)  # noqa: E731
     assert {shape(p) for p in held} <= {shape(p) for p in coarse}
+
+
+@pytest.mark.parametrize("full_scale", [False, True])
+def test_the_decode_ladder_steps_per_npu_so_every_instance_size_gets_the_same_batches_per_npu(full_scale):
+    """DeepSeek-R1, tp1 with data-parallel attention and EP over every die, on 10, 32, 64, 160 and 320
+    CloudMatrix384 NPUs: the same sequences per NPU at every size, each a whole number per NPU (a batch
+    a deployment can state), powers of two up to the top. Before: the instance's batch doubled, so 160
+    NPUs got 16, 25.6, 51.2 and 102.4 per NPU where 64 NPUs got 16, 32, 64 and 128."""
+    from npusim.system.search import candidate_plans
+
+    cfg = get_config("deepseek-r1")
+    per_npu = {}
+    for n in (10, 32, 64, 160, 320):
+        plan = next(p for p in candidate_plans(cfg, n, 2, 384, "w8a8", "bf16", 1, all_ep=True, microbatches=(1,),
+                                               mtp=(1,))[0] if p.tp == 1 and p.ep == 2 * n)
+        ladder = decode_ladder(plan, full_scale=full_scale)
+        assert ladder == sorted(set(ladder)) and all(b % n == 0 for b in ladder)
+        per_npu[n] = [b // n for b in ladder]
+    want = ([FULL_SCALE_FROM_PER_NPU] if full_scale else [2]) + [k for k in (4, 8, 16, 32, 64, 128)
+                                                                   if k > (FULL_SCALE_FROM_PER_NPU if full_scale else 2)]
+    assert want[-1] == DECODE_TOP_PER_NPU
+    assert all(v == want for v in per_npu.values()), per_npu
 
 
 SEARCH = dict(system="cloudmatrix384", nodes=1, model="qwen3-0.6b", npus=2, input_len=512, output_len=32, workers=1,

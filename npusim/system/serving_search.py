@@ -8,11 +8,12 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    experts with the fewest redundant slots that make it, greedily placed --, ``pp`` up to ``max_pp``,
    micro-batches 1 and 2, MTP 0 and 1 for models with an MTP module, one more redundant expert slot
    per EP rank when the routing is skewed -- with uniform routing a copy only takes memory). Decode:
-   each plan at batches 1, 2, 4, 8 ... (powers of two) up to ``DECODE_TOP_PER_NPU`` (128) per NPU at
-   the context ``input + output / 2``, until one misses the TPOT objective or HBM, then the three best
-   plans of each instance size once more at 1.5 times their last feasible batch (between the powers
-   of two: 96 per NPU when 64 passed and 128 missed); prefill: one prompt of
-   ``input`` tokens per DP group (its TTFT when it runs alone).
+   each plan at 1, 2, 4, 8 ... (powers of two) up to ``DECODE_TOP_PER_NPU`` (128) sequences per NPU
+   (:func:`decode_ladder`: the same batches per NPU at every instance size) at the context
+   ``input + output / 2``, until one misses the TPOT objective or HBM, then the three best plans of
+   each instance size once more at 1.5 times their last feasible batch (between the powers of two: 96
+   per NPU when 64 passed and 128 missed); prefill: one prompt of ``input`` tokens per DP group (its
+   TTFT when it runs alone).
 2. **Estimates** (arithmetic on the step results, to rank candidates, never an answer):
    *aggregated* -- a decode plan at batch ``b`` (per instance), ``N / n`` replicas: an instance makes
    ``b`` requests' tokens per ``O x tpot(b) + b x t_p`` (``t_p``: its prefill time per prompt, the
@@ -54,6 +55,13 @@ size's best shape are laddered too. Every skipped plan is in ``candidates`` with
 counted in ``skipped``. The roofline leaves out compute and communication: it ranks, it does not bound,
 so a shape it ranks low (more TP, a smaller EP) may be missed.
 
+Not exact: the M/D/1 estimate is an open (Poisson) queue, the check a closed loop at the slots, which never
+queues more than its slots: near the rate match the estimate can reject a split the check would serve within
+its objectives (Llama-3-70B on 8 Atlas 800I A2 cards, 1024 / 256 tokens, 2,000 / 50 ms: one tp4 prefill
+instance and one tp4 decode instance at 32 sequences, estimated TTFT 58 s at prefill utilisation 0.998,
+served 368 ms and 107.5 tokens/s per NPU, while the search answers the same split at 16 sequences, 59.3), and
+it can accept one the check misses (session 42's Qwen3-30B-A3B b512 splits).
+
 Not guaranteed: that a tighter objective never gives a better ``best`` across two searches. Judged on the
 same served candidates it cannot (a tighter objective only removes feasible ones), but each search serves
 the best *estimates* under its own objectives, so a tighter search can serve a candidate a looser one
@@ -77,7 +85,6 @@ from dataclasses import dataclass, replace
 from npusim.errors import ConfigError, NpusimError
 from npusim.model.zoo import get_config
 from npusim.system.search import PlanPoint, _divisors, _system, candidate_plans, front, run_plan_point
-from npusim.system.step_table import grid
 
 #: rounds of serving a candidate that missed an objective again at half its decode batch limit
 BACKOFF_ROUNDS = 3
@@ -103,6 +110,20 @@ class Ladder:
     """One plan's batches, run in order until one fails (a worker's task)."""
 
     points: tuple[PlanPoint, ...]
+
+
+def decode_ladder(plan, full_scale: bool = False) -> list[int]:
+    """A decode plan's ladder of instance batches (sequences), smallest first: its lowest batch (one
+    sequence per DP group and micro-batch; at ``full_scale`` at least ``FULL_SCALE_FROM_PER_NPU`` per NPU),
+    then ``k x npus`` for ``k`` = 1, 2, 4 ... ``DECODE_TOP_PER_NPU`` sequences per NPU above it. The
+    powers of two are per NPU, so every instance size of a plan shape is tried at the same batches per
+    NPU (a ladder of the instance's batch in powers of two put a 160-NPU instance at 25.6 and 51.2 per
+    NPU, batches no deployment can state as a whole number per NPU, and 64 per NPU on 64 NPUs)."""
+    lo = plan.dp * plan.microbatches
+    if full_scale:
+        lo = max(lo, FULL_SCALE_FROM_PER_NPU * plan.npus)
+    per_npu = [1 << i for i in range(DECODE_TOP_PER_NPU.bit_length()) if 1 << i <= DECODE_TOP_PER_NPU]
+    return [lo] + [k * plan.npus for k in per_npu if k * plan.npus > lo]
 
 
 def run_ladder(task: Ladder) -> list[dict]:
@@ -256,10 +277,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                                    routing, seed, runtime)
 
     def ladder(p):
-        lo, top = p.dp * p.microbatches, DECODE_TOP_PER_NPU * p.npus
-        if plans_per_size is not None:  # full scale: from FULL_SCALE_FROM_PER_NPU sequences per NPU
-            lo = max(lo, FULL_SCALE_FROM_PER_NPU * p.npus)
-        return Ladder(tuple(point(p, b) for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0]))
+        return Ladder(tuple(point(p, b) for b in decode_ladder(p, full_scale=plans_per_size is not None)))
     ladders = [ladder(p) for p in plans]
     for p in plans:  # a prompt's step: MTP and micro-batch overlap are decode choices
         q = p.with_changes(mtp=0, microbatches=1)
@@ -491,10 +509,9 @@ def roofline_rank(cfg, plan, kv_ctx: int, hbm_gib: float, hbm_gbps: float, slo_t
     so it ranks plans, it is not a bound on what they serve. ``(None, reason)`` when no batch passes."""
     from npusim.system.mapper import StepShape, memory_per_rank_gb
 
-    lo, top = plan.dp * plan.microbatches, DECODE_TOP_PER_NPU * plan.npus
     tokens = 1 + plan.mtp * plan.mtp_acceptance
     best, why = None, "memory: the weights and the lowest batch's KV do not fit a die's HBM"
-    for b in [lo] + [b for b in grid(lo + 1, top) if b & (b - 1) == 0]:
+    for b in decode_ladder(plan):
         weights, kv = memory_per_rank_gb(cfg, plan, StepShape("decode", b, 1, kv_ctx))
         if weights + kv > hbm_gib:
             break
