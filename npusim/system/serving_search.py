@@ -23,9 +23,9 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    each ``y`` decode instances that fit, ``x`` prefill instances at the floor and ceiling of the count
    whose prompt rate (``x dp / ttft``, at most the utilisation cap of :func:`prefill_utilisation_cap`:
    M/D/1, so the mean TTFT stays within its objective at that load) carries the decode pool's
-   requests (``y b / (O tpot)``); requests/s = min of the two, TTFT the M/D/1 mean at the prefill
-   pool's load (or Little's law on the closed loop when the prefill pool is saturated), TPOT ~
-   ``tpot(b)``. A prefill batch holds the step estimate's prompts (one per DP group:
+   requests (``y b / (O tpot)``); TTFT and requests/s those of the closed loop the check serves, at its
+   ``y b`` slots (:func:`closed_loop_prefill`: approximate mean value analysis, M/D/1 in the open limit,
+   Little's law when the prefill pool saturates), TPOT ~ ``tpot(b)``. A prefill batch holds the step estimate's prompts (one per DP group:
    ``tokens_per_npu = dp x input / n``).
    With ``max_concurrency`` (the user's benchmark concurrency) no candidate holds more sequences than
    that (batch limit x instances).
@@ -55,12 +55,14 @@ size's best shape are laddered too. Every skipped plan is in ``candidates`` with
 counted in ``skipped``. The roofline leaves out compute and communication: it ranks, it does not bound,
 so a shape it ranks low (more TP, a smaller EP) may be missed.
 
-Not exact: the M/D/1 estimate is an open (Poisson) queue, the check a closed loop at the slots, which never
-queues more than its slots: near the rate match the estimate can reject a split the check would serve within
-its objectives (Llama-3-70B on 8 Atlas 800I A2 cards, 1024 / 256 tokens, 2,000 / 50 ms: one tp4 prefill
-instance and one tp4 decode instance at 32 sequences, estimated TTFT 58 s at prefill utilisation 0.998,
-served 368 ms and 107.5 tokens/s per NPU, while the search answers the same split at 16 sequences, 59.3), and
-it can accept one the check misses (session 42's Qwen3-30B-A3B b512 splits).
+Not exact: the split estimate is an approximate closed-network analysis. Until session 43 it was M/D/1, an
+open (Poisson) queue, while the check is a closed loop at the slots, which never queues more than its slots:
+near the rate match it rejected a split the check serves within its objectives (Llama-3-70B on 8 Atlas 800I
+A2 cards, 1024 / 256 tokens, 2,000 / 50 ms: one tp4 prefill instance and one tp4 decode instance at 32
+sequences, M/D/1 TTFT 58 s at prefill utilisation 0.998, served 368 ms and 107.5 tokens/s per NPU; the
+closed loop's estimate is about 1.3 s). It still assumes requests independent of each other, while the
+check's fixed lengths move them in waves, and it can accept a split the check misses (session 42's
+Qwen3-30B-A3B b512 splits, whose first waves queue more).
 
 Not guaranteed: that a tighter objective never gives a better ``best`` across two searches. Judged on the
 same served candidates it cannot (a tighter objective only removes feasible ones), but each search serves
@@ -581,6 +583,41 @@ def prefill_ttft(ttft_ms: float, rho: float) -> float:
     return ttft_ms * (1 + rho / (2 * (1 - rho)))
 
 
+def closed_loop_prefill(ttft_ms: float, demand_ms: float, think_ms: float, customers: int) -> tuple[float, float]:
+    """Mean TTFT (ms) and requests/ms of a closed loop of ``customers`` requests that alternate between a
+    prefill pool and decode (the serving check's loop, and a benchmark client's at a fixed concurrency).
+
+    Model (approximate mean value analysis, stated): decode is a delay of ``think_ms`` (``O x tpot``: every
+    customer holds a decode slot, the slots being the customers); the prefill pool serves a request in
+    ``ttft_ms`` (its batch's step) and completes one every ``demand_ms`` at full load (``ttft_ms`` over the
+    pool's parallel prompts, ``x dp``). By the arrival theorem, with Schweitzer's estimate of the queue a
+    request finds (``(n - 1) / n`` of the loop's mean queue), it waits for the requests queued beyond those
+    in service, ``demand_ms`` each, plus, with the probability the pool is full, half a ``demand_ms``
+    (deterministic service: departures evenly spaced): ``R = T + a X D^2 / (2 (1 - a X D))``, ``a = (n-1)/n``;
+    the loop's throughput ``X = n / (R + Z)`` (Little's law), solved for ``X`` by bisection; when that
+    would need more than the pool's rate ``1 / D``, ``X = 1 / D`` and ``R = n D - Z`` (Little's law). In the open
+    limit (``n`` large) it is M/D/1 at the pool's rate; a closed loop never queues more than its customers,
+    so near the rate match it does not diverge as M/D/1 does (Llama-3-70B 1P1D tp4 at 32 sequences on 8
+    Atlas 800I A2 cards: M/D/1 58 s, served 368 ms); with the pool saturated it tends to Little's law,
+    ``n / X - Z`` at ``X = 1 / D``."""
+    n, T, D, Z = customers, ttft_ms, demand_ms, think_ms
+    a = (n - 1) / n
+
+    def resp(x: float) -> float:
+        return T + a * x * D * D / (2 * (1 - a * x * D))
+
+    if n / (resp(1 / D) + Z) >= 1 / D:  # the pool saturated: it completes one every D, the rest queue
+        return max(T, n * D - Z), 1 / D
+    lo, hi = 0.0, min(n / (T + Z), 1 / D)
+    for _ in range(100):  # n / (resp(x) + Z) - x falls with x: one root in (lo, hi)
+        mid = (lo + hi) / 2
+        if n / (resp(mid) + Z) > mid:
+            lo = mid
+        else:
+            hi = mid
+    return resp(lo), lo
+
+
 def rate_matched(npus: int, n_p: int, prompts: int, ttft_ms: float, n_d: int, batch: int, tpot_ms: float,
                  output_len: int, slo_ttft_ms: float | None) -> list[tuple[int, int, dict]]:
     """The xPyD splits of ``npus`` near the rate match, each ``(x, y, estimate)``: a prefill instance of
@@ -588,10 +625,9 @@ def rate_matched(npus: int, n_p: int, prompts: int, ttft_ms: float, n_d: int, ba
     ``n_d`` NPUs at ``batch`` sequences serves ``batch / (output_len x tpot_ms)`` requests/ms. For each
     ``y`` that fits, ``x`` is the floor and the ceiling of ``y x decode rate / (cap x prefill rate)``, the
     cap from :func:`prefill_utilisation_cap` (a queueing margin, so the prefill pool's TTFT stays within
-    its objective at that load). The estimate: requests/s ``X = min(x prefill rate, y decode rate)``;
-    TTFT the M/D/1 mean at the prefill pool's utilisation, or, when the prefill pool is the bottleneck,
-    by Little's law on the closed loop at the ``y x batch`` sequences it serves (the requests beyond what
-    decode holds wait for prefill): ``y batch / X - output_len tpot``; TPOT the decode step's."""
+    its objective at that load). The estimate is the closed loop the check serves, at its ``y x batch``
+    slots (:func:`closed_loop_prefill`): TTFT and requests/s ``X`` (at most the prefill pool's and the
+    decode pool's rates), TPOT the decode step's."""
     rho = prefill_utilisation_cap(ttft_ms, slo_ttft_ms)
     mu_p, mu_d = prompts / ttft_ms, batch / (output_len * tpot_ms)  # requests per ms per instance
     out = []
@@ -603,11 +639,7 @@ def rate_matched(npus: int, n_p: int, prompts: int, ttft_ms: float, n_d: int, ba
             used = x * n_p + y * n_d
             if used > npus:
                 continue
-            X = min(x * mu_p, y * mu_d)
-            if x * mu_p > y * mu_d:
-                ttft = prefill_ttft(ttft_ms, X / (x * mu_p))
-            else:  # prefill saturated: the closed loop's extra requests queue for it
-                ttft = max(ttft_ms, y * batch / X - output_len * tpot_ms)
+            ttft, X = closed_loop_prefill(ttft_ms, 1 / (x * mu_p), output_len * tpot_ms, y * batch)
             out.append((x, y, {"ttft_ms": ttft, "tpot_ms": tpot_ms, "output_throughput_per_npu": X * output_len * 1e3 / used,
                                "tokens_per_s_per_user": 1e3 / tpot_ms, "prefill_utilisation": X / (x * mu_p),
                                "decode_utilisation": X / (y * mu_d)}))
