@@ -29,15 +29,11 @@ def memory_max_flow_gbps(arch, sinks) -> float:
     core's ejection port, one link's width), GB/s; routing-oblivious."""
     import networkx as nx
 
+    from npusim.hw.noc.topology import mesh
+
     link = arch.noc.link_bytes_per_cycle * arch.clock_ghz
-    w, h = arch.cores.grid.width, arch.cores.grid.height
     g = nx.DiGraph()
-    for y in range(h):
-        for x in range(w):
-            r = y * w + x
-            for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1)):
-                if 0 <= x + dx < w and 0 <= y + dy < h:
-                    g.add_edge(r, (y + dy) * w + x + dx, capacity=link)
+    g.add_edges_from(mesh(arch.cores.grid.width, arch.cores.grid.height).edges, capacity=link)
     bw = channel_bandwidths_gbps(arch)
     for ch, r in enumerate(hbm_attach_routers(arch)):
         cap = g.edges["src", int(r)]["capacity"] + bw[ch] if g.has_edge("src", int(r)) else bw[ch]
