@@ -548,15 +548,17 @@ def prune_plans(plans: list, cfg, kv_ctx: int, hbm_gib: float, hbm_gbps: float, 
         best: dict[tuple, float] = {}
         for fig, p in got:
             best[shape(p)] = max(best.get(shape(p), 0.0), fig)
-        keep = sorted(best, key=lambda k: -best[k])[:per_size]
+        order = sorted(best, key=lambda k: -best[k])
+        keep = order[:per_size]
+        fewest_mb, most_mtp = min(q.microbatches for _, q in got), max(q.mtp for _, q in got)
         for fig, p in got:
             k = shape(p)
             if k not in keep:
                 skipped.append({"plan": p.to_dict(), "batch": None, "feasible": False, "simulated": False,
-                                "reason": f"skipped before simulating: roofline rank {sorted(best, key=lambda k: -best[k]).index(k) + 1} "
+                                "reason": f"skipped before simulating: roofline rank {order.index(k) + 1} "
                                           f"of {len(best)} shapes of {n} NPUs ({fig:,.0f} tokens/s per NPU), beyond "
                                           f"--plans-per-size {per_size}"})
-            elif p.microbatches == min(q.microbatches for _, q in got) and p.mtp == max(q.mtp for _, q in got):
+            elif p.microbatches == fewest_mb and p.mtp == most_mtp:
                 coarse.append(p)
             else:
                 held.append(p)
