@@ -16,7 +16,8 @@ study's per-core DRAM chip, 7:7 instance stages and 7 fusion stages from the pub
 configurations); this script prints the simulated figures and the rows `npusim validate --only
 pd-ratios,fusion-vs-disagg` judges (magnitudes, not only signs). Flags change the setup.
 
-    python validation/serving_pd_study.py [--requests 40] [--rate 20] [--only a7|a10]
+    python validation/serving_pd_study.py [--requests 40] [--rate 20] [--a7-requests 200] [--a7-rate inf]
+        [--only a7|a10]
         [--arch npusim-64c] [--pd-stages 7:7|auto] [--fusion-stages 7] [--balance cost|layers]
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
@@ -32,14 +34,18 @@ from machine import machine_line  # noqa: E402
 
 from npusim.arch import load_arch  # noqa: E402
 from npusim.cli.validate import print_table  # noqa: E402
-from npusim.validate.serving_pd import PdSetup, a7, a7_rows_from, a10, a10_rows_from  # noqa: E402
+from npusim.validate.serving_pd import A7_SETUP, PdSetup, a7, a7_rows_from, a10, a10_rows_from  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = PdSetup()
-    ap.add_argument("--requests", type=int, default=d.requests)
-    ap.add_argument("--rate", type=float, default=d.rate)
+    ap.add_argument("--requests", type=int, default=d.requests, help="A10's requests (default 40)")
+    ap.add_argument("--rate", type=float, default=d.rate, help="A10's Poisson rate, requests/s (default 20)")
+    ap.add_argument("--a7-requests", type=int, default=A7_SETUP.requests,
+                    help="A7's requests (default: the artefact's 200)")
+    ap.add_argument("--a7-rate", type=float, default=A7_SETUP.rate,
+                    help="A7's arrival rate, requests/s (default inf: all at once, as the artefact)")
     ap.add_argument("--only", choices=["a7", "a10"], default=None, help="run one of the two studies")
     ap.add_argument("--arch", default=None, help="A7's chip (default: npusim-64c with per-core 60 GB/s DRAM)")
     ap.add_argument("--pd-stages", default="7:7", help="stages of the prefill and decode instances, P:D, or auto "
@@ -54,13 +60,16 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = []
     if args.only != "a10":
-        res = a7(setup, load_arch(args.arch) if args.arch else None)
-        print(f"A7: P:D core ratios, 100 in / 100 out tokens; {setup.describe()}")
-        print(f"{'P:D':>6} | {'TTFT ms':>8} {'TBT ms':>8} {'E2E ms':>9} {'tok/s':>8}")
+        a7_setup = replace(setup, requests=args.a7_requests, rate=args.a7_rate)
+        res = a7(a7_setup, load_arch(args.arch) if args.arch else None)
+        print(f"A7: P:D core ratios, 100 in / 100 out tokens; {a7_setup.describe()}")
+        print("  TTFT, TBT and decode span as NPU-SIM's draw_pd_split_mono.py computes them; "
+              "TTFT and E2E from arrival as npusim's summary does")
+        print(f"{'P:D':>6} | {'TTFT ms':>8} {'TBT ms':>8} {'decode ms':>9} | {'TTFT arr':>8} {'E2E arr':>9} {'tok/s':>8}")
         for (p, dd), s in res.items():
-            print(f"{p:>3}:{dd:<2} | {s['ttft_ms']['mean']:8.1f} {s['tbt_ms']['mean']:8.1f} {s['e2e_ms']['mean']:9.1f} "
-                  f"{s['throughput_tokens_per_s']:8.1f}")
-        rows += a7_rows_from(res, setup, *([args.arch] if args.arch else []))
+            print(f"{p:>3}:{dd:<2} | {s['ttft_ms']:8.1f} {s['tbt_ms']:8.1f} {s['decode_ms']:9.1f} | "
+                  f"{s['ttft_from_arrival_ms']:8.1f} {s['e2e_ms']:9.1f} {s['throughput_tokens_per_s']:8.1f}")
+        rows += a7_rows_from(res, a7_setup, *([args.arch] if args.arch else []))
     if args.only != "a7":
         res = a10(setup)
         print(f"\nA10: PD fusion (homogeneous chip) vs disaggregation 42:21 (heterogeneous decode cores); {setup.describe()}")
