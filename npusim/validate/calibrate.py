@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from npusim.choices import CALIBRATION_GROUPS
+from npusim.arch.load import load_arch
 from npusim.config import deep_merge
 from npusim.system.load import LoadedSystem, load_system
 from npusim.system.measure import point_to_point, run_moe
@@ -188,6 +189,9 @@ def runtime_constants() -> list[Constant]:
       task's crossing from the host's submission to the device. The rest of an isolated launch +
       synchronize round trip (ascend-rs appendix F, 910B3 rows: median printed in the method) is the
       host's launch call and the kernel's device-side start, which is the operator's time on the die.
+    * ``sync_us`` = the same 910B3 launch + synchronize round trip (median) less the direct launch
+      call, ``kernel_launch_us`` and the negligible kernel's time on the die (``ascend-910b4``'s stored
+      ``kernel.start_us + vector_setup_us``): the synchronize's return to the host;
     * ``scheduler_us``: cited (the preset's ``sources`` entry), not a micro-benchmark: CloudMatrix384
       2000 us (xDeepServe, arXiv 2508.02520 sec. 7.1), 0 elsewhere (not modelled); checked as stored.
     """
@@ -204,6 +208,8 @@ def runtime_constants() -> list[Constant]:
     launch = (h2d["measured_us_min"] + h2d["measured_us_max"]) / 2
     trip = sorted(r["measured_us"] for r in rs)
     median = trip[len(trip) // 2]
+    kernel = load_arch("ascend-910b4").kernel
+    on_die = kernel.start_us + kernel.vector_setup_us
     replay = _row(graph, "replay enqueue")
     update = _row(graph, "FIA task update")
     n_attn = update["shape"]["attention_ops"]
@@ -225,7 +231,11 @@ def runtime_constants() -> list[Constant]:
                              f"mean of the H2D latency range {h2d['measured_us_min']:.3f}-{h2d['measured_us_max']:.3f} "
                              f"us; the 910B3 launch+sync round trip (median {median:g} us of {trip}) less it and the "
                              f"host's direct launch call ({direct} us) leaves {median - direct - launch:.1f} us of "
-                             "device-side kernel start (an operator's time on the die) and synchronize (not modelled)"),
+                             "device-side kernel start (an operator's time on the die) and synchronize (sync_us)"),
+        "sync_us": (median - direct - launch - on_die, "ascend-rs appendix F (910B3)",
+                    f"launch + aclrtSynchronizeStream round trip, median {median:g} us of {trip}, less the direct "
+                    f"launch call ({direct} us), kernel_launch_us ({launch:.4f} us) and the kernel on the die "
+                    f"(ascend-910b4 start + vector setup, {on_die:.3f} us)"),
     }
     out = []
     presets = [(name, load_system(name, nodes=1).system.runtime) for name in ("atlas-800i-a2", "cloudmatrix384")]

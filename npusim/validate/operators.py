@@ -53,6 +53,14 @@ How each family is run (assumptions):
   launch + synchronize round trips (the model has no synchronize), in-model minus isolated
   differences, host-bound step fractions, device-side transfer and memory latencies.
 
+How each row was timed (``timing``, the row's or else its source's, read from the harness that produced
+the figures): unset, the kernel on the device (msprof, in-kernel timestamps, device events); ``sync``,
+one call timed on the host from before its dispatch to after ``synchronize()`` returned (the pto-isa
+PTO-DSL harness's ``--timing sync``): the simulated figure is then the eager runtime's host dispatch
+of one operator, its kernel launch, the kernel, and the synchronize's return
+(:func:`host_timed`; the runtime schema's defaults, which every preset carries: ``npusim calibrate
+--only runtime`` checks them). The roofline stays the kernel's.
+
 Where a source times several kernels for one case (a baseline beside a tuned kernel, several
 tilings), the fastest is compared (:func:`_fastest`), run as that row states it ran.
 
@@ -93,6 +101,23 @@ RUNTIME_QUANTITIES = (
      "graph_update_us x attention ops"),
 )
 INT8 = ("int8", "w8a8", "bf16->int8")
+TIMINGS = ("sync",)  # a row's ``timing`` besides the default (the kernel on the device)
+
+
+def host_timed(kernel_us: float, timing: str | None) -> tuple[float, str]:
+    """A kernel's simulated time as the row's harness timed it (``timing``; module docstring): ``None``,
+    the kernel itself; ``"sync"``, one eager call timed on the host around dispatch and synchronize:
+    ``host_dispatch_us + kernel_launch_us + kernel + sync_us`` of the runtime schema's defaults."""
+    if timing is None:
+        return kernel_us, ""
+    if timing not in TIMINGS:
+        raise NpusimError(f"published.yaml operators: timing {timing!r}: expected one of {TIMINGS} or none")
+    from npusim.system.schema import Runtime
+
+    rt = Runtime()
+    host = rt.host_dispatch_us + rt.kernel_launch_us + rt.sync_us
+    return kernel_us + host, (f"host-timed call (timing sync): kernel {kernel_us:.2f} us + host dispatch "
+                              f"{rt.host_dispatch_us:g} + launch {rt.kernel_launch_us:g} + sync {rt.sync_us:g} us")
 
 
 def _dtype(text: str) -> str:
@@ -328,6 +353,9 @@ def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) 
         if got is None:
             continue
         sim_us, roof_us, how = got
+        if sim_us is not None and r["family"] not in ("runtime", "collective"):
+            sim_us, timed = host_timed(sim_us, r.get("timing", src.get("timing")))
+            how += f"; {timed}" if timed else ""
         rows.append(Row(name=f"{r['family']} {str(r['op'])[:24]} #{i}", source=f"{src['title']} ({src['url'].split()[0]})",
                         published=_measured_us(r), simulated=sim_us, tolerance=sec["tolerance"], unit="us",
                         kind="fitted" if half == "calibration" or r["family"] in steered
