@@ -124,7 +124,7 @@ def test_runtime_constants_are_recomputed_from_the_calibration_half():
     consts = runtime_constants()
     assert {c.name for c in consts} == {f"runtime.{k}" for k in ("host_dispatch_us", "graph_launch_us",
                                                                   "graph_update_us", "hccl_dispatch_us",
-                                                                  "kernel_launch_us", "scheduler_us")}
+                                                                  "kernel_launch_us", "scheduler_us", "sync_us")}
     assert all(abs(c.drift) < 1e-4 for c in consts)  # stored to 4 digits
     assert not any("ascend_plan_steps" in c.source for c in consts)  # no end-to-end step
 

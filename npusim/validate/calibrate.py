@@ -208,8 +208,7 @@ def runtime_constants() -> list[Constant]:
     launch = (h2d["measured_us_min"] + h2d["measured_us_max"]) / 2
     trip = sorted(r["measured_us"] for r in rs)
     median = trip[len(trip) // 2]
-    kernel = load_arch("ascend-910b4").kernel
-    on_die = kernel.start_us + kernel.vector_setup_us
+    sync, on_die = sync_us()
     replay = _row(graph, "replay enqueue")
     update = _row(graph, "FIA task update")
     n_attn = update["shape"]["attention_ops"]
@@ -232,7 +231,7 @@ def runtime_constants() -> list[Constant]:
                              f"us; the 910B3 launch+sync round trip (median {median:g} us of {trip}) less it and the "
                              f"host's direct launch call ({direct} us) leaves {median - direct - launch:.1f} us of "
                              "device-side kernel start (an operator's time on the die) and synchronize (sync_us)"),
-        "sync_us": (median - direct - launch - on_die, "ascend-rs appendix F (910B3)",
+        "sync_us": (sync, "ascend-rs appendix F (910B3)",
                     f"launch + aclrtSynchronizeStream round trip, median {median:g} us of {trip}, less the direct "
                     f"launch call ({direct} us), kernel_launch_us ({launch:.4f} us) and the kernel on the die "
                     f"(ascend-910b4 start + vector setup, {on_die:.3f} us)"),
@@ -247,6 +246,25 @@ def runtime_constants() -> list[Constant]:
                             2000.0 if "xDeepServe" in cited else 0.0, cited or "none (not modelled)",
                             "cited per-step scheduling time (xDeepServe's ~2 ms bubble), else 0"))
     return out
+
+
+def sync_us() -> tuple[float, float]:
+    """``(runtime.sync_us, the negligible kernel's time on the die)``: the median of the 910B3 launch +
+    ``aclrtSynchronizeStream`` round trips of kernels of negligible work (ascend-rs appendix F, calibration
+    half) less the host's direct launch call (triton-ascend #1675's optimized C launcher), the task's H2D
+    crossing (the mean of ascend-dmi's H2D latency range: ``kernel_launch_us``) and the kernel's time on
+    the die (``ascend-910b4``'s stored ``kernel.start_us + kernel.vector_setup_us``: a vector kernel's
+    device-side start and its AIV prologue; its few elements' work is negligible). Units: us."""
+    rows, _ = _calibration_rows()
+    trip = sorted(r["measured_us"] for r in rows["ascend-rs-appendix-f"] if "910B3" in r.get("conditions", ""))
+    if not trip:
+        raise ValueError("published.yaml operators: no ascend-rs-appendix-f 910B3 launch+sync row")
+    direct = _row(rows["triton-ascend-issue-1675"], "optimized launcher")["measured_us"]
+    h2d = _row(rows["flagrt-flagperf-a3-toolkit"], "H2D latency")
+    launch = (h2d["measured_us_min"] + h2d["measured_us_max"]) / 2
+    kernel = load_arch("ascend-910b4").kernel
+    on_die = (kernel.start_us + kernel.vector_setup_us) if kernel is not None else 0.0
+    return trip[len(trip) // 2] - direct - launch - on_die, on_die
 
 
 def hccl_small_allreduce_row() -> dict:

@@ -59,7 +59,10 @@ one call timed on the host from before its dispatch to after ``synchronize()`` r
 PTO-DSL harness's ``--timing sync``): the simulated figure is then the eager runtime's host dispatch
 of one operator, its kernel launch, the kernel, and the synchronize's return
 (:func:`host_timed`; the runtime schema's defaults, which every preset carries: ``npusim calibrate
---only runtime`` checks them). The roofline stays the kernel's.
+--only runtime`` checks them); ``cold``, one launch per process with no warm-up, timed inside the
+kernel (the pto-isa manual FA harness's ``main.cpp``): the kernel as simulated, with the note that a
+first call's costs (instruction fetch, first touch of new buffers) are not modelled. The roofline
+stays the kernel's.
 
 Where a source times several kernels for one case (a baseline beside a tuned kernel, several
 tilings), the fastest is compared (:func:`_fastest`), run as that row states it ran.
@@ -101,17 +104,20 @@ RUNTIME_QUANTITIES = (
      "graph_update_us x attention ops"),
 )
 INT8 = ("int8", "w8a8", "bf16->int8")
-TIMINGS = ("sync",)  # a row's ``timing`` besides the default (the kernel on the device)
+TIMINGS = ("sync", "cold")  # a row's ``timing`` besides the default (the kernel on the device, warm)
 
 
 def host_timed(kernel_us: float, timing: str | None) -> tuple[float, str]:
     """A kernel's simulated time as the row's harness timed it (``timing``; module docstring): ``None``,
     the kernel itself; ``"sync"``, one eager call timed on the host around dispatch and synchronize:
-    ``host_dispatch_us + kernel_launch_us + kernel + sync_us`` of the runtime schema's defaults."""
+    ``host_dispatch_us + kernel_launch_us + kernel + sync_us`` of the runtime schema's defaults;
+    ``"cold"``, the kernel itself (a cold first launch's extra costs are not modelled: said in the note)."""
     if timing is None:
         return kernel_us, ""
     if timing not in TIMINGS:
         raise NpusimError(f"published.yaml operators: timing {timing!r}: expected one of {TIMINGS} or none")
+    if timing == "cold":
+        return kernel_us, "cold single launch timed in the kernel (timing cold): first-call costs not modelled"
     from npusim.system.schema import Runtime
 
     rt = Runtime()
