@@ -131,6 +131,11 @@ KERNEL_LAUNCH_SOURCE = ("ascend-dmi H2D latency on A3 (FlagPerf toolkit summary,
                         "task's crossing from the host's submission to the device; the rest of a launch+sync round "
                         "trip (ascend-rs appendix F, 910B3: 23-30 us) is the host's launch call (8.6 us) and the "
                         "kernel's device-side start, which belongs to the operator's time on the die")
+ATTENTION_DISPATCH_SOURCE = ("pto-isa demos/torch_jit/flash_atten README (910B2, aarch64 host): eager "
+                             "torch_npu.npu_fused_infer_attention_score, 50 calls back to back after 10 warm-up, "
+                             "70.338 us per call at 128 x 1024 (flat at 70-77 us up to 2048 x 2048 while the device "
+                             "work grows: the host's cadence; 46.83 us on an x86_64 host); Atlas 800I A2 and "
+                             "CloudMatrix384 hosts are Kunpeng (aarch64) (npusim calibrate --only runtime)")
 SYNC_SOURCE = ("ascend-rs appendix F (910B3): an AscendC kernel of negligible work launched and waited for with "
                "aclrtSynchronizeStream, median 28 us of 23-30 us (5 rows), less the host's direct launch call "
                "(triton-ascend #1675 optimized C launcher, 8.599 us), the task's H2D crossing (kernel_launch_us) and "
@@ -145,7 +150,8 @@ class Runtime(StrictModel):
     Two modes (``--runtime``; ``decode_mode`` / ``prefill_mode`` are the system's defaults):
 
     * ``eager``: the host dispatches operator after operator (``host_dispatch_us`` each: the framework's
-      Python/C++ dispatch and the launch call) on a host stream per die; a kernel cannot start before
+      Python/C++ dispatch and the launch call; a fused-attention operator ``attention_dispatch_us``,
+      measured on its own: the costliest to dispatch) on a host stream per die; a kernel cannot start before
       the host has dispatched it, so the device waits on the host only when the host is slower (the
       host runs ahead of the device otherwise). An HCCL collective or MoE transfer is one operator.
     * ``graph`` (aclgraph / torchair): the step's kernels were captured once; the host replays the
@@ -182,6 +188,7 @@ class Runtime(StrictModel):
     decode_mode: Literal["eager", "graph"] = "graph"
     prefill_mode: Literal["eager", "graph"] = "eager"
     host_dispatch_us: NonNegativeFloat = 12.142
+    attention_dispatch_us: NonNegativeFloat = 70.338
     graph_launch_us: NonNegativeFloat = 100.0
     graph_update_us: NonNegativeFloat = 218.18
     hccl_dispatch_us: NonNegativeFloat = 68.48
@@ -189,6 +196,7 @@ class Runtime(StrictModel):
     scheduler_us: NonNegativeFloat = 0.0
     sync_us: NonNegativeFloat = 13.4305
     sources: dict[str, str] = Field(default_factory=lambda: {"host_dispatch_us": HOST_DISPATCH_SOURCE,
+                                                             "attention_dispatch_us": ATTENTION_DISPATCH_SOURCE,
                                                              "graph_launch_us": GRAPH_LAUNCH_SOURCE,
                                                              "graph_update_us": GRAPH_UPDATE_SOURCE,
                                                              "hccl_dispatch_us": HCCL_DISPATCH_SOURCE,
@@ -197,7 +205,7 @@ class Runtime(StrictModel):
 
     @model_validator(mode="after")
     def _source_keys(self):
-        known = ("host_dispatch_us", "graph_launch_us", "graph_update_us", "hccl_dispatch_us", "kernel_launch_us",
+        known = ("host_dispatch_us", "attention_dispatch_us", "graph_launch_us", "graph_update_us", "hccl_dispatch_us", "kernel_launch_us",
                  "scheduler_us", "sync_us")
         bad = sorted(set(self.sources) - set(known))
         if bad:
