@@ -91,7 +91,7 @@ def scaled(name: str, what: str, factor: int):
 
 
 def no_runtime(name: str):
-    return _variant(system(name), {"runtime": {"host_dispatch_us": 0.0, "graph_launch_us": 0.0,
+    return _variant(system(name), {"runtime": {"host_dispatch_us": 0.0, "attention_dispatch_us": 0.0, "graph_launch_us": 0.0,
                                                "kernel_launch_us": 0.0, "scheduler_us": 0.0}})
 
 

@@ -122,9 +122,10 @@ def test_runtime_constants_are_recomputed_from_the_calibration_half():
     from npusim.validate.calibrate import runtime_constants
 
     consts = runtime_constants()
-    assert {c.name for c in consts} == {f"runtime.{k}" for k in ("host_dispatch_us", "graph_launch_us",
+    assert {c.name for c in consts} == {f"runtime.{k}" for k in ("host_dispatch_us", "attention_dispatch_us",
+                                                                  "graph_launch_us",
                                                                   "graph_update_us", "hccl_dispatch_us",
-                                                                  "kernel_launch_us", "scheduler_us")}
+                                                                  "kernel_launch_us", "scheduler_us", "sync_us")}
     assert all(abs(c.drift) < 1e-4 for c in consts)  # stored to 4 digits
     assert not any("ascend_plan_steps" in c.source for c in consts)  # no end-to-end step
 
@@ -165,6 +166,26 @@ def test_an_eager_hccl_collective_costs_the_host_its_op_base_dispatch(a2):
     assert dispatched > 0
     assert timing.host_busy_us - plain.host_busy_us == pytest.approx(
         dispatched * (rt.hccl_dispatch_us - rt.host_dispatch_us), rel=1e-6)
+
+
+def test_an_eager_attention_op_costs_the_host_its_own_dispatch(a2):
+    """Eager mode: a fused-attention operator costs the host ``attention_dispatch_us`` (torch_npu FIA's
+    back-to-back cadence), every other operator ``host_dispatch_us``; graph mode is unchanged."""
+    from npusim.validate.calibrate import _variant
+
+    rt = a2.system.runtime
+    assert rt.attention_dispatch_us > 5 * rt.host_dispatch_us
+    _, wl, timing = _small_step(a2, 2, "eager")
+    as_op = _variant(a2, {"runtime": {"attention_dispatch_us": rt.host_dispatch_us}})
+    _, _, plain = _small_step(a2, 2, "eager", as_op)
+    attention = sum(1 for n in wl.nodes if n["kind"] == "compute" and "attention" in str(n.get("name", "")))
+    extra = timing.host_busy_us - plain.host_busy_us
+    assert extra > 0
+    # 2 layers x 2 dies, one attention op each
+    assert extra == pytest.approx(4 * (rt.attention_dispatch_us - rt.host_dispatch_us), rel=1e-6), attention
+    _, _, graph = _small_step(a2, 2, "graph")
+    _, _, graph_plain = _small_step(a2, 2, "graph", as_op)
+    assert graph.host_busy_us == pytest.approx(graph_plain.host_busy_us)
 
 
 def test_runtime_rows_run_against_the_runtime_model():

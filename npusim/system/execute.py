@@ -28,7 +28,7 @@ Each compute node counts its kernels (a layer part's operators, a GEMM or vector
 ``fixed`` time and the MoE operators' local work: 0, they are parts of one operator) and each
 collective or transfers node is one operator. Eager: each die has a ``host`` queue that
 dispatches the die's operators in the workload's order, ``host_dispatch_us`` each (an HCCL
-collective ``hccl_dispatch_us``); a node waits for its dispatch (a task on the host queue), so the
+collective ``hccl_dispatch_us``, an attention operator ``attention_dispatch_us``); a node waits for its dispatch (a task on the host queue), so the
 device waits on the host only when the host is behind. A node of several operators (a layer part) waits for the dispatch of all of them: coarse,
 it cannot start its first operator while the host dispatches its later ones (at most one node's
 dispatch too late, and only where the device had caught up with the host). Marks at the step's
@@ -117,6 +117,7 @@ class StepRuntime:
     scheduler_us: float = 0.0
     graph_update_us: float = 0.0
     hccl_dispatch_us: float = 0.0
+    attention_dispatch_us: float = 0.0
 
     @classmethod
     def of(cls, loaded: LoadedSystem, phase: str, mode: str | None = None,
@@ -124,7 +125,7 @@ class StepRuntime:
         rt = loaded.system.runtime
         return cls(rt.mode_for(phase, mode), rt.host_dispatch_us, rt.graph_launch_us, rt.kernel_launch_us,
                    rt.scheduler_us if scheduler_us is None else float(scheduler_us), rt.graph_update_us,
-                   rt.hccl_dispatch_us)
+                   rt.hccl_dispatch_us, rt.attention_dispatch_us)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -352,8 +353,12 @@ def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[
     eager = rt.mode == "eager"
 
     def dispatch_us(i: int) -> float:
-        """Node ``i``'s eager host dispatch: an HCCL collective's, or its operators'."""
-        return rt.hccl_dispatch_us if wl.nodes[i]["kind"] == "collective" else node_ops[i] * rt.host_dispatch_us
+        """Node ``i``'s eager host dispatch: an HCCL collective's, or its operators' (a fused-attention
+        operator ``attention_dispatch_us``, any other ``host_dispatch_us``)."""
+        if wl.nodes[i]["kind"] == "collective":
+            return rt.hccl_dispatch_us
+        attn = min(node_attn[i], node_ops[i])
+        return (node_ops[i] - attn) * rt.host_dispatch_us + attn * rt.attention_dispatch_us
 
     def host(rank: int, us: float, deps: list[int], path_deps: list[int]) -> int:
         """A task of ``us`` on ``rank``'s host queue after ``deps``; its path node's index."""
@@ -414,7 +419,7 @@ def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[
     if not eager:  # the step's graph launched on each die's host before anything runs
         for r in range(wl.ranks):
             host_last[r] = host(r, rt.graph_launch_us, [], [])
-    elif rt.host_dispatch_us > 0 or rt.hccl_dispatch_us > 0:  # each die's first operator dispatched first
+    elif rt.host_dispatch_us > 0 or rt.hccl_dispatch_us > 0 or rt.attention_dispatch_us > 0:  # each die's first operator dispatched first
         for i, n in enumerate(wl.nodes):
             ranks = [n["rank"]] if n["kind"] == "compute" else n.get("ranks", []) if node_ops[i] else []
             for r in ranks:

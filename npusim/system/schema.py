@@ -131,6 +131,16 @@ KERNEL_LAUNCH_SOURCE = ("ascend-dmi H2D latency on A3 (FlagPerf toolkit summary,
                         "task's crossing from the host's submission to the device; the rest of a launch+sync round "
                         "trip (ascend-rs appendix F, 910B3: 23-30 us) is the host's launch call (8.6 us) and the "
                         "kernel's device-side start, which belongs to the operator's time on the die")
+ATTENTION_DISPATCH_SOURCE = ("pto-isa demos/torch_jit/flash_atten README (910B2, aarch64 host): eager "
+                             "torch_npu.npu_fused_infer_attention_score, 50 calls back to back after 10 warm-up, "
+                             "70.338 us per call at 128 x 1024 (flat at 70-77 us up to 2048 x 2048 while the device "
+                             "work grows: the host's cadence; 46.83 us on an x86_64 host); Atlas 800I A2 and "
+                             "CloudMatrix384 hosts are Kunpeng (aarch64) (npusim calibrate --only runtime)")
+SYNC_SOURCE = ("ascend-rs appendix F (910B3): an AscendC kernel of negligible work launched and waited for with "
+               "aclrtSynchronizeStream, median 28 us of 23-30 us (5 rows), less the host's direct launch call "
+               "(triton-ascend #1675 optimized C launcher, 8.599 us), the task's H2D crossing (kernel_launch_us) and "
+               "the kernel's time on the die (ascend-910b4 kernel.start_us + vector_setup_us): the synchronize's "
+               "return to the host (npusim calibrate --only runtime)")
 
 
 class Runtime(StrictModel):
@@ -140,7 +150,8 @@ class Runtime(StrictModel):
     Two modes (``--runtime``; ``decode_mode`` / ``prefill_mode`` are the system's defaults):
 
     * ``eager``: the host dispatches operator after operator (``host_dispatch_us`` each: the framework's
-      Python/C++ dispatch and the launch call) on a host stream per die; a kernel cannot start before
+      Python/C++ dispatch and the launch call; a fused-attention operator ``attention_dispatch_us``,
+      measured on its own: the costliest to dispatch) on a host stream per die; a kernel cannot start before
       the host has dispatched it, so the device waits on the host only when the host is slower (the
       host runs ahead of the device otherwise). An HCCL collective or MoE transfer is one operator.
     * ``graph`` (aclgraph / torchair): the step's kernels were captured once; the host replays the
@@ -162,6 +173,13 @@ class Runtime(StrictModel):
     (scheduling, sampling, preparing the next step's inputs; not overlapped: the next step's inputs
     depend on this one's tokens).
 
+    ``sync_us`` is the host's wait for a synchronize to return once the device has finished (after
+    ``aclrtSynchronizeStream`` / ``torch.npu.synchronize()``). No step path charges it (a serving step
+    overlaps its host work with the device and synchronises only on sampled tokens, which the
+    scheduler's time covers); it prices a host-timed call of one operator (launch, run, synchronise:
+    host dispatch + ``kernel_launch_us`` + the kernel + ``sync_us``), how some operator benchmarks time
+    their kernels (:mod:`npusim.validate.operators`, a row's ``timing: sync``).
+
     A step's ``breakdown_us`` files host time (host dispatch the device waited for, graph launch,
     scheduler) under ``host`` and per-kernel launches under ``launch`` (:mod:`npusim.system.execute`).
     ``sources``: where each constant comes from (``npusim calibrate --only runtime`` recomputes
@@ -170,21 +188,25 @@ class Runtime(StrictModel):
     decode_mode: Literal["eager", "graph"] = "graph"
     prefill_mode: Literal["eager", "graph"] = "eager"
     host_dispatch_us: NonNegativeFloat = 12.142
+    attention_dispatch_us: NonNegativeFloat = 70.338
     graph_launch_us: NonNegativeFloat = 100.0
     graph_update_us: NonNegativeFloat = 218.18
     hccl_dispatch_us: NonNegativeFloat = 68.48
     kernel_launch_us: NonNegativeFloat = 0.7535
     scheduler_us: NonNegativeFloat = 0.0
+    sync_us: NonNegativeFloat = 13.4305
     sources: dict[str, str] = Field(default_factory=lambda: {"host_dispatch_us": HOST_DISPATCH_SOURCE,
+                                                             "attention_dispatch_us": ATTENTION_DISPATCH_SOURCE,
                                                              "graph_launch_us": GRAPH_LAUNCH_SOURCE,
                                                              "graph_update_us": GRAPH_UPDATE_SOURCE,
                                                              "hccl_dispatch_us": HCCL_DISPATCH_SOURCE,
-                                                             "kernel_launch_us": KERNEL_LAUNCH_SOURCE})
+                                                             "kernel_launch_us": KERNEL_LAUNCH_SOURCE,
+                                                             "sync_us": SYNC_SOURCE})
 
     @model_validator(mode="after")
     def _source_keys(self):
-        known = ("host_dispatch_us", "graph_launch_us", "graph_update_us", "hccl_dispatch_us", "kernel_launch_us",
-                 "scheduler_us")
+        known = ("host_dispatch_us", "attention_dispatch_us", "graph_launch_us", "graph_update_us", "hccl_dispatch_us", "kernel_launch_us",
+                 "scheduler_us", "sync_us")
         bad = sorted(set(self.sources) - set(known))
         if bad:
             raise ValueError(f"sources: unknown constant(s) {bad}; expected some of {list(known)}")

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from npusim.choices import CALIBRATION_GROUPS
+from npusim.arch.load import load_arch
 from npusim.config import deep_merge
 from npusim.system.load import LoadedSystem, load_system
 from npusim.system.measure import point_to_point, run_moe
@@ -177,6 +178,9 @@ def runtime_constants() -> list[Constant]:
     ``runtime``, sources of the calibration half only; no end-to-end step):
 
     * ``host_dispatch_us`` = the eager ``torch.add`` host enqueue per op (triton-ascend #1675, 910B2);
+    * ``attention_dispatch_us`` = the eager fused-attention op's cadence called back to back on an
+      aarch64 host (pto-isa demos/torch_jit/flash_atten, 910B2, 128 x 1024): the host's, since the
+      simulated kernel on ``ascend-910b`` is far shorter (checked: below half of it);
     * ``graph_launch_us`` = the ACL graph replay enqueue's host wall time (vllm-ascend PR #15471);
     * ``graph_update_us`` = the same source's per-step FIA task-update cost over its attention
       operators, per operator;
@@ -188,6 +192,9 @@ def runtime_constants() -> list[Constant]:
       task's crossing from the host's submission to the device. The rest of an isolated launch +
       synchronize round trip (ascend-rs appendix F, 910B3 rows: median printed in the method) is the
       host's launch call and the kernel's device-side start, which is the operator's time on the die.
+    * ``sync_us`` = the same 910B3 launch + synchronize round trip (median) less the direct launch
+      call, ``kernel_launch_us`` and the negligible kernel's time on the die (``ascend-910b4``'s stored
+      ``kernel.start_us + vector_setup_us``): the synchronize's return to the host;
     * ``scheduler_us``: cited (the preset's ``sources`` entry), not a micro-benchmark: CloudMatrix384
       2000 us (xDeepServe, arXiv 2508.02520 sec. 7.1), 0 elsewhere (not modelled); checked as stored.
     """
@@ -204,6 +211,7 @@ def runtime_constants() -> list[Constant]:
     launch = (h2d["measured_us_min"] + h2d["measured_us_max"]) / 2
     trip = sorted(r["measured_us"] for r in rs)
     median = trip[len(trip) // 2]
+    sync, on_die = sync_us()
     replay = _row(graph, "replay enqueue")
     update = _row(graph, "FIA task update")
     n_attn = update["shape"]["attention_ops"]
@@ -212,8 +220,16 @@ def runtime_constants() -> list[Constant]:
     if device_us > small["measured_us"] / 2:
         raise ValueError(f"the 8 KiB hccl_test all-reduce ({small['measured_us']} us) is not host-bound in the model: "
                          f"its simulated device time is {device_us:.2f} us")
+    fia = _row(rows["pto-isa-torch-jit-fa-910b2"], "fused-attention host dispatch")
+    fia_device = attention_device_us(fia)
+    if fia_device > fia["measured_us"] / 2:
+        raise ValueError(f"the back-to-back FIA row ({fia['measured_us']} us) is not host-bound in the model: its "
+                         f"simulated kernel is {fia_device:.2f} us")
     recomputed = {
         "host_dispatch_us": (eager, "triton-ascend #1675 (910B2)", "eager torch.add host enqueue per op"),
+        "attention_dispatch_us": (fia["measured_us"], "pto-isa demos/torch_jit/flash_atten (910B2, aarch64)",
+                                  f"{fia['measured_us']:g} us per back-to-back torch_npu FIA call at 128 x 1024: the "
+                                  f"host's cadence (the simulated kernel, {fia_device:.2f} us, is hidden under it)"),
         "graph_launch_us": (replay["measured_us"], "vllm-ascend PR #15471",
                             "ACL graph replay enqueue, host wall time per replay"),
         "graph_update_us": (update["measured_us"] / n_attn, "vllm-ascend PR #15471",
@@ -225,7 +241,11 @@ def runtime_constants() -> list[Constant]:
                              f"mean of the H2D latency range {h2d['measured_us_min']:.3f}-{h2d['measured_us_max']:.3f} "
                              f"us; the 910B3 launch+sync round trip (median {median:g} us of {trip}) less it and the "
                              f"host's direct launch call ({direct} us) leaves {median - direct - launch:.1f} us of "
-                             "device-side kernel start (an operator's time on the die) and synchronize (not modelled)"),
+                             "device-side kernel start (an operator's time on the die) and synchronize (sync_us)"),
+        "sync_us": (sync, "ascend-rs appendix F (910B3)",
+                    f"launch + aclrtSynchronizeStream round trip, median {median:g} us of {trip}, less the direct "
+                    f"launch call ({direct} us), kernel_launch_us ({launch:.4f} us) and the kernel on the die "
+                    f"(ascend-910b4 start + vector setup, {on_die:.3f} us)"),
     }
     out = []
     presets = [(name, load_system(name, nodes=1).system.runtime) for name in ("atlas-800i-a2", "cloudmatrix384")]
@@ -237,6 +257,37 @@ def runtime_constants() -> list[Constant]:
                             2000.0 if "xDeepServe" in cited else 0.0, cited or "none (not modelled)",
                             "cited per-step scheduling time (xDeepServe's ~2 ms bubble), else 0"))
     return out
+
+
+def attention_device_us(row: dict) -> float:
+    """The simulated kernel time (us) of a published single-head attention row (``q_len``, ``kv_len``,
+    ``head_dim``, fp16, non-causal) on ``ascend-910b``, through the chip's FlashAttention lowering."""
+    from npusim.model.ir import Op
+    from npusim.system.chipcost import ChipCost
+
+    s = row["shape"]
+    op = Op("attention", "attention", dtype="fp16", q_len=s["q_len"], kv_len=s["kv_len"], heads=s.get("heads", 1),
+            kv_heads=s.get("heads", 1), head_dim=s["head_dim"], v_head_dim=s["head_dim"], batch=s.get("batch", 1))
+    return ChipCost("ascend-910b").op(op).time_us
+
+
+def sync_us() -> tuple[float, float]:
+    """``(runtime.sync_us, the negligible kernel's time on the die)``: the median of the 910B3 launch +
+    ``aclrtSynchronizeStream`` round trips of kernels of negligible work (ascend-rs appendix F, calibration
+    half) less the host's direct launch call (triton-ascend #1675's optimized C launcher), the task's H2D
+    crossing (the mean of ascend-dmi's H2D latency range: ``kernel_launch_us``) and the kernel's time on
+    the die (``ascend-910b4``'s stored ``kernel.start_us + kernel.vector_setup_us``: a vector kernel's
+    device-side start and its AIV prologue; its few elements' work is negligible). Units: us."""
+    rows, _ = _calibration_rows()
+    trip = sorted(r["measured_us"] for r in rows["ascend-rs-appendix-f"] if "910B3" in r.get("conditions", ""))
+    if not trip:
+        raise ValueError("published.yaml operators: no ascend-rs-appendix-f 910B3 launch+sync row")
+    direct = _row(rows["triton-ascend-issue-1675"], "optimized launcher")["measured_us"]
+    h2d = _row(rows["flagrt-flagperf-a3-toolkit"], "H2D latency")
+    launch = (h2d["measured_us_min"] + h2d["measured_us_max"]) / 2
+    kernel = load_arch("ascend-910b4").kernel
+    on_die = (kernel.start_us + kernel.vector_setup_us) if kernel is not None else 0.0
+    return trip[len(trip) // 2] - direct - launch - on_die, on_die
 
 
 def hccl_small_allreduce_row() -> dict:

@@ -48,10 +48,22 @@ How each family is run (assumptions):
 * **runtime** -- a row that measures a quantity of the runtime model
   (:class:`~npusim.system.schema.Runtime`; :data:`RUNTIME_QUANTITIES`) against that quantity on the
   source's target system (the schema's defaults when it names none): the eager host dispatch of an
-  op, a graph replay's enqueue, the per-step parameter updates of a graph's attention operators
+  op (and of a fused-attention op), a graph replay's enqueue, the per-step parameter updates of a graph's attention operators
   (their count from the row). A range runs at its midpoint. Baseline: no runtime cost (0). Not run:
   launch + synchronize round trips (the model has no synchronize), in-model minus isolated
   differences, host-bound step fractions, device-side transfer and memory latencies.
+
+How each row was timed (``timing``, the row's or else its source's, read from the harness that produced
+the figures): unset, the kernel on the device (msprof, in-kernel timestamps, device events); ``sync``,
+one call timed on the host from before its dispatch to after ``synchronize()`` returned (the pto-isa
+PTO-DSL harness's ``--timing sync``): the simulated figure is then the eager runtime's host dispatch
+of one operator (an attention row's: ``attention_dispatch_us``), its kernel launch, the kernel, and the
+synchronize's return
+(:func:`host_timed`; the runtime schema's defaults, which every preset carries: ``npusim calibrate
+--only runtime`` checks them); ``cold``, one launch per process with no warm-up, timed inside the
+kernel (the pto-isa manual FA harness's ``main.cpp``): the kernel as simulated, with the note that a
+first call's costs (instruction fetch, first touch of new buffers) are not modelled. The roofline
+stays the kernel's.
 
 Where a source times several kernels for one case (a baseline beside a tuned kernel, several
 tilings), the fastest is compared (:func:`_fastest`), run as that row states it ran.
@@ -87,12 +99,35 @@ HCCL_OPS = {"allGather": "allgather", "reduceScatter": "reducescatter", "allRedu
 #: runtime row (a phrase of its ``op``) -> (the runtime model's figure for it, what it is)
 RUNTIME_QUANTITIES = (
     ("eager torch.add host enqueue", lambda rt, r: rt.host_dispatch_us, "host_dispatch_us"),
+    ("eager fused-attention host dispatch", lambda rt, r: rt.attention_dispatch_us, "attention_dispatch_us"),
     ("replay enqueue", lambda rt, r: rt.graph_launch_us, "graph_launch_us"),
     ("graph launch / scheduling delay", lambda rt, r: rt.graph_launch_us, "graph_launch_us"),
     ("task update", lambda rt, r: rt.graph_update_us * int(r["shape"].get("attention_ops", r["shape"].get("layers", 0))),
      "graph_update_us x attention ops"),
 )
 INT8 = ("int8", "w8a8", "bf16->int8")
+TIMINGS = ("sync", "cold")  # a row's ``timing`` besides the default (the kernel on the device, warm)
+
+
+def host_timed(kernel_us: float, timing: str | None, family: str = "") -> tuple[float, str]:
+    """A kernel's simulated time as the row's harness timed it (``timing``; module docstring): ``None``,
+    the kernel itself; ``"sync"``, one eager call timed on the host around dispatch and synchronize:
+    the operator's eager dispatch (``attention_dispatch_us`` for the ``attention`` family, else
+    ``host_dispatch_us``) ``+ kernel_launch_us + kernel + sync_us`` of the runtime schema's defaults;
+    ``"cold"``, the kernel itself (a cold first launch's extra costs are not modelled: said in the note)."""
+    if timing is None:
+        return kernel_us, ""
+    if timing not in TIMINGS:
+        raise NpusimError(f"published.yaml operators: timing {timing!r}: expected one of {TIMINGS} or none")
+    if timing == "cold":
+        return kernel_us, "cold single launch timed in the kernel (timing cold): first-call costs not modelled"
+    from npusim.system.schema import Runtime
+
+    rt = Runtime()
+    dispatch = rt.attention_dispatch_us if family == "attention" else rt.host_dispatch_us
+    host = dispatch + rt.kernel_launch_us + rt.sync_us
+    return kernel_us + host, (f"host-timed call (timing sync): kernel {kernel_us:.2f} us + host dispatch "
+                              f"{dispatch:g} + launch {rt.kernel_launch_us:g} + sync {rt.sync_us:g} us")
 
 
 def _dtype(text: str) -> str:
@@ -328,6 +363,9 @@ def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) 
         if got is None:
             continue
         sim_us, roof_us, how = got
+        if sim_us is not None and r["family"] not in ("runtime", "collective"):
+            sim_us, timed = host_timed(sim_us, r.get("timing", src.get("timing")), r["family"])
+            how += f"; {timed}" if timed else ""
         rows.append(Row(name=f"{r['family']} {str(r['op'])[:24]} #{i}", source=f"{src['title']} ({src['url'].split()[0]})",
                         published=_measured_us(r), simulated=sim_us, tolerance=sec["tolerance"], unit="us",
                         kind="fitted" if half == "calibration" or r["family"] in steered
