@@ -248,7 +248,15 @@ def _vector_inputs(op: Op) -> int:
         return 2
     if op.op_class == "elementwise":
         return max(1, len(op.inputs))
+    if _adds_residual(op):  # AddRmsNorm: x1 and x2
+        return 2
     return 1
+
+
+def _adds_residual(op: Op) -> bool:
+    """An AddRmsNorm (``rmsnorm`` with ``fn="add"``): it reads x1 and x2 and writes their sum x beside
+    the norm's y (ops-nn ``add_rms_norm``; :data:`npusim.hw.compute.vector_kernel.RECIPES`)."""
+    return op.op_class == "rmsnorm" and op.fn == "add"
 
 
 
@@ -593,6 +601,8 @@ class ChipCost:
         e_in = DTYPE_BYTES[op.dtype]
         quant = quantizes(op.op_class)  # quantize, or a fused norm/SwiGLU + quantisation
         e_out = 1.0 if quant else e_in  # INT8 out (+ a 4-byte scale per row)
+        if _adds_residual(op):
+            e_out = 2 * e_in  # x = x1 + x2 and y
         e_in = e_in * _vector_inputs(op)  # every input it streams in, per element
         prog = Program(self.arch.num_cores, meta={"chipcost": "vector", "op": op.name})
         any_dtype = next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle))  # the array is not used
@@ -638,7 +648,8 @@ class ChipCost:
                     done = [*load]
                 elif not by_kernel:
                     last = prog.add_vector(core, op.op_class, r * row, op.dtype, deps=[*load, last, *out_free],
-                                           name=f"{op.name} c{core} {c}", fn=op.fn, row_len=op.row_len)
+                                           name=f"{op.name} c{core} {c}",
+                                           fn=op.fn if op.op_class == "activation" else None, row_len=op.row_len)
                     done = [last]
                 else:  # the busiest of the core's AIVs sets the loop's compute
                     cycles = aiv_tile_cycles(op.op_class, op.fn, busiest[c], row,
