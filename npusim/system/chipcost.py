@@ -43,7 +43,11 @@ a core's chunk is one UB loop of each of its AIVs, with the loop's rows and the 
 queues' depths of the op's reference kernel (:func:`~npusim.hw.compute.vector_kernel.ub_tiling`:
 RmsNorm single-buffered, DynamicQuant a double-buffered input and a single output; else two buffers
 of input and output in ``ub_kb``): a loop's load waits for the compute ``in_buffers`` loops back and
-its compute for the write ``out_buffers`` loops back; and with
+its compute for the write ``out_buffers`` loops back (each AIV writes its own rows back: a loop's
+write is split over the core's DMA engines, as its load is); an AddRmsNorm (``rmsnorm`` with
+``fn="add"``) reads x1 and x2 and writes x and y; ``resident_inputs`` reads inputs the op before
+left in the L2 from it, ``absorb_writes`` keeps the output in a write-back L2 with room
+(:meth:`ChipCost.vector`); and with
 ``vector_cycles_per_repeat`` a chunk's compute is its busiest AIV's rows (the core's AIVs take them
 evenly) timed from the instructions of the op's reference kernel at the AIV's vector width and
 each instruction's start (:func:`~npusim.hw.compute.vector_kernel.aiv_tile_cycles`) instead of the
@@ -94,6 +98,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -110,6 +115,7 @@ from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.vector import quantizes
 from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy, split_rows, ub_tiling
+from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.mapping.gemm_kernel import (MB, Emitter, GemmPlan, Planner, _blocks, _cdiv, _nbytes, _split,
                                         check_swizzle, check_tile, default_out_dtype, emit_gemm, gemm_dims,
@@ -248,7 +254,23 @@ def _vector_inputs(op: Op) -> int:
         return 2
     if op.op_class == "elementwise":
         return max(1, len(op.inputs))
+    if _adds_residual(op):  # AddRmsNorm: x1 and x2
+        return 2
     return 1
+
+
+def _vector_out_bytes(op: Op, e_in: float) -> float:
+    """Bytes a vector op writes per element of its rows: INT8 for the quantisations (their 4-byte
+    scale per row aside), x and y for an AddRmsNorm, else its input dtype."""
+    if quantizes(op.op_class):
+        return 1.0
+    return 2 * e_in if _adds_residual(op) else e_in
+
+
+def _adds_residual(op: Op) -> bool:
+    """An AddRmsNorm (``rmsnorm`` with ``fn="add"``): it reads x1 and x2 and writes their sum x beside
+    the norm's y (ops-nn ``add_rms_norm``; :data:`npusim.hw.compute.vector_kernel.RECIPES`)."""
+    return op.op_class == "rmsnorm" and op.fn == "add"
 
 
 
@@ -365,16 +387,54 @@ class ChipCost:
                       batch=max(1, op.batch if op.kind == "attention" else 1))
         return self.graph(graph, cores, spec=spec, hbm_fraction=hbm_fraction, _kind="op")
 
-    def vector(self, op: Op, cores: int | Sequence[int] | None = None, *, hbm_fraction: float = 1.0) -> ChipCostResult:
+    def vector(self, op: Op, cores: int | Sequence[int] | None = None, *, hbm_fraction: float = 1.0,
+               resident_inputs: int = 0, absorb_writes: bool = False,
+               inputs_bypass_l2: bool = False) -> ChipCostResult:
         """One vector operator on the share (see the module docstring): its rows split evenly over
-        the cores, each streaming its rows from HBM through its buffer and back."""
+        the cores, each streaming its rows from HBM through its buffer and back. ``resident_inputs``:
+        how many of its full-size inputs (the first ones) the op before it wrote and the L2 still
+        holds (in a model's run: the previous kernel's output); they are read from the L2 when
+        together within its capacity, else from HBM. ``absorb_writes``: the L2 has room for the op's
+        output (a kernel run alone: the write-back L2 holds no earlier dirty lines), so its writes
+        stay in the L2 when the output and the inputs the L2 allocates (none with
+        ``inputs_bypass_l2``: the kernel's loads skip the L2) fit its capacity, else reach HBM."""
         if not isinstance(op, Op) or op.kind != "vector":
             raise ConfigError("vector() needs an npusim.model.ir.Op of kind 'vector'")
+        if isinstance(resident_inputs, bool) or not isinstance(resident_inputs, int) or resident_inputs < 0:
+            raise ConfigError(f"resident_inputs must be a count >= 0, got {resident_inputs!r}")
         share = self._share(cores)
         frac = self._fraction(hbm_fraction)
+        resident = self._resident_inputs(op, resident_inputs)
+        absorbed = bool(absorb_writes) and self._absorbs_writes(op, bool(inputs_bypass_l2))
         key = {"kind": "vector", "op_class": op.op_class, "elements": op.elements, "row_len": op.row_len,
                "fn": op.fn, "dtype": op.dtype, "inputs": _vector_inputs(op)}
-        return self._lookup(key, share, frac, op.name, lambda: self._run_vector(op, share, frac))
+        if resident:
+            key["resident_inputs"] = resident
+        if absorbed:
+            key["writes_in_l2"] = True
+        return self._lookup(key, share, frac, op.name,
+                            lambda: self._run_vector(op, share, frac, resident, absorbed))
+
+    def _absorbs_writes(self, op: Op, bypass: bool) -> bool:
+        """Whether a write-back L2 with room keeps ``op``'s whole output (:meth:`vector`): the output
+        and the input bytes it allocates (none when the loads bypass it) within its capacity."""
+        if self.arch.l2 is None or not self.l2_cache:
+            return False
+        e = DTYPE_BYTES[op.dtype]
+        out = _nbytes(op.elements, _vector_out_bytes(op, e))
+        ins = 0 if bypass else _nbytes(op.elements, e * _vector_inputs(op))
+        return out + ins <= l2_model.capacity_bytes(self.arch.l2)
+
+    def _resident_inputs(self, op: Op, wanted: int) -> int:
+        """Inputs of ``op`` read from the L2 (:meth:`vector`): ``wanted`` of them (at most its inputs)
+        when their bytes fit the L2's capacity (the reuse model's rule: a re-read within the capacity
+        hits, :func:`npusim.hw.memory.l2.hit_bytes`), else 0; 0 on a chip without an L2."""
+        n = min(wanted, _vector_inputs(op))
+        if not n or self.arch.l2 is None or not self.l2_cache:
+            return 0
+        nbytes = _nbytes(op.elements, DTYPE_BYTES[op.dtype]) * n
+        hit = l2_model.hit_bytes([l2_model.Reread(nbytes, nbytes)], l2_model.capacity_bytes(self.arch.l2))
+        return n if hit else 0
 
     def graph(self, graph: Graph, cores: int | Sequence[int] | None = None, *, spec=None,
               hbm_fraction: float = 1.0, _kind: str = "graph") -> ChipCostResult:
@@ -587,12 +647,14 @@ class ChipCost:
         ideal-L2 bracket): the loads then read real addresses instead of the reuse model's split."""
         return self.memory == "tlm" and self.arch.l2 is not None and self.l2 is None and self.l2_cache
 
-    def _run_vector(self, op: Op, share: list[int], frac: float) -> ChipCostResult:
+    def _run_vector(self, op: Op, share: list[int], frac: float, resident: int = 0,
+                    absorbed: bool = False) -> ChipCostResult:
         row = op.row_len or 1
         rows = max(1, op.elements // row)
         e_in = DTYPE_BYTES[op.dtype]
         quant = quantizes(op.op_class)  # quantize, or a fused norm/SwiGLU + quantisation
-        e_out = 1.0 if quant else e_in  # INT8 out (+ a 4-byte scale per row)
+        e_out = _vector_out_bytes(op, e_in)  # INT8 out (+ a 4-byte scale per row); AddRmsNorm: x and y
+        e_l2 = e_in * resident  # per element, the inputs the L2 holds (written by the op before)
         e_in = e_in * _vector_inputs(op)  # every input it streams in, per element
         prog = Program(self.arch.num_cores, meta={"chipcost": "vector", "op": op.name})
         any_dtype = next(iter(self.arch.systolic_for(share[0]).macs_per_pe_per_cycle))  # the array is not used
@@ -612,6 +674,8 @@ class ChipCost:
         else:  # two input buffers; the output's are not modelled
             nin, nout = 2, 1 << 62
         used = len(core_aivs) if tiled else min(len(share), rows)
+        if e_l2 or absorbed:  # resident inputs, absorbed writes: each core at its share of the L2's rate
+            em.l2_bpc = planner.l2_rate(used)
         for i, core in enumerate(share[:used]):
             if tiled:  # loop c: each of the core's AIVs its next ub.rows rows; the busiest sets the compute
                 mine = core_aivs[i]
@@ -624,21 +688,22 @@ class ChipCost:
                 chunks = _blocks(core_rows, _cdiv(core_rows, chunk_rows), 1)
                 busiest = [_cdiv(r, aivs) for r in chunks]
             computes: list[int] = []
-            writes: list[int] = []
+            writes: list[list[int]] = []
             start = prog.add_compute(core, "vector", head, name=f"{op.name} c{core} kernel start") if head else -1
             last = start
             for c, r in enumerate(chunks):
                 # the input queue's buffers: a load waits for the compute nin loops back (a copy: its write)
-                freed = (writes if copy else computes)
-                deps = [freed[c - nin]] if c >= nin else [start]
-                load = em.loads(core, _nbytes(r * row, e_in), 0, deps, f"{op.name} c{core} load{c}")
+                deps = ((writes[c - nin] if copy else [computes[c - nin]]) if c >= nin else [start])
+                from_l2 = _nbytes(r * row, e_l2)
+                load = em.loads(core, _nbytes(r * row, e_in) - from_l2, from_l2, deps, f"{op.name} c{core} load{c}")
                 # the output's buffers: a loop's compute waits for the write nout loops back
-                out_free = [writes[c - nout]] if c >= nout else []
+                out_free = writes[c - nout] if c >= nout else []
                 if copy:  # MTE2 then MTE3: no vector instruction
                     done = [*load]
                 elif not by_kernel:
                     last = prog.add_vector(core, op.op_class, r * row, op.dtype, deps=[*load, last, *out_free],
-                                           name=f"{op.name} c{core} {c}", fn=op.fn, row_len=op.row_len)
+                                           name=f"{op.name} c{core} {c}",
+                                           fn=op.fn if op.op_class == "activation" else None, row_len=op.row_len)
                     done = [last]
                 else:  # the busiest of the core's AIVs sets the loop's compute
                     cycles = aiv_tile_cycles(op.op_class, op.fn, busiest[c], row,
@@ -648,16 +713,27 @@ class ChipCost:
                                             name=f"{op.name} c{core} {c}")
                     done = [last]
                 out = _nbytes(r * row, e_out) + (4 * r if quant else 0)
-                writes.append(em.write(core, out, done, f"{op.name} c{core} write{c}"))
+                if absorbed:  # the L2 keeps them: each engine held for its part at its share of the L2 rate
+                    per_engine = em.l2_bpc / em.pl.engines
+                    writes.append([prog.add_compute(core, f"dma{engine}", math.ceil(part / per_engine) + em.pl.l2_latency,
+                                                    deps=done, name=f"{op.name} c{core} write{c} L2")
+                                   for engine, part in em._engine_parts(core, out)])
+                elif tiled:  # each AIV writes its own rows back by its own MTE3: split over the core's engines
+                    writes.append([em._dma(core, part, True, done, f"{op.name} c{core} write{c}", engine)
+                                   for engine, part in em._engine_parts(core, out)])
+                else:
+                    writes.append([em.write(core, out, done, f"{op.name} c{core} write{c}")])
                 if not copy:
                     computes.append(last)
         sim = self._simulate(prog, frac)
         min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)  # e_in: every input's bytes
         how = (", copy: MTE2 and MTE3 only" if copy else
                f", {aivs} vector cores per core, reference-kernel instructions" if by_kernel else "")
+        how += f", {resident} input(s) from the L2" if resident else ""
+        how += ", writes kept by the L2" if absorbed else ""
         return self._result("vector", op.name, op.dtype, share, frac, sim, prog, 0, min_bytes,
                             f"vector: {rows} rows of {row} over {used} cores{how}, streamed from and to HBM",
-                            fixed_cycles=head)
+                            l2_bytes=em.l2_bytes, fixed_cycles=head)
 
     def _run_graph(self, graph: Graph, spec, share: list[int], frac: float, kind: str) -> ChipCostResult:
         from npusim.mapping.mapper import map_model

@@ -40,6 +40,11 @@ caller gives them; SwiGLU: the outputs), read from the reference kernels:
   x*x, Muls by 1/cols (tile); per row ReduceSumCustom
   (an Add over the row's repeats, then WholeReduceSum); Adds eps, Sqrt, Duplicate, Div, Gather
   (tiny); per row Mul by rstd; Cast to bf16 (tile); per row Mul by gamma (bf16 width).
+* ``rmsnorm`` with ``fn="add"`` (AddRmsNorm, CANN's residual Add + RmsNorm in one kernel) -- ops-nn
+  ``add_rms_norm_multi_n.h`` (``KernelAddRmsNormMultiN``): ``Add(x, x1, x2)`` at the input's width over
+  the loop's rows (tile; x is written out), then ``rmsnorm``'s list. Its two inputs and two outputs
+  (x1, x2 in; x, y out) are the caller's bytes. The bias of AddRmsNormBias (one more Add by row) is
+  not counted.
 * ``quantize`` (dynamic per-token INT8) -- ops-nn's DynamicQuant (``dynamic_quant_db.h``,
   ``DynamicQuantDbOpt::ProcessSymmetric``, bf16 without smooth scales), which issues every
   instruction per row: Cast to fp32, Abs, the row's Max over its repeats and WholeReduceMax
@@ -107,6 +112,10 @@ RECIPES: dict[str, list[Instr]] = {
     "rmsnorm": _t("Cast x", "Mul x*x", "Muls 1/cols") + _ROW_SUM
     + [Instr(n, "tiny") for n in ("Adds eps", "Sqrt", "Duplicate", "Div", "Gather")]
     + [Instr("Mul rstd", "row")] + _t("Cast out") + [Instr("Mul gamma", "row", 2)],
+    # ops-nn norm/add_rms_norm/op_kernel/add_rms_norm_multi_n.h (KernelAddRmsNormMultiN::ComputeX): the
+    # residual Add x1 + x2 at the input's width (``Add(xLocal, x1Local, x2Local)`` on T), written out as
+    # x, then the RmsNorm above on it (ComputeRstd / ComputeY)
+    "add_rmsnorm": [Instr("Add x1+x2", "tile", 2)],
     "layernorm": _t("Cast x") + _ROW_SUM + [Instr("Adds -mean", "row")] + _t("Mul sq") + _ROW_SUM
     + [Instr(n, "tiny") for n in ("Adds eps", "Sqrt", "Div")] + [Instr("Mul rstd", "row")]
     + _t("Mul gamma", "Add beta", "Cast out"),
@@ -128,11 +137,14 @@ _NATIVE = {"fp16": 2, "fp32": 4}
 
 
 def instructions(op_class: str, fn: str | None = None, dtype: str = "bf16") -> list[Instr]:
-    """The instructions of ``op_class``'s reference kernel (``activation`` by its ``fn``) on
-    ``dtype`` inputs (only ``elementwise`` depends on it: native fp16 / fp32, else through fp32)."""
+    """The instructions of ``op_class``'s reference kernel (``activation`` by its ``fn``; ``rmsnorm``
+    with ``fn="add"``: AddRmsNorm, the residual Add fused before the norm) on ``dtype`` inputs (only
+    ``elementwise`` depends on it: native fp16 / fp32, else through fp32)."""
     if op_class == "elementwise" and dtype in _NATIVE:
         return [Instr("op", "tile", _NATIVE[dtype])]
     key = fn if op_class == "activation" else op_class
+    if op_class == "rmsnorm" and fn == "add":  # AddRmsNorm: the residual Add, then the norm
+        return RECIPES["add_rmsnorm"] + RECIPES["rmsnorm"]
     if op_class in _FUSED:
         return RECIPES[_FUSED[op_class]] + RECIPES["quantize"]
     if key not in RECIPES:
