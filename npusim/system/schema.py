@@ -194,7 +194,7 @@ class Runtime(StrictModel):
     hccl_dispatch_us: NonNegativeFloat = 68.48
     kernel_launch_us: NonNegativeFloat = 0.7535
     scheduler_us: NonNegativeFloat = 0.0
-    sync_us: NonNegativeFloat = 13.4305
+    sync_us: NonNegativeFloat = 13.3205
     sources: dict[str, str] = Field(default_factory=lambda: {"host_dispatch_us": HOST_DISPATCH_SOURCE,
                                                              "attention_dispatch_us": ATTENTION_DISPATCH_SOURCE,
                                                              "graph_launch_us": GRAPH_LAUNCH_SOURCE,
