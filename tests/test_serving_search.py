@@ -197,3 +197,73 @@ def test_an_aggregated_deployment_at_its_slots_serves_as_one_replica_at_its_shar
         got.append((s["ttft_ms"]["mean"], s["tpot_ms"]["mean"], s["output_throughput_per_npu"]))
     assert got[0][0] == pytest.approx(got[1][0], rel=0.1)
     assert got[0][1:] == pytest.approx(got[1][1:], rel=0.02)
+
+
+def _dep(*pools):
+    base = {"model": "m", "system": "s", "nodes": None, "slo_ttft_ms": 2000, "slo_tpot_ms": 50, "runtime": None,
+            "mode": "disaggregated", "kv_transfer": {"fabric": "rdma", "via": "sdma"}}
+    return {**base, "pools": [{"role": r, "instances": i, "max_batch_per_npu": b, "tokens_per_npu": t,
+                               "chunk_tokens": 0, "plan": {"npus": n, "tp": tp, "dp": dp, "ep": ep, "pp": 1, "mtp": 0}}
+                              for r, i, n, tp, dp, ep, b, t in pools]}
+
+
+def test_equivalent_deployments_share_a_key_and_distinct_ones_do_not():
+    """Two routes to one deployment: independent DP groups (ep 1) cut into instances two ways, and a
+    deployment's replicas; an expert-parallel pool's instances are not independent groups."""
+    from npusim.system.serving_search import deployment_key
+
+    dec = ("decode", 1, 8, 2, 4, 8, 64, 16384)
+    a = _dep(("prefill", 2, 2, 1, 4, 1, 64, 2048), dec)
+    b = _dep(("prefill", 1, 4, 1, 8, 1, 64, 2048), dec)
+    c = _dep(("prefill", 4, 2, 1, 4, 1, 64, 2048), ("decode", 2, 8, 2, 4, 8, 64, 16384))  # a's two replicas
+    assert deployment_key(a) == deployment_key(b) == deployment_key(c)
+    assert deployment_key(_dep(("prefill", 2, 2, 1, 4, 2, 64, 2048), dec)) != \
+        deployment_key(_dep(("prefill", 1, 4, 1, 8, 2, 64, 2048), dec))  # ep 2 vs ep 2 over 8 groups: all-to-all
+    assert deployment_key(a) != deployment_key(_dep(("prefill", 2, 2, 1, 4, 1, 64, 2048), ("decode", 1, 8, 2, 4, 8, 32, 16384)))
+    assert deployment_key(a) != deployment_key(_dep(("prefill", 3, 2, 1, 4, 1, 64, 2048), dec))
+
+
+def _fake_search(monkeypatch, **kw):
+    """search_serving with made-up step records (no step simulated) and the serve tasks captured, not served."""
+    import npusim.pool as pool
+    import npusim.system.serving_search as ss
+
+    served = []
+
+    def fake(fn, items, finished, failed, workers=1, client=None):
+        for it in items:
+            if fn is ss.run_ladder:
+                out = []
+                for pt in it.points:
+                    n = pt.plan["npus"]
+                    if pt.phase == "prefill":  # the same time per prompt token per NPU whatever the cut
+                        ms = 50 + 0.05 * pt.batch * pt.seq / n + 5 * (pt.plan["ep"] > 1)  # all-to-all
+                        r = {"ttft_ms": ms, "tokens_per_s_per_npu": pt.batch * pt.seq / ms * 1e3 / n}
+                    else:
+                        ms = 10 + 0.02 * pt.batch / n + pt.plan["tp"] + pt.plan["microbatches"]
+                        r = {"tpot_ms": ms, "tokens_per_s_per_npu": pt.batch / ms * 1e3 / n}
+                    r.update({"plan": pt.plan, "batch": pt.batch, "phase": pt.phase, "simulated": True,
+                              "feasible": pt.slo_ms is None or next(v for k, v in r.items() if k.endswith("_ms")) <= pt.slo_ms,
+                              "reason": None})
+                    out.append(r)
+                    if not r["feasible"]:
+                        break
+                finished(out)
+            else:
+                served.append(it)
+                finished({"_task": it.index, "served": False, "reason": "not served in this test"})
+    monkeypatch.setattr(pool, "run_points", fake)
+    r = ss.search_serving(**{**SEARCH, "model": "qwen3-30b-a3b", "npus": 8, "serve_top": 2, **kw})
+    return r, served
+
+
+def test_the_serve_top_places_go_to_distinct_deployments(monkeypatch):
+    """Session 43's Qwen3-30B-A3B search served two prefill pools of one deployment (2 x tp1 dp4 and
+    1 x tp1 dp8, equal estimates) in both places: each place now goes to a distinct deployment."""
+    from npusim.system.serving_search import deployment_key
+
+    r, served = _fake_search(monkeypatch, input_len=2048, output_len=256, slo_ttft_ms=2000, slo_tpot_ms=50)
+    for mode in ("aggregated", "disaggregated"):
+        keys = [deployment_key(t.deployment) for t in served if t.deployment["mode"] == mode]
+        assert len(keys) >= 2
+        assert len(set(keys)) == len(keys)

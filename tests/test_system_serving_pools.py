@@ -283,3 +283,33 @@ def test_prefill_batches_and_decode_steps_add_up_to_the_iterations(which, reques
     assert s["prefill_batches"] > 0 and s["decode_steps"] > 0
     if which == "agg":
         assert s["prefill_batches"] + s["decode_steps"] == s["iterations"]
+
+
+def test_a_step_simulated_once_in_a_process_is_not_simulated_again(monkeypatch):
+    """Runs on one system and chip-cost model share their instances' step points (a search's serving
+    checks of one plan at two batch limits): the second run simulates none the first did, and serves
+    exactly what a run that simulated them all itself serves."""
+    import npusim.system.serving as sv
+    from npusim.system.chipcost import ChipCost
+
+    calls = []
+    real = sv.plan_instance
+
+    def counting(*a, **k):
+        inst = real(*a, **k)
+        step = inst.step
+        return replace(inst, step=lambda x, y: calls.append((inst.phase, x, y)) or step(x, y))
+    monkeypatch.setattr(sv, "plan_instance", counting)
+    loaded = load_system("cloudmatrix384", nodes=2)
+    cc = ChipCost(loaded.chip)
+    reqs = _closed(12)
+    half = [DIS[0], replace(DIS[1], max_batch_per_npu=1)]
+    serve_pools(loaded, DIS, reqs, MODEL, kv_fabric="rdma", max_concurrency=6, chip_cost=cc)
+    first = set(calls)
+    calls.clear()
+    shared = serve_pools(loaded, half, reqs, MODEL, kv_fabric="rdma", max_concurrency=6, chip_cost=cc)
+    assert first and not first & set(calls)
+    fresh_loaded = load_system("cloudmatrix384", nodes=2)
+    alone = serve_pools(fresh_loaded, half, reqs, MODEL, kv_fabric="rdma", max_concurrency=6,
+                        chip_cost=ChipCost(fresh_loaded.chip))
+    assert [r.token_times_s for r in shared.records] == [r.token_times_s for r in alone.records]

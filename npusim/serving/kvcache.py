@@ -367,11 +367,21 @@ class KVCacheManager:
             raise ValueError(
                 f"KV cache: request {req_id!r} would hold {req.tokens + tokens} tokens of its own KV, more than the "
                 f"{req.cap_tokens} reserved at admission (input_len + output_len - prefix hit tokens)")
-        transfers: list[Transfer] = []
-        B = self.block_tokens
         old_tokens, old_hbm = req.tokens, req.hbm_tokens
         new_tokens = old_tokens + tokens
         avail = req.nblocks + self._free_top + self._reclaimable
+        if not avail:  # no SRAM block to hold it (a system's dies, KV in HBM only): straight to HBM
+            # what the general path below does when no block can be had, without its block arrays
+            n = new_tokens - old_hbm
+            req.hbm_tokens = req.tokens = new_tokens
+            st = self._stats
+            st["spills"] += 1
+            st["spilled_bytes"] += n * self.bytes_per_token
+            st["direct_hbm_write_bytes"] += tokens * self.bytes_per_token
+            self._debug_check()
+            return [Transfer(req.req_id, n * self.bytes_per_token, n, req.hbm_off + old_hbm * self.bytes_per_token)]
+        transfers: list[Transfer] = []
+        B = self.block_tokens
         new_hbm = min(new_tokens, B * max(_ceil_div(old_hbm, B), _ceil_div(new_tokens, B) - avail))
         if new_hbm > old_hbm:
             spilled = self._spill_request(req, new_hbm)

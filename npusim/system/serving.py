@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import heapq
 import math
+import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -518,11 +519,37 @@ class _LiveFabric:
         return sorted(done, key=lambda d: d[0])
 
 
-def _instance(loaded: LoadedSystem, source, phase: str, model: str, seed: int, cc: ChipCost,
+#: every instance step simulated in this process, by what defines it: the loaded system's and chip-cost
+#: model's ids (an entry is dropped when either object goes, so an id is never another object's), then
+#: (the plan or deployment, phase, model, seed, runtime), then the step's ``(x, y)`` -- see :func:`_instance`
+_STEPS: dict[tuple[int, int], dict] = {}
+
+
+def _instance(loaded: LoadedSystem, source, phase: str, model, seed: int, cc: ChipCost,
               runtime: str | None = None) -> Instance:
+    """The pool's instance for ``phase``, its ``step`` shared by every run in this process with the same
+    system, chip-cost model, plan (or deployment), phase, model, seed and runtime: a step is a
+    deterministic function of those and ``(x, y)``, so a point one run simulated is the next run's
+    without simulating it again (a search's serving checks of one plan at several batch limits, and
+    its backoff rounds, reuse each other's step-table points: the same numbers, once)."""
     if isinstance(source, Deployment):
-        return deployment_instance(loaded, source, model, seed, cc, runtime)
-    return plan_instance(loaded, source, phase, model, seed, cc, runtime)
+        inst = deployment_instance(loaded, source, model, seed, cc, runtime)
+    else:
+        inst = plan_instance(loaded, source, phase, model, seed, cc, runtime)
+    key = (repr(source), phase, repr(get_config(model)), seed, runtime)
+    ids = (id(loaded), id(cc))
+    if ids not in _STEPS:
+        _STEPS[ids] = {}
+        weakref.finalize(loaded, _STEPS.pop, ids, None)
+        weakref.finalize(cc, _STEPS.pop, ids, None)
+    memo = _STEPS[ids].setdefault(key, {})
+    step = inst.step
+
+    def shared(x: int, y: int) -> float:
+        if (x, y) not in memo:
+            memo[(x, y)] = step(x, y)
+        return memo[(x, y)]
+    return replace(inst, step=shared)
 
 
 def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Request], model: str | ModelConfig,

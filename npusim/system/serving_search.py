@@ -29,8 +29,10 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    ``tokens_per_npu = dp x input / n``).
    With ``max_concurrency`` (the user's benchmark concurrency) no candidate holds more sequences than
    that (batch limit x instances).
-3. **Serving check**: the best ``serve_top`` candidates of each mode by estimated tokens/s per NPU
-   (among those the estimate says meet both objectives), and the best of each mode again at a quarter
+3. **Serving check**: the best ``serve_top`` distinct candidates of each mode by estimated tokens/s per NPU
+   (among those the estimate says meet both objectives; one deployment reached by two routes --
+   independent DP groups cut into instances two ways, or replicas of a smaller deployment, see
+   :func:`deployment_key` -- takes one place, the cheapest to serve of them), and the best of each mode again at a quarter
    of its batch limit (a point further up the tokens/s-per-user axis; that candidate's own estimate), are served: a closed loop of
    ``C`` = the deployment's sequence slots (the concurrency its batch limit implies, as the estimate
    assumes), ``3 C`` prompts of exactly ``input``/``output`` tokens, all sent at 0 (an aggregated
@@ -82,6 +84,7 @@ from __future__ import annotations
 
 import math
 import time
+from fractions import Fraction
 from dataclasses import dataclass, replace
 
 from npusim.errors import ConfigError, NpusimError
@@ -236,6 +239,61 @@ def _label(c: dict) -> str:
     return " + ".join(f"{p['instances']}x {p['role']} [{plan_label(p['plan'])} mtp{p['plan']['mtp']} "
                       f"b{p['max_batch_per_npu'] * p['plan']['npus'] if p['role'] != 'prefill' else '-'}]"
                       for p in c["deployment"]["pools"])
+
+
+def deployment_key(dep: dict) -> tuple:
+    """A deployment up to what does not change what it serves (two candidates with the same key are
+    served once: see :func:`distinct`). Two rewritings, each of one deployment reached by two routes:
+
+    * **independent DP groups**: a pool whose plan has no expert parallelism and no pipeline (``ep``
+      and ``pp`` 1) is its DP groups side by side, each with the whole model and nothing exchanged
+      between groups, so ``x`` instances of ``dp`` groups are ``x dp`` groups however they are cut into
+      instances (two prefill instances of tp1 dp4 and one of tp1 dp8: the same groups, the same
+      prompts per NPU a batch); the pool is keyed by its total groups and NPUs.
+    * **replicas**: a deployment whose pools' group counts share a factor ``g`` is ``g`` copies of the
+      deployment with ``1 / g`` of each, at ``1 / g`` of the slots, which share only the queue (see the
+      aggregated replicas in :func:`serve_candidate`); keyed by the smallest copy.
+
+    Not exact to the last digit: where an instance's batch is cut differs (one dp8 prefill instance
+    takes up to 8 queued prompts in a step, two dp4 ones 4 each, each on its own clock). Served side by
+    side (session 43, Qwen3-30B-A3B on 8 CloudMatrix384 NPUs, 2,048 / 256 tokens): 1,565.9 against
+    1,565.5 tokens/s per NPU and TTFT 139 / 140 ms at b256, identical at b512; 2P1D against 4P2D
+    identical (1,810.8)."""
+    pools = []
+    for p in dep["pools"]:
+        plan = dict(p["plan"])
+        groups = p["instances"]
+        if plan.get("ep", 1) == 1 and plan.get("pp", 1) == 1:  # the pool as its groups (NPUs a group: a fraction)
+            groups *= plan["dp"]
+            plan["npus"] = str(Fraction(plan["npus"], plan["dp"]))
+            plan["dp"] = 1
+        pools.append((p["role"], groups, tuple(sorted((k, str(v)) for k, v in plan.items())),
+                      p["max_batch_per_npu"] if p["role"] != "prefill" else None, p["tokens_per_npu"],
+                      p.get("chunk_tokens", 0)))
+    g = math.gcd(*(q[1] for q in pools))
+    rest = tuple(sorted((k, str(v)) for k, v in dep.items() if k != "pools"))
+    return rest, tuple(sorted((r, n // g, *more) for r, n, *more in pools))
+
+
+def distinct(ranked: list[dict], k: int) -> list[dict]:
+    """The first ``k`` candidates of ``ranked`` whose deployments differ (:func:`deployment_key`); of
+    equivalent ones the first ranked, so the places freed go to the next distinct candidates."""
+    out, seen = [], set()
+    for c in ranked:
+        key = deployment_key(c["deployment"])
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+            if len(out) == k:
+                break
+    return out
+
+
+def _size(c: dict) -> tuple[int, int]:
+    """What serving a candidate costs, to serve the cheapest of equivalent ones: its largest instance's
+    NPUs (an aggregated deployment is served as one of its replicas), then its instances."""
+    pools = c["deployment"]["pools"]
+    return max(p["plan"]["npus"] for p in pools), sum(p["instances"] for p in pools)
 
 
 def search_serving(system: str, nodes: int | None, model, npus: int, input_len: int, output_len: int,
@@ -417,13 +475,15 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         c["estimate_feasible"] = ok(c)
     chosen = []
     for mode in ("aggregated", "disaggregated"):
+        # equivalent deployments (deployment_key) served once: the cheapest to serve among equal estimates
         ranked = sorted((c for c in cands if c["mode"] == mode and c["estimate_feasible"]),
-                        key=lambda c: -c["estimate"]["output_throughput_per_npu"])
-        mine = ranked[:serve_top]
+                        key=lambda c: (-c["estimate"]["output_throughput_per_npu"], _size(c)))
+        mine = distinct(ranked, serve_top)
         if mine:  # the best again at a quarter of its batch limit: further along the per-user axis
             low = _scaled(mine[0], 4)
             match = [c for c in cands if low is not None and _label(c) == _label(low)]  # with its own estimate
-            if match and all(_label(match[0]) != _label(c) for c in mine):
+            keys = {deployment_key(c["deployment"]) for c in mine}
+            if match and deployment_key(match[0]["deployment"]) not in keys:
                 mine.append(match[0])
         chosen += [c for c in mine if c not in chosen]
     meets = lambda r: ((slo_ttft_ms is None or r["ttft_ms"] <= slo_ttft_ms)  # noqa: E731
@@ -445,14 +505,14 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         out_cands += results
         # a served candidate that misses an objective is served again at half its decode batch limit
         # (with that candidate's own estimate), so a looser search reaches what a tighter one serves
-        done = {_label(c) for c, _ in out_cands}
+        done = {deployment_key(c["deployment"]) for c, _ in out_cands}
         batch = []
         for c, r in results:
             half = _scaled(c, 2) if r.get("served") and not meets(r) else None
             nxt = by_label.get(_label(half)) if half is not None else None
-            if nxt is not None and _label(nxt) not in done:
+            if nxt is not None and deployment_key(nxt["deployment"]) not in done:
                 batch.append(nxt)
-                done.add(_label(nxt))
+                done.add(deployment_key(nxt["deployment"]))
         if not batch:
             break
     chosen = [c for c, _ in out_cands]
