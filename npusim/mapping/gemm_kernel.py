@@ -132,14 +132,10 @@ like a vendor's operator benchmark. Planning by simulation (the candidates' race
   2048 x 80000 x 4096 row measures 16,850 us, 3.3x the model, and its BasicMatmul baseline 57,144:
   not explained). Not modelled: PTO's hand-tiled kernel (run as the basic kernel), the NZ / ND
   layout difference (example 34's ND->NZ copies excepted).
-* **INT8 on a CATLASS kernel or aclnn** (:data:`QUANT_EPILOGUE_KERNELS`): the cube writes int32 C
-  into a workspace the L2 holds and the vector side dequantises it into bf16 D (:class:`_VectorSide`).
-  aclnn's INT8 GEMM is QuantBatchMatmulV3, whose bf16 output makes it a MIX kernel (its tiling's
-  ``isUbQuant_``; BmmDequantBf16 / BmmDequantPertoken): one AIV per AIC dequantises
-  (:data:`DEQUANT_AIVS`), its UB tiles one after another (:data:`SERIAL_DEQUANT_KERNELS`). Its own
-  tiling (the TBE cache tiling it takes for M <= 256 with a bf16 output, and the L2-cache hint it
-  turns off for the weight when M fits one base block) is not modelled: MatMulV3's base-block
-  rule is applied to it, an assumption.
+* **INT8 on a CATLASS kernel** (:data:`QUANT_EPILOGUE_KERNELS`): the cube writes int32 C into a
+  workspace the L2 holds and the vector side dequantises it into bf16 D (:class:`_VectorSide`);
+  aclnn's INT8 GEMM keeps the bf16 write below (QuantBatchMatmulV3's own tiling and MIX templates
+  are not modelled).
 * Output dtype: bf16 for int8/int4/fp8 inputs (A8W8 with dequantisation on the way out, as
   DeepSeek-V3 on Ascend), else the input dtype. Both operands are costed at ``dtype`` (an op's
   ``weight_dtype`` is ignored). The share's cores must have the same systolic array.
@@ -180,19 +176,8 @@ SPLIT_RUN_BYTES = 4096  # a load of twice this or more is split over the core's 
 #: the base-block kernels whose INT8 GEMM dequantises on the vector cores through global memory
 #: (CATLASS's quant kernels: the AIC's fixpipe writes int32 C to a workspace, the AIVs read it back
 #: with the per-channel and per-token scales and write bf16 D; kernel/quant_matmul.hpp,
-#: quant_matmul_full_loadA_tla.hpp, quant_multi_core_splitk_matmul_tla.hpp; and aclnn's
-#: QuantBatchMatmulV3, whose tiling sets ``isUbQuant_ = cDtype == DT_BF16 || isPertoken`` -- a bf16
-#: output, which npusim's INT8 GEMMs have, is dequantised in the UB by its MIX templates
-#: BmmDequantBf16 / BmmDequantPertoken, ops-nn quant_batch_matmul_v3_basic_tiling.cpp DoOpTiling,
-#: op_kernel/quant_batch_matmul_v3_bf16.h, quant_batch_matmul_v3_pertoken.h)
-QUANT_EPILOGUE_KERNELS = ("catlass_basic", "catlass_splitk", "aclnn")
-#: AIVs per AIC that dequantise, where a kernel uses fewer than the core has: QuantBatchMatmulV3's
-#: MIX templates run one AIV per AIC (``if (GetSubBlockIdx() == 1) return;`` in Init and Process)
-DEQUANT_AIVS = {"aclnn": 1}
-#: kernels whose dequant walks its UB tiles one after another (no second buffer: each tile's GM->UB
-#: copy, SetFlag/WaitFlag MTE2_V, the dequant, then V_MTE3 and the copy out; QuantBatchMatmulV3's
-#: DequantCompute); CATLASS's epilogue double-buffers (``ubStages = 2``)
-SERIAL_DEQUANT_KERNELS = ("aclnn",)
+#: quant_matmul_full_loadA_tla.hpp, quant_multi_core_splitk_matmul_tla.hpp)
+QUANT_EPILOGUE_KERNELS = ("catlass_basic", "catlass_splitk")
 #: the per-token dequant epilogue's vector instructions per tile, each over the whole tile in fp32
 #: (epilogue/block/block_epilogue_per_token_dequant.hpp: Cast C int32 -> fp32, RowBroadcastMul by the
 #: per-channel scale, OneBlkColumnBroadcastMul by the per-token scale, Cast -> D), and its tile's rows
@@ -794,9 +779,8 @@ class Emitter:
         self.fixpipe_waits = False  # a tile's accumulators fill L0C: the next tile's MACs wait for its write-back
         #: called with (core, the write task, bytes written, name) after each step's write-back: the
         #: vector side's epilogue on what the cube wrote, returning (its last task, bytes it then
-        #: writes to HBM, its cycles), or None. Its write is queued behind the loads issued while it
-        #: runs (the DMA queues are in order; the vector side's own MTE3 does not wait for the cube's
-        #: loads; :meth:`core_program`)
+        #: writes to HBM), or None. Its write is queued one step later, behind the next step's loads
+        #: (the DMA queues are in order; the vector side's own MTE3 does not wait for the cube's loads)
         self.epilogue = None
         #: C goes to a workspace the L2 keeps (a quant kernel's int32 ring, read back at once by the
         #: vector side): its write-back holds the core's DMA engine at the L2 rate and costs no HBM
@@ -947,42 +931,31 @@ class Emitter:
         issue_load(1)
         last = head
         written = -1  # the last tile's write-back, when the next tile's MACs must wait for it
-        # epilogues' writes not yet queued: (cube cycles by which the epilogue is estimated done, its
-        # task, bytes, name). Each is queued behind the loads issued while its epilogue runs (at
-        # least one step later): the vector side's own MTE3 writes it, which the AIC's next loads do
-        # not wait for, and the in-order DMA queues would otherwise hold them behind it
-        pending: list[tuple[float, int, int, str]] = []
-        vector_free = 0.0  # cube cycles by which the vector side is estimated free (its pipe is in order)
+        pending = None  # the last step's epilogue (task, bytes, name), written out one step later
         done = 0.0  # cube cycles so far (rounded per step without drift)
-        last_write = -1
-        d_writes: list[int] = []  # the epilogues' writes of D
         for s, step in enumerate(steps):
             before = int(round(done))
-            started = done
             done += sum(u.cycles for u in step)
             last = prog.add_compute(core, "cube", int(round(done)) - before, deps=[*loads.pop(s), last, written],
                                     name=f"{tag} gemm{s}")
             computes.append(last)
             issue_load(s + 2)  # its buffer is free once this step's GEMMs are done
-            while pending and pending[0][0] <= started:  # epilogues done by the time this step began
-                _, task, out, name = pending.pop(0)
-                d_writes.append(self.write(core, out, [task], name))
+            if pending:  # the previous step's epilogue writes out behind this step's loads
+                self.write(core, pending[1], [pending[0]], pending[2])
+                pending = None
             nbytes = sum(u.write for u in step)
-            last_write = -1
             if nbytes:
                 last_write = self.write_l2(core, nbytes, [last], f"{tag} write{s} (L2)") if self.c_in_l2 \
                     else self.write(core, nbytes, [last], f"{tag} write{s}")
                 written = last_write if self.fixpipe_waits else -1
                 if self.epilogue is not None:
-                    task, out, cycles = self.epilogue(core, last_write, nbytes, f"{tag} epilogue{s}")
-                    vector_free = max(vector_free, done) + cycles
-                    pending.append((vector_free, task, out, f"{tag} epilogue{s} write"))
-        if self.epilogue is None:
-            return last_write if last_write >= 0 else last
-        d_writes += [self.write(core, out, [task], name) for _, task, out, name in pending]
-        if len(d_writes) <= 1:
-            return d_writes[0] if d_writes else last
-        return prog.add_barrier(d_writes, f"{tag} D written")
+                    task, out = self.epilogue(core, last_write, nbytes, f"{tag} epilogue{s}")
+                    pending = (task, out, f"{tag} epilogue{s} write")
+                    if s == len(steps) - 1:
+                        return self.write(core, out, [task], pending[2])
+                if s == len(steps) - 1:
+                    return last_write
+        return last
 
 
 # -- the lowering both paths take ----------------------------------------------------------------
@@ -1127,8 +1100,7 @@ class _VectorSide:
 
     * :meth:`dequant` -- an INT8 kernel's per-token dequant (:data:`QUANT_EPILOGUE_KERNELS`): int32 C
       and the scales (4 B per column and per row) read, :data:`DEQUANT_INSTRUCTIONS` fp32 instructions
-      per :data:`DEQUANT_TILE_ROWS`-row tile (on :data:`DEQUANT_AIVS` of the core's AIVs where the
-      kernel uses fewer, its tiles in turn for :data:`SERIAL_DEQUANT_KERNELS`), bf16 D written. Called after each step's write-back of
+      per :data:`DEQUANT_TILE_ROWS`-row tile, bf16 D written. Called after each step's write-back of
       the cube (the AIC goes on to its next blocks: the workspace's stages are not modelled), or once
       a split-K kernel's partials are reduced.
     * :meth:`reduce` -- split K's ``SplitkReduceAdd``: the ``factor`` fp32 / int32 partials read,
@@ -1142,8 +1114,6 @@ class _VectorSide:
         kc = planner.kernel
         self.timed = kc is not None and kc.vector_cycles_per_repeat is not None
         self.aivs = (kc.vector_cores_per_core or 1) if kc is not None else 1
-        self.dequant_aivs = min(self.aivs, DEQUANT_AIVS.get(planner.gemm_kernel, self.aivs))
-        self.serial = planner.gemm_kernel in SERIAL_DEQUANT_KERNELS
         self.heads: dict[int, int] = {}
         self.last: dict[int, int] = {}  # core -> its vector side's last compute (one pipe)
 
@@ -1156,12 +1126,10 @@ class _VectorSide:
                                                         deps=self.deps, name=f"c{core} AIV start")
         return [self.heads[core]]
 
-    def _cycles(self, rows: int, cols: int, instructions: int, tile_rows: int | None = None,
-                aivs: int | None = None) -> int:
-        """One core's busiest AIV on ``rows x cols`` fp32 elements, ``instructions`` per tile, the rows
-        split over ``aivs`` (default: all the core's AIVs)."""
+    def _cycles(self, rows: int, cols: int, instructions: int, tile_rows: int | None = None) -> int:
+        """One core's busiest AIV on ``rows x cols`` fp32 elements, ``instructions`` per tile."""
         kc = self.pl.kernel
-        per_aiv = _cdiv(max(rows, 1), aivs or self.aivs)
+        per_aiv = _cdiv(max(rows, 1), self.aivs)
         step = tile_rows or per_aiv
         total = 0
         for r0 in range(0, per_aiv, step):
@@ -1174,35 +1142,29 @@ class _VectorSide:
         l2 = self.pl.l2_capacity is not None
         return self.em.loads(core, 0 if l2 else nbytes, nbytes if l2 else 0, [*deps, *self.head(core)], name)
 
-    def dequant(self, core: int, after: int, nbytes: int, name: str, cols: int, timed: bool = False):
+    def dequant(self, core: int, after: int, nbytes: int, name: str, cols: int) -> int:
         """The dequant of ``nbytes`` of int32 C the core's cube wrote (task ``after``); its last task.
         One task on the vector pipe: the AIVs' own MTE2 / MTE3 move the data, not the AIC's DMA
         queues (in order, they would hold the cube's next loads behind the epilogue), so the pass
         is its tiles through a double-buffered UB (``ubStages = 2``): the first tile's read and
         compute, then each further tile at the slower of the two -- reads at the core's L2 rate
         (HBM's without an L2) shared by its AIVs (an assumption, as FlashAttention's vector side
-        shares the core's rate). Returns (the task, the bytes of bf16 D it writes), and its cycles
-        when ``timed``: the caller queues that write to HBM on the core's DMA engines."""
+        shares the core's rate). Returns (the task, the bytes of bf16 D it writes): the caller
+        queues that write to HBM on the core's DMA engines."""
         elements = nbytes // ACC_BYTES
         rows = _cdiv(elements, cols)
-        aivs = self.dequant_aivs
-        per_aiv = _cdiv(rows, aivs)
+        per_aiv = _cdiv(rows, self.aivs)
         tiles = _cdiv(per_aiv, DEQUANT_TILE_ROWS)
         t_rows = min(per_aiv, DEQUANT_TILE_ROWS)
         read_bpc = (self.em.l2_bpc if self.pl.l2_capacity is not None else self.pl.core_bpc) / self.aivs
         read = (t_rows * cols + t_rows) * ACC_BYTES / read_bpc  # int32 C and the per-token scales
-        comp = self._cycles(t_rows * aivs, cols, DEQUANT_INSTRUCTIONS, aivs=aivs)
+        comp = self._cycles(t_rows * self.aivs, cols, DEQUANT_INSTRUCTIONS)
         first = cols * ACC_BYTES / read_bpc  # the per-channel scales, once
-        if self.serial:  # one buffer: each tile's read, then its instructions (DEQUANT_AIVS, SERIAL_...)
-            cycles = first + tiles * (read + comp)
-        else:
-            cycles = first + read + comp + (tiles - 1) * max(read, comp)
+        cycles = first + read + comp + (tiles - 1) * max(read, comp)
         prev = [self.last[core]] if core in self.last else []
         task = self.em.prog.add_compute(core, "vector", math.ceil(cycles), deps=[after, *self.head(core), *prev],
                                         name=f"{name} dequant")
         self.last[core] = task
-        if timed:  # and its cycles, for the emitter to queue the write behind the loads it overlaps
-            return task, _nbytes(elements, self.pl.eo), math.ceil(cycles)
         return task, _nbytes(elements, self.pl.eo)
 
     def reduce(self, core: int, deps, elements: int, factor: int, out_bytes: float, name: str) -> int:
@@ -1249,7 +1211,7 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
     if not addressed:
         em.hbm_fraction, em.merged_fraction = planner.base_l2_fractions(order, plan.used, ms, ns, ks)
     if quant and len(ks) == 1:
-        em.epilogue = lambda core, after, nbytes, name: vec.dequant(core, after, nbytes, name, ns[0], timed=True)
+        em.epilogue = lambda core, after, nbytes, name: vec.dequant(core, after, nbytes, name, ns[0])
         em.c_in_l2 = planner.l2_capacity is not None and not addressed
     ends = [em.core_program(share[c], units, f"{tag}c{share[c]}") for c, units in enumerate(work)]
     if len(ks) > 1:
