@@ -842,6 +842,19 @@ class Emitter:
     def write(self, core: int, nbytes: int, deps, name: str) -> int:
         return self._dma(core, nbytes, True, deps, name, self._least_loaded(core))
 
+    def writes(self, core: int, nbytes: int, deps, name: str, to_l2: bool = False) -> list[int]:
+        """A write of ``nbytes`` split over the core's DMA engines (:meth:`_engine_parts`), as
+        :meth:`loads` splits a load (each vector core writing its own rows back by its own MTE3);
+        ``to_l2``: the L2 absorbs it, each engine held for its part at its share of the L2 rate."""
+        if not to_l2:
+            return [self._dma(core, part, True, deps, name, engine) for engine, part in self._engine_parts(core, nbytes)]
+        out = []
+        for engine, part in self._engine_parts(core, nbytes):
+            cycles = math.ceil(part / (self.l2_bpc / self.pl.engines)) + self.pl.l2_latency
+            out.append(self.prog.add_compute(core, f"dma{engine}", cycles, deps=deps, name=f"{name} L2"))
+            self.engine_bytes.setdefault(core, [0] * self.pl.engines)[engine] += part
+        return out
+
     def write_l2(self, core: int, nbytes: int, deps, name: str) -> int:
         """A write the L2 absorbs (see ``c_in_l2``): the least loaded DMA engine held for
         ``nbytes`` at the core's L2 rate."""

@@ -98,7 +98,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -713,14 +712,8 @@ class ChipCost:
                                             name=f"{op.name} c{core} {c}")
                     done = [last]
                 out = _nbytes(r * row, e_out) + (4 * r if quant else 0)
-                if absorbed:  # the L2 keeps them: each engine held for its part at its share of the L2 rate
-                    per_engine = em.l2_bpc / em.pl.engines
-                    writes.append([prog.add_compute(core, f"dma{engine}", math.ceil(part / per_engine) + em.pl.l2_latency,
-                                                    deps=done, name=f"{op.name} c{core} write{c} L2")
-                                   for engine, part in em._engine_parts(core, out)])
-                elif tiled:  # each AIV writes its own rows back by its own MTE3: split over the core's engines
-                    writes.append([em._dma(core, part, True, done, f"{op.name} c{core} write{c}", engine)
-                                   for engine, part in em._engine_parts(core, out)])
+                if absorbed or tiled:  # each AIV writes its own rows back (its own MTE3); absorbed: into the L2
+                    writes.append(em.writes(core, out, done, f"{op.name} c{core} write{c}", to_l2=absorbed))
                 else:
                     writes.append([em.write(core, out, done, f"{op.name} c{core} write{c}")])
                 if not copy:
