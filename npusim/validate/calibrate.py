@@ -203,13 +203,9 @@ def runtime_constants() -> list[Constant]:
     rows, _ = _calibration_rows()
     triton = rows["triton-ascend-issue-1675"]
     graph = rows["vllm-ascend-pr-15471-graph-timing"]
-    dmi = rows["flagrt-flagperf-a3-toolkit"]
-    rs = [r for r in rows["ascend-rs-appendix-f"] if "910B3" in r.get("conditions", "")]
     eager = _row(triton, "eager torch.add")["measured_us"]
-    direct = _row(triton, "optimized launcher")["measured_us"]
-    h2d = _row(dmi, "H2D latency")
+    trip, direct, h2d = _round_trip_parts(rows)
     launch = (h2d["measured_us_min"] + h2d["measured_us_max"]) / 2
-    trip = sorted(r["measured_us"] for r in rs)
     median = trip[len(trip) // 2]
     sync, on_die = sync_us()
     replay = _row(graph, "replay enqueue")
@@ -278,16 +274,22 @@ def sync_us() -> tuple[float, float]:
     crossing (the mean of ascend-dmi's H2D latency range: ``kernel_launch_us``) and the kernel's time on
     the die (``ascend-910b4``'s stored ``kernel.start_us + kernel.vector_setup_us``: a vector kernel's
     device-side start and its AIV prologue; its few elements' work is negligible). Units: us."""
-    rows, _ = _calibration_rows()
-    trip = sorted(r["measured_us"] for r in rows["ascend-rs-appendix-f"] if "910B3" in r.get("conditions", ""))
-    if not trip:
-        raise ValueError("published.yaml operators: no ascend-rs-appendix-f 910B3 launch+sync row")
-    direct = _row(rows["triton-ascend-issue-1675"], "optimized launcher")["measured_us"]
-    h2d = _row(rows["flagrt-flagperf-a3-toolkit"], "H2D latency")
+    trip, direct, h2d = _round_trip_parts(_calibration_rows()[0])
     launch = (h2d["measured_us_min"] + h2d["measured_us_max"]) / 2
     kernel = load_arch("ascend-910b4").kernel
     on_die = (kernel.start_us + kernel.vector_setup_us) if kernel is not None else 0.0
     return trip[len(trip) // 2] - direct - launch - on_die, on_die
+
+
+def _round_trip_parts(rows: dict) -> tuple[list[float], float, dict]:
+    """The launch measurements ``kernel_launch_us`` and ``sync_us`` are taken from (calibration half):
+    the 910B3 launch + synchronize round trips (us, sorted; ascend-rs appendix F), the host's direct
+    launch call (us; triton-ascend #1675) and ascend-dmi's H2D latency row (FlagPerf A3 toolkit)."""
+    trip = sorted(r["measured_us"] for r in rows["ascend-rs-appendix-f"] if "910B3" in r.get("conditions", ""))
+    if not trip:
+        raise ValueError("published.yaml operators: no ascend-rs-appendix-f 910B3 launch+sync row")
+    direct = _row(rows["triton-ascend-issue-1675"], "optimized launcher")["measured_us"]
+    return trip, direct, _row(rows["flagrt-flagperf-a3-toolkit"], "H2D latency")
 
 
 def hccl_small_allreduce_row() -> dict:
