@@ -94,3 +94,13 @@ def test_an_all_gather_and_a_reduce_scatter_of_one_size_are_two_cases():
             {"source": "s", "family": "collective", "op": "HCCL reduceScatter (x)", "shape": {"ranks": 8},
              "measured_us": 12.0}]
     assert [i for i, _, _ in _fastest(rows)] == [0, 1]
+
+
+def test_an_a3_all_gather_never_gets_faster_as_its_message_grows(cm384):
+    # physics: 8 dies of one A3 server, per-rank messages across HCCL's mesh -> double-ring switch
+    # (512 KiB) and up to 4 MiB; HCCL's SelectAlgfor91093 runs one executor above the switch in op-base
+    # mode (no other branch applies to one server), so nothing may make a larger message faster
+    from npusim.system.measure import run_collective
+    sizes = [256 << 10, 512 << 10, (512 << 10) + 1024, 768 << 10, 1 << 20, 2 << 20, 4 << 20]
+    times = [run_collective(cm384, "allgather", list(range(8)), 8 * s).time_us for s in sizes]
+    assert all(b >= a for a, b in zip(times, times[1:])), list(zip(sizes, times))

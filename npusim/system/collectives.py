@@ -120,6 +120,18 @@ NOTIFY_BYTES = 4  # an HCCL notify record: a 4-byte write of the peer's notify r
 #: mode takes the small-count mesh (``AllGatherSmallCount``, ``ReduceScatterDeterExecutor``) up to
 #: ``HCCL_SMALL_COUNT_512_KB``; larger messages on a double-ring server topology go to the
 #: ``...DoubleRingFor91093Executor`` s. Cited code constants, not calibrated.
+#: Above the switch nothing else changes with size for one server's ranks in op-base mode (CANN hcomm
+#: ``all_gather_operator.cc`` ``SelectAlgfor91093``, read at libochao-huawei/hcomm@84fcf61): the small-count
+#: mesh needs at most 512 KiB per rank; the zero-copy executors need symmetric / zero-copy memory; the
+#: mid-count, pipeline and ring-exchange executors more than one super pod; the semi-ring
+#: (``IsSupportUnifiedMarch``) graph mode with AICPU unfolding; and the CCL buffer (200 MB) holds these
+#: messages in one round (:func:`ccl_rounds`; even split over two rings and 8 ranks, 12.5 MiB each). The
+#: all-gather therefore runs one executor from 512 KiB to several MiB per rank and its time only grows
+#: with the message (tests/test_operator_collectives.py). The msModeling report's 8-die microbenchmark
+#: (published.yaml ``msmodeling-fork-comm-a3``) does not: 155-171 us kernel time at 596-946 KiB per rank
+#: and 186.4 us host-timed ("alternating") at 768 KiB, above its 166.9 us host-timed at 3.5 MiB, where
+#: the same HCCL in a vLLM run took 75.4 us at 768 KiB (its report, section 8). No per-size mechanism of
+#: HCCL's source gives that; it is left unmodelled (session 45).
 HCCL_A3_MESH_MAX_BYTES = {"aiv": {"allgather": 512 * 1024, "reducescatter": 1024 * 1024},
                           "host": {"allgather": 512 * 1024, "reducescatter": 512 * 1024}}
 
