@@ -145,8 +145,8 @@ def test_a_vector_operator_never_beats_its_vector_cores(costs, die, op_class, ro
     res = costs[die].vector(op)
     core_rows = -(-rows // min(rows, arch.num_cores))  # the busiest core's rows
     aiv_rows = -(-core_rows // kc.vector_cores_per_core)  # ... and its busiest vector core's
-    repeats = sum(aiv_rows * row_len * i.width / REPEAT_BYTES for i in instructions(op_class)
-                  if i.scope in ("tile", "row"))
+    repeats = sum(aiv_rows * row_len * i.fraction * i.width / REPEAT_BYTES
+                  for i in instructions(op_class, row_len=row_len, soc=kc.soc_version) if i.scope in ("tile", "row"))
     floor_us = kc.start_us + kc.vector_setup_us + repeats * kc.vector_cycles_per_repeat / (arch.clock_ghz * 1e3)
     assert res.time_us >= floor_us * (1 - 1e-9)
 

@@ -146,3 +146,55 @@ def test_dynamic_quant_issues_its_instructions_once_per_row():
     starts = aiv_tile_cycles("quantize", None, 20, 2304, **args) - aiv_tile_cycles("quantize", None, 10, 2304, **args)
     assert starts >= 10 * 10
 
+
+
+def test_rmsnorm_picks_its_kernel_by_soc_and_row_length_as_its_tiling_does():
+    """rms_norm_tiling.cpp: MERGE_N only on ASCEND910B with numColAlign <= 2000; an A3 die
+    (ASCEND910_93) and longer rows run MODE_NORMAL (rms_norm.h), one row per loop, one buffer each."""
+    from npusim.hw.compute.vector_kernel import rmsnorm_mode, ub_tiling
+
+    assert rmsnorm_mode(1536, "ascend910b") == "merge_n"
+    assert rmsnorm_mode(2000, "ascend910b") == "merge_n" and rmsnorm_mode(2001, "ascend910b") == "normal"
+    assert rmsnorm_mode(128, "ascend910_93") == rmsnorm_mode(7168, "ascend910_93") == "normal"
+    assert rmsnorm_mode(12289, "ascend910_93") == "split_d"
+    with pytest.raises(ValueError):
+        rmsnorm_mode(1536, "ascend310p")
+    t = ub_tiling("rmsnorm", 1536, 2, 2, 192 * 1024, soc="ascend910_93")
+    assert (t.rows, t.in_buffers, t.out_buffers) == (1, 1, 1)
+    assert ub_tiling("rmsnorm", 1536, 2, 2, 192 * 1024, soc="ascend910b").rows == 7
+    # AddRmsNorm has its own tiling: not switched by RmsNorm's rule
+    assert ub_tiling("rmsnorm", 1536, 4, 4, 192 * 1024, soc="ascend910_93", fn="add").rows > 1
+    assert load_arch("ascend-910c-die").kernel.soc_version == "ascend910_93"
+    assert load_arch("ascend-910b").kernel.soc_version == "ascend910b"
+
+
+def test_rmsnorm_normal_reduces_by_halves_and_pays_its_instructions_per_row():
+    """rms_norm.h / rms_norm_base.h ReduceSumHalfInterval: a tail Add beyond the largest power of two,
+    then Adds of halves down to 64 floats (1536: 512 tail, 1024 -> 64 in 4 halvings), then one
+    WholeReduceSum; every instruction is issued once per row, so row-by-row costs at least as much
+    as MERGE_N's tile-wide instructions and grows by the same starts for every added row."""
+    from npusim.hw.compute.vector_kernel import aiv_tile_cycles, instructions
+
+    ins = instructions("rmsnorm", row_len=1536, soc="ascend910_93")
+    adds = [i for i in ins if i.name.startswith("Add")]
+    assert [round(i.fraction * 1536) for i in adds] == [512, 512, 256, 128, 64]
+    assert sum(i.scope == "rowsync" for i in ins) == 2 and all(i.scope != "tile" for i in ins)
+    assert instructions("rmsnorm", row_len=1536, soc="ascend910b") == instructions("rmsnorm")
+    args = dict(cycles_per_repeat=2.0, instruction_cycles=22.0)
+    normal = [aiv_tile_cycles("rmsnorm", None, r, 1536, soc="ascend910_93", **args) for r in (1, 2, 3)]
+    merge = [aiv_tile_cycles("rmsnorm", None, r, 1536, soc="ascend910b", **args) for r in (1, 2, 3)]
+    assert normal[0] >= merge[0] and normal[2] - normal[1] == normal[1] - normal[0] > merge[2] - merge[1]
+    starts = aiv_tile_cycles("rmsnorm", None, 1, 1536, soc="ascend910_93", cycles_per_repeat=0.0,
+                             instruction_cycles=1.0)
+    assert starts == len(ins) + math.ceil(math.log2(64))  # one start per instruction, + the cross-lane tree
+
+
+def test_an_a3_rmsnorm_is_slower_than_the_same_rows_merged():
+    """The same die with the 910B's SoC version (MERGE_N, up to 7 rows of 1536 per loop) runs a
+    256 x 1536 RmsNorm faster than with the A3's (MODE_NORMAL, one row per loop)."""
+    from npusim.validate.die_calibration import _variant
+
+    op = _op("rmsnorm", 256, 1536)
+    a3 = ChipCost("ascend-910c-die", persist=False).vector(op).time_us
+    as_910b = ChipCost(_variant(load_arch("ascend-910c-die"), {"soc_version": "ascend910b"}), persist=False)
+    assert a3 > as_910b.vector(op).time_us

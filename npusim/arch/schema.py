@@ -469,6 +469,10 @@ class KernelCosts(StrictModel):
       (:mod:`npusim.mapping.gemm_kernels`: ``aclnn``, ops-nn MatMulV3's per-shape base blocks, what
       framework GEMMs call; ``catlass_basic``, ``base_blocks`` always; ``catlass_splitk``, K split
       over the cores);
+    * ``soc_version``: the SoC version the vendor's host-side tiling sees (CANN's
+      ``platform_ascendc::SocVersion``: ``ascend910b`` for Atlas A2, ``ascend910_93`` for an Atlas A3
+      die); some tilings branch on it (ops-nn RmsNorm takes its multi-row MERGE_N kernel only on
+      ASCEND910B, :func:`npusim.hw.compute.vector_kernel.rmsnorm_mode`);
     * ``source``: where the figures come from (``npusim calibrate --check`` recomputes them).
 
     Units: microseconds, bytes per core cycle, core cycles, KiB (``ub_kb``), elements (base blocks)."""
@@ -488,6 +492,7 @@ class KernelCosts(StrictModel):
     swizzle_offset: Pos(2**20) = 1
     swizzle_direction: Literal[0, 1] = 0
     gemm_default: Literal[GEMM_KERNELS] = "catlass_basic"
+    soc_version: Literal["ascend910b", "ascend910_93"] = "ascend910b"
     source: str = ""
 
     @model_validator(mode="after")

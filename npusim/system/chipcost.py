@@ -668,7 +668,7 @@ class ChipCost:
         if tiled:
             per_aiv = split_rows(rows, len(share) * aivs)  # every working AIV's rows
             core_aivs = [per_aiv[a:a + aivs] for a in range(0, len(per_aiv), aivs)]  # core i: AIVs i*aivs..
-            ub = ub_tiling(op.op_class, row, e_in, e_out, kc.ub_kb * 1024)
+            ub = ub_tiling(op.op_class, row, e_in, e_out, kc.ub_kb * 1024, soc=kc.soc_version, fn=op.fn)
             nin, nout = ub.in_buffers, ub.out_buffers
         else:  # two input buffers; the output's are not modelled
             nin, nout = 2, 1 << 62
@@ -707,7 +707,8 @@ class ChipCost:
                 else:  # the busiest of the core's AIVs sets the loop's compute
                     cycles = aiv_tile_cycles(op.op_class, op.fn, busiest[c], row,
                                              cycles_per_repeat=kc.vector_cycles_per_repeat,
-                                             instruction_cycles=kc.vector_instruction_cycles, dtype=op.dtype)
+                                             instruction_cycles=kc.vector_instruction_cycles, dtype=op.dtype,
+                                             soc=kc.soc_version)
                     last = prog.add_compute(core, "vector", cycles, deps=[*load, last, *out_free],
                                             name=f"{op.name} c{core} {c}")
                     done = [last]

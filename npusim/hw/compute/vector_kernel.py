@@ -22,7 +22,14 @@ Machine model (each an assumption or a cited figure, no fitted factor per operat
   e.g. rsqrt of 8 floats a row), some once per row over one repeat (``rowtiny``: a row's scale
   broadcast or divided) and one cross-lane reduction per row (``xlane``: WholeReduceSum /
   WholeReduceMax over one repeat, a log2(elements per repeat)-deep tree at one cycle per level --
-  the tree depth is the lane model's assumption, :mod:`npusim.hw.compute.vector`).
+  the tree depth is the lane model's assumption, :mod:`npusim.hw.compute.vector`); ``rowsync``: a
+  wait between the vector and the scalar pipe, once per row, charged one instruction start (an
+  assumption). An instruction may cover a share of the row (``Instr.fraction``: a halving reduction's
+  Adds).
+* **Kernel choice by SoC.** Some vendor tilings branch on the SoC version (the arch's
+  ``kernel.soc_version``): ops-nn's RmsNorm takes its multi-row MERGE_N kernel only on ASCEND910B with
+  at most 2000 columns, else MODE_NORMAL, one row at a time (:func:`rmsnorm_mode`,
+  :func:`rmsnorm_normal_instructions`).
 * **Rows over AIVs, loops through the UB** (:func:`split_rows`, :func:`ub_tiling`). The vendor
   tilings give every AIV of the die ``ceil(rows / AIVs)`` whole rows; an AIV walks them in loops of
   as many rows as its kernel's buffers fit in the UB, with the kernel's queue depths (RmsNorm: one
@@ -71,8 +78,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Instr", "RECIPES", "REPEAT_BYTES", "UB_TILING", "UbTiling", "aiv_tile_cycles", "instructions", "is_copy",
-           "split_rows", "ub_tiling"]
+__all__ = ["Instr", "RECIPES", "REPEAT_BYTES", "SOC_VERSIONS", "UB_TILING", "UbTiling", "aiv_tile_cycles",
+           "instructions", "is_copy", "rmsnorm_mode", "rmsnorm_normal_instructions", "split_rows", "ub_tiling"]
 
 #: bytes one vector instruction repeat covers (Ascend C: 8 data blocks x 32 bytes)
 REPEAT_BYTES = 256
@@ -81,11 +88,15 @@ REPEAT_BYTES = 256
 @dataclass(frozen=True)
 class Instr:
     """One vector instruction of a reference kernel: its name, scope (``tile``, ``row``, ``tiny``,
-    ``xlane``; see the module docstring) and the bytes per element of its widest operand."""
+    ``rowtiny``, ``xlane``, ``rowsync``; see the module docstring), the bytes per element of its widest
+    operand and the share of the row it covers."""
 
     name: str
     scope: str = "tile"
     width: int = 4
+    #: the share of the row (or tile) the instruction covers (1: all of it; a halving reduction's
+    #: Adds cover half, a quarter, ... of the row)
+    fraction: float = 1.0
 
 
 def _t(*names: str, width: int = 4) -> list[Instr]:
@@ -136,10 +147,15 @@ _FUSED = {"rmsnorm_quant": "rmsnorm", "layernorm_quant": "layernorm", "swiglu_qu
 _NATIVE = {"fp16": 2, "fp32": 4}
 
 
-def instructions(op_class: str, fn: str | None = None, dtype: str = "bf16") -> list[Instr]:
+def instructions(op_class: str, fn: str | None = None, dtype: str = "bf16", *, row_len: int | None = None,
+                 soc: str = "ascend910b") -> list[Instr]:
     """The instructions of ``op_class``'s reference kernel (``activation`` by its ``fn``; ``rmsnorm``
     with ``fn="add"``: AddRmsNorm, the residual Add fused before the norm) on ``dtype`` inputs (only
-    ``elementwise`` depends on it: native fp16 / fp32, else through fp32)."""
+    ``elementwise`` depends on it: native fp16 / fp32, else through fp32). A plain ``rmsnorm`` on rows
+    of ``row_len`` runs the kernel its tiling picks on ``soc`` (:func:`rmsnorm_mode`): MODE_NORMAL's
+    row-by-row list (:func:`rmsnorm_normal_instructions`) unless MERGE_N's (``row_len`` None: MERGE_N)."""
+    if op_class == "rmsnorm" and fn is None and row_len is not None and rmsnorm_mode(row_len, soc) != "merge_n":
+        return rmsnorm_normal_instructions(row_len)
     if op_class == "elementwise" and dtype in _NATIVE:
         return [Instr("op", "tile", _NATIVE[dtype])]
     key = fn if op_class == "activation" else op_class
@@ -152,24 +168,81 @@ def instructions(op_class: str, fn: str | None = None, dtype: str = "bf16") -> l
     return RECIPES[key]
 
 
+#: SoC versions whose tiling rules are modelled (CANN's platform_ascendc::SocVersion): Atlas A2
+#: (910B) and Atlas A3 (910_93, the 910C's dies)
+SOC_VERSIONS = ("ascend910b", "ascend910_93")
+#: ops-nn rms_norm_tiling.cpp: MERGE_N only while numColAlign <= SMALL_REDUCE_NUM, and only on 910B
+_SMALL_REDUCE_NUM = 2000
+#: ops-nn rms_norm_tiling.cpp: UB_FACTOR_B16, the columns one UB pass holds (more: MODE_SPLIT_D)
+_UB_FACTOR_B16 = 12288
+#: elements of fp32 one repeat covers (ELEM_PER_REP_FP32)
+_FP32_PER_REPEAT = 64
+
+
+def rmsnorm_mode(row_len: int, soc: str = "ascend910b") -> str:
+    """The kernel ops-nn's RmsNorm tiling (``norm/rms_norm/op_host/rms_norm_tiling.cpp``,
+    ``Tiling4RmsNorm``, bf16/fp16 x and gamma of one dtype) picks for rows of ``row_len`` on ``soc``:
+    ``merge_n`` (rms_norm_merge_n.h, many rows per loop) only when ``numColAlign <= 2000`` *and* the
+    SoC is ``ASCEND910B`` (the test is ``curSocVersion == SocVersion::ASCEND910B``: an A3 die,
+    ``ASCEND910_93``, never takes it); else ``normal`` (rms_norm.h, ``KernelRmsNorm``: one row per
+    CopyIn / Compute / CopyOutY) while the row fits ``UB_FACTOR_B16`` (12288) columns, else
+    ``split_d`` (the row cut into UB passes; costed here as ``normal``, an approximation)."""
+    if soc not in SOC_VERSIONS:
+        raise ValueError(f"soc {soc!r}: expected one of {SOC_VERSIONS}")
+    align = -(-row_len // 16) * 16  # numColAlign: 32-byte blocks of 2-byte elements
+    if soc == "ascend910b" and align <= _SMALL_REDUCE_NUM:
+        return "merge_n"
+    return "normal" if align <= _UB_FACTOR_B16 else "split_d"
+
+
+def rmsnorm_normal_instructions(row_len: int) -> list[Instr]:
+    """RmsNorm's MODE_NORMAL kernel (ops-nn ``norm/rms_norm/op_kernel/rms_norm.h``,
+    ``KernelRmsNorm::Compute`` and ``ComputeMulGammaCast``, bf16 x and gamma), every instruction once
+    per row (the kernel computes one row at a time): Cast x to fp32, Mul x*x; ``ReduceSumHalfInterval``
+    (``rms_norm_base.h``): an Add of the tail beyond the largest power of two, then Adds of halves
+    down to 64 floats, then one WholeReduceSum (vcadd, cross-lane); the row's sum is read by the scalar
+    unit (``SetFlag/WaitFlag<V_S>``), which computes ``1 / sqrt`` and hands it back
+    (``SetFlag/WaitFlag<S_V>``): two waits, each charged one instruction start (an assumption: the
+    pipe's start cost, as a PipeBarrier is); Muls by rstd, Cast gamma to fp32 (again every row), Mul by
+    gamma, Cast to bf16."""
+    out = [Instr("Cast x", "row"), Instr("Mul x*x", "row")]
+    n = max(1, int(row_len))
+    if n > _FP32_PER_REPEAT:
+        body = 1 << (n.bit_length() - 1)  # findPowerTwo: the largest power of two <= n
+        if n > body:
+            out.append(Instr("Add (tail)", "row", 4, (n - body) / n))
+        while body > _FP32_PER_REPEAT:
+            body //= 2
+            out.append(Instr("Add (half interval)", "row", 4, body / n))
+    out += [Instr("WholeReduceSum", "xlane"), Instr("V_S wait (rstd to scalar)", "rowsync"),
+            Instr("S_V wait (rstd back)", "rowsync"), Instr("Muls rstd", "row"), Instr("Cast gamma", "row"),
+            Instr("Mul gamma", "row"), Instr("Cast out", "row")]
+    return out
+
+
 def is_copy(op_class: str) -> bool:
     """True when the op issues no vector instruction (its time is MTE2 and MTE3 traffic alone)."""
     return op_class == "copy"
 
 
 def aiv_tile_cycles(op_class: str, fn: str | None, rows: int, row_len: int, *, cycles_per_repeat: float,
-                    instruction_cycles: float, dtype: str = "bf16", repeat_bytes: int = REPEAT_BYTES) -> int:
+                    instruction_cycles: float, dtype: str = "bf16", repeat_bytes: int = REPEAT_BYTES,
+                    soc: str = "ascend910b") -> int:
     """Cycles one AIV's vector pipe is busy on a tile of ``rows`` rows of ``row_len`` elements
-    (module docstring): the sum over the kernel's instructions of their start and their repeats."""
+    (module docstring): the sum over the kernel's instructions of their start and their repeats.
+    ``soc``: the die's SoC version, which picks RmsNorm's kernel (:func:`rmsnorm_mode`)."""
     if rows <= 0 or row_len <= 0:
         return 0
     total = 0.0
-    for ins in instructions(op_class, fn, dtype):
+    for ins in instructions(op_class, fn, dtype, row_len=row_len, soc=soc):
         per_repeat = max(1, repeat_bytes // ins.width)  # elements one repeat covers
+        n = max(1, round(row_len * ins.fraction))  # the instruction's elements of one row
         if ins.scope == "tile":
-            total += instruction_cycles + math.ceil(rows * row_len / per_repeat) * cycles_per_repeat
+            total += instruction_cycles + math.ceil(rows * n / per_repeat) * cycles_per_repeat
         elif ins.scope == "row":
-            total += rows * (instruction_cycles + math.ceil(row_len / per_repeat) * cycles_per_repeat)
+            total += rows * (instruction_cycles + math.ceil(n / per_repeat) * cycles_per_repeat)
+        elif ins.scope == "rowsync":
+            total += rows * instruction_cycles
         elif ins.scope == "tiny":
             total += instruction_cycles + cycles_per_repeat
         elif ins.scope == "rowtiny":
@@ -206,11 +279,16 @@ UB_TILING: dict[str, tuple[int, int, int, int, int]] = {
 }
 
 
-def ub_tiling(op_class: str, row_len: int, in_bytes: float, out_bytes: float, ub_bytes: float) -> UbTiling:
+def ub_tiling(op_class: str, row_len: int, in_bytes: float, out_bytes: float, ub_bytes: float,
+              soc: str = "ascend910b", fn: str | None = None) -> UbTiling:
     """Rows per loop and queue depths of one AIV for ``op_class`` (:data:`UB_TILING`) on rows of
     ``row_len`` elements, ``in_bytes`` / ``out_bytes`` per element streamed in and out, ``ub_bytes``
     of unified buffer. Generic rule (classes without a read tiling): two buffers of input and output,
-    ``ub / 2 // (row_len * (in + out))`` rows."""
+    ``ub / 2 // (row_len * (in + out))`` rows. A plain RmsNorm whose tiling picks MODE_NORMAL on
+    ``soc`` (:func:`rmsnorm_mode`) walks one row per loop, one buffer per queue (rms_norm.h:
+    ``SubProcess`` calls CopyIn, Compute, CopyOutY for each row; BUFFER_NUM = 1)."""
+    if op_class == "rmsnorm" and fn is None and rmsnorm_mode(row_len, soc) != "merge_n":
+        return UbTiling(1, 1, 1)
     per_col, per_row, reserved, nin, nout = UB_TILING.get(op_class, (0, 0, 0, 2, 2))
     if per_col:
         align = -(-row_len // 16) * 16  # numColAlign: 32-byte blocks of 2-byte elements
