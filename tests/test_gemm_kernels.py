@@ -168,3 +168,22 @@ def test_single_core_split_k_is_example_34s_kernel():
     with pytest.raises(ConfigError, match="batch 1"):
         die.gemm(256, 512, 256, "fp16", batch=2, kernel="catlass_single_splitk")
     assert _kernel("catlass SingleCoreSplitkMatmul (34)") == "catlass_single_splitk"
+
+
+def test_a_mix_kernel_pays_its_extra_start():
+    """CATLASS select_kernel_b16.h's MIX start (1 + 7 x launched / available cube cores, us) on the
+    kernels that launch AIVs; an INT8 GEMM with a bf16 output is QuantBatchMatmulV3's UB-dequant MIX
+    kernel, with an INT8 output its fix-pipe quantises (pure cube)."""
+    from npusim.mapping.gemm_kernel import is_mix_kernel, mix_start_us
+
+    arch = load_arch("ascend-910c-die")
+    assert mix_start_us(arch, 24, 24) == pytest.approx(8.0) and mix_start_us(arch, 6, 24) == pytest.approx(2.75)
+    assert mix_start_us(arch, 6, 6) == pytest.approx(8.0)  # the share a core limit leaves is what the tiling sees
+    assert is_mix_kernel("aclnn", "int8", "bf16", False) and not is_mix_kernel("aclnn", "int8", "int8", False)
+    assert not is_mix_kernel("aclnn", "bf16", "bf16", False) and not is_mix_kernel("catlass_basic", "bf16", "bf16", False)
+    assert is_mix_kernel("catlass_splitk", "bf16", "bf16", False) and is_mix_kernel("catlass_basic", "int8", "bf16", False)
+    cc = ChipCost(arch, persist=False)
+    mix, pure = cc.gemm(16, 2048, 4096, "int8"), cc.gemm(16, 2048, 4096, "int8", out_dtype="int8")
+    assert mix.cores_used == pure.cores_used
+    assert mix.kernel_fixed_us - pure.kernel_fixed_us == pytest.approx(mix_start_us(arch, mix.cores_used, 24), abs=1e-3)
+    assert mix.time_us - pure.time_us >= mix_start_us(arch, mix.cores_used, 24) - 1e-3

@@ -218,8 +218,14 @@ def w8a8_margin_us(loaded, cfg, plan, shape) -> tuple[float, float]:
     """(weight time W8A8 saves a layer on a die, launches of the quantisations no fused kernel covers
     a layer), from the operator graphs: each INT8 GEMM's weight read at the die's HBM bandwidth
     halves; each extra kernel costs the runtime's launch; a quantisation is covered
-    when its producer is a norm or SwiGLU (counted the same whether or not the graph fuses it)."""
+    when its producer is a norm or SwiGLU (counted the same whether or not the graph fuses it); each
+    INT8 GEMM is a MIX kernel (QuantBatchMatmulV3's UB dequant, bf16 out) whose extra start is at most
+    the one on every cube core of the die (gemm_kernel.mix_start_us), counted with the launches."""
+    from npusim.mapping.gemm_kernel import mix_start_us
+
     floor = loaded.system.runtime.kernel_launch_us  # each kernel's launch (no floor any more: added)
+    die = loaded.chip
+    mix = mix_start_us(die, die.num_cores, die.num_cores)  # an INT8 GEMM's MIX start, at most
     bw = summarize(loaded.chip).hbm_bandwidth_gbps * 1e3  # bytes per us
     spec = {"phase": "decode", "batch": max(1, shape.batch // plan.dp), "seq_len": 1, "kv_len": shape.kv_len,
             "type": "layer", "layer": 0, "heads_split": plan.tp, "ffn_split": plan.tp}
@@ -233,7 +239,8 @@ def w8a8_margin_us(loaded, cfg, plan, shape) -> tuple[float, float]:
             src = by_name[op.inputs[0]] if len(op.inputs) == 1 else None
             if src is None or (src.fn if src.op_class == "activation" else src.op_class) not in FUSABLE:
                 separate += 1
-    return saved, separate * floor
+    gemms = sum(1 for op in bf16.ops if op.kind == "gemm" and op.weight)
+    return saved, separate * floor + gemms * mix
 
 
 @PROBE

@@ -473,6 +473,11 @@ class KernelCosts(StrictModel):
       ``platform_ascendc::SocVersion``: ``ascend910b`` for Atlas A2, ``ascend910_93`` for an Atlas A3
       die); some tilings branch on it (ops-nn RmsNorm takes its multi-row MERGE_N kernel only on
       ASCEND910B, :func:`npusim.hw.compute.vector_kernel.rmsnorm_mode`);
+    * ``mix_start_us`` / ``mix_start_core_us``: the extra start of a MIX kernel (one that launches
+      the AIVs beside the AICs: a GEMM with a vector-side epilogue, split-K reduce or padding pass):
+      ``mix_start_us + mix_start_core_us x (cube cores it launches / cube cores of the die)``, on
+      every working core before its first task (:func:`npusim.mapping.gemm_kernel.mix_start_us`);
+      cited, not derived (CATLASS's kernel selector's cost model for A2/A3, see the preset);
     * ``source``: where the figures come from (``npusim calibrate --check`` recomputes them).
 
     Units: microseconds, bytes per core cycle, core cycles, KiB (``ub_kb``), elements (base blocks)."""
@@ -480,6 +485,8 @@ class KernelCosts(StrictModel):
     start_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
     cube_setup_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
     vector_setup_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
+    mix_start_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
+    mix_start_core_us: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
     l1_to_l0a_bytes_per_cycle: PosF(2**20) | None = None
     l1_to_l0b_bytes_per_cycle: PosF(2**20) | None = None
     mte1_start_cycles: NonNeg(10**6) = 0

@@ -320,6 +320,8 @@ class Planner:
         self.arch, self.sa, self.dtype = arch, sa, dtype
         self.kpe = sa.macs_per_pe_per_cycle[dtype]
         self.e, self.eo = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
+        self.out_dtype = out_dtype
+        self.share_cores = len(cores)  # the cube cores the kernel may launch on (a MIX kernel's start)
         sram = min(arch.sram_for(c).capacity_mb for c in cores) * MB
         self.acc_elems = int(sram / 4 // ACC_BYTES)
         self.buf_bytes = sram * 3 / 4
@@ -351,6 +353,16 @@ class Planner:
         """Cycles a working core waits before its first load: the kernel's device-side start and the
         core's own prologue (``setup_us``), both from the arch's ``kernel`` section (0 without it)."""
         return head_cycles(self.arch, setup_us)
+
+    def mix(self, split_k: bool) -> bool:
+        """Whether the base-block kernel is a MIX kernel (:func:`is_mix_kernel`)."""
+        return is_mix_kernel(self.gemm_kernel, self.dtype, self.out_dtype, split_k,
+                             self.kernel is not None and self.kernel.vector_cycles_per_repeat is not None)
+
+    def mix_start_us(self, used: int, split_k: bool) -> float:
+        """The extra start of this kernel on ``used`` of the share's cube cores: :func:`mix_start_us`
+        if it is a MIX kernel, else 0."""
+        return mix_start_us(self.arch, used, self.share_cores) if self.mix(split_k) else 0.0
 
     def l2_rate(self, readers: int) -> float:
         """Bytes per cycle one of ``readers`` cores reads from the L2 (streams sharing the chip get
@@ -1012,6 +1024,55 @@ def head_cycles(arch: Arch, setup_us: float) -> int:
     return int(round((arch.kernel.start_us + setup_us) * 1e3 * arch.clock_ghz))
 
 
+def is_mix_kernel(kernel: str, dtype: str, out_dtype: str, split_k: bool, vector_timed: bool = True) -> bool:
+    """Whether a base-block GEMM kernel launches its AIVs beside its AICs (a MIX kernel), from the
+    vendor kernels:
+
+    * ``catlass_splitk`` (``quant_multi_core_splitk_matmul_tla.hpp``) and ``catlass_single_splitk``
+      (``single_core_slicek_matmul.hpp``): always (the AIVs reduce / pad and cast);
+    * ``catlass_basic`` at INT8 (``quant_matmul.hpp``: the per-token dequant epilogue on the AIVs), when
+      the arch times the vector side (``_VectorSide.timed``: else the epilogue is not emitted);
+    * ``aclnn`` at INT8 with a bf16 output: ops-nn QuantBatchMatmulV3 (``quant_batch_matmul_v3_tiling.cpp``
+      and ``_basic_tiling.cpp`` ``DoOpTiling``: ``isUbQuant_ = cDtype == DT_BF16 || isPertoken``, then
+      ``CalcUbTiling``: the dequant runs in the AIVs' UB). Only its start is charged: the AIVs' dequant
+      pass and its workspace are not emitted (the fix-pipe's bf16 write stands for them; session 44's
+      MIX lowering was reverted, eb1939d). A per-token scale with fp16 out is MIX too (not seen here).
+
+    ``split_k``: the plan splits K (a ``catlass_splitk`` plan of one slice still launches the MIX
+    kernel: it is the kernel's binary, not the plan, that starts the AIVs)."""
+    del split_k  # the kernel, not the plan, decides (kept for callers that know only the plan)
+    if kernel in ("catlass_splitk", "catlass_single_splitk"):
+        return True
+    if dtype != "int8":
+        return False
+    if kernel == "catlass_basic":
+        return vector_timed
+    return kernel == "aclnn" and out_dtype == "bf16"
+
+
+def mix_start_us(arch: Arch, used: int, cores: int) -> float:
+    """A MIX kernel's extra start on ``used`` of the ``cores`` cube cores it may launch on
+    (microseconds): ``kernel.mix_start_us + kernel.mix_start_core_us x used / cores`` (CATLASS
+    select_kernel_b16.h's ``headCost = 1 + 7 * blockDimAic / coreNum`` on A2/A3, ``coreNum`` the
+    platform's AIC count the tiling sees: the whole die, or the share a core limit leaves it; see
+    the preset). 0 without a ``kernel`` section."""
+    kc = arch.kernel
+    if kc is None:
+        return 0.0
+    cores = max(cores, 1)
+    return kc.mix_start_us + kc.mix_start_core_us * min(used, cores) / cores
+
+
+def kernel_fixed_cycles(planner: Planner, plan: GemmPlan) -> int:
+    """The start and prologue a working core of ``plan`` waits before its first load (cycles): the
+    kernel's device-side start, the AIC's prologue and, on a MIX kernel, its extra start (what
+    :func:`emit_gemm` puts on each core's cube first). 0 without the arch's ``kernel`` section."""
+    if planner.kernel is None:
+        return 0
+    mix_us = planner.mix_start_us(plan.used, plan.splitk > 1) if plan.base_blocks else 0.0
+    return planner.head_cycles(planner.kernel.cube_setup_us + mix_us)
+
+
 def runs_kernel(arch: Arch, dtype: str) -> bool:
     """Whether a GEMM of ``dtype`` runs the die's base-block kernel (the arch's ``kernel.base_blocks``
     gives its block): the mapper then lowers it with :func:`emit_gemm` too."""
@@ -1122,8 +1183,9 @@ class _VectorSide:
     Without the section's vector costs (``vector_cycles_per_repeat``) the reduce's adds take the
     lane model (``Program.add_vector``), as before, and there is no dequant pass."""
 
-    def __init__(self, planner: Planner, em: "Emitter", deps):
+    def __init__(self, planner: Planner, em: "Emitter", deps, mix_us: float = 0.0):
         self.pl, self.em, self.deps = planner, em, list(deps)
+        self.mix_us = mix_us  # the MIX kernel's extra start (mix_start_us), before the AIVs' prologue
         kc = planner.kernel
         self.timed = kc is not None and kc.vector_cycles_per_repeat is not None
         self.aivs = (kc.vector_cores_per_core or 1) if kc is not None else 1
@@ -1135,7 +1197,8 @@ class _VectorSide:
         if kc is None:
             return list(self.deps)
         if core not in self.heads:
-            self.heads[core] = self.em.prog.add_compute(core, "vector", self.pl.head_cycles(kc.vector_setup_us),
+            self.heads[core] = self.em.prog.add_compute(core, "vector",
+                                                        self.pl.head_cycles(kc.vector_setup_us + self.mix_us),
                                                         deps=self.deps, name=f"c{core} AIV start")
         return [self.heads[core]]
 
@@ -1209,8 +1272,9 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
     ms, ns, ks, order = planner.base_order(m, k, n, batch, len(share))
     layout = Layout(planner, batch, None, ms, ks, ns, whole_blocks=True, bases=bases) if addressed else None
     em = Emitter(planner, prog, layout, address, deps)
-    em.head = planner.head_cycles(planner.kernel.cube_setup_us)
-    vec = _VectorSide(planner, em, deps)
+    mix_us = planner.mix_start_us(plan.used, len(ks) > 1)  # a MIX kernel's extra start, on both sides
+    em.head = planner.head_cycles(planner.kernel.cube_setup_us + mix_us)
+    vec = _VectorSide(planner, em, deps, mix_us)
     quant = planner.dtype == "int8" and planner.gemm_kernel in QUANT_EPILOGUE_KERNELS and vec.timed
     work: list[list[_Unit]] = [[] for _ in range(plan.used)]
     for t, (b, i, j, sl) in enumerate(order):
@@ -1257,8 +1321,9 @@ def _emit_single_splitk(prog: Program, planner: Planner, plan: GemmPlan, m, k, n
     ms, ns, ks, tasks = planner.single_splitk_tasks(m, k, n, 1, len(share))
     used = len(tasks)
     em = Emitter(planner, prog, None, address, deps)
-    em.head = planner.head_cycles(planner.kernel.cube_setup_us)
-    vec = _VectorSide(planner, em, deps)
+    mix_us = planner.mix_start_us(used, True)  # a MIX kernel's extra start, on both sides
+    em.head = planner.head_cycles(planner.kernel.cube_setup_us + mix_us)
+    vec = _VectorSide(planner, em, deps, mix_us)
     cap = planner.l2_capacity
     if cap is not None:
         em.l2_bpc = planner.l2_rate(used)

@@ -20,6 +20,13 @@ A chip-cost GEMM on a die with ``kernel.base_blocks`` runs one of these kernels 
   the non-transposed paths. Not modelled: the full-load, L2-split and split-K tilings
   ``DoSelectTiling`` may pick after it, the ND-to-NZ pre-pass, the knowledge-base tilings, and
   INT8's QuantBatchMatmulV3 (its own tiling: the rule above is applied to it too, an assumption).
+  What its source says (ops-nn ``matmul/quant_batch_matmul_v3/op_host/op_tiling``): with a bf16
+  output (or a per-token scale) it is a MIX kernel that dequantises in the AIVs' UB
+  (``isUbQuant_``; its start is charged, :func:`npusim.mapping.gemm_kernel.is_mix_kernel`), and such a
+  MIX GEMM of M <= 256 does not take the basic-block tiling (``CheckIfUseBasicInMix``) but the
+  TBE cache tiling (``GetTbeTiling`` -> ``GenTiling``, its ``n_dim`` / ``m_dim`` core split), plus
+  ``ProcessMSmall``'s decode template (``isBf16Opt_``: M <= baseM with a whitelisted (K, N) or a
+  per-token scale); neither is reproduced here.
 * ``catlass_splitk`` -- CATLASS's multi-core split K (``examples/52_quant_multi_core_splitk_
   matmul_tla``; ``include/catlass/gemm/kernel/quant_multi_core_splitk_matmul_tla.hpp``
   ``GetSplitkFactor``): the base blocks of ``catlass_basic``, each cut along K into

@@ -118,7 +118,7 @@ from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.mapping.gemm_kernel import (MB, Emitter, GemmPlan, Planner, _blocks, _cdiv, _nbytes, _split,
                                         check_swizzle, check_tile, default_out_dtype, emit_gemm, gemm_dims,
-                                        head_cycles, kernel_name, runs_kernel)
+                                        head_cycles, kernel_fixed_cycles, kernel_name, runs_kernel)
 from npusim.model.ir import Graph, Op
 from npusim.sim.kernel import KIND_DMA
 from npusim.sim.program import Program
@@ -630,7 +630,7 @@ class ChipCost:
             sim = self._simulate(prog, frac)
         e, eo = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
         min_bytes = batch * (_nbytes(m * k, e) + _nbytes(k * n, e) + _nbytes(m * n, eo))
-        fixed = planner.head_cycles(planner.kernel.cube_setup_us) if planner.kernel is not None else 0
+        fixed = kernel_fixed_cycles(planner, plan)
         return self._result("gemm", label, dtype, share, frac, sim, prog, 2 * batch * m * k * n, min_bytes,
                             plan.describe(), plan.as_tuple(), l2_bytes, fixed_cycles=fixed)
 
@@ -754,7 +754,10 @@ class ChipCost:
         if one is not None and one.kind == "attention" and self.arch.kernel is not None:
             start = head_cycles(self.arch, 0.0)
         elif one is not None and one.kind == "gemm" and runs_kernel(self.arch, one.dtype):
-            fixed = head_cycles(self.arch, self.arch.kernel.cube_setup_us)
+            m, k, n, batch = gemm_dims(one)  # the plan the mapper's _kernel_gemm runs: its start, prologue, MIX start
+            planner = Planner(self.arch, share, one.dtype, default_out_dtype(one.dtype), 1.0, None,
+                              kernel_name(self.arch, None))
+            fixed = kernel_fixed_cycles(planner, planner.base_plan(m, k, n, batch, len(share)))
         return self._result(kind, graph.name, dtype, share, frac, sim, mapped.program, graph.flops, min_bytes,
                             mapping, l2_bytes=mapped.l2_read_bytes, start_cycles=start, fixed_cycles=fixed)
 
