@@ -157,7 +157,8 @@ Conventions read from BookSim2's source (``src/trafficmanager.cpp`` ``_Step``/``
 
 Not reproduced: BookSim's random stream (Bernoulli trials and destinations draw from
 npusim's generator, same distributions), its warm-up/convergence rule (npusim uses a
-fixed warm-up and window), and the VC the switch allocator picks among several of one
+fixed warm-up and window; ``validation/noc_hotspot_booksim.py`` applies BookSim2's rule to
+the flit model's figures), and the VC the switch allocator picks among several of one
 input requesting the same output (BookSim: the earliest to become eligible, here
 round-robin). Against BookSim2's figures, see ``validation/noc_booksim.py``.
 
