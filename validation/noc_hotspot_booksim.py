@@ -31,6 +31,15 @@ each offered load (requests a node a cycle). BookSim2's are in
 reruns BookSim2 (a binary built from its source, outside this repository) and rewrites the file.
 Saturated points (BookSim2: "Simulation unstable") are judged on throughput only.
 
+Measurement: as BookSim2 measures (``sim_type = latency``, ``TrafficManager::_SingleSim``), not
+over a fixed window: 3 warm-up periods of 1,000 cycles, then 1,000-cycle periods until three in a
+row change the running latency and accepted rate by at most 5% (at most 10 periods in all), then
+the measured packets drain; :func:`booksim_window` applies that rule to the flit model's own
+figures (``--quick``: a fixed 5,000-cycle window instead). Near the knee the window matters:
+BookSim2 itself, measured over 20,000 cycles instead (``max_samples = 23``, ``stopping_thres =
+acc_stopping_thres = 0``), gives 169-280 cycles at ``forward`` 0.010 (seeds 1-3) where its own rule
+gives 84-135; and at the knee its figures move 10-60% between seeds.
+
 Then the max-flow bound: the mesh as a flow network (links of ``link_bytes_per_cycle`` x clock
 GB/s, each attach router a source of its channels' bandwidth, each reading core a sink of one
 ejection port), networkx's maximum flow from the memory ports to the forward pass's readers, and
@@ -60,7 +69,11 @@ from npusim.arch import load_arch  # noqa: E402
 from npusim.arch.derived import channel_bandwidths_gbps, hbm_attach_routers  # noqa: E402
 from npusim.hw.noc import NocParams, SyntheticTraffic  # noqa: E402
 from npusim.hw.noc.bounds import memory_max_flow_gbps, memory_xy_bound_gbps  # noqa: E402
-from npusim.hw.noc.flit import simulate_flit  # noqa: E402
+from npusim.hw.noc import flit_kernel as fk  # noqa: E402
+from npusim.hw.noc.flit import DEADLOCK_CYCLES, make_traffic_state, run_synthetic, simulate_flit  # noqa: E402
+from npusim.hw.noc.routing import build_routing  # noqa: E402
+from npusim.hw.noc.topology import to_arrays  # noqa: E402
+from npusim.hw.noc.traffic import make_pattern, packet_stream  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "noc_hotspot_booksim_reference.yaml"
@@ -140,7 +153,7 @@ def refresh_reference(binary: str, arch) -> None:
     REFERENCE.write_text(head + yaml.safe_dump(data, sort_keys=False, width=120))
 
 
-def flit_point(arch, case: str, rate: float, booksim: bool, lanes: int, measure: int) -> tuple[float, float, bool]:
+def _setup(arch, case: str, rate: float, booksim: bool, lanes: int, warmup: int, measure: int):
     net, c = network(arch), CASES[case]
     params = NocParams(net["k"], arch.cores.grid.height, vcs=net["num_vcs"], buffer_flits=net["vc_buf_size"],
                        router_stages=arch.noc.router_pipeline_cycles, link_latency_cycles=net["link_latency_cycles"],
@@ -148,8 +161,74 @@ def flit_point(arch, case: str, rate: float, booksim: bool, lanes: int, measure:
     hot = tuple(sorted(set(hbm_attach_routers(arch).tolist())))
     traffic = SyntheticTraffic(pattern="hotspot", hotspot_nodes=hot, hotspot_fraction=1.0,
                                rate=rate * c["request_flits"], packet_flits=c["request_flits"],
-                               reply_flits=c["reply_flits"], memory_lanes=lanes, warmup_cycles=3000,
+                               reply_flits=c["reply_flits"], memory_lanes=lanes, warmup_cycles=warmup,
                                measure_cycles=measure)
+    return params, traffic
+
+
+def _period_stats(params, traffic, period: int, until: int) -> list[tuple[float, int]]:
+    """Run the flit model ``until`` cycles in blocks of ``period``; after each block, the mean
+    latency of the measured packets retired so far (created from ``traffic.warmup_cycles``) and
+    the flits ejected so far."""
+    topo = to_arrays(params.build_graph())
+    routing = build_routing(topo, params.routing)
+    pattern = make_pattern(traffic.pattern, topo, traffic.hotspot_nodes, traffic.hotspot_fraction)
+    st = make_traffic_state(topo, routing, params, pattern, traffic)
+    port_window = np.zeros(st.port.shape[0], np.int64)
+    out = np.zeros(fk.NOUT, np.int64)
+    cap = int(st.cfg[fk.C_MAXPKT])
+    pend = np.zeros(fk.PD_ROWS + 4 * cap, np.int64)
+    pend[fk.PD_CAP] = cap
+    stats, cycle = [], 0
+    while cycle < until and not out[fk.O_FINISHED]:
+        cyc, src, dst = packet_stream(traffic, pattern, cycle, cycle + period)
+        cycle = run_synthetic(st, cyc, src, dst, traffic.packet_flits, cycle, cycle + period, traffic.warmup_cycles,
+                              traffic.measure_cycles, traffic.drain_cycles, DEADLOCK_CYCLES, port_window, out,
+                              traffic.reply_flits, pend)
+        done = int(st.ctr[fk.K_MEAS_DONE])
+        stats.append((float(st.ctr[fk.K_SUM_PKT_LAT]) / done if done else float("nan"), int(st.ctr[fk.K_FLITS_EJ])))
+    return stats
+
+
+def booksim_window(arch, case: str, rate: float, booksim: bool, lanes: int) -> int:
+    """Cycles BookSim2 would measure this point for, its ``sim_type = latency`` rule applied to
+    the flit model's own figures (``TrafficManager::_SingleSim``, with the reference's
+    ``sample_period``, ``warmup_periods``, ``max_samples`` and the default ``stopping_thres`` =
+    ``acc_stopping_thres`` = 0.05): after ``warmup_periods`` periods it measures period after period
+    until three in a row change the running mean packet latency (packets created since the
+    warm-up, counted at their tail's arrival) and the accepted rate since the warm-up by at most 5%
+    each, or until ``max_samples`` periods in all. Approximation: the first measured period is
+    compared with the last warm-up period's latency of the packets created in that period (BookSim2:
+    of every packet retired in it)."""
+    period, warm_p, max_p = (int(BOOKSIM_FIXED[k]) for k in ("sample_period", "warmup_periods", "max_samples"))
+    thres, nodes = 0.05, network(arch)["k"] ** 2
+    warm = period * warm_p
+    run_p = max_p - warm_p
+    # the last warm-up period, its packets measured
+    pa, ta = _setup(arch, case, rate, booksim, lanes, warm - period, run_p * period + period)
+    a = _period_stats(pa, ta, period, warm)
+    prev_lat, prev_acc = a[-1][0], (a[-1][1] - a[-2][1]) / period / nodes
+    pb, tb = _setup(arch, case, rate, booksim, lanes, warm, run_p * period)
+    b = _period_stats(pb, tb, period, warm + run_p * period)
+    ej0 = b[warm_p - 1][1]
+    converged = 0
+    for p in range(1, run_p + 1):
+        lat, ej = b[warm_p - 1 + p]
+        acc = (ej - ej0) / (p * period) / nodes
+        ok = abs(lat - prev_lat) <= thres * lat and abs(acc - prev_acc) <= thres * acc
+        converged = converged + 1 if ok else 0
+        prev_lat, prev_acc = lat, acc
+        if converged >= 3:
+            return p * period
+    return run_p * period
+
+
+def flit_point(arch, case: str, rate: float, booksim: bool, lanes: int, measure: int | None) -> tuple[float, float, bool]:
+    """One point; ``measure=None``: BookSim2's measurement window (:func:`booksim_window`)."""
+    if measure is None:
+        measure = booksim_window(arch, case, rate, booksim, lanes)
+    params, traffic = _setup(arch, case, rate, booksim, lanes, int(BOOKSIM_FIXED["sample_period"]) *
+                             int(BOOKSIM_FIXED["warmup_periods"]), measure)
     res = simulate_flit(params, traffic)
     return res.avg_packet_latency_cycles, res.accepted_flits_per_node_cycle, res.saturated
 
@@ -161,7 +240,7 @@ def err(x, ref):
 def compare(arch, quick: bool) -> int:
     ref = yaml.safe_load(REFERENCE.read_text())
     tol = float(ref["tolerance"])
-    measure = 5000 if quick else 20000
+    measure = 5000 if quick else None  # None: BookSim2's own measurement window, point by point
     lanes = int(np.bincount(hbm_attach_routers(arch)).max())
     failures = 0
     variants = [("booksim-compatible", True, 0), ("default", False, 0), (f"default+{lanes}-lane ports", False, lanes)]

@@ -149,13 +149,16 @@ Conventions read from BookSim2's source (``src/trafficmanager.cpp`` ``_Step``/``
   allocation (``wait_for_tail_credit = 0``) and claimable by a VC allocation two cycles
   later; a credit is usable upstream ``L + 1`` cycles after its flit left
   (``credit_delay = 0`` plus the credit channel and its read).
-- *Injection.* The NI puts each new packet in the next local-port VC round-robin
-  (``_last_vc``) and waits for that VC's credit if it is full; it sees the local
-  port's credits one cycle after the router frees a slot, as BookSim's does.
+- *Injection.* The NI puts each new packet in the first local-port VC that is not full,
+  trying them round-robin from the one after the last it used (``_last_vc``; ``_Step``'s
+  "Find first available VC" loop: a VC is skipped if ``IsFullFor``, and at an NI none is
+  held by another packet); it waits only when all are full. It sees the local port's
+  credits one cycle after the router frees a slot, as BookSim's does.
 
 Not reproduced: BookSim's random stream (Bernoulli trials and destinations draw from
 npusim's generator, same distributions), its warm-up/convergence rule (npusim uses a
-fixed warm-up and window), and the VC the switch allocator picks among several of one
+fixed warm-up and window; ``validation/noc_hotspot_booksim.py`` applies BookSim2's rule to
+the flit model's figures), and the VC the switch allocator picks among several of one
 input requesting the same output (BookSim: the earliest to become eligible, here
 round-robin). Against BookSim2's figures, see ``validation/noc_booksim.py``.
 

@@ -183,6 +183,21 @@ def _ni_pick_vc(vc, V, B, base, start):
     return best
 
 
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _ni_first_with_room(vc, V, B, base, start):
+    """BookSim mode: local-port VC for a new packet, as ``TrafficManager::_Step`` picks it: the
+    VCs in round-robin order from ``start`` (the one after ``_last_vc``), the first that is not
+    full (``IsFullFor``; at an NI every VC is free for a new packet, since with
+    ``wait_for_tail_credit = 0`` its own previous tail released it); -1 if all are full."""
+    for j in range(V):
+        v = start + j
+        if v >= V:
+            v -= V
+        if vc[base + v, VC_COUNT] < B:
+            return v
+    return -1
+
+
 @numba.njit(cache=True, _nrt=False)
 def _ni_next_packet(node, sq, sqcap, r):
     """Pop the next packet of NI ``r``'s source queue into the NI (-1 if none)."""
@@ -267,9 +282,9 @@ def _inject_phase(st, cycle):
         seq = node[r, ND_NI_SEQ]
         ip = r * P + PORT_LOCAL
         if seq == 0:
-            if booksim:  # the next VC round-robin; wait for its credit if it is full
-                v = node[r, ND_NI_RR]
-                if vc[ip * V + v, VC_COUNT] >= B:
+            if booksim:  # the first VC with room, round-robin from the one after the last used
+                v = _ni_first_with_room(vc, V, B, ip * V, node[r, ND_NI_RR])
+                if v < 0:
                     continue
             else:
                 v = _ni_pick_vc(vc, V, B, ip * V, node[r, ND_NI_RR])
