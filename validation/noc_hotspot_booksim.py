@@ -38,7 +38,11 @@ the measured packets drain; :func:`booksim_window` applies that rule to the flit
 figures (``--quick``: a fixed 5,000-cycle window instead). Near the knee the window matters:
 BookSim2 itself, measured over 20,000 cycles instead (``max_samples = 23``, ``stopping_thres =
 acc_stopping_thres = 0``), gives 169-280 cycles at ``forward`` 0.010 (seeds 1-3) where its own rule
-gives 84-135; and at the knee its figures move 10-60% between seeds.
+gives 84-135; and at the knee its figures move 10-60% between seeds. So each point is run at the
+seeds ``SEEDS`` in both simulators (BookSim2's ``seed``, the flit model's traffic seed: different
+random streams, the same process), and the means over the seeds are compared; the reference file
+keeps each seed's figures beside the means, and a point counts as saturated if BookSim2 called any
+of its seeds unstable.
 
 Then the max-flow bound: the mesh as a flow network (links of ``link_bytes_per_cycle`` x clock
 GB/s, each attach router a source of its channels' bandwidth, each reading core a sink of one
@@ -90,6 +94,8 @@ BOOKSIM_FIXED = dict(topology="mesh", n=2, routing_function="dor", router="iq", 
                      internal_speedup=1.0, use_read_write=1, write_fraction=0.0, injection_process="bernoulli",
                      injection_rate_uses_flits=0, sim_type="latency", sample_period=1000, warmup_periods=3,
                      max_samples=10, seed=1)
+#: the seeds each point runs at, in BookSim2 and in the flit model (their means are compared)
+SEEDS = (1, 2, 3)
 
 
 def network(arch):
@@ -136,24 +142,33 @@ def refresh_reference(binary: str, arch) -> None:
     points = []
     for case in CASES:
         for rate in CASES[case]["rates"]:
-            res = run_booksim(binary, booksim_config(arch, case, rate))
-            points.append(dict(case=case, rate=rate, **{k: (round(v, 4) if isinstance(v, float) else v)
-                                                        for k, v in res.items()}))
+            runs = [run_booksim(binary, dict(booksim_config(arch, case, rate), seed=seed)) for seed in SEEDS]
+            lat = [r["avg_packet_latency_cycles"] for r in runs]
+            acc = [r["accepted_flits_per_node_cycle"] for r in runs]
+            points.append(dict(case=case, rate=rate, avg_packet_latency_cycles=round(float(np.mean(lat)), 4),
+                               accepted_flits_per_node_cycle=round(float(np.mean(acc)), 4),
+                               saturated=any(r["saturated"] for r in runs),
+                               per_seed=[dict(seed=seed, avg_packet_latency_cycles=round(r["avg_packet_latency_cycles"], 4),
+                                              accepted_flits_per_node_cycle=round(r["accepted_flits_per_node_cycle"], 4),
+                                              saturated=r["saturated"]) for seed, r in zip(SEEDS, runs)]))
             print(f"BookSim2 {case} {rate}: {points[-1]}", flush=True)
     head = (f"# BookSim2 on request-reply hot-spot traffic (validation/noc_hotspot_booksim.py reads this file).\n"
             f"# Written by: python validation/noc_hotspot_booksim.py --booksim {Path(binary).name}\n"
             f"# (BookSim2 from github.com/booksim/booksim2, a binary built outside this repository).\n"
             f"# Each point's configuration is `config` below with its case's sizes and injection_rate = rate\n"
             f"# (requests a node a cycle); latency = 'Packet latency average', throughput = 'Accepted flit\n"
-            f"# rate average' of BookSim2's overall statistics; saturated = it printed 'Simulation unstable'.\n")
-    data = dict(arch=ARCH, tolerance=TOLERANCE,
+            f"# rate average' of BookSim2's overall statistics; saturated = it printed 'Simulation unstable'.\n"
+            f"# Each point ran at seeds {list(SEEDS)}: the figures are their means (per_seed: each run), saturated if\n"
+            f"# any seed was.\n")
+    data = dict(arch=ARCH, tolerance=TOLERANCE, seeds=list(SEEDS),
                 config={case: booksim_config(arch, case, 0.0) for case in CASES}, points=points)
     for case in CASES:
         data["config"][case].pop("injection_rate")
+        data["config"][case].pop("seed")
     REFERENCE.write_text(head + yaml.safe_dump(data, sort_keys=False, width=120))
 
 
-def _setup(arch, case: str, rate: float, booksim: bool, lanes: int, warmup: int, measure: int):
+def _setup(arch, case: str, rate: float, booksim: bool, lanes: int, warmup: int, measure: int, seed: int = 1):
     net, c = network(arch), CASES[case]
     params = NocParams(net["k"], arch.cores.grid.height, vcs=net["num_vcs"], buffer_flits=net["vc_buf_size"],
                        router_stages=arch.noc.router_pipeline_cycles, link_latency_cycles=net["link_latency_cycles"],
@@ -162,7 +177,7 @@ def _setup(arch, case: str, rate: float, booksim: bool, lanes: int, warmup: int,
     traffic = SyntheticTraffic(pattern="hotspot", hotspot_nodes=hot, hotspot_fraction=1.0,
                                rate=rate * c["request_flits"], packet_flits=c["request_flits"],
                                reply_flits=c["reply_flits"], memory_lanes=lanes, warmup_cycles=warmup,
-                               measure_cycles=measure)
+                               measure_cycles=measure, seed=seed)
     return params, traffic
 
 
@@ -190,7 +205,7 @@ def _period_stats(params, traffic, period: int, until: int) -> list[tuple[float,
     return stats
 
 
-def booksim_window(arch, case: str, rate: float, booksim: bool, lanes: int) -> int:
+def booksim_window(arch, case: str, rate: float, booksim: bool, lanes: int, seed: int = 1) -> int:
     """Cycles BookSim2 would measure this point for, its ``sim_type = latency`` rule applied to
     the flit model's own figures (``TrafficManager::_SingleSim``, with the reference's
     ``sample_period``, ``warmup_periods``, ``max_samples`` and the default ``stopping_thres`` =
@@ -205,10 +220,10 @@ def booksim_window(arch, case: str, rate: float, booksim: bool, lanes: int) -> i
     warm = period * warm_p
     run_p = max_p - warm_p
     # the last warm-up period, its packets measured
-    pa, ta = _setup(arch, case, rate, booksim, lanes, warm - period, run_p * period + period)
+    pa, ta = _setup(arch, case, rate, booksim, lanes, warm - period, run_p * period + period, seed)
     a = _period_stats(pa, ta, period, warm)
     prev_lat, prev_acc = a[-1][0], (a[-1][1] - a[-2][1]) / period / nodes
-    pb, tb = _setup(arch, case, rate, booksim, lanes, warm, run_p * period)
+    pb, tb = _setup(arch, case, rate, booksim, lanes, warm, run_p * period, seed)
     b = _period_stats(pb, tb, period, warm + run_p * period)
     ej0 = b[warm_p - 1][1]
     converged = 0
@@ -223,14 +238,23 @@ def booksim_window(arch, case: str, rate: float, booksim: bool, lanes: int) -> i
     return run_p * period
 
 
-def flit_point(arch, case: str, rate: float, booksim: bool, lanes: int, measure: int | None) -> tuple[float, float, bool]:
-    """One point; ``measure=None``: BookSim2's measurement window (:func:`booksim_window`)."""
+def flit_point(arch, case: str, rate: float, booksim: bool, lanes: int, measure: int | None,
+               seed: int = 1) -> tuple[float, float, bool]:
+    """One point at one seed; ``measure=None``: BookSim2's measurement window (:func:`booksim_window`)."""
     if measure is None:
-        measure = booksim_window(arch, case, rate, booksim, lanes)
+        measure = booksim_window(arch, case, rate, booksim, lanes, seed)
     params, traffic = _setup(arch, case, rate, booksim, lanes, int(BOOKSIM_FIXED["sample_period"]) *
-                             int(BOOKSIM_FIXED["warmup_periods"]), measure)
+                             int(BOOKSIM_FIXED["warmup_periods"]), measure, seed)
     res = simulate_flit(params, traffic)
     return res.avg_packet_latency_cycles, res.accepted_flits_per_node_cycle, res.saturated
+
+
+def flit_mean(arch, case: str, rate: float, booksim: bool, lanes: int, measure: int | None,
+              seeds=SEEDS) -> tuple[float, float]:
+    """The flit model's latency and accepted throughput at one point, each the mean over ``seeds``
+    (as the reference's BookSim2 figures are)."""
+    runs = [flit_point(arch, case, rate, booksim, lanes, measure, seed) for seed in seeds]
+    return float(np.mean([r[0] for r in runs])), float(np.mean([r[1] for r in runs]))
 
 
 def err(x, ref):
@@ -246,6 +270,7 @@ def compare(arch, quick: bool) -> int:
     variants = [("booksim-compatible", True, 0), ("default", False, 0), (f"default+{lanes}-lane ports", False, lanes)]
     print(f"1. BookSim2 vs the flit model, {ARCH} mesh, request-reply hot-spot traffic to the "
           f"{len(set(hbm_attach_routers(arch).tolist()))} attach routers")
+    print(f"   each figure the mean over seeds {ref.get('seeds', [1])} (BookSim2's and the flit model's own)")
     print("   latency (cycles) / accepted throughput (flits/node/cycle); error vs BookSim2; judged within "
           f"{100 * tol:.0f}% below BookSim2's saturation: BookSim2-compatible mode latency and throughput, default "
           "mode throughput (its latency omits BookSim2's 3 channel cycles); the last column is not in BookSim2")
@@ -256,7 +281,7 @@ def compare(arch, quick: bool) -> int:
         bl, bt, bsat = pt["avg_packet_latency_cycles"], pt["accepted_flits_per_node_cycle"], pt["saturated"]
         cells = []
         for i, (_, bk, ln) in enumerate(variants):
-            lat, acc, _ = flit_point(arch, case, rate, bk, ln, measure)
+            lat, acc = flit_mean(arch, case, rate, bk, ln, measure, tuple(ref.get("seeds", [1])))
             el, et = err(lat, bl), err(acc, bt)
             # judged below BookSim2's saturation (past it both report a transient): the BookSim2-
             # compatible mode on latency and throughput, the default mode (no injection/ejection
