@@ -45,7 +45,7 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    refill to the last send; the whole run's, ramp-up and drain included, is beside it). A candidate is *feasible* when those requests' mean TTFT and mean
    TPOT meet the objectives. A served candidate that misses an objective is served
    again at half its decode batch limit (up to ``BACKOFF_ROUNDS`` times, each with that candidate's own
-   estimate), since the step estimate misses queueing: without it a looser search could stop at an
+   estimate; each served candidate's ``serve_round`` says which: 0 for the first), since the step estimate misses queueing: without it a looser search could stop at an
    infeasible large batch whose quarter point is far below what a tighter search finds.
 
 **Full scale** (``plans_per_size``): before any step is simulated, :func:`prune_plans` skips the plans
@@ -492,9 +492,9 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     for c in cands:
         by_label.setdefault(_label(c), c)
     clock = time.perf_counter()
-    out_cands: list[tuple[dict, dict]] = []
+    out_cands: list[tuple[dict, dict, int]] = []
     batch = chosen
-    for _ in range(BACKOFF_ROUNDS + 1):
+    for rnd in range(BACKOFF_ROUNDS + 1):
         tasks = []
         for c in batch:
             conc = c["slots"]  # the concurrency its batch limit implies (at most max_concurrency: see cands)
@@ -502,10 +502,10 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         served: list[dict] = []
         run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
         results = list(zip(batch, _in_order(served, tasks)))
-        out_cands += results
+        out_cands += [(c, r, rnd) for c, r in results]
         # a served candidate that misses an objective is served again at half its decode batch limit
         # (with that candidate's own estimate), so a looser search reaches what a tighter one serves
-        done = {deployment_key(c["deployment"]) for c, _ in out_cands}
+        done = {deployment_key(c["deployment"]) for c, _, _ in out_cands}
         batch = []
         for c, r in results:
             half = _scaled(c, 2) if r.get("served") and not meets(r) else None
@@ -515,10 +515,11 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                 done.add(deployment_key(nxt["deployment"]))
         if not batch:
             break
-    chosen = [c for c, _ in out_cands]
+    chosen = [c for c, _, _ in out_cands]
     evaluated = []
-    for c, r in out_cands:
-        rec = {"mode": c["mode"], "deployment": c["deployment"], "label": _label(c), "estimate": c["estimate"]}
+    for c, r, rnd in out_cands:
+        rec = {"mode": c["mode"], "deployment": c["deployment"], "label": _label(c), "estimate": c["estimate"],
+               "serve_round": rnd}
         rec.update({k: v for k, v in r.items() if k != "_task"})
         if r.get("served"):
             fe = meets(r)
