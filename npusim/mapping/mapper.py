@@ -147,6 +147,36 @@ def _us_cycles(arch: Arch, us: float) -> int:
     return int(round(us * 1e3 * arch.clock_ghz))
 
 
+def attention_mix_start_us(arch: Arch, used: int) -> float:
+    """The extra start of an attention kernel launched as a MIX kernel (cube and vector cores
+    together) on ``used`` cube cores of the die (microseconds): the GEMM kernels'
+    :func:`~npusim.mapping.gemm_kernel.mix_start_us` with the die's AIC count as ``coreNum``
+    (CATLASS ``select_kernel_b16.h`` ``headCost``, ``doc/CommonMatmul.md`` 2.3.3: "只要启动了mix kernel，就会有1~5us左右的额外开销"). The Ascend
+    attention kernels are MIX kernels: ops-transformer ``fused_infer_attention_score_v3.cpp``
+    (``KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)``, its MLA tiling keys ``MIX_AIC_1_1``) and
+    ``incre_flash_attention.cpp`` (``MIX_AIC_1_2`` for ``__CCE_AICORE__ > 200``, A2/A3). Assumed: the
+    launch cost CATLASS measured for its MIX matmul applies to any MIX kernel (it is the runtime's
+    start of the AIVs, not the matmul's). ``coreNum`` is the platform's AIC count (``arch.num_cores``),
+    also when the kernel runs on a group or a share of the die's cores: a kernel launched on fewer
+    cores pays less (``blockDimAic / coreNum``). 0 without the arch's ``kernel`` section or with no
+    core used."""
+    return gemm_kernel.mix_start_us(arch, used, arch.num_cores) if used > 0 else 0.0
+
+
+def attention_prologue_cycles(arch: Arch, used: int) -> tuple[int, int]:
+    """``(AIC, AIV)`` cycles a working core of an attention kernel waits before its first task on
+    the cube / vector side: the MIX kernel's extra start (:func:`attention_mix_start_us`, on both
+    sides as the GEMM kernels charge it) plus the AIC's ``cube_setup_us`` / the AIVs'
+    ``vector_setup_us`` prologue (the arch's ``kernel`` section, calibrated on GEMM and vector
+    kernels, which are not MIX kernels: the two do not overlap). The kernel's device-side start
+    (``kernel.start_us``) is not included (its caller's, once per kernel). (0, 0) without the section."""
+    kc = arch.kernel
+    if kc is None:
+        return 0, 0
+    mix = attention_mix_start_us(arch, used)
+    return _us_cycles(arch, kc.cube_setup_us + mix), _us_cycles(arch, kc.vector_setup_us + mix)
+
+
 def _size(nbytes: float) -> str:
     """Bytes for a note: MB to one decimal, KB below 0.1 MB (so a small model's shard is not "0.0 MB")."""
     return f"{nbytes / MB:.1f} MB" if nbytes >= 0.1 * MB else f"{nbytes / 1024:.1f} KB"
@@ -1032,42 +1062,59 @@ class Mapper:
         # latent head included): with an L2 all but one of them hit there
         sharers = t // max(1, op.kv_heads) if head_parallel and not gqa_units and t > op.kv_heads else 1
         l2 = self._kv_l2(op, sharers)
+
+        def share_of(i: int) -> tuple[int, int, int, float]:
+            """Core ``i``'s ``(seqs, q_len, heads, kv bytes per token)`` outside the split-KV decode."""
+            if gqa_units:  # "seqs" counts units here, "heads" the query heads of one unit
+                return (_split(op.batch * op.kv_heads, t, i), op.q_len, op.heads // op.kv_heads,
+                        op.kv_bytes_per_token / op.kv_heads)
+            if head_parallel:
+                return (op.batch, op.q_len, _split(op.heads, t, i),
+                        op.kv_bytes_per_token * max(1, _split(op.kv_heads, t, i)) / max(1, op.kv_heads))
+            if op.batch >= t or op.q_len == 1:  # token-parallel by whole sequences
+                return _split(op.batch, t, i), op.q_len, op.heads, op.kv_bytes_per_token
+            # token-parallel inside a sequence: a slice of its queries against all keys, each core
+            # reading its share of a prefix
+            return 1, _split(op.batch * op.q_len, t, i), op.heads, op.kv_bytes_per_token / t
+
+        split_kv = mla_by_sequence and mla_decode
+        shares = [None if split_kv else share_of(i) for i in range(len(st.cores))]
+        # the attention kernel is a MIX kernel: each working core's AIC and AIVs first pay its extra
+        # start and their prologues (attention_prologue_cycles; the split-KV decode gives every core work)
+        used = len(st.cores) if split_kv else sum(1 for x in shares if min(x[:3]) > 0)
+        prologue = attention_prologue_cycles(self.arch, used)
         outs = []
         for i, c in enumerate(st.cores):
-            if mla_by_sequence and mla_decode:
-                outs.append(self._mla_split_kv(c, op, i, keys, op.kv_bytes_per_token, [st.ready[i]], name))
+            if split_kv or min(shares[i][:3]) > 0:
+                head = [st.ready[i]]
+                if prologue[0] > 0:  # before the AIC's first load
+                    head = [prog.add_compute(c, "cube", prologue[0], deps=head, name=f"{name} AIC start")]
+                if prologue[1] > 0:  # the AIVs' on their pipe (in order before the softmax)
+                    prog.add_compute(c, "vector", prologue[1], deps=[st.ready[i]], name=f"{name} AIV start")
+            if split_kv:
+                outs.append(self._mla_split_kv(c, op, i, keys, op.kv_bytes_per_token, head, name,
+                                               write_deps=[st.ready[i]]))
                 continue
-            if gqa_units:  # "seqs" counts units here, "heads" the query heads of one unit
-                seqs, q_len, heads = _split(op.batch * op.kv_heads, t, i), op.q_len, op.heads // op.kv_heads
-                kv_share = op.kv_bytes_per_token / op.kv_heads
-            elif head_parallel:
-                seqs, q_len, heads = op.batch, op.q_len, _split(op.heads, t, i)
-                kv_share = op.kv_bytes_per_token * max(1, _split(op.kv_heads, t, i)) / max(1, op.kv_heads)
-            elif op.batch >= t or op.q_len == 1:  # token-parallel by whole sequences
-                seqs, q_len, heads = _split(op.batch, t, i), op.q_len, op.heads
-                kv_share = op.kv_bytes_per_token
-            else:  # token-parallel inside a sequence: a slice of its queries against all keys
-                seqs, q_len, heads = 1, _split(op.batch * op.q_len, t, i), op.heads
-                kv_share = op.kv_bytes_per_token / t  # each core reads its share of a prefix
-            deps = [st.ready[i]]
+            seqs, q_len, heads, kv_share = shares[i]
             if seqs <= 0 or heads <= 0 or q_len <= 0:
-                outs.append(prog.add_barrier(deps, name))
+                outs.append(prog.add_barrier([st.ready[i]], name))
                 continue
+            deps = list(head)
             cache = int(seqs * (op.kv_len - op.q_len) * kv_share * self.kv_hbm_fraction)
             if cache > 0 and self.l2_addressed and sharers > 1:
                 # the TLM L2 decides: the cores sharing a KV head read it whole from one place
                 home = st.cores[min(i // sharers * sharers, len(st.cores) - 1)]
-                deps.append(prog.add_dma(c, cache, address=self._kv_address(home, op), deps=[st.ready[i]],
+                deps.append(prog.add_dma(c, cache, address=self._kv_address(home, op), deps=head,
                                          name=f"{name} read KV"))
             elif cache > 0:
                 hit = int(cache * (1 - 1 / sharers)) if l2 else 0
                 if cache - hit > 0:
-                    deps.append(prog.add_dma(c, cache - hit, address=self._kv_address(c, op), deps=[st.ready[i]],
+                    deps.append(prog.add_dma(c, cache - hit, address=self._kv_address(c, op), deps=head,
                                              name=f"{name} read KV"))
                 if hit > 0:
                     cycles = math.ceil(hit / l2[0]) + l2[1]
                     deps.append(prog.add_compute(c, f"dma{min(1, self.arch.cores.dma.engines - 1)}", cycles,
-                                                 deps=[st.ready[i]], name=f"{name} read KV L2"))
+                                                 deps=head, name=f"{name} read KV L2"))
                     self.l2_read_bytes += hit
             # MLA: every head of a sequence attends the same latent keys, so the heads are the rows of
             # one GEMM per sequence (grouped-query units: per unit); otherwise one GEMM per (sequence, head)
@@ -1106,9 +1153,10 @@ class Mapper:
           class over the block) and, once per logical tile, the rescale-and-accumulate of the
           output (2 element-wise ops per output element).
 
-        Each working core first pays the mix kernel's prologues (the arch's ``kernel`` section:
-        ``cube_setup_us`` on the cube before its first load, ``vector_setup_us`` on the vector
-        unit; the kernel's device-side start is its caller's, e.g. ``ChipCost``'s once per op).
+        Each working core first pays the MIX kernel's extra start (:func:`attention_mix_start_us`)
+        and its prologues (the arch's ``kernel`` section: ``cube_setup_us`` on the cube before its
+        first load, ``vector_setup_us`` on the vector unit; :func:`attention_prologue_cycles`); the
+        kernel's device-side start is its caller's, e.g. ``ChipCost``'s once per op.
         The step's new keys/values are written after the pipeline by tokens over every core of
         the group (the cache-write kernel's split), whatever split the attention's units took.
 
@@ -1228,10 +1276,9 @@ class Mapper:
                                     name=f"{name} {what} L2")
 
         # each working core's prologue of the mix kernel: the AIC's and the AIVs' (the arch's kernel
-        # section, calibrated on GEMM and vector kernels; the kernel's start is its caller's)
-        kc = arch.kernel
-        prologue = ((_us_cycles(arch, kc.cube_setup_us), _us_cycles(arch, kc.vector_setup_us))
-                    if kc is not None else (0, 0))
+        # section, calibrated on GEMM and vector kernels; the kernel's start is its caller's), each
+        # behind the MIX kernel's extra start on the cores the kernel launches (attention_mix_start_us)
+        prologue = attention_prologue_cycles(arch, used)
         outs = []
         first = 0
         for i, c in enumerate(st.cores):
@@ -1243,7 +1290,7 @@ class Mapper:
             if units <= 0:
                 outs.append(prog.add_barrier(deps0, name))
                 continue
-            if prologue[0] > 0:  # the mix kernel's AIC prologue before its first load, the AIVs' on their pipe
+            if prologue[0] > 0:  # the MIX start + AIC prologue before its first load, the AIVs' on their pipe
                 deps0 = [prog.add_compute(c, "cube", prologue[0], deps=deps0, name=f"{name} AIC start")]
             if prologue[1] > 0:
                 prog.add_compute(c, "vector", prologue[1], deps=[st.ready[i]], name=f"{name} AIV start")
@@ -1361,7 +1408,8 @@ class Mapper:
         rate = l2_model.core_rate(l2, self.arch.clock_ghz, self.t, dma.bytes_per_cycle)
         return rate, l2_model.hit_latency_cycles(l2, self.arch.clock_ghz)
 
-    def _mla_split_kv(self, c: int, op: Op, i: int, keys: int, kv_share: float, deps: list[int], name: str) -> int:
+    def _mla_split_kv(self, c: int, op: Op, i: int, keys: int, kv_share: float, deps: list[int], name: str,
+                      write_deps: list[int] | None = None) -> int:
         """Core ``i``'s share of MLA decode attention, balanced by splitting the KV (split-KV, as
         FlashMLA / flash-decoding kernels do): each sequence's keys are cut into ``chunks`` pieces
         so that ``batch x chunks`` (sequence, piece) units divide evenly over the ``t`` cores (also
@@ -1369,7 +1417,9 @@ class Mapper:
         least 4 a core (a kernel streams a sequence's KV in tiles too); a core's units run in at
         most 8 pipeline steps whose KV reads overlap the previous step's
         compute (DMA and compute are separate in-order queues); the partial outputs of a split
-        sequence are rescaled and summed by a vector pass (``chunks > 1``)."""
+        sequence are rescaled and summed by a vector pass (``chunks > 1``). ``deps``: what the core's
+        KV reads and QK^T wait for (the caller's AIC start: the MIX kernel's extra start and the AIC
+        prologue); ``write_deps``: what the step's new KV write waits for (default ``deps``)."""
         t, prog = self.t, self.prog
         chunks = t // math.gcd(op.batch, t)
         chunks *= -(-4 // (op.batch * chunks // t))  # at least 4 units a core, so loads pipeline
@@ -1395,7 +1445,8 @@ class Mapper:
         if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
             prog.add_dma(c, int(_split(op.batch, t, i) * op.q_len * kv_share),
                          address=self._kv_address(c, op, units * cached * kv_share), write=True,
-                         dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=deps, name=f"{name} write KV")
+                         dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=write_deps or deps,
+                         name=f"{name} write KV")
         if chunks == 1:
             return prog.add_barrier(done, name)
         return prog.add_vector(c, "elementwise", units * rows * vd, op.dtype, deps=done, name=f"{name} combine")
