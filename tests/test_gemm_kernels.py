@@ -179,9 +179,9 @@ def test_a_mix_kernel_pays_its_extra_start():
     arch = load_arch("ascend-910c-die")
     assert mix_start_us(arch, 24, 24) == pytest.approx(8.0) and mix_start_us(arch, 6, 24) == pytest.approx(2.75)
     assert mix_start_us(arch, 6, 6) == pytest.approx(8.0)  # the share a core limit leaves is what the tiling sees
-    assert is_mix_kernel("aclnn", "int8", "bf16", False) and not is_mix_kernel("aclnn", "int8", "int8", False)
-    assert not is_mix_kernel("aclnn", "bf16", "bf16", False) and not is_mix_kernel("catlass_basic", "bf16", "bf16", False)
-    assert is_mix_kernel("catlass_splitk", "bf16", "bf16", False) and is_mix_kernel("catlass_basic", "int8", "bf16", False)
+    assert is_mix_kernel("aclnn", "int8", "bf16") and not is_mix_kernel("aclnn", "int8", "int8")
+    assert not is_mix_kernel("aclnn", "bf16", "bf16") and not is_mix_kernel("catlass_basic", "bf16", "bf16")
+    assert is_mix_kernel("catlass_splitk", "bf16", "bf16") and is_mix_kernel("catlass_basic", "int8", "bf16")
     cc = ChipCost(arch, persist=False)
     mix, pure = cc.gemm(16, 2048, 4096, "int8"), cc.gemm(16, 2048, 4096, "int8", out_dtype="int8")
     assert mix.cores_used == pure.cores_used

@@ -354,15 +354,15 @@ class Planner:
         core's own prologue (``setup_us``), both from the arch's ``kernel`` section (0 without it)."""
         return head_cycles(self.arch, setup_us)
 
-    def mix(self, split_k: bool) -> bool:
+    def mix(self) -> bool:
         """Whether the base-block kernel is a MIX kernel (:func:`is_mix_kernel`)."""
-        return is_mix_kernel(self.gemm_kernel, self.dtype, self.out_dtype, split_k,
+        return is_mix_kernel(self.gemm_kernel, self.dtype, self.out_dtype,
                              self.kernel is not None and self.kernel.vector_cycles_per_repeat is not None)
 
-    def mix_start_us(self, used: int, split_k: bool) -> float:
+    def mix_start_us(self, used: int) -> float:
         """The extra start of this kernel on ``used`` of the share's cube cores: :func:`mix_start_us`
         if it is a MIX kernel, else 0."""
-        return mix_start_us(self.arch, used, self.share_cores) if self.mix(split_k) else 0.0
+        return mix_start_us(self.arch, used, self.share_cores) if self.mix() else 0.0
 
     def l2_rate(self, readers: int) -> float:
         """Bytes per cycle one of ``readers`` cores reads from the L2 (streams sharing the chip get
@@ -1024,7 +1024,7 @@ def head_cycles(arch: Arch, setup_us: float) -> int:
     return int(round((arch.kernel.start_us + setup_us) * 1e3 * arch.clock_ghz))
 
 
-def is_mix_kernel(kernel: str, dtype: str, out_dtype: str, split_k: bool, vector_timed: bool = True) -> bool:
+def is_mix_kernel(kernel: str, dtype: str, out_dtype: str, vector_timed: bool = True) -> bool:
     """Whether a base-block GEMM kernel launches its AIVs beside its AICs (a MIX kernel), from the
     vendor kernels:
 
@@ -1038,9 +1038,8 @@ def is_mix_kernel(kernel: str, dtype: str, out_dtype: str, split_k: bool, vector
       pass and its workspace are not emitted (the fix-pipe's bf16 write stands for them; session 44's
       MIX lowering was reverted, eb1939d). A per-token scale with fp16 out is MIX too (not seen here).
 
-    ``split_k``: the plan splits K (a ``catlass_splitk`` plan of one slice still launches the MIX
-    kernel: it is the kernel's binary, not the plan, that starts the AIVs)."""
-    del split_k  # the kernel, not the plan, decides (kept for callers that know only the plan)
+    The kernel's binary, not its plan, decides: a ``catlass_splitk`` plan of one K slice still
+    launches the MIX kernel."""
     if kernel in ("catlass_splitk", "catlass_single_splitk"):
         return True
     if dtype != "int8":
@@ -1069,7 +1068,7 @@ def kernel_fixed_cycles(planner: Planner, plan: GemmPlan) -> int:
     :func:`emit_gemm` puts on each core's cube first). 0 without the arch's ``kernel`` section."""
     if planner.kernel is None:
         return 0
-    mix_us = planner.mix_start_us(plan.used, plan.splitk > 1) if plan.base_blocks else 0.0
+    mix_us = planner.mix_start_us(plan.used) if plan.base_blocks else 0.0
     return planner.head_cycles(planner.kernel.cube_setup_us + mix_us)
 
 
@@ -1272,7 +1271,7 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
     ms, ns, ks, order = planner.base_order(m, k, n, batch, len(share))
     layout = Layout(planner, batch, None, ms, ks, ns, whole_blocks=True, bases=bases) if addressed else None
     em = Emitter(planner, prog, layout, address, deps)
-    mix_us = planner.mix_start_us(plan.used, len(ks) > 1)  # a MIX kernel's extra start, on both sides
+    mix_us = planner.mix_start_us(plan.used)  # a MIX kernel's extra start, on both sides
     em.head = planner.head_cycles(planner.kernel.cube_setup_us + mix_us)
     vec = _VectorSide(planner, em, deps, mix_us)
     quant = planner.dtype == "int8" and planner.gemm_kernel in QUANT_EPILOGUE_KERNELS and vec.timed
@@ -1321,7 +1320,7 @@ def _emit_single_splitk(prog: Program, planner: Planner, plan: GemmPlan, m, k, n
     ms, ns, ks, tasks = planner.single_splitk_tasks(m, k, n, 1, len(share))
     used = len(tasks)
     em = Emitter(planner, prog, None, address, deps)
-    mix_us = planner.mix_start_us(used, True)  # a MIX kernel's extra start, on both sides
+    mix_us = planner.mix_start_us(used)  # a MIX kernel's extra start, on both sides
     em.head = planner.head_cycles(planner.kernel.cube_setup_us + mix_us)
     vec = _VectorSide(planner, em, deps, mix_us)
     cap = planner.l2_capacity
