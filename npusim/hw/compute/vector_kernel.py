@@ -154,7 +154,7 @@ def instructions(op_class: str, fn: str | None = None, dtype: str = "bf16", *, r
     ``elementwise`` depends on it: native fp16 / fp32, else through fp32). A plain ``rmsnorm`` on rows
     of ``row_len`` runs the kernel its tiling picks on ``soc`` (:func:`rmsnorm_mode`): MODE_NORMAL's
     row-by-row list (:func:`rmsnorm_normal_instructions`) unless MERGE_N's (``row_len`` None: MERGE_N)."""
-    if op_class == "rmsnorm" and fn is None and row_len is not None and rmsnorm_mode(row_len, soc) != "merge_n":
+    if row_len is not None and _rmsnorm_row_by_row(op_class, fn, row_len, soc):
         return rmsnorm_normal_instructions(row_len)
     if op_class == "elementwise" and dtype in _NATIVE:
         return [Instr("op", "tile", _NATIVE[dtype])]
@@ -193,6 +193,12 @@ def rmsnorm_mode(row_len: int, soc: str = "ascend910b") -> str:
     if soc == "ascend910b" and align <= _SMALL_REDUCE_NUM:
         return "merge_n"
     return "normal" if align <= _UB_FACTOR_B16 else "split_d"
+
+
+def _rmsnorm_row_by_row(op_class: str, fn: str | None, row_len: int, soc: str) -> bool:
+    """Whether the op is a plain RmsNorm (not AddRmsNorm, ``fn="add"``, whose tiling differs) whose
+    tiling picks a one-row-at-a-time kernel on ``soc`` (:func:`rmsnorm_mode`: not MERGE_N)."""
+    return op_class == "rmsnorm" and fn is None and rmsnorm_mode(row_len, soc) != "merge_n"
 
 
 def rmsnorm_normal_instructions(row_len: int) -> list[Instr]:
@@ -287,7 +293,7 @@ def ub_tiling(op_class: str, row_len: int, in_bytes: float, out_bytes: float, ub
     ``ub / 2 // (row_len * (in + out))`` rows. A plain RmsNorm whose tiling picks MODE_NORMAL on
     ``soc`` (:func:`rmsnorm_mode`) walks one row per loop, one buffer per queue (rms_norm.h:
     ``SubProcess`` calls CopyIn, Compute, CopyOutY for each row; BUFFER_NUM = 1)."""
-    if op_class == "rmsnorm" and fn is None and rmsnorm_mode(row_len, soc) != "merge_n":
+    if _rmsnorm_row_by_row(op_class, fn, row_len, soc):
         return UbTiling(1, 1, 1)
     per_col, per_row, reserved, nin, nout = UB_TILING.get(op_class, (0, 0, 0, 2, 2))
     if per_col:
