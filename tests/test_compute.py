@@ -263,7 +263,7 @@ def test_cycles_array_broadcasts():
     (dict(batch=0), "batch"),
     (dict(weight_injection_cycles=-1), "weight_injection_cycles"),
     (dict(dataflow="is"), "unknown dataflow 'is'"),
-    (dict(dataflow="rs"), "valid: \\['os', 'ws'\\]"),
+    (dict(dataflow="rs"), "valid: \\['cube', 'os', 'ws'\\]"),
 ])
 def test_bad_gemm_arguments(kwargs, match):
     args = dict(m=4, k=4, n=4, rows=4, cols=4)
@@ -276,7 +276,7 @@ def test_bad_arguments_numba_and_array():
     with pytest.raises(ValueError):
         gemm_cycles_nb(0, 4, 4, 4, 4, 0, 1, 0)
     with pytest.raises(ValueError):
-        gemm_cycles_nb(4, 4, 4, 4, 4, 2, 1, 0)
+        gemm_cycles_nb(4, 4, 4, 4, 4, 3, 1, 0)
     with pytest.raises(ValueError, match="all m must be positive"):
         gemm_cycles_array([1, 0], [4, 4], [4, 4], 4, 4)
     with pytest.raises(ValueError, match="unknown dataflow"):
@@ -378,3 +378,45 @@ def test_vector_utilization_and_array_agree(op, rows, row_len, lanes, startup):
 def test_bad_vector_arguments(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# -- the cube dataflow (Ascend's 3-D MAC unit: one fractal a cycle, CANN's GetMadCycle) ----------
+
+@pytest.mark.parametrize("m,k,n,batch", [(128, 128, 512, 1), (1, 7168, 256, 1), (17, 33, 15, 3), (128, 256, 256, 2)])
+def test_cube_dataflow_costs_one_fractal_a_cycle(m, k, n, batch):
+    cost = gemm_cost(m, k, n, 16, 16, "cube", 16, batch=batch)
+    fractals = batch * -(-m // 16) * -(-k // 16) * -(-n // 16)
+    assert cost.cycles == fractals
+    assert cost.fill_drain == 0 and cost.t_tile == -(-k // 16)
+    assert int(gemm_cycles_array(np.array([m]), np.array([k]), np.array([n]), 16, 16, "cube", 16,
+                                 batch=np.array([batch]))[0]) == fractals
+
+
+def test_cube_dataflow_is_the_os_arrays_time_without_its_drain():
+    """At K >= 256 (fp16) an os fold streams 16 cycles, its drain hides under it, so the cube differs
+    only by the one exposed fill/drain; at head dim 128 (K = 128) the os array's 16-cycle drain per
+    8-cycle fold doubles the time, which the cube does not pay."""
+    os_ = gemm_cost(128, 256, 512, 16, 16, "os", 16, 16, double_buffer=True).cycles
+    cube = gemm_cost(128, 256, 512, 16, 16, "cube", 16).cycles
+    assert os_ - cube == 30
+    assert gemm_cost(128, 128, 512, 16, 16, "os", 16, 16, double_buffer=True).cycles > 1.9 * \
+        gemm_cost(128, 128, 512, 16, 16, "cube", 16).cycles
+
+
+def test_cube_never_faster_with_more_work():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        m, k, n = (int(x) for x in rng.integers(1, 600, 3))
+        base = gemm_cost(m, k, n, 16, 16, "cube", 16).cycles
+        for dm, dk, dn in ((1, 0, 0), (0, 1, 0), (0, 0, 1)):
+            assert gemm_cost(m + dm, k + dk, n + dn, 16, 16, "cube", 16).cycles >= base
+
+
+def test_an_sram_fed_cube_is_rejected():
+    from npusim.arch.load import load_arch
+
+    arch = load_arch("ascend-910b")
+    data = arch.model_dump(mode="json")
+    data["cores"]["sram"]["feeds_compute"] = True
+    with pytest.raises(ValueError, match="feeds_compute"):
+        type(arch).model_validate(data)

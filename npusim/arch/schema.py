@@ -77,7 +77,7 @@ class SystolicArray(StrictModel):
 
     rows: Pos(4096)
     cols: Pos(4096)
-    dataflow: Literal["ws", "os"] = "ws"
+    dataflow: Literal["ws", "os", "cube"] = "ws"
     macs_per_pe_per_cycle: dict[str, Pos(4096)] = Field(default_factory=lambda: {"fp16": 1, "bf16": 1, "int8": 2})
     weight_injection_cycles: NonNeg(10**6) | None = Field(
         default=None, description="cycles to shift a weight tile in (WS); missing = rows (one row per cycle)")
@@ -576,6 +576,15 @@ class Arch(StrictModel):
     def sram_for(self, core: int) -> Sram:
         cls = self.core_class_of(core)
         return cls.sram if cls and cls.sram else self.cores.sram
+
+    @model_validator(mode="after")
+    def _cube_reads_no_sram(self):
+        """A ``cube`` array reads L0A / L0B (hw/compute/systolic.py): no SRAM may feed it."""
+        for c in range(self.num_cores):
+            if self.systolic_for(c).dataflow == "cube" and self.sram_for(c).feeds_compute:
+                raise ValueError(f"core {c}: systolic_array.dataflow 'cube' reads its operands from L0A / L0B, "
+                                 "not from an SRAM it streams: set sram.feeds_compute to false")
+        return self
 
     @model_validator(mode="after")
     def _classes_consistent(self):

@@ -30,7 +30,7 @@ def add_parser(sub):
     p.add_argument("--n", type=positive_int, required=True)
     p.add_argument("--dtype", default="fp16", help="fp16, bf16, int8, ... (must be supported by the array)")
     p.add_argument("--array", type=parse_grid, default=None, metavar="RxC", help="array rows x cols, e.g. 128x128")
-    p.add_argument("--dataflow", choices=["ws", "os"], default=None)
+    p.add_argument("--dataflow", choices=["ws", "os", "cube"], default=None)
     p.add_argument("--t-inj", dest="t_inj", type=non_negative_int, default=None, metavar="CYCLES",
                    help="weight-injection cycles per WS fold (default: the arch's, which follows --array: "
                    "rows unless the arch file sets it, then scaled with the rows)")

@@ -81,6 +81,22 @@ the ``cols - 1`` skew and does not pad M, which is SCALE-Sim's cycle-level
 schedule; with ``weight_injection_cycles = rows`` the two differ per fold by
 ``cols - 2 - max(0, rows - M)`` cycles.
 
+The ``cube`` dataflow (a 3-D MAC unit, the Ascend AI core's cube)
+------------------------------------------------------------------
+Not a skewed array: each cycle the unit multiplies one ``rows x k_per_pe`` fractal of A by one
+``k_per_pe x cols`` fractal of B and adds the ``rows x cols`` product into an accumulator
+buffer outside the PEs (Ascend's L0C), so there is no operand skew, no fill or drain and no
+per-fold exchange: ``T = batch * ceil(M/rows) * ceil(N/cols) * ceil(K/k_per_pe)``, the
+fractal count. Source: CANN's GEMM cycle model (ops-nn / CANN ``cache_tiling_cycle_model.cc``,
+``GemmCycleModel::GetMadCycle``: ``m_l0 * k_l0 * n_l0`` 16-element fractals per MAD, times
+``mad_expansion_rate_`` = 2 for FP32 over half the K of FP16's fractal -- a quarter of FP16's
+rate per K element, as the presets' ``macs_per_pe_per_cycle`` say). Double buffering and the
+weight injection do not apply. Its operands come from L0A / L0B, not from an SRAM the array
+reads itself: an arch with this dataflow keeps ``sram.feeds_compute`` false. SRAM traffic is
+counted as for ``os`` (A per column fold, B per row fold, C written once). Under the ``os``
+model an Ascend fold of K < 256 (FP16), e.g. FlashAttention's ``Q K^T`` at head dim 128, was
+charged the 16-cycle drain of a skewed array per 8 cycles of MACs: twice the cube's time.
+
 SRAM traffic (bytes; unpadded elements only, zero padding is not read)
 ---------------------------------------------------------------------
 * ws: A is re-read for every column fold: ``M*K*ceil(N/cols)`` elements; B is
@@ -113,18 +129,18 @@ __all__ = [
 ]
 
 #: dataflow name -> integer code used by the numba kernels
-DATAFLOWS: dict[str, int] = {"ws": 0, "os": 1}
-_WS, _OS = 0, 1
+DATAFLOWS: dict[str, int] = {"ws": 0, "os": 1, "cube": 2}
+_WS, _OS, _CUBE = 0, 1, 2
 
 
 def dataflow_code(dataflow: str | int) -> int:
-    """Return the integer code (0=ws, 1=os) of ``dataflow``; ValueError if unknown."""
+    """Return the integer code (0=ws, 1=os, 2=cube) of ``dataflow``; ValueError if unknown."""
     if isinstance(dataflow, (int, np.integer)) and not isinstance(dataflow, bool):
         if int(dataflow) in DATAFLOWS.values():
             return int(dataflow)
     elif isinstance(dataflow, str) and dataflow.lower() in DATAFLOWS:
         return DATAFLOWS[dataflow.lower()]
-    raise ValueError(f"unknown dataflow {dataflow!r}; valid: {sorted(DATAFLOWS)} (codes 0, 1)")
+    raise ValueError(f"unknown dataflow {dataflow!r}; valid: {sorted(DATAFLOWS)} (codes 0, 1, 2)")
 
 
 # --------------------------------------------------------------------------------------
@@ -155,6 +171,8 @@ def _cycles_core(m, k, n, rows, cols, df, k_per_pe, t_inj, batch, double_buffer)
         t_load = 0              # nothing stationary to load
         exchange = rows         # shadow accumulators drain R results per column
     n_tile = batch * folds
+    if df == _CUBE:
+        return n_tile * s       # one fractal a cycle, accumulated outside the PEs: no skew, no drain
     fill_drain = rows + cols - 2
     if double_buffer:
         interval = s if s > exchange else exchange
@@ -272,7 +290,7 @@ def gemm_cost(
     Args:
         m, k, n: GEMM dimensions (> 0).
         rows, cols: PE array shape (> 0).
-        dataflow: ``"ws"`` or ``"os"`` (see module docstring).
+        dataflow: ``"ws"``, ``"os"`` or ``"cube"`` (see module docstring).
         k_per_pe: MACs per PE per cycle along K for the operand dtype (> 0).
         weight_injection_cycles: T_inj, cycles to shift one weight tile into the
             array (arch file; normally ``rows``).  Ignored for ``os``.
@@ -301,10 +319,13 @@ def gemm_cost(
     cycles = _cycles_core(m, k, n, rows, cols, df, k_per_pe, t_inj_param, batch, double_buffer)
     folds, s = _fold_shape(m, k, n, rows, cols, df, k_per_pe)
     n_tile = batch * folds
-    fill_drain = rows + cols - 2
+    fill_drain = 0 if df == _CUBE else rows + cols - 2
     t_inj = t_inj_param if df == _WS else 0
     exchange = t_inj if df == _WS else rows
-    if double_buffer:
+    if df == _CUBE:
+        t_tile = s
+        formula = f"T = N_tile*S = {n_tile}*{s} = {cycles} (cube: one fractal a cycle)"
+    elif double_buffer:
         t_tile = max(s, exchange)
         formula = (f"T = T_inj + (N_tile-1)*max(S, X) + S + F = {t_inj} + ({n_tile}-1)*"
                    f"max({s}, {exchange}) + {s} + {fill_drain} = {cycles}")
@@ -318,7 +339,7 @@ def gemm_cost(
     writes = psum_el * int(psum_bytes_per_elem) + c_el * int(out_bytes_per_elem)
     return GemmCost(
         m=m, k=k, n=n, batch=batch, rows=rows, cols=cols, k_per_pe=k_per_pe,
-        dataflow="ws" if df == _WS else "os", double_buffer=double_buffer,
+        dataflow=next(name for name, code in DATAFLOWS.items() if code == df), double_buffer=double_buffer,
         cycles=cycles, macs=macs, utilization=macs / (cycles * rows * cols * k_per_pe),
         folds=n_tile, t_tile=t_tile, n_tile=n_tile, t_inj=t_inj, t_stream=s,
         fill_drain=fill_drain, sram_read_bytes=reads, sram_write_bytes=writes,
@@ -332,14 +353,14 @@ def gemm_cycles_nb(m, k, n, rows, cols, dataflow_code, k_per_pe, weight_injectio
                    batch=1, double_buffer=False):
     """numba version of ``gemm_cost(...).cycles`` (int64).
 
-    ``dataflow_code``: 0 = ws, 1 = os.  Raises ValueError on bad arguments.
+    ``dataflow_code``: 0 = ws, 1 = os, 2 = cube.  Raises ValueError on bad arguments.
     """
     if m <= 0 or k <= 0 or n <= 0 or rows <= 0 or cols <= 0 or k_per_pe <= 0 or batch <= 0:
         raise ValueError("gemm_cycles_nb: m, k, n, rows, cols, k_per_pe, batch must be > 0")
     if weight_injection_cycles < 0:
         raise ValueError("gemm_cycles_nb: weight_injection_cycles must be >= 0")
-    if dataflow_code != 0 and dataflow_code != 1:
-        raise ValueError("gemm_cycles_nb: dataflow_code must be 0 (ws) or 1 (os)")
+    if dataflow_code not in (0, 1, 2):
+        raise ValueError("gemm_cycles_nb: dataflow_code must be 0 (ws), 1 (os) or 2 (cube)")
     return np.int64(_cycles_core_jit(np.int64(m), np.int64(k), np.int64(n), np.int64(rows),
                                      np.int64(cols), np.int64(dataflow_code),
                                      np.int64(k_per_pe), np.int64(weight_injection_cycles),

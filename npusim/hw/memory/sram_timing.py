@@ -67,7 +67,7 @@ import numba
 import numpy as np
 
 from npusim.arch.schema import DTYPE_BYTES, Sram
-from npusim.hw.compute.systolic import dataflow_code, gemm_cost
+from npusim.hw.compute.systolic import DATAFLOWS, dataflow_code, gemm_cost
 from npusim.hw.compute.vector import DEFAULT_STARTUP_CYCLES, _pass_cycles, _passes, _throughputs
 from npusim.hw.memory.sram import sram_access_cost
 
@@ -236,6 +236,9 @@ def gemm_sram_array(m, k, n, batch, rows: int, cols: int, dataflow: int, k_per_p
                     psum_bits: int = PSUM_BITS) -> tuple[np.ndarray, np.ndarray]:
     """(cycles with SRAM stalls, SRAM bits) of many GEMMs (int64 arrays; shapes already checked
     by :func:`npusim.hw.compute.systolic.gemm_cycles_array`)."""
+    if int(dataflow) == DATAFLOWS["cube"]:
+        raise ValueError("a cube (dataflow 'cube') reads its operands from L0A / L0B, not from an SRAM it "
+                         "streams: set the core's sram.feeds_compute to false")
     arrs = [np.ascontiguousarray(x, dtype=np.int64).ravel() for x in np.broadcast_arrays(m, k, n, batch)]
     return _gemm_sram_array(arrs[0], arrs[1], arrs[2], arrs[3], np.int64(rows), np.int64(cols),
                             np.int64(dataflow), np.int64(k_per_pe), np.int64(t_inj), bool(double_buffer),
@@ -267,6 +270,9 @@ def gemm_sram_timing(m: int, k: int, n: int, rows: int, cols: int, dataflow: str
     ob = out_bits(dtype) if out_dtype is None else elem_bits(out_dtype)
     base = gemm_cost(m, k, n, rows, cols, df, k_per_pe, t_inj, batch=batch,
                      double_buffer=double_buffer).cycles
+    if df == DATAFLOWS["cube"]:  # a cube reads L0A / L0B, never an SRAM it streams itself: no stalls
+        return GemmSramTiming(cycles=base, stall_free_cycles=base, stall_cycles=0, sram_bytes=0.0,
+                              supply_bytes_per_cycle=0.0, port_utilization=0.0)
     if sram is None or not sram.feeds_compute:
         sup = UNLIMITED
     else:
