@@ -206,10 +206,17 @@ def test_a_catlass_mix_kernel_pays_the_start_of_every_core_it_launches():
     assert few.kernel_fixed_us == pytest.approx(setup + mix_start_us(arch, 20, 20), abs=1e-3)
 
 
-def test_catlass_splitk_never_gets_faster_as_k_grows():
-    """The split-K kernel over K (its slices, cores used and MIX start change with K): never faster
-    for a larger K, the 910B4's 20 cube cores (CATLASS example 52's shapes)."""
+@pytest.mark.parametrize("axis, sizes", [
+    ("k", (512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 10240, 16384)),  # 1 -> 20 K slices
+    ("m", (16, 64, 128, 192, 256, 384, 512, 768, 1024, 1280)),  # blocks 1 -> 10: fewer slices each
+    ("n", (64, 128, 256, 384, 512, 1024, 1536, 2048, 3072)),
+])
+def test_catlass_splitk_never_gets_faster_as_a_dimension_grows(axis, sizes):
+    """The split-K kernel across its branch points (K slices per block = cores // blocks, at most the
+    K tiles; the blocks and the cores with tasks change with M, N and K): never faster for a larger
+    M, N or K on the 910B4's 20 cube cores (CATLASS example 52's shapes, from 128 x 4096 x 256)."""
     cc = ChipCost("ascend-910b4", persist=False)
-    times = [cc.gemm(128, k, 256, "int8", kernel="catlass_splitk").time_us for k in (512, 1024, 1536, 2048, 3072, 4096,
-                                                                                   6144, 8192, 10240, 16384)]
+    shape = {"m": 128, "k": 4096, "n": 256}
+    times = [cc.gemm(*(size if d == axis else shape[d] for d in "mkn"), "int8", kernel="catlass_splitk").time_us
+             for size in sizes]
     assert all(b >= a * (1 - 1e-9) for a, b in zip(times, times[1:])), times
