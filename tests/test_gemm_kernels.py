@@ -187,3 +187,36 @@ def test_a_mix_kernel_pays_its_extra_start():
     assert mix.cores_used == pure.cores_used
     assert mix.kernel_fixed_us - pure.kernel_fixed_us == pytest.approx(mix_start_us(arch, mix.cores_used, 24), abs=1e-3)
     assert mix.time_us - pure.time_us >= mix_start_us(arch, mix.cores_used, 24) - 1e-3
+
+
+def test_a_catlass_mix_kernel_pays_the_start_of_every_core_it_launches():
+    """CATLASS's examples launch every cube core (``matmulOp(stream, aicCoreNum, ...)``), so a split-K
+    GEMM of a few tasks pays headCost for the whole share and all their AIVs share the reduce
+    (SplitkReduceAdd); aclnn launches only the cores its tiling uses (its blockDim)."""
+    from npusim.mapping.gemm_kernel import mix_start_us
+    from npusim.mapping.gemm_kernels import launched_cores
+
+    assert launched_cores("catlass_splitk", 2, 20) == 20 and launched_cores("catlass_single_splitk", 5, 24) == 24
+    assert launched_cores("aclnn", 6, 24) == 6 and launched_cores("aclnn", 30, 24) == 24
+    arch = load_arch("ascend-910b4")
+    cc = ChipCost(arch, persist=False)
+    few = cc.gemm(128, 1024, 256, "int8", kernel="catlass_splitk")  # 1 block x 2 K slices: 2 of 20 AICs work
+    assert few.plan[8] == 2 and few.cores_used == 20  # ... and every launched core's AIVs reduce
+    setup = arch.kernel.start_us + arch.kernel.cube_setup_us
+    assert few.kernel_fixed_us == pytest.approx(setup + mix_start_us(arch, 20, 20), abs=1e-3)
+
+
+@pytest.mark.parametrize("axis, sizes", [
+    ("k", (512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 10240, 16384)),  # 1 -> 20 K slices
+    ("m", (16, 64, 128, 192, 256, 384, 512, 768, 1024, 1280)),  # blocks 1 -> 10: fewer slices each
+    ("n", (64, 128, 256, 384, 512, 1024, 1536, 2048, 3072)),
+])
+def test_catlass_splitk_never_gets_faster_as_a_dimension_grows(axis, sizes):
+    """The split-K kernel across its branch points (K slices per block = cores // blocks, at most the
+    K tiles; the blocks and the cores with tasks change with M, N and K): never faster for a larger
+    M, N or K on the 910B4's 20 cube cores (CATLASS example 52's shapes, from 128 x 4096 x 256)."""
+    cc = ChipCost("ascend-910b4", persist=False)
+    shape = {"m": 128, "k": 4096, "n": 256}
+    times = [cc.gemm(*(size if d == axis else shape[d] for d in "mkn"), "int8", kernel="catlass_splitk").time_us
+             for size in sizes]
+    assert all(b >= a * (1 - 1e-9) for a, b in zip(times, times[1:])), times

@@ -360,9 +360,14 @@ class Planner:
                              self.kernel is not None and self.kernel.vector_cycles_per_repeat is not None)
 
     def mix_start_us(self, used: int) -> float:
-        """The extra start of this kernel on ``used`` of the share's cube cores: :func:`mix_start_us`
-        if it is a MIX kernel, else 0."""
-        return mix_start_us(self.arch, used, self.share_cores) if self.mix() else 0.0
+        """The extra start of this kernel when ``used`` of the share's cube cores get tasks:
+        :func:`mix_start_us` of the cores it launches (:func:`npusim.mapping.gemm_kernels.launched_cores`:
+        the CATLASS examples launch the whole share, aclnn the cores its tiling uses) if it is a
+        MIX kernel, else 0."""
+        if not self.mix():
+            return 0.0
+        launched = gemm_kernels.launched_cores(self.gemm_kernel, used, self.share_cores)
+        return mix_start_us(self.arch, launched, self.share_cores)
 
     def l2_rate(self, readers: int) -> float:
         """Bytes per cycle one of ``readers`` cores reads from the L2 (streams sharing the chip get
@@ -1052,9 +1057,10 @@ def is_mix_kernel(kernel: str, dtype: str, out_dtype: str, vector_timed: bool = 
 def mix_start_us(arch: Arch, used: int, cores: int) -> float:
     """A MIX kernel's extra start on ``used`` of the ``cores`` cube cores it may launch on
     (microseconds): ``kernel.mix_start_us + kernel.mix_start_core_us x used / cores`` (CATLASS
-    select_kernel_b16.h's ``headCost = 1 + 7 * blockDimAic / coreNum`` on A2/A3, ``coreNum`` the
-    platform's AIC count the tiling sees: the whole die, or the share a core limit leaves it; see
-    the preset). 0 without a ``kernel`` section."""
+    select_kernel_b16.h's ``headCost = 1 + 7 * blockDimAic / coreNum`` on A2/A3, ``blockDimAic`` the
+    cube cores the kernel launches -- not only those with tasks, :meth:`Planner.mix_start_us` --
+    and ``coreNum`` the platform's AIC count the tiling sees: the whole die, or the share a core
+    limit leaves it; see the preset). 0 without a ``kernel`` section."""
     kc = arch.kernel
     if kc is None:
         return 0.0
@@ -1261,11 +1267,13 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
     takes tasks ``c, c + used, ...`` of the kernel's order, each block's K (slice) streamed in
     L1 stages, its C block written back as it finishes (the write does not hold the cube: the
     next block accumulates while it drains, as the kernel's unit flag lets it). Split K
-    (``catlass_splitk``): each task writes its fp32 partial C; once every core is done, each
-    core's vector side reads its share of the partials from the L2, adds them and writes C.
+    (``catlass_splitk``): each task writes its fp32 partial C; once every core is done, the vector
+    side of every core the kernel launches (the whole share, :func:`~npusim.mapping.gemm_kernels.launched_cores`)
+    reads its share of the partials from the L2, adds them and writes C.
     INT8 on a CATLASS kernel (:data:`QUANT_EPILOGUE_KERNELS`): the cube writes int32 C and the
     vector side dequantises it (:class:`_VectorSide`) -- after each step's write-back, or, with
-    split K, once every core has reduced its share (the kernel's all-core barrier)."""
+    split K, once every core has reduced its share (the kernel's all-core barrier), C's base
+    blocks dealt to the launched cores in turn."""
     if planner.gemm_kernel == "catlass_single_splitk":
         return _emit_single_splitk(prog, planner, plan, m, k, n, share, deps, address, tag)
     ms, ns, ks, order = planner.base_order(m, k, n, batch, len(share))
@@ -1291,18 +1299,24 @@ def _emit_base(prog: Program, planner: Planner, plan: GemmPlan, m, k, n, batch, 
         em.c_in_l2 = planner.l2_capacity is not None and not addressed
     ends = [em.core_program(share[c], units, f"{tag}c{share[c]}") for c, units in enumerate(work)]
     if len(ks) > 1:
+        # every launched core's AIVs reduce an even share of C (SplitkReduceAdd: aivNum = GetBlockNum() x
+        # GetSubBlockNum(), the cores with no cube task too), behind the AICs' finish flag and barrier
+        launched = gemm_kernels.launched_cores(planner.gemm_kernel, plan.used, len(share))
         out = batch * m * n
-        reduced = [vec.reduce(share[c], ends, _split(out, plan.used, c), len(ks), ACC_BYTES if quant else planner.eo,
-                              f"{tag}c{share[c]} split-K reduce") for c in range(plan.used)]
+        reduced = [vec.reduce(share[c], ends, _split(out, launched, c), len(ks), ACC_BYTES if quant else planner.eo,
+                              f"{tag}c{share[c]} split-K reduce") for c in range(launched) if _split(out, launched, c)]
         ends = reduced
         if quant:  # CrossCoreBarrier: every AIV's reduce is done before any dequantises
             barrier = prog.add_barrier(reduced, f"{tag} split-K reduce barrier")
             ends = []
-            for c in range(plan.used):
-                name = f"{tag}c{share[c]} split-K"
-                task, d = vec.dequant(share[c], barrier, _nbytes(_split(out, plan.used, c), ACC_BYTES), name,
-                                      min(n, ns[0]))
-                ends.append(em.write(share[c], d, [task], f"{name} write D"))
+            # the per-token dequant walks C's base blocks, block t on launched core t % launched
+            # (quant_multi_core_splitk_matmul_tla.hpp, operator()<AIV>: loopIdx = coreIdx; loopIdx +=
+            # coreNum over the epilogue scheduler's blocks), the block split over the core's AIVs
+            for t, (b, i, j, _) in enumerate(order[:len(order) // len(ks)]):
+                core = share[t % launched]
+                name = f"{tag}c{core} split-K b{b} m{i} n{j}"
+                task, d = vec.dequant(core, barrier, _nbytes(ms[i] * ns[j], ACC_BYTES), name, ns[j])
+                ends.append(em.write(core, d, [task], f"{name} write D"))
     return Emitted(ends, em.l2_bytes)
 
 

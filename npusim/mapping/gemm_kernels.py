@@ -35,7 +35,10 @@ A chip-cost GEMM on a die with ``kernel.base_blocks`` runs one of these kernels 
   ``t // blocks``, block ``t % blocks`` in swizzle order), slices of whole L1 K tiles
   (``GetKIdxBySplitkSliceIdx``: the first ``tiles % factor`` slices one tile longer); every task
   writes its fp32 partial C, and after all cube cores finish the vector cores add the ``factor``
-  partials and write C (``SplitkReduceAdd``).
+  partials and write C (``SplitkReduceAdd``): the AIVs of every launched core, each an even share
+  (the example launches all the share's cube cores, :func:`launched_cores`); INT8's dequant then
+  walks C's base blocks, block ``t`` on launched core ``t % launched``
+  (``quant_multi_core_splitk_matmul_tla.hpp`` ``operator()<AIV>``).
 
 * ``catlass_single_splitk`` -- CATLASS's single-core split K (``examples/34_single_core_splitk_matmul``;
   ``include/catlass/gemm/kernel/single_core_slicek_matmul.hpp``): blocks of ``L1TileShape<128, 256,
@@ -118,6 +121,22 @@ def k_slices(k: int, k_tile: int, factor: int) -> list[int]:
         sizes.append(min(k, (t0 + count) * k_tile) - t0 * k_tile)
         t0 += count
     return sizes
+
+
+#: the kernels that launch every cube core of the share whatever their tasks (CATLASS examples
+#: 00_basic_matmul/basic_matmul.cpp, 12_quant_matmul/quant_matmul.cpp,
+#: 34_single_core_splitk_matmul/single_core_splitk.cpp and
+#: 52_quant_multi_core_splitk_matmul_tla/quant_multi_core_splitk_matmul_tla.cpp call
+#: ``matmulOp(stream, aicCoreNum, ...)`` with ``aicCoreNum = GetCoreNumAic()``; the cores without a
+#: task start and leave). ``aclnn`` launches the cores its tiling uses (``blockDim``), as does
+#: CATLASS example 44 (``aicCoreUsed = min(aicCoreNum, taskNum)``, quant_matmul_full_loadA_tla.cpp)
+LAUNCH_ALL_CORES = ("catlass_basic", "catlass_splitk", "catlass_single_splitk")
+
+
+def launched_cores(kernel: str, used: int, cores: int) -> int:
+    """The cube cores a GEMM kernel launches (its ``blockDim``) when ``used`` of the share's ``cores``
+    get tasks: the whole share for :data:`LAUNCH_ALL_CORES`, else ``used``."""
+    return cores if kernel in LAUNCH_ALL_CORES else min(used, cores)
 
 
 #: CATLASS example 34's tiling and block swizzle offset for 2-byte inputs (single_core_splitk.cpp:
