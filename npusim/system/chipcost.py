@@ -36,8 +36,11 @@ else the input dtype). It reads every full-size input (:func:`_vector_inputs`: a
 graph inputs -- a residual Add's two --, a SwiGLU's gate and up, whose ``elements`` are its
 outputs; else one: a norm's gamma is not charged). A ``copy`` (a tensor move) has no compute:
 each chunk's write follows its load. With the arch's ``kernel`` section (Ascend: a modelled core
-is one AIC and ``vector_cores_per_core`` = 2 AIVs): every working core first runs ``start_us +
-vector_setup_us``; the rows are split over every AIV of the share as the vendor kernels' tilings
+is one AIC and ``vector_cores_per_core`` = 2 AIVs): every working core first runs ``start_us`` and
+the AIVs' prologue, ``vector_setup_us`` (the prologue when the kernel launches every AIV of the die)
+times the share a kernel launching fewer pays
+(:func:`~npusim.hw.compute.vector_kernel.launched_aivs`, :func:`~npusim.hw.compute.vector_kernel.setup_share`:
+the prologue grows with the AIVs started); the rows are split over every AIV of the share as the vendor kernels' tilings
 split them (``ceil(rows / AIVs)`` whole rows each, :func:`~npusim.hw.compute.vector_kernel.split_rows`),
 a core's chunk is one UB loop of each of its AIVs, with the loop's rows and the input and output
 queues' depths of the op's reference kernel (:func:`~npusim.hw.compute.vector_kernel.ub_tiling`:
@@ -113,7 +116,7 @@ from npusim.config import validate
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.vector import quantizes
-from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy, split_rows, ub_tiling
+from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy, launched_aivs, setup_share, split_rows, ub_tiling
 from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.mapping.gemm_kernel import (MB, Emitter, GemmPlan, Planner, _blocks, _cdiv, _nbytes, _split,
@@ -662,7 +665,15 @@ class ChipCost:
         kc = self.arch.kernel
         by_kernel = kc is not None and kc.vector_cycles_per_repeat is not None  # reference-kernel instructions
         aivs = kc.vector_cores_per_core if kc is not None else 1
-        head = planner.head_cycles(kc.vector_setup_us) if kc is not None else 0
+        header = ""
+        if kc is not None:  # the AIVs' prologue grows with the AIVs the kernel launches (vector_kernel)
+            launched = launched_aivs(op.op_class, op.fn, rows, len(share) * aivs)
+            setup_us = kc.vector_setup_us * setup_share(launched, self.arch.num_cores * aivs, kc.mix_start_us,
+                                                        kc.mix_start_core_us)
+            head = planner.head_cycles(setup_us)
+            header = f", {launched} AIVs launched"
+        else:
+            head = 0
         copy = is_copy(op.op_class)
         tiled = kc is not None and kc.ub_kb is not None  # the vendor kernels' tiling over AIVs (vector_kernel)
         if tiled:
@@ -723,6 +734,7 @@ class ChipCost:
         min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)  # e_in: every input's bytes
         how = (", copy: MTE2 and MTE3 only" if copy else
                f", {aivs} vector cores per core, reference-kernel instructions" if by_kernel else "")
+        how += header
         how += f", {resident} input(s) from the L2" if resident else ""
         how += ", writes kept by the L2" if absorbed else ""
         return self._result("vector", op.name, op.dtype, share, frac, sim, prog, 0, min_bytes,
