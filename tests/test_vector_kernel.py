@@ -257,3 +257,32 @@ def test_a_vector_op_never_gets_faster_across_the_launched_aivs_threshold(op_cla
         times = [cc.vector(_op(op_class, rows, row_len, fn)).time_us
                  for rows in (1, 2, 8, 16, 24, 32, 40, 47, 48, 49, 50, 64, 95, 96, 97)]
         assert all(b >= a * (1 - HBM_SLACK) for a, b in zip(times, times[1:])), (row_len, times)
+
+
+# -- session 46: a softmax row the UB cannot hold ------------------------------------------------------
+
+def test_a_softmax_row_beyond_the_ub_is_cut_into_even_chunks():
+    """The generic tiling's half UB at 2 + 2 bytes an element holds 24576 elements of 192 KiB: beyond,
+    as few chunks as hold the row, of even size in whole 64-element repeats; not for other classes."""
+    from npusim.hw.compute.vector_kernel import softmax_chunks
+
+    ub = 192 * 1024
+    assert softmax_chunks("softmax", 24576, 2, 2, ub) is None
+    assert softmax_chunks("softmax", 24640, 2, 2, ub) == (12352, 2)
+    assert softmax_chunks("softmax", 151936, 2, 2, ub) == (21760, 7)
+    assert softmax_chunks("rmsnorm", 151936, 2, 2, ub) is None
+    chunk, n = softmax_chunks("softmax", 100_001, 2, 2, ub)
+    assert chunk * n >= 100_001 and chunk % 64 == 0 and chunk <= 24576
+
+
+def test_a_split_softmax_reads_its_row_twice_and_never_gets_faster_as_the_row_grows():
+    """Two passes (SoftmaxFlashV2's running max and sum, then the outputs): the input crosses from
+    global memory twice; across the UB threshold (24576 elements) the time only grows."""
+    cc = ChipCost("ascend-910c-die", persist=False)
+    lens = [8192, 24512, 24576, 24640, 32768, 49152, 49216, 100_000, 151936]
+    res = [cc.vector(_op("softmax", 16, n)) for n in lens]
+    times = [r.time_us for r in res]
+    assert all(b >= a for a, b in zip(times, times[1:])), times
+    big = res[-1]
+    assert "read twice" in big.mapping and "read twice" not in res[2].mapping
+    assert big.hbm_read_bytes + big.l2_read_bytes >= 2 * 16 * 151936 * 2

@@ -116,7 +116,8 @@ from npusim.config import validate
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.vector import quantizes
-from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy, launched_aivs, setup_share, split_rows, ub_tiling
+from npusim.hw.compute.vector_kernel import (aiv_tile_cycles, is_copy, launched_aivs, setup_share, softmax_chunks,
+                                              split_rows, ub_tiling)
 from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.mapping.gemm_kernel import (MB, Emitter, GemmPlan, Planner, _blocks, _cdiv, _nbytes, _split,
@@ -681,8 +682,11 @@ class ChipCost:
             core_aivs = [per_aiv[a:a + aivs] for a in range(0, len(per_aiv), aivs)]  # core i: AIVs i*aivs..
             ub = ub_tiling(op.op_class, row, e_in, e_out, kc.ub_kb * 1024, soc=kc.soc_version, fn=op.fn)
             nin, nout = ub.in_buffers, ub.out_buffers
+            # a softmax row the UB cannot hold: two passes over its chunks, the row read twice (vector_kernel)
+            split = softmax_chunks(op.op_class, row, e_in, e_out, kc.ub_kb * 1024) if by_kernel else None
         else:  # two input buffers; the output's are not modelled
-            nin, nout = 2, 1 << 62
+            nin, nout, split = 2, 1 << 62, None
+        reads = 2 if split else 1  # the input's passes from global memory
         used = len(core_aivs) if tiled else min(len(share), rows)
         if e_l2 or absorbed:  # resident inputs, absorbed writes: each core at its share of the L2's rate
             em.l2_bpc = planner.l2_rate(used)
@@ -705,7 +709,8 @@ class ChipCost:
                 # the input queue's buffers: a load waits for the compute nin loops back (a copy: its write)
                 deps = ((writes[c - nin] if copy else [computes[c - nin]]) if c >= nin else [start])
                 from_l2 = _nbytes(r * row, e_l2)
-                load = em.loads(core, _nbytes(r * row, e_in) - from_l2, from_l2, deps, f"{op.name} c{core} load{c}")
+                load = em.loads(core, reads * (_nbytes(r * row, e_in) - from_l2), reads * from_l2, deps,
+                                f"{op.name} c{core} load{c}")
                 # the output's buffers: a loop's compute waits for the write nout loops back
                 out_free = writes[c - nout] if c >= nout else []
                 if copy:  # MTE2 then MTE3: no vector instruction
@@ -716,7 +721,9 @@ class ChipCost:
                                            fn=op.fn if op.op_class == "activation" else None, row_len=op.row_len)
                     done = [last]
                 else:  # the busiest of the core's AIVs sets the loop's compute
-                    cycles = aiv_tile_cycles(op.op_class, op.fn, busiest[c], row,
+                    cls, n_rows, n_len = (("softmax_split", busiest[c] * split[1], split[0]) if split
+                                          else (op.op_class, busiest[c], row))
+                    cycles = aiv_tile_cycles(cls, op.fn, n_rows, n_len,
                                              cycles_per_repeat=kc.vector_cycles_per_repeat,
                                              instruction_cycles=kc.vector_instruction_cycles, dtype=op.dtype,
                                              soc=kc.soc_version)
@@ -735,6 +742,7 @@ class ChipCost:
         how = (", copy: MTE2 and MTE3 only" if copy else
                f", {aivs} vector cores per core, reference-kernel instructions" if by_kernel else "")
         how += header
+        how += f", each row in {split[1]} UB chunks of {split[0]}, read twice (two passes)" if split else ""
         how += f", {resident} input(s) from the L2" if resident else ""
         how += ", writes kept by the L2" if absorbed else ""
         return self._result("vector", op.name, op.dtype, share, frac, sim, prog, 0, min_bytes,

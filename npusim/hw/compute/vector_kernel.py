@@ -90,6 +90,14 @@ caller gives them; SwiGLU: the outputs), read from the reference kernels:
 * ``softmax``, ``layernorm``, ``rope``, ``exp``, ``divide``, ``reduction``: the same instructions
   a kernel of the op's formula issues in the style above (max / sum reductions per row, Exp, a
   reciprocal, scales); no reference kernel read for them: an assumption, stated in :data:`RECIPES`.
+* ``softmax`` over a row the UB cannot hold (:func:`softmax_chunks`: more elements than the generic
+  tiling's half UB holds at the op's bytes in and out) -- the last axis cut into UB chunks: a first
+  pass takes each chunk's max and sum and updates the running ones (Ascend C ``SoftmaxFlashV2`` with
+  ``update``, "last轴切轴的情况，每次计算的reduce结果并非是全轴的，需要根据上一次Softmax计算的sum和max
+  来更新", the API doc; FlashAttention-2's rescale), a second reads each chunk again and writes
+  ``exp(x - max) / sum`` (:data:`RECIPES` ``softmax_split``, every instruction per chunk; the row is
+  read twice). The two-pass scheme is the least a kernel can do when the row does not fit; the
+  aclnn SoftmaxV2 kernel itself was not read.
 * ``transpose`` -- one reorder pass in UB at bf16 width (TransDataTo5HD / Gather); an assumption.
 * fused quantisation classes (``rmsnorm_quant``, ``swiglu_quant``, ...): the two lists in a row.
 """
@@ -101,7 +109,7 @@ from dataclasses import dataclass
 
 __all__ = ["FULL_DIE_LAUNCH", "Instr", "RECIPES", "REPEAT_BYTES", "SOC_VERSIONS", "UB_TILING", "UbTiling",
            "aiv_tile_cycles", "instructions", "is_copy", "launched_aivs", "rmsnorm_mode", "rmsnorm_normal_instructions",
-           "setup_share", "split_rows", "ub_tiling"]
+           "setup_share", "softmax_chunks", "split_rows", "ub_tiling"]
 
 #: bytes one vector instruction repeat covers (Ascend C: 8 data blocks x 32 bytes)
 REPEAT_BYTES = 256
@@ -154,6 +162,14 @@ RECIPES: dict[str, list[Instr]] = {
     + _t("Mul gamma", "Add beta", "Cast out"),
     "softmax": _t("Cast x") + _ROW_MAX + [Instr("Sub max", "row")] + _t("Exp") + _ROW_SUM
     + [Instr("Div (reciprocal)", "tiny"), Instr("Mul 1/sum", "row")] + _t("Cast out"),
+    # softmax over a row cut into UB chunks (module docstring), per chunk: pass 1 (SoftmaxFlashV2 with
+    # update: the chunk's max and sum, the running max and sum rescaled), pass 2 (x read again)
+    "softmax_split": [Instr("Cast x", "row")] + [Instr("Max (row accumulate)", "row"), Instr("WholeReduceMax", "xlane")]
+    + [Instr(n, "rowtiny") for n in ("Max (running)", "Sub (running - new max)", "Exp (rescale)")]
+    + [Instr("Sub max", "row"), Instr("Exp", "row")] + _ROW_SUM
+    + [Instr(n, "rowtiny") for n in ("Mul (rescaled running sum)", "Add (running sum)")]
+    + [Instr("Cast x (pass 2)", "row"), Instr("Sub max (pass 2)", "row"), Instr("Exp (pass 2)", "row"),
+       Instr("Div (reciprocal)", "rowtiny"), Instr("Mul 1/sum", "row"), Instr("Cast out", "row")],
     "rope": _t("Cast x", "Cast cos", "Cast sin", "Mul cos", "Muls -1 (rotate half)", "Mul sin", "Add", "Cast out"),
     # ops-nn DynamicQuantDbOpt::ProcessSymmetric (bf16, no smooth scales): every instruction per row
     "quantize": [Instr("Cast", "row"), Instr("Abs", "row")] + _ROW_MAX
@@ -324,6 +340,23 @@ def ub_tiling(op_class: str, row_len: int, in_bytes: float, out_bytes: float, ub
     else:
         rows = int(ub_bytes / 2 // max(1.0, row_len * (in_bytes + out_bytes)))
     return UbTiling(max(1, rows), nin, nout)
+
+
+def softmax_chunks(op_class: str, row_len: int, in_bytes: float, out_bytes: float, ub_bytes: float) -> tuple[int, int] | None:
+    """``(chunk elements, chunks per row)`` when a ``softmax`` row of ``row_len`` elements does not fit
+    one AIV's UB at the generic tiling's rule (:func:`ub_tiling`: half the UB, ``in_bytes + out_bytes``
+    per element): as few chunks as hold it, of even size in whole fp32 repeats (64 elements); None when
+    the row fits or the op is not a softmax (module docstring: the two-pass ``softmax_split``)."""
+    if op_class != "softmax":
+        return None
+    per_elem = max(1.0, in_bytes + out_bytes)
+    fits = int(ub_bytes / 2 // per_elem)
+    if row_len <= fits:
+        return None
+    cap = max(_FP32_PER_REPEAT, fits // _FP32_PER_REPEAT * _FP32_PER_REPEAT)
+    chunks = -(-row_len // cap)
+    even = -(-row_len // chunks)
+    return -(-even // _FP32_PER_REPEAT) * _FP32_PER_REPEAT, chunks
 
 
 def split_rows(rows: int, aivs: int) -> list[int]:
