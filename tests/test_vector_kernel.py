@@ -11,6 +11,8 @@ import math
 
 import pytest
 
+from npusim.hw.compute.vector_kernel import setup_share
+
 from npusim.arch import load_arch
 from npusim.model.ir import Op
 from npusim.system.chipcost import ChipCost
@@ -60,7 +62,9 @@ def test_a_vector_op_never_beats_its_gm_ub_bytes_at_the_cores_load_bandwidth(cos
     out_bytes = 1 if op_class == "quantize" else 2
     nbytes = core_rows * row_len * (2 * inputs + out_bytes)
     port = arch.cores.dma.engines * arch.cores.dma.bytes_per_cycle  # bytes per core cycle
-    floor_us = kc.start_us + kc.vector_setup_us + nbytes / port / (arch.clock_ghz * 1e3)
+    aivs = arch.num_cores * kc.vector_cores_per_core  # the AIVs' prologue at the AIVs launched (one a row)
+    setup_us = kc.vector_setup_us * setup_share(min(rows, aivs), aivs, kc.mix_start_us, kc.mix_start_core_us)
+    floor_us = kc.start_us + setup_us + nbytes / port / (arch.clock_ghz * 1e3)
     assert res.time_us >= floor_us * (1 - 1e-9)
     total = rows * row_len * (2 * inputs + out_bytes)
     assert res.time_us >= total / (res.hbm_peak_bandwidth_gbps * 1e3) * (1 - 1e-9)
@@ -198,3 +202,87 @@ def test_an_a3_rmsnorm_is_slower_than_the_same_rows_merged():
     a3 = ChipCost("ascend-910c-die", persist=False).vector(op).time_us
     as_910b = ChipCost(_variant(load_arch("ascend-910c-die"), {"soc_version": "ascend910b"}), persist=False)
     assert a3 > as_910b.vector(op).time_us
+
+
+# -- session 46: the AIVs a kernel launches and their prologue ----------------------------------------
+
+def test_the_vendor_tilings_launch_one_aiv_a_row_and_ascend_quant_v2_every_aiv():
+    """ops-nn DynamicQuant / RmsNorm: one AIV per row up to the die's; AscendQuantV2's tiling sets the
+    block dim to the platform's AIV count (ascend_quant_v2_tiling.cpp WriteTilingData)."""
+    from npusim.hw.compute.vector_kernel import launched_aivs
+
+    assert [launched_aivs("quantize", None, r, 48) for r in (1, 9, 48, 49, 4096)] == [1, 9, 48, 48, 48]
+    assert [launched_aivs("quantize", "ascend_quant_v2", r, 48) for r in (1, 9, 4096)] == [48, 48, 48]
+    with pytest.raises(ValueError):
+        launched_aivs("rmsnorm", None, 0, 48)
+
+
+def test_the_prologue_share_follows_catlass_headcost_shape():
+    """(1 + 7 n / N) / 8 of the full-die prologue; 1 at N; never above 1; no shape cited: 1."""
+    assert setup_share(48, 48, 1.0, 7.0) == pytest.approx(1.0)
+    assert setup_share(1, 48, 1.0, 7.0) == pytest.approx((1 + 7 / 48) / 8)
+    assert setup_share(96, 48, 1.0, 7.0) == pytest.approx(1.0)
+    assert setup_share(1, 48, 0.0, 0.0) == 1.0
+    shares = [setup_share(n, 48, 1.0, 7.0) for n in range(1, 49)]
+    assert all(b > a for a, b in zip(shares, shares[1:]))
+    with pytest.raises(ValueError):
+        setup_share(0, 48, 1.0, 7.0)
+
+
+def test_a_one_row_kernel_pays_a_smaller_prologue_than_ascend_quant_v2_on_the_same_row():
+    """The same instructions and bytes (both the ``quantize`` list): the kernel that launches one AIV
+    is faster than AscendQuantV2, which launches all 48 of an A3 die, by the prologue's difference."""
+    arch = load_arch("ascend-910c-die")
+    kc = arch.kernel
+    cc = ChipCost(arch, persist=False)
+    one = cc.vector(_op("quantize", 1, 7168))
+    full = cc.vector(_op("quantize", 1, 7168, "ascend_quant_v2"))
+    aivs = arch.num_cores * kc.vector_cores_per_core
+    gap = kc.vector_setup_us * (1 - setup_share(1, aivs, kc.mix_start_us, kc.mix_start_core_us))
+    assert "1 AIVs launched" in one.mapping and f"{aivs} AIVs launched" in full.mapping
+    assert full.time_us - one.time_us == pytest.approx(gap, abs=2e-3)
+
+
+@pytest.mark.parametrize("op_class,fn", [("quantize", None), ("quantize", "ascend_quant_v2"), ("rmsnorm", None),
+                                         ("elementwise", None), ("activation", "swiglu")])
+@pytest.mark.parametrize("die", ["ascend-910b", "ascend-910c-die"])
+def test_a_vector_op_never_gets_faster_across_the_launched_aivs_threshold(op_class, fn, die):
+    """Rows 1..96 of 1536 and 7168 across the die's 48 AIVs: the prologue grows with the AIVs launched
+    up to 48 rows and stays there beyond (RmsNorm's tiling launches 25 AIVs at 49 rows; the prologue
+    is charged at 48 there, so one more row never makes the kernel faster). Not a copy: a TensorMove of
+    48 -> 49 rows of 1536 on the A3 die falls 2.0% (5.842 -> 5.724 us) with or without this prologue
+    (24 cores streaming at once against 13; the HBM model's, see HBM_SLACK)."""
+    cc = ChipCost(die, persist=False)
+    for row_len in (1536, 7168):
+        times = [cc.vector(_op(op_class, rows, row_len, fn)).time_us
+                 for rows in (1, 2, 8, 16, 24, 32, 40, 47, 48, 49, 50, 64, 95, 96, 97)]
+        assert all(b >= a * (1 - HBM_SLACK) for a, b in zip(times, times[1:])), (row_len, times)
+
+
+# -- session 46: a softmax row the UB cannot hold ------------------------------------------------------
+
+def test_a_softmax_row_beyond_the_ub_is_cut_into_even_chunks():
+    """The generic tiling's half UB at 2 + 2 bytes an element holds 24576 elements of 192 KiB: beyond,
+    as few chunks as hold the row, of even size in whole 64-element repeats; not for other classes."""
+    from npusim.hw.compute.vector_kernel import softmax_chunks
+
+    ub = 192 * 1024
+    assert softmax_chunks("softmax", 24576, 2, 2, ub) is None
+    assert softmax_chunks("softmax", 24640, 2, 2, ub) == (12352, 2)
+    assert softmax_chunks("softmax", 151936, 2, 2, ub) == (21760, 7)
+    assert softmax_chunks("rmsnorm", 151936, 2, 2, ub) is None
+    chunk, n = softmax_chunks("softmax", 100_001, 2, 2, ub)
+    assert chunk * n >= 100_001 and chunk % 64 == 0 and chunk <= 24576
+
+
+def test_a_split_softmax_reads_its_row_twice_and_never_gets_faster_as_the_row_grows():
+    """Two passes (SoftmaxFlashV2's running max and sum, then the outputs): the input crosses from
+    global memory twice; across the UB threshold (24576 elements) the time only grows."""
+    cc = ChipCost("ascend-910c-die", persist=False)
+    lens = [8192, 24512, 24576, 24640, 32768, 49152, 49216, 100_000, 151936]
+    res = [cc.vector(_op("softmax", 16, n)) for n in lens]
+    times = [r.time_us for r in res]
+    assert all(b >= a for a, b in zip(times, times[1:])), times
+    big = res[-1]
+    assert "read twice" in big.mapping and "read twice" not in res[2].mapping
+    assert big.hbm_read_bytes + big.l2_read_bytes >= 2 * 16 * 151936 * 2

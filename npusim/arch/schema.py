@@ -446,6 +446,10 @@ class KernelCosts(StrictModel):
     * ``cube_setup_us`` / ``vector_setup_us``: each working core's fixed prologue of a cube (AIC) or
       vector (AIV) kernel (tiling data, first load latency, the pipeline filling and draining, the
       final synchronisation), paid by every core side by side, so once per operator on the critical path;
+      ``vector_setup_us`` is the prologue when the kernel launches every AIV of the die: a vector kernel
+      launching fewer pays a share of it that grows with the AIVs launched
+      (:func:`npusim.hw.compute.vector_kernel.setup_share`, with ``mix_start_us`` / ``mix_start_core_us``
+      as its shape);
     * ``l1_to_l0a_bytes_per_cycle`` / ``l1_to_l0b_bytes_per_cycle`` and ``mte1_start_cycles``: the
       cube's operand feed from L1 into L0A / L0B, per L0 step of ``l0_k_bytes`` of K per row; the
       cube's time per step is at least the larger of the two loads (L0 double-buffered: the loads

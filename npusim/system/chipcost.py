@@ -36,8 +36,11 @@ else the input dtype). It reads every full-size input (:func:`_vector_inputs`: a
 graph inputs -- a residual Add's two --, a SwiGLU's gate and up, whose ``elements`` are its
 outputs; else one: a norm's gamma is not charged). A ``copy`` (a tensor move) has no compute:
 each chunk's write follows its load. With the arch's ``kernel`` section (Ascend: a modelled core
-is one AIC and ``vector_cores_per_core`` = 2 AIVs): every working core first runs ``start_us +
-vector_setup_us``; the rows are split over every AIV of the share as the vendor kernels' tilings
+is one AIC and ``vector_cores_per_core`` = 2 AIVs): every working core first runs ``start_us`` and
+the AIVs' prologue, ``vector_setup_us`` (the prologue when the kernel launches every AIV of the die)
+times the share a kernel launching fewer pays
+(:func:`~npusim.hw.compute.vector_kernel.launched_aivs`, :func:`~npusim.hw.compute.vector_kernel.setup_share`:
+the prologue grows with the AIVs started); the rows are split over every AIV of the share as the vendor kernels' tilings
 split them (``ceil(rows / AIVs)`` whole rows each, :func:`~npusim.hw.compute.vector_kernel.split_rows`),
 a core's chunk is one UB loop of each of its AIVs, with the loop's rows and the input and output
 queues' depths of the op's reference kernel (:func:`~npusim.hw.compute.vector_kernel.ub_tiling`:
@@ -113,7 +116,8 @@ from npusim.config import validate
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.vector import quantizes
-from npusim.hw.compute.vector_kernel import aiv_tile_cycles, is_copy, split_rows, ub_tiling
+from npusim.hw.compute.vector_kernel import (aiv_tile_cycles, is_copy, launched_aivs, setup_share, softmax_chunks,
+                                              split_rows, ub_tiling)
 from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.mapping.gemm_kernel import (MB, Emitter, GemmPlan, Planner, _blocks, _cdiv, _nbytes, _split,
@@ -662,7 +666,15 @@ class ChipCost:
         kc = self.arch.kernel
         by_kernel = kc is not None and kc.vector_cycles_per_repeat is not None  # reference-kernel instructions
         aivs = kc.vector_cores_per_core if kc is not None else 1
-        head = planner.head_cycles(kc.vector_setup_us) if kc is not None else 0
+        header = ""
+        if kc is not None:  # the AIVs' prologue grows with the AIVs the kernel launches (vector_kernel)
+            launched = launched_aivs(op.op_class, op.fn, rows, len(share) * aivs)
+            setup_us = kc.vector_setup_us * setup_share(launched, self.arch.num_cores * aivs, kc.mix_start_us,
+                                                        kc.mix_start_core_us)
+            head = planner.head_cycles(setup_us)
+            header = f", {launched} AIVs launched"
+        else:
+            head = 0
         copy = is_copy(op.op_class)
         tiled = kc is not None and kc.ub_kb is not None  # the vendor kernels' tiling over AIVs (vector_kernel)
         if tiled:
@@ -670,8 +682,11 @@ class ChipCost:
             core_aivs = [per_aiv[a:a + aivs] for a in range(0, len(per_aiv), aivs)]  # core i: AIVs i*aivs..
             ub = ub_tiling(op.op_class, row, e_in, e_out, kc.ub_kb * 1024, soc=kc.soc_version, fn=op.fn)
             nin, nout = ub.in_buffers, ub.out_buffers
+            # a softmax row the UB cannot hold: two passes over its chunks, the row read twice (vector_kernel)
+            split = softmax_chunks(op.op_class, row, e_in, e_out, kc.ub_kb * 1024) if by_kernel else None
         else:  # two input buffers; the output's are not modelled
-            nin, nout = 2, 1 << 62
+            nin, nout, split = 2, 1 << 62, None
+        reads = 2 if split else 1  # the input's passes from global memory
         used = len(core_aivs) if tiled else min(len(share), rows)
         if e_l2 or absorbed:  # resident inputs, absorbed writes: each core at its share of the L2's rate
             em.l2_bpc = planner.l2_rate(used)
@@ -694,7 +709,8 @@ class ChipCost:
                 # the input queue's buffers: a load waits for the compute nin loops back (a copy: its write)
                 deps = ((writes[c - nin] if copy else [computes[c - nin]]) if c >= nin else [start])
                 from_l2 = _nbytes(r * row, e_l2)
-                load = em.loads(core, _nbytes(r * row, e_in) - from_l2, from_l2, deps, f"{op.name} c{core} load{c}")
+                load = em.loads(core, reads * (_nbytes(r * row, e_in) - from_l2), reads * from_l2, deps,
+                                f"{op.name} c{core} load{c}")
                 # the output's buffers: a loop's compute waits for the write nout loops back
                 out_free = writes[c - nout] if c >= nout else []
                 if copy:  # MTE2 then MTE3: no vector instruction
@@ -705,7 +721,9 @@ class ChipCost:
                                            fn=op.fn if op.op_class == "activation" else None, row_len=op.row_len)
                     done = [last]
                 else:  # the busiest of the core's AIVs sets the loop's compute
-                    cycles = aiv_tile_cycles(op.op_class, op.fn, busiest[c], row,
+                    cls, n_rows, n_len = (("softmax_split", busiest[c] * split[1], split[0]) if split
+                                          else (op.op_class, busiest[c], row))
+                    cycles = aiv_tile_cycles(cls, op.fn, n_rows, n_len,
                                              cycles_per_repeat=kc.vector_cycles_per_repeat,
                                              instruction_cycles=kc.vector_instruction_cycles, dtype=op.dtype,
                                              soc=kc.soc_version)
@@ -723,6 +741,8 @@ class ChipCost:
         min_bytes = _nbytes(op.elements, e_in) + _nbytes(op.elements, e_out)  # e_in: every input's bytes
         how = (", copy: MTE2 and MTE3 only" if copy else
                f", {aivs} vector cores per core, reference-kernel instructions" if by_kernel else "")
+        how += header
+        how += f", each row in {split[1]} UB chunks of {split[0]}, read twice (two passes)" if split else ""
         how += f", {resident} input(s) from the L2" if resident else ""
         how += ", writes kept by the L2" if absorbed else ""
         return self._result("vector", op.name, op.dtype, share, frac, sim, prog, 0, min_bytes,

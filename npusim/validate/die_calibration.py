@@ -21,8 +21,12 @@ only, the same way ``npusim calibrate --check`` recomputes it (:func:`die_consta
   repeat (:func:`vector_pipe_constants`; the model is :mod:`npusim.hw.compute.vector_kernel`);
 * ``kernel.vector_setup_us``: the micro-benchmark report's AscendQuantV2 row (9 x 2048: almost no
   work, so mostly setup): its core time - its simulated time with no start and no setup, every op
-  timed from its reference kernel's instructions at the two constants above. The report's
-  DynamicQuant (1030 x 2304) and RmsNorm (515 x 1536) rows are left as checks;
+  timed from its reference kernel's instructions at the two constants above, over the share of the
+  full-die prologue its launch pays (:func:`npusim.hw.compute.vector_kernel.setup_share`: 1, since
+  AscendQuantV2's tiling launches every AIV of the die, ``vector_kernel.FULL_DIE_LAUNCH``): so
+  ``vector_setup_us`` is the prologue of a kernel that launches every AIV (session 46; until then it
+  was charged to every vector kernel, one row or many). The report's DynamicQuant (1030 x 2304) and
+  RmsNorm (515 x 1536) rows, 47-48 AIVs launched, are left as checks;
 * ``l2.core_bytes_per_cycle`` -- one core's read rate from global memory (the L2; HBM reads already
   go at the DMA engines' 64 B/cycle): the two published candidates, 110 (the vendor's platform file
   Ascend910B2C.ini, ``l2_read_rate``) and 64 (CANN's GEMM tiling cycle model,
@@ -180,10 +184,18 @@ def vector_costs(arch: Arch | None = None) -> dict:
     AscendQuantV2 (9 x 2048, almost no work) core time - its simulated time with no start and no
     setup, timed from its reference kernel's instructions at those constants. The report's
     DynamicQuant and RmsNorm rows are not used: they check the model."""
+    from npusim.hw.compute.vector_kernel import launched_aivs, setup_share
+    from npusim.validate.operators import VECTOR_OPS
+
     instr, per_repeat = vector_pipe_constants()
     arch = arch or load_arch(DIE)
     k = {"vector_cycles_per_repeat": per_repeat, "vector_instruction_cycles": instr}
-    setup = _row("AscendQuantV2")["core_us"] - _vector_us(arch, "AscendQuantV2", k)
+    x = _row("AscendQuantV2")
+    op_class, fn = VECTOR_OPS["AscendQuantV2"]
+    aivs = arch.num_cores * arch.kernel.vector_cores_per_core
+    share = setup_share(launched_aivs(op_class, fn, int(x["row"]["shape"]["tensor"][0]), aivs), aivs,
+                        arch.kernel.mix_start_us, arch.kernel.mix_start_core_us)
+    setup = (x["core_us"] - _vector_us(arch, "AscendQuantV2", k)) / share
     return {"vector_setup_us": setup, "vector_cycles_per_repeat": per_repeat, "vector_instruction_cycles": instr}
 
 

@@ -99,7 +99,9 @@ from npusim.validate.rows import Row
 #: kernel name (a prefix of the row's ``op``) -> (vector op class, activation function): the vector
 #: model's classes (npusim.hw.compute.vector.OP_CLASSES)
 VECTOR_OPS = {
-    "AscendQuantV2": ("quantize", None), "DynamicQuant": ("quantize", None),
+    # AscendQuantV2: DynamicQuant's instructions (an assumption), launched on every AIV of the die
+    # (npusim.hw.compute.vector_kernel.FULL_DIE_LAUNCH: ops-nn ascend_quant_v2_tiling.cpp WriteTilingData)
+    "AscendQuantV2": ("quantize", "ascend_quant_v2"), "DynamicQuant": ("quantize", None),
     "AddRmsNormBias": ("rmsnorm", "add"), "RmsNorm": ("rmsnorm", None),
     "InterleaveRope": ("rope", None), "RotaryPositionEmbedding": ("rope", None), "RoPE (": ("rope", None),
     "SwiGlu": ("activation", "swiglu"),

@@ -36,6 +36,27 @@ Machine model (each an assumption or a cited figure, no fitted factor per operat
   buffer each, so a loop's copy in waits the previous loop's compute and its compute the previous
   copy out; DynamicQuant: a double-buffered input and a single output); classes whose tiling was not
   read keep two buffers of input and output (an assumption).
+* **The AIVs a kernel launches, and their prologue** (:func:`launched_aivs`, :func:`setup_share`).
+  A vendor tiling sets the kernel's block dim: ops-nn DynamicQuant's general branch
+  (``dynamic_quant_tiling.cpp``, ``RunFusionKernelTiling``: ``coreNum = min(vectorCoreNum, rows)``,
+  ``SetBlockDim(coreNum)``) and RmsNorm (``rms_norm_tiling.cpp``: ``useCoreNum``) launch one AIV per
+  row up to the die's; ops-nn AscendQuantV2 (``ascend_quant_v2_tiling.cpp``,
+  ``AscendQuantV2::WriteTilingData``: ``SetBlockDim(coreNum_)``, the platform's AIV count, whatever
+  ``actCoreNum_`` its rows need; the idle blocks return) launches every AIV of the die, one row or
+  many. Each launched AIV's prologue grows with the number of cores the kernel starts: the Ascend C
+  best-practice guide ("Setting a Proper Number of Cores and Operator Kernel Type", CANN 8.5: core
+  start-up, TLB misses on the cores' first accesses, same-address conflicts when many cores read
+  one address at once, variable initialisation -- "the header overhead increases with the number of
+  used cores"). Its shape is taken from the one cited formula for a start that grows with the cores
+  launched, CATLASS's AIV start of a MIX kernel (``examples/102_dynamic_optimized_matmul/include/
+  select_kernel_b16.h``, ``GetPaddingTag``: ``headCost = 1 + 7 x blockDim / coreNum`` us; the arch's
+  ``kernel.mix_start_us`` / ``mix_start_core_us``): a kernel launching ``n`` of the die's ``N`` AIVs
+  pays ``(1 + 7 n / N) / 8`` of the prologue a kernel launching all of them pays
+  (``kernel.vector_setup_us``, derived from AscendQuantV2, which launches all of them). The
+  proportional shape at the vector kernels' level is an assumption. Beyond ``N`` rows a vendor
+  tiling may launch fewer AIVs (ops-nn RmsNorm: ``ceil(rows / ceil(rows / N))``, 25 at 49 rows);
+  the prologue is charged at ``N`` there (DynamicQuant's rule), so a kernel's time never falls as
+  its rows grow.
 * **No vector work.** ``copy`` (TensorMove: GM -> UB -> GM by MTE2 and MTE3) issues no vector
   instruction: its time is its transfers alone (charged by the caller).
 
@@ -69,6 +90,14 @@ caller gives them; SwiGLU: the outputs), read from the reference kernels:
 * ``softmax``, ``layernorm``, ``rope``, ``exp``, ``divide``, ``reduction``: the same instructions
   a kernel of the op's formula issues in the style above (max / sum reductions per row, Exp, a
   reciprocal, scales); no reference kernel read for them: an assumption, stated in :data:`RECIPES`.
+* ``softmax`` over a row the UB cannot hold (:func:`softmax_chunks`: more elements than the generic
+  tiling's half UB holds at the op's bytes in and out) -- the last axis cut into UB chunks: a first
+  pass takes each chunk's max and sum and updates the running ones (Ascend C ``SoftmaxFlashV2`` with
+  ``update``, "last轴切轴的情况，每次计算的reduce结果并非是全轴的，需要根据上一次Softmax计算的sum和max
+  来更新", the API doc; FlashAttention-2's rescale), a second reads each chunk again and writes
+  ``exp(x - max) / sum`` (:data:`RECIPES` ``softmax_split``, every instruction per chunk; the row is
+  read twice). The two-pass scheme is the least a kernel can do when the row does not fit; the
+  aclnn SoftmaxV2 kernel itself was not read.
 * ``transpose`` -- one reorder pass in UB at bf16 width (TransDataTo5HD / Gather); an assumption.
 * fused quantisation classes (``rmsnorm_quant``, ``swiglu_quant``, ...): the two lists in a row.
 """
@@ -78,8 +107,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Instr", "RECIPES", "REPEAT_BYTES", "SOC_VERSIONS", "UB_TILING", "UbTiling", "aiv_tile_cycles",
-           "instructions", "is_copy", "rmsnorm_mode", "rmsnorm_normal_instructions", "split_rows", "ub_tiling"]
+__all__ = ["FULL_DIE_LAUNCH", "Instr", "RECIPES", "REPEAT_BYTES", "SOC_VERSIONS", "UB_TILING", "UbTiling",
+           "aiv_tile_cycles", "instructions", "is_copy", "launched_aivs", "rmsnorm_mode", "rmsnorm_normal_instructions",
+           "setup_share", "softmax_chunks", "split_rows", "ub_tiling"]
 
 #: bytes one vector instruction repeat covers (Ascend C: 8 data blocks x 32 bytes)
 REPEAT_BYTES = 256
@@ -132,6 +162,14 @@ RECIPES: dict[str, list[Instr]] = {
     + _t("Mul gamma", "Add beta", "Cast out"),
     "softmax": _t("Cast x") + _ROW_MAX + [Instr("Sub max", "row")] + _t("Exp") + _ROW_SUM
     + [Instr("Div (reciprocal)", "tiny"), Instr("Mul 1/sum", "row")] + _t("Cast out"),
+    # softmax over a row cut into UB chunks (module docstring), per chunk: pass 1 (SoftmaxFlashV2 with
+    # update: the chunk's max and sum, the running max and sum rescaled), pass 2 (x read again)
+    "softmax_split": [Instr("Cast x", "row")] + [Instr("Max (row accumulate)", "row"), Instr("WholeReduceMax", "xlane")]
+    + [Instr(n, "rowtiny") for n in ("Max (running)", "Sub (running - new max)", "Exp (rescale)")]
+    + [Instr("Sub max", "row"), Instr("Exp", "row")] + _ROW_SUM
+    + [Instr(n, "rowtiny") for n in ("Mul (rescaled running sum)", "Add (running sum)")]
+    + [Instr("Cast x (pass 2)", "row"), Instr("Sub max (pass 2)", "row"), Instr("Exp (pass 2)", "row"),
+       Instr("Div (reciprocal)", "rowtiny"), Instr("Mul 1/sum", "row"), Instr("Cast out", "row")],
     "rope": _t("Cast x", "Cast cos", "Cast sin", "Mul cos", "Muls -1 (rotate half)", "Mul sin", "Add", "Cast out"),
     # ops-nn DynamicQuantDbOpt::ProcessSymmetric (bf16, no smooth scales): every instruction per row
     "quantize": [Instr("Cast", "row"), Instr("Abs", "row")] + _ROW_MAX
@@ -304,6 +342,23 @@ def ub_tiling(op_class: str, row_len: int, in_bytes: float, out_bytes: float, ub
     return UbTiling(max(1, rows), nin, nout)
 
 
+def softmax_chunks(op_class: str, row_len: int, in_bytes: float, out_bytes: float, ub_bytes: float) -> tuple[int, int] | None:
+    """``(chunk elements, chunks per row)`` when a ``softmax`` row of ``row_len`` elements does not fit
+    one AIV's UB at the generic tiling's rule (:func:`ub_tiling`: half the UB, ``in_bytes + out_bytes``
+    per element): as few chunks as hold it, of even size in whole fp32 repeats (64 elements); None when
+    the row fits or the op is not a softmax (module docstring: the two-pass ``softmax_split``)."""
+    if op_class != "softmax":
+        return None
+    per_elem = max(1.0, in_bytes + out_bytes)
+    fits = int(ub_bytes / 2 // per_elem)
+    if row_len <= fits:
+        return None
+    cap = max(_FP32_PER_REPEAT, fits // _FP32_PER_REPEAT * _FP32_PER_REPEAT)
+    chunks = -(-row_len // cap)
+    even = -(-row_len // chunks)
+    return -(-even // _FP32_PER_REPEAT) * _FP32_PER_REPEAT, chunks
+
+
 def split_rows(rows: int, aivs: int) -> list[int]:
     """Rows of each working AIV as the vendor kernels' tilings split them (ops-nn RmsNorm:
     ``blockFactor = ceil(rows / GetCoreNumAiv())``, ``useCoreNum = ceil(rows / blockFactor)``, the last
@@ -313,3 +368,33 @@ def split_rows(rows: int, aivs: int) -> list[int]:
     block = -(-rows // aivs)
     used = -(-rows // block)
     return [block] * (used - 1) + [rows - block * (used - 1)]
+
+
+#: (op class, fn) of the vector kernels whose tiling launches every AIV of the die whatever their rows:
+#: ops-nn AscendQuantV2 (``ascend_quant_v2_tiling.cpp``, ``WriteTilingData``: ``SetBlockDim(coreNum_)``,
+#: the platform's AIV count; ``numCore`` in its tiling data tells the idle blocks to return)
+FULL_DIE_LAUNCH = frozenset({("quantize", "ascend_quant_v2")})
+
+
+def launched_aivs(op_class: str, fn: str | None, rows: int, aivs: int) -> int:
+    """The AIVs (the block dim) a vector kernel of ``rows`` rows launches on ``aivs`` AIVs (module
+    docstring): all of them for :data:`FULL_DIE_LAUNCH`, else one per row up to ``aivs``."""
+    if rows <= 0 or aivs <= 0:
+        raise ValueError(f"launched_aivs needs rows and AIVs > 0, got {rows} and {aivs}")
+    if (op_class, fn) in FULL_DIE_LAUNCH:
+        return aivs
+    return min(rows, aivs)
+
+
+def setup_share(launched: int, die_aivs: int, fixed_us: float, per_core_us: float) -> float:
+    """The share of the full-die AIV prologue (``kernel.vector_setup_us``) a kernel launching
+    ``launched`` of the die's ``die_aivs`` AIVs pays: ``(fixed + per_core x launched / die_aivs) /
+    (fixed + per_core)``, the shape of CATLASS's ``headCost`` (``fixed_us``, ``per_core_us``: the arch's
+    ``kernel.mix_start_us``, ``mix_start_core_us``); 1 when both are 0 (no shape cited: the full
+    prologue always). Never above 1: ``launched`` is capped at the die's AIVs."""
+    if launched <= 0 or die_aivs <= 0 or fixed_us < 0 or per_core_us < 0:
+        raise ValueError(f"setup_share: launched {launched}, die AIVs {die_aivs}, fixed {fixed_us}, "
+                         f"per core {per_core_us}: expected positive counts and non-negative costs")
+    if fixed_us + per_core_us == 0:
+        return 1.0
+    return (fixed_us + per_core_us * min(launched, die_aivs) / die_aivs) / (fixed_us + per_core_us)
