@@ -150,17 +150,17 @@ def _us_cycles(arch: Arch, us: float) -> int:
 def attention_mix_start_us(arch: Arch, used: int) -> float:
     """The extra start of an attention kernel launched as a MIX kernel (cube and vector cores
     together) on ``used`` cube cores of the die (microseconds): the GEMM kernels'
-    :func:`~npusim.mapping.gemm_kernel.mix_start_us` with the die's AIC count as ``coreNum``
+    :func:`~npusim.mapping.gemm_kernel.mix_start_us`, the same function and the same ``coreNum``
     (CATLASS ``select_kernel_b16.h`` ``headCost``, ``doc/CommonMatmul.md`` 2.3.3: "只要启动了mix kernel，就会有1~5us左右的额外开销"). The Ascend
     attention kernels are MIX kernels: ops-transformer ``fused_infer_attention_score_v3.cpp``
     (``KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)``, its MLA tiling keys ``MIX_AIC_1_1``) and
     ``incre_flash_attention.cpp`` (``MIX_AIC_1_2`` for ``__CCE_AICORE__ > 200``, A2/A3). Assumed: the
     launch cost CATLASS measured for its MIX matmul applies to any MIX kernel (it is the runtime's
-    start of the AIVs, not the matmul's). ``coreNum`` is the platform's AIC count (``arch.num_cores``),
-    also when the kernel runs on a group or a share of the die's cores: a kernel launched on fewer
-    cores pays less (``blockDimAic / coreNum``). 0 without the arch's ``kernel`` section or with no
-    core used."""
-    return gemm_kernel.mix_start_us(arch, used, arch.num_cores) if used > 0 else 0.0
+    start of the AIVs, not the matmul's). ``coreNum`` is the platform's AIC count (``arch.num_cores``;
+    CATLASS ``platform_info.h``: ``GetCoreNumAic()``), also when the kernel runs on a group or a share
+    of the die's cores: a kernel launched on fewer cores pays less (``blockDimAic / coreNum``), as a
+    GEMM does. 0 without the arch's ``kernel`` section or with no core used."""
+    return gemm_kernel.mix_start_us(arch, used) if used > 0 else 0.0
 
 
 def attention_prologue_cycles(arch: Arch, used: int) -> tuple[int, int]:
