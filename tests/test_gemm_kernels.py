@@ -177,25 +177,26 @@ def test_a_mix_kernel_pays_its_extra_start():
     from npusim.mapping.gemm_kernel import is_mix_kernel, mix_start_us
 
     arch = load_arch("ascend-910c-die")
-    assert arch.num_cores == 24
-    assert mix_start_us(arch, 24) == pytest.approx(8.0) and mix_start_us(arch, 6) == pytest.approx(2.75)
-    assert mix_start_us(arch, 48) == pytest.approx(8.0)  # launched cores beyond the die's: clipped
+    assert mix_start_us(arch, 24, 24) == pytest.approx(8.0) and mix_start_us(arch, 6, 24) == pytest.approx(2.75)
+    assert mix_start_us(arch, 6, 6) == pytest.approx(8.0)  # the share a core limit leaves is what the tiling sees
+    assert mix_start_us(arch, 48, 24) == pytest.approx(8.0)  # launched cores beyond the tiled-for count: clipped
     assert is_mix_kernel("aclnn", "int8", "bf16") and not is_mix_kernel("aclnn", "int8", "int8")
     assert not is_mix_kernel("aclnn", "bf16", "bf16") and not is_mix_kernel("catlass_basic", "bf16", "bf16")
     assert is_mix_kernel("catlass_splitk", "bf16", "bf16") and is_mix_kernel("catlass_basic", "int8", "bf16")
     cc = ChipCost(arch, persist=False)
     mix, pure = cc.gemm(16, 2048, 4096, "int8"), cc.gemm(16, 2048, 4096, "int8", out_dtype="int8")
     assert mix.cores_used == pure.cores_used
-    assert mix.kernel_fixed_us - pure.kernel_fixed_us == pytest.approx(mix_start_us(arch, mix.cores_used), abs=1e-3)
-    assert mix.time_us - pure.time_us >= mix_start_us(arch, mix.cores_used) - 1e-3
+    assert mix.kernel_fixed_us - pure.kernel_fixed_us == pytest.approx(mix_start_us(arch, mix.cores_used, 24), abs=1e-3)
+    assert mix.time_us - pure.time_us >= mix_start_us(arch, mix.cores_used, 24) - 1e-3
 
 
 @pytest.mark.parametrize("share", [24, 12, 6])
 def test_gemm_and_attention_mix_starts_share_one_denominator(share):
-    """CATLASS select_kernel_b16.h GetPaddingTag divides the launched AICs by ``platformInfo.coreNum``,
-    which platform_info.h fills from PlatformAscendCManager::GetCoreNumAic(): the die's AIC count. A
-    MIX GEMM on a share of the die's cores and an attention kernel launched on as many cores pay the
-    same extra start, less than the whole die's, growing with the cores launched."""
+    """CATLASS select_kernel_b16.h GetPaddingTag takes both the launched AICs (blockDimAic = min(tasks,
+    coreNum)) and headCost's denominator from one ``platformInfo.coreNum`` (platform_info.h:
+    GetCoreNumAic(), the count the kernel is tiled for). A MIX GEMM tiled for a share of the die's
+    cores and an attention kernel on a group of as many cores pay the same extra start for the same
+    cores launched; it grows with the cores launched and never falls as the share shrinks."""
     from npusim.mapping.gemm_kernel import Planner
     from npusim.mapping.mapper import attention_mix_start_us
 
@@ -205,9 +206,8 @@ def test_gemm_and_attention_mix_starts_share_one_denominator(share):
     starts = []
     for used in range(1, share + 1):
         gemm = planner.mix_start_us(used)
-        assert gemm == pytest.approx(attention_mix_start_us(arch, used))
-        assert gemm == pytest.approx(1.0 + 7.0 * used / arch.num_cores)
+        assert gemm == pytest.approx(attention_mix_start_us(arch, used, share))
+        assert gemm == pytest.approx(1.0 + 7.0 * used / share)
+        assert gemm >= attention_mix_start_us(arch, used, arch.num_cores) - 1e-12  # fewer cores: never a smaller start
         starts.append(gemm)
-    assert starts == sorted(starts)
-    if share < arch.num_cores:
-        assert starts[-1] < attention_mix_start_us(arch, arch.num_cores)
+    assert starts == sorted(starts) and starts[-1] == pytest.approx(8.0)

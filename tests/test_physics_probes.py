@@ -225,7 +225,7 @@ def w8a8_margin_us(loaded, cfg, plan, shape) -> tuple[float, float]:
 
     floor = loaded.system.runtime.kernel_launch_us  # each kernel's launch (no floor any more: added)
     die = loaded.chip
-    mix = mix_start_us(die, die.num_cores)  # an INT8 GEMM's MIX start, at most
+    mix = mix_start_us(die, die.num_cores, die.num_cores)  # an INT8 GEMM's MIX start, at most
     bw = summarize(loaded.chip).hbm_bandwidth_gbps * 1e3  # bytes per us
     spec = {"phase": "decode", "batch": max(1, shape.batch // plan.dp), "seq_len": 1, "kv_len": shape.kv_len,
             "type": "layer", "layer": 0, "heads_split": plan.tp, "ffn_split": plan.tp}

@@ -321,7 +321,7 @@ class Planner:
         self.kpe = sa.macs_per_pe_per_cycle[dtype]
         self.e, self.eo = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
         self.out_dtype = out_dtype
-        self.share_cores = len(cores)  # the cube cores the kernel may launch on
+        self.share_cores = len(cores)  # the cube cores the kernel is tiled for (a MIX kernel's start)
         sram = min(arch.sram_for(c).capacity_mb for c in cores) * MB
         self.acc_elems = int(sram / 4 // ACC_BYTES)
         self.buf_bytes = sram * 3 / 4
@@ -360,9 +360,9 @@ class Planner:
                              self.kernel is not None and self.kernel.vector_cycles_per_repeat is not None)
 
     def mix_start_us(self, used: int) -> float:
-        """The extra start of this kernel on ``used`` cube cores: :func:`mix_start_us` (over the
-        die's cube cores, whatever share the kernel runs on) if it is a MIX kernel, else 0."""
-        return mix_start_us(self.arch, used) if self.mix() else 0.0
+        """The extra start of this kernel on ``used`` of the share's cube cores: :func:`mix_start_us`
+        over the share (the cores its tiling is given) if it is a MIX kernel, else 0."""
+        return mix_start_us(self.arch, used, self.share_cores) if self.mix() else 0.0
 
     def l2_rate(self, readers: int) -> float:
         """Bytes per cycle one of ``readers`` cores reads from the L2 (streams sharing the chip get
@@ -1049,23 +1049,28 @@ def is_mix_kernel(kernel: str, dtype: str, out_dtype: str, vector_timed: bool = 
     return kernel == "aclnn" and out_dtype == "bf16"
 
 
-def mix_start_us(arch: Arch, used: int) -> float:
-    """A MIX kernel's extra start when it launches ``used`` cube cores (microseconds):
-    ``kernel.mix_start_us + kernel.mix_start_core_us x used / (the die's cube cores)``.
+def mix_start_us(arch: Arch, used: int, cores: int) -> float:
+    """A MIX kernel's extra start when it launches ``used`` cube cores and is tiled for ``cores``
+    (microseconds): ``kernel.mix_start_us + kernel.mix_start_core_us x used / cores``.
 
     Source: CATLASS ``examples/102_dynamic_optimized_matmul/include/select_kernel_b16.h``,
     ``GetPaddingTag``: ``headCost = 1 + 7 * blockDimAic / platformInfo.coreNum`` (us), with
-    ``blockDimAic = min(tasks, coreNum)`` the cube cores the kernel launches and ``coreNum`` filled
-    by ``include/platform_info.h``'s ``PlatformInfo()`` from
-    ``PlatformAscendCManager::GetInstance()->GetCoreNumAic()``: the platform's AIC count, the die's
-    (``arch.num_cores``), whatever share of it the kernel runs on. Every MIX kernel divides by it:
-    the GEMM kernels (:meth:`Planner.mix_start_us`, on any share of the cores) and the attention
-    kernels (:func:`npusim.mapping.mapper.attention_mix_start_us`); ``used`` above the die's count
-    is clipped to it. 0 without a ``kernel`` section."""
+    ``blockDimAic = min(tasks, coreNum)``: one ``coreNum`` gives both the tiling's core count and the
+    head cost's denominator. ``include/platform_info.h`` fills it from
+    ``PlatformAscendCManager::GetInstance()->GetCoreNumAic()``, the AIC count the platform reports:
+    the die's, or, under a core limit (torchair ``limit_core_num``'s ``_op_aicore_num``,
+    ``aclrtSetStreamResLimit``), the limited count the op's tiling is given. So ``cores`` is the
+    count the kernel is tiled for on every path (session 46): a GEMM's share
+    (:meth:`Planner.mix_start_us`, whose tiling is the share's: ``gemm_kernels.aclnn_base(m, n,
+    share)``) and an attention kernel's group (:func:`npusim.mapping.mapper.attention_mix_start_us`).
+    The die's count for a kernel tiled for a share would let the tiler spread a small MIX GEMM
+    over every core while paying a start that grows with them: a GEMM on the whole die slower than on
+    half of it (256 x 1536 x 512 INT8 on the 910C die: 14.8 us on 24 cores, 12.7 on 12).
+    ``used`` above ``cores`` is clipped to it. 0 without a ``kernel`` section."""
     kc = arch.kernel
     if kc is None:
         return 0.0
-    cores = max(arch.num_cores, 1)
+    cores = max(cores, 1)
     return kc.mix_start_us + kc.mix_start_core_us * min(max(used, 0), cores) / cores
 
 
