@@ -1059,7 +1059,8 @@ def mix_start_us(arch: Arch, used: int, cores: int) -> float:
     head cost's denominator. ``include/platform_info.h`` fills it from
     ``PlatformAscendCManager::GetInstance()->GetCoreNumAic()``, the AIC count the platform reports:
     the die's, or, under a core limit (torchair ``limit_core_num``'s ``_op_aicore_num``,
-    ``aclrtSetStreamResLimit``), the limited count the op's tiling is given. So ``cores`` is the
+    ``aclrtSetStreamResLimit``), assumed the limited count the op's tiling is given (the docs say the
+    op runs on that many cores; that its tiling sees it is an inference). So ``cores`` is the
     count the kernel is tiled for on every path (session 46): a GEMM's share
     (:meth:`Planner.mix_start_us`, whose tiling is the share's: ``gemm_kernels.aclnn_base(m, n,
     share)``) and an attention kernel's group (:func:`npusim.mapping.mapper.attention_mix_start_us`).
