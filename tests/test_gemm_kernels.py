@@ -179,6 +179,7 @@ def test_a_mix_kernel_pays_its_extra_start():
     arch = load_arch("ascend-910c-die")
     assert mix_start_us(arch, 24, 24) == pytest.approx(8.0) and mix_start_us(arch, 6, 24) == pytest.approx(2.75)
     assert mix_start_us(arch, 6, 6) == pytest.approx(8.0)  # the share a core limit leaves is what the tiling sees
+    assert mix_start_us(arch, 48, 24) == pytest.approx(8.0)  # launched cores beyond the tiled-for count: clipped
     assert is_mix_kernel("aclnn", "int8", "bf16") and not is_mix_kernel("aclnn", "int8", "int8")
     assert not is_mix_kernel("aclnn", "bf16", "bf16") and not is_mix_kernel("catlass_basic", "bf16", "bf16")
     assert is_mix_kernel("catlass_splitk", "bf16", "bf16") and is_mix_kernel("catlass_basic", "int8", "bf16")
@@ -220,3 +221,26 @@ def test_catlass_splitk_never_gets_faster_as_a_dimension_grows(axis, sizes):
     times = [cc.gemm(*(size if d == axis else shape[d] for d in "mkn"), "int8", kernel="catlass_splitk").time_us
              for size in sizes]
     assert all(b >= a * (1 - 1e-9) for a, b in zip(times, times[1:])), times
+
+
+@pytest.mark.parametrize("share", [24, 12, 6])
+def test_gemm_and_attention_mix_starts_share_one_denominator(share):
+    """CATLASS select_kernel_b16.h GetPaddingTag takes both the launched AICs (blockDimAic = min(tasks,
+    coreNum)) and headCost's denominator from one ``platformInfo.coreNum`` (platform_info.h:
+    GetCoreNumAic(), the count the kernel is tiled for). A MIX GEMM tiled for a share of the die's
+    cores and an attention kernel on a group of as many cores pay the same extra start for the same
+    cores launched; it grows with the cores launched and never falls as the share shrinks."""
+    from npusim.mapping.gemm_kernel import Planner
+    from npusim.mapping.mapper import attention_mix_start_us
+
+    arch = load_arch("ascend-910c-die")
+    planner = Planner(arch, list(range(share)), "int8", "bf16", 1.0)
+    assert planner.mix()
+    starts = []
+    for used in range(1, share + 1):
+        gemm = planner.mix_start_us(used)
+        assert gemm == pytest.approx(attention_mix_start_us(arch, used, share))
+        assert gemm == pytest.approx(1.0 + 7.0 * used / share)
+        assert gemm >= attention_mix_start_us(arch, used, arch.num_cores) - 1e-12  # fewer cores: never a smaller start
+        starts.append(gemm)
+    assert starts == sorted(starts) and starts[-1] == pytest.approx(8.0)

@@ -321,7 +321,7 @@ class Planner:
         self.kpe = sa.macs_per_pe_per_cycle[dtype]
         self.e, self.eo = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
         self.out_dtype = out_dtype
-        self.share_cores = len(cores)  # the cube cores the kernel may launch on (a MIX kernel's start)
+        self.share_cores = len(cores)  # the cube cores the kernel is tiled for (a MIX kernel's start)
         sram = min(arch.sram_for(c).capacity_mb for c in cores) * MB
         self.acc_elems = int(sram / 4 // ACC_BYTES)
         self.buf_bytes = sram * 3 / 4
@@ -1055,17 +1055,30 @@ def is_mix_kernel(kernel: str, dtype: str, out_dtype: str, vector_timed: bool = 
 
 
 def mix_start_us(arch: Arch, used: int, cores: int) -> float:
-    """A MIX kernel's extra start on ``used`` of the ``cores`` cube cores it may launch on
-    (microseconds): ``kernel.mix_start_us + kernel.mix_start_core_us x used / cores`` (CATLASS
-    select_kernel_b16.h's ``headCost = 1 + 7 * blockDimAic / coreNum`` on A2/A3, ``blockDimAic`` the
-    cube cores the kernel launches -- not only those with tasks, :meth:`Planner.mix_start_us` --
-    and ``coreNum`` the platform's AIC count the tiling sees: the whole die, or the share a core
-    limit leaves it; see the preset). 0 without a ``kernel`` section."""
+    """A MIX kernel's extra start when it launches ``used`` cube cores and is tiled for ``cores``
+    (microseconds): ``kernel.mix_start_us + kernel.mix_start_core_us x used / cores``.
+
+    Source: CATLASS ``examples/102_dynamic_optimized_matmul/include/select_kernel_b16.h``,
+    ``GetPaddingTag``: ``headCost = 1 + 7 * blockDimAic / platformInfo.coreNum`` (us), with
+    ``blockDimAic`` the cube cores the kernel launches (``min(tasks, coreNum)`` for aclnn; the whole
+    share for the CATLASS examples, :meth:`Planner.mix_start_us`): one ``coreNum`` gives both the
+    tiling's core count and the head cost's denominator. ``include/platform_info.h`` fills it from
+    ``PlatformAscendCManager::GetInstance()->GetCoreNumAic()``, the AIC count the platform reports:
+    the die's, or, under a core limit (torchair ``limit_core_num``'s ``_op_aicore_num``,
+    ``aclrtSetStreamResLimit``), assumed the limited count the op's tiling is given (the docs say the
+    op runs on that many cores; that its tiling sees it is an inference). So ``cores`` is the
+    count the kernel is tiled for on every path (session 46): a GEMM's share
+    (:meth:`Planner.mix_start_us`, whose tiling is the share's: ``gemm_kernels.aclnn_base(m, n,
+    share)``) and an attention kernel's group (:func:`npusim.mapping.mapper.attention_mix_start_us`).
+    The die's count for a kernel tiled for a share would let the tiler spread a small MIX GEMM
+    over every core while paying a start that grows with them: a GEMM on the whole die slower than on
+    half of it (256 x 1536 x 512 INT8 on the 910C die: 14.8 us on 24 cores, 12.7 on 12).
+    ``used`` above ``cores`` is clipped to it. 0 without a ``kernel`` section."""
     kc = arch.kernel
     if kc is None:
         return 0.0
     cores = max(cores, 1)
-    return kc.mix_start_us + kc.mix_start_core_us * min(used, cores) / cores
+    return kc.mix_start_us + kc.mix_start_core_us * min(max(used, 0), cores) / cores
 
 
 def kernel_fixed_cycles(planner: Planner, plan: GemmPlan) -> int:

@@ -147,23 +147,23 @@ def _us_cycles(arch: Arch, us: float) -> int:
     return int(round(us * 1e3 * arch.clock_ghz))
 
 
-def attention_mix_start_us(arch: Arch, used: int) -> float:
+def attention_mix_start_us(arch: Arch, used: int, cores: int | None = None) -> float:
     """The extra start of an attention kernel launched as a MIX kernel (cube and vector cores
-    together) on ``used`` cube cores of the die (microseconds): the GEMM kernels'
-    :func:`~npusim.mapping.gemm_kernel.mix_start_us` with the die's AIC count as ``coreNum``
-    (CATLASS ``select_kernel_b16.h`` ``headCost``, ``doc/CommonMatmul.md`` 2.3.3: "只要启动了mix kernel，就会有1~5us左右的额外开销"). The Ascend
+    together) on ``used`` cube cores of a group of ``cores`` (default: the die's) that its units are
+    split over (microseconds): :func:`~npusim.mapping.gemm_kernel.mix_start_us`, the same function
+    and the same ``coreNum`` rule as a GEMM's (the core count the kernel is tiled for; CATLASS
+    ``select_kernel_b16.h`` ``headCost``, ``doc/CommonMatmul.md`` 2.3.3: "只要启动了mix kernel，就会有1~5us左右的额外开销"). The Ascend
     attention kernels are MIX kernels: ops-transformer ``fused_infer_attention_score_v3.cpp``
     (``KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)``, its MLA tiling keys ``MIX_AIC_1_1``) and
     ``incre_flash_attention.cpp`` (``MIX_AIC_1_2`` for ``__CCE_AICORE__ > 200``, A2/A3). Assumed: the
     launch cost CATLASS measured for its MIX matmul applies to any MIX kernel (it is the runtime's
-    start of the AIVs, not the matmul's). ``coreNum`` is the platform's AIC count (``arch.num_cores``),
-    also when the kernel runs on a group or a share of the die's cores: a kernel launched on fewer
-    cores pays less (``blockDimAic / coreNum``). 0 without the arch's ``kernel`` section or with no
-    core used."""
-    return gemm_kernel.mix_start_us(arch, used, arch.num_cores) if used > 0 else 0.0
+    start of the AIVs, not the matmul's). Until session 46 the denominator was the die's AIC count
+    whatever group the kernel ran on, while a GEMM's was its share. 0 without the arch's ``kernel``
+    section or with no core used."""
+    return gemm_kernel.mix_start_us(arch, used, arch.num_cores if cores is None else cores) if used > 0 else 0.0
 
 
-def attention_prologue_cycles(arch: Arch, used: int) -> tuple[int, int]:
+def attention_prologue_cycles(arch: Arch, used: int, cores: int | None = None) -> tuple[int, int]:
     """``(AIC, AIV)`` cycles a working core of an attention kernel waits before its first task on
     the cube / vector side: the MIX kernel's extra start (:func:`attention_mix_start_us`, on both
     sides as the GEMM kernels charge it) plus the AIC's ``cube_setup_us`` / the AIVs'
@@ -173,7 +173,7 @@ def attention_prologue_cycles(arch: Arch, used: int) -> tuple[int, int]:
     kc = arch.kernel
     if kc is None:
         return 0, 0
-    mix = attention_mix_start_us(arch, used)
+    mix = attention_mix_start_us(arch, used, cores)
     return _us_cycles(arch, kc.cube_setup_us + mix), _us_cycles(arch, kc.vector_setup_us + mix)
 
 
@@ -1082,7 +1082,7 @@ class Mapper:
         # the attention kernel is a MIX kernel: each working core's AIC and AIVs first pay its extra
         # start and their prologues (attention_prologue_cycles; the split-KV decode gives every core work)
         used = len(st.cores) if split_kv else sum(1 for x in shares if min(x[:3]) > 0)
-        prologue = attention_prologue_cycles(self.arch, used)
+        prologue = attention_prologue_cycles(self.arch, used, len(st.cores))
         outs = []
         for i, c in enumerate(st.cores):
             if split_kv or min(shares[i][:3]) > 0:
@@ -1278,7 +1278,7 @@ class Mapper:
         # each working core's prologue of the mix kernel: the AIC's and the AIVs' (the arch's kernel
         # section, calibrated on GEMM and vector kernels; the kernel's start is its caller's), each
         # behind the MIX kernel's extra start on the cores the kernel launches (attention_mix_start_us)
-        prologue = attention_prologue_cycles(arch, used)
+        prologue = attention_prologue_cycles(arch, used, len(st.cores))
         outs = []
         first = 0
         for i, c in enumerate(st.cores):

@@ -325,7 +325,12 @@ def _double_ring(w: WorkBuilder, ranks: list[int], chunk: int, ready: list[int],
     A reduce-scatter reduces inline, in the SDMA write into the receiver's buffer (HCCL's
     ``CollAlignedReduceScatterDoubleRingFor91093Executor`` sets ``DMAReduceFlag_`` in op-base mode and
     passes the SDMA inline-reduce attribute), so no reduction kernel runs on the receiver; the
-    inline reduction is assumed to keep the write's rate. Returns each rank's last task."""
+    inline reduction is assumed to keep the write's rate. Known gap (session 46): the msModeling
+    fork's A3 microbenchmarks (published.yaml ``msmodeling-fork-comm-a3``) time a double-ring
+    reduce-scatter at 1.19-1.26x the all-gather of the same size at every size (1.3-40 MiB per rank,
+    16 dies; 3.5 MiB, 8 dies), which this model times alike (ratio 1.00): the inline reduction's
+    rate, for which no cited figure is at hand, is the one mechanism that would explain all of them.
+    Returns each rank's last task."""
     n = len(ranks)
     half = _split(chunk, 2)
     fwd = _ring_phase(w, ranks, half, ready, None, via, sync=sync)

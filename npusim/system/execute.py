@@ -39,8 +39,11 @@ with attention operators updates their captured parameters (``graph_update_us`` 
 operator, one task per node), and that node waits for its update too: the updates overlap the
 device's work on the nodes before it, and the step becomes host-bound where a layer's device work
 is shorter than its updates. Both: a compute node runs ``kernel_launch_us`` per kernel longer (the
-``launch`` part of it), and after each die's last work the framework's ``scheduler_us`` on its
-host queue (``scheduler_us`` may be overridden per run: a deployment's ``step_overhead_us``).
+``launch`` part of it), and after each die's last work one task on its host queue: the host's
+synchronize on the step's tokens returning (``sync_us``) and the framework's ``scheduler_us``
+(``scheduler_us`` may be overridden per run: a deployment's ``step_overhead_us``); with the next
+step's launch and first update this is the gap between two replays
+(:meth:`~npusim.system.schema.Runtime.replay_gap_us`).
 
 Results: the step time (the makespan; with ``meta.repeat``, the simulated layers replaced by the
 layer count at the measured period), each node's start and end (over its transfer and compute
@@ -48,7 +51,7 @@ tasks), and ``breakdown_us``: the step's critical path
 (walked back from the last node through the dependency that finished last), each piece of it
 filed under the category of the node it ends in, so the parts sum to the step time. Waiting for
 a busy stream counts under the node that waited. The host's work on the path (dispatch the device
-waited for, the graph launch, the scheduler) is ``host``; the kernel launches inside a compute
+waited for, the graph launch and updates, the step's synchronize and scheduler) is ``host``; the kernel launches inside a compute
 node's piece are ``launch`` (at most the piece). ``link_utilization``: each directed fabric
 link's wire bytes over (capacity x makespan), the busiest links first.
 """
@@ -118,6 +121,7 @@ class StepRuntime:
     graph_update_us: float = 0.0
     hccl_dispatch_us: float = 0.0
     attention_dispatch_us: float = 0.0
+    sync_us: float = 0.0
 
     @classmethod
     def of(cls, loaded: LoadedSystem, phase: str, mode: str | None = None,
@@ -125,7 +129,7 @@ class StepRuntime:
         rt = loaded.system.runtime
         return cls(rt.mode_for(phase, mode), rt.host_dispatch_us, rt.graph_launch_us, rt.kernel_launch_us,
                    rt.scheduler_us if scheduler_us is None else float(scheduler_us), rt.graph_update_us,
-                   rt.hccl_dispatch_us, rt.attention_dispatch_us)
+                   rt.hccl_dispatch_us, rt.attention_dispatch_us, rt.sync_us)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -476,12 +480,13 @@ def _time_nodes(wl: Workload, loaded: LoadedSystem, cc: ChipCost, node_us: list[
         node_rank_task.append(per_rank)
         node_done.append(done)
         spans.append((first, w.base + w.count - 1))
-    if rt.scheduler_us > 0:  # the framework's per-step time on each die's host, after its last work
+    step_end = rt.sync_us + rt.scheduler_us
+    if step_end > 0:  # each die's host after its last work: the synchronize on the step's tokens, the scheduler
         for r, ends in sorted(rank_ends(wl).items()):
             tasks = [node_rank_task[d].get(r, node_done[d]) for d in ends]
             if r in host_last:
                 tasks.append(host_tasks[host_last[r] - n_wl])
-            host(r, rt.scheduler_us, [t for t in tasks if t >= 0], list(ends))
+            host(r, step_end, [t for t in tasks if t >= 0], list(ends))
     w.submit()
     sim.run()
     start, end = _node_times(sim, spans)

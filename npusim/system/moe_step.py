@@ -21,9 +21,10 @@ What one step is made of (each piece simulated, except the calibrated constants)
   activation, the final add) are simulated as work where the model has the op;
 * the **runtime** is the system's (``runtime:``, :class:`~npusim.system.schema.Runtime`), added
   by :func:`~npusim.system.execute.time_workload` exactly as for a parallel plan: a graph replay
-  (or eager host dispatch) per step, a launch per kernel (``launch``), the scheduler's time per
-  step (``host``; a deployment file's ``step_overhead_us``, when given, replaces the system's
-  ``runtime.scheduler_us``: one of the deployment's choices, not a second cost model);
+  (or eager host dispatch) per step, a launch per kernel (``launch``), the step's synchronize and
+  the scheduler's time per step (``host``; a deployment file's ``step_overhead_us``, when given,
+  replaces the system's ``runtime.scheduler_us``: one of the deployment's choices, not a second
+  cost model);
 * **calibrated constants** (the system's ``moe_operators`` per-call dispatch and combine overheads:
   the operators' synchronisation and bookkeeping on the die, calibrated on DeepEP-Ascend operator
   benchmarks) are ``fixed`` kernels filed under ``calibrated``; ``calibrated_share`` says how much
@@ -273,7 +274,7 @@ def _layer_report(wl: Workload, timing, oh: Overheads, mb: int, rt: StepRuntime)
     breakdown.update(other=max(0.0, layer_us - total), overlap_hidden=max(0.0, total - layer_us),
                      calibrated=timing.period_breakdown_us.get("calibrated", 0.0))
     parts = {"dense_layers": float(end_us[repeat["start"]]), "moe_layers": repeat["layers"] * layer_us,
-             "lm_head": slowest("step.lm_head"), "mtp_module": slowest("step.mtp_module"), "scheduler": rt.scheduler_us,
+             "lm_head": slowest("step.lm_head"), "mtp_module": slowest("step.mtp_module"), "scheduler": rt.scheduler_us + rt.sync_us,
              "attention_imbalance": float(max(att.values()) / (sum(att.values()) / len(att)))}
     return layer_us, breakdown, parts
 

@@ -168,20 +168,31 @@ class Runtime(StrictModel):
 
     In both modes every kernel (each operator of a compute node) pays ``kernel_launch_us`` on its
     device stream before it runs (the task's submission reaching the device; the kernel's device-side
-    start on the cores is part of the operator's time on the die, :mod:`npusim.system.chipcost`), and
-    the framework spends ``scheduler_us`` per step on the host after the step's last kernel
-    (scheduling, sampling, preparing the next step's inputs; not overlapped: the next step's inputs
-    depend on this one's tokens).
+    start on the cores is part of the operator's time on the die, :mod:`npusim.system.chipcost`).
+
+    **Between two steps** (session 46) the host steps in: after the step's last kernel it waits for
+    the sampled tokens (a synchronize's return, ``sync_us``: the next step's inputs depend on them),
+    then spends ``scheduler_us``, the framework's per-step work (forming the next batch, its
+    requests' bookkeeping; not overlapped), then replays the next graph. The device's idle gap
+    between two graph replays is :meth:`replay_gap_us`: ``scheduler_us +`` :meth:`graph_boundary_us`,
+    the part any graph boundary the host steps into pays (synchronize, replay enqueue, the next
+    graph's first attention operator's parameter update, which nothing before it hides, and the first
+    task's crossing). A boundary *inside* a step (MTP's draft graph run as a second graph, the CPU
+    sampling between them: the CloudMatrix384 paper's 0.6-0.8 ms per graph schedule) pays
+    :meth:`graph_boundary_us` without the per-step scheduler; the presets run MTP inside the step's
+    one graph, as CloudMatrix-Infer's fix and vLLM-Ascend's full-graph MTP do, so no step charges it.
+    Where a cited figure is the whole gap (xDeepServe's ~2 ms bubble between iterations on
+    CloudMatrix384), ``scheduler_us`` is that figure less :meth:`graph_boundary_us` (``npusim
+    calibrate --only runtime``), so the modelled gap is the measured one.
 
     ``sync_us`` is the host's wait for a synchronize to return once the device has finished (after
-    ``aclrtSynchronizeStream`` / ``torch.npu.synchronize()``). No step path charges it (a serving step
-    overlaps its host work with the device and synchronises only on sampled tokens, which the
-    scheduler's time covers); it prices a host-timed call of one operator (launch, run, synchronise:
-    host dispatch + ``kernel_launch_us`` + the kernel + ``sync_us``), how some operator benchmarks time
-    their kernels (:mod:`npusim.validate.operators`, a row's ``timing: sync``).
+    ``aclrtSynchronizeStream`` / ``torch.npu.synchronize()``): charged once per step (above), and it
+    prices a host-timed call of one operator (launch, run, synchronise: host dispatch +
+    ``kernel_launch_us`` + the kernel + ``sync_us``), how some operator benchmarks time their
+    kernels (:mod:`npusim.validate.operators`, a row's ``timing: sync``).
 
-    A step's ``breakdown_us`` files host time (host dispatch the device waited for, graph launch,
-    scheduler) under ``host`` and per-kernel launches under ``launch`` (:mod:`npusim.system.execute`).
+    A step's ``breakdown_us`` files host time (host dispatch the device waited for, graph launch and
+    updates, the step's synchronize and scheduler) under ``host`` and per-kernel launches under ``launch`` (:mod:`npusim.system.execute`).
     ``sources``: where each constant comes from (``npusim calibrate --only runtime`` recomputes
     them); a constant left at 0 is not modelled."""
 
@@ -211,6 +222,25 @@ class Runtime(StrictModel):
         if bad:
             raise ValueError(f"sources: unknown constant(s) {bad}; expected some of {list(known)}")
         return self
+
+    def graph_boundary_us(self, attention_ops: int = 1) -> float:
+        """The device's idle gap (us) at a graph boundary the host steps into, without the per-step
+        scheduler: the synchronize's return on the previous graph's output (``sync_us``), the next
+        graph's replay enqueue (``graph_launch_us``), the parameter update of its first
+        ``attention_ops`` attention operators that no earlier device work hides (``graph_update_us``
+        each; vLLM-Ascend updates after the replay call and the captured op waits on an event) and
+        the first task's crossing (``kernel_launch_us``). The CPU's own sampling is not modelled
+        (no cited figure)."""
+        if attention_ops < 0:
+            raise ValueError(f"graph_boundary_us: attention_ops {attention_ops} < 0")
+        return self.sync_us + self.graph_launch_us + self.graph_update_us * attention_ops + self.kernel_launch_us
+
+    def replay_gap_us(self, attention_ops: int = 1, scheduler_us: float | None = None) -> float:
+        """The device's idle gap (us) between two graph-mode steps: ``scheduler_us`` (the
+        framework's per-step work; ``scheduler_us`` given: a deployment's ``step_overhead_us``) plus
+        :meth:`graph_boundary_us` (the first layer's ``attention_ops``)."""
+        sched = self.scheduler_us if scheduler_us is None else float(scheduler_us)
+        return sched + self.graph_boundary_us(attention_ops)
 
     def mode_for(self, phase: str, mode: str | None = None) -> str:
         """The runtime mode of a ``phase`` step: ``mode`` if given, else the system's default."""

@@ -195,8 +195,13 @@ def runtime_constants() -> list[Constant]:
     * ``sync_us`` = the same 910B3 launch + synchronize round trip (median) less the direct launch
       call, ``kernel_launch_us`` and the negligible kernel's time on the die (``ascend-910b4``'s stored
       ``kernel.start_us + vector_setup_us``): the synchronize's return to the host;
-    * ``scheduler_us``: cited (the preset's ``sources`` entry), not a micro-benchmark: CloudMatrix384
-      2000 us (xDeepServe, arXiv 2508.02520 sec. 7.1), 0 elsewhere (not modelled); checked as stored.
+    * ``scheduler_us``: where the preset's ``sources`` entry cites xDeepServe (CloudMatrix384), its
+      "scheduling bubble between iterations adds around 2 ms" (arXiv 2508.02520 sec. 7.1,
+      :data:`XDEEPSERVE_BUBBLE_US`) is the device's whole idle gap between two decode iterations, so
+      ``scheduler_us`` is that gap less the part the runtime model charges at any graph boundary
+      (:meth:`~npusim.system.schema.Runtime.graph_boundary_us` of the recomputed constants, the first
+      layer's one attention operator: synchronize, replay enqueue, that op's update, the first task's
+      crossing); until session 46 the whole 2 ms, on top of that boundary. 0 elsewhere (not modelled).
     """
     from npusim.system.schema import Runtime
 
@@ -249,10 +254,20 @@ def runtime_constants() -> list[Constant]:
         for key, (value, src, method) in recomputed.items():
             out.append(Constant(f"runtime.{key}", preset, getattr(rt, key), value, src, method))
         cited = rt.sources.get("scheduler_us", "")
+        boundary = Runtime(**{k: v for k, (v, _, _) in recomputed.items()}).graph_boundary_us(1)
         out.append(Constant("runtime.scheduler_us", preset, rt.scheduler_us,
-                            2000.0 if "xDeepServe" in cited else 0.0, cited or "none (not modelled)",
-                            "cited per-step scheduling time (xDeepServe's ~2 ms bubble), else 0"))
+                            XDEEPSERVE_BUBBLE_US - boundary if "xDeepServe" in cited else 0.0,
+                            cited or "none (not modelled)",
+                            f"xDeepServe's ~{XDEEPSERVE_BUBBLE_US:g} us bubble between iterations (the device's whole "
+                            f"gap) less the graph boundary the model charges in it ({boundary:.4f} us: sync_us + "
+                            "graph_launch_us + graph_update_us x 1 + kernel_launch_us), else 0"))
     return out
+
+
+#: xDeepServe on CloudMatrix384 (arXiv 2508.02520, sec. 7.1, DeepSeek-R1 decode at DP288/EP288): "The
+#: scheduling bubble between iterations adds around 2 ms" -- the device's idle gap between two decode
+#: iterations (93 ms each), microseconds
+XDEEPSERVE_BUBBLE_US = 2000.0
 
 
 def attention_device_us(row: dict) -> float:

@@ -59,9 +59,11 @@ How each family is run (assumptions):
   (:class:`~npusim.system.schema.Runtime`; :data:`RUNTIME_QUANTITIES`) against that quantity on the
   source's target system (the schema's defaults when it names none): the eager host dispatch of an
   op (and of a fused-attention op), a graph replay's enqueue, the per-step parameter updates of a graph's attention operators
-  (their count from the row), the device's gap at a graph boundary the host steps into (a graph-mode step's
-  ``scheduler_us + graph_launch_us + kernel_launch_us``: the CloudMatrix384 paper's per-graph scheduling delay
-  of MTP's pipeline breaks, where the CPU samples and prepares the next graph between two graphs). A range runs at its midpoint. Baseline: no runtime cost (0). Not run:
+  (their count from the row), the device's gap at a graph boundary the host steps into
+  (:meth:`~npusim.system.schema.Runtime.graph_boundary_us`, the next graph's ``attention_ops`` from the row:
+  the synchronize, the replay enqueue, that op's update, the first task's crossing; the per-step scheduler
+  is not per graph: the CloudMatrix384 paper's per-graph scheduling delay of MTP's pipeline breaks, where
+  the CPU samples and prepares the next graph between two graphs of one step). A range runs at its midpoint. Baseline: no runtime cost (0). Not run:
   launch + synchronize round trips (the model has no synchronize), in-model minus isolated
   differences, host-bound step fractions, device-side transfer and memory latencies.
 
@@ -115,12 +117,14 @@ RUNTIME_QUANTITIES = (
     ("eager torch.add host enqueue", lambda rt, r: rt.host_dispatch_us, "host_dispatch_us"),
     ("eager fused-attention host dispatch", lambda rt, r: rt.attention_dispatch_us, "attention_dispatch_us"),
     ("replay enqueue", lambda rt, r: rt.graph_launch_us, "graph_launch_us"),
-    # CloudMatrix384 paper's MTP pipeline break: the device's gap at a graph boundary the CPU steps into
-    # (sampling, the next graph's inputs, its launch); the runtime model's such boundary is a graph-mode
-    # step's: the host's per-step work after the last kernel, the next replay's enqueue, the first task's
-    # crossing (not the replay enqueue alone, which the row was compared with until session 45)
-    ("graph launch / scheduling delay", lambda rt, r: rt.scheduler_us + rt.graph_launch_us + rt.kernel_launch_us,
-     "scheduler_us + graph_launch_us + kernel_launch_us: the host gap between two graph replays"),
+    # CloudMatrix384 paper's MTP pipeline break: the device's gap at a graph boundary inside a step that the
+    # CPU steps into (sampling, the next graph's inputs, its launch); the runtime model charges such a
+    # boundary (Runtime.graph_boundary_us) between any two replays, the per-step scheduler (batch forming)
+    # besides it. Until session 46 compared with scheduler_us + graph_launch_us + kernel_launch_us (+200%:
+    # xDeepServe's 2 ms bubble is per step, not per graph); before session 45 with graph_launch_us alone
+    ("graph launch / scheduling delay", lambda rt, r: rt.graph_boundary_us(int(r["shape"].get("attention_ops", 1))),
+     "graph_boundary_us: sync_us + graph_launch_us + graph_update_us x the next graph's attention ops + "
+     "kernel_launch_us, the gap the model charges at a graph boundary besides the per-step scheduler"),
     ("task update", lambda rt, r: rt.graph_update_us * int(r["shape"].get("attention_ops", r["shape"].get("layers", 0))),
      "graph_update_us x attention ops"),
 )
