@@ -1408,6 +1408,19 @@ class Mapper:
         rate = l2_model.core_rate(l2, self.arch.clock_ghz, self.t, dma.bytes_per_cycle)
         return rate, l2_model.hit_latency_cycles(l2, self.arch.clock_ghz)
 
+    def _kv_read(self, c: int, op: Op, nbytes: int, offset: float, deps: list[int], name: str) -> list[int]:
+        """Core ``c`` reading ``nbytes`` of cached KV from HBM, split over its DMA engines when the read
+        is at least two 4 KB pieces (as the FlashAttention path's and the GEMM kernel's loads: the
+        core's per-core rate is its engines' sum). Returns the reads' tasks (none for 0 bytes)."""
+        if nbytes <= 0:
+            return []
+        engines = max(1, self.arch.cores.dma.engines)
+        parts = engines if nbytes >= 2 * 4096 else 1
+        size = nbytes // parts
+        return [self.prog.add_dma(c, size if k < parts - 1 else nbytes - size * (parts - 1),
+                                  address=self._kv_address(c, op, offset + k * size), dma_engine=k, deps=deps,
+                                  name=f"{name} read KV") for k in range(parts)]
+
     def _mla_split_kv(self, c: int, op: Op, i: int, keys: int, kv_share: float, deps: list[int], name: str,
                       write_deps: list[int] | None = None) -> int:
         """Core ``i``'s share of MLA decode attention, balanced by splitting the KV (split-KV, as
@@ -1433,9 +1446,7 @@ class Mapper:
             n = _split(units, pieces, p)
             step = list(deps)
             cache = int(n * cached * kv_share * self.kv_hbm_fraction)
-            if cache > 0:
-                step.append(prog.add_dma(c, cache, address=self._kv_address(c, op, p * cache), deps=deps,
-                                         name=f"{name} read KV"))
+            step += self._kv_read(c, op, cache, p * cache, deps, name)
             scores = prog.add_gemm(c, rows, op.head_dim, chunk_keys, op.dtype, n, deps=step, name=f"{name} QK")
             elements = n * rows * chunk_keys
             soft = prog.add_vector(c, "softmax", elements, op.dtype, name=f"{name} softmax", row_len=chunk_keys,
