@@ -1480,9 +1480,9 @@ class Mapper:
                                        deps=[self._exchange(c, op, elements * SCORE_BYTES, [scores], f"{name} scores")])
                 p_ready = self._exchange(c, op, elements * DTYPE_BYTES[op.dtype], [soft], f"{name} P")
                 done.append(prog.add_gemm(c, rows, step_keys, vd, op.dtype, 1, deps=[p_ready], name=f"{name} PV"))
-        if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
-            prog.add_dma(c, int(_split(op.batch, self.t, i) * op.q_len * kv_share),
-                         address=self._kv_address(c, op, keys * kv_share), write=True,
+        new_kv = int(_split(op.batch, self.t, i) * op.q_len * kv_share)  # this core's share of the new tokens
+        if self.kv_in_hbm and self.kv_hbm_fraction >= 1 and new_kv > 0:
+            prog.add_dma(c, new_kv, address=self._kv_address(c, op, keys * kv_share), write=True,
                          dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=write_deps or deps,
                          name=f"{name} write KV")
         if not done:
