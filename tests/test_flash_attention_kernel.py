@@ -112,3 +112,75 @@ def test_mla_decode_pays_the_mix_start_and_prologues_on_every_core():
     assert reads and all(set(prog.deps[i]) & set(aic) for i in reads)
     bare = prog_of(arch.model_copy(update={"kernel": None}))
     assert not [n for n in bare.names if n and n.endswith(("AIC start", "AIV start"))]
+
+
+def _mla_prog(batch: int, kv: int, table: int, cores: int = 24):
+    arch = load_arch("ascend-910c-die")
+    op = Op("attention", "attention", dtype="bf16", q_len=1, kv_len=kv, heads=16, kv_heads=1, head_dim=576,
+            v_head_dim=512, batch=batch, variant="mla", kv_bytes_per_token_override=576 * 2, kv_table_keys=table)
+    spec = validate(MappingSpec, {"name": "t", "tensor_parallel": {"degree": cores}, "data_parallel": 1,
+                                  "memory": {"weights": "hbm", "kv_cache": "hbm"}}, "test")
+    return arch, map_model(Graph("a", [op], phase="decode", batch=batch), arch, spec, cores=list(range(cores)),
+                           l2_addressed=False)
+
+
+def _mla_time(batch: int, kv: int, table: int) -> float:
+    from npusim.system.chipcost import ChipCost
+
+    op = Op("attention", "attention", dtype="bf16", q_len=1, kv_len=kv, heads=16, kv_heads=1, head_dim=576,
+            v_head_dim=512, batch=batch, variant="mla", kv_bytes_per_token_override=576 * 2, kv_table_keys=table)
+    return ChipCost("ascend-910c-die").op(op).time_us
+
+
+def test_mla_decode_reads_its_kv_on_both_dma_engines():
+    """The cached KV of MLA decode is read on each of the core's DMA engines (it went on one: half the
+    core's rate, ~49 GB/s of the 910C die's 118)."""
+    arch, mapped = _mla_prog(5, 4864, 0)
+    prog = mapped.program
+    reads = [i for i, n in enumerate(prog.names) if n and n.endswith("read KV")]
+    assert arch.cores.dma.engines == 2 and {prog.unit[i] for i in reads} == {"dma0", "dma1"}
+
+
+@pytest.mark.parametrize("bn, group, kv, table, parts, piece, pieces", [
+    (5, 16, 4864, 65536, 4, 16384, 1),   # the msModeling FIA #48 row: a 5 x 512-block table, one piece holds it all
+    (5, 16, 4864, 0, 4, 1280, 4),        # no table stated: the table is the sequence, four full pieces
+    (16, 4, 4864, 65536, 1, 65536, 1),   # 16 > 0.5 x 24: no split, one core a sequence
+    (5, 16, 2047, 65536, 1, 65536, 1),   # several heads a KV head: no split below 2048 keys
+    (1, 1, 1024, 0, 2, 512, 2),          # one head a KV head: pieces of at least 512 of the longest sequence
+])
+def test_paged_split_follows_ifa_split_bns(bn, group, kv, table, parts, piece, pieces):
+    sp = fa.paged_split(bn, group, kv, table, 24)
+    assert (sp.parts, sp.piece_keys, sp.pieces) == (parts, piece, pieces)
+    assert sum(sp.unit_keys(kv, u) for u in range(sp.pieces)) == kv
+
+
+def test_a_paged_mla_decode_idles_the_cores_its_empty_pieces_hold():
+    """FIA #48's shape: 5 sequences of 4864 keys in a 65,536-key table split into 4 pieces each:
+    only the first piece of each sequence holds keys, so 5 cores read KV, each a whole sequence,
+    and the op takes at least one core's whole-sequence read at the core's DMA rate."""
+    arch, mapped = _mla_prog(5, 4864, 65536)
+    prog = mapped.program
+    readers = {prog.core[i] for i, n in enumerate(prog.names) if n and n.endswith("read KV")}
+    assert len(readers) == 5
+    paged, spread_out = _mla_time(5, 4864, 65536), _mla_time(5, 4864, 0)
+    arch = load_arch("ascend-910c-die")
+    one_core_us = 4864 * 1152 / (118e9) * 1e6  # a sequence's KV at the core's two engines (~118 GB/s)
+    assert paged > spread_out and paged > one_core_us
+
+
+@pytest.mark.parametrize("batch", [1, 5, 12, 13])
+def test_paged_mla_decode_never_faster_with_more_keys_while_a_sequence_fits_a_piece(batch):
+    """Across the split's thresholds (2048 keys for a split, the piece boundary) with the table of the
+    FIA rows (65,536 keys): more keys never take less time while each sequence fits the first pieces
+    of the widest split. (Past that the vendor's split itself can get faster: its pieces shrink as
+    the longest sequence grows, ``SplitBNS``'s 512-key loop; only an op that states its table
+    reaches it, never a step.)"""
+    times = [_mla_time(batch, kv, 65536) for kv in (1024, 2047, 2048, 2560, 2816, 2817, 4096)]
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:])), times
+
+
+def test_paged_mla_decode_never_faster_with_more_sequences():
+    """Across the split's 0.5 x cores threshold (12 -> 13 sequences on 24 cores) and the piece counts
+    it changes (24 // batch), more sequences never take less time."""
+    times = [_mla_time(b, 4864, 65536) for b in (1, 2, 4, 5, 6, 8, 12, 13, 16, 24, 25)]
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:])), times

@@ -30,6 +30,10 @@ FusedInferAttentionScore and the pto-isa ``TFA`` reference kernel, hw-native-sys
   ``pvAccTile`` only at the last sub-tile); :func:`tiles_per_block` is that rate per block.
 * Causal prefill: the mean keys per query (the triangle), whole blocks (masking is not charged).
 
+* **Paged MLA decode** (:func:`paged_split`): how ops-transformer's incremental attention tiling
+  cuts a paged cache's sequences over the cores (pieces of the block table's keys), used by the
+  mapper's MLA lowering when an op states its table's width.
+
 Units: rows, keys and blocks are counts; nothing here is a time.
 """
 
@@ -109,6 +113,51 @@ def plan(batch: int, heads: int, kv_heads: int, q_len: int, keys_per_query: floa
                      per_core=spread(units, cores), kv_chunks=1, groups=batch * heads, packed_heads=1, decode=False)
 
 
+#: ops-transformer IFATiling (incre_flash_attention_tiling.cpp) constants of the split-KV decision
+FD_CORE_RATIO = 0.5  # CheckCoreOkFlag: split-KV when batch x KV heads <= 0.5 x cores (cube-view / MLA modes)
+FD_GQA_MIN_KEYS = 2048  # CheckCoreOkFlag: with several query heads per KV head, only from 2048 keys
+FD_MIN_PIECE_KEYS = 512  # SplitBNS: fewer pieces while the longest sequence / pieces < 512
+PAGE_BLOCK = 128  # SplitBNS: a paged cache's piece is a whole number of its blocks (the rows' block size)
+
+
+@dataclass(frozen=True)
+class PagedSplit:
+    """How the incremental (decode) attention kernel cuts paged sequences over the cores."""
+
+    parts: int  # kvSplitPart_: pieces the kernel cuts each (sequence, KV head) table into (1: no split)
+    piece_keys: int  # keys of one piece (the table's keys / parts, whole blocks)
+    pieces: int  # pieces that hold keys (the sequence's keys / piece_keys, rounded up; <= parts)
+
+    def unit_keys(self, kv_len: int, u: int) -> int:
+        """Keys of piece ``u`` (0-based) of a sequence of ``kv_len`` keys."""
+        return max(0, min(self.piece_keys, kv_len - u * self.piece_keys))
+
+
+def paged_split(batch_kv_heads: int, group: int, kv_len: int, table_keys: int, cores: int,
+                block: int = PAGE_BLOCK) -> PagedSplit:
+    """The split-KV decision of ops-transformer's incremental attention tiling for a paged cache
+    (``attention/incre_flash_attention/op_host/incre_flash_attention_tiling.cpp``):
+    ``IsFlashDecode`` / ``CheckCoreOkFlag`` split the KV when ``batch x KV heads <= 0.5 x cores``
+    and, with ``group`` > 1 query heads per KV head, the longest sequence has at least 2048 keys;
+    ``SplitBNS`` then takes ``kvSplitPart_ = cores // (batch x KV heads)`` pieces (fewer while the
+    longest sequence / pieces < 512) and cuts **the table's** keys, not the sequence's, into them:
+    with a paged cache ``seqSize_ = sMax_ = maxBlockNumPerBatch x blockSize``
+    (``ProcessPageAttentionFlag`` / ``KvShapePostProcess``), ``computeSeqSize = ceil(sMax / parts)``
+    rounded up to whole blocks. A sequence shorter than its table fills only the first pieces; the
+    others are empty, so their cores idle. ``table_keys`` below ``kv_len`` is taken as ``kv_len``
+    (a table always addresses the sequence). Units: keys and counts."""
+    bn, cores = max(1, batch_kv_heads), max(1, cores)
+    kv_len = max(1, kv_len)
+    table = max(kv_len, table_keys)
+    split = bn <= FD_CORE_RATIO * cores and (group <= 1 or kv_len >= FD_GQA_MIN_KEYS)
+    parts = cores // bn if split else 1
+    while parts > 1 and kv_len / parts < FD_MIN_PIECE_KEYS:
+        parts -= 1
+    parts = max(1, parts)
+    piece = math.ceil(math.ceil(table / parts) / block) * block
+    return PagedSplit(parts=parts, piece_keys=piece, pieces=min(parts, math.ceil(kv_len / piece)))
+
+
 def ramp_steps(blocks: int, max_steps: int = 48) -> list[int]:
     """``blocks`` KV blocks of one core cut into about ``max_steps`` pipeline steps: equal middle
     steps of ``size`` blocks, reached from single blocks at both ends by doubling (1, 2, 4, ...
@@ -132,5 +181,5 @@ def ramp_steps(blocks: int, max_steps: int = 48) -> list[int]:
     return ramp + [base + (1 if i < extra else 0) for i in range(count)] + ramp[::-1]
 
 
-__all__ = ["FlashPlan", "KV_BLOCK", "MIN_CHUNK_BLOCKS", "Q_BLOCK", "TILE_KEYS", "plan", "ramp_steps", "spread",
-           "tiles_per_block"]
+__all__ = ["FlashPlan", "KV_BLOCK", "MIN_CHUNK_BLOCKS", "PagedSplit", "Q_BLOCK", "TILE_KEYS", "paged_split", "plan",
+           "ramp_steps", "spread", "tiles_per_block"]

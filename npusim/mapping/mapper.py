@@ -33,7 +33,10 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
   K-split input a ``tp_k`` O-projection wants) and token-parallel otherwise (keys and
   values all-gathered across the group; in decode each core keeps its own sequences'
   cache). MLA (one latent KV shared by all heads) with at least one sequence per core is
-  split by whole sequences instead (output ``m``), so no core reads another's cache. QK^T and PV run on the cube, softmax on the vector unit; the KV cache is
+  split by whole sequences instead (output ``m``), so no core reads another's cache; MLA decode
+  splits the cached KV over the cores, or, when the op states its paged table's width
+  (``Op.kv_table_keys``), as the incremental kernel's ``SplitBNS`` does (``flash_attention.paged_split``:
+  pieces of the table, not of the sequence). QK^T and PV run on the cube, softmax on the vector unit; the KV cache is
   read from HBM (DMA) when it lives there, and prefill writes the new keys/values.
 * **Weights** stay resident in SRAM when the stage's shards fit next to the KV cache
   (a core holds its stage's layers' KV only) and the reserve; otherwise each core streams
@@ -1079,18 +1082,30 @@ class Mapper:
 
         split_kv = mla_by_sequence and mla_decode
         shares = [None if split_kv else share_of(i) for i in range(len(st.cores))]
+        # a paged cache whose table width the op states: the incremental kernel's own split
+        # (fa.paged_split), each core its (sequence, piece) units' keys; idle cores do nothing
+        paged = self._mla_paged_units(op, t) if split_kv and op.kv_table_keys > 0 else None
         # the attention kernel is a MIX kernel: each working core's AIC and AIVs first pay its extra
         # start and their prologues (attention_prologue_cycles; the split-KV decode gives every core work)
-        used = len(st.cores) if split_kv else sum(1 for x in shares if min(x[:3]) > 0)
+        used = (sum(1 for u in paged if u) if paged is not None else len(st.cores)) if split_kv \
+            else sum(1 for x in shares if min(x[:3]) > 0)
         prologue = attention_prologue_cycles(self.arch, used, len(st.cores))
         outs = []
         for i, c in enumerate(st.cores):
+            if paged is not None and not paged[i]:
+                outs.append(self._mla_paged_core(c, op, i, [], op.kv_bytes_per_token, [st.ready[i]], name,
+                                                 write_deps=[st.ready[i]]))
+                continue
             if split_kv or min(shares[i][:3]) > 0:
                 head = [st.ready[i]]
                 if prologue[0] > 0:  # before the AIC's first load
                     head = [prog.add_compute(c, "cube", prologue[0], deps=head, name=f"{name} AIC start")]
                 if prologue[1] > 0:  # the AIVs' on their pipe (in order before the softmax)
                     prog.add_compute(c, "vector", prologue[1], deps=[st.ready[i]], name=f"{name} AIV start")
+            if paged is not None:
+                outs.append(self._mla_paged_core(c, op, i, paged[i], op.kv_bytes_per_token, head, name,
+                                                 write_deps=[st.ready[i]]))
+                continue
             if split_kv:
                 outs.append(self._mla_split_kv(c, op, i, keys, op.kv_bytes_per_token, head, name,
                                                write_deps=[st.ready[i]]))
@@ -1408,6 +1423,75 @@ class Mapper:
         rate = l2_model.core_rate(l2, self.arch.clock_ghz, self.t, dma.bytes_per_cycle)
         return rate, l2_model.hit_latency_cycles(l2, self.arch.clock_ghz)
 
+    def _kv_read(self, c: int, op: Op, nbytes: int, offset: float, deps: list[int], name: str) -> list[int]:
+        """Core ``c`` reading ``nbytes`` of cached KV from HBM, split over its DMA engines when the read
+        is at least two 4 KB pieces (as the FlashAttention path's and the GEMM kernel's loads: the
+        core's per-core rate is its engines' sum). Returns the reads' tasks (none for 0 bytes)."""
+        if nbytes <= 0:
+            return []
+        engines = max(1, self.arch.cores.dma.engines)
+        parts = engines if nbytes >= 2 * 4096 else 1
+        size = nbytes // parts
+        return [self.prog.add_dma(c, size if k < parts - 1 else nbytes - size * (parts - 1),
+                                  address=self._kv_address(c, op, offset + k * size), dma_engine=k, deps=deps,
+                                  name=f"{name} read KV") for k in range(parts)]
+
+    def _mla_paged_units(self, op: Op, t: int) -> list[list[int]]:
+        """Each core's units' keys under the incremental kernel's paged split (:func:`fa.paged_split`,
+        ops-transformer ``IFATiling::SplitBNS`` / ``SplitBN``): with a split, core ``b x parts + p``
+        takes piece ``p`` of sequence ``b`` (empty pieces leave their cores idle); without one, the
+        sequences are dealt to the cores in contiguous runs (the first ``batch % cores`` one more)."""
+        sp = fa.paged_split(op.batch, op.heads, op.kv_len, op.kv_table_keys, t)
+        out: list[list[int]] = [[] for _ in range(t)]
+        if sp.parts > 1:
+            for b in range(op.batch):
+                for p in range(sp.parts):
+                    core = b * sp.parts + p
+                    if core < t and sp.unit_keys(op.kv_len, p) > 0:
+                        out[core].append(sp.unit_keys(op.kv_len, p))
+            return out
+        for i, n in enumerate(fa.spread(op.batch, t)):
+            out[i] = [op.kv_len] * n
+        return out
+
+    def _mla_paged_core(self, c: int, op: Op, i: int, unit_keys: list[int], kv_share: float, deps: list[int],
+                        name: str, write_deps: list[int] | None = None) -> int:
+        """Core ``i``'s MLA decode units under the paged split (:meth:`_mla_paged_units`): its keys
+        (``sum(unit_keys)``) stream in pipeline steps of about 512 keys (at most 8; each step's KV
+        read, split over the core's engines, is issued up front on the in-order DMA queues, so a
+        step's QK^T, softmax and PV overlap the next steps' reads), then the combine pass when the
+        kernel cut sequences into pieces. A core without units only writes its share of the new
+        tokens' KV."""
+        prog = self.prog
+        keys = sum(unit_keys)
+        rows, vd = op.q_len * op.heads, op.v_head_dim or op.head_dim
+        done = []
+        if keys > 0:
+            steps = max(1, min(8, math.ceil(keys / 512)))
+            cached = max(0, keys - op.q_len * len(unit_keys))  # the new token's key is not read back
+            for s in range(steps):
+                step_keys = max(1, _split(keys, steps, s))
+                cache = int(_split(cached, steps, s) * kv_share * self.kv_hbm_fraction)
+                reads = self._kv_read(c, op, cache, s * cache, deps, name)
+                scores = prog.add_gemm(c, rows, op.head_dim, step_keys, op.dtype, 1, deps=list(deps) + reads,
+                                       name=f"{name} QK")
+                elements = rows * step_keys
+                soft = prog.add_vector(c, "softmax", elements, op.dtype, name=f"{name} softmax", row_len=step_keys,
+                                       deps=[self._exchange(c, op, elements * SCORE_BYTES, [scores], f"{name} scores")])
+                p_ready = self._exchange(c, op, elements * DTYPE_BYTES[op.dtype], [soft], f"{name} P")
+                done.append(prog.add_gemm(c, rows, step_keys, vd, op.dtype, 1, deps=[p_ready], name=f"{name} PV"))
+        new_kv = int(_split(op.batch, self.t, i) * op.q_len * kv_share)  # this core's share of the new tokens
+        if self.kv_in_hbm and self.kv_hbm_fraction >= 1 and new_kv > 0:
+            prog.add_dma(c, new_kv, address=self._kv_address(c, op, keys * kv_share), write=True,
+                         dma_engine=min(1, self.arch.cores.dma.engines - 1), deps=write_deps or deps,
+                         name=f"{name} write KV")
+        if not done:
+            return prog.add_barrier(list(deps), name)
+        if all(k >= op.kv_len for k in unit_keys):  # whole sequences: nothing to combine
+            return prog.add_barrier(done, name)
+        return prog.add_vector(c, "elementwise", len(unit_keys) * rows * vd, op.dtype, deps=done,
+                               name=f"{name} combine")
+
     def _mla_split_kv(self, c: int, op: Op, i: int, keys: int, kv_share: float, deps: list[int], name: str,
                       write_deps: list[int] | None = None) -> int:
         """Core ``i``'s share of MLA decode attention, balanced by splitting the KV (split-KV, as
@@ -1433,9 +1517,7 @@ class Mapper:
             n = _split(units, pieces, p)
             step = list(deps)
             cache = int(n * cached * kv_share * self.kv_hbm_fraction)
-            if cache > 0:
-                step.append(prog.add_dma(c, cache, address=self._kv_address(c, op, p * cache), deps=deps,
-                                         name=f"{name} read KV"))
+            step += self._kv_read(c, op, cache, p * cache, deps, name)
             scores = prog.add_gemm(c, rows, op.head_dim, chunk_keys, op.dtype, n, deps=step, name=f"{name} QK")
             elements = n * rows * chunk_keys
             soft = prog.add_vector(c, "softmax", elements, op.dtype, name=f"{name} softmax", row_len=chunk_keys,

@@ -84,6 +84,9 @@ class Op:
     causal: bool = False
     variant: str = "mha"
     kv_bytes_per_token_override: int = 0
+    # keys a sequence's paged block table addresses (its width x the block size, the kernel's sMax);
+    # 0: unstated (MLA decode then splits the KV as if the table were as long as the sequence)
+    kv_table_keys: int = 0
     # vector
     elements: int = 0
     op_class: str = ""

@@ -300,8 +300,11 @@ class _Runner:
             if not (mla and rope and q == 1 and _int(s.get("kv_heads")) in (None, 1)):
                 return None
             latent = d + rope
+            # a paged cache's table width (blocks per sequence x block size): the kernel splits it, not the KV
+            table = (_int(s.get("max_blocks_per_seq")) or 0) * (_int(s.get("block_size")) or 0)
             op = Op("attention", "attention", dtype=dtype, q_len=q, kv_len=kv, heads=heads, kv_heads=1,
-                    head_dim=latent, v_head_dim=d, batch=batch, variant="mla", kv_bytes_per_token_override=latent * 2)
+                    head_dim=latent, v_head_dim=d, batch=batch, variant="mla", kv_bytes_per_token_override=latent * 2,
+                    kv_table_keys=table)
             nbytes = 2 * batch * (kv * latent + heads * q * (latent + d))
             how = "MLA decode (absorbed)"
         else:
