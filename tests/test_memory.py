@@ -138,6 +138,31 @@ def test_writes_complete_and_turnaround_costs(small_arch):
     assert mixed.now > reads.cycles  # twice the bytes plus turnarounds
 
 
+@pytest.mark.parametrize("preset", ["ascend-910b", "ascend-910c-die"])
+def test_analytical_stream_runs_at_the_data_bus_after_refresh(preset):
+    """Every channel of the analytical model loses the all-bank refresh time, ``(tRP + tRFC) /
+    tREFI`` of it (session 46): a stream by every DMA engine reaches the data-bus bound after
+    refresh (``bound_gbps``, 93% of peak on the Ascend presets; the vendor's read-only DataCopy
+    benchmark streams 1.49 TB/s over 48 AIVs), not the peak it reached before."""
+    from npusim.arch import load_arch
+
+    r = measure_memory(load_arch(preset), "stream", 64 << 20, mode="analytical")
+    assert r.bandwidth_gbps <= r.bound_gbps * 1.0001
+    assert r.bandwidth_gbps >= r.bound_gbps * 0.99, (r.bandwidth_gbps, r.bound_gbps)
+    assert r.efficiency < 0.95
+
+
+@pytest.mark.parametrize("timing", [{"tREFI": 0, "tRFC": 0}, None])
+def test_analytical_stream_keeps_the_bus_without_all_bank_refresh(arch64, timing):
+    """No refresh, or per-bank refresh (one bank closed, the bus kept): the analytical stream
+    reaches the peak, and is faster than with all-bank refresh."""
+    other = (_variant(arch64, hbm={"timing": timing}) if timing else _variant(arch64, hbm={"refresh": "per_bank"}))
+    base = measure_memory(arch64, "stream", 8 << 20, mode="analytical")
+    kept = measure_memory(other, "stream", 8 << 20, mode="analytical")
+    assert kept.efficiency >= 0.99 and kept.efficiency <= 1.0001
+    assert kept.bandwidth_gbps > base.bandwidth_gbps
+
+
 def test_analytical_matches_tlm_for_a_lone_stream(small_arch):
     shared = _variant(small_arch, hbm={"attach": "edge"})  # interleaved over all 4 channels
     tlm = measure_memory(shared, "stream", 256 * 1024, initiators=1)
@@ -150,8 +175,9 @@ def test_analytical_shares_bandwidth_but_ignores_dram_timing(arch64):
     ana = measure_memory(arch64, "stream", 8 << 20, mode="analytical")
     assert ana.bandwidth_gbps <= arch64.hbm.total_bandwidth_gbps * 1.0001
     assert sum(c["bytes"] for c in ana.per_channel) == 8 << 20
-    # no refresh or row switches: somewhat faster than TLM, but the same order
-    assert tlm.cycles * 0.8 <= ana.cycles <= tlm.cycles
+    # no row switches or scheduling, refresh as its long-run share of every channel's time (session 46):
+    # the same order as TLM; a run of 2 tREFI (this one) sees fewer refreshes in TLM than that share
+    assert tlm.cycles * 0.8 <= ana.cycles <= tlm.cycles * 1.05
     rand_tlm = measure_memory(arch64, "random", 4 << 20)
     rand_ana = measure_memory(arch64, "random", 4 << 20, mode="analytical")
     assert rand_ana.cycles < rand_tlm.cycles  # no row misses in the analytical model
@@ -193,12 +219,13 @@ def _channel_loop_reference(p, free, busy_ps, moved, burst_ps, init, addr, nbyte
         if pattern == PATTERN_LINEAR:
             used = min(n_ch, (nbytes + il - 1) // il)
     pcs, frontend = int(p[P.P_PCS]), int(p[P.P_FRONTEND])
+    keep = 1.0 if p[P.P_TREFI] <= 0 or p[P.P_REFRESH_PER_BANK] else 1.0 - (p[P.P_TRP] + p[P.P_TRFC]) / p[P.P_TREFI]
     ready = t0 + int(p[P.P_TRCD] + p[P.P_TCL] + 2 * p[P.P_FRONTEND] + p[P.P_BURST_PS]) - frontend
     done, ch = t0, first
     for i in range(used):
         share = nbytes // used + (1 if i < nbytes % used else 0)
         start = max(ready, int(free[ch]))
-        busy = int(np.ceil(share * int(burst_ps[ch * pcs]) / (int(p[P.P_BURST_BYTES]) * pcs)))
+        busy = int(np.ceil(share * int(burst_ps[ch * pcs]) / (int(p[P.P_BURST_BYTES]) * pcs * keep)))
         free[ch], busy_ps[ch], moved[ch] = start + busy, busy_ps[ch] + busy, moved[ch] + share
         done = max(done, start + busy + frontend)
         ch = (ch + step) % n_ch

@@ -19,6 +19,7 @@ beats the limits of the hardware it runs on, and a GEMM never gets faster as M, 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -52,6 +53,24 @@ def test_a_gemm_never_beats_its_cores_peak_or_the_hbm(costs, die, dtype, m, k, n
     assert res.peak_tflops_share <= res.peak_tflops_chip * (1 + 1e-9)
     assert res.time_us >= flops / (res.peak_tflops_share * 1e6) * (1 - 1e-9)  # the share's cube peak
     assert res.time_us >= res.min_hbm_bytes / (res.hbm_peak_bandwidth_gbps * 1e3) * (1 - 1e-9)  # HBM
+
+
+@pytest.mark.parametrize("die", DIES)
+@pytest.mark.parametrize("m, k, n", [(5, 7168, 8192), (16, 5120, 3200)])
+def test_a_decode_gemm_never_streams_hbm_above_its_bus_after_refresh(costs, die, m, k, n):
+    """A weight-streaming GEMM moves its HBM bytes no faster than the channels' data bus after
+    all-bank refresh (the analytical HBM's rate since session 46, ``bounds.py``'s stream bound):
+    at the die's peak instead, a 5 x 7168 x 8192 decode GEMM on the 910C die streamed 1.50 TB/s
+    where the vendor's read-only DataCopy benchmark reaches 1.49."""
+    from npusim.hw.memory.bounds import bandwidth_bound
+    from npusim.hw.memory.params import P_BURST_PS, P_PCS, P_TCCD, memory_params
+
+    p, _ = memory_params(costs[die].arch, "analytical")
+    units = int(costs[die].arch.hbm.channels * p[P_PCS])
+    bound = bandwidth_bound(p, np.full(units, p[P_BURST_PS]), np.full(units, p[P_TCCD]), "stream")["bound_gbps"]
+    assert bound < costs[die].gemm(1, 128, 128).hbm_peak_bandwidth_gbps * 0.95  # the long-run bound: refresh counted
+    res = costs[die].gemm(m, k, n, "bf16")
+    assert res.hbm_bandwidth_gbps <= bound * 1.001, (res.hbm_bandwidth_gbps, bound)
 
 
 @PROBE

@@ -45,6 +45,13 @@ How each family is run (assumptions):
   values, split-KV over the cores). Not run: rows without a KV length (``"not stated"``), MLA
   prefill, the varlen TND prefill rows (their sequences' lengths are not given: attention's work
   is the sum of their squares), linear attention / GDN / KDA (no model). Roofline: ``max(4 b h q kv d / peak, (Q + K + V + O) bytes / HBM bandwidth)``.
+* **memory** -- a read-only global-memory stream (the vendor's DataCopy sample: GM -> UB over the
+  AIVs, GM -> L1 with ND -> NZ over the AICs, no compute, no write-back): the kernel's start
+  (``kernel.start_us``) plus ``npusim mem``'s stream of the tensor's bytes (``repeat`` passes)
+  through the row's cores' DMA engines at the analytical memory fidelity (:meth:`_Runner.memory`).
+  Not modelled: the bytes per row of a strided copy (a 128 B run costs more than its bytes),
+  unaligned rows, ND -> NZ; not run: passes the L2 should serve (``l2_slices``). Roofline: the
+  bytes at the HBM's peak.
 * **collective** -- HCCL all-gather, reduce-scatter and all-reduce over the first ``ranks`` dies of
   ``target`` (:func:`~npusim.system.measure.run_collective`, flow fidelity), ``msg_bytes_total`` in
   the nccl-tests convention, or ``msg_bytes_per_rank``: one rank's tensor (:func:`collective_bytes`;
@@ -92,8 +99,11 @@ rows of the validation half only.
 
 from __future__ import annotations
 
+import math
 import re
 
+from npusim.arch.derived import summarize
+from npusim.arch.schema import DTYPE_BYTES
 from npusim.errors import NpusimError
 from npusim.validate.published import published
 from npusim.validate.rows import Row
@@ -283,6 +293,31 @@ class _Runner:
             "; in-model: its first input from the L2" if in_model and res.l2_read_bytes else "") + (
             "; run alone: its writes kept by the L2" if "writes kept" in res.mapping else "")
 
+    def memory(self, r: dict, target: str) -> tuple[float, float, str] | None:
+        """A read-only global-memory stream (a DataCopy benchmark: no compute, no write-back):
+        the kernel's device-side start (``kernel.start_us``) plus ``npusim mem``'s stream of the
+        tensor's bytes, ``repeat`` passes, through the DMA engines of the row's cores at the analytical
+        memory fidelity (:func:`npusim.sim.memory_probe.measure_memory`). Not run: passes the L2
+        should serve (``l2_slices``: the analytical stream has no L2). The run length per row of a
+        strided copy and the ND -> NZ conversion are not modelled (every byte streams at the
+        channels' rate). Roofline: the bytes at the HBM's peak."""
+        from npusim.sim.memory_probe import measure_memory
+
+        s = r.get("shape") or {}
+        tensor = s.get("read_tensor")
+        if not tensor or "measured_us" not in r or s.get("l2_slices"):
+            return None
+        arch = self.cost(target).arch
+        repeat = _int(s.get("repeat")) or 1
+        nbytes = math.prod(int(x) for x in tensor) * DTYPE_BYTES[_dtype(r.get("dtype", "fp16"))]
+        cores = min(_cores(r) or arch.num_cores, arch.num_cores)
+        rep = measure_memory(arch, "stream", nbytes, mode="analytical", repeat=repeat,
+                             initiators=cores * arch.cores.dma.engines)
+        start = arch.kernel.start_us if arch.kernel is not None else 0.0
+        roof = repeat * nbytes / (summarize(arch).hbm_bandwidth_gbps * 1e3)
+        return start + rep.time_ns / 1e3, roof, (f"read-only stream of {repeat} x {nbytes / 1e6:.1f} MB over {cores} cores, "
+                                                 f"{rep.bandwidth_gbps:.0f} GB/s + kernel start {start} us")
+
     def attention(self, r: dict, target: str) -> tuple[float, float, str] | None:
         from npusim.model.ir import Op
 
@@ -377,7 +412,7 @@ def operator_rows(quick: bool = False, families: tuple[str, ...] | None = None) 
     steered_rows = sec.get("steered_rows", [])  # single validation rows that steered a choice: fitted
     runner = _Runner()
     run = {"gemm": runner.gemm, "vector": runner.vector, "attention": runner.attention,
-           "collective": runner.collective, "runtime": runner.runtime}
+           "collective": runner.collective, "runtime": runner.runtime, "memory": runner.memory}
     rows: list[Row] = []
     profiled = {s["id"] for s in sec["sources"] if s.get("kind") == "profiling"}
     for i, r, alternatives in _fastest(sec["rows"], profiled):
