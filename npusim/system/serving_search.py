@@ -159,6 +159,20 @@ class ServeTask:
     output_len: int
     seed: int = 0
     index: int = 0  # its place in the search's list (results come back in completion order)
+    # step points earlier checks simulated (serving.known_steps, as ((key, ((x, y), ms), ...), ...)): the checks
+    # of one process share them (serving._instance), but each round's worker pool is new processes, so the
+    # search hands each check what the checks of the rounds before it simulated
+    steps: tuple = ()
+
+
+def steps_tuple(steps: dict) -> tuple:
+    """``serving.known_steps``'s dict as a :class:`ServeTask`'s ``steps`` (sorted: the same tuple for the same points)."""
+    return tuple(sorted((k, tuple(sorted(v.items()))) for k, v in steps.items()))
+
+
+def merge_steps(into: dict, steps: dict | None) -> None:
+    for k, v in (steps or {}).items():
+        into.setdefault(k, {}).update(v)
 
 
 def serve_candidate(task: ServeTask) -> dict:
@@ -166,11 +180,13 @@ def serve_candidate(task: ServeTask) -> dict:
     from npusim.serving.metrics import summarize
     from npusim.serving.workload import RequestSource
     from npusim.system.deploy import ServingDeployment, scenario
-    from npusim.system.serving import serve_pools
+    from npusim.system.serving import add_known_steps, known_steps, serve_pools
 
     try:
         dep = ServingDeployment(**task.deployment)
-        loaded, cc = _system(dep.system, dep.nodes)
+        loaded, cc = _system(dep.system, dep.nodes)  # one pair a process (lru_cache): its checks share points
+        add_known_steps(loaded, cc, {k: dict(v) for k, v in task.steps})
+        before = sum(map(len, known_steps(loaded, cc).values()))
         loaded, pools = scenario(dep, loaded=loaded)
         cfg = get_config(dep.model)
         # aggregated replicas at C = their slots share nothing: each refills its own freed slot, so one
@@ -203,7 +219,10 @@ def serve_candidate(task: ServeTask) -> dict:
                 "requests_completed": s["requests_completed"], "num_prompts": prompts,
                 "max_concurrency": conc, "mean_concurrency": s["mean_concurrency"],
                 "replicas": replicas,  # served as one of this many identical replicas (the figures above: one's)
-                "conservation": s["conservation"], "reason": None}
+                "conservation": s["conservation"], "reason": None,
+                # step points this check simulated itself (the others it was handed or found in its process)
+                "step_points_simulated": sum(map(len, known_steps(loaded, cc).values())) - before,
+                "_steps": known_steps(loaded, cc)}
     except NpusimError as exc:
         return {"_task": task.index, "served": False, "reason": str(exc)}
     except Exception as exc:  # a bug: recorded, the search goes on
@@ -494,13 +513,17 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     clock = time.perf_counter()
     out_cands: list[tuple[dict, dict, int]] = []
     batch = chosen
+    known: dict = {}  # step points the checks so far simulated, handed to the next round's (see ServeTask)
     for rnd in range(BACKOFF_ROUNDS + 1):
         tasks = []
         for c in batch:
             conc = c["slots"]  # the concurrency its batch limit implies (at most max_concurrency: see cands)
-            tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks)))
+            tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks),
+                                   steps_tuple(known)))
         served: list[dict] = []
         run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
+        for r in served:
+            merge_steps(known, r.pop("_steps", None))
         results = list(zip(batch, _in_order(served, tasks)))
         out_cands += [(c, r, rnd) for c, r in results]
         # a served candidate that misses an objective is served again at half its decode batch limit
