@@ -320,3 +320,41 @@ def test_a_merged_step_dict_round_trips_through_a_task():
     assert {k: dict(v) for k, v in t} == known
     assert steps_tuple(dict(reversed(list(known.items())))) == t
 
+
+def test_a_resumed_search_takes_its_finished_ladders_from_the_records_and_answers_the_same(monkeypatch):
+    """``--resume-steps``: a ladder whose every step an interrupted run logged is taken from the log, not
+    simulated; the rest are simulated; the answer is the one the uninterrupted search gave."""
+    import npusim.system.serving_search as ss
+    from npusim.system.search import run_plan_point
+
+    args = dict(SEARCH, serve_top=1)
+    logged = []
+    full = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, step_log=logged.extend)
+    assert full["resumed_points"] == 0 and logged
+    ran = []
+    monkeypatch.setattr(ss, "run_plan_point", lambda pt: ran.append(pt) or run_plan_point(pt))
+    again = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, resume=logged)
+    assert not ran and again["resumed_points"] == len(logged)
+    cut = logged[:-1]  # the interruption lost the last record: its ladder runs again, from its first step
+    last = logged[-1]
+    part = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, resume=cut)
+    assert ran and all(pt.plan == last["plan"] and pt.phase == last["phase"] for pt in ran)
+    same = lambda c: {k: v for k, v in (c or {}).items() if k != "step_points_simulated"}  # noqa: E731
+    for r in (again, part):  # the served checks found their points in this process's memo: not simulated again
+        assert same(r["best"]) == same(full["best"]) and full["best"] is not None
+        assert [c.get("output_throughput_per_npu") for c in r["candidates"]] == \
+            [c.get("output_throughput_per_npu") for c in full["candidates"]]
+
+
+def test_step_records_are_read_back_without_a_torn_last_line(tmp_path):
+    from npusim.errors import ConfigError
+    from npusim.system.serving_search import read_step_records
+
+    p = tmp_path / "steps.jsonl"
+    p.write_text('{"phase": "decode", "plan": {"npus": 1}, "batch": 2, "feasible": true}\n{"phase": "dec')
+    assert read_step_records(p) == [{"phase": "decode", "plan": {"npus": 1}, "batch": 2, "feasible": True}]
+    p.write_text('{"pha\n{"phase": "decode", "plan": {"npus": 1}, "batch": 2, "feasible": true}\n')
+    with pytest.raises(ConfigError, match="line 1"):
+        read_step_records(p)
+    with pytest.raises(ConfigError, match="no such file"):
+        read_step_records(tmp_path / "none.jsonl")

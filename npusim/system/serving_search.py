@@ -229,6 +229,55 @@ def serve_candidate(task: ServeTask) -> dict:
         return {"_task": task.index, "served": False, "reason": f"{type(exc).__name__}: {exc}"}
 
 
+def _step_key(phase: str, plan: dict, batch) -> str:
+    import json
+
+    return json.dumps([phase, plan, batch], sort_keys=True, default=str)
+
+
+def step_index(records: list[dict]) -> dict[str, dict]:
+    """Step records by (phase, plan, batch), those of a worker that died left out (never simulated)."""
+    return {_step_key(r["phase"], r["plan"], r["batch"]): r for r in records
+            if r.get("phase") and not str(r.get("reason") or "").startswith("the worker running this plan died")}
+
+
+def resumed_ladder(task: Ladder, have: dict[str, dict]) -> list[dict] | None:
+    """What :func:`run_ladder` would return for ``task``, from earlier records: each point's record in order
+    up to the first infeasible one; None when a point it would run has no record."""
+    out = []
+    for pt in task.points:
+        rec = have.get(_step_key(pt.phase, pt.plan, pt.batch))
+        if rec is None:
+            return None
+        out.append(rec)
+        if not rec["feasible"]:
+            break
+    return out
+
+
+def read_step_records(path) -> list[dict]:
+    """The records of a ``steps.jsonl`` (``plan --serving --out DIR``), one JSON object a line; a last line
+    cut short by an interruption is left out."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--resume-steps {path}: no such file (a search's --out DIR/steps.jsonl)")
+    out = []
+    lines = p.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if i == len(lines) - 1:
+                break
+            raise ConfigError(f"--resume-steps {path}: line {i + 1} is not a step record") from None
+    return out
+
+
 def steady_throughput(records, concurrency: int) -> float | None:
     """Output tokens/s while the closed loop is full: tokens made between the first refill (the send of
     request ``concurrency``) and the last send, over that window (None when there is no such window)."""
@@ -320,14 +369,33 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                    kv_dtype: str = "bf16", max_pp: int = 1, routing: str = "uniform", seed: int = 0,
                    serve_top: int = 2, max_concurrency: int | None = None, workers: int = 1, client=None,
                    kv_fabric: str | None = None, progress=None, runtime: str | None = None,
-                   plans_per_size: int | None = None, step_log=None) -> dict:
+                   plans_per_size: int | None = None, step_log=None, resume: list[dict] | None = None) -> dict:
     """Search serving deployments (see the module docstring): ``best``, ``best_per_objective``,
     ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps).
     ``runtime``: every step's runtime mode, eager / graph (None: the system's default per phase), in
     the step search, in the served candidates and in each candidate's deployment (``runtime:``).
     ``step_log(records)``: called with each ladder's step records as it finishes (a long search's
-    steps kept as they come, e.g. ``plan --serving --out DIR``'s ``steps.jsonl``)."""
-    from npusim.pool import run_points
+    steps kept as they come, e.g. ``plan --serving --out DIR``'s ``steps.jsonl``). ``resume``: the step records
+    of an interrupted run of the same search (:func:`read_step_records`); a ladder whose every step is among
+    them is taken from them (and logged again), not simulated (:func:`resumed_ladder`)."""
+    from npusim.pool import run_points as _run_points
+
+    have = step_index(resume or [])
+    resumed = [0]
+
+    def run_points(fn, items, finished, failed, workers, client):
+        """The pool's run_points, with the ladders an interrupted run finished taken from its records."""
+        if fn is run_ladder and have:
+            todo = []
+            for t in items:
+                recs = resumed_ladder(t, have)
+                if recs is None:
+                    todo.append(t)
+                else:
+                    resumed[0] += len(recs)
+                    finished(recs)
+            items = todo
+        _run_points(fn, items, finished, failed, workers, client)
 
     loaded, _ = _system(system, nodes)
     cfg = get_config(model)
@@ -583,6 +651,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
             "skipped_plans": len(skipped), "skipped": _skip_counts(skipped), "plans_per_size": plans_per_size,
             "prefill_sizes_skipped": sorted(skipped_prefill),
             "decode_points": sum(len(rs) for rs in decode_recs), "prefill_points": len(prefill_recs),
+            "resumed_points": resumed[0],
             "deployments_estimated": len(cands),
             "wall_s": {"steps": steps_s, "serving": time.perf_counter() - clock}}
 
