@@ -267,3 +267,94 @@ def test_the_serve_top_places_go_to_distinct_deployments(monkeypatch):
         keys = [deployment_key(t.deployment) for t in served if t.deployment["mode"] == mode]
         assert len(keys) >= 2
         assert len(set(keys)) == len(keys)
+
+
+def _small_task(per_npu, steps=()):
+    from npusim.system.serving_search import ServeTask
+
+    plan = {"npus": 1, "tp": 2, "dp": 1, "ep": 1, "pp": 1, "mtp": 0}
+    dep = {"model": "qwen3-0.6b", "system": "cloudmatrix384", "nodes": 1, "slo_ttft_ms": 2000, "slo_tpot_ms": 50,
+           "runtime": None, "mode": "disaggregated", "kv_transfer": {"fabric": "rdma", "via": "sdma"},
+           "pools": [{"role": "prefill", "instances": 1, "plan": plan, "max_batch_per_npu": 64, "tokens_per_npu": 1024,
+                      "chunk_tokens": 0},
+                     {"role": "decode", "instances": 1, "plan": plan, "max_batch_per_npu": per_npu,
+                      "tokens_per_npu": 16384, "chunk_tokens": 0}]}
+    return ServeTask(dep, 3 * per_npu, per_npu, 512, 16, 0, 0, steps)
+
+
+def test_serving_checks_share_step_points_in_a_process_and_across_processes():
+    """A search's checks share their step points: in one process (search._system keeps the loaded system and
+    chip-cost model, so serving._instance's memo holds) and, since session 46, across processes (each round's
+    worker pool is new processes: a check is handed what earlier rounds simulated). The served figures are
+    exactly those of a check that simulated every point itself."""
+    import npusim.system.serving_search as ss
+    from npusim.system.search import _system
+
+    _system.cache_clear()
+    first = ss.serve_candidate(_small_task(8))
+    assert first["served"] and first["step_points_simulated"] > 0
+    steps = first.pop("_steps")
+    assert sum(map(len, steps.values())) == first["step_points_simulated"]
+    again = ss.serve_candidate(_small_task(8))  # same process: every point already known
+    assert again["step_points_simulated"] == 0
+    half = ss.serve_candidate(_small_task(4))  # a back-off round's half batch: most of its points known
+    _system.cache_clear()  # another process (its own system and chip-cost model), handed the first check's points
+    handed = ss.serve_candidate(_small_task(4, ss.steps_tuple(steps)))
+    _system.cache_clear()  # another process, simulating every point itself
+    alone = ss.serve_candidate(_small_task(4))
+    assert handed["step_points_simulated"] == half["step_points_simulated"] < alone["step_points_simulated"]
+    drop = ("_steps", "step_points_simulated")
+    assert {k: v for k, v in again.items() if k not in drop} == {k: v for k, v in first.items() if k not in drop}
+    for r in (half, handed):
+        assert {k: v for k, v in r.items() if k not in drop} == {k: v for k, v in alone.items() if k not in drop}
+
+
+def test_a_merged_step_dict_round_trips_through_a_task():
+    from npusim.system.serving_search import merge_steps, steps_tuple
+
+    known = {}
+    merge_steps(known, {("p", "decode"): {(1, 128): 2.5}})
+    merge_steps(known, {("p", "decode"): {(2, 128): 3.0}, ("q", "prefill"): {(64, 512): 9.0}})
+    merge_steps(known, None)
+    t = steps_tuple(known)
+    assert {k: dict(v) for k, v in t} == known
+    assert steps_tuple(dict(reversed(list(known.items())))) == t
+
+
+def test_a_resumed_search_takes_its_finished_ladders_from_the_records_and_answers_the_same(monkeypatch):
+    """``--resume-steps``: a ladder whose every step an interrupted run logged is taken from the log, not
+    simulated; the rest are simulated; the answer is the one the uninterrupted search gave."""
+    import npusim.system.serving_search as ss
+    from npusim.system.search import run_plan_point
+
+    args = dict(SEARCH, serve_top=1)
+    logged = []
+    full = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, step_log=logged.extend)
+    assert full["resumed_points"] == 0 and logged
+    ran = []
+    monkeypatch.setattr(ss, "run_plan_point", lambda pt: ran.append(pt) or run_plan_point(pt))
+    again = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, resume=logged)
+    assert not ran and again["resumed_points"] == len(logged)
+    cut = logged[:-1]  # the interruption lost the last record: its ladder runs again, from its first step
+    last = logged[-1]
+    part = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, resume=cut)
+    assert ran and all(pt.plan == last["plan"] and pt.phase == last["phase"] for pt in ran)
+    same = lambda c: {k: v for k, v in (c or {}).items() if k != "step_points_simulated"}  # noqa: E731
+    for r in (again, part):  # the served checks found their points in this process's memo: not simulated again
+        assert same(r["best"]) == same(full["best"]) and full["best"] is not None
+        assert [c.get("output_throughput_per_npu") for c in r["candidates"]] == \
+            [c.get("output_throughput_per_npu") for c in full["candidates"]]
+
+
+def test_step_records_are_read_back_without_a_torn_last_line(tmp_path):
+    from npusim.errors import ConfigError
+    from npusim.system.serving_search import read_step_records
+
+    p = tmp_path / "steps.jsonl"
+    p.write_text('{"phase": "decode", "plan": {"npus": 1}, "batch": 2, "feasible": true}\n{"phase": "dec')
+    assert read_step_records(p) == [{"phase": "decode", "plan": {"npus": 1}, "batch": 2, "feasible": True}]
+    p.write_text('{"pha\n{"phase": "decode", "plan": {"npus": 1}, "batch": 2, "feasible": true}\n')
+    with pytest.raises(ConfigError, match="line 1"):
+        read_step_records(p)
+    with pytest.raises(ConfigError, match="no such file"):
+        read_step_records(tmp_path / "none.jsonl")

@@ -63,6 +63,10 @@ def add_parser(sub):
                    "ladders from 16 sequences per NPU, prompt steps for instances of at most a quarter of the budget, "
                    "then the other micro-batch and MTP choices of the two best coarse plans; every skip is counted "
                    "and printed (default: every plan)")
+    g.add_argument("--resume-steps", type=Path, default=None, help="--serving: an interrupted search's "
+                   "steps.jsonl (--out DIR of the same search): a ladder whose every step is there is taken from it, "
+                   "not simulated again (a step record is a deterministic function of its plan, batch and the search's "
+                   "arguments: give the same ones)")
     g.add_argument("--kv-fabric", default=None, help="--serving: the fabric KV moves over between pools (default: "
                    "rdma or roce, whichever the system has)")
     p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png (--serving: also "
@@ -171,6 +175,11 @@ def run_serving_plan(args) -> int:
     client = connect(args.scheduler) if args.scheduler else None
     workers = args.workers if args.workers is not None else default_workers()
     step_log = None
+    resume = None
+    if args.resume_steps is not None:  # read before --out's steps.jsonl is emptied: it may be the same file
+        from npusim.system.serving_search import read_step_records
+
+        resume = read_step_records(args.resume_steps)
     if args.out:  # the step records as they finish: a long search's steps survive an interruption
         import json
 
@@ -189,7 +198,8 @@ def run_serving_plan(args) -> int:
                                     PLAN_PRECISION[args.precision], args.kv_dtype, args.max_pp or 1,
                                     args.routing, args.seed, args.serve_top, args.max_concurrency, workers, client,
                                     args.kv_fabric, progress=lambda done, total: progress(0, done, total),
-                                    runtime=args.runtime, plans_per_size=args.plans_per_size, step_log=step_log)
+                                    runtime=args.runtime, plans_per_size=args.plans_per_size, step_log=step_log,
+                                    resume=resume)
     finally:
         if client is not None:
             client.close()

@@ -189,12 +189,37 @@ def route_tokens(ep: int, tokens_per_rank: int, top_k: int, experts: int, weight
     rng = np.random.default_rng(seed + 1)
     with np.errstate(divide="ignore"):
         logw = np.log(weights)
-    neg = rng.gumbel(size=(ep, tokens_per_rank, experts))  # becomes -(log w + Gumbel), in place
-    neg += logw[None, None, :]
-    np.negative(neg, out=neg)
+    if ep == 0 or tokens_per_rank == 0 or experts == 0:
+        return _pick(np.empty((ep, tokens_per_rank, experts)), top_k, groups, groups_per_token, balanced, False)
+    kernel = groups > 1 and not balanced and bool(np.all(weights > 0))
+    # the keys drawn a block of ranks at a time (the generator fills an array element by element in C
+    # order, so consecutive blocks are the one draw's numbers): a block stays small, picks are per token
+    block = max(1, ROUTE_BLOCK_KEYS // (tokens_per_rank * experts))
+    parts = []
+    for r0 in range(0, ep, block):
+        neg = rng.gumbel(size=(min(block, ep - r0), tokens_per_rank, experts))  # becomes -(log w + Gumbel)
+        neg += logw[None, None, :]
+        np.negative(neg, out=neg)
+        parts.append(_pick(neg, top_k, groups, groups_per_token, balanced, kernel))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+#: keys drawn at once by :func:`route_tokens` (float64: 32 MB)
+ROUTE_BLOCK_KEYS = 1 << 22
+
+
+def _pick(neg: np.ndarray, top_k: int, groups: int, groups_per_token: int, balanced: bool,
+          kernel: bool) -> np.ndarray:
+    """Each token's ``top_k`` experts, best first, from its negated keys ``neg[rank, token, :]``."""
     if groups > 1:
-        return _route_grouped(neg, top_k, groups, groups_per_token or groups, balanced)
-    if top_k == experts:
+        keep = groups_per_token or groups
+        if kernel:  # the same choice in one Numba pass (npusim.system.routing_kernel)
+            from npusim.system.routing_kernel import grouped_topk
+            out = np.empty(neg.shape[:2] + (top_k,), np.int64)
+            grouped_topk(neg, top_k, groups, keep, out)
+            return out
+        return _route_grouped(neg, top_k, groups, keep, balanced)
+    if top_k == neg.shape[2]:
         return np.argsort(neg, axis=2, kind="stable")
     # the k largest keys (argpartition, linear), then in descending order: argsort's first k
     top = np.argpartition(neg, top_k - 1, axis=2)[:, :, :top_k]

@@ -537,12 +537,7 @@ def _instance(loaded: LoadedSystem, source, phase: str, model, seed: int, cc: Ch
     else:
         inst = plan_instance(loaded, source, phase, model, seed, cc, runtime)
     key = (repr(source), phase, repr(get_config(model)), seed, runtime)
-    ids = (id(loaded), id(cc))
-    if ids not in _STEPS:
-        _STEPS[ids] = {}
-        weakref.finalize(loaded, _STEPS.pop, ids, None)
-        weakref.finalize(cc, _STEPS.pop, ids, None)
-    memo = _STEPS[ids].setdefault(key, {})
+    memo = _steps_of(loaded, cc).setdefault(key, {})
     step = inst.step
 
     def shared(x: int, y: int) -> float:
@@ -550,6 +545,35 @@ def _instance(loaded: LoadedSystem, source, phase: str, model, seed: int, cc: Ch
             memo[(x, y)] = step(x, y)
         return memo[(x, y)]
     return replace(inst, step=shared)
+
+
+def _steps_of(loaded: LoadedSystem, cc: ChipCost) -> dict:
+    ids = (id(loaded), id(cc))
+    if ids not in _STEPS:
+        _STEPS[ids] = {}
+        weakref.finalize(loaded, _STEPS.pop, ids, None)
+        weakref.finalize(cc, _STEPS.pop, ids, None)
+    return _STEPS[ids]
+
+
+def known_steps(loaded: LoadedSystem, cc: ChipCost) -> dict:
+    """The step points this process knows for ``loaded`` and ``cc``: ``{instance key: {(x, y): ms}}`` (the
+    keys of :func:`_instance`), to hand to another process's :func:`add_known_steps` on the same system and
+    chip-cost model (a search's serving checks on the worker pool: each worker is a separate process)."""
+    return {k: dict(v) for k, v in _STEPS.get((id(loaded), id(cc)), {}).items() if v}
+
+
+def add_known_steps(loaded: LoadedSystem, cc: ChipCost, steps: dict) -> int:
+    """Take step points another process simulated on the same system and chip-cost model (see
+    :func:`known_steps`); points already known stay. Returns the points added."""
+    mine, added = _steps_of(loaded, cc), 0
+    for key, points in steps.items():
+        memo = mine.setdefault(key, {})
+        for xy, ms in points.items():
+            if xy not in memo:
+                memo[xy] = ms
+                added += 1
+    return added
 
 
 def serve_pools(loaded: LoadedSystem, pools: list[PoolSpec], requests: list[Request], model: str | ModelConfig,

@@ -159,6 +159,20 @@ class ServeTask:
     output_len: int
     seed: int = 0
     index: int = 0  # its place in the search's list (results come back in completion order)
+    # step points earlier checks simulated (serving.known_steps, as ((key, ((x, y), ms), ...), ...)): the checks
+    # of one process share them (serving._instance), but each round's worker pool is new processes, so the
+    # search hands each check what the checks of the rounds before it simulated
+    steps: tuple = ()
+
+
+def steps_tuple(steps: dict) -> tuple:
+    """``serving.known_steps``'s dict as a :class:`ServeTask`'s ``steps`` (sorted: the same tuple for the same points)."""
+    return tuple(sorted((k, tuple(sorted(v.items()))) for k, v in steps.items()))
+
+
+def merge_steps(into: dict, steps: dict | None) -> None:
+    for k, v in (steps or {}).items():
+        into.setdefault(k, {}).update(v)
 
 
 def serve_candidate(task: ServeTask) -> dict:
@@ -166,11 +180,13 @@ def serve_candidate(task: ServeTask) -> dict:
     from npusim.serving.metrics import summarize
     from npusim.serving.workload import RequestSource
     from npusim.system.deploy import ServingDeployment, scenario
-    from npusim.system.serving import serve_pools
+    from npusim.system.serving import add_known_steps, known_steps, serve_pools
 
     try:
         dep = ServingDeployment(**task.deployment)
-        loaded, cc = _system(dep.system, dep.nodes)
+        loaded, cc = _system(dep.system, dep.nodes)  # one pair a process (lru_cache): its checks share points
+        add_known_steps(loaded, cc, {k: dict(v) for k, v in task.steps})
+        before = sum(map(len, known_steps(loaded, cc).values()))
         loaded, pools = scenario(dep, loaded=loaded)
         cfg = get_config(dep.model)
         # aggregated replicas at C = their slots share nothing: each refills its own freed slot, so one
@@ -203,11 +219,63 @@ def serve_candidate(task: ServeTask) -> dict:
                 "requests_completed": s["requests_completed"], "num_prompts": prompts,
                 "max_concurrency": conc, "mean_concurrency": s["mean_concurrency"],
                 "replicas": replicas,  # served as one of this many identical replicas (the figures above: one's)
-                "conservation": s["conservation"], "reason": None}
+                "conservation": s["conservation"], "reason": None,
+                # step points this check simulated itself (the others it was handed or found in its process)
+                "step_points_simulated": sum(map(len, known_steps(loaded, cc).values())) - before,
+                "_steps": known_steps(loaded, cc)}
     except NpusimError as exc:
         return {"_task": task.index, "served": False, "reason": str(exc)}
     except Exception as exc:  # a bug: recorded, the search goes on
         return {"_task": task.index, "served": False, "reason": f"{type(exc).__name__}: {exc}"}
+
+
+def _step_key(phase: str, plan: dict, batch) -> str:
+    import json
+
+    return json.dumps([phase, plan, batch], sort_keys=True, default=str)
+
+
+def step_index(records: list[dict]) -> dict[str, dict]:
+    """Step records by (phase, plan, batch), those of a worker that died left out (never simulated)."""
+    return {_step_key(r["phase"], r["plan"], r["batch"]): r for r in records
+            if r.get("phase") and not str(r.get("reason") or "").startswith("the worker running this plan died")}
+
+
+def resumed_ladder(task: Ladder, have: dict[str, dict]) -> list[dict] | None:
+    """What :func:`run_ladder` would return for ``task``, from earlier records: each point's record in order
+    up to the first infeasible one; None when a point it would run has no record."""
+    out = []
+    for pt in task.points:
+        rec = have.get(_step_key(pt.phase, pt.plan, pt.batch))
+        if rec is None:
+            return None
+        out.append(rec)
+        if not rec["feasible"]:
+            break
+    return out
+
+
+def read_step_records(path) -> list[dict]:
+    """The records of a ``steps.jsonl`` (``plan --serving --out DIR``), one JSON object a line; a last line
+    cut short by an interruption is left out."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--resume-steps {path}: no such file (a search's --out DIR/steps.jsonl)")
+    out = []
+    lines = p.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if i == len(lines) - 1:
+                break
+            raise ConfigError(f"--resume-steps {path}: line {i + 1} is not a step record") from None
+    return out
 
 
 def steady_throughput(records, concurrency: int) -> float | None:
@@ -301,14 +369,33 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                    kv_dtype: str = "bf16", max_pp: int = 1, routing: str = "uniform", seed: int = 0,
                    serve_top: int = 2, max_concurrency: int | None = None, workers: int = 1, client=None,
                    kv_fabric: str | None = None, progress=None, runtime: str | None = None,
-                   plans_per_size: int | None = None, step_log=None) -> dict:
+                   plans_per_size: int | None = None, step_log=None, resume: list[dict] | None = None) -> dict:
     """Search serving deployments (see the module docstring): ``best``, ``best_per_objective``,
     ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps).
     ``runtime``: every step's runtime mode, eager / graph (None: the system's default per phase), in
     the step search, in the served candidates and in each candidate's deployment (``runtime:``).
     ``step_log(records)``: called with each ladder's step records as it finishes (a long search's
-    steps kept as they come, e.g. ``plan --serving --out DIR``'s ``steps.jsonl``)."""
-    from npusim.pool import run_points
+    steps kept as they come, e.g. ``plan --serving --out DIR``'s ``steps.jsonl``). ``resume``: the step records
+    of an interrupted run of the same search (:func:`read_step_records`); a ladder whose every step is among
+    them is taken from them (and logged again), not simulated (:func:`resumed_ladder`)."""
+    from npusim.pool import run_points as _run_points
+
+    have = step_index(resume or [])
+    resumed = [0]
+
+    def run_points(fn, items, finished, failed, workers, client):
+        """The pool's run_points, with the ladders an interrupted run finished taken from its records."""
+        if fn is run_ladder and have:
+            todo = []
+            for t in items:
+                recs = resumed_ladder(t, have)
+                if recs is None:
+                    todo.append(t)
+                else:
+                    resumed[0] += len(recs)
+                    finished(recs)
+            items = todo
+        _run_points(fn, items, finished, failed, workers, client)
 
     loaded, _ = _system(system, nodes)
     cfg = get_config(model)
@@ -494,13 +581,17 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     clock = time.perf_counter()
     out_cands: list[tuple[dict, dict, int]] = []
     batch = chosen
+    known: dict = {}  # step points the checks so far simulated, handed to the next round's (see ServeTask)
     for rnd in range(BACKOFF_ROUNDS + 1):
         tasks = []
         for c in batch:
             conc = c["slots"]  # the concurrency its batch limit implies (at most max_concurrency: see cands)
-            tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks)))
+            tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks),
+                                   steps_tuple(known)))
         served: list[dict] = []
         run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
+        for r in served:
+            merge_steps(known, r.pop("_steps", None))
         results = list(zip(batch, _in_order(served, tasks)))
         out_cands += [(c, r, rnd) for c, r in results]
         # a served candidate that misses an objective is served again at half its decode batch limit
@@ -560,6 +651,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
             "skipped_plans": len(skipped), "skipped": _skip_counts(skipped), "plans_per_size": plans_per_size,
             "prefill_sizes_skipped": sorted(skipped_prefill),
             "decode_points": sum(len(rs) for rs in decode_recs), "prefill_points": len(prefill_recs),
+            "resumed_points": resumed[0],
             "deployments_estimated": len(cands),
             "wall_s": {"steps": steps_s, "serving": time.perf_counter() - clock}}
 
