@@ -247,7 +247,11 @@ def test_more_decode_cores_never_increase_tbt_at_equal_load(arch64):
 
 
 def test_higher_hbm_bandwidth_never_slows_a_memory_bound_decode(arch64):
-    reqs = synthetic_requests(8, 50.0, input_len=(16, 64), output_len=(8, 16), seed=11)
+    # all requests at once with equal lengths, so every bandwidth runs the same batches: with Poisson
+    # arrivals a slower chip may gather more requests into an iteration and finish sooner (at 300 GB/s
+    # 328 tokens/s against 316 at 1,200 for 8 requests at 50/s, session 46: a scheduling effect, not
+    # a faster step), which is not the physical property asserted here
+    reqs = synthetic_requests(8, 1e9, input_len=(32, 32), output_len=(12, 12), seed=11)
     tbt = []
     for total_gbps in (300, 1200, 2400):
         arch = validate(Arch, deep_merge(arch64.model_dump(), {"hbm": {
