@@ -1473,13 +1473,7 @@ class Mapper:
                 step_keys = max(1, _split(keys, steps, s))
                 cache = int(_split(cached, steps, s) * kv_share * self.kv_hbm_fraction)
                 reads = self._kv_read(c, op, cache, s * cache, deps, name)
-                scores = prog.add_gemm(c, rows, op.head_dim, step_keys, op.dtype, 1, deps=list(deps) + reads,
-                                       name=f"{name} QK")
-                elements = rows * step_keys
-                soft = prog.add_vector(c, "softmax", elements, op.dtype, name=f"{name} softmax", row_len=step_keys,
-                                       deps=[self._exchange(c, op, elements * SCORE_BYTES, [scores], f"{name} scores")])
-                p_ready = self._exchange(c, op, elements * DTYPE_BYTES[op.dtype], [soft], f"{name} P")
-                done.append(prog.add_gemm(c, rows, step_keys, vd, op.dtype, 1, deps=[p_ready], name=f"{name} PV"))
+                done.append(self._mla_step(c, op, step_keys, 1, list(deps) + reads, name))
         new_kv = int(_split(op.batch, self.t, i) * op.q_len * kv_share)  # this core's share of the new tokens
         if self.kv_in_hbm and self.kv_hbm_fraction >= 1 and new_kv > 0:
             prog.add_dma(c, new_kv, address=self._kv_address(c, op, keys * kv_share), write=True,
@@ -1491,6 +1485,19 @@ class Mapper:
             return prog.add_barrier(done, name)
         return prog.add_vector(c, "elementwise", len(unit_keys) * rows * vd, op.dtype, deps=done,
                                name=f"{name} combine")
+
+    def _mla_step(self, c: int, op: Op, keys: int, units: int, deps: list[int], name: str) -> int:
+        """One pipeline step of MLA decode on core ``c``: ``units`` units of ``keys`` keys each --
+        ``QK^T`` on the cube, the scores handed to the vector side, softmax, the probabilities handed
+        back, ``PV`` on the cube (each hand-off by :meth:`_exchange`). Returns the ``PV`` task."""
+        prog = self.prog
+        rows, vd = op.q_len * op.heads, op.v_head_dim or op.head_dim
+        scores = prog.add_gemm(c, rows, op.head_dim, keys, op.dtype, units, deps=deps, name=f"{name} QK")
+        elements = units * rows * keys
+        soft = prog.add_vector(c, "softmax", elements, op.dtype, name=f"{name} softmax", row_len=keys,
+                               deps=[self._exchange(c, op, elements * SCORE_BYTES, [scores], f"{name} scores")])
+        p_ready = self._exchange(c, op, elements * DTYPE_BYTES[op.dtype], [soft], f"{name} P")
+        return prog.add_gemm(c, rows, keys, vd, op.dtype, units, deps=[p_ready], name=f"{name} PV")
 
     def _mla_split_kv(self, c: int, op: Op, i: int, keys: int, kv_share: float, deps: list[int], name: str,
                       write_deps: list[int] | None = None) -> int:
@@ -1518,12 +1525,7 @@ class Mapper:
             step = list(deps)
             cache = int(n * cached * kv_share * self.kv_hbm_fraction)
             step += self._kv_read(c, op, cache, p * cache, deps, name)
-            scores = prog.add_gemm(c, rows, op.head_dim, chunk_keys, op.dtype, n, deps=step, name=f"{name} QK")
-            elements = n * rows * chunk_keys
-            soft = prog.add_vector(c, "softmax", elements, op.dtype, name=f"{name} softmax", row_len=chunk_keys,
-                                   deps=[self._exchange(c, op, elements * SCORE_BYTES, [scores], f"{name} scores")])
-            p_ready = self._exchange(c, op, elements * DTYPE_BYTES[op.dtype], [soft], f"{name} P")
-            done.append(prog.add_gemm(c, rows, chunk_keys, vd, op.dtype, n, deps=[p_ready], name=f"{name} PV"))
+            done.append(self._mla_step(c, op, chunk_keys, n, step, name))
         if self.kv_in_hbm and self.kv_hbm_fraction >= 1:
             prog.add_dma(c, int(_split(op.batch, t, i) * op.q_len * kv_share),
                          address=self._kv_address(c, op, units * cached * kv_share), write=True,
