@@ -331,10 +331,18 @@ def test_a_resumed_search_takes_its_finished_ladders_from_the_records_and_answer
     logged = []
     full = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, step_log=logged.extend)
     assert full["resumed_points"] == 0 and logged
-    ran = []
+    checks = [r for r in logged if r["phase"] == "serve"]  # the serving checks are logged too
+    assert checks and len(checks) == full["evaluated"] and full["resumed_checks"] == 0
+    ran, served = [], []
     monkeypatch.setattr(ss, "run_plan_point", lambda pt: ran.append(pt) or run_plan_point(pt))
-    again = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, resume=logged)
-    assert not ran and again["resumed_points"] == len(logged)
+    serve = ss.serve_candidate
+    monkeypatch.setattr(ss, "serve_candidate", lambda t: served.append(t) or serve(t))
+    relogged = []
+    again = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, resume=logged, step_log=relogged.extend)
+    assert not ran and again["resumed_points"] == len(logged) - len(checks)
+    assert not served and again["resumed_checks"] == len(checks)  # no check served again
+    assert sorted(map(str, relogged)) == sorted(map(str, logged))  # the new log is complete again
+    logged = [r for r in logged if r["phase"] != "serve"]  # below: only the steps resumed, the checks served
     cut = logged[:-1]  # the interruption lost the last record: its ladder runs again, from its first step
     last = logged[-1]
     part = ss.search_serving(**args, slo_ttft_ms=2000, slo_tpot_ms=50, resume=cut)

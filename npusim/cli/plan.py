@@ -65,8 +65,9 @@ def add_parser(sub):
                    "and printed (default: every plan)")
     g.add_argument("--resume-steps", type=Path, default=None, help="--serving: an interrupted search's "
                    "steps.jsonl (--out DIR of the same search): a ladder whose every step is there is taken from it, "
-                   "not simulated again (a step record is a deterministic function of its plan, batch and the search's "
-                   "arguments: give the same ones)")
+                   "and a serving check logged there (phase: serve) too, not simulated again (a step record is a "
+                   "deterministic function of its plan, batch and the search's arguments, a check of its deployment, "
+                   "prompts and lengths: give the same ones)")
     g.add_argument("--kv-fabric", default=None, help="--serving: the fabric KV moves over between pools (default: "
                    "rdma or roce, whichever the system has)")
     p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png (--serving: also "

@@ -238,7 +238,7 @@ def _step_key(phase: str, plan: dict, batch) -> str:
 def step_index(records: list[dict]) -> dict[str, dict]:
     """Step records by (phase, plan, batch), those of a worker that died left out (never simulated)."""
     return {_step_key(r["phase"], r["plan"], r["batch"]): r for r in records
-            if r.get("phase") and not str(r.get("reason") or "").startswith("the worker running this plan died")}
+            if r.get("phase") in ("prefill", "decode") and not str(r.get("reason") or "").startswith("the worker running this plan died")}
 
 
 def resumed_ladder(task: Ladder, have: dict[str, dict]) -> list[dict] | None:
@@ -252,6 +252,33 @@ def resumed_ladder(task: Ladder, have: dict[str, dict]) -> list[dict] | None:
         out.append(rec)
         if not rec["feasible"]:
             break
+    return out
+
+
+def serve_key(task: ServeTask) -> str:
+    """What a serving check's result is a deterministic function of: its deployment, prompts, concurrency,
+    lengths and seed (not its place in the list, nor the step points it was handed: those only save it time)."""
+    import json
+
+    return json.dumps([task.deployment, task.num_prompts, task.concurrency, task.input_len, task.output_len,
+                       task.seed], sort_keys=True, default=str)
+
+
+def served_record(task: ServeTask, result: dict) -> dict:
+    """A serving check's result as a ``steps.jsonl`` line (``phase: serve``), its step points as lists."""
+    rec = {k: v for k, v in result.items() if k not in ("_task", "_steps")}
+    steps = [[list(k), [[list(xy), ms] for xy, ms in v.items()]] for k, v in (result.get("_steps") or {}).items()]
+    return {"phase": "serve", "serve_key": serve_key(task), "result": rec, "steps": steps}
+
+
+def served_index(records: list[dict]) -> dict[str, dict]:
+    """The serving checks an interrupted search logged (:func:`served_record`), by :func:`serve_key`: each
+    its result again with its step points (``_steps``, handed on to later rounds' checks)."""
+    out = {}
+    for r in records:
+        if r.get("phase") == "serve" and r.get("serve_key") and isinstance(r.get("result"), dict):
+            steps = {tuple(k): {tuple(xy): ms for xy, ms in pts} for k, pts in r.get("steps") or []}
+            out[r["serve_key"]] = {**r["result"], "_steps": steps}
     return out
 
 
@@ -374,13 +401,16 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     ``candidates``, ``pareto``, ``evaluated`` (served candidates), ``step_points`` (simulated steps).
     ``runtime``: every step's runtime mode, eager / graph (None: the system's default per phase), in
     the step search, in the served candidates and in each candidate's deployment (``runtime:``).
-    ``step_log(records)``: called with each ladder's step records as it finishes (a long search's
-    steps kept as they come, e.g. ``plan --serving --out DIR``'s ``steps.jsonl``). ``resume``: the step records
-    of an interrupted run of the same search (:func:`read_step_records`); a ladder whose every step is among
-    them is taken from them (and logged again), not simulated (:func:`resumed_ladder`)."""
+    ``step_log(records)``: called with each ladder's step records as it finishes, and with each serving
+    check's :func:`served_record` (a long search's work kept as it comes, e.g. ``plan --serving --out DIR``'s
+    ``steps.jsonl``). ``resume``: the records of an interrupted run of the same search
+    (:func:`read_step_records`); a ladder whose every step is among them is taken from them (and logged
+    again), not simulated (:func:`resumed_ladder`), and a serving check among them is taken from them
+    (:func:`served_index`). ``progress(done, total)`` counts ladders and serving checks."""
     from npusim.pool import run_points as _run_points
 
     have = step_index(resume or [])
+    have_served = served_index(resume or [])
     resumed = [0]
 
     def run_points(fn, items, finished, failed, workers, client):
@@ -582,6 +612,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
     out_cands: list[tuple[dict, dict, int]] = []
     batch = chosen
     known: dict = {}  # step points the checks so far simulated, handed to the next round's (see ServeTask)
+    resumed_checks = [0]
     for rnd in range(BACKOFF_ROUNDS + 1):
         tasks = []
         for c in batch:
@@ -589,7 +620,27 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
             tasks.append(ServeTask(c["deployment"], 3 * conc, conc, input_len, output_len, seed, len(tasks),
                                    steps_tuple(known)))
         served: list[dict] = []
-        run_points(serve_candidate, tasks, served.append, _serve_died, workers, client)
+        total += len(tasks)
+
+        def checked(r: dict) -> None:
+            served.append(r)
+            if step_log is not None and not str(r.get("reason") or "").startswith("the worker serving"):
+                step_log([served_record(tasks[r["_task"]], r)])
+            done[0] += 1
+            if progress:
+                progress(done[0], total)
+        todo = []
+        for t in tasks:  # a check an interrupted run of the same search finished: its logged result
+            r = have_served.get(serve_key(t))
+            if r is None:
+                todo.append(t)
+            else:
+                resumed_checks[0] += 1
+                served.append({**r, "_task": t.index})
+                if step_log is not None:  # logged again: this run's log holds every check it answered
+                    step_log([served_record(t, r)])
+                done[0] += 1
+        run_points(serve_candidate, todo, checked, _serve_died, workers, client)
         for r in served:
             merge_steps(known, r.pop("_steps", None))
         results = list(zip(batch, _in_order(served, tasks)))
@@ -651,7 +702,7 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
             "skipped_plans": len(skipped), "skipped": _skip_counts(skipped), "plans_per_size": plans_per_size,
             "prefill_sizes_skipped": sorted(skipped_prefill),
             "decode_points": sum(len(rs) for rs in decode_recs), "prefill_points": len(prefill_recs),
-            "resumed_points": resumed[0],
+            "resumed_points": resumed[0], "resumed_checks": resumed_checks[0],
             "deployments_estimated": len(cands),
             "wall_s": {"steps": steps_s, "serving": time.perf_counter() - clock}}
 
