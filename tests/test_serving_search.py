@@ -366,3 +366,34 @@ def test_step_records_are_read_back_without_a_torn_last_line(tmp_path):
         read_step_records(p)
     with pytest.raises(ConfigError, match="no such file"):
         read_step_records(tmp_path / "none.jsonl")
+
+
+def _cand(mode, x, y, batch, tput, feasible=True):
+    plan = {"npus": 2, "tp": 1, "dp": 2, "ep": 2, "pp": 1, "mtp": 0, "microbatches": 1, "redundant_experts": 0,
+            "eplb": "none"}
+    pools = [{"role": "decode", "instances": y, "plan": plan, "max_batch_per_npu": batch, "tokens_per_npu": 128}]
+    if mode == "disaggregated":
+        pools.insert(0, {"role": "prefill", "instances": x, "plan": plan, "max_batch_per_npu": 64, "tokens_per_npu": 128})
+    return {"mode": mode, "deployment": {"mode": mode, "pools": pools},
+            "estimate": {"output_throughput_per_npu": tput}, "estimate_feasible": feasible}
+
+
+def test_backoff_takes_the_half_batch_at_another_prefill_count_when_the_same_one_was_not_estimated():
+    """A disaggregated deployment at half its decode batch is rate-matched to fewer prefill instances: the
+    back-off serves the same pools at that count (the best feasible estimate), never a served one."""
+    from npusim.system.serving_search import backoff_candidate, deployment_key
+
+    missed = _cand("disaggregated", 4, 2, 32, 100.0)
+    other_pools = _cand("disaggregated", 2, 1, 16, 500.0)  # another decode count: not the same deployment
+    half_x3, half_x2 = _cand("disaggregated", 3, 2, 16, 80.0), _cand("disaggregated", 2, 2, 16, 90.0)
+    half_x1 = _cand("disaggregated", 1, 2, 16, 95.0, feasible=False)
+    cands = [missed, other_pools, half_x3, half_x2, half_x1]
+    assert backoff_candidate(missed, cands, set()) is half_x2
+    assert backoff_candidate(missed, cands, {deployment_key(half_x2["deployment"])}) is half_x3
+    exact = _cand("disaggregated", 4, 2, 16, 10.0, feasible=False)  # the same prefill count: taken first
+    assert backoff_candidate(missed, cands + [exact], set()) is exact
+    agg = _cand("aggregated", 0, 2, 32, 100.0)  # aggregated: only the same deployment at half
+    assert backoff_candidate(agg, cands, set()) is None
+    assert backoff_candidate(agg, cands + [_cand("aggregated", 0, 2, 16, 1.0)], set())["deployment"]["pools"][0][
+        "max_batch_per_npu"] == 16
+    assert backoff_candidate(_cand("disaggregated", 4, 2, 1, 1.0), cands, set()) is None  # nothing below 2

@@ -201,8 +201,10 @@ def test_plan_serving_cli_checks_by_serving_and_the_file_serves_again(tmp_path, 
     assert all(c["feasible"] or c["reason"] for c in r["candidates"])
     assert r["pareto"] and all(p["feasible"] for p in r["pareto"])
     assert (tmp_path / "deployment.yaml").is_file() and (tmp_path / "plan.json").is_file()
-    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]  # as they finished
+    recs = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]  # as they finished
+    steps = [s for s in recs if s["phase"] != "serve"]
     assert len(steps) == r["decode_points"] + r["prefill_points"] and all("feasible" in s for s in steps)
+    assert len(recs) - len(steps) == r["evaluated"]  # each serving check logged once
     assert main(argv) == 0
     assert "estimate error" in capsys.readouterr().out
     client = ["run", "--deployment", str(tmp_path / "deployment.yaml"), "--dataset", "random", "--input-len", "512",

@@ -71,7 +71,7 @@ def add_parser(sub):
     g.add_argument("--kv-fabric", default=None, help="--serving: the fabric KV moves over between pools (default: "
                    "rdma or roce, whichever the system has)")
     p.add_argument("--out", type=Path, default=None, help="directory for plan.json and pareto.png (--serving: also "
-                   "steps.jsonl, each step as it finishes, and deployment.yaml)")
+                   "steps.jsonl, each step and serving check as it finishes, and deployment.yaml)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p

@@ -46,7 +46,9 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    TPOT meet the objectives. A served candidate that misses an objective is served
    again at half its decode batch limit (up to ``BACKOFF_ROUNDS`` times, each with that candidate's own
    estimate; each served candidate's ``serve_round`` says which: 0 for the first), since the step estimate misses queueing: without it a looser search could stop at an
-   infeasible large batch whose quarter point is far below what a tighter search finds.
+   infeasible large batch whose quarter point is far below what a tighter search finds. A disaggregated
+   deployment at half the batch needs fewer prefill instances to match its rate, so when the same prefill
+   count was not estimated, the same pools at another prefill count are (:func:`backoff_candidate`).
 
 **Full scale** (``plans_per_size``): before any step is simulated, :func:`prune_plans` skips the plans
 that cannot hold the model and their lowest batch's KV, or whose roofline TPOT (weights and KV read
@@ -328,12 +330,36 @@ def _pareto(points: list[dict]) -> list[dict]:
                  lambda p: p["output_throughput_per_npu"])
 
 
-def _label(c: dict) -> str:
+def _label(c: dict, prefill_count: bool = True) -> str:
+    """A candidate's pools, instances, plans and batch limits (``prefill_count=False``: the prefill pool's
+    instance count left out, the key of :func:`backoff_candidate`'s rate-matched fallback)."""
     from npusim.system.search import plan_label
 
-    return " + ".join(f"{p['instances']}x {p['role']} [{plan_label(p['plan'])} mtp{p['plan']['mtp']} "
+    return " + ".join(f"{p['instances'] if prefill_count or p['role'] != 'prefill' else 'n'}x {p['role']} "
+                      f"[{plan_label(p['plan'])} mtp{p['plan']['mtp']} "
                       f"b{p['max_batch_per_npu'] * p['plan']['npus'] if p['role'] != 'prefill' else '-'}]"
                       for p in c["deployment"]["pools"])
+
+
+def backoff_candidate(c: dict, cands: list[dict], done: set) -> dict | None:
+    """The candidate a served one that missed an objective is served as next: the same deployment at half
+    its decode batch limit (:func:`_scaled`), with its own estimate. A disaggregated deployment at half the
+    batch is rate-matched to fewer prefill instances, so when the same prefill count has no candidate, the
+    same pools at any prefill count: the estimate-feasible one with the most estimated tokens/s per NPU
+    (the cheapest to serve among equals), else the best estimate. None when there is none not yet served
+    (``done``: :func:`deployment_key` s)."""
+    half = _scaled(c, 2)
+    if half is None:
+        return None
+    fresh = [d for d in cands if deployment_key(d["deployment"]) not in done]
+    exact = [d for d in fresh if _label(d) == _label(half)]
+    if exact:
+        return exact[0]
+    if c["mode"] != "disaggregated":
+        return None
+    same = [d for d in fresh if _label(d, prefill_count=False) == _label(half, prefill_count=False)]
+    rank = lambda d: (not d.get("estimate_feasible", True), -d["estimate"]["output_throughput_per_npu"], _size(d))  # noqa: E731
+    return min(same, key=rank) if same else None
 
 
 def deployment_key(dep: dict) -> tuple:
@@ -605,9 +631,6 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         chosen += [c for c in mine if c not in chosen]
     meets = lambda r: ((slo_ttft_ms is None or r["ttft_ms"] <= slo_ttft_ms)  # noqa: E731
                        and (slo_tpot_ms is None or r["tpot_ms"] <= slo_tpot_ms))
-    by_label = {}
-    for c in cands:
-        by_label.setdefault(_label(c), c)
     clock = time.perf_counter()
     out_cands: list[tuple[dict, dict, int]] = []
     batch = chosen
@@ -647,14 +670,13 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         out_cands += [(c, r, rnd) for c, r in results]
         # a served candidate that misses an objective is served again at half its decode batch limit
         # (with that candidate's own estimate), so a looser search reaches what a tighter one serves
-        done = {deployment_key(c["deployment"]) for c, _, _ in out_cands}
+        served_keys = {deployment_key(c["deployment"]) for c, _, _ in out_cands}
         batch = []
         for c, r in results:
-            half = _scaled(c, 2) if r.get("served") and not meets(r) else None
-            nxt = by_label.get(_label(half)) if half is not None else None
-            if nxt is not None and deployment_key(nxt["deployment"]) not in done:
+            nxt = backoff_candidate(c, cands, served_keys) if r.get("served") and not meets(r) else None
+            if nxt is not None:
                 batch.append(nxt)
-                done.add(deployment_key(nxt["deployment"]))
+                served_keys.add(deployment_key(nxt["deployment"]))
         if not batch:
             break
     chosen = [c for c, _, _ in out_cands]
