@@ -28,7 +28,8 @@ How a forward pass is laid out (see ``spec.py`` for the partitions and layouts):
   N-tile so only one gathered tile is in SRAM at a time, each core computes its token
   rows; output ``m``), ``tp_mnk`` (``a x b`` grid: weights all-gathered along ``b``,
   partial sums all-reduced along ``a``; output ``mb``); ``auto`` picks the lowest
-  estimated compute + communication time per GEMM.
+  estimated time per GEMM: weight stream, gathers, compute and reductions as each lowering
+  orders them (:meth:`Mapper._partition`).
 * **Attention** is head-parallel when its input is replicated (output ``feat``: the
   K-split input a ``tp_k`` O-projection wants) and token-parallel otherwise (keys and
   values all-gathered across the group; in decode each core keeps its own sequences'
@@ -716,16 +717,48 @@ class Mapper:
 
         t, (a, b) = self.t, self.grid
         m, k, n = op.m * op.batch, op.k, op.n
-        cost = {
-            # both overlap their communication with compute tile by tile
-            "tp_k": max(comp(m, math.ceil(k / t), n), (t - 1) / t * m * n * e / bw),  # reduce-scatter
-            "tp_mn": max(comp(math.ceil(m / t), k, n), (t - 1) / t * k * n * e / bw),
+        # every partition streams 1/t of a streamed weight per core (tp_mn / tp_mnk then gather the rest
+        # along the row); with few tokens the stream, not the array, bounds each core
+        streamed = op.weight and not (self.resident and not self.first_use) and op.name not in self.resident_ops
+        stream = op.weight_bytes / t / self._core_stream_gbps() if streamed else 0.0
+
+        def pipe(stages: list[float], pieces: int) -> float:
+            """``stages`` (the whole operand's time in each) run piece by piece through two buffers: a
+            piece's first stage waits for the piece two back to leave the last one, so a piece takes
+            the slowest stage's share or half the chain's, whichever is longer; the first fills it."""
+            q = max(1, pieces)
+            per = [x / q for x in stages]
+            return sum(per) + (q - 1) * max(max(per), sum(per) / 2 if len(per) > 2 else max(per))
+
+        def tiles(k_c: int, n_c: int) -> int:  # the N tiles a core's streamed shard comes in
+            return len(self._tile_widths(core, max(1, int(op.weight_bytes / t)), n_c)) if op.weight else 1
+
+        def gathered(k_c: int) -> int:  # the N pieces a row's weight all-gather is cut into
+            return self._gathered_tiles(k_c, n, op.weight_elem_bytes) if op.weight else 1
+
+        cost = {  # the lowerings' own orders (_k_split_gemm, _grid_gemm, _n_split_gemm)
+            # partial sums reduce-scattered tile by tile behind the next tile's GEMM
+            "tp_k": pipe([stream, comp(m, math.ceil(k / t), n), (t - 1) / t * m * n * e / bw], tiles(k // t, n)),
+            # each piece: shards streamed, all-gathered along the row, the GEMM
+            "tp_mn": pipe([stream, (t - 1) / t * k * n * e / bw, comp(math.ceil(m / t), k, n)], gathered(k)),
+            # the input gathered first, then the N shard streamed tile by tile
+            "tp_n": (t - 1) / t * m * k * e / bw + pipe([stream, comp(m, k, math.ceil(n / t))], tiles(k, n // t)),
         }
-        cost["tp_n"] = comp(m, k, math.ceil(n / t)) + (t - 1) / t * m * k * e / bw  # input gathered first
-        if a > 1 and b > 1:
-            cost["tp_mnk"] = (max(comp(math.ceil(m / b), math.ceil(k / a), n), (b - 1) / b * (k / a) * n * e / bw)
+        if a > 1 and b > 1:  # rows gather their K/a shards piece by piece, then columns all-reduce
+            cost["tp_mnk"] = (pipe([stream, (b - 1) / b * (k / a) * n * e / bw, comp(math.ceil(m / b), math.ceil(k / a), n)],
+                                   gathered(k // a))
                               + 2 * (a - 1) / a * (m / b) * n * e / bw)
         return min(cost, key=cost.get)
+
+    def _core_stream_gbps(self) -> float:
+        """A core's share of the HBM while every core of the mapping streams (GB/s), at most its DMA
+        engines' port rate: the estimate's weight-stream rate (``auto``'s ranking only)."""
+        from npusim.arch.derived import channel_bandwidths_gbps
+
+        cores = len(self.region) if self.region else self.arch.num_cores
+        dma = self.arch.cores.dma
+        port = dma.engines * (dma.bytes_per_cycle or dma.transaction_bytes) * self.arch.clock_ghz
+        return min(port, float(channel_bandwidths_gbps(self.arch).sum()) / cores)
 
     def _weight_base(self, op: Op) -> int:
         if op.name not in self.weight_addr:

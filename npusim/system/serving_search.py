@@ -644,6 +644,8 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                                    steps_tuple(known)))
         served: list[dict] = []
         total += len(tasks)
+        if progress:
+            progress(done[0], total)
 
         def checked(r: dict) -> None:
             served.append(r)
