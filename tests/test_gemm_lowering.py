@@ -79,7 +79,8 @@ def test_kernel_gemm_in_a_forward_pass_waits_for_the_op_before():
 def test_dies_without_base_blocks_keep_the_tp_lowering():
     graph = Graph("g", [Op("l0.mlp.up_proj", "gemm", 0, "bf16", m=16, k=2048, n=4096, weight=True)], batch=1)
     spec = spec_from_flags(tp=4)
-    assert map_model(graph, load_arch("npusim-64c"), spec).decisions["l0.mlp.up_proj"] == "tp_k"
+    # npusim-64c has no kernel section: a TP partition (auto's pick, tp_n here: 16,654 cycles against tp_k's 18,632)
+    assert map_model(graph, load_arch("npusim-64c"), spec).decisions["l0.mlp.up_proj"] in ("tp_k", "tp_n", "tp_mn", "tp_mnk")
     assert map_model(graph, load_arch("ascend-910b"), spec).decisions["l0.mlp.up_proj"] == "aclnn kernel"
 
 
