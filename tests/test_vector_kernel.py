@@ -286,3 +286,56 @@ def test_a_split_softmax_reads_its_row_twice_and_never_gets_faster_as_the_row_gr
     big = res[-1]
     assert "read twice" in big.mapping and "read twice" not in res[2].mapping
     assert big.hbm_read_bytes + big.l2_read_bytes >= 2 * 16 * 151936 * 2
+
+
+def test_interleave_rope_splits_as_its_tiling_does():
+    """ops-transformer interleave_rope_tiling.cpp (B11D): by batch when B >= min(AIVs, N x S), else by
+    heads with every block walking every batch; a batch's heads in loops of 63 on a 192 KiB UB."""
+    from npusim.hw.compute.vector_kernel import interleave_rope_split
+
+    ub = 192 * 1024
+    s = interleave_rope_split(2048, 16, 48, ub)  # DSV3 prefill q_pe: ceil(2048 / 48) = 43 batches a block
+    assert (s.axis, s.blocks, max(s.loops), s.heads, sum(s.loops)) == ("batch", 48, 43, 16, 2048)
+    s = interleave_rope_split(5, 16, 48, ub)  # decode, B < N x S: 16 blocks of one head, each all 5 batches
+    assert (s.axis, s.blocks, s.loops, s.heads) == ("ns", 16, (5,) * 16, 1)
+    assert interleave_rope_split(16, 16, 48, ub).axis == "batch"  # B >= N x S
+    s = interleave_rope_split(49, 16, 48, ub)  # B >= AIVs: two a block, 25 blocks
+    assert (s.axis, s.blocks, max(s.loops)) == ("batch", 25, 2)
+    s = interleave_rope_split(2, 128, 48, ub)  # ceil(128 / 48) = 3 heads a block, 43 blocks
+    assert (s.axis, s.blocks, s.heads) == ("ns", 43, 3)
+    s = interleave_rope_split(64, 128, 48, ub)  # 128 heads a batch in loops of 63: 3 loops a batch
+    assert (s.heads, max(s.loops)) == (63, 2 * 3)
+    with pytest.raises(ValueError):
+        interleave_rope_split(0, 16, 48, ub)
+
+
+def test_an_interleave_rope_walks_its_batches_one_loop_at_a_time():
+    """On the heads split every block walks every batch in turn: 14 more batches cost at least 14 of
+    its loops' instructions (interleave_rope_b11d.h Rope, single-buffered), on the blocks its tiling
+    launches."""
+    from npusim.hw.compute.vector_kernel import aiv_tile_cycles
+
+    die = "ascend-910c-die"
+    kc, clock = load_arch(die).kernel, load_arch(die).clock_ghz
+    cc = ChipCost(die, persist=False)
+    one, many = (cc.vector(_op("rope", b, 16 * 64, "interleave")) for b in (1, 15))
+    assert "split by ns: 16 AIVs" in many.mapping and "15 single-buffered loops of 1 heads" in many.mapping
+    loop_us = aiv_tile_cycles("rope", "interleave", 1, 64, cycles_per_repeat=kc.vector_cycles_per_repeat,
+                              instruction_cycles=kc.vector_instruction_cycles) / (clock * 1e3)
+    assert many.time_us - one.time_us >= 14 * loop_us
+    with pytest.raises(Exception, match="row_len"):
+        cc.vector(_op("rope", 4, 100, "interleave"))  # a row is whole heads of 64
+
+
+def test_an_interleave_rope_never_gets_faster_as_its_batches_grow():
+    """Across its tiling's switch from the heads split to the batch split (B = N x S = 16) and from
+    one batch a block to two (B = 49 on 48 AIVs) the time never falls, and never beats the HBM."""
+    cc = ChipCost("ascend-910c-die", persist=False)
+    prev = 0.0
+    for b in (1, 2, 8, 14, 15, 16, 17, 47, 48, 49, 50, 96, 97, 256, 2048):
+        op = _op("rope", b, 16 * 64, "interleave")
+        res = cc.vector(op)
+        assert res.time_us >= prev - 1e-9, b
+        assert res.time_us >= 2 * 2 * op.elements / (res.hbm_peak_bandwidth_gbps * 1e3)
+        prev = res.time_us
+    assert "held at its 15-batch heads-split time" in cc.vector(_op("rope", 16, 16 * 64, "interleave")).mapping

@@ -54,7 +54,14 @@ left in the L2 from it, ``absorb_writes`` keeps the output in a write-back L2 wi
 ``vector_cycles_per_repeat`` a chunk's compute is its busiest AIV's rows (the core's AIVs take them
 evenly) timed from the instructions of the op's reference kernel at the AIV's vector width and
 each instruction's start (:func:`~npusim.hw.compute.vector_kernel.aiv_tile_cycles`) instead of the
-lane model.
+lane model. An InterleaveRope (``rope`` with ``fn="interleave"``, its row one batch's ``N x S x 64``
+elements) runs as its tiling splits it (:func:`~npusim.hw.compute.vector_kernel.interleave_rope_split`:
+by batch, or by heads with every block walking every batch), one loop per batch (or per loop of a
+batch's heads), every queue single-buffered, each loop also loading that batch's cos and sin
+(2 x 64 elements) from HBM; the AIVs it launches are its blocks (charged at the batches up to the
+die's AIVs on the batch split, so the prologue never falls as the batches grow), and from the batches
+where the tiling switches from the heads split to the batch split (which the vendor kernel may run
+faster) its time is held at least at the last batch count of the heads split (never faster as B grows).
 
 **Ops and graphs** (:meth:`ChipCost.op`, :meth:`ChipCost.graph`): a ``gemm`` op goes through the
 GEMM kernel above (``batch x m`` rows against one weight, or ``batch`` products with their own
@@ -116,8 +123,8 @@ from npusim.config import validate
 from npusim.errors import ConfigError
 from npusim.files import write_json
 from npusim.hw.compute.vector import quantizes
-from npusim.hw.compute.vector_kernel import (aiv_tile_cycles, is_copy, launched_aivs, setup_share, softmax_chunks,
-                                              split_rows, ub_tiling)
+from npusim.hw.compute.vector_kernel import (INTERLEAVE_HEAD, UbTiling, aiv_tile_cycles, interleave_rope_split, is_copy,
+                                              launched_aivs, setup_share, softmax_chunks, split_rows, ub_tiling)
 from npusim.hw.memory import l2 as l2_model
 from npusim.hw.memory.params import MODES as MEMORY_MODES
 from npusim.mapping.gemm_kernel import (MB, Emitter, GemmPlan, Planner, _blocks, _cdiv, _nbytes, _split,
@@ -415,8 +422,37 @@ class ChipCost:
             key["resident_inputs"] = resident
         if absorbed:
             key["writes_in_l2"] = True
-        return self._lookup(key, share, frac, op.name,
-                            lambda: self._run_vector(op, share, frac, resident, absorbed))
+        res = self._lookup(key, share, frac, op.name, lambda: self._run_vector(op, share, frac, resident, absorbed))
+        split = self._interleave_split(op, share)
+        if split is not None and split.axis == "batch" and split.switch > 1:
+            # the tiling switched from the heads split to the batch split at ``switch`` batches: never
+            # faster than the heads split's last batch count (the vendor kernel may be; not claimed)
+            below = self.vector(replace(op, elements=(split.switch - 1) * op.row_len), cores, hbm_fraction=hbm_fraction,
+                                resident_inputs=resident_inputs, absorb_writes=absorb_writes,
+                                inputs_bypass_l2=inputs_bypass_l2)
+            if below.time_us > res.time_us:
+                seconds = below.time_us / 1e6
+                bw = res.hbm_bytes / seconds / 1e9
+                res = replace(res, cycles=below.cycles, time_us=below.time_us, hbm_bandwidth_gbps=bw,
+                              hbm_utilization=bw / res.hbm_peak_bandwidth_gbps if res.hbm_peak_bandwidth_gbps else 0.0,
+                              mapping=res.mapping + f"; held at its {split.switch - 1}-batch heads-split time "
+                                                    "(never faster across the tiling's switch)")
+        return res
+
+    def _interleave_split(self, op: Op, share: list[int]):
+        """The InterleaveRope tiling (:func:`~npusim.hw.compute.vector_kernel.interleave_rope_split`) of
+        ``op`` on ``share`` when it is one (``rope`` with ``fn="interleave"``) and the arch has the vector
+        kernel's tiling (``kernel.ub_kb``), else None; its row must be whole heads of 64."""
+        kc = self.arch.kernel
+        if op.op_class != "rope" or op.fn != "interleave" or kc is None or kc.ub_kb is None:
+            return None
+        row = op.row_len or 0
+        if row <= 0 or row % INTERLEAVE_HEAD or op.elements % row:
+            raise ConfigError(f"{op.name}: an InterleaveRope's row_len is one batch's N x S x {INTERLEAVE_HEAD} "
+                              f"elements and its elements whole batches; got row_len {op.row_len}, "
+                              f"elements {op.elements}")
+        return interleave_rope_split(op.elements // row, row // INTERLEAVE_HEAD, len(share) * kc.vector_cores_per_core,
+                                     kc.ub_kb * 1024)
 
     def _absorbs_writes(self, op: Op, bypass: bool) -> bool:
         """Whether a write-back L2 with room keeps ``op``'s whole output (:meth:`vector`): the output
@@ -667,8 +703,11 @@ class ChipCost:
         by_kernel = kc is not None and kc.vector_cycles_per_repeat is not None  # reference-kernel instructions
         aivs = kc.vector_cores_per_core if kc is not None else 1
         header = ""
+        interleave = self._interleave_split(op, share)  # InterleaveRope's own tiling (vector_kernel)
         if kc is not None:  # the AIVs' prologue grows with the AIVs the kernel launches (vector_kernel)
             launched = launched_aivs(op.op_class, op.fn, rows, len(share) * aivs)
+            if interleave is not None:  # its blocks; on the batch split charged at the batches up to the die's AIVs
+                launched = min(rows, len(share) * aivs) if interleave.axis == "batch" else interleave.blocks
             setup_us = kc.vector_setup_us * setup_share(launched, self.arch.num_cores * aivs, kc.mix_start_us,
                                                         kc.mix_start_core_us)
             head = planner.head_cycles(setup_us)
@@ -677,7 +716,15 @@ class ChipCost:
             head = 0
         copy = is_copy(op.op_class)
         tiled = kc is not None and kc.ub_kb is not None  # the vendor kernels' tiling over AIVs (vector_kernel)
-        if tiled:
+        side_in = 0  # bytes a loop loads beside its rows' (InterleaveRope: that batch's cos and sin)
+        if tiled and interleave is not None:  # one loop a batch (or a batch's loop of heads), all single-buffered
+            per_aiv = list(interleave.loops)
+            row = interleave.heads * INTERLEAVE_HEAD
+            core_aivs = [per_aiv[a:a + aivs] for a in range(0, len(per_aiv), aivs)]
+            ub = UbTiling(1, 1, 1)
+            nin, nout, split = 1, 1, None
+            side_in = 2 * INTERLEAVE_HEAD * DTYPE_BYTES[op.dtype]
+        elif tiled:
             per_aiv = split_rows(rows, len(share) * aivs)  # every working AIV's rows
             core_aivs = [per_aiv[a:a + aivs] for a in range(0, len(per_aiv), aivs)]  # core i: AIVs i*aivs..
             ub = ub_tiling(op.op_class, row, e_in, e_out, kc.ub_kb * 1024, soc=kc.soc_version, fn=op.fn)
@@ -709,7 +756,7 @@ class ChipCost:
                 # the input queue's buffers: a load waits for the compute nin loops back (a copy: its write)
                 deps = ((writes[c - nin] if copy else [computes[c - nin]]) if c >= nin else [start])
                 from_l2 = _nbytes(r * row, e_l2)
-                load = em.loads(core, reads * (_nbytes(r * row, e_in) - from_l2), reads * from_l2, deps,
+                load = em.loads(core, reads * (_nbytes(r * row, e_in) - from_l2) + r * side_in, reads * from_l2, deps,
                                 f"{op.name} c{core} load{c}")
                 # the output's buffers: a loop's compute waits for the write nout loops back
                 out_free = writes[c - nout] if c >= nout else []
@@ -743,6 +790,8 @@ class ChipCost:
                f", {aivs} vector cores per core, reference-kernel instructions" if by_kernel else "")
         how += header
         how += f", each row in {split[1]} UB chunks of {split[0]}, read twice (two passes)" if split else ""
+        how += (f", InterleaveRope split by {interleave.axis}: {interleave.blocks} AIVs, up to {max(interleave.loops)} "
+                f"single-buffered loops of {interleave.heads} heads each" if interleave is not None else "")
         how += f", {resident} input(s) from the L2" if resident else ""
         how += ", writes kept by the L2" if absorbed else ""
         return self._result("vector", op.name, op.dtype, share, frac, sim, prog, 0, min_bytes,

@@ -23,7 +23,9 @@ How each family is run (assumptions):
   tensor is its gate and up halves (outputs: half of it); fp16 rows run at fp16 (an Add is then
   one native instruction), others at bf16; an Add reads both operands; a fused norm (AddRmsNorm,
   AddRmsNormBias) is the residual Add and the norm in one kernel (``rmsnorm`` with ``fn="add"``: x1
-  and x2 in, their sum x and y out; the bias is not counted). A row of an in-model profile (source
+  and x2 in, their sum x and y out; the bias is not counted); an InterleaveRope (x ``[B, N, S, 64]``) is
+  ``rope`` with ``fn="interleave"``, a row one batch, run as its kernel's tiling splits it
+  (:func:`npusim.hw.compute.vector_kernel.interleave_rope_split`). A row of an in-model profile (source
   ``kind: profiling``: kernels timed in a model's run) reads its first input from the L2 when it fits
   there (``ChipCost.vector(resident_inputs=1)``): the kernel before it wrote that tensor (a residual
   Add's or an AddRmsNorm's second input, written layers earlier, comes from HBM). A row timed alone
@@ -115,7 +117,9 @@ VECTOR_OPS = {
     # (npusim.hw.compute.vector_kernel.FULL_DIE_LAUNCH: ops-nn ascend_quant_v2_tiling.cpp WriteTilingData)
     "AscendQuantV2": ("quantize", "ascend_quant_v2"), "DynamicQuant": ("quantize", None),
     "AddRmsNormBias": ("rmsnorm", "add"), "RmsNorm": ("rmsnorm", None),
-    "InterleaveRope": ("rope", None), "RotaryPositionEmbedding": ("rope", None), "RoPE (": ("rope", None),
+    # InterleaveRope: its own kernel and tiling (ops-transformer posembedding/interleave_rope; vector_kernel
+    # interleave_rope_split), its row one batch of x [B, N, S, 64]
+    "InterleaveRope": ("rope", "interleave"), "RotaryPositionEmbedding": ("rope", None), "RoPE (": ("rope", None),
     "SwiGlu": ("activation", "swiglu"),
     "Add (": ("elementwise", None), "TensorMove": ("copy", None), "Transpose (": ("transpose", None),
     "TransData": ("transpose", None), "SoftmaxV2": ("softmax", None),
@@ -277,6 +281,8 @@ class _Runner:
         op_class, fn = kind
         swiglu = fn == "swiglu" or op_class == "swiglu_quant"  # the tensor is gate and up: outputs are half
         outputs, row_len = (elements // 2, int(tensor[-1]) // 2) if swiglu else (elements, int(tensor[-1]))
+        if fn == "interleave":  # x [B, N, S, 64]: a row is one batch (N x S heads of 64), the kernel's loop
+            row_len = elements // int(tensor[0])
         dtype = "fp16" if _dtype(r.get("dtype", "bf16")) == "fp16" else "bf16"  # the row's 2-byte input
         add_norm = op_class == "rmsnorm" and fn == "add"  # AddRmsNorm: x1, x2 in; x1 + x2 and y out
         inputs = ("x", "y") if str(r["op"]).startswith("Add") else ()  # an Add reads both operands

@@ -99,6 +99,16 @@ caller gives them; SwiGLU: the outputs), read from the reference kernels:
   read twice). The two-pass scheme is the least a kernel can do when the row does not fit; the
   aclnn SoftmaxV2 kernel itself was not read.
 * ``transpose`` -- one reorder pass in UB at bf16 width (TransDataTo5HD / Gather); an assumption.
+* ``rope`` with ``fn="interleave"`` (CANN's InterleaveRope, x ``[B, N, S, 64]``, cos / sin
+  ``[B, 1, 1, 64]``) -- ops-transformer ``posembedding/interleave_rope``: its B11D kernel
+  (``op_kernel/interleave_rope_b11d.h``, ``KernelInterleaveRopeB11D::Rope``) walks its batches one at a
+  time, every queue single-buffered (``TQue<..., 1>``): per batch it copies cos in and Casts it, sin
+  likewise (one repeat each: ``rowtiny``), then per loop of its heads copies x in, GatherMasks the
+  real and imaginary halves (bf16 width), Casts both to fp32, two masked Muls by cos (32 of a repeat's
+  64 lanes: twice the repeats of the heads' elements), Muls the imaginary half by -1, two masked Muls
+  by sin, Adds, Casts out and copies y back (:data:`RECIPES` ``interleave_rope``). Its tiling
+  (:func:`interleave_rope_split`) sets the AIVs and each one's loops. Its row is one batch's
+  ``N x S x 64`` elements (the caller's ``row_len``).
 * fused quantisation classes (``rmsnorm_quant``, ``swiglu_quant``, ...): the two lists in a row.
 """
 
@@ -107,8 +117,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["FULL_DIE_LAUNCH", "Instr", "RECIPES", "REPEAT_BYTES", "SOC_VERSIONS", "UB_TILING", "UbTiling",
-           "aiv_tile_cycles", "instructions", "is_copy", "launched_aivs", "rmsnorm_mode", "rmsnorm_normal_instructions",
+__all__ = ["FULL_DIE_LAUNCH", "INTERLEAVE_HEAD", "Instr", "InterleaveSplit", "RECIPES", "REPEAT_BYTES", "SOC_VERSIONS", "UB_TILING", "UbTiling",
+           "aiv_tile_cycles", "instructions", "interleave_rope_split", "is_copy", "launched_aivs", "rmsnorm_mode", "rmsnorm_normal_instructions",
            "setup_share", "softmax_chunks", "split_rows", "ub_tiling"]
 
 #: bytes one vector instruction repeat covers (Ascend C: 8 data blocks x 32 bytes)
@@ -171,6 +181,18 @@ RECIPES: dict[str, list[Instr]] = {
     + [Instr("Cast x (pass 2)", "row"), Instr("Sub max (pass 2)", "row"), Instr("Exp (pass 2)", "row"),
        Instr("Div (reciprocal)", "rowtiny"), Instr("Mul 1/sum", "row"), Instr("Cast out", "row")],
     "rope": _t("Cast x", "Cast cos", "Cast sin", "Mul cos", "Muls -1 (rotate half)", "Mul sin", "Add", "Cast out"),
+    # ops-transformer posembedding/interleave_rope/op_kernel/interleave_rope_b11d.h (KernelInterleaveRopeB11D::
+    # Rope), per loop of one batch's heads (the row): cos and sin Cast once per batch (64 elements, one
+    # repeat); GatherMask x's even / odd elements (on bf16); the halves Cast to fp32; Mul by cos and Mul by
+    # sin with mask 0xffffffff (32 lanes) and repeat factor x 2: twice the repeats of the row at fp32;
+    # Muls -1 on the imaginary half; Add; Cast out (fp32 -> bf16)
+    "interleave_rope": [Instr("Cast cos", "rowtiny"), Instr("Cast sin", "rowtiny"),
+                        Instr("GatherMask real", "tile", 2), Instr("GatherMask imag", "tile", 2),
+                        Instr("Cast real", "tile", 4, 0.5), Instr("Cast imag", "tile", 4, 0.5),
+                        Instr("Mul real x cos", "tile", 4, 2.0), Instr("Mul imag x cos", "tile", 4, 2.0),
+                        Instr("Muls imag -1", "tile", 4, 0.5),
+                        Instr("Mul imag x sin", "tile", 4, 2.0), Instr("Mul real x sin", "tile", 4, 2.0),
+                        Instr("Add", "tile", 4), Instr("Cast out", "tile", 4)],
     # ops-nn DynamicQuantDbOpt::ProcessSymmetric (bf16, no smooth scales): every instruction per row
     "quantize": [Instr("Cast", "row"), Instr("Abs", "row")] + _ROW_MAX
     + [Instr(n, "rowtiny") for n in ("Brcb", "Div (scale)")]
@@ -201,6 +223,8 @@ def instructions(op_class: str, fn: str | None = None, dtype: str = "bf16", *, r
         return RECIPES["add_rmsnorm"] + RECIPES["rmsnorm"]
     if op_class in _FUSED:
         return RECIPES[_FUSED[op_class]] + RECIPES["quantize"]
+    if op_class == "rope" and fn == "interleave":
+        return RECIPES["interleave_rope"]
     if key not in RECIPES:
         raise ValueError(f"no vector kernel recipe for op class {op_class!r} (fn {fn!r}); known: {sorted(RECIPES)}")
     return RECIPES[key]
@@ -398,3 +422,58 @@ def setup_share(launched: int, die_aivs: int, fixed_us: float, per_core_us: floa
     if fixed_us + per_core_us == 0:
         return 1.0
     return (fixed_us + per_core_us * min(launched, die_aivs) / die_aivs) / (fixed_us + per_core_us)
+
+
+#: ops-transformer interleave_rope_tiling.cpp: hiddenDim, the only head size its tiling accepts
+INTERLEAVE_HEAD = 64
+
+
+@dataclass(frozen=True)
+class InterleaveSplit:
+    """How CANN's InterleaveRope (B11D kernel) spreads ``[B, N, S, 64]`` over the AIVs
+    (:func:`interleave_rope_split`): each launched AIV's loops (``loops``: one batch, or one loop of a
+    batch's heads, each; its length is the block dim), ``heads`` rows of 64 per loop, ``axis`` the
+    split (``"batch"`` or ``"ns"``) and ``switch``, the batches from which the tiling splits by batch
+    (``min(AIVs, N x S)``)."""
+
+    loops: tuple[int, ...]
+    heads: int
+    axis: str
+    switch: int
+
+    @property
+    def blocks(self) -> int:
+        return len(self.loops)
+
+
+def interleave_rope_split(batch: int, heads: int, aivs: int, ub_bytes: float) -> InterleaveSplit:
+    """ops-transformer ``posembedding/interleave_rope/op_host/interleave_rope_tiling.cpp``
+    (``DoOpTiling``, the B11D branch: cos / sin ``[B, 1, 1, 64]``) for ``batch`` batches of ``heads``
+    (``N x S``) rows of 64 on ``aivs`` AIVs with ``ub_bytes`` of UB each:
+
+    * ``B >= aivs`` or ``B >= N x S`` -- SPLIT_BATCH (``SplitBlockForBatch``): ``ceil(B / aivs)``
+      batches a block, ``ceil(B / that)`` blocks (the last one the remainder), every head of a batch in
+      its loops;
+    * else SPLIT_NS (``SplitBlockForNS``): ``ceil(NS / aivs)`` heads a block, ``ceil(NS / that)``
+      blocks, each walking every batch;
+    * a block's heads per batch go in loops of ``(ub - 64 x 4 x 4) / (64 x 4 x 6) / 2`` heads
+      (``SplitHiddenDimInblock``; 63 on a 192 KB UB), so a batch is ``ceil(heads / that)`` loops.
+
+    Not modelled: the FIXED_BNSD kernel its tiling takes at B = N = 32, S = 1 (``SplitBlockForFixBNS``,
+    its own kernel file, not read: costed as SPLIT_BATCH) and the BN1D kernel of cos / sin with a
+    sequence axis (S >= 512; the caller's rows state cos [B, 1, 1, 64])."""
+    if batch <= 0 or heads <= 0 or aivs <= 0 or ub_bytes <= 0:
+        raise ValueError(f"interleave_rope_split needs batch, heads, AIVs and UB > 0, got {batch}, {heads}, "
+                         f"{aivs}, {ub_bytes}")
+    per_loop = max(1, int((ub_bytes - INTERLEAVE_HEAD * 4 * 4) // (INTERLEAVE_HEAD * 4 * 6) // 2))
+    switch = min(aivs, heads)
+    if batch >= switch:  # SPLIT_BATCH
+        block_heads = heads
+        batches = split_rows(batch, aivs)
+        axis = "batch"
+    else:  # SPLIT_NS: every block all the batches
+        block_heads = -(-heads // aivs)
+        batches = [batch] * -(-heads // block_heads)
+        axis = "ns"
+    loops_per_batch = -(-block_heads // per_loop)
+    return InterleaveSplit(tuple(b * loops_per_batch for b in batches), min(block_heads, per_loop), axis, switch)
