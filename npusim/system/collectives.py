@@ -142,9 +142,10 @@ NOTIFY_BYTES = 4  # an HCCL notify record: a 4-byte write of the peer's notify r
 #: 8-die microbenchmark (published.yaml ``msmodeling-fork-comm-a3``, session 47 notes) jumps 5x there
 #: (30.4 us at 465,920 B per rank, 155-171 us at 595,968-946,176 B) while its 16-die all-gathers of the
 #: same AICPU double ring match this model within 15%, its own host-timed all-gather is slower at 768 KiB
-#: than at 3.5 MiB, and its timing protocol changes at the same 512 KB (one profiled iteration per
-#: session above, ten below). No figure for the AICPU engine's fixed cost is published (CANN's HCCL guide
-#: only calls it large); those three rows are left unmodelled (sessions 45, 47).
+#: than at 3.5 MiB, and the fork's latest runner changes its timing protocol at the same 512 KB (one
+#: profiled iteration per session above, ten below; whether that runner produced these rows is not
+#: stated). No figure for the AICPU engine's fixed cost is published (CANN's HCCL guide only calls it
+#: large); those three rows are left unmodelled (sessions 45, 47).
 HCCL_A3_MESH_MAX_BYTES = {"aiv": {"allgather": 512 * 1024, "reducescatter": 1024 * 1024},
                           "host": {"allgather": 512 * 1024, "reducescatter": 512 * 1024}}
 
