@@ -69,14 +69,18 @@ hold is the larger of a rank's input and output (``nbytes`` for broadcast and se
 ``nbytes / rounds``, one after another, each a whole collective with its own copies, handshakes and
 steps: a message just over the buffer costs about two rounds' fixed costs. Not modelled here: the
 host's launch of the collective (the runtime's, :mod:`npusim.system.execute`).
-Known gap (session 47, not changed): HCCL's A3 double-ring all-gather in op-base mode has no copy-out
-phase -- the executor's ``DMAReduceFlag_`` makes the last step read straight into the user's output and
-every other received slice is copied to the user's output by a local SDMA copy on a sub-stream during
-the next step (hcomm ``aligned_all_gather_double_ring.cc`` ``PrepareDeviceMems``, ``LocalMemcpy``), and
-its ring transfers are reads of the previous rank's slice (``RxAsyncMemcpy``), not writes. Modelled so
-(no serial copy-out), the msModeling A3 all-gather rows above 512 KiB would be 15-25% fast (#98-#103,
-#113; reads 29-35%): the serial copy-out here stands in for a per-step cost or ring rate that is not
-modelled (no source for it found yet).
+Known gap (session 47, not changed): HCCL's A3 double ring in op-base mode has no whole-message copy
+phase -- in the all-gather the executor's ``DMAReduceFlag_`` makes the last step read straight into the
+user's output and every other received slice is copied there by a local SDMA copy on a sub-stream
+during the next step (hcomm ``aligned_all_gather_double_ring.cc`` ``PrepareDeviceMems``,
+``LocalMemcpy``); the reduce-scatter likewise stages its input slice by slice on sub-streams
+(``aligned_reduce_scatter_double_ring.cc`` ``MemcpyInitSlices``, ``LocalMemcpy``) and reduces inline in
+its reads (``ReducerRun``); the ring transfers are reads of the previous rank's slice
+(``RxAsyncMemcpy``), not writes. Modelled without the serial whole-message copies, the msModeling A3
+rows above the AIV sizes would be 22-25% fast (all-gathers #98-#103, #113) and 34-38% fast
+(reduce-scatters #104-#108, #114); with reads, 29-35% (all-gathers): the serial copies here stand in
+for a per-step cost or ring rate (and the inline reduction's rate) that is not modelled -- no source
+for them found yet.
 
 Reductions run on the receiving die's ``compute`` queue for ``reduce_ps(bytes)`` picoseconds
 (the caller supplies it from the chip cost model; 0 ignores reduction time).
