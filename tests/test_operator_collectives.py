@@ -33,15 +33,19 @@ def cm384():
     return load_system("cloudmatrix384")
 
 
-def _algorithm(loaded, op, ranks, per_rank, expansion=None):
+def _built(loaded, op, ranks, per_rank, expansion=None, algorithm=None):
     from npusim.system.collectives import build_collective
     from npusim.system.simulator import SystemSim
     from npusim.system.work import WorkBuilder
 
     w = WorkBuilder(SystemSim(loaded, "flow"))
     nbytes = per_rank * ranks if op in ("allgather", "reducescatter") else per_rank
-    return build_collective(w, op, list(range(ranks)), nbytes, None, "sdma", lambda b: 0, loaded.topology.node_of,
-                            expansion=expansion).algorithm
+    return build_collective(w, op, list(range(ranks)), nbytes, algorithm, "sdma", lambda b: 0,
+                            loaded.topology.node_of, expansion=expansion)
+
+
+def _algorithm(loaded, op, ranks, per_rank, expansion=None):
+    return _built(loaded, op, ranks, per_rank, expansion).algorithm
 
 
 def test_hccl_keeps_the_mesh_up_to_its_entry_size_and_runs_the_double_ring_above_on_an_a3_server(cm384):
@@ -54,9 +58,31 @@ def test_hccl_keeps_the_mesh_up_to_its_entry_size_and_runs_the_double_ring_above
     assert _algorithm(cm384, "allreduce", 16, 64 << 20) == "direct"
 
 
+def test_hccl_expands_the_a3_mesh_on_the_aiv_and_the_double_ring_on_the_ai_cpu(cm384):
+    # SelectAlgfor91093's isAivSingleNode ends at the AIV entry size; above it a 910_93 keeps its
+    # default AI CPU unfolding under HCCL_OP_EXPANSION_MODE=AIV (externalinput.cc ParseOpExpansion)
+    assert _built(cm384, "allgather", 8, 512 * 1024, "aiv").engine == "aiv"
+    assert _built(cm384, "allgather", 8, 512 * 1024 + 2, "aiv").engine == "aicpu"
+    assert _built(cm384, "reducescatter", 8, 1024 * 1024, "aiv").engine == "aiv"
+    assert _built(cm384, "reducescatter", 8, 1024 * 1024 + 2, "aiv").engine == "aicpu"
+    assert _built(cm384, "allgather", 8, 64 * 1024, "host").engine == "aicpu"  # non-AIV: the 910_93 default
+    assert _built(cm384, "allreduce", 8, 64 * 1024, "aiv").engine is None  # only the ops whose switch is modelled
+    assert _built(cm384, "allgather", 8, 64 * 1024, "aiv", algorithm="double_ring").engine is None  # not HCCL's pick
+
+
+def test_the_8_die_kernel_duration_rows_are_the_runners_byte_sizes():
+    # run_comm_bench.sh DSV3_BYTES: 465920 595968 786432 946176; the report prints 465KB/596KB/946KB in decimal kB
+    sec = published()["operators"]
+    rows = [r for r in sec["rows"] if r["op"] == "HCCL allGather kernel Duration"]
+    per_rank = [collective_bytes("allgather", r["shape"], 8, binary=True) // 8 for r in rows]
+    assert per_rank == [465_920, 595_968, 786_432, 946_176]
+    assert [p <= 512 * 1024 for p in per_rank] == [True, False, False, False]  # the AIV entry size falls between
+
+
 def test_a_server_of_one_die_npus_keeps_the_mesh():
     from npusim.system.load import load_system
     assert _algorithm(load_system("atlas-800i-a2"), "allgather", 8, 8 << 20) == "direct"
+    assert _built(load_system("atlas-800i-a2"), "allgather", 8, 8 << 20, "aiv").engine is None
 
 
 def test_the_double_ring_beats_the_mesh_on_large_messages(cm384):

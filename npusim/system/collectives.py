@@ -69,6 +69,18 @@ hold is the larger of a rank's input and output (``nbytes`` for broadcast and se
 ``nbytes / rounds``, one after another, each a whole collective with its own copies, handshakes and
 steps: a message just over the buffer costs about two rounds' fixed costs. Not modelled here: the
 host's launch of the collective (the runtime's, :mod:`npusim.system.execute`).
+Known gap (session 47, not changed): HCCL's A3 double ring in op-base mode has no whole-message copy
+phase -- in the all-gather the executor's ``DMAReduceFlag_`` makes the last step read straight into the
+user's output and every other received slice is copied there by a local SDMA copy on a sub-stream
+during the next step (hcomm ``aligned_all_gather_double_ring.cc`` ``PrepareDeviceMems``,
+``LocalMemcpy``); the reduce-scatter likewise stages its input slice by slice on sub-streams
+(``aligned_reduce_scatter_double_ring.cc`` ``MemcpyInitSlices``, ``LocalMemcpy``) and reduces inline in
+its reads (``ReducerRun``); the ring transfers are reads of the previous rank's slice
+(``RxAsyncMemcpy``), not writes. Modelled without the serial whole-message copies, the msModeling A3
+rows above the AIV sizes would be 22-25% fast (all-gathers #98-#103, #113) and 34-38% fast
+(reduce-scatters #104-#108, #114); with reads, 29-35% (all-gathers): the serial copies here stand in
+for a per-step cost or ring rate (and the inline reduction's rate) that is not modelled -- no source
+for them found yet.
 
 Reductions run on the receiving die's ``compute`` queue for ``reduce_ps(bytes)`` picoseconds
 (the caller supplies it from the chip cost model; 0 ignores reduction time).
@@ -97,6 +109,7 @@ class BuiltCollective:
     done: int  # barrier task after which every rank holds its result
     per_rank: list[int] | None = None  # each rank's last task: after it, that rank holds its result
     rounds: int = 1  # HCCL's CCL-buffer rounds (module docstring)
+    engine: str | None = None  # HCCL's expansion engine for its default choice on an A3 server (hccl_engine)
 
     def bus_factor(self) -> float:
         n = len(self.ranks)
@@ -127,13 +140,43 @@ NOTIFY_BYTES = 4  # an HCCL notify record: a 4-byte write of the peer's notify r
 #: (``IsSupportUnifiedMarch``) graph mode with AICPU unfolding; and the CCL buffer (200 MB) holds these
 #: messages in one round (:func:`ccl_rounds`; even split over two rings and 8 ranks, 12.5 MiB each). The
 #: all-gather therefore runs one executor from 512 KiB to several MiB per rank and its time only grows
-#: with the message (tests/test_operator_collectives.py). The msModeling report's 8-die microbenchmark
-#: (published.yaml ``msmodeling-fork-comm-a3``) does not: 155-171 us kernel time at 596-946 KiB per rank
-#: and 186.4 us host-timed ("alternating") at 768 KiB, above its 166.9 us host-timed at 3.5 MiB, where
-#: the same HCCL in a vLLM run took 75.4 us at 768 KiB (its report, section 8). No per-size mechanism of
-#: HCCL's source gives that; it is left unmodelled (session 45).
+#: with the message (tests/test_operator_collectives.py). What changes at the switch is the engine
+#: (:func:`hccl_engine`): below it the AIV mesh kernel, above it, with ``HCCL_OP_EXPANSION_MODE=AIV`` on a
+#: 910_93, the AI CPU's expansion of the double ring into SDMA and notify tasks. The msModeling report's
+#: 8-die microbenchmark (published.yaml ``msmodeling-fork-comm-a3``, session 47 notes) jumps 5x there
+#: (30.4 us at 465,920 B per rank, 155-171 us at 595,968-946,176 B) while its 16-die all-gathers of the
+#: same AICPU double ring match this model within 15%, its own host-timed all-gather is slower at 768 KiB
+#: than at 3.5 MiB, and the fork's latest runner changes its timing protocol at the same 512 KB (one
+#: profiled iteration per session above, ten below; whether that runner produced these rows is not
+#: stated). No figure for the AICPU engine's fixed cost is published (CANN's HCCL guide only calls it
+#: large); those three rows are left unmodelled (sessions 45, 47).
 HCCL_A3_MESH_MAX_BYTES = {"aiv": {"allgather": 512 * 1024, "reducescatter": 1024 * 1024},
                           "host": {"allgather": 512 * 1024, "reducescatter": 512 * 1024}}
+
+
+def _a3_server(w: WorkBuilder, ranks: list[int], node_of) -> bool:
+    """Every rank is a die of one node of two-die packages (an A3 server: HCCL's double-ring topology)."""
+    topo = w.sim.topology
+    return (node_of is not None and w.sim.system.npu.dies >= 2
+            and all(topo.vertex_kind[r] == "die" for r in ranks) and len({node_of(r) for r in ranks}) == 1)
+
+
+def hccl_engine(w: WorkBuilder, op: str, ranks: list[int], node_of, nbytes: int,
+                expansion: str | None = None) -> str | None:
+    """Where HCCL expands its default all-gather / reduce-scatter on an A3 server (``None`` for other ops
+    and ranks): ``aiv``, the AIV mesh kernel, when the op-base expansion mode is ``aiv`` and the per-rank
+    message is at most :data:`HCCL_A3_MESH_MAX_BYTES` (hcomm ``SelectAlgfor91093``: ``isAivSingleNode``);
+    above it in that mode ``aicpu``: a 910_93 keeps its default AI CPU unfolding when
+    ``HCCL_OP_EXPANSION_MODE`` is ``AIV`` (hcomm ``externalinput.cc`` ``ParseOpExpansion``), so the double
+    ring's SDMA and notify tasks are issued by the AI CPU (CANN HCCL guide, "communication engines": AI
+    CPU+TS, "static overhead large, unfriendly to small data", no figure). The schema's ``host`` mode
+    stands for HCCL's non-AIV modes, whose default on a 910_93 (the variable unset) is the same AI CPU
+    unfolding: ``aicpu`` at every size. A label of what runs: no engine changes the modelled time (no
+    cited fixed cost of the AI CPU engine)."""
+    if op not in ("allgather", "reducescatter") or not _a3_server(w, ranks, node_of):
+        return None
+    mode = expansion or w.sim.system.hccl.expansion
+    return "aiv" if mode == "aiv" and _split(nbytes, len(ranks)) <= HCCL_A3_MESH_MAX_BYTES["aiv"][op] else "aicpu"
 
 
 def _synced(w: WorkBuilder, src: int, dst: int, nbytes: int, via, src_deps: list[int], dst_deps: list[int],
@@ -163,7 +206,7 @@ def _hccl_default(w: WorkBuilder, op: str, ranks: list[int], node_of, nbytes: in
     if (op in ("allreduce", "allgather", "reducescatter") and node_of is not None
             and all(topo.vertex_kind[r] == "die" for r in ranks) and len({node_of(r) for r in ranks}) == 1):
         mode = expansion or w.sim.system.hccl.expansion
-        if (op in ("allgather", "reducescatter") and w.sim.system.npu.dies >= 2
+        if (op in ("allgather", "reducescatter") and _a3_server(w, ranks, node_of)
                 and _split(nbytes, len(ranks)) > HCCL_A3_MESH_MAX_BYTES[mode][op]):
             return "double_ring"
         return "direct"
@@ -214,6 +257,7 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
         raise ConfigError(f"--op {op}: expected one of {', '.join(OPS)} (or dispatch, combine)")
     if expansion is not None and expansion not in HCCL_A3_MESH_MAX_BYTES:
         raise ConfigError(f"expansion {expansion!r}: expected one of {', '.join(HCCL_A3_MESH_MAX_BYTES)}")
+    engine = None if algorithm else hccl_engine(w, op, ranks, node_of, nbytes, expansion)
     algorithm = algorithm or _hccl_default(w, op, ranks, node_of, nbytes, expansion)
     if algorithm not in ALGORITHMS[op]:
         raise ConfigError(f"--algorithm {algorithm}: {op} supports {', '.join(ALGORITHMS[op])}")
@@ -234,7 +278,7 @@ def build_collective(w: WorkBuilder, op: str, ranks: list[int], nbytes: int, alg
         last = _algorithm(w, op, algorithm, ranks, piece, last, reduce_ps, via, node_of, sync)
         last = _copies(w, ranks, _copy_bytes(op, piece, n)[1], last, hccl)
     done = w.barrier([t for t in last if t >= 0])
-    return BuiltCollective(op, algorithm, list(ranks), nbytes, done, last, rounds)
+    return BuiltCollective(op, algorithm, list(ranks), nbytes, done, last, rounds, engine)
 
 
 #: (bytes copied into the CCL buffer, bytes copied out) per rank, as a function of (nbytes, n)

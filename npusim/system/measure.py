@@ -139,15 +139,17 @@ def run_collective(loaded: LoadedSystem, op: str, ranks: Sequence[int], nbytes: 
                    fidelity: str = "flow", via: str | None = None, progress=None, dtype: str = "bf16",
                    expansion: str | None = None, **sim_options) -> CollectiveRun:
     """``sim_options`` go to :class:`SystemSim` (``rate_quantum_ns``, ``fair_tolerance``, ``packet_bytes``);
-    ``expansion``: HCCL's op expansion mode for its algorithm choice (None: the system's ``hccl.expansion``)."""
+    ``expansion``: HCCL's op expansion mode for its algorithm choice (None: the system's ``hccl.expansion``).
+    ``extra["engine"]``: where HCCL expands its default choice on an A3 server (:func:`~npusim.system.collectives.hccl_engine`)."""
     sim = SystemSim(loaded, fidelity, **sim_options)
     w = WorkBuilder(sim)
     via = via or loaded.system.initiator.default
     chip_cost = ChipCost(loaded.chip)
     built = build_collective(w, op, list(ranks), nbytes, algorithm, via, reduction_ps(loaded, chip_cost, dtype),
                              loaded.topology.node_of, expansion=expansion)
+    extra = {"engine": built.engine} if built.engine else {}  # HCCL's expansion engine (collectives.hccl_engine)
     return _finish(sim, w, op, built.algorithm, len(ranks), nbytes, built.bus_factor(), via, progress,
-                   chip_cost_hits=chip_cost.stats.hits, chip_cost_misses=chip_cost.stats.misses)
+                   chip_cost_hits=chip_cost.stats.hits, chip_cost_misses=chip_cost.stats.misses, **extra)
 
 
 def run_moe(loaded: LoadedSystem, op: str, ep: int, tokens_per_rank: int, top_k: int = 8, hidden: int = 7168,

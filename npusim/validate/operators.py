@@ -59,7 +59,8 @@ How each family is run (assumptions):
   the nccl-tests convention, or ``msg_bytes_per_rank``: one rank's tensor (:func:`collective_bytes`;
   MB read as 10^6 bytes unless the source's ``byte_units`` is ``binary``; ``8192B``: bytes), with
   HCCL's algorithm choice for the source's ``hccl_expansion`` (``HCCL_OP_EXPANSION_MODE``; else the
-  system's). An hccl_test row
+  system's); the note names the engine HCCL expands it on, on an A3 server (``aiv`` or ``aicpu``:
+  :func:`~npusim.system.collectives.hccl_engine`, a label, not a cost). An hccl_test row
   (``all_reduce_test``: back-to-back op-base calls timed together) is the larger of the simulated
   collective and the eager runtime's ``hccl_dispatch_us`` (the host runs ahead of the device).
   Roofline: the bytes each rank must send (``(n-1)/n`` of the message; twice for all-reduce) over
@@ -377,7 +378,7 @@ class _Runner:
         topo = loaded.topology
         out_gbps = float(topo.link_cap[topo.link_src == topo.index["npu0.die0"]].sum()) * 1e3  # bytes/ps -> GB/s
         share = (ranks - 1) / ranks * nbytes * (2 if op == "allreduce" else 1)
-        how = f"{run.algorithm}, {ranks} dies"
+        how = f"{run.algorithm}, {ranks} dies" + (f", {run.extra['engine']} engine" if run.extra.get("engine") else "")
         if "all_reduce_test" in str(r["op"]):  # hccl_test: back-to-back op-base calls, the host runs ahead
             dispatch = loaded.system.runtime.hccl_dispatch_us
             how += f"; back-to-back eager calls: max(device {run.time_us:.2f} us, runtime.hccl_dispatch_us)"
