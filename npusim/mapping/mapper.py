@@ -728,7 +728,8 @@ class Mapper:
             the slowest stage's share or half the chain's, whichever is longer; the first fills it."""
             q = max(1, pieces)
             per = [x / q for x in stages]
-            return sum(per) + (q - 1) * max(max(per), sum(per) / 2 if len(per) > 2 else max(per))
+            cycle = max(max(per), sum(per) / 2) if len(per) > 2 else max(per)  # two stages overlap fully
+            return sum(per) + (q - 1) * cycle
 
         def tiles(k_c: int, n_c: int) -> int:  # the N tiles a core's streamed shard comes in
             return len(self._tile_widths(core, max(1, int(op.weight_bytes / t)), n_c)) if op.weight else 1
