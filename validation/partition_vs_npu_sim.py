@@ -9,6 +9,9 @@ The study (arXiv 2510.05632) reports TP-K up to 6.03x faster than TP-MN at seque
 times: 240 layers on 48 of 64 cores) and, in ``llm/test/gpt2_small/tp/draw_figure.py`` (commit
 ed10844, 2025-08-07), the latencies its authors measured on them at hidden 768 and 1,024.
 
+A4 (TP-MNK 1.44x faster than the better of TP-K and TP-MN at sequences 512-1,024) is printed the same
+way (``MNK x`` per shape, the mean over the recorded 512-1,024 shapes under the table).
+
 This script runs npusim on the same shapes (``npusim run --phase prefill --partition P --tp 4
 --stages 12`` of a 240-layer GPT-2-block model on npusim-64c) and prints both, with each simulator's
 TP-MN / TP-K ratio. NPU-SIM's latencies are those recorded figures; the hidden-2,560 row, which is
@@ -46,6 +49,7 @@ NPU_SIM_NS = {
     ("k", 256, 2560): 573669076,
 }
 PUBLISHED_MN_OVER_K = 6.03  # the study, Qwen3-4B (hidden 2,560), seq 256
+PUBLISHED_MNK_SPEEDUP = 1.44  # the study, Qwen3-4B, mean at seq 512-1024 (A4)
 MODES = {"k": "tp_k", "mn": "tp_mn", "mnk": "tp_mnk"}
 
 
@@ -56,6 +60,13 @@ def model_config(hidden: int) -> dict:
             "intermediate_size": 4 * hidden, "norm": "layernorm", "activation": "gelu", "gated_ffn": False,
             "tie_word_embeddings": True, "bias": True, "rope": False, "max_position_embeddings": 4096,
             "fused_qkv": True}
+
+
+def mnk_speedup(lat: dict) -> float | None:
+    """A4's figure for one shape: the faster of TP-K and TP-MN over TP-MNK (None when one is missing)."""
+    if not all(lat.get(m) for m in MODES):
+        return None
+    return min(lat["k"], lat["mn"]) / lat["mnk"]
 
 
 def npusim_ms(model: Path, seq: int, partition: str) -> float:
@@ -72,7 +83,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="sequence 256 only")
     args = ap.parse_args()
     shapes = sorted({(s, c) for _, s, c in NPU_SIM_NS if not args.quick or s == 256}, key=lambda x: (x[1], x[0]))
-    print(f"{'seq':>5} {'hidden':>6} | {'NPU-SIM K / MN / MNK ms':>26} {'MN/K':>5} | {'npusim K / MN / MNK ms':>26} {'MN/K':>5}")
+    print(f"{'seq':>5} {'hidden':>6} | {'NPU-SIM K / MN / MNK ms':>26} {'MN/K':>5} {'MNK x':>5} | "
+          f"{'npusim K / MN / MNK ms':>26} {'MN/K':>5} {'MNK x':>5}")
+    speedups: dict[str, list[float]] = {"NPU-SIM": [], "npusim": []}
     with tempfile.TemporaryDirectory() as tmp:
         for seq, hidden in shapes:
             model = Path(tmp) / f"m{hidden}.json"
@@ -82,7 +95,18 @@ def main() -> None:
             t = " / ".join(f"{v / 1e6:.1f}" if v else "-" for v in theirs.values())
             t_ratio = f"{theirs['mn'] / theirs['k']:.2f}" if theirs["mn"] and theirs["k"] else "-"
             o = " / ".join(f"{v:.1f}" for v in ours.values())
-            print(f"{seq:>5} {hidden:>6} | {t:>26} {t_ratio:>5} | {o:>26} {ours['mn'] / ours['k']:>5.2f}", flush=True)
+            t_mnk = mnk_speedup(theirs)
+            o_mnk = mnk_speedup(ours)
+            if 512 <= seq <= 1024 and t_mnk is not None:
+                speedups["NPU-SIM"].append(t_mnk)
+                speedups["npusim"].append(o_mnk)
+            t_x = f"{t_mnk:.2f}" if t_mnk is not None else "-"
+            print(f"{seq:>5} {hidden:>6} | {t:>26} {t_ratio:>5} {t_x:>5} | {o:>26} {ours['mn'] / ours['k']:>5.2f} "
+                  f"{o_mnk:>5.2f}", flush=True)
+    if speedups["NPU-SIM"]:
+        print(f"A4, TP-MNK's speed-up over the faster of TP-K and TP-MN (MNK x), mean at seq 512-1024 on the shapes "
+              f"NPU-SIM recorded: NPU-SIM {sum(speedups['NPU-SIM']) / len(speedups['NPU-SIM']):.2f}, npusim "
+              f"{sum(speedups['npusim']) / len(speedups['npusim']):.2f} (the study: {PUBLISHED_MNK_SPEEDUP} for Qwen3-4B)")
     print(f"the study: TP-MN / TP-K = {PUBLISHED_MN_OVER_K} at seq 256 for Qwen3-4B (hidden 2,560); NPU-SIM's "
           "recorded ratios are at hidden 768 / 1,024 (its TP-MN does not run at 2,560 on its head)")
     print(machine_line())

@@ -13,7 +13,7 @@ Runs, one after the other, each printing its own table:
 No peer code and no recipe that builds a peer is in this repository (the fetch tool's terms); build
 each per its own README and pass the result::
 
-    python validation/perf/peers/run_peers.py --booksim PATH/booksim2/src/booksim --npu-sim PATH/npu-sim
+    python validation/perf/peers/run_peers.py --booksim PATH/booksim2/src/booksim --npu-sim PATH/npu-sim [--record]
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--booksim", help="a built BookSim2 binary (skipped when absent)")
     ap.add_argument("--npu-sim", help="a built NPU-SIM checkout (DIR/build/npusim); else its recorded timings")
     ap.add_argument("--repeat", default="3", help="timed runs per program and case (default 3)")
+    ap.add_argument("--record", action="store_true",
+                    help="with --npu-sim: rewrite npu_sim_timings.yaml from this run (bench_npu_sim.py --record)")
     args = ap.parse_args()
     steps = []
     if SPEED.is_file():
@@ -46,6 +48,10 @@ def main() -> None:
     npu = [sys.executable, str(HERE.parent / "bench_npu_sim.py"), "--repeat", args.repeat]
     if args.npu_sim:
         npu += ["--npu-sim", args.npu_sim, "--npu-sim-repeat", args.repeat]
+        if args.record:
+            npu.append("--record")
+    elif args.record:
+        raise SystemExit("--record needs --npu-sim (it records NPU-SIM's timings measured in this run)")
     steps.append(npu)
     for argv in steps:
         print(f"\n$ {' '.join(Path(a).name if a.endswith('.py') else a for a in argv[1:])}", flush=True)
