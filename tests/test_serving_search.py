@@ -397,3 +397,22 @@ def test_backoff_takes_the_half_batch_at_another_prefill_count_when_the_same_one
     assert backoff_candidate(agg, cands + [_cand("aggregated", 0, 2, 16, 1.0)], set())["deployment"]["pools"][0][
         "max_batch_per_npu"] == 16
     assert backoff_candidate(_cand("disaggregated", 4, 2, 1, 1.0), cands, set()) is None  # nothing below 2
+
+
+def test_a_ttft_miss_is_served_again_with_one_more_prefill_instance():
+    """A split whose served TPOT met the objective but whose TTFT missed queued its prompts for prefill:
+    the back-off adds a prefill instance (a lower estimated TTFT, the same decode pool), within the budget
+    and never one already served."""
+    from npusim.system.serving_search import deployment_key, more_prefill, split_estimate
+
+    c = _cand("disaggregated", 2, 1, 16, 100.0)
+    c["split"] = (2, 4, 500.0, 2, 32, 20.0)
+    c["estimate"] = split_estimate(*c["split"], 256, 2, 1)
+    more = more_prefill(c, 8, 256, set())
+    pools = {p["role"]: p for p in more["deployment"]["pools"]}
+    assert pools["prefill"]["instances"] == 3 and pools["decode"] == c["deployment"]["pools"][1]
+    assert more["estimate"]["ttft_ms"] < c["estimate"]["ttft_ms"]
+    assert more["estimate"]["tpot_ms"] == c["estimate"]["tpot_ms"]
+    assert more_prefill(c, 7, 256, set()) is None  # 3 x 2 + 1 x 2 NPUs do not fit 7
+    assert more_prefill(c, 8, 256, {deployment_key(more["deployment"])}) is None
+    assert more_prefill(_cand("aggregated", 0, 2, 16, 1.0), 8, 256, set()) is None

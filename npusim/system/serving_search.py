@@ -48,7 +48,9 @@ every answer checked by serving requests (:func:`npusim.system.serving.serve_poo
    estimate; each served candidate's ``serve_round`` says which: 0 for the first), since the step estimate misses queueing: without it a looser search could stop at an
    infeasible large batch whose quarter point is far below what a tighter search finds. A disaggregated
    deployment at half the batch needs fewer prefill instances to match its rate, so when the same prefill
-   count was not estimated, the same pools at another prefill count are (:func:`backoff_candidate`).
+   count was not estimated, the same pools at another prefill count are (:func:`backoff_candidate`). A
+   disaggregated deployment that met TPOT but missed TTFT queued its prompts for the prefill pool: it is
+   served again with one more prefill instance instead, while the budget holds one (:func:`more_prefill`).
 
 **Full scale** (``plans_per_size``): before any step is simulated, :func:`prune_plans` skips the plans
 that cannot hold the model and their lowest batch's KV, or whose roofline TPOT (weights and KV read
@@ -362,6 +364,25 @@ def backoff_candidate(c: dict, cands: list[dict], done: set) -> dict | None:
     return min(same, key=rank) if same else None
 
 
+def more_prefill(c: dict, npus: int, output_len: int, done: set) -> dict | None:
+    """A disaggregated candidate whose served TPOT met its objective but whose TTFT missed: its prompts
+    queued for the prefill pool (the rate match's estimate misses the closed loop's waves near
+    saturation), so the same deployment with one more prefill instance, its own estimate
+    (:func:`split_estimate`), when the budget holds it and it was not served (``done``); else None."""
+    import copy
+
+    if c["mode"] != "disaggregated" or "split" not in c:
+        return None
+    d = copy.deepcopy(c)
+    pre, dec = (next(p for p in d["deployment"]["pools"] if p["role"] == role) for role in ("prefill", "decode"))
+    pre["instances"] += 1
+    n_p, prompts, ttft, n_d, b, tpot = c["split"]
+    if pre["instances"] * n_p + dec["instances"] * n_d > npus or deployment_key(d["deployment"]) in done:
+        return None
+    d["estimate"] = split_estimate(n_p, prompts, ttft, n_d, b, tpot, output_len, pre["instances"], dec["instances"])
+    return d
+
+
 def deployment_key(dep: dict) -> tuple:
     """A deployment up to what does not change what it serves (two candidates with the same key are
     served once: see :func:`distinct`). Two rewritings, each of one deployment reached by two routes:
@@ -611,7 +632,8 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
                                       "chunk_tokens": 0},
                                      {"role": "decode", "instances": y, "plan": plan,
                                       "max_batch_per_npu": b // nd, "tokens_per_npu": 16384, "chunk_tokens": 0}]}
-                    cands.append({"mode": "disaggregated", "deployment": dep, "estimate": est, "slots": b * y})
+                    cands.append({"mode": "disaggregated", "deployment": dep, "estimate": est, "slots": b * y,
+                                  "split": (n_p, prompts, ttft, nd, b, tpot)})  # split_estimate's arguments
     ok = lambda c: ((slo_ttft_ms is None or c["estimate"]["ttft_ms"] <= slo_ttft_ms)  # noqa: E731
                     and (slo_tpot_ms is None or c["estimate"]["tpot_ms"] <= slo_tpot_ms))
     for c in cands:
@@ -675,7 +697,14 @@ def search_serving(system: str, nodes: int | None, model, npus: int, input_len: 
         served_keys = {deployment_key(c["deployment"]) for c, _, _ in out_cands}
         batch = []
         for c, r in results:
-            nxt = backoff_candidate(c, cands, served_keys) if r.get("served") and not meets(r) else None
+            nxt = None
+            if r.get("served") and not meets(r):
+                ttft_only = slo_tpot_ms is None or r["tpot_ms"] <= slo_tpot_ms
+                more = more_prefill(c, npus, output_len, served_keys) if ttft_only else None
+                if more is not None:
+                    more["estimate_feasible"] = ok(more)
+                    cands.append(more)
+                nxt = more or backoff_candidate(c, cands, served_keys)
             if nxt is not None:
                 batch.append(nxt)
                 served_keys.add(deployment_key(nxt["deployment"]))
@@ -869,11 +898,18 @@ def rate_matched(npus: int, n_p: int, prompts: int, ttft_ms: float, n_d: int, ba
             used = x * n_p + y * n_d
             if used > npus:
                 continue
-            ttft, X = closed_loop_prefill(ttft_ms, 1 / (x * mu_p), output_len * tpot_ms, y * batch)
-            out.append((x, y, {"ttft_ms": ttft, "tpot_ms": tpot_ms, "output_throughput_per_npu": X * output_len * 1e3 / used,
-                               "tokens_per_s_per_user": 1e3 / tpot_ms, "prefill_utilisation": X / (x * mu_p),
-                               "decode_utilisation": X / (y * mu_d)}))
+            out.append((x, y, split_estimate(n_p, prompts, ttft_ms, n_d, batch, tpot_ms, output_len, x, y)))
     return out
+
+
+def split_estimate(n_p: int, prompts: int, ttft_ms: float, n_d: int, batch: int, tpot_ms: float, output_len: int,
+                   x: int, y: int) -> dict:
+    """The closed-loop estimate of ``x`` prefill and ``y`` decode instances (see :func:`rate_matched`)."""
+    mu_p, mu_d = prompts / ttft_ms, batch / (output_len * tpot_ms)  # requests per ms per instance
+    ttft, X = closed_loop_prefill(ttft_ms, 1 / (x * mu_p), output_len * tpot_ms, y * batch)
+    return {"ttft_ms": ttft, "tpot_ms": tpot_ms, "output_throughput_per_npu": X * output_len * 1e3 / (x * n_p + y * n_d),
+            "tokens_per_s_per_user": 1e3 / tpot_ms, "prefill_utilisation": X / (x * mu_p),
+            "decode_utilisation": X / (y * mu_d)}
 
 
 def _skip_counts(skipped: list[dict]) -> dict:
