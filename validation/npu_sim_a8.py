@@ -68,7 +68,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
-from machine import machine_line  # noqa: E402
+from machine import git_head, machine_line  # noqa: E402
 
 from npusim.mapping.spec import spec_from_flags  # noqa: E402
 from npusim.serving.requests import synthetic_requests  # noqa: E402
@@ -321,14 +321,6 @@ def main() -> None:
             cells.append(f"{r:24.3f}" if r is not None else f"{'-':>24}")
         print(f"A8 {label:<37} {f['published']:>9} | " + " | ".join(cells))
     print(f"\nwall {time.perf_counter() - t_start:.0f} s; {machine_line()}")
-
-
-def git_head(path: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ from typing import Callable
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import environment_line, machine_line, user_env  # noqa: E402
+from machine import environment_line, git_head, machine_line, user_env  # noqa: E402
 
 from npusim.cli.util import positive_int  # noqa: E402
 
@@ -302,14 +302,6 @@ def run_npu_sim(case: Case, npu_sim: Path, repeat: int, tmp: Path) -> dict:
     med["core_config"] = case.npu_sim_core_config
     med["config_changes"] = changes
     return med
-
-
-def git_head(path: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def verdict(ratio: float | None) -> str:

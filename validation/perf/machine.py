@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+from pathlib import Path
 
 
 def machine_line() -> str:
@@ -43,3 +45,12 @@ def environment_line(python: str) -> str:
     out = subprocess.run([python, "-c", code], capture_output=True, text=True)
     scipy = out.stdout.strip() or f"unknown ({out.stderr.strip()[-80:]})"
     return f"npusim's Python: {python}; scipy installed there: {scipy}"
+
+
+def git_head(path: Path) -> str:
+    """The commit checked out at ``path`` (a peer's checkout), or "unknown"."""
+    try:
+        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
