@@ -189,6 +189,11 @@ class Dma(StrictModel):
     transaction_bytes: Pos(2**30) = 64
     bytes_per_cycle: PosF(2**30) | None = Field(default=None, description="per DMA engine port limit; None = one transaction per cycle")
 
+    @property
+    def port_bytes_per_cycle(self) -> float:
+        """One engine's port rate: ``bytes_per_cycle``, or one transaction a cycle when unset."""
+        return self.bytes_per_cycle if self.bytes_per_cycle is not None else float(self.transaction_bytes)
+
 
 class Cores(StrictModel):
     """``cube_vector_exchange``: where a core's systolic array and vector unit hand each other data

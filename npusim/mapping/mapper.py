@@ -758,7 +758,7 @@ class Mapper:
 
         cores = len(self.region) if self.region else self.arch.num_cores
         dma = self.arch.cores.dma
-        port = dma.engines * (dma.bytes_per_cycle or dma.transaction_bytes) * self.arch.clock_ghz
+        port = dma.engines * dma.port_bytes_per_cycle * self.arch.clock_ghz
         return min(port, float(channel_bandwidths_gbps(self.arch).sum()) / cores)
 
     def _weight_base(self, op: Op) -> int:

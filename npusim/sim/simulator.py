@@ -178,7 +178,7 @@ class Simulator:
             self._headroom += self.mem.sl_addr.shape[0]
         # the SRAM ports in the timing path: at the TLM memory fidelity only (sramport.py)
         dma = arch.cores.dma
-        rate = 8 * int(dma.bytes_per_cycle if dma.bytes_per_cycle is not None else dma.transaction_bytes)
+        rate = 8 * int(dma.port_bytes_per_cycle)
         srams = [arch.sram_for(c) for c in range(arch.num_cores)]
         self.sram_ports = new_sram_ports(memory_mode == "tlm", self.queues_per_core, self.dma_engines,
                                          [8 * s.banks * s.bytes_per_cycle_per_bank for s in srams],
