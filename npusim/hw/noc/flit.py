@@ -417,6 +417,39 @@ def _downstream_occupancy(st: FlitState) -> np.ndarray:
 # Synthetic-traffic experiment (the "flit" fidelity)
 # =====================================================================================
 
+def saturated_throughput(params: NocParams, packet_flits: int, flows, cycles: int, warmup: int = 2000,
+                         seed: int = 1, chunk: int = 8, backlog: int = 32):
+    """Open-loop saturation micro-benchmark (``validation/noc_link_saturation.py``): every source
+    of ``flows`` = ``[(src, [dst, ...]), ...]`` is kept backlogged (its queue topped up to
+    ``backlog`` packets every ``chunk`` cycles, more than it can inject meanwhile), a source with
+    several destinations drawing each packet's uniformly (``seed``); packets of ``packet_flits``
+    flits. After ``warmup`` cycles, ``cycles`` are measured. Returns the flits a cycle sent on each
+    output port (index ``router * num_ports + port``; the local port's ejections are not counted
+    there) and the flits a cycle ejected in the whole network. Units: flits per router cycle (1.0 =
+    a link's width)."""
+    if packet_flits < 1 or cycles < 1 or warmup < 0 or chunk < 1 or backlog <= chunk:
+        raise ConfigError(f"saturated_throughput: packet_flits >= 1, cycles >= 1, warmup >= 0 and backlog > "
+                          f"chunk >= 1 (got {packet_flits}, {cycles}, {warmup}, {backlog}, {chunk})")
+    topo = to_arrays(params.build_graph())
+    st = make_state(topo, build_routing(topo, params.routing), params.vcs, params.buffer_flits,
+                    params.router_stages, source_queue_packets=2 * backlog)
+    for src, dsts in flows:
+        if not dsts or not all(0 <= int(x) < topo.num_routers for x in (src, *dsts)):
+            raise ConfigError(f"saturated_throughput: bad flow ({src}, {dsts}) on {topo.num_routers} routers")
+    rng = np.random.default_rng(seed)
+    cycle, base, ej0, t0 = 0, None, 0, 0
+    while base is None or cycle < t0 + cycles:
+        for src, dsts in flows:
+            while st.node[src, fk.ND_SQ_CNT] < backlog:
+                d = dsts[0] if len(dsts) == 1 else dsts[int(rng.integers(len(dsts)))]
+                send(st, int(src), int(d), packet_flits, cycle, 0)
+        if base is None and cycle >= warmup:
+            base, ej0, t0 = st.port[:, fk.PT_FLITS].copy(), int(st.ctr[fk.K_FLITS_EJ]), cycle
+        cycle = run_cycles(st, cycle, chunk, False)
+    n = float(cycle - t0)
+    return (st.port[:, fk.PT_FLITS] - base) / n, (int(st.ctr[fk.K_FLITS_EJ]) - ej0) / n
+
+
 def simulate_flit(params: NocParams, traffic: SyntheticTraffic) -> NocResult:
     """Run one synthetic-traffic experiment on the flit-level model.
 

@@ -1,0 +1,65 @@
+"""The flit routers' saturation behaviour (``validation/noc_link_saturation.py``): one hot output fed
+by backlogged inputs runs at its width whatever the number of inputs (no per-link efficiency loss),
+uniform traffic through one router matches Karol et al. (1987)'s head-of-line saturation, and a
+link whose traffic meets contention at the next router loses throughput that max-min sharing
+would give it (head-of-line blocking across routers)."""
+
+import pytest
+
+from npusim.errors import ConfigError
+from npusim.hw.noc import PORT_N, PORT_S, NocParams
+from npusim.hw.noc.flit import saturated_throughput
+
+W = 5
+X = (2, 2)
+
+
+def rid(x, y):
+    return y * W + x
+
+
+def mesh5(vcs=2, buf=8):
+    return NocParams(width=W, height=W, vcs=vcs, buffer_flits=buf, router_stages=4)
+
+
+@pytest.mark.parametrize("inputs", [("L",), ("W", "N"), ("L", "W", "E", "N")])
+@pytest.mark.parametrize("packet_flits", [1, 4])
+def test_one_hot_output_runs_at_its_width(inputs, packet_flits):
+    x, y = X
+    dst = rid(x, y + 1)
+    src = {"L": rid(x, y), "W": rid(x - 1, y), "E": rid(x + 1, y), "N": rid(x, y - 1)}
+    thr, ejected = saturated_throughput(mesh5(), packet_flits, [(src[d], [dst]) for d in inputs], 3000, 500)
+    link = thr[rid(x, y) * 5 + PORT_S]
+    assert 0.99 <= link <= 1.0  # never beyond the link's width, and no loss to contention
+    assert ejected == pytest.approx(link, abs=0.01)  # every flit on the link leaves at D
+
+
+def test_uniform_two_by_two_matches_karol():
+    """Inputs W and E (two sources each), outputs N and S, one-flit packets, one VC: a FIFO
+    input-queued 2x2 switch under uniform traffic saturates at 0.75 an output (Karol et al. 1987)."""
+    x, y = X
+    flows = [(s, [rid(x, y - 1), rid(x, y + 1)]) for s in (rid(x - 1, y), rid(x - 2, y), rid(x + 1, y), rid(x + 2, y))]
+    thr, _ = saturated_throughput(mesh5(vcs=1), 1, flows, 8000, 1000)
+    per_output = (thr[rid(x, y) * 5 + PORT_N] + thr[rid(x, y) * 5 + PORT_S]) / 2
+    assert per_output == pytest.approx(0.75, abs=0.02)
+
+
+def test_downstream_contention_blocks_the_upstream_link():
+    """W of X sends to D, N of X beyond D, where D's east neighbour contends for D's south output:
+    max-min gives X -> D its width (0.5 + 0.5), the flit routers much less (the N source's
+    packets wait in D's input VCs and block the W source's behind them)."""
+    x, y = X
+    D, D2 = rid(x, y + 1), rid(x, y + 2)
+    flows = [(rid(x - 1, y), [D]), (rid(x, y - 1), [D2]), (rid(x + 1, y + 1), [D2])]
+    thr, _ = saturated_throughput(mesh5(), 4, flows, 4000, 1000)
+    assert thr[D * 5 + PORT_S] == pytest.approx(1.0, abs=0.01)  # the downstream link saturates
+    assert 0.5 <= thr[rid(x, y) * 5 + PORT_S] < 0.95
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError):
+        saturated_throughput(mesh5(), 0, [(0, [1])], 10)
+    with pytest.raises(ConfigError):
+        saturated_throughput(mesh5(), 1, [(0, [W * W])], 10)
+    with pytest.raises(ConfigError):
+        saturated_throughput(mesh5(), 1, [(0, [])], 10)

@@ -1,0 +1,286 @@
+"""How busy the flit NoC keeps a saturated link: micro-benchmarks on the cycle-accurate routers.
+
+Issue 42 item 2 (session 48). The path NoC's flows and streams fill a saturated mesh link to its
+width; on the memory workloads the flit model keeps its hottest links ~80% busy
+(``validation/memory_flows_vs_flit.py``). This script measures, on the flit model alone (the
+reference, itself checked against BookSim2), how much of one output link's width the routers use
+when several inputs contend for it, so that a link-efficiency law, if there is one, comes from the
+bottom and not from the GEMM or step numbers.
+
+Part A, *one hot output* (open loop, every source always backlogged,
+:func:`npusim.hw.noc.flit.saturated_throughput`): on a 7x7 mesh with XY routing the link from
+router X = (3, 3) to D = (3, 4) (X's south output) is fed by up to four of X's inputs: its local
+port, W (a source on X's row to the west, turning south at X), E (the same from the east) and N (a
+source above X on its column). Every source sends packets of ``F`` flits to D (``beyond``: to the
+router below D, so the measured link is not the last hop). Throughput of the link (flits per cycle
+over the window, 1.0 = its width) for every subset of the inputs, sources 1 and 3 hops from X,
+``F`` in 1, 2, 4, 16 at the preset's routers (2 VCs x 8 flits, 4 stages), and at ``F`` = 4 with
+1 x 8, 4 x 8, 2 x 4 and 2 stages.
+
+Part B, *the textbook HOL case*: router X as a 2x2 switch (inputs W and E, two backlogged sources
+each; outputs N and S) and a 3x3 one (inputs W, E and X's own NI; outputs N, S and X's ejection
+port), every packet's output drawn uniformly; throughput per output beside Karol, Hluchyj and
+Morgan (1987)'s saturation of an n x n input-queued switch with FIFO inputs and uniform traffic
+(0.75 for n = 2, 0.6825 for n = 3, 2 - sqrt(2) = 0.586 as n grows; Monte Carlo of their model).
+
+Part C, *the memory patterns in the engine*: ``memory_flows_vs_flit.py``'s all-core ``stream``,
+``random`` and ``stream-write`` on npusim-64c (memory analytical): the flows' and the flit model's
+makespans, their flits on every link (equal), the busy fraction of the link the flows fill, every
+2,000 cycles at the flit model beside the busiest link's, and the flit and flow makespans as the
+DMA engines' tags, the VCs and the buffers change.
+
+Part E, *head-of-line blocking across two routers*: link X -> D is fed by a source W of X and one N
+of X; at D their packets eject or continue south to D2 = (3, 5), where ``m`` = 0..3 other inputs
+of D (its E and W neighbours, its own NI, each backlogged towards D2) contend for D's south
+output. ``split``: the W source sends only to D, the N source only to D2; ``mixed``: both send half
+their packets to each (a DMA's fixed proportions). The flit model's X -> D throughput beside the
+max-min fair rate the flows would give it (:func:`npusim.hw.maxmin.maxmin_rates` over the two links).
+
+    python validation/noc_link_saturation.py [--part ABCE] [--cycles N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
+from machine import machine_line  # noqa: E402
+
+from npusim.hw.noc.flit import saturated_throughput  # noqa: E402
+from npusim.hw.noc.topology import PORT_N, PORT_S  # noqa: E402
+from npusim.hw.noc.traffic import NocParams  # noqa: E402
+
+W = H = 7
+X = (3, 3)
+
+
+def rid(x, y):
+    return y * W + x
+
+
+def source_of(direction: str, dist: int) -> int:
+    """The router ``dist`` hops from X whose XY route to D enters X by input ``direction``."""
+    x, y = X
+    return {"L": rid(x, y), "W": rid(x - dist, y), "E": rid(x + dist, y), "N": rid(x, y - dist)}[direction]
+
+
+def saturate(params: NocParams, F: int, flows, cycles: int, warmup: int, eject: bool = False):
+    """:func:`npusim.hw.noc.flit.saturated_throughput`: flits a cycle per output port (and, with
+    ``eject``, the network's ejections a cycle)."""
+    thr, ej = saturated_throughput(params, F, flows, cycles, warmup)
+    return (thr, None, ej) if eject else (thr, None)
+
+
+def params(vcs: int = 2, buf: int = 8, S: int = 4) -> NocParams:
+    return NocParams(width=W, height=H, vcs=vcs, buffer_flits=buf, router_stages=S)
+
+
+def part_a(cycles: int) -> None:
+    print("Part A: one hot output (X's south link), every source backlogged; throughput in flits/cycle")
+    xo = rid(*X) * 5 + PORT_S
+    dirs = ["L", "W", "E", "N"]
+    cfgs = [(2, 8, 4), (1, 8, 4), (4, 8, 4), (2, 4, 4), (2, 8, 2)]
+    print(f"{'inputs':>8} {'hops':>4} {'beyond':>6} " + " ".join(f"{'F=%d %dx%d S%d' % (F, v, b, s):>13}"
+                                                          for v, b, s in cfgs[:1] for F in (1, 2, 4, 16))
+          + " " + " ".join(f"{'F=4 %dx%d S%d' % (v, b, s):>12}" for v, b, s in cfgs[1:]))
+    for k in range(1, 5):
+        for subset in itertools.combinations(dirs, k):
+            for dist in (1, 3):
+                if dist == 3 and subset == ("L",):
+                    continue
+                for beyond in (False, True):
+                    dst = rid(X[0], X[1] + (2 if beyond else 1))
+                    flows = [(source_of(d, dist), [dst]) for d in subset]
+                    cells = []
+                    for v, b, s in cfgs[:1]:
+                        for F in (1, 2, 4, 16):
+                            thr, _ = saturate(params(v, b, s), F, flows, cycles, 2000)
+                            cells.append(f"{thr[xo]:13.3f}")
+                    for v, b, s in cfgs[1:]:
+                        thr, _ = saturate(params(v, b, s), 4, flows, cycles, 2000)
+                        cells.append(f"{thr[xo]:12.3f}")
+                    print(f"{'+'.join(subset):>8} {dist:4d} {str(beyond):>6} " + " ".join(cells), flush=True)
+
+
+def karol(n: int, slots: int = 200_000, seed: int = 1) -> float:
+    """Saturation throughput per output of an n x n input-queued switch with one FIFO per input,
+    every input backlogged, destinations uniform, contention resolved at random (Monte Carlo of
+    Karol, Hluchyj and Morgan 1987's model; their Table I: 0.7500, 0.6825, 0.6553 for n = 2, 3, 4,
+    2 - sqrt(2) = 0.5858 as n grows)."""
+    rng = np.random.default_rng(seed)
+    heads = rng.integers(n, size=n)
+    served = 0
+    for _ in range(slots // n):
+        taken = np.zeros(n, bool)
+        for i in rng.permutation(n):
+            if not taken[heads[i]]:
+                taken[heads[i]] = True
+                heads[i] = rng.integers(n)
+                served += 1
+    return served / (slots // n) / n
+
+
+def part_b(cycles: int) -> None:
+    """Router X as an n x n switch under uniform traffic (module docstring)."""
+    print("Part B: router X as a 2x2 / 3x3 switch, inputs backlogged, destinations uniform; "
+          "flits/cycle per output")
+    x, y = X
+    north, south = rid(x, y - 1), rid(x, y + 1)
+    r = rid(x, y)
+    print(f"{'switch':>22} {'F':>3} " + " ".join(f"{'%dx%d' % (v, b):>6}" for v, b in ((1, 8), (2, 8), (4, 8), (8, 8)))
+          + "   Karol (FIFO, cells)")
+    for F in (1, 4, 16):
+        # 2x2: inputs W and E (two sources each), outputs N and S
+        flows = [(s_, [north, south]) for s_ in (rid(x - 1, y), rid(x - 2, y), rid(x + 1, y), rid(x + 2, y))]
+        cells = []
+        for v, b in ((1, 8), (2, 8), (4, 8), (8, 8)):
+            thr, _ = saturate(params(v, b), F, flows, cycles, 2000)
+            cells.append(f"{(thr[r * 5 + PORT_N] + thr[r * 5 + PORT_S]) / 2:6.3f}")
+        print(f"{'2x2 W,E -> N,S':>22} {F:3d} " + " ".join(cells) + f"   {karol(2):.4f}", flush=True)
+    for F in (4, 16):
+        # 3x3: inputs W, E and X's own NI, outputs N, S and X's ejection port
+        flows = [(s_, [north, south, r]) for s_ in (rid(x - 1, y), rid(x + 1, y), r)]
+        cells = []
+        for v, b in ((1, 8), (2, 8), (4, 8), (8, 8)):
+            thr, _, ej = saturate(params(v, b), F, flows, cycles, 2000, eject=True)
+            # every flit ejects at N, S or X: X's ejection is the rest of the network's (steady state)
+            cells.append(f"{ej / 3:6.3f}")
+        print(f"{'3x3 W,E,L -> N,S,L':>22} {F:3d} " + " ".join(cells) + f"   {karol(3):.4f}", flush=True)
+
+
+def part_e(cycles: int) -> None:
+    """Head-of-line blocking across two routers (module docstring), flit against max-min."""
+    from npusim.hw.maxmin import maxmin_rates, new_scratch
+    print("Part E: link X->D fed by W and N of X; at D its traffic ejects or continues south, where m "
+          "other inputs of D contend; flits/cycle")
+    x, y = X
+    D, D2 = rid(x, y + 1), rid(x, y + 2)
+    others = [rid(x + 1, y + 1), rid(x - 1, y + 1), D]  # E and W inputs of D, D's own NI
+    xo, do = rid(x, y) * 5 + PORT_S, D * 5 + PORT_S
+    cfgs = [(2, 8, 4), (1, 8, 4), (4, 8, 4), (16, 8, 4), (2, 32, 4), (2, 8, 2)]
+    print(f"{'mode':>9} {'m':>2} {'F':>3} {'max-min X->D':>12} " + " ".join(f"{'%dx%d S%d' % c:>9}" for c in cfgs)
+          + "   (flit X->D; D->D2 at the preset)")
+    for mode in ("split", "mixed"):
+        for m in range(4):
+            for F in (1, 4):
+                if mode == "split":  # W of X only to D, N of X only beyond D
+                    flows = [(rid(x - 1, y), [D]), (rid(x, y - 1), [D2])]
+                    coef = [{"XD": 1.0}, {"XD": 1.0, "DD2": 1.0}]
+                else:  # W and N of X each send half their packets to D, half beyond
+                    flows = [(rid(x - 1, y), [D, D2]), (rid(x, y - 1), [D, D2])]
+                    coef = [{"XD": 1.0, "DD2": 0.5}, {"XD": 1.0, "DD2": 0.5}]
+                flows += [(o, [D2]) for o in others[:m]]
+                coef += [{"DD2": 1.0}] * m
+                # max-min over the two links (the sources' NIs and the ejection ports do not bind here)
+                nf, res = len(coef), {"XD": 0, "DD2": 1}
+                e_n = np.array([len(c) for c in coef], np.int64)
+                e_res = np.zeros((nf, 2), np.int64)
+                e_coef = np.zeros((nf, 2))
+                for f, c in enumerate(coef):
+                    for k, (name, a) in enumerate(c.items()):
+                        e_res[f, k], e_coef[f, k] = res[name], a
+                rate = np.zeros(nf)
+                cap = np.ones(nf)  # a source's NI injects a flit a cycle
+                maxmin_rates(nf, np.arange(nf), e_n, e_res, e_coef, cap, np.ones(2), rate, new_scratch(2, nf, 2 * nf),
+                             1e-12)
+                mm = float(sum(rate[f] * coef[f].get("XD", 0.0) for f in range(nf)))
+                cells, dd2 = [], 0.0
+                for c in cfgs:
+                    thr, _ = saturate(params(*c), F, flows, cycles, 2000)
+                    cells.append(f"{thr[xo]:9.3f}")
+                    if c == cfgs[0]:
+                        dd2 = thr[do]
+                print(f"{mode:>9} {m:2d} {F:3d} {mm:12.3f} " + " ".join(cells) + f"   D->D2 {dd2:.3f}", flush=True)
+
+
+def _pattern_sim(kind: str, noc: str, tags: int = 0, vcs: int = 0, buf: int = 0):
+    """``memory_flows_vs_flit.py``'s all-core pattern on npusim-64c (every DMA engine of every core,
+    256 KiB a core in 4 DMAs an engine), memory analytical; ``tags``/``vcs``/``buf`` (0: the preset's)
+    override ``cores.dma.max_outstanding``, ``noc.virtual_channels``, ``noc.buffer_depth_flits``."""
+    from npusim.arch import load_arch
+    from npusim.hw.memory.hbm import PATTERN_RANDOM
+    from npusim.sim import Simulator
+    arch = load_arch("npusim-64c")
+    if tags:
+        dma = arch.cores.dma.model_copy(update={"max_outstanding": tags})
+        arch = arch.model_copy(update={"cores": arch.cores.model_copy(update={"dma": dma})})
+    if vcs or buf:
+        noc_upd = {k: v for k, v in (("virtual_channels", vcs), ("buffer_depth_flits", buf)) if v}
+        arch = arch.model_copy(update={"noc": arch.noc.model_copy(update=noc_upd)})
+    sim = Simulator(arch, memory_mode="analytical", noc_mode=noc, memory_streams="flow")
+    size = (256 << 10) // sim.dma_engines // 4
+    a = 0
+    for c in range(arch.num_cores):
+        for e in range(sim.dma_engines):
+            prev = ()
+            for _ in range(4):
+                t = sim.add_dma(c, size, address=a, write=kind == "stream-write", dma_engine=e,
+                                pattern=PATTERN_RANDOM if kind == "random" else 0, deps=prev)
+                prev = (t,)
+                a += size
+    return sim
+
+
+def part_c(cycles: int, interval: int = 2000) -> None:
+    """The memory patterns in the engine (module docstring): where the flit model loses time."""
+    print("Part C: npusim-64c, every core streaming (memory analytical); hot = the link the flows fill")
+    for kind in ("stream", "random", "stream-write"):
+        flows = _pattern_sim(kind, "path")
+        flows.run()
+        lp = flows.link_flits().astype(float)
+        hot = int(np.argmax(lp))
+        topo = flows.topology
+        sim = _pattern_sim(kind, "flit")
+        t, prev, hot_i, max_i = 0, sim.link_flits(), [], []
+        while True:
+            t += interval
+            sim.run(until=t)
+            lf = sim.link_flits()
+            d = (lf - prev) / interval
+            prev = lf
+            if d.max() == 0 and lf.sum() > 0:  # the traffic is over
+                break
+            hot_i.append(d[hot])
+            max_i.append(d.max())
+        lf = sim.link_flits().astype(float)
+        span = sim.makespan()
+        steady = hot_i[1:-2]  # leave out the first and the last intervals
+        print(f"{kind:>12}: flows {flows.makespan()} cycles, flit {span} cycles ({flows.makespan() / span - 1:+.1%}); "
+              f"link flits equal in both: {bool(np.array_equal(lf, lp))}; hot link {topo.link_name(hot)} busy "
+              f"{lp[hot] / flows.makespan():.3f} (flows) / {lf[hot] / span:.3f} (flit, over the run)")
+        print(f"{'':>14}flit, per {interval} cycles: hot link " + " ".join(f"{h:.2f}" for h in hot_i)
+              + f"\n{'':>14}flit, per {interval} cycles: busiest link " + " ".join(f"{m:.2f}" for m in max_i)
+              + f"\n{'':>14}hot link's median over the steady intervals {np.median(steady):.3f}", flush=True)
+    print("Part C, flit makespan (cycles) of 'stream' and 'random' as tags, VCs and buffers change "
+          "(preset: 32 tags = 8 bursts in flight an engine, 2 VCs x 8 flits):")
+    for tags, vcs, buf in ((32, 2, 8), (16, 2, 8), (64, 2, 8), (128, 2, 8), (32, 1, 8), (32, 4, 8), (32, 16, 8),
+                           (32, 2, 32), (32, 16, 128)):
+        cells = []
+        for kind in ("stream", "random"):
+            sim = _pattern_sim(kind, "flit", tags, vcs, buf)
+            sim.run()
+            ref = _pattern_sim(kind, "path", tags, vcs, buf)
+            ref.run()
+            cells.append(f"{kind} flit {sim.makespan():6d} flows {ref.makespan():6d} ({ref.makespan() / sim.makespan() - 1:+.1%})")
+        print(f"  tags {tags:3d} VCs {vcs:2d} x {buf:3d} flits: " + "; ".join(cells), flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--part", default="ABCE", help="parts to run (letters)")
+    ap.add_argument("--cycles", type=int, default=20000, help="measurement window (cycles) of each run")
+    args = ap.parse_args(argv)
+    print(machine_line())
+    for part, fn in (("A", part_a), ("B", part_b), ("C", part_c), ("E", part_e)):
+        if part in args.part.upper():
+            fn(args.cycles)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
