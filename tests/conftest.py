@@ -19,6 +19,9 @@
 * **Slow tests.** ``@pytest.mark.slow`` marks tests of many seconds to minutes (wheel install,
   Dask cluster, the full-system serving CLI); ``pyproject.toml`` deselects them by default, and
   ``pytest -q -m slow`` runs them.
+* **Two processes.** ``pyproject.toml``'s ``addopts`` runs both on 2 pytest-xdist workers (``-n 2``;
+  ``-n 0``: one process). Each worker has its own session fixtures (its own chip-cost cache); the Numba
+  cache is shared (Numba writes a cache file whole, so two workers compiling one kernel is safe).
 """
 
 import os
