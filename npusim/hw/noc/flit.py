@@ -431,11 +431,11 @@ def saturated_throughput(params: NocParams, packet_flits: int, flows, cycles: in
         raise ConfigError(f"saturated_throughput: packet_flits >= 1, cycles >= 1, warmup >= 0 and backlog > "
                           f"chunk >= 1 (got {packet_flits}, {cycles}, {warmup}, {backlog}, {chunk})")
     topo = to_arrays(params.build_graph())
-    st = make_state(topo, build_routing(topo, params.routing), params.vcs, params.buffer_flits,
-                    params.router_stages, source_queue_packets=2 * backlog)
-    for src, dsts in flows:
+    for src, dsts in flows:  # checked before the state is built
         if not dsts or not all(0 <= int(x) < topo.num_routers for x in (src, *dsts)):
             raise ConfigError(f"saturated_throughput: bad flow ({src}, {dsts}) on {topo.num_routers} routers")
+    st = make_state(topo, build_routing(topo, params.routing), params.vcs, params.buffer_flits,
+                    params.router_stages, source_queue_packets=2 * backlog)
     rng = np.random.default_rng(seed)
     cycle, base, ej0, t0 = 0, None, 0, 0
     while base is None or cycle < t0 + cycles:
