@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npusim.arch import summarize
 from npusim.errors import ConfigError
 from npusim.model.zoo import get_config
 from npusim.system import mapper as system_mapper
 from npusim.system.execute import time_workload
 from npusim.system.load import load_system
-from npusim.system.mapper import StepShape, build_step
+from npusim.system.mapper import StepShape, build_step, memory_per_rank_gb
 from npusim.system.moe import dispatch_bytes_per_token, route_tokens
 from npusim.system.plan import ParallelPlan, check_plan, default_plan
 from npusim.system.search import pareto, search_plans
@@ -398,3 +399,21 @@ def test_a_deployment_is_a_plan_plus_its_calibrated_constants(mtp):
     assert gathers and all(np.asarray(n["bytes"])[0, 8:].sum() == 0 for n in gathers)  # within a node's 8 cards
     with pytest.raises(ConfigError, match="shared_tp 3"):
         check_plan(ParallelPlan(npus=32, dp=32, ep=32, shared_tp=3), get_config("deepseek-r1"), 1, 32)
+
+
+def test_without_npus_the_instance_grows_to_the_fewest_nodes_that_hold_the_weights():
+    """One node when the default plan holds the weights there; else the fewest whole nodes that do
+    (DeepSeek-V3 in bf16: ~1.3 TB of weights over one CloudMatrix384 node's 16 dies of 64 GiB is
+    ~84 GB a die, over two nodes' 32 dies ~51 GB); an explicit --npus is kept (and may not fit)."""
+    from npusim.system.step import default_npus
+
+    cm = load_system("cloudmatrix384")
+    assert default_npus(cm, get_config("qwen3-4b"), {}) == cm.system.npus_per_node
+    npus = default_npus(cm, get_config("deepseek-v3"), {"precision": "bf16"})
+    assert npus == 2 * cm.system.npus_per_node
+    plan = default_plan(get_config("deepseek-v3"), npus, cm.system.npu.dies, precision="bf16")
+    weights, _ = memory_per_rank_gb(get_config("deepseek-v3"), plan, StepShape("decode", 1, 1, 2))
+    one = default_plan(get_config("deepseek-v3"), npus // 2, cm.system.npu.dies, precision="bf16")
+    weights_one, _ = memory_per_rank_gb(get_config("deepseek-v3"), one, StepShape("decode", 1, 1, 2))
+    hbm = summarize(cm.chip).hbm_gb
+    assert weights < hbm <= weights_one

@@ -398,8 +398,10 @@ def deployment_scenario(opts, dep, where: str) -> SystemServing:
 
 def plan_from_args(args, loaded, cfg, base: dict | None = None):
     """The plan the flags give over the mapping file's ``plan:`` section (``base``), the rest
-    filled by :func:`npusim.system.plan.default_plan`; the instance defaults to one node."""
+    filled by :func:`npusim.system.plan.default_plan`; the instance defaults to one node, or to the
+    fewest whole nodes that hold the model's weights (:func:`npusim.system.step.default_npus`)."""
     from npusim.system.plan import default_plan
+    from npusim.system.step import default_npus
 
     keys = ("npus", "tp", "dp", "cp", "ep", "expert_tp", "pp", "microbatches", "kv_dtype", "mtp", "mtp_acceptance",
             "shared_tp")
@@ -407,7 +409,7 @@ def plan_from_args(args, loaded, cfg, base: dict | None = None):
     given.update({k: getattr(args, k) for k in keys if getattr(args, k, None) is not None})
     if args.precision is not None or "precision" not in given:
         given["precision"] = PLAN_PRECISION[args.precision or "bf16"]
-    npus = given.pop("npus", None) or loaded.system.npus_per_node
+    npus = given.pop("npus", None) or default_npus(loaded, cfg, given)
     return default_plan(cfg, npus, loaded.system.npu.dies, **given)
 
 
@@ -511,5 +513,10 @@ def plan_step(opts, base: dict | None = None):
     else:
         cfg = get_config(opts.model)
         plan = plan_from_args(opts, loaded, cfg, base)
-    return simulate_plan_step(loaded, cfg, plan, shape_from_args(opts), routing=opts.routing, seed=opts.seed,
-                              chip_cost=system_chip_cost(opts, loaded), runtime=opts.runtime)
+    out, wl, timing = simulate_plan_step(loaded, cfg, plan, shape_from_args(opts), routing=opts.routing,
+                                         seed=opts.seed, chip_cost=system_chip_cost(opts, loaded), runtime=opts.runtime)
+    per_node = loaded.system.npus_per_node
+    if not (opts.npus or (base or {}).get("npus")) and plan.npus > per_node:
+        out["note"] = (f"instance: {plan.npus // per_node} nodes ({plan.npus} NPUs), the fewest that hold "
+                       f"{out['model']}'s {plan.precision} weights by the default plan (--npus to choose); {out['note']}")
+    return out, wl, timing

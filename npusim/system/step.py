@@ -20,7 +20,7 @@ from npusim.system.execute import StepRuntime, WorkloadTiming, fixed_share, time
 from npusim.system.load import LoadedSystem
 from npusim.system.mapper import (GB_PER_GIB, StepShape, build_onnx_step, build_step, memory_figures,
                                   memory_per_rank_gb)
-from npusim.system.plan import ParallelPlan, check_plan
+from npusim.system.plan import ParallelPlan, check_plan, default_plan
 from npusim.system.workload import Workload
 
 NOTE = ("derived step: every kernel timed by the chip simulator, every collective and MoE transfer by the fabric "
@@ -38,6 +38,28 @@ def check_fit(cfg, plan: ParallelPlan, shape: StepShape, hbm_gb: float) -> tuple
                           f"KV cache per die > {hbm_gb * GB_PER_GIB:.1f} GB of HBM ({hbm_gb:g} GiB; more NPUs, a "
                           "larger tp/ep/pp, w8a8, --kv-dtype int8, or a smaller batch or context)")
     return weights, kv
+
+
+def default_npus(loaded: LoadedSystem, cfg, given: dict) -> int:
+    """The instance a plan runs on when neither a flag nor a mapping file gives ``npus``: one node's
+    NPUs, or, when :func:`~npusim.system.plan.default_plan` (with the plan keys ``given``) would not
+    hold the model's weights in one node's dies' HBM, the fewest whole nodes of the system whose
+    default plan is valid and holds them. The KV cache is not counted here (the step checks it
+    with its batch and context, :func:`check_fit`); one node when no node count holds the weights
+    (the step then says the plan does not fit)."""
+    one = loaded.system.npus_per_node
+    dies = loaded.system.npu.dies
+    hbm_gb = summarize(loaded.chip).hbm_gb
+    probe = StepShape("decode", 1, 1, 2)  # weights do not depend on the shape
+    for nodes in range(1, loaded.system.nodes + 1):
+        try:
+            plan = default_plan(cfg, nodes * one, dies, **given)
+            check_plan(plan, cfg, dies, loaded.system.num_npus)
+        except ConfigError:
+            continue
+        if memory_per_rank_gb(cfg, plan, probe)[0] < hbm_gb:
+            return nodes * one
+    return one
 
 
 def simulate_plan_step(loaded: LoadedSystem, model, plan: ParallelPlan, shape: StepShape,
