@@ -101,7 +101,8 @@ RTT_OVERHEAD = 5
 #: may fill gets the effective capacity ``eta`` its port leaves it at the flows' current mix, read
 #: when memflows are made (``False``: plain max-min on the links' widths, the model before session 49)
 HOL_COUPLING = True
-#: fillings an update may take while the links' ``eta`` settle (warm-started from the last update's)
+#: fillings an update may take while the links' ``eta`` settle (warm-started from the last update's);
+#: read, like HOL_COUPLING, when memflows are made (``prm[P_HOL]``: 0 without the coupling)
 HOL_ITERS = 4
 #: a link's ``eta`` moving less than this (relative) counts as settled: no filling again for it
 HOL_TOL = 1e-3
@@ -173,7 +174,8 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     width = nres
     return MemFlows(
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
-                      max(1, int(max_outstanding)) * int(transaction_bytes), int(bool(HOL_COUPLING))], np.int64),
+                      max(1, int(max_outstanding)) * int(transaction_bytes),
+                      max(1, int(HOL_ITERS)) if HOL_COUPLING else 0], np.int64),
         rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
         pos=np.full(nres, -1, np.int64),
@@ -626,7 +628,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     mf.sc[S_NSTALE] = 0
     # share the links; with the head-of-line coupling, again while the links' eta move (each filling
     # uses the eta the previous one left: the rates are always those of one filling on ``ceff``)
-    iters = HOL_ITERS if mf.prm[P_HOL] != 0 else 1
+    iters = max(np.int64(1), mf.prm[P_HOL])
     for it in range(iters):
         if it > 0:
             for i in range(j):
