@@ -5,7 +5,9 @@ within its tags, the controllers answering in arrival order; checked against Boo
 many-to-few request-reply traffic, ``validation/noc_hotspot_booksim.py``) is the reference. The path
 NoC carries a DMA's traffic either as one max-min fair *flow* per DMA engine (``memory_streams=
 "flow"``, :mod:`npusim.hw.noc.memflow`, an option) or as per-router *streams* with hop and
-release events (``"reserve"``, the default). For each workload: the simulated time at each model, the
+release events (``"reserve"``, the default); the flows with plain max-min shares and with the
+head-of-line coupling at the routers' input ports (:mod:`npusim.hw.noc.hol`,
+``memflow.HOL_COUPLING``, on by default since session 49). For each workload: the simulated time at each model, the
 error against flit and the wall time of the run (kernel compiled beforehand: the first run of each
 fidelity is a warm-up, not timed).
 
@@ -28,7 +30,7 @@ attached at router 0, reads 64 and 128 KiB from cores 3, 7, 15 and 63 hops away;
 flight it is window-limited, so (time(128 KiB) - time(64 KiB)) / 32 is one round trip, at the flit
 NoC and at the path flows, beside the zero-load formula ``2 ((h + 1) S + h L) + f - 1``.
 
-    python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip-flit] [--rtt]
+    python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip SUBSTRING] [--skip-flit] [--rtt]
 """
 
 from __future__ import annotations

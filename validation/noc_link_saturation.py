@@ -21,7 +21,8 @@ Part B, *the textbook HOL case*: router X as a 2x2 switch (inputs W and E, two b
 each; outputs N and S) and a 3x3 one (inputs W, E and X's own NI; outputs N, S and X's ejection
 port), every packet's output drawn uniformly; throughput per output beside Karol, Hluchyj and
 Morgan (1987)'s saturation of an n x n input-queued switch with FIFO inputs and uniform traffic
-(0.75 for n = 2, 0.6825 for n = 3, 2 - sqrt(2) = 0.586 as n grows; Monte Carlo of their model).
+(0.75 for n = 2, 0.6825 for n = 3, 2 - sqrt(2) = 0.586 as n grows; Monte Carlo of their model), and
+the flows' head-of-line model's rate per output (:func:`npusim.hw.noc.hol.mesh_flow_rates`, session 49).
 
 Part C, *the memory patterns in the engine*: ``memory_flows_vs_flit.py``'s all-core ``stream``,
 ``random`` and ``stream-write`` on npusim-64c (memory analytical): the flows' and the flit model's
@@ -34,7 +35,10 @@ of X; at D their packets eject or continue south to D2 = (3, 5), where ``m`` = 0
 of D (its E and W neighbours, its own NI, each backlogged towards D2) contend for D's south
 output. ``split``: the W source sends only to D, the N source only to D2; ``mixed``: both send half
 their packets to each (a DMA's fixed proportions). The flit model's X -> D throughput beside the
-max-min fair rate the flows would give it (:func:`npusim.hw.maxmin.maxmin_rates` over the two links).
+max-min fair rate the flows would give it (:func:`npusim.hw.maxmin.maxmin_rates` over the two links)
+and the rate of the flows with the head-of-line coupling (:func:`npusim.hw.noc.hol.mesh_flow_rates`:
+the whole mesh, each source's NI and destination's ejection port 1 flit a cycle). These are the
+coupling's calibration: the flit model's own routers, nothing tuned to them.
 
     python validation/noc_link_saturation.py [--part ABCE] [--cycles N]
 """
