@@ -188,7 +188,8 @@ def test_kept_lists_and_sums_match_the_active_flows_and_a_fresh_solve():
             assert fl.B0[l] == pytest.approx(sum(c * fl.fcap[f] for f, c in fs), rel=1e-12)
         rate = np.zeros_like(fl.rate)
         ceff = fl.rcap - np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds)))
-        maxmin_rates(len(act), act, fl.e_n, fl.e_res, fl.e_coef, fl.fcap, np.maximum(ceff, 0.0), rate,
+        # what the flows may use: the width less the messages, times the head-of-line share eta
+        maxmin_rates(len(act), act, fl.e_n, fl.e_res, fl.e_coef, fl.fcap, np.maximum(ceff, 0.0) * fl.eta, rate,
                      new_scratch(len(fl.rcap), len(fl.rate), len(fl.rate) * fl.e_res.shape[1]), 1e-9)
         assert np.allclose(rate[act], fl.rate[act], rtol=1e-9, atol=0.0)
         checked += 1
@@ -253,7 +254,7 @@ def _check_kept_set(sim):
     from npusim.hw.noc.memflow import ROOM, S_NMF, S_NSTALE, S_NTOUCH
     fl = sim.mempath.fl
     holds = np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds))).astype(np.float64)
-    now = np.maximum(fl.rcap - holds, 0.0)
+    now = np.maximum(fl.rcap - holds, 0.0) * fl.eta  # eta: the links' head-of-line share (memflow)
     touched = [int(x) for x in fl.tl[:int(fl.sc[S_NTOUCH])]]
     stale = set(int(x) for x in fl.stl[:int(fl.sc[S_NSTALE])])
     for l in touched:
@@ -298,7 +299,7 @@ def test_kept_may_fill_set_follows_flows_and_messages(with_messages):
             act = fl.act[:int(fl.sc[S_NACT])].copy()
             rate = np.zeros_like(fl.rate)
             holds = np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds)))
-            ceff = np.maximum(fl.rcap - holds, 0.0)  # what messages leave of each resource now
+            ceff = np.maximum(fl.rcap - holds, 0.0) * fl.eta  # what messages leave of each resource now, times eta
             maxmin_rates(len(act), act, fl.e_n, fl.e_res, fl.e_coef, fl.fcap, ceff, rate,
                          new_scratch(len(fl.rcap), len(fl.rate), len(fl.rate) * fl.e_res.shape[1]), 1e-9)
             assert np.allclose(rate[act], fl.rate[act], rtol=1e-9, atol=0.0)

@@ -5,7 +5,9 @@ within its tags, the controllers answering in arrival order; checked against Boo
 many-to-few request-reply traffic, ``validation/noc_hotspot_booksim.py``) is the reference. The path
 NoC carries a DMA's traffic either as one max-min fair *flow* per DMA engine (``memory_streams=
 "flow"``, :mod:`npusim.hw.noc.memflow`, an option) or as per-router *streams* with hop and
-release events (``"reserve"``, the default). For each workload: the simulated time at each model, the
+release events (``"reserve"``, the default); the flows with plain max-min shares and with the
+head-of-line coupling at the routers' input ports (:mod:`npusim.hw.noc.hol`,
+``memflow.HOL_COUPLING``, on by default since session 49). For each workload: the simulated time at each model, the
 error against flit and the wall time of the run (kernel compiled beforehand: the first run of each
 fidelity is a warm-up, not timed).
 
@@ -28,7 +30,7 @@ attached at router 0, reads 64 and 128 KiB from cores 3, 7, 15 and 63 hops away;
 flight it is window-limited, so (time(128 KiB) - time(64 KiB)) / 32 is one round trip, at the flit
 NoC and at the path flows, beside the zero-load formula ``2 ((h + 1) S + h L) + f - 1``.
 
-    python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip-flit] [--rtt]
+    python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip SUBSTRING] [--skip-flit] [--rtt]
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from npusim.arch import load_arch  # noqa: E402
 from npusim.hw.memory.hbm import PATTERN_RANDOM  # noqa: E402
 from npusim.sim import Simulator  # noqa: E402
 
-MODELS = [("flit", "flit", "flow"), ("path streams (old)", "path", "reserve"), ("path flows (new)", "path", "flow")]
+# (label, NoC fidelity, memory streams, head-of-line coupling of the flows: npusim.hw.noc.memflow.HOL_COUPLING)
+MODELS = [("flit", "flit", "flow", True), ("path streams (old)", "path", "reserve", True),
+          ("path flows, max-min", "path", "flow", False), ("path flows + HOL", "path", "flow", True)]
 
 
 def _set_default(func, name: str, value):
@@ -62,16 +66,20 @@ def _set_default(func, name: str, value):
 
 
 @contextlib.contextmanager
-def stream_model(name: str):
+def stream_model(name: str, hol: bool = True):
     """Every Simulator built inside (by ChipCost, the forward pass, the serving loop) uses memory
-    stream model ``name``."""
+    stream model ``name``, its flows with the head-of-line coupling or not (``hol``)."""
+    from npusim.hw.noc import memflow
     from npusim.scenarios.forward import simulate_forward
     from npusim.serving.simulate import ServingConfig
     funcs = (Simulator.__init__, simulate_forward, ServingConfig.__init__)
     olds = [_set_default(f, "memory_streams", name) for f in funcs]
+    old_hol = memflow.HOL_COUPLING
+    memflow.HOL_COUPLING = hol
     try:
         yield
     finally:
+        memflow.HOL_COUPLING = old_hol
         for f, old in zip(funcs, olds):
             f.__defaults__ = old
 
@@ -152,13 +160,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help="run the cases whose label contains this")
     ap.add_argument("--skip-flit", action="store_true", help="path models only (no reference: no errors)")
+    ap.add_argument("--skip", default="", help="leave out the cases whose label contains this")
     ap.add_argument("--rtt", action="store_true", help="the round-trip micro-benchmark instead (see above)")
     args = ap.parse_args(argv)
     if args.rtt:
         print(machine_line())
         round_trips()
         return 0
-    cases = [c for c in CASES if args.only.lower() in c[0].lower()]
+    cases = [c for c in CASES if args.only.lower() in c[0].lower()
+             and not (args.skip and args.skip.lower() in c[0].lower())]
     if not cases:
         print(f"no case matches '{args.only}'", file=sys.stderr)
         return 2
@@ -166,28 +176,28 @@ def main(argv=None) -> int:
     print(machine_line())
     print("memory analytical; error = model / flit - 1; wall = seconds of this run (kernels compiled before)")
     warmed = set()
-    print(f"{'workload':36s} " + " ".join(f"{m[0]:>28s}" for m in models))
+    print(f"{'workload':36s} " + " ".join(f"{m[0]:>30s}" for m in models))
     worst = {m[0]: 0.0 for m in models[1:]}
     for label, unit, fn in cases:
         vals = []
-        for name, noc, streams in models:
-            with stream_model(streams):
-                if (noc, streams) not in warmed:  # compile / load the kernel outside the timing
+        for name, noc, streams, hol in models:
+            with stream_model(streams, hol):
+                if (noc, streams, hol) not in warmed:  # compile / load the kernel outside the timing
                     pattern("npusim-64c", "stream", per_core=4096, pieces=1)(noc)
-                    warmed.add((noc, streams))
+                    warmed.add((noc, streams, hol))
                 w0 = time.perf_counter()
                 v = fn(noc)
                 vals.append((v, time.perf_counter() - w0))
         ref = vals[0][0] if not args.skip_flit else None
         cells = []
-        for (name, _, _), (v, w) in zip(models, vals):
+        for (name, _, _, _), (v, w) in zip(models, vals):
             if ref is not None and name != "flit":
                 err = v / ref - 1
                 worst[name] = max(worst[name], abs(err))
                 cells.append(f"{v:9.3f} {unit} {100 * err:+6.1f}% {w:6.1f}s")
             else:
                 cells.append(f"{v:9.3f} {unit} {'':7s} {w:6.1f}s")
-        print(f"{label:36s} " + " ".join(f"{c:>28s}" for c in cells), flush=True)
+        print(f"{label:36s} " + " ".join(f"{c:>30s}" for c in cells), flush=True)
     if not args.skip_flit:
         print("largest |error| against flit: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst.items()))
     return 0

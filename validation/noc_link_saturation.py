@@ -21,7 +21,8 @@ Part B, *the textbook HOL case*: router X as a 2x2 switch (inputs W and E, two b
 each; outputs N and S) and a 3x3 one (inputs W, E and X's own NI; outputs N, S and X's ejection
 port), every packet's output drawn uniformly; throughput per output beside Karol, Hluchyj and
 Morgan (1987)'s saturation of an n x n input-queued switch with FIFO inputs and uniform traffic
-(0.75 for n = 2, 0.6825 for n = 3, 2 - sqrt(2) = 0.586 as n grows; Monte Carlo of their model).
+(0.75 for n = 2, 0.6825 for n = 3, 2 - sqrt(2) = 0.586 as n grows; Monte Carlo of their model), and
+the flows' head-of-line model's rate per output (:func:`npusim.hw.noc.hol.mesh_flow_rates`, session 49).
 
 Part C, *the memory patterns in the engine*: ``memory_flows_vs_flit.py``'s all-core ``stream``,
 ``random`` and ``stream-write`` on npusim-64c (memory analytical): the flows' and the flit model's
@@ -34,7 +35,10 @@ of X; at D their packets eject or continue south to D2 = (3, 5), where ``m`` = 0
 of D (its E and W neighbours, its own NI, each backlogged towards D2) contend for D's south
 output. ``split``: the W source sends only to D, the N source only to D2; ``mixed``: both send half
 their packets to each (a DMA's fixed proportions). The flit model's X -> D throughput beside the
-max-min fair rate the flows would give it (:func:`npusim.hw.maxmin.maxmin_rates` over the two links).
+max-min fair rate the flows would give it (:func:`npusim.hw.maxmin.maxmin_rates` over the two links)
+and the rate of the flows with the head-of-line coupling (:func:`npusim.hw.noc.hol.mesh_flow_rates`:
+the whole mesh, each source's NI and destination's ejection port 1 flit a cycle). These are the
+coupling's calibration: the flit model's own routers, nothing tuned to them.
 
     python validation/noc_link_saturation.py [--part ABCE] [--cycles N]
 """
@@ -125,6 +129,14 @@ def karol(n: int, slots: int = 200_000, seed: int = 1) -> float:
     return served / (slots // n) / n
 
 
+def _hol_per_output(flows, n: int) -> float:
+    """Flits a cycle per output of the flows with the head-of-line coupling (every flit leaves by
+    one of the ``n`` outputs; :func:`npusim.hw.noc.hol.mesh_flow_rates`)."""
+    from npusim.hw.noc.hol import mesh_flow_rates
+    rate, _ = mesh_flow_rates(W, H, [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows])
+    return float(rate.sum()) / n
+
+
 def part_b(cycles: int) -> None:
     """Router X as an n x n switch under uniform traffic (module docstring)."""
     print("Part B: router X as a 2x2 / 3x3 switch, inputs backlogged, destinations uniform; "
@@ -141,7 +153,8 @@ def part_b(cycles: int) -> None:
         for v, b in ((1, 8), (2, 8), (4, 8), (8, 8)):
             thr, _ = saturate(params(v, b), F, flows, cycles, 2000)
             cells.append(f"{(thr[r * 5 + PORT_N] + thr[r * 5 + PORT_S]) / 2:6.3f}")
-        print(f"{'2x2 W,E -> N,S':>22} {F:3d} " + " ".join(cells) + f"   {karol(2):.4f}", flush=True)
+        print(f"{'2x2 W,E -> N,S':>22} {F:3d} " + " ".join(cells) + f"   {karol(2):.4f}   HOL model {_hol_per_output(flows, 2):.3f}",
+              flush=True)
     for F in (4, 16):
         # 3x3: inputs W, E and X's own NI, outputs N, S and X's ejection port
         flows = [(s_, [north, south, r]) for s_ in (rid(x - 1, y), rid(x + 1, y), r)]
@@ -150,7 +163,27 @@ def part_b(cycles: int) -> None:
             thr, _, ej = saturate(params(v, b), F, flows, cycles, 2000, eject=True)
             # every flit ejects at N, S or X: X's ejection is the rest of the network's (steady state)
             cells.append(f"{ej / 3:6.3f}")
-        print(f"{'3x3 W,E,L -> N,S,L':>22} {F:3d} " + " ".join(cells) + f"   {karol(3):.4f}", flush=True)
+        print(f"{'3x3 W,E,L -> N,S,L':>22} {F:3d} " + " ".join(cells) + f"   {karol(3):.4f}   HOL model {_hol_per_output(flows, 3):.3f}",
+              flush=True)
+
+
+def _hol_xd(flows, xr: int, dr: int) -> float:
+    """Flits a cycle on link ``xr -> dr`` by the flows with the head-of-line coupling
+    (:func:`npusim.hw.noc.hol.mesh_flow_rates`): each source backlogged (1 flit a cycle at its NI),
+    its packets spread evenly over its destinations."""
+    from npusim.hw.noc.hol import mesh_flow_rates
+    spec = [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows]
+    rate, _ = mesh_flow_rates(W, H, spec)
+    total = 0.0
+    for f, (src, dsts) in enumerate(flows):
+        for d in dsts:
+            x, y, dx, dy = src % W, src // W, d % W, d // W
+            path = [(x + i * (1 if dx > x else -1), y) for i in range(abs(dx - x) + 1)]
+            path += [(dx, y + i * (1 if dy > y else -1)) for i in range(1, abs(dy - y) + 1)]
+            hops = [(rid(*a), rid(*b)) for a, b in zip(path, path[1:])]
+            if (xr, dr) in hops:
+                total += rate[f] / len(dsts)
+    return total
 
 
 def part_e(cycles: int) -> None:
@@ -163,7 +196,7 @@ def part_e(cycles: int) -> None:
     others = [rid(x + 1, y + 1), rid(x - 1, y + 1), D]  # E and W inputs of D, D's own NI
     xo, do = rid(x, y) * 5 + PORT_S, D * 5 + PORT_S
     cfgs = [(2, 8, 4), (1, 8, 4), (4, 8, 4), (16, 8, 4), (2, 32, 4), (2, 8, 2)]
-    print(f"{'mode':>9} {'m':>2} {'F':>3} {'max-min X->D':>12} " + " ".join(f"{'%dx%d S%d' % c:>9}" for c in cfgs)
+    print(f"{'mode':>9} {'m':>2} {'F':>3} {'max-min X->D':>12} {'+ HOL':>6} " + " ".join(f"{'%dx%d S%d' % c:>9}" for c in cfgs)
           + "   (flit X->D; D->D2 at the preset)")
     for mode in ("split", "mixed"):
         for m in range(4):
@@ -189,13 +222,15 @@ def part_e(cycles: int) -> None:
                 maxmin_rates(nf, np.arange(nf), e_n, e_res, e_coef, cap, np.ones(2), rate, new_scratch(2, nf, 2 * nf),
                              1e-12)
                 mm = float(sum(rate[f] * coef[f].get("XD", 0.0) for f in range(nf)))
+                hol = _hol_xd(flows, rid(x, y), D)
                 cells, dd2 = [], 0.0
                 for c in cfgs:
                     thr, _ = saturate(params(*c), F, flows, cycles, 2000)
                     cells.append(f"{thr[xo]:9.3f}")
                     if c == cfgs[0]:
                         dd2 = thr[do]
-                print(f"{mode:>9} {m:2d} {F:3d} {mm:12.3f} " + " ".join(cells) + f"   D->D2 {dd2:.3f}", flush=True)
+                print(f"{mode:>9} {m:2d} {F:3d} {mm:12.3f} {hol:6.3f} " + " ".join(cells) + f"   D->D2 {dd2:.3f}",
+                      flush=True)
 
 
 def _pattern_sim(kind: str, noc: str, tags: int = 0, vcs: int = 0, buf: int = 0):

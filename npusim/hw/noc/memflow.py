@@ -41,9 +41,23 @@ trip after its bytes drained (the first request's trip and the last data's trip)
 its tags (``x = cap``) when its last window returns (``bytes / cap`` in all). The DMA task ends
 when the flow and the DRAM access (:mod:`npusim.hw.memory.hbm`) have both ended, as before.
 
-Left out (the flit model has them): per-flit arbitration, finite buffers and head-of-line
-blocking (a flow gets its max-min share even where wormhole routers would block it behind another
-packet), the controllers' queues' order (first-come first-served across cores: the flow model
+Head-of-line blocking at the routers' input ports (``HOL_COUPLING``, on by default since session 49;
+:mod:`npusim.hw.noc.hol`): a mesh link feeds an input port of the next router, whose switch
+allocator takes one flit a cycle from it; a flit bound for an output other inputs contend for holds
+the port while it waits, so the link carries at most ``eta`` of its width (``eta`` from its flits'
+mix of next outputs and the other inputs' loads there, at the current rates). Each update, after
+the filling, every mesh link that may fill takes its ``eta`` (its capacity ``ceff`` is its width
+less the messages holding it, times ``eta``) and the links are shared again, up to ``HOL_ITERS``
+fillings, until no ``eta`` moves by more than ``HOL_TOL``; ``eta`` carries over to the next update
+and returns to 1 when no flow crosses the link. The rates are always one max-min filling on the
+``ceff`` kept. For this each entry of a flow keeps its flits by the output slot they leave the
+link's router by and by the input slot they reach a resource's router by (a flow's entry on a link
+sums several routes: one per attach router). Cost: per filling again, the filling, plus per link
+that may fill a walk over its flows and those of its (at most 6) next outputs.
+
+Left out (the flit model has them): per-flit arbitration and finite buffers (beyond the
+head-of-line coupling above: no packet or VC state, no credits; messages are not among a port's
+contenders), head-of-line blocking at the injection ports (NI, memory lanes), the controllers' queues' order (first-come first-served across cores: the flow model
 shares a memory port fairly instead), and queueing delay in the round trip (the cap uses the
 zero-load trip). Core-to-core messages keep the path model (:mod:`npusim.hw.noc.path`): a message
 holds each link (and its destination's ejection port) exclusively from its header's claim to its
@@ -68,6 +82,7 @@ from numba import njit
 
 from npusim.engine.eventlist import event_push
 from npusim.hw.maxmin import fill
+from npusim.hw.noc.hol import NSLOT, SLOT_EJ, SLOT_LANES, SLOT_MEM, SLOT_NI, others_ahead, port_eta
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_MFLOW_UPDATE = 23
@@ -82,6 +97,15 @@ ROOM = 1.0 - 1e-6
 #: ``2 ((h + 1) S + h L) + f - 1 + 5`` cycles a round trip at the flit fidelity, every one of them
 #: (``validation/memory_flows_vs_flit.py --rtt``).
 RTT_OVERHEAD = 5
+#: head-of-line coupling at the routers' input ports (:mod:`npusim.hw.noc.hol`): each mesh link that
+#: may fill gets the effective capacity ``eta`` its port leaves it at the flows' current mix, read
+#: when memflows are made (``False``: plain max-min on the links' widths, the model before session 49)
+HOL_COUPLING = True
+#: fillings an update may take while the links' ``eta`` settle (warm-started from the last update's);
+#: read, like HOL_COUPLING, when memflows are made (``prm[P_HOL]``: 0 without the coupling)
+HOL_ITERS = 4
+#: a link's ``eta`` moving less than this (relative) counts as settled: no filling again for it
+HOL_TOL = 1e-3
 
 MemFlows = namedtuple("MemFlows", [
     "prm", "rcap", "ceff",  # parameters; per resource: capacity, and what messages leave of it (flits/cycle)
@@ -106,9 +130,17 @@ MemFlows = namedtuple("MemFlows", [
     "mfl", "mpos",
     "stl", "stale",  # claimed links whose flows all stood (no update): read again at the next update
     "tdrain",  # per initiator: the cycle its last flow drained (-1: none yet), for the gap counters
+    # head-of-line coupling (npusim.hw.noc.hol): per entry of a flow, its flits (per byte, as e_coef)
+    # by the output slot they leave the router a link entry feeds by (``e_tout``: 0 the core's
+    # ejection, 1..4 the link of that port, 5 the memory port) and by the input slot they reach an
+    # output's router by (``e_tin``: 0 the NI, 1..4 the link from that port's neighbour, 5 the memory
+    # lanes); per router, its links by port (``olink``); per link, its input slot at the router it
+    # feeds and that router; per resource, ``eta`` (1 but for links); scratch
+    "e_tout", "e_tin", "olink", "lslot_in", "lhead", "eta", "hres", "hlam", "hN", "ht", "hin", "hcap", "hchg",
+    "heta",
     "sc", "fsc",
 ])
-(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT) = range(6)
+(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL) = range(7)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
 # rounds, flows started, flows and resources in the filling (summed over updates), resources crossed now,
 # message claims and releases that could not move a rate (no update), resources crossed (summed over
@@ -119,7 +151,7 @@ MemFlows = namedtuple("MemFlows", [
 # sharing waited for the same cycle's DMA starts (a flow's part ended at once)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
- S_DEFERRED) = range(20)
+ S_DEFERRED, S_HOL_FILLS) = range(21)  # S_HOL_FILLS: fillings again after the links' eta moved
 #: a flow starting at most this many cycles after its initiator's previous one drained counts as
 #: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
 RTT_GAP = 64
@@ -142,7 +174,8 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     width = nres
     return MemFlows(
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
-                      max(1, int(max_outstanding)) * int(transaction_bytes)], np.int64),
+                      max(1, int(max_outstanding)) * int(transaction_bytes),
+                      max(1, int(HOL_ITERS)) if HOL_COUPLING else 0], np.int64),
         rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
         pos=np.full(nres, -1, np.int64),
@@ -159,7 +192,13 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         outl=np.zeros(nres, np.int64), fin=np.zeros(ni, np.int64),
         mfl=np.zeros(nres, np.int64), mpos=np.full(nres, -1, np.int64), tdrain=np.full(ni, -1, np.int64),
         stl=np.zeros(nres, np.int64), stale=np.zeros(nres, np.int64),
-        sc=np.zeros(20, np.int64), fsc=np.zeros(2, np.float64),
+        e_tout=np.zeros((ni, width, NSLOT), np.float64), e_tin=np.zeros((ni, width, NSLOT), np.float64),
+        olink=np.full((max(1, int(n_routers)), NSLOT), -1, np.int64),
+        lslot_in=np.zeros(nres, np.int64), lhead=np.zeros(nres, np.int64), eta=np.ones(nres, np.float64),
+        hres=np.zeros(NSLOT + 2, np.int64), hlam=np.zeros(NSLOT + 2, np.float64), hN=np.zeros(NSLOT + 2, np.float64),
+        ht=np.zeros(NSLOT + 2, np.float64), hin=np.zeros(NSLOT, np.float64), hcap=np.ones(NSLOT, np.float64),
+        hchg=np.zeros(nres, np.int64), heta=np.ones(nres, np.float64),
+        sc=np.zeros(21, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -171,23 +210,43 @@ def _acc(mf, init, res, flits):
         mf.pos[res] = k
         mf.e_res[init, k] = res
         mf.e_coef[init, k] = 0.0
+        for s in range(NSLOT):
+            mf.e_tout[init, k, s] = 0.0
+            mf.e_tin[init, k, s] = 0.0
         mf.e_n[init] = k + 1
     mf.e_coef[init, k] += flits
+    return k
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _route(mf, noc, init, src, dst, flits):
+def _route(mf, noc, init, src, dst, flits, slot0, last):
     """Load every mesh link of the XY route ``src -> dst`` with ``flits`` (the flow's share and the
-    path model's per-link flit counters); the route's hops."""
+    path model's per-link flit counters), its flits entering at ``src`` by input slot ``slot0`` and
+    leaving at ``dst`` by output slot ``last`` (for the head-of-line coupling: each link entry's
+    flits by the output they take next and by the input they came from); the route's hops and the
+    input slot its flits reach ``dst`` by."""
     h = 0
     x = src
+    slot = slot0
+    kp = -1
     while x != dst:
-        lk = noc.link_id[x, noc.next_port[x, dst]]
-        _acc(mf, init, lk, flits)
+        port = noc.next_port[x, dst]
+        lk = noc.link_id[x, port]
+        k = _acc(mf, init, lk, flits)
+        mf.e_tin[init, k, slot] += flits
+        if kp >= 0:
+            mf.e_tout[init, kp, port] += flits
+        kp = k
         noc.link_flits[lk] += flits
-        x = noc.nbr_router[x, noc.next_port[x, dst]]
+        mf.olink[x, port] = lk
+        x = noc.nbr_router[x, port]
+        mf.lslot_in[lk] = port  # the link from this neighbour: input slot ``port`` at ``x``
+        mf.lhead[lk] = x
+        slot = port
         h += 1
-    return h
+    if kp >= 0:
+        mf.e_tout[init, kp, last] += flits
+    return h, slot
 
 
 @njit(cache=True, _nrt=False)
@@ -199,14 +258,16 @@ def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports)
     nr = mf.prm[P_NR]
     # out: the core's NI, the route core -> r, the memory port (or r's core port)
     _acc(mf, init, nl + 2 * nr + core, out_flits)
-    _route(mf, noc, init, core, r, out_flits)
     ej = nl + nr + r if memports != 0 else nl + r
-    _acc(mf, init, ej, out_flits)
+    _, slot = _route(mf, noc, init, core, r, out_flits, SLOT_NI, SLOT_MEM if memports != 0 else SLOT_EJ)
+    k = _acc(mf, init, ej, out_flits)
+    mf.e_tin[init, k, slot] += out_flits
     noc.link_flits[ej] += out_flits
     # back: the memory injection lanes (or r's NI), the route r -> core, the core's ejection port
     _acc(mf, init, nl + 3 * nr + r if memports != 0 else nl + 2 * nr + r, back_flits)
-    h = _route(mf, noc, init, r, core, back_flits)
-    _acc(mf, init, nl + core, back_flits)
+    h, slot = _route(mf, noc, init, r, core, back_flits, SLOT_LANES if memports != 0 else SLOT_NI, SLOT_EJ)
+    k = _acc(mf, init, nl + core, back_flits)
+    mf.e_tin[init, k, slot] += back_flits
     noc.link_flits[nl + core] += back_flits
     # the round trip of one burst here, weighted by the bursts (mean taken in memflow_go)
     S, L = mf.prm[P_S], mf.prm[P_L]
@@ -232,6 +293,9 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
         l = mf.e_res[init, k]
         mf.pos[l] = -1
         mf.e_coef[init, k] *= inv
+        for s in range(NSLOT):
+            mf.e_tout[init, k, s] *= inv
+            mf.e_tin[init, k, s] *= inv
         _list_add(mf, holds, init, k, l)
     mf.rem[init] = float(nbytes)
     mf.rate[init] = 0.0
@@ -361,6 +425,7 @@ def _list_drop(mf, f):
         if n == 0:  # untouched now: the last touched resource takes its place (its sum starts anew)
             mf.A0[l] = 0.0
             mf.B0[l] = 0.0
+            mf.eta[l] = 1.0  # and its head-of-line share, read again from the next flows' mix
             nt = mf.sc[S_NTOUCH] - 1
             p = mf.tpos[l]
             m = mf.tl[nt]
@@ -378,7 +443,71 @@ def _ceff(mf, holds, l):
     """What the flows may use of resource ``l``: its width less the messages holding it (``holds``
     covers the links and ports; the memory lanes beyond carry no message)."""
     c = mf.rcap[l] - holds[l] if l < holds.shape[0] else mf.rcap[l]
-    return c if c > 0.0 else 0.0
+    return c * mf.eta[l] if c > 0.0 else 0.0
+
+
+@njit(cache=True, _nrt=False)
+def _hol_link(mf, l):
+    """``eta`` of mesh link ``l`` at the flows' current rates (:mod:`npusim.hw.noc.hol`): its flits'
+    loads by the output they take at the router ``D`` it feeds and, at each of those outputs, the
+    loads of ``D``'s input slots (from the outputs' flow lists)."""
+    nl, nr = mf.prm[P_NLINKS], mf.prm[P_NR]
+    D = mf.lhead[l]
+    sp = mf.lslot_in[l]
+    for s in range(NSLOT):
+        mf.hlam[s] = 0.0
+    for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
+        f, k = mf.rl[q], mf.rk[q]
+        x = mf.rate[f]
+        if x > 0.0:
+            for s in range(NSLOT):
+                mf.hlam[s] += x * mf.e_tout[f, k, s]
+    n = 0
+    for s in range(NSLOT):  # the outputs it uses, compacted
+        if mf.hlam[s] > 0.0:
+            mf.hlam[n] = mf.hlam[s]
+            mf.hres[n] = nl + D if s == SLOT_EJ else (nl + nr + D if s == SLOT_MEM else mf.olink[D, s])
+            n += 1
+    if n == 0:
+        return mf.eta[l]
+    mf.hcap[SLOT_LANES] = mf.rcap[nl + 3 * nr + D]  # the memory lanes request in parallel
+    for j in range(n):
+        o = mf.hres[j]
+        for s in range(NSLOT):
+            mf.hin[s] = 0.0
+        for q in range(mf.row[o], mf.row[o] + mf.rn[o]):
+            f, k = mf.rl[q], mf.rk[q]
+            x = mf.rate[f]
+            if x > 0.0:
+                for s in range(NSLOT):
+                    mf.hin[s] += x * mf.e_tin[f, k, s]
+        mf.hN[j] = others_ahead(mf.hin, mf.hcap, sp, mf.rcap[o])
+    return port_eta(mf.hlam, mf.hN, n, mf.ht)
+
+
+@njit(cache=True, _nrt=False)
+def _hol_update(mf, holds):
+    """Each mesh link that may fill takes the ``eta`` of its port at the current rates
+    (:func:`_hol_link`); returns how many moved by more than ``HOL_TOL`` (their ``ceff`` and
+    membership of the set that may fill follow; the others keep theirs, so ``ceff`` is always what
+    the last filling used)."""
+    nl = mf.prm[P_NLINKS]
+    nchg = 0
+    for i in range(mf.sc[S_NMF]):
+        l = mf.mfl[i]
+        if l >= nl:
+            continue
+        e = _hol_link(mf, l)
+        if abs(e - mf.eta[l]) > HOL_TOL * mf.eta[l]:
+            mf.hchg[nchg] = l
+            mf.heta[nchg] = e
+            nchg += 1
+    for i in range(nchg):
+        l = mf.hchg[i]
+        mf.eta[l] = mf.heta[i]
+        mf.ceff[l] = _ceff(mf, holds, l)
+        _may_fill(mf, l)
+    return nchg
 
 
 @njit(cache=True, _nrt=False)
@@ -497,43 +626,53 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             mf.ceff[l] = _ceff(mf, holds, l)
             _may_fill(mf, l)
     mf.sc[S_NSTALE] = 0
-    nt = mf.sc[S_NTOUCH]
-    nlv = 0
-    nmf = mf.sc[S_NMF]
-    for i in range(nmf):  # each resource that may fill (the kept set): its capacity now, its flows
-        l = mf.mfl[i]
-        mf.R[l] = mf.ceff[l]
-        mf.A[l] = mf.A0[l]
-        mf.cnt[l] = mf.rn[l]
-        mf.live[nlv] = l
-        nlv += 1
-    nout = 0  # resources left out whose load may be the highest yet (fsc[F_PEAK_LOAD] only grows)
-    peak = mf.fsc[F_PEAK_LOAD]
-    visited = nmf
-    if peak < ROOM:  # a resource left out is loaded below ROOM of its capacity: only then may it set the peak
-        visited += nt
-        for i in range(nt):
-            l = mf.tl[i]
-            if mf.mpos[l] < 0 and mf.B0[l] > peak * mf.ceff[l]:
-                mf.outl[nout] = l
-                nout += 1
-    nin = 0
-    for i in range(j):  # a flow crossing no resource that may fill runs at its cap: only the others fill
-        f = mf.act[i]
-        if mf.ln[f] == 0:
-            mf.rate[f] = mf.fcap[f]
-        else:
-            mf.fin[nin] = f
-            nin += 1
-    mf.sc[S_SOLVED] += nin
-    mf.sc[S_SOLVED_RES] += nlv
-    mf.sc[S_CROSSED] += nt
-    mf.sc[S_VISITED] += visited
-    # the filling reads a flow's entries only to take a frozen flow's load off the sums: those on the
-    # resources in it suffice (each resource's sum loses its flows in the same order: the same bits)
-    if nin > 0:
-        mf.sc[S_ROUNDS] += fill(nin, mf.fin, mf.ln, mf.lres, mf.lcoef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
-                                mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nlv, mf.frozen, mf.fz, 1e-9)
+    # share the links; with the head-of-line coupling, again while the links' eta move (each filling
+    # uses the eta the previous one left: the rates are always those of one filling on ``ceff``)
+    iters = max(np.int64(1), mf.prm[P_HOL])
+    for it in range(iters):
+        if it > 0:
+            for i in range(j):
+                mf.frozen[mf.act[i]] = 0
+        nt = mf.sc[S_NTOUCH]
+        nlv = 0
+        nmf = mf.sc[S_NMF]
+        for i in range(nmf):  # each resource that may fill (the kept set): its capacity now, its flows
+            l = mf.mfl[i]
+            mf.R[l] = mf.ceff[l]
+            mf.A[l] = mf.A0[l]
+            mf.cnt[l] = mf.rn[l]
+            mf.live[nlv] = l
+            nlv += 1
+        nout = 0  # resources left out whose load may be the highest yet (fsc[F_PEAK_LOAD] only grows)
+        peak = mf.fsc[F_PEAK_LOAD]
+        visited = nmf
+        if peak < ROOM:  # a resource left out is loaded below ROOM of its capacity: only then may it set the peak
+            visited += nt
+            for i in range(nt):
+                l = mf.tl[i]
+                if mf.mpos[l] < 0 and mf.B0[l] > peak * mf.ceff[l]:
+                    mf.outl[nout] = l
+                    nout += 1
+        nin = 0
+        for i in range(j):  # a flow crossing no resource that may fill runs at its cap: only the others fill
+            f = mf.act[i]
+            if mf.ln[f] == 0:
+                mf.rate[f] = mf.fcap[f]
+            else:
+                mf.fin[nin] = f
+                nin += 1
+        mf.sc[S_SOLVED] += nin
+        mf.sc[S_SOLVED_RES] += nlv
+        mf.sc[S_CROSSED] += nt
+        mf.sc[S_VISITED] += visited
+        # the filling reads a flow's entries only to take a frozen flow's load off the sums: those on the
+        # resources in it suffice (each resource's sum loses its flows in the same order: the same bits)
+        if nin > 0:
+            mf.sc[S_ROUNDS] += fill(nin, mf.fin, mf.ln, mf.lres, mf.lcoef, mf.fcap, mf.ceff, mf.rate, mf.A, mf.R,
+                                    mf.cnt, mf.row, mf.rn, mf.rl, mf.live, nlv, mf.frozen, mf.fz, 1e-9)
+        if it + 1 == iters or _hol_update(mf, holds) == 0:
+            break
+        mf.sc[S_HOL_FILLS] += 1
     nxt = np.inf
     for i in range(j):
         f = mf.act[i]

@@ -1,0 +1,268 @@
+"""Head-of-line blocking at a router's input port, for flows: a link's effective capacity.
+
+Issue 42 item 2 (session 49). Max-min flows (:mod:`npusim.hw.noc.memflow`) give a link its full
+width whatever its flits do at the next router. The flit routers (:mod:`npusim.hw.noc.flit`) do
+not: a link ``X -> D`` feeds input port ``p`` of router ``D``, and that port's flits leave ``D``
+through different outputs ``o`` (a link, the core's ejection port, the memory port). Session 48
+measured that this, not the link itself, is where the flit model loses throughput
+(``validation/noc_link_saturation.py`` part E: 0.91 / 0.83 / 0.40 of the width when ``m`` = 1 / 2 /
+3 other inputs of ``D`` contend for the output part of the link's traffic takes).
+
+The mechanism, read off the flit router (:mod:`npusim.hw.noc.flit_kernel`): its separable switch
+allocator lets input port ``p`` make **one request a cycle**, for the flit at the front of one of
+its VCs (round-robin over the VCs, the pointer moving on only when a flit leaves); each output
+grants one requesting input a cycle (``k`` for a memory port of ``k`` lanes), round-robin, the
+pointer moving past the input it granted. A flit whose output grants another input holds the port
+for that cycle: nothing else leaves ``p``. So the port, not the link, is the server, and a flit of
+``p`` bound for ``o`` occupies it ``t_po = 1 + W_po`` cycles (``W_po``: cycles it waits for the
+grant). The port moves at most one flit a cycle of port time, so its link can carry at most
+
+    eta_p = lambda_p / sum_o lambda_po t_po      (flits per cycle; 1 = the link's width)
+
+of its width, ``lambda_po`` the flits a cycle the flows send from ``p`` to ``o``
+(``lambda_p = sum_o lambda_po``): at the current mix of outputs, the link's effective capacity.
+
+The wait, derived from the two arbiters (no constant fitted to a workload):
+
+* **Others at the output.** Input ``q`` requests ``o`` a fraction ``u_qo = min(c_q, lambda_qo t_qo)``
+  of the time (each of its flits requests for ``t_qo`` cycles; ``c_q`` = 1, or the lanes of a memory
+  injection, which request in parallel). A flit of ``p`` reaching the front finds, on average,
+  ``N_po = max(0, sum_{q != p} u_qo - (k_o - 1)) / k_o`` others ahead of it in the round-robin
+  (an output of ``k_o`` lanes grants ``k_o`` a cycle). This is the mean-field reading of
+  Karol, Hluchyj and Morgan's head-of-line analysis (1987): each contender at the head is served
+  once before ``p``'s flit. The others' own times solve ``t_qo = 1 + N_qo`` (a monotone fixed
+  point from ``t = 1``, on the inputs of ``o`` alone).
+* **What the port's VCs hide.** The round-robin pointer of ``o`` moves past ``p`` when it grants
+  ``p``; when ``p``'s next flit for ``o`` comes ``g`` flits later (the port served its other VCs'
+  flits for other outputs in between), the others that requested meanwhile were granted in those
+  cycles and are now behind ``p``: it waits ``max(0, N_po - g)``. With two or more VCs the port
+  alternates between VCs, so the next flit is the front of another VC, bound for ``o`` with
+  probability ``h_po`` = the share of the port's time its fronts spend on ``o`` (``lambda_po t_po /
+  sum_o' lambda_po' t_po'``); ``g`` is geometric, ``P(g) = h (1 - h)^g``, and
+  ``W_po = sum_g h (1 - h)^g max(0, N_po - g)``, solved with ``t_po = 1 + W_po`` (a fixed point on
+  the port's few outputs).
+
+Assumptions and what is left out: at least 2 VCs a port (every preset has 2); a port's flits
+leave in the mix the flows give them (no per-packet or per-VC state: packet length, buffer depth
+and the router pipeline do not enter, and neither does waiting for a downstream VC or for credits,
+so a saturated downstream link slows the port only through the others' waits at it); messages of
+the path model are not among the inputs; the injection ports (NI, memory lanes) get no ``eta``.
+On the micro-benchmarks of ``validation/noc_link_saturation.py`` (the flit model's own routers,
+4-flit packets, 2 VCs x 8 flits; nothing here was tuned to them): part E, link ``X -> D`` at 0.76 /
+0.55 / 0.42 of its width for ``m`` = 1 / 2 / 3 (flit 0.91 / 0.83 / 0.40; max-min 1.0), so the model
+is pessimistic where a few backlogged contenders alternate with the port; part B, a 2x2 switch
+under uniform traffic at 0.764 an output (flit 0.75-0.80, Karol 0.75), a 3x3 one whose third input
+is an NI at 0.80 (flit 0.65-0.73: the NI's own blocking is left out).
+
+Units: flits per cycle of the NoC clock; times in cycles. Deterministic (fixed iteration order,
+fixed sweep limits).
+"""
+
+from __future__ import annotations
+
+import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
+from numba import njit
+
+#: a router's input slots: 0 the core's NI, 1..4 the link from the neighbour that port leads to
+#: (:mod:`npusim.hw.noc.topology`'s PORT_N..PORT_W), 5 the memory lanes; its output slots: 0 the
+#: core's ejection port, 1..4 the link of that port, 5 the memory port
+NSLOT = 6
+SLOT_NI, SLOT_LANES = 0, 5
+SLOT_EJ, SLOT_MEM = 0, 5
+#: sweeps of the fixed points (each on at most NSLOT values); they stop earlier at TOL
+SWEEPS = 60
+TOL = 1e-9
+
+
+@njit(cache=True, _nrt=False)
+def others_ahead(lam_in, ucap, sp, k):
+    """``N_po`` (module docstring) for input slot ``sp`` at an output of ``k`` lanes whose inputs
+    send it ``lam_in[s]`` flits a cycle (slot ``s``, ``ucap[s]``: how many requests it makes at
+    once at most): the others' requests found ahead, after the inputs' times ``t = 1 + N`` settle
+    (monotone from ``t = 1``)."""
+    t0 = t1 = t2 = t3 = t4 = t5 = 1.0
+    U = 0.0
+    for _ in range(SWEEPS):
+        u0 = min(ucap[0], lam_in[0] * t0)
+        u1 = min(ucap[1], lam_in[1] * t1)
+        u2 = min(ucap[2], lam_in[2] * t2)
+        u3 = min(ucap[3], lam_in[3] * t3)
+        u4 = min(ucap[4], lam_in[4] * t4)
+        u5 = min(ucap[5], lam_in[5] * t5)
+        U = u0 + u1 + u2 + u3 + u4 + u5
+        n0 = 1.0 + max(0.0, U - u0 - (k - 1.0)) / k
+        n1 = 1.0 + max(0.0, U - u1 - (k - 1.0)) / k
+        n2 = 1.0 + max(0.0, U - u2 - (k - 1.0)) / k
+        n3 = 1.0 + max(0.0, U - u3 - (k - 1.0)) / k
+        n4 = 1.0 + max(0.0, U - u4 - (k - 1.0)) / k
+        n5 = 1.0 + max(0.0, U - u5 - (k - 1.0)) / k
+        d = max(abs(n0 - t0), abs(n1 - t1), abs(n2 - t2), abs(n3 - t3), abs(n4 - t4), abs(n5 - t5))
+        t0, t1, t2, t3, t4, t5 = n0, n1, n2, n3, n4, n5
+        if d < TOL:
+            break
+    tt = (t0, t1, t2, t3, t4, t5)
+    up = min(ucap[sp], lam_in[sp] * tt[sp])
+    U = 0.0
+    for s in range(NSLOT):
+        U += min(ucap[s], lam_in[s] * tt[s])
+    return max(0.0, U - up - (k - 1.0)) / k
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _wait(n, h):
+    """``sum_g h (1 - h)^g max(0, n - g)``: the wait of a flit with ``n`` others ahead when ``g``
+    flits of other outputs (geometric, ``P(0) = h``) came between it and the port's last flit there."""
+    w = 0.0
+    pg = h
+    g = 0.0
+    while n - g > 0.0 and pg > 1e-12:
+        w += pg * (n - g)
+        g += 1.0
+        pg *= 1.0 - h
+    return w
+
+
+@njit(cache=True, _nrt=False)
+def port_eta(lam, N, n, t):
+    """Effective capacity (share of the link's width) of an input port sending ``lam[j]`` flits a
+    cycle to its output ``j < n``, where ``N[j]`` others are ahead (:func:`others_ahead`); writes
+    each output's time a flit ``t[j]``. 1.0 if the port carries nothing."""
+    tot = 0.0
+    for j in range(n):
+        t[j] = 1.0
+        tot += lam[j]
+    if tot <= 0.0:
+        return 1.0
+    for _ in range(SWEEPS):
+        den = 0.0
+        for j in range(n):
+            den += lam[j] * t[j]
+        d = 0.0
+        for j in range(n):
+            h = lam[j] * t[j] / den
+            nt = 1.0 + _wait(N[j], h) if N[j] > 0.0 else 1.0
+            d = max(d, abs(nt - t[j]))
+            t[j] = nt
+        if d < TOL:
+            break
+    den = 0.0
+    for j in range(n):
+        den += lam[j] * t[j]
+    return tot / den
+
+
+
+
+def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int = 30):
+    """Max-min rates of ``flows`` on a ``width`` x ``height`` mesh with XY routing, every link 1
+    flit a cycle, each router's NI injecting and its core's ejection port taking 1 flit a cycle
+    (no memory ports), with (``hol``) or without the head-of-line coupling: each link's capacity
+    its port's ``eta`` at the previous rates, ``iters`` times (what :mod:`npusim.hw.noc.memflow`
+    does at each update, here from ``eta = 1``; the micro-benchmarks of
+    ``validation/noc_link_saturation.py`` part E and the tests). ``flows``: ``[(cap, [(src, dst,
+    share), ...]), ...]``, a flow's rate in flits a cycle, ``share`` of them on route ``src -> dst``
+    (routers ``y * width + x``). Returns the rates and ``{(a, b): eta}`` of the links carrying
+    flits."""
+    import numpy as np
+
+    from npusim.errors import ConfigError
+    from npusim.hw.maxmin import maxmin_rates, new_scratch
+    if width < 1 or height < 1 or iters < 1:
+        raise ConfigError(f"mesh_flow_rates: width, height, iters >= 1 (got {width}, {height}, {iters})")
+    nr = width * height
+    links = {}
+
+    def res(key):
+        return links.setdefault(key, len(links))
+
+    # direction codes of a hop (slot 1..4, as a port's), the XY route
+    def hop(a, b):
+        dx, dy = b % width - a % width, b // width - a // width
+        return {(0, -1): 1, (1, 0): 2, (0, 1): 3, (-1, 0): 4}[(dx, dy)]
+
+    def route(a, b):
+        x, y, bx, by = a % width, a // width, b % width, b // width
+        p = [a]
+        while x != bx:
+            x += 1 if bx > x else -1
+            p.append(y * width + x)
+        while y != by:
+            y += 1 if by > y else -1
+            p.append(y * width + x)
+        return p
+
+    ent, tout, tin = [], [], []  # per flow: {res: coef}; {(link res, out slot): flits}; {(out res, in slot): flits}
+    for cap, routes in flows:
+        e, to, ti = {}, {}, {}
+        for src, dst, share in routes:
+            if not (0 <= src < nr and 0 <= dst < nr) or share < 0:
+                raise ConfigError(f"mesh_flow_rates: bad route ({src}, {dst}, {share}) on {nr} routers")
+            p = route(src, dst)
+            ni, ej = res(("ni", src)), res(("ej", dst))
+            e[ni] = e.get(ni, 0.0) + share
+            slot = SLOT_NI
+            for i in range(len(p) - 1):
+                lk = res(("L", p[i], p[i + 1]))
+                e[lk] = e.get(lk, 0.0) + share
+                ti[(lk, slot)] = ti.get((lk, slot), 0.0) + share
+                slot = hop(p[i], p[i + 1])
+                nxt = hop(p[i + 1], p[i + 2]) if i + 2 < len(p) else SLOT_EJ
+                to[(lk, nxt)] = to.get((lk, nxt), 0.0) + share
+            e[ej] = e.get(ej, 0.0) + share
+            ti[(ej, slot)] = ti.get((ej, slot), 0.0) + share
+        ent.append(e)
+        tout.append(to)
+        tin.append(ti)
+    nf, nres = len(flows), len(links)
+    width_e = max(1, max(len(e) for e in ent))
+    e_n = np.array([len(e) for e in ent], np.int64)
+    e_res = np.zeros((nf, width_e), np.int64)
+    e_coef = np.zeros((nf, width_e))
+    for f, e in enumerate(ent):
+        for k, (r, c) in enumerate(sorted(e.items())):
+            e_res[f, k], e_coef[f, k] = r, c
+    fcap = np.array([float(c) for c, _ in flows])
+    key = {v: k for k, v in links.items()}
+    out_res = {}  # (router, out slot) -> resource
+    for r in range(nres):
+        k = key[r]
+        if k[0] == "L":
+            out_res[(k[1], hop(k[1], k[2]))] = r
+        elif k[0] == "ej":
+            out_res[(k[1], SLOT_EJ)] = r
+    eta = np.ones(nres)
+    rate = np.zeros(nf)
+    ucap = np.ones(NSLOT)
+    for _ in range(iters if hol else 1):
+        rate[:] = 0.0
+        maxmin_rates(nf, np.arange(nf, dtype=np.int64), e_n, e_res, e_coef, fcap, eta.copy(), rate,
+                     new_scratch(nres, nf, int(e_n.sum())), 1e-12)
+        if not hol:
+            break
+        lam_out = np.zeros((nres, NSLOT))
+        lam_in = np.zeros((nres, NSLOT))
+        for f in range(nf):
+            for (lk, s), c in tout[f].items():
+                lam_out[lk, s] += rate[f] * c
+            for (o, s), c in tin[f].items():
+                lam_in[o, s] += rate[f] * c
+        new = np.ones(nres)
+        for r in range(nres):
+            k = key[r]
+            if k[0] != "L" or lam_out[r].sum() <= 0.0:
+                continue
+            D, sp = k[2], hop(k[1], k[2])
+            lam = np.zeros(NSLOT + 2)
+            N = np.zeros(NSLOT + 2)
+            n = 0
+            for s in range(NSLOT):
+                if lam_out[r, s] > 0.0:
+                    lam[n] = lam_out[r, s]
+                    N[n] = others_ahead(lam_in[out_res[(D, s)]], ucap, sp, 1.0)
+                    n += 1
+            new[r] = port_eta(lam, N, n, np.zeros(NSLOT + 2))
+        eta = new
+    return rate, {(k[1], k[2]): float(eta[r]) for k, r in links.items() if k[0] == "L"}
+
+
+__all__ = ["NSLOT", "SLOT_EJ", "SLOT_LANES", "SLOT_MEM", "SLOT_NI", "mesh_flow_rates", "others_ahead", "port_eta"]
