@@ -90,8 +90,9 @@ class Simulator:
         at the path fidelity, ``reserve`` (default) times each memory stream by reserving its path
         when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`), ``flow``
         carries each DMA's traffic as a flow sharing the mesh's links max-min fairly
-        (:mod:`npusim.hw.noc.memflow`; not the default: no closer to flit than ``reserve`` on the
-        fidelity ladder, and more CPU on serving; docs/FIDELITY.md).
+        (:mod:`npusim.hw.noc.memflow`, with the routers' head-of-line coupling, :mod:`npusim.hw.noc.hol`;
+        not the default: within 11% of flit on the memory workloads against ``reserve``'s 24%, but not
+        within 3% on each, and more CPU on serving; docs/FIDELITY.md).
         ``memory_port_lanes``: at the path and flit fidelities, streams towards the memory (read
         requests, write data) leave the mesh at their attach router's memory-controller port, one lane
         (one flit a cycle) per HBM channel attached there (``None``, the default), or ``k`` lanes per
