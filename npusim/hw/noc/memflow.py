@@ -448,6 +448,20 @@ def _ceff(mf, holds, l):
 
 
 @njit(cache=True, _nrt=False)
+def _slot_loads(mf, res, turns, out):
+    """``out[s]``: the flits a cycle the flows crossing resource ``res`` put on slot ``s`` at their
+    current rates (``turns``: each flow's coefficients per entry and slot, ``e_tout`` or ``e_tin``)."""
+    for s in range(NSLOT):
+        out[s] = 0.0
+    for q in range(mf.row[res], mf.row[res] + mf.rn[res]):
+        f, k = mf.rl[q], mf.rk[q]
+        x = mf.rate[f]
+        if x > 0.0:
+            for s in range(NSLOT):
+                out[s] += x * turns[f, k, s]
+
+
+@njit(cache=True, _nrt=False)
 def _hol_link(mf, l):
     """``eta`` of mesh link ``l`` at the flows' current rates (:mod:`npusim.hw.noc.hol`): its flits'
     loads by the output they take at the router ``D`` it feeds and, at each of those outputs, the
@@ -455,14 +469,7 @@ def _hol_link(mf, l):
     nl, nr = mf.prm[P_NLINKS], mf.prm[P_NR]
     D = mf.lhead[l]
     sp = mf.lslot_in[l]
-    for s in range(NSLOT):
-        mf.hlam[s] = 0.0
-    for q in range(mf.row[l], mf.row[l] + mf.rn[l]):
-        f, k = mf.rl[q], mf.rk[q]
-        x = mf.rate[f]
-        if x > 0.0:
-            for s in range(NSLOT):
-                mf.hlam[s] += x * mf.e_tout[f, k, s]
+    _slot_loads(mf, l, mf.e_tout, mf.hlam)
     n = 0
     for s in range(NSLOT):  # the outputs it uses, compacted
         if mf.hlam[s] > 0.0:
@@ -474,14 +481,7 @@ def _hol_link(mf, l):
     mf.hcap[SLOT_LANES] = mf.rcap[nl + 3 * nr + D]  # the memory lanes request in parallel
     for j in range(n):
         o = mf.hres[j]
-        for s in range(NSLOT):
-            mf.hin[s] = 0.0
-        for q in range(mf.row[o], mf.row[o] + mf.rn[o]):
-            f, k = mf.rl[q], mf.rk[q]
-            x = mf.rate[f]
-            if x > 0.0:
-                for s in range(NSLOT):
-                    mf.hin[s] += x * mf.e_tin[f, k, s]
+        _slot_loads(mf, o, mf.e_tin, mf.hin)
         mf.hN[j] = others_ahead(mf.hin, mf.hcap, sp, mf.rcap[o])
     return port_eta(mf.hlam, mf.hN, n, mf.ht)
 
