@@ -362,6 +362,7 @@ def test_an_interrupted_result_set_leaves_the_previous_set_untouched(tmp_path):
     assert not list(tmp_path.glob(".*.partial"))
 
 
+@pytest.mark.slow  # two serving runs and their plots, ~4 s; the fast suite checks result_files above
 def test_ctrl_c_while_results_are_written_keeps_the_previous_results(tmp_path, capsys, monkeypatch):
     """Issue 41 item 6: an interrupt while a run writes its results left DIR empty and said no
     incomplete files were left; the previous run's files now stay as they were, and it says so."""

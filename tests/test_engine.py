@@ -1,5 +1,7 @@
 """The event engine: queue order, dependencies, incremental runs, determinism, deadlocks."""
 
+from functools import lru_cache
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -390,6 +392,23 @@ def test_notify_tasks_return_control_in_completion_order(small_arch):
 
 
 
+@lru_cache(maxsize=None)
+def _event_queues():
+    """(push, pop, next_time, new) of both event queues, their inline-only pop and next-time each
+    called from a compiled wrapper as the kernels call them (compiled once a process, not once an
+    example: a compile is ~0.5 s)."""
+    from numba import njit
+
+    from npusim.engine import eventlist, heap as binary
+
+    def wrapped(pop_fn, next_fn):
+        return njit(lambda heap, hs: pop_fn(heap, hs)), njit(lambda heap, hs: next_fn(heap, hs))
+
+    return ((binary.heap_push, *wrapped(binary.heap_pop, binary.heap_next_time), binary.new_heap),
+            (eventlist.event_push, *wrapped(eventlist.event_pop, eventlist.event_next_time),
+             eventlist.new_event_list))
+
+
 @settings(max_examples=examples(60), deadline=None)
 @given(ops=st.lists(st.one_of(st.none(), st.integers(-3, 6)), min_size=1, max_size=300))
 def test_event_queues_pop_in_time_then_push_order(ops):
@@ -399,16 +418,7 @@ def test_event_queues_pop_in_time_then_push_order(ops):
     next time right: the kernels' event order, hence every result, depends on nothing else."""
     import heapq
 
-    from numba import njit
-
-    from npusim.engine import eventlist, heap as binary
-    from npusim.engine.heap import new_heap
-
-    for push, pop_fn, next_fn, new in (
-            (binary.heap_push, binary.heap_pop, binary.heap_next_time, new_heap),
-            (eventlist.event_push, eventlist.event_pop, eventlist.event_next_time, eventlist.new_event_list)):
-        pop = njit(lambda heap, hs: pop_fn(heap, hs))
-        next_time = njit(lambda heap, hs: next_fn(heap, hs))
+    for push, pop, next_time, new in _event_queues():
         heap, hs = new(len(ops) + 1)
         ref, now = [], 0
         for i, op in enumerate(ops):

@@ -187,7 +187,7 @@ def test_shared_kv_re_reads_at_tlm_are_real_reads_the_cache_serves():
     from npusim.model.ir import Op
     from npusim.system.chipcost import ChipCost
 
-    op = Op(name="L0.attn.attention", kind="attention", layer=0, dtype="bf16", batch=4, q_len=1, kv_len=2048,
+    op = Op(name="L0.attn.attention", kind="attention", layer=0, dtype="bf16", batch=4, q_len=1, kv_len=1024,
             heads=32, kv_heads=4, head_dim=128)
     arch = load_arch("ascend-910b")
     tlm = ChipCost(arch, memory="tlm", persist=False).op(op)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import npusim
 from npusim.layers import layer_of
 
@@ -61,6 +63,7 @@ def test_a_sweep_point_runs_without_the_cli(tmp_path):
     assert out.stdout.strip() == "[]", out.stdout
 
 
+@pytest.mark.slow  # an end-to-end serving run under a profile hook, ~4-5 s
 def test_a_system_serving_run_resolves_its_model_config_once(capsys):
     """``npusim run --system`` with a request stream: the model name is turned into its config once
     (calls of ``get_config`` with a name, from outside the model package; before the scenario builder,

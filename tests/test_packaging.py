@@ -28,6 +28,7 @@ def wheel(tmp_path_factory) -> Path:
     return whl
 
 
+@pytest.mark.slow  # the wheel build, ~7 s: with the install test below, which reuses the same wheel
 def test_wheel_ships_presets_and_mapping_specs(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder in ("arch", "mappers"):

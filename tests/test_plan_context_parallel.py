@@ -50,7 +50,7 @@ def _attention_pairs(wl, rank: int, prefix: str) -> int:
     return total
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_ring_attention_of_a_long_prompt_halves_each_ranks_attention(a2):
     """32K tokens over TP 4: with cp 2 (8 NPUs) each rank attends half the pairs of cp 1 (4 NPUs) and
     its attention takes less time; every layer each rank sends its 16K-token KV chunk (its 2 KV heads)

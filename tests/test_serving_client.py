@@ -151,7 +151,7 @@ def test_closed_loop_with_pd_disaggregation_and_a_planned_rate(arch64):
     assert run.summary["mean_concurrency"] <= 2
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_closed_loop_on_a_system():
     """The same client on the system loop: Qwen3-0.6B, TP-2 prefill and TP-4 x DP-2 decode on a
     CloudMatrix384 of 2 nodes, 10 prompts, at most 4 in flight."""

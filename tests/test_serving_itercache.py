@@ -163,7 +163,7 @@ def test_interpolation_is_bounded_by_its_corners(arch64):
     assert low <= mid <= high and cache.shapes[(lo_shape, 8, 0.0)].duration <= high
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_cli_flag(tmp_path, capsys):
     args = ["run", "--model", "qwen3-0.6b", "--layers", "2", "--tp", "4", "--stages", "2", "--rate", "100",
             "--requests", "4", "--no-progress", "--json"]

@@ -95,7 +95,7 @@ def test_the_closed_loop_estimate_queues_less_than_m_d_1_and_grows_with_the_cust
     assert ttft2 >= ttft * (1 - 1e-9) and x2 >= x * (1 - 1e-9)
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_the_coarse_set_keeps_k_shapes_a_size_and_counts_every_skip():
     """DeepSeek-R1 on 32 CloudMatrix384 NPUs: each plan is either in the coarse set, held back as a
     variant (micro-batches, MTP) of a kept shape, or skipped with its reason; each size keeps at most
@@ -322,7 +322,7 @@ def test_a_merged_step_dict_round_trips_through_a_task():
     assert steps_tuple(dict(reversed(list(known.items())))) == t
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_a_resumed_search_takes_its_finished_ladders_from_the_records_and_answers_the_same(monkeypatch):
     """``--resume-steps``: a ladder whose every step an interrupted run logged is taken from the log, not
     simulated; the rest are simulated; the answer is the one the uninterrupted search gave."""

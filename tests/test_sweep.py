@@ -136,7 +136,7 @@ def _smoke_on_the_local_pool(tmp_path, capsys):
     return pool
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_smoke_on_a_local_pool_is_complete_and_physical(tmp_path, capsys):
     _smoke_on_the_local_pool(tmp_path, capsys)
 
@@ -158,7 +158,7 @@ def _rows(table):
     return [dict(zip(table.columns, vals)) for vals in zip(*table.columns.values())]
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_interrupted_sweep_resumes_to_the_uninterrupted_table(tmp_path):
     sweep = load_sweep(write(tmp_path, TINY))
     whole = run_sweep(sweep, tmp_path / "whole", workers=1)

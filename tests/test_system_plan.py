@@ -193,7 +193,7 @@ def test_group_limited_routing_keeps_tokens_in_their_best_groups(groups, keep, s
             assert set(counts[counts > 0].tolist()) == {k // keep}
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_plan_search_ranks_feasible_points_and_explains_rejections():
     r = search_plans("atlas-800i-a2", 1, "qwen3-4b", 2, "decode", 1024, 1024, slo_ms=30.0, batches=[1, 8, 64, 512])
     assert r["evaluated"] > 0 and r["best"]["feasible"]

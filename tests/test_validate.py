@@ -62,7 +62,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "npusim", "validate", *args], capture_output=True, text=True)
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_cli_json_contract_and_exit_code():
     out = _cli("--only", "scalesim", "--json")
     rows = json.loads(out.stdout)["rows"]
@@ -125,6 +125,7 @@ def test_crossover_interpolates():
     assert crossover({256: {"tp_k": 1.0, "tp_mn": 4.0}, 512: {"tp_k": 1.0, "tp_mn": 3.0}}) is None
 
 
+@pytest.mark.slow  # the calibrate command in a subprocess, ~4 s
 def test_calibrate_check_recomputes_the_operator_overheads():
     """npusim calibrate --check on the MoE operator overheads: each stored constant is within 2% of its
     recomputation (published operator time minus the simulated fabric time), and the JSON has the contract keys."""
@@ -170,7 +171,7 @@ def test_normal_kernel_times_follow_the_printing_scripts_bytes(monkeypatch):
     assert len(systems.normal_kernel_rows()) == len(entry["rows"])
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_operator_rows_are_measured_figures_in_four_families_with_their_halves():
     """``npusim validate --only operators`` (issue 39 item 1): at least 60 simulated rows of measured
     Ascend operators from at least 5 sources in 4 families, each row naming its family and half,
@@ -275,7 +276,7 @@ def test_serving_rows_are_outside_rows_with_a_baseline_or_say_what_they_steered(
         assert r.published in [c["measured"][k] for c in cases for k in ("ttft_ms", "tpot_ms")]
 
 
-@pytest.mark.slow  # several seconds warm: the fast suite stays ~90 s (session 48)
+@pytest.mark.slow  # several seconds warm (session 48): left out of the fast suite, run by CI's slow pass
 def test_hetero_decode_cores_stream_their_dram_off_the_mesh():
     """A8's decode cores reach their own DRAM as NPU-SIM's behavioural per-core DRAM does, without
     the mesh (npusim.validate.hetero's docstring): 60 -> 240 GB/s speeds decode up well beyond the
