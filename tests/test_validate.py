@@ -100,6 +100,9 @@ def test_the_exit_code_is_the_install_check_and_outside_rows_are_a_summary():
     assert judge(sound, strict=True)["exit"] == 1
     assert judge([*sound, row("calibration", 2.0, "cal")])["install_missed"] == ["cal"]
     assert judge([*sound, row("self", 2.0)])["exit"] == 1
+    # a wall-time comparison depends on the machine's load: shown, never counted (session 50)
+    timed = judge([*sound, row("timing", 50.0)])
+    assert timed["exit"] == 0 and timed["install_rows"] == 2 and timed["not_counted"] == 3
     crashed = Row(name="chk", source="s", published=None, simulated=None, tolerance=0.0, note=f"{COULD_NOT_RUN}boom")
     assert judge([*sound, crashed])["exit"] == 1  # a check that cannot run is an install fault
 

@@ -10,7 +10,8 @@ and a verdict in two lines that mean different things:
   *outside* rows (published figures no modelling choice was steered by) are within tolerance;
   those that miss are listed with a naive model's error beside them.
 
-Fitted and peer rows are shown, not counted."""
+Fitted, peer and timing rows (wall-time comparisons: they depend on the machine and its load)
+are shown, not counted."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ SECTIONS = (("outside", "published figures (held out)"),
             ("fitted", "fitted (figures modelling choices were steered by: matching them proves little)"),
             ("peer", "peer simulators"),
             ("calibration", "calibration (the preset was derived from these figures; they match by construction)"),
-            ("self", "the project compared with itself (not an outside figure)"))
+            ("self", "the project compared with itself (not an outside figure)"),
+            ("timing", "wall-time comparisons (they depend on the machine and its load: shown, not counted)"))
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -102,7 +104,7 @@ def print_verdict(v: dict, rows) -> None:
              f"{len(v['install_missed'])} missed ({missed}): the install or the model's own consistency is broken"))
     gate = "they set the exit code (--strict)" if v["strict"] else "they do not set the exit code (--strict makes them)"
     print(f"model accuracy: {v['outside_within_tolerance']} of {v['outside_rows']} outside rows (published figures "
-          f"held out) within tolerance; {gate}; {v['not_counted']} fitted and peer rows not counted")
+          f"held out) within tolerance; {gate}; {v['not_counted']} fitted, peer and timing rows not counted")
     off = [r for r in rows if r.name in set(v["outside_missed"]) and r.kind == "outside"]
     if off:
         print(f"  missed: {'name':46s} {'error':>8s} {'tol':>5s} {'naive':>7s}")

@@ -23,6 +23,7 @@ from npusim.mapping.mapper import map_model
 from npusim.mapping.spec import spec_from_flags
 from npusim.model.builder import build_graph
 from npusim.serving.requests import synthetic_requests
+from npusim.sim.program import clear_recorded
 from npusim.serving.scheduler import SchedulerConfig
 from npusim.serving.simulate import ServingConfig, simulate_serving
 from npusim.validate.published import study_figure
@@ -46,12 +47,17 @@ def study_arch(sram_mb: float) -> Arch:
 
 
 def run(arch, spec, reqs, model, layers, fidelity, min_wall):
-    """One serving run at ``fidelity``; returns (summary, wall seconds, stats of the last run)."""
+    """One serving run at ``fidelity``; returns (summary, wall seconds, stats of the last run).
+    Every attempt starts with no recorded program blocks (:func:`~npusim.sim.program.clear_recorded`):
+    a repeated or later run would otherwise replay the lowering an earlier one recorded, so the
+    fidelity timed second, or a short run repeated up to ``min_wall``, skipped the mapper's work
+    (session 49: a 47,883x "speed-up" that was the block memo, and 0.89x the other way round)."""
     memory, noc = FIDELITIES[fidelity]
     cfg = ServingConfig(model=model, layers=layers, memory_mode=memory, noc_mode=noc,
                         scheduler=SchedulerConfig(policy="continuous", chunk_tokens=0))
     best, spent = math.inf, 0.0
     while True:
+        clear_recorded()
         t0 = time.perf_counter()
         out = simulate_serving(arch, spec, reqs, cfg)
         wall = time.perf_counter() - t0
@@ -144,9 +150,11 @@ def fidelity_rows(quick: bool = False) -> list[Row]:
                              f"{s.sram_mb:g} MB SRAM/core, TP {s.tp}"))
     f = study_figure("A2_speedup")
     for name, v in speed.items():
+        lo, hi = f["published"]
         rows.append(Row(name=f"A2 {name}: cheap/detailed wall-time speed-up", source="npusim analytical vs npusim "
-                        f"TLM+path; yardstick {f['source']}", published=tuple(f["published"]), simulated=v,
-                        tolerance=f["tolerance"], relation="range", unit="x", kind="self",
-                        note="the project compared with itself; wall times depend on the machine and its load; "
-                             "the memory-bound case's very large speed-up was not investigated"))
+                        f"TLM+path; yardstick {f['source']}", published=float(lo), simulated=v,
+                        tolerance=f["tolerance"], relation="ge", unit="x", kind="timing",
+                        note=f"the project compared with itself: at least the yardstick's low end (its range "
+                             f"{lo:g}-{hi:g}x is for NpuSim's own levels; a cheaper level is no miss); both runs "
+                             f"lower their programs from scratch; wall times depend on the machine and its load"))
     return rows

@@ -15,7 +15,9 @@ validate``'s verdict), ``fitted`` (a figure modelling choices were steered by: m
 little), ``calibration`` (a figure the
 preset's parameters were derived from: it matches by construction and proves only that the
 calibration is applied), ``peer`` (another simulator's output), ``self`` (the project compared
-with itself, e.g. its cheap against its detailed fidelity). ``setup`` says whether the source's
+with itself, e.g. its cheap against its detailed fidelity's latencies), ``timing`` (a wall-time
+comparison, e.g. how much faster the cheap fidelity runs: it depends on the machine and its load,
+so it is shown, never counted). ``setup`` says whether the source's
 setup is known; rows with ``setup: "unknown ..."`` say what was assumed. ``baseline``: what a
 naive model scores on the same row (``baseline_error``): a row the naive model passes as well
 does not tell the simulator apart from it.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-KINDS = ("outside", "fitted", "calibration", "peer", "self")
+KINDS = ("outside", "fitted", "calibration", "peer", "self", "timing")
 RELATIONS = ("eq", "le", "ge", "range", "match")
 
 
