@@ -646,7 +646,9 @@ class Mapper:
         name = tag + op.name
         if op.kind in ("gemm", "attention"):  # memoised unless memo_ctx is None (see _memo_context)
             lower, ctx = (self._gemm, self.memo_ctx) if op.kind == "gemm" else (self._attention, self.attention_ctx)
-            if ctx is None:
+            # standard attention's FlashAttention is recorded per shape, free of its layer and cores
+            # (_flash_attention): a block of the whole op, for its name and cores only, would hold it twice
+            if ctx is None or (op.kind == "attention" and op.variant != "mla"):
                 lower(st, op, name)
             else:
                 self._memo_emit(st, op, name, lower, ctx)

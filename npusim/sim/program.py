@@ -43,6 +43,7 @@ DTYPES = tuple(DTYPE_BYTES)
 FORMAT_VERSION = 1
 BARRIER_UNIT = "none"
 _ZEROS = (0,) * max(NPARAM, 6)
+_NO_PARAM, _NO_ARGS = _ZEROS[:NPARAM], _ZEROS[:6]  # a task's parameters / cost arguments, all 0
 
 
 @dataclass
@@ -89,18 +90,20 @@ class Program:
             raise ConfigError(f"core {core} out of range (0..{self.num_cores - 1})")
 
     def _add(self, kind, core, unit, param, cost_kind, cost_args, deps, name) -> int:
+        """Append one task; ``param`` (NPARAM long) and ``cost_args`` (6 long) come padded."""
         n = len(self.kind)
         if deps:
             deps = [d for d in deps if d is not None and d >= 0]
-            if deps and max(deps) >= n:
-                raise ConfigError(f"task {name}: depends on a task not recorded yet")
-            self.dep_idx.extend(deps)
+            if deps:
+                if max(deps) >= n:
+                    raise ConfigError(f"task {name}: depends on a task not recorded yet")
+                self.dep_idx.extend(deps)
         self.kind.append(kind)
         self.core.append(core)
         self.unit.append(unit)
-        self.param.append(param + _ZEROS[len(param):NPARAM])
+        self.param.append(param)
         self.cost_kind.append(cost_kind)
-        self.cost_args.append(cost_args + _ZEROS[len(cost_args):6])
+        self.cost_args.append(cost_args)
         self.dep_end.append(len(self.dep_idx))
         self.names.append(name or "")
         return n
@@ -111,7 +114,8 @@ class Program:
         self.check_core(core)
         if min(m, k, n, batch) <= 0:
             return self.add_barrier(deps, name)
-        return self._add(KIND_FIXED, core, "cube", (0,), COST_GEMM, (m, k, n, batch, DTYPES.index(dtype)), deps, name)
+        return self._add(KIND_FIXED, core, "cube", _NO_PARAM, COST_GEMM, (m, k, n, batch, DTYPES.index(dtype), 0),
+                         deps, name)
 
     def add_vector(self, core: int, op_class: str, elements: int, dtype: str = "bf16", deps: Sequence[int] = (),
                    name: str | None = None, fn: str | None = None, row_len: int | None = None) -> int:
@@ -121,27 +125,28 @@ class Program:
             return self.add_barrier(deps, name)
         fn_id = self._fn_id(fn or "")
         self.fn_tasks += fn_id != 0
-        args = (OP_CLASSES.index(op_class), int(elements), fn_id, int(row_len or 0), DTYPES.index(dtype))
-        return self._add(KIND_FIXED, core, "vector", (0,), COST_VECTOR, args, deps, name)
+        args = (OP_CLASSES.index(op_class), int(elements), fn_id, int(row_len or 0), DTYPES.index(dtype), 0)
+        return self._add(KIND_FIXED, core, "vector", _NO_PARAM, COST_VECTOR, args, deps, name)
 
     def add_compute(self, core: int, unit: str, cycles: int, deps: Sequence[int] = (), name: str | None = None) -> int:
         self.check_core(core)
-        return self._add(KIND_FIXED, core, unit, (int(cycles),), COST_FIXED, (), deps, name)
+        return self._add(KIND_FIXED, core, unit, (int(cycles),) + _ZEROS[1:NPARAM], COST_FIXED, _NO_ARGS, deps, name)
 
     def add_dma(self, core: int, nbytes: int, address: int = 0, write: bool = False, deps: Sequence[int] = (),
                 dma_engine: int = 0, name: str | None = None) -> int:
         self.check_core(core)
-        return self._add(KIND_DMA, core, f"dma{dma_engine}", (int(nbytes), int(address), int(write), 0, 0, 0),
-                         COST_FIXED, (), deps, name)
+        return self._add(KIND_DMA, core, f"dma{dma_engine}", (int(nbytes), int(address), int(write)) + _ZEROS[3:NPARAM],
+                         COST_FIXED, _NO_ARGS, deps, name)
 
     def add_send(self, src_core: int, dst_core: int, nbytes: int, deps: Sequence[int] = (),
                  name: str | None = None) -> int:
         self.check_core(src_core)
         self.check_core(dst_core)
-        return self._add(2, src_core, "noc", (src_core, dst_core, int(nbytes)), COST_FIXED, (), deps, name)
+        return self._add(2, src_core, "noc", (src_core, dst_core, int(nbytes)) + _ZEROS[3:NPARAM], COST_FIXED,
+                         _NO_ARGS, deps, name)
 
     def add_barrier(self, deps: Sequence[int] = (), name: str | None = None) -> int:
-        return self._add(KIND_FIXED, -1, BARRIER_UNIT, (0,), COST_FIXED, (), deps, name)
+        return self._add(KIND_FIXED, -1, BARRIER_UNIT, _NO_PARAM, COST_FIXED, _NO_ARGS, deps, name)
 
     # -- recorded blocks ------------------------------------------------------------------
     def recorded(self, key, ext, build, fn_table: bool = False,
