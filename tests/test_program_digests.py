@@ -96,3 +96,66 @@ def test_programs_are_those_of_5b24b88(case):
     clear_recorded()  # built from scratch (blocks it records are replayed inside the program only)
     mapped = build(case)
     assert (digest(mapped), len(mapped.program)) == DIGESTS[case]
+
+
+def _fields(prog) -> tuple:
+    return (prog.kind, prog.core, prog.unit, prog.param, prog.cost_kind, prog.cost_args, prog.deps, prog.names)
+
+
+def _block(prog, cores, prefix, bases, ready):
+    """A small pipeline on ``cores``: per core a DMA at its base + 4096 i, a GEMM, a vector op, and a
+    barrier over the cores' last tasks."""
+    last = []
+    for i, c in enumerate(cores):
+        d = prog.add_dma(c, 1000 + i, address=bases[i] + 4096 * i, deps=[ready[i]], dma_engine=i % 2,
+                         name=f"{prefix} read")
+        g = prog.add_gemm(c, 16, 32, 64 + i, deps=[d], name=f"{prefix} QK")
+        last.append(prog.add_vector(c, "softmax", 512, deps=[g], name=f"{prefix} softmax", row_len=64))
+    done = prog.add_barrier(last, prefix)
+    return [done] + last, None
+
+
+def _record(prog, cores, prefix, bases, ready, relocate: bool):
+    from npusim.sim.program import Relocation
+
+    where = Relocation(tuple(cores), prefix, tuple(bases)) if relocate else None
+    outs, _ = prog.recorded(("test block",), ready, lambda: (_block(prog, cores, prefix, bases, ready)[0], "kept"),
+                            relocate=where)
+    return outs
+
+
+def test_a_relocated_block_replays_as_its_build_on_other_cores_names_and_addresses():
+    from npusim.sim.program import Program, recorded_stats
+
+    places = [([0, 1, 2], "L0.attn", [1 << 20, 2 << 20, 3 << 20]), ([5, 3, 7], "r1.L7.attn", [9 << 20, 8 << 20, 7 << 20]),
+              ([2, 1, 0], "x", [0, 0, 0])]
+    clear_recorded()
+    relocated, plain = Program(8), Program(8)
+    for cores, prefix, bases in places:
+        ready = [relocated.add_compute(c, "vector", 5) for c in cores]
+        assert _record(relocated, cores, prefix, bases, ready, True) == \
+            _block(plain, cores, prefix, bases, [plain.add_compute(c, "vector", 5) for c in cores])[0]
+    assert recorded_stats()["replayed"] == 2
+    assert _fields(relocated) == _fields(plain)
+
+
+def test_blocks_that_cannot_be_relocated_are_not_kept():
+    """A task on a core outside the relocation, a name without its prefix or a NoC transfer (its
+    parameters name cores): built every time, never replayed elsewhere."""
+    from npusim.sim.program import Program, Relocation, recorded_stats
+
+    def outside(prog):
+        return [prog.add_compute(3, "vector", 5, name="p x")], "kept"
+
+    def unnamed(prog):
+        return [prog.add_compute(0, "vector", 5, name="other")], "kept"
+
+    def send(prog):
+        return [prog.add_send(0, 1, 64, name="p send")], "kept"
+
+    for build in (outside, unnamed, send):
+        clear_recorded()
+        prog = Program(4)
+        for _ in range(2):
+            prog.recorded(("refused",), [], lambda: build(prog), relocate=Relocation((0, 1), "p", (0, 0)))
+        assert recorded_stats()["blocks"] == 0 and len(prog) == 2
