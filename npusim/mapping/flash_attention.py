@@ -1,7 +1,8 @@
 """How a FlashAttention kernel splits standard (MHA / GQA / MQA) attention over a die's cores.
 
 Pure planning (no tasks): :func:`plan` returns the work units and how they are spread; the
-mapper (:meth:`npusim.mapping.mapper.Mapper._flash_attention`) records each core's pipeline.
+mapper (:meth:`npusim.mapping.mapper.Mapper._lower_flash_attention`) records each core's pipeline, once per shape
+(:meth:`~npusim.mapping.mapper.Mapper._flash_attention` replays it on other layers and cores).
 
 The kernel modelled is the Ascend FlashAttention family (CANN's FlashAttentionScore /
 FusedInferAttentionScore and the pto-isa ``TFA`` reference kernel, hw-native-sys/pto-isa

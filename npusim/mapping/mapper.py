@@ -71,7 +71,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field, replace
+import operator
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -89,7 +90,7 @@ from npusim.mapping.layout import Group, place_groups
 from npusim.mapping.spec import MappingSpec
 from npusim.model.ir import Graph, Op
 from npusim.model.routing import routing_from_counts
-from npusim.sim.program import Program
+from npusim.sim.program import Program, Relocation
 
 SCORE_BYTES = 4  # flash attention's scores leave the cube's accumulators in fp32
 FA_PRELOAD = 4  # FlashAttention steps whose QK^T runs ahead of a PV (pto-isa TFA qkPreloadNum, default 4)
@@ -139,6 +140,10 @@ def _gemm_cycles(m, k, n, rows, cols, dataflow, k_per_pe, injection, double_buff
 @lru_cache(maxsize=64)
 def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+#: an op's compared fields but its name, layer and inputs: what a lowering of it reads besides where it is
+_op_shape = operator.attrgetter(*(f.name for f in fields(Op) if f.compare and f.name not in ("name", "layer", "inputs")))
 
 
 def _split(total: int, parts: int, i: int) -> int:
@@ -273,6 +278,8 @@ class Mapper:
         self.gathered_bytes, self.keep_gathered = 0.0, False
         self.memo_ctx: tuple | None = None  # set by plan() once memory is decided (see _memo_context)
         self.attention_ctx: tuple | None = None
+        self._arch_digest: str | None = None  # the arch's, for keys (_flash_attention)
+        self._partitions: dict[tuple, str] = {}  # auto partition choices (_partition)
         half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
         self.kv_base = [kv_cache_base_address(arch, c) for c in range(arch.num_cores)]
         # each core's KV region holds one area per layer (its sequences back to back), so
@@ -639,7 +646,9 @@ class Mapper:
         name = tag + op.name
         if op.kind in ("gemm", "attention"):  # memoised unless memo_ctx is None (see _memo_context)
             lower, ctx = (self._gemm, self.memo_ctx) if op.kind == "gemm" else (self._attention, self.attention_ctx)
-            if ctx is None:
+            # standard attention's FlashAttention is recorded per shape, free of its layer and cores
+            # (_flash_attention): a block of the whole op, for its name and cores only, would hold it twice
+            if ctx is None or (op.kind == "attention" and op.variant != "mla"):
                 lower(st, op, name)
             else:
                 self._memo_emit(st, op, name, lower, ctx)
@@ -706,6 +715,16 @@ class Mapper:
             return "tp_k"
         if choice != "auto":
             return choice
+        # what the estimate reads besides the mapper's fixed context: the op's shape and class,
+        # the core's array, whether its weights stream (a layer's GEMMs repeat in every layer)
+        sa = self.arch.systolic_for(core)
+        key = (cls, _op_shape(op), id(sa), self.resident, self.first_use, op.name in self.resident_ops)
+        if key not in self._partitions:
+            self._partitions[key] = self._cheapest_partition(op, core)
+        return self._partitions[key]
+
+    def _cheapest_partition(self, op: Op, core: int) -> str:
+        """``auto``'s choice for ``op`` on ``core``'s array: the partition of the least estimated time."""
         sa = self.arch.systolic_for(core)
         kpe = sa.macs_per_pe_per_cycle.get(op.dtype, 1)
         e = op.elem_bytes
@@ -1184,6 +1203,34 @@ class Mapper:
         st.set("feat" if head_parallel and t > 1 else "m" if mla_by_sequence else st.layout, outs)
 
     def _flash_attention(self, st: _GroupState, op: Op, name: str, token_parallel: bool = False) -> None:
+        """:meth:`_lower_flash_attention`, recorded once per shape (:meth:`Program.recorded` with a
+        :class:`~npusim.sim.program.Relocation`): the same attention of another layer, another
+        group of as many cores or another attention group of the batch replays it, its tasks
+        moved to the group's cores, its names to ``name`` and its DMAs to the layer's KV area
+        (every DMA of the lowering is at :meth:`_kv_address` of its own core). The key holds
+        everything else the lowering reads: the op's shape, the chip, the TP degree, where the KV
+        cache is, the group's size and layout, ``token_parallel``; the replay also adds the L2
+        reads the lowering counted. Task for task what the lowering records
+        (``tests/test_program_digests.py``), 36x fewer lowerings for Qwen3-4B's 36 layers."""
+        if self._arch_digest is None:
+            self._arch_digest = _digest(self.arch.model_dump_json())
+        key = ("flash attention", self._arch_digest, self.t, self.kv_hbm_fraction, self.kv_in_hbm, self.l2_addressed,
+               self.kv_layer_stride, _op_shape(op), st.layout, token_parallel)
+        where = Relocation(tuple(st.cores), name, tuple(self._kv_address(c, op) for c in st.cores))
+        l2_before = self.l2_read_bytes
+        built = []
+
+        def build():
+            built.append(True)
+            self._lower_flash_attention(st, op, name, token_parallel)
+            return list(st.ready), (st.layout, self.l2_read_bytes - l2_before)
+
+        outs, (layout, l2_bytes) = self.prog.recorded(key, st.ready, build, relocate=where)
+        if not built:
+            st.set(layout, outs)
+            self.l2_read_bytes += l2_bytes
+
+    def _lower_flash_attention(self, st: _GroupState, op: Op, name: str, token_parallel: bool = False) -> None:
         """Standard (MHA/GQA/MQA) attention as the FlashAttention kernel runs it
         (:mod:`npusim.mapping.flash_attention`): (sequence, head, query block) units -- decode:
         (sequence, KV head) units with the group's query heads as rows, their KV split over idle

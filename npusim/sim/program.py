@@ -43,6 +43,7 @@ DTYPES = tuple(DTYPE_BYTES)
 FORMAT_VERSION = 1
 BARRIER_UNIT = "none"
 _ZEROS = (0,) * max(NPARAM, 6)
+_NO_PARAM, _NO_ARGS = _ZEROS[:NPARAM], _ZEROS[:6]  # a task's parameters / cost arguments, all 0
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Program:
     names: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
     vector_fns: list[str] = field(default_factory=lambda: [""])
+    fn_tasks: int = field(default=0, repr=False, compare=False)  # tasks recorded with a vector function (id > 0)
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -88,18 +90,20 @@ class Program:
             raise ConfigError(f"core {core} out of range (0..{self.num_cores - 1})")
 
     def _add(self, kind, core, unit, param, cost_kind, cost_args, deps, name) -> int:
+        """Append one task; ``param`` (NPARAM long) and ``cost_args`` (6 long) come padded."""
         n = len(self.kind)
         if deps:
             deps = [d for d in deps if d is not None and d >= 0]
-            if deps and max(deps) >= n:
-                raise ConfigError(f"task {name}: depends on a task not recorded yet")
-            self.dep_idx.extend(deps)
+            if deps:
+                if max(deps) >= n:
+                    raise ConfigError(f"task {name}: depends on a task not recorded yet")
+                self.dep_idx.extend(deps)
         self.kind.append(kind)
         self.core.append(core)
         self.unit.append(unit)
-        self.param.append(param + _ZEROS[len(param):NPARAM])
+        self.param.append(param)
         self.cost_kind.append(cost_kind)
-        self.cost_args.append(cost_args + _ZEROS[len(cost_args):6])
+        self.cost_args.append(cost_args)
         self.dep_end.append(len(self.dep_idx))
         self.names.append(name or "")
         return n
@@ -110,7 +114,8 @@ class Program:
         self.check_core(core)
         if min(m, k, n, batch) <= 0:
             return self.add_barrier(deps, name)
-        return self._add(KIND_FIXED, core, "cube", (0,), COST_GEMM, (m, k, n, batch, DTYPES.index(dtype)), deps, name)
+        return self._add(KIND_FIXED, core, "cube", _NO_PARAM, COST_GEMM, (m, k, n, batch, DTYPES.index(dtype), 0),
+                         deps, name)
 
     def add_vector(self, core: int, op_class: str, elements: int, dtype: str = "bf16", deps: Sequence[int] = (),
                    name: str | None = None, fn: str | None = None, row_len: int | None = None) -> int:
@@ -119,30 +124,33 @@ class Program:
         if elements <= 0:
             return self.add_barrier(deps, name)
         fn_id = self._fn_id(fn or "")
-        args = (OP_CLASSES.index(op_class), int(elements), fn_id, int(row_len or 0), DTYPES.index(dtype))
-        return self._add(KIND_FIXED, core, "vector", (0,), COST_VECTOR, args, deps, name)
+        self.fn_tasks += fn_id != 0
+        args = (OP_CLASSES.index(op_class), int(elements), fn_id, int(row_len or 0), DTYPES.index(dtype), 0)
+        return self._add(KIND_FIXED, core, "vector", _NO_PARAM, COST_VECTOR, args, deps, name)
 
     def add_compute(self, core: int, unit: str, cycles: int, deps: Sequence[int] = (), name: str | None = None) -> int:
         self.check_core(core)
-        return self._add(KIND_FIXED, core, unit, (int(cycles),), COST_FIXED, (), deps, name)
+        return self._add(KIND_FIXED, core, unit, (int(cycles),) + _ZEROS[1:NPARAM], COST_FIXED, _NO_ARGS, deps, name)
 
     def add_dma(self, core: int, nbytes: int, address: int = 0, write: bool = False, deps: Sequence[int] = (),
                 dma_engine: int = 0, name: str | None = None) -> int:
         self.check_core(core)
-        return self._add(KIND_DMA, core, f"dma{dma_engine}", (int(nbytes), int(address), int(write), 0, 0, 0),
-                         COST_FIXED, (), deps, name)
+        return self._add(KIND_DMA, core, f"dma{dma_engine}", (int(nbytes), int(address), int(write)) + _ZEROS[3:NPARAM],
+                         COST_FIXED, _NO_ARGS, deps, name)
 
     def add_send(self, src_core: int, dst_core: int, nbytes: int, deps: Sequence[int] = (),
                  name: str | None = None) -> int:
         self.check_core(src_core)
         self.check_core(dst_core)
-        return self._add(2, src_core, "noc", (src_core, dst_core, int(nbytes)), COST_FIXED, (), deps, name)
+        return self._add(2, src_core, "noc", (src_core, dst_core, int(nbytes)) + _ZEROS[3:NPARAM], COST_FIXED,
+                         _NO_ARGS, deps, name)
 
     def add_barrier(self, deps: Sequence[int] = (), name: str | None = None) -> int:
-        return self._add(KIND_FIXED, -1, BARRIER_UNIT, (0,), COST_FIXED, (), deps, name)
+        return self._add(KIND_FIXED, -1, BARRIER_UNIT, _NO_PARAM, COST_FIXED, _NO_ARGS, deps, name)
 
     # -- recorded blocks ------------------------------------------------------------------
-    def recorded(self, key, ext, build, fn_table: bool = False) -> tuple[list[int], object]:
+    def recorded(self, key, ext, build, fn_table: bool = False,
+                 relocate: "Relocation | None" = None) -> tuple[list[int], object]:
         """Append the tasks ``build()`` records, or replay them when a block of the same ``key`` was
         recorded before (by any program of as many cores) with external tasks ``ext`` equal in the
         same pattern (the same entries negative, the same entries equal to each other).
@@ -155,36 +163,55 @@ class Program:
         same kinds, queues, parameters, names and dependencies). Memoised across programs because
         mappers lower the same op on the same cores again and again (serving iterations that share
         token counts, layers whose collectives move the same bytes). ``fn_table``: the block may use
-        vector functions (their ids index the program's function table, so it is part of the key)."""
+        vector functions (their ids index the program's function table, so it is part of the key).
+
+        ``relocate`` (a :class:`Relocation`): the block is kept free of its cores, its names' common
+        start and its DMA tasks' address bases, and replays onto the caller's (another layer's
+        attention on another stage's cores); ``key`` then holds everything else, not those."""
         ext = list(ext)
         first: dict[int, int] = {}
         pattern = tuple(-1 if v < 0 else first.setdefault(v, i) for i, v in enumerate(ext))
-        full = (key, self.num_cores, pattern, tuple(self.vector_fns) if fn_table else None)
+        full = (key, self.num_cores, pattern, tuple(self.vector_fns) if fn_table else None,
+                None if relocate is None else ("relocated", len(relocate.cores)))
         with _BLOCK_LOCK:  # sweeps may map in several threads
             block = _BLOCKS.get(full)
             if block is not None:
                 _BLOCKS.move_to_end(full)
                 _BLOCK_STATS["replayed"] += 1
         if block is not None:
-            return self._replay(block, ext), block.extra
+            return self._replay(block, ext, relocate), block.extra
         base = len(self.kind)
-        fns = len(self.vector_fns)
+        fns, fn_tasks = len(self.vector_fns), self.fn_tasks
         outs, extra = build()
-        if extra is not None and len(self.vector_fns) == fns:
-            block = _Block.capture(self, base, first, outs, extra, fn_table)
+        # without the function table in the key, a block may not use vector functions (their ids
+        # index the program's table)
+        if extra is not None and len(self.vector_fns) == fns and (fn_table or self.fn_tasks == fn_tasks):
+            block = _Block.capture(self, base, first, outs, extra, fn_tasks, relocate)
             if block is not None:
                 _remember(full, block)
         return outs, extra
 
-    def _replay(self, block: "_Block", ext: list[int]) -> list[int]:
+    def _replay(self, block: "_Block", ext: list[int], relocate: "Relocation | None") -> list[int]:
         base = len(self.kind)
+        self.fn_tasks += block.fn_tasks
         self.kind.extend(block.kind)
-        self.core.extend(block.core)
         self.unit.extend(block.unit)
-        self.param.extend(block.param)
         self.cost_kind.extend(block.cost_kind)
         self.cost_args.extend(block.cost_args)
-        self.names.extend(block.names)
+        if relocate is None:
+            self.core.extend(block.core)
+            self.param.extend(block.param)
+            self.names.extend(block.names)
+        else:  # block.core: indices into the cores (-1: none); names: what follows the prefix
+            cores = (*relocate.cores, -1)
+            self.core.extend([cores[k] for k in block.core])
+            self.names.extend([relocate.prefix + s for s in block.names])
+            param = list(block.param)
+            bases = relocate.bases
+            for at, k in zip(block.dma_at, block.dma_core):
+                p = param[at]
+                param[at] = (p[0], p[1] + bases[k]) + p[2:]
+            self.param.extend(param)
         dep = block.rel + base
         if block.ext_at.size:
             dep[block.ext_at] = np.asarray(ext, dtype=np.int64)[block.ext_slot]
@@ -375,15 +402,19 @@ class _Block:
     task ``r``; ``-k - 2``: external task ``k``; ``-1``: none."""
 
     __slots__ = ("kind", "core", "unit", "param", "cost_kind", "cost_args", "names", "rel", "ext_at", "ext_slot",
-                 "starts", "ends", "outs", "extra")
+                 "starts", "ends", "outs", "extra", "dma_at", "dma_core", "fn_tasks")
 
     @staticmethod
-    def capture(prog: Program, base: int, first: dict[int, int], outs, extra, fn_table: bool) -> "_Block | None":
+    def capture(prog: Program, base: int, first: dict[int, int], outs, extra, fn_tasks: int,
+                relocate: "Relocation | None" = None) -> "_Block | None":
+        """The block of ``prog``'s tasks from ``base`` (``fn_tasks``: the program's
+        :attr:`Program.fn_tasks` at ``base``), or None when it cannot be replayed."""
         b = _Block()
         for f in ("kind", "core", "unit", "param", "cost_kind", "cost_args", "names"):
             setattr(b, f, getattr(prog, f)[base:])
-        if not fn_table and any(ck == COST_VECTOR and args[2] != 0 for ck, args in zip(b.cost_kind, b.cost_args)):
-            return None  # a vector function's id depends on the program's function table
+        b.fn_tasks = prog.fn_tasks - fn_tasks
+        if relocate is not None and not b._relocatable(relocate):
+            return None
 
         def enc(v: int) -> int | None:
             if v >= base:
@@ -406,6 +437,44 @@ class _Block:
             return None
         b.extra = extra
         return b
+
+    def _relocatable(self, where: "Relocation") -> bool:
+        """Keep the block free of ``where``: cores as indices into ``where.cores``, names as what
+        follows ``where.prefix``, DMA addresses less their core's base. False when it cannot be:
+        a task on a core outside ``where.cores`` (or on one listed twice), a name without the
+        prefix, a NoC transfer (its parameters name cores)."""
+        index = {c: i for i, c in enumerate(where.cores)}
+        if len(index) != len(where.cores) or len(where.bases) != len(where.cores):
+            return False
+        if any(k != KIND_FIXED and k != KIND_DMA for k in self.kind):
+            return False
+        core = [index.get(c) if c >= 0 else -1 for c in self.core]
+        n = len(where.prefix)
+        if None in core or not all(name.startswith(where.prefix) for name in self.names):
+            return False
+        self.core = core
+        self.names = [name[n:] for name in self.names]
+        self.dma_at = [i for i, k in enumerate(self.kind) if k == KIND_DMA]
+        self.dma_core = [core[i] for i in self.dma_at]
+        param = self.param = list(self.param)
+        for at, k in zip(self.dma_at, self.dma_core):
+            p = param[at]
+            param[at] = (p[0], p[1] - where.bases[k]) + p[2:]
+        return True
+
+
+@dataclass(frozen=True)
+class Relocation:
+    """Where a block recorded by :meth:`Program.recorded` runs: ``cores`` (distinct; a replay puts
+    the recorded ``cores[i]``'s tasks on the replaying caller's ``cores[i]``), ``prefix`` (every
+    task name starts with it; a replay puts the caller's instead) and ``bases`` (per core of
+    ``cores``, the address every DMA task of that core's is relative to: a replay moves it from
+    the recorded core's base to its new core's). The caller guarantees that nothing else its block
+    records depends on them: then a replay is what building it there would record."""
+
+    cores: tuple[int, ...]
+    prefix: str
+    bases: tuple[int, ...]
 
 
 _BLOCKS: OrderedDict = OrderedDict()  # (key, cores, pattern, fn table) -> _Block, least recently used first
@@ -508,5 +577,5 @@ def load_program(path: str | Path) -> Program:
     return prog
 
 
-__all__ = ["COST_FIXED", "COST_GEMM", "COST_VECTOR", "KIND_NOC", "Program", "clear_recorded", "load_program",
-           "recorded_stats", "run_order", "submit_materialized"]
+__all__ = ["COST_FIXED", "COST_GEMM", "COST_VECTOR", "KIND_NOC", "Program", "Relocation", "clear_recorded",
+           "load_program", "recorded_stats", "run_order", "submit_materialized"]
