@@ -321,7 +321,8 @@ def vc_states(flows, r: int, port: int, cycles: int, warmup: int = 2000, F: int 
     4 stages), and the flits the port sends in each. A VC's state: ``A`` its ready front holds its
     output (and a VC there, at a link), ``w`` a ready head without a VC (waiting in VC allocation),
     ``c`` no credit, ``-`` no ready flit; ``A,w same`` when the waiting head wants the active one's
-    output. Returns ``({state: (share of cycles, flits a cycle sent there)}, port throughput)``."""
+    output. Returns ``({state: (share of cycles, flits a cycle sent there)}, port throughput, {output
+    port: flits a cycle the port sends there})``."""
     from npusim.hw.noc import flit_kernel as fk
     from npusim.hw.noc.flit import make_state, send
     from npusim.hw.noc.routing import build_routing
@@ -334,6 +335,7 @@ def vc_states(flows, r: int, port: int, cycles: int, warmup: int = 2000, F: int 
     ip = r * P + port
     occ: dict = {}
     sent: dict = {}
+    by_out: dict = {}  # flits a cycle the port sends to each output
     for cyc in range(warmup + cycles):
         for src, dsts in flows:
             while st.node[src, fk.ND_SQ_CNT] < 32:
@@ -356,6 +358,8 @@ def vc_states(flows, r: int, port: int, cycles: int, warmup: int = 2000, F: int 
             popped = cnts[v] > 0 and int(st.vc[ip * V + v, fk.VC_HEAD]) != heads[v]
             n += popped
             o = fronts[v]
+            if popped:
+                by_out[o] = by_out.get(o, 0) + 1
             outs.append(o)
             if o is None:
                 states.append("-")
@@ -370,7 +374,8 @@ def vc_states(flows, r: int, port: int, cycles: int, warmup: int = 2000, F: int 
         occ[key] = occ.get(key, 0) + 1
         sent[key] = sent.get(key, 0) + n
     tot = sum(sent.values())
-    return {k: (occ[k] / cycles, sent[k] / occ[k]) for k in sorted(occ, key=lambda k: -occ[k])}, tot / cycles
+    return ({k: (occ[k] / cycles, sent[k] / occ[k]) for k in sorted(occ, key=lambda k: -occ[k])}, tot / cycles,
+            {o: n / cycles for o, n in sorted(by_out.items())})
 
 
 def part_f(cycles: int) -> None:
@@ -394,11 +399,37 @@ def part_f(cycles: int) -> None:
     cases.append(("B 2x2, W->X", [(s_, [rid(x, y - 1), rid(x, y + 1)]) for s_ in
                                   (rid(x - 1, y), rid(x - 2, y), rid(x + 1, y), rid(x + 2, y))],
                   rid(x, y), PORT_W, (rid(x - 1, y), rid(x, y))))
+    names = ("L", "N", "E", "S", "W")
     for label, flows, r, port, link in cases:
-        table, thr = vc_states(flows, r, port, cycles)
-        _, eta = mesh_flow_rates(W, H, [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows])
-        print(f"{label:>22}: flit {thr:.3f}, HOL model eta {eta[link]:.3f};  "
-              + "  ".join(f"{k} {a:.3f}/{b:.2f}" for k, (a, b) in table.items()), flush=True)
+        table, thr, outs = vc_states(flows, r, port, cycles)
+        spec = [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows]
+        rate, eta = mesh_flow_rates(W, H, spec)
+        model = {}  # the flows' flits a cycle on the link, by the output they take at its router
+        for f, (src, dsts) in enumerate(flows):
+            for d in dsts:
+                hops = _route_hops(src, d)
+                if link in hops:
+                    i = hops.index(link)
+                    o = _out_name(hops[i + 1]) if i + 1 < len(hops) else "L"
+                    model[o] = model.get(o, 0.0) + rate[f] / len(dsts)
+        print(f"{label:>22}: flit {thr:.3f} (" + " ".join(f"{names[o]} {v:.3f}" for o, v in outs.items())
+              + f"), flows + HOL {sum(model.values()):.3f} (" + " ".join(f"{o} {v:.3f}" for o, v in sorted(model.items()))
+              + f"; eta {eta[link]:.3f})\n{'':>24}" + "  ".join(f"{k} {a:.3f}/{b:.2f}" for k, (a, b) in table.items()),
+              flush=True)
+
+
+def _route_hops(src: int, dst: int):
+    """The links (router pairs) of the XY route ``src -> dst`` on the W x H mesh."""
+    x, y, dx, dy = src % W, src // W, dst % W, dst // W
+    path = [(x + i * (1 if dx > x else -1), y) for i in range(abs(dx - x) + 1)]
+    path += [(dx, y + i * (1 if dy > y else -1)) for i in range(1, abs(dy - y) + 1)]
+    return [(rid(*a), rid(*b)) for a, b in zip(path, path[1:])]
+
+
+def _out_name(hop) -> str:
+    """The output port of router ``hop[0]`` a link ``hop`` leaves by."""
+    a, b = hop
+    return {-W: "N", 1: "E", W: "S", -1: "W"}[b - a]
 
 
 def main(argv=None) -> int:
