@@ -42,10 +42,10 @@ coupling's calibration: the flit model's own routers, nothing tuned to them.
 
 Part F, *what the input port's VCs are doing* (session 50): the flit model stepped a cycle at a time,
 and each cycle the state of the two VCs of one input port (the preset's 2 VCs x 8 flits, 4-flit
-packets): its front flit active (its packet holds the output, and a VC of it when the output is a
+packets unless said): its front flit active (its packet holds the output, and a VC of it when the output is a
 link), waiting in VC allocation (a head no VC of its output is free for), without a credit, or no
 ready flit; and the flits the port sent. For part E's X -> D (D's north input; ``split`` and
-``mixed``, m = 1..3) and part B's 2x2 switch (X's west input). The share of cycles of each joint
+``mixed``, m = 1..3, 4- and 1-flit packets) and part B's 2x2 switch (X's west input). The share of cycles of each joint
 state and the flits a cycle the port sends in it, beside the port's ``eta`` in the flows'
 head-of-line model (:func:`npusim.hw.noc.hol.mesh_flow_rates`). Slow (a Python loop over the
 cycles: ~1 minute).
@@ -394,14 +394,15 @@ def part_f(cycles: int) -> None:
                 flows = [(rid(x - 1, y), [D]), (rid(x, y - 1), [D2])]
             else:
                 flows = [(rid(x - 1, y), [D, D2]), (rid(x, y - 1), [D, D2])]
-            cases.append((f"E {mode} m={m}, X->D", flows + [(o, [D2]) for o in others[:m]], D, PORT_N,
-                          (rid(x, y), D)))
-    cases.append(("B 2x2, W->X", [(s_, [rid(x, y - 1), rid(x, y + 1)]) for s_ in
+            for F in (4, 1):
+                cases.append((f"E {mode} m={m} F={F}, X->D", flows + [(o, [D2]) for o in others[:m]], D, PORT_N,
+                              (rid(x, y), D), F))
+    cases.append(("B 2x2 F=4, W->X", [(s_, [rid(x, y - 1), rid(x, y + 1)]) for s_ in
                                   (rid(x - 1, y), rid(x - 2, y), rid(x + 1, y), rid(x + 2, y))],
-                  rid(x, y), PORT_W, (rid(x - 1, y), rid(x, y))))
+                  rid(x, y), PORT_W, (rid(x - 1, y), rid(x, y)), 4))
     names = ("L", "N", "E", "S", "W")
-    for label, flows, r, port, link in cases:
-        table, thr, outs = vc_states(flows, r, port, cycles)
+    for label, flows, r, port, link, F in cases:
+        table, thr, outs = vc_states(flows, r, port, cycles, F=F)
         spec = [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows]
         rate, eta = mesh_flow_rates(W, H, spec)
         model = {}  # the flows' flits a cycle on the link, by the output they take at its router
@@ -412,9 +413,9 @@ def part_f(cycles: int) -> None:
                     i = hops.index(link)
                     o = _out_name(hops[i + 1]) if i + 1 < len(hops) else "L"
                     model[o] = model.get(o, 0.0) + rate[f] / len(dsts)
-        print(f"{label:>22}: flit {thr:.3f} (" + " ".join(f"{names[o]} {v:.3f}" for o, v in outs.items())
+        print(f"{label:>26}: flit {thr:.3f} (" + " ".join(f"{names[o]} {v:.3f}" for o, v in outs.items())
               + f"), flows + HOL {sum(model.values()):.3f} (" + " ".join(f"{o} {v:.3f}" for o, v in sorted(model.items()))
-              + f"; eta {eta[link]:.3f})\n{'':>24}" + "  ".join(f"{k} {a:.3f}/{b:.2f}" for k, (a, b) in table.items()),
+              + f"; eta {eta[link]:.3f})\n{'':>28}" + "  ".join(f"{k} {a:.3f}/{b:.2f}" for k, (a, b) in table.items()),
               flush=True)
 
 
