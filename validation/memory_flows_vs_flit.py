@@ -30,7 +30,17 @@ attached at router 0, reads 64 and 128 KiB from cores 3, 7, 15 and 63 hops away;
 flight it is window-limited, so (time(128 KiB) - time(64 KiB)) / 32 is one round trip, at the flit
 NoC and at the path flows, beside the zero-load formula ``2 ((h + 1) S + h L) + f - 1``.
 
+``--hol-regime`` prints instead, for each case at the path flows with the head-of-line coupling,
+where the coupling takes its throughput (session 50): every ``--sample`` cycles, for each mesh link
+whose ``eta`` is below 1, its port's cycles lost a cycle to each next output, ``lambda_o (t_o - 1)``
+(:func:`npusim.hw.noc.hol.port_eta`), summed by the output's kind (a mesh link, the core's ejection
+port, the memory port) and by the others ahead there, ``N_o`` (:func:`npusim.hw.noc.hol.others_ahead`,
+rounded to 0.5): the regime of ``validation/noc_link_saturation.py``'s micro-benchmarks the case
+lives in. The times are those of a plain run (it only stops and resumes). The serving run is long:
+``--skip serve``, or a ``--sample`` of 100,000 cycles or more for it.
+
     python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip SUBSTRING] [--skip-flit] [--rtt]
+        [--hol-regime [--sample CYCLES]]
 """
 
 from __future__ import annotations
@@ -156,12 +166,78 @@ def round_trips() -> None:
         print(f"{core:4d} {h:4d} {rtt[0]:9.1f} {rtt[1]:9.1f} {2 * ((h + 1) * S + h * L) + 256 // 64 - 1:9d}")
 
 
+@contextlib.contextmanager
+def sampled_runs(every: int, sample):
+    """Every Simulator's ``run()`` (to completion) built inside runs ``every`` cycles at a time and
+    calls ``sample(sim)`` in between (the results do not change: the run only stops and resumes)."""
+    orig = Simulator.run
+
+    def run(self, until=None, until_task=None, **kw):
+        if until is not None or until_task is not None:
+            return orig(self, until=until, until_task=until_task, **kw)
+        t = self.now
+        while self.engine.num_done < self.engine.num_tasks:
+            t += every
+            orig(self, until=t, **kw)
+            sample(self)
+        return orig(self, **kw)
+
+    Simulator.run = run
+    try:
+        yield
+    finally:
+        Simulator.run = orig
+
+
+def hol_regime(cases, every: int) -> None:
+    """``--hol-regime`` (module docstring)."""
+    import numpy as np
+
+    from npusim.hw.noc import memflow as M
+    from npusim.hw.noc.hol import NSLOT
+    print(f"path flows + HOL: port cycles lost a cycle to each next output, lambda_o (t_o - 1), summed over the "
+          f"links with eta < 1 every {every} cycles; share by the output's kind and its others ahead N_o")
+    for label, unit, fn in cases:
+        loss: dict = {}
+
+        def sample(sim):
+            mf = sim.mempath.fl
+            nl, nr = int(mf.prm[M.P_NLINKS]), int(mf.prm[M.P_NR])
+            loads = np.zeros(NSLOT)
+            for l in range(nl):
+                if mf.rn[l] == 0 or mf.eta[l] >= 1.0:
+                    continue
+                M._slot_loads(mf, l, mf.e_tout, loads)
+                n = int(np.count_nonzero(loads > 0.0))
+                M._hol_link(mf, l)  # fills the scratch hlam, hN, hres, ht for the link's n outputs
+                for j in range(n):
+                    o = int(mf.hres[j])
+                    kind = "ejection" if nl <= o < nl + nr else ("memory port" if nl + nr <= o < nl + 2 * nr else "link")
+                    key = (kind, round(2.0 * float(mf.hN[j])) / 2.0)
+                    loss[key] = loss.get(key, 0.0) + float(mf.hlam[j]) * (float(mf.ht[j]) - 1.0)
+
+        with stream_model("flow", True), sampled_runs(every, sample):
+            v = fn("path")
+        tot = sum(loss.values())
+        if tot <= 0.0:
+            print(f"{label} ({v:.3f} {unit}): no sample (no link's eta fell below 1)", flush=True)
+            continue
+        by_kind: dict = {}
+        for (kind, _), x in loss.items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + x
+        print(f"{label} ({v:.3f} {unit}): " + ", ".join(f"{k} {x / tot:.2f}" for k, x in sorted(by_kind.items()))
+              + "; " + ", ".join(f"{k[0]} N~{k[1]:.1f} {x / tot:.2f}" for k, x in sorted(loss.items()) if x / tot >= 0.005),
+              flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help="run the cases whose label contains this")
     ap.add_argument("--skip-flit", action="store_true", help="path models only (no reference: no errors)")
     ap.add_argument("--skip", default="", help="leave out the cases whose label contains this")
     ap.add_argument("--rtt", action="store_true", help="the round-trip micro-benchmark instead (see above)")
+    ap.add_argument("--hol-regime", action="store_true", help="where the flows' HOL coupling takes throughput (see above)")
+    ap.add_argument("--sample", type=int, default=200, help="--hol-regime: cycles between samples")
     args = ap.parse_args(argv)
     if args.rtt:
         print(machine_line())
@@ -172,6 +248,13 @@ def main(argv=None) -> int:
     if not cases:
         print(f"no case matches '{args.only}'", file=sys.stderr)
         return 2
+    if args.hol_regime:
+        if args.sample < 1:
+            print("--sample: at least 1 cycle", file=sys.stderr)
+            return 2
+        print(machine_line())
+        hol_regime(cases, args.sample)
+        return 0
     models = MODELS[1:] if args.skip_flit else MODELS
     print(machine_line())
     print("memory analytical; error = model / flit - 1; wall = seconds of this run (kernels compiled before)")

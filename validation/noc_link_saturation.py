@@ -40,7 +40,17 @@ and the rate of the flows with the head-of-line coupling (:func:`npusim.hw.noc.h
 the whole mesh, each source's NI and destination's ejection port 1 flit a cycle). These are the
 coupling's calibration: the flit model's own routers, nothing tuned to them.
 
-    python validation/noc_link_saturation.py [--part ABCE] [--cycles N]
+Part F, *what the input port's VCs are doing* (session 50): the flit model stepped a cycle at a time,
+and each cycle the state of the two VCs of one input port (the preset's 2 VCs x 8 flits, 4-flit
+packets unless said): its front flit active (its packet holds the output, and a VC of it when the output is a
+link), waiting in VC allocation (a head no VC of its output is free for), without a credit, or no
+ready flit; and the flits the port sent. For part E's X -> D (D's north input; ``split`` and
+``mixed``, m = 1..3, 4- and 1-flit packets) and part B's 2x2 switch (X's west input). The share of cycles of each joint
+state and the flits a cycle the port sends in it, beside the port's ``eta`` in the flows'
+head-of-line model (:func:`npusim.hw.noc.hol.mesh_flow_rates`). Slow (a Python loop over the
+cycles: ~1 minute).
+
+    python validation/noc_link_saturation.py [--part ABCEF] [--cycles N]
 """
 
 from __future__ import annotations
@@ -305,13 +315,131 @@ def part_c(cycles: int, interval: int = 2000) -> None:
         print(f"  tags {tags:3d} VCs {vcs:2d} x {buf:3d} flits: " + "; ".join(cells), flush=True)
 
 
+def vc_states(flows, r: int, port: int, cycles: int, warmup: int = 2000, F: int = 4, seed: int = 1):
+    """Part F: the joint state of the 2 VCs of input ``port`` of router ``r`` every cycle of a
+    backlogged run of ``flows`` (as :func:`npusim.hw.noc.flit.saturated_throughput`, 2 VCs x 8 flits,
+    4 stages), and the flits the port sends in each. A VC's state: ``A`` its ready front holds its
+    output (and a VC there, at a link), ``w`` a ready head without a VC (waiting in VC allocation),
+    ``c`` no credit, ``-`` no ready flit; ``A,w same`` when the waiting head wants the active one's
+    output. Returns ``({state: (share of cycles, flits a cycle sent there)}, port throughput, {output
+    port: flits a cycle the port sends there})``."""
+    from npusim.hw.noc import flit_kernel as fk
+    from npusim.hw.noc.flit import make_state, send
+    from npusim.hw.noc.routing import build_routing
+    from npusim.hw.noc.topology import PORT_LOCAL, to_arrays
+    p = params(2, 8, 4)
+    topo = to_arrays(p.build_graph())
+    st = make_state(topo, build_routing(topo, p.routing), 2, 8, 4, source_queue_packets=64)
+    rng = np.random.default_rng(seed)
+    P, V, B = int(st.cfg[fk.C_P]), 2, 8
+    ip = r * P + port
+    occ: dict = {}
+    sent: dict = {}
+    by_out: dict = {}  # flits a cycle the port sends to each output
+    for cyc in range(warmup + cycles):
+        for src, dsts in flows:
+            while st.node[src, fk.ND_SQ_CNT] < 32:
+                d = dsts[0] if len(dsts) == 1 else dsts[int(rng.integers(len(dsts)))]
+                send(st, int(src), int(d), F, cyc, 0)
+        heads = [int(st.vc[ip * V + v, fk.VC_HEAD]) for v in range(V)]
+        cnts = [int(st.vc[ip * V + v, fk.VC_COUNT]) for v in range(V)]
+        fronts = []
+        for v in range(V):
+            s = (ip * V + v) * B + heads[v]
+            if cnts[v] == 0 or st.slot[s, fk.SL_READY] > cyc:
+                fronts.append(None)
+            else:
+                fronts.append(int(fk._route(st.next_port, st.rt, r, int(st.pkt[int(st.slot[s, fk.SL_PKT]), fk.PK_DST]))))
+        fk.step(st, cyc)
+        if cyc < warmup:
+            continue
+        states, outs, n = [], [], 0
+        for v in range(V):
+            popped = cnts[v] > 0 and int(st.vc[ip * V + v, fk.VC_HEAD]) != heads[v]
+            n += popped
+            o = fronts[v]
+            if popped:
+                by_out[o] = by_out.get(o, 0) + 1
+            outs.append(o)
+            if o is None:
+                states.append("-")
+            elif popped or st.vc[ip * V + v, fk.VC_OUTPORT] >= 0:
+                ov = (r * P + o) * V + int(st.vc[ip * V + v, fk.VC_OUTVC])
+                states.append("c" if not popped and o != PORT_LOCAL and st.vc[ov, fk.OV_CREDITS] <= 0 else "A")
+            else:
+                states.append("w")
+        key = ",".join(sorted(states))
+        if key == "A,w":
+            key += " same" if outs[0] == outs[1] else " other"
+        occ[key] = occ.get(key, 0) + 1
+        sent[key] = sent.get(key, 0) + n
+    tot = sum(sent.values())
+    return ({k: (occ[k] / cycles, sent[k] / occ[k]) for k in sorted(occ, key=lambda k: -occ[k])}, tot / cycles,
+            {o: n / cycles for o, n in sorted(by_out.items())})
+
+
+def part_f(cycles: int) -> None:
+    """What the input port's VCs are doing (module docstring)."""
+    from npusim.hw.noc.hol import mesh_flow_rates
+    from npusim.hw.noc.topology import PORT_W
+    print("Part F: joint state of the input port's 2 VCs (A active, w waiting in VC allocation, c no credit, "
+          "- no ready flit): share of cycles / flits a cycle sent there")
+    x, y = X
+    D, D2 = rid(x, y + 1), rid(x, y + 2)
+    others = [rid(x + 1, y + 1), rid(x - 1, y + 1), D]
+    cases = []
+    for mode in ("split", "mixed"):
+        for m in (1, 2, 3):
+            if mode == "split":
+                flows = [(rid(x - 1, y), [D]), (rid(x, y - 1), [D2])]
+            else:
+                flows = [(rid(x - 1, y), [D, D2]), (rid(x, y - 1), [D, D2])]
+            for F in (4, 1):
+                cases.append((f"E {mode} m={m} F={F}, X->D", flows + [(o, [D2]) for o in others[:m]], D, PORT_N,
+                              (rid(x, y), D), F))
+    cases.append(("B 2x2 F=4, W->X", [(s_, [rid(x, y - 1), rid(x, y + 1)]) for s_ in
+                                  (rid(x - 1, y), rid(x - 2, y), rid(x + 1, y), rid(x + 2, y))],
+                  rid(x, y), PORT_W, (rid(x - 1, y), rid(x, y)), 4))
+    names = ("L", "N", "E", "S", "W")
+    for label, flows, r, port, link, F in cases:
+        table, thr, outs = vc_states(flows, r, port, cycles, F=F)
+        spec = [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows]
+        rate, eta = mesh_flow_rates(W, H, spec)
+        model = {}  # the flows' flits a cycle on the link, by the output they take at its router
+        for f, (src, dsts) in enumerate(flows):
+            for d in dsts:
+                hops = _route_hops(src, d)
+                if link in hops:
+                    i = hops.index(link)
+                    o = _out_name(hops[i + 1]) if i + 1 < len(hops) else "L"
+                    model[o] = model.get(o, 0.0) + rate[f] / len(dsts)
+        print(f"{label:>26}: flit {thr:.3f} (" + " ".join(f"{names[o]} {v:.3f}" for o, v in outs.items())
+              + f"), flows + HOL {sum(model.values()):.3f} (" + " ".join(f"{o} {v:.3f}" for o, v in sorted(model.items()))
+              + f"; eta {eta[link]:.3f})\n{'':>28}" + "  ".join(f"{k} {a:.3f}/{b:.2f}" for k, (a, b) in table.items()),
+              flush=True)
+
+
+def _route_hops(src: int, dst: int):
+    """The links (router pairs) of the XY route ``src -> dst`` on the W x H mesh."""
+    x, y, dx, dy = src % W, src // W, dst % W, dst // W
+    path = [(x + i * (1 if dx > x else -1), y) for i in range(abs(dx - x) + 1)]
+    path += [(dx, y + i * (1 if dy > y else -1)) for i in range(1, abs(dy - y) + 1)]
+    return [(rid(*a), rid(*b)) for a, b in zip(path, path[1:])]
+
+
+def _out_name(hop) -> str:
+    """The output port of router ``hop[0]`` a link ``hop`` leaves by."""
+    a, b = hop
+    return {-W: "N", 1: "E", W: "S", -1: "W"}[b - a]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", default="ABCE", help="parts to run (letters)")
+    ap.add_argument("--part", default="ABCE", help="parts to run (letters; F on request)")
     ap.add_argument("--cycles", type=int, default=20000, help="measurement window (cycles) of each run")
     args = ap.parse_args(argv)
     print(machine_line())
-    for part, fn in (("A", part_a), ("B", part_b), ("C", part_c), ("E", part_e)):
+    for part, fn in (("A", part_a), ("B", part_b), ("C", part_c), ("E", part_e), ("F", part_f)):
         if part in args.part.upper():
             fn(args.cycles)
     return 0

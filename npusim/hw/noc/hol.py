@@ -52,7 +52,15 @@ On the micro-benchmarks of ``validation/noc_link_saturation.py`` (the flit model
 0.55 / 0.42 of its width for ``m`` = 1 / 2 / 3 (flit 0.91 / 0.83 / 0.40; max-min 1.0), so the model
 is pessimistic where a few backlogged contenders alternate with the port; part B, a 2x2 switch
 under uniform traffic at 0.764 an output (flit 0.75-0.80, Karol 0.75), a 3x3 one whose third input
-is an NI at 0.80 (flit 0.65-0.73: the NI's own blocking is left out).
+is an NI at 0.80 (flit 0.65-0.73: the NI's own blocking is left out). Why it is pessimistic there
+(session 50, part F of that script, which records the port's two VCs each cycle): a link output's
+VCs are held per packet, so at most 2 packets compete for it in switch allocation and, when the
+port's next flit for ``o`` is its other VC's, the port holds both of ``o``'s VCs and waits for no
+one: the ``g = 0`` wait above is mostly absent. The flit port loses instead half a cycle when one VC
+is active and the other waits in VC allocation for the same output, and a whole cycle when both
+wait (at m = 3 that is 40% of the cycles: the model's agreement there is switch waits standing in
+for VC-allocation waits). The workloads take the coupling's loss in the m <= 1 regime, with
+one-flit packets (``validation/memory_flows_vs_flit.py --hol-regime``); docs/FIDELITY.md.
 
 Units: flits per cycle of the NoC clock; times in cycles. Deterministic (fixed iteration order,
 fixed sweep limits).
