@@ -123,7 +123,11 @@ class ServingRun:
     sim: Simulator = field(repr=False, default=None)
 
 
-COMPACT_AFTER_TASKS = 2_000_000  # finished tasks kept before the engine drops them
+#: finished tasks kept before the engine drops them. Session 50: 250k instead of 2M (4219c9a's figure, when
+#: compaction was dear): an uncached run's table no longer grows to millions of tasks, and 3 uncached Mooncake
+#: requests take 5.9-6.6 s instead of 13.3-13.5 s at the analytical NoC, 16.8 s instead of 27.4 s at the path
+#: NoC, identical results (validation/perf/bench_serving.py --requests 3 --cache off); cached runs unchanged
+COMPACT_AFTER_TASKS = 250_000
 
 
 def replica_bands(arch: Arch, replicas: int) -> list[tuple[list[int], list[int]]]:
