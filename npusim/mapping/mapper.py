@@ -278,7 +278,7 @@ class Mapper:
         self.gathered_bytes, self.keep_gathered = 0.0, False
         self.memo_ctx: tuple | None = None  # set by plan() once memory is decided (see _memo_context)
         self.attention_ctx: tuple | None = None
-        self._arch_digest: str | None = None  # the arch's, for keys (_flash_attention)
+        self._arch_digest: str | None = None  # the arch's, for keys (_arch_key)
         self._partitions: dict[tuple, str] = {}  # auto partition choices (_partition)
         half = int(arch.hbm.capacity_gb * 2**30) // 2  # weights in the lower half, KV caches in the upper
         self.kv_base = [kv_cache_base_address(arch, c) for c in range(arch.num_cores)]
@@ -564,8 +564,14 @@ class Mapper:
         gathered across micro-batches)."""
         if self.first_use or self.keep_gathered:
             return None
-        return (_digest(self.arch.model_dump_json()), _digest(self.spec.model_dump_json()), self.t, self.grid,
+        return (self._arch_key(), _digest(self.spec.model_dump_json()), self.t, self.grid,
                 self.sram_bytes, self.tile_bytes, self.resident, tuple(sorted(self.resident_ops)), self.l2_addressed)
+
+    def _arch_key(self) -> str:
+        """The chip's digest, for memo keys (computed once per mapper)."""
+        if self._arch_digest is None:
+            self._arch_digest = _digest(self.arch.model_dump_json())
+        return self._arch_digest
 
     def _kv_context(self) -> tuple:
         """What lowering an attention op reads beyond :meth:`_memo_context`: where the KV cache is."""
@@ -1212,9 +1218,7 @@ class Mapper:
         cache is, the group's size and layout, ``token_parallel``; the replay also adds the L2
         reads the lowering counted. Task for task what the lowering records
         (``tests/test_program_digests.py``), 36x fewer lowerings for Qwen3-4B's 36 layers."""
-        if self._arch_digest is None:
-            self._arch_digest = _digest(self.arch.model_dump_json())
-        key = ("flash attention", self._arch_digest, self.t, self.kv_hbm_fraction, self.kv_in_hbm, self.l2_addressed,
+        key = ("flash attention", self._arch_key(), self.t, self.kv_hbm_fraction, self.kv_in_hbm, self.l2_addressed,
                self.kv_layer_stride, _op_shape(op), st.layout, token_parallel)
         where = Relocation(tuple(st.cores), name, tuple(self._kv_address(c, op) for c in st.cores))
         l2_before = self.l2_read_bytes
