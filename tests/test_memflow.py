@@ -348,3 +348,73 @@ def test_back_to_back_dmas_share_one_sharing_at_the_cycle_one_drains():
     one.run()
     start, end = sim.task_times()
     assert [int(end[t] - start[t]) for t in chain] == [one.makespan()] * 4
+
+
+def _mice_sim(arch, mice: bool):
+    """A simulator whose memflows run one-window DMAs as mice (``memflow.MICE``) or as flows."""
+    from npusim.hw.noc import memflow
+    old = memflow.MICE
+    memflow.MICE = mice
+    try:
+        return Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    finally:
+        memflow.MICE = old
+
+
+def test_a_one_burst_dma_takes_a_round_trip_as_a_mouse_and_as_a_flow():
+    """A DMA of one burst has one burst in flight, not a window's worth: it lasts its round trip
+    ``2 ((h + 1) S + h L) + f - 1 + RTT_OVERHEAD`` (its cap is its bytes a round trip), whether it
+    runs as a mouse (no update at all) or as a flow of the filling."""
+    from npusim.hw.noc.memflow import S_MICE, S_UPDATES
+    base = load_arch("npusim-64c")
+    arch = base.model_copy(update={"hbm": base.hbm.model_copy(update={"attach": [0] * 64})})
+    S, L, h, f = arch.noc.router_pipeline_cycles, arch.noc.link_latency_cycles, 14, 256 // 64
+    rtt = 2 * ((h + 1) * S + h * L) + f - 1 + RTT_OVERHEAD
+    for mice in (True, False):
+        sim = _mice_sim(arch, mice)
+        sim.add_dma(63, 256)
+        sim.run()
+        fl = sim.mempath.fl
+        assert abs(sim.makespan() - rtt) <= 2
+        assert int(fl.sc[S_MICE]) == (1 if mice else 0)
+        assert int(fl.sc[S_UPDATES]) == (0 if mice else 2)
+
+
+@pytest.mark.parametrize("random", [False, True])
+def test_mice_never_load_a_resource_beyond_its_width_and_match_the_flows(random):
+    """Small DMAs on every engine of every core, with large ones beside them: the mice run where the
+    flows and the other mice leave them room at their caps (their load, kept apart, never takes a
+    resource beyond its width), the rest as flows; every byte crosses, and the run ends within 1%
+    of running every DMA as a flow. (Random DMAs spread over every channel: each crosses a memory
+    port the large ones fill, so they all run as flows.)"""
+    from npusim.hw.noc.memflow import S_MICE
+    arch = load_arch("npusim-64c")
+    ends = {}
+    for mice in (True, False):
+        sim = _mice_sim(arch, mice)
+        rng = np.random.default_rng(3)
+        addr, total, peak = 0, 0, [0.0]
+        for c in range(arch.num_cores):
+            for e in range(sim.dma_engines):
+                prev = ()
+                for _ in range(6):
+                    size = int(rng.choice([128, 512, 2048, 64 << 10]))
+                    prev = (sim.add_dma(c, size, address=addr, dma_engine=e, deps=prev,
+                                        pattern=PATTERN_RANDOM if random else 0),)
+                    addr += size
+                    total += size
+        fl = sim.mempath.fl
+        while True:  # stop every few hundred cycles: the mice's load against each resource's width
+            out = sim.run(until=sim.now + 200)
+            width = np.asarray(fl.rcap) * np.asarray(fl.eta)
+            peak[0] = max(peak[0], float(np.max(np.asarray(fl.mload) / width)))
+            assert np.all(np.asarray(fl.mload) <= width * (1 + 1e-9))
+            if sim.engine.num_done == sim.engine.num_tasks:
+                break
+            assert out.reason == "time_limit"
+        assert sim.hbm_bytes_over_noc == total
+        assert float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9
+        if not random:  # a random DMA crosses every memory port, some full of the large ones: a flow
+            assert (int(fl.sc[S_MICE]) > 0) == mice and (peak[0] > 0.0) == mice
+        ends[mice] = sim.makespan()
+    assert abs(ends[True] / ends[False] - 1) < 0.01

@@ -59,9 +59,11 @@ from npusim.arch import load_arch  # noqa: E402
 from npusim.hw.memory.hbm import PATTERN_RANDOM  # noqa: E402
 from npusim.sim import Simulator  # noqa: E402
 
-# (label, NoC fidelity, memory streams, head-of-line coupling of the flows: npusim.hw.noc.memflow.HOL_COUPLING)
-MODELS = [("flit", "flit", "flow", True), ("path streams (old)", "path", "reserve", True),
-          ("path flows, max-min", "path", "flow", False), ("path flows + HOL", "path", "flow", True)]
+# (label, NoC fidelity, memory streams, head-of-line coupling of the flows: npusim.hw.noc.memflow.HOL_COUPLING,
+# one-window DMAs timed as mice: memflow.MICE)
+MODELS = [("flit", "flit", "flow", True, True), ("path streams (old)", "path", "reserve", True, True),
+          ("path flows, max-min", "path", "flow", False, True), ("path flows + HOL", "path", "flow", True, True),
+          ("flows + HOL, no mice", "path", "flow", True, False)]
 
 
 def _set_default(func, name: str, value):
@@ -76,20 +78,21 @@ def _set_default(func, name: str, value):
 
 
 @contextlib.contextmanager
-def stream_model(name: str, hol: bool = True):
+def stream_model(name: str, hol: bool = True, mice: bool = True):
     """Every Simulator built inside (by ChipCost, the forward pass, the serving loop) uses memory
-    stream model ``name``, its flows with the head-of-line coupling or not (``hol``)."""
+    stream model ``name``, its flows with the head-of-line coupling or not (``hol``), its one-window
+    DMAs timed as mice or as flows of the filling (``mice``)."""
     from npusim.hw.noc import memflow
     from npusim.scenarios.forward import simulate_forward
     from npusim.serving.simulate import ServingConfig
     funcs = (Simulator.__init__, simulate_forward, ServingConfig.__init__)
     olds = [_set_default(f, "memory_streams", name) for f in funcs]
-    old_hol = memflow.HOL_COUPLING
-    memflow.HOL_COUPLING = hol
+    old_hol, old_mice = memflow.HOL_COUPLING, memflow.MICE
+    memflow.HOL_COUPLING, memflow.MICE = hol, mice
     try:
         yield
     finally:
-        memflow.HOL_COUPLING = old_hol
+        memflow.HOL_COUPLING, memflow.MICE = old_hol, old_mice
         for f, old in zip(funcs, olds):
             f.__defaults__ = old
 
@@ -263,17 +266,17 @@ def main(argv=None) -> int:
     worst = {m[0]: 0.0 for m in models[1:]}
     for label, unit, fn in cases:
         vals = []
-        for name, noc, streams, hol in models:
-            with stream_model(streams, hol):
-                if (noc, streams, hol) not in warmed:  # compile / load the kernel outside the timing
+        for name, noc, streams, hol, mice in models:
+            with stream_model(streams, hol, mice):
+                if (noc, streams, hol, mice) not in warmed:  # compile / load the kernel outside the timing
                     pattern("npusim-64c", "stream", per_core=4096, pieces=1)(noc)
-                    warmed.add((noc, streams, hol))
+                    warmed.add((noc, streams, hol, mice))
                 w0 = time.perf_counter()
                 v = fn(noc)
                 vals.append((v, time.perf_counter() - w0))
         ref = vals[0][0] if not args.skip_flit else None
         cells = []
-        for (name, _, _, _), (v, w) in zip(models, vals):
+        for (name, *_), (v, w) in zip(models, vals):
             if ref is not None and name != "flit":
                 err = v / ref - 1
                 worst[name] = max(worst[name], abs(err))

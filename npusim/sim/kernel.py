@@ -57,7 +57,8 @@ from npusim.engine.tasks import EV_QUEUE_FREE, EV_TASK_END, KIND_FIXED, SC_NEVEN
 from npusim.hw.memory.hbm import EV_MEM_END_REQ, EV_MEM_ISSUE, analytical_finish, hbm_handle, hbm_start_dma
 from npusim.hw.memory.params import MODE_ANALYTICAL, P_MODE
 from npusim.hw.noc.flit_engine import EV_FLIT_TICK, flit_slots_free, flit_start, flit_tick
-from npusim.hw.noc.memflow import EV_MFLOW_UPDATE, memflow_note, memflow_poke, memflow_update
+from npusim.hw.noc.memflow import (EV_MFLOW_UPDATE, EV_MOUSE_END, memflow_mouse_end, memflow_note, memflow_poke,
+                                   memflow_update)
 from npusim.hw.noc.path import C_HOLDS_CHANGED, EV_NOC_PART_END, MODE_FLIT, PRM_MODE, path_handle, path_start, slots_free
 from npusim.sim.mempath import MP_NEED_SLOTS, MP_ON, mem_part_done, mem_start
 from npusim.sim.sramport import P_SRAM_BITS, P_SRAM_STALL, SP_ON, sram_task_cycles
@@ -171,6 +172,9 @@ def _build(tlm: bool, flit: bool):
                             event_push(heap, hs, now + mp.tail[init], EV_NOC_PART_END, init)
                             finished = -1
             elif etype == EV_NOC_PART_END:
+                finished = mem_part_done(mp, eid)
+            elif etype == EV_MOUSE_END:  # a DMA run as a mouse of the memory flows: one of its parts
+                memflow_mouse_end(mp.fl, noc.link_holds, heap, hs, eid, now)
                 finished = mem_part_done(mp, eid)
             elif etype == EV_MFLOW_UPDATE:
                 changed = noc.counters[C_HOLDS_CHANGED]

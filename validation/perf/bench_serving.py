@@ -12,7 +12,9 @@ N decoder layers (for the long growth series; say so when quoting).
 
 ``--noc path,analytical`` times both NoC fidelities in one run and prints the path NoC's wall time
 over the analytical's; ``--streams`` the path NoC's memory stream models (default ``reserve``, the program's; issue 42
-item 4: uncached, 1,000 requests, path at most 2x analytical).
+item 4: uncached, 1,000 requests, path at most 2x analytical); ``flow-all`` is the flows with every DMA a flow of
+the filling (``npusim.hw.noc.memflow.MICE`` off), and with ``flow`` beside it the run prints the mice's effect on the
+simulated time.
 
 ``--cache off,on`` runs each point without and with the iteration-cost cache
 (``npusim run --iteration-cache``; ``--cache-buckets`` its buckets, default exact).
@@ -50,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_line  # noqa: E402
 
 from npusim.arch import load_arch  # noqa: E402
+from npusim.hw.noc import memflow  # noqa: E402
 from npusim.mapping.spec import spec_from_flags  # noqa: E402
 from npusim.serving.itercache import parse_buckets  # noqa: E402
 from npusim.serving.requests import cap_lengths  # noqa: E402
@@ -249,18 +252,22 @@ def main() -> None:
                 walls = {}
                 points = [(x, st, c) for x in args.noc.split(",") for c in args.cache.split(",")
                           for st in (args.streams.split(",") if x == "path" else ["-"])]
+                sims = {}
                 for noc, streams, cache in points:
+                    memflow.MICE = streams != "flow-all"  # flow-all: every DMA a flow of the filling
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
                                         scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
                                         iteration_cache=buckets if cache == "on" else None,
-                                        **({"memory_streams": streams} if noc == "path" else {}))
+                                        **({"memory_streams": streams.removesuffix("-all")} if noc == "path" else {}))
                     # compile the kernel for this fidelity outside the timing
                     simulate_serving(arch, spec, reqs[:1], replace(warm, memory_mode=memory, noc_mode=noc),
                                      replicas=replicas)
                     t0, c0 = time.perf_counter(), time.process_time()
                     s = simulate_serving(arch, spec, reqs, cfg, replicas=replicas).summary
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                    memflow.MICE = True
                     walls[noc, streams, cache] = wall
+                    sims[streams, cache] = s['simulated_s']
                     label = noc if noc != "path" else f"path/{streams}"
                     print(f"{n:>8} {arch_name:>12} {memory:>10} {label:>14} {cache:>5} | {clipped:>7} {wall:8.1f} {cpu:8.1f} "
                           f"{s['simulated_s']:8.2f} {s['simulated_s'] / wall:12.3f} {s['iterations']:>10} "
@@ -271,6 +278,11 @@ def main() -> None:
                     if noc == "path" and ref:
                         print(f"{'':>8} path/{streams} / analytical wall time ({cache} cache): {wall / ref:.2f}x",
                               flush=True)
+                for cache in args.cache.split(","):  # the mice against every DMA a flow
+                    if ("flow", cache) in sims and ("flow-all", cache) in sims:
+                        a, b = sims["flow", cache], sims["flow-all", cache]
+                        print(f"{'':>8} path/flow (mice) against path/flow-all, simulated s ({cache} cache): "
+                              f"{100 * (a / b - 1):+.3f}%", flush=True)
     print(machine_line())
 
 

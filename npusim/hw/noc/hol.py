@@ -68,6 +68,7 @@ fixed sweep limits).
 
 from __future__ import annotations
 
+import numpy as np
 import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
 
@@ -83,11 +84,12 @@ TOL = 1e-9
 
 
 @njit(cache=True, _nrt=False)
-def others_ahead(lam_in, ucap, sp, k):
-    """``N_po`` (module docstring) for input slot ``sp`` at an output of ``k`` lanes whose inputs
-    send it ``lam_in[s]`` flits a cycle (slot ``s``, ``ucap[s]``: how many requests it makes at
-    once at most): the others' requests found ahead, after the inputs' times ``t = 1 + N`` settle
-    (monotone from ``t = 1``)."""
+def settled_requests(lam_in, ucap, k, u):
+    """The requests an output of ``k`` lanes sees from its inputs, which send it ``lam_in[s]`` flits
+    a cycle (slot ``s``, ``ucap[s]``: how many requests it makes at once at most), after the inputs'
+    times ``t = 1 + N`` settle (monotone from ``t = 1``): writes each slot's ``u[s]`` and returns
+    their sum ``U``. The same for every input slot: :func:`others_from` then gives any slot's ``N``
+    (so a caller may reuse them for each input port feeding the output)."""
     t0 = t1 = t2 = t3 = t4 = t5 = 1.0
     U = 0.0
     for _ in range(SWEEPS):
@@ -109,11 +111,28 @@ def others_ahead(lam_in, ucap, sp, k):
         if d < TOL:
             break
     tt = (t0, t1, t2, t3, t4, t5)
-    up = min(ucap[sp], lam_in[sp] * tt[sp])
     U = 0.0
     for s in range(NSLOT):
-        U += min(ucap[s], lam_in[s] * tt[s])
-    return max(0.0, U - up - (k - 1.0)) / k
+        u[s] = min(ucap[s], lam_in[s] * tt[s])
+        U += u[s]
+    return U
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def others_from(u, U, sp, k):
+    """``N_po`` for input slot ``sp`` from an output's settled requests (:func:`settled_requests`)."""
+    return max(0.0, U - u[sp] - (k - 1.0)) / k
+
+
+@njit(cache=True)
+def others_ahead(lam_in, ucap, sp, k):
+    """``N_po`` (module docstring) for input slot ``sp`` at an output of ``k`` lanes whose inputs
+    send it ``lam_in[s]`` flits a cycle (slot ``s``, ``ucap[s]``: how many requests it makes at
+    once at most): the others' requests found ahead, after the inputs' times ``t = 1 + N`` settle
+    (monotone from ``t = 1``)."""
+    u = np.empty(NSLOT, np.float64)
+    U = settled_requests(lam_in, ucap, k, u)
+    return others_from(u, U, sp, k)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -273,4 +292,4 @@ def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int
     return rate, {(k[1], k[2]): float(eta[r]) for k, r in links.items() if k[0] == "L"}
 
 
-__all__ = ["NSLOT", "SLOT_EJ", "SLOT_LANES", "SLOT_MEM", "SLOT_NI", "mesh_flow_rates", "others_ahead", "port_eta"]
+__all__ = ["NSLOT", "SLOT_EJ", "SLOT_LANES", "SLOT_MEM", "SLOT_NI", "mesh_flow_rates", "others_ahead", "others_from", "port_eta", "settled_requests"]

@@ -17,8 +17,10 @@ resource it crosses by a fixed coefficient, the flits that resource carries per 
   injection lanes (what the controllers send back): ``k`` flits a cycle each, ``k`` = the channels
   attached there (``Simulator(memory_port_lanes=...)``; with 0 lanes the router's core ports);
 * its own cap, the DMA engine's closed loop: at most ``lim`` bursts in flight (its tags:
-  ``max_outstanding`` transactions of ``transaction_bytes``, ``lim = max(1, min(max_outstanding,
-  max_outstanding * transaction_bytes // burst bytes))``, as the flit model's DMA engines,
+  ``max_outstanding`` transactions of ``transaction_bytes``, ``lim = max(1, min(bursts, max_outstanding,
+  max_outstanding * transaction_bytes // burst bytes))``, as the flit model's DMA engines; a DMA of
+  fewer bursts than its tags hold has only those in flight, so it lasts at least a round trip
+  (session 51: before, a one-burst DMA drained in a fraction of one),
   :mod:`npusim.hw.noc.flit_engine`), each holding its tag for a zero-load round trip
   ``RTT_r = 2 ((h_r + 1) S + h_r L) + f_r - 1 + 5`` cycles (``h_r`` hops, ``S`` router pipeline, ``L``
   link latency, ``f_r`` flits a burst's data takes; 5: ``RTT_OVERHEAD``, the flit model's
@@ -68,6 +70,17 @@ claim or release re-shares the flows' rates at that cycle). So a message is neve
 flows (it waits only for other messages), flows crossing a held link stop meanwhile, and no link
 ever carries more than its width.
 
+Mice (``MICE``, on by default since session 51): a DMA whose bursts all fit in its engine's window
+(one round trip) and whose resources the flows, at their caps, and the other mice leave room for it
+at its cap, runs at its cap outside the filling: the flow model would give it its cap and move no
+other rate (no resource it crosses may fill, before or after), so it costs no update at its start
+and, unless flows filled one of its resources meanwhile, none at its end (one ``EV_MOUSE_END``).
+Its load is kept apart (``mload``, taken off the flows' capacity), so no resource carries beyond
+its width; what it leaves out is in :func:`_mouse_fits`. Uncached serving issues millions of such
+DMAs once a little of the KV is in HBM (5 Mooncake requests on npusim-64c: 5.2M of 5.9M DMAs of at
+most 4 KB, ~250 B on average; as we read it, KV reads scaled to the KV's share in HBM,
+``serving/instance.py``'s ``kv_read_params``); ``validation/perf/bench_serving.py --streams flow,flow-all``.
+
 Units: time in cycles of the NoC clock (the chip clock), rates in bytes per cycle, capacities in
 flits per cycle. Deterministic: flows are kept in start order, and a resource's list of flows changes
 order only by the same swaps (a leaving flow's place taken by the last) on every run.
@@ -83,10 +96,11 @@ from numba import njit
 
 from npusim.engine.eventlist import event_push
 from npusim.hw.maxmin import fill
-from npusim.hw.noc.hol import NSLOT, SLOT_EJ, SLOT_LANES, SLOT_MEM, SLOT_NI, others_ahead, port_eta
+from npusim.hw.noc.hol import NSLOT, SLOT_EJ, SLOT_LANES, SLOT_MEM, SLOT_NI, others_from, port_eta, settled_requests
 from npusim.hw.noc.path import EV_NOC_PART_END
 
 EV_MFLOW_UPDATE = 23
+EV_MOUSE_END = 24  # id = initiator: its mouse's last byte arrived (memflow_mouse_end, then its DMA's part ends)
 #: a resource whose active flows, all at their caps, would load it to at most this share of what
 #: messages leave of it cannot fill: it is left out of the filling (exact, see memflow_update)
 ROOM = 1.0 - 1e-6
@@ -107,6 +121,11 @@ HOL_COUPLING = True
 HOL_ITERS = 4
 #: a link's ``eta`` moving less than this (relative) counts as settled: no filling again for it
 HOL_TOL = 1e-3
+#: run a DMA whose requests all fit in its engine's window (one round trip of bursts) as a *mouse*
+#: where the flows leave it room at its cap (:func:`_mouse_fits`): at its cap, outside the filling,
+#: with no update at its start; read, like HOL_COUPLING, when memflows are made (``False``: every
+#: DMA a flow of the filling)
+MICE = True
 
 MemFlows = namedtuple("MemFlows", [
     "prm", "rcap", "ceff",  # parameters; per resource: capacity, and what messages leave of it (flits/cycle)
@@ -139,9 +158,15 @@ MemFlows = namedtuple("MemFlows", [
     # feeds and that router; per resource, ``eta`` (1 but for links); scratch
     "e_tout", "e_tin", "olink", "lslot_in", "lhead", "eta", "hres", "hlam", "hN", "ht", "hin", "hcap", "hchg",
     "heta",
+    # per output resource, an update's settled requests of its input slots (``hu``, sum ``hU``), valid
+    # while ``hstamp`` equals the update's stamp ``sc[S_HOL_STAMP]``: one solve for every link feeding it
+    "hu", "hU", "hstamp",
+    # mice (MICE): per resource, the load the mice running now put on it (flits/cycle, at their caps;
+    # a mouse's entries e_* are kept, per byte, until it ends)
+    "mload",
     "sc", "fsc",
 ])
-(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL) = range(7)
+(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE) = range(8)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
 # rounds, flows started, flows and resources in the filling (summed over updates), resources crossed now,
 # message claims and releases that could not move a rate (no update), resources crossed (summed over
@@ -152,7 +177,8 @@ MemFlows = namedtuple("MemFlows", [
 # sharing waited for the same cycle's DMA starts (a flow's part ended at once)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
- S_DEFERRED, S_HOL_FILLS) = range(21)  # S_HOL_FILLS: fillings again after the links' eta moved
+ S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE) = range(23)  # S_HOL_FILLS: fillings again after the links' eta moved;
+# S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice
 #: a flow starting at most this many cycles after its initiator's previous one drained counts as
 #: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
 RTT_GAP = 64
@@ -176,7 +202,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     return MemFlows(
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
                       max(1, int(max_outstanding)) * int(transaction_bytes),
-                      max(1, int(HOL_ITERS)) if HOL_COUPLING else 0], np.int64),
+                      max(1, int(HOL_ITERS)) if HOL_COUPLING else 0, int(bool(MICE))], np.int64),
         rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
         pos=np.full(nres, -1, np.int64),
@@ -199,7 +225,9 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         hres=np.zeros(NSLOT + 2, np.int64), hlam=np.zeros(NSLOT + 2, np.float64), hN=np.zeros(NSLOT + 2, np.float64),
         ht=np.zeros(NSLOT + 2, np.float64), hin=np.zeros(NSLOT, np.float64), hcap=np.ones(NSLOT, np.float64),
         hchg=np.zeros(nres, np.int64), heta=np.ones(nres, np.float64),
-        sc=np.zeros(21, np.int64), fsc=np.zeros(2, np.float64),
+        hu=np.zeros((nres, NSLOT), np.float64), hU=np.zeros(nres, np.float64), hstamp=np.zeros(nres, np.int64),
+        mload=np.zeros(nres, np.float64),
+        sc=np.zeros(23, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -286,10 +314,22 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
     rtt = mf.fsc[F_ACC_RTT] / bursts
     mf.fsc[F_ACC_RTT] = 0.0
     burst_bytes = (nbytes + bursts - 1) // bursts
-    lim = max(1, min(mf.prm[P_TAGS], mf.prm[P_INFLIGHT] // burst_bytes))
+    lim = max(1, min(bursts, mf.prm[P_TAGS], mf.prm[P_INFLIGHT] // burst_bytes))  # no more than it has
     mf.rtt[init] = rtt
     mf.fcap[init] = lim * burst_bytes / rtt
     inv = 1.0 / nbytes
+    if bursts <= lim and mf.prm[P_MICE] != 0 and _mouse_fits(mf, holds, init, inv):  # a mouse: at its cap
+        cap = mf.fcap[init]
+        for k in range(mf.e_n[init]):
+            l = mf.e_res[init, k]
+            mf.pos[l] = -1
+            mf.e_coef[init, k] *= inv
+            mf.mload[l] += mf.e_coef[init, k] * cap
+            if mf.rn[l] > 0:  # the flows there keep what is left (they stay out of the filling)
+                mf.ceff[l] = _ceff(mf, holds, l)
+        mf.sc[S_MICE] += 1
+        event_push(heap, hs, now + max(np.int64(1), np.int64(np.ceil(nbytes / cap))), EV_MOUSE_END, init)
+        return
     for k in range(mf.e_n[init]):
         l = mf.e_res[init, k]
         mf.pos[l] = -1
@@ -315,6 +355,58 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
     mf.sc[S_NACT] += 1
     mf.sc[S_FLOWS] += 1
     if mf.sc[S_PENDING] == 0:
+        mf.sc[S_VERSION] += 1
+        mf.sc[S_PENDING] = 1
+        event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
+
+
+@njit(cache=True, _nrt=False)
+def _mouse_fits(mf, holds, init, inv):
+    """Whether initiator ``init``'s DMA (its entries given, not yet per byte: ``inv`` = 1 / its bytes)
+    may run as a *mouse* (``MICE``): at its cap, with no update at its start or end. It may where
+    the flow model would give it its cap and move no other flow's rate: on every resource it
+    crosses no message holds it, the resource is not one that may fill, and it stays one that
+    cannot with the DMA added at its cap (the flows there at their caps, the mice running and this
+    one within ``ROOM`` of its capacity) -- exactly the flow model's rule for a flow crossing no
+    resource that may fill (:func:`memflow_update`). Its load is then kept apart (``mload``: the
+    flows' capacity there is what the mice leave), so no resource ever carries beyond its width.
+
+    What differs from running it as a flow: the flows' head-of-line coupling does not see the mice's
+    flits (:func:`_slot_loads` reads the flows' lists), a mouse keeps its cap if later flows fill a
+    resource it crosses (its capacity is held for it: those flows share what is left), and a
+    message claiming a link a mouse crosses does not stop it (the link carries the mouse's last
+    bytes beside the message). ``validation/memory_flows_vs_flit.py`` and
+    ``validation/perf/bench_serving.py --streams flow,flow-all`` compare with every DMA a flow."""
+    cap = mf.fcap[init]
+    for k in range(mf.e_n[init]):
+        l = mf.e_res[init, k]
+        if mf.mpos[l] >= 0 or (l < holds.shape[0] and holds[l] > 0):
+            return False
+        c = (mf.rcap[l] - (holds[l] if l < holds.shape[0] else 0.0)) * mf.eta[l]
+        if mf.B0[l] + mf.mload[l] + mf.e_coef[init, k] * inv * cap > c * ROOM:
+            return False
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def memflow_mouse_end(mf, holds, heap, hs, init, now):
+    """Initiator ``init``'s mouse ended (``EV_MOUSE_END``; the caller then ends its DMA's part): its load leaves its resources;
+    where one of them may fill (flows filled it since the mouse started) the flows there may now
+    go faster, so they are shared again at this cycle."""
+    cap = mf.fcap[init]
+    poke = False
+    for k in range(mf.e_n[init]):
+        l = mf.e_res[init, k]
+        mf.mload[l] -= mf.e_coef[init, k] * cap
+        if mf.mload[l] < 1e-12:
+            mf.mload[l] = 0.0
+        if mf.rn[l] > 0:
+            mf.ceff[l] = _ceff(mf, holds, l)
+            poke |= mf.mpos[l] >= 0
+            _may_fill(mf, l)
+    mf.e_n[init] = 0
+    mf.tdrain[init] = now
+    if poke and mf.sc[S_NACT] > 0 and mf.sc[S_PENDING] == 0:
         mf.sc[S_VERSION] += 1
         mf.sc[S_PENDING] = 1
         event_push(heap, hs, now, EV_MFLOW_UPDATE, mf.sc[S_VERSION])
@@ -442,9 +534,10 @@ def _list_drop(mf, f):
 @njit(cache=True, _nrt=False, inline="always")
 def _ceff(mf, holds, l):
     """What the flows may use of resource ``l``: its width less the messages holding it (``holds``
-    covers the links and ports; the memory lanes beyond carry no message)."""
+    covers the links and ports; the memory lanes beyond carry no message), times its ``eta``, less
+    the mice running across it (``mload``)."""
     c = mf.rcap[l] - holds[l] if l < holds.shape[0] else mf.rcap[l]
-    return c * mf.eta[l] if c > 0.0 else 0.0
+    return max(0.0, c * mf.eta[l] - mf.mload[l]) if c > 0.0 else 0.0
 
 
 @njit(cache=True, _nrt=False)
@@ -479,10 +572,14 @@ def _hol_link(mf, l):
     if n == 0:
         return mf.eta[l]
     mf.hcap[SLOT_LANES] = mf.rcap[nl + 3 * nr + D]  # the memory lanes request in parallel
+    stamp = mf.sc[S_HOL_STAMP]
     for j in range(n):
         o = mf.hres[j]
-        _slot_loads(mf, o, mf.e_tin, mf.hin)
-        mf.hN[j] = others_ahead(mf.hin, mf.hcap, sp, mf.rcap[o])
+        if mf.hstamp[o] != stamp:  # the output's requests, solved once a pass for every input feeding it
+            _slot_loads(mf, o, mf.e_tin, mf.hin)
+            mf.hU[o] = settled_requests(mf.hin, mf.hcap, mf.rcap[o], mf.hu[o])
+            mf.hstamp[o] = stamp
+        mf.hN[j] = others_from(mf.hu[o], mf.hU[o], sp, mf.rcap[o])
     return port_eta(mf.hlam, mf.hN, n, mf.ht)
 
 
@@ -494,6 +591,7 @@ def _hol_update(mf, holds):
     the last filling used)."""
     nl = mf.prm[P_NLINKS]
     nchg = 0
+    mf.sc[S_HOL_STAMP] += 1  # the rates moved since the last pass: every output's requests anew
     for i in range(mf.sc[S_NMF]):
         l = mf.mfl[i]
         if l >= nl:
@@ -704,5 +802,5 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
         event_push(heap, hs, now + max(np.int64(1), np.int64(np.ceil(nxt))), EV_MFLOW_UPDATE, mf.sc[S_VERSION])
 
 
-__all__ = ["EV_MFLOW_UPDATE", "MemFlows", "memflow_add", "memflow_go", "memflow_note", "memflow_poke",
-           "memflow_update", "new_memflows"]
+__all__ = ["EV_MFLOW_UPDATE", "EV_MOUSE_END", "MemFlows", "memflow_add", "memflow_go", "memflow_note", "memflow_poke",
+           "memflow_mouse_end", "memflow_update", "new_memflows"]
