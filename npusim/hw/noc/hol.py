@@ -190,7 +190,6 @@ def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int
     share), ...]), ...]``, a flow's rate in flits a cycle, ``share`` of them on route ``src -> dst``
     (routers ``y * width + x``). Returns the rates and ``{(a, b): eta}`` of the links carrying
     flits."""
-    import numpy as np
 
     from npusim.errors import ConfigError
     from npusim.hw.maxmin import maxmin_rates, new_scratch
@@ -292,4 +291,5 @@ def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int
     return rate, {(k[1], k[2]): float(eta[r]) for k, r in links.items() if k[0] == "L"}
 
 
-__all__ = ["NSLOT", "SLOT_EJ", "SLOT_LANES", "SLOT_MEM", "SLOT_NI", "mesh_flow_rates", "others_ahead", "others_from", "port_eta", "settled_requests"]
+__all__ = ["NSLOT", "SLOT_EJ", "SLOT_LANES", "SLOT_MEM", "SLOT_NI", "mesh_flow_rates", "others_ahead", "others_from",
+           "port_eta", "settled_requests"]
