@@ -158,3 +158,33 @@ def test_all_core_stream_slower_with_the_coupling_and_links_within_their_share()
     again, _ = _stream(True)
     again.run()
     assert again.makespan() == sim.makespan()  # deterministic
+
+
+def _sweeps(lam, ucap, k, sweeps=100000, tol=1e-15):
+    """The fixed point of the settled requests by plain sweeps from ``t = 1`` (the definition)."""
+    t = np.ones(NSLOT)
+    for _ in range(sweeps):
+        u = np.minimum(ucap, lam * t)
+        nt = 1.0 + np.maximum(0.0, u.sum() - u - (k - 1.0)) / k
+        if np.max(np.abs(nt - t)) < tol:
+            t = nt
+            break
+        t = nt
+    return np.minimum(ucap, lam * t)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_settled_requests_solve_is_the_least_fixed_point_the_sweeps_reach(seed):
+    """The exact solve (breakpoints of the total's piecewise-linear map) gives what sweeping the
+    inputs' times from ``t = 1`` converges to, at one lane or several, with capped memory lanes."""
+    from npusim.hw.noc.hol import settled_requests
+    rng = np.random.default_rng(seed)
+    k = float(rng.choice([1, 1, 2, 4]))
+    lam = rng.uniform(0.0, 0.45, NSLOT) * (rng.random(NSLOT) < 0.7)
+    ucap = np.ones(NSLOT)
+    ucap[5] = float(rng.choice([1, 2, 8]))
+    u = np.zeros(NSLOT)
+    U = settled_requests(lam, ucap, k, u)
+    ref = _sweeps(lam, ucap, k)
+    assert u == pytest.approx(ref, rel=1e-9, abs=1e-12)
+    assert U == pytest.approx(ref.sum(), rel=1e-9, abs=1e-12)

@@ -68,6 +68,8 @@ fixed sweep limits).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import npusim._jitcache  # noqa: F401  (stamps the Numba cache: before any @njit)
 from numba import njit
@@ -83,39 +85,59 @@ SWEEPS = 60
 TOL = 1e-9
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _requests_at(lam_in, ucap, k, U, u):
+    """Each input slot's requests ``u[s]`` when the output's requests total ``U`` (the fixed point of
+    its own ``t_s`` at that total, see :func:`settled_requests`); returns their sum."""
+    tot = 0.0
+    for s in range(NSLOT):
+        lam = lam_in[s]
+        x = min(ucap[s], lam * max(1.0, (U + 1.0) / (k + lam))) if lam > 0.0 else 0.0
+        u[s] = x
+        tot += x
+    return tot
+
+
 @njit(cache=True, _nrt=False)
 def settled_requests(lam_in, ucap, k, u):
     """The requests an output of ``k`` lanes sees from its inputs, which send it ``lam_in[s]`` flits
-    a cycle (slot ``s``, ``ucap[s]``: how many requests it makes at once at most), after the inputs'
-    times ``t = 1 + N`` settle (monotone from ``t = 1``): writes each slot's ``u[s]`` and returns
-    their sum ``U``. The same for every input slot: :func:`others_from` then gives any slot's ``N``
-    (so a caller may reuse them for each input port feeding the output)."""
-    t0 = t1 = t2 = t3 = t4 = t5 = 1.0
-    U = 0.0
-    for _ in range(SWEEPS):
-        u0 = min(ucap[0], lam_in[0] * t0)
-        u1 = min(ucap[1], lam_in[1] * t1)
-        u2 = min(ucap[2], lam_in[2] * t2)
-        u3 = min(ucap[3], lam_in[3] * t3)
-        u4 = min(ucap[4], lam_in[4] * t4)
-        u5 = min(ucap[5], lam_in[5] * t5)
-        U = u0 + u1 + u2 + u3 + u4 + u5
-        n0 = 1.0 + max(0.0, U - u0 - (k - 1.0)) / k
-        n1 = 1.0 + max(0.0, U - u1 - (k - 1.0)) / k
-        n2 = 1.0 + max(0.0, U - u2 - (k - 1.0)) / k
-        n3 = 1.0 + max(0.0, U - u3 - (k - 1.0)) / k
-        n4 = 1.0 + max(0.0, U - u4 - (k - 1.0)) / k
-        n5 = 1.0 + max(0.0, U - u5 - (k - 1.0)) / k
-        d = max(abs(n0 - t0), abs(n1 - t1), abs(n2 - t2), abs(n3 - t3), abs(n4 - t4), abs(n5 - t5))
-        t0, t1, t2, t3, t4, t5 = n0, n1, n2, n3, n4, n5
-        if d < TOL:
-            break
-    tt = (t0, t1, t2, t3, t4, t5)
-    U = 0.0
+    a cycle (slot ``s``, ``ucap[s]``: how many requests it makes at once at most), once the inputs'
+    times ``t_s = 1 + N_s`` settle: the least fixed point of ``t_s = 1 + max(0, U - u_s - (k - 1)) /
+    k``, ``u_s = min(ucap_s, lam_s t_s)``, ``U = sum u_s`` (the one the sweeps from ``t = 1`` reach).
+    Writes each slot's ``u[s]`` and returns their sum ``U``. The same for every input slot:
+    :func:`others_from` then gives any slot's ``N`` (so a caller reuses them for each input feeding
+    the output).
+
+    Solved exactly (session 51; before, sweeps from ``t = 1`` to a tolerance, 14 on average in
+    serving): at a given total ``U`` each slot's own equation has one solution, ``u_s(U) =
+    min(ucap_s, lam_s max(1, (U + 1) / (k + lam_s)))`` (``t_s = 1`` until ``U + 1`` reaches ``k +
+    lam_s``, then ``(U + 1) / (k + lam_s)``, until the cap), so the fixed points are the roots of
+    ``h(U) = sum_s u_s(U) = U``, ``h`` piecewise linear and nondecreasing; the least is found by
+    walking ``h``'s breakpoints up from ``U_0 = sum_s min(ucap_s, lam_s)`` (``h(U) >= U`` until it)."""
+    x0 = 0.0
     for s in range(NSLOT):
-        u[s] = min(ucap[s], lam_in[s] * tt[s])
-        U += u[s]
-    return U
+        x0 += min(ucap[s], lam_in[s])
+    g0 = _requests_at(lam_in, ucap, k, x0, u) - x0
+    while g0 > 0.0:
+        x1 = math.inf  # the next breakpoint of h above x0
+        for s in range(NSLOT):
+            lam = lam_in[s]
+            if lam > 0.0:
+                b = k + lam - 1.0  # where the slot's requests start to grow
+                if b > x0 and b < x1:
+                    x1 = b
+                b = ucap[s] * (k + lam) / lam - 1.0  # where they reach the slot's cap
+                if b > x0 and b < x1:
+                    x1 = b
+        if x1 == math.inf:  # h is constant beyond x0: the root is one step of slope -1 away
+            x0 += g0
+            break
+        g1 = _requests_at(lam_in, ucap, k, x1, u) - x1
+        if g1 <= 0.0:  # h is linear on [x0, x1]: the root is where g crosses 0
+            x0 += g0 * (x1 - x0) / (g0 - g1)
+            break
+        x0, g0 = x1, g1
+    return _requests_at(lam_in, ucap, k, x0, u)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -153,7 +175,8 @@ def _wait(n, h):
 def port_eta(lam, N, n, t):
     """Effective capacity (share of the link's width) of an input port sending ``lam[j]`` flits a
     cycle to its output ``j < n``, where ``N[j]`` others are ahead (:func:`others_ahead`); writes
-    each output's time a flit ``t[j]``. 1.0 if the port carries nothing."""
+    each output's time a flit ``t[j]``. 1.0 if the port carries nothing. (Worked in shares
+    ``lam[j] / sum(lam)``: loads as small as denormals then give the same share as any others.)"""
     tot = 0.0
     for j in range(n):
         t[j] = 1.0
@@ -163,10 +186,10 @@ def port_eta(lam, N, n, t):
     for _ in range(SWEEPS):
         den = 0.0
         for j in range(n):
-            den += lam[j] * t[j]
+            den += lam[j] / tot * t[j]
         d = 0.0
         for j in range(n):
-            h = lam[j] * t[j] / den
+            h = lam[j] / tot * t[j] / den
             nt = 1.0 + _wait(N[j], h) if N[j] > 0.0 else 1.0
             d = max(d, abs(nt - t[j]))
             t[j] = nt
@@ -174,8 +197,8 @@ def port_eta(lam, N, n, t):
             break
     den = 0.0
     for j in range(n):
-        den += lam[j] * t[j]
-    return tot / den
+        den += lam[j] / tot * t[j]
+    return 1.0 / den
 
 
 
