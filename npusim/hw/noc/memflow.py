@@ -318,12 +318,13 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
     mf.rtt[init] = rtt
     mf.fcap[init] = lim * burst_bytes / rtt
     inv = 1.0 / nbytes
-    if bursts <= lim and mf.prm[P_MICE] != 0 and _mouse_fits(mf, holds, init, inv):  # a mouse: at its cap
+    for k in range(mf.e_n[init]):  # its entries per byte (``pos`` was the routes' scratch)
+        mf.pos[mf.e_res[init, k]] = -1
+        mf.e_coef[init, k] *= inv
+    if bursts <= lim and mf.prm[P_MICE] != 0 and _mouse_fits(mf, holds, init):  # a mouse: at its cap
         cap = mf.fcap[init]
         for k in range(mf.e_n[init]):
             l = mf.e_res[init, k]
-            mf.pos[l] = -1
-            mf.e_coef[init, k] *= inv
             mf.mload[l] += mf.e_coef[init, k] * cap
             if mf.rn[l] > 0:  # the flows there keep what is left (they stay out of the filling)
                 mf.ceff[l] = _ceff(mf, holds, l)
@@ -331,13 +332,10 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
         event_push(heap, hs, now + max(np.int64(1), np.int64(np.ceil(nbytes / cap))), EV_MOUSE_END, init)
         return
     for k in range(mf.e_n[init]):
-        l = mf.e_res[init, k]
-        mf.pos[l] = -1
-        mf.e_coef[init, k] *= inv
         for s in range(NSLOT):
             mf.e_tout[init, k, s] *= inv
             mf.e_tin[init, k, s] *= inv
-        _list_add(mf, holds, init, k, l)
+        _list_add(mf, holds, init, k, mf.e_res[init, k])
     mf.rem[init] = float(nbytes)
     mf.rate[init] = 0.0
     mf.nbytes[init] = nbytes
@@ -361,9 +359,8 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
 
 
 @njit(cache=True, _nrt=False)
-def _mouse_fits(mf, holds, init, inv):
-    """Whether initiator ``init``'s DMA (its entries given, not yet per byte: ``inv`` = 1 / its bytes)
-    may run as a *mouse* (``MICE``): at its cap, with no update at its start or end. It may where
+def _mouse_fits(mf, holds, init):
+    """Whether initiator ``init``'s DMA (its entries given, per byte) may run as a *mouse* (``MICE``): at its cap, with no update at its start or end. It may where
     the flow model would give it its cap and move no other flow's rate: on every resource it
     crosses no message holds it, the resource is not one that may fill, and it stays one that
     cannot with the DMA added at its cap (the flows there at their caps, the mice running and this
@@ -383,7 +380,7 @@ def _mouse_fits(mf, holds, init, inv):
         if mf.mpos[l] >= 0 or (l < holds.shape[0] and holds[l] > 0):
             return False
         c = (mf.rcap[l] - (holds[l] if l < holds.shape[0] else 0.0)) * mf.eta[l]
-        if mf.B0[l] + mf.mload[l] + mf.e_coef[init, k] * inv * cap > c * ROOM:
+        if mf.B0[l] + mf.mload[l] + mf.e_coef[init, k] * cap > c * ROOM:
             return False
     return True
 
