@@ -60,10 +60,12 @@ from npusim.hw.memory.hbm import PATTERN_RANDOM  # noqa: E402
 from npusim.sim import Simulator  # noqa: E402
 
 # (label, NoC fidelity, memory streams, head-of-line coupling of the flows: npusim.hw.noc.memflow.HOL_COUPLING,
-# one-window DMAs timed as mice: memflow.MICE)
-MODELS = [("flit", "flit", "flow", True, True), ("path streams (old)", "path", "reserve", True, True),
-          ("path flows, max-min", "path", "flow", False, True), ("path flows + HOL", "path", "flow", True, True),
-          ("flows + HOL, no mice", "path", "flow", True, False)]
+# one-window DMAs timed as mice: memflow.MICE, cycles a head-of-line pass holds: memflow.HOL_PERIOD, None the default)
+MODELS = [("flit", "flit", "flow", True, True, None), ("path streams (old)", "path", "reserve", True, True, None),
+          ("path flows, max-min", "path", "flow", False, True, None),
+          ("path flows + HOL", "path", "flow", True, True, None),
+          ("flows + HOL, no mice", "path", "flow", True, False, None),
+          ("flows + HOL every update", "path", "flow", True, True, 0)]
 
 
 def _set_default(func, name: str, value):
@@ -78,21 +80,23 @@ def _set_default(func, name: str, value):
 
 
 @contextlib.contextmanager
-def stream_model(name: str, hol: bool = True, mice: bool = True):
+def stream_model(name: str, hol: bool = True, mice: bool = True, period: int | None = None):
     """Every Simulator built inside (by ChipCost, the forward pass, the serving loop) uses memory
     stream model ``name``, its flows with the head-of-line coupling or not (``hol``), its one-window
-    DMAs timed as mice or as flows of the filling (``mice``)."""
+    DMAs timed as mice or as flows of the filling (``mice``), a head-of-line pass holding ``period``
+    cycles (None: ``memflow.HOL_PERIOD``'s default; 0: a pass every update)."""
     from npusim.hw.noc import memflow
     from npusim.scenarios.forward import simulate_forward
     from npusim.serving.simulate import ServingConfig
     funcs = (Simulator.__init__, simulate_forward, ServingConfig.__init__)
     olds = [_set_default(f, "memory_streams", name) for f in funcs]
-    old_hol, old_mice = memflow.HOL_COUPLING, memflow.MICE
+    old = memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD
     memflow.HOL_COUPLING, memflow.MICE = hol, mice
+    memflow.HOL_PERIOD = old[2] if period is None else period
     try:
         yield
     finally:
-        memflow.HOL_COUPLING, memflow.MICE = old_hol, old_mice
+        memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD = old
         for f, old in zip(funcs, olds):
             f.__defaults__ = old
 
@@ -210,7 +214,7 @@ def hol_regime(cases, every: int) -> None:
             for l in range(nl):
                 if mf.rn[l] == 0 or mf.eta[l] >= 1.0:
                     continue
-                M._slot_loads(mf, l, mf.e_tout, loads)
+                M._slot_loads(mf, l, mf.rtout, loads)
                 n = int(np.count_nonzero(loads > 0.0))
                 M._hol_link(mf, l)  # fills the scratch hlam, hN, hres, ht for the link's n outputs
                 for j in range(n):
@@ -266,11 +270,11 @@ def main(argv=None) -> int:
     worst = {m[0]: 0.0 for m in models[1:]}
     for label, unit, fn in cases:
         vals = []
-        for name, noc, streams, hol, mice in models:
-            with stream_model(streams, hol, mice):
-                if (noc, streams, hol, mice) not in warmed:  # compile / load the kernel outside the timing
+        for name, noc, streams, hol, mice, period in models:
+            with stream_model(streams, hol, mice, period):
+                if (noc, streams, hol, mice, period) not in warmed:  # compile / load the kernel outside the timing
                     pattern("npusim-64c", "stream", per_core=4096, pieces=1)(noc)
-                    warmed.add((noc, streams, hol, mice))
+                    warmed.add((noc, streams, hol, mice, period))
                 w0 = time.perf_counter()
                 v = fn(noc)
                 vals.append((v, time.perf_counter() - w0))

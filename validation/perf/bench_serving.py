@@ -13,8 +13,9 @@ N decoder layers (for the long growth series; say so when quoting).
 ``--noc path,analytical`` times both NoC fidelities in one run and prints the path NoC's wall time
 over the analytical's; ``--streams`` the path NoC's memory stream models (default ``reserve``, the program's; issue 42
 item 4: uncached, 1,000 requests, path at most 2x analytical); ``flow-all`` is the flows with every DMA a flow of
-the filling (``npusim.hw.noc.memflow.MICE`` off), and with ``flow`` beside it the run prints the mice's effect on the
-simulated time.
+the filling (``npusim.hw.noc.memflow.MICE`` off); ``flow@Q`` the flows with a head-of-line pass held for ``Q`` cycles
+(``memflow.HOL_PERIOD``; ``flow`` itself makes a pass every update). With ``flow`` beside them the run prints each
+variant's effect on the simulated time.
 
 ``--cache off,on`` runs each point without and with the iteration-cost cache
 (``npusim run --iteration-cache``; ``--cache-buckets`` its buckets, default exact).
@@ -212,6 +213,16 @@ def readme_run(requests: int | None, extra: list[str]) -> None:
     print(machine_line())
 
 
+def stream_variant(label: str) -> tuple[str, int]:
+    """``--streams`` label -> (the stream model, the flows' ``memflow.HOL_PERIOD``): ``flow-all`` and
+    ``flow@Q`` are the flows (every DMA a flow; a head-of-line pass held ``Q`` cycles)."""
+    model, _, period = label.partition("@")
+    model = model.removesuffix("-all")
+    if period and (model != "flow" or not period.isdigit()):
+        raise SystemExit(f"--streams {label}: expected flow@CYCLES (a head-of-line pass held that many cycles)")
+    return model, int(period or 0)
+
+
 def main() -> None:
     argv, extra = sys.argv[1:], []
     if "--" in argv:
@@ -226,7 +237,8 @@ def main() -> None:
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=128)
     ap.add_argument("--streams", default="reserve",
-                    help="memory stream model(s) at the path NoC (npusim.sim.mempath): flow, reserve, hop or a list")
+                    help="memory stream model(s) at the path NoC (npusim.sim.mempath): flow, reserve, hop, flow-all, flow@CYCLES "
+                         "or a list")
     ap.add_argument("--cache", default="off", help="iteration cache: off, on or off,on")
     ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL (default: the shared trace, else the sample)")
@@ -234,6 +246,8 @@ def main() -> None:
     if args.readme:
         readme_run(int(args.requests) if args.requests else None, extra)
         return
+    for label in args.streams.split(","):  # a bad label stops the run before any point
+        stream_variant(label)
     path = args.trace or trace_path()
     buckets = parse_buckets(args.cache_buckets)
     layers = "all" if args.layers is None else str(args.layers)
@@ -254,18 +268,20 @@ def main() -> None:
                           for st in (args.streams.split(",") if x == "path" else ["-"])]
                 sims = {}
                 for noc, streams, cache in points:
+                    model, period = stream_variant(streams)
                     memflow.MICE = streams != "flow-all"  # flow-all: every DMA a flow of the filling
+                    memflow.HOL_PERIOD = period
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
                                         scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
                                         iteration_cache=buckets if cache == "on" else None,
-                                        **({"memory_streams": streams.removesuffix("-all")} if noc == "path" else {}))
+                                        **({"memory_streams": model} if noc == "path" else {}))
                     # compile the kernel for this fidelity outside the timing
                     simulate_serving(arch, spec, reqs[:1], replace(warm, memory_mode=memory, noc_mode=noc),
                                      replicas=replicas)
                     t0, c0 = time.perf_counter(), time.process_time()
                     s = simulate_serving(arch, spec, reqs, cfg, replicas=replicas).summary
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                    memflow.MICE = True
+                    memflow.MICE, memflow.HOL_PERIOD = True, 0
                     walls[noc, streams, cache] = wall
                     sims[streams, cache] = s['simulated_s']
                     label = noc if noc != "path" else f"path/{streams}"
@@ -278,11 +294,11 @@ def main() -> None:
                     if noc == "path" and ref:
                         print(f"{'':>8} path/{streams} / analytical wall time ({cache} cache): {wall / ref:.2f}x",
                               flush=True)
-                for cache in args.cache.split(","):  # the mice against every DMA a flow
-                    if ("flow", cache) in sims and ("flow-all", cache) in sims:
-                        a, b = sims["flow", cache], sims["flow-all", cache]
-                        print(f"{'':>8} path/flow (mice) against path/flow-all, simulated s ({cache} cache): "
-                              f"{100 * (a / b - 1):+.3f}%", flush=True)
+                for (streams, cache), sim_s in sims.items():  # each flow variant against the flows
+                    ref = sims.get(("flow", cache))
+                    if streams.startswith("flow") and streams != "flow" and ref:
+                        print(f"{'':>8} path/{streams} against path/flow, simulated s ({cache} cache): "
+                              f"{100 * (sim_s / ref - 1):+.3f}%", flush=True)
     print(machine_line())
 
 

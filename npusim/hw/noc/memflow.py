@@ -126,6 +126,10 @@ HOL_TOL = 1e-3
 #: with no update at its start; read, like HOL_COUPLING, when memflows are made (``False``: every
 #: DMA a flow of the filling)
 MICE = True
+#: cycles a head-of-line pass stays good for: an update within this many cycles of the last pass
+#: shares the links once on the ``eta`` that pass left, without a pass of its own; read, like
+#: HOL_COUPLING, when memflows are made (0: a pass every update, exact)
+HOL_PERIOD = 0
 
 MemFlows = namedtuple("MemFlows", [
     "prm", "rcap", "ceff",  # parameters; per resource: capacity, and what messages leave of it (flits/cycle)
@@ -137,6 +141,10 @@ MemFlows = namedtuple("MemFlows", [
     # ``rl[row[l] : row[l] + rn[l]]`` (with their entry index ``rk``; ``eslot[f, k]``: where entry
     # ``k`` of flow ``f`` sits in its resource's list), and the resources with any (``tl``, ``tpos``)
     "rl", "rk", "rn", "row", "eslot", "tl", "tpos",
+    # beside ``rl``, each listed entry's flits per byte by output and input slot (its flow's ``e_tout``
+    # and ``e_tin`` over its bytes, written when it joins): a resource's head-of-line loads read
+    # contiguous rows
+    "rtout", "rtin",
     "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
     "B0",  # per resource: the load its active flows put on it at their caps (flits/cycle), kept the same way
     "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
@@ -150,8 +158,8 @@ MemFlows = namedtuple("MemFlows", [
     "mfl", "mpos",
     "stl", "stale",  # claimed links whose flows all stood (no update): read again at the next update
     "tdrain",  # per initiator: the cycle its last flow drained (-1: none yet), for the gap counters
-    # head-of-line coupling (npusim.hw.noc.hol): per entry of a flow, its flits (per byte, as e_coef)
-    # by the output slot they leave the router a link entry feeds by (``e_tout``: 0 the core's
+    # head-of-line coupling (npusim.hw.noc.hol): per entry of a flow, its flits (the whole DMA's, as
+    # its routes were built) by the output slot they leave the router a link entry feeds by (``e_tout``: 0 the core's
     # ejection, 1..4 the link of that port, 5 the memory port) and by the input slot they reach an
     # output's router by (``e_tin``: 0 the NI, 1..4 the link from that port's neighbour, 5 the memory
     # lanes); per router, its links by port (``olink``); per link, its input slot at the router it
@@ -166,7 +174,7 @@ MemFlows = namedtuple("MemFlows", [
     "mload",
     "sc", "fsc",
 ])
-(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE) = range(8)
+(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE, P_HOL_PERIOD) = range(9)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
 # rounds, flows started, flows and resources in the filling (summed over updates), resources crossed now,
 # message claims and releases that could not move a rate (no update), resources crossed (summed over
@@ -177,7 +185,7 @@ MemFlows = namedtuple("MemFlows", [
 # sharing waited for the same cycle's DMA starts (a flow's part ended at once)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
- S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE) = range(23)  # S_HOL_FILLS: fillings again after the links' eta moved;
+ S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE, S_HOL_LAST, S_HOL_HELD) = range(25)  # S_HOL_FILLS: fillings again after the links' eta moved;
 # S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice
 #: a flow starting at most this many cycles after its initiator's previous one drained counts as
 #: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
@@ -202,7 +210,8 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     return MemFlows(
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
                       max(1, int(max_outstanding)) * int(transaction_bytes),
-                      max(1, int(HOL_ITERS)) if HOL_COUPLING else 0, int(bool(MICE))], np.int64),
+                      max(1, int(HOL_ITERS)) if HOL_COUPLING else 0, int(bool(MICE)), max(0, int(HOL_PERIOD))],
+                     np.int64),
         rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
         pos=np.full(nres, -1, np.int64),
@@ -210,6 +219,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         rtt=np.zeros(ni, np.float64), nbytes=np.zeros(ni, np.int64), act=np.zeros(ni, np.int64),
         rl=np.zeros(nres * ni, np.int64), rk=np.zeros(nres * ni, np.int64), rn=np.zeros(nres, np.int64),
         row=np.arange(nres, dtype=np.int64) * ni, eslot=np.zeros((ni, width), np.int64),
+        rtout=np.zeros((nres * ni, NSLOT), np.float64), rtin=np.zeros((nres * ni, NSLOT), np.float64),
         tl=np.zeros(nres, np.int64), tpos=np.full(nres, -1, np.int64),
         A0=np.zeros(nres, np.float64), B0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
@@ -227,7 +237,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         hchg=np.zeros(nres, np.int64), heta=np.ones(nres, np.float64),
         hu=np.zeros((nres, NSLOT), np.float64), hU=np.zeros(nres, np.float64), hstamp=np.zeros(nres, np.int64),
         mload=np.zeros(nres, np.float64),
-        sc=np.zeros(23, np.int64), fsc=np.zeros(2, np.float64),
+        sc=np.zeros(25, np.int64), fsc=np.zeros(2, np.float64),
     )
 
 
@@ -332,10 +342,7 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
         event_push(heap, hs, now + max(np.int64(1), np.int64(np.ceil(nbytes / cap))), EV_MOUSE_END, init)
         return
     for k in range(mf.e_n[init]):
-        for s in range(NSLOT):
-            mf.e_tout[init, k, s] *= inv
-            mf.e_tin[init, k, s] *= inv
-        _list_add(mf, holds, init, k, mf.e_res[init, k])
+        _list_add(mf, holds, init, k, mf.e_res[init, k], inv)
     mf.rem[init] = float(nbytes)
     mf.rate[init] = 0.0
     mf.nbytes[init] = nbytes
@@ -474,9 +481,10 @@ def _entry_out(mf, f, k):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _list_add(mf, holds, f, k, l):
+def _list_add(mf, holds, f, k, l, inv):
     """Entry ``k`` of flow ``f`` (resource ``l``) joins ``l``'s list (and ``l`` the touched ones,
-    with its capacity less the messages holding it now)."""
+    with its capacity less the messages holding it now), its flits by slot per byte (``inv``: one
+    over the flow's bytes; ``e_tout`` and ``e_tin`` hold them for the whole DMA)."""
     n = mf.rn[l]
     if n == 0:
         nt = mf.sc[S_NTOUCH]
@@ -487,6 +495,9 @@ def _list_add(mf, holds, f, k, l):
     q = mf.row[l] + n
     mf.rl[q] = f
     mf.rk[q] = k
+    for s in range(NSLOT):
+        mf.rtout[q, s] = mf.e_tout[f, k, s] * inv
+        mf.rtin[q, s] = mf.e_tin[f, k, s] * inv
     mf.eslot[f, k] = n
     mf.rn[l] = n + 1
     mf.A0[l] += mf.e_coef[f, k]
@@ -508,6 +519,9 @@ def _list_drop(mf, f):
         g, kg = mf.rl[last], mf.rk[last]
         mf.rl[mf.row[l] + i] = g
         mf.rk[mf.row[l] + i] = kg
+        for s in range(NSLOT):
+            mf.rtout[mf.row[l] + i, s] = mf.rtout[last, s]
+            mf.rtin[mf.row[l] + i, s] = mf.rtin[last, s]
         mf.eslot[g, kg] = i
         mf.rn[l] = n
         mf.A0[l] -= mf.e_coef[f, k]
@@ -540,15 +554,14 @@ def _ceff(mf, holds, l):
 @njit(cache=True, _nrt=False)
 def _slot_loads(mf, res, turns, out):
     """``out[s]``: the flits a cycle the flows crossing resource ``res`` put on slot ``s`` at their
-    current rates (``turns``: each flow's coefficients per entry and slot, ``e_tout`` or ``e_tin``)."""
+    current rates (``turns``: the listed entries' coefficients by slot, ``rtout`` or ``rtin``)."""
     for s in range(NSLOT):
         out[s] = 0.0
     for q in range(mf.row[res], mf.row[res] + mf.rn[res]):
-        f, k = mf.rl[q], mf.rk[q]
-        x = mf.rate[f]
+        x = mf.rate[mf.rl[q]]
         if x > 0.0:
             for s in range(NSLOT):
-                out[s] += x * turns[f, k, s]
+                out[s] += x * turns[q, s]
 
 
 @njit(cache=True, _nrt=False)
@@ -559,7 +572,7 @@ def _hol_link(mf, l):
     nl, nr = mf.prm[P_NLINKS], mf.prm[P_NR]
     D = mf.lhead[l]
     sp = mf.lslot_in[l]
-    _slot_loads(mf, l, mf.e_tout, mf.hlam)
+    _slot_loads(mf, l, mf.rtout, mf.hlam)
     n = 0
     for s in range(NSLOT):  # the outputs it uses, compacted
         if mf.hlam[s] > 0.0:
@@ -573,7 +586,7 @@ def _hol_link(mf, l):
     for j in range(n):
         o = mf.hres[j]
         if mf.hstamp[o] != stamp:  # the output's requests, solved once a pass for every input feeding it
-            _slot_loads(mf, o, mf.e_tin, mf.hin)
+            _slot_loads(mf, o, mf.rtin, mf.hin)
             mf.hU[o] = settled_requests(mf.hin, mf.hcap, mf.rcap[o], mf.hu[o])
             mf.hstamp[o] = stamp
         mf.hN[j] = others_from(mf.hu[o], mf.hU[o], sp, mf.rcap[o])
@@ -725,6 +738,12 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     # share the links; with the head-of-line coupling, again while the links' eta move (each filling
     # uses the eta the previous one left: the rates are always those of one filling on ``ceff``)
     iters = max(np.int64(1), mf.prm[P_HOL])
+    if iters > 1 and mf.prm[P_HOL_PERIOD] > 0:  # the last pass's eta still good: one filling on them
+        if mf.sc[S_HOL_STAMP] > 0 and now - mf.sc[S_HOL_LAST] < mf.prm[P_HOL_PERIOD]:
+            iters = 1
+            mf.sc[S_HOL_HELD] += 1
+        else:
+            mf.sc[S_HOL_LAST] = now
     for it in range(iters):
         if it > 0:
             for i in range(j):
