@@ -24,6 +24,9 @@ side is the same model at every NoC fidelity):
 * a serving run (``npusim run --requests 4 --layers 2 --output-len 8``: the default scenario's first
   4 requests on npusim-64c, 2 layers, 8 output tokens; its mean end-to-end latency).
 
+The last column holds a head-of-line pass for 1,024 cycles (``memflow.HOL_PERIOD``, an option: the
+serving runs' speed-up, session 52); the others make a pass every update (the default).
+
 ``--rtt`` prints instead the micro-benchmark behind the flows' round trip
 (:data:`npusim.hw.noc.memflow.RTT_OVERHEAD`): one DMA engine of npusim-64c, every HBM channel
 attached at router 0, reads 64 and 128 KiB from cores 3, 7, 15 and 63 hops away; with 8 bursts in
@@ -65,7 +68,7 @@ MODELS = [("flit", "flit", "flow", True, True, None), ("path streams (old)", "pa
           ("path flows, max-min", "path", "flow", False, True, None),
           ("path flows + HOL", "path", "flow", True, True, None),
           ("flows + HOL, no mice", "path", "flow", True, False, None),
-          ("flows + HOL every update", "path", "flow", True, True, 0)]
+          ("flows + HOL, pass held 1024", "path", "flow", True, True, 1024)]
 
 
 def _set_default(func, name: str, value):
