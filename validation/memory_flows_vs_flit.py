@@ -93,13 +93,13 @@ def stream_model(name: str, hol: bool = True, mice: bool = True, period: int | N
     from npusim.serving.simulate import ServingConfig
     funcs = (Simulator.__init__, simulate_forward, ServingConfig.__init__)
     olds = [_set_default(f, "memory_streams", name) for f in funcs]
-    old = memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD
+    saved = memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD
     memflow.HOL_COUPLING, memflow.MICE = hol, mice
-    memflow.HOL_PERIOD = old[2] if period is None else period
+    memflow.HOL_PERIOD = saved[2] if period is None else period
     try:
         yield
     finally:
-        memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD = old
+        memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD = saved
         for f, old in zip(funcs, olds):
             f.__defaults__ = old
 
