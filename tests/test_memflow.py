@@ -454,3 +454,43 @@ def test_a_held_head_of_line_pass_saves_passes_moves_every_byte_and_stays_near_a
     assert runs[0][2] == 0 and runs[256][2] > 0
     assert 0 < runs[256][1] < runs[0][1]
     assert abs(runs[256][0] / runs[0][0] - 1) < 0.05
+
+
+def test_a_sharing_kept_for_a_period_saves_fillings_moves_every_byte_and_stays_near_a_sharing_every_change():
+    """``memflow.SHARE_PERIOD``: a flow starting, or flows draining, within that many cycles of the
+    last sharing wait for the next one (the new flow at rate 0, what the drained ones leave unused).
+    DMAs of three sizes on every engine of every core, so starts and drains are spread: fewer
+    sharings than with one at every change, starts that waited, every byte crosses, no resource
+    beyond its width at any update, and the run ends no earlier (a wait only holds bandwidth back)
+    and later by less than a period per DMA of an engine's chain (here +6%: these DMAs last a few
+    hundred cycles; on serving runs the periods of ``bench_serving.py --streams flow~Q`` move the
+    simulated time far less, see docs/FIDELITY.md)."""
+    from npusim.hw.noc import memflow
+    from npusim.hw.noc.memflow import S_UNSHARED, S_UPDATES, S_WAITED
+    arch = load_arch("npusim-64c")
+    runs = {}
+    for period in (0, 128):
+        old = memflow.SHARE_PERIOD
+        memflow.SHARE_PERIOD = period
+        try:
+            sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+        finally:
+            memflow.SHARE_PERIOD = old
+        addr = total = 0
+        for c in range(arch.num_cores):
+            for e in range(sim.dma_engines):
+                prev = ()
+                for i in range(4):
+                    size = (4 << 10) * (1 + (c + e + i) % 3)
+                    prev = (sim.add_dma(c, size, address=addr, dma_engine=e, deps=prev),)
+                    addr += size
+                    total += size
+        sim.run()
+        fl = sim.mempath.fl
+        assert sim.hbm_bytes_over_noc == total
+        assert float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9
+        sc = fl.sc
+        runs[period] = (sim.makespan(), int(sc[S_UPDATES]) - int(sc[S_UNSHARED]), int(sc[S_WAITED]))
+    assert runs[0][2] == 0 and runs[128][2] > 0
+    assert 0 < runs[128][1] < runs[0][1]
+    assert runs[0][0] <= runs[128][0] <= runs[0][0] + 4 * 128  # at most about a period per DMA of a chain

@@ -14,8 +14,9 @@ N decoder layers (for the long growth series; say so when quoting).
 over the analytical's; ``--streams`` the path NoC's memory stream models (default ``reserve``, the program's; issue 42
 item 4: uncached, 1,000 requests, path at most 2x analytical); ``flow-all`` is the flows with every DMA a flow of
 the filling (``npusim.hw.noc.memflow.MICE`` off); ``flow@Q`` the flows with a head-of-line pass held for ``Q`` cycles
-(``memflow.HOL_PERIOD``; ``flow`` itself makes a pass every update). With ``flow`` beside them the run prints each
-variant's effect on the simulated time.
+(``memflow.HOL_PERIOD``; ``flow`` itself makes a pass every update); ``flow~S`` the flows with a sharing kept for
+``S`` cycles (``memflow.SHARE_PERIOD``: starts and drains within it wait for the next sharing); ``flow@Q~S`` both.
+With ``flow`` beside them the run prints each variant's effect on the simulated time.
 
 ``--cache off,on`` runs each point without and with the iteration-cost cache
 (``npusim run --iteration-cache``; ``--cache-buckets`` its buckets, default exact).
@@ -213,14 +214,17 @@ def readme_run(requests: int | None, extra: list[str]) -> None:
     print(machine_line())
 
 
-def stream_variant(label: str) -> tuple[str, int]:
-    """``--streams`` label -> (the stream model, the flows' ``memflow.HOL_PERIOD``): ``flow-all`` and
-    ``flow@Q`` are the flows (every DMA a flow; a head-of-line pass held ``Q`` cycles)."""
-    model, _, period = label.partition("@")
+def stream_variant(label: str) -> tuple[str, int, int]:
+    """``--streams`` label -> (the stream model, the flows' ``memflow.HOL_PERIOD`` and
+    ``memflow.SHARE_PERIOD``): ``flow-all``, ``flow@Q``, ``flow~S`` and ``flow@Q~S`` are the flows
+    (every DMA a flow; a head-of-line pass held ``Q`` cycles; a sharing kept ``S`` cycles)."""
+    head, _, share = label.partition("~")
+    model, _, period = head.partition("@")
     model = model.removesuffix("-all")
-    if period and (model != "flow" or not period.isdigit()):
-        raise SystemExit(f"--streams {label}: expected flow@CYCLES (a head-of-line pass held that many cycles)")
-    return model, int(period or 0)
+    if (period or share) and (model != "flow" or not (period or "0").isdigit() or not (share or "0").isdigit()):
+        raise SystemExit(f"--streams {label}: expected flow@CYCLES (a head-of-line pass held that many cycles), "
+                         "flow~CYCLES (a sharing kept that many cycles) or flow@CYCLES~CYCLES")
+    return model, int(period or 0), int(share or 0)
 
 
 def main() -> None:
@@ -237,8 +241,8 @@ def main() -> None:
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=128)
     ap.add_argument("--streams", default="reserve",
-                    help="memory stream model(s) at the path NoC (npusim.sim.mempath): flow, reserve, hop, flow-all, flow@CYCLES "
-                         "or a list")
+                    help="memory stream model(s) at the path NoC (npusim.sim.mempath): flow, reserve, hop, flow-all, flow@CYCLES, "
+                         "flow~CYCLES, flow@CYCLES~CYCLES or a list")
     ap.add_argument("--cache", default="off", help="iteration cache: off, on or off,on")
     ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL (default: the shared trace, else the sample)")
@@ -268,9 +272,9 @@ def main() -> None:
                           for st in (args.streams.split(",") if x == "path" else ["-"])]
                 sims = {}
                 for noc, streams, cache in points:
-                    model, period = stream_variant(streams)
+                    model, period, share = stream_variant(streams)
                     memflow.MICE = streams != "flow-all"  # flow-all: every DMA a flow of the filling
-                    memflow.HOL_PERIOD = period
+                    memflow.HOL_PERIOD, memflow.SHARE_PERIOD = period, share
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
                                         scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
                                         iteration_cache=buckets if cache == "on" else None,
@@ -281,7 +285,7 @@ def main() -> None:
                     t0, c0 = time.perf_counter(), time.process_time()
                     s = simulate_serving(arch, spec, reqs, cfg, replicas=replicas).summary
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                    memflow.MICE, memflow.HOL_PERIOD = True, 0
+                    memflow.MICE, memflow.HOL_PERIOD, memflow.SHARE_PERIOD = True, 0, 0
                     walls[noc, streams, cache] = wall
                     sims[streams, cache] = s['simulated_s']
                     label = noc if noc != "path" else f"path/{streams}"
