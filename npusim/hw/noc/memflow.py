@@ -549,9 +549,13 @@ def _list_add(mf, holds, f, k, l, inv):
     q = mf.row[l] + n
     mf.rl[q] = f
     mf.rk[q] = k
-    for s in range(NSLOT):
-        mf.rtout[q, s] = mf.e_tout[f, k, s] * inv
-        mf.rtin[q, s] = mf.e_tin[f, k, s] * inv
+    turns = _turns_read(mf, l)
+    if turns > 0:  # an output: the passes read its entries' input slots (a link's: their output slots too)
+        for s in range(NSLOT):
+            mf.rtin[q, s] = mf.e_tin[f, k, s] * inv
+        if turns > 1:
+            for s in range(NSLOT):
+                mf.rtout[q, s] = mf.e_tout[f, k, s] * inv
     mf.eslot[f, k] = n
     mf.rn[l] = n + 1
     mf.A0[l] += mf.e_coef[f, k]
@@ -560,6 +564,17 @@ def _list_add(mf, holds, f, k, l, inv):
         _entry_in(mf, f, k, l)
     else:  # it may join the set now (with every flow's entry on it)
         _may_fill(mf, l)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _turns_read(mf, l):
+    """Which of resource ``l``'s rows the head-of-line passes read: 2 for a mesh link (``rtout`` and
+    ``rtin``), 1 for the ejection and memory ports (``rtin``: they are outputs), 0 for the injection
+    ports and for every resource without the coupling (their rows are left unwritten)."""
+    if mf.prm[P_HOL] == 0:
+        return 0
+    nl = mf.prm[P_NLINKS]
+    return 2 if l < nl else (1 if l < nl + 2 * mf.prm[P_NR] else 0)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -573,9 +588,13 @@ def _list_drop(mf, f):
         g, kg = mf.rl[last], mf.rk[last]
         mf.rl[mf.row[l] + i] = g
         mf.rk[mf.row[l] + i] = kg
-        for s in range(NSLOT):
-            mf.rtout[mf.row[l] + i, s] = mf.rtout[last, s]
-            mf.rtin[mf.row[l] + i, s] = mf.rtin[last, s]
+        turns = _turns_read(mf, l)
+        if turns > 0 and last != mf.row[l] + i:
+            for s in range(NSLOT):
+                mf.rtin[mf.row[l] + i, s] = mf.rtin[last, s]
+            if turns > 1:
+                for s in range(NSLOT):
+                    mf.rtout[mf.row[l] + i, s] = mf.rtout[last, s]
         mf.eslot[g, kg] = i
         mf.rn[l] = n
         mf.A0[l] -= mf.e_coef[f, k]
