@@ -24,8 +24,10 @@ side is the same model at every NoC fidelity):
 * a serving run (``npusim run --requests 4 --layers 2 --output-len 8``: the default scenario's first
   4 requests on npusim-64c, 2 layers, 8 output tokens; its mean end-to-end latency).
 
-The last column holds a head-of-line pass for 1,024 cycles (``memflow.HOL_PERIOD``, an option: the
-serving runs' speed-up, session 52); the others make a pass every update (the default).
+The last two columns are the serving runs' speed-ups, options: a head-of-line pass held for 1,024 cycles
+(``memflow.HOL_PERIOD``, session 52), and a sharing of the links kept for 64 cycles (``memflow.SHARE_PERIOD``,
+session 53: flows starting or draining within it wait for the next sharing); the others make a pass at
+every update and share at every change (the defaults).
 
 ``--rtt`` prints instead the micro-benchmark behind the flows' round trip
 (:data:`npusim.hw.noc.memflow.RTT_OVERHEAD`): one DMA engine of npusim-64c, every HBM channel
@@ -63,12 +65,15 @@ from npusim.hw.memory.hbm import PATTERN_RANDOM  # noqa: E402
 from npusim.sim import Simulator  # noqa: E402
 
 # (label, NoC fidelity, memory streams, head-of-line coupling of the flows: npusim.hw.noc.memflow.HOL_COUPLING,
-# one-window DMAs timed as mice: memflow.MICE, cycles a head-of-line pass holds: memflow.HOL_PERIOD, None the default)
-MODELS = [("flit", "flit", "flow", True, True, None), ("path streams (old)", "path", "reserve", True, True, None),
-          ("path flows, max-min", "path", "flow", False, True, None),
-          ("path flows + HOL", "path", "flow", True, True, None),
-          ("flows + HOL, no mice", "path", "flow", True, False, None),
-          ("flows + HOL, pass held 1024", "path", "flow", True, True, 1024)]
+# one-window DMAs timed as mice: memflow.MICE, cycles a head-of-line pass holds: memflow.HOL_PERIOD, cycles a sharing
+# is kept: memflow.SHARE_PERIOD; None the defaults)
+MODELS = [("flit", "flit", "flow", True, True, None, None),
+          ("path streams (old)", "path", "reserve", True, True, None, None),
+          ("path flows, max-min", "path", "flow", False, True, None, None),
+          ("path flows + HOL", "path", "flow", True, True, None, None),
+          ("flows + HOL, no mice", "path", "flow", True, False, None, None),
+          ("flows + HOL, pass held 1024", "path", "flow", True, True, 1024, None),
+          ("flows + HOL, sharing kept 64", "path", "flow", True, True, None, 64)]
 
 
 def _set_default(func, name: str, value):
@@ -83,23 +88,26 @@ def _set_default(func, name: str, value):
 
 
 @contextlib.contextmanager
-def stream_model(name: str, hol: bool = True, mice: bool = True, period: int | None = None):
+def stream_model(name: str, hol: bool = True, mice: bool = True, period: int | None = None,
+                 share: int | None = None):
     """Every Simulator built inside (by ChipCost, the forward pass, the serving loop) uses memory
     stream model ``name``, its flows with the head-of-line coupling or not (``hol``), its one-window
     DMAs timed as mice or as flows of the filling (``mice``), a head-of-line pass holding ``period``
-    cycles (None: ``memflow.HOL_PERIOD``'s default; 0: a pass every update)."""
+    cycles (None: ``memflow.HOL_PERIOD``'s default; 0: a pass every update), a sharing kept ``share``
+    cycles (None: ``memflow.SHARE_PERIOD``'s default; 0: a sharing at every change)."""
     from npusim.hw.noc import memflow
     from npusim.scenarios.forward import simulate_forward
     from npusim.serving.simulate import ServingConfig
     funcs = (Simulator.__init__, simulate_forward, ServingConfig.__init__)
     olds = [_set_default(f, "memory_streams", name) for f in funcs]
-    saved = memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD
+    saved = memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD, memflow.SHARE_PERIOD
     memflow.HOL_COUPLING, memflow.MICE = hol, mice
     memflow.HOL_PERIOD = saved[2] if period is None else period
+    memflow.SHARE_PERIOD = saved[3] if share is None else share
     try:
         yield
     finally:
-        memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD = saved
+        memflow.HOL_COUPLING, memflow.MICE, memflow.HOL_PERIOD, memflow.SHARE_PERIOD = saved
         for f, old in zip(funcs, olds):
             f.__defaults__ = old
 
@@ -273,11 +281,11 @@ def main(argv=None) -> int:
     worst = {m[0]: 0.0 for m in models[1:]}
     for label, unit, fn in cases:
         vals = []
-        for name, noc, streams, hol, mice, period in models:
-            with stream_model(streams, hol, mice, period):
-                if (noc, streams, hol, mice, period) not in warmed:  # compile / load the kernel outside the timing
+        for name, noc, streams, *switches in models:
+            with stream_model(streams, *switches):
+                if (noc, streams, *switches) not in warmed:  # compile / load the kernel outside the timing
                     pattern("npusim-64c", "stream", per_core=4096, pieces=1)(noc)
-                    warmed.add((noc, streams, hol, mice, period))
+                    warmed.add((noc, streams, *switches))
                 w0 = time.perf_counter()
                 v = fn(noc)
                 vals.append((v, time.perf_counter() - w0))
