@@ -73,8 +73,9 @@ one, due when that period ends: the new flow stands at rate 0 until then, and wh
 leave stays unused until then (the others keep their rates). Both only hold bandwidth back, so no
 resource carries beyond its width and a DMA is never faster for it. A message claiming or releasing
 a link, a mouse leaving a resource that may fill, and a change after the period are shared at once.
-Ten uncached Mooncake requests (with the passes held 1,024 cycles): held 64 cycles, 16.7 M updates
-instead of 27.6 M, about 10% less CPU, the simulated time +0.01%; docs/FIDELITY.md.
+Ten uncached Mooncake requests (with the passes held 1,024 cycles): kept 64 cycles, 16.7 M updates
+instead of 27.6 M, 13% less wall time, the simulated time +0.01%; the short rows of
+``validation/memory_flows_vs_flit.py`` move by at most 0.5% (docs/FIDELITY.md).
 
 Left out (the flit model has them): per-flit arbitration and finite buffers (beyond the
 head-of-line coupling above: no packet or VC state, no credits; messages are not among a port's
@@ -209,13 +210,13 @@ MemFlows = namedtuple("MemFlows", [
 # sharing waited for the same cycle's DMA starts (a flow's part ended at once)
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
- S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE, S_HOL_LAST, S_HOL_HELD, S_TSHARE, S_NEXT_T, S_DIRTY,
- S_WAITED, S_UNSHARED) = range(30)  # S_HOL_FILLS: fillings again after the links' eta moved;
+ S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE, S_HOL_LAST, S_HOL_HELD, S_TSHARE, S_NEXT_T, S_WAITED,
+ S_UNSHARED) = range(29)  # S_HOL_FILLS: fillings again after the links' eta moved;
 # S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice;
 # S_HOL_LAST: the cycle of the last update that made passes; S_HOL_HELD: updates that held the last pass (HOL_PERIOD);
 # S_TSHARE: the cycle of the last sharing; S_NEXT_T: when the update of the current version is due (-1: none);
-# S_DIRTY: flows started or drained since the last sharing wait for the next (SHARE_PERIOD); S_WAITED: flow starts
-# that waited for it; S_UNSHARED: updates that ended drained flows without a sharing
+# S_WAITED: flow starts that waited for the next sharing (SHARE_PERIOD); S_UNSHARED: updates that ended drained
+# flows without a sharing
 #: a flow starting at most this many cycles after its initiator's previous one drained counts as
 #: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
 RTT_GAP = 64
@@ -269,7 +270,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         hchg=np.zeros(nres, np.int64), heta=np.ones(nres, np.float64),
         hu=np.zeros((nres, NSLOT), np.float64), hU=np.zeros(nres, np.float64), hstamp=np.zeros(nres, np.int64),
         mload=np.zeros(nres, np.float64),
-        sc=np.zeros(30, np.int64), fsc=np.zeros(2, np.float64),
+        sc=np.zeros(29, np.int64), fsc=np.zeros(2, np.float64),
     )
     mf.sc[S_NEXT_T] = -1
     return mf
@@ -412,7 +413,6 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
     q = mf.prm[P_SHARE_PERIOD]
     if q > 0 and mf.sc[S_PENDING] == 0 and mf.sc[S_UPDATES] > 0 and now < mf.sc[S_TSHARE] + q:
         # SHARE_PERIOD: it waits at rate 0 for the next sharing, due when the last one's period ends
-        mf.sc[S_DIRTY] = 1
         mf.sc[S_WAITED] += 1
         tb = mf.sc[S_TSHARE] + q
         if mf.sc[S_NEXT_T] < 0 or tb < mf.sc[S_NEXT_T]:
@@ -549,13 +549,9 @@ def _list_add(mf, holds, f, k, l, inv):
     q = mf.row[l] + n
     mf.rl[q] = f
     mf.rk[q] = k
-    turns = _turns_read(mf, l)
-    if turns > 0:  # an output: the passes read its entries' input slots (a link's: their output slots too)
-        for s in range(NSLOT):
-            mf.rtin[q, s] = mf.e_tin[f, k, s] * inv
-        if turns > 1:
-            for s in range(NSLOT):
-                mf.rtout[q, s] = mf.e_tout[f, k, s] * inv
+    for s in range(NSLOT):
+        mf.rtout[q, s] = mf.e_tout[f, k, s] * inv
+        mf.rtin[q, s] = mf.e_tin[f, k, s] * inv
     mf.eslot[f, k] = n
     mf.rn[l] = n + 1
     mf.A0[l] += mf.e_coef[f, k]
@@ -564,17 +560,6 @@ def _list_add(mf, holds, f, k, l, inv):
         _entry_in(mf, f, k, l)
     else:  # it may join the set now (with every flow's entry on it)
         _may_fill(mf, l)
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _turns_read(mf, l):
-    """Which of resource ``l``'s rows the head-of-line passes read: 2 for a mesh link (``rtout`` and
-    ``rtin``), 1 for the ejection and memory ports (``rtin``: they are outputs), 0 for the injection
-    ports and for every resource without the coupling (their rows are left unwritten)."""
-    if mf.prm[P_HOL] == 0:
-        return 0
-    nl = mf.prm[P_NLINKS]
-    return 2 if l < nl else (1 if l < nl + 2 * mf.prm[P_NR] else 0)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -588,13 +573,9 @@ def _list_drop(mf, f):
         g, kg = mf.rl[last], mf.rk[last]
         mf.rl[mf.row[l] + i] = g
         mf.rk[mf.row[l] + i] = kg
-        turns = _turns_read(mf, l)
-        if turns > 0 and last != mf.row[l] + i:
-            for s in range(NSLOT):
-                mf.rtin[mf.row[l] + i, s] = mf.rtin[last, s]
-            if turns > 1:
-                for s in range(NSLOT):
-                    mf.rtout[mf.row[l] + i, s] = mf.rtout[last, s]
+        for s in range(NSLOT):
+            mf.rtout[mf.row[l] + i, s] = mf.rtout[last, s]
+            mf.rtin[mf.row[l] + i, s] = mf.rtin[last, s]
         mf.eslot[g, kg] = i
         mf.rn[l] = n
         mf.A0[l] -= mf.e_coef[f, k]
@@ -746,7 +727,8 @@ def memflow_poke(mf, holds, heap, hs, now, changed):
 @njit(cache=True, _nrt=False)
 def memflow_update(mf, holds, heap, hs, version, now, parts):
     """``EV_MFLOW_UPDATE``: end the flows that drained, share the links among the rest, schedule
-    the next end. If a drained flow's part ends this very cycle (at its cap: no round trip left)
+    the next end (with ``SHARE_PERIOD``, an update that only ends drained flows within the period of
+    the last sharing shares nothing: the next update is then due at the next end or the period's end). If a drained flow's part ends this very cycle (at its cap: no round trip left)
     and is its DMA's last (``parts[f]``: the DMA's parts pending, :mod:`npusim.sim.mempath`), the
     sharing waits for a second update later in the cycle, after the DMAs that end then and the ones
     that start after them: one sharing for both, exactly, since no byte moves within a cycle.
@@ -793,13 +775,11 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             j += 1
     mf.sc[S_NACT] = j
     if j == 0:
-        mf.sc[S_DIRTY] = 0
         return
     q = mf.prm[P_SHARE_PERIOD]
     if q > 0 and not now_asked and now < mf.sc[S_TSHARE] + q and mf.sc[S_NSTALE] == 0:
         # SHARE_PERIOD: flows drained within the last sharing's period; the rest keep their rates (no
         # resource carries more for it) until the next sharing, due when the period ends
-        mf.sc[S_DIRTY] = 1
         mf.sc[S_UNSHARED] += 1
         _schedule(mf, heap, hs, min(_next_drain(mf, now), mf.sc[S_TSHARE] + q))
         return
@@ -808,7 +788,6 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
         _share_now(mf, heap, hs, now)
         return
     mf.sc[S_TSHARE] = now
-    mf.sc[S_DIRTY] = 0
     for i in range(mf.sc[S_NSTALE]):  # links claimed with their flows standing: their capacity now
         l = mf.stl[i]
         mf.stale[l] = 0
