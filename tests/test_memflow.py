@@ -420,6 +420,34 @@ def test_mice_never_load_a_resource_beyond_its_width_and_match_the_flows(random)
     assert abs(ends[True] / ends[False] - 1) < 0.01
 
 
+def _every_engine_streams(option: str, value: int, sizes):
+    """Every DMA engine of every core reads a chain of DMAs (``sizes(core, engine)``: their bytes) at
+    the path flows with ``memflow.<option>`` set to ``value`` when the simulator is made; checks that
+    every byte crosses and no resource carried beyond its width, and returns the flows' state and the
+    makespan."""
+    from npusim.hw.noc import memflow
+    arch = load_arch("npusim-64c")
+    old = getattr(memflow, option)
+    setattr(memflow, option, value)
+    try:
+        sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    finally:
+        setattr(memflow, option, old)
+    addr = total = 0
+    for c in range(arch.num_cores):
+        for e in range(sim.dma_engines):
+            prev = ()
+            for size in sizes(c, e):
+                prev = (sim.add_dma(c, size, address=addr, dma_engine=e, deps=prev),)
+                addr += size
+                total += size
+    sim.run()
+    fl = sim.mempath.fl
+    assert sim.hbm_bytes_over_noc == total
+    assert float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9
+    return fl, sim.makespan()
+
+
 def test_a_held_head_of_line_pass_saves_passes_moves_every_byte_and_stays_near_a_pass_every_update():
     """``memflow.HOL_PERIOD``: an update within that many cycles of the last head-of-line pass shares
     the links once on the ``eta`` that pass left. Every engine of every core streams (the mesh's
@@ -427,30 +455,11 @@ def test_a_held_head_of_line_pass_saves_passes_moves_every_byte_and_stays_near_a
     crosses, no resource beyond its width, and the run ends within 5% of a pass every update (the
     flows' own sensitivity to when ``eta`` is read: 2-3% on the short rows of
     ``validation/memory_flows_vs_flit.py``; serving runs move by less than 0.05%)."""
-    from npusim.hw.noc import memflow
     from npusim.hw.noc.memflow import S_HOL_HELD, S_HOL_STAMP
-    arch = load_arch("npusim-64c")
     runs = {}
     for period in (0, 256):
-        old = memflow.HOL_PERIOD
-        memflow.HOL_PERIOD = period
-        try:
-            sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
-        finally:
-            memflow.HOL_PERIOD = old
-        addr = total = 0
-        for c in range(arch.num_cores):
-            for e in range(sim.dma_engines):
-                prev = ()
-                for _ in range(3):
-                    prev = (sim.add_dma(c, 8 << 10, address=addr, dma_engine=e, deps=prev),)
-                    addr += 8 << 10
-                    total += 8 << 10
-        sim.run()
-        fl = sim.mempath.fl
-        assert sim.hbm_bytes_over_noc == total
-        assert float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9
-        runs[period] = (sim.makespan(), int(fl.sc[S_HOL_STAMP]), int(fl.sc[S_HOL_HELD]))
+        fl, end = _every_engine_streams("HOL_PERIOD", period, lambda c, e: [8 << 10] * 3)
+        runs[period] = (end, int(fl.sc[S_HOL_STAMP]), int(fl.sc[S_HOL_HELD]))
     assert runs[0][2] == 0 and runs[256][2] > 0
     assert 0 < runs[256][1] < runs[0][1]
     assert abs(runs[256][0] / runs[0][0] - 1) < 0.05
@@ -465,32 +474,12 @@ def test_a_sharing_kept_for_a_period_saves_fillings_moves_every_byte_and_stays_n
     and later by less than a period per DMA of an engine's chain (here +6%: these DMAs last a few
     hundred cycles; on serving runs the periods of ``bench_serving.py --streams flow~Q`` move the
     simulated time far less, see docs/FIDELITY.md)."""
-    from npusim.hw.noc import memflow
     from npusim.hw.noc.memflow import S_UNSHARED, S_UPDATES, S_WAITED
-    arch = load_arch("npusim-64c")
     runs = {}
     for period in (0, 128):
-        old = memflow.SHARE_PERIOD
-        memflow.SHARE_PERIOD = period
-        try:
-            sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
-        finally:
-            memflow.SHARE_PERIOD = old
-        addr = total = 0
-        for c in range(arch.num_cores):
-            for e in range(sim.dma_engines):
-                prev = ()
-                for i in range(4):
-                    size = (4 << 10) * (1 + (c + e + i) % 3)
-                    prev = (sim.add_dma(c, size, address=addr, dma_engine=e, deps=prev),)
-                    addr += size
-                    total += size
-        sim.run()
-        fl = sim.mempath.fl
-        assert sim.hbm_bytes_over_noc == total
-        assert float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9
-        sc = fl.sc
-        runs[period] = (sim.makespan(), int(sc[S_UPDATES]) - int(sc[S_UNSHARED]), int(sc[S_WAITED]))
+        fl, end = _every_engine_streams("SHARE_PERIOD", period,
+                                        lambda c, e: [(4 << 10) * (1 + (c + e + i) % 3) for i in range(4)])
+        runs[period] = (end, int(fl.sc[S_UPDATES]) - int(fl.sc[S_UNSHARED]), int(fl.sc[S_WAITED]))
     assert runs[0][2] == 0 and runs[128][2] > 0
     assert 0 < runs[128][1] < runs[0][1]
     assert runs[0][0] <= runs[128][0] <= runs[0][0] + 4 * 128  # at most about a period per DMA of a chain
