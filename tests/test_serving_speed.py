@@ -39,3 +39,26 @@ def test_iteration_cache_accounts_for_every_iteration_of_a_trace_prefix(tmp_path
     assert again["iteration_cache"]["shapes_from_disk"] == ic["shapes_simulated"]
     for key in ("simulated_s", "ttft_ms", "tbt_ms", "e2e_ms", "throughput_tokens_per_s", "iterations"):
         assert again[key] == first[key]
+
+
+def test_bench_serving_stream_labels_parse_and_a_bad_one_says_what_was_expected():
+    """``bench_serving.py --streams``: ``flow@Q`` holds a head-of-line pass ``Q`` cycles, ``flow~S``
+    keeps a sharing ``S`` cycles, ``flow@Q~S`` both; anything else with ``@`` or ``~`` stops the run
+    before any point with the forms expected."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    path = Path(__file__).resolve().parents[1] / "validation" / "perf" / "bench_serving.py"
+    spec = importlib.util.spec_from_file_location("bench_serving_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.stream_variant("reserve") == ("reserve", 0, 0)
+    assert bench.stream_variant("flow-all") == ("flow", 0, 0)
+    assert bench.stream_variant("flow@1024") == ("flow", 1024, 0)
+    assert bench.stream_variant("flow~64") == ("flow", 0, 64)
+    assert bench.stream_variant("flow@1024~64") == ("flow", 1024, 64)
+    for bad in ("reserve@8", "flow~x", "flow@", "flow@-1", "hop~4"):
+        with pytest.raises(SystemExit, match="flow@CYCLES"):
+            bench.stream_variant(bad)

@@ -218,10 +218,10 @@ def stream_variant(label: str) -> tuple[str, int, int]:
     """``--streams`` label -> (the stream model, the flows' ``memflow.HOL_PERIOD`` and
     ``memflow.SHARE_PERIOD``): ``flow-all``, ``flow@Q``, ``flow~S`` and ``flow@Q~S`` are the flows
     (every DMA a flow; a head-of-line pass held ``Q`` cycles; a sharing kept ``S`` cycles)."""
-    head, _, share = label.partition("~")
-    model, _, period = head.partition("@")
+    head, tilde, share = label.partition("~")
+    model, at, period = head.partition("@")
     model = model.removesuffix("-all")
-    if (period or share) and (model != "flow" or not (period or "0").isdigit() or not (share or "0").isdigit()):
+    if (at or tilde) and (model != "flow" or (at and not period.isdigit()) or (tilde and not share.isdigit())):
         raise SystemExit(f"--streams {label}: expected flow@CYCLES (a head-of-line pass held that many cycles), "
                          "flow~CYCLES (a sharing kept that many cycles) or flow@CYCLES~CYCLES")
     return model, int(period or 0), int(share or 0)
