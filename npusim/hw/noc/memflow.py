@@ -728,7 +728,8 @@ def memflow_poke(mf, holds, heap, hs, now, changed):
 def memflow_update(mf, holds, heap, hs, version, now, parts):
     """``EV_MFLOW_UPDATE``: end the flows that drained, share the links among the rest, schedule
     the next end (with ``SHARE_PERIOD``, an update that only ends drained flows within the period of
-    the last sharing shares nothing: the next update is then due at the next end or the period's end). If a drained flow's part ends this very cycle (at its cap: no round trip left)
+    the last sharing shares nothing: the next update is then due at the next end or the period's
+    end). If a drained flow's part ends this very cycle (at its cap: no round trip left)
     and is its DMA's last (``parts[f]``: the DMA's parts pending, :mod:`npusim.sim.mempath`), the
     sharing waits for a second update later in the cycle, after the DMAs that end then and the ones
     that start after them: one sharing for both, exactly, since no byte moves within a cycle.
@@ -868,7 +869,6 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     t = _next_drain(mf, now)
     if t < NEVER:  # else no flow can move: the engine reports the tasks that wait (no progress)
         _schedule(mf, heap, hs, t)
-
 
 
 @njit(cache=True, _nrt=False, inline="always")
