@@ -423,7 +423,8 @@ def test_mice_never_load_a_resource_beyond_its_width_and_match_the_flows(random)
 def _every_engine_streams(option: str, value: int, sizes):
     """Every DMA engine of every core reads a chain of DMAs (``sizes(core, engine)``: their bytes) at
     the path flows with ``memflow.<option>`` set to ``value`` when the simulator is made; checks that
-    every byte crosses and no resource carried beyond its width, and returns the simulator run."""
+    every byte crosses and no resource carried beyond its width, and returns the flows' state and the
+    makespan."""
     from npusim.hw.noc import memflow
     arch = load_arch("npusim-64c")
     old = getattr(memflow, option)
@@ -444,7 +445,7 @@ def _every_engine_streams(option: str, value: int, sizes):
     fl = sim.mempath.fl
     assert sim.hbm_bytes_over_noc == total
     assert float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9
-    return sim
+    return fl, sim.makespan()
 
 
 def test_a_held_head_of_line_pass_saves_passes_moves_every_byte_and_stays_near_a_pass_every_update():
@@ -457,8 +458,7 @@ def test_a_held_head_of_line_pass_saves_passes_moves_every_byte_and_stays_near_a
     from npusim.hw.noc.memflow import S_HOL_HELD, S_HOL_STAMP
     runs = {}
     for period in (0, 256):
-        sim = _every_engine_streams("HOL_PERIOD", period, lambda c, e: [8 << 10] * 3)
-        fl, end = sim.mempath.fl, sim.makespan()
+        fl, end = _every_engine_streams("HOL_PERIOD", period, lambda c, e: [8 << 10] * 3)
         runs[period] = (end, int(fl.sc[S_HOL_STAMP]), int(fl.sc[S_HOL_HELD]))
     assert runs[0][2] == 0 and runs[256][2] > 0
     assert 0 < runs[256][1] < runs[0][1]
@@ -477,30 +477,9 @@ def test_a_sharing_kept_for_a_period_saves_fillings_moves_every_byte_and_stays_n
     from npusim.hw.noc.memflow import S_UNSHARED, S_UPDATES, S_WAITED
     runs = {}
     for period in (0, 128):
-        sim = _every_engine_streams("SHARE_PERIOD", period,
-                                    lambda c, e: [(4 << 10) * (1 + (c + e + i) % 3) for i in range(4)])
-        fl, end = sim.mempath.fl, sim.makespan()
+        fl, end = _every_engine_streams("SHARE_PERIOD", period,
+                                        lambda c, e: [(4 << 10) * (1 + (c + e + i) % 3) for i in range(4)])
         runs[period] = (end, int(fl.sc[S_UPDATES]) - int(fl.sc[S_UNSHARED]), int(fl.sc[S_WAITED]))
     assert runs[0][2] == 0 and runs[128][2] > 0
     assert 0 < runs[128][1] < runs[0][1]
     assert runs[0][0] <= runs[128][0] <= runs[0][0] + 4 * 128  # at most about a period per DMA of a chain
-
-
-def test_a_dma_like_its_engines_last_reuses_its_routes_and_changes_no_number():
-    """``memflow.REUSE_ROUTES``: a DMA whose routers, bursts and flits are its initiator's last DMA's
-    keeps that DMA's entries instead of building its routes again. Chains of DMAs of two sizes on every
-    engine of every core (so some repeat their engine's last, some do not): with and without the reuse
-    the same makespan, the same flits counted on every link and port, and the same counters but the
-    reuses'."""
-    from npusim.hw.noc.memflow import S_REUSED
-    runs = {}
-    for reuse in (False, True):
-        sim = _every_engine_streams("REUSE_ROUTES", reuse,
-                                    lambda c, e: [(8 << 10) * (1 + ((c + i) // 2) % 2) for i in range(5)])
-        runs[reuse] = (sim.makespan(), sim.mempath.fl.sc.copy(), sim.noc.link_flits.copy())
-    (end, sc, flits), (end0, sc0, flits0) = runs[True], runs[False]
-    assert sc0[S_REUSED] == 0 and sc[S_REUSED] > 0
-    assert end == end0
-    assert np.array_equal(flits, flits0) and flits.sum() > 0
-    keep = np.arange(len(sc)) != S_REUSED
-    assert np.array_equal(sc[keep], sc0[keep])

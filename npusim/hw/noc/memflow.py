@@ -155,11 +155,6 @@ HOL_PERIOD = 0
 #: this long; a message claiming or releasing a link is shared at once. Read, like HOL_COUPLING, when
 #: memflows are made (0: a sharing at every change, exact)
 SHARE_PERIOD = 0
-#: a DMA whose routers, bursts and flits are those of its initiator's last DMA built keeps that DMA's
-#: entries instead of building its routes again (exact: the same numbers; :func:`memflow_add`). Read,
-#: like HOL_COUPLING, when memflows are made (``False``: every DMA's routes built, for the test that
-#: checks the two agree)
-REUSE_ROUTES = True
 
 MemFlows = namedtuple("MemFlows", [
     "prm", "rcap", "ceff",  # parameters; per resource: capacity, and what messages leave of it (flits/cycle)
@@ -202,15 +197,9 @@ MemFlows = namedtuple("MemFlows", [
     # mice (MICE): per resource, the load the mice running now put on it (flits/cycle, at their caps;
     # a mouse's entries e_* are kept, per byte, until it ends)
     "mload",
-    # per initiator, the routes of its last DMA built (a DMA whose routers, bursts and flits are the same
-    # reuses its entries: ``e_res``, ``e_tout`` and ``e_tin`` are left as they were built): its routers'
-    # ``(r, bursts, out flits, back flits)`` ``cr[i, :cn[i]]``, its entries' flits ``cfl`` (before the
-    # scaling per byte), its bursts' round trips summed (``crtt``); while a DMA's routers are given, how
-    # many so far (``pn``) and whether they are the cached ones so far (``csame``)
-    "cr", "cn", "cfl", "cen", "crtt", "pn", "csame",
     "sc", "fsc",
 ])
-(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE, P_HOL_PERIOD, P_SHARE_PERIOD, P_REUSE) = range(11)
+(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE, P_HOL_PERIOD, P_SHARE_PERIOD) = range(10)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
 # rounds, flows started, flows and resources in the filling (summed over updates), resources crossed now,
 # message claims and releases that could not move a rate (no update), resources crossed (summed over
@@ -222,12 +211,12 @@ MemFlows = namedtuple("MemFlows", [
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
  S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE, S_HOL_LAST, S_HOL_HELD, S_TSHARE, S_NEXT_T, S_WAITED,
- S_UNSHARED, S_REUSED) = range(30)  # S_HOL_FILLS: fillings again after the links' eta moved;
+ S_UNSHARED) = range(29)  # S_HOL_FILLS: fillings again after the links' eta moved;
 # S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice;
 # S_HOL_LAST: the cycle of the last update that made passes; S_HOL_HELD: updates that held the last pass (HOL_PERIOD);
 # S_TSHARE: the cycle of the last sharing; S_NEXT_T: when the update of the current version is due (-1: none);
 # S_WAITED: flow starts that waited for the next sharing (SHARE_PERIOD); S_UNSHARED: updates that ended drained
-# flows without a sharing; S_REUSED: flows whose routes were their initiator's last DMA's (memflow_add)
+# flows without a sharing
 #: a flow starting at most this many cycles after its initiator's previous one drained counts as
 #: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
 RTT_GAP = 64
@@ -254,7 +243,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
                       max(1, int(max_outstanding)) * int(transaction_bytes),
                       max(1, int(HOL_ITERS)) if HOL_COUPLING else 0, int(bool(MICE)), max(0, int(HOL_PERIOD)),
-                      max(0, int(SHARE_PERIOD)), int(bool(REUSE_ROUTES))],
+                      max(0, int(SHARE_PERIOD))],
                      np.int64),
         rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
@@ -281,10 +270,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         hchg=np.zeros(nres, np.int64), heta=np.ones(nres, np.float64),
         hu=np.zeros((nres, NSLOT), np.float64), hU=np.zeros(nres, np.float64), hstamp=np.zeros(nres, np.int64),
         mload=np.zeros(nres, np.float64),
-        cr=np.zeros((ni, max(1, int(n_routers)), 4), np.int64), cn=np.zeros(ni, np.int64),
-        cfl=np.zeros((ni, width), np.float64), cen=np.zeros(ni, np.int64), crtt=np.zeros(ni, np.float64),
-        pn=np.zeros(ni, np.int64), csame=np.full(ni, int(bool(REUSE_ROUTES)), np.int64),
-        sc=np.zeros(30, np.int64), fsc=np.zeros(2, np.float64),
+        sc=np.zeros(29, np.int64), fsc=np.zeros(2, np.float64),
     )
     mf.sc[S_NEXT_T] = -1
     return mf
@@ -353,10 +339,11 @@ def _route(mf, noc, init, src, dst, flits, slot0, last):
     return h, slot
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def _build(mf, noc, init, core, r, bursts, out_flits, back_flits, memports):
-    """Initiator ``init``'s entries for its traffic to and from attach router ``r`` (see
-    :func:`memflow_add`), the path model's per-link flit counters, and its bursts' round trips."""
+@njit(cache=True, _nrt=False)
+def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports):
+    """Initiator ``init``'s DMA (of core ``core``) moves ``out_flits`` towards attach router ``r``
+    and ``back_flits`` back, in ``bursts`` bursts (``noc``: the path model's state, for the routes
+    and its per-link flit counters). Call per router, then :func:`memflow_go`."""
     nl = mf.prm[P_NLINKS]
     nr = mf.prm[P_NR]
     # out: the core's NI, the route core -> r, the memory port (or r's core port)
@@ -379,79 +366,12 @@ def _build(mf, noc, init, core, r, bursts, out_flits, back_flits, memports):
     mf.fsc[F_ACC_RTT] += bursts * rtt
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def _build_cached(mf, noc, init, core, n, memports):
-    """Build the entries of the first ``n`` routers recorded in ``cr`` (a DMA found to differ from
-    the cached one only at its router ``n``: those before it were not built yet)."""
-    mf.csame[init] = 0
-    mf.e_n[init] = 0
-    mf.fsc[F_ACC_RTT] = 0.0
-    for j in range(n):
-        _build(mf, noc, init, core, mf.cr[init, j, 0], mf.cr[init, j, 1], mf.cr[init, j, 2], mf.cr[init, j, 3],
-               memports)
-
-
 @njit(cache=True, _nrt=False)
-def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports):
-    """Initiator ``init``'s DMA (of core ``core``) moves ``out_flits`` towards attach router ``r``
-    and ``back_flits`` back, in ``bursts`` bursts (``noc``: the path model's state, for the routes
-    and its per-link flit counters). Call per router, then :func:`memflow_go`. A DMA whose routers
-    come with the same bursts and flits, in the same order, as its initiator's last DMA built (an
-    engine reading the next KV block or tile of the same shape) keeps that DMA's entries: the same
-    numbers, built once (``S_REUSED``)."""
-    i = mf.pn[init]
-    mf.pn[init] = i + 1
-    if mf.csame[init] != 0:
-        if (i < mf.cn[init] and mf.cr[init, i, 0] == r and mf.cr[init, i, 1] == bursts
-                and mf.cr[init, i, 2] == out_flits and mf.cr[init, i, 3] == back_flits):
-            return  # the same so far: nothing to build (memflow_go decides)
-        _build_cached(mf, noc, init, core, i, memports)
-    mf.cr[init, i, 0] = r
-    mf.cr[init, i, 1] = bursts
-    mf.cr[init, i, 2] = out_flits
-    mf.cr[init, i, 3] = back_flits
-    _build(mf, noc, init, core, r, bursts, out_flits, back_flits, memports)
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _routes_ready(mf, noc, init, core, memports):
-    """After :func:`memflow_add`: initiator ``init``'s entries (``e_n``, ``e_res``, ``e_coef`` in flits,
-    ``e_tout``, ``e_tin``) and ``fsc[F_ACC_RTT]``, either kept from its last DMA (the same routers,
-    bursts and flits: the path model's flit counters take them again) or just built (kept for the next)."""
-    n = mf.pn[init]
-    mf.pn[init] = 0
-    if mf.csame[init] != 0 and n < mf.cn[init]:  # a prefix of the cached routers: build them
-        _build_cached(mf, noc, init, core, n, memports)
-    if mf.csame[init] != 0:  # the same routers as its last DMA: its entries as they were built
-        mf.sc[S_REUSED] += 1
-        ne = mf.cen[init]
-        mf.e_n[init] = ne
-        lim = mf.prm[P_NLINKS] + 2 * mf.prm[P_NR]  # links, ejection and memory ports: the path model's counters
-        for k in range(ne):
-            fl = mf.cfl[init, k]
-            mf.e_coef[init, k] = fl
-            l = mf.e_res[init, k]
-            if l < lim:
-                noc.link_flits[l] += np.int64(fl)
-        mf.fsc[F_ACC_RTT] = mf.crtt[init]
-    else:
-        mf.cn[init] = n
-        mf.cen[init] = mf.e_n[init]
-        for k in range(mf.e_n[init]):
-            mf.cfl[init, k] = mf.e_coef[init, k]
-            mf.pos[mf.e_res[init, k]] = -1  # the routes' scratch
-        mf.crtt[init] = mf.fsc[F_ACC_RTT]
-    mf.csame[init] = 1 if mf.prm[P_REUSE] != 0 else 0
-
-
-@njit(cache=True, _nrt=False)
-def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, now, memports):
+def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
     """Start initiator ``init``'s flow of ``nbytes`` bytes in ``bursts`` bursts (its routes given
-    by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``. ``noc``: the
-    path model's state (``link_holds``: its messages holding each link or port now; a resource the
-    flows did not cross before takes its capacity from it)."""
-    holds = noc.link_holds
-    _routes_ready(mf, noc, init, core, memports)
+    by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``. ``holds``:
+    the path model's messages holding each link or port now (a resource the flows did not cross
+    before takes its capacity from it)."""
     rtt = mf.fsc[F_ACC_RTT] / bursts
     mf.fsc[F_ACC_RTT] = 0.0
     burst_bytes = (nbytes + bursts - 1) // bursts
@@ -459,7 +379,8 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, now, memports):
     mf.rtt[init] = rtt
     mf.fcap[init] = lim * burst_bytes / rtt
     inv = 1.0 / nbytes
-    for k in range(mf.e_n[init]):  # its entries per byte
+    for k in range(mf.e_n[init]):  # its entries per byte (``pos`` was the routes' scratch)
+        mf.pos[mf.e_res[init, k]] = -1
         mf.e_coef[init, k] *= inv
     if bursts <= lim and mf.prm[P_MICE] != 0 and _mouse_fits(mf, holds, init):  # a mouse: at its cap
         cap = mf.fcap[init]
