@@ -52,7 +52,8 @@ def test_a_kernel_compiled_under_the_wrapper_is_named_at_its_address(tmp_path):
     pid, addr = out.stdout.split()
     lines = Path(f"/tmp/perf-{pid}.map").read_text().splitlines()
     Path(f"/tmp/perf-{pid}.map").unlink()
-    named = [ln.split() for ln in lines if "perf_map_probe" in ln and not ln.split()[2].startswith(("cfunc", "_ZN7cpython"))]
+    named = [ln.split() for ln in lines
+             if "perf_map_probe" in ln and not ln.split()[2].startswith(("cfunc", "_ZN7cpython"))]
     assert named, lines[:5]
     start, size, _ = named[0]
     assert int(start, 16) == int(addr, 16) and int(size, 16) > 0
