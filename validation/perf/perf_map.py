@@ -4,7 +4,7 @@
 code as bare addresses: Numba's JIT registers no symbols. This wrapper runs a script with the object code
 of every kernel it loads kept aside (from the cache or a fresh compile) and, at its exit, writes
 ``/tmp/perf-<pid>.map`` (perf's map of JIT code: address, size, name) from those objects' symbol tables
-(``nm``); ``--report`` then sums a recorded profile by function, names shortened to
+(``readelf``); ``--report`` then sums a recorded profile by function, names shortened to
 ``module.function``. Functions LLVM inlined count in their caller.
 
 Use the normal build: ``NUMBA_ENABLE_PROFILING=1`` compiles slower code (session 54: ten Mooncake
@@ -15,7 +15,7 @@ that code in the cache for later runs.
         --requests 3 --noc path --streams flow
     python validation/perf/perf_map.py --report run.data [--top 20]
 
-Needs ``perf`` and ``nm`` (binutils) on the PATH; says so if either is missing.
+Needs ``perf`` and ``readelf`` (binutils) on the PATH; says so if either is missing.
 """
 
 from __future__ import annotations
@@ -59,41 +59,41 @@ def install() -> None:
     lib_cls._perf_map_installed = True
 
 
-def _symbols(obj: bytes) -> list[tuple[int, int, str]]:
-    """(offset, size, name) of the functions an object file defines."""
+def _symbols(obj: bytes) -> list[tuple[int, int, int, str]]:
+    """(section, offset in it, size, name) of the functions an object file defines."""
     with tempfile.NamedTemporaryFile(suffix=".o") as tf:
         tf.write(obj)
         tf.flush()
-        out = subprocess.run(["nm", "--defined-only", "-S", tf.name], capture_output=True, text=True).stdout
+        out = subprocess.run(["readelf", "-sW", tf.name], capture_output=True, text=True).stdout
     rows = []
-    for line in out.splitlines():
+    for line in out.splitlines():  # Num: Value Size Type Bind Vis Ndx Name
         p = line.split()
-        if len(p) == 4 and p[2] in "tTwW":
-            rows.append((int(p[0], 16), int(p[1], 16), p[3]))
+        if len(p) == 8 and p[3] == "FUNC" and p[6].isdigit():
+            rows.append((int(p[6]), int(p[1], 16), int(p[2], 0), p[7]))
     return rows
 
 
 def write_map(pid: int | None = None) -> str:
     """Write ``/tmp/perf-<pid>.map`` for the kept kernels; returns its path. A library's functions are
-    placed by the address the JIT gives one of them (its object's text loaded in one piece)."""
+    placed, section by section, by the address the JIT gives one function of that section."""
     pid = os.getpid() if pid is None else pid
     entries = {}
     for lib, obj in _STASH:
         if not obj:
             continue
         rows = _symbols(obj)
-        base = None
-        for off, _, name in rows:
-            try:
-                addr = lib.get_pointer_to_function(name)
-            except Exception:  # noqa: BLE001 - a symbol the JIT does not export: try the next
-                addr = 0
-            if addr:
-                base = addr - off
-                break
-        if base is not None:
-            for off, size, name in rows:
-                entries[base + off] = (size, name)
+        base = {}  # per text section: where the JIT loaded it, from one function of it it can place
+        for sec, off, _, name in rows:
+            if sec not in base:
+                try:
+                    addr = lib.get_pointer_to_function(name)
+                except Exception:  # noqa: BLE001 - a symbol the JIT does not export: try the next
+                    addr = 0
+                if addr:
+                    base[sec] = addr - off
+        for sec, off, size, name in rows:
+            if sec in base:
+                entries[base[sec] + off] = (size, name)
     path = f"/tmp/perf-{pid}.map"
     with open(path, "w") as fh:
         for addr in sorted(entries):
@@ -128,7 +128,7 @@ def report(data: str, top: int) -> None:
         raise SystemExit(f"perf report -i {data} failed: {out.stderr.strip()[:300]}")
     share = defaultdict(float)
     for line in out.stdout.splitlines():
-        m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(.+?)\s*$", line)
+        m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(.+?)(?:\s{2,}.*)?$", line)
         if m:
             share[short_name(m.group(2))] += float(m.group(1))
     print(f"{'share %':>8}  function")
@@ -149,8 +149,8 @@ def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         raise SystemExit(0 if len(sys.argv) > 1 else 2)
-    if shutil.which("nm") is None:
-        raise SystemExit("perf_map: 'nm' is not on the PATH (binutils): it reads the kernels' symbol tables")
+    if shutil.which("readelf") is None:
+        raise SystemExit("perf_map: 'readelf' is not on the PATH (binutils): it reads the kernels' symbol tables")
     script = sys.argv[1]
     if not os.path.isfile(script):
         raise SystemExit(f"perf_map: {script}: no such script")
