@@ -7,9 +7,10 @@ of every kernel it loads kept aside (from the cache or a fresh compile) and, at 
 (``readelf``); ``--report`` then sums a recorded profile by function, names shortened to
 ``module.function``. Functions LLVM inlined count in their caller.
 
-Use the normal build: ``NUMBA_ENABLE_PROFILING=1`` compiles slower code (session 54: ten Mooncake
-requests at the path flows took 249 s from such a cache against 168 s from the normal one) and leaves
-that code in the cache for later runs.
+Kernels not in the Numba cache compile inside the profiled process, and their compile shows as LLVM's
+functions: run the script once before to leave them out. Use the normal build: ``NUMBA_ENABLE_PROFILING=1``
+compiles slower code (session 54: ten Mooncake requests at the path flows took 249 s from such a cache
+against 168 s from the normal one) and leaves that code in the cache for later runs.
 
     perf record -F 199 -o run.data python validation/perf/perf_map.py validation/perf/bench_serving.py \\
         --requests 3 --noc path --streams flow
