@@ -108,15 +108,14 @@ def short_name(symbol: str) -> str:
     """``module.function`` from a Numba symbol (``_ZN6npusim2hw3noc7memflow14memflow_updateB4v101B...``:
     length-prefixed parts up to the first ``B`` tag); other names as they are."""
     s = symbol.removeprefix("cfunc.")
-    m = re.match(r"_ZN(?:7cpython)?((?:\d+[A-Za-z_][A-Za-z0-9_]*)+)", s)
+    m = re.match(r"_ZN(?:7cpython)?(\d.*)", s)
     if not m:
         return symbol
     parts, rest = [], m.group(1)
-    while rest and rest[0].isdigit():
-        n = re.match(r"\d+", rest).group(0)
-        k = int(n)
-        parts.append(rest[len(n):len(n) + k])
-        rest = rest[len(n) + k:]
+    while (n := re.match(r"\d+", rest)) is not None:
+        k = len(n.group(0))
+        parts.append(rest[k:k + int(n.group(0))])
+        rest = rest[k + int(n.group(0)):]
     name = ".".join(p.replace("_3clocals_3e", "<locals>") for p in parts)
     return name or symbol
 
