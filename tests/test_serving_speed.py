@@ -62,3 +62,7 @@ def test_bench_serving_stream_labels_parse_and_a_bad_one_says_what_was_expected(
     for bad in ("reserve@8", "flow~x", "flow@", "flow@-1", "hop~4"):
         with pytest.raises(SystemExit, match="flow@CYCLES"):
             bench.stream_variant(bad)
+    # fewer layers than pipeline stages: a usage error naming the minimum, before any point runs
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--requests", "1", "--layers", "4"])
+    assert stop.value.code == 2

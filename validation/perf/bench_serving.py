@@ -64,6 +64,7 @@ from npusim.serving.traces import load_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CORES_PER_REPLICA = 64
+STAGES = 16  # pipeline stages per replica (TP 4 x 16 stages = 64 cores)
 
 
 def trace_path() -> Path:
@@ -227,8 +228,8 @@ def stream_variant(label: str) -> tuple[str, int, int]:
     return model, int(period or 0), int(share or 0)
 
 
-def main() -> None:
-    argv, extra = sys.argv[1:], []
+def main(argv: list[str] | None = None) -> None:
+    argv, extra = (sys.argv[1:] if argv is None else list(argv)), []
     if "--" in argv:
         argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -237,7 +238,8 @@ def main() -> None:
     ap.add_argument("--arch", default="npusim-64c")
     ap.add_argument("--memory", default="analytical")
     ap.add_argument("--noc", default="path")
-    ap.add_argument("--layers", type=int, default=None, help="simulate only the first N decoder layers")
+    ap.add_argument("--layers", type=int, default=None,
+                    help=f"simulate only the first N decoder layers (at least {STAGES}: one per pipeline stage)")
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=128)
     ap.add_argument("--streams", default="reserve",
@@ -247,6 +249,8 @@ def main() -> None:
     ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL (default: the shared trace, else the sample)")
     args = ap.parse_args(argv)
+    if args.layers is not None and args.layers < STAGES:
+        ap.error(f"--layers {args.layers}: the pipeline has {STAGES} stages, each needs a layer (give at least {STAGES})")
     if args.readme:
         readme_run(int(args.requests) if args.requests else None, extra)
         return
@@ -256,11 +260,11 @@ def main() -> None:
     buckets = parse_buckets(args.cache_buckets)
     layers = "all" if args.layers is None else str(args.layers)
     print(f"trace {path.name}; prompts clipped to {args.max_input}, outputs to {args.max_output} tokens; "
-          f"Qwen3-4B, {layers} layers; TP 4 x 16 stages per {CORES_PER_REPLICA} cores")
+          f"Qwen3-4B, {layers} layers; TP 4 x {STAGES} stages per {CORES_PER_REPLICA} cores")
     print(f"{'requests':>8} {'arch':>12} {'memory':>10} {'noc':>14} {'cache':>5} | {'clipped':>7} {'wall s':>8} {'cpu s':>8} {'sim s':>8} "
           f"{'sim s/wall s':>12} {'iterations':>10} {'shapes':>6} {'tasks':>12} {'Mevents/s':>9} {'tok/s':>8}")
-    spec = spec_from_flags(tp=4, stages=16, layout="ring").model_copy(update={"data_parallel": 1})
-    warm = ServingConfig(model="qwen3-4b", layers=16)  # as many layers as stages
+    spec = spec_from_flags(tp=4, stages=STAGES, layout="ring").model_copy(update={"data_parallel": 1})
+    warm = ServingConfig(model="qwen3-4b", layers=STAGES)  # as many layers as stages
     for n in (int(x) for x in (args.requests or "20,100").split(",")):
         reqs, clipped = cap_lengths(load_trace(path, first=n), args.max_input, args.max_output)
         for arch_name in args.arch.split(","):
