@@ -50,7 +50,17 @@ state and the flits a cycle the port sends in it, beside the port's ``eta`` in t
 head-of-line model (:func:`npusim.hw.noc.hol.mesh_flow_rates`). Slow (a Python loop over the
 cycles: ~1 minute).
 
-    python validation/noc_link_saturation.py [--part ABCEF] [--cycles N]
+Part G, *the workloads' regime* (session 55): where the flows' coupling takes its throughput on
+``memory_flows_vs_flit.py``'s 64c GEMMs (sampled at the path flows: 70-90% of a coupled link's flits
+leave by the contended output, one input of the link's source router carries 50-100% of them, and the
+others ahead there are ``N`` ~ 0.25-1). Link X -> D carries one backlogged source's flits (N of X), a
+share ``h`` continuing south at D (to D2), the rest ejecting at D; one other input of D (its E
+neighbour, backlogged) sends a share ``s`` of its flits south through D, the rest to its own south
+neighbour. The flit model's X -> D and D -> D2 beside max-min and the flows with the coupling
+(:func:`npusim.hw.noc.hol.mesh_flow_rates`), for 1- and 4-flit packets; then, at ``h`` = 0.8, ``s`` =
+1, 1-flit packets, part F's VC states of both inputs of D that contend for its south output.
+
+    python validation/noc_link_saturation.py [--part ABCEFG] [--cycles N]
 """
 
 from __future__ import annotations
@@ -419,6 +429,37 @@ def part_f(cycles: int) -> None:
               flush=True)
 
 
+def part_g(cycles: int) -> None:
+    """The workloads' regime (module docstring)."""
+    from npusim.hw.noc.hol import mesh_flow_rates
+    from npusim.hw.noc.topology import PORT_E
+    print("Part G: X->D carries one source's flits, a share h on through D's south output, where D's E input "
+          "sends a share s of its own; flits/cycle")
+    x, y = X
+    D, D2 = rid(x, y + 1), rid(x, y + 2)
+    p_src, e_src, e_other = rid(x, y - 1), rid(x + 1, y + 1), rid(x + 1, y + 2)
+    xo, do = rid(x, y) * 5 + PORT_S, D * 5 + PORT_S
+    print(f"{'h':>4} {'s':>5} {'F':>2} {'max-min X->D':>12} {'+ HOL':>6} {'flit X->D':>9} {'HOL / flit':>10} {'flit D->D2':>10}")
+    for h in (0.6, 0.8, 0.9):
+        for share in (0.25, 0.5, 1.0):
+            n_on, n_e = int(round(10 * h)), int(round(4 * share))  # packets drawn uniformly from these lists
+            flows = [(p_src, [D2] * n_on + [D] * (10 - n_on)), (e_src, [D2] * n_e + [e_other] * (4 - n_e))]
+            spec = [(1.0, [(p_src, D2, h), (p_src, D, 1.0 - h)]),
+                    (1.0, [(e_src, D2, share)] + ([(e_src, e_other, 1.0 - share)] if share < 1.0 else []))]
+            plain, _ = mesh_flow_rates(W, H, spec, hol=False)
+            hol, _ = mesh_flow_rates(W, H, spec)
+            for F in (1, 4):
+                thr, _ = saturate(params(), F, flows, cycles, 2000)
+                print(f"{h:4.1f} {share:5.2f} {F:2d} {plain[0]:12.3f} {hol[0]:6.3f} {thr[xo]:9.3f} "
+                      f"{100 * (hol[0] / thr[xo] - 1):+9.1f}% {thr[do]:10.3f}", flush=True)
+    flows = [(p_src, [D2] * 8 + [D] * 2), (e_src, [D2])]
+    for label, port in (("D's N input (X->D)", PORT_N), ("D's E input", PORT_E)):
+        table, thr, outs = vc_states(flows, D, port, cycles, F=1)
+        names = ("L", "N", "E", "S", "W")
+        print(f"h 0.8, s 1, F 1, {label}: flit {thr:.3f} (" + " ".join(f"{names[o]} {v:.3f}" for o, v in outs.items())
+              + ")\n    " + "  ".join(f"{k} {a:.3f}/{b:.2f}" for k, (a, b) in table.items()), flush=True)
+
+
 def _route_hops(src: int, dst: int):
     """The links (router pairs) of the XY route ``src -> dst`` on the W x H mesh."""
     x, y, dx, dy = src % W, src // W, dst % W, dst // W
@@ -435,11 +476,11 @@ def _out_name(hop) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", default="ABCE", help="parts to run (letters; F on request)")
+    ap.add_argument("--part", default="ABCE", help="parts to run (letters; F and G on request)")
     ap.add_argument("--cycles", type=int, default=20000, help="measurement window (cycles) of each run")
     args = ap.parse_args(argv)
     print(machine_line())
-    for part, fn in (("A", part_a), ("B", part_b), ("C", part_c), ("E", part_e), ("F", part_f)):
+    for part, fn in (("A", part_a), ("B", part_b), ("C", part_c), ("E", part_e), ("F", part_f), ("G", part_g)):
         if part in args.part.upper():
             fn(args.cycles)
     return 0
