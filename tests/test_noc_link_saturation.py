@@ -56,6 +56,21 @@ def test_downstream_contention_blocks_the_upstream_link():
     assert 0.5 <= thr[rid(x, y) * 5 + PORT_S] < 0.95
 
 
+def test_a_port_whose_flits_mostly_take_a_saturated_output_takes_more_than_an_equal_share_of_it():
+    """noc_link_saturation.py part G (the regime where the flows' head-of-line coupling takes its
+    throughput on the memory workloads): X -> D carries one source's one-flit packets, 80% on through
+    D's south output, which D's east input (all its packets that way) saturates with it. Max-min
+    would split the south link evenly (X -> D at 0.5 / 0.8 = 0.625); the flit routers give the port
+    more (it holds both of the output's VCs much of the time, and the east input waits for one in VC
+    allocation), ~0.77 on X -> D."""
+    x, y = X
+    D, D2 = rid(x, y + 1), rid(x, y + 2)
+    flows = [(rid(x, y - 1), [D2] * 8 + [D] * 2), (rid(x + 1, y + 1), [D2])]
+    thr, _ = saturated_throughput(mesh5(), 1, flows, 6000, 1000)
+    assert thr[D * 5 + PORT_S] == pytest.approx(1.0, abs=0.01)
+    assert thr[rid(x, y) * 5 + PORT_S] * 0.8 > 0.55  # the port's share of the saturated south link
+
+
 def test_bad_arguments():
     with pytest.raises(ConfigError):
         saturated_throughput(mesh5(), 0, [(0, [1])], 10)
