@@ -40,9 +40,11 @@ where the coupling takes its throughput (session 50): every ``--sample`` cycles,
 whose ``eta`` is below 1, its port's cycles lost a cycle to each next output, ``lambda_o (t_o - 1)``
 (:func:`npusim.hw.noc.hol.port_eta`), summed by the output's kind (a mesh link, the core's ejection
 port, the memory port) and by the others ahead there, ``N_o`` (:func:`npusim.hw.noc.hol.others_ahead`,
-rounded to 0.5): the regime of ``validation/noc_link_saturation.py``'s micro-benchmarks the case
-lives in. The times are those of a plain run (it only stops and resumes). The serving run is long:
-``--skip serve``, or a ``--sample`` of 100,000 cycles or more for it.
+rounded to 0.5), and by the link's busiest input slot's share of its flits and the output's share of
+them (session 55; rounded to 0.1): the regime of ``validation/noc_link_saturation.py``'s micro-benchmarks
+the case lives in (part G builds the one the 64c GEMMs live in). The times are those of a plain run (it
+only stops and resumes). The serving run is long: ``--skip serve``, or a ``--sample`` of 100,000 cycles
+or more for it.
 
     python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip SUBSTRING] [--skip-flit] [--rtt]
         [--hol-regime [--sample CYCLES]]
@@ -217,22 +219,28 @@ def hol_regime(cases, every: int) -> None:
           f"links with eta < 1 every {every} cycles; share by the output's kind and its others ahead N_o")
     for label, unit, fn in cases:
         loss: dict = {}
+        shares: dict = {}  # the same loss by (the link's busiest input's share, the output's share of its flits)
 
         def sample(sim):
             mf = sim.mempath.fl
             nl, nr = int(mf.prm[M.P_NLINKS]), int(mf.prm[M.P_NR])
-            loads = np.zeros(NSLOT)
+            loads, inputs = np.zeros(NSLOT), np.zeros(NSLOT)
             for l in range(nl):
                 if mf.rn[l] == 0 or mf.eta[l] >= 1.0:
                     continue
                 M._slot_loads(mf, l, mf.rtout, loads)
+                M._slot_loads(mf, l, mf.rtin, inputs)  # by the input slot at the link's source router
                 n = int(np.count_nonzero(loads > 0.0))
                 M._hol_link(mf, l)  # fills the scratch hlam, hN, hres, ht for the link's n outputs
+                total = float(loads.sum())
                 for j in range(n):
                     o = int(mf.hres[j])
                     kind = "ejection" if nl <= o < nl + nr else ("memory port" if nl + nr <= o < nl + 2 * nr else "link")
                     key = (kind, round(2.0 * float(mf.hN[j])) / 2.0)
-                    loss[key] = loss.get(key, 0.0) + float(mf.hlam[j]) * (float(mf.ht[j]) - 1.0)
+                    lost = float(mf.hlam[j]) * (float(mf.ht[j]) - 1.0)
+                    loss[key] = loss.get(key, 0.0) + lost
+                    skey = (round(float(inputs.max()) / total, 1), round(float(mf.hlam[j]) / total, 1))
+                    shares[skey] = shares.get(skey, 0.0) + lost
 
         with stream_model("flow", True), sampled_runs(every, sample):
             v = fn("path")
@@ -246,6 +254,14 @@ def hol_regime(cases, every: int) -> None:
         print(f"{label} ({v:.3f} {unit}): " + ", ".join(f"{k} {x / tot:.2f}" for k, x in sorted(by_kind.items()))
               + "; " + ", ".join(f"{k[0]} N~{k[1]:.1f} {x / tot:.2f}" for k, x in sorted(loss.items()) if x / tot >= 0.005),
               flush=True)
+        by_input, by_output = {}, {}
+        for (dom, share), x in shares.items():
+            by_input[dom] = by_input.get(dom, 0.0) + x
+            by_output[share] = by_output.get(share, 0.0) + x
+        print("    by the link's busiest input's share of its flits: "
+              + ", ".join(f"{k:.1f} {x / tot:.2f}" for k, x in sorted(by_input.items()) if x / tot >= 0.005)
+              + "; by the output's share of them: "
+              + ", ".join(f"{k:.1f} {x / tot:.2f}" for k, x in sorted(by_output.items()) if x / tot >= 0.005), flush=True)
 
 
 def main(argv=None) -> int:
