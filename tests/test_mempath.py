@@ -340,12 +340,13 @@ def test_flit_streaming_read_ejects_requests_at_the_memory_ports():
     Bounds: the HBM peak, the edge columns' cut (as at the path fidelity). Against the path fidelity
     (measured on this machine's model, 1 MiB a core: path 1,039 GB/s, flit 885, 0.85 of it, the
     busiest link 0.82 busy; flit with memory ports off 775, 0.75; with a request per 64 B transaction
-    585, 0.56, with both 481, 0.46): the flit model is slower, never faster — 2 VCs x 8 flits of input
-    buffering block head-of-line under this many-to-many traffic. Before a read's requests were paced
-    by its DMA engine's tags and each controller served them in arrival order (flit_engine, "DMA
-    reads") the flit model took 576, 0.55 (its controllers sent long runs to one core). The band
-    [0.7, 1.0] of the path's bandwidth holds the measured 0.85 and fails the per-transaction request
-    model and the model before."""
+    585, 0.56, with both 481, 0.46). Since session 55 the routers' VC allocation no longer favours
+    input ports by their numbers, and the flit model streams as fast as the path's (31,453 cycles
+    against 31,456: the unfair allocation had made some cores finish late). Before a read's requests
+    were paced by its DMA engine's tags and each controller served them in arrival order (flit_engine,
+    "DMA reads") the flit model took 576, 0.55 (its controllers sent long runs to one core). The band
+    [0.7, 1.01] of the path's bandwidth holds the measured 0.85 and 1.0 and fails the per-transaction
+    request model and the model before."""
     from npusim.arch import load_arch
     from npusim.hw.noc import flit_kernel as fk
     from npusim.hw.noc.flit import memory_injection_flits, memory_port_flits
@@ -380,4 +381,4 @@ def test_flit_streaming_read_ejects_requests_at_the_memory_ports():
     assert (inj[lanes == 0] == 0).all() and (inj <= lanes * cycles).all()
     assert fs.ctr[fk.K_FLITS_INJ] - fs.ctr[fk.K_MEM_INJ] == nbytes // arch.hbm.interleave_bytes  # NIs: requests
     path, _ = run("path")
-    assert 0.7 <= path.makespan() / cycles <= 1.0  # flit's bandwidth against the path's
+    assert 0.7 <= path.makespan() / cycles <= 1.01  # flit's bandwidth against the path's

@@ -25,7 +25,14 @@ Per cycle ``c`` (:func:`step`), in this order:
      downstream input port (the allowed VC class, see below), searching round-robin
      from a per-output pointer. A VC stays claimed until the packet's tail flit leaves
      (BookSim's ``wait_for_tail_credit = 0``: the next packet may share the downstream
-     FIFO behind the tail).
+     FIFO behind the tail). The router's input ports claim in an order drawn at each
+     visit (a starting port and a direction, from a per-router xorshift state), so that
+     of two ports waiting for the same output neither claims first more often than the
+     other. (Until session 55 the starting port rotated by one each visit over the port
+     order, which gave port ``i`` precedence over port ``j`` in ``(j - i) mod P`` of ``P``
+     visits: two backlogged inputs of one saturated output got 0.8 / 0.2 or 0.4 / 0.6 of
+     it by their port numbers, at one- and four-flit packets, where BookSim2's separable
+     allocators share it evenly; ``tests/test_noc_link_saturation.py``.)
    - *Switch allocation*: separable input-first round-robin, one iteration, pointers
      advanced only on a grant (iSLIP-1-like): each input port picks one ready VC that
      holds a VC and a credit for it; each output port grants one requesting input.
@@ -104,7 +111,7 @@ rate (flits/node/cy)   ``injection_rate`` x ``packet_size`` (BookSim counts pack
 allocators             BookSim: ``vc_allocator = sw_allocator = islip``,
                        ``alloc_iters = 1``, round-robin arbiters. Here: switch
                        allocation separable input-first round-robin (iSLIP-1-like),
-                       VC allocation greedy with rotating priorities
+                       VC allocation greedy, its port order drawn per visit
 source queueing        ``include_queuing = 1`` [same]; ``uniform`` includes the source
                        itself as a destination [same]
 =====================  ==============================================================

@@ -39,8 +39,8 @@ Performance notes (found by inspecting the LLVM IR and profiling with perf):
   model 3x slower. Hot leaf helpers are inlined at the Numba IR level.
 - A router is only visited in cycles where a flit at one of its VC fronts can be ready
   (``ND_WAKE``; pushing a flit into an empty VC lowers it). In the cycles skipped no flit
-  could move there; the only difference from visiting every cycle is that the VA priority
-  rotation (``ND_ROT``) advances per visit rather than per cycle. Worth ~15 % at low
+  could move there; the only difference from visiting every cycle is that the VA port
+  order's random state (``ND_ROT``) advances per visit rather than per cycle. Worth ~15 % at low
   load (what the event engine mostly sees), nothing measurable at mid load.
 """
 
@@ -565,13 +565,25 @@ def _routers_phase(st, cycle):
     for r in range(R):
         if node[r, ND_WAKE] > cycle:  # no front flit is ready: nothing can happen here
             continue
-        rot = node[r, ND_ROT]  # rotate which input port gets VC allocation first
-        node[r, ND_ROT] = rot + 1 if rot + 1 < P else 0
+        # which input port gets VC allocation first, and in which direction: drawn each visit from a
+        # per-router xorshift state, so that no pair of ports has precedence more often than the other
+        z = node[r, ND_ROT] + 0x9E3779B9
+        z ^= (z << 13) & 0xFFFFFFFF
+        z ^= z >> 17
+        z ^= (z << 5) & 0xFFFFFFFF
+        z &= 0xFFFFFFFF
+        node[r, ND_ROT] = z
+        rot = (z >> 8) % (2 * P)
         reqs, outs, wake = 0, 0, NEVER
         for j in range(P):
-            p = rot + j
-            if p >= P:
-                p -= P
+            if rot < P:
+                p = rot + j
+                if p >= P:
+                    p -= P
+            else:
+                p = rot - P - j
+                if p < 0:
+                    p += P
             if port[r * P + p, PT_MASK] == 0:
                 continue
             req, port_wake = _input_request(vc, slot, port, pkt, st.next_port, st.rt, P, V, B, ncls, r, p, cycle)
