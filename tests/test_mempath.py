@@ -342,7 +342,7 @@ def test_flit_streaming_read_ejects_requests_at_the_memory_ports():
     busiest link 0.82 busy; flit with memory ports off 775, 0.75; with a request per 64 B transaction
     585, 0.56, with both 481, 0.46). Since session 55 the routers' VC allocation no longer favours
     input ports by their numbers, and the flit model streams as fast as the path's (31,453 cycles
-    against 31,456: the unfair allocation had made some cores finish late). Before a read's requests
+    against 31,456; 0.85 of the path's bandwidth before it). Before a read's requests
     were paced by its DMA engine's tags and each controller served them in arrival order (flit_engine,
     "DMA reads") the flit model took 576, 0.55 (its controllers sent long runs to one core). The band
     [0.7, 1.01] of the path's bandwidth holds the measured 0.85 and 1.0 and fails the per-transaction
