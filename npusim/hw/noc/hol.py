@@ -54,7 +54,7 @@ part E, link ``X -> D`` at 0.76 / 0.55 / 0.42 of its width for ``m`` = 1 / 2 / 3
 0.69-0.73 / 0.50-0.51 / 0.33-0.36 at 1- and 4-flit packets, split or mixed), so the model is 5-10%
 optimistic at ``m`` <= 2 and 16-28% at ``m`` = 3; part B, a 2x2 switch under uniform traffic at
 0.764 an output (flit 0.75-0.79, Karol 0.75), a 3x3 one whose third input is an NI at 0.80 (flit
-0.70-0.72: the NI's own blocking is left out); part G (the regime the 64c GEMMs lose in: one input
+0.66-0.72 at 1-8 VCs: the NI's own blocking is left out); part G (the regime the 64c GEMMs lose in: one input
 carrying the link, 60-90% of it on to an output a second input wants part of) within -9.5...+8.6%.
 Session 50 read the model as pessimistic at ``m`` = 1-2 and traced it to VC allocation (part F,
 which records the port's two VCs each cycle): those flit figures (0.91 / 0.83 at ``m`` = 1 / 2) came
