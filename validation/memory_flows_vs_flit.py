@@ -219,7 +219,8 @@ def hol_regime(cases, every: int) -> None:
           f"links with eta < 1 every {every} cycles; share by the output's kind and its others ahead N_o")
     for label, unit, fn in cases:
         loss: dict = {}
-        shares: dict = {}  # the same loss by (the link's busiest input's share, the output's share of its flits)
+        by_input: dict = {}  # the same loss by the link's busiest input's share of its flits
+        by_output: dict = {}  # and by the output's share of them
 
         def sample(sim):
             mf = sim.mempath.fl
@@ -239,8 +240,9 @@ def hol_regime(cases, every: int) -> None:
                     key = (kind, round(2.0 * float(mf.hN[j])) / 2.0)
                     lost = float(mf.hlam[j]) * (float(mf.ht[j]) - 1.0)
                     loss[key] = loss.get(key, 0.0) + lost
-                    skey = (round(float(inputs.max()) / total, 1), round(float(mf.hlam[j]) / total, 1))
-                    shares[skey] = shares.get(skey, 0.0) + lost
+                    dom, share = round(float(inputs.max()) / total, 1), round(float(mf.hlam[j]) / total, 1)
+                    by_input[dom] = by_input.get(dom, 0.0) + lost
+                    by_output[share] = by_output.get(share, 0.0) + lost
 
         with stream_model("flow", True), sampled_runs(every, sample):
             v = fn("path")
@@ -254,10 +256,6 @@ def hol_regime(cases, every: int) -> None:
         print(f"{label} ({v:.3f} {unit}): " + ", ".join(f"{k} {x / tot:.2f}" for k, x in sorted(by_kind.items()))
               + "; " + ", ".join(f"{k[0]} N~{k[1]:.1f} {x / tot:.2f}" for k, x in sorted(loss.items()) if x / tot >= 0.005),
               flush=True)
-        by_input, by_output = {}, {}
-        for (dom, share), x in shares.items():
-            by_input[dom] = by_input.get(dom, 0.0) + x
-            by_output[share] = by_output.get(share, 0.0) + x
         print("    by the link's busiest input's share of its flits: "
               + ", ".join(f"{k:.1f} {x / tot:.2f}" for k, x in sorted(by_input.items()) if x / tot >= 0.005)
               + "; by the output's share of them: "

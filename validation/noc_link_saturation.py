@@ -388,6 +388,16 @@ def vc_states(flows, r: int, port: int, cycles: int, warmup: int = 2000, F: int 
             {o: n / cycles for o, n in sorted(by_out.items())})
 
 
+def _outputs_line(outs) -> str:
+    """:func:`vc_states`' flits a cycle by output port, as ``L 0.1 S 0.4``."""
+    return " ".join(f"{'LNESW'[o]} {v:.3f}" for o, v in outs.items())
+
+
+def _states_line(table) -> str:
+    """:func:`vc_states`' joint states: share of cycles / flits a cycle sent in it."""
+    return "  ".join(f"{k} {a:.3f}/{b:.2f}" for k, (a, b) in table.items())
+
+
 def part_f(cycles: int) -> None:
     """What the input port's VCs are doing (module docstring)."""
     from npusim.hw.noc.hol import mesh_flow_rates
@@ -410,7 +420,6 @@ def part_f(cycles: int) -> None:
     cases.append(("B 2x2 F=4, W->X", [(s_, [rid(x, y - 1), rid(x, y + 1)]) for s_ in
                                   (rid(x - 1, y), rid(x - 2, y), rid(x + 1, y), rid(x + 2, y))],
                   rid(x, y), PORT_W, (rid(x - 1, y), rid(x, y)), 4))
-    names = ("L", "N", "E", "S", "W")
     for label, flows, r, port, link, F in cases:
         table, thr, outs = vc_states(flows, r, port, cycles, F=F)
         spec = [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows]
@@ -423,10 +432,9 @@ def part_f(cycles: int) -> None:
                     i = hops.index(link)
                     o = _out_name(hops[i + 1]) if i + 1 < len(hops) else "L"
                     model[o] = model.get(o, 0.0) + rate[f] / len(dsts)
-        print(f"{label:>26}: flit {thr:.3f} (" + " ".join(f"{names[o]} {v:.3f}" for o, v in outs.items())
-              + f"), flows + HOL {sum(model.values()):.3f} (" + " ".join(f"{o} {v:.3f}" for o, v in sorted(model.items()))
-              + f"; eta {eta[link]:.3f})\n{'':>28}" + "  ".join(f"{k} {a:.3f}/{b:.2f}" for k, (a, b) in table.items()),
-              flush=True)
+        print(f"{label:>26}: flit {thr:.3f} ({_outputs_line(outs)}), flows + HOL {sum(model.values()):.3f} ("
+              + " ".join(f"{o} {v:.3f}" for o, v in sorted(model.items()))
+              + f"; eta {eta[link]:.3f})\n{'':>28}" + _states_line(table), flush=True)
 
 
 def part_g(cycles: int) -> None:
@@ -455,9 +463,7 @@ def part_g(cycles: int) -> None:
     flows = [(p_src, [D2] * 8 + [D] * 2), (e_src, [D2])]
     for label, port in (("D's N input (X->D)", PORT_N), ("D's E input", PORT_E)):
         table, thr, outs = vc_states(flows, D, port, cycles, F=1)
-        names = ("L", "N", "E", "S", "W")
-        print(f"h 0.8, s 1, F 1, {label}: flit {thr:.3f} (" + " ".join(f"{names[o]} {v:.3f}" for o, v in outs.items())
-              + ")\n    " + "  ".join(f"{k} {a:.3f}/{b:.2f}" for k, (a, b) in table.items()), flush=True)
+        print(f"h 0.8, s 1, F 1, {label}: flit {thr:.3f} ({_outputs_line(outs)})\n    " + _states_line(table), flush=True)
 
 
 def _route_hops(src: int, dst: int):
