@@ -25,14 +25,17 @@ Per cycle ``c`` (:func:`step`), in this order:
      downstream input port (the allowed VC class, see below), searching round-robin
      from a per-output pointer. A VC stays claimed until the packet's tail flit leaves
      (BookSim's ``wait_for_tail_credit = 0``: the next packet may share the downstream
-     FIFO behind the tail). The router's input ports claim in an order drawn at each
-     visit (a starting port and a direction, from a per-router xorshift state), so that
-     of two ports waiting for the same output neither claims first more often than the
-     other. (Until session 55 the starting port rotated by one each visit over the port
-     order, which gave port ``i`` precedence over port ``j`` in ``(j - i) mod P`` of ``P``
-     visits: two backlogged inputs of one saturated output got 0.8 / 0.2 or 0.4 / 0.6 of
-     it by their port numbers, at one- and four-flit packets, where BookSim2's separable
-     allocators share it evenly; ``tests/test_noc_link_saturation.py``.)
+     FIFO behind the tail). Each output serves the input ports (and memory injection
+     lanes) asking for one of its VCs round-robin from a second per-output pointer, one
+     VC a requester a cycle, so inputs that keep asking share its VCs evenly, as
+     BookSim2's separable allocators' round-robin arbiters do. (Until session 55 the
+     input ports claimed in their port order from a start that rotated by one each visit:
+     two backlogged inputs of one saturated output got 0.8 / 0.2 or 0.4 / 0.6 of it by
+     their port numbers. Session 55 drew the start and direction at each visit: fair
+     between two ports, but with three or more the ports after the larger gaps in port
+     order claimed first more often, 0.33 / 0.42 for the E / W inputs of one output, 0.18
+     for an N input against 0.41 for E and the NI each; session 56 made it round-robin
+     per output. ``tests/test_noc_link_saturation.py``.)
    - *Switch allocation*: separable input-first round-robin, one iteration, pointers
      advanced only on a grant (iSLIP-1-like): each input port picks one ready VC that
      holds a VC and a credit for it; each output port grants one requesting input.
@@ -111,14 +114,15 @@ rate (flits/node/cy)   ``injection_rate`` x ``packet_size`` (BookSim counts pack
 allocators             BookSim: ``vc_allocator = sw_allocator = islip``,
                        ``alloc_iters = 1``, round-robin arbiters. Here: switch
                        allocation separable input-first round-robin (iSLIP-1-like),
-                       VC allocation greedy, its port order drawn per visit
+                       VC allocation round-robin over the requesting inputs per
+                       output, one VC a requester a cycle
 source queueing        ``include_queuing = 1`` [same]; ``uniform`` includes the source
                        itself as a destination [same]
 =====================  ==============================================================
 
 Differences from BookSim2's ``iq_router`` in the default mode: every flit (not just the
-head) spends ``S`` cycles in a router; VC allocation is greedy and switch allocation
-input-first; injection and ejection channels add no latency (BookSim's add 1 and 2
+head) spends ``S`` cycles in a router; VC allocation grants in the cycle a head asks
+(no iSLIP iterations) and switch allocation is input-first; injection and ejection channels add no latency (BookSim's add 1 and 2
 cycles, see below); there is no speculation, output queue or internal speedup. Latency
 agrees in structure (per-hop cost ``S + L``) but not to the cycle: on a 4x4 mesh with
 BookSim's defaults (16 VCs x 8 flits), uniform 1-flit packets, the default mode gives
@@ -442,7 +446,7 @@ def saturated_throughput(params: NocParams, packet_flits: int, flows, cycles: in
         if not dsts or not all(0 <= int(x) < topo.num_routers for x in (src, *dsts)):
             raise ConfigError(f"saturated_throughput: bad flow ({src}, {dsts}) on {topo.num_routers} routers")
     st = make_state(topo, build_routing(topo, params.routing), params.vcs, params.buffer_flits,
-                    params.router_stages, source_queue_packets=2 * backlog)
+                    params.router_stages, source_queue_packets=2 * backlog, booksim=params.booksim_compatible)
     rng = np.random.default_rng(seed)
     cycle, base, ej0, t0 = 0, None, 0, 0
     while base is None or cycle < t0 + cycles:

@@ -29,7 +29,8 @@
 ``next_port[r, d]``         int8 routing table (a 1x1 placeholder when routing is computed)
 ``rt``                      routing parameters (see :func:`_route`)
 ``done[i, 0|1]``            (tag, tail-ejection cycle) of completed packets, when recorded
-``scr[2*i], scr[2*i+1]``    scratch of the BookSim-mode VC allocator (requesting VC, grants)
+``scr[2*i], scr[2*i+1]``    scratch of the BookSim-mode VC allocator (requesting VC, grants);
+                            ``scr[o]``: the default mode's, output ``o``'s VC requesters
 
 Performance notes (found by inspecting the LLVM IR and profiling with perf):
 
@@ -39,9 +40,9 @@ Performance notes (found by inspecting the LLVM IR and profiling with perf):
   model 3x slower. Hot leaf helpers are inlined at the Numba IR level.
 - A router is only visited in cycles where a flit at one of its VC fronts can be ready
   (``ND_WAKE``; pushing a flit into an empty VC lowers it). In the cycles skipped no flit
-  could move there; the only difference from visiting every cycle is that the VA port
-  order's random state (``ND_ROT``) advances per visit rather than per cycle. Worth ~15 % at low
-  load (what the event engine mostly sees), nothing measurable at mid load.
+  could move there, and no allocator's pointer moves either: the same results as visiting every
+  cycle. Worth ~15 % at low load (what the event engine mostly sees), nothing measurable at mid
+  load.
 """
 
 from __future__ import annotations
@@ -73,12 +74,14 @@ SL_PKT, SL_SEQ, SL_READY, SL_CQ_TIME = range(4)
 NSLF = 4
 # ---- port columns ----------------------------------------------------------------------
 (PT_DOWN_IN, PT_LINK, PT_LAT, PT_DATELINE, PT_UP_OUT, PT_UP_LAT, PT_MASK, PT_IN_RR, PT_VA_RR,
- PT_OUT_RR, PT_FLITS, PT_ACC_RR, PT_SREQ) = range(13)
+ PT_OUT_RR, PT_FLITS, PT_ACC_RR, PT_VA_IN_RR, PT_SREQ) = range(14)
+# PT_VA_IN_RR (of an output): the requester (input port, or P + memory injection lane) its VC
+# allocation serves first, round-robin
 NPTF = PT_SREQ + 5  # PT_SREQ + o: the VC of this input port requesting output o (BookSim mode), -1 if none
 # ---- node columns ----------------------------------------------------------------------
-(ND_FLITS, ND_ROT, ND_SQ_HEAD, ND_SQ_CNT, ND_NI_PKT, ND_NI_SEQ, ND_NI_VC, ND_NI_RR, ND_WAKE, ND_MEM_LANES,
- ND_MEM_RR, ND_MEM_FLITS, ND_MINJ_LANES, ND_MSQ_HEAD, ND_MSQ_CNT, ND_MINJ_BUSY, ND_MINJ_FLITS) = range(17)
-NNDF = 17
+(ND_FLITS, ND_SQ_HEAD, ND_SQ_CNT, ND_NI_PKT, ND_NI_SEQ, ND_NI_VC, ND_NI_RR, ND_WAKE, ND_MEM_LANES,
+ ND_MEM_RR, ND_MEM_FLITS, ND_MINJ_LANES, ND_MSQ_HEAD, ND_MSQ_CNT, ND_MINJ_BUSY, ND_MINJ_FLITS) = range(16)
+NNDF = 16
 # ND_MINJ_LANES: memory injection lanes (min(ND_MEM_LANES, MINJ_LANES_MAX)); ND_MSQ_*: the memory's
 # source-queue ring (in ``msq``); ND_MINJ_BUSY: lanes holding a packet; ND_MINJ_FLITS: flits they injected
 # ---- pkt columns -----------------------------------------------------------------------
@@ -346,28 +349,6 @@ def _route(next_port, rt, r, d):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, dst, mem):
-    """Route the head flit at the front of input VC ``iv`` and claim a downstream VC
-    (round-robin from the output's pointer, within the allowed dateline class).
-    Returns the output port, or -1 if every allowed VC is claimed. At its destination a
-    packet for the memory port (``mem``) goes to :data:`PORT_MEMC`, like the local port
-    needing no VC."""
-    o = _route(next_port, rt, r, dst)
-    if o == PORT_LOCAL:
-        if mem:
-            o = PORT_MEMC
-        vc[iv, VC_OUTPORT] = o
-        vc[iv, VC_OUTVC] = 0
-        return o
-    dv = _claim_vc(vc, port, P, V, ncls, r, p, v, o)
-    if dv < 0:
-        return -1
-    vc[iv, VC_OUTPORT] = o
-    vc[iv, VC_OUTVC] = dv
-    return o
-
-
-@numba.njit(cache=True, _nrt=False, inline="always")
 def _claim_vc(vc, port, P, V, ncls, r, p, v, o):
     """Claim a free VC of output ``o`` of router ``r`` for a head at VC ``v`` of input port ``p``
     (round-robin from the output's pointer, within the allowed dateline class); -1 if none."""
@@ -414,12 +395,12 @@ def _has_credit(vc, slot, B, ov, cycle):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _input_request(vc, slot, port, pkt, next_port, rt, P, V, B, ncls, r, p, cycle):
-    """Input stage of the separable allocator for input port ``p`` of router ``r``.
+def _input_request(vc, slot, port, V, B, r, P, p, cycle):
+    """Input stage of the separable switch allocator for input port ``p`` of router ``r``.
 
-    Every ready head flit at a VC front gets VC allocation; the first VC (round-robin
-    from the port's pointer) whose front flit is ready, holds a downstream VC and has a
-    credit for it becomes the port's switch request, returned as
+    The first VC (round-robin from the port's pointer) whose front flit is ready, holds a
+    downstream VC (:func:`_allocate_vcs`) and has a credit for it becomes the port's switch
+    request, returned as
     ``1 | out_port << 1 | vc << 4`` (0 = no request). Also returns the earliest cycle a
     front flit of this port becomes ready (``cycle`` if one is ready now).
     """
@@ -443,13 +424,8 @@ def _input_request(vc, slot, port, pkt, next_port, rt, P, V, B, ncls, r, p, cycl
             continue
         wake = cycle
         o = vc[iv, VC_OUTPORT]
-        if o < 0:
-            k = slot[s, SL_PKT]
-            o = _allocate_vc(vc, port, next_port, rt, P, V, ncls, r, p, v, iv, pkt[k, PK_DST], pkt[k, PK_MEM])
-            if o < 0:
-                continue
-        if req != 0:
-            continue  # request already chosen; kept scanning only for VC allocation
+        if o < 0 or req != 0:
+            continue  # no downstream VC yet (:func:`_allocate_vcs`), or the request is chosen already
         if o != PORT_LOCAL and o != PORT_MEMC and not _has_credit(vc, slot, B, (r * P + o) * V + vc[iv, VC_OUTVC], cycle):
             continue
         req = 1 | (o << 1) | (v << 4)
@@ -557,6 +533,111 @@ def _eject(cfg, ctr, pkt, free, done, r, k, seq, tail, cycle):
     ctr[K_FREE_TOP] = top + 1
 
 
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _allocate_vcs(st, r, cycle):
+    """VC allocation of router ``r`` this cycle. Every ready head flit at an input VC's front, and
+    every memory injection lane's ready head, that holds no downstream VC is routed; one for the
+    local port (or, at its memory destination, the memory port) takes it at once (no VC). The
+    others request their output, and each output serves its requesters round-robin from its pointer
+    (``PT_VA_IN_RR``: input ports ``0 .. P-1``, then the lanes as ``P ..``, as the switch
+    allocator's outputs do), one VC a requester (its first head for that output, in the port's own
+    VC order, that finds one free in its dateline class); the pointer moves past the
+    last requester served. So inputs that keep asking for one output get its VCs in turn, whatever
+    their ports' numbers (session 56: until then the input ports claimed in a scan order drawn per
+    visit, which, with three or more requesters, favoured those after the larger gaps in port order:
+    0.33 / 0.42 of an output for the E and W inputs of a router, and 0.18 for its N input against
+    0.41 / 0.41 for E and the local NI). ``scr[o]``: output ``o``'s requesters this cycle (bits).
+    A routed head waiting for a VC of output ``o`` keeps ``VC_OUTPORT = -2 - o`` (routed once)."""
+    cfg, vc, slot, port, node, pkt, lane, scr = st.cfg, st.vc, st.slot, st.port, st.node, st.pkt, st.lane, st.scr
+    P, V, B, ncls = cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_NCLS]
+    want = 0
+    for p in range(P):
+        ip = r * P + p
+        m = port[ip, PT_MASK]
+        for v in range(V):
+            if (m >> v) == 0:
+                break
+            if (m >> v) & 1 == 0:
+                continue
+            iv = ip * V + v
+            o = vc[iv, VC_OUTPORT]
+            if o >= 0:
+                continue
+            if o == -1:  # not routed yet
+                s = iv * B + vc[iv, VC_HEAD]
+                if slot[s, SL_READY] > cycle:
+                    continue
+                k = slot[s, SL_PKT]
+                o = _route(st.next_port, st.rt, r, pkt[k, PK_DST])
+                if o == PORT_LOCAL:
+                    vc[iv, VC_OUTPORT] = PORT_MEMC if pkt[k, PK_MEM] else PORT_LOCAL
+                    vc[iv, VC_OUTVC] = 0
+                    continue
+                vc[iv, VC_OUTPORT] = -2 - o  # routed to o, waiting for a VC there
+            else:
+                o = -2 - o
+            if (want >> o) & 1 == 0:
+                want |= 1 << o
+                scr[o] = 0
+            scr[o] |= np.int64(1) << p
+    nlanes = node[r, ND_MINJ_LANES]
+    if node[r, ND_MINJ_BUSY] > 0:
+        for l in range(nlanes):
+            row = r * MINJ_LANES_MAX + l
+            k = lane[row, LN_PKT]
+            if k < 0 or lane[row, LN_OUT] >= 0 or lane[row, LN_READY] > cycle:
+                continue
+            o = _route(st.next_port, st.rt, r, pkt[k, PK_DST])
+            if o == PORT_LOCAL:
+                lane[row, LN_OUT] = o
+                continue
+            if (want >> o) & 1 == 0:
+                want |= 1 << o
+                scr[o] = 0
+            scr[o] |= np.int64(1) << (P + l)
+    if want == 0:
+        return
+    PL = P + nlanes
+    for o in range(P):
+        if (want >> o) & 1 == 0:
+            continue
+        op = r * P + o
+        start = port[op, PT_VA_IN_RR]
+        if start >= PL:
+            start = 0
+        bits = scr[o]
+        for j in range(PL):
+            q = start + j
+            if q >= PL:
+                q -= PL
+            if (bits >> q) & 1 == 0:
+                continue
+            if q < P:
+                ip = r * P + q
+                m = port[ip, PT_MASK]
+                vs = port[ip, PT_IN_RR]
+                for jj in range(V):
+                    v = vs + jj
+                    if v >= V:
+                        v -= V
+                    iv = ip * V + v
+                    if (m >> v) & 1 == 0 or vc[iv, VC_OUTPORT] != -2 - o:
+                        continue
+                    dv = _claim_vc(vc, port, P, V, ncls, r, q, v, o)
+                    if dv >= 0:  # else its class has no VC free: the port's next head may have one
+                        vc[iv, VC_OUTPORT] = o
+                        vc[iv, VC_OUTVC] = dv
+                        port[op, PT_VA_IN_RR] = q + 1 if q + 1 < PL else 0
+                        break
+            else:
+                dv = _claim_vc(vc, port, P, V, ncls, r, PORT_LOCAL, 0, o)
+                if dv >= 0:
+                    row = r * MINJ_LANES_MAX + q - P
+                    lane[row, LN_OUT] = o
+                    lane[row, LN_OUTVC] = dv
+                    port[op, PT_VA_IN_RR] = q + 1 if q + 1 < PL else 0
+
+
 @numba.njit(cache=True, _nrt=False)
 def _routers_phase(st, cycle):
     """Allocation and traversal in every router holding flits (order-independent)."""
@@ -565,28 +646,12 @@ def _routers_phase(st, cycle):
     for r in range(R):
         if node[r, ND_WAKE] > cycle:  # no front flit is ready: nothing can happen here
             continue
-        # which input port gets VC allocation first, and in which direction: drawn each visit from a
-        # per-router xorshift state, so that no pair of ports has precedence more often than the other
-        z = node[r, ND_ROT] + 0x9E3779B9
-        z ^= (z << 13) & 0xFFFFFFFF
-        z ^= z >> 17
-        z ^= (z << 5) & 0xFFFFFFFF
-        z &= 0xFFFFFFFF
-        node[r, ND_ROT] = z
-        rot = (z >> 8) % (2 * P)
+        _allocate_vcs(st, r, cycle)
         reqs, outs, wake = 0, 0, NEVER
-        for j in range(P):
-            if rot < P:
-                p = rot + j
-                if p >= P:
-                    p -= P
-            else:
-                p = rot - P - j
-                if p < 0:
-                    p += P
+        for p in range(P):
             if port[r * P + p, PT_MASK] == 0:
                 continue
-            req, port_wake = _input_request(vc, slot, port, pkt, st.next_port, st.rt, P, V, B, ncls, r, p, cycle)
+            req, port_wake = _input_request(vc, slot, port, V, B, r, P, p, cycle)
             wake = min(wake, port_wake)
             if req:
                 reqs |= req << (REQ_BITS * p)
@@ -631,12 +696,11 @@ def _routers_phase(st, cycle):
 @numba.njit(cache=True, _nrt=False, inline="always")
 def _lane_requests(st, r, cycle):
     """Switch requests of router ``r``'s memory injection lanes (4 bits a lane, ``valid | out <<
-    1``) and the earliest cycle one of their flits is ready. A lane's head is routed and claims a
-    downstream VC as a head at the local input port does (none at the local port: a response to
-    the core of this router); a flit requests its output when it is ready, holds the VC and has
-    a credit for it."""
-    cfg, vc, slot, port, pkt, lane = st.cfg, st.vc, st.slot, st.port, st.pkt, st.lane
-    P, V, B, ncls = cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_NCLS]
+    1``) and the earliest cycle one of their flits is ready. A lane's flit requests its output
+    when it is ready, its packet holds a downstream VC (:func:`_allocate_vcs`; none at the local
+    port: a response to the core of this router) and it has a credit for it."""
+    cfg, vc, slot, lane = st.cfg, st.vc, st.slot, st.lane
+    P, V, B = cfg[C_P], cfg[C_V], cfg[C_B]
     lreqs = 0
     wake = NEVER
     for l in range(st.node[r, ND_MINJ_LANES]):
@@ -651,14 +715,8 @@ def _lane_requests(st, r, cycle):
             continue
         wake = cycle
         o = lane[row, LN_OUT]
-        if o < 0:
-            o = _route(st.next_port, st.rt, r, pkt[k, PK_DST])
-            if o != PORT_LOCAL:
-                dv = _claim_vc(vc, port, P, V, ncls, r, PORT_LOCAL, 0, o)
-                if dv < 0:
-                    continue
-                lane[row, LN_OUTVC] = dv
-            lane[row, LN_OUT] = o
+        if o < 0:  # no downstream VC yet (:func:`_allocate_vcs`)
+            continue
         if o != PORT_LOCAL and not _has_credit(vc, slot, B, (r * P + o) * V + lane[row, LN_OUTVC], cycle):
             continue
         lreqs |= (1 | (o << 1)) << (4 * l)
