@@ -61,13 +61,13 @@ def add_fidelity_args(p, memory_default="tlm", system: bool = False):
     p.add_argument("--fidelity", choices=NOC_FIDELITIES, default=None if system else "path",
                    help="NoC model (default path" + ("; with --system: the chip costs' NoC, default analytical"
                                                      if system else "") + "). Against flit + TLM memory on the "
-                   "fidelity ladder's quick set (docs/FIDELITY.md, session 46): path up to 10.4%% off, analytical "
-                   "up to 14.9%%; no cheaper NoC is within 5%%, so this default is not the rule's (the "
+                   "fidelity ladder's quick set (docs/FIDELITY.md, session 56): path up to 18.1%% off (9.3%% with its "
+                   "memory streams as flows), analytical up to 19.5%%; no cheaper NoC is within 5%%, so this default is not the rule's (the "
                    "cheapest within 5%%): it is kept for speed")
     p.add_argument("--memory", choices=MEMORY_FIDELITIES, default=memory_default,
                    help=f"HBM model (default {memory_default}). Against TLM at the flit NoC on the fidelity "
-                   "ladder's quick set (docs/FIDELITY.md, session 46): analytical up to 26.0%% off (an INT8 prefill "
-                   "GEMM), +0.1%% on a decode step; only TLM is within 5%%")
+                   "ladder's quick set (docs/FIDELITY.md, session 56): analytical up to 33.1%% off (an INT8 prefill "
+                   "GEMM), -0.0%% on a decode step; only TLM is within 5%%")
 
 
 FORWARD_DEFAULTS = {"phase": "decode", "batch": 16, "seq": 1024}

@@ -74,11 +74,12 @@ memory's own source queue at its source router, which ``k`` *memory injection la
 same ``k`` as the memory port's, at most ``MINJ_LANES_MAX`` = 15): a free lane takes the next
 packet and sends its flits one a cycle, so up to ``k`` flits a cycle of ``k`` distinct packets
 enter the router. A lane is an input of the router's switch like any input port: its head is
-routed and claims a downstream VC as a head at the local input port does (round-robin from the
-output's pointer; none for a response to the router's own core, which leaves at the local
-port), each flit needs a credit of that VC, and the lanes compete with the input ports in switch
-allocation (an output grants one requester a cycle, round-robin over the input ports and then
-the lanes). A lane's head is ready ``S`` cycles after the lane takes it, as a flit the NI writes
+routed and asks for a downstream VC as a head at an input port does (none for a response to the
+router's own core, which leaves at the local port), each flit needs a credit of that VC, and the
+lanes compete with the input ports in VC and in switch allocation alike (an output serves one
+requester at a time, round-robin over the input ports and then the lanes; until session 56 the
+lanes asked for VCs only after every input port had, a leftover of the code's order, not a
+choice). A lane's head is ready ``S`` cycles after the lane takes it, as a flit the NI writes
 into the local input port is, so the zero-load latency is unchanged; a lane holds no buffer of
 its own (its next flit is ready the cycle after the previous one left). Routers without lanes,
 and the BookSim2-compatible mode, inject such packets through the NI; a router whose lanes are

@@ -5,9 +5,11 @@ width whatever its flits do at the next router. The flit routers (:mod:`npusim.h
 not: a link ``X -> D`` feeds input port ``p`` of router ``D``, and that port's flits leave ``D``
 through different outputs ``o`` (a link, the core's ejection port, the memory port). Session 48
 measured that this, not the link itself, is where the flit model loses throughput
-(``validation/noc_link_saturation.py`` part E, 4-flit packets: 0.70 / 0.51 / 0.36 of the width when
-``m`` = 1 / 2 / 3 other inputs of ``D`` contend for the output part of the link's traffic takes, since
-session 55's fair VC allocation in the flit routers; 0.91 / 0.83 / 0.40 before it).
+(``validation/noc_link_saturation.py`` part E: with the flit routers' round-robin VC allocation
+of session 56, 0.80 / 0.62 / 0.49 of the width when ``m`` = 1 / 2 / 3 other inputs of ``D`` contend
+for the output half the link's traffic takes, each source mixing both outputs; 1.0 / 0.67 / 0.50
+when one source takes each output; figures from the routers' earlier allocation orders in
+docs/FIDELITY.md).
 
 The mechanism, read off the flit router (:mod:`npusim.hw.noc.flit_kernel`): its separable switch
 allocator lets input port ``p`` make **one request a cycle**, for the flit at the front of one of
@@ -49,18 +51,19 @@ and the router pipeline do not enter, and neither does waiting for a downstream 
 so a saturated downstream link slows the port only through the others' waits at it); messages of
 the path model are not among the inputs; the injection ports (NI, memory lanes) get no ``eta``.
 On the micro-benchmarks of ``validation/noc_link_saturation.py`` (the flit model's own routers,
-2 VCs x 8 flits; nothing here was tuned to them; flit figures since session 55's fair VC allocation):
-part E, link ``X -> D`` at 0.76 / 0.55 / 0.42 of its width for ``m`` = 1 / 2 / 3 (max-min 1.0; flit
-0.69-0.73 / 0.50-0.51 / 0.33-0.36 at 1- and 4-flit packets, split or mixed), so the model is 5-10%
-optimistic at ``m`` <= 2 and 16-28% at ``m`` = 3; part B, a 2x2 switch under uniform traffic at
-0.764 an output (flit 0.75-0.79, Karol 0.75), a 3x3 one whose third input is an NI at 0.80 (flit
-0.66-0.72 at 1-8 VCs: the NI's own blocking is left out); part G (the regime the 64c GEMMs lose in: one input
-carrying the link, 60-90% of it on to an output a second input wants part of) within -9.5...+8.6%.
-Session 50 read the model as pessimistic at ``m`` = 1-2 and traced it to VC allocation (part F,
-which records the port's two VCs each cycle): those flit figures (0.91 / 0.83 at ``m`` = 1 / 2) came
-from the routers' old VC-allocation order, which favoured some input ports over others by their
-numbers. The workloads take the coupling's loss at outputs that take 70-90% of a link's flits, with
-``N`` <= ~1 and one-flit packets (``validation/memory_flows_vs_flit.py --hol-regime``); docs/FIDELITY.md.
+2 VCs x 8 flits; nothing here was tuned to them; the model was derived against the routers' earlier,
+unfair VC-allocation orders): against the round-robin allocation of session 56 it is pessimistic
+nearly everywhere. Part E, link ``X -> D`` at 0.76 / 0.55 / 0.42 of its width for ``m`` = 1 / 2 / 3
+(max-min 1.0 / 0.67 / 0.5 in the mixed case) where flit gives 0.78-0.80 / 0.61-0.62 / 0.48-0.49
+(mixed) and 1.0 / 0.667 / 0.500 (split: D's output shares its VCs evenly among its input *ports*, and
+X -> D carries the held source's flits and as many of the other's, which the model does not have);
+part B, a 2x2 switch under uniform traffic at 0.764 an output (flit 0.75-0.80, Karol 0.75), a 3x3
+one whose third input is an NI at 0.80 (flit 0.66-0.72: the NI's own blocking is left out); part G
+(one input carrying the link, 60-90% of it on to an output a second input wants part of: the regime
+``validation/memory_flows_vs_flit.py --hol-regime`` finds the 64c GEMMs' loss in) -0.7...-7.8% at
+1-flit packets. docs/FIDELITY.md ("VC allocation fair among three or more requesters") has the
+tables and the two mechanisms a coupling calibrated to those routers would model (port-fair outputs,
+FIFO coupling through a port).
 
 Units: flits per cycle of the NoC clock; times in cycles. Deterministic (fixed iteration order,
 fixed sweep limits).
