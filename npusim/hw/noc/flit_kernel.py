@@ -395,14 +395,15 @@ def _has_credit(vc, slot, B, ov, cycle):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _input_request(vc, slot, port, V, B, r, P, p, cycle):
+def _input_request(vc, slot, port, pkt, next_port, rt, scr, V, B, r, P, p, cycle, want):
     """Input stage of the separable switch allocator for input port ``p`` of router ``r``.
 
     The first VC (round-robin from the port's pointer) whose front flit is ready, holds a
-    downstream VC (:func:`_allocate_vcs`) and has a credit for it becomes the port's switch
-    request, returned as
+    downstream VC and has a credit for it becomes the port's switch request, returned as
     ``1 | out_port << 1 | vc << 4`` (0 = no request). Also returns the earliest cycle a
-    front flit of this port becomes ready (``cycle`` if one is ready now).
+    front flit of this port becomes ready (``cycle`` if one is ready now), and ``want`` with
+    the outputs this port's ready heads without a VC ask for one of (:func:`_ask_vc`; granted
+    by :func:`_grant_vcs`).
     """
     ip = r * P + p
     m = port[ip, PT_MASK]
@@ -424,12 +425,39 @@ def _input_request(vc, slot, port, V, B, r, P, p, cycle):
             continue
         wake = cycle
         o = vc[iv, VC_OUTPORT]
-        if o < 0 or req != 0:
-            continue  # no downstream VC yet (:func:`_allocate_vcs`), or the request is chosen already
+        if o < 0:
+            if o == -1:  # a head not routed yet
+                k = slot[s, SL_PKT]
+                o = _route(next_port, rt, r, pkt[k, PK_DST])
+                if o == PORT_LOCAL:  # leaves here: no VC to ask for
+                    o = PORT_MEMC if pkt[k, PK_MEM] else PORT_LOCAL
+                    vc[iv, VC_OUTPORT] = o
+                    vc[iv, VC_OUTVC] = 0
+                else:
+                    vc[iv, VC_OUTPORT] = -2 - o  # routed to o, waiting for a VC there
+                    want = _ask_vc(scr, want, o, p)
+                    continue
+            else:
+                want = _ask_vc(scr, want, -2 - o, p)
+                continue
+        if req != 0:
+            continue  # the request is chosen already
         if o != PORT_LOCAL and o != PORT_MEMC and not _has_credit(vc, slot, B, (r * P + o) * V + vc[iv, VC_OUTVC], cycle):
             continue
         req = 1 | (o << 1) | (v << 4)
-    return req, wake
+    return req, wake, want
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def _ask_vc(scr, want, o, q):
+    """Requester ``q`` (an input port, or ``P +`` a memory injection lane) asks output ``o`` for a
+    VC this cycle: bit ``q`` of ``scr[o]`` (cleared when ``o`` is first asked, bit ``o`` of
+    ``want``). Returns ``want``."""
+    if (want >> o) & 1 == 0:
+        want |= 1 << o
+        scr[o] = 0
+    scr[o] |= np.int64(1) << q
+    return want
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
@@ -534,69 +562,25 @@ def _eject(cfg, ctr, pkt, free, done, r, k, seq, tail, cycle):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _allocate_vcs(st, r, cycle):
+def _grant_vcs(st, r, want):
     """VC allocation of router ``r`` this cycle. Every ready head flit at an input VC's front, and
-    every memory injection lane's ready head, that holds no downstream VC is routed; one for the
-    local port (or, at its memory destination, the memory port) takes it at once (no VC). The
-    others request their output, and each output serves its requesters round-robin from its pointer
-    (``PT_VA_IN_RR``: input ports ``0 .. P-1``, then the lanes as ``P ..``, as the switch
-    allocator's outputs do), one VC a requester (its first head for that output, in the port's own
-    VC order, that finds one free in its dateline class); the pointer moves past the
+    every memory injection lane's ready head, that holds no downstream VC has been routed (once:
+    ``VC_OUTPORT = -2 - o`` while it waits) and, unless it leaves at this router (the local or the
+    memory port: no VC), has asked its output ``o`` (:func:`_input_request`, :func:`_lane_requests`:
+    ``want``, and ``scr[o]``, the requesters' bits). Each output serves its requesters round-robin
+    from its pointer (``PT_VA_IN_RR``: input ports ``0 .. P-1``, then the lanes as ``P ..``, as the
+    switch allocator's outputs do), one VC a requester (its first head for that output, in the
+    port's own VC order, that finds one free in its dateline class); the pointer moves past the
     last requester served. So inputs that keep asking for one output get its VCs in turn, whatever
     their ports' numbers (session 56: until then the input ports claimed in a scan order drawn per
     visit, which, with three or more requesters, favoured those after the larger gaps in port order:
     0.33 / 0.42 of an output for the E and W inputs of a router, and 0.18 for its N input against
-    0.41 / 0.41 for E and the local NI). ``scr[o]``: output ``o``'s requesters this cycle (bits).
-    A routed head waiting for a VC of output ``o`` keeps ``VC_OUTPORT = -2 - o`` (routed once)."""
-    cfg, vc, slot, port, node, pkt, lane, scr = st.cfg, st.vc, st.slot, st.port, st.node, st.pkt, st.lane, st.scr
-    P, V, B, ncls = cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_NCLS]
-    want = 0
-    for p in range(P):
-        ip = r * P + p
-        m = port[ip, PT_MASK]
-        for v in range(V):
-            if (m >> v) == 0:
-                break
-            if (m >> v) & 1 == 0:
-                continue
-            iv = ip * V + v
-            o = vc[iv, VC_OUTPORT]
-            if o >= 0:
-                continue
-            if o == -1:  # not routed yet
-                s = iv * B + vc[iv, VC_HEAD]
-                if slot[s, SL_READY] > cycle:
-                    continue
-                k = slot[s, SL_PKT]
-                o = _route(st.next_port, st.rt, r, pkt[k, PK_DST])
-                if o == PORT_LOCAL:
-                    vc[iv, VC_OUTPORT] = PORT_MEMC if pkt[k, PK_MEM] else PORT_LOCAL
-                    vc[iv, VC_OUTVC] = 0
-                    continue
-                vc[iv, VC_OUTPORT] = -2 - o  # routed to o, waiting for a VC there
-            else:
-                o = -2 - o
-            if (want >> o) & 1 == 0:
-                want |= 1 << o
-                scr[o] = 0
-            scr[o] |= np.int64(1) << p
+    0.41 / 0.41 for E and the local NI; and the lanes claimed after every input port). Returns the
+    requesters served (bits), whose switch requests the caller makes again."""
+    cfg, vc, port, node, lane, scr = st.cfg, st.vc, st.port, st.node, st.lane, st.scr
+    P, V, ncls = cfg[C_P], cfg[C_V], cfg[C_NCLS]
     nlanes = node[r, ND_MINJ_LANES]
-    if node[r, ND_MINJ_BUSY] > 0:
-        for l in range(nlanes):
-            row = r * MINJ_LANES_MAX + l
-            k = lane[row, LN_PKT]
-            if k < 0 or lane[row, LN_OUT] >= 0 or lane[row, LN_READY] > cycle:
-                continue
-            o = _route(st.next_port, st.rt, r, pkt[k, PK_DST])
-            if o == PORT_LOCAL:
-                lane[row, LN_OUT] = o
-                continue
-            if (want >> o) & 1 == 0:
-                want |= 1 << o
-                scr[o] = 0
-            scr[o] |= np.int64(1) << (P + l)
-    if want == 0:
-        return
+    served = 0
     PL = P + nlanes
     for o in range(P):
         if (want >> o) & 1 == 0:
@@ -628,6 +612,7 @@ def _allocate_vcs(st, r, cycle):
                         vc[iv, VC_OUTPORT] = o
                         vc[iv, VC_OUTVC] = dv
                         port[op, PT_VA_IN_RR] = q + 1 if q + 1 < PL else 0
+                        served |= np.int64(1) << q
                         break
             else:
                 dv = _claim_vc(vc, port, P, V, ncls, r, PORT_LOCAL, 0, o)
@@ -636,6 +621,8 @@ def _allocate_vcs(st, r, cycle):
                     lane[row, LN_OUT] = o
                     lane[row, LN_OUTVC] = dv
                     port[op, PT_VA_IN_RR] = q + 1 if q + 1 < PL else 0
+                    served |= np.int64(1) << q
+    return served
 
 
 @numba.njit(cache=True, _nrt=False)
@@ -646,20 +633,32 @@ def _routers_phase(st, cycle):
     for r in range(R):
         if node[r, ND_WAKE] > cycle:  # no front flit is ready: nothing can happen here
             continue
-        _allocate_vcs(st, r, cycle)
-        reqs, outs, wake = 0, 0, NEVER
+        reqs, wake, want = 0, NEVER, 0
         for p in range(P):
             if port[r * P + p, PT_MASK] == 0:
                 continue
-            req, port_wake = _input_request(vc, slot, port, V, B, r, P, p, cycle)
+            req, port_wake, want = _input_request(vc, slot, port, pkt, st.next_port, st.rt, st.scr, V, B, r, P, p,
+                                                  cycle, want)
             wake = min(wake, port_wake)
-            if req:
-                reqs |= req << (REQ_BITS * p)
-                outs |= 1 << ((req >> 1) & 7)
+            reqs |= req << (REQ_BITS * p)
         lreqs = 0
         if node[r, ND_MINJ_BUSY] > 0:
-            lreqs, lane_wake = _lane_requests(st, r, cycle)
+            lreqs, lane_wake, want = _lane_requests(st, r, cycle, want)
             wake = min(wake, lane_wake)
+        if want != 0:  # VC allocation, then the switch requests again of the requesters it served
+            served = _grant_vcs(st, r, want)
+            for p in range(P):
+                if (served >> p) & 1:
+                    req, _, _ = _input_request(vc, slot, port, pkt, st.next_port, st.rt, st.scr, V, B, r, P, p,
+                                               cycle, 0)
+                    reqs = (reqs & ~(np.int64(1023) << (REQ_BITS * p))) | (req << (REQ_BITS * p))
+            if served >> P:
+                lreqs, _, _ = _lane_requests(st, r, cycle, 0)
+        outs = 0
+        for p in range(P):
+            if (reqs >> (REQ_BITS * p)) & 1:
+                outs |= 1 << ((reqs >> (REQ_BITS * p + 1)) & 7)
+        if lreqs != 0:
             for l in range(node[r, ND_MINJ_LANES]):
                 if (lreqs >> (4 * l)) & 1:
                     outs |= 1 << ((lreqs >> (4 * l + 1)) & 7)
@@ -694,12 +693,13 @@ def _routers_phase(st, cycle):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def _lane_requests(st, r, cycle):
+def _lane_requests(st, r, cycle, want):
     """Switch requests of router ``r``'s memory injection lanes (4 bits a lane, ``valid | out <<
     1``) and the earliest cycle one of their flits is ready. A lane's flit requests its output
-    when it is ready, its packet holds a downstream VC (:func:`_allocate_vcs`; none at the local
-    port: a response to the core of this router) and it has a credit for it."""
-    cfg, vc, slot, lane = st.cfg, st.vc, st.slot, st.lane
+    when it is ready, its packet holds a downstream VC (none at the local port: a response to the
+    core of this router) and it has a credit for it; a ready head without one asks its output
+    (:func:`_ask_vc`, as requester ``P + l``; returned in ``want``)."""
+    cfg, vc, slot, lane, pkt = st.cfg, st.vc, st.slot, st.lane, st.pkt
     P, V, B = cfg[C_P], cfg[C_V], cfg[C_B]
     lreqs = 0
     wake = NEVER
@@ -715,12 +715,16 @@ def _lane_requests(st, r, cycle):
             continue
         wake = cycle
         o = lane[row, LN_OUT]
-        if o < 0:  # no downstream VC yet (:func:`_allocate_vcs`)
-            continue
+        if o < 0:
+            o = _route(st.next_port, st.rt, r, pkt[k, PK_DST])
+            if o != PORT_LOCAL:  # no downstream VC yet
+                want = _ask_vc(st.scr, want, o, P + l)
+                continue
+            lane[row, LN_OUT] = o
         if o != PORT_LOCAL and not _has_credit(vc, slot, B, (r * P + o) * V + lane[row, LN_OUTVC], cycle):
             continue
         lreqs |= (1 | (o << 1)) << (4 * l)
-    return lreqs, wake
+    return lreqs, wake, want
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
