@@ -60,7 +60,7 @@ neighbour. The flit model's X -> D and D -> D2 beside max-min and the flows with
 (:func:`npusim.hw.noc.hol.mesh_flow_rates`), for 1- and 4-flit packets; then, at ``h`` = 0.8, ``s`` =
 1, 1-flit packets, part F's VC states of both inputs of D that contend for its south output.
 
-    python validation/noc_link_saturation.py [--part ABCEFG] [--cycles N]
+    python validation/noc_link_saturation.py [--part ABCEFG] [--cycles N] [--law waits|fifo-fluid]
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ from npusim.hw.noc.traffic import NocParams  # noqa: E402
 
 W = H = 7
 X = (3, 3)
+LAW = "waits"  #: the flows' coupling law in the model columns (``--law``; :func:`npusim.hw.noc.hol.mesh_flow_rates`)
 
 
 def rid(x, y):
@@ -153,7 +154,7 @@ def _hol_per_output(flows, n: int) -> float:
     """Flits a cycle per output of the flows with the head-of-line coupling (every flit leaves by
     one of the ``n`` outputs; :func:`npusim.hw.noc.hol.mesh_flow_rates`)."""
     from npusim.hw.noc.hol import mesh_flow_rates
-    rate, _ = mesh_flow_rates(W, H, [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows])
+    rate, _ = mesh_flow_rates(W, H, [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows], law=LAW)
     return float(rate.sum()) / n
 
 
@@ -193,7 +194,7 @@ def _hol_xd(flows, xr: int, dr: int) -> float:
     its packets spread evenly over its destinations."""
     from npusim.hw.noc.hol import mesh_flow_rates
     spec = [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows]
-    rate, _ = mesh_flow_rates(W, H, spec)
+    rate, _ = mesh_flow_rates(W, H, spec, law=LAW)
     total = 0.0
     for f, (src, dsts) in enumerate(flows):
         for d in dsts:
@@ -423,7 +424,7 @@ def part_f(cycles: int) -> None:
     for label, flows, r, port, link, F in cases:
         table, thr, outs = vc_states(flows, r, port, cycles, F=F)
         spec = [(1.0, [(src, d, 1.0 / len(dsts)) for d in dsts]) for src, dsts in flows]
-        rate, eta = mesh_flow_rates(W, H, spec)
+        rate, eta = mesh_flow_rates(W, H, spec, law=LAW)
         model = {}  # the flows' flits a cycle on the link, by the output they take at its router
         for f, (src, dsts) in enumerate(flows):
             for d in dsts:
@@ -455,7 +456,7 @@ def part_g(cycles: int) -> None:
             spec = [(1.0, [(p_src, D2, h), (p_src, D, 1.0 - h)]),
                     (1.0, [(e_src, D2, share)] + ([(e_src, e_other, 1.0 - share)] if share < 1.0 else []))]
             plain, _ = mesh_flow_rates(W, H, spec, hol=False)
-            hol, _ = mesh_flow_rates(W, H, spec)
+            hol, _ = mesh_flow_rates(W, H, spec, law=LAW)
             for F in (1, 4):
                 thr, _ = saturate(params(), F, flows, cycles, 2000)
                 print(f"{h:4.1f} {share:5.2f} {F:2d} {plain[0]:12.3f} {hol[0]:6.3f} {thr[xo]:9.3f} "
@@ -484,7 +485,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--part", default="ABCE", help="parts to run (letters; F and G on request)")
     ap.add_argument("--cycles", type=int, default=20000, help="measurement window (cycles) of each run")
+    ap.add_argument("--law", choices=("waits", "fifo-fluid"), default="waits",
+                    help="the flows' head-of-line law in the model columns: the simulator's (waits, default) "
+                         "or session 56's fluid candidate (fifo-fluid; mesh_flow_rates only)")
     args = ap.parse_args(argv)
+    global LAW
+    LAW = args.law
     print(machine_line())
     for part, fn in (("A", part_a), ("B", part_b), ("C", part_c), ("E", part_e), ("F", part_f), ("G", part_g)):
         if part in args.part.upper():

@@ -206,7 +206,7 @@ def port_eta(lam, N, n, t):
 
 
 
-def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int = 30):
+def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int = 30, law: str = "waits"):
     """Max-min rates of ``flows`` on a ``width`` x ``height`` mesh with XY routing, every link 1
     flit a cycle, each router's NI injecting and its core's ejection port taking 1 flit a cycle
     (no memory ports), with (``hol``) or without the head-of-line coupling: each link's capacity
@@ -215,7 +215,18 @@ def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int
     ``validation/noc_link_saturation.py`` part E and the tests). ``flows``: ``[(cap, [(src, dst,
     share), ...]), ...]``, a flow's rate in flits a cycle, ``share`` of them on route ``src -> dst``
     (routers ``y * width + x``). Returns the rates and ``{(a, b): eta}`` of the links carrying
-    flits."""
+    flits.
+
+    ``law="fifo-fluid"``: instead of the waits above, a candidate (session 56; here only, not in the
+    simulator's flows) for the two mechanisms of the round-robin flit routers the waits lack (see
+    docs/FIDELITY.md): ``eta`` of link ``X -> D`` is ``min(1, min_o G_o / a_o)``, where ``G_o`` is
+    the share of ``D``'s output ``o`` the link's port gets when ``o`` is shared among ``D``'s input
+    slots max-min by slot (port-fair; the other slots' demands the flows' caps there, the port's
+    unbounded) and ``a_o`` the share of the link's flits bound to ``o`` when ``X``'s output shares
+    the link among ``X``'s input slots the same way (each slot's flits split as its flows' caps
+    split them): a port whose buffers back up passes flits only as fast as the output holding
+    them drains, in the mix the upstream arbiter lets in. Fluid: no stochastic head-of-line loss
+    (Karol's 0.75 of a 2x2 switch is not in it); from the caps alone, so one filling."""
 
     from npusim.errors import ConfigError
     from npusim.hw.maxmin import maxmin_rates, new_scratch
@@ -243,9 +254,13 @@ def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int
             p.append(y * width + x)
         return p
 
-    ent, tout, tin = [], [], []  # per flow: {res: coef}; {(link res, out slot): flits}; {(out res, in slot): flits}
+    if law not in ("waits", "fifo-fluid"):
+        raise ConfigError(f"mesh_flow_rates: law is 'waits' or 'fifo-fluid' (got {law!r})")
+    # per flow: {res: coef}; {(link res, out slot): flits}; {(out res, in slot): flits};
+    # {(link res, in slot at its source router, out slot at its head): flits}
+    ent, tout, tin, tjoint = [], [], [], []
     for cap, routes in flows:
-        e, to, ti = {}, {}, {}
+        e, to, ti, tj = {}, {}, {}, {}
         for src, dst, share in routes:
             if not (0 <= src < nr and 0 <= dst < nr) or share < 0:
                 raise ConfigError(f"mesh_flow_rates: bad route ({src}, {dst}, {share}) on {nr} routers")
@@ -257,14 +272,17 @@ def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int
                 lk = res(("L", p[i], p[i + 1]))
                 e[lk] = e.get(lk, 0.0) + share
                 ti[(lk, slot)] = ti.get((lk, slot), 0.0) + share
+                ti_slot = slot
                 slot = hop(p[i], p[i + 1])
                 nxt = hop(p[i + 1], p[i + 2]) if i + 2 < len(p) else SLOT_EJ
                 to[(lk, nxt)] = to.get((lk, nxt), 0.0) + share
+                tj[(lk, ti_slot, nxt)] = tj.get((lk, ti_slot, nxt), 0.0) + share
             e[ej] = e.get(ej, 0.0) + share
             ti[(ej, slot)] = ti.get((ej, slot), 0.0) + share
         ent.append(e)
         tout.append(to)
         tin.append(ti)
+        tjoint.append(tj)
     nf, nres = len(flows), len(links)
     width_e = max(1, max(len(e) for e in ent))
     e_n = np.array([len(e) for e in ent], np.int64)
@@ -285,6 +303,9 @@ def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int
     eta = np.ones(nres)
     rate = np.zeros(nf)
     ucap = np.ones(NSLOT)
+    if hol and law == "fifo-fluid":
+        eta = _fifo_fluid_eta(flows, tin, tjoint, key, out_res, hop, nres)
+        hol = False  # one filling on it
     for _ in range(iters if hol else 1):
         rate[:] = 0.0
         maxmin_rates(nf, np.arange(nf, dtype=np.int64), e_n, e_res, e_coef, fcap, eta.copy(), rate,
@@ -315,6 +336,56 @@ def mesh_flow_rates(width: int, height: int, flows, hol: bool = True, iters: int
             new[r] = port_eta(lam, N, n, np.zeros(NSLOT + 2))
         eta = new
     return rate, {(k[1], k[2]): float(eta[r]) for k, r in links.items() if k[0] == "L"}
+
+
+def _fill_shares(c: float, demands: dict) -> dict:
+    """Max-min shares of capacity ``c`` among ``demands`` (``{key: demand}``, ``inf`` allowed)."""
+    out, left = {}, c
+    keys = sorted(demands, key=lambda k: demands[k])
+    for i, k in enumerate(keys):
+        out[k] = min(demands[k], left / (len(keys) - i))
+        left -= out[k]
+    return out
+
+
+def _fifo_fluid_eta(flows, tin, tjoint, key, out_res, hop, nres, sweeps: int = 50):
+    """``eta`` of every link by :func:`mesh_flow_rates`' ``law="fifo-fluid"`` (its docstring)."""
+    demand: dict = {}  # output resource -> {input slot: the flows' caps there}
+    for f, (cap, _) in enumerate(flows):
+        for (o, s), c in tin[f].items():
+            demand.setdefault(o, {})
+            demand[o][s] = demand[o].get(s, 0.0) + cap * c
+    eta = np.ones(nres)
+    for r in range(nres):
+        if key[r][0] != "L":
+            continue
+        X, D = key[r][1], key[r][2]
+        sp = hop(X, D)
+        slot_dem, mix = {}, {}  # X's input slots' demands on the link; their flits by D's output
+        for f, (cap, _) in enumerate(flows):
+            for (lk, s, o), c in tjoint[f].items():
+                if lk == r:
+                    slot_dem[s] = slot_dem.get(s, 0.0) + cap * c
+                    mix[(s, o)] = mix.get((s, o), 0.0) + cap * c
+        if not slot_dem:
+            continue
+        grant = {}  # the port's share of each output it uses
+        for (_, o) in mix:
+            others = {q: d for q, d in demand.get(out_res[(D, o)], {}).items() if q != sp}
+            grant[o] = min(1.0, _fill_shares(1.0, {**others, "port": math.inf})["port"])
+        e = 1.0
+        for _ in range(sweeps):  # the link's mix depends on its own capacity (X's shares of it)
+            y = _fill_shares(e, slot_dem)
+            tot = sum(y.values())
+            share = {}
+            for (s, o), v in mix.items():
+                share[o] = share.get(o, 0.0) + y[s] * v / slot_dem[s] / tot
+            ne = min(1.0, min(grant[o] / a for o, a in share.items() if a > 0.0))
+            if abs(ne - e) <= TOL:
+                break
+            e = ne
+        eta[r] = e
+    return eta
 
 
 __all__ = ["NSLOT", "SLOT_EJ", "SLOT_LANES", "SLOT_MEM", "SLOT_NI", "mesh_flow_rates", "others_ahead", "others_from",
