@@ -628,8 +628,8 @@ def _grant_vcs(st, r, want):
 @numba.njit(cache=True, _nrt=False)
 def _routers_phase(st, cycle):
     """Allocation and traversal in every router holding flits (order-independent)."""
-    cfg, ctr, vc, slot, port, node, pkt = st.cfg, st.ctr, st.vc, st.slot, st.port, st.node, st.pkt
-    R, P, V, B, S, ncls = cfg[C_R], cfg[C_P], cfg[C_V], cfg[C_B], cfg[C_S], cfg[C_NCLS]
+    cfg, vc, slot, port, node, pkt = st.cfg, st.vc, st.slot, st.port, st.node, st.pkt
+    R, P, V, B = cfg[C_R], cfg[C_P], cfg[C_V], cfg[C_B]
     for r in range(R):
         if node[r, ND_WAKE] > cycle:  # no front flit is ready: nothing can happen here
             continue
