@@ -96,6 +96,24 @@ def test_backlogged_inputs_share_a_saturated_output_evenly(group, packet_flits):
         assert out - sum(thr[into_d[a]] for a in links) == pytest.approx(1.0 / len(group), abs=0.03)
 
 
+def test_booksim_compatible_flag_is_honoured_and_fair():
+    """``saturated_throughput`` builds the BookSim2-compatible router when ``NocParams`` asks for it
+    (until session 56 it built the default one whatever the flag said): three backlogged inputs of
+    D bound south share what D's south link carries evenly there too, and at one-flit packets that
+    is well below its width (its VC turnaround), where the default router fills it."""
+    import dataclasses
+    x, y = X
+    D, D2 = rid(x, y + 1), rid(x, y + 2)
+    src = {"N": rid(x, y - 1), "E": rid(x + 1, y + 1), "W": rid(x - 1, y + 1)}
+    into_d = {"N": rid(x, y) * 5 + PORT_S, "E": rid(x + 1, y + 1) * 5 + PORT_W, "W": rid(x - 1, y + 1) * 5 + PORT_E}
+    params = dataclasses.replace(mesh5(), booksim_compatible=True)
+    thr, _ = saturated_throughput(params, 1, [(src[a], [D2]) for a in into_d], 6000, 1000)
+    out = thr[D * 5 + PORT_S]
+    assert out < 0.9
+    for a in into_d:
+        assert thr[into_d[a]] == pytest.approx(out / 3, abs=0.03)
+
+
 def test_bad_arguments():
     with pytest.raises(ConfigError):
         saturated_throughput(mesh5(), 0, [(0, [1])], 10)
