@@ -57,6 +57,16 @@ def test_downstream_contention_blocks_the_upstream_link():
     assert thr[rid(x, y) * 5 + PORT_S] == pytest.approx(2 / 3, abs=0.05)  # twice the N source's third
 
 
+def _south_of_d():
+    """D (below X), D2 (below D), the backlogged sources feeding D's N, E and W inputs and its own
+    NI (``L``), and the output port whose flits a cycle are each link input's share into D."""
+    x, y = X
+    D, D2 = rid(x, y + 1), rid(x, y + 2)
+    src = {"N": rid(x, y - 1), "E": rid(x + 1, y + 1), "W": rid(x - 1, y + 1), "L": D}
+    into_d = {"N": rid(x, y) * 5 + PORT_S, "E": rid(x + 1, y + 1) * 5 + PORT_W, "W": rid(x - 1, y + 1) * 5 + PORT_E}
+    return D, D2, src, into_d
+
+
 @pytest.mark.parametrize("packet_flits", [1, 4])
 @pytest.mark.parametrize("pair", [("N", "E"), ("N", "W"), ("E", "W")])
 def test_two_backlogged_inputs_share_a_saturated_output_evenly(pair, packet_flits):
@@ -64,10 +74,7 @@ def test_two_backlogged_inputs_share_a_saturated_output_evenly(pair, packet_flit
     gets half of it, whatever their port numbers (BookSim2's separable allocators do the same; until
     session 55 the VC allocation's port order rotated by one per visit and split it 0.8 / 0.2 or
     0.4 / 0.6 by port number)."""
-    x, y = X
-    D, D2 = rid(x, y + 1), rid(x, y + 2)
-    src = {"N": rid(x, y - 1), "E": rid(x + 1, y + 1), "W": rid(x - 1, y + 1)}
-    into_d = {"N": rid(x, y) * 5 + PORT_S, "E": rid(x + 1, y + 1) * 5 + PORT_W, "W": rid(x - 1, y + 1) * 5 + PORT_E}
+    D, D2, src, into_d = _south_of_d()
     thr, _ = saturated_throughput(mesh5(), packet_flits, [(src[a], [D2]) for a in pair], 6000, 1000)
     assert thr[D * 5 + PORT_S] == pytest.approx(1.0, abs=0.01)
     for a in pair:
@@ -82,10 +89,7 @@ def test_backlogged_inputs_share_a_saturated_output_evenly(group, packet_flits):
     input ports claimed VCs in a scan order drawn per visit (a random start and direction), fair
     between two ports but not among three or more: E / W got 0.33 / 0.42 against N, and N 0.18
     against E and L at 0.41 each (the ports after the larger gaps in port order claimed first)."""
-    x, y = X
-    D, D2 = rid(x, y + 1), rid(x, y + 2)
-    src = {"N": rid(x, y - 1), "E": rid(x + 1, y + 1), "W": rid(x - 1, y + 1), "L": D}
-    into_d = {"N": rid(x, y) * 5 + PORT_S, "E": rid(x + 1, y + 1) * 5 + PORT_W, "W": rid(x - 1, y + 1) * 5 + PORT_E}
+    D, D2, src, into_d = _south_of_d()
     thr, _ = saturated_throughput(mesh5(), packet_flits, [(src[a], [D2]) for a in group], 6000, 1000)
     out = thr[D * 5 + PORT_S]
     assert out == pytest.approx(1.0, abs=0.01)
@@ -102,10 +106,7 @@ def test_booksim_compatible_flag_is_honoured_and_fair():
     D bound south share what D's south link carries evenly there too, and at one-flit packets that
     is well below its width (its VC turnaround), where the default router fills it."""
     import dataclasses
-    x, y = X
-    D, D2 = rid(x, y + 1), rid(x, y + 2)
-    src = {"N": rid(x, y - 1), "E": rid(x + 1, y + 1), "W": rid(x - 1, y + 1)}
-    into_d = {"N": rid(x, y) * 5 + PORT_S, "E": rid(x + 1, y + 1) * 5 + PORT_W, "W": rid(x - 1, y + 1) * 5 + PORT_E}
+    D, D2, src, into_d = _south_of_d()
     params = dataclasses.replace(mesh5(), booksim_compatible=True)
     thr, _ = saturated_throughput(params, 1, [(src[a], [D2]) for a in into_d], 6000, 1000)
     out = thr[D * 5 + PORT_S]
