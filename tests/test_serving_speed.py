@@ -56,6 +56,7 @@ def test_bench_serving_stream_labels_parse_and_a_bad_one_says_what_was_expected(
     spec.loader.exec_module(bench)
     assert bench.stream_variant("reserve") == ("reserve", 0, 0)
     assert bench.stream_variant("flow-all") == ("flow", 0, 0)
+    assert bench.stream_variant("flow-nomemo") == ("flow", 0, 0)
     assert bench.stream_variant("flow@1024") == ("flow", 1024, 0)
     assert bench.stream_variant("flow~64") == ("flow", 0, 64)
     assert bench.stream_variant("flow@1024~64") == ("flow", 1024, 64)

@@ -135,7 +135,8 @@ def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, i
         fl = new_memflows(n_links, n_routers, num_initiators, router_stages, link_latency, lanes,
                           max_outstanding, txn_bytes)
     else:  # a tiny stand-in (the state is typed the same way)
-        fl = new_memflows(1, 1, 1, router_stages, link_latency, np.ones(1, np.int64), max_outstanding, txn_bytes)
+        fl = new_memflows(1, 1, 1, router_stages, link_latency, np.ones(1, np.int64), max_outstanding, txn_bytes,
+                          memo=False)
     return MemPath(prm=prm, attach=attach, routers=routers, pending=np.zeros(num_initiators, np.int64),
                    task=np.full(num_initiators, -1, np.int64), tail=np.zeros(num_initiators, np.int64),
                    r_bytes=np.zeros(n_routers, np.int64), r_pkt=np.zeros(n_routers, np.int64),

@@ -13,10 +13,11 @@ N decoder layers (for the long growth series; say so when quoting).
 ``--noc path,analytical`` times both NoC fidelities in one run and prints the path NoC's wall time
 over the analytical's; ``--streams`` the path NoC's memory stream models (default ``reserve``, the program's; issue 42
 item 4: uncached, 1,000 requests, path at most 2x analytical); ``flow-all`` is the flows with every DMA a flow of
-the filling (``npusim.hw.noc.memflow.MICE`` off); ``flow@Q`` the flows with a head-of-line pass held for ``Q`` cycles
+the filling (``npusim.hw.noc.memflow.MICE`` off); ``flow-nomemo`` the flows solving every sharing (``memflow.MEMO_SLOTS``
+0: no sharing takes the rates remembered for a state seen before; the flows' results before session 57); ``flow@Q`` the flows with a head-of-line pass held for ``Q`` cycles
 (``memflow.HOL_PERIOD``; ``flow`` itself makes a pass every update); ``flow~S`` the flows with a sharing kept for
 ``S`` cycles (``memflow.SHARE_PERIOD``: starts and drains within it wait for the next sharing); ``flow@Q~S`` both.
-With ``flow`` beside them the run prints each variant's effect on the simulated time.
+With ``flow-nomemo`` (else ``flow``) beside them the run prints each variant's effect on the simulated time.
 
 ``--cache off,on`` runs each point without and with the iteration-cost cache
 (``npusim run --iteration-cache``; ``--cache-buckets`` its buckets, default exact).
@@ -217,11 +218,12 @@ def readme_run(requests: int | None, extra: list[str]) -> None:
 
 def stream_variant(label: str) -> tuple[str, int, int]:
     """``--streams`` label -> (the stream model, the flows' ``memflow.HOL_PERIOD`` and
-    ``memflow.SHARE_PERIOD``): ``flow-all``, ``flow@Q``, ``flow~S`` and ``flow@Q~S`` are the flows
-    (every DMA a flow; a head-of-line pass held ``Q`` cycles; a sharing kept ``S`` cycles)."""
+    ``memflow.SHARE_PERIOD``): ``flow-all``, ``flow-nomemo``, ``flow@Q``, ``flow~S`` and ``flow@Q~S`` are
+    the flows (every DMA a flow; every sharing solved; a head-of-line pass held ``Q`` cycles; a sharing
+    kept ``S`` cycles)."""
     head, tilde, share = label.partition("~")
     model, at, period = head.partition("@")
-    model = model.removesuffix("-all")
+    model = model.removesuffix("-nomemo").removesuffix("-all")
     if (at or tilde) and (model != "flow" or (at and not period.isdigit()) or (tilde and not share.isdigit())):
         raise SystemExit(f"--streams {label}: expected flow@CYCLES (a head-of-line pass held that many cycles), "
                          "flow~CYCLES (a sharing kept that many cycles) or flow@CYCLES~CYCLES")
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=128)
     ap.add_argument("--streams", default="reserve",
-                    help="memory stream model(s) at the path NoC (npusim.sim.mempath): flow, reserve, hop, flow-all, flow@CYCLES, "
+                    help="memory stream model(s) at the path NoC (npusim.sim.mempath): flow, reserve, hop, flow-all, flow-nomemo, flow@CYCLES, "
                          "flow~CYCLES, flow@CYCLES~CYCLES or a list")
     ap.add_argument("--cache", default="off", help="iteration cache: off, on or off,on")
     ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
@@ -256,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     for label in args.streams.split(","):  # a bad label stops the run before any point
         stream_variant(label)
+    saved_memo = memflow.MEMO_SLOTS
     path = args.trace or trace_path()
     buckets = parse_buckets(args.cache_buckets)
     layers = "all" if args.layers is None else str(args.layers)
@@ -277,7 +280,8 @@ def main(argv: list[str] | None = None) -> None:
                 sims = {}
                 for noc, streams, cache in points:
                     model, period, share = stream_variant(streams)
-                    memflow.MICE = streams != "flow-all"  # flow-all: every DMA a flow of the filling
+                    memflow.MICE = "-all" not in streams  # flow-all: every DMA a flow of the filling
+                    memflow.MEMO_SLOTS = 0 if "-nomemo" in streams else saved_memo  # flow-nomemo: every sharing solved
                     memflow.HOL_PERIOD, memflow.SHARE_PERIOD = period, share
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
                                         scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
@@ -289,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
                     t0, c0 = time.perf_counter(), time.process_time()
                     s = simulate_serving(arch, spec, reqs, cfg, replicas=replicas).summary
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                    memflow.MICE, memflow.HOL_PERIOD, memflow.SHARE_PERIOD = True, 0, 0
+                    memflow.MICE, memflow.HOL_PERIOD, memflow.SHARE_PERIOD, memflow.MEMO_SLOTS = True, 0, 0, saved_memo
                     walls[noc, streams, cache] = wall
                     sims[streams, cache] = s['simulated_s']
                     label = noc if noc != "path" else f"path/{streams}"
@@ -302,10 +306,11 @@ def main(argv: list[str] | None = None) -> None:
                     if noc == "path" and ref:
                         print(f"{'':>8} path/{streams} / analytical wall time ({cache} cache): {wall / ref:.2f}x",
                               flush=True)
-                for (streams, cache), sim_s in sims.items():  # each flow variant against the flows
-                    ref = sims.get(("flow", cache))
-                    if streams.startswith("flow") and streams != "flow" and ref:
-                        print(f"{'':>8} path/{streams} against path/flow, simulated s ({cache} cache): "
+                for (streams, cache), sim_s in sims.items():  # each flow variant against the flows solving every sharing
+                    base = "flow-nomemo" if ("flow-nomemo", cache) in sims else "flow"
+                    ref = sims.get((base, cache))
+                    if streams.startswith("flow") and streams != base and ref:
+                        print(f"{'':>8} path/{streams} against path/{base}, simulated s ({cache} cache): "
                               f"{100 * (sim_s / ref - 1):+.3f}%", flush=True)
     print(machine_line())
 

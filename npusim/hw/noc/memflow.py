@@ -78,6 +78,22 @@ Ten uncached Mooncake requests (with the passes held 1,024 cycles): kept 64 cycl
 instead of 27.6 M, 13% less wall time, the simulated time +0.01%; the short rows of
 ``validation/memory_flows_vs_flit.py`` move by at most 0.5% (docs/FIDELITY.md).
 
+Sharings remembered (``MEMO_SLOTS``, on by default since session 57): the rates a sharing gives are a
+function of its state -- the active flows (their routes, flits per byte on each resource and caps), the
+messages holding and the mice loading the resources they cross -- and, through the head-of-line
+passes' warm start, of the links' ``eta`` before it. A serving run meets the same states again and
+again (the same layers' DMAs on the same cores: 10 uncached Mooncake requests on npusim-64c, 16 layers,
+2.6M sharings of about 99k distinct states). So each sharing's state has a key (:func:`_memo_key`:
+the flows' signatures, :func:`memflow_add` and :func:`memflow_go`, and the loaded resources' mixes,
+:func:`_key_res`, summed as they change: O(1) to read), and a solved sharing is remembered under
+it: the flows' rates and the mesh links' ``eta`` other than 1 (:func:`_memo_put`). A sharing whose
+state is remembered takes them (:func:`_memo_get`: O(flows + links off 1), no filling, no pass). What
+differs from solving it: the passes started, the first time, from the ``eta`` then, so a state reached
+by another history might have settled elsewhere within the passes' tolerance; ``validation/
+memory_flows_vs_flit.py`` rows move by at most 0.16% and a serving run's simulated time by less than
+0.01% (``validation/perf/bench_serving.py --streams flow,flow-nomemo``). Deterministic: the table is
+filled in the run's own order. A sharing on a held pass's ``eta`` (``HOL_PERIOD``) is not remembered.
+
 Left out (the flit model has them): per-flit arbitration and finite buffers (beyond the
 head-of-line coupling above: no packet or VC state, no credits; messages are not among a port's
 contenders), head-of-line blocking at the injection ports (NI, memory lanes), the controllers' queues' order (first-come first-served across cores: the flow model
@@ -157,6 +173,17 @@ HOL_PERIOD = 0
 #: memflows are made (0: a sharing at every change, exact)
 SHARE_PERIOD = 0
 
+#: remember each sharing's outcome by what determines it (:func:`_memo_key`: the active flows, their
+#: routes and caps, and the messages and mice loading the resources they cross) and give a sharing of
+#: a state seen before those rates at once (``MEMO_SLOTS`` table entries, direct-mapped by the key;
+#: their rates and links' ``eta`` in a ring of ``MEMO_ARENA`` pairs, an entry overwritten there is
+#: forgotten). Read, like HOL_COUPLING, when memflows are made (0: every sharing solved). Not exact in
+#: one respect: a sharing's head-of-line passes start from the links' ``eta`` the last one left, so
+#: the same state reached by another history may settle at slightly other ``eta`` (within ``HOL_TOL``
+#: per pass); a remembered outcome is the first one's.
+MEMO_SLOTS = 1 << 16
+MEMO_ARENA = 1 << 21  # 32 MiB of pairs at most, touched only as they are written
+
 MemFlows = namedtuple("MemFlows", [
     "prm", "rcap", "ceff",  # parameters; per resource: capacity, and what messages leave of it (flits/cycle)
     "e_n", "e_res", "e_coef",  # per initiator: its resources and flits per byte on each
@@ -167,10 +194,6 @@ MemFlows = namedtuple("MemFlows", [
     # ``rl[row[l] : row[l] + rn[l]]`` (with their entry index ``rk``; ``eslot[f, k]``: where entry
     # ``k`` of flow ``f`` sits in its resource's list), and the resources with any (``tl``, ``tpos``)
     "rl", "rk", "rn", "row", "eslot", "tl", "tpos",
-    # beside ``rl``, each listed entry's flits per byte by output and input slot (its flow's ``e_tout``
-    # and ``e_tin`` over its bytes, written when it joins): a resource's head-of-line loads read
-    # contiguous rows
-    "rtout", "rtin",
     "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
     "B0",  # per resource: the load its active flows put on it at their caps (flits/cycle), kept the same way
     "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
@@ -198,9 +221,17 @@ MemFlows = namedtuple("MemFlows", [
     # mice (MICE): per resource, the load the mice running now put on it (flits/cycle, at their caps;
     # a mouse's entries e_* are kept, per byte, until it ends)
     "mload",
+    # the sharings remembered (MEMO_SLOTS): the state's key now (``mk``: the active flows' signatures'
+    # mixes summed, and the loaded resources' ``hc`` summed), per flow its signature (``fsig``), per
+    # resource its load's mix (``hc``, 0 unless flows cross it and messages or mice load it); per table
+    # entry its key, start in the ring of pairs, flows, links and the peak load it left; scratch of a
+    # hit: per link the ``eta`` it gives (``mev``, valid where ``mst`` is the hit's stamp)
+    "mk", "fsig", "hc", "mt_key", "mt_off", "mt_nf", "mt_nl", "mt_peak", "ma_i", "ma_v", "mst", "mev",
+    # the mesh links whose ``eta`` is not 1, ``xl[:sc[S_NX]]`` (``xpos[l]``: where ``l`` sits there, -1: not in it)
+    "xl", "xpos",
     "sc", "fsc",
 ])
-(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE, P_HOL_PERIOD, P_SHARE_PERIOD) = range(10)
+(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE, P_HOL_PERIOD, P_SHARE_PERIOD, P_MEMO) = range(11)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
 # rounds, flows started, flows and resources in the filling (summed over updates), resources crossed now,
 # message claims and releases that could not move a rate (no update), resources crossed (summed over
@@ -212,9 +243,10 @@ MemFlows = namedtuple("MemFlows", [
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
  S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE, S_HOL_LAST, S_HOL_HELD, S_TSHARE, S_NEXT_T, S_WAITED,
- S_UNSHARED) = range(29)  # S_HOL_FILLS: fillings again after the links' eta moved;
+ S_UNSHARED, S_MEMO_HITS, S_MEMO_WPOS, S_NX) = range(32)  # S_HOL_FILLS: fillings again after the links' eta moved;
 # S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice;
 # S_HOL_LAST: the cycle of the last update that made passes; S_HOL_HELD: updates that held the last pass (HOL_PERIOD);
+# S_MEMO_HITS: sharings given a remembered outcome (MEMO_SLOTS); S_MEMO_WPOS: pairs written to the memo's ring so far;
 # S_TSHARE: the cycle of the last sharing; S_NEXT_T: when the update of the current version is due (-1: none);
 # S_WAITED: flow starts that waited for the next sharing (SHARE_PERIOD); S_UNSHARED: updates that ended drained
 # flows without a sharing
@@ -227,9 +259,10 @@ F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
 
 
 def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stages: int, link_latency: int,
-                 memory_lanes, max_outstanding: int, transaction_bytes: int) -> MemFlows:
+                 memory_lanes, max_outstanding: int, transaction_bytes: int, memo: bool = True) -> MemFlows:
     """State for ``num_initiators`` DMA engines on a NoC of ``n_links`` mesh links and
-    ``n_routers`` routers; ``memory_lanes[r]``: lanes of router ``r``'s memory port and injection.
+    ``n_routers`` routers; ``memory_lanes[r]``: lanes of router ``r``'s memory port and injection;
+    ``memo``: remember sharings (as ``MEMO_SLOTS`` says; ``False``: a stand-in that shares nothing).
     Resource ids: mesh links ``0 .. n_links-1``, then per router the core's ejection port
     (``n_links + r``), the memory port (``n_links + R + r``), the core's injection
     (``n_links + 2R + r``) and the memory injection lanes (``n_links + 3R + r``)."""
@@ -240,11 +273,15 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     rcap[n_links + 3 * n_routers:] = lanes
     ni = int(num_initiators)
     width = nres
+    memo = memo and MEMO_SLOTS > 0 and MEMO_ARENA > 0
+    # powers of two (a key's slot and a pair's place are masks); 1 each when off
+    slots = 1 << max(0, int(MEMO_SLOTS - 1).bit_length()) if memo else 1
+    arena = 1 << max(0, int(MEMO_ARENA - 1).bit_length()) if memo else 1
     mf = MemFlows(
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
                       max(1, int(max_outstanding)) * int(transaction_bytes),
                       max(1, int(HOL_ITERS)) if HOL_COUPLING else 0, int(bool(MICE)), max(0, int(HOL_PERIOD)),
-                      max(0, int(SHARE_PERIOD))],
+                      max(0, int(SHARE_PERIOD)), int(memo)],
                      np.int64),
         rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
@@ -253,7 +290,6 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         rtt=np.zeros(ni, np.float64), nbytes=np.zeros(ni, np.int64), act=np.zeros(ni, np.int64),
         rl=np.zeros(nres * ni, np.int64), rk=np.zeros(nres * ni, np.int64), rn=np.zeros(nres, np.int64),
         row=np.arange(nres, dtype=np.int64) * ni, eslot=np.zeros((ni, width), np.int64),
-        rtout=np.zeros((nres * ni, NSLOT), np.float64), rtin=np.zeros((nres * ni, NSLOT), np.float64),
         tl=np.zeros(nres, np.int64), tpos=np.full(nres, -1, np.int64),
         A0=np.zeros(nres, np.float64), B0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
@@ -271,7 +307,13 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         hchg=np.zeros(nres, np.int64), heta=np.ones(nres, np.float64),
         hu=np.zeros((nres, NSLOT), np.float64), hU=np.zeros(nres, np.float64), hstamp=np.zeros(nres, np.int64),
         mload=np.zeros(nres, np.float64),
-        sc=np.zeros(29, np.int64), fsc=np.zeros(2, np.float64),
+        mk=np.zeros(2, np.uint64), fsig=np.zeros(ni, np.uint64), hc=np.zeros(nres, np.uint64),
+        mt_key=np.zeros(slots, np.uint64), mt_off=np.zeros(slots, np.int64), mt_nf=np.zeros(slots, np.int64),
+        mt_nl=np.zeros(slots, np.int64), mt_peak=np.zeros(slots, np.float64),
+        ma_i=np.zeros(arena, np.int64), ma_v=np.zeros(arena, np.float64),
+        mst=np.zeros(nres if memo else 1, np.int64), mev=np.ones(nres if memo else 1, np.float64),
+        xl=np.zeros(nres, np.int64), xpos=np.full(nres, -1, np.int64),
+        sc=np.zeros(32, np.int64), fsc=np.zeros(2, np.float64),
     )
     mf.sc[S_NEXT_T] = -1
     return mf
@@ -347,6 +389,10 @@ def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports)
     and its per-link flit counters). Call per router, then :func:`memflow_go`."""
     nl = mf.prm[P_NLINKS]
     nr = mf.prm[P_NR]
+    if mf.prm[P_MEMO] != 0:  # what this router's part adds to the flow's signature (its routes and loads)
+        mf.fsig[init] += _mix(np.uint64(r) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(bursts) * np.uint64(0x632BE59BD9B4E019)
+                              + np.uint64(out_flits) * np.uint64(0xD6E8FEB86659FD93) + np.uint64(back_flits)
+                              + np.uint64(memports))
     # out: the core's NI, the route core -> r, the memory port (or r's core port)
     _acc(mf, init, nl + 2 * nr + core, out_flits)
     ej = nl + nr + r if memports != 0 else nl + r
@@ -389,12 +435,17 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
             l = mf.e_res[init, k]
             mf.mload[l] += mf.e_coef[init, k] * cap
             if mf.rn[l] > 0:  # the flows there keep what is left (they stay out of the filling)
+                _key_res(mf, holds, l)
                 mf.ceff[l] = _ceff(mf, holds, l)
         mf.sc[S_MICE] += 1
+        mf.fsig[init] = 0  # (its routers' parts summed for a flow's signature)
         event_push(heap, hs, now + max(np.int64(1), np.int64(np.ceil(nbytes / cap))), EV_MOUSE_END, init)
         return
+    if mf.prm[P_MEMO] != 0:  # the flow joins the memo key (its signature: its routers' parts, then this)
+        mf.fsig[init] = _mix(mf.fsig[init] + _mix(np.uint64(init) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(nbytes)))
+        mf.mk[0] += mf.fsig[init]
     for k in range(mf.e_n[init]):
-        _list_add(mf, holds, init, k, mf.e_res[init, k], inv)
+        _list_add(mf, holds, init, k, mf.e_res[init, k])
     mf.rem[init] = float(nbytes)
     mf.rate[init] = 0.0
     mf.nbytes[init] = nbytes
@@ -462,6 +513,7 @@ def memflow_mouse_end(mf, holds, heap, hs, init, now):
         if mf.mload[l] < 1e-12:
             mf.mload[l] = 0.0
         if mf.rn[l] > 0:
+            _key_res(mf, holds, l)
             mf.ceff[l] = _ceff(mf, holds, l)
             poke |= mf.mpos[l] >= 0
             _may_fill(mf, l)
@@ -536,10 +588,9 @@ def _entry_out(mf, f, k):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _list_add(mf, holds, f, k, l, inv):
+def _list_add(mf, holds, f, k, l):
     """Entry ``k`` of flow ``f`` (resource ``l``) joins ``l``'s list (and ``l`` the touched ones,
-    with its capacity less the messages holding it now), its flits by slot per byte (``inv``: one
-    over the flow's bytes; ``e_tout`` and ``e_tin`` hold them for the whole DMA)."""
+    with its capacity less the messages holding it now)."""
     n = mf.rn[l]
     if n == 0:
         nt = mf.sc[S_NTOUCH]
@@ -550,11 +601,10 @@ def _list_add(mf, holds, f, k, l, inv):
     q = mf.row[l] + n
     mf.rl[q] = f
     mf.rk[q] = k
-    for s in range(NSLOT):
-        mf.rtout[q, s] = mf.e_tout[f, k, s] * inv
-        mf.rtin[q, s] = mf.e_tin[f, k, s] * inv
     mf.eslot[f, k] = n
     mf.rn[l] = n + 1
+    if n == 0:  # flows cross it now: its load by messages and mice joins the memo key
+        _key_res(mf, holds, l)
     mf.A0[l] += mf.e_coef[f, k]
     mf.B0[l] += mf.e_coef[f, k] * mf.fcap[f]
     if mf.mpos[l] >= 0:  # it may fill already: the entry joins the flow's entries there
@@ -574,17 +624,16 @@ def _list_drop(mf, f):
         g, kg = mf.rl[last], mf.rk[last]
         mf.rl[mf.row[l] + i] = g
         mf.rk[mf.row[l] + i] = kg
-        for s in range(NSLOT):
-            mf.rtout[mf.row[l] + i, s] = mf.rtout[last, s]
-            mf.rtin[mf.row[l] + i, s] = mf.rtin[last, s]
         mf.eslot[g, kg] = i
         mf.rn[l] = n
         mf.A0[l] -= mf.e_coef[f, k]
         mf.B0[l] -= mf.e_coef[f, k] * mf.fcap[f]
         if n == 0:  # untouched now: the last touched resource takes its place (its sum starts anew)
+            mf.mk[1] -= mf.hc[l]  # and its load leaves the memo key
+            mf.hc[l] = 0
             mf.A0[l] = 0.0
             mf.B0[l] = 0.0
-            mf.eta[l] = 1.0  # and its head-of-line share, read again from the next flows' mix
+            _set_eta(mf, l, 1.0)  # and its head-of-line share, read again from the next flows' mix
             nt = mf.sc[S_NTOUCH] - 1
             p = mf.tpos[l]
             m = mf.tl[nt]
@@ -598,6 +647,26 @@ def _list_drop(mf, f):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _set_eta(mf, l, e):
+    """Mesh link ``l``'s head-of-line share is ``e`` (the list of links off 1 follows)."""
+    mf.eta[l] = e
+    p = mf.xpos[l]
+    if e != 1.0:
+        if p < 0:
+            n = mf.sc[S_NX]
+            mf.xl[n] = l
+            mf.xpos[l] = n
+            mf.sc[S_NX] = n + 1
+    elif p >= 0:
+        n = mf.sc[S_NX] - 1
+        m = mf.xl[n]
+        mf.xl[p] = m
+        mf.xpos[m] = p
+        mf.xpos[l] = -1
+        mf.sc[S_NX] = n
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _ceff(mf, holds, l):
     """What the flows may use of resource ``l``: its width less the messages holding it (``holds``
     covers the links and ports; the memory lanes beyond carry no message), times its ``eta``, less
@@ -606,17 +675,124 @@ def _ceff(mf, holds, l):
     return max(0.0, c * mf.eta[l] - mf.mload[l]) if c > 0.0 else 0.0
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _mix(x):
+    """A 64-bit mix of ``x`` (SplitMix64's finalizer): keys summed from mixes rarely collide."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _q(x):
+    """A float of the key quantised (2^-20 steps) to an integer."""
+    return np.uint64(np.int64(np.round(x * 1048576.0)))
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _key_res(mf, holds, l):
+    """Resource ``l``'s part of the memo key (``mk[1]``): the messages holding it and the mice's load
+    on it, while flows cross it; call wherever ``holds[l]``, ``mload[l]`` or whether flows cross ``l``
+    may have changed."""
+    h = holds[l] if l < holds.shape[0] else 0
+    new = np.uint64(0)
+    if mf.rn[l] > 0 and (h > 0 or mf.mload[l] > 0.0):
+        new = _mix(np.uint64(l) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(h) * np.uint64(0x632BE59BD9B4E019)
+                   + _q(mf.mload[l]))
+    mf.mk[1] += new - mf.hc[l]
+    mf.hc[l] = new
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _memo_key(mf):
+    """The key of the state a sharing starts from (never 0, an empty entry's)."""
+    return _mix(mf.mk[0] ^ _mix(mf.mk[1] + np.uint64(0x2545F4914F6CDD1D))) | np.uint64(1)
+
+
+@njit(cache=True, _nrt=False)
+def _memo_get(mf, holds, key, nact):
+    """Give the sharing of the state ``key`` (``nact`` active flows) the rates and links' ``eta``
+    remembered for it, if they still are (its entry not overwritten in the table or the ring);
+    returns whether it did. Each touched mesh link takes the remembered ``eta`` (1 if none was kept),
+    its ``ceff`` and membership of the set that may fill following."""
+    slot = np.int64(key & np.uint64(mf.mt_key.shape[0] - 1))
+    if mf.mt_key[slot] != key or mf.mt_nf[slot] != nact:
+        return False
+    off = mf.mt_off[slot]
+    m = mf.ma_i.shape[0]
+    if off < mf.sc[S_MEMO_WPOS] - m:  # its pairs were overwritten
+        return False
+    mask = m - 1
+    for i in range(nact):
+        p = (off + i) & mask
+        mf.rate[mf.ma_i[p]] = mf.ma_v[p]
+    mf.sc[S_MEMO_HITS] += 1
+    stamp = mf.sc[S_MEMO_HITS]
+    end = off + nact + mf.mt_nl[slot]
+    for i in range(off + nact, end):
+        mf.mst[mf.ma_i[i & mask]] = stamp
+    i = mf.sc[S_NX] - 1
+    while i >= 0:  # links off 1 now that are at 1 in the state remembered (backwards: a removal moves the last here)
+        l = mf.xl[i]
+        if mf.mst[l] != stamp:
+            _set_eta(mf, l, 1.0)
+            mf.ceff[l] = _ceff(mf, holds, l)
+            _may_fill(mf, l)
+        i -= 1
+    for i in range(off + nact, end):
+        l = mf.ma_i[i & mask]
+        e = mf.ma_v[i & mask]
+        if e != mf.eta[l]:
+            _set_eta(mf, l, e)
+            mf.ceff[l] = _ceff(mf, holds, l)
+            _may_fill(mf, l)
+    if mf.mt_peak[slot] > mf.fsc[F_PEAK_LOAD]:
+        mf.fsc[F_PEAK_LOAD] = mf.mt_peak[slot]
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def _memo_put(mf, key, nact, peak):
+    """Remember the sharing just solved for the state ``key``: its ``nact`` flows' rates and the touched
+    mesh links' ``eta`` other than 1 (appended to the ring), and the peak load it left."""
+    nlk = mf.sc[S_NX]
+    m = mf.ma_i.shape[0]
+    if nact + nlk > m:
+        return
+    off = mf.sc[S_MEMO_WPOS]
+    mask = m - 1
+    for i in range(nact):
+        f = mf.act[i]
+        mf.ma_i[(off + i) & mask] = f
+        mf.ma_v[(off + i) & mask] = mf.rate[f]
+    for i in range(nlk):
+        l = mf.xl[i]
+        mf.ma_i[(off + nact + i) & mask] = l
+        mf.ma_v[(off + nact + i) & mask] = mf.eta[l]
+    mf.sc[S_MEMO_WPOS] = off + nact + nlk
+    slot = np.int64(key & np.uint64(mf.mt_key.shape[0] - 1))
+    mf.mt_key[slot] = key
+    mf.mt_off[slot] = off
+    mf.mt_nf[slot] = nact
+    mf.mt_nl[slot] = nlk
+    mf.mt_peak[slot] = peak
+
+
 @njit(cache=True, _nrt=False)
 def _slot_loads(mf, res, turns, out):
     """``out[s]``: the flits a cycle the flows crossing resource ``res`` put on slot ``s`` at their
-    current rates (``turns``: the listed entries' coefficients by slot, ``rtout`` or ``rtin``)."""
+    current rates (``turns``: the flows' entries' flits by slot for the whole DMA, ``e_tout`` or
+    ``e_tin``, taken per byte)."""
     for s in range(NSLOT):
         out[s] = 0.0
     for q in range(mf.row[res], mf.row[res] + mf.rn[res]):
-        x = mf.rate[mf.rl[q]]
+        f = mf.rl[q]
+        x = mf.rate[f]
         if x > 0.0:
+            k = mf.rk[q]
+            inv = 1.0 / mf.nbytes[f]
             for s in range(NSLOT):
-                out[s] += x * turns[q, s]
+                out[s] += x * (turns[f, k, s] * inv)
 
 
 @njit(cache=True, _nrt=False)
@@ -627,7 +803,7 @@ def _hol_link(mf, l):
     nl, nr = mf.prm[P_NLINKS], mf.prm[P_NR]
     D = mf.lhead[l]
     sp = mf.lslot_in[l]
-    _slot_loads(mf, l, mf.rtout, mf.hlam)
+    _slot_loads(mf, l, mf.e_tout, mf.hlam)
     n = 0
     for s in range(NSLOT):  # the outputs it uses, compacted
         if mf.hlam[s] > 0.0:
@@ -641,7 +817,7 @@ def _hol_link(mf, l):
     for j in range(n):
         o = mf.hres[j]
         if mf.hstamp[o] != stamp:  # the output's requests, solved once a pass for every input feeding it
-            _slot_loads(mf, o, mf.rtin, mf.hin)
+            _slot_loads(mf, o, mf.e_tin, mf.hin)
             mf.hU[o] = settled_requests(mf.hin, mf.hcap, mf.rcap[o], mf.hu[o])
             mf.hstamp[o] = stamp
         mf.hN[j] = others_from(mf.hu[o], mf.hU[o], sp, mf.rcap[o])
@@ -668,7 +844,7 @@ def _hol_update(mf, holds):
             nchg += 1
     for i in range(nchg):
         l = mf.hchg[i]
-        mf.eta[l] = mf.heta[i]
+        _set_eta(mf, l, mf.heta[i])
         mf.ceff[l] = _ceff(mf, holds, l)
         _may_fill(mf, l)
     return nchg
@@ -685,12 +861,14 @@ def memflow_note(mf, holds, changed):
     if changed < 0:  # several: read every touched resource again
         for i in range(mf.sc[S_NTOUCH]):
             l = mf.tl[i]
+            _key_res(mf, holds, l)
             mf.ceff[l] = _ceff(mf, holds, l)
             _may_fill(mf, l)
         return 1
     l = changed - 1
     if mf.rn[l] == 0:  # no flow crosses it (its capacity is read when one does)
         return 0
+    _key_res(mf, holds, l)
     c = _ceff(mf, holds, l)
     if c == mf.ceff[l]:  # what the set and the last solve used
         return 0
@@ -768,6 +946,8 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             extra = np.int64(np.ceil(mf.rtt[f] * (1.0 - x))) if x < 1.0 else np.int64(0)
             ends_now |= extra == 0 and parts[f] == 1  # the DMA's last part: it ends now
             event_push(heap, hs, now + extra, EV_NOC_PART_END, f)
+            mf.mk[0] -= mf.fsig[f]  # 0 when the memo is off
+            mf.fsig[f] = 0
             _list_drop(mf, f)
             mf.e_n[f] = 0
             mf.tdrain[f] = now
@@ -797,12 +977,21 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             mf.ceff[l] = _ceff(mf, holds, l)
             _may_fill(mf, l)
     mf.sc[S_NSTALE] = 0
+    memo = mf.prm[P_MEMO] != 0
+    key = _memo_key(mf) if memo else np.uint64(0)
+    if memo and _memo_get(mf, holds, key, j):  # a state seen before: its rates (MEMO_SLOTS)
+        t = _next_drain(mf, now)
+        if t < NEVER:
+            _schedule(mf, heap, hs, t)
+        return
     # share the links; with the head-of-line coupling, again while the links' eta move (each filling
     # uses the eta the previous one left: the rates are always those of one filling on ``ceff``)
     iters = max(np.int64(1), mf.prm[P_HOL])
+    held = False
     if iters > 1 and mf.prm[P_HOL_PERIOD] > 0:  # the last pass's eta still good: one filling on them
         if mf.sc[S_HOL_STAMP] > 0 and now - mf.sc[S_HOL_LAST] < mf.prm[P_HOL_PERIOD]:
             iters = 1
+            held = True
             mf.sc[S_HOL_HELD] += 1
         else:
             mf.sc[S_HOL_LAST] = now
@@ -867,6 +1056,8 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             if load > peak * c:
                 peak = load / c
     mf.fsc[F_PEAK_LOAD] = peak
+    if memo and not held:  # remember it (a sharing on held eta is not what the state gives)
+        _memo_put(mf, key, j, peak)
     t = _next_drain(mf, now)
     if t < NEVER:  # else no flow can move: the engine reports the tasks that wait (no progress)
         _schedule(mf, heap, hs, t)
