@@ -92,7 +92,7 @@ differs from solving it: the passes started, the first time, from the ``eta`` th
 by another history might have settled elsewhere within the passes' tolerance; ``validation/
 memory_flows_vs_flit.py`` rows move by at most 0.16% and a serving run's simulated time by less than
 0.01% (``validation/perf/bench_serving.py --streams flow,flow-nomemo``). Deterministic: the table is
-filled in the run's own order. A sharing on a held pass's ``eta`` (``HOL_PERIOD``) is not remembered.
+filled in the run's own order. With ``HOL_PERIOD``, a sharing on a held pass's ``eta`` is remembered too.
 
 Left out (the flit model has them): per-flit arbitration and finite buffers (beyond the
 head-of-line coupling above: no packet or VC state, no credits; messages are not among a port's
@@ -188,7 +188,7 @@ MemFlows = namedtuple("MemFlows", [
     "prm", "rcap", "ceff",  # parameters; per resource: capacity, and what messages leave of it (flits/cycle)
     "e_n", "e_res", "e_coef",  # per initiator: its resources and flits per byte on each
     "pos",  # scratch: a resource's entry in the row being built (-1: none)
-    "fcap", "rate", "rem", "rtt", "nbytes",  # per initiator: cap, rate (bytes/cycle), bytes left, RTT
+    "fcap", "rate", "rem", "rtt", "nbytes", "binv",  # per initiator: cap, rate (bytes/cycle), bytes left, RTT, bytes, 1 / bytes
     "act",  # active initiators, in start order
     # per resource, kept between updates as flows start and end: its active flows
     # ``rl[row[l] : row[l] + rn[l]]`` (with their entry index ``rk``; ``eslot[f, k]``: where entry
@@ -287,7 +287,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
         pos=np.full(nres, -1, np.int64),
         fcap=np.zeros(ni, np.float64), rate=np.zeros(ni, np.float64), rem=np.zeros(ni, np.float64),
-        rtt=np.zeros(ni, np.float64), nbytes=np.zeros(ni, np.int64), act=np.zeros(ni, np.int64),
+        rtt=np.zeros(ni, np.float64), nbytes=np.zeros(ni, np.int64), binv=np.zeros(ni, np.float64), act=np.zeros(ni, np.int64),
         rl=np.zeros(nres * ni, np.int64), rk=np.zeros(nres * ni, np.int64), rn=np.zeros(nres, np.int64),
         row=np.arange(nres, dtype=np.int64) * ni, eslot=np.zeros((ni, width), np.int64),
         tl=np.zeros(nres, np.int64), tpos=np.full(nres, -1, np.int64),
@@ -449,6 +449,7 @@ def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
     mf.rem[init] = float(nbytes)
     mf.rate[init] = 0.0
     mf.nbytes[init] = nbytes
+    mf.binv[init] = inv
     last = mf.tdrain[init]
     if last >= 0:
         gap = now - last
@@ -790,7 +791,7 @@ def _slot_loads(mf, res, turns, out):
         x = mf.rate[f]
         if x > 0.0:
             k = mf.rk[q]
-            inv = 1.0 / mf.nbytes[f]
+            inv = mf.binv[f]
             for s in range(NSLOT):
                 out[s] += x * (turns[f, k, s] * inv)
 
@@ -987,11 +988,9 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     # share the links; with the head-of-line coupling, again while the links' eta move (each filling
     # uses the eta the previous one left: the rates are always those of one filling on ``ceff``)
     iters = max(np.int64(1), mf.prm[P_HOL])
-    held = False
     if iters > 1 and mf.prm[P_HOL_PERIOD] > 0:  # the last pass's eta still good: one filling on them
         if mf.sc[S_HOL_STAMP] > 0 and now - mf.sc[S_HOL_LAST] < mf.prm[P_HOL_PERIOD]:
             iters = 1
-            held = True
             mf.sc[S_HOL_HELD] += 1
         else:
             mf.sc[S_HOL_LAST] = now
@@ -1056,7 +1055,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             if load > peak * c:
                 peak = load / c
     mf.fsc[F_PEAK_LOAD] = peak
-    if memo and not held:  # remember it (a sharing on held eta is not what the state gives)
+    if memo:  # remember it (with HOL_PERIOD, a sharing on a held pass's eta too: what the option gives for it)
         _memo_put(mf, key, j, peak)
     t = _next_drain(mf, now)
     if t < NEVER:  # else no flow can move: the engine reports the tasks that wait (no progress)
