@@ -247,6 +247,7 @@ MemFlows = namedtuple("MemFlows", [
 # S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice;
 # S_HOL_LAST: the cycle of the last update that made passes; S_HOL_HELD: updates that held the last pass (HOL_PERIOD);
 # S_MEMO_HITS: sharings given a remembered outcome (MEMO_SLOTS); S_MEMO_WPOS: pairs written to the memo's ring so far;
+# S_NX: mesh links whose eta is not 1 (``xl``);
 # S_TSHARE: the cycle of the last sharing; S_NEXT_T: when the update of the current version is due (-1: none);
 # S_WAITED: flow starts that waited for the next sharing (SHARE_PERIOD); S_UNSHARED: updates that ended drained
 # flows without a sharing
@@ -317,6 +318,27 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     )
     mf.sc[S_NEXT_T] = -1
     return mf
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _member_add(lst, pos, sc, count, x):
+    """``x`` joins the set ``lst[:sc[count]]`` (``pos[x]``: its place there)."""
+    n = sc[count]
+    lst[n] = x
+    pos[x] = n
+    sc[count] = n + 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _member_drop(lst, pos, sc, count, x):
+    """``x`` leaves the set ``lst[:sc[count]]``: the last member takes its place."""
+    n = sc[count] - 1
+    p = pos[x]
+    m = lst[n]
+    lst[p] = m
+    pos[m] = p
+    pos[x] = -1
+    sc[count] = n
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -544,20 +566,12 @@ def _may_fill(mf, l):
     p = mf.mpos[l]
     if want:
         if p < 0:
-            n = mf.sc[S_NMF]
-            mf.mfl[n] = l
-            mf.mpos[l] = n
-            mf.sc[S_NMF] = n + 1
+            _member_add(mf.mfl, mf.mpos, mf.sc, S_NMF, l)
             mf.sc[S_JOINS] += 1
             for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it join theirs
                 _entry_in(mf, mf.rl[q], mf.rk[q], l)
     elif p >= 0:  # the last of the set takes its place
-        n = mf.sc[S_NMF] - 1
-        m = mf.mfl[n]
-        mf.mfl[p] = m
-        mf.mpos[m] = p
-        mf.mpos[l] = -1
-        mf.sc[S_NMF] = n
+        _member_drop(mf.mfl, mf.mpos, mf.sc, S_NMF, l)
         for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it leave theirs
             _entry_out(mf, mf.rl[q], mf.rk[q])
 
@@ -594,10 +608,7 @@ def _list_add(mf, holds, f, k, l):
     with its capacity less the messages holding it now)."""
     n = mf.rn[l]
     if n == 0:
-        nt = mf.sc[S_NTOUCH]
-        mf.tl[nt] = l
-        mf.tpos[l] = nt
-        mf.sc[S_NTOUCH] = nt + 1
+        _member_add(mf.tl, mf.tpos, mf.sc, S_NTOUCH, l)
         mf.ceff[l] = _ceff(mf, holds, l)
     q = mf.row[l] + n
     mf.rl[q] = f
@@ -635,13 +646,7 @@ def _list_drop(mf, f):
             mf.A0[l] = 0.0
             mf.B0[l] = 0.0
             _set_eta(mf, l, 1.0)  # and its head-of-line share, read again from the next flows' mix
-            nt = mf.sc[S_NTOUCH] - 1
-            p = mf.tpos[l]
-            m = mf.tl[nt]
-            mf.tl[p] = m
-            mf.tpos[m] = p
-            mf.tpos[l] = -1
-            mf.sc[S_NTOUCH] = nt
+            _member_drop(mf.tl, mf.tpos, mf.sc, S_NTOUCH, l)
         if mf.mpos[l] >= 0:  # it may leave the set now (its remaining flows' entries with it)
             _may_fill(mf, l)
     mf.ln[f] = 0  # the flow's entries on the resources that may fill go with it
@@ -654,17 +659,9 @@ def _set_eta(mf, l, e):
     p = mf.xpos[l]
     if e != 1.0:
         if p < 0:
-            n = mf.sc[S_NX]
-            mf.xl[n] = l
-            mf.xpos[l] = n
-            mf.sc[S_NX] = n + 1
+            _member_add(mf.xl, mf.xpos, mf.sc, S_NX, l)
     elif p >= 0:
-        n = mf.sc[S_NX] - 1
-        m = mf.xl[n]
-        mf.xl[p] = m
-        mf.xpos[m] = p
-        mf.xpos[l] = -1
-        mf.sc[S_NX] = n
+        _member_drop(mf.xl, mf.xpos, mf.sc, S_NX, l)
 
 
 @njit(cache=True, _nrt=False, inline="always")
