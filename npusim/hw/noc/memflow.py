@@ -682,21 +682,17 @@ def _mix(x):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _q(x):
-    """A float of the key quantised (2^-20 steps) to an integer."""
-    return np.uint64(np.int64(np.round(x * 1048576.0)))
-
-
-@njit(cache=True, _nrt=False, inline="always")
 def _key_res(mf, holds, l):
     """Resource ``l``'s part of the memo key (``mk[1]``): the messages holding it and the mice's load
     on it, while flows cross it; call wherever ``holds[l]``, ``mload[l]`` or whether flows cross ``l``
-    may have changed."""
+    may have changed (nothing to do with the memo off)."""
+    if mf.prm[P_MEMO] == 0:
+        return
     h = holds[l] if l < holds.shape[0] else 0
     new = np.uint64(0)
-    if mf.rn[l] > 0 and (h > 0 or mf.mload[l] > 0.0):
+    if mf.rn[l] > 0 and (h > 0 or mf.mload[l] > 0.0):  # the mice's load in 2^-20 flit steps
         new = _mix(np.uint64(l) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(h) * np.uint64(0x632BE59BD9B4E019)
-                   + _q(mf.mload[l]))
+                   + np.uint64(np.int64(np.round(mf.mload[l] * 1048576.0))))
     mf.mk[1] += new - mf.hc[l]
     mf.hc[l] = new
 
