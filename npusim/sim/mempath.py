@@ -240,7 +240,7 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
             last = max(last, reserve_route(noc, core, r, out_flits, now, port),
                        reserve_route(noc, r, core, back_flits, now, noc.n_links + core))
         elif flow:  # one flow for all its routers (npusim.hw.noc.memflow), started below
-            memflow_add(mp.fl, noc, init, core, r, n, out_flits, back_flits, p[MP_MEMPORT])
+            memflow_add(mp.fl, init, r, n, out_flits, back_flits, p[MP_MEMPORT])
             bursts += n
         elif reserve:
             port = memory_port(noc, r) if p[MP_MEMPORT] != 0 else noc.n_links + r
@@ -263,7 +263,7 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         flit_read_go(fnoc, heap, hs, init, core, nbytes, now, 1 if p[MP_MEMPORT] != 0 else 0)
         parts += 1
     if flow and streams > 0:
-        memflow_go(mp.fl, noc.link_holds, heap, hs, init, nbytes, bursts, now)
+        memflow_go(mp.fl, noc, noc.link_holds, heap, hs, init, core, nbytes, bursts, p[MP_MEMPORT], now)
         parts += 1
     if last >= 0:  # the reserved streams (or the analytical NoC's) end together: one part, one event
         event_push(heap, hs, last, EV_NOC_PART_END, init)

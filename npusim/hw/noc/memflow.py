@@ -229,6 +229,11 @@ MemFlows = namedtuple("MemFlows", [
     "mk", "fsig", "hc", "mt_key", "mt_off", "mt_nf", "mt_nl", "mt_peak", "ma_i", "ma_v", "mst", "mev",
     # the mesh links whose ``eta`` is not 1, ``xl[:sc[S_NX]]`` (``xpos[l]``: where ``l`` sits there, -1: not in it)
     "xl", "xpos",
+    # the routes built (memflow_go): this DMA's parts as memflow_add gives them (``parts[:sc[S_NPARTS]]``:
+    # attach router, bursts, flits out, flits back); per initiator, the flits of each entry counted into
+    # the path model's link counters (``e_flits``) and what its entries were last built for (``b_n``
+    # entries, from ``b_nparts`` parts ``b_parts`` of ``b_bytes`` bytes; ``b_n`` 0: none)
+    "parts", "e_flits", "b_n", "b_nparts", "b_parts", "b_bytes",
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE, P_HOL_PERIOD, P_SHARE_PERIOD, P_MEMO) = range(11)
@@ -243,11 +248,12 @@ MemFlows = namedtuple("MemFlows", [
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
  S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE, S_HOL_LAST, S_HOL_HELD, S_TSHARE, S_NEXT_T, S_WAITED,
- S_UNSHARED, S_MEMO_HITS, S_MEMO_WPOS, S_NX) = range(32)  # S_HOL_FILLS: fillings again after the links' eta moved;
+ S_UNSHARED, S_MEMO_HITS, S_MEMO_WPOS, S_NX, S_NPARTS, S_REUSED) = range(34)  # S_HOL_FILLS: fillings again after the links' eta moved;
 # S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice;
 # S_HOL_LAST: the cycle of the last update that made passes; S_HOL_HELD: updates that held the last pass (HOL_PERIOD);
 # S_MEMO_HITS: sharings given a remembered outcome (MEMO_SLOTS); S_MEMO_WPOS: pairs written to the memo's ring so far;
-# S_NX: mesh links whose eta is not 1 (``xl``);
+# S_NX: mesh links whose eta is not 1 (``xl``); S_NPARTS: parts given for the DMA being started;
+# S_REUSED: flows started on their initiator's entries as its last DMA left them (no routes built);
 # S_TSHARE: the cycle of the last sharing; S_NEXT_T: when the update of the current version is due (-1: none);
 # S_WAITED: flow starts that waited for the next sharing (SHARE_PERIOD); S_UNSHARED: updates that ended drained
 # flows without a sharing
@@ -256,7 +262,7 @@ MemFlows = namedtuple("MemFlows", [
 RTT_GAP = 64
 #: no flow moves: no drain is due
 NEVER = np.int64(2 ** 62)
-F_PEAK_LOAD, F_ACC_RTT = range(2)  # fsc: highest load / capacity seen; scratch
+F_PEAK_LOAD = 0  # fsc: highest load / capacity seen
 
 
 def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stages: int, link_latency: int,
@@ -314,7 +320,10 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         ma_i=np.zeros(arena, np.int64), ma_v=np.zeros(arena, np.float64),
         mst=np.zeros(nres if memo else 1, np.int64), mev=np.ones(nres if memo else 1, np.float64),
         xl=np.zeros(nres, np.int64), xpos=np.full(nres, -1, np.int64),
-        sc=np.zeros(32, np.int64), fsc=np.zeros(2, np.float64),
+        parts=np.zeros((max(1, int(n_routers)), 4), np.int64), e_flits=np.zeros((ni, width), np.int64),
+        b_n=np.zeros(ni, np.int64), b_nparts=np.zeros(ni, np.int64),
+        b_parts=np.zeros((ni, max(1, int(n_routers)), 4), np.int64), b_bytes=np.zeros(ni, np.int64),
+        sc=np.zeros(34, np.int64), fsc=np.zeros(1, np.float64),
     )
     mf.sc[S_NEXT_T] = -1
     return mf
@@ -365,6 +374,7 @@ def _acc(mf, init, res, flits):
         mf.pos[res] = k
         mf.e_res[init, k] = res
         mf.e_coef[init, k] = 0.0
+        mf.e_flits[init, k] = 0
         for s in range(NSLOT):
             mf.e_tout[init, k, s] = 0.0
             mf.e_tin[init, k, s] = 0.0
@@ -393,6 +403,7 @@ def _route(mf, noc, init, src, dst, flits, slot0, last):
             mf.e_tout[init, kp, port] += flits
         kp = k
         noc.link_flits[lk] += flits
+        mf.e_flits[init, k] += flits
         mf.olink[x, port] = lk
         x = noc.nbr_router[x, port]
         mf.lslot_in[lk] = port  # the link from this neighbour: input slot ``port`` at ``x``
@@ -405,52 +416,106 @@ def _route(mf, noc, init, src, dst, flits, slot0, last):
 
 
 @njit(cache=True, _nrt=False)
-def memflow_add(mf, noc, init, core, r, bursts, out_flits, back_flits, memports):
-    """Initiator ``init``'s DMA (of core ``core``) moves ``out_flits`` towards attach router ``r``
-    and ``back_flits`` back, in ``bursts`` bursts (``noc``: the path model's state, for the routes
-    and its per-link flit counters). Call per router, then :func:`memflow_go`."""
-    nl = mf.prm[P_NLINKS]
-    nr = mf.prm[P_NR]
+def memflow_add(mf, init, r, bursts, out_flits, back_flits, memports):
+    """Initiator ``init``'s DMA moves ``out_flits`` towards attach router ``r`` and ``back_flits``
+    back, in ``bursts`` bursts. Call per router, then :func:`memflow_go` (which builds the routes,
+    or finds them built: an engine's DMAs mostly repeat the one before)."""
     if mf.prm[P_MEMO] != 0:  # what this router's part adds to the flow's signature (its routes and loads)
         mf.fsig[init] += _mix(np.uint64(r) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(bursts) * np.uint64(0x632BE59BD9B4E019)
                               + np.uint64(out_flits) * np.uint64(0xD6E8FEB86659FD93) + np.uint64(back_flits)
                               + np.uint64(memports))
+    n = mf.sc[S_NPARTS]
+    mf.parts[n, 0] = r
+    mf.parts[n, 1] = bursts
+    mf.parts[n, 2] = out_flits
+    mf.parts[n, 3] = back_flits
+    mf.sc[S_NPARTS] = n + 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _built_before(mf, init, nbytes):
+    """Whether initiator ``init``'s entries, as its last flow left them, are this DMA's: the same
+    parts (:func:`memflow_add`) and bytes (its entries are per byte)."""
+    n = mf.sc[S_NPARTS]
+    if mf.b_n[init] == 0 or mf.b_bytes[init] != nbytes or mf.b_nparts[init] != n:
+        return False
+    for i in range(n):
+        for c in range(4):
+            if mf.b_parts[init, i, c] != mf.parts[i, c]:
+                return False
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def _build_part(mf, noc, init, core, r, bursts, out_flits, back_flits, memports):
+    """Initiator ``init``'s entries (of core ``core``) for its part at attach router ``r``: the
+    routes both ways, the ports and, for the path model's per-link flit counters, the flits
+    (``e_flits``, added to ``noc.link_flits``); returns the part's burst round trip times its bursts."""
+    nl = mf.prm[P_NLINKS]
+    nr = mf.prm[P_NR]
     # out: the core's NI, the route core -> r, the memory port (or r's core port)
     _acc(mf, init, nl + 2 * nr + core, out_flits)
     ej = nl + nr + r if memports != 0 else nl + r
     _, slot = _route(mf, noc, init, core, r, out_flits, SLOT_NI, SLOT_MEM if memports != 0 else SLOT_EJ)
     k = _acc(mf, init, ej, out_flits)
     mf.e_tin[init, k, slot] += out_flits
+    mf.e_flits[init, k] += out_flits
     noc.link_flits[ej] += out_flits
     # back: the memory injection lanes (or r's NI), the route r -> core, the core's ejection port
     _acc(mf, init, nl + 3 * nr + r if memports != 0 else nl + 2 * nr + r, back_flits)
     h, slot = _route(mf, noc, init, r, core, back_flits, SLOT_LANES if memports != 0 else SLOT_NI, SLOT_EJ)
     k = _acc(mf, init, nl + core, back_flits)
     mf.e_tin[init, k, slot] += back_flits
+    mf.e_flits[init, k] += back_flits
     noc.link_flits[nl + core] += back_flits
     # the round trip of one burst here, weighted by the bursts (mean taken in memflow_go)
     S, L = mf.prm[P_S], mf.prm[P_L]
     per = (out_flits + back_flits) / bursts  # a burst's flits both ways: one is a header-only packet
-    rtt = 2.0 * ((h + 1) * S + h * L) + per - 2.0 + RTT_OVERHEAD
-    mf.fsc[F_ACC_RTT] += bursts * rtt
+    return bursts * (2.0 * ((h + 1) * S + h * L) + per - 2.0 + RTT_OVERHEAD)
 
 
-@njit(cache=True, _nrt=False)
-def memflow_go(mf, holds, heap, hs, init, nbytes, bursts, now):
-    """Start initiator ``init``'s flow of ``nbytes`` bytes in ``bursts`` bursts (its routes given
-    by :func:`memflow_add`); its end is reported as ``EV_NOC_PART_END`` for ``init``. ``holds``:
-    the path model's messages holding each link or port now (a resource the flows did not cross
-    before takes its capacity from it)."""
-    rtt = mf.fsc[F_ACC_RTT] / bursts
-    mf.fsc[F_ACC_RTT] = 0.0
-    burst_bytes = (nbytes + bursts - 1) // bursts
-    lim = max(1, min(bursts, mf.prm[P_TAGS], mf.prm[P_INFLIGHT] // burst_bytes))  # no more than it has
-    mf.rtt[init] = rtt
-    mf.fcap[init] = lim * burst_bytes / rtt
+@njit(cache=True, _nrt=False, inline="always")
+def _build(mf, noc, init, core, nbytes, bursts, memports):
+    """Initiator ``init``'s entries for the parts given (:func:`memflow_add`), per byte of its
+    ``nbytes``, and its mean burst round trip (``rtt``); kept as built (``b_*``) for the next DMA."""
+    n = mf.sc[S_NPARTS]
+    acc = 0.0
+    for i in range(n):
+        acc += _build_part(mf, noc, init, core, mf.parts[i, 0], mf.parts[i, 1], mf.parts[i, 2], mf.parts[i, 3],
+                           memports)
+        for c in range(4):
+            mf.b_parts[init, i, c] = mf.parts[i, c]
+    mf.rtt[init] = acc / bursts
     inv = 1.0 / nbytes
     for k in range(mf.e_n[init]):  # its entries per byte (``pos`` was the routes' scratch)
         mf.pos[mf.e_res[init, k]] = -1
         mf.e_coef[init, k] *= inv
+    mf.b_n[init] = mf.e_n[init]
+    mf.b_nparts[init] = n
+    mf.b_bytes[init] = nbytes
+
+
+@njit(cache=True, _nrt=False)
+def memflow_go(mf, noc, holds, heap, hs, init, core, nbytes, bursts, memports, now):
+    """Start initiator ``init``'s flow (of core ``core``) of ``nbytes`` bytes in ``bursts`` bursts
+    (its parts given by :func:`memflow_add`; ``noc``: the path model's state, for the routes and its
+    per-link flit counters); its end is reported as ``EV_NOC_PART_END`` for ``init``. ``holds``:
+    the path model's messages holding each link or port now (a resource the flows did not cross
+    before takes its capacity from it)."""
+    if _built_before(mf, init, nbytes):  # its last DMA's entries, as they were left: the same bits
+        mf.e_n[init] = mf.b_n[init]
+        for k in range(mf.b_n[init]):
+            x = mf.e_flits[init, k]
+            if x != 0:
+                noc.link_flits[mf.e_res[init, k]] += x
+        mf.sc[S_REUSED] += 1
+    else:
+        _build(mf, noc, init, core, nbytes, bursts, memports)
+    mf.sc[S_NPARTS] = 0
+    burst_bytes = (nbytes + bursts - 1) // bursts
+    lim = max(1, min(bursts, mf.prm[P_TAGS], mf.prm[P_INFLIGHT] // burst_bytes))  # no more than it has
+    mf.fcap[init] = lim * burst_bytes / mf.rtt[init]
+    inv = 1.0 / nbytes
     if bursts <= lim and mf.prm[P_MICE] != 0 and _mouse_fits(mf, holds, init):  # a mouse: at its cap
         cap = mf.fcap[init]
         for k in range(mf.e_n[init]):
