@@ -350,6 +350,38 @@ def test_back_to_back_dmas_share_one_sharing_at_the_cycle_one_drains():
     assert [int(end[t] - start[t]) for t in chain] == [one.makespan()] * 4
 
 
+def test_a_dma_repeating_its_engines_last_starts_on_its_entries_as_built():
+    """An engine's DMA with its last DMA's parts and bytes starts on the entries that DMA left (no
+    routes built, ``S_REUSED``); one that differs builds them anew. Either way each DMA takes as
+    long as alone and the path model's link counters get its flits, as a DMA simulated alone."""
+    from npusim.hw.noc.memflow import S_REUSED
+    arch = load_arch("npusim-64c")
+
+    def run(sizes):
+        sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
+        prev, chain = (), []
+        for size in sizes:
+            prev = (sim.add_dma(63, size, deps=prev),)
+            chain.append(prev[0])
+        sim.run()
+        start, end = sim.task_times()
+        return sim, [int(end[t] - start[t]) for t in chain]
+
+    big, small = 32 << 10, 8 << 10
+    sim, took = run([big, big, big, small, big])
+    assert int(sim.mempath.fl.sc[S_REUSED]) == 2  # the 2nd and 3rd; the 5th follows the small one
+    one_big, (t_big,) = run([big])
+    one_small, (t_small,) = run([small])
+    assert took == [t_big] * 3 + [t_small, t_big]
+    assert np.array_equal(sim.noc.link_flits, 4 * one_big.noc.link_flits + one_small.noc.link_flits)
+    fl, ref = sim.mempath.fl, one_big.mempath.fl
+    init = 63 * sim.dma_engines
+    n = int(ref.b_n[init])
+    assert n > 0 and int(fl.b_n[init]) == n
+    for name in ("e_res", "e_coef", "e_flits", "e_tout", "e_tin"):
+        assert np.array_equal(getattr(fl, name)[init, :n], getattr(ref, name)[init, :n]), name
+
+
 def _mice_sim(arch, mice: bool):
     """A simulator whose memflows run one-window DMAs as mice (``memflow.MICE``) or as flows."""
     from npusim.hw.noc import memflow
