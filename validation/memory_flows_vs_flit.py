@@ -229,8 +229,8 @@ def hol_regime(cases, every: int) -> None:
             for l in range(nl):
                 if mf.rn[l] == 0 or mf.eta[l] >= 1.0:
                     continue
-                M._slot_loads(mf, l, mf.rtout, loads)
-                M._slot_loads(mf, l, mf.rtin, inputs)  # by the input slot at the link's source router
+                M._slot_loads(mf, l, mf.e_tout, loads)
+                M._slot_loads(mf, l, mf.e_tin, inputs)  # by the input slot at the link's source router
                 n = int(np.count_nonzero(loads > 0.0))
                 M._hol_link(mf, l)  # fills the scratch hlam, hN, hres, ht for the link's n outputs
                 total = float(loads.sum())
