@@ -263,7 +263,7 @@ def mem_start(mp, noc, fnoc, heap, hs, init, task, nbytes, addr, is_write, patte
         flit_read_go(fnoc, heap, hs, init, core, nbytes, now, 1 if p[MP_MEMPORT] != 0 else 0)
         parts += 1
     if flow and streams > 0:
-        memflow_go(mp.fl, noc, noc.link_holds, heap, hs, init, core, nbytes, bursts, p[MP_MEMPORT], now)
+        memflow_go(mp.fl, noc, heap, hs, init, core, nbytes, bursts, p[MP_MEMPORT], now)
         parts += 1
     if last >= 0:  # the reserved streams (or the analytical NoC's) end together: one part, one event
         event_push(heap, hs, last, EV_NOC_PART_END, init)

@@ -496,12 +496,13 @@ def _build(mf, noc, init, core, nbytes, bursts, memports):
 
 
 @njit(cache=True, _nrt=False)
-def memflow_go(mf, noc, holds, heap, hs, init, core, nbytes, bursts, memports, now):
+def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     """Start initiator ``init``'s flow (of core ``core``) of ``nbytes`` bytes in ``bursts`` bursts
-    (its parts given by :func:`memflow_add`; ``noc``: the path model's state, for the routes and its
-    per-link flit counters); its end is reported as ``EV_NOC_PART_END`` for ``init``. ``holds``:
-    the path model's messages holding each link or port now (a resource the flows did not cross
-    before takes its capacity from it)."""
+    (its parts given by :func:`memflow_add`; ``noc``: the path model's state, for the routes, its
+    per-link flit counters and the messages holding each link or port now, ``link_holds``: a
+    resource the flows did not cross before takes its capacity from it); its end is reported as
+    ``EV_NOC_PART_END`` for ``init``."""
+    holds = noc.link_holds
     if _built_before(mf, init, nbytes):  # its last DMA's entries, as they were left: the same bits
         mf.e_n[init] = mf.b_n[init]
         for k in range(mf.b_n[init]):
