@@ -46,8 +46,13 @@ the case lives in (part G builds the one the 64c GEMMs live in). The times are t
 only stops and resumes). The serving run is long: ``--skip serve``, or a ``--sample`` of 100,000 cycles
 or more for it.
 
+``--jitter CYCLES`` starts each core of a memory pattern after 0..CYCLES cycles, drawn per core, and makes the
+pattern's row the mean of ``--draws`` draws (seeds 1..N; each draw printed below it). The saturated flit mesh
+settles into one of two mirror-image states by its start (session 59, docs/FIDELITY.md): at 16 cycles the reference
+moves by about 1%, so a row started all at once is one draw of it.
+
     python validation/memory_flows_vs_flit.py [--only SUBSTRING] [--skip SUBSTRING] [--skip-flit] [--rtt]
-        [--hol-regime [--sample CYCLES]]
+        [--hol-regime [--sample CYCLES]] [--jitter CYCLES [--draws N]]
 """
 
 from __future__ import annotations
@@ -121,16 +126,22 @@ def gemm(arch, m, k, n, dtype):
     return go
 
 
+#: ``--jitter``: each core of a memory pattern starts after 0..JITTER cycles (drawn per core, ``--draws`` draws)
+JITTER = {"cycles": 0, "draws": 3}
+
+
 def pattern(arch_name, kind, per_core=256 << 10, pieces=4):
-    def go(noc):
+    def once(noc, start_rng):
         arch = load_arch(arch_name)
         sim = Simulator(arch, memory_mode="analytical", noc_mode=noc)
         engines = sim.dma_engines
         size = per_core // engines // pieces
         a = 0
         for c in range(arch.num_cores):
+            d = int(start_rng.integers(0, JITTER["cycles"] + 1)) if start_rng is not None else 0
+            start = (sim.add_compute(c, "vector", d),) if d > 0 else ()
             for e in range(engines):
-                prev = ()
+                prev = start
                 for _ in range(pieces):
                     t = sim.add_dma(c, size, address=a, write=kind == "stream-write", dma_engine=e,
                                     pattern=PATTERN_RANDOM if kind == "random" else 0, deps=prev)
@@ -138,6 +149,14 @@ def pattern(arch_name, kind, per_core=256 << 10, pieces=4):
                     a += size
         sim.run()
         return sim.makespan() / arch.clock_ghz / 1000.0  # us
+
+    def go(noc):
+        if JITTER["cycles"] <= 0:
+            return once(noc, None)
+        import numpy as np
+        go.draws = [once(noc, np.random.default_rng(seed)) for seed in range(1, JITTER["draws"] + 1)]
+        return sum(go.draws) / len(go.draws)
+    go.draws = []
     return go
 
 
@@ -270,7 +289,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rtt", action="store_true", help="the round-trip micro-benchmark instead (see above)")
     ap.add_argument("--hol-regime", action="store_true", help="where the flows' HOL coupling takes throughput (see above)")
     ap.add_argument("--sample", type=int, default=200, help="--hol-regime: cycles between samples")
+    ap.add_argument("--jitter", type=int, default=0, metavar="CYCLES",
+                    help="memory patterns: each core starts after 0..CYCLES cycles (a draw per core); the row is the "
+                         "mean of --draws draws, each draw's value printed below it (default 0: all start at once)")
+    ap.add_argument("--draws", type=int, default=3, help="--jitter: draws (seeds 1..N)")
     args = ap.parse_args(argv)
+    if args.jitter < 0 or args.draws < 1:
+        print("--jitter: at least 0 cycles; --draws: at least 1", file=sys.stderr)
+        return 2
+    JITTER["cycles"], JITTER["draws"] = args.jitter, args.draws
     if args.rtt:
         print(machine_line())
         round_trips()
@@ -294,7 +321,7 @@ def main(argv=None) -> int:
     print(f"{'workload':36s} " + " ".join(f"{m[0]:>30s}" for m in models))
     worst = {m[0]: 0.0 for m in models[1:]}
     for label, unit, fn in cases:
-        vals = []
+        vals, draws = [], []
         for name, noc, streams, *switches in models:
             with stream_model(streams, *switches):
                 if (noc, streams, *switches) not in warmed:  # compile / load the kernel outside the timing
@@ -303,6 +330,7 @@ def main(argv=None) -> int:
                 w0 = time.perf_counter()
                 v = fn(noc)
                 vals.append((v, time.perf_counter() - w0))
+                draws.append(list(getattr(fn, "draws", [])))
         ref = vals[0][0] if not args.skip_flit else None
         cells = []
         for (name, *_), (v, w) in zip(models, vals):
@@ -313,6 +341,9 @@ def main(argv=None) -> int:
             else:
                 cells.append(f"{v:9.3f} {unit} {'':7s} {w:6.1f}s")
         print(f"{label:36s} " + " ".join(f"{c:>30s}" for c in cells), flush=True)
+        if any(draws):  # --jitter: the draws behind each mean
+            print(f"{'  draws (start 0-' + str(args.jitter) + ' cycles)':36s} "
+                  + " ".join(f"{' / '.join(f'{x:.3f}' for x in d):>30s}" for d in draws), flush=True)
     if not args.skip_flit:
         print("largest |error| against flit: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst.items()))
     return 0
