@@ -66,7 +66,8 @@ requests on npusim-64c: 60% of the run, 66M passes in 27.6M updates; two thirds 
 within 64 cycles of the one before). Held for 1,024 cycles that run takes about 3x less wall time and
 ends 0.04% earlier; the short rows of ``validation/memory_flows_vs_flit.py`` move by up to 3% (their
 ``eta`` settle from all flows starting at once, and where they settle depends on when they are read:
-a hold of only 16 cycles moves them as much), so the exact passes stay the default.
+a hold of only 16 cycles moves them as much; with the cores starting 0-16 cycles apart, ``--jitter 16``,
+by 2-7%, as the first passes see few flows), so the exact passes stay the default.
 
 A sharing kept (``SHARE_PERIOD``, an option, 0 by default: a sharing at every change): a flow
 starting, or flows draining, within ``SHARE_PERIOD`` cycles of the last sharing wait for the next
@@ -92,7 +93,9 @@ differs from solving it: the passes started, the first time, from the ``eta`` th
 by another history might have settled elsewhere within the passes' tolerance; ``validation/
 memory_flows_vs_flit.py`` rows move by at most 0.16% and a serving run's simulated time by less than
 0.01% (``validation/perf/bench_serving.py --streams flow,flow-nomemo``). Deterministic: the table is
-filled in the run's own order. With ``HOL_PERIOD``, a sharing on a held pass's ``eta`` is remembered too.
+filled in the run's own order. With ``HOL_PERIOD``, a sharing on a held pass's ``eta`` is not remembered
+(that ``eta`` was read in another state; remembered, it spread: cores starting 0-16 cycles apart, the
+memory patterns ran 11-18% faster than with a pass every update, 2-7% without; session 59).
 
 Left out (the flit model has them): per-flit arbitration and finite buffers (beyond the
 head-of-line coupling above: no packet or VC state, no credits; messages are not among a port's
@@ -1047,9 +1050,11 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     # share the links; with the head-of-line coupling, again while the links' eta move (each filling
     # uses the eta the previous one left: the rates are always those of one filling on ``ceff``)
     iters = max(np.int64(1), mf.prm[P_HOL])
+    held = False
     if iters > 1 and mf.prm[P_HOL_PERIOD] > 0:  # the last pass's eta still good: one filling on them
         if mf.sc[S_HOL_STAMP] > 0 and now - mf.sc[S_HOL_LAST] < mf.prm[P_HOL_PERIOD]:
             iters = 1
+            held = True
             mf.sc[S_HOL_HELD] += 1
         else:
             mf.sc[S_HOL_LAST] = now
@@ -1114,7 +1119,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             if load > peak * c:
                 peak = load / c
     mf.fsc[F_PEAK_LOAD] = peak
-    if memo:  # remember it (with HOL_PERIOD, a sharing on a held pass's eta too: what the option gives for it)
+    if memo and not held:  # remember it (not a sharing on a held pass's eta: those are the eta of another state)
         _memo_put(mf, key, j, peak)
     t = _next_drain(mf, now)
     if t < NEVER:  # else no flow can move: the engine reports the tasks that wait (no progress)
