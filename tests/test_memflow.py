@@ -499,12 +499,13 @@ def test_a_held_head_of_line_pass_saves_passes_moves_every_byte_and_stays_near_a
     assert abs(runs[256][0] / runs[0][0] - 1) < 0.05
 
 
-def test_a_sharing_on_a_held_pass_is_not_remembered_for_its_state():
-    """With ``memflow.HOL_PERIOD``, a sharing on a held pass's ``eta`` (read in another state) is not
-    remembered: a later sharing of the same state takes rates solved with passes, not the held ones.
-    Cores starting 0-16 cycles apart (the first pass sees few flows; session 59): remembering the held
-    sharings spread their stale ``eta`` (this stream read took 15.5% less time than with a pass every
-    update); with them left out it stays within 8% of it (the hold's own error: 3.3%)."""
+def test_a_sharing_on_a_held_pass_is_remembered_only_for_that_pass():
+    """With ``memflow.HOL_PERIOD``, a sharing on a held pass's ``eta`` (read in another state) is
+    remembered under its state and that pass: a later sharing of the same state after another pass
+    does not take it. Cores starting 0-16 cycles apart (the first pass sees few flows; session 59):
+    remembered under the state alone, the held sharings spread their stale ``eta`` (this stream read
+    took 15.5% less time than with a pass every update); now it stays within 8% of it (the hold's own
+    error: 3.3%)."""
     rng = np.random.default_rng(1)
     delays = [int(x) for x in rng.integers(0, 17, 64)]
     ends = {}

@@ -67,7 +67,7 @@ within 64 cycles of the one before). Held for 1,024 cycles that run takes about 
 ends 0.04% earlier; the short rows of ``validation/memory_flows_vs_flit.py`` move by up to 3% (their
 ``eta`` settle from all flows starting at once, and where they settle depends on when they are read:
 a hold of only 16 cycles moves them as much; with the cores starting 0-16 cycles apart, ``--jitter 16``,
-by 2-7%, as the first passes see few flows), so the exact passes stay the default.
+by 1-7%, as the first passes see few flows), so the exact passes stay the default.
 
 A sharing kept (``SHARE_PERIOD``, an option, 0 by default: a sharing at every change): a flow
 starting, or flows draining, within ``SHARE_PERIOD`` cycles of the last sharing wait for the next
@@ -93,9 +93,11 @@ differs from solving it: the passes started, the first time, from the ``eta`` th
 by another history might have settled elsewhere within the passes' tolerance; ``validation/
 memory_flows_vs_flit.py`` rows move by at most 0.16% and a serving run's simulated time by less than
 0.01% (``validation/perf/bench_serving.py --streams flow,flow-nomemo``). Deterministic: the table is
-filled in the run's own order. With ``HOL_PERIOD``, a sharing on a held pass's ``eta`` is not remembered
-(that ``eta`` was read in another state; remembered, it spread: cores starting 0-16 cycles apart, the
-memory patterns ran 11-18% faster than with a pass every update, 2-7% without; session 59).
+filled in the run's own order. With ``HOL_PERIOD``, a sharing on a held pass's ``eta`` is remembered
+under its state's key and that pass (``S_HOL_STAMP``), so only a sharing on the same pass's ``eta`` takes
+it (before session 59 under the state's key alone: the held ``eta``, read in another state, spread to
+later sharings; cores starting 0-16 cycles apart, the memory patterns ran 11-18% faster than with a pass
+every update, now 1-7%).
 
 Left out (the flit model has them): per-flit arbitration and finite buffers (beyond the
 head-of-line coupling above: no packet or VC state, no credits; messages are not among a port's
@@ -1056,6 +1058,13 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             iters = 1
             held = True
             mf.sc[S_HOL_HELD] += 1
+            if memo:  # a sharing on this very pass's eta, remembered under the state and the pass
+                key = _mix(key ^ (np.uint64(mf.sc[S_HOL_STAMP]) * np.uint64(0xD1B54A32D192ED03))) | np.uint64(1)
+                if _memo_get(mf, holds, key, j):
+                    t = _next_drain(mf, now)
+                    if t < NEVER:
+                        _schedule(mf, heap, hs, t)
+                    return
         else:
             mf.sc[S_HOL_LAST] = now
     for it in range(iters):
@@ -1119,7 +1128,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             if load > peak * c:
                 peak = load / c
     mf.fsc[F_PEAK_LOAD] = peak
-    if memo and not held:  # remember it (not a sharing on a held pass's eta: those are the eta of another state)
+    if memo:  # remember it (a sharing on a held pass's eta under a key of its own: that eta is the pass's, not the state's)
         _memo_put(mf, key, j, peak)
     t = _next_drain(mf, now)
     if t < NEVER:  # else no flow can move: the engine reports the tasks that wait (no progress)
