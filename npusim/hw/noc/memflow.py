@@ -1052,11 +1052,9 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     # share the links; with the head-of-line coupling, again while the links' eta move (each filling
     # uses the eta the previous one left: the rates are always those of one filling on ``ceff``)
     iters = max(np.int64(1), mf.prm[P_HOL])
-    held = False
     if iters > 1 and mf.prm[P_HOL_PERIOD] > 0:  # the last pass's eta still good: one filling on them
         if mf.sc[S_HOL_STAMP] > 0 and now - mf.sc[S_HOL_LAST] < mf.prm[P_HOL_PERIOD]:
             iters = 1
-            held = True
             mf.sc[S_HOL_HELD] += 1
             if memo:  # a sharing on this very pass's eta, remembered under the state and the pass
                 key = _mix(key ^ (np.uint64(mf.sc[S_HOL_STAMP]) * np.uint64(0xD1B54A32D192ED03))) | np.uint64(1)
