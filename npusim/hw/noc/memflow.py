@@ -1044,10 +1044,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     mf.sc[S_NSTALE] = 0
     memo = mf.prm[P_MEMO] != 0
     key = _memo_key(mf) if memo else np.uint64(0)
-    if memo and _memo_get(mf, holds, key, j):  # a state seen before: its rates (MEMO_SLOTS)
-        t = _next_drain(mf, now)
-        if t < NEVER:
-            _schedule(mf, heap, hs, t)
+    if memo and _memo_take(mf, holds, heap, hs, key, j, now):  # a state seen before: its rates (MEMO_SLOTS)
         return
     # share the links; with the head-of-line coupling, again while the links' eta move (each filling
     # uses the eta the previous one left: the rates are always those of one filling on ``ceff``)
@@ -1058,10 +1055,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             mf.sc[S_HOL_HELD] += 1
             if memo:  # a sharing on this very pass's eta, remembered under the state and the pass
                 key = _mix(key ^ (np.uint64(mf.sc[S_HOL_STAMP]) * np.uint64(0xD1B54A32D192ED03))) | np.uint64(1)
-                if _memo_get(mf, holds, key, j):
-                    t = _next_drain(mf, now)
-                    if t < NEVER:
-                        _schedule(mf, heap, hs, t)
+                if _memo_take(mf, holds, heap, hs, key, j, now):
                     return
         else:
             mf.sc[S_HOL_LAST] = now
@@ -1131,6 +1125,18 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     t = _next_drain(mf, now)
     if t < NEVER:  # else no flow can move: the engine reports the tasks that wait (no progress)
         _schedule(mf, heap, hs, t)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _memo_take(mf, holds, heap, hs, key, nact, now):
+    """The sharing remembered under ``key`` (:func:`_memo_get`), if any, and the next update for it;
+    returns whether there was one."""
+    if not _memo_get(mf, holds, key, nact):
+        return False
+    t = _next_drain(mf, now)
+    if t < NEVER:
+        _schedule(mf, heap, hs, t)
+    return True
 
 
 @njit(cache=True, _nrt=False, inline="always")
