@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from npusim.cli.run import write_outputs
-from npusim.cli.util import (NODES_HELP, add_arch_arg, chip_arch, chip_noc, positive_int, refuse_arch_with_system,
-                             system_chip_cost)
+from npusim.cli.util import (NODES_HELP, add_arch_arg, chip_arch, chip_noc, chip_streams, positive_int,
+                             refuse_arch_with_system, system_chip_cost)
 from npusim.errors import ConfigError
 from npusim.files import json_text
 from npusim.scenarios.options import add_fidelity_args
@@ -57,7 +57,7 @@ def run(args) -> int:
 
     prog = load_program(args.program)
     arch = load_arch(chip_arch(args))
-    sim = Simulator(arch, memory_mode=args.memory, noc_mode=chip_noc(args))
+    sim = Simulator(arch, memory_mode=args.memory, noc_mode=chip_noc(args), memory_streams=chip_streams(args))
     prog.submit(sim)
     with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:
         sim.run(progress=progress, chunk_events=500_000)

@@ -8,7 +8,7 @@ import re
 # the shared flag types and the run's option readers (below the CLI), for the subcommands
 from npusim.argtypes import (NODES_HELP, add_arch_arg, add_force_arg, fraction, non_negative_float,  # noqa: F401
                              non_negative_int, positive_float, positive_int, refuse_unless_forced)
-from npusim.scenarios.options import (chip_arch, chip_noc, refuse_arch_with_system,  # noqa: F401
+from npusim.scenarios.options import (chip_arch, chip_noc, chip_streams, refuse_arch_with_system,  # noqa: F401
                                       system_chip_cost)
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,

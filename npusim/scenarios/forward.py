@@ -71,6 +71,7 @@ def summarize_forward(sim: Simulator, mapped: Mapped, graph: Graph) -> dict:
     return {
         "model": graph.name, "phase": graph.phase, "batch": graph.batch, "seq_len": graph.seq_len,
         "kv_len": graph.kv_len, "arch": arch.name, "memory_fidelity": sim.memory_mode, "noc_fidelity": sim.noc_mode,
+        "memory_streams": sim.memory_streams,
         "cycles": cycles,
         "latency_ms": seconds * 1e3,
         "tokens": tokens,

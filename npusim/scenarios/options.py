@@ -64,6 +64,12 @@ def add_fidelity_args(p, memory_default="tlm", system: bool = False):
                    "fidelity ladder's quick set (docs/FIDELITY.md, session 56): path up to 18.1%% off (9.3%% with its "
                    "memory streams as flows), analytical up to 19.5%%; no cheaper NoC is within 5%%, so this default is not the rule's (the "
                    "cheapest within 5%%): it is kept for speed")
+    p.add_argument("--memory-streams", default=None, metavar="MODEL",
+                   help="at the path NoC, how HBM traffic crosses the mesh (npusim.sim.mempath): reserve (default: "
+                   "streams reserving their paths), hop, flow (one max-min flow per DMA engine with the routers' "
+                   "head-of-line coupling: closer to flit, docs/FIDELITY.md), or flow@Q~S, the flows with a head-of-line "
+                   "pass held Q cycles and a sharing kept S cycles (faster on long serving runs; flow@16384~256: "
+                   "docs/FIDELITY.md, 'Item 4's variant')")
     p.add_argument("--memory", choices=MEMORY_FIDELITIES, default=memory_default,
                    help=f"HBM model (default {memory_default}). Against TLM at the flit NoC on the fidelity "
                    "ladder's quick set (docs/FIDELITY.md, session 56): analytical up to 33.1%% off (an INT8 prefill "
@@ -370,7 +376,11 @@ def chip_arch(args) -> str:
 
 
 def refuse_arch_with_system(args) -> None:
-    """``--arch`` beside ``--system`` is an error, not ignored: a system runs on the die its file names."""
+    """``--arch`` (and the chip path's ``--memory-streams``) beside ``--system`` is an error, not ignored: a
+    system runs on the die its file names, its chip costs at their own stream model."""
+    if getattr(args, "memory_streams", None) is not None:
+        raise ConfigError(f"--memory-streams {args.memory_streams}: the chip path's path NoC option; --system "
+                          f"{args.system} costs its chips at the ChipCost defaults (drop the flag)")
     if getattr(args, "arch", None) is not None:
         raise ConfigError(f"--arch {args.arch}: --system {args.system} runs on its own die (system.npu.chip in the "
                           "system file); drop --arch (for another die, copy the system file and name it there)")
@@ -388,6 +398,24 @@ def chip_precision(args) -> str:
 def chip_noc(args) -> str:
     """The chip path's NoC fidelity: ``--fidelity``, default path."""
     return getattr(args, "fidelity", None) or "path"
+
+
+def chip_streams(args) -> str:
+    """The chip path's memory stream model: ``--memory-streams``, default ``reserve``; given at another NoC
+    fidelity than path, or a value :func:`npusim.sim.mempath.parse_streams` refuses, it is an error."""
+    from npusim.sim.mempath import parse_streams
+
+    streams = getattr(args, "memory_streams", None)
+    if streams is None:
+        return "reserve"
+    try:
+        parse_streams(streams)
+    except ValueError as e:
+        raise ConfigError(f"--memory-streams {streams}: {e}") from None
+    if chip_noc(args) != "path":
+        raise ConfigError(f"--memory-streams {streams}: the path NoC's memory stream model; --fidelity "
+                          f"{chip_noc(args)} has none (drop the flag, or use --fidelity path)")
+    return streams
 
 
 def system_chip_cost(args, loaded):

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from npusim.choices import LONG_PROMPT_TOKENS
 from npusim.errors import ConfigError
 from npusim.files import check_output_dir
-from npusim.scenarios.options import (FORWARD_DEFAULTS, PLAN_PRECISION, SERVING_DEFAULT_TP, chip_noc, chip_precision,
+from npusim.scenarios.options import (FORWARD_DEFAULTS, PLAN_PRECISION, SERVING_DEFAULT_TP, chip_noc, chip_precision, chip_streams,
                                       fill_model_default, forward_asked, refuse_system_flags_on_a_chip,
                                       system_chip_cost)
 
@@ -230,6 +230,7 @@ class ChipServing:
         s.update({"model": self.config.model, "arch": self.arch.name, "requests": len(reqs),
                   "lengths_clipped": self.workload.clipped, "context_clipped": self.workload.over_context,
                   "memory_fidelity": self.memory, "noc_fidelity": self.noc,
+                  "memory_streams": self.config.memory_streams,
                   **self.source.client_fields(max_concurrency)})
         s["iteration_cache"]["requested"] = self.requested_cache
         if self.cache_preset is not None:
@@ -257,7 +258,8 @@ def chip_serving_scenario(opts, arch, base=None) -> ChipServing:
                             max_tokens=sopts["max_tokens"], chunk_tokens=sopts["chunk_tokens"], budget=sopts["budget"])
     cache = _iteration_cache(opts, pd is not None or sopts["replicas"] > 1, workload.requests, context)
     config = ServingConfig(model=opts.model, precision=chip_precision(opts), layers=opts.layers, scheduler=sched,
-                           memory_mode=opts.memory, noc_mode=chip_noc(opts), admission=opts.admission,
+                           memory_mode=opts.memory, noc_mode=chip_noc(opts), memory_streams=chip_streams(opts),
+                           admission=opts.admission,
                            prefix_cache=opts.prefix_cache, slo_ttft_ms=opts.slo_ttft_ms, slo_tbt_ms=opts.slo_tbt_ms,
                            slo_tpot_ms=getattr(opts, "slo_tpot_ms", None), iteration_cache=cache,
                            iteration_cache_dir=getattr(opts, "iteration_cache_dir", None),
@@ -273,7 +275,8 @@ def simulate_forward_options(opts, arch, base=None, progress: Progress = None):
 
     graph = build_model(opts)
     spec = build_spec(opts, arch, graph, base=base)
-    return simulate_forward(graph, arch, spec, memory_mode=opts.memory, noc_mode=chip_noc(opts), progress=progress)
+    return simulate_forward(graph, arch, spec, memory_mode=opts.memory, noc_mode=chip_noc(opts),
+                            memory_streams=chip_streams(opts), progress=progress)
 
 
 def run_summary(opts, arch, base=None) -> dict:

@@ -104,9 +104,24 @@ MemPath = namedtuple("MemPath", ["prm", "attach", "routers", "pending", "task", 
  MP_NEED_SLOTS, MP_NROUTERS, MP_RESERVE, MP_MEMPORT, MP_BURST) = range(14)
 MAX_BURST_BYTES = 4096  # a burst never crosses a 4 KB boundary (AXI's rule): the longest packet of a DMA
 STREAM_MODELS = ("flow", "reserve", "hop")
+STREAM_VARIANTS = "flow@CYCLES, flow~CYCLES or flow@CYCLES~CYCLES"  # the flows' speed variants (parse_streams)
 STREAM_FLOW, STREAM_RESERVE, STREAM_HOP = 2, 1, 0  # prm[MP_RESERVE]
 PACKET_MODELS = ("burst", "transaction")  # a DMA's requests: one per burst (default) or per transaction  # path fidelity: streams reserve their path at once, or move hop by hop
 C_BYTES, C_PARTS, C_DMAS = 0, 1, 2
+
+
+def parse_streams(spec: str) -> tuple[str, int | None, int | None]:
+    """A ``memory_streams`` value -> (the stream model, cycles a head-of-line pass is held, cycles a sharing is
+    kept): one of ``STREAM_MODELS``, or the flows' speed variants ``flow@Q`` (a pass held ``Q`` cycles,
+    ``memflow.HOL_PERIOD``), ``flow~S`` (a sharing kept ``S`` cycles, ``memflow.SHARE_PERIOD``) and ``flow@Q~S``;
+    ``None`` where the spec gives none (the module's default). Raises ``ValueError`` saying what is expected."""
+    head, tilde, share = spec.partition("~")
+    model, at, hold = head.partition("@")
+    if (model not in STREAM_MODELS or ((at or tilde) and model != "flow") or (at and not hold.isdigit())
+            or (tilde and not share.isdigit())):
+        raise ValueError(f"memory stream model '{spec}': expected one of {', '.join(STREAM_MODELS)}, or {STREAM_VARIANTS} "
+                         "(the flows with a head-of-line pass held, and a sharing kept, that many cycles)")
+    return model, int(hold) if at else None, int(share) if tilde else None
 
 
 def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, interleave: int, private: bool,
@@ -115,7 +130,8 @@ def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, i
                 packets: str = "burst", n_links: int = 0, memory_lanes=None, max_outstanding: int = 16) -> MemPath:
     """State for ``num_initiators`` DMA engines; ``attach[ch]`` = router of channel ``ch``;
     ``hops[a, b]`` = mesh hops from router ``a`` to ``b``; ``streams``: the path fidelity's
-    stream model (``flow``, ``reserve`` or ``hop``, see the module docstring; ``flow`` needs
+    stream model (``flow``, ``reserve`` or ``hop``, see the module docstring, or a variant of the flows,
+    :func:`parse_streams`; ``flow`` needs
     ``n_links`` (mesh links), ``memory_lanes`` (per router) and the DMA engines' ``max_outstanding``
     transactions); ``memory_ports``: streams
     towards the memory eject at the router's memory-controller port (else at the core's port);
@@ -123,6 +139,7 @@ def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, i
     or ``transaction`` (one per ``txn_bytes`` transaction: the model before bursts, an ablation)."""
     if packets not in PACKET_MODELS:
         raise ValueError(f"memory packets '{packets}': expected one of {PACKET_MODELS}")
+    streams, hol_period, share_period = parse_streams(streams)
     attach = np.asarray(attach, np.int64)
     routers = np.unique(attach)
     n_routers = int(hops.shape[0])
@@ -133,7 +150,7 @@ def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, i
     if streams == "flow" and on:
         lanes = np.ones(n_routers, np.int64) if memory_lanes is None else np.asarray(memory_lanes, np.int64)
         fl = new_memflows(n_links, n_routers, num_initiators, router_stages, link_latency, lanes,
-                          max_outstanding, txn_bytes)
+                          max_outstanding, txn_bytes, hol_period=hol_period, share_period=share_period)
     else:  # a tiny stand-in (the state is typed the same way)
         fl = new_memflows(1, 1, 1, router_stages, link_latency, np.ones(1, np.int64), max_outstanding, txn_bytes,
                           memo=False)
@@ -287,4 +304,5 @@ def mem_part_done(mp, init):
     return task
 
 
-__all__ = ["C_BYTES", "C_DMAS", "C_PARTS", "MAX_BURST_BYTES", "PACKET_MODELS", "STREAM_MODELS", "MemPath", "mem_part_done", "mem_start", "new_mempath"]
+__all__ = ["C_BYTES", "C_DMAS", "C_PARTS", "MAX_BURST_BYTES", "PACKET_MODELS", "STREAM_MODELS", "STREAM_VARIANTS",
+           "parse_streams", "MemPath", "mem_part_done", "mem_start", "new_mempath"]

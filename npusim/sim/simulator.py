@@ -40,7 +40,7 @@ from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
 from npusim.hw.noc.path import PRM_HOLD, grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh_topology, to_arrays
-from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, PACKET_MODELS, STREAM_MODELS, new_mempath
+from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, PACKET_MODELS, new_mempath, parse_streams
 from npusim.sim.sramport import C_ARRAY, C_DMA, new_sram_ports
 from npusim.sim.kernel import (
     BASE_HEADROOM,
@@ -92,7 +92,8 @@ class Simulator:
         carries each DMA's traffic as a flow sharing the mesh's links max-min fairly
         (:mod:`npusim.hw.noc.memflow`, with the routers' head-of-line coupling, :mod:`npusim.hw.noc.hol`;
         not the default: within 11% of flit on the memory workloads against ``reserve``'s 24%, but not
-        within 3% on each, and more CPU on serving; docs/FIDELITY.md).
+        within 3% on each, and more CPU on serving; docs/FIDELITY.md); ``flow@Q~S`` the flows with a head-of-line
+        pass held ``Q`` cycles and a sharing kept ``S`` cycles (faster on long runs, :func:`npusim.sim.mempath.parse_streams`).
         ``memory_port_lanes``: at the path and flit fidelities, streams towards the memory (read
         requests, write data) leave the mesh at their attach router's memory-controller port, one lane
         (one flit a cycle) per HBM channel attached there (``None``, the default), or ``k`` lanes per
@@ -154,8 +155,10 @@ class Simulator:
         if memory_over_noc is None:
             memory_over_noc = True
         self.memory_over_noc = bool(memory_over_noc)
-        if memory_streams not in STREAM_MODELS:
-            raise ConfigError(f"memory stream model '{memory_streams}': expected one of {STREAM_MODELS}")
+        try:
+            stream_model = parse_streams(memory_streams)[0]
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if memory_packets not in PACKET_MODELS:
             raise ConfigError(f"memory packet model '{memory_packets}': expected one of {PACKET_MODELS}")
         self.memory_streams = memory_streams
@@ -171,7 +174,7 @@ class Simulator:
         # a DMA start pushes one event per stream it starts (two per attach router); a flow update
         # one per flow that ends, and the next update
         self._headroom += int(self.mempath.prm[MP_NEED_SLOTS]) + 2
-        if memory_streams == "flow":
+        if stream_model == "flow":
             self._headroom += arch.num_cores * self.dma_engines + 2
             if self.memory_over_noc and noc_mode == "path":  # messages' links are counted for the flows
                 self.noc.prm[PRM_HOLD] = 1

@@ -56,6 +56,7 @@ from machine import machine_line  # noqa: E402
 
 from npusim.arch import load_arch  # noqa: E402
 from npusim.hw.noc import memflow  # noqa: E402
+from npusim.sim.mempath import parse_streams  # noqa: E402
 from npusim.mapping.spec import spec_from_flags  # noqa: E402
 from npusim.serving.itercache import parse_buckets  # noqa: E402
 from npusim.serving.requests import cap_lengths  # noqa: E402
@@ -216,18 +217,16 @@ def readme_run(requests: int | None, extra: list[str]) -> None:
     print(machine_line())
 
 
-def stream_variant(label: str) -> tuple[str, int, int]:
-    """``--streams`` label -> (the stream model, the flows' ``memflow.HOL_PERIOD`` and
-    ``memflow.SHARE_PERIOD``): ``flow-all``, ``flow-nomemo``, ``flow@Q``, ``flow~S`` and ``flow@Q~S`` are
-    the flows (every DMA a flow; every sharing solved; a head-of-line pass held ``Q`` cycles; a sharing
-    kept ``S`` cycles)."""
-    head, tilde, share = label.partition("~")
-    model, at, period = head.partition("@")
-    model = model.removesuffix("-nomemo").removesuffix("-all")
-    if (at or tilde) and (model != "flow" or (at and not period.isdigit()) or (tilde and not share.isdigit())):
-        raise SystemExit(f"--streams {label}: expected flow@CYCLES (a head-of-line pass held that many cycles), "
-                         "flow~CYCLES (a sharing kept that many cycles) or flow@CYCLES~CYCLES")
-    return model, int(period or 0), int(share or 0)
+def stream_variant(label: str) -> str:
+    """``--streams`` label -> the ``memory_streams`` it runs (:func:`npusim.sim.mempath.parse_streams`: ``flow@Q``,
+    ``flow~S`` and ``flow@Q~S`` a head-of-line pass held ``Q`` cycles, a sharing kept ``S`` cycles);
+    ``flow-all`` and ``flow-nomemo`` are the flows (every DMA a flow; every sharing solved)."""
+    spec = label.replace("-nomemo", "").replace("-all", "")
+    try:
+        parse_streams(spec)
+    except ValueError as e:
+        raise SystemExit(f"--streams {label}: {e}") from None
+    return spec
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -279,10 +278,9 @@ def main(argv: list[str] | None = None) -> None:
                           for st in (args.streams.split(",") if x == "path" else ["-"])]
                 sims = {}
                 for noc, streams, cache in points:
-                    model, period, share = stream_variant(streams)
+                    model = stream_variant(streams)
                     memflow.MICE = "-all" not in streams  # flow-all: every DMA a flow of the filling
                     memflow.MEMO_SLOTS = 0 if "-nomemo" in streams else saved_memo  # flow-nomemo: every sharing solved
-                    memflow.HOL_PERIOD, memflow.SHARE_PERIOD = period, share
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
                                         scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
                                         iteration_cache=buckets if cache == "on" else None,
@@ -293,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
                     t0, c0 = time.perf_counter(), time.process_time()
                     s = simulate_serving(arch, spec, reqs, cfg, replicas=replicas).summary
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                    memflow.MICE, memflow.HOL_PERIOD, memflow.SHARE_PERIOD, memflow.MEMO_SLOTS = True, 0, 0, saved_memo
+                    memflow.MICE, memflow.MEMO_SLOTS = True, saved_memo
                     walls[noc, streams, cache] = wall
                     sims[streams, cache] = s['simulated_s']
                     label = noc if noc != "path" else f"path/{streams}"

@@ -271,10 +271,13 @@ F_PEAK_LOAD = 0  # fsc: highest load / capacity seen
 
 
 def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stages: int, link_latency: int,
-                 memory_lanes, max_outstanding: int, transaction_bytes: int, memo: bool = True) -> MemFlows:
+                 memory_lanes, max_outstanding: int, transaction_bytes: int, memo: bool = True,
+                 hol_period: int | None = None, share_period: int | None = None) -> MemFlows:
     """State for ``num_initiators`` DMA engines on a NoC of ``n_links`` mesh links and
     ``n_routers`` routers; ``memory_lanes[r]``: lanes of router ``r``'s memory port and injection;
-    ``memo``: remember sharings (as ``MEMO_SLOTS`` says; ``False``: a stand-in that shares nothing).
+    ``memo``: remember sharings (as ``MEMO_SLOTS`` says; ``False``: a stand-in that shares nothing);
+    ``hol_period``, ``share_period``: cycles a head-of-line pass is held and a sharing kept (``None``: the
+    module's ``HOL_PERIOD`` and ``SHARE_PERIOD``).
     Resource ids: mesh links ``0 .. n_links-1``, then per router the core's ejection port
     (``n_links + r``), the memory port (``n_links + R + r``), the core's injection
     (``n_links + 2R + r``) and the memory injection lanes (``n_links + 3R + r``)."""
@@ -292,8 +295,9 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
     mf = MemFlows(
         prm=np.array([n_links, n_routers, router_stages, link_latency, max(1, int(max_outstanding)),
                       max(1, int(max_outstanding)) * int(transaction_bytes),
-                      max(1, int(HOL_ITERS)) if HOL_COUPLING else 0, int(bool(MICE)), max(0, int(HOL_PERIOD)),
-                      max(0, int(SHARE_PERIOD)), int(memo)],
+                      max(1, int(HOL_ITERS)) if HOL_COUPLING else 0, int(bool(MICE)),
+                      max(0, int(HOL_PERIOD if hol_period is None else hol_period)),
+                      max(0, int(SHARE_PERIOD if share_period is None else share_period)), int(memo)],
                      np.int64),
         rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
