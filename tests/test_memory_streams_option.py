@@ -74,3 +74,20 @@ def test_memory_streams_where_it_is_not_read_is_a_one_line_error(capsys, argv, w
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     for w in words:
         assert w in lines[0], (w, lines[0])
+
+
+def test_without_the_flag_a_run_keeps_the_simulators_default_which_validation_scripts_set(capsys):
+    """``validation/memory_flows_vs_flit.py`` and ``fidelity_ladder.py`` compare stream models through the CLI's
+    runs by setting the simulators' default (``stream_model``): a run without ``--memory-streams`` must not
+    pass one of its own."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+    try:
+        from memory_flows_vs_flit import stream_model
+    finally:
+        sys.path.pop(0)
+    with stream_model("flow"):
+        run = _forward(capsys, "--fidelity", "path")
+    assert run["memory_streams"] == "flow"

@@ -57,7 +57,7 @@ def run(args) -> int:
 
     prog = load_program(args.program)
     arch = load_arch(chip_arch(args))
-    sim = Simulator(arch, memory_mode=args.memory, noc_mode=chip_noc(args), memory_streams=chip_streams(args))
+    sim = Simulator(arch, memory_mode=args.memory, noc_mode=chip_noc(args), **chip_streams(args))
     prog.submit(sim)
     with task_progress(arch.clock_ghz, enabled=not args.no_progress) as progress:
         sim.run(progress=progress, chunk_events=500_000)

@@ -400,14 +400,16 @@ def chip_noc(args) -> str:
     return getattr(args, "fidelity", None) or "path"
 
 
-def chip_streams(args) -> str:
-    """The chip path's memory stream model: ``--memory-streams``, default ``reserve``; given at another NoC
-    fidelity than path, or a value :func:`npusim.sim.mempath.parse_streams` refuses, it is an error."""
+def chip_streams(args) -> dict:
+    """The chip path's memory stream model as keyword arguments: ``{"memory_streams": --memory-streams}``, or
+    none when the flag is not given (the simulators' own default, ``reserve``; validation scripts set that
+    default to compare stream models through the CLI's runs). Given at another NoC fidelity than path, or a
+    value :func:`npusim.sim.mempath.parse_streams` refuses, it is an error."""
     from npusim.sim.mempath import parse_streams
 
     streams = getattr(args, "memory_streams", None)
     if streams is None:
-        return "reserve"
+        return {}
     try:
         parse_streams(streams)
     except ValueError as e:
@@ -415,7 +417,7 @@ def chip_streams(args) -> str:
     if chip_noc(args) != "path":
         raise ConfigError(f"--memory-streams {streams}: the path NoC's memory stream model; --fidelity "
                           f"{chip_noc(args)} has none (drop the flag, or use --fidelity path)")
-    return streams
+    return {"memory_streams": streams}
 
 
 def system_chip_cost(args, loaded):

@@ -258,7 +258,7 @@ def chip_serving_scenario(opts, arch, base=None) -> ChipServing:
                             max_tokens=sopts["max_tokens"], chunk_tokens=sopts["chunk_tokens"], budget=sopts["budget"])
     cache = _iteration_cache(opts, pd is not None or sopts["replicas"] > 1, workload.requests, context)
     config = ServingConfig(model=opts.model, precision=chip_precision(opts), layers=opts.layers, scheduler=sched,
-                           memory_mode=opts.memory, noc_mode=chip_noc(opts), memory_streams=chip_streams(opts),
+                           memory_mode=opts.memory, noc_mode=chip_noc(opts), **chip_streams(opts),
                            admission=opts.admission,
                            prefix_cache=opts.prefix_cache, slo_ttft_ms=opts.slo_ttft_ms, slo_tbt_ms=opts.slo_tbt_ms,
                            slo_tpot_ms=getattr(opts, "slo_tpot_ms", None), iteration_cache=cache,
@@ -276,7 +276,7 @@ def simulate_forward_options(opts, arch, base=None, progress: Progress = None):
     graph = build_model(opts)
     spec = build_spec(opts, arch, graph, base=base)
     return simulate_forward(graph, arch, spec, memory_mode=opts.memory, noc_mode=chip_noc(opts),
-                            memory_streams=chip_streams(opts), progress=progress)
+                            progress=progress, **chip_streams(opts))
 
 
 def run_summary(opts, arch, base=None) -> dict:
