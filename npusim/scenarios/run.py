@@ -28,8 +28,8 @@ from typing import Any, Callable
 from npusim.choices import LONG_PROMPT_TOKENS
 from npusim.errors import ConfigError
 from npusim.files import check_output_dir
-from npusim.scenarios.options import (FORWARD_DEFAULTS, PLAN_PRECISION, SERVING_DEFAULT_TP, chip_noc, chip_precision, chip_streams,
-                                      fill_model_default, forward_asked, refuse_system_flags_on_a_chip,
+from npusim.scenarios.options import (FORWARD_DEFAULTS, PLAN_PRECISION, SERVING_DEFAULT_TP, chip_noc, chip_precision,
+                                      chip_streams, fill_model_default, forward_asked, refuse_system_flags_on_a_chip,
                                       system_chip_cost)
 
 #: the serving mapping a --system run with a request stream uses without --mapping
