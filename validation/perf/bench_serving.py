@@ -278,13 +278,13 @@ def main(argv: list[str] | None = None) -> None:
                           for st in (args.streams.split(",") if x == "path" else ["-"])]
                 sims = {}
                 for noc, streams, cache in points:
-                    model = stream_variant(streams)
+                    memory_streams = stream_variant(streams)
                     memflow.MICE = "-all" not in streams  # flow-all: every DMA a flow of the filling
                     memflow.MEMO_SLOTS = 0 if "-nomemo" in streams else saved_memo  # flow-nomemo: every sharing solved
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
                                         scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
                                         iteration_cache=buckets if cache == "on" else None,
-                                        **({"memory_streams": model} if noc == "path" else {}))
+                                        **({"memory_streams": memory_streams} if noc == "path" else {}))
                     # compile the kernel for this fidelity outside the timing
                     simulate_serving(arch, spec, reqs[:1], replace(warm, memory_mode=memory, noc_mode=noc),
                                      replicas=replicas)
