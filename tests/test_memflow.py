@@ -251,7 +251,7 @@ def _check_kept_set(sim):
     (``ceff``) follow the messages holding them (but for claimed links whose flows all stood,
     read again at the next update), and each flow's kept entries on the set's resources (``ln``,
     ``lres``, ``lcoef``) are its entries there."""
-    from npusim.hw.noc.memflow import ROOM, S_NMF, S_NSTALE, S_NTOUCH
+    from npusim.hw.noc.memflow import ROOM, S_NMF, S_NSTALE, S_NTOUCH, _purge
     fl = sim.mempath.fl
     holds = np.pad(sim.noc.link_holds, (0, len(fl.rcap) - len(sim.noc.link_holds))).astype(np.float64)
     now = np.maximum(fl.rcap - holds, 0.0) * fl.eta  # eta: the links' head-of-line share (memflow)
@@ -260,9 +260,12 @@ def _check_kept_set(sim):
     for l in touched:
         if l not in stale:
             assert fl.ceff[l] == now[l]
+    may_fill = {l for l in touched if fl.B0[l] > fl.ceff[l] * ROOM}
     kept = [int(x) for x in fl.mfl[:int(fl.sc[S_NMF])]]
-    assert len(kept) == len(set(kept))
-    assert set(kept) == {l for l in touched if fl.B0[l] > fl.ceff[l] * ROOM}
+    assert len(kept) == len(set(kept)) and set(kept) >= may_fill  # the others leave at the next filling
+    _purge(fl)  # what the next filling's setup does first: then the set is exactly those that may fill
+    kept = [int(x) for x in fl.mfl[:int(fl.sc[S_NMF])]]
+    assert set(kept) == may_fill
     assert all(int(fl.mpos[l]) == i for i, l in enumerate(kept))
     # each active flow's entries on the kept resources (what the filling reads) are exactly those
     for f in fl.act[:int(fl.sc[S_NACT])]:
@@ -278,10 +281,11 @@ def _check_kept_set(sim):
 @pytest.mark.parametrize("with_messages", [False, True])
 def test_kept_may_fill_set_follows_flows_and_messages(with_messages):
     """The set of resources that may fill is kept as flows start and end and messages claim and
-    release links (an update then reads only it, not every resource the flows cross): mid-run it is
-    what the definition gives on the current sums and capacities, the rates are a fresh solve's,
-    and it is empty at the end."""
-    from npusim.hw.noc.memflow import S_NMF, S_PENDING
+    release links (an update then reads only it, not every resource the flows cross): mid-run it
+    holds every resource the definition gives on the current sums and capacities and, once purged
+    (as a filling's setup does), only those; the rates are a fresh solve's, and it is empty at the
+    end."""
+    from npusim.hw.noc.memflow import S_NMF, S_PENDING, _purge
     arch = load_arch("npusim-64c")
     sim, _ = _all_cores_stream(arch, pieces=4)
     if with_messages:  # core-to-core messages across the middle of the mesh, where the flows run
@@ -306,6 +310,7 @@ def test_kept_may_fill_set_follows_flows_and_messages(with_messages):
         checked += 1
     assert checked >= 3
     sim.run()
+    _purge(fl)
     assert int(fl.sc[S_NMF]) == 0 and (fl.mpos == -1).all()
 
 

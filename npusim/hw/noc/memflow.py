@@ -38,7 +38,8 @@ and end) and recomputed when a flow starts or ends or a message changes what a l
 all at their caps, would leave it room cannot), and a flow crossing none of them runs at its cap:
 the same rates (see :func:`memflow_update`), at a cost set by the few resources that bind. That set
 is kept as flows start and end and messages claim and release links (``mfl``), so an update
-visits only its members, not every resource the flows cross. A flow's
+visits only its members, not every resource the flows cross (one that no longer may fill leaves
+it at the next filling, not at once: :func:`_may_fill`). A flow's
 bytes drain at its rate from its start; it ends ``RTT (1 - x / cap)`` cycles after its last byte
 left (``x`` its last rate): a flow held back by the mesh (``x`` well below its cap) ends one round
 trip after its bytes drained (the first request's trip and the last data's trip), a flow held by
@@ -207,8 +208,9 @@ MemFlows = namedtuple("MemFlows", [
     "ln", "lres", "lcoef", "lk", "lslot",
     "outl",  # scratch of an update: resources left out of the filling that may carry the peak load
     "fin",  # scratch of an update: the flows in the filling (those crossing a resource in it)
-    # the resources that may fill, kept as flows start and end and messages claim and release links:
-    # ``mfl[:sc[S_NMF]]`` (``mpos[l]``: where ``l`` sits there, -1: not in it)
+    # the resources that may fill, kept as flows start and end and messages claim and release links
+    # (and, until the next filling's setup, some that no longer may): ``mfl[:sc[S_NMF]]`` (``mpos[l]``:
+    # where ``l`` sits there, -1: not in it)
     "mfl", "mpos",
     "stl", "stale",  # claimed links whose flows all stood (no update): read again at the next update
     "tdrain",  # per initiator: the cycle its last flow drained (-1: none yet), for the gap counters
@@ -590,7 +592,7 @@ def _mouse_fits(mf, holds, init):
     cap = mf.fcap[init]
     for k in range(mf.e_n[init]):
         l = mf.e_res[init, k]
-        if mf.mpos[l] >= 0 or (l < holds.shape[0] and holds[l] > 0):
+        if _fills(mf, l) or (l < holds.shape[0] and holds[l] > 0):
             return False
         c = (mf.rcap[l] - (holds[l] if l < holds.shape[0] else 0.0)) * mf.eta[l]
         if mf.B0[l] + mf.mload[l] + mf.e_coef[init, k] * cap > c * ROOM:
@@ -613,7 +615,7 @@ def memflow_mouse_end(mf, holds, heap, hs, init, now):
         if mf.rn[l] > 0:
             _key_res(mf, holds, l)
             mf.ceff[l] = _ceff(mf, holds, l)
-            poke |= mf.mpos[l] >= 0
+            poke |= _fills(mf, l)
             _may_fill(mf, l)
     mf.e_n[init] = 0
     mf.tdrain[init] = now
@@ -632,23 +634,40 @@ def _advance(mf, now):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _fills(mf, l):
+    """Whether resource ``l`` may fill: flows cross it and they, all at their caps, would load it
+    beyond ``ROOM`` of what messages leave of it (``B0[l] > ceff[l] ROOM``)."""
+    return mf.rn[l] > 0 and mf.B0[l] > mf.ceff[l] * ROOM
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _may_fill(mf, l):
-    """Keep resource ``l`` in the set of those that may fill (``mfl``) iff flows cross it and they,
-    all at their caps, would load it beyond ``ROOM`` of what messages leave of it (``B0[l] >
-    ceff[l] ROOM``); called whenever ``B0[l]``, ``rn[l]`` or ``ceff[l]`` changes, so the set is
-    always what the test gives on the current sums and capacities."""
-    want = mf.rn[l] > 0 and mf.B0[l] > mf.ceff[l] * ROOM
-    p = mf.mpos[l]
-    if want:
-        if p < 0:
-            _member_add(mf.mfl, mf.mpos, mf.sc, S_NMF, l)
-            mf.sc[S_JOINS] += 1
-            for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it join theirs
-                _entry_in(mf, mf.rl[q], mf.rk[q], l)
-    elif p >= 0:  # the last of the set takes its place
-        _member_drop(mf.mfl, mf.mpos, mf.sc, S_NMF, l)
-        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it leave theirs
-            _entry_out(mf, mf.rl[q], mf.rk[q])
+    """Resource ``l`` joins the set of those that may fill (``mfl``) if it may fill (:func:`_fills`)
+    and is not in it; called whenever ``B0[l]``, ``rn[l]`` or ``ceff[l]`` changes. One that no
+    longer may fill leaves the set only at the next filling's setup (:func:`_purge`): an engine's
+    flow drains and its next DMA, on the same routes, starts a few cycles later, and its resources
+    would leave the set and join it again between two sharings, each time with every flow's entry
+    there (session 61). So the set holds every resource that may fill, and between fillings perhaps
+    others: what reads it between fillings asks :func:`_fills` instead."""
+    if mf.mpos[l] < 0 and _fills(mf, l):
+        _member_add(mf.mfl, mf.mpos, mf.sc, S_NMF, l)
+        mf.sc[S_JOINS] += 1
+        for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it join theirs
+            _entry_in(mf, mf.rl[q], mf.rk[q], l)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _purge(mf):
+    """The resources in the set that may fill no longer leave it (:func:`_may_fill`), their flows'
+    entries there with them: after it the set is exactly those that may fill."""
+    i = mf.sc[S_NMF] - 1
+    while i >= 0:  # backwards: a leaving member's place takes the last, already seen
+        l = mf.mfl[i]
+        if not _fills(mf, l):
+            _member_drop(mf.mfl, mf.mpos, mf.sc, S_NMF, l)
+            for q in range(mf.row[l], mf.row[l] + mf.rn[l]):  # its flows' entries on it leave theirs
+                _entry_out(mf, mf.rl[q], mf.rk[q])
+        i -= 1
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -722,8 +741,6 @@ def _list_drop(mf, f):
             mf.B0[l] = 0.0
             _set_eta(mf, l, 1.0)  # and its head-of-line share, read again from the next flows' mix
             _member_drop(mf.tl, mf.tpos, mf.sc, S_NTOUCH, l)
-        if mf.mpos[l] >= 0:  # it may leave the set now (its remaining flows' entries with it)
-            _may_fill(mf, l)
     mf.ln[f] = 0  # the flow's entries on the resources that may fill go with it
 
 
@@ -953,10 +970,10 @@ def memflow_note(mf, holds, changed):
                 mf.stl[mf.sc[S_NSTALE]] = l
                 mf.sc[S_NSTALE] += 1
             return 0
-    was = mf.mpos[l] >= 0
+    was = _fills(mf, l)
     mf.ceff[l] = c
     _may_fill(mf, l)
-    return 1 if was or mf.mpos[l] >= 0 else 0
+    return 1 if was or _fills(mf, l) else 0
 
 
 @njit(cache=True, _nrt=False)
@@ -1069,6 +1086,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
                 mf.frozen[mf.act[i]] = 0
         nt = mf.sc[S_NTOUCH]
         nlv = 0
+        _purge(mf)
         nmf = mf.sc[S_NMF]
         for i in range(nmf):  # each resource that may fill (the kept set): its capacity now, its flows
             l = mf.mfl[i]
