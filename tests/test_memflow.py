@@ -164,7 +164,8 @@ def test_flows_cost_fewer_events_than_streams():
 def test_kept_lists_and_sums_match_the_active_flows_and_a_fresh_solve():
     """The per-resource flow lists and coefficient sums kept between updates (memflow: ``rl``,
     ``rn``, ``A0``, the touched resources ``tl``) describe exactly the flows active mid-run, their
-    rates are those a solve from scratch gives, and everything is empty again at the end."""
+    rates are those a solve from scratch gives (drained flows' entries stay listed, parked: rate 0,
+    frozen, in no sum), and everything is empty again at the end but the parked entries."""
     from npusim.hw.noc.memflow import S_NTOUCH, S_PENDING
     arch = load_arch("npusim-64c")
     sim, _ = _all_cores_stream(arch, pieces=4)
@@ -181,9 +182,12 @@ def test_kept_lists_and_sums_match_the_active_flows_and_a_fresh_solve():
                 res.setdefault(int(fl.e_res[f, k]), []).append((int(f), float(fl.e_coef[f, k])))
         touched = set(int(x) for x in fl.tl[:int(fl.sc[S_NTOUCH])])
         assert touched == set(res)
-        for l, fs in res.items():
-            assert int(fl.rn[l]) == len(fs)
-            assert sorted(int(x) for x in fl.rl[fl.row[l]:fl.row[l] + fl.rn[l]]) == sorted(f for f, _ in fs)
+        for l, fs in res.items():  # the live entries: the active flows'; the rest parked (drained flows')
+            listed = [int(x) for x in fl.rl[fl.row[l]:fl.row[l] + fl.rn[l]]]
+            live = [f for f in listed if not fl.parked[f]]
+            assert int(fl.rv[l]) == len(fs) == len(live)
+            assert sorted(live) == sorted(f for f, _ in fs)
+            assert all(fl.rate[f] == 0.0 and fl.frozen[f] == 1 for f in listed if fl.parked[f])
             assert fl.A0[l] == pytest.approx(sum(c for _, c in fs), rel=1e-12)
             assert fl.B0[l] == pytest.approx(sum(c * fl.fcap[f] for f, c in fs), rel=1e-12)
         rate = np.zeros_like(fl.rate)
@@ -195,7 +199,10 @@ def test_kept_lists_and_sums_match_the_active_flows_and_a_fresh_solve():
         checked += 1
     assert checked >= 2
     sim.run()
-    assert int(fl.sc[S_NTOUCH]) == 0 and not fl.rn.any() and not fl.A0.any() and not fl.B0.any()
+    assert int(fl.sc[S_NTOUCH]) == 0 and not fl.rv.any() and not fl.A0.any() and not fl.B0.any()
+    # what stays listed is the drained flows' entries, parked for their engines' next DMAs
+    for l in range(len(fl.rcap)):
+        assert all(fl.parked[int(f)] for f in fl.rl[fl.row[l]:fl.row[l] + fl.rn[l]])
 
 
 def test_messages_on_links_no_flow_crosses_cost_the_flows_no_update():

@@ -200,6 +200,10 @@ MemFlows = namedtuple("MemFlows", [
     # ``rl[row[l] : row[l] + rn[l]]`` (with their entry index ``rk``; ``eslot[f, k]``: where entry
     # ``k`` of flow ``f`` sits in its resource's list), and the resources with any (``tl``, ``tpos``)
     "rl", "rk", "rn", "row", "eslot", "tl", "tpos",
+    # per resource, how many of its listed entries are live (``rv``; the others are parked: a drained
+    # flow's entries stay listed until its engine's next DMA, :func:`_park`); per initiator, whether its
+    # entries are parked
+    "rv", "parked",
     "A0",  # per resource: its active flows' coefficient sum (flits per byte), kept as they start and end
     "B0",  # per resource: the load its active flows put on it at their caps (flits/cycle), kept the same way
     "A", "R", "cnt", "live", "frozen", "fz",  # the solver's scratch (npusim.hw.maxmin.fill)
@@ -309,6 +313,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         rl=np.zeros(nres * ni, np.int64), rk=np.zeros(nres * ni, np.int64), rn=np.zeros(nres, np.int64),
         row=np.arange(nres, dtype=np.int64) * ni, eslot=np.zeros((ni, width), np.int64),
         tl=np.zeros(nres, np.int64), tpos=np.full(nres, -1, np.int64),
+        rv=np.zeros(nres, np.int64), parked=np.zeros(ni, np.int64),
         A0=np.zeros(nres, np.float64), B0=np.zeros(nres, np.float64),
         A=np.zeros(nres, np.float64), R=np.zeros(nres, np.float64), cnt=np.zeros(nres, np.int64),
         live=np.zeros(nres, np.int64), frozen=np.zeros(ni, np.int64), fz=np.zeros(ni, np.int64),
@@ -514,7 +519,11 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     resource the flows did not cross before takes its capacity from it); its end is reported as
     ``EV_NOC_PART_END`` for ``init``."""
     holds = noc.link_holds
-    if _built_before(mf, init, nbytes):  # its last DMA's entries, as they were left: the same bits
+    reuse = _built_before(mf, init, nbytes)
+    if mf.parked[init] != 0 and not reuse:  # its last flow's entries, parked in the lists, are not this DMA's
+        _evict(mf, init)
+        mf.e_n[init] = 0
+    if reuse:  # its last DMA's entries, as they were left: the same bits
         mf.e_n[init] = mf.b_n[init]
         for k in range(mf.b_n[init]):
             x = mf.e_flits[init, k]
@@ -529,11 +538,13 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     mf.fcap[init] = lim * burst_bytes / mf.rtt[init]
     inv = 1.0 / nbytes
     if bursts <= lim and mf.prm[P_MICE] != 0 and _mouse_fits(mf, holds, init):  # a mouse: at its cap
+        if mf.parked[init] != 0:  # a mouse is in no list
+            _evict(mf, init)
         cap = mf.fcap[init]
         for k in range(mf.e_n[init]):
             l = mf.e_res[init, k]
             mf.mload[l] += mf.e_coef[init, k] * cap
-            if mf.rn[l] > 0:  # the flows there keep what is left (they stay out of the filling)
+            if mf.rv[l] > 0:  # the flows there keep what is left (they stay out of the filling)
                 _key_res(mf, holds, l)
                 mf.ceff[l] = _ceff(mf, holds, l)
         mf.sc[S_MICE] += 1
@@ -543,8 +554,13 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     if mf.prm[P_MEMO] != 0:  # the flow joins the memo key (its signature: its routers' parts, then this)
         mf.fsig[init] = _mix(mf.fsig[init] + _mix(np.uint64(init) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(nbytes)))
         mf.mk[0] += mf.fsig[init]
-    for k in range(mf.e_n[init]):
-        _list_add(mf, holds, init, k, mf.e_res[init, k])
+    if mf.parked[init] != 0:  # its entries, parked where its last flow left them, live again
+        for k in range(mf.e_n[init]):
+            _live_in(mf, holds, init, k, mf.e_res[init, k], False)
+        mf.parked[init] = 0
+    else:
+        for k in range(mf.e_n[init]):
+            _list_add(mf, holds, init, k, mf.e_res[init, k])
     mf.rem[init] = float(nbytes)
     mf.rate[init] = 0.0
     mf.nbytes[init] = nbytes
@@ -612,7 +628,7 @@ def memflow_mouse_end(mf, holds, heap, hs, init, now):
         mf.mload[l] -= mf.e_coef[init, k] * cap
         if mf.mload[l] < 1e-12:
             mf.mload[l] = 0.0
-        if mf.rn[l] > 0:
+        if mf.rv[l] > 0:
             _key_res(mf, holds, l)
             mf.ceff[l] = _ceff(mf, holds, l)
             poke |= _fills(mf, l)
@@ -637,7 +653,7 @@ def _advance(mf, now):
 def _fills(mf, l):
     """Whether resource ``l`` may fill: flows cross it and they, all at their caps, would load it
     beyond ``ROOM`` of what messages leave of it (``B0[l] > ceff[l] ROOM``)."""
-    return mf.rn[l] > 0 and mf.B0[l] > mf.ceff[l] * ROOM
+    return mf.rv[l] > 0 and mf.B0[l] > mf.ceff[l] * ROOM
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -698,30 +714,68 @@ def _entry_out(mf, f, k):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _list_add(mf, holds, f, k, l):
-    """Entry ``k`` of flow ``f`` (resource ``l``) joins ``l``'s list (and ``l`` the touched ones,
-    with its capacity less the messages holding it now)."""
+    """Entry ``k`` of flow ``f`` (resource ``l``) joins ``l``'s list, live (:func:`_live_in`)."""
     n = mf.rn[l]
-    if n == 0:
-        _member_add(mf.tl, mf.tpos, mf.sc, S_NTOUCH, l)
-        mf.ceff[l] = _ceff(mf, holds, l)
     q = mf.row[l] + n
     mf.rl[q] = f
     mf.rk[q] = k
     mf.eslot[f, k] = n
     mf.rn[l] = n + 1
+    _live_in(mf, holds, f, k, l, True)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _live_in(mf, holds, f, k, l, fresh):
+    """Entry ``k`` of flow ``f``, listed at resource ``l``, is live: its sums take it (and ``l`` the
+    touched ones, with its capacity less the messages holding it now); ``fresh``: it was just listed
+    (else it was parked there, and its place among the flow's entries on the resources that may fill
+    was kept: :func:`_park`)."""
+    n = mf.rv[l]
+    if n == 0:
+        _member_add(mf.tl, mf.tpos, mf.sc, S_NTOUCH, l)
+        mf.ceff[l] = _ceff(mf, holds, l)
+    mf.rv[l] = n + 1
     if n == 0:  # flows cross it now: its load by messages and mice joins the memo key
         _key_res(mf, holds, l)
     mf.A0[l] += mf.e_coef[f, k]
     mf.B0[l] += mf.e_coef[f, k] * mf.fcap[f]
     if mf.mpos[l] >= 0:  # it may fill already: the entry joins the flow's entries there
-        _entry_in(mf, f, k, l)
-    else:  # it may join the set now (with every flow's entry on it)
+        if fresh:
+            _entry_in(mf, f, k, l)
+    else:  # it may join the set now (with every listed flow's entry on it)
         _may_fill(mf, l)
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _list_drop(mf, f):
-    """Flow ``f`` leaves its resources' lists (the last of a list takes its place)."""
+def _park(mf, f):
+    """Flow ``f`` drained: its entries leave its resources' sums but stay listed, parked (rate 0 and
+    frozen: what reads a list skips them), until its engine's next DMA, which mostly takes the same
+    entries (:func:`memflow_go`) and so lists nothing anew; another DMA's, or a mouse's, evicts them
+    first (:func:`_evict`). A parked entry keeps its place among the flow's entries on the resources
+    that may fill (``lres``; the set's joins and leaves keep them, as a live flow's). What the exact
+    lists would do, but in the lists' order: the fillings may differ in the last bits (session 61)."""
+    for k in range(mf.e_n[f]):
+        l = mf.e_res[f, k]
+        n = mf.rv[l] - 1
+        mf.rv[l] = n
+        mf.A0[l] -= mf.e_coef[f, k]
+        mf.B0[l] -= mf.e_coef[f, k] * mf.fcap[f]
+        if n == 0:  # untouched now: the last touched resource takes its place (its sum starts anew)
+            mf.mk[1] -= mf.hc[l]  # and its load leaves the memo key
+            mf.hc[l] = 0
+            mf.A0[l] = 0.0
+            mf.B0[l] = 0.0
+            _set_eta(mf, l, 1.0)  # and its head-of-line share, read again from the next flows' mix
+            _member_drop(mf.tl, mf.tpos, mf.sc, S_NTOUCH, l)
+    mf.rate[f] = 0.0
+    mf.frozen[f] = 1
+    mf.parked[f] = 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _evict(mf, f):
+    """Flow ``f``'s parked entries leave their resources' lists (the last of a list takes its place),
+    and its entries on the resources that may fill go with them."""
     for k in range(mf.e_n[f]):
         l = mf.e_res[f, k]
         n = mf.rn[l] - 1
@@ -732,16 +786,8 @@ def _list_drop(mf, f):
         mf.rk[mf.row[l] + i] = kg
         mf.eslot[g, kg] = i
         mf.rn[l] = n
-        mf.A0[l] -= mf.e_coef[f, k]
-        mf.B0[l] -= mf.e_coef[f, k] * mf.fcap[f]
-        if n == 0:  # untouched now: the last touched resource takes its place (its sum starts anew)
-            mf.mk[1] -= mf.hc[l]  # and its load leaves the memo key
-            mf.hc[l] = 0
-            mf.A0[l] = 0.0
-            mf.B0[l] = 0.0
-            _set_eta(mf, l, 1.0)  # and its head-of-line share, read again from the next flows' mix
-            _member_drop(mf.tl, mf.tpos, mf.sc, S_NTOUCH, l)
-    mf.ln[f] = 0  # the flow's entries on the resources that may fill go with it
+    mf.ln[f] = 0
+    mf.parked[f] = 0
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -782,7 +828,7 @@ def _key_res(mf, holds, l):
         return
     h = holds[l] if l < holds.shape[0] else 0
     new = np.uint64(0)
-    if mf.rn[l] > 0 and (h > 0 or mf.mload[l] > 0.0):  # the mice's load in 2^-20 flit steps
+    if mf.rv[l] > 0 and (h > 0 or mf.mload[l] > 0.0):  # the mice's load in 2^-20 flit steps
         new = _mix(np.uint64(l) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(h) * np.uint64(0x632BE59BD9B4E019)
                    + np.uint64(np.int64(np.round(mf.mload[l] * 1048576.0))))
     mf.mk[1] += new - mf.hc[l]
@@ -952,7 +998,7 @@ def memflow_note(mf, holds, changed):
             _may_fill(mf, l)
         return 1
     l = changed - 1
-    if mf.rn[l] == 0:  # no flow crosses it (its capacity is read when one does)
+    if mf.rv[l] == 0:  # no flow crosses it (its capacity is read when one does)
         return 0
     _key_res(mf, holds, l)
     c = _ceff(mf, holds, l)
@@ -1034,8 +1080,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             event_push(heap, hs, now + extra, EV_NOC_PART_END, f)
             mf.mk[0] -= mf.fsig[f]  # 0 when the memo is off
             mf.fsig[f] = 0
-            _list_drop(mf, f)
-            mf.e_n[f] = 0
+            _park(mf, f)
             mf.tdrain[f] = now
         else:
             mf.act[j] = f
@@ -1059,7 +1104,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     for i in range(mf.sc[S_NSTALE]):  # links claimed with their flows standing: their capacity now
         l = mf.stl[i]
         mf.stale[l] = 0
-        if mf.rn[l] > 0:
+        if mf.rv[l] > 0:
             mf.ceff[l] = _ceff(mf, holds, l)
             _may_fill(mf, l)
     mf.sc[S_NSTALE] = 0
@@ -1092,7 +1137,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             l = mf.mfl[i]
             mf.R[l] = mf.ceff[l]
             mf.A[l] = mf.A0[l]
-            mf.cnt[l] = mf.rn[l]
+            mf.cnt[l] = mf.rv[l]  # its unfrozen flows: the parked ones stay frozen
             mf.live[nlv] = l
             nlv += 1
         nout = 0  # resources left out whose load may be the highest yet (fsc[F_PEAK_LOAD] only grows)
