@@ -67,3 +67,21 @@ def test_bench_serving_stream_labels_parse_and_a_bad_one_says_what_was_expected(
     with pytest.raises(SystemExit) as stop:
         bench.main(["--requests", "1", "--layers", "4"])
     assert stop.value.code == 2
+
+
+def test_bench_serving_times_both_nocs_in_one_run(capsys):
+    """``bench_serving.py --noc analytical,path --streams flow@Q~S`` (issue 42 item 4's command): both
+    points run and the path NoC's wall time over the analytical's is printed (session 60's last commit
+    asked the analytical point for a stream spec and stopped the run; found in session 61)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "validation" / "perf" / "bench_serving.py"
+    spec = importlib.util.spec_from_file_location("bench_serving_both", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--requests", "1", "--layers", "16", "--noc", "analytical,path", "--streams", "flow@16384~256",
+                "--max-input", "64", "--max-output", "2"])
+    out = capsys.readouterr().out
+    assert " analytical " in out and "path/flow@16384~256" in out
+    assert "path/flow@16384~256 / analytical wall time (off cache):" in out

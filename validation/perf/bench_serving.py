@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
                           for st in (args.streams.split(",") if x == "path" else ["-"])]
                 sims = {}
                 for noc, streams, cache in points:
-                    memory_streams = stream_variant(streams)
+                    memory_streams = stream_variant(streams) if noc == "path" else None
                     memflow.MICE = "-all" not in streams  # flow-all: every DMA a flow of the filling
                     memflow.MEMO_SLOTS = 0 if "-nomemo" in streams else saved_memo  # flow-nomemo: every sharing solved
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
