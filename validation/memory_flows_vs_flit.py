@@ -233,7 +233,6 @@ def hol_regime(cases, every: int) -> None:
     import numpy as np
 
     from npusim.hw.noc import memflow as M
-    from npusim.hw.noc.hol import NSLOT
     print(f"path flows + HOL: port cycles lost a cycle to each next output, lambda_o (t_o - 1), summed over the "
           f"links with eta < 1 every {every} cycles; share by the output's kind and its others ahead N_o")
     for label, unit, fn in cases:
@@ -244,12 +243,12 @@ def hol_regime(cases, every: int) -> None:
         def sample(sim):
             mf = sim.mempath.fl
             nl, nr = int(mf.prm[M.P_NLINKS]), int(mf.prm[M.P_NR])
-            loads, inputs = np.zeros(NSLOT), np.zeros(NSLOT)
+            mf.sc[M.S_LOADS_STAMP] += 1  # the resources' slot loads at the rates now (no pass's memo key moves)
             for l in range(nl):
-                if mf.rn[l] == 0 or mf.eta[l] >= 1.0:
+                if mf.rv[l] == 0 or mf.eta[l] >= 1.0:
                     continue
-                M._slot_loads(mf, l, mf.e_tout, loads)
-                M._slot_loads(mf, l, mf.e_tin, inputs)  # by the input slot at the link's source router
+                M._slot_loads(mf, l)
+                loads, inputs = mf.hso[l].copy(), mf.hsi[l].copy()  # inputs: by the input slot at the link's source router
                 n = int(np.count_nonzero(loads > 0.0))
                 M._hol_link(mf, l)  # fills the scratch hlam, hN, hres, ht for the link's n outputs
                 total = float(loads.sum())

@@ -224,11 +224,14 @@ MemFlows = namedtuple("MemFlows", [
     # output's router by (``e_tin``: 0 the NI, 1..4 the link from that port's neighbour, 5 the memory
     # lanes); per router, its links by port (``olink``); per link, its input slot at the router it
     # feeds and that router; per resource, ``eta`` (1 but for links); scratch
-    "e_tout", "e_tin", "olink", "lslot_in", "lhead", "eta", "hres", "hlam", "hN", "ht", "hin", "hcap", "hchg",
+    "e_tout", "e_tin", "olink", "lslot_in", "lhead", "eta", "hres", "hlam", "hN", "ht", "hcap", "hchg",
     "heta",
     # per output resource, an update's settled requests of its input slots (``hu``, sum ``hU``), valid
     # while ``hstamp`` equals the update's stamp ``sc[S_HOL_STAMP]``: one solve for every link feeding it
     "hu", "hU", "hstamp",
+    # per resource, its flows' loads by output slot (``hso``) and by input slot (``hsi``) at the current
+    # rates, valid while ``hls`` equals ``sc[S_LOADS_STAMP]``: one walk of its list a pass for both
+    "hso", "hsi", "hls",
     # mice (MICE): per resource, the load the mice running now put on it (flits/cycle, at their caps;
     # a mouse's entries e_* are kept, per byte, until it ends)
     "mload",
@@ -259,12 +262,13 @@ MemFlows = namedtuple("MemFlows", [
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
  S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE, S_HOL_LAST, S_HOL_HELD, S_TSHARE, S_NEXT_T, S_WAITED,
- S_UNSHARED, S_MEMO_HITS, S_MEMO_WPOS, S_NX, S_NPARTS, S_REUSED) = range(34)  # S_HOL_FILLS: fillings again after the links' eta moved;
+ S_UNSHARED, S_MEMO_HITS, S_MEMO_WPOS, S_NX, S_NPARTS, S_REUSED, S_LOADS_STAMP) = range(35)  # S_HOL_FILLS: fillings again after the links' eta moved;
 # S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice;
 # S_HOL_LAST: the cycle of the last update that made passes; S_HOL_HELD: updates that held the last pass (HOL_PERIOD);
 # S_MEMO_HITS: sharings given a remembered outcome (MEMO_SLOTS); S_MEMO_WPOS: pairs written to the memo's ring so far;
 # S_NX: mesh links whose eta is not 1 (``xl``); S_NPARTS: parts given for the DMA being started;
 # S_REUSED: flows started on their initiator's entries as its last DMA left them (no routes built);
+# S_LOADS_STAMP: stamps the resources' slot loads (``hso``, ``hsi``): moved by every head-of-line pass;
 # S_TSHARE: the cycle of the last sharing; S_NEXT_T: when the update of the current version is due (-1: none);
 # S_WAITED: flow starts that waited for the next sharing (SHARE_PERIOD); S_UNSHARED: updates that ended drained
 # flows without a sharing
@@ -326,9 +330,10 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         olink=np.full((max(1, int(n_routers)), NSLOT), -1, np.int64),
         lslot_in=np.zeros(nres, np.int64), lhead=np.zeros(nres, np.int64), eta=np.ones(nres, np.float64),
         hres=np.zeros(NSLOT + 2, np.int64), hlam=np.zeros(NSLOT + 2, np.float64), hN=np.zeros(NSLOT + 2, np.float64),
-        ht=np.zeros(NSLOT + 2, np.float64), hin=np.zeros(NSLOT, np.float64), hcap=np.ones(NSLOT, np.float64),
+        ht=np.zeros(NSLOT + 2, np.float64), hcap=np.ones(NSLOT, np.float64),
         hchg=np.zeros(nres, np.int64), heta=np.ones(nres, np.float64),
         hu=np.zeros((nres, NSLOT), np.float64), hU=np.zeros(nres, np.float64), hstamp=np.zeros(nres, np.int64),
+        hso=np.zeros((nres, NSLOT), np.float64), hsi=np.zeros((nres, NSLOT), np.float64), hls=np.zeros(nres, np.int64),
         mload=np.zeros(nres, np.float64),
         mk=np.zeros(2, np.uint64), fsig=np.zeros(ni, np.uint64), hc=np.zeros(nres, np.uint64),
         mt_key=np.zeros(slots, np.uint64), mt_off=np.zeros(slots, np.int64), mt_nf=np.zeros(slots, np.int64),
@@ -339,7 +344,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         parts=np.zeros((max(1, int(n_routers)), 4), np.int64), e_flits=np.zeros((ni, width), np.int64),
         b_n=np.zeros(ni, np.int64), b_nparts=np.zeros(ni, np.int64),
         b_parts=np.zeros((ni, max(1, int(n_routers)), 4), np.int64), b_bytes=np.zeros(ni, np.int64),
-        sc=np.zeros(34, np.int64), fsc=np.zeros(1, np.float64),
+        sc=np.zeros(35, np.int64), fsc=np.zeros(1, np.float64),
     )
     mf.sc[S_NEXT_T] = -1
     return mf
@@ -911,20 +916,26 @@ def _memo_put(mf, key, nact, peak):
 
 
 @njit(cache=True, _nrt=False)
-def _slot_loads(mf, res, turns, out):
-    """``out[s]``: the flits a cycle the flows crossing resource ``res`` put on slot ``s`` at their
-    current rates (``turns``: the flows' entries' flits by slot for the whole DMA, ``e_tout`` or
-    ``e_tin``, taken per byte)."""
+def _slot_loads(mf, res):
+    """``hso[res, s]`` / ``hsi[res, s]``: the flits a cycle the flows crossing resource ``res`` put on
+    output / input slot ``s`` at their current rates (their entries' flits by slot for the whole DMA,
+    ``e_tout`` and ``e_tin``, taken per byte), walked once while ``sc[S_LOADS_STAMP]`` stands."""
+    stamp = mf.sc[S_LOADS_STAMP]
+    if mf.hls[res] == stamp:
+        return
+    mf.hls[res] = stamp
     for s in range(NSLOT):
-        out[s] = 0.0
+        mf.hso[res, s] = 0.0
+        mf.hsi[res, s] = 0.0
     for q in range(mf.row[res], mf.row[res] + mf.rn[res]):
         f = mf.rl[q]
         x = mf.rate[f]
-        if x > 0.0:
+        if x > 0.0:  # (parked entries stand at 0)
             k = mf.rk[q]
             inv = mf.binv[f]
             for s in range(NSLOT):
-                out[s] += x * (turns[f, k, s] * inv)
+                mf.hso[res, s] += x * (mf.e_tout[f, k, s] * inv)
+                mf.hsi[res, s] += x * (mf.e_tin[f, k, s] * inv)
 
 
 @njit(cache=True, _nrt=False)
@@ -935,11 +946,11 @@ def _hol_link(mf, l):
     nl, nr = mf.prm[P_NLINKS], mf.prm[P_NR]
     D = mf.lhead[l]
     sp = mf.lslot_in[l]
-    _slot_loads(mf, l, mf.e_tout, mf.hlam)
+    _slot_loads(mf, l)
     n = 0
     for s in range(NSLOT):  # the outputs it uses, compacted
-        if mf.hlam[s] > 0.0:
-            mf.hlam[n] = mf.hlam[s]
+        if mf.hso[l, s] > 0.0:
+            mf.hlam[n] = mf.hso[l, s]
             mf.hres[n] = nl + D if s == SLOT_EJ else (nl + nr + D if s == SLOT_MEM else mf.olink[D, s])
             n += 1
     if n == 0:
@@ -949,8 +960,8 @@ def _hol_link(mf, l):
     for j in range(n):
         o = mf.hres[j]
         if mf.hstamp[o] != stamp:  # the output's requests, solved once a pass for every input feeding it
-            _slot_loads(mf, o, mf.e_tin, mf.hin)
-            mf.hU[o] = settled_requests(mf.hin, mf.hcap, mf.rcap[o], mf.hu[o])
+            _slot_loads(mf, o)
+            mf.hU[o] = settled_requests(mf.hsi[o], mf.hcap, mf.rcap[o], mf.hu[o])
             mf.hstamp[o] = stamp
         mf.hN[j] = others_from(mf.hu[o], mf.hU[o], sp, mf.rcap[o])
     return port_eta(mf.hlam, mf.hN, n, mf.ht)
@@ -965,6 +976,7 @@ def _hol_update(mf, holds):
     nl = mf.prm[P_NLINKS]
     nchg = 0
     mf.sc[S_HOL_STAMP] += 1  # the rates moved since the last pass: every output's requests anew
+    mf.sc[S_LOADS_STAMP] += 1  # and every resource's loads
     for i in range(mf.sc[S_NMF]):
         l = mf.mfl[i]
         if l >= nl:
