@@ -202,7 +202,12 @@ def test_kept_lists_and_sums_match_the_active_flows_and_a_fresh_solve():
     assert int(fl.sc[S_NTOUCH]) == 0 and not fl.rv.any() and not fl.A0.any() and not fl.B0.any()
     # what stays listed is the drained flows' entries, parked for their engines' next DMAs
     for l in range(len(fl.rcap)):
-        assert all(fl.parked[int(f)] for f in fl.rl[fl.row[l]:fl.row[l] + fl.rn[l]])
+        listed = [int(f) for f in fl.rl[fl.row[l]:fl.row[l] + fl.rn[l]]]
+        assert all(fl.parked[f] for f in listed) and len(listed) == len(set(listed))
+    for f in np.flatnonzero(fl.parked):  # each parked flow is listed where its entries say, once
+        for k in range(int(fl.e_n[f])):
+            l = int(fl.e_res[f, k])
+            assert int(fl.rl[fl.row[l] + fl.eslot[f, k]]) == f and int(fl.rk[fl.row[l] + fl.eslot[f, k]]) == k
 
 
 def test_messages_on_links_no_flow_crosses_cost_the_flows_no_update():

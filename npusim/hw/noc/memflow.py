@@ -126,6 +126,13 @@ most 4 KB, ~250 B on average; as we read it, KV reads scaled to the KV's share i
 Units: time in cycles of the NoC clock (the chip clock), rates in bytes per cycle, capacities in
 flits per cycle. Deterministic: flows are kept in start order, and a resource's list of flows changes
 order only by the same swaps (a leaving flow's place taken by the last) on every run.
+
+Kept for speed, not for the model (session 61): a drained flow's entries stay in its resources' lists,
+parked (rate 0, frozen, in no sum), until its engine's next DMA, which mostly takes the same entries
+(:func:`_park`, :func:`_evict`); a resource that no longer may fill leaves the set that may fill at the
+next filling (:func:`_purge`). Both leave every rate what the lists without them give, but the lists'
+order differs, so a filling's sums may differ in their last bits, and a long serving run, which
+amplifies such bits, ends elsewhere within its own spread (docs/FIDELITY.md, session 61).
 """
 
 from __future__ import annotations
