@@ -69,8 +69,8 @@ def add_fidelity_args(p, memory_default="tlm", system: bool = False):
                    "streams reserving their paths), hop, flow (one max-min flow per DMA engine with the routers' "
                    "head-of-line coupling: closer to flit, docs/FIDELITY.md), or flow@Q~S, the flows with a head-of-line "
                    "pass held Q cycles and a sharing kept S cycles (for long serving runs: flow@16384~256 is within "
-                   "0.02%% of flow on 30 and 100 uncached Mooncake requests in a third of the time, docs/FIDELITY.md, "
-                   "'Longer holds')")
+                   "0.15%% of flow on 30 uncached Mooncake requests, 0-3%% on 100, in a third of the time, "
+                   "docs/FIDELITY.md, 'Longer holds' and session 61)")
     p.add_argument("--memory", choices=MEMORY_FIDELITIES, default=memory_default,
                    help=f"HBM model (default {memory_default}). Against TLM at the flit NoC on the fidelity "
                    "ladder's quick set (docs/FIDELITY.md, session 56): analytical up to 33.1%% off (an INT8 prefill "
