@@ -671,7 +671,7 @@ def _fills(mf, l):
 @njit(cache=True, _nrt=False, inline="always")
 def _may_fill(mf, l):
     """Resource ``l`` joins the set of those that may fill (``mfl``) if it may fill (:func:`_fills`)
-    and is not in it; called whenever ``B0[l]``, ``rn[l]`` or ``ceff[l]`` changes. One that no
+    and is not in it; called whenever ``B0[l]``, ``rv[l]`` or ``ceff[l]`` changes. One that no
     longer may fill leaves the set only at the next filling's setup (:func:`_purge`): an engine's
     flow drains and its next DMA, on the same routes, starts a few cycles later, and its resources
     would leave the set and join it again between two sharings, each time with every flow's entry
@@ -686,7 +686,7 @@ def _may_fill(mf, l):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _purge(mf):
-    """The resources in the set that may fill no longer leave it (:func:`_may_fill`), their flows'
+    """The resources in the set that no longer may fill leave it (:func:`_may_fill`), their flows'
     entries there with them: after it the set is exactly those that may fill."""
     i = mf.sc[S_NMF] - 1
     while i >= 0:  # backwards: a leaving member's place takes the last, already seen
@@ -764,8 +764,9 @@ def _park(mf, f):
     frozen: what reads a list skips them), until its engine's next DMA, which mostly takes the same
     entries (:func:`memflow_go`) and so lists nothing anew; another DMA's, or a mouse's, evicts them
     first (:func:`_evict`). A parked entry keeps its place among the flow's entries on the resources
-    that may fill (``lres``; the set's joins and leaves keep them, as a live flow's). What the exact
-    lists would do, but in the lists' order: the fillings may differ in the last bits (session 61)."""
+    that may fill (``lres``; the set's joins and leaves keep them, as a live flow's). The rates are
+    those the lists without parked entries give, but the lists' order differs, so a filling's sums may
+    differ in their last bits (session 61)."""
     for k in range(mf.e_n[f]):
         l = mf.e_res[f, k]
         n = mf.rv[l] - 1
