@@ -229,6 +229,15 @@ def stream_variant(label: str) -> str:
     return spec
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _change(got: float | None, ref: float | None) -> str:
+    """``got`` against ``ref`` in percent (``-`` when either is missing or ``ref`` is 0)."""
+    return "-" if got is None or not ref else f"{100 * (got / ref - 1):+.3f}%"
+
+
 def main(argv: list[str] | None = None) -> None:
     argv, extra = (sys.argv[1:] if argv is None else list(argv)), []
     if "--" in argv:
@@ -264,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"trace {path.name}; prompts clipped to {args.max_input}, outputs to {args.max_output} tokens; "
           f"Qwen3-4B, {layers} layers; TP 4 x {STAGES} stages per {CORES_PER_REPLICA} cores")
     print(f"{'requests':>8} {'arch':>12} {'memory':>10} {'noc':>14} {'cache':>5} | {'clipped':>7} {'wall s':>8} {'cpu s':>8} {'sim s':>8} "
-          f"{'sim s/wall s':>12} {'iterations':>10} {'shapes':>6} {'tasks':>12} {'Mevents/s':>9} {'tok/s':>8}")
+          f"{'sim s/wall s':>12} {'iterations':>10} {'shapes':>6} {'tasks':>12} {'Mevents/s':>9} {'tok/s':>8} "
+          f"{'TTFT ms':>9} {'TPOT ms':>8}")
     spec = spec_from_flags(tp=4, stages=STAGES, layout="ring").model_copy(update={"data_parallel": 1})
     warm = ServingConfig(model="qwen3-4b", layers=STAGES)  # as many layers as stages
     for n in (int(x) for x in (args.requests or "20,100").split(",")):
@@ -293,23 +303,25 @@ def main(argv: list[str] | None = None) -> None:
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                     memflow.MICE, memflow.MEMO_SLOTS = True, saved_memo
                     walls[noc, streams, cache] = wall
-                    sims[streams, cache] = s['simulated_s']
+                    sims[streams, cache] = (s['simulated_s'], s['ttft_ms']['mean'], s['tpot_ms']['mean'])
                     label = noc if noc != "path" else f"path/{streams}"
                     print(f"{n:>8} {arch_name:>12} {memory:>10} {label:>14} {cache:>5} | {clipped:>7} {wall:8.1f} {cpu:8.1f} "
                           f"{s['simulated_s']:8.2f} {s['simulated_s'] / wall:12.3f} {s['iterations']:>10} "
                           f"{s['compiled_iteration_shapes']:>6} {s['tasks']:>12,} {s['events'] / wall / 1e6:9.2f} "
-                          f"{s['throughput_tokens_per_s']:8.1f}", flush=True)
+                          f"{s['throughput_tokens_per_s']:8.1f} {_ms(s['ttft_ms']['mean']):>9} {_ms(s['tpot_ms']['mean']):>8}",
+                          flush=True)
                 for (noc, streams, cache), wall in walls.items():  # the path NoC's cost against the analytical's
                     ref = walls.get(("analytical", "-", cache))
                     if noc == "path" and ref:
                         print(f"{'':>8} path/{streams} / analytical wall time ({cache} cache): {wall / ref:.2f}x",
                               flush=True)
-                for (streams, cache), sim_s in sims.items():  # each flow variant against the flows solving every sharing
+                for (streams, cache), got in sims.items():  # each flow variant against the flows solving every sharing
                     base = "flow-nomemo" if ("flow-nomemo", cache) in sims else "flow"
                     ref = sims.get((base, cache))
                     if streams.startswith("flow") and streams != base and ref:
-                        print(f"{'':>8} path/{streams} against path/{base}, simulated s ({cache} cache): "
-                              f"{100 * (sim_s / ref - 1):+.3f}%", flush=True)
+                        print(f"{'':>8} path/{streams} against path/{base} ({cache} cache): simulated s "
+                              f"{_change(got[0], ref[0])}, mean TTFT {_change(got[1], ref[1])}, "
+                              f"mean TPOT {_change(got[2], ref[2])}", flush=True)
     print(machine_line())
 
 
