@@ -255,6 +255,10 @@ MemFlows = namedtuple("MemFlows", [
     # the path model's link counters (``e_flits``) and what its entries were last built for (``b_n``
     # entries, from ``b_nparts`` parts ``b_parts`` of ``b_bytes`` bytes; ``b_n`` 0: none)
     "parts", "e_flits", "b_n", "b_nparts", "b_parts", "b_bytes",
+    # a sharing period's drains (SHARE_PERIOD): per initiator, whether its drained flow's entries still
+    # stand in its resources' sums (``pend``: its park deferred to the next sharing, :func:`_defer_park`)
+    # and the rate it drained at (``orate``); the initiators so drained, ``pl[:sc[S_NPEND]]``
+    "pend", "orate", "pl",
     "sc", "fsc",
 ])
 (P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE, P_HOL_PERIOD, P_SHARE_PERIOD, P_MEMO) = range(11)
@@ -269,7 +273,8 @@ MemFlows = namedtuple("MemFlows", [
 (S_NACT, S_VERSION, S_PENDING, S_TLAST, S_UPDATES, S_ROUNDS, S_FLOWS, S_SOLVED, S_NTOUCH, S_SOLVED_RES,
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
  S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE, S_HOL_LAST, S_HOL_HELD, S_TSHARE, S_NEXT_T, S_WAITED,
- S_UNSHARED, S_MEMO_HITS, S_MEMO_WPOS, S_NX, S_NPARTS, S_REUSED, S_LOADS_STAMP) = range(35)  # S_HOL_FILLS: fillings again after the links' eta moved;
+ S_UNSHARED, S_MEMO_HITS, S_MEMO_WPOS, S_NX, S_NPARTS, S_REUSED, S_LOADS_STAMP, S_NPEND, S_RESUMED,
+ S_OWED, S_DUE) = range(39)  # S_HOL_FILLS: fillings again after the links' eta moved;
 # S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice;
 # S_HOL_LAST: the cycle of the last update that made passes; S_HOL_HELD: updates that held the last pass (HOL_PERIOD);
 # S_MEMO_HITS: sharings given a remembered outcome (MEMO_SLOTS); S_MEMO_WPOS: pairs written to the memo's ring so far;
@@ -278,7 +283,10 @@ MemFlows = namedtuple("MemFlows", [
 # S_LOADS_STAMP: stamps the resources' slot loads (``hso``, ``hsi``): moved by every head-of-line pass;
 # S_TSHARE: the cycle of the last sharing; S_NEXT_T: when the update of the current version is due (-1: none);
 # S_WAITED: flow starts that waited for the next sharing (SHARE_PERIOD); S_UNSHARED: updates that ended drained
-# flows without a sharing
+# flows without a sharing; S_NPEND: drained flows whose park waits for the next sharing (``pl``); S_RESUMED:
+# flows that resumed their initiator's last rate within a sharing period (:func:`memflow_go`); S_OWED: changes
+# since the last sharing that owe the next one (a drain not resumed, a flow started without resuming); S_DUE:
+# when the next sharing is due for them (NEVER: none owed)
 #: a flow starting at most this many cycles after its initiator's previous one drained counts as
 #: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
 RTT_GAP = 64
@@ -351,9 +359,11 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         parts=np.zeros((max(1, int(n_routers)), 4), np.int64), e_flits=np.zeros((ni, width), np.int64),
         b_n=np.zeros(ni, np.int64), b_nparts=np.zeros(ni, np.int64),
         b_parts=np.zeros((ni, max(1, int(n_routers)), 4), np.int64), b_bytes=np.zeros(ni, np.int64),
-        sc=np.zeros(35, np.int64), fsc=np.zeros(1, np.float64),
+        pend=np.zeros(ni, np.int64), orate=np.zeros(ni, np.float64), pl=np.zeros(ni, np.int64),
+        sc=np.zeros(39, np.int64), fsc=np.zeros(1, np.float64),
     )
     mf.sc[S_NEXT_T] = -1
+    mf.sc[S_DUE] = NEVER
     return mf
 
 
@@ -533,6 +543,7 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     holds = noc.link_holds
     reuse = _built_before(mf, init, nbytes)
     if mf.parked[init] != 0 and not reuse:  # its last flow's entries, parked in the lists, are not this DMA's
+        _settle(mf, init)
         _evict(mf, init)
         mf.e_n[init] = 0
     if reuse:  # its last DMA's entries, as they were left: the same bits
@@ -547,8 +558,14 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     mf.sc[S_NPARTS] = 0
     burst_bytes = (nbytes + bursts - 1) // bursts
     lim = max(1, min(bursts, mf.prm[P_TAGS], mf.prm[P_INFLIGHT] // burst_bytes))  # no more than it has
-    mf.fcap[init] = lim * burst_bytes / mf.rtt[init]
-    inv = 1.0 / nbytes
+    cap = lim * burst_bytes / mf.rtt[init]
+    q = mf.prm[P_SHARE_PERIOD]
+    if (mf.pend[init] == 1 and reuse and cap == mf.fcap[init] and mf.sc[S_PENDING] == 0
+            and now < mf.sc[S_DUE] and mf.sc[S_NSTALE] == 0):
+        _resume(mf, heap, hs, init, nbytes, now)
+        return
+    _settle(mf, init)  # (its sums were taken at its last cap)
+    mf.fcap[init] = cap
     if bursts <= lim and mf.prm[P_MICE] != 0 and _mouse_fits(mf, holds, init):  # a mouse: at its cap
         if mf.parked[init] != 0:  # a mouse is in no list
             _evict(mf, init)
@@ -573,10 +590,26 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     else:
         for k in range(mf.e_n[init]):
             _list_add(mf, holds, init, k, mf.e_res[init, k])
+    _activate(mf, init, nbytes, 0.0, now)
+    _owe(mf, max(now, mf.sc[S_TSHARE] + q))
+    if q > 0 and mf.sc[S_PENDING] == 0 and mf.sc[S_UPDATES] > 0 and now < mf.sc[S_DUE]:
+        # SHARE_PERIOD: it waits at rate 0 for the next sharing, due when the last one's period ends or
+        # the first change since it is a period old
+        mf.sc[S_WAITED] += 1
+        tb = mf.sc[S_DUE]
+        if mf.sc[S_NEXT_T] < 0 or tb < mf.sc[S_NEXT_T]:
+            _schedule(mf, heap, hs, tb)
+    else:
+        _share_now(mf, heap, hs, now)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _activate(mf, init, nbytes, rate, now):
+    """Initiator ``init``'s flow of ``nbytes`` joins the active flows at ``rate`` (the others advanced to ``now``)."""
     mf.rem[init] = float(nbytes)
-    mf.rate[init] = 0.0
+    mf.rate[init] = rate
     mf.nbytes[init] = nbytes
-    mf.binv[init] = inv
+    mf.binv[init] = 1.0 / nbytes
     last = mf.tdrain[init]
     if last >= 0:
         gap = now - last
@@ -590,15 +623,27 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     mf.act[mf.sc[S_NACT]] = init
     mf.sc[S_NACT] += 1
     mf.sc[S_FLOWS] += 1
-    q = mf.prm[P_SHARE_PERIOD]
-    if q > 0 and mf.sc[S_PENDING] == 0 and mf.sc[S_UPDATES] > 0 and now < mf.sc[S_TSHARE] + q:
-        # SHARE_PERIOD: it waits at rate 0 for the next sharing, due when the last one's period ends
-        mf.sc[S_WAITED] += 1
-        tb = mf.sc[S_TSHARE] + q
-        if mf.sc[S_NEXT_T] < 0 or tb < mf.sc[S_NEXT_T]:
-            _schedule(mf, heap, hs, tb)
-    else:
-        _share_now(mf, heap, hs, now)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _resume(mf, heap, hs, init, nbytes, now):
+    """Initiator ``init``'s DMA starts on the entries, and at the cap, its flow drained with within this
+    sharing period, its park deferred (:func:`_defer_park`): it resumes the rate that flow drained at.
+    Its entries stood in the sums meanwhile and no rate moved, so the state is the last sharing's as far
+    as it goes; the next update comes no later than its drain."""
+    if mf.prm[P_MEMO] != 0:  # its signature joins the memo key again (as a start's, memflow_go)
+        mf.fsig[init] = _mix(mf.fsig[init] + _mix(np.uint64(init) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(nbytes)))
+        mf.mk[0] += mf.fsig[init]
+    mf.parked[init] = 0
+    mf.pend[init] = 2  # listed for the flush still, no longer pending
+    mf.sc[S_OWED] -= 1
+    if mf.sc[S_OWED] == 0:  # nothing else changed since the last sharing: none is owed
+        mf.sc[S_DUE] = NEVER
+    mf.sc[S_RESUMED] += 1
+    _activate(mf, init, nbytes, mf.orate[init], now)
+    t = now + max(np.int64(1), np.int64(np.ceil(mf.rem[init] / mf.rate[init])))
+    if mf.sc[S_NEXT_T] < 0 or t < mf.sc[S_NEXT_T]:
+        _schedule(mf, heap, hs, t)
 
 
 @njit(cache=True, _nrt=False)
@@ -767,6 +812,15 @@ def _park(mf, f):
     that may fill (``lres``; the set's joins and leaves keep them, as a live flow's). The rates are
     those the lists without parked entries give, but the lists' order differs, so a filling's sums may
     differ in their last bits (session 61)."""
+    _park_sums(mf, f)
+    mf.rate[f] = 0.0
+    mf.frozen[f] = 1
+    mf.parked[f] = 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _park_sums(mf, f):
+    """Flow ``f``'s entries leave their resources' sums (:func:`_park`)."""
     for k in range(mf.e_n[f]):
         l = mf.e_res[f, k]
         n = mf.rv[l] - 1
@@ -780,9 +834,50 @@ def _park(mf, f):
             mf.B0[l] = 0.0
             _set_eta(mf, l, 1.0)  # and its head-of-line share, read again from the next flows' mix
             _member_drop(mf.tl, mf.tpos, mf.sc, S_NTOUCH, l)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _owe(mf, due):
+    """A change owes the next sharing, due at cycle ``due`` at the latest."""
+    mf.sc[S_OWED] += 1
+    if due < mf.sc[S_DUE]:
+        mf.sc[S_DUE] = due
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _defer_park(mf, f, due):
+    """Flow ``f`` drained within a sharing period (``SHARE_PERIOD``): parked as :func:`_park` says,
+    but its entries stay in their resources' sums until the next sharing (:func:`_flush`), holding
+    the bandwidth it drained at (``orate``) for its engine's next DMA: if that DMA starts on the
+    same entries before then, it resumes that rate (:func:`memflow_go`) and nothing moves."""
+    mf.orate[f] = mf.rate[f]
     mf.rate[f] = 0.0
     mf.frozen[f] = 1
     mf.parked[f] = 1
+    if mf.pend[f] == 0:  # (2: listed already, resumed since)
+        mf.pl[mf.sc[S_NPEND]] = f
+        mf.sc[S_NPEND] += 1
+    mf.pend[f] = 1
+    _owe(mf, due)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _settle(mf, f):
+    """Flow ``f``'s deferred park (:func:`_defer_park`), if any, takes its entries out of the sums now."""
+    if mf.pend[f] == 1:
+        _park_sums(mf, f)
+        mf.pend[f] = 2
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _flush(mf):
+    """Every deferred park takes its entries out of the sums (a sharing's first step): the sums are
+    then the active flows' alone."""
+    for i in range(mf.sc[S_NPEND]):
+        f = mf.pl[i]
+        _settle(mf, f)
+        mf.pend[f] = 0
+    mf.sc[S_NPEND] = 0
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -1091,6 +1186,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     n = mf.sc[S_NACT]
     j = 0
     ends_now = False
+    q = mf.prm[P_SHARE_PERIOD]
     for i in range(n):  # keep start order: compact in place
         f = mf.act[i]
         if mf.rem[f] < 0.5:
@@ -1100,7 +1196,10 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             event_push(heap, hs, now + extra, EV_NOC_PART_END, f)
             mf.mk[0] -= mf.fsig[f]  # 0 when the memo is off
             mf.fsig[f] = 0
-            _park(mf, f)
+            if q > 0:  # its park waits for the next sharing: its engine's next DMA may resume its rate
+                _defer_park(mf, f, now + q)
+            else:
+                _park(mf, f)
             mf.tdrain[f] = now
         else:
             mf.act[j] = f
@@ -1109,18 +1208,22 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     mf.sc[S_NACT] = j
     if j == 0:
         return
-    q = mf.prm[P_SHARE_PERIOD]
-    if q > 0 and not now_asked and now < mf.sc[S_TSHARE] + q and mf.sc[S_NSTALE] == 0:
-        # SHARE_PERIOD: flows drained within the last sharing's period; the rest keep their rates (no
-        # resource carries more for it) until the next sharing, due when the period ends
+    if q > 0 and not now_asked and mf.sc[S_NSTALE] == 0 and now < mf.sc[S_DUE]:
+        # SHARE_PERIOD: no sharing owed (every drained flow resumed), or not yet due; the rest keep their
+        # rates (no resource carries more for it) until the next sharing
         mf.sc[S_UNSHARED] += 1
-        _schedule(mf, heap, hs, min(_next_drain(mf, now), mf.sc[S_TSHARE] + q))
+        t = min(_next_drain(mf, now), mf.sc[S_DUE])
+        if t < NEVER:
+            _schedule(mf, heap, hs, t)
         return
     if ends_now:  # a flow's part ends this cycle: its engine's next DMA may start now, share once with it
         mf.sc[S_DEFERRED] += 1
         _share_now(mf, heap, hs, now)
         return
     mf.sc[S_TSHARE] = now
+    _flush(mf)
+    mf.sc[S_OWED] = 0
+    mf.sc[S_DUE] = NEVER
     for i in range(mf.sc[S_NSTALE]):  # links claimed with their flows standing: their capacity now
         l = mf.stl[i]
         mf.stale[l] = 0
