@@ -567,7 +567,7 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     lim = max(1, min(bursts, mf.prm[P_TAGS], mf.prm[P_INFLIGHT] // burst_bytes))  # no more than it has
     cap = lim * burst_bytes / mf.rtt[init]
     q = mf.prm[P_SHARE_PERIOD]
-    if (mf.pend[init] == 1 and reuse and cap == mf.fcap[init] and mf.sc[S_PENDING] == 0
+    if (mf.pend[init] == 1 and reuse and cap == mf.fcap[init] and mf.orate[init] > 0.0 and mf.sc[S_PENDING] == 0
             and now < mf.sc[S_DUE] and mf.sc[S_NSTALE] == 0):
         _resume(mf, heap, hs, init, nbytes, now)
         return
