@@ -546,7 +546,7 @@ def test_a_sharing_kept_for_a_period_saves_fillings_moves_every_byte_and_stays_n
     last sharing wait for the next one (the new flow at rate 0, what the drained ones leave unused).
     DMAs of three sizes on every engine of every core, so starts and drains are spread: fewer
     sharings than with one at every change, starts that waited, every byte crosses, no resource
-    beyond its width at any update, and the run ends no earlier (a wait only holds bandwidth back)
+    beyond its width at any update, and the run ends no earlier (here waits and held bandwidth only slow it)
     and later by less than a period per DMA of an engine's chain (here +6%: these DMAs last a few
     hundred cycles; on serving runs the periods of ``bench_serving.py --streams flow~Q`` move the
     simulated time far less, see docs/FIDELITY.md)."""
