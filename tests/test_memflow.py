@@ -568,23 +568,22 @@ def test_an_engine_resuming_within_the_period_takes_its_drained_flows_rate_and_t
     starts resume, and fewer sharings than with the starts waiting; mid-run, once the deferred parks
     are done (a sharing's first step, ``_flush``) the sums are the active flows' alone; every byte
     crosses, no resource beyond its width; at the end, flushed, nothing is left in any sum."""
-    from npusim.hw.noc import memflow
     from npusim.hw.noc.memflow import S_FLOWS, S_RESUMED, S_UNSHARED, S_UPDATES, _flush
     arch = load_arch("npusim-64c")
-    old = memflow.SHARE_PERIOD
-    memflow.SHARE_PERIOD = 256
-    try:
-        sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
-    finally:
-        memflow.SHARE_PERIOD = old
-    addr = total = 0
-    for c in range(arch.num_cores):
-        for e in range(sim.dma_engines):
-            prev = ()
-            for _ in range(6):  # the same read again: its engine's DMAs take the same routes
-                prev = (sim.add_dma(c, 8 << 10, address=addr, dma_engine=e, deps=prev),)
-                total += 8 << 10
-            addr += 8 << 10
+
+    def repeated_reads(streams):
+        """Every engine of every core reads the same 8 KiB six times (its DMAs take the same routes)."""
+        sim = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams=streams)
+        addr = 0
+        for c in range(arch.num_cores):
+            for e in range(sim.dma_engines):
+                prev = ()
+                for _ in range(6):
+                    prev = (sim.add_dma(c, 8 << 10, address=addr, dma_engine=e, deps=prev),)
+                addr += 8 << 10
+        return sim, 6 * addr
+
+    sim, total = repeated_reads("flow~256")
     fl = sim.mempath.fl
     for until in (1500, 4000):
         sim.run(until=until)
@@ -597,14 +596,7 @@ def test_an_engine_resuming_within_the_period_takes_its_drained_flows_rate_and_t
     assert 0.5 * flows < resumed < flows  # (an engine's first DMA cannot resume)
     _flush(fl)
     assert not fl.rv.any() and not fl.A0.any() and not fl.B0.any()
-    exact = Simulator(arch, memory_mode="analytical", noc_mode="path", memory_streams="flow")
-    addr = 0
-    for c in range(arch.num_cores):
-        for e in range(exact.dma_engines):
-            prev = ()
-            for _ in range(6):
-                prev = (exact.add_dma(c, 8 << 10, address=addr, dma_engine=e, deps=prev),)
-            addr += 8 << 10
+    exact, _ = repeated_reads("flow")
     exact.run()
     sharings = int(fl.sc[S_UPDATES]) - int(fl.sc[S_UNSHARED])
     assert sharings < int(exact.mempath.fl.sc[S_UPDATES]) / 10

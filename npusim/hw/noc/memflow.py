@@ -587,9 +587,7 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
         mf.fsig[init] = 0  # (its routers' parts summed for a flow's signature)
         event_push(heap, hs, now + max(np.int64(1), np.int64(np.ceil(nbytes / cap))), EV_MOUSE_END, init)
         return
-    if mf.prm[P_MEMO] != 0:  # the flow joins the memo key (its signature: its routers' parts, then this)
-        mf.fsig[init] = _mix(mf.fsig[init] + _mix(np.uint64(init) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(nbytes)))
-        mf.mk[0] += mf.fsig[init]
+    _sign(mf, init, nbytes)
     if mf.parked[init] != 0:  # its entries, parked where its last flow left them, live again
         for k in range(mf.e_n[init]):
             _live_in(mf, holds, init, k, mf.e_res[init, k], False)
@@ -608,6 +606,15 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
             _schedule(mf, heap, hs, tb)
     else:
         _share_now(mf, heap, hs, now)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _sign(mf, init, nbytes):
+    """Initiator ``init``'s flow of ``nbytes`` joins the memo key (its signature: its routers' parts,
+    :func:`memflow_add`, then this); nothing with the memo off."""
+    if mf.prm[P_MEMO] != 0:
+        mf.fsig[init] = _mix(mf.fsig[init] + _mix(np.uint64(init) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(nbytes)))
+        mf.mk[0] += mf.fsig[init]
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -638,9 +645,7 @@ def _resume(mf, heap, hs, init, nbytes, now):
     sharing period, its park deferred (:func:`_defer_park`): it resumes the rate that flow drained at.
     Its entries stood in the sums meanwhile and no rate moved, so the state is the last sharing's as far
     as it goes; the next update comes no later than its drain."""
-    if mf.prm[P_MEMO] != 0:  # its signature joins the memo key again (as a start's, memflow_go)
-        mf.fsig[init] = _mix(mf.fsig[init] + _mix(np.uint64(init) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(nbytes)))
-        mf.mk[0] += mf.fsig[init]
+    _sign(mf, init, nbytes)
     mf.parked[init] = 0
     mf.pend[init] = 2  # listed for the flush still, no longer pending
     mf.sc[S_OWED] -= 1
