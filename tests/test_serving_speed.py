@@ -85,3 +85,38 @@ def test_bench_serving_times_both_nocs_in_one_run(capsys):
     out = capsys.readouterr().out
     assert " analytical " in out and "path/flow@16384~256" in out
     assert "path/flow@16384~256 / analytical wall time (off cache):" in out
+
+
+def test_bench_serving_draws_of_jittered_arrivals_print_each_variants_mean_and_spread(capsys):
+    """``bench_serving.py --jitter-ms J --seeds ...`` (session 63): each draw moves every arrival later by
+    less than ``J`` ms, the same draw for the same seed; each point runs once per draw and the run prints
+    each variant's mean and spread over them and each flow variant's change of means with its standard
+    error. A negative jitter or a seed that is not an integer is a usage error."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    from npusim.serving.requests import Request
+
+    path = Path(__file__).resolve().parents[1] / "validation" / "perf" / "bench_serving.py"
+    spec = importlib.util.spec_from_file_location("bench_serving_draws", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    reqs = [Request(id=i, arrival_s=float(i // 2), input_len=64, output_len=4) for i in range(6)]
+    assert bench.jittered(reqs, 0.0, 1) is reqs
+    one, again, other = bench.jittered(reqs, 2.0, 1), bench.jittered(reqs, 2.0, 1), bench.jittered(reqs, 2.0, 2)
+    late = [b.arrival_s - a.arrival_s for a, b in zip(reqs, one)]
+    assert all(0.0 <= d < 2e-3 for d in late) and len(set(late)) == len(late)
+    assert [r.arrival_s for r in again] == [r.arrival_s for r in one] != [r.arrival_s for r in other]
+    assert [(r.id, r.input_len, r.output_len) for r in one] == [(r.id, r.input_len, r.output_len) for r in reqs]
+    for bad in (["--jitter-ms", "-1"], ["--jitter-ms", "1", "--seeds", "1,x"]):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(["--requests", "1"] + bad)
+        assert stop.value.code == 2
+    bench.main(["--requests", "2", "--layers", "16", "--noc", "path", "--streams", "flow,flow~256",
+                "--max-input", "64", "--max-output", "2", "--jitter-ms", "1", "--seeds", "1,2"])
+    out = capsys.readouterr().out
+    assert "path/flow #1" in out and "path/flow~256 #2" in out
+    assert "path/flow~256 (off cache) over 2 draws of arrivals moved 0..1 ms: simulated s" in out
+    assert "path/flow~256 against path/flow (off cache) (means of 2 draws, +- one standard error): simulated s" in out

@@ -19,6 +19,13 @@ the filling (``npusim.hw.noc.memflow.MICE`` off); ``flow-nomemo`` the flows solv
 ``S`` cycles (``memflow.SHARE_PERIOD``: starts and drains within it wait for the next sharing); ``flow@Q~S`` both.
 With ``flow-nomemo`` (else ``flow``) beside them the run prints each variant's effect on the simulated time.
 
+``--jitter-ms J`` runs each point once per ``--seeds`` draw (default 1,2,3) with every request's arrival moved
+later by 0..J ms (uniform, drawn per request and seed; the trace's timestamps are whole seconds give or take a few
+ms, so the draws are inputs the trace cannot tell apart) and prints each variant's mean and spread over the draws:
+a hundred requests' schedule amplifies a change of one cycle into a few percent of the makespan and the mean time
+per output token (docs/FIDELITY.md, sessions 61 and 63), so a variant's effect is told from that spread by the
+draws' means, not by one run.
+
 ``--cache off,on`` runs each point without and with the iteration-cost cache
 (``npusim run --iteration-cache``; ``--cache-buckets`` its buckets, default exact).
 
@@ -34,7 +41,7 @@ after ``--`` go to ``npusim run`` (e.g. ``-- --iteration-cache off``).
 
     python validation/perf/bench_serving.py [--requests 100,1000] [--arch npusim-64c,npusim-256c]
         [--memory analytical,tlm] [--noc path,analytical] [--streams flow,reserve] [--layers N] [--cache off,on]
-        [--cache-buckets kv=1024] [--trace FILE]
+        [--cache-buckets kv=1024] [--trace FILE] [--jitter-ms 1 [--seeds 1,2,3]]
     python validation/perf/bench_serving.py --readme [--requests 30] [-- --iteration-cache off]
 """
 
@@ -49,6 +56,8 @@ import threading
 import time
 from collections import Counter
 from dataclasses import replace
+
+import numpy as np
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -238,6 +247,30 @@ def _change(got: float | None, ref: float | None) -> str:
     return "-" if got is None or not ref else f"{100 * (got / ref - 1):+.3f}%"
 
 
+def jittered(reqs: list, jitter_ms: float, seed: int) -> list:
+    """``reqs`` with each arrival moved later by a uniform draw in ``[0, jitter_ms)`` ms (seeded;
+    unchanged when ``jitter_ms`` is 0)."""
+    if jitter_ms <= 0:
+        return reqs
+    late = np.random.default_rng(seed).random(len(reqs)) * jitter_ms * 1e-3
+    return [replace(r, arrival_s=r.arrival_s + float(d)) for r, d in zip(reqs, late)]
+
+
+def _spread(values: list[float]) -> str:
+    """The mean of ``values`` and, for two or more, their sample standard deviation in percent of it."""
+    m = float(np.mean(values))
+    return f"{m:.2f}" if len(values) < 2 else f"{m:.2f} +-{100 * float(np.std(values, ddof=1)) / m:.1f}%"
+
+
+def _ensemble_change(got: list[float], ref: list[float]) -> str:
+    """The change of ``got``'s mean against ``ref``'s, with its standard error from both spreads."""
+    if len(got) < 2 or len(ref) < 2:
+        return _change(float(np.mean(got)), float(np.mean(ref)))
+    mg, mr = float(np.mean(got)), float(np.mean(ref))
+    se = (mg / mr) * float(np.sqrt(np.var(got, ddof=1) / len(got) / mg ** 2 + np.var(ref, ddof=1) / len(ref) / mr ** 2))
+    return f"{100 * (mg / mr - 1):+.2f}% (+-{100 * se:.2f})"
+
+
 def main(argv: list[str] | None = None) -> None:
     argv, extra = (sys.argv[1:] if argv is None else list(argv)), []
     if "--" in argv:
@@ -258,7 +291,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache", default="off", help="iteration cache: off, on or off,on")
     ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL (default: the shared trace, else the sample)")
+    ap.add_argument("--jitter-ms", type=float, default=0.0, metavar="MS",
+                    help="move each arrival later by 0..MS ms, once per --seeds draw, and print each variant's "
+                         "mean and spread over the draws (default 0: the trace as it is)")
+    ap.add_argument("--seeds", default="1,2,3", help="--jitter-ms: the draws' seeds (default 1,2,3)")
     args = ap.parse_args(argv)
+    if args.jitter_ms < 0:
+        ap.error(f"--jitter-ms {args.jitter_ms:g}: expected 0 or more milliseconds")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")] if args.jitter_ms > 0 else [0]
+    except ValueError:
+        ap.error(f"--seeds {args.seeds}: expected integers separated by commas, e.g. 1,2,3")
     if args.layers is not None and args.layers < STAGES:
         ap.error(f"--layers {args.layers}: the pipeline has {STAGES} stages, each needs a layer (give at least {STAGES})")
     if args.readme:
@@ -286,11 +329,9 @@ def main(argv: list[str] | None = None) -> None:
                 walls = {}
                 points = [(x, st, c) for x in args.noc.split(",") for c in args.cache.split(",")
                           for st in (args.streams.split(",") if x == "path" else ["-"])]
-                sims = {}
+                sims = {}  # (streams, cache) -> per draw (simulated s, mean TTFT, mean TPOT)
                 for noc, streams, cache in points:
                     memory_streams = stream_variant(streams) if noc == "path" else None
-                    memflow.MICE = "-all" not in streams  # flow-all: every DMA a flow of the filling
-                    memflow.MEMO_SLOTS = 0 if "-nomemo" in streams else saved_memo  # flow-nomemo: every sharing solved
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
                                         scheduler=SchedulerConfig(policy="fusion", budget=512, chunk_tokens=256),
                                         iteration_cache=buckets if cache == "on" else None,
@@ -298,30 +339,43 @@ def main(argv: list[str] | None = None) -> None:
                     # compile the kernel for this fidelity outside the timing
                     simulate_serving(arch, spec, reqs[:1], replace(warm, memory_mode=memory, noc_mode=noc),
                                      replicas=replicas)
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    s = simulate_serving(arch, spec, reqs, cfg, replicas=replicas).summary
-                    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                    memflow.MICE, memflow.MEMO_SLOTS = True, saved_memo
-                    walls[noc, streams, cache] = wall
-                    sims[streams, cache] = (s['simulated_s'], s['ttft_ms']['mean'], s['tpot_ms']['mean'])
-                    label = noc if noc != "path" else f"path/{streams}"
-                    print(f"{n:>8} {arch_name:>12} {memory:>10} {label:>14} {cache:>5} | {clipped:>7} {wall:8.1f} {cpu:8.1f} "
-                          f"{s['simulated_s']:8.2f} {s['simulated_s'] / wall:12.3f} {s['iterations']:>10} "
-                          f"{s['compiled_iteration_shapes']:>6} {s['tasks']:>12,} {s['events'] / wall / 1e6:9.2f} "
-                          f"{s['throughput_tokens_per_s']:8.1f} {_ms(s['ttft_ms']['mean']):>9} {_ms(s['tpot_ms']['mean']):>8}",
-                          flush=True)
+                    for seed in seeds:
+                        memflow.MICE = "-all" not in streams  # flow-all: every DMA a flow of the filling
+                        memflow.MEMO_SLOTS = 0 if "-nomemo" in streams else saved_memo  # flow-nomemo: every sharing solved
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        s = simulate_serving(arch, spec, jittered(reqs, args.jitter_ms, seed), cfg,
+                                             replicas=replicas).summary
+                        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                        memflow.MICE, memflow.MEMO_SLOTS = True, saved_memo
+                        walls[noc, streams, cache] = walls.get((noc, streams, cache), 0.0) + wall
+                        sims.setdefault((streams, cache), []).append(
+                            (s['simulated_s'], s['ttft_ms']['mean'], s['tpot_ms']['mean']))
+                        label = (noc if noc != "path" else f"path/{streams}") + (f" #{seed}" if seed else "")
+                        print(f"{n:>8} {arch_name:>12} {memory:>10} {label:>14} {cache:>5} | {clipped:>7} {wall:8.1f} "
+                              f"{cpu:8.1f} {s['simulated_s']:8.2f} {s['simulated_s'] / wall:12.3f} {s['iterations']:>10} "
+                              f"{s['compiled_iteration_shapes']:>6} {s['tasks']:>12,} {s['events'] / wall / 1e6:9.2f} "
+                              f"{s['throughput_tokens_per_s']:8.1f} {_ms(s['ttft_ms']['mean']):>9} "
+                              f"{_ms(s['tpot_ms']['mean']):>8}", flush=True)
                 for (noc, streams, cache), wall in walls.items():  # the path NoC's cost against the analytical's
                     ref = walls.get(("analytical", "-", cache))
                     if noc == "path" and ref:
                         print(f"{'':>8} path/{streams} / analytical wall time ({cache} cache): {wall / ref:.2f}x",
                               flush=True)
+                if len(seeds) > 1:  # each variant over the draws: mean and spread
+                    for (streams, cache), runs in sims.items():
+                        label = "analytical" if streams == "-" else f"path/{streams}"
+                        print(f"{'':>8} {label} ({cache} cache) over {len(runs)} draws of arrivals moved 0..{args.jitter_ms:g} ms: "
+                              + ", ".join(f"{name} {_spread([r[i] for r in runs])}"
+                                          for i, name in enumerate(("simulated s", "mean TTFT ms", "mean TPOT ms"))),
+                              flush=True)
                 for (streams, cache), got in sims.items():  # each flow variant against the flows solving every sharing
                     base = "flow-nomemo" if ("flow-nomemo", cache) in sims else "flow"
                     ref = sims.get((base, cache))
                     if streams.startswith("flow") and streams != base and ref:
-                        print(f"{'':>8} path/{streams} against path/{base} ({cache} cache): simulated s "
-                              f"{_change(got[0], ref[0])}, mean TTFT {_change(got[1], ref[1])}, "
-                              f"mean TPOT {_change(got[2], ref[2])}", flush=True)
+                        how = f" (means of {len(got)} draws, +- one standard error)" if len(seeds) > 1 else ""
+                        ch = [_ensemble_change([g[i] for g in got], [r[i] for r in ref]) for i in range(3)]
+                        print(f"{'':>8} path/{streams} against path/{base} ({cache} cache){how}: simulated s "
+                              f"{ch[0]}, mean TTFT {ch[1]}, mean TPOT {ch[2]}", flush=True)
     print(machine_line())
 
 
