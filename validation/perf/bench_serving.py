@@ -271,6 +271,42 @@ def _ensemble_change(got: list[float], ref: list[float]) -> str:
     return f"{100 * (mg / mr - 1):+.2f}% (+-{100 * se:.2f})"
 
 
+def state_latencies(iterations: list[dict]) -> dict:
+    """An uncached run's iteration latencies (s, launch to end) by the state each was launched in:
+    (its instance, the iterations of that instance then in flight, its decodes, its prompt tokens in
+    steps of 64, the share of its KV in HBM in tenths)."""
+    out: dict = {}
+    by_instance: dict = {}
+    for it in iterations:
+        by_instance.setdefault(it["instance"], []).append(it)
+    for name, its in by_instance.items():
+        start = np.array([it["submitted_s"] for it in its])
+        end = np.array([it["end_s"] for it in its])
+        # in flight at a launch: launched before it and not yet ended (an end comes after its own launch)
+        flying = np.searchsorted(np.sort(start), start, side="left") - np.searchsorted(np.sort(end), start, side="right")
+        for it, k, lat in zip(its, flying.tolist(), (end - start).tolist()):
+            key = (name, k, it["decodes"], (it["tokens"] - it["decodes"]) // 64, int(10 * it["kv_hbm_fraction"]))
+            out.setdefault(key, []).append(lat)
+    return out
+
+
+def latency_at_matched_states(got: list[dict], ref: list[dict]) -> tuple[float, float] | None:
+    """``got``'s iterations against ``ref``'s at the states both launched iterations in
+    (:func:`state_latencies`): the change of the mean latency, each state weighted by ``ref``'s
+    iterations in it, and the share of ``ref``'s iterations matched. Two runs whose schedules part
+    (a hundred requests' does at a change of one cycle) still meet most states, so this tells a model's
+    effect on an iteration's time from its effect on the schedule."""
+    a, b = state_latencies(ref), state_latencies(got)
+    num = den = 0.0
+    matched = 0
+    for key, lats in a.items():
+        if key in b:
+            num += len(lats) * float(np.mean(b[key]))
+            den += float(np.sum(lats))
+            matched += len(lats)
+    return None if not matched else (100 * (num / den - 1), matched / max(1, len(ref)))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv, extra = (sys.argv[1:] if argv is None else list(argv)), []
     if "--" in argv:
@@ -330,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
                 points = [(x, st, c) for x in args.noc.split(",") for c in args.cache.split(",")
                           for st in (args.streams.split(",") if x == "path" else ["-"])]
                 sims = {}  # (streams, cache) -> per draw (simulated s, mean TTFT, mean TPOT)
+                iterations = {}  # (streams, cache) -> every draw's iteration records
                 for noc, streams, cache in points:
                     memory_streams = stream_variant(streams) if noc == "path" else None
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
@@ -343,11 +380,12 @@ def main(argv: list[str] | None = None) -> None:
                         memflow.MICE = "-all" not in streams  # flow-all: every DMA a flow of the filling
                         memflow.MEMO_SLOTS = 0 if "-nomemo" in streams else saved_memo  # flow-nomemo: every sharing solved
                         t0, c0 = time.perf_counter(), time.process_time()
-                        s = simulate_serving(arch, spec, jittered(reqs, args.jitter_ms, seed), cfg,
-                                             replicas=replicas).summary
+                        run = simulate_serving(arch, spec, jittered(reqs, args.jitter_ms, seed), cfg, replicas=replicas)
+                        s = run.summary
                         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                         memflow.MICE, memflow.MEMO_SLOTS = True, saved_memo
                         walls[noc, streams, cache] = walls.get((noc, streams, cache), 0.0) + wall
+                        iterations.setdefault((streams, cache), []).extend(run.iterations)
                         sims.setdefault((streams, cache), []).append(
                             (s['simulated_s'], s['ttft_ms']['mean'], s['tpot_ms']['mean']))
                         label = (noc if noc != "path" else f"path/{streams}") + (f" #{seed}" if seed else "")
@@ -374,8 +412,12 @@ def main(argv: list[str] | None = None) -> None:
                     if streams.startswith("flow") and streams != base and ref:
                         how = f" (means of {len(got)} draws, +- one standard error)" if len(seeds) > 1 else ""
                         ch = [_ensemble_change([g[i] for g in got], [r[i] for r in ref]) for i in range(3)]
+                        matched = latency_at_matched_states(iterations[streams, cache], iterations[base, cache])
+                        at = "" if matched is None or cache == "on" else (
+                            f"; iteration latency at the same states {matched[0]:+.2f}% "
+                            f"({100 * matched[1]:.0f}% of the iterations matched)")
                         print(f"{'':>8} path/{streams} against path/{base} ({cache} cache){how}: simulated s "
-                              f"{ch[0]}, mean TTFT {ch[1]}, mean TPOT {ch[2]}", flush=True)
+                              f"{ch[0]}, mean TTFT {ch[1]}, mean TPOT {ch[2]}{at}", flush=True)
     print(machine_line())
 
 
