@@ -126,7 +126,8 @@ def test_bench_serving_draws_of_jittered_arrivals_print_each_variants_mean_and_s
 def test_iteration_latency_at_matched_states_compares_only_states_both_runs_met():
     """``bench_serving.latency_at_matched_states``: iterations are keyed by the iterations then in flight
     and their shape; a run against itself is 0% with every iteration matched, a run whose iterations all
-    take 10% longer is +10% whatever the order, and a state only one run met is left out of the change."""
+    take 10% longer is +10% whatever the order, a state only one run met is left out of the change, and
+    pooled runs (draws) are each keyed on their own timeline."""
     import importlib.util
     from pathlib import Path
 
@@ -142,13 +143,15 @@ def test_iteration_latency_at_matched_states_compares_only_states_both_runs_met(
                 "tokens": tokens, "kv_hbm_fraction": frac}
 
     ref = [it(0.0, 1.0), it(0.5, 1.0), it(2.0, 1.0, decodes=1, tokens=257), it(4.0, 0.5)]
-    keys = bench.state_latencies(ref)
+    keys = bench.state_latencies([ref])
     assert sorted(k[1] for k in keys) == [0, 0, 1]  # the second launches with the first in flight
-    assert bench.latency_at_matched_states(ref, ref) == (pytest.approx(0.0, abs=1e-12), 1.0)
+    assert bench.latency_at_matched_states([ref], [ref]) == (pytest.approx(0.0, abs=1e-12), 1.0)
     slower = [it(r["submitted_s"], 1.1 * (r["end_s"] - r["submitted_s"]), r["decodes"], r["tokens"]) for r in ref]
-    change, share = bench.latency_at_matched_states(slower[::-1], ref)
+    change, share = bench.latency_at_matched_states([slower[::-1]], [ref])
     assert change == pytest.approx(10.0) and share == 1.0
     # a run that never met the prompt's state: that state is out, the rest are 10% slower
-    change, share = bench.latency_at_matched_states([x for x in slower if x["decodes"] == 2], ref)
+    change, share = bench.latency_at_matched_states([[x for x in slower if x["decodes"] == 2]], [ref])
     assert change == pytest.approx(10.0) and share == 0.75
-    assert bench.latency_at_matched_states([it(0.0, 1.0, decodes=5)], ref) is None
+    assert bench.latency_at_matched_states([[it(0.0, 1.0, decodes=5)]], [ref]) is None
+    # runs pooled, each keyed on its own timeline: two draws of the same run are the run
+    assert bench.latency_at_matched_states([slower, slower], [ref, ref]) == (pytest.approx(10.0), 1.0)

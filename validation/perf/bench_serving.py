@@ -271,15 +271,16 @@ def _ensemble_change(got: list[float], ref: list[float]) -> str:
     return f"{100 * (mg / mr - 1):+.2f}% (+-{100 * se:.2f})"
 
 
-def state_latencies(iterations: list[dict]) -> dict:
-    """An uncached run's iteration latencies (s, launch to end) by the state each was launched in:
-    (its instance, the iterations of that instance then in flight, its decodes, its prompt tokens in
-    steps of 64, the share of its KV in HBM in tenths)."""
+def state_latencies(runs: list[list[dict]]) -> dict:
+    """Uncached runs' iteration latencies (s, launch to end) by the state each was launched in:
+    (its instance, the iterations of that instance then in flight in its run, its decodes, its prompt
+    tokens in steps of 64, the share of its KV in HBM in tenths)."""
     out: dict = {}
     by_instance: dict = {}
-    for it in iterations:
-        by_instance.setdefault(it["instance"], []).append(it)
-    for name, its in by_instance.items():
+    for r, iterations in enumerate(runs):
+        for it in iterations:
+            by_instance.setdefault((r, it["instance"]), []).append(it)
+    for (_, name), its in by_instance.items():
         start = np.array([it["submitted_s"] for it in its])
         end = np.array([it["end_s"] for it in its])
         # in flight at a launch: launched before it and not yet ended (an end comes after its own launch)
@@ -290,10 +291,10 @@ def state_latencies(iterations: list[dict]) -> dict:
     return out
 
 
-def latency_at_matched_states(got: list[dict], ref: list[dict]) -> tuple[float, float] | None:
-    """``got``'s iterations against ``ref``'s at the states both launched iterations in
-    (:func:`state_latencies`): the change of the mean latency, each state weighted by ``ref``'s
-    iterations in it, and the share of ``ref``'s iterations matched. Two runs whose schedules part
+def latency_at_matched_states(got: list[list[dict]], ref: list[list[dict]]) -> tuple[float, float] | None:
+    """The iterations of runs ``got`` against those of runs ``ref`` at the states both launched
+    iterations in (:func:`state_latencies`): the change of the mean latency, each state weighted by
+    ``ref``'s iterations in it, and the share of ``ref``'s iterations matched. Two runs whose schedules part
     (a hundred requests' does at a change of one cycle) still meet most states, so this tells a model's
     effect on an iteration's time from its effect on the schedule."""
     a, b = state_latencies(ref), state_latencies(got)
@@ -304,7 +305,7 @@ def latency_at_matched_states(got: list[dict], ref: list[dict]) -> tuple[float, 
             num += len(lats) * float(np.mean(b[key]))
             den += float(np.sum(lats))
             matched += len(lats)
-    return None if not matched else (100 * (num / den - 1), matched / max(1, len(ref)))
+    return None if not matched else (100 * (num / den - 1), matched / max(1, sum(len(r) for r in ref)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
                 points = [(x, st, c) for x in args.noc.split(",") for c in args.cache.split(",")
                           for st in (args.streams.split(",") if x == "path" else ["-"])]
                 sims = {}  # (streams, cache) -> per draw (simulated s, mean TTFT, mean TPOT)
-                iterations = {}  # (streams, cache) -> every draw's iteration records
+                iterations = {}  # (streams, cache) -> each draw's iteration records
                 for noc, streams, cache in points:
                     memory_streams = stream_variant(streams) if noc == "path" else None
                     cfg = ServingConfig(model="qwen3-4b", layers=args.layers, memory_mode=memory, noc_mode=noc,
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
                         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                         memflow.MICE, memflow.MEMO_SLOTS = True, saved_memo
                         walls[noc, streams, cache] = walls.get((noc, streams, cache), 0.0) + wall
-                        iterations.setdefault((streams, cache), []).extend(run.iterations)
+                        iterations.setdefault((streams, cache), []).append(run.iterations)
                         sims.setdefault((streams, cache), []).append(
                             (s['simulated_s'], s['ttft_ms']['mean'], s['tpot_ms']['mean']))
                         label = (noc if noc != "path" else f"path/{streams}") + (f" #{seed}" if seed else "")
