@@ -24,7 +24,10 @@ later by 0..J ms (uniform, drawn per request and seed; the trace's timestamps ar
 ms, so the draws are inputs the trace cannot tell apart) and prints each variant's mean and spread over the draws:
 a hundred requests' schedule amplifies a change of one cycle into a few percent of the makespan and the mean time
 per output token (docs/FIDELITY.md, sessions 61 and 63), so a variant's effect is told from that spread by the
-draws' means, not by one run.
+draws' means, not by one run. Each flow variant's line also gives its iterations' latency against the reference's
+at the states both launched iterations in (the instance's iterations in flight, the iteration's decodes, prompt
+tokens and KV share in HBM; :func:`latency_at_matched_states`): what the model changes in an iteration's time, apart
+from what it changes in the schedule.
 
 ``--cache off,on`` runs each point without and with the iteration-cost cache
 (``npusim run --iteration-cache``; ``--cache-buckets`` its buckets, default exact).
