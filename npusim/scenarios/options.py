@@ -70,8 +70,8 @@ def add_fidelity_args(p, memory_default="tlm", system: bool = False):
                    "head-of-line coupling: closer to flit, docs/FIDELITY.md), or flow@Q~S, the flows with a head-of-line "
                    "pass held Q cycles and a sharing kept S cycles, a drained flow's rate held that long for its "
                    "engine's next DMA (for long serving runs: on 100 uncached Mooncake requests flow@16384~256 takes a "
-                   "fifth of flow's time, its time per output token 1.6%% above flow's, the held passes' error; "
-                   "flow~256 within 0.01%% in under half the time; docs/FIDELITY.md, sessions 60-62)")
+                   "fifth of flow's time and is within 0.2%% of its makespan, TTFT and time per output token over four "
+                   "draws of the arrivals, one run moving ~1%% by the draw; docs/FIDELITY.md, sessions 60-63)")
     p.add_argument("--memory", choices=MEMORY_FIDELITIES, default=memory_default,
                    help=f"HBM model (default {memory_default}). Against TLM at the flit NoC on the fidelity "
                    "ladder's quick set (docs/FIDELITY.md, session 56): analytical up to 33.1%% off (an INT8 prefill "
