@@ -8,6 +8,18 @@ from npusim.arch import load_arch
 from npusim.mapping.spec import spec_from_flags
 
 
+def _bench_serving(name: str):
+    """``validation/perf/bench_serving.py`` loaded as a module named ``name`` (it is a script, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "validation" / "perf" / "bench_serving.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def test_iteration_cache_accounts_for_every_iteration_of_a_trace_prefix(tmp_path):
     """The README's trace, first request, two layers: each iteration is a hit or a miss, every
     miss simulates one shape (two when part of the KV is in HBM: the placement's two ends), and a
@@ -45,15 +57,9 @@ def test_bench_serving_stream_labels_parse_and_a_bad_one_says_what_was_expected(
     """``bench_serving.py --streams``: ``flow@Q`` holds a head-of-line pass ``Q`` cycles, ``flow~S``
     keeps a sharing ``S`` cycles, ``flow@Q~S`` both; anything else with ``@`` or ``~`` stops the run
     before any point with the forms expected."""
-    import importlib.util
-    from pathlib import Path
-
     import pytest
 
-    path = Path(__file__).resolve().parents[1] / "validation" / "perf" / "bench_serving.py"
-    spec = importlib.util.spec_from_file_location("bench_serving_under_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_serving("bench_serving_under_test")
     assert bench.stream_variant("reserve") == "reserve"
     assert bench.stream_variant("flow-all") == "flow"
     assert bench.stream_variant("flow-nomemo") == "flow"
@@ -73,13 +79,7 @@ def test_bench_serving_times_both_nocs_in_one_run(capsys):
     """``bench_serving.py --noc analytical,path --streams flow@Q~S`` (issue 42 item 4's command): both
     points run and the path NoC's wall time over the analytical's is printed (session 60's last commit
     asked the analytical point for a stream spec and stopped the run; found in session 61)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "validation" / "perf" / "bench_serving.py"
-    spec = importlib.util.spec_from_file_location("bench_serving_both", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_serving("bench_serving_both")
     bench.main(["--requests", "1", "--layers", "16", "--noc", "analytical,path", "--streams", "flow@16384~256",
                 "--max-input", "64", "--max-output", "2"])
     out = capsys.readouterr().out
@@ -92,17 +92,11 @@ def test_bench_serving_draws_of_jittered_arrivals_print_each_variants_mean_and_s
     less than ``J`` ms, the same draw for the same seed; each point runs once per draw and the run prints
     each variant's mean and spread over them and each flow variant's change of means with its standard
     error. A negative jitter or a seed that is not an integer is a usage error."""
-    import importlib.util
-    from pathlib import Path
-
     import pytest
 
     from npusim.serving.requests import Request
 
-    path = Path(__file__).resolve().parents[1] / "validation" / "perf" / "bench_serving.py"
-    spec = importlib.util.spec_from_file_location("bench_serving_draws", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_serving("bench_serving_draws")
     reqs = [Request(id=i, arrival_s=float(i // 2), input_len=64, output_len=4) for i in range(6)]
     assert bench.jittered(reqs, 0.0, 1) is reqs
     one, again, other = bench.jittered(reqs, 2.0, 1), bench.jittered(reqs, 2.0, 1), bench.jittered(reqs, 2.0, 2)
@@ -128,15 +122,9 @@ def test_iteration_latency_at_matched_states_compares_only_states_both_runs_met(
     and their shape; a run against itself is 0% with every iteration matched, a run whose iterations all
     take 10% longer is +10% whatever the order, a state only one run met is left out of the change, and
     pooled runs (draws) are each keyed on their own timeline."""
-    import importlib.util
-    from pathlib import Path
-
     import pytest
 
-    path = Path(__file__).resolve().parents[1] / "validation" / "perf" / "bench_serving.py"
-    spec = importlib.util.spec_from_file_location("bench_serving_states", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_serving("bench_serving_states")
 
     def it(start, lat, decodes=2, tokens=2, frac=0.5):
         return {"instance": "chip", "submitted_s": start, "end_s": start + lat, "decodes": decodes,
