@@ -59,7 +59,20 @@ def test_run_takes_memory_streams_at_the_path_noc_and_moves_the_same_bytes(capsy
     assert runs["reserve"]["memory_streams"] == "reserve" and runs["flow@4096~64"]["memory_streams"] == "flow@4096~64"
     assert runs["flow@4096~64"]["hbm_bytes_over_noc"] == runs["reserve"]["hbm_bytes_over_noc"] > 0
     assert runs["flow@4096~64"]["hbm_bytes"] == runs["reserve"]["hbm_bytes"]
-    assert _forward(capsys)["memory_streams"] == "reserve"  # the default
+    assert _forward(capsys)["memory_streams"] == "flow"  # the default of a forward pass (session 64)
+
+
+def test_the_defaults_are_the_flows_exact_for_a_chip_run_and_held_for_serving():
+    """The flows are the path NoC's default (closer to flit than the old streams on every memory workload); the serving
+    loop holds their passes (``SERVING_STREAMS``), a parseable variant of them, and a serving config says so."""
+    from npusim.serving.simulate import ServingConfig
+    from npusim.sim.mempath import DEFAULT_STREAMS, SERVING_STREAMS, parse_streams
+
+    assert parse_streams(DEFAULT_STREAMS) == ("flow", None, None)
+    assert parse_streams(SERVING_STREAMS) == ("flow", 16384, 256)
+    assert ServingConfig().memory_streams == SERVING_STREAMS
+    arch = load_arch("npusim-64c")
+    assert Simulator(arch, memory_mode="analytical").memory_streams == DEFAULT_STREAMS
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -88,6 +101,6 @@ def test_without_the_flag_a_run_keeps_the_simulators_default_which_validation_sc
         from memory_flows_vs_flit import stream_model
     finally:
         sys.path.pop(0)
-    with stream_model("flow"):
+    with stream_model("reserve"):
         run = _forward(capsys, "--fidelity", "path")
-    assert run["memory_streams"] == "flow"
+    assert run["memory_streams"] == "reserve"

@@ -13,6 +13,7 @@ from npusim.mapping.spec import MappingSpec
 from npusim.model.ir import Graph
 from npusim.report.breakdown import time_breakdown
 from npusim.sim import Simulator
+from npusim.sim.mempath import DEFAULT_STREAMS
 
 
 @dataclass
@@ -25,7 +26,7 @@ class ForwardRun:
 
 def simulate_forward(graph: Graph, arch: Arch, spec: MappingSpec, memory_mode: str = "tlm",
                      noc_mode: str = "path", progress=None, mapped: Mapped | None = None,
-                     memory_over_noc: bool | None = None, memory_streams: str = "reserve") -> ForwardRun:
+                     memory_over_noc: bool | None = None, memory_streams: str = DEFAULT_STREAMS) -> ForwardRun:
     """``memory_over_noc``, ``memory_streams``: see :class:`~npusim.sim.Simulator` (default: HBM
     traffic crosses the mesh at the path and flit fidelities, its streams reserving their paths)."""
     # with the TLM L2 the mapper's L2 traffic is real DMAs the cache decides (map_model, l2_addressed)

@@ -61,17 +61,18 @@ def add_fidelity_args(p, memory_default="tlm", system: bool = False):
     p.add_argument("--fidelity", choices=NOC_FIDELITIES, default=None if system else "path",
                    help="NoC model (default path" + ("; with --system: the chip costs' NoC, default analytical"
                                                      if system else "") + "). Against flit + TLM memory on the "
-                   "fidelity ladder's quick set (docs/FIDELITY.md, session 56): path up to 18.1%% off (9.3%% with its "
-                   "memory streams as flows), analytical up to 19.5%%; no cheaper NoC is within 5%%, so this default is not the rule's (the "
+                   "fidelity ladder's quick set (docs/FIDELITY.md, session 56): path up to 9.3%% off (its memory streams as "
+                   "flows, the default since session 64; 18.1%% with the old reserved streams), analytical up to 19.5%%; no cheaper NoC is within 5%%, so this default is not the rule's (the "
                    "cheapest within 5%%): it is kept for speed")
     p.add_argument("--memory-streams", default=None, metavar="MODEL",
-                   help="at the path NoC, how HBM traffic crosses the mesh (npusim.sim.mempath): reserve (default: "
-                   "streams reserving their paths), hop, flow (one max-min flow per DMA engine with the routers' "
-                   "head-of-line coupling: closer to flit, docs/FIDELITY.md), or flow@Q~S, the flows with a head-of-line "
-                   "pass held Q cycles and a sharing kept S cycles, a drained flow's rate held that long for its "
-                   "engine's next DMA (for long serving runs: on 100 uncached Mooncake requests flow@16384~256 takes a "
-                   "fifth of flow's time and is within 0.2%% of its makespan, TTFT and time per output token over four "
-                   "draws of the arrivals, one run moving ~1%% by the draw; docs/FIDELITY.md, sessions 60-63)")
+                   help="at the path NoC, how HBM traffic crosses the mesh (npusim.sim.mempath): flow (the default of a "
+                   "forward pass: one max-min flow per DMA engine with the routers' head-of-line coupling, within 6.6%% of "
+                   "flit on the memory workloads, docs/FIDELITY.md), flow@Q~S, the flows with a head-of-line pass held Q "
+                   "cycles and a sharing kept S cycles, a drained flow's rate held that long for its engine's next DMA "
+                   "(serving's default flow@16384~256: on 100 uncached Mooncake requests a fifth of flow's time and within "
+                   "0.2%% of its makespan, TTFT and time per output token over four draws of the arrivals; not for single "
+                   "operators shorter than the hold), or the old streams reserving their paths, reserve, or moving hop by "
+                   "hop, hop (22.5%% from flit; the default before session 64)")
     p.add_argument("--memory", choices=MEMORY_FIDELITIES, default=memory_default,
                    help=f"HBM model (default {memory_default}). Against TLM at the flit NoC on the fidelity "
                    "ladder's quick set (docs/FIDELITY.md, session 56): analytical up to 33.1%% off (an INT8 prefill "
@@ -404,8 +405,8 @@ def chip_noc(args) -> str:
 
 def chip_streams(args) -> dict:
     """The chip path's memory stream model as keyword arguments: ``{"memory_streams": --memory-streams}``, or
-    none when the flag is not given (the simulators' own default, ``reserve``; validation scripts set that
-    default to compare stream models through the CLI's runs). Given at another NoC fidelity than path, or a
+    none when the flag is not given (the simulators' own defaults: ``flow``, and ``flow@16384~256`` when serving;
+    validation scripts set those defaults to compare stream models through the CLI's runs). Given at another NoC fidelity than path, or a
     value :func:`npusim.sim.mempath.parse_streams` refuses, it is an error."""
     from npusim.sim.mempath import parse_streams
 

@@ -101,6 +101,7 @@ from npusim.serving.iteration import KV_QUANTUM
 from npusim.serving.stagecost import StageCost
 from npusim.sim import Simulator
 from npusim.sim.kernel import KIND_DMA, KIND_NOC
+from npusim.sim.mempath import DEFAULT_STREAMS
 from npusim.sim.program import submit_materialized
 
 
@@ -555,7 +556,7 @@ def _segments(q, start, end, dma, gap: int) -> np.ndarray:
 
 def measure(arch, memory_mode: str, noc_mode: str, arrays: tuple, kv_reads: np.ndarray,
             fraction: float, gap_fraction: float = GAP_FRACTION, memory_over_noc: bool | None = None,
-            memory_streams: str = "reserve") -> IterationCost:
+            memory_streams: str = DEFAULT_STREAMS) -> IterationCost:
     """Simulate one iteration's materialised program alone on a fresh simulator and reduce it to
     its :class:`IterationCost`: each queue's tasks cut into *segments* of activity wherever the
     queue stays idle for more than ``gap_fraction`` of the iteration (a stage's first weight

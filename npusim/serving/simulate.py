@@ -55,6 +55,7 @@ from npusim.serving.requests import check_context
 from npusim.serving.sampling import UtilizationSampler
 from npusim.serving.scheduler import Live, SchedulerConfig
 from npusim.sim import Simulator
+from npusim.sim.mempath import SERVING_STREAMS
 
 
 REPLAYS = ("stages", "skeleton")  # how the iteration cache replays an iteration
@@ -71,7 +72,9 @@ class ServingConfig:
     memory_mode: str = "analytical"
     noc_mode: str = "path"
     memory_over_noc: bool | None = None  # HBM traffic over the mesh (default: yes, at every NoC fidelity)
-    memory_streams: str = "reserve"  # path fidelity's memory-stream model (npusim.sim.mempath): flow, reserve or hop
+    # the path fidelity's memory-stream model (npusim.sim.mempath): default the flows with the passes held
+    # (SERVING_STREAMS, flow@16384~256), or flow (exact), flow@Q~S, or the old reserve / hop streams
+    memory_streams: str = SERVING_STREAMS
     admission: str = "queue"
     prefix_cache: bool = False
     block_tokens: int = 16

@@ -62,7 +62,10 @@ loop (requests within the DMA engine's tags, data sent as requests arrive,
 arrives: the DRAM's access time is not in that loop (the memory model applies the same tags to its
 own latency separately), so a read takes the slower of the two loops, not their sum.
 
-Stream model at the path fidelity (``Simulator(memory_streams=...)``): ``reserve`` (default) —
+Stream model at the path fidelity (``Simulator(memory_streams=...)``): ``flow`` (default since session 64,
+``DEFAULT_STREAMS``) carries each DMA's traffic as one max-min fair flow with the routers' head-of-line coupling
+(:mod:`npusim.hw.noc.memflow`); the serving loop's default is its held variant ``SERVING_STREAMS``
+(:func:`parse_streams`). The old streams stay as options, for comparison: ``reserve`` —
 a stream's header claims the free links ahead of it in one go, at the time it would reach each,
 at most 8 hops' time ahead, and moves hop by hop only where it must wait on a mesh link
 (:func:`npusim.hw.noc.path.path_reserve_part`); the DMA's streams that reserved their whole path
@@ -105,6 +108,16 @@ MemPath = namedtuple("MemPath", ["prm", "attach", "routers", "pending", "task", 
 MAX_BURST_BYTES = 4096  # a burst never crosses a 4 KB boundary (AXI's rule): the longest packet of a DMA
 STREAM_MODELS = ("flow", "reserve", "hop")
 STREAM_VARIANTS = "flow@CYCLES, flow~CYCLES or flow@CYCLES~CYCLES"  # the flows' speed variants (parse_streams)
+#: the path fidelity's default stream model (session 64; before, ``reserve``): the flows are within 6.6% of flit on
+#: every row of ``validation/memory_flows_vs_flit.py`` against the streams' 22.5% (the decode step +2.7% against
+#: -12.7%), at the same CPU on a chip's operators and forward passes (docs/FIDELITY.md, "The flows the default")
+DEFAULT_STREAMS = "flow"
+#: the serving loop's default at the path fidelity: the flows with a head-of-line pass held 16,384 cycles and a
+#: sharing kept 256 (a drained flow's rate held that long for its engine's next DMA). On 100 uncached Mooncake
+#: requests within 0.2% of the exact flows on makespan, TTFT and TPOT over four draws of the arrivals, a fifth of
+#: their CPU (sessions 62-63); on one iteration within 1%. Not for runs shorter than the hold (an operator of
+#: 20,000-70,000 cycles moves up to +5%: ``DEFAULT_STREAMS`` there).
+SERVING_STREAMS = "flow@16384~256"
 STREAM_FLOW, STREAM_RESERVE, STREAM_HOP = 2, 1, 0  # prm[MP_RESERVE]
 PACKET_MODELS = ("burst", "transaction")  # a DMA's requests: one per burst (default) or per transaction  # path fidelity: streams reserve their path at once, or move hop by hop
 C_BYTES, C_PARTS, C_DMAS = 0, 1, 2
@@ -126,7 +139,7 @@ def parse_streams(spec: str) -> tuple[str, int | None, int | None]:
 
 def new_mempath(attach: np.ndarray, hops: np.ndarray, on: bool, channels: int, interleave: int, private: bool,
                 dma_engines: int, txn_bytes: int, link_bytes: int, router_stages: int, link_latency: int,
-                num_initiators: int, streams: str = "reserve", memory_ports: bool = True,
+                num_initiators: int, streams: str = DEFAULT_STREAMS, memory_ports: bool = True,
                 packets: str = "burst", n_links: int = 0, memory_lanes=None, max_outstanding: int = 16) -> MemPath:
     """State for ``num_initiators`` DMA engines; ``attach[ch]`` = router of channel ``ch``;
     ``hops[a, b]`` = mesh hops from router ``a`` to ``b``; ``streams``: the path fidelity's

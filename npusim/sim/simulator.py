@@ -40,7 +40,7 @@ from npusim.hw.noc.flit_engine import grow_flit_slots, new_flit_engine
 from npusim.hw.noc.path import PRM_HOLD, grow_slots, new_path_state
 from npusim.hw.noc.routing import build_routing
 from npusim.hw.noc.topology import mesh_topology, to_arrays
-from npusim.sim.mempath import C_BYTES, MP_NEED_SLOTS, PACKET_MODELS, new_mempath, parse_streams
+from npusim.sim.mempath import C_BYTES, DEFAULT_STREAMS, MP_NEED_SLOTS, PACKET_MODELS, new_mempath, parse_streams
 from npusim.sim.sramport import C_ARRAY, C_DMA, new_sram_ports
 from npusim.sim.kernel import (
     BASE_HEADROOM,
@@ -80,20 +80,21 @@ class Simulator:
 
     def __init__(self, arch: Arch, memory_mode: str = "tlm", noc_mode: str = "path", txlog_rows: int = 0,
                  noc_graph=None, cmdlog_rows: int = 0, memory_over_noc: bool | None = None,
-                 memory_streams: str = "reserve", memory_port_lanes: int | None = None,
+                 memory_streams: str = DEFAULT_STREAMS, memory_port_lanes: int | None = None,
                  memory_packets: str = "burst"):
         """``noc_graph``: a networkx topology (see ``npusim.hw.noc.topology``) with one router
         per core, instead of the arch's mesh. ``txlog_rows`` / ``cmdlog_rows``: capacity of the HBM
         model's transaction log / DRAM command trace (tests, debugging; 0 = off). ``memory_over_noc``: route HBM transaction streams over the
         NoC (default: at every fidelity; the analytical NoC times them by link reservations,
         :mod:`npusim.hw.noc.linkbound`; ``False``: DMAs go straight to the memory model). ``memory_streams``:
-        at the path fidelity, ``reserve`` (default) times each memory stream by reserving its path
-        when it starts, ``hop`` moves its header hop by hop (see :mod:`npusim.sim.mempath`), ``flow``
-        carries each DMA's traffic as a flow sharing the mesh's links max-min fairly
-        (:mod:`npusim.hw.noc.memflow`, with the routers' head-of-line coupling, :mod:`npusim.hw.noc.hol`;
-        not the default: within 11% of flit on the memory workloads against ``reserve``'s 24%, but not
-        within 3% on each, and more CPU on serving; docs/FIDELITY.md); ``flow@Q~S`` the flows with a head-of-line
-        pass held ``Q`` cycles and a sharing kept ``S`` cycles (faster on long runs, :func:`npusim.sim.mempath.parse_streams`).
+        at the path fidelity, ``flow`` (default) carries each DMA's traffic as a flow sharing the mesh's links
+        max-min fairly (:mod:`npusim.hw.noc.memflow`, with the routers' head-of-line coupling,
+        :mod:`npusim.hw.noc.hol`: within 6.6% of flit on the memory workloads, not yet the 3% issue 42 asks;
+        docs/FIDELITY.md); ``flow@Q~S`` the flows with a head-of-line pass held ``Q`` cycles and a sharing kept
+        ``S`` cycles (faster on long runs, :func:`npusim.sim.mempath.parse_streams`; the serving loop's default,
+        ``npusim.sim.mempath.SERVING_STREAMS``); the old streams, kept for comparison (22.5% from flit):
+        ``reserve`` times each memory stream by reserving its path when it starts, ``hop`` moves its header
+        hop by hop (see :mod:`npusim.sim.mempath`).
         ``memory_port_lanes``: at the path and flit fidelities, streams towards the memory (read
         requests, write data) leave the mesh at their attach router's memory-controller port, one lane
         (one flit a cycle) per HBM channel attached there (``None``, the default), or ``k`` lanes per
