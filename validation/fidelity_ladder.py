@@ -1,6 +1,6 @@
 """The fidelity ladder on the workloads users run (issue 42, item 3).
 
-Every case is simulated at each rung of the ladder, NoC ``flit`` / ``path`` / ``path+flows`` /
+Every case is simulated at each rung of the ladder, NoC ``flit`` / ``path`` / ``path+streams`` /
 ``analytical`` x memory ``tlm`` / ``analytical``; the **reference** is the most detailed rung, flit NoC + TLM memory
 (the transaction-level HBM and, on the Ascend dies, the transaction-level L2). The table prints
 each rung's result, its error against the reference and its wall time (simulation only: no disk
@@ -31,15 +31,17 @@ cores; the output says what it left out):
   --memory Y``: the default scenario's first 4 requests, Qwen3-4B cut to 2 layers and 8 output
   tokens so the TLM rungs stay minutes, not hours; result: mean end-to-end latency in ms)
 
-Wall time: ``--quick`` 3.7 minutes on a 2-core Xeon of speed index 3.8 before the ``path+flows``
-rung (the Qwen3-4B decode step takes 3.5 of them); 34 minutes with it on the same machine loaded
+Wall time: ``--quick`` 3.7 minutes on a 2-core Xeon of speed index 3.8 with one path rung
+(the Qwen3-4B decode step takes 3.5 of them); 34 minutes with two on the same machine loaded
 to speed index 0.4 (session 40, docs/FIDELITY.md); the full set was not timed end to end (the serving case alone takes ~3 minutes
 at flit + analytical memory, more at flit + TLM).
 
-The ``path`` rung carries HBM traffic as the path NoC's default ``reserve`` streams; the ``path+flows``
-rung as the max-min flows of issue 42 item 2 (``memory_streams="flow"``, :mod:`npusim.hw.noc.memflow`;
-every simulator built in the case uses them), so the two stream models are judged on the same set
-(at analytical memory, per workload, also ``validation/memory_flows_vs_flit.py``).
+The ``path`` rung carries HBM traffic as the path NoC's default, the max-min flows of issue 42 item 2
+(:mod:`npusim.hw.noc.memflow`: exact in a chip run, their passes held in a serving run, session 64); the
+``path+streams`` rung as the old ``reserve`` streams, the default before (``memory_streams="reserve"``; every
+simulator built in the case uses them), so the two stream models are judged on the same set (at analytical
+memory, per workload, also ``validation/memory_flows_vs_flit.py``). Before session 64 the columns were
+``path`` (the streams) and ``path+flows``.
 
     python validation/fidelity_ladder.py [--quick] [--only SUBSTRING]
 """
@@ -56,8 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "validation" / "perf"))
 sys.path.insert(0, str(ROOT / "validation"))
 
-NOCS = ("flit", "path", "path+flows", "analytical")  # most detailed first
-STREAMS = {"path+flows": ("path", "flow")}  # a rung's NoC label -> (NoC fidelity, memory stream model)
+NOCS = ("flit", "path", "path+streams", "analytical")  # most detailed first
+STREAMS = {"path+streams": ("path", "reserve")}  # a rung's NoC label -> (NoC fidelity, memory stream model)
 MEMORIES = ("tlm", "analytical")
 RUNGS = [(n, m) for n in NOCS for m in MEMORIES]
 REFERENCE = ("flit", "tlm")
@@ -66,8 +68,8 @@ DIE, CHIP = "ascend-910c-die", "npusim-64c"
 
 
 def at_rung(fn, noc, memory):
-    """``fn(noc, memory)`` at a rung: ``path+flows`` is the path NoC with every simulator built
-    inside carrying HBM traffic as flows."""
+    """``fn(noc, memory)`` at a rung: ``path+streams`` is the path NoC with every simulator built
+    inside carrying HBM traffic as the old reserved streams."""
     if noc not in STREAMS:
         return fn(noc, memory)
     from memory_flows_vs_flit import stream_model

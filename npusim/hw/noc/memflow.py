@@ -1,9 +1,9 @@
 """HBM traffic over the mesh as flows: max-min fair shares of the links, inside the kernel.
 
-At the ``path`` NoC fidelity with ``Simulator(memory_streams="flow")`` (an option; the default is
-still the ``reserve`` streams: with the head-of-line coupling below the flows are within 6.6% of
+At the ``path`` NoC fidelity with ``Simulator(memory_streams="flow")`` (the default since session 64; before,
+the ``reserve`` streams: with the head-of-line coupling below the flows are within 6.6% of
 flit on every row of ``validation/memory_flows_vs_flit.py`` against the streams' 22.5% (session 56,
-after the flit routers' VC allocation was made round-robin per output), but not within the issue's
+after the flit routers' VC allocation was made round-robin per output), though not yet within issue 42's
 3% on each, see docs/FIDELITY.md) a DMA's traffic
 between its core and the routers where its HBM channels attach (:mod:`npusim.sim.mempath` splits
 it: per attach router ``r`` the bursts ``n_r``, the flits towards the memory and the flits back) is
