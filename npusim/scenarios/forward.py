@@ -28,7 +28,7 @@ def simulate_forward(graph: Graph, arch: Arch, spec: MappingSpec, memory_mode: s
                      noc_mode: str = "path", progress=None, mapped: Mapped | None = None,
                      memory_over_noc: bool | None = None, memory_streams: str = DEFAULT_STREAMS) -> ForwardRun:
     """``memory_over_noc``, ``memory_streams``: see :class:`~npusim.sim.Simulator` (default: HBM
-    traffic crosses the mesh at the path and flit fidelities, its streams reserving their paths)."""
+    traffic crosses the mesh at the path and flit fidelities, at path as max-min flows)."""
     # with the TLM L2 the mapper's L2 traffic is real DMAs the cache decides (map_model, l2_addressed)
     mapped = mapped or map_model(graph, arch, spec, l2_addressed=memory_mode == "tlm" and arch.l2 is not None)
     sim = Simulator(arch, memory_mode=memory_mode, noc_mode=noc_mode, memory_over_noc=memory_over_noc,
