@@ -277,6 +277,14 @@ def _streaming_read(arch, cores, noc="path", per_core=4 * MIB, **kw):
     return sim, a
 
 
+def _read_bounds_gbps(arch):
+    """A streaming read's two bounds in GB/s: the HBM's peak, and what the edge columns' ``H`` outgoing links
+    carry to the cores of the other columns (``2 H link / ((W-1)/W)``)."""
+    w, h = arch.cores.grid.width, arch.cores.grid.height
+    return (arch.hbm.channels * arch.hbm.bandwidth_per_channel_gbps,
+            2 * h * arch.noc.link_bytes_per_cycle * arch.clock_ghz / ((w - 1) / w))
+
+
 @pytest.mark.parametrize("preset", ["npusim-64c", "ascend-910c-die"])
 def test_streaming_read_respects_the_mesh_and_reaches_the_edge_cut(preset):
     """Physical bounds of HBM traffic over the mesh (issue 23 item 8), with the old reserved streams. A
@@ -296,8 +304,7 @@ def test_streaming_read_respects_the_mesh_and_reaches_the_edge_cut(preset):
     busy = sim.noc.link_flits / sim.noc.link_lanes
     assert (busy <= cycles).all()
     gbps = nbytes / cycles * arch.clock_ghz
-    peak = arch.hbm.channels * arch.hbm.bandwidth_per_channel_gbps
-    cut = 2 * h * arch.noc.link_bytes_per_cycle * arch.clock_ghz / ((w - 1) / w)
+    peak, cut = _read_bounds_gbps(arch)
     bound = min(peak, cut)
     assert gbps <= bound * 1.001
     assert gbps >= 0.85 * bound
@@ -328,15 +335,12 @@ def test_streaming_read_as_the_default_flows_stays_under_the_bounds_and_near_fli
     from npusim.arch import load_arch
 
     arch = load_arch(preset)
-    w, h = arch.cores.grid.width, arch.cores.grid.height
     sim, nbytes = _streaming_read(arch, range(arch.num_cores), per_core=256 << 10)
     assert sim.memory_streams == "flow"
     cycles = sim.makespan()
     assert (sim.noc.link_flits / sim.noc.link_lanes <= cycles).all()
     gbps = nbytes / cycles * arch.clock_ghz
-    peak = arch.hbm.channels * arch.hbm.bandwidth_per_channel_gbps
-    cut = 2 * h * arch.noc.link_bytes_per_cycle * arch.clock_ghz / ((w - 1) / w)
-    assert gbps <= min(peak, cut) * 1.001
+    assert gbps <= min(_read_bounds_gbps(arch)) * 1.001
     flit, flit_bytes = _streaming_read(arch, range(arch.num_cores), noc="flit", per_core=256 << 10)
     assert flit_bytes == nbytes
     assert cycles == pytest.approx(flit.makespan(), rel=0.02 if preset == "npusim-64c" else 0.07)
