@@ -61,7 +61,7 @@ def add_fidelity_args(p, memory_default="tlm", system: bool = False):
     p.add_argument("--fidelity", choices=NOC_FIDELITIES, default=None if system else "path",
                    help="NoC model (default path" + ("; with --system: the chip costs' NoC, default analytical"
                                                      if system else "") + "). Against flit + TLM memory on the "
-                   "fidelity ladder's quick set (docs/FIDELITY.md, session 56): path up to 9.3%% off (its memory streams as "
+                   "fidelity ladder's quick set (docs/FIDELITY.md, session 64): path up to 9.5%% off (its memory streams as "
                    "flows, the default since session 64; 18.1%% with the old reserved streams), analytical up to 19.5%%; no cheaper NoC is within 5%%, so this default is not the rule's (the "
                    "cheapest within 5%%): it is kept for speed")
     p.add_argument("--memory-streams", default=None, metavar="MODEL",
