@@ -4,8 +4,8 @@ Issue 42 item 2. The flit NoC (cycle-accurate routers; a DMA a closed loop of on
 within its tags, the controllers answering in arrival order; checked against BookSim2 on
 many-to-few request-reply traffic, ``validation/noc_hotspot_booksim.py``) is the reference. The path
 NoC carries a DMA's traffic either as one max-min fair *flow* per DMA engine (``memory_streams=
-"flow"``, :mod:`npusim.hw.noc.memflow`, an option) or as per-router *streams* with hop and
-release events (``"reserve"``, the default); the flows with plain max-min shares and with the
+"flow"``, :mod:`npusim.hw.noc.memflow`, the default since session 64) or as per-router *streams* with hop and
+release events (``"reserve"``, the default before); the flows with plain max-min shares and with the
 head-of-line coupling at the routers' input ports (:mod:`npusim.hw.noc.hol`,
 ``memflow.HOL_COUPLING``, on by default since session 49). For each workload: the simulated time at each model, the
 error against flit and the wall time of the run (kernel compiled beforehand: the first run of each

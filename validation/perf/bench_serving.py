@@ -11,7 +11,7 @@ a 16-stage pipeline per 64 cores: a chip with more cores runs one data-parallel 
 N decoder layers (for the long growth series; say so when quoting).
 
 ``--noc path,analytical`` times both NoC fidelities in one run and prints the path NoC's wall time
-over the analytical's; ``--streams`` the path NoC's memory stream models (default ``reserve``, the program's; issue 42
+over the analytical's; ``--streams`` the path NoC's memory stream models (default ``flow@16384~256``, the serving loop's since session 64; issue 42
 item 4: uncached, 1,000 requests, path at most 2x analytical); ``flow-all`` is the flows with every DMA a flow of
 the filling (``npusim.hw.noc.memflow.MICE`` off); ``flow-nomemo`` the flows solving every sharing (``memflow.MEMO_SLOTS``
 0: no sharing takes the rates remembered for a state seen before; the flows' results before session 57); ``flow@Q`` the flows with a head-of-line pass held for ``Q`` cycles
@@ -68,7 +68,7 @@ from machine import machine_line  # noqa: E402
 
 from npusim.arch import load_arch  # noqa: E402
 from npusim.hw.noc import memflow  # noqa: E402
-from npusim.sim.mempath import parse_streams  # noqa: E402
+from npusim.sim.mempath import SERVING_STREAMS, parse_streams  # noqa: E402
 from npusim.mapping.spec import spec_from_flags  # noqa: E402
 from npusim.serving.itercache import parse_buckets  # noqa: E402
 from npusim.serving.requests import cap_lengths  # noqa: E402
@@ -325,9 +325,9 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"simulate only the first N decoder layers (at least {STAGES}: one per pipeline stage)")
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=128)
-    ap.add_argument("--streams", default="reserve",
+    ap.add_argument("--streams", default=SERVING_STREAMS,
                     help="memory stream model(s) at the path NoC (npusim.sim.mempath): flow, reserve, hop, flow-all, flow-nomemo, flow@CYCLES, "
-                         "flow~CYCLES, flow@CYCLES~CYCLES or a list")
+                         f"flow~CYCLES, flow@CYCLES~CYCLES or a list (default {SERVING_STREAMS}, the serving loop's)")
     ap.add_argument("--cache", default="off", help="iteration cache: off, on or off,on")
     ap.add_argument("--cache-buckets", default="exact", help="iteration cache buckets (see npusim run --help)")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL (default: the shared trace, else the sample)")
