@@ -423,7 +423,7 @@ def test_a_one_burst_dma_takes_a_round_trip_as_a_mouse_and_as_a_flow():
     """A DMA of one burst has one burst in flight, not a window's worth: it lasts its round trip
     ``2 ((h + 1) S + h L) + f - 1 + RTT_OVERHEAD`` (its cap is its bytes a round trip), whether it
     runs as a mouse (no update at all) or as a flow of the filling."""
-    from npusim.hw.noc.memflow import S_MICE, S_UPDATES
+    from npusim.hw.noc.memflow import S_ALONE, S_MICE, S_UPDATES
     base = load_arch("npusim-64c")
     arch = base.model_copy(update={"hbm": base.hbm.model_copy(update={"attach": [0] * 64})})
     S, L, h, f = arch.noc.router_pipeline_cycles, arch.noc.link_latency_cycles, 14, 256 // 64
@@ -435,7 +435,60 @@ def test_a_one_burst_dma_takes_a_round_trip_as_a_mouse_and_as_a_flow():
         fl = sim.mempath.fl
         assert abs(sim.makespan() - rtt) <= 2
         assert int(fl.sc[S_MICE]) == (1 if mice else 0)
-        assert int(fl.sc[S_UPDATES]) == (0 if mice else 2)
+        # as a flow it starts alone (no sharing: :func:`memflow._alone`) and its drain is the one update
+        assert int(fl.sc[S_UPDATES]) == (0 if mice else 1)
+        assert int(fl.sc[S_ALONE]) == (0 if mice else 1)
+
+
+def _per_core_streams(alone: bool):
+    """Every core of the NpuSim study's chip (its own DRAM channel at its router) reading and writing
+    its own memory on two engines, DMAs of several sizes, with ``memflow.ALONE`` as given."""
+    from npusim.hw.noc import memflow
+    from npusim.validate.chips import study_chip
+    old = memflow.ALONE
+    memflow.ALONE = alone
+    try:
+        sim = Simulator(study_chip(), memory_mode="analytical", noc_mode="path", memory_streams="flow")
+    finally:
+        memflow.ALONE = old
+    total = 0
+    for c in range(sim.arch.num_cores):
+        prev = ()
+        for i in range(3):  # one engine's chain, and another engine's DMA beside its second
+            size = (8 << 10) << ((c + i) % 3)
+            prev = (sim.add_dma(c, size, write=i == 1, dma_engine=0, deps=prev),)
+            total += size
+        if c % 2 == 0:
+            sim.add_dma(c, 12 << 10, dma_engine=1, deps=prev)
+            total += 12 << 10
+    return sim, total
+
+
+def test_flows_alone_on_their_resources_start_at_their_rate_and_match_every_start_shared():
+    """With per-core DRAM a core's DMAs cross only its own ports: a flow no other live flow shares a
+    resource with takes its max-min rate at its start and ends with no sharing (``memflow.ALONE``).
+    The task times are those of sharing every start and end (within a cycle: the filling reaches the
+    same rate by summed increments), every byte crosses, no resource beyond its width, and most starts
+    and ends of this run cost no sharing."""
+    from npusim.hw.noc.memflow import S_ALONE, S_ALONE_END, S_FLOWS, S_MICE, S_UPDATES
+    runs = {}
+    for alone in (True, False):
+        sim, total = _per_core_streams(alone)
+        sim.run()
+        assert sim.hbm_bytes_over_noc == total
+        fl = sim.mempath.fl
+        assert int(fl.sc[S_NACT]) == 0 and float(fl.fsc[F_PEAK_LOAD]) <= 1.0 + 1e-9
+        runs[alone] = (sim, fl)
+    (fast, fl), (ref, fl_ref) = runs[True], runs[False]
+    assert int(fl_ref.sc[S_ALONE]) == 0 and int(fl_ref.sc[S_ALONE_END]) == 0
+    flows = int(fl.sc[S_FLOWS])
+    assert flows == int(fl_ref.sc[S_FLOWS]) > 0 and int(fl.sc[S_MICE]) == int(fl_ref.sc[S_MICE])
+    assert int(fl.sc[S_ALONE]) > flows // 2 and int(fl.sc[S_ALONE_END]) > 0
+    assert int(fl.sc[S_UPDATES]) < int(fl_ref.sc[S_UPDATES])
+    s1, e1 = fast.task_times()
+    s0, e0 = ref.task_times()
+    assert np.abs(np.asarray(s1) - np.asarray(s0)).max() <= 1 and np.abs(np.asarray(e1) - np.asarray(e0)).max() <= 1
+    assert abs(float(fl.fsc[F_PEAK_LOAD]) - float(fl_ref.fsc[F_PEAK_LOAD])) < 1e-9
 
 
 @pytest.mark.parametrize("random", [False, True])

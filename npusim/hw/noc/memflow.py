@@ -193,6 +193,11 @@ HOL_PERIOD = 0
 #: shared at once. Read, like HOL_COUPLING, when memflows are made (0: a sharing at every change, exact)
 SHARE_PERIOD = 0
 
+#: start a flow that crosses only resources no other live flow crosses at its rate at once, and end one
+#: such without sharing the links again (:func:`_alone`): the rates a sharing would give, bar rounding;
+#: read, like HOL_COUPLING, when memflows are made (``False``: every start and end shared)
+ALONE = True
+
 #: remember each sharing's outcome by what determines it (:func:`_memo_key`: the active flows, their
 #: routes and caps, and the messages and mice loading the resources they cross) and give a sharing of
 #: a state seen before those rates at once (``MEMO_SLOTS`` table entries, direct-mapped by the key;
@@ -268,7 +273,8 @@ MemFlows = namedtuple("MemFlows", [
     "pend", "orate", "pl",
     "sc", "fsc",
 ])
-(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE, P_HOL_PERIOD, P_SHARE_PERIOD, P_MEMO) = range(11)
+(P_NLINKS, P_NR, P_S, P_L, P_TAGS, P_INFLIGHT, P_HOL, P_MICE, P_HOL_PERIOD, P_SHARE_PERIOD, P_MEMO,
+ P_ALONE) = range(12)
 # sc: active flows, update version, an update pending now, time of the last advance, updates, filling
 # rounds, flows started, flows and resources in the filling (summed over updates), resources crossed now,
 # message claims and releases that could not move a rate (no update), resources crossed (summed over
@@ -281,7 +287,7 @@ MemFlows = namedtuple("MemFlows", [
  S_SKIPPED, S_CROSSED, S_NMF, S_VISITED, S_GAP0, S_GAP_SHORT, S_GAP_LONG, S_NSTALE, S_JOINS,
  S_DEFERRED, S_HOL_FILLS, S_HOL_STAMP, S_MICE, S_HOL_LAST, S_HOL_HELD, S_TSHARE, S_NEXT_T, S_WAITED,
  S_UNSHARED, S_MEMO_HITS, S_MEMO_WPOS, S_NX, S_NPARTS, S_REUSED, S_LOADS_STAMP, S_NPEND, S_RESUMED,
- S_OWED, S_DUE) = range(39)  # S_HOL_FILLS: fillings again after the links' eta moved;
+ S_OWED, S_DUE, S_ALONE, S_ALONE_END) = range(41)  # S_HOL_FILLS: fillings again after the links' eta moved;
 # S_HOL_STAMP: head-of-line passes so far (stamps the outputs' settled requests); S_MICE: DMAs timed as mice;
 # S_HOL_LAST: the cycle of the last update that made passes; S_HOL_HELD: updates that held the last pass (HOL_PERIOD);
 # S_MEMO_HITS: sharings given a remembered outcome (MEMO_SLOTS); S_MEMO_WPOS: pairs written to the memo's ring so far;
@@ -293,7 +299,9 @@ MemFlows = namedtuple("MemFlows", [
 # flows without a sharing; S_NPEND: drained flows whose park waits for the next sharing (``pl``); S_RESUMED:
 # flows that resumed their initiator's last rate within a sharing period (:func:`memflow_go`); S_OWED: changes
 # since the last sharing that owe the next one (a drain not resumed, a flow started without resuming); S_DUE:
-# when the next sharing is due for them (NEVER: none owed)
+# when the next sharing is due for them (NEVER: none owed); S_ALONE: flows started alone on every resource they
+# cross (:func:`_alone`: their rates set at once, no sharing); S_ALONE_END: updates that ended only such flows
+# and shared nothing
 #: a flow starting at most this many cycles after its initiator's previous one drained counts as
 #: short-gapped (S_GAP_SHORT): about a round trip on npusim-64c's mesh
 RTT_GAP = 64
@@ -329,7 +337,8 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
                       max(1, int(max_outstanding)) * int(transaction_bytes),
                       max(1, int(HOL_ITERS)) if HOL_COUPLING else 0, int(bool(MICE)),
                       max(0, int(HOL_PERIOD if hol_period is None else hol_period)),
-                      max(0, int(SHARE_PERIOD if share_period is None else share_period)), int(memo)],
+                      max(0, int(SHARE_PERIOD if share_period is None else share_period)), int(memo),
+                      int(bool(ALONE))],
                      np.int64),
         rcap=rcap, ceff=rcap.copy(),
         e_n=np.zeros(ni, np.int64), e_res=np.zeros((ni, width), np.int64), e_coef=np.zeros((ni, width), np.float64),
@@ -367,7 +376,7 @@ def new_memflows(n_links: int, n_routers: int, num_initiators: int, router_stage
         b_n=np.zeros(ni, np.int64), b_nparts=np.zeros(ni, np.int64),
         b_parts=np.zeros((ni, max(1, int(n_routers)), 4), np.int64), b_bytes=np.zeros(ni, np.int64),
         pend=np.zeros(ni, np.int64), orate=np.zeros(ni, np.float64), pl=np.zeros(ni, np.int64),
-        sc=np.zeros(39, np.int64), fsc=np.zeros(1, np.float64),
+        sc=np.zeros(41, np.int64), fsc=np.zeros(1, np.float64),
     )
     mf.sc[S_NEXT_T] = -1
     mf.sc[S_DUE] = NEVER
@@ -595,6 +604,9 @@ def memflow_go(mf, noc, heap, hs, init, core, nbytes, bursts, memports, now):
     else:
         for k in range(mf.e_n[init]):
             _list_add(mf, holds, init, k, mf.e_res[init, k])
+    if mf.prm[P_ALONE] != 0 and mf.sc[S_PENDING] == 0 and _alone(mf, holds, init):  # no other flow to share with: its rate now
+        _start_alone(mf, heap, hs, init, nbytes, now)
+        return
     _activate(mf, init, nbytes, 0.0, now)
     _owe(mf, max(now, mf.sc[S_TSHARE] + q))
     if q > 0 and mf.sc[S_PENDING] == 0 and mf.sc[S_UPDATES] > 0 and now < mf.sc[S_DUE]:
@@ -637,6 +649,55 @@ def _activate(mf, init, nbytes, rate, now):
     mf.act[mf.sc[S_NACT]] = init
     mf.sc[S_NACT] += 1
     mf.sc[S_FLOWS] += 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _alone(mf, holds, init):
+    """Whether initiator ``init``'s flow, just listed, crosses only resources no other live flow crosses
+    (``rv`` 1: its own entry; a drained flow's deferred park counts as live) and no message holds. Then
+    the max-min filling gives it ``min(cap, ceff / coefficient)`` over its resources and moves no other
+    flow's rate: the others cross none of its resources, and the head-of-line coupling reads a link's next
+    outputs' loads only from flows crossing them (:func:`_slot_loads`). Its resources were untouched before
+    it (``rv`` was 0), so their ``ceff`` was just read and their ``eta`` is 1."""
+    for k in range(mf.e_n[init]):
+        l = mf.e_res[init, k]
+        if mf.rv[l] != 1 or (l < holds.shape[0] and holds[l] > 0) or mf.ceff[l] <= 0.0:
+            return False
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _start_alone(mf, heap, hs, init, nbytes, now):
+    """Initiator ``init``'s flow starts alone (:func:`_alone`): at the rate a sharing would give it, at
+    once, with no sharing (and with ``SHARE_PERIOD`` no wait for one); the next update comes no later than
+    its drain. Rounding aside (the filling reaches the same minimum by summed increments), the rates are
+    the ones a sharing would set."""
+    x = mf.fcap[init]
+    for k in range(mf.e_n[init]):
+        a = mf.e_coef[init, k]
+        if a > 0.0 and mf.ceff[mf.e_res[init, k]] < a * x:
+            x = mf.ceff[mf.e_res[init, k]] / a
+    peak = mf.fsc[F_PEAK_LOAD]
+    for k in range(mf.e_n[init]):
+        v = mf.e_coef[init, k] * x / mf.ceff[mf.e_res[init, k]]
+        if v > peak:
+            peak = v
+    mf.fsc[F_PEAK_LOAD] = peak
+    mf.sc[S_ALONE] += 1
+    _activate(mf, init, nbytes, x, now)
+    t = now + max(np.int64(1), np.int64(np.ceil(mf.rem[init] / x)))
+    if mf.sc[S_NEXT_T] < 0 or t < mf.sc[S_NEXT_T]:
+        _schedule(mf, heap, hs, t)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _drains_alone(mf, f):
+    """Whether flow ``f``, drained, crossed only resources no other live flow crosses: its end moves no
+    other rate (:func:`_alone`)."""
+    for k in range(mf.e_n[f]):
+        if mf.rv[mf.e_res[f, k]] != 1:
+            return False
+    return True
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -1198,6 +1259,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     n = mf.sc[S_NACT]
     j = 0
     ends_now = False
+    moved = False  # a drained flow shared a resource with a live one: the others' rates may move
     q = mf.prm[P_SHARE_PERIOD]
     for i in range(n):  # keep start order: compact in place
         f = mf.act[i]
@@ -1208,9 +1270,11 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             event_push(heap, hs, now + extra, EV_NOC_PART_END, f)
             mf.mk[0] -= mf.fsig[f]  # 0 when the memo is off
             mf.fsig[f] = 0
-            if q > 0:  # its park waits for the next sharing: its engine's next DMA may resume its rate
+            alone = mf.prm[P_ALONE] != 0 and _drains_alone(mf, f)
+            moved |= not alone
+            if q > 0 and not alone:  # its park waits for the next sharing: its engine's next DMA may resume its rate
                 _defer_park(mf, f, now + q)
-            else:
+            else:  # (alone, what it leaves no other flow can use: nothing to hold, no sharing owed)
                 _park(mf, f)
             mf.tdrain[f] = now
         else:
@@ -1219,6 +1283,14 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             j += 1
     mf.sc[S_NACT] = j
     if j == 0:
+        return
+    if n > j and not moved and not now_asked and mf.sc[S_NSTALE] == 0:  # only flows alone drained: no rate moves
+        mf.sc[S_ALONE_END] += 1
+        t = _next_drain(mf, now)
+        if q > 0:
+            t = min(t, mf.sc[S_DUE])
+        if t < NEVER:
+            _schedule(mf, heap, hs, t)
         return
     if q > 0 and not now_asked and mf.sc[S_NSTALE] == 0 and now < mf.sc[S_DUE]:
         # SHARE_PERIOD: no sharing owed (every drained flow resumed), or not yet due; the rest keep their
