@@ -440,7 +440,7 @@ def test_a_one_burst_dma_takes_a_round_trip_as_a_mouse_and_as_a_flow():
         assert int(fl.sc[S_ALONE]) == (0 if mice else 1)
 
 
-def _per_core_streams(alone: bool):
+def _per_core_streams(alone: bool, streams: str = "flow"):
     """Every core of the NpuSim study's chip (its own DRAM channel at its router) reading and writing
     its own memory on two engines, DMAs of several sizes, with ``memflow.ALONE`` as given."""
     from npusim.hw.noc import memflow
@@ -448,7 +448,7 @@ def _per_core_streams(alone: bool):
     old = memflow.ALONE
     memflow.ALONE = alone
     try:
-        sim = Simulator(study_chip(), memory_mode="analytical", noc_mode="path", memory_streams="flow")
+        sim = Simulator(study_chip(), memory_mode="analytical", noc_mode="path", memory_streams=streams)
     finally:
         memflow.ALONE = old
     total = 0
@@ -489,6 +489,23 @@ def test_flows_alone_on_their_resources_start_at_their_rate_and_match_every_star
     s0, e0 = ref.task_times()
     assert np.abs(np.asarray(s1) - np.asarray(s0)).max() <= 1 and np.abs(np.asarray(e1) - np.asarray(e0)).max() <= 1
     assert abs(float(fl.fsc[F_PEAK_LOAD]) - float(fl_ref.fsc[F_PEAK_LOAD])) < 1e-9
+
+
+def test_a_flow_alone_does_not_wait_for_a_kept_sharing():
+    """With a sharing kept for a period (``flow~256``) a flow starting alone on its resources takes its
+    rate at once instead of standing at rate 0 until the period's sharing: the per-core run ends when the
+    exact flows' does (every start shared), where without ``ALONE`` its starts wait (160 of them here)."""
+    from npusim.hw.noc.memflow import S_ALONE, S_WAITED
+    exact, _ = _per_core_streams(False, "flow")
+    exact.run()
+    kept, total = _per_core_streams(True, "flow~256")
+    kept.run()
+    waiting, _ = _per_core_streams(False, "flow~256")
+    waiting.run()
+    assert kept.hbm_bytes_over_noc == waiting.hbm_bytes_over_noc == total
+    assert int(kept.mempath.fl.sc[S_ALONE]) > 0 and int(kept.mempath.fl.sc[S_WAITED]) == 0
+    assert int(waiting.mempath.fl.sc[S_WAITED]) > 0
+    assert abs(kept.makespan() - exact.makespan()) <= 1 < waiting.makespan() - exact.makespan()
 
 
 @pytest.mark.parametrize("random", [False, True])

@@ -130,6 +130,16 @@ DMAs once a little of the KV is in HBM (5 Mooncake requests on npusim-64c: 5.2M 
 most 4 KB, ~250 B on average; as we read it, KV reads scaled to the KV's share in HBM,
 ``serving/instance.py``'s ``kv_read_params``); ``validation/perf/bench_serving.py --streams flow,flow-all``.
 
+Flows alone (``ALONE``, on by default since session 65): a flow that, listed at its start, crosses only
+resources no other live flow crosses (and no message holds) takes ``min(cap, ceff / coefficient)`` over
+them at once, the rate a sharing would give it, and no other rate moves, so its start shares nothing
+(with ``SHARE_PERIOD`` it does not wait for a sharing either); a drained flow that crossed only such
+resources is parked at once, and an update that ends only such flows shares nothing. What differs from
+sharing them: rounding (the filling reaches the same minimum by summed increments; task times within a
+cycle). Per-core DRAM (the NpuSim study's chip, ``npusim validate --only pd-ratios``) is where it pays:
+a core's DMAs cross only its own ports and most run alone (one A7 ratio: 9.4M of 11.7M flows alone,
+26.8 s of wall time instead of 33.9 s, the same results; docs/FIDELITY.md, "Flows alone").
+
 Units: time in cycles of the NoC clock (the chip clock), rates in bytes per cycle, capacities in
 flits per cycle. Deterministic: flows are kept in start order, and a resource's list of flows changes
 order only by the same swaps (a leaving flow's place taken by the last) on every run.
@@ -1284,11 +1294,10 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
     mf.sc[S_NACT] = j
     if j == 0:
         return
-    if n > j and not moved and not now_asked and mf.sc[S_NSTALE] == 0:  # only flows alone drained: no rate moves
+    if q == 0 and n > j and not moved and not now_asked and mf.sc[S_NSTALE] == 0:
+        # only flows alone drained: no rate moves (with SHARE_PERIOD they owe nothing: the branch below)
         mf.sc[S_ALONE_END] += 1
         t = _next_drain(mf, now)
-        if q > 0:
-            t = min(t, mf.sc[S_DUE])
         if t < NEVER:
             _schedule(mf, heap, hs, t)
         return
