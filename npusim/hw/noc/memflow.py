@@ -663,11 +663,12 @@ def _activate(mf, init, nbytes, rate, now):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _alone(mf, holds, init):
-    """Whether initiator ``init``'s flow, just listed, crosses only resources no other live flow crosses
-    (``rv`` 1: its own entry; a drained flow's deferred park counts as live) and no message holds. Then
-    the max-min filling gives it ``min(cap, ceff / coefficient)`` over its resources and moves no other
-    flow's rate: the others cross none of its resources, and the head-of-line coupling reads a link's next
-    outputs' loads only from flows crossing them (:func:`_slot_loads`). Its resources were untouched before
+    """Whether initiator ``init``'s flow, listed (just started, or just drained and not yet parked),
+    crosses only resources no other live flow crosses (``rv`` 1: its own entry; a drained flow's deferred
+    park counts as live) and no message holds. Then its start or its end moves no other flow's rate: the
+    others cross none of its resources, and the head-of-line coupling reads a link's next outputs' loads
+    only from flows crossing them (:func:`_slot_loads`). At its start the max-min filling would give it
+    ``min(cap, ceff / coefficient)`` over them (:func:`_start_alone`): its resources were untouched before
     it (``rv`` was 0), so their ``ceff`` was just read and their ``eta`` is 1."""
     for k in range(mf.e_n[init]):
         l = mf.e_res[init, k]
@@ -698,16 +699,6 @@ def _start_alone(mf, heap, hs, init, nbytes, now):
     t = now + max(np.int64(1), np.int64(np.ceil(mf.rem[init] / x)))
     if mf.sc[S_NEXT_T] < 0 or t < mf.sc[S_NEXT_T]:
         _schedule(mf, heap, hs, t)
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _drains_alone(mf, f):
-    """Whether flow ``f``, drained, crossed only resources no other live flow crosses: its end moves no
-    other rate (:func:`_alone`)."""
-    for k in range(mf.e_n[f]):
-        if mf.rv[mf.e_res[f, k]] != 1:
-            return False
-    return True
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -1280,7 +1271,7 @@ def memflow_update(mf, holds, heap, hs, version, now, parts):
             event_push(heap, hs, now + extra, EV_NOC_PART_END, f)
             mf.mk[0] -= mf.fsig[f]  # 0 when the memo is off
             mf.fsig[f] = 0
-            alone = mf.prm[P_ALONE] != 0 and _drains_alone(mf, f)
+            alone = mf.prm[P_ALONE] != 0 and _alone(mf, holds, f)
             moved |= not alone
             if q > 0 and not alone:  # its park waits for the next sharing: its engine's next DMA may resume its rate
                 _defer_park(mf, f, now + q)
